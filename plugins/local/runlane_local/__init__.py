@@ -1,0 +1,1 @@
+"""runlane-local: the in-memory reference storage driver and the local lane."""

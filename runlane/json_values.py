@@ -1,0 +1,88 @@
+"""JSON values at Runlane boundaries: finite numbers, string keys, no cycles; one canonical encoding."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .errors import ErrorCode, RunlaneError
+
+__all__ = ["JsonObject", "JsonValue", "canonical_json", "ensure_json_object", "ensure_json_value", "is_json_value"]
+
+JsonValue = Any  # None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]
+JsonObject = dict[str, Any]
+
+
+class _InvalidJson(Exception):
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(reason)
+        self.path = path
+        self.reason = reason
+
+
+def _check(value: Any, path: str, active: set[int]) -> None:
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if isinstance(value, int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _InvalidJson(path, "numbers must be finite (no NaN or Infinity)")
+        return
+    if isinstance(value, (list, tuple)):
+        marker = id(value)
+        if marker in active:
+            raise _InvalidJson(path, "the value contains a reference cycle")
+        active.add(marker)
+        for index, item in enumerate(value):
+            _check(item, f"{path}[{index}]", active)
+        active.discard(marker)
+        return
+    if isinstance(value, dict):
+        marker = id(value)
+        if marker in active:
+            raise _InvalidJson(path, "the value contains a reference cycle")
+        active.add(marker)
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _InvalidJson(path, f"object keys must be strings, got {type(key).__name__}")
+            _check(item, f"{path}.{key}", active)
+        active.discard(marker)
+        return
+    raise _InvalidJson(path, f"{type(value).__name__} is not a JSON value")
+
+
+def is_json_value(value: Any) -> bool:
+    try:
+        _check(value, "$", set())
+    except _InvalidJson:
+        return False
+    return True
+
+
+def ensure_json_value(value: Any, what: str = "value", *, code: ErrorCode = ErrorCode.VALIDATION_FAILED) -> Any:
+    """Return ``value`` when it is JSON-safe, else raise ``RunlaneError`` saying where and why."""
+    try:
+        _check(value, "$", set())
+    except _InvalidJson as problem:
+        raise RunlaneError(
+            code,
+            f"Invalid {what}: {problem.reason} at {problem.path}. Use JSON values: null, booleans, finite numbers, strings, lists and string-keyed objects.",
+            meta={"field": what, "path": problem.path},
+        ) from None
+    return value
+
+
+def ensure_json_object(value: Any, what: str = "value", *, code: ErrorCode = ErrorCode.VALIDATION_FAILED) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RunlaneError(code, f"Invalid {what}: expected a JSON object.", meta={"field": what})
+    return ensure_json_value(value, what, code=code)
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical text: sorted keys, no whitespace, UTF-8 characters kept, finite numbers only.
+
+    The caller must pass a value already checked by ``ensure_json_value`` (cycles would recurse).
+    """
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

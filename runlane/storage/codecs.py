@@ -1,0 +1,146 @@
+"""Canonical storage encodings: tuples, record keys, sort values, ISO dates and unsigned 64-bit integers.
+
+A tuple is encoded as the lowercase hexadecimal UTF-8 of each component joined by ``/``. Because ``/``
+sorts below every hex digit and each byte is exactly two hex digits, the plain lexical (code point)
+order of two encodings equals component-wise UTF-8 byte order of the tuples, with a proper prefix
+sorting first. Drivers may therefore compare encoded strings with ``<`` or a ``COLLATE "C"`` btree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from ..errors import ErrorCode, RunlaneError
+
+__all__ = [
+    "MAX_UNSIGNED_64",
+    "UNSIGNED_64_WIDTH",
+    "compare_storage_encoded_values",
+    "decode_iso_date",
+    "decode_storage_tuple",
+    "encode_iso_date",
+    "encode_storage_tuple",
+    "encode_storage_tuple_prefix_upper_bound",
+    "encode_storage_unsigned_integer",
+    "decode_storage_unsigned_integer",
+    "format_unsigned_64_decimal",
+    "parse_unsigned_64_decimal",
+]
+
+StorageTuple = tuple[str, ...]
+
+MAX_UNSIGNED_64 = 2**64 - 1
+UNSIGNED_64_WIDTH = 20  # len(str(MAX_UNSIGNED_64))
+_SEPARATOR = "/"
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+def _contract(message: str) -> RunlaneError:
+    return RunlaneError(ErrorCode.ADAPTER_CONTRACT_VIOLATION, message)
+
+
+def encode_storage_tuple(components: Sequence[str]) -> str:
+    """Encode a non-empty tuple of strings; order of encodings = component-wise UTF-8 byte order."""
+    if isinstance(components, str) or not components:
+        raise _contract("A storage tuple needs at least one string component.")
+    parts = []
+    for component in components:
+        if not isinstance(component, str):
+            raise _contract(f"Storage tuple components must be strings, got {type(component).__name__}.")
+        try:
+            parts.append(component.encode("utf-8").hex())
+        except UnicodeEncodeError:
+            raise _contract("Storage tuple components must be valid Unicode (no lone surrogates).") from None
+    return _SEPARATOR.join(parts)
+
+
+def decode_storage_tuple(encoded: str) -> StorageTuple:
+    """Inverse of ``encode_storage_tuple``; rejects anything that is not a canonical encoding."""
+    if not isinstance(encoded, str):
+        raise _contract("An encoded storage tuple must be a string.")
+    components = []
+    for part in encoded.split(_SEPARATOR):
+        if len(part) % 2 or not set(part) <= _HEX_DIGITS:
+            raise _contract(f"Malformed storage tuple encoding {encoded!r}.")
+        try:
+            components.append(bytes.fromhex(part).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise _contract(f"Malformed storage tuple encoding {encoded!r}: not UTF-8.") from None
+    return tuple(components)
+
+
+def encode_storage_tuple_prefix_upper_bound(prefix: Sequence[str]) -> str:
+    """The exclusive upper bound of every tuple that starts with ``prefix``.
+
+    Every such encoding is ``enc(prefix)`` optionally followed by ``/...``; ``0`` is the first
+    character above ``/``, so ``enc(prefix) + "0"`` is above all of them and below every tuple whose
+    first components differ. No Unicode sentinel is involved, so values starting with U+10FFFF work.
+    """
+    return encode_storage_tuple(prefix) + "0"
+
+
+def compare_storage_encoded_values(left: str, right: str) -> int:
+    """-1, 0 or 1 for two encodings (plain code point order, which is byte order for ASCII)."""
+    return (left > right) - (left < right)
+
+
+# ---------------------------------------------------------------------------------------------
+# ISO dates: fixed width with microseconds and ``Z`` so lexical order is time order (years 0001-9999).
+
+
+def encode_iso_date(value: datetime) -> str:
+    if not isinstance(value, datetime):
+        raise _contract(f"Expected a datetime, got {type(value).__name__}.")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise _contract("Storage dates must be timezone-aware.")
+    utc = value.astimezone(UTC)
+    return f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}.{utc.microsecond:06d}Z"
+
+
+def decode_iso_date(encoded: str) -> datetime:
+    if not isinstance(encoded, str) or len(encoded) != 27 or not encoded.endswith("Z") or encoded[10] != "T":
+        raise _contract(f"Malformed storage date {encoded!r}.")
+    try:
+        return datetime.strptime(encoded[:-1], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=UTC)
+    except ValueError:
+        raise _contract(f"Malformed storage date {encoded!r}.") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Unsigned 64-bit integers: public positions are plain decimal strings; sortable encodings are
+# zero-padded to 20 digits so lexical order is numeric order.
+
+
+def parse_unsigned_64_decimal(value: str, *, positive: bool = True) -> int:
+    """Parse a canonical decimal string (no sign, no leading zeros) within the unsigned 64-bit range."""
+    if not isinstance(value, str) or not value or not value.isascii() or not value.isdigit():
+        raise _contract(f"Malformed unsigned 64-bit decimal {value!r}.")
+    if len(value) > 1 and value[0] == "0":
+        raise _contract(f"Unsigned 64-bit decimal {value!r} has leading zeros.")
+    number = int(value)
+    if number > MAX_UNSIGNED_64:
+        raise _contract(f"Unsigned 64-bit decimal {value!r} is out of range.")
+    if positive and number == 0:
+        raise _contract("Expected a positive unsigned 64-bit decimal, got '0'.")
+    return number
+
+
+def format_unsigned_64_decimal(value: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > MAX_UNSIGNED_64:
+        raise _contract(f"{value!r} is not an unsigned 64-bit integer.")
+    return str(value)
+
+
+def encode_storage_unsigned_integer(value: int) -> str:
+    """Sortable fixed-width form (20 digits) of an unsigned 64-bit integer."""
+    return format_unsigned_64_decimal(value).rjust(UNSIGNED_64_WIDTH, "0")
+
+
+def decode_storage_unsigned_integer(encoded: str) -> int:
+    if not isinstance(encoded, str) or len(encoded) != UNSIGNED_64_WIDTH or not encoded.isascii() or not encoded.isdigit():
+        raise _contract(f"Malformed sortable unsigned integer {encoded!r}.")
+    number = int(encoded)
+    if number > MAX_UNSIGNED_64:
+        raise _contract(f"Sortable unsigned integer {encoded!r} is out of range.")
+    return number

@@ -1,0 +1,199 @@
+"""Operator read contract: run and event filters, pagination, and the cursor and ordering rules
+every ``OperatorReadDriver`` shares so all drivers page identically.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from ..defaults import contract_defaults
+from ..errors import ErrorCode, RunlaneError
+from ..models import Environment, RunEventRecord, RunlaneModel, RunRecord, UtcDateTime
+from ..run_scans import get_run_runnable_available_at
+from ..vocabulary import PaginationCursorKind, RunEventSortField, RunEventType, RunSortField, RunStatus, SortDirection
+from .codecs import encode_iso_date, encode_storage_unsigned_integer
+
+__all__ = [
+    "PaginationParams",
+    "RunEventFilter",
+    "RunFilter",
+    "TimeRange",
+    "clamp_page_limit",
+    "decode_operator_cursor",
+    "encode_operator_cursor",
+    "run_event_matches_filter",
+    "run_event_sort_value",
+    "run_matches_filter",
+    "run_sort_value",
+]
+
+
+class TimeRange(RunlaneModel):
+    """Inclusive bounds; either side may be open."""
+
+    start: UtcDateTime | None = None
+    end: UtcDateTime | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TimeRange:
+        if self.start is not None and self.end is not None and self.start > self.end:
+            raise ValueError("a time range must not end before it starts")
+        return self
+
+    def contains(self, value: datetime | None) -> bool:
+        if value is None:
+            return False
+        return (self.start is None or value >= self.start) and (self.end is None or value <= self.end)
+
+
+class RunFilter(RunlaneModel):
+    environment: Environment
+    statuses: tuple[RunStatus, ...] | None = None
+    task_ids: tuple[str, ...] | None = None
+    queues: tuple[str, ...] | None = None
+    created_at: TimeRange | None = None
+    updated_at: TimeRange | None = None
+    run_at: TimeRange | None = None
+    idempotency_key: str | None = None
+    singleton_key: str | None = None
+    source_run_id: str | None = None
+    sort_by: RunSortField = contract_defaults.sort.runs.field  # type: ignore[assignment]
+    sort_direction: SortDirection = contract_defaults.sort.runs.direction
+
+
+class RunEventFilter(RunlaneModel):
+    environment: Environment
+    run_id: str | None = None
+    types: tuple[RunEventType, ...] | None = None
+    occurred_at: TimeRange | None = None
+    sort_by: RunEventSortField = contract_defaults.sort.run_events.field  # type: ignore[assignment]
+    sort_direction: SortDirection = contract_defaults.sort.run_events.direction
+
+    @model_validator(mode="after")
+    def _sequence_needs_run(self) -> RunEventFilter:
+        if self.sort_by is RunEventSortField.SEQUENCE and self.run_id is None:
+            raise ValueError("sorting events by sequence requires a run_id filter (sequences are per run)")
+        return self
+
+
+class PaginationParams(RunlaneModel):
+    limit: int | None = Field(default=None, ge=1)
+    cursor: str | None = None
+
+
+def clamp_page_limit(limit: int | None, max_limit: int = contract_defaults.pagination.max_limit) -> int:
+    if limit is None:
+        return min(contract_defaults.pagination.default_limit, max_limit)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise RunlaneError(ErrorCode.VALIDATION_FAILED, f"limit must be a positive integer, got {limit!r}.", meta={"field": "limit"})
+    return min(limit, max_limit)
+
+
+# ---------------------------------------------------------------------------------------------
+# Matching and ordering (drivers whose native query language cannot express these reuse them).
+
+
+def run_matches_filter(run: RunRecord, filter: RunFilter) -> bool:
+    if run.environment != filter.environment:
+        return False
+    if filter.statuses is not None and run.status not in filter.statuses:
+        return False
+    if filter.task_ids is not None and run.task_id not in filter.task_ids:
+        return False
+    if filter.queues is not None and run.queue not in filter.queues:
+        return False
+    if filter.created_at is not None and not filter.created_at.contains(run.created_at):
+        return False
+    if filter.updated_at is not None and not filter.updated_at.contains(run.updated_at):
+        return False
+    if filter.run_at is not None and not filter.run_at.contains(run.run_at):
+        return False
+    if filter.idempotency_key is not None and run.idempotency_key != filter.idempotency_key:
+        return False
+    if filter.singleton_key is not None and run.singleton_key != filter.singleton_key:
+        return False
+    if filter.source_run_id is not None and (run.source is None or run.source.source_run_id != filter.source_run_id):
+        return False
+    return True
+
+
+def run_sort_value(run: RunRecord, field: RunSortField, direction: SortDirection) -> tuple[str, ...]:
+    """A string tuple whose order (reversed for DESC) is the page order; ties break on run id.
+
+    ``run_at`` sorts by runnable availability, and runs without one come last in either direction.
+    """
+    if field is RunSortField.CREATED_AT:
+        return (encode_iso_date(run.created_at), run.id)
+    if field is RunSortField.UPDATED_AT:
+        return (encode_iso_date(run.updated_at), run.id)
+    available = get_run_runnable_available_at(run)
+    has, missing = ("0", "1") if direction is SortDirection.ASC else ("1", "0")
+    if available is None:
+        return (missing, "", run.id)
+    return (has, encode_iso_date(available), run.id)
+
+
+def run_event_matches_filter(record: RunEventRecord, filter: RunEventFilter) -> bool:
+    event = record.event
+    if event.environment != filter.environment:
+        return False
+    if filter.run_id is not None and event.run_id != filter.run_id:
+        return False
+    if filter.types is not None and event.type not in filter.types:
+        return False
+    if filter.occurred_at is not None and not filter.occurred_at.contains(event.occurred_at):
+        return False
+    return True
+
+
+def run_event_sort_value(record: RunEventRecord, field: RunEventSortField) -> tuple[str, ...]:
+    event = record.event
+    sequence = encode_storage_unsigned_integer(record.sequence)
+    if field is RunEventSortField.SEQUENCE:
+        return (sequence,)
+    return (encode_iso_date(event.occurred_at), event.run_id, sequence)
+
+
+# ---------------------------------------------------------------------------------------------
+# Operator cursors: bound to the cursor kind and the canonical filter, holding the last sort value.
+
+
+def _scope(kind: PaginationCursorKind, filter: RunlaneModel | dict[str, Any]) -> str:
+    data = filter if isinstance(filter, dict) else filter.model_dump(mode="json")
+    return json.dumps({"kind": kind.value, "filter": data}, sort_keys=True, separators=(",", ":"))
+
+
+def encode_operator_cursor(kind: PaginationCursorKind, filter: RunlaneModel | dict[str, Any], last: Sequence[str]) -> str:
+    payload = {"v": 1, "scope": _scope(kind, filter), "last": list(last)}
+    raw = json.dumps(payload, separators=(",", ":")).encode("utf-8")
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_operator_cursor(cursor: str | None, kind: PaginationCursorKind, filter: RunlaneModel | dict[str, Any]) -> tuple[str, ...] | None:
+    """The last sort value of ``cursor`` (``None`` when absent); a cursor from another scope is rejected."""
+    if cursor is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        payload = json.loads(raw.decode("utf-8"))
+    except (binascii.Error, ValueError, UnicodeDecodeError, TypeError):
+        payload = None
+    if not isinstance(payload, dict) or payload.get("v") != 1 or not isinstance(payload.get("last"), list):
+        raise RunlaneError(ErrorCode.VALIDATION_FAILED, "Malformed cursor: pass back the whole next_cursor value unchanged.", meta={"field": "cursor"})
+    if payload.get("scope") != _scope(kind, filter):
+        raise RunlaneError(
+            ErrorCode.VALIDATION_FAILED,
+            "This cursor belongs to a different filter or sort; restart the listing without a cursor.",
+            meta={"field": "cursor"},
+        )
+    last = payload["last"]
+    if not all(isinstance(item, str) for item in last):
+        raise RunlaneError(ErrorCode.VALIDATION_FAILED, "Malformed cursor position.", meta={"field": "cursor"})
+    return tuple(last)

@@ -1,0 +1,106 @@
+"""Core's run and run-event tables: keys and document codecs shared by core and operator projections.
+
+Drivers never edit these documents; a driver with an operator read model decodes them (and hides
+anything that does not decode as canonical) to keep its projection in the same commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..errors import ErrorCode, RunlaneError
+from ..models import RunEventRecord, RunRecord
+from .codecs import encode_storage_unsigned_integer
+from .types import StorageDocument, StorageRecordKey
+
+__all__ = [
+    "RUNS_COLLECTION",
+    "RUN_EVENTS_COLLECTION",
+    "RUN_TOMBSTONES_COLLECTION",
+    "RunChildCounts",
+    "decode_run_document",
+    "decode_run_event_document",
+    "encode_run_document",
+    "encode_run_event_document",
+    "run_event_key",
+    "run_key",
+    "run_tombstone_key",
+    "try_decode_run_document",
+    "try_decode_run_event_document",
+]
+
+RUNS_COLLECTION = "runs"
+RUN_EVENTS_COLLECTION = "run_events"
+RUN_TOMBSTONES_COLLECTION = "run_tombstones"
+
+
+def run_key(environment_key: str, run_id: str) -> StorageRecordKey:
+    return StorageRecordKey(RUNS_COLLECTION, environment_key, run_id)
+
+
+def run_event_key(environment_key: str, run_id: str, sequence: int) -> StorageRecordKey:
+    return StorageRecordKey(RUN_EVENTS_COLLECTION, environment_key, run_id, encode_storage_unsigned_integer(sequence))
+
+
+def run_tombstone_key(environment_key: str, run_id: str) -> StorageRecordKey:
+    return StorageRecordKey(RUN_TOMBSTONES_COLLECTION, environment_key, run_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RunChildCounts:
+    """Exact child counts a visible run keeps so pruning never trusts an advisory index."""
+
+    events: int = 0
+    outbox: int = 0
+    steps: int = 0
+    links: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"events": self.events, "outbox": self.outbox, "steps": self.steps, "links": self.links}
+
+
+def encode_run_document(run: RunRecord, children: RunChildCounts | None = None) -> StorageDocument:
+    return StorageDocument.encode({"run": run.model_dump(mode="json"), "children": (children or RunChildCounts()).to_json()})
+
+
+def _corrupt(what: str, error: Exception | None = None) -> RunlaneError:
+    return RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"A stored {what} document is not canonical.", cause=error)
+
+
+def decode_run_document(document: StorageDocument) -> tuple[RunRecord, RunChildCounts]:
+    value = document.value
+    try:
+        run = RunRecord.model_validate(value["run"])
+        children = RunChildCounts(**value["children"])
+    except (KeyError, TypeError, ValidationError) as error:
+        raise _corrupt("run", error) from None
+    return run, children
+
+
+def try_decode_run_document(document: StorageDocument) -> RunRecord | None:
+    try:
+        return decode_run_document(document)[0]
+    except RunlaneError:
+        return None
+
+
+def encode_run_event_document(record: RunEventRecord) -> StorageDocument:
+    return StorageDocument.encode(record.model_dump(mode="json"))
+
+
+def decode_run_event_document(document: StorageDocument) -> RunEventRecord:
+    value: Any = document.value
+    try:
+        return RunEventRecord.model_validate(value)
+    except ValidationError as error:
+        raise _corrupt("run event", error) from None
+
+
+def try_decode_run_event_document(document: StorageDocument) -> RunEventRecord | None:
+    try:
+        return decode_run_event_document(document)
+    except RunlaneError:
+        return None

@@ -1,0 +1,453 @@
+"""Value types of the storage driver contract: keys, documents, records, queries, profile and limits.
+
+Everything here is immutable. Documents hold canonical JSON text, so handing the same document to a
+driver, a cache or a caller never shares mutable state; ``StorageDocument.value`` parses a fresh copy.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from ..errors import ErrorCode, RunlaneError
+from ..json_values import canonical_json, ensure_json_value
+from ..vocabulary import SortDirection
+from .codecs import decode_storage_tuple, encode_storage_tuple, encode_storage_tuple_prefix_upper_bound
+from .indexes import StorageIndexName
+
+__all__ = [
+    "NewStorageRecord",
+    "STORAGE_DOCUMENT_SCHEMA_VERSION",
+    "StorageAppendCommand",
+    "StorageCandidateMode",
+    "StorageClockAuthority",
+    "StorageDocument",
+    "StorageDurability",
+    "StorageIndexConsistency",
+    "StorageIndexEntry",
+    "StorageIndexRef",
+    "StorageLimitError",
+    "StorageLimits",
+    "StorageProfile",
+    "StorageQuery",
+    "StorageQueryResult",
+    "StorageRange",
+    "StorageRecord",
+    "StorageRecordKey",
+    "StorageStreamName",
+    "create_storage_limit_error",
+    "have_equal_storage_record_keys",
+    "measure_storage_record",
+]
+
+STORAGE_DOCUMENT_SCHEMA_VERSION = 1
+
+StorageTuple = tuple[str, ...]
+
+
+def _contract(message: str) -> RunlaneError:
+    return RunlaneError(ErrorCode.ADAPTER_CONTRACT_VIOLATION, message)
+
+
+def _as_tuple(value: Sequence[str], what: str) -> StorageTuple:
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        raise _contract(f"{what} must be a non-empty tuple of strings.")
+    result = tuple(value)
+    for item in result:
+        if not isinstance(item, str):
+            raise _contract(f"{what} components must be strings, got {type(item).__name__}.")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+
+
+@dataclass(frozen=True, slots=True)
+class StorageRecordKey:
+    """A logical record key: a collection name plus one or more id components."""
+
+    collection: str
+    parts: StorageTuple
+
+    def __init__(self, collection: str, *parts: str) -> None:
+        if not isinstance(collection, str) or not collection:
+            raise _contract("A storage record key needs a non-empty collection name.")
+        object.__setattr__(self, "collection", collection)
+        object.__setattr__(self, "parts", _as_tuple(parts, "Storage record key parts"))
+
+    @property
+    def encoded(self) -> str:
+        return encode_storage_tuple((self.collection, *self.parts))
+
+    @classmethod
+    def decode(cls, encoded: str) -> StorageRecordKey:
+        components = decode_storage_tuple(encoded)
+        if len(components) < 2:
+            raise _contract(f"Malformed storage record key {encoded!r}.")
+        return cls(components[0], *components[1:])
+
+    def __repr__(self) -> str:
+        return f"StorageRecordKey({self.collection!r}, {', '.join(repr(p) for p in self.parts)})"
+
+
+def have_equal_storage_record_keys(left: StorageRecordKey, right: StorageRecordKey) -> bool:
+    return left.collection == right.collection and left.parts == right.parts
+
+
+# ---------------------------------------------------------------------------------------------
+# Documents
+
+
+class StorageDocument:
+    """An immutable canonical envelope ``{"schemaVersion": 1, "value": {...}}``."""
+
+    __slots__ = ("_text", "_byte_size")
+
+    def __init__(self, text: str, byte_size: int) -> None:
+        self._text = text
+        self._byte_size = byte_size
+
+    @classmethod
+    def encode(cls, value: dict[str, Any]) -> StorageDocument:
+        """Validate a JSON object (finite numbers, no cycles) and freeze its canonical envelope."""
+        if not isinstance(value, dict):
+            raise _contract("A storage document value must be a JSON object.")
+        ensure_json_value(value, "storage document", code=ErrorCode.ADAPTER_CONTRACT_VIOLATION)
+        text = canonical_json({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
+        return cls(text, len(text.encode("utf-8")))
+
+    @classmethod
+    def parse(cls, text: str) -> StorageDocument:
+        """Parse stored envelope text; anything but a canonical schema-version-1 object is corruption."""
+        try:
+            envelope = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, TypeError) as error:
+            raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "A stored document is not valid JSON.", cause=error) from None
+        if not isinstance(envelope, dict) or set(envelope) != {"schemaVersion", "value"}:
+            raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "A stored document is not a Runlane document envelope.")
+        if envelope["schemaVersion"] != STORAGE_DOCUMENT_SCHEMA_VERSION or isinstance(envelope["schemaVersion"], bool):
+            raise RunlaneError(
+                ErrorCode.INVARIANT_VIOLATION,
+                f"Unsupported document schema version {envelope['schemaVersion']!r}; only version 1 is readable.",
+            )
+        if not isinstance(envelope["value"], dict):
+            raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "A stored document value must be a JSON object.")
+        canonical = canonical_json(envelope)
+        return cls(canonical, len(canonical.encode("utf-8")))
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    @property
+    def byte_size(self) -> int:
+        return self._byte_size
+
+    @property
+    def value(self) -> dict[str, Any]:
+        """A fresh, caller-owned copy of the document value."""
+        return json.loads(self._text)["value"]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StorageDocument) and other._text == self._text
+
+    def __hash__(self) -> int:
+        return hash(self._text)
+
+    def __repr__(self) -> str:
+        preview = self._text if len(self._text) <= 80 else self._text[:77] + "..."
+        return f"StorageDocument({preview})"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Records and index entries
+
+
+@dataclass(frozen=True, slots=True)
+class StorageIndexEntry:
+    """One index row of a record: equality ``partition`` and ordered ``sort``."""
+
+    name: StorageIndexName
+    partition: StorageTuple
+    sort: StorageTuple
+
+    def __init__(self, name: StorageIndexName | str, partition: Sequence[str], sort: Sequence[str]) -> None:
+        try:
+            index_name = StorageIndexName(name)
+        except ValueError:
+            raise _contract(f"Unknown storage index name {name!r}; the index catalog is closed.") from None
+        object.__setattr__(self, "name", index_name)
+        object.__setattr__(self, "partition", _as_tuple(partition, "Index partition"))
+        object.__setattr__(self, "sort", _as_tuple(sort, "Index sort value"))
+
+    @property
+    def encoded_partition(self) -> str:
+        return encode_storage_tuple(self.partition)
+
+    @property
+    def encoded_sort(self) -> str:
+        return encode_storage_tuple(self.sort)
+
+
+@dataclass(frozen=True, slots=True)
+class NewStorageRecord:
+    """What core hands a driver: a key, a canonical document and all of the record's index entries."""
+
+    key: StorageRecordKey
+    document: StorageDocument
+    indexes: tuple[StorageIndexEntry, ...] = ()
+
+    def __init__(self, key: StorageRecordKey, document: StorageDocument, indexes: Iterable[StorageIndexEntry] = ()) -> None:
+        if not isinstance(key, StorageRecordKey):
+            raise _contract("A storage record needs a StorageRecordKey.")
+        if not isinstance(document, StorageDocument):
+            raise _contract("A storage record needs a StorageDocument (use StorageDocument.encode).")
+        entries = tuple(indexes)
+        seen: set[StorageIndexName] = set()
+        for entry in entries:
+            if not isinstance(entry, StorageIndexEntry):
+                raise _contract("Index entries must be StorageIndexEntry values.")
+            if entry.name in seen:
+                raise _contract(f"A record may have at most one entry in index {entry.name.value!r}.")
+            seen.add(entry.name)
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "document", document)
+        object.__setattr__(self, "indexes", entries)
+
+
+@dataclass(frozen=True, slots=True)
+class StorageRecord:
+    """A committed record with its opaque positive-decimal ``version``."""
+
+    key: StorageRecordKey
+    version: str
+    document: StorageDocument
+    indexes: tuple[StorageIndexEntry, ...] = ()
+
+
+def measure_storage_record(record: NewStorageRecord | StorageRecord) -> int:
+    """Bytes a record counts against record and transaction limits (key + document + index rows)."""
+    size = len(record.key.encoded) + record.document.byte_size
+    for entry in record.indexes:
+        size += len(entry.name.value) + len(entry.encoded_partition) + len(entry.encoded_sort)
+    return size
+
+
+# ---------------------------------------------------------------------------------------------
+# Queries
+
+
+class StorageCandidateMode(enum.StrEnum):
+    ADVISORY = "advisory"
+    EXCLUSIVE = "exclusive"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageRange:
+    """Bounds over *encoded* sort values: at most one lower (``gt``/``gte``) and one upper (``lt``/``lte``)."""
+
+    gt: str | None = None
+    gte: str | None = None
+    lt: str | None = None
+    lte: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.gt is not None and self.gte is not None:
+            raise _contract("A storage range takes at most one lower bound (gt or gte).")
+        if self.lt is not None and self.lte is not None:
+            raise _contract("A storage range takes at most one upper bound (lt or lte).")
+        for bound in (self.gt, self.gte, self.lt, self.lte):
+            if bound is not None and not isinstance(bound, str):
+                raise _contract("Storage range bounds are encoded sort strings.")
+
+    @classmethod
+    def between(
+        cls,
+        lower: Sequence[str] | None = None,
+        upper: Sequence[str] | None = None,
+        *,
+        lower_inclusive: bool = True,
+        upper_inclusive: bool = False,
+    ) -> StorageRange:
+        low = None if lower is None else encode_storage_tuple(lower)
+        high = None if upper is None else encode_storage_tuple(upper)
+        return cls(
+            gte=low if lower_inclusive else None,
+            gt=None if lower_inclusive else low,
+            lte=high if upper_inclusive else None,
+            lt=None if upper_inclusive else high,
+        )
+
+    @classmethod
+    def prefix(cls, prefix: Sequence[str]) -> StorageRange:
+        """Every sort tuple that starts with ``prefix`` (inclusive)."""
+        return cls(gte=encode_storage_tuple(prefix), lt=encode_storage_tuple_prefix_upper_bound(prefix))
+
+    def contains(self, encoded_sort: str) -> bool:
+        if self.gt is not None and not encoded_sort > self.gt:
+            return False
+        if self.gte is not None and not encoded_sort >= self.gte:
+            return False
+        if self.lt is not None and not encoded_sort < self.lt:
+            return False
+        if self.lte is not None and not encoded_sort <= self.lte:
+            return False
+        return True
+
+    def to_json(self) -> dict[str, str]:
+        return {name: value for name in ("gt", "gte", "lt", "lte") if (value := getattr(self, name)) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class StorageQuery:
+    """One ordered page of one index partition; results order by encoded sort, then encoded key."""
+
+    index: StorageIndexName
+    partition: StorageTuple
+    range: StorageRange = field(default_factory=StorageRange)
+    direction: SortDirection = SortDirection.ASC
+    limit: int = 100
+    cursor: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "index", StorageIndexName(self.index))
+        except ValueError:
+            raise _contract(f"Unknown storage index name {self.index!r}; the index catalog is closed.") from None
+        object.__setattr__(self, "partition", _as_tuple(self.partition, "Query partition"))
+        object.__setattr__(self, "direction", SortDirection(self.direction))
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise RunlaneError(ErrorCode.VALIDATION_FAILED, f"Query limit must be a positive integer, got {self.limit!r}.")
+
+    @property
+    def encoded_partition(self) -> str:
+        return encode_storage_tuple(self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class StorageIndexRef:
+    """An index candidate: the record key and its sort tuple. Core re-reads the key before deciding."""
+
+    key: StorageRecordKey
+    sort: StorageTuple
+
+
+@dataclass(frozen=True, slots=True)
+class StorageQueryResult:
+    items: tuple[StorageIndexRef, ...]
+    next_cursor: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Ordered append
+
+
+class StorageStreamName(enum.StrEnum):
+    OBSERVATIONS = "observations"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageAppendCommand:
+    """One ordered batch of opaque JSON objects; storage assigns contiguous positions at commit."""
+
+    stream: StorageStreamName
+    partition: str
+    values: tuple[StorageDocument, ...]
+
+    def __init__(self, stream: StorageStreamName | str, partition: str, values: Iterable[dict[str, Any] | StorageDocument]) -> None:
+        try:
+            stream_name = StorageStreamName(stream)
+        except ValueError:
+            raise _contract(f"Unknown storage stream {stream!r}.") from None
+        if not isinstance(partition, str) or not partition:
+            raise _contract("An append partition must be a non-empty string.")
+        frozen = tuple(v if isinstance(v, StorageDocument) else StorageDocument.encode(v) for v in values)
+        if not frozen:
+            raise _contract("An append command needs at least one value.")
+        object.__setattr__(self, "stream", stream_name)
+        object.__setattr__(self, "partition", partition)
+        object.__setattr__(self, "values", frozen)
+
+
+# ---------------------------------------------------------------------------------------------
+# Profile and limits
+
+
+class StorageDurability(enum.StrEnum):
+    PROCESS = "process"
+    DURABLE = "durable"
+
+
+class StorageClockAuthority(enum.StrEnum):
+    CLIENT = "client"
+    SERVER_SAMPLED = "server_sampled"
+    TRANSACTION_AUTHORITATIVE = "transaction_authoritative"
+
+
+class StorageIndexConsistency(enum.StrEnum):
+    STRONG = "strong"
+    EVENTUAL = "eventual"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageLimits:
+    max_point_reads: int = 100
+    max_query_results: int = 100
+    max_record_bytes: int = 400 * 1024
+    max_transaction_records: int = 100
+    max_transaction_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_point_reads", "max_query_results", "max_record_bytes", "max_transaction_records", "max_transaction_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"Storage limit {name} must be a positive integer.")
+        if self.max_transaction_bytes < self.max_record_bytes:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "max_transaction_bytes must be at least max_record_bytes.")
+        if self.max_transaction_records * self.max_record_bytes < self.max_transaction_bytes:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                "max_transaction_bytes must be reachable within max_transaction_records records of max_record_bytes each.",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class StorageProfile:
+    """What a driver honestly guarantees. A weaker true profile beats a stronger false one."""
+
+    durability: StorageDurability
+    clock_authority: StorageClockAuthority
+    index_consistency: StorageIndexConsistency
+    limits: StorageLimits = field(default_factory=StorageLimits)
+    exclusive_candidates: bool = False
+    ordered_append: bool = False
+    # True when another process cannot construct an equivalent driver that reaches the same state.
+    process_local: bool = False
+
+
+class StorageLimitError(RunlaneError):
+    """An atomic unit of work exceeded an advertised limit; nothing was committed, so core may split it."""
+
+    def __init__(self, limit: str, allowed: int, actual: int, message: str | None = None) -> None:
+        super().__init__(
+            ErrorCode.VALIDATION_FAILED,
+            message or f"Storage limit {limit} exceeded: {actual} > {allowed}. Nothing was written; split the work.",
+            retryable=False,
+            meta={"storage_limit": limit, "limit": allowed, "actual": actual},
+        )
+        self.limit = limit
+        self.allowed = allowed
+        self.actual = actual
+
+
+def create_storage_limit_error(limit: str, allowed: int, actual: int) -> StorageLimitError:
+    return StorageLimitError(limit, allowed, actual)

@@ -1,0 +1,1 @@
+"""Runlane test helpers and conformance suites."""
