@@ -18,7 +18,9 @@ Duration = str | timedelta
 MAX_DURATION_STRING_LENGTH = 100
 MAX_SAFE_INTEGER = 2**53 - 1
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+# ASCII digits only (``\d`` would admit other scripts' digits); used with ``fullmatch`` because
+# ``$`` would also accept a trailing newline.
+_PATTERN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
 
 
 def duration_ms(value: object, what: str = "duration", *, code: ErrorCode = ErrorCode.CONFIGURATION_INVALID) -> int:
@@ -33,7 +35,7 @@ def duration_ms(value: object, what: str = "duration", *, code: ErrorCode = Erro
     elif isinstance(value, str):
         if len(value) > MAX_DURATION_STRING_LENGTH:
             raise RunlaneError(code, f"Invalid {what}: longer than {MAX_DURATION_STRING_LENGTH} characters.", meta={"field": what})
-        match = _PATTERN.match(value)
+        match = _PATTERN.fullmatch(value)
         if match is None:
             raise RunlaneError(
                 code,
@@ -66,7 +68,16 @@ def parse_duration(value: object, what: str = "duration", *, code: ErrorCode = E
 
 def format_duration(value: int | timedelta) -> str:
     """The shortest exact duration string: 60000 ms -> ``"1m"``, 1500 ms -> ``"1500ms"``."""
-    ms = value if isinstance(value, int) else duration_ms(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1 or value > MAX_SAFE_INTEGER:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"Invalid duration: {value!r} ms must be a positive whole number no larger than {MAX_SAFE_INTEGER}.",
+                meta={"field": "duration"},
+            )
+        ms = value
+    else:
+        ms = duration_ms(value)
     for unit in ("d", "h", "m", "s"):
         if ms % _UNIT_MS[unit] == 0:
             return f"{ms // _UNIT_MS[unit]}{unit}"

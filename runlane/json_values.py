@@ -21,8 +21,23 @@ class _InvalidJson(Exception):
         self.reason = reason
 
 
+def _is_unicode_text(text: str) -> bool:
+    """Whether ``text`` can be stored as UTF-8 (lone surrogates cannot)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check(value: Any, path: str, active: set[int]) -> None:
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        if not _is_unicode_text(value):
+            raise _InvalidJson(path, "strings must be valid Unicode (no lone surrogates)")
         return
     if isinstance(value, int):
         return
@@ -47,15 +62,24 @@ def _check(value: Any, path: str, active: set[int]) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise _InvalidJson(path, f"object keys must be strings, got {type(key).__name__}")
+            if not _is_unicode_text(key):
+                raise _InvalidJson(path, "object keys must be valid Unicode (no lone surrogates)")
             _check(item, f"{path}.{key}", active)
         active.discard(marker)
         return
     raise _InvalidJson(path, f"{type(value).__name__} is not a JSON value")
 
 
-def is_json_value(value: Any) -> bool:
+def _validate(value: Any) -> None:
     try:
         _check(value, "$", set())
+    except RecursionError:
+        raise _InvalidJson("$", "the value is nested too deeply") from None
+
+
+def is_json_value(value: Any) -> bool:
+    try:
+        _validate(value)
     except _InvalidJson:
         return False
     return True
@@ -64,7 +88,7 @@ def is_json_value(value: Any) -> bool:
 def ensure_json_value(value: Any, what: str = "value", *, code: ErrorCode = ErrorCode.VALIDATION_FAILED) -> Any:
     """Return ``value`` when it is JSON-safe, else raise ``RunlaneError`` saying where and why."""
     try:
-        _check(value, "$", set())
+        _validate(value)
     except _InvalidJson as problem:
         raise RunlaneError(
             code,

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 from pydantic.functional_validators import AfterValidator
 
-from .errors import ErrorCode
+from .errors import ErrorCode, RunlaneError
 from .ids import validate_id
 from .json_values import ensure_json_value
 from .vocabulary import (
@@ -77,21 +77,35 @@ __all__ = [
 T = TypeVar("T")
 
 
+# Field validators raise ``ValueError`` so every invalid field surfaces the same way, as a pydantic
+# ``ValidationError`` (a ``RunlaneError`` raised inside a validator would escape pydantic unwrapped,
+# so a record with a bad id and one with a bad type would fail differently).
+
+
 def _utc(value: datetime) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError("datetimes must be timezone-aware (use datetime.now(UTC) or attach a tzinfo)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the datetime is outside the representable range once converted to UTC") from None
 
 
 def _id(what: str):
     def check(value: str) -> str:
-        return validate_id(value, what)
+        try:
+            return validate_id(value, what)
+        except RunlaneError as error:
+            raise ValueError(error.message) from None
 
     return AfterValidator(check)
 
 
 def _json(value: Any) -> Any:
-    return ensure_json_value(value)
+    try:
+        return ensure_json_value(value)
+    except RunlaneError as error:
+        raise ValueError(error.message) from None
 
 
 UtcDateTime = Annotated[datetime, AfterValidator(_utc)]
@@ -439,6 +453,22 @@ class RunAttemptSummary(RunlaneModel):
     release_reason: str | None = None
     resume_at: UtcDateTime | None = None
 
+    @model_validator(mode="after")
+    def _void_has_no_output(self) -> RunAttemptSummary:
+        if not self.has_output and self.output is not None:
+            raise ValueError("an attempt without output (has_output=False) cannot carry output")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_void_output(self, handler: Any) -> dict[str, Any]:
+        # Same rule as ``RunRecord``: void success omits ``output``; explicit ``null`` output stays.
+        data = handler(self)
+        if not self.has_output:
+            data.pop("output", None)
+        elif "output" not in data:
+            data["output"] = None
+        return data
+
 
 class Page(BaseModel, Generic[T]):
     model_config = ConfigDict(frozen=True)
@@ -562,6 +592,8 @@ class RunlaneObservationRecord(RunlaneModel):
     @field_validator("stream_position")
     @classmethod
     def _u64(cls, value: str) -> str:
-        if not value.isdigit() or value.startswith("0") or int(value) > 2**64 - 1:
+        # ASCII digits only: ``str.isdigit`` also accepts other scripts' digits such as '١'.
+        canonical = value.isascii() and value.isdigit() and not value.startswith("0") and len(value) <= 20
+        if not canonical or int(value) > 2**64 - 1:
             raise ValueError("stream positions are positive unsigned 64-bit decimal strings")
         return value

@@ -94,17 +94,25 @@ def encode_iso_date(value: datetime) -> str:
         raise _contract(f"Expected a datetime, got {type(value).__name__}.")
     if value.tzinfo is None or value.utcoffset() is None:
         raise _contract("Storage dates must be timezone-aware.")
-    utc = value.astimezone(UTC)
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        raise _contract(f"Storage date {value!r} is outside years 0001-9999 in UTC.") from None
     return f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}.{utc.microsecond:06d}Z"
 
 
 def decode_iso_date(encoded: str) -> datetime:
-    if not isinstance(encoded, str) or len(encoded) != 27 or not encoded.endswith("Z") or encoded[10] != "T":
+    """Inverse of ``encode_iso_date``; only the exact canonical form is accepted."""
+    if not isinstance(encoded, str) or len(encoded) != 27 or not encoded.isascii():
         raise _contract(f"Malformed storage date {encoded!r}.")
     try:
-        return datetime.strptime(encoded[:-1], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=UTC)
+        decoded = datetime.strptime(encoded, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     except ValueError:
         raise _contract(f"Malformed storage date {encoded!r}.") from None
+    # strptime tolerates variants (one-digit fields, short fractions); a stored value is canonical or corrupt.
+    if encode_iso_date(decoded) != encoded:
+        raise _contract(f"Malformed storage date {encoded!r}.")
+    return decoded
 
 
 # ---------------------------------------------------------------------------------------------

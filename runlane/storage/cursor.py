@@ -10,6 +10,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ErrorCode, RunlaneError
 from ..vocabulary import SortDirection
@@ -38,10 +39,35 @@ def _scope(query: StorageQuery) -> dict[str, object]:
     }
 
 
+def encode_opaque_token(payload: dict[str, Any]) -> str:
+    """Unpadded URL-safe base64 of canonical JSON: the wire form of every Runlane cursor."""
+    raw = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def decode_opaque_token(token: object) -> Any:
+    """The JSON payload of a token made by ``encode_opaque_token``, or ``None`` when it is not one.
+
+    Only the exact encoder output is accepted: base64 decoding alone would silently skip stray
+    characters, accept ``+``/``/`` and padding, so a damaged token could still look valid.
+    """
+    if not isinstance(token, str) or not token or not token.isascii():
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        if base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=") != token:
+            return None
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
 def encode_storage_query_cursor(query: StorageQuery, position: StorageQueryPosition) -> str:
-    payload = {"v": _CURSOR_VERSION, **_scope(query), "sort": position.sort, "key": position.key}
-    raw = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+    return encode_opaque_token({"v": _CURSOR_VERSION, **_scope(query), "sort": position.sort, "key": position.key})
 
 
 def _invalid(message: str) -> RunlaneError:
@@ -53,14 +79,11 @@ def decode_storage_query_cursor(query: StorageQuery) -> StorageQueryPosition | N
     cursor = query.cursor
     if cursor is None:
         return None
-    if not isinstance(cursor, str) or not cursor:
+    payload = decode_opaque_token(cursor)
+    if not isinstance(payload, dict):
         raise _invalid("Malformed cursor: pass back the whole next_cursor value unchanged.")
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        payload = json.loads(raw.decode("utf-8"))
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise _invalid("Malformed cursor: pass back the whole next_cursor value unchanged.") from None
-    if not isinstance(payload, dict) or payload.get("v") != _CURSOR_VERSION:
+    version = payload.get("v")
+    if type(version) is not int or version != _CURSOR_VERSION:
         raise _invalid("Malformed cursor: unknown cursor version.")
     expected = _scope(query)
     for name, value in expected.items():

@@ -4,8 +4,6 @@ every ``OperatorReadDriver`` shares so all drivers page identically.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -19,6 +17,7 @@ from ..models import Environment, RunEventRecord, RunlaneModel, RunRecord, UtcDa
 from ..run_scans import get_run_runnable_available_at
 from ..vocabulary import PaginationCursorKind, RunEventSortField, RunEventType, RunSortField, RunStatus, SortDirection
 from .codecs import encode_iso_date, encode_storage_unsigned_integer
+from .cursor import decode_opaque_token, encode_opaque_token
 
 __all__ = [
     "PaginationParams",
@@ -167,25 +166,24 @@ def run_event_sort_value(record: RunEventRecord, field: RunEventSortField) -> tu
 
 def _scope(kind: PaginationCursorKind, filter: RunlaneModel | dict[str, Any]) -> str:
     data = filter if isinstance(filter, dict) else filter.model_dump(mode="json")
-    return json.dumps({"kind": kind.value, "filter": data}, sort_keys=True, separators=(",", ":"))
+    return json.dumps({"kind": PaginationCursorKind(kind).value, "filter": data}, sort_keys=True, separators=(",", ":"))
 
 
 def encode_operator_cursor(kind: PaginationCursorKind, filter: RunlaneModel | dict[str, Any], last: Sequence[str]) -> str:
-    payload = {"v": 1, "scope": _scope(kind, filter), "last": list(last)}
-    raw = json.dumps(payload, separators=(",", ":")).encode("utf-8")
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+    return encode_opaque_token({"v": 1, "scope": _scope(kind, filter), "last": list(last)})
 
 
 def decode_operator_cursor(cursor: str | None, kind: PaginationCursorKind, filter: RunlaneModel | dict[str, Any]) -> tuple[str, ...] | None:
     """The last sort value of ``cursor`` (``None`` when absent); a cursor from another scope is rejected."""
     if cursor is None:
         return None
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        payload = json.loads(raw.decode("utf-8"))
-    except (binascii.Error, ValueError, UnicodeDecodeError, TypeError):
-        payload = None
-    if not isinstance(payload, dict) or payload.get("v") != 1 or not isinstance(payload.get("last"), list):
+    payload = decode_opaque_token(cursor)
+    if (
+        not isinstance(payload, dict)
+        or type(payload.get("v")) is not int
+        or payload["v"] != 1
+        or not isinstance(payload.get("last"), list)
+    ):
         raise RunlaneError(ErrorCode.VALIDATION_FAILED, "Malformed cursor: pass back the whole next_cursor value unchanged.", meta={"field": "cursor"})
     if payload.get("scope") != _scope(kind, filter):
         raise RunlaneError(

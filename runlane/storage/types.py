@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -125,20 +126,31 @@ class StorageDocument:
     def parse(cls, text: str) -> StorageDocument:
         """Parse stored envelope text; anything but a canonical schema-version-1 object is corruption."""
         try:
-            envelope = json.loads(text, parse_constant=_reject_constant)
-        except (ValueError, TypeError) as error:
+            envelope = json.loads(
+                text,
+                parse_constant=_reject_constant,
+                parse_float=_parse_finite_float,
+                object_pairs_hook=_reject_duplicate_keys,
+            )
+        except (ValueError, TypeError, RecursionError) as error:
             raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "A stored document is not valid JSON.", cause=error) from None
         if not isinstance(envelope, dict) or set(envelope) != {"schemaVersion", "value"}:
             raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "A stored document is not a Runlane document envelope.")
-        if envelope["schemaVersion"] != STORAGE_DOCUMENT_SCHEMA_VERSION or isinstance(envelope["schemaVersion"], bool):
+        version = envelope["schemaVersion"]
+        # Exactly the integer 1: ``1.0`` or ``true`` compare equal in Python but are other JSON values.
+        if type(version) is not int or version != STORAGE_DOCUMENT_SCHEMA_VERSION:
             raise RunlaneError(
                 ErrorCode.INVARIANT_VIOLATION,
-                f"Unsupported document schema version {envelope['schemaVersion']!r}; only version 1 is readable.",
+                f"Unsupported document schema version {version!r}; only version 1 is readable.",
             )
         if not isinstance(envelope["value"], dict):
             raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "A stored document value must be a JSON object.")
-        canonical = canonical_json(envelope)
-        return cls(canonical, len(canonical.encode("utf-8")))
+        try:
+            canonical = canonical_json(envelope)
+            byte_size = len(canonical.encode("utf-8"))
+        except (ValueError, RecursionError) as error:  # UnicodeEncodeError (lone surrogate escapes) is a ValueError
+            raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "A stored document is not valid JSON text.", cause=error) from None
+        return cls(canonical, byte_size)
 
     @property
     def text(self) -> str:
@@ -166,6 +178,20 @@ class StorageDocument:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name}")
+
+
+def _parse_finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # ``1e400`` parses to infinity
+        raise ValueError(f"number {text} is out of the finite range")
+    return number
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise ValueError("duplicate object key")
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +350,12 @@ class StorageQuery:
         except ValueError:
             raise _contract(f"Unknown storage index name {self.index!r}; the index catalog is closed.") from None
         object.__setattr__(self, "partition", _as_tuple(self.partition, "Query partition"))
-        object.__setattr__(self, "direction", SortDirection(self.direction))
+        if not isinstance(self.range, StorageRange):
+            raise _contract("A storage query range must be a StorageRange.")
+        try:
+            object.__setattr__(self, "direction", SortDirection(self.direction))
+        except ValueError:
+            raise _contract(f"Unknown sort direction {self.direction!r}; use 'asc' or 'desc'.") from None
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
             raise RunlaneError(ErrorCode.VALIDATION_FAILED, f"Query limit must be a positive integer, got {self.limit!r}.")
 

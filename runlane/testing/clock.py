@@ -6,6 +6,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 from ..durations import Duration, parse_duration
+from ..errors import ErrorCode, RunlaneError
 
 __all__ = ["ControlledClock"]
 
@@ -21,8 +22,11 @@ class ControlledClock:
 
     @staticmethod
     def _check(value: datetime) -> datetime:
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError("ControlledClock needs a timezone-aware datetime")
+        if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"ControlledClock needs a timezone-aware datetime, got {value!r}; attach a tzinfo such as UTC.",
+            )
         return value.astimezone(UTC)
 
     def now(self) -> datetime:
