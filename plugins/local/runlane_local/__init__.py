@@ -1,1 +1,5 @@
 """runlane-local: the in-memory reference storage driver and the local lane."""
+
+from .memory import LocalStorageDriver, LocalStorageStore, local_storage_driver
+
+__all__ = ["LocalStorageDriver", "LocalStorageStore", "local_storage_driver"]

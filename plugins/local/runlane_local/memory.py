@@ -1,0 +1,759 @@
+"""The in-memory reference storage driver.
+
+This driver is the executable reference of the storage contract, kept small enough to read in one
+sitting. It is process-local development storage, not durable production storage.
+
+Mechanics:
+
+* **Immutable state.** A store's committed state is one immutable ``_State`` value: records in an
+  ``immutables.Map`` keyed by encoded record key, index partitions as copy-on-write ``_SortedRows``,
+  the operator projection, and the last issued version. A commit builds the next value and swaps it
+  in under a ``threading.Lock``; older values stay valid for whoever still holds them.
+* **Attempt snapshots.** Every attempt reads the state captured when it starts. ``get`` records each
+  key with the version seen, or ``None`` when absent; the commit replays the attempt when any of those
+  dependencies (or a staged create / replace / delete condition) no longer holds.
+* **Non-repeating versions.** A store-wide counter issues a fresh positive decimal version to every
+  created or replaced record.
+* **Ordered append.** The head of a stream partition is read from the committed state during the
+  commit, under the lock, so aborted and replayed attempts consume no positions.
+* **Exclusive candidates.** The store records which live attempt holds each returned candidate; the
+  holds are released when that attempt ends (commit, rollback or replay).
+* **Client clock.** ``now()`` samples the injected clock once per attempt and freezes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+from bisect import bisect_left, bisect_right
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from operator import itemgetter
+from typing import Any, NoReturn, Protocol, TypeVar
+
+import immutables
+
+from runlane.errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
+from runlane.models import Environment, Page, RunEventRecord, RunRecord, RunSummary, environment_key
+from runlane.storage import (
+    NewStorageRecord,
+    PaginationParams,
+    RunEventFilter,
+    RunFilter,
+    StorageAppendCommand,
+    StorageCandidateMode,
+    StorageClockAuthority,
+    StorageDocument,
+    StorageDurability,
+    StorageIndexConsistency,
+    StorageIndexRef,
+    StorageLimits,
+    StorageProfile,
+    StorageQuery,
+    StorageQueryPosition,
+    StorageQueryResult,
+    StorageRecord,
+    StorageRecordKey,
+    StorageTransaction,
+    clamp_page_limit,
+    create_storage_limit_error,
+    decode_operator_cursor,
+    decode_storage_query_cursor,
+    decode_storage_tuple,
+    encode_operator_cursor,
+    encode_storage_query_cursor,
+    encode_storage_unsigned_integer,
+    have_equal_storage_record_keys,
+    materialize_storage_append,
+    measure_storage_append,
+    measure_storage_record,
+    read_storage_stream_position,
+    run_event_matches_filter,
+    run_event_sort_value,
+    run_matches_filter,
+    run_sort_value,
+    storage_stream_layouts,
+)
+from runlane.storage.tables import (
+    RUN_EVENTS_COLLECTION,
+    RUNS_COLLECTION,
+    run_tombstone_key,
+    try_decode_run_document,
+    try_decode_run_event_document,
+)
+from runlane.vocabulary import PaginationCursorKind, SortDirection
+
+__all__ = ["LocalStorageDriver", "LocalStorageStore", "local_storage_driver"]
+
+T = TypeVar("T")
+Row = tuple[str, str]  # one index row: (encoded sort value, encoded record key)
+PartitionKey = tuple[str, str]  # (index name, encoded partition)
+
+_EMPTY_MAP: immutables.Map = immutables.Map()
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
+class _UtcClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+def _contract(message: str) -> RunlaneError:
+    return RunlaneError(ErrorCode.ADAPTER_CONTRACT_VIOLATION, message)
+
+
+# ---------------------------------------------------------------------------------------------
+# Copy-on-write ordered index partitions
+
+_CHUNK = 64
+
+
+class _SortedRows:
+    """An immutable ordered sequence of index rows, stored as sorted chunks of at most ``2 * _CHUNK``.
+
+    ``insert`` and ``remove`` return a new value that copies one chunk and the chunk directory, so a
+    commit never copies a whole partition and snapshots taken earlier keep their own view.
+    """
+
+    __slots__ = ("_chunks", "_lasts", "_offsets")
+
+    def __init__(self, chunks: tuple[tuple[Row, ...], ...] = ()) -> None:
+        self._chunks = chunks
+        self._lasts = tuple(chunk[-1] for chunk in chunks)
+        self._offsets = tuple(itertools.accumulate((len(chunk) for chunk in chunks), initial=0))
+
+    def __len__(self) -> int:
+        return self._offsets[-1]
+
+    def __getitem__(self, position: int) -> Row:
+        chunk = bisect_right(self._offsets, position) - 1
+        return self._chunks[chunk][position - self._offsets[chunk]]
+
+    def bisect(self, target: Any, *, right: bool, key: Callable[[Row], Any] | None = None) -> int:
+        """The global insertion point of ``target`` (``bisect_left`` or ``bisect_right`` semantics)."""
+        search = bisect_right if right else bisect_left
+        chunk = search(self._lasts, target, key=key)
+        if chunk == len(self._chunks):
+            return len(self)
+        return self._offsets[chunk] + search(self._chunks[chunk], target, key=key)
+
+    def insert(self, row: Row) -> _SortedRows:
+        if not self._chunks:
+            return _SortedRows(((row,),))
+        chunk = min(bisect_left(self._lasts, row), len(self._chunks) - 1)
+        rows = self._chunks[chunk]
+        at = bisect_left(rows, row)
+        grown = (*rows[:at], row, *rows[at:])
+        pieces = (grown,) if len(grown) <= 2 * _CHUNK else (grown[:_CHUNK], grown[_CHUNK:])
+        return _SortedRows(self._chunks[:chunk] + pieces + self._chunks[chunk + 1 :])
+
+    def remove(self, row: Row) -> _SortedRows:
+        chunk = bisect_left(self._lasts, row)
+        rows = self._chunks[chunk] if chunk < len(self._chunks) else ()
+        at = bisect_left(rows, row)
+        if at == len(rows) or rows[at] != row:
+            raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An index row of a stored record is missing.")
+        shrunk = rows[:at] + rows[at + 1 :]
+        return _SortedRows(self._chunks[:chunk] + ((shrunk,) if shrunk else ()) + self._chunks[chunk + 1 :])
+
+
+_NO_ROWS = _SortedRows()
+_sort_of = itemgetter(0)
+
+
+def _scan(rows: _SortedRows, query: StorageQuery) -> Iterator[Row]:
+    """Rows of ``query``'s range in query order, strictly after its cursor position (if any)."""
+    bounds = query.range
+    start, stop = 0, len(rows)
+    if bounds.gte is not None:
+        start = rows.bisect(bounds.gte, right=False, key=_sort_of)
+    elif bounds.gt is not None:
+        start = rows.bisect(bounds.gt, right=True, key=_sort_of)
+    if bounds.lt is not None:
+        stop = rows.bisect(bounds.lt, right=False, key=_sort_of)
+    elif bounds.lte is not None:
+        stop = rows.bisect(bounds.lte, right=True, key=_sort_of)
+    descending = query.direction is SortDirection.DESC
+    after = decode_storage_query_cursor(query)
+    if after is not None:
+        if descending:
+            stop = min(stop, rows.bisect((after.sort, after.key), right=False))
+        else:
+            start = max(start, rows.bisect((after.sort, after.key), right=True))
+    positions = range(stop - 1, start - 1, -1) if descending else range(start, stop)
+    return (rows[position] for position in positions)
+
+
+def _page(query: StorageQuery, candidates: Iterator[Row], *, look_ahead: bool) -> StorageQueryResult:
+    """Up to ``query.limit`` rows; a cursor when another row follows (always on a full page without look-ahead)."""
+    page = list(itertools.islice(candidates, query.limit))
+    more = len(page) == query.limit and (not look_ahead or next(candidates, None) is not None)
+    items = tuple(StorageIndexRef(StorageRecordKey.decode(key), decode_storage_tuple(sort)) for sort, key in page)
+    cursor = encode_storage_query_cursor(query, StorageQueryPosition(*page[-1])) if more else None
+    return StorageQueryResult(items, cursor)
+
+
+# ---------------------------------------------------------------------------------------------
+# Committed state
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """One staged mutation. ``expected`` is the version the key must still have (``None``: absent);
+    ``record`` is the new content (``None``: delete)."""
+
+    key: StorageRecordKey
+    expected: str | None
+    record: NewStorageRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    records: immutables.Map  # encoded key -> StorageRecord
+    indexes: immutables.Map  # (index name, encoded partition) -> _SortedRows
+    # The operator projection: canonical runs and run events, grouped by their key minus its last part:
+    #   ("runs", environment) -> Map[run id -> RunRecord]
+    #   ("run_events", environment, run id) -> Map[encoded sequence -> RunEventRecord]
+    projection: immutables.Map
+    last_version: int = 0
+
+    def version_of(self, encoded_key: str) -> str | None:
+        record = self.records.get(encoded_key)
+        return None if record is None else record.version
+
+    def run_ids(self, environment: str) -> Iterable[str]:
+        return self.projection.get((RUNS_COLLECTION, environment), _EMPTY_MAP).keys()
+
+    def visible_run(self, environment: str, run_id: str) -> RunRecord | None:
+        """A run is visible while its record decodes and no tombstone exists for it."""
+        run = self.projection.get((RUNS_COLLECTION, environment), _EMPTY_MAP).get(run_id)
+        if run is None or run_tombstone_key(environment, run_id).encoded in self.records:
+            return None
+        return run
+
+    def run_events(self, environment: str, run_id: str) -> Iterable[RunEventRecord]:
+        return self.projection.get((RUN_EVENTS_COLLECTION, environment, run_id), _EMPTY_MAP).values()
+
+
+_EMPTY_STATE = _State(_EMPTY_MAP, _EMPTY_MAP, _EMPTY_MAP)
+
+
+def _is_projected(key: StorageRecordKey) -> bool:
+    return (key.collection, len(key.parts)) in ((RUNS_COLLECTION, 2), (RUN_EVENTS_COLLECTION, 3))
+
+
+def _decode_projected(key: StorageRecordKey, document: StorageDocument) -> RunRecord | RunEventRecord | None:
+    """The canonical run or run event of a projected key; a document that does not decode, or that
+    disagrees with its key, stays a valid raw record outside the projection."""
+    if key.collection == RUNS_COLLECTION:
+        run = try_decode_run_document(document)
+        identity = None if run is None else (environment_key(run.environment), run.id)
+        return run if identity == key.parts else None
+    event = try_decode_run_event_document(document)
+    identity = None
+    if event is not None:
+        identity = (
+            environment_key(event.event.environment),
+            event.event.run_id,
+            encode_storage_unsigned_integer(event.sequence),
+        )
+    return event if identity == key.parts else None
+
+
+def _apply(state: _State, writes: Sequence[_Write], projected: dict[str, Any]) -> _State:
+    """The state after ``writes`` (already validated): records, index rows, projection, versions.
+
+    ``projected`` maps the encoded keys of projected writes to their decoded value (absent: none).
+    """
+    version = state.last_version
+    records = state.records.mutate()
+    projection = state.projection.mutate()
+    partitions: dict[PartitionKey, _SortedRows] = {}
+
+    def rows(partition: PartitionKey) -> _SortedRows:
+        return partitions[partition] if partition in partitions else state.indexes.get(partition, _NO_ROWS)
+
+    for write in writes:
+        encoded = write.key.encoded
+        old = state.records.get(encoded)
+        if old is not None:
+            del records[encoded]
+            for entry in old.indexes:
+                partition = (entry.name.value, entry.encoded_partition)
+                partitions[partition] = rows(partition).remove((entry.encoded_sort, encoded))
+        if write.record is not None:
+            version += 1
+            new = StorageRecord(write.key, str(version), write.record.document, write.record.indexes)
+            records[encoded] = new
+            for entry in new.indexes:
+                partition = (entry.name.value, entry.encoded_partition)
+                partitions[partition] = rows(partition).insert((entry.encoded_sort, encoded))
+        if _is_projected(write.key):
+            group, member = (write.key.collection, *write.key.parts[:-1]), write.key.parts[-1]
+            members, value = projection.get(group, _EMPTY_MAP), projected.get(encoded)
+            if value is not None:
+                members = members.set(member, value)
+            elif member in members:
+                members = members.delete(member)
+            if members:
+                projection[group] = members
+            elif group in projection:
+                del projection[group]
+
+    indexes = state.indexes.mutate()
+    for partition, partition_rows in partitions.items():
+        if partition_rows:
+            indexes[partition] = partition_rows
+        elif partition in indexes:
+            del indexes[partition]
+    return _State(records.finish(), indexes.finish(), projection.finish(), version)
+
+
+class LocalStorageStore:
+    """Committed state that several driver instances may share.
+
+    Drivers over one store see the same records, conflict with each other and share exclusive
+    candidate holds. The state is one immutable value, replaced atomically under a lock, so the store
+    can be used from several threads and event loops.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = _EMPTY_STATE
+        self._holds: dict[str, object] = {}  # encoded key -> the live attempt holding it
+
+    def _snapshot(self) -> _State:
+        with self._lock:
+            return self._state
+
+    def _hold(self, owner: object, query: StorageQuery, candidates: Iterator[Row]) -> StorageQueryResult:
+        """Skip rows other attempts hold and hold every returned row for ``owner`` (never a look-ahead row)."""
+        with self._lock:
+            free = (row for row in candidates if self._holds.get(row[1], owner) is owner)
+            result = _page(query, free, look_ahead=False)
+            for item in result.items:
+                self._holds[item.key.encoded] = owner
+            return result
+
+    def _release(self, owner: object, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                if self._holds.get(key) is owner:
+                    del self._holds[key]
+
+    def _commit(self, reads: dict[str, str | None], writes: list[_Write], append: StorageAppendCommand | None) -> bool:
+        """Validate the read set and staged conditions, then swap in the next state; ``False`` on a conflict."""
+        projected = {
+            write.key.encoded: _decode_projected(write.key, write.record.document)
+            for write in writes
+            if write.record is not None and _is_projected(write.key)
+        }
+        with self._lock:
+            state = self._state
+            if any(state.version_of(key) != version for key, version in reads.items()):
+                return False
+            if any(state.version_of(write.key.encoded) != write.expected for write in writes):
+                return False
+            if append is not None:
+                writes = [*writes, *_allocate(state, append)]
+            self._state = _apply(state, writes, projected)
+            return True
+
+
+def _allocate(state: _State, command: StorageAppendCommand) -> list[_Write]:
+    """The head and records of ``command`` at the committed head (a corrupt or exhausted head raises)."""
+    layout = storage_stream_layouts[command.stream]
+    head = state.records.get(layout.head_key(command.partition).encoded)
+    appended = materialize_storage_append(command, read_storage_stream_position(head))
+    if any(record.key.encoded in state.records for record in appended.records):
+        raise RunlaneError(
+            ErrorCode.INVARIANT_VIOLATION,
+            f"The {command.stream.value} stream already holds records past its head; refusing to overwrite them.",
+        )
+    head_write = _Write(appended.head.key, None if head is None else head.version, appended.head)
+    return [head_write, *(_Write(record.key, None, record) for record in appended.records)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Transaction attempts
+
+
+class _LocalTransaction:
+    """One attempt of a transaction callback (a ``StorageTransaction``).
+
+    Misuse raises ``adapter_contract_violation`` and a crossed limit raises ``StorageLimitError``; both
+    are remembered, so the attempt is rolled back even if the callback swallows the error.
+    """
+
+    def __init__(self, store: LocalStorageStore, snapshot: _State, limits: StorageLimits, clock: Clock) -> None:
+        self._store = store
+        self._state = snapshot
+        self._limits = limits
+        self._clock = clock
+        self._reads: dict[str, str | None] = {}  # encoded key -> version seen (None: read as absent)
+        self._writes: dict[str, _Write] = {}
+        self._append: StorageAppendCommand | None = None
+        self._failure: RunlaneError | None = None
+        self._touched: dict[str, StorageRecordKey] = {}  # keys read or mutated (transaction records)
+        self._held: list[str] = []  # exclusive candidates this attempt holds
+        self._append_records = 0
+        self._staged_bytes = 0
+        self._now: datetime | None = None
+        self._sealed = False  # reads are over: now() was called or a mutation was staged
+        self._reading = False
+        self._ended = False
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def get(self, keys: Sequence[StorageRecordKey]) -> list[StorageRecord | None]:
+        async with self._read("get"):
+            checked = _checked_keys(keys, on_error=self._fail)
+            self._enforce("max_point_reads", len(checked))
+            for key in checked:
+                self._touch(key)
+            found = [self._state.records.get(key.encoded) for key in checked]
+            for key, record in zip(checked, found):
+                self._reads[key.encoded] = None if record is None else record.version
+            return found
+
+    async def query_candidates(
+        self, query: StorageQuery, *, mode: StorageCandidateMode = StorageCandidateMode.ADVISORY
+    ) -> StorageQueryResult:
+        async with self._read("query_candidates"):
+            if not isinstance(query, StorageQuery) or mode not in tuple(StorageCandidateMode):
+                self._fail(_contract("query_candidates() takes a StorageQuery and a StorageCandidateMode."))
+            self._enforce("max_query_results", query.limit)
+            candidates = _scan(self._state.indexes.get((query.index.value, query.encoded_partition), _NO_ROWS), query)
+            if mode != StorageCandidateMode.EXCLUSIVE:
+                return _page(query, candidates, look_ahead=True)
+            result = self._store._hold(self, query, candidates)
+            self._held.extend(item.key.encoded for item in result.items)
+            return result
+
+    @contextlib.asynccontextmanager
+    async def _read(self, operation: str) -> AsyncIterator[None]:
+        self._check_open()
+        if self._reading:
+            self._fail(_contract(f"{operation}() overlaps another read of this attempt; await each read first."))
+        self._check_unsealed(operation)
+        self._reading = True
+        try:
+            await asyncio.sleep(0)  # let concurrent attempts interleave
+            self._check_open()
+            self._check_unsealed(operation)
+            yield
+        finally:
+            self._reading = False
+
+    def _check_unsealed(self, operation: str) -> None:
+        if self._sealed:
+            self._fail(_contract(f"{operation}() after now() or a mutation: the read set of this attempt is sealed."))
+
+    # -- time ----------------------------------------------------------------------------------
+
+    async def now(self) -> datetime:
+        self._check_open()
+        if self._now is None:
+            sampled = self._clock.now()
+            if not isinstance(sampled, datetime) or sampled.tzinfo is None or sampled.utcoffset() is None:
+                message = "The storage clock must return timezone-aware datetimes."
+                self._fail(RunlaneError(ErrorCode.CONFIGURATION_INVALID, message))
+            self._now = sampled
+        self._sealed = True
+        return self._now
+
+    # -- mutations -----------------------------------------------------------------------------
+
+    def create(self, record: NewStorageRecord) -> None:
+        self._check_open()
+        if not isinstance(record, NewStorageRecord):
+            self._fail(_contract("create() takes a NewStorageRecord."))
+        if self._reads.get(record.key.encoded) is not None:
+            self._fail(_contract(f"create() of {record.key!r}, which this attempt read as present; use replace()."))
+        self._stage(_Write(record.key, None, record))
+
+    def replace(self, current: StorageRecord, record: NewStorageRecord) -> None:
+        self._check_open()
+        if not isinstance(record, NewStorageRecord):
+            self._fail(_contract("replace() takes the current StorageRecord and a NewStorageRecord."))
+        self._check_read_exactly(current, "replace")
+        if not have_equal_storage_record_keys(current.key, record.key):
+            self._fail(_contract(f"replace() cannot change the key ({current.key!r} -> {record.key!r})."))
+        self._stage(_Write(record.key, current.version, record))
+
+    def delete(self, current: StorageRecord) -> None:
+        self._check_open()
+        self._check_read_exactly(current, "delete")
+        self._stage(_Write(current.key, current.version, None))
+
+    def append(self, command: StorageAppendCommand) -> None:
+        self._check_open()
+        if not isinstance(command, StorageAppendCommand):
+            self._fail(_contract("append() takes a StorageAppendCommand."))
+        if self._append is not None:
+            self._fail(_contract("An attempt may stage only one append batch."))
+        layout = storage_stream_layouts[command.stream]
+        if any(layout.owns_key(key, command.partition) for key in self._touched.values()):
+            self._fail(_contract("append() to a stream partition whose head or records this attempt read or mutated."))
+        records, size, record_sizes = measure_storage_append(command)
+        self._enforce("max_record_bytes", max(record_sizes))
+        self._enforce("max_transaction_records", len(self._touched) + records)
+        self._add_bytes(size)
+        self._append, self._append_records = command, records
+        self._sealed = True
+
+    def _check_read_exactly(self, current: StorageRecord, operation: str) -> None:
+        if not isinstance(current, StorageRecord):
+            self._fail(_contract(f"{operation}() takes the StorageRecord this attempt read."))
+        seen = self._reads.get(current.key.encoded)
+        if seen is None:
+            self._fail(_contract(f"{operation}() of {current.key!r}, which this attempt did not read as present."))
+        if seen != current.version:
+            message = f"{operation}() of {current.key!r} at version {current.version}, but this attempt read {seen}."
+            self._fail(_contract(message))
+
+    def _stage(self, write: _Write) -> None:
+        encoded = write.key.encoded
+        if encoded in self._writes:
+            self._fail(_contract(f"{write.key!r} is mutated twice in one attempt."))
+        command = self._append
+        if command is not None and storage_stream_layouts[command.stream].owns_key(write.key, command.partition):
+            self._fail(_contract("A mutation of a stream partition this attempt appends to."))
+        size = 0
+        if write.record is not None:
+            size = measure_storage_record(write.record)
+            self._enforce("max_record_bytes", size)
+        self._touch(write.key)
+        self._add_bytes(size)
+        self._writes[encoded] = write
+        self._sealed = True
+
+    # -- limits --------------------------------------------------------------------------------
+
+    def _touch(self, key: StorageRecordKey) -> None:
+        if key.encoded not in self._touched:
+            self._enforce("max_transaction_records", len(self._touched) + 1 + self._append_records)
+            self._touched[key.encoded] = key
+
+    def _add_bytes(self, size: int) -> None:
+        self._staged_bytes += size
+        self._enforce("max_transaction_bytes", self._staged_bytes)
+
+    def _enforce(self, limit: str, actual: int) -> None:
+        _enforce(self._limits, limit, actual, on_error=self._fail)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._ended:
+            raise _contract("This transaction attempt has ended; the transaction object cannot be used any more.")
+        if self._failure is not None:
+            raise self._failure
+
+    def _fail(self, error: RunlaneError) -> NoReturn:
+        if self._failure is None:
+            self._failure = error
+        raise error
+
+    def _commit(self) -> bool:
+        """Commit the staged work; ``False`` when validation failed and the callback must be replayed."""
+        if self._failure is not None:
+            raise self._failure
+        return self._store._commit(self._reads, list(self._writes.values()), self._append)
+
+    def _end(self) -> None:
+        """Close the attempt (after commit, rollback or before a replay) and release its holds."""
+        self._ended = True
+        if self._held:
+            self._store._release(self, self._held)
+
+
+OnError = Callable[[RunlaneError], NoReturn]
+
+
+def _checked_keys(keys: Sequence[StorageRecordKey], *, on_error: OnError) -> list[StorageRecordKey]:
+    if isinstance(keys, str) or not isinstance(keys, Sequence):
+        on_error(_contract("get() takes a sequence of StorageRecordKey values."))
+    checked = list(keys)
+    if not all(isinstance(key, StorageRecordKey) for key in checked):
+        on_error(_contract("get() takes a sequence of StorageRecordKey values."))
+    return checked
+
+
+def _raise(error: RunlaneError) -> NoReturn:
+    raise error
+
+
+def _enforce(limits: StorageLimits, limit: str, actual: int, *, on_error: OnError = _raise) -> None:
+    """Fail with ``StorageLimitError`` when ``actual`` exceeds the advertised ``limits.<limit>``."""
+    allowed = getattr(limits, limit)
+    if actual > allowed:
+        on_error(create_storage_limit_error(limit, allowed, actual))
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+class LocalStorageDriver:
+    """In-memory ``StorageDriver`` and ``OperatorReadDriver`` over a ``LocalStorageStore``."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        limits: StorageLimits | None = None,
+        store: LocalStorageStore | None = None,
+        max_transaction_attempts: int = 16,
+        name: str = "local-memory-storage",
+    ) -> None:
+        if clock is not None and not callable(getattr(clock, "now", None)):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "clock must be an object with a now() method.")
+        if limits is not None and not isinstance(limits, StorageLimits):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "limits must be a StorageLimits value.")
+        if store is not None and not isinstance(store, LocalStorageStore):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "store must be a LocalStorageStore.")
+        attempts = max_transaction_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "max_transaction_attempts must be a positive integer.")
+        if not isinstance(name, str) or not name:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "name must be a non-empty string.")
+        self.name = name
+        self.profile = StorageProfile(
+            durability=StorageDurability.PROCESS,
+            clock_authority=StorageClockAuthority.CLIENT,
+            index_consistency=StorageIndexConsistency.STRONG,
+            limits=limits or StorageLimits(),
+            exclusive_candidates=True,
+            ordered_append=True,
+            process_local=True,
+        )
+        self.store = store or LocalStorageStore()
+        self.max_transaction_attempts = attempts
+        self._clock: Clock = clock or _UtcClock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"LocalStorageDriver(name={self.name!r})"
+
+    # -- lifecycle: nothing to connect; a closed driver refuses work until started again ---------
+
+    async def start(self) -> None:
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+
+    def _snapshot(self) -> _State:
+        if self._closed:
+            raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, f"Storage driver {self.name!r} is closed.")
+        return self.store._snapshot()
+
+    # -- StorageDriver ---------------------------------------------------------------------------
+
+    async def get(self, keys: Sequence[StorageRecordKey]) -> list[StorageRecord | None]:
+        checked = _checked_keys(keys, on_error=_raise)
+        _enforce(self.profile.limits, "max_point_reads", len(checked))
+        await asyncio.sleep(0)
+        records = self._snapshot().records
+        return [records.get(key.encoded) for key in checked]
+
+    async def query(self, query: StorageQuery) -> StorageQueryResult:
+        if not isinstance(query, StorageQuery):
+            raise _contract("query() takes a StorageQuery.")
+        _enforce(self.profile.limits, "max_query_results", query.limit)
+        await asyncio.sleep(0)
+        rows = self._snapshot().indexes.get((query.index.value, query.encoded_partition), _NO_ROWS)
+        return _page(query, _scan(rows, query), look_ahead=True)
+
+    async def with_transaction(self, callback: Callable[[StorageTransaction], Awaitable[T]]) -> T:
+        for _ in range(self.max_transaction_attempts):
+            attempt = _LocalTransaction(self.store, self._snapshot(), self.profile.limits, self._clock)
+            try:
+                result = await callback(attempt)
+                committed = attempt._commit()
+            finally:
+                attempt._end()
+            if committed:
+                return result
+            await asyncio.sleep(0)  # let the winner of the conflict make progress before replaying
+        raise create_storage_conflict_error(
+            StorageConflictKind.TRANSACTION,
+            f"The transaction lost optimistic validation {self.max_transaction_attempts} times; retry the operation.",
+            meta={"attempts": self.max_transaction_attempts},
+        )
+
+    # -- OperatorReadDriver ----------------------------------------------------------------------
+
+    async def get_run(self, environment: Environment, run_id: str) -> RunRecord | None:
+        run = self._snapshot().visible_run(environment_key(environment), run_id)
+        return None if run is None else run.model_copy(deep=True)
+
+    async def list_runs(self, filter: RunFilter, pagination: PaginationParams) -> Page[RunSummary]:
+        state = self._snapshot()
+        environment = environment_key(filter.environment)
+        runs = (
+            run
+            for run_id in state.run_ids(environment)
+            if (run := state.visible_run(environment, run_id)) is not None and run_matches_filter(run, filter)
+        )
+        rows = [(run_sort_value(run, filter.sort_by, filter.sort_direction), run) for run in runs]
+        page, cursor = _operator_page(rows, PaginationCursorKind.RUN_LIST, filter, filter.sort_direction, pagination)
+        return Page[RunSummary](data=[run.to_summary().model_copy(deep=True) for run in page], next_cursor=cursor)
+
+    async def list_run_events(self, filter: RunEventFilter, pagination: PaginationParams) -> Page[RunEventRecord]:
+        state = self._snapshot()
+        environment = environment_key(filter.environment)
+        run_ids = state.run_ids(environment) if filter.run_id is None else (filter.run_id,)
+        events = (
+            event
+            for run_id in run_ids
+            if state.visible_run(environment, run_id) is not None
+            for event in state.run_events(environment, run_id)
+            if run_event_matches_filter(event, filter)
+        )
+        rows = [(run_event_sort_value(event, filter.sort_by), event) for event in events]
+        kind = PaginationCursorKind.RUN_EVENT_LIST
+        page, cursor = _operator_page(rows, kind, filter, filter.sort_direction, pagination)
+        return Page[RunEventRecord](data=[event.model_copy(deep=True) for event in page], next_cursor=cursor)
+
+
+def _operator_page(
+    rows: list[tuple[tuple[str, ...], T]],
+    kind: PaginationCursorKind,
+    filter: RunFilter | RunEventFilter,
+    direction: SortDirection,
+    pagination: PaginationParams,
+) -> tuple[list[T], str | None]:
+    """Sort ``(sort value, item)`` rows, continue strictly after the cursor and cut one page."""
+    limit = clamp_page_limit(pagination.limit)
+    after = decode_operator_cursor(pagination.cursor, kind, filter)
+    descending = direction is SortDirection.DESC
+    rows.sort(key=itemgetter(0), reverse=descending)
+    if after is not None:
+        rows = [row for row in rows if (row[0] < after if descending else row[0] > after)]
+    cursor = encode_operator_cursor(kind, filter, rows[limit - 1][0]) if len(rows) > limit else None
+    return [item for _, item in rows[:limit]], cursor
+
+
+def local_storage_driver(
+    *,
+    clock: Clock | None = None,
+    limits: StorageLimits | None = None,
+    store: LocalStorageStore | None = None,
+    max_transaction_attempts: int = 16,
+    name: str = "local-memory-storage",
+) -> LocalStorageDriver:
+    """The in-memory reference driver: process-local, strongly indexed, client clock.
+
+    Pass one ``store`` to several drivers to make them share records, conflicts and exclusive holds.
+    """
+    return LocalStorageDriver(
+        clock=clock, limits=limits, store=store, max_transaction_attempts=max_transaction_attempts, name=name
+    )
