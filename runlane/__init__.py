@@ -52,6 +52,7 @@ from .models import (
     WakeupPublishOutcome,
     environment_key,
 )
+from .reducer import project_run_events
 from .run_scans import (
     get_run_attempt_timeout_finalization_available_at,
     get_run_cancellation_finalization_available_at,
@@ -115,5 +116,6 @@ __all__ = [
     "ensure_json_value", "environment_key", "format_duration", "get_run_attempt_timeout_finalization_available_at",
     "get_run_cancellation_finalization_available_at", "get_run_delivery_recovery_available_at",
     "get_run_runnable_available_at", "get_storage_conflict_kind", "is_json_value", "is_run_dispatch_reservation",
-    "is_run_runnable_at", "is_storage_conflict", "is_valid_id", "parse_duration", "run_status_values", "validate_id",
+    "is_run_runnable_at", "is_storage_conflict", "is_valid_id", "parse_duration", "project_run_events",
+    "run_status_values", "validate_id",
 ]
