@@ -46,7 +46,7 @@ def encode_storage_tuple(components: Sequence[str]) -> str:
         raise _contract("A storage tuple needs at least one string component.")
     parts = []
     for component in components:
-        if not isinstance(component, str):
+        if type(component) is not str and not isinstance(component, str):
             raise _contract(f"Storage tuple components must be strings, got {type(component).__name__}.")
         try:
             parts.append(component.encode("utf-8").hex())

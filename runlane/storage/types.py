@@ -74,16 +74,16 @@ class StorageRecordKey:
 
     collection: str
     parts: StorageTuple
+    # Computed once: keys are hashed, compared and encoded on every driver path.
+    encoded: str = field(compare=False, repr=False)
 
     def __init__(self, collection: str, *parts: str) -> None:
         if not isinstance(collection, str) or not collection:
             raise _contract("A storage record key needs a non-empty collection name.")
+        checked = _as_tuple(parts, "Storage record key parts")
         object.__setattr__(self, "collection", collection)
-        object.__setattr__(self, "parts", _as_tuple(parts, "Storage record key parts"))
-
-    @property
-    def encoded(self) -> str:
-        return encode_storage_tuple((self.collection, *self.parts))
+        object.__setattr__(self, "parts", checked)
+        object.__setattr__(self, "encoded", encode_storage_tuple((collection, *checked)))
 
     @classmethod
     def decode(cls, encoded: str) -> StorageRecordKey:
@@ -205,23 +205,21 @@ class StorageIndexEntry:
     name: StorageIndexName
     partition: StorageTuple
     sort: StorageTuple
+    encoded_partition: str = field(compare=False, repr=False)
+    encoded_sort: str = field(compare=False, repr=False)
 
     def __init__(self, name: StorageIndexName | str, partition: Sequence[str], sort: Sequence[str]) -> None:
         try:
             index_name = StorageIndexName(name)
         except ValueError:
             raise _contract(f"Unknown storage index name {name!r}; the index catalog is closed.") from None
+        checked_partition = _as_tuple(partition, "Index partition")
+        checked_sort = _as_tuple(sort, "Index sort value")
         object.__setattr__(self, "name", index_name)
-        object.__setattr__(self, "partition", _as_tuple(partition, "Index partition"))
-        object.__setattr__(self, "sort", _as_tuple(sort, "Index sort value"))
-
-    @property
-    def encoded_partition(self) -> str:
-        return encode_storage_tuple(self.partition)
-
-    @property
-    def encoded_sort(self) -> str:
-        return encode_storage_tuple(self.sort)
+        object.__setattr__(self, "partition", checked_partition)
+        object.__setattr__(self, "sort", checked_sort)
+        object.__setattr__(self, "encoded_partition", encode_storage_tuple(checked_partition))
+        object.__setattr__(self, "encoded_sort", encode_storage_tuple(checked_sort))
 
 
 @dataclass(frozen=True, slots=True)

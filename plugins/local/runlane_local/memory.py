@@ -111,47 +111,70 @@ def _contract(message: str) -> RunlaneError:
 # ---------------------------------------------------------------------------------------------
 # Copy-on-write ordered index partitions
 
-_CHUNK = 64
+_CHUNK = 128
+
+Position = tuple[int, int]  # (chunk index, offset in chunk); (len(chunks), 0) is the end
 
 
 class _SortedRows:
     """An immutable ordered sequence of index rows, stored as sorted chunks of at most ``2 * _CHUNK``.
 
-    ``insert`` and ``remove`` return a new value that copies one chunk and the chunk directory, so a
-    commit never copies a whole partition and snapshots taken earlier keep their own view.
+    ``insert`` and ``remove`` return a new value that copies one chunk and the (C-level sliced)
+    chunk directory, so a commit never copies a whole partition and earlier snapshots keep their view.
+    Positions are ``(chunk, offset)`` pairs, so nothing is recomputed across all chunks per change.
     """
 
-    __slots__ = ("_chunks", "_lasts", "_offsets")
+    __slots__ = ("_chunks", "_lasts")
 
-    def __init__(self, chunks: tuple[tuple[Row, ...], ...] = ()) -> None:
+    def __init__(self, chunks: tuple[tuple[Row, ...], ...] = (), lasts: tuple[Row, ...] | None = None) -> None:
         self._chunks = chunks
-        self._lasts = tuple(chunk[-1] for chunk in chunks)
-        self._offsets = tuple(itertools.accumulate((len(chunk) for chunk in chunks), initial=0))
+        self._lasts = lasts if lasts is not None else tuple(chunk[-1] for chunk in chunks)
 
-    def __len__(self) -> int:
-        return self._offsets[-1]
+    @property
+    def end(self) -> Position:
+        return (len(self._chunks), 0)
 
-    def __getitem__(self, position: int) -> Row:
-        chunk = bisect_right(self._offsets, position) - 1
-        return self._chunks[chunk][position - self._offsets[chunk]]
-
-    def bisect(self, target: Any, *, right: bool, key: Callable[[Row], Any] | None = None) -> int:
-        """The global insertion point of ``target`` (``bisect_left`` or ``bisect_right`` semantics)."""
+    def bisect(self, target: Any, *, right: bool, key: Callable[[Row], Any] | None = None) -> Position:
+        """The insertion point of ``target`` (``bisect_left`` or ``bisect_right`` semantics)."""
         search = bisect_right if right else bisect_left
         chunk = search(self._lasts, target, key=key)
         if chunk == len(self._chunks):
-            return len(self)
-        return self._offsets[chunk] + search(self._chunks[chunk], target, key=key)
+            return self.end
+        offset = search(self._chunks[chunk], target, key=key)
+        return (chunk, offset) if offset < len(self._chunks[chunk]) else (chunk + 1, 0)
+
+    def between(self, start: Position, stop: Position, *, descending: bool) -> Iterator[Row]:
+        """Rows from ``start`` (inclusive) to ``stop`` (exclusive), reversed when ``descending``."""
+        if start >= stop:
+            return
+        chunks = self._chunks
+        first_chunk, first_offset = start
+        stop_chunk, stop_offset = stop
+        if not descending:
+            for index in range(first_chunk, min(stop_chunk + 1, len(chunks))):
+                rows = chunks[index]
+                low = first_offset if index == first_chunk else 0
+                high = stop_offset if index == stop_chunk else len(rows)
+                yield from rows[low:high]
+            return
+        for index in range(min(stop_chunk, len(chunks) - 1), first_chunk - 1, -1):
+            rows = chunks[index]
+            low = first_offset if index == first_chunk else 0
+            high = stop_offset if index == stop_chunk else len(rows)
+            yield from reversed(rows[low:high])
 
     def insert(self, row: Row) -> _SortedRows:
         if not self._chunks:
-            return _SortedRows(((row,),))
+            return _SortedRows(((row,),), (row,))
         chunk = min(bisect_left(self._lasts, row), len(self._chunks) - 1)
         rows = self._chunks[chunk]
         at = bisect_left(rows, row)
         grown = (*rows[:at], row, *rows[at:])
         pieces = (grown,) if len(grown) <= 2 * _CHUNK else (grown[:_CHUNK], grown[_CHUNK:])
-        return _SortedRows(self._chunks[:chunk] + pieces + self._chunks[chunk + 1 :])
+        return _SortedRows(
+            self._chunks[:chunk] + pieces + self._chunks[chunk + 1 :],
+            self._lasts[:chunk] + tuple(piece[-1] for piece in pieces) + self._lasts[chunk + 1 :],
+        )
 
     def remove(self, row: Row) -> _SortedRows:
         chunk = bisect_left(self._lasts, row)
@@ -160,7 +183,12 @@ class _SortedRows:
         if at == len(rows) or rows[at] != row:
             raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An index row of a stored record is missing.")
         shrunk = rows[:at] + rows[at + 1 :]
-        return _SortedRows(self._chunks[:chunk] + ((shrunk,) if shrunk else ()) + self._chunks[chunk + 1 :])
+        if not shrunk:
+            return _SortedRows(self._chunks[:chunk] + self._chunks[chunk + 1 :], self._lasts[:chunk] + self._lasts[chunk + 1 :])
+        return _SortedRows(
+            self._chunks[:chunk] + (shrunk,) + self._chunks[chunk + 1 :],
+            self._lasts[:chunk] + (shrunk[-1],) + self._lasts[chunk + 1 :],
+        )
 
 
 _NO_ROWS = _SortedRows()
@@ -170,7 +198,7 @@ _sort_of = itemgetter(0)
 def _scan(rows: _SortedRows, query: StorageQuery) -> Iterator[Row]:
     """Rows of ``query``'s range in query order, strictly after its cursor position (if any)."""
     bounds = query.range
-    start, stop = 0, len(rows)
+    start, stop = (0, 0), rows.end
     if bounds.gte is not None:
         start = rows.bisect(bounds.gte, right=False, key=_sort_of)
     elif bounds.gt is not None:
@@ -186,8 +214,7 @@ def _scan(rows: _SortedRows, query: StorageQuery) -> Iterator[Row]:
             stop = min(stop, rows.bisect((after.sort, after.key), right=False))
         else:
             start = max(start, rows.bisect((after.sort, after.key), right=True))
-    positions = range(stop - 1, start - 1, -1) if descending else range(start, stop)
-    return (rows[position] for position in positions)
+    return rows.between(start, stop, descending=descending)
 
 
 def _page(query: StorageQuery, candidates: Iterator[Row], *, look_ahead: bool) -> StorageQueryResult:
