@@ -66,4 +66,44 @@ from .types import (
     measure_storage_record,
 )
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+from .tables import (
+    RUN_EVENTS_COLLECTION,
+    RUN_TOMBSTONES_COLLECTION,
+    RUNS_COLLECTION,
+    RunChildCounts,
+    decode_run_document,
+    decode_run_event_document,
+    encode_run_document,
+    encode_run_event_document,
+    run_event_key,
+    run_key,
+    run_tombstone_key,
+    try_decode_run_document,
+    try_decode_run_event_document,
+)
+
+# Re-exported so a driver package can import everything it needs from ``runlane.storage`` alone.
+from ..models import Environment, Page, RunEventRecord, RunRecord, RunSummary, environment_key
+from ..vocabulary import PaginationCursorKind, SortDirection
+
+__all__ = [
+    "MAX_UNSIGNED_64", "RUNS_COLLECTION", "RUN_EVENTS_COLLECTION", "RUN_TOMBSTONES_COLLECTION",
+    "STORAGE_DOCUMENT_SCHEMA_VERSION", "Environment", "MaterializedStorageAppend", "NewStorageRecord",
+    "OperatorReadDriver", "Page", "PaginationCursorKind", "PaginationParams", "RunChildCounts", "RunEventFilter",
+    "RunEventRecord", "RunFilter", "RunRecord", "RunSummary", "SortDirection", "StorageAppendCommand",
+    "StorageCandidateMode", "StorageClockAuthority", "StorageDocument", "StorageDriver", "StorageDurability",
+    "StorageIndexConsistency", "StorageIndexEntry", "StorageIndexName", "StorageIndexRef", "StorageLimitError",
+    "StorageLimits", "StorageProfile", "StorageQuery", "StorageQueryPosition", "StorageQueryResult", "StorageRange",
+    "StorageRecord", "StorageRecordKey", "StorageStreamLayout", "StorageStreamName", "StorageTransaction",
+    "TimeRange", "clamp_page_limit", "compare_storage_encoded_values", "create_storage_limit_error",
+    "decode_iso_date", "decode_operator_cursor", "decode_run_document", "decode_run_event_document",
+    "decode_storage_query_cursor", "decode_storage_tuple", "decode_storage_unsigned_integer",
+    "encode_iso_date", "encode_operator_cursor", "encode_run_document", "encode_run_event_document",
+    "encode_storage_query_cursor", "encode_storage_tuple", "encode_storage_tuple_prefix_upper_bound",
+    "encode_storage_unsigned_integer", "environment_key", "format_unsigned_64_decimal",
+    "have_equal_storage_record_keys", "materialize_storage_append", "measure_storage_append",
+    "measure_storage_record", "parse_unsigned_64_decimal", "read_storage_stream_position", "run_event_key",
+    "run_event_matches_filter", "run_event_sort_value", "run_key", "run_matches_filter", "run_sort_value",
+    "run_tombstone_key", "storage_stream_layouts", "supports_operator_reads", "try_decode_run_document",
+    "try_decode_run_event_document",
+]
