@@ -1,0 +1,806 @@
+"""Defining work: ``queue()``, ``task()``, ``schedule()``, ``Retry``/``Backoff`` and the ``TaskRelease`` value.
+
+This module owns deployment-time definitions and their validation: ids, durations, payload schemas
+(pydantic), key resolvers, retry delays and the release value a handler returns. Definitions are
+immutable and building one never touches storage, a lane or a runtime.
+
+Malformed definitions and options raise ``RunlaneError(configuration_invalid)`` with a message that says
+what to change; a payload that does not match its task's schema raises ``RunlaneError(validation_failed)``
+with the pydantic errors in ``meta["errors"]``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar, Literal, TypeAlias
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import PydanticUserError, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from ..defaults import contract_defaults
+from ..durations import MAX_SAFE_INTEGER, Duration, duration_ms
+from ..errors import ErrorCode, RunlaneError
+from ..ids import validate_id
+from ..json_values import canonical_json, ensure_json_object, ensure_json_value
+from ..models import RunCompletionWaitCondition, SignalWaitCondition
+from ..vocabulary import RetryBackoffType, RunWaitConditionType, ScheduleType, TaskReleaseType
+
+__all__ = [
+    "Backoff",
+    "IdempotencyKeyTtl",
+    "KeyResolver",
+    "QueueDefinition",
+    "Retry",
+    "RetryPolicy",
+    "ScheduleDefinition",
+    "TaskDefinition",
+    "TaskKeyKind",
+    "TaskRelease",
+    "build_run_wait",
+    "build_signal_wait",
+    "build_time_release",
+    "parse_idempotency_key_ttl",
+    "queue",
+    "schedule",
+    "task",
+]
+
+KeyResolver: TypeAlias = str | Callable[[Any], str]
+"""A static key, or a function of the validated payload returning the key."""
+
+TaskKeyKind: TypeAlias = Literal["idempotency_key", "singleton_key", "concurrency_key"]
+IdempotencyKeyTtl: TypeAlias = int | Literal["active"]
+"""Whole milliseconds, or ``"active"`` to release the key as soon as the run is terminal."""
+
+_KEY_LABELS: dict[str, str] = {
+    "idempotency_key": "idempotency key",
+    "singleton_key": "singleton key",
+    "concurrency_key": "concurrency key",
+}
+# Enough to act on; the full count stays in meta so a huge invalid list cannot bloat a stored failure.
+_MAX_REPORTED_ERRORS = 20
+_MAX_SUMMARISED_ERRORS = 3
+
+
+class _Omitted:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<omitted>"
+
+
+_OMITTED: Any = _Omitted()
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared checks
+
+
+def _invalid(message: str, *, cause: BaseException | None = None, **meta: Any) -> RunlaneError:
+    return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta=meta, cause=cause)
+
+
+def _positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SAFE_INTEGER:
+        raise _invalid(f"Invalid {what}: expected a positive whole number, got {value!r}.", field=what)
+    return value
+
+
+def _flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise _invalid(f"Invalid {what}: expected True or False, got {value!r}.", field=what)
+    return value
+
+
+def _aware_utc(value: object, what: str) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise _invalid(
+            f"Invalid {what}: expected a timezone-aware datetime such as datetime(2026, 1, 1, tzinfo=UTC), "
+            f"got {value!r}.",
+            field=what,
+        )
+    return value.astimezone(UTC)
+
+
+def _optional_queue(value: object, owner: str) -> QueueDefinition | None:
+    if value is not None and not isinstance(value, QueueDefinition):
+        raise _invalid(
+            f"{owner}: queue must be the QueueDefinition returned by queue(...), got {value!r}.", field="queue"
+        )
+    return value
+
+
+def _json_copy(value: Any) -> Any:
+    """A detached copy of a JSON value already checked by ``ensure_json_value``."""
+    return json.loads(canonical_json(value))
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Queues
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDefinition:
+    """Where runs are routed and how many may execute at once. Build it with ``queue()``.
+
+    Two definitions with the same name and policy compare equal, which is how the runtime detects
+    drift between a task's queue and the registered one.
+    """
+
+    name: str
+    default: bool = False
+    concurrency_limit: int | None = None
+    dispatch_timeout_ms: int | None = None
+
+    @property
+    def is_bounded(self) -> bool:
+        return self.concurrency_limit is not None
+
+
+def queue(
+    name: str,
+    *,
+    default: bool = False,
+    concurrency_limit: int | None = None,
+    dispatch_timeout: Duration | None = None,
+) -> QueueDefinition:
+    """Define a queue; ``dispatch_timeout`` is only valid on a bounded queue (one with ``concurrency_limit``)."""
+    queue_name = validate_id(name, "queue name")
+    is_default = _flag(default, f"default of queue {queue_name!r}")
+    limit = None
+    if concurrency_limit is not None:
+        limit = _positive_int(concurrency_limit, f"concurrency_limit of queue {queue_name!r}")
+    timeout_ms = None
+    if dispatch_timeout is not None:
+        if limit is None:
+            raise _invalid(
+                f"Queue {queue_name!r}: dispatch_timeout only applies to bounded queues; "
+                "set concurrency_limit or remove dispatch_timeout.",
+                field="dispatch_timeout",
+            )
+        timeout_ms = duration_ms(dispatch_timeout, f"dispatch_timeout of queue {queue_name!r}")
+    return QueueDefinition(name=queue_name, default=is_default, concurrency_limit=limit, dispatch_timeout_ms=timeout_ms)
+
+
+# ---------------------------------------------------------------------------------------------
+# Retry policy
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Backoff:
+    """Delay between retries: ``Backoff(type=RetryBackoffType.EXPONENTIAL, delay="5s", max_delay="1m")``.
+
+    Fixed backoff waits ``delay`` every time. Exponential backoff waits ``delay`` before the first retry
+    and doubles from there, capped at ``max_delay`` (which applies only to exponential backoff).
+    """
+
+    type: RetryBackoffType
+    delay_ms: int
+    max_delay_ms: int | None
+
+    def __init__(self, type: RetryBackoffType | str, delay: Duration, max_delay: Duration | None = None) -> None:
+        try:
+            kind = RetryBackoffType(type)
+        except ValueError:
+            allowed = ", ".join(repr(member.value) for member in RetryBackoffType)
+            raise _invalid(
+                f"Invalid backoff type {type!r}: use RetryBackoffType ({allowed}).", field="backoff.type"
+            ) from None
+        delay_value = duration_ms(delay, "backoff delay")
+        max_delay_value = None
+        if max_delay is not None:
+            if kind is not RetryBackoffType.EXPONENTIAL:
+                raise _invalid(
+                    "max_delay applies only to exponential backoff; remove it from the fixed backoff.",
+                    field="backoff.max_delay",
+                )
+            max_delay_value = duration_ms(max_delay, "backoff max_delay")
+            if max_delay_value < delay_value:
+                raise _invalid(
+                    "Invalid backoff: max_delay must be greater than or equal to delay.", field="backoff.max_delay"
+                )
+        object.__setattr__(self, "type", kind)
+        object.__setattr__(self, "delay_ms", delay_value)
+        object.__setattr__(self, "max_delay_ms", max_delay_value)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class RetryPolicy:
+    """``Retry(max_attempts, backoff=...)``: the total attempt budget (first attempt included) and its backoff.
+
+    ``backoff`` is a ``Backoff``, a duration (fixed backoff), or omitted for ``contract_defaults.retry.backoff``.
+    """
+
+    max_attempts: int
+    backoff: Backoff
+
+    def __init__(self, max_attempts: int, backoff: Backoff | Duration | None = None) -> None:
+        attempts = _positive_int(max_attempts, "retry max_attempts")
+        if backoff is None:
+            backoff = Backoff(RetryBackoffType.FIXED, contract_defaults.retry.backoff)
+        elif not isinstance(backoff, Backoff):
+            backoff = Backoff(RetryBackoffType.FIXED, backoff)
+        object.__setattr__(self, "max_attempts", attempts)
+        object.__setattr__(self, "backoff", backoff)
+
+    def delay_ms_for(self, failed_attempt: int) -> int:
+        """Milliseconds to wait before retrying after attempt number ``failed_attempt`` (1-based) failed."""
+        attempt = _positive_int(failed_attempt, "failed attempt number")
+        backoff = self.backoff
+        if backoff.type is RetryBackoffType.FIXED:
+            return backoff.delay_ms
+        cap = backoff.max_delay_ms if backoff.max_delay_ms is not None else MAX_SAFE_INTEGER
+        # Past 2**53 the product exceeds every cap, so bound the exponent instead of building huge ints.
+        return min(backoff.delay_ms * 2 ** min(attempt - 1, 53), cap)
+
+
+Retry = RetryPolicy
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDefinition:
+    """One task-colocated schedule. Build it with ``schedule()``; the kind is inferred from its selector.
+
+    ``payload`` is the static JSON payload (``None`` with ``has_payload`` False when it was omitted).
+    """
+
+    id: str
+    type: ScheduleType
+    cron: str | None = None
+    time_zone: str | None = None
+    every_ms: int | None = None
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+    run_at: datetime | None = None
+    payload: Any = None
+    has_payload: bool = False
+    queue: QueueDefinition | None = None
+    enabled: bool = True
+
+
+def schedule(
+    id: str,
+    *,
+    cron: str | None = None,
+    every: Duration | None = None,
+    run_at: datetime | None = None,
+    time_zone: str | None = None,
+    starts_at: datetime | None = None,
+    ends_at: datetime | None = None,
+    payload: Any = _OMITTED,
+    queue: QueueDefinition | None = None,
+    enabled: bool = True,
+) -> ScheduleDefinition:
+    """Define a schedule with exactly one of ``cron``, ``every`` or ``run_at``.
+
+    ``time_zone`` applies to cron schedules, ``starts_at`` / ``ends_at`` to interval schedules. The
+    payload is checked against the task's schema when the schedule is attached with ``task(schedule=...)``.
+    """
+    schedule_id = validate_id(id, "schedule id")
+    owner = f"Schedule {schedule_id!r}"
+    selectors = [name for name, value in (("cron", cron), ("every", every), ("run_at", run_at)) if value is not None]
+    if len(selectors) != 1:
+        found = " and ".join(selectors) if selectors else "none"
+        raise _invalid(f"{owner} needs exactly one of cron, every or run_at (got {found}).", field="schedule")
+    if time_zone is not None and cron is None:
+        raise _invalid(f"{owner}: time_zone applies only to cron schedules; remove it.", field="time_zone")
+    if (starts_at is not None or ends_at is not None) and every is None:
+        raise _invalid(
+            f"{owner}: starts_at and ends_at apply only to interval (every=) schedules; remove them.", field="starts_at"
+        )
+
+    fields: dict[str, Any] = {}
+    if cron is not None:
+        if not isinstance(cron, str) or not cron.strip():
+            raise _invalid(f"{owner}: cron must be a non-empty cron expression such as '0 9 * * *'.", field="cron")
+        fields.update(type=ScheduleType.CRON, cron=cron.strip(), time_zone=_time_zone(time_zone, owner))
+    elif every is not None:
+        start = None if starts_at is None else _aware_utc(starts_at, f"starts_at of schedule {schedule_id!r}")
+        end = None if ends_at is None else _aware_utc(ends_at, f"ends_at of schedule {schedule_id!r}")
+        if start is not None and end is not None and end < start:
+            raise _invalid(f"{owner}: ends_at must not be earlier than starts_at.", field="ends_at")
+        fields.update(
+            type=ScheduleType.INTERVAL,
+            every_ms=duration_ms(every, f"every of schedule {schedule_id!r}"),
+            starts_at=start,
+            ends_at=end,
+        )
+    else:
+        fields.update(type=ScheduleType.ONCE, run_at=_aware_utc(run_at, f"run_at of schedule {schedule_id!r}"))
+
+    has_payload = payload is not _OMITTED
+    if has_payload:
+        ensure_json_value(payload, f"payload of schedule {schedule_id!r}", code=ErrorCode.CONFIGURATION_INVALID)
+        payload = _json_copy(payload)
+    return ScheduleDefinition(
+        id=schedule_id,
+        payload=payload if has_payload else None,
+        has_payload=has_payload,
+        queue=_optional_queue(queue, owner),
+        enabled=_flag(enabled, f"enabled of schedule {schedule_id!r}"),
+        **fields,
+    )
+
+
+def _time_zone(value: object, owner: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _invalid(
+            f"{owner}: time_zone must be an IANA time zone name such as 'America/New_York'.", field="time_zone"
+        )
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise _invalid(
+            f"{owner}: unknown time zone {value!r}; use an IANA name such as 'America/New_York' "
+            "(install the tzdata package where the system has no time zone database).",
+            field="time_zone",
+        ) from None
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks
+
+
+@dataclass(frozen=True, eq=False)
+class TaskDefinition:
+    """A task: its id, handler, payload schema and execution policy. Build it with ``@task(...)``.
+
+    Definitions compare by identity: the runtime registers and looks up this exact object.
+    ``schema`` is the payload type (``None`` when the handler takes no payload); the pydantic
+    ``TypeAdapter`` for it is built once, here.
+    """
+
+    id: str
+    handler: Callable[..., Any]
+    schema: Any
+    queue: QueueDefinition | None
+    retry: RetryPolicy | None
+    max_attempt_duration_ms: int | None
+    schedules: tuple[ScheduleDefinition, ...]
+    idempotency_key: KeyResolver | None
+    idempotency_key_ttl: IdempotencyKeyTtl | None
+    singleton_key: KeyResolver | None
+    concurrency_key: KeyResolver | None
+    is_async: bool
+    takes_payload: bool
+    takes_context: bool
+    _adapter: TypeAdapter[Any] | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_adapter", _payload_adapter(self.id, self.schema) if self.takes_payload else None)
+
+    def __repr__(self) -> str:
+        handler = getattr(self.handler, "__qualname__", repr(self.handler))
+        return f"TaskDefinition(id={self.id!r}, handler={handler})"
+
+    def validate_payload(self, value: Any) -> Any:
+        """Validate a payload given by a caller (Python values); returns what the handler receives."""
+        return self._validate(value, json_input=False, subject=f"payload for task {self.id!r}")
+
+    def load_payload(self, stored: Any) -> Any:
+        """Validate a stored JSON payload in JSON mode, the exact inverse of ``dump_payload``."""
+        return self._validate(stored, json_input=True, subject=f"stored payload of task {self.id!r}")
+
+    def dump_payload(self, validated: Any) -> Any:
+        """The JSON value to persist for a validated payload (``None`` for a task without payload)."""
+        if self._adapter is None:
+            return None
+        try:
+            dumped = self._adapter.dump_python(validated, mode="json")
+        except PydanticSerializationError as error:
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"The payload for task {self.id!r} cannot be stored as JSON: {_first_line(error)}.",
+                meta={"task_id": self.id},
+            ) from None
+        return ensure_json_value(dumped, f"payload for task {self.id!r}")
+
+    def resolve_key(self, kind: TaskKeyKind, payload: Any) -> str | None:
+        """The task-level key of ``kind`` for a validated payload, or ``None`` when the task sets none."""
+        if kind not in _KEY_LABELS:
+            raise ValueError(f"Unknown key kind {kind!r}; expected one of {sorted(_KEY_LABELS)}.")
+        resolver: KeyResolver | None = getattr(self, kind)
+        label = _KEY_LABELS[kind]
+        if resolver is None or isinstance(resolver, str):
+            return resolver
+        try:
+            value = resolver(payload)
+        except RunlaneError:
+            raise
+        except Exception as error:
+            raise _invalid(
+                f"The {label} resolver of task {self.id!r} raised {type(error).__name__}: {error}. "
+                "Make it return a key for every valid payload.",
+                cause=error,
+                task_id=self.id,
+                field=kind,
+            ) from error
+        return validate_id(value, f"{label} resolved for task {self.id!r}")
+
+    def _validate(self, value: Any, *, json_input: bool, subject: str) -> Any:
+        if self._adapter is None:
+            if value is not None:
+                raise RunlaneError(
+                    ErrorCode.VALIDATION_FAILED,
+                    f"Invalid {subject}: the task takes no payload; omit it (got {type(value).__name__}).",
+                    meta={"task_id": self.id, "errors": []},
+                )
+            return None
+        try:
+            if json_input:
+                text = canonical_json(ensure_json_value(value, subject))
+                return self._adapter.validate_json(text)
+            return self._adapter.validate_python(value)
+        except ValidationError as error:
+            raise _payload_validation_error(self.id, subject, error) from None
+
+
+def _payload_validation_error(task_id: str, subject: str, error: ValidationError) -> RunlaneError:
+    # Inputs are left out: payloads may carry personal data and this error can be persisted as a failure.
+    errors = json.loads(error.json(include_url=False, include_input=False))
+    summary = "; ".join(f"{_location(item['loc'])}: {item['msg']}" for item in errors[:_MAX_SUMMARISED_ERRORS])
+    if len(errors) > _MAX_SUMMARISED_ERRORS:
+        summary += f"; and {len(errors) - _MAX_SUMMARISED_ERRORS} more"
+    return RunlaneError(
+        ErrorCode.VALIDATION_FAILED,
+        f"Invalid {subject}: {summary}. Send a payload that matches the task's schema.",
+        meta={"task_id": task_id, "error_count": len(errors), "errors": errors[:_MAX_REPORTED_ERRORS]},
+    )
+
+
+def _location(loc: Sequence[str | int]) -> str:
+    if not loc:
+        return "payload"
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _payload_adapter(task_id: str, schema: Any) -> TypeAdapter[Any]:
+    try:
+        adapter: TypeAdapter[Any] = TypeAdapter(schema)
+        # A string or forward reference is only resolved on first use; resolve it now so a typo fails here.
+        if not getattr(adapter, "pydantic_complete", True):
+            adapter.rebuild(raise_errors=True)
+    except (PydanticUserError, NameError, TypeError) as error:
+        raise _invalid(
+            f"Task {task_id!r}: {schema!r} cannot be used as a payload schema ({_first_line(error)}). "
+            "Use a pydantic model class or a type pydantic.TypeAdapter accepts.",
+            cause=error,
+            task_id=task_id,
+            field="schema",
+        ) from error
+    return adapter
+
+
+def parse_idempotency_key_ttl(value: object, what: str = "idempotency_key_ttl") -> IdempotencyKeyTtl:
+    """``"active"`` or a duration resolved to whole milliseconds."""
+    if value == "active":
+        return "active"
+    return duration_ms(value, what)
+
+
+@dataclass(frozen=True, slots=True)
+class _HandlerShape:
+    takes_payload: bool
+    takes_context: bool
+    is_async: bool
+    payload_parameter: inspect.Parameter | None
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_HANDLER_FORMS = "a task handler takes (), (payload) or (payload, ctx)"
+
+
+def _handler_shape(task_id: str, handler: object) -> _HandlerShape:
+    owner = f"Task {task_id!r}"
+    if not callable(handler):
+        raise _invalid(f"{owner}: the handler must be a function, got {handler!r}.", field="handler")
+    if inspect.isgeneratorfunction(handler) or inspect.isasyncgenfunction(handler):
+        raise _invalid(
+            f"{owner}: the handler is a generator; return the output instead of yielding it.", field="handler"
+        )
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError) as error:
+        raise _invalid(
+            f"{owner}: cannot read the handler's signature ({error}); pass a plain function.", field="handler"
+        ) from None
+    positional: list[inspect.Parameter] = []
+    for parameter in signature.parameters.values():
+        if parameter.kind in _POSITIONAL:
+            positional.append(parameter)
+        elif parameter.kind is inspect.Parameter.VAR_POSITIONAL or (
+            parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
+        ):
+            raise _invalid(
+                f"{owner}: parameter {parameter.name!r} is not supported; {_HANDLER_FORMS}.", field="handler"
+            )
+    if len(positional) > 2:
+        raise _invalid(f"{owner}: the handler has {len(positional)} parameters; {_HANDLER_FORMS}.", field="handler")
+    # An instance of a class with ``async def __call__`` is an async handler too.
+    is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)
+    return _HandlerShape(
+        takes_payload=len(positional) >= 1,
+        takes_context=len(positional) == 2,
+        is_async=is_async,
+        payload_parameter=positional[0] if positional else None,
+    )
+
+
+def _annotation_schema(task_id: str, handler: Callable[..., Any], parameter: inspect.Parameter) -> Any:
+    """The payload parameter's annotation; an unannotated parameter accepts any JSON value."""
+    annotation = parameter.annotation
+    if annotation is inspect.Parameter.empty:
+        return Any
+    if isinstance(annotation, str):
+        try:
+            annotation = inspect.signature(handler, eval_str=True).parameters[parameter.name].annotation
+        except Exception as error:
+            raise _invalid(
+                f"Task {task_id!r}: cannot resolve the payload annotation {annotation!r} ({error}). "
+                "Define the type at module level or pass schema= to task().",
+                cause=error,
+                task_id=task_id,
+                field="schema",
+            ) from error
+    return annotation
+
+
+def _key_resolver(value: object, kind: str, task_id: str) -> KeyResolver | None:
+    if value is None or callable(value):
+        return value  # type: ignore[return-value]
+    if isinstance(value, str):
+        return validate_id(value, f"{_KEY_LABELS[kind]} of task {task_id!r}")
+    raise _invalid(
+        f"Task {task_id!r}: {kind} must be a string or a function of the payload returning a string, got {value!r}.",
+        field=kind,
+    )
+
+
+def _schedules(value: object, task_id: str) -> tuple[ScheduleDefinition, ...]:
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, ScheduleDefinition) else value
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise _invalid(
+            f"Task {task_id!r}: schedule must be a schedule(...) or a list of them, got {value!r}.", field="schedule"
+        )
+    seen: set[str] = set()
+    for item in items:
+        if not isinstance(item, ScheduleDefinition):
+            raise _invalid(
+                f"Task {task_id!r}: every schedule must come from schedule(...), got {item!r}.", field="schedule"
+            )
+        if item.id in seen:
+            raise _invalid(
+                f"Task {task_id!r}: schedule id {item.id!r} is used twice; schedule ids must be unique.",
+                field="schedule",
+            )
+        seen.add(item.id)
+    return tuple(items)
+
+
+def _check_schedule_payloads(definition: TaskDefinition) -> None:
+    for item in definition.schedules:
+        subject = f"payload of schedule {item.id!r} (task {definition.id!r})"
+        try:
+            definition._validate(item.payload, json_input=True, subject=subject)
+        except RunlaneError as error:
+            hint = "" if item.has_payload else " Pass payload= to schedule()."
+            raise _invalid(
+                f"{error.message}{hint}",
+                task_id=definition.id,
+                schedule_id=item.id,
+                errors=error.meta.get("errors", []),
+            ) from None
+
+
+def task(
+    id: str,
+    *,
+    queue: QueueDefinition | None = None,
+    schema: Any = None,
+    retry: RetryPolicy | None = None,
+    max_attempt_duration: Duration | None = None,
+    schedule: ScheduleDefinition | Sequence[ScheduleDefinition] | None = None,
+    idempotency_key: KeyResolver | None = None,
+    idempotency_key_ttl: Duration | Literal["active"] | None = None,
+    singleton_key: KeyResolver | None = None,
+    concurrency_key: KeyResolver | None = None,
+) -> Callable[[Callable[..., Any]], TaskDefinition]:
+    """Decorate a handler into a ``TaskDefinition``: ``@task("emails.welcome", queue=emails)``.
+
+    The payload schema is ``schema`` when given, else the annotation of the handler's first parameter;
+    a handler without parameters takes no payload. ``async def`` handlers run on the event loop, plain
+    ``def`` handlers in a worker thread.
+    """
+    if callable(id) and not isinstance(id, str):
+        raise _invalid(
+            'task() needs a task id: write @task("emails.welcome") above the handler, not a bare @task.', field="id"
+        )
+    task_id = validate_id(id, "task id")
+    owner = f"Task {task_id!r}"
+    task_queue = _optional_queue(queue, owner)
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise _invalid(f"{owner}: retry must be Retry(max_attempts=..., backoff=...), got {retry!r}.", field="retry")
+    attempt_ms = None
+    if max_attempt_duration is not None:
+        attempt_ms = duration_ms(max_attempt_duration, f"max_attempt_duration of task {task_id!r}")
+    schedules = _schedules(schedule, task_id)
+    idempotency = _key_resolver(idempotency_key, "idempotency_key", task_id)
+    singleton = _key_resolver(singleton_key, "singleton_key", task_id)
+    concurrency = _key_resolver(concurrency_key, "concurrency_key", task_id)
+    ttl = None
+    if idempotency_key_ttl is not None:
+        if idempotency is None:
+            raise _invalid(
+                f"{owner}: idempotency_key_ttl needs an idempotency key; set idempotency_key or remove the ttl.",
+                field="idempotency_key_ttl",
+            )
+        ttl = parse_idempotency_key_ttl(idempotency_key_ttl, f"idempotency_key_ttl of task {task_id!r}")
+
+    def decorate(handler: Callable[..., Any]) -> TaskDefinition:
+        shape = _handler_shape(task_id, handler)
+        payload_schema = schema
+        if not shape.takes_payload:
+            if schema is not None:
+                raise _invalid(
+                    f"{owner}: schema is set but the handler has no payload parameter; "
+                    "add a payload parameter or remove schema.",
+                    field="schema",
+                )
+        elif schema is None and shape.payload_parameter is not None:
+            payload_schema = _annotation_schema(task_id, handler, shape.payload_parameter)
+        definition = TaskDefinition(
+            id=task_id,
+            handler=handler,
+            schema=payload_schema,
+            queue=task_queue,
+            retry=retry,
+            max_attempt_duration_ms=attempt_ms,
+            schedules=schedules,
+            idempotency_key=idempotency,
+            idempotency_key_ttl=ttl,
+            singleton_key=singleton,
+            concurrency_key=concurrency,
+            is_async=shape.is_async,
+            takes_payload=shape.takes_payload,
+            takes_context=shape.takes_context,
+        )
+        _check_schedule_payloads(definition)
+        return definition
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------------------------
+# Releases
+
+
+_RELEASE_TARGETS = ("delay_ms", "signal_key", "run_id", "timeout_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRelease:
+    """What a handler returns to release its run into business waiting (not a failure, not a retry).
+
+    Built by ``ctx.release`` / ``ctx.wait_for_signal`` / ``ctx.wait_for_run``. ``wait_type`` says which
+    fields are set: ``TIME`` -> ``delay_ms``; ``SIGNAL`` -> ``signal_key``; ``RUN_COMPLETION`` ->
+    ``run_id``; the last two may carry a ``timeout_ms`` fallback.
+    """
+
+    type: ClassVar[TaskReleaseType] = TaskReleaseType.RELEASE
+
+    wait_type: RunWaitConditionType
+    delay_ms: int | None = None
+    signal_key: str | None = None
+    run_id: str | None = None
+    timeout_ms: int | None = None
+    reason: str | None = None
+    meta: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            kind = RunWaitConditionType(self.wait_type)
+        except ValueError:
+            raise _invalid(
+                f"Invalid release wait_type {self.wait_type!r}: use RunWaitConditionType.", field="wait_type"
+            ) from None
+        present = {name for name in _RELEASE_TARGETS if getattr(self, name) is not None}
+        expected = {
+            RunWaitConditionType.TIME: ({"delay_ms"}, set()),
+            RunWaitConditionType.SIGNAL: ({"signal_key"}, {"timeout_ms"}),
+            RunWaitConditionType.RUN_COMPLETION: ({"run_id"}, {"timeout_ms"}),
+        }[kind]
+        required, optional = expected
+        if not required <= present or present - required - optional:
+            allowed = ", ".join(sorted(required | optional))
+            raise _invalid(f"A {kind.value} release sets {allowed} only.", field="release")
+        if self.delay_ms is not None:
+            _positive_int(self.delay_ms, "release delay_ms")
+        if self.timeout_ms is not None:
+            _positive_int(self.timeout_ms, "release timeout_ms")
+        if self.signal_key is not None:
+            validate_id(self.signal_key, "signal key")
+        if self.run_id is not None:
+            validate_id(self.run_id, "run id")
+        if self.reason is not None and (not isinstance(self.reason, str) or not self.reason):
+            raise _invalid(f"Invalid release reason: expected a non-empty string, got {self.reason!r}.", field="reason")
+        object.__setattr__(self, "wait_type", kind)
+        if self.meta is not None:
+            ensure_json_object(self.meta, "release meta", code=ErrorCode.CONFIGURATION_INVALID)
+            object.__setattr__(self, "meta", _json_copy(self.meta))
+
+    def wait_condition(self, now: datetime) -> SignalWaitCondition | RunCompletionWaitCondition | None:
+        """The durable wait condition for a release recorded at ``now`` (``None`` for a time release)."""
+        timeout_at = None if self.timeout_ms is None else now + timedelta(milliseconds=self.timeout_ms)
+        if self.wait_type is RunWaitConditionType.SIGNAL:
+            return SignalWaitCondition(signal_key=self.signal_key, timeout_at=timeout_at)
+        if self.wait_type is RunWaitConditionType.RUN_COMPLETION:
+            return RunCompletionWaitCondition(run_id=self.run_id, timeout_at=timeout_at)
+        return None
+
+
+def build_time_release(
+    delay: Duration,
+    *,
+    reason: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> TaskRelease:
+    """Release the run until ``delay`` has passed."""
+    return TaskRelease(
+        wait_type=RunWaitConditionType.TIME, delay_ms=duration_ms(delay, "release delay"), reason=reason, meta=meta
+    )
+
+
+def build_signal_wait(
+    signal_key: str,
+    *,
+    timeout: Duration | None = None,
+    reason: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> TaskRelease:
+    """Release the run until ``signals.send(signal_key)``, or until ``timeout`` as a fallback."""
+    return TaskRelease(
+        wait_type=RunWaitConditionType.SIGNAL,
+        signal_key=validate_id(signal_key, "signal key"),
+        timeout_ms=None if timeout is None else duration_ms(timeout, "wait timeout"),
+        reason=reason,
+        meta=meta,
+    )
+
+
+def build_run_wait(
+    run_id: str,
+    *,
+    timeout: Duration | None = None,
+    reason: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> TaskRelease:
+    """Release the run until run ``run_id`` is terminal, or until ``timeout`` as a fallback."""
+    return TaskRelease(
+        wait_type=RunWaitConditionType.RUN_COMPLETION,
+        run_id=validate_id(run_id, "run id"),
+        timeout_ms=None if timeout is None else duration_ms(timeout, "wait timeout"),
+        reason=reason,
+        meta=meta,
+    )

@@ -1,0 +1,188 @@
+"""Cooperative cancellation: ``CancellationSignal`` (read side) and ``CancellationController`` (write side).
+
+The runtime aborts a signal when cancellation is requested, an attempt deadline passes or a worker
+stops; user code observes it. Handlers run on the event loop (``async def``) or in worker threads
+(``def``), so every method is thread-safe: a signal can be aborted from any thread, and coroutines
+awaiting ``wait()`` on any event loop are woken through ``loop.call_soon_threadsafe``.
+
+This module owns only the signal mechanics; it knows nothing about runs, leases or storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+
+from ..errors import ErrorCode, RunlaneError
+
+__all__ = ["CancellationController", "CancellationSignal", "link_signals"]
+
+_logger = logging.getLogger("runlane")
+
+
+class CancellationSignal:
+    """Whether an operation should stop, and why. Obtain one from a ``CancellationController``.
+
+    * ``aborted`` / ``reason`` / ``raise_if_aborted()`` for polling checks;
+    * ``await signal.wait()`` in coroutines, ``signal.wait_sync(timeout)`` in threads;
+    * ``add_callback(fn)`` to react once, in the aborting thread.
+    """
+
+    __slots__ = ("_callbacks", "_event", "_lock", "_reason", "_waiters")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._reason: str | None = None
+        # Keyed by a fresh token so the same function can be added twice and removed independently.
+        self._callbacks: dict[object, Callable[[], object]] = {}
+        self._waiters: dict[asyncio.Future[None], asyncio.AbstractEventLoop] = {}
+
+    def __repr__(self) -> str:
+        state = f"aborted, reason={self._reason!r}" if self.aborted else "active"
+        return f"CancellationSignal({state})"
+
+    @property
+    def aborted(self) -> bool:
+        return self._event.is_set()
+
+    @property
+    def reason(self) -> str | None:
+        """Why the signal was aborted (``None`` while active or when no reason was given)."""
+        return self._reason
+
+    def raise_if_aborted(self) -> None:
+        """Raise ``RunlaneError(operation_cancelled)`` when the signal has been aborted."""
+        if self._event.is_set():
+            reason = self._reason
+            detail = f": {reason}" if reason else ""
+            raise RunlaneError(
+                ErrorCode.OPERATION_CANCELLED,
+                f"The operation was cancelled{detail}.",
+                meta={} if reason is None else {"reason": reason},
+            )
+
+    async def wait(self) -> None:
+        """Return once the signal is aborted (immediately when it already is)."""
+        if self._event.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._waiters[future] = loop
+        try:
+            await future
+        finally:
+            with self._lock:
+                self._waiters.pop(future, None)
+
+    def wait_sync(self, timeout: float | None = None) -> bool:
+        """Block the calling thread until aborted or ``timeout`` seconds pass; returns ``aborted``."""
+        return self._event.wait(timeout)
+
+    def add_callback(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Call ``callback()`` once when the signal aborts; returns a function that removes it.
+
+        The callback runs in the thread that aborts the signal, or right away in the caller's thread
+        when the signal is already aborted. Exceptions it raises are logged and never stop the abort.
+        """
+        if not callable(callback):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"add_callback() needs a function, got {callback!r}.")
+        token = object()
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks[token] = callback
+                return lambda: self._remove_callback(token)
+        _run_callback(callback)
+        return _nothing_to_remove
+
+    def _remove_callback(self, token: object) -> None:
+        with self._lock:
+            self._callbacks.pop(token, None)
+
+    def _abort(self, reason: str | None) -> bool:
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._reason = reason  # written before the event so a reader that sees aborted sees the reason
+            self._event.set()
+            callbacks = list(self._callbacks.values())
+            waiters = list(self._waiters.items())
+            self._callbacks.clear()
+            self._waiters.clear()
+        for future, loop in waiters:
+            try:
+                loop.call_soon_threadsafe(_wake, future)
+            except RuntimeError:
+                pass  # the loop is closed, so nothing is left awaiting this future
+        for callback in callbacks:
+            _run_callback(callback)
+        return True
+
+
+class CancellationController:
+    """Owns a ``CancellationSignal`` and is the only way to abort it."""
+
+    __slots__ = ("_signal", "_unlinks")
+
+    def __init__(self) -> None:
+        self._signal = CancellationSignal()
+        self._unlinks: list[Callable[[], None]] = []
+
+    def __repr__(self) -> str:
+        return f"CancellationController({self._signal!r})"
+
+    @property
+    def signal(self) -> CancellationSignal:
+        return self._signal
+
+    def abort(self, reason: str | None = None) -> bool:
+        """Abort the signal; returns ``False`` when it was already aborted (the first reason is kept)."""
+        if reason is not None and not isinstance(reason, str):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"An abort reason must be a string, got {reason!r}.")
+        return self._signal._abort(reason)
+
+    def unlink(self) -> None:
+        """Stop following the parent signals given to ``link_signals`` (call it when the linked scope ends)."""
+        unlinks, self._unlinks = self._unlinks, []
+        for remove in unlinks:
+            remove()
+
+
+def link_signals(*signals: CancellationSignal | None) -> CancellationController:
+    """A controller whose signal aborts, with the parent's reason, as soon as any parent aborts.
+
+    ``None`` entries are skipped. The parents hold a callback until the child aborts or ``unlink()``
+    is called, so call ``unlink()`` when a short-lived child outlives its use.
+    """
+    controller = CancellationController()
+    for parent in signals:
+        if parent is None:
+            continue
+        if not isinstance(parent, CancellationSignal):
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID, f"link_signals() takes CancellationSignal values, got {parent!r}."
+            )
+        controller._unlinks.append(parent.add_callback(lambda parent=parent: controller.abort(parent.reason)))
+    controller.signal.add_callback(controller.unlink)
+    return controller
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _run_callback(callback: Callable[[], object]) -> None:
+    try:
+        callback()
+    except Exception:
+        _logger.exception("A cancellation callback raised; the signal is aborted regardless.")
+
+
+def _nothing_to_remove() -> None:
+    return None
