@@ -1,0 +1,1448 @@
+"""The core storage layer: typed tables over a ``StorageDriver`` and every transactional write path.
+
+This module is the only runtime code that touches a ``StorageDriver``. It owns the logical
+collections below, their document codecs, keys and index entries, and the workflow bookkeeping that
+moves with every run transition (idempotency and singleton owners, bounded-queue capacity,
+completion-wait markers, exact child counts). The reducer decides lifecycle rules; this module only
+persists what the reducer projects.
+
+| collection               | key parts                              | document                                 |
+| ------------------------ | -------------------------------------- | ---------------------------------------- |
+| ``runs``                 | env, run_id                            | ``{run, children}`` (``tables``)         |
+| ``run_events``           | env, run_id, sequence (20 digits)      | ``RunEventRecord``                       |
+| ``idempotency_owners``   | env, task_id, key                      | ``{run_id, ttl, expires_at}``            |
+| ``singleton_owners``     | env, key                               | ``{run_id}``                             |
+| ``queue_capacity``       | env, queue, concurrency key or ``""``  | ``{occupants: {run_id: lease_expiry}}``  |
+| ``run_steps``            | env, run_id, step_key                  | ``RunStepRecord``                        |
+| ``run_completion_waits`` | env, source_run_id                     | ``{}`` (presence marker, never deleted)  |
+
+Every write path is one ``driver.with_transaction`` call whose callback point-reads what it needs,
+seals the read set with ``now()``, projects with the reducer and stages all writes. Callbacks do no
+I/O, call no user code and create no random identities: event ids derive from a base drawn before
+the transaction, so a replayed attempt stages exactly the same records.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, TypeVar
+
+from ..defaults import contract_defaults
+from ..durations import duration_ms
+from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
+from ..json_values import canonical_json, ensure_json_value
+from ..models import (
+    Actor,
+    DeliveryIntent,
+    Environment,
+    RunCreatedEvent,
+    RunDeliveryRequestedEvent,
+    RunEvent,
+    RunEventRecord,
+    RunLease,
+    RunLeaseClaimedEvent,
+    RunLeaseHeartbeatEvent,
+    RunRecord,
+    RunStartedEvent,
+    RunStepRecord,
+    environment_key,
+)
+from ..reducer import project_run_events
+from ..run_scans import (
+    get_run_attempt_timeout_finalization_available_at,
+    get_run_cancellation_finalization_available_at,
+    get_run_delivery_recovery_available_at,
+    get_run_runnable_available_at,
+)
+from ..storage import (
+    STORAGE_DOCUMENT_SCHEMA_VERSION,
+    NewStorageRecord,
+    StorageDocument,
+    StorageDriver,
+    StorageIndexEntry,
+    StorageIndexName,
+    StorageLimitError,
+    StorageLimits,
+    StorageQuery,
+    StorageRange,
+    StorageRecord,
+    StorageRecordKey,
+    StorageTransaction,
+    decode_iso_date,
+    encode_iso_date,
+    encode_storage_tuple_prefix_upper_bound,
+    encode_storage_unsigned_integer,
+)
+from ..storage.tables import (
+    RUN_EVENTS_COLLECTION,
+    RUNS_COLLECTION,
+    RunChildCounts,
+    decode_run_document,
+    decode_run_event_document,
+)
+from ..vocabulary import (
+    ActorType,
+    ExecuteDeliveryIgnoredReason,
+    RunStatus,
+    RunWaitConditionType,
+    TriggerOutcomeType,
+    run_status_values,
+)
+
+__all__ = [
+    "IDEMPOTENCY_OWNERS_COLLECTION",
+    "QUEUE_CAPACITY_COLLECTION",
+    "RUN_COMPLETION_WAITS_COLLECTION",
+    "RUN_STEPS_COLLECTION",
+    "SINGLETON_OWNERS_COLLECTION",
+    "AppendResult",
+    "Build",
+    "ClaimRequest",
+    "ClaimResult",
+    "CompletionRequest",
+    "CoreStore",
+    "CreateRunPlan",
+    "CreateRunResult",
+    "HeartbeatRequest",
+    "RunnableRef",
+    "completion_wait_key",
+    "encode_run_document_fast",
+    "idempotency_owner_key",
+    "new_event_id",
+    "queue_capacity_key",
+    "run_index_entries",
+    "run_step_key",
+    "singleton_owner_key",
+]
+
+IDEMPOTENCY_OWNERS_COLLECTION: Final = "idempotency_owners"
+SINGLETON_OWNERS_COLLECTION: Final = "singleton_owners"
+QUEUE_CAPACITY_COLLECTION: Final = "queue_capacity"
+RUN_STEPS_COLLECTION: Final = "run_steps"
+RUN_COMPLETION_WAITS_COLLECTION: Final = "run_completion_waits"
+
+_TERMINAL: Final = run_status_values.terminal
+_RUNNABLE: Final = run_status_values.runnable_candidates
+_ATTEMPT_OWNERS: Final = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED})
+_NEW_SEQUENCE: Final = contract_defaults.run.new_event_sequence
+_DEFAULT_IDEMPOTENCY_TTL_MS: Final = duration_ms(contract_defaults.idempotency.ttl)
+_SYSTEM_ACTOR: Final = Actor(type=ActorType.SYSTEM)
+_NO_EVENTS: tuple[RunEventRecord, ...] = ()
+_EVENT_ID_MASK: Final = (1 << 128) - 1
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+
+
+def idempotency_owner_key(env_key: str, task_id: str, key: str) -> StorageRecordKey:
+    return StorageRecordKey(IDEMPOTENCY_OWNERS_COLLECTION, env_key, task_id, key)
+
+
+def singleton_owner_key(env_key: str, key: str) -> StorageRecordKey:
+    return StorageRecordKey(SINGLETON_OWNERS_COLLECTION, env_key, key)
+
+
+def queue_capacity_key(env_key: str, queue: str, concurrency_key: str | None) -> StorageRecordKey:
+    # Runs without a concurrency key share one partition; ids are never empty, so "" cannot collide.
+    return StorageRecordKey(QUEUE_CAPACITY_COLLECTION, env_key, queue, concurrency_key or "")
+
+
+def run_step_key(env_key: str, run_id: str, step_key: str) -> StorageRecordKey:
+    return StorageRecordKey(RUN_STEPS_COLLECTION, env_key, run_id, step_key)
+
+
+def completion_wait_key(env_key: str, source_run_id: str) -> StorageRecordKey:
+    return StorageRecordKey(RUN_COMPLETION_WAITS_COLLECTION, env_key, source_run_id)
+
+
+def _run_key(env_key: str, run_id: str) -> StorageRecordKey:
+    return StorageRecordKey(RUNS_COLLECTION, env_key, run_id)
+
+
+def new_event_id() -> str:
+    """A fresh durable event id (``evt_`` + 32 hex digits); never call it inside a transaction callback."""
+    return f"evt_{uuid.uuid4().hex}"
+
+
+class _EventIds:
+    """Event ids for one write path, derived from a base drawn before the transaction.
+
+    ``restart()`` runs at the top of every attempt, so a replayed attempt hands out the same ids.
+    """
+
+    __slots__ = ("_base", "_next")
+
+    def __init__(self) -> None:
+        self._base = uuid.uuid4().int
+        self._next = 0
+
+    def restart(self) -> None:
+        self._next = 0
+
+    def take(self) -> str:
+        value = (self._base + self._next) & _EVENT_ID_MASK
+        self._next += 1
+        return f"evt_{value:032x}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Index derivation
+
+
+def run_index_entries(run: RunRecord) -> tuple[StorageIndexEntry, ...]:
+    """Every index entry of a run record, derived only from the run (a pure function)."""
+    env = environment_key(run.environment)
+    run_id = run.id
+    status = run.status
+    entries: list[StorageIndexEntry] = []
+    if status in _TERMINAL:
+        if run.finished_at is not None:
+            entries.append(
+                StorageIndexEntry(
+                    StorageIndexName.RUNS_TERMINAL_BY_FINISHED_AT, (env,), (encode_iso_date(run.finished_at), run_id)
+                )
+            )
+    else:
+        if status in _RUNNABLE:
+            runnable_at = get_run_runnable_available_at(run)
+            if runnable_at is not None:
+                runnable_iso = encode_iso_date(runnable_at)
+                entries.append(
+                    StorageIndexEntry(StorageIndexName.RUNS_RUNNABLE, (env, run.queue), (runnable_iso, run_id))
+                )
+                recovery_at = get_run_delivery_recovery_available_at(run)
+                if recovery_at is not None:
+                    # Every recovery candidate is a runnable candidate at the same time (scheduled,
+                    # retrying, released: run_at; running: lease expiry), so the encoding is shared.
+                    recovery_iso = runnable_iso if recovery_at == runnable_at else encode_iso_date(recovery_at)
+                    entries.append(
+                        StorageIndexEntry(StorageIndexName.RUNS_NEEDING_DELIVERY, (env,), (recovery_iso, run_id))
+                    )
+        cancel_at = get_run_cancellation_finalization_available_at(run)
+        if cancel_at is not None:
+            entries.append(
+                StorageIndexEntry(
+                    StorageIndexName.RUNS_NEEDING_CANCELLATION_FINALIZATION,
+                    (env,),
+                    (encode_iso_date(cancel_at), run_id),
+                )
+            )
+        timeout_at = get_run_attempt_timeout_finalization_available_at(run)
+        if timeout_at is not None:
+            entries.append(
+                StorageIndexEntry(
+                    StorageIndexName.RUNS_NEEDING_TIMEOUT_FINALIZATION, (env,), (encode_iso_date(timeout_at), run_id)
+                )
+            )
+        wait = run.wait
+        if status is RunStatus.RELEASED and wait is not None:
+            if wait.type is RunWaitConditionType.SIGNAL:
+                entries.append(
+                    StorageIndexEntry(
+                        StorageIndexName.RUNS_WAITING_FOR_SIGNAL,
+                        (env, wait.signal_key),
+                        (encode_iso_date(run.created_at), run_id),
+                    )
+                )
+            elif wait.type is RunWaitConditionType.RUN_COMPLETION:
+                entries.append(
+                    StorageIndexEntry(
+                        StorageIndexName.RUNS_WAITING_FOR_COMPLETION,
+                        (env, wait.run_id),
+                        (encode_iso_date(run.created_at), run_id),
+                    )
+                )
+    source = run.source
+    if source is not None and source.source_run_id is not None:
+        entries.append(
+            StorageIndexEntry(
+                StorageIndexName.RUNS_BY_SOURCE_RUN,
+                (env, source.source_run_id),
+                (encode_iso_date(run.created_at), run_id),
+            )
+        )
+    return tuple(entries)
+
+
+def _model_document(value: dict[str, Any]) -> StorageDocument:
+    """The canonical document of a value dumped from already-validated models.
+
+    Same text as ``StorageDocument.encode`` without walking the value again: the models checked
+    every JSON field when they were built. Anything ``json.dumps`` or UTF-8 rejects (a non-finite
+    number, a lone surrogate in a plain string field) falls back to the validating encoder, which
+    raises the precise error.
+    """
+    try:
+        text = canonical_json({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
+        return StorageDocument(text, len(text.encode("utf-8")))
+    except (ValueError, TypeError):  # UnicodeEncodeError is a ValueError
+        return StorageDocument.encode(value)
+
+
+def encode_run_document_fast(run: RunRecord, children: RunChildCounts) -> StorageDocument:
+    """``tables.encode_run_document`` for a run built by the reducer (identical text)."""
+    return _model_document({"run": run.model_dump(mode="json"), "children": children.to_json()})
+
+
+def _run_record(env: str, run: RunRecord, children: RunChildCounts) -> NewStorageRecord:
+    return NewStorageRecord(_run_key(env, run.id), encode_run_document_fast(run, children), run_index_entries(run))
+
+
+def _event_record(
+    env: str, run_id: str, sequence: int, event_id: str, event: Any
+) -> tuple[RunEventRecord, NewStorageRecord]:
+    # The event was validated when it was built; the record only wraps it with its identity.
+    record = RunEventRecord.model_construct(id=event_id, sequence=sequence, event=event)
+    position = encode_storage_unsigned_integer(sequence)
+    stored = NewStorageRecord(
+        StorageRecordKey(RUN_EVENTS_COLLECTION, env, run_id, position),
+        _model_document(record.model_dump(mode="json")),
+        (StorageIndexEntry(StorageIndexName.RUN_EVENTS_BY_RUN, (env, run_id), (position,)),),
+    )
+    return record, stored
+
+
+def _idempotency_owner_record(key: StorageRecordKey, value: dict[str, Any]) -> NewStorageRecord:
+    expires_at = value.get("expires_at")
+    indexes: tuple[StorageIndexEntry, ...] = ()
+    if expires_at is not None:
+        env, task_id, owner_key = key.parts
+        indexes = (
+            StorageIndexEntry(StorageIndexName.IDEMPOTENCY_OWNERS_BY_EXPIRY, (env,), (expires_at, task_id, owner_key)),
+        )
+    return NewStorageRecord(key, StorageDocument.encode(value), indexes)
+
+
+def _step_record(env: str, step: RunStepRecord) -> NewStorageRecord:
+    return NewStorageRecord(
+        run_step_key(env, step.run_id, step.step_key),
+        _model_document(step.model_dump(mode="json")),
+        (StorageIndexEntry(StorageIndexName.RUN_STEPS_BY_RUN, (env, step.run_id), (step.step_key,)),),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests and results
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRunPlan:
+    """A new run: its ``run.created`` event and the events committed with it.
+
+    ``follow_up`` is a ``run.delivery_requested`` (unbounded trigger), nothing (bounded trigger) or
+    ``run.lease_claimed`` + ``run.started`` (``run_now``). Idempotency (task id, key, captured ttl)
+    and the singleton key are read from ``created``.
+    """
+
+    created: RunCreatedEvent
+    follow_up: tuple[RunEvent, ...] = ()
+
+    @property
+    def events(self) -> tuple[RunEvent, ...]:
+        return (self.created, *self.follow_up)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRunResult:
+    """``outcome`` is ``created`` (``events`` are the persisted rows) or ``returned_existing``
+    (``run`` is the live idempotency owner's run and nothing was written)."""
+
+    run: RunRecord
+    outcome: TriggerOutcomeType
+    events: tuple[RunEventRecord, ...] = ()
+
+    @property
+    def created(self) -> bool:
+        return self.outcome is TriggerOutcomeType.CREATED
+
+
+@dataclass(frozen=True, slots=True)
+class RunnableRef:
+    run_id: str
+    queue: str
+    available_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One lease claim. ``queue`` (when set) must be the run's queue; ``also_start`` appends
+    ``run.started`` for the next attempt in the same commit."""
+
+    run_id: str
+    queue: str | None
+    worker_id: str
+    lease_token: str
+    lease_ms: int
+    attempt_deadline_ms: int | None = None
+    also_start: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """``run`` is the claimed projection, or ``None`` with ``reason`` saying why the claim was not made.
+
+    A lost race is a result, never an exception; ``error`` is set only when the run could not be
+    processed at all (a corrupt record, an oversized single claim).
+    """
+
+    run_id: str
+    run: RunRecord | None
+    reason: ExecuteDeliveryIgnoredReason | None = None
+    events: tuple[RunEventRecord, ...] = ()
+    error: RunlaneError | None = None
+
+    @property
+    def claimed(self) -> bool:
+        return self.run is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """The projected run and the exact event rows persisted (empty for a no-op).
+
+    ``completion_waiters`` is ``True`` when this write made the run terminal and a completion-wait
+    marker exists for it: the caller must then scan ``RUNS_WAITING_FOR_COMPLETION``.
+    """
+
+    run: RunRecord
+    events: tuple[RunEventRecord, ...] = ()
+    completion_waiters: bool = False
+
+
+Build = Callable[[RunRecord, datetime], Sequence[RunEvent]]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """One append to an existing run inside a batch.
+
+    ``build(run, now)`` is pure and returns the events to append (``[]`` for a no-op). With
+    ``lease_token`` the write is fenced: the run must be running or cancellation-requested under that
+    lease. ``known`` is any earlier version of the run; its immutable identity fields let the batch
+    read the run and its owner rows in one round trip.
+    """
+
+    run_id: str
+    build: Build
+    lease_token: str | None = None
+    known: RunRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    run_id: str
+    lease_token: str
+    worker_id: str
+    lease_ms: int
+    known: RunRecord | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+class _NeedKeys(Exception):
+    """An attempt found it needs records it did not read; the write path restarts reading them too."""
+
+    def __init__(self, keys: Iterable[StorageRecordKey]) -> None:
+        super().__init__("more keys needed")
+        self.keys = tuple(keys)
+
+
+def _lease_conflict(run_id: str, why: str) -> RunlaneError:
+    return create_storage_conflict_error(
+        StorageConflictKind.LEASE_OWNERSHIP,
+        f"Lease ownership of run {run_id} was lost: {why}. Abandon the attempt; another worker or maintenance owns the run now.",
+        meta={"run_id": run_id},
+    )
+
+
+def _run_not_found(run_id: str) -> RunlaneError:
+    return RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {run_id} does not exist.", meta={"run_id": run_id})
+
+
+def _corrupt(what: str, key: StorageRecordKey, error: Exception | None = None) -> RunlaneError:
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION, f"The stored {what} at {key!r} is not a valid document.", cause=error
+    )
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+
+# ---------------------------------------------------------------------------------------------
+# One transaction attempt
+
+
+class _RunSlot:
+    """A run read by an attempt, with the transitions applied to it so far."""
+
+    __slots__ = ("changed", "children", "events", "record", "run")
+
+    def __init__(self, record: StorageRecord | None, run: RunRecord, children: RunChildCounts) -> None:
+        self.record = record
+        self.run = run
+        self.children = children
+        self.events: list[NewStorageRecord] = []
+        self.changed = False
+
+
+class _Attempt:
+    """The working state of one transaction attempt: records read, runs and owner rows as changed by
+    the transitions applied so far, and the staging of every change at the end.
+
+    Several transitions in one batch may touch the same owner row (two runs of one capacity
+    partition) or the same run; each sees the others' effects and every key is staged once.
+    """
+
+    def __init__(self, store: CoreStore, tx: StorageTransaction) -> None:
+        self.store = store
+        self.env = store.env_key
+        self.tx = tx
+        self.records: dict[str, StorageRecord | None] = {}
+        self.keys: dict[str, StorageRecordKey] = {}
+        self.runs: dict[str, _RunSlot | None] = {}
+        # Owner rows (idempotency, singleton, markers): values as read, and the changes to stage
+        # (a value dict, or None to delete).
+        self.owners_read: dict[str, dict[str, Any] | None] = {}
+        self.owner_writes: dict[str, dict[str, Any] | None] = {}
+        # Capacity partitions: run id -> lease expiry ISO.
+        self.capacity: dict[str, dict[str, str]] = {}
+        self.capacity_original: dict[str, dict[str, str]] = {}
+        self.now = datetime.min.replace(tzinfo=UTC)
+        self.now_iso = ""
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def read(self, keys: Iterable[StorageRecordKey]) -> None:
+        wanted: dict[str, StorageRecordKey] = {}
+        for key in keys:
+            encoded = key.encoded
+            if encoded not in self.records and encoded not in wanted:
+                wanted[encoded] = key
+        if not wanted:
+            return
+        ordered = list(wanted.values())
+        found = await self.tx.get(ordered)
+        for key, record in zip(ordered, found):
+            self.records[key.encoded] = record
+            self.keys[key.encoded] = key
+
+    async def seal(self) -> datetime:
+        self.now = _utc(await self.tx.now())
+        self.now_iso = encode_iso_date(self.now)
+        return self.now
+
+    def require(self, keys: Iterable[StorageRecordKey]) -> None:
+        missing = [key for key in keys if key.encoded not in self.records]
+        if missing:
+            raise _NeedKeys(missing)
+
+    def slot(self, run_id: str) -> _RunSlot | None:
+        """The run as changed by this attempt so far (``None``: absent). Raises for a corrupt record."""
+        if run_id in self.runs:
+            return self.runs[run_id]
+        key = _run_key(self.env, run_id)
+        if key.encoded not in self.records:
+            raise _NeedKeys((key,))
+        record = self.records[key.encoded]
+        slot = None
+        if record is not None:
+            run, children = self.store._decode_run(record)
+            slot = _RunSlot(record, run, children)
+        self.runs[run_id] = slot
+        return slot
+
+    def peek_run(self, run_id: str) -> RunRecord | None:
+        """Like ``slot`` but a corrupt record reads as absent (used for key prediction only)."""
+        try:
+            slot = self.slot(run_id)
+        except RunlaneError:
+            return None
+        return None if slot is None else slot.run
+
+    def owner(self, key: StorageRecordKey) -> dict[str, Any] | None:
+        """An owner row as this attempt left it so far (``None``: absent)."""
+        encoded = key.encoded
+        if encoded in self.owner_writes:
+            return self.owner_writes[encoded]
+        if encoded in self.owners_read:
+            return self.owners_read[encoded]
+        record = self.records[encoded]
+        value = None if record is None else record.document.value
+        self.owners_read[encoded] = value
+        return value
+
+    def set_owner(self, key: StorageRecordKey, value: dict[str, Any] | None) -> None:
+        self.owner_writes[key.encoded] = value
+
+    def occupants(self, key: StorageRecordKey) -> dict[str, str]:
+        encoded = key.encoded
+        found = self.capacity.get(encoded)
+        if found is not None:
+            return found
+        record = self.records[encoded]
+        original: dict[str, str] = {}
+        if record is not None:
+            value = record.document.value.get("occupants")
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise _corrupt("queue capacity", key)
+            original = value
+        self.capacity_original[encoded] = original
+        working = dict(original)
+        self.capacity[encoded] = working
+        return working
+
+    # -- key prediction --------------------------------------------------------------------------
+
+    def finish_keys(self, run: RunRecord) -> list[StorageRecordKey]:
+        return _finish_keys(self.store, run)
+
+    def capacity_keys(self, run: RunRecord) -> list[StorageRecordKey]:
+        if run.queue in self.store.queue_limits:
+            return [queue_capacity_key(self.env, run.queue, run.concurrency_key)]
+        return []
+
+    # -- transitions -----------------------------------------------------------------------------
+
+    def free_slots(self, run: RunRecord) -> bool:
+        """Whether the run's capacity partition has room for it (always, for unbounded queues)."""
+        limit = self.store.queue_limits.get(run.queue)
+        if limit is None:
+            return True
+        key = queue_capacity_key(self.env, run.queue, run.concurrency_key)
+        self.require((key,))
+        now_iso = self.now_iso
+        busy = 0
+        for occupant, expires_at in self.occupants(key).items():
+            if occupant != run.id and expires_at > now_iso:
+                busy += 1
+        return busy < limit
+
+    def apply(self, slot: _RunSlot, events: Sequence[RunEvent], ids: _EventIds) -> AppendResult:
+        """Project ``events`` onto the slot's run and record every consequence in this attempt.
+
+        Everything that can fail (projection, missing keys, corrupt owner rows) runs before the
+        attempt's state changes, so a failed transition leaves no trace in the batch.
+        """
+        old = slot.run
+        new = project_run_events(old, old.event_sequence, events)
+        effects: list[Callable[[], None]] = []
+        resumed = self._completion_wait(new, effects)
+        if resumed is not None:
+            events = [*events, resumed]
+            new = project_run_events(old, old.event_sequence, events)
+        effects.extend(self._owner_effects(old, new))
+        records = self._event_records(new, old.event_sequence, events, ids)
+        # Commit the transition into the attempt.
+        for apply_effect in effects:
+            apply_effect()
+        slot.run = new
+        slot.children = RunChildCounts(
+            events=slot.children.events + len(records),
+            outbox=slot.children.outbox,
+            steps=slot.children.steps,
+            links=slot.children.links,
+        )
+        slot.events.extend(stored for _, stored in records)
+        slot.changed = True
+        waiters = False
+        if new.status in _TERMINAL and old.status not in _TERMINAL:
+            marker = completion_wait_key(self.env, new.id)
+            waiters = self.owner(marker) is not None
+        return AppendResult(new, tuple(record for record, _ in records), waiters)
+
+    def create(self, run: RunRecord, events: Sequence[RunEvent], ids: _EventIds) -> tuple[RunEventRecord, ...]:
+        effects = self._owner_effects(None, run)
+        records = self._event_records(run, _NEW_SEQUENCE, events, ids)
+        for apply_effect in effects:
+            apply_effect()
+        slot = _RunSlot(None, run, RunChildCounts(events=len(records)))
+        slot.events.extend(stored for _, stored in records)
+        slot.changed = True
+        self.runs[run.id] = slot
+        return tuple(record for record, _ in records)
+
+    def _event_records(
+        self, run: RunRecord, start: int, events: Sequence[RunEvent], ids: _EventIds
+    ) -> list[tuple[RunEventRecord, NewStorageRecord]]:
+        env, run_id = self.env, run.id
+        return [_event_record(env, run_id, start + index + 1, ids.take(), event) for index, event in enumerate(events)]
+
+    def _completion_wait(self, new: RunRecord, effects: list[Callable[[], None]]) -> RunEvent | None:
+        """For a release that waits for another run: the ``run.delivery_requested`` that resumes it in
+        the same commit when the source is already terminal; otherwise the marker is created (an
+        effect) so the source's terminal transition knows to look for waiters."""
+        wait = new.wait
+        if new.status is not RunStatus.RELEASED or wait is None or wait.type is not RunWaitConditionType.RUN_COMPLETION:
+            return None
+        source_key = _run_key(self.env, wait.run_id)
+        marker = completion_wait_key(self.env, wait.run_id)
+        self.require((source_key, marker))
+        source = self.peek_run(wait.run_id)
+        if source is not None and source.status in _TERMINAL:
+            now = self.now
+            return RunDeliveryRequestedEvent(
+                run_id=new.id,
+                environment=new.environment,
+                occurred_at=now,
+                actor=_SYSTEM_ACTOR,
+                delivery=DeliveryIntent(
+                    environment=new.environment, run_id=new.id, queue=new.queue, requested_at=now, available_at=now
+                ),
+            )
+        if self.owner(marker) is None:
+            effects.append(lambda: self.set_owner(marker, {}))
+        return None
+
+    def _owner_effects(self, old: RunRecord | None, new: RunRecord) -> list[Callable[[], None]]:
+        """Owner-row changes implied by ``old -> new``, as deferred mutations (validated now)."""
+        effects: list[Callable[[], None]] = []
+        env = self.env
+        run_id = new.id
+        # Bounded-queue capacity: an occupant while an attempt may be running, at its lease expiry.
+        lease = new.lease
+        occupies = new.status in _ATTEMPT_OWNERS and lease is not None
+        occupied = old is not None and old.status in _ATTEMPT_OWNERS
+        if (occupies or occupied) and new.queue in self.store.queue_limits:
+            key = queue_capacity_key(env, new.queue, new.concurrency_key)
+            self.require((key,))
+            occupants = self.occupants(key)
+            wanted = encode_iso_date(lease.expires_at) if occupies and lease is not None else None
+            if occupants.get(run_id) != wanted:
+                if wanted is None:
+                    effects.append(lambda: occupants.pop(run_id, None))
+                else:
+                    effects.append(lambda: occupants.__setitem__(run_id, wanted))
+        if new.status in _TERMINAL and (old is None or old.status not in _TERMINAL):
+            keys: list[StorageRecordKey] = [completion_wait_key(env, run_id)]
+            idempotency = None
+            if new.idempotency_key is not None:
+                idempotency = idempotency_owner_key(env, new.task_id, new.idempotency_key)
+                keys.append(idempotency)
+            singleton = None
+            if new.singleton_key is not None:
+                singleton = singleton_owner_key(env, new.singleton_key)
+                keys.append(singleton)
+            self.require(keys)
+            if idempotency is not None:
+                owner = self.owner(idempotency)
+                if owner is not None and owner.get("run_id") == run_id:
+                    ttl = owner.get("ttl")
+                    if new.status is RunStatus.FAILED or ttl == "active" or new.finished_at is None:
+                        effects.append(lambda key=idempotency: self.set_owner(key, None))
+                    else:
+                        ttl_ms = (
+                            ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else _DEFAULT_IDEMPOTENCY_TTL_MS
+                        )
+                        expires_at = encode_iso_date(new.finished_at + timedelta(milliseconds=ttl_ms))
+                        retained = {"run_id": run_id, "ttl": ttl_ms, "expires_at": expires_at}
+                        effects.append(lambda key=idempotency: self.set_owner(key, retained))
+            if singleton is not None:
+                owner = self.owner(singleton)
+                if owner is not None and owner.get("run_id") == run_id:
+                    effects.append(lambda key=singleton: self.set_owner(key, None))
+        return effects
+
+    # -- staging ---------------------------------------------------------------------------------
+
+    def stage(self) -> None:
+        tx = self.tx
+        env = self.env
+        for slot in self.runs.values():
+            if slot is None or not slot.changed:
+                continue
+            stored = _run_record(env, slot.run, slot.children)
+            if slot.record is None:
+                tx.create(stored)
+            else:
+                tx.replace(slot.record, stored)
+            for event in slot.events:
+                tx.create(event)
+        for encoded, value in self.owner_writes.items():
+            current = self.records.get(encoded)
+            key = self.keys[encoded]
+            if value is None:
+                if current is not None:
+                    tx.delete(current)
+                continue
+            if current is not None and self.owners_read.get(encoded) == value:
+                continue
+            if key.collection == IDEMPOTENCY_OWNERS_COLLECTION:
+                new_record = _idempotency_owner_record(key, value)
+            else:
+                new_record = NewStorageRecord(key, StorageDocument.encode(value))
+            if current is None:
+                tx.create(new_record)
+            else:
+                tx.replace(current, new_record)
+        now_iso = self.now_iso
+        for encoded, working in self.capacity.items():
+            if working == self.capacity_original[encoded]:
+                continue  # unchanged: expired occupants are pruned only when the row is rewritten anyway
+            live = {run_id: expires_at for run_id, expires_at in working.items() if expires_at > now_iso}
+            current = self.records.get(encoded)
+            if not live:
+                if current is not None:
+                    tx.delete(current)
+                continue
+            new_record = NewStorageRecord(self.keys[encoded], StorageDocument.encode({"occupants": live}))
+            if current is None:
+                tx.create(new_record)
+            else:
+                tx.replace(current, new_record)
+
+
+# ---------------------------------------------------------------------------------------------
+# The store
+
+
+class CoreStore:
+    """Typed tables over one ``StorageDriver`` for one environment.
+
+    ``queue_limits`` maps each bounded queue name to its ``concurrency_limit``; runs of other queues
+    take no capacity.
+    """
+
+    def __init__(
+        self,
+        driver: StorageDriver,
+        environment: Environment,
+        *,
+        queue_limits: Mapping[str, int] | None = None,
+    ) -> None:
+        self.driver = driver
+        self.environment = environment
+        self.env_key = environment_key(environment)
+        limits = dict(queue_limits or {})
+        for name, limit in limits.items():
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise RunlaneError(
+                    ErrorCode.CONFIGURATION_INVALID,
+                    f"Queue {name!r} needs a positive whole concurrency limit, got {limit!r}.",
+                )
+        self.queue_limits: dict[str, int] = limits
+
+    def __repr__(self) -> str:
+        return f"CoreStore(driver={getattr(self.driver, 'name', self.driver)!r}, environment={self.env_key!r})"
+
+    # -- codecs ----------------------------------------------------------------------------------
+
+    def _decode_run(self, record: StorageRecord) -> tuple[RunRecord, RunChildCounts]:
+        run, children = decode_run_document(record.document)
+        if run.id != record.key.parts[-1] or environment_key(run.environment) != record.key.parts[0]:
+            raise _corrupt("run", record.key)
+        return run, children
+
+    @property
+    def _limits(self) -> StorageLimits:
+        return self.driver.profile.limits
+
+    def _chunk_size(self, reads_per_item: int, records_per_item: int) -> int:
+        limits = self._limits
+        return max(1, min(limits.max_point_reads // reads_per_item, limits.max_transaction_records // records_per_item))
+
+    async def _transact(self, body: Callable[[StorageTransaction, tuple[StorageRecordKey, ...]], Any]) -> Any:
+        """Run ``body`` in a transaction, restarting with more keys when an attempt asks for them."""
+        extra: dict[str, StorageRecordKey] = {}
+        while True:
+            keys = tuple(extra.values())
+            try:
+                return await self.driver.with_transaction(lambda tx, keys=keys: body(tx, keys))
+            except _NeedKeys as need:
+                added = [key for key in need.keys if key.encoded not in extra]
+                if not added:  # pragma: no cover - an attempt asked for keys it was given
+                    raise RunlaneError(
+                        ErrorCode.INVARIANT_VIOLATION, "A storage write path kept asking for the same keys."
+                    ) from None
+                for key in added:
+                    extra[key.encoded] = key
+
+    async def _split(
+        self,
+        items: Sequence[T],
+        run_batch: Callable[[Sequence[T]], Any],
+        on_limit: Callable[[T, StorageLimitError], R],
+    ) -> list[R]:
+        """Run ``items`` in chunks; a chunk that exceeds a storage limit rolled back and is halved."""
+        try:
+            return await run_batch(items)
+        except StorageLimitError as error:
+            if len(items) == 1:
+                return [on_limit(items[0], error)]
+            middle = len(items) // 2
+            return [
+                *await self._split(items[:middle], run_batch, on_limit),
+                *await self._split(items[middle:], run_batch, on_limit),
+            ]
+
+    async def _chunked(
+        self,
+        items: Sequence[T],
+        size: int,
+        run_batch: Callable[[Sequence[T]], Any],
+        on_limit: Callable[[T, StorageLimitError], R],
+    ) -> list[R]:
+        results: list[R] = []
+        for start in range(0, len(items), size):
+            results.extend(await self._split(items[start : start + size], run_batch, on_limit))
+        return results
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        (record,) = await self.driver.get([_run_key(self.env_key, run_id)])
+        return None if record is None else self._decode_run(record)[0]
+
+    async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
+        size = self._limits.max_point_reads
+        runs: list[RunRecord | None] = []
+        for start in range(0, len(run_ids), size):
+            keys = [_run_key(self.env_key, run_id) for run_id in run_ids[start : start + size]]
+            for record in await self.driver.get(keys):
+                runs.append(None if record is None else self._decode_run(record)[0])
+        return runs
+
+    async def get_step(self, run_id: str, step_key: str) -> RunStepRecord | None:
+        key = run_step_key(self.env_key, run_id, step_key)
+        (record,) = await self.driver.get([key])
+        return None if record is None else _decode_step(record)
+
+    async def has_completion_wait_marker(self, source_run_id: str) -> bool:
+        (record,) = await self.driver.get([completion_wait_key(self.env_key, source_run_id)])
+        return record is not None
+
+    async def find_idempotent_run(self, task_id: str, key: str) -> RunRecord | None:
+        """The run owning ``(task_id, key)`` while the owner is live (an expired owner reads as absent)."""
+        owner_key = idempotency_owner_key(self.env_key, task_id, key)
+
+        async def body(tx: StorageTransaction) -> RunRecord | None:
+            (record,) = await tx.get([owner_key])
+            if record is None:
+                return None
+            owner = record.document.value
+            run_id = owner.get("run_id")
+            if not isinstance(run_id, str):
+                raise _corrupt("idempotency owner", owner_key)
+            (run_record,) = await tx.get([_run_key(self.env_key, run_id)])
+            now_iso = encode_iso_date(_utc(await tx.now()))
+            expires_at = owner.get("expires_at")
+            if run_record is None or (expires_at is not None and expires_at <= now_iso):
+                return None
+            return self._decode_run(run_record)[0]
+
+        return await self.driver.with_transaction(body)
+
+    async def find_singleton_run(self, key: str) -> RunRecord | None:
+        """The active run holding singleton ``key``, if any."""
+        owner_key = singleton_owner_key(self.env_key, key)
+        (record,) = await self.driver.get([owner_key])
+        if record is None:
+            return None
+        run_id = record.document.value.get("run_id")
+        if not isinstance(run_id, str):
+            raise _corrupt("singleton owner", owner_key)
+        run = await self.get_run(run_id)
+        return run if run is not None and run.status not in _TERMINAL else None
+
+    async def reset_idempotency_key(self, task_id: str, key: str) -> bool:
+        """Delete the owner of ``(task_id, key)`` so the next trigger creates a new run; ``True`` if one existed."""
+        owner_key = idempotency_owner_key(self.env_key, task_id, key)
+
+        async def body(tx: StorageTransaction) -> bool:
+            (record,) = await tx.get([owner_key])
+            await tx.now()
+            if record is None:
+                return False
+            tx.delete(record)
+            return True
+
+        return await self.driver.with_transaction(body)
+
+    async def list_runnable(self, queues: Sequence[str], now: datetime, limit: int) -> list[RunnableRef]:
+        """Due runnable candidates of ``queues`` (available at or before ``now``), oldest first."""
+        if limit < 1 or not queues:
+            return []
+        upper = encode_storage_tuple_prefix_upper_bound((encode_iso_date(now),))
+        page = min(limit, self._limits.max_query_results)
+        rows: list[tuple[str, str, str]] = []
+        for queue in dict.fromkeys(queues):
+            query = StorageQuery(
+                StorageIndexName.RUNS_RUNNABLE, (self.env_key, queue), StorageRange(lt=upper), limit=page
+            )
+            result = await self.driver.query(query)
+            rows.extend((item.sort[0], item.sort[1], queue) for item in result.items)
+        rows.sort()
+        return [RunnableRef(run_id, queue, decode_iso_date(at)) for at, run_id, queue in rows[:limit]]
+
+    async def query_index(
+        self,
+        index: StorageIndexName,
+        partition: Sequence[str] = (),
+        *,
+        until: datetime | None = None,
+        limit: int = 100,
+    ) -> list[str]:
+        """Run ids of one run index partition, in index order.
+
+        ``partition`` holds the components after the environment (``()`` for environment-wide
+        indexes, ``(signal_key,)``, ``(source_run_id,)`` or ``(queue,)``); ``until`` keeps rows whose
+        time sort component is at or before it. Results are candidates: re-read before deciding.
+        """
+        bounds = StorageRange()
+        if until is not None:
+            bounds = StorageRange(lt=encode_storage_tuple_prefix_upper_bound((encode_iso_date(until),)))
+        query = StorageQuery(
+            index, (self.env_key, *partition), bounds, limit=min(max(1, limit), self._limits.max_query_results)
+        )
+        result = await self.driver.query(query)
+        return [item.key.parts[-1] for item in result.items]
+
+    async def list_events(self, run_id: str, *, after_sequence: int = 0, limit: int = 100) -> list[RunEventRecord]:
+        """A run's events in sequence order, after ``after_sequence`` (raw-record path)."""
+        query = StorageQuery(
+            StorageIndexName.RUN_EVENTS_BY_RUN,
+            (self.env_key, run_id),
+            StorageRange(gt=encode_storage_unsigned_integer(after_sequence)) if after_sequence else StorageRange(),
+            limit=min(max(1, limit), self._limits.max_query_results, self._limits.max_point_reads),
+        )
+        result = await self.driver.query(query)
+        if not result.items:
+            return []
+        records = await self.driver.get([item.key for item in result.items])
+        return [decode_run_event_document(record.document) for record in records if record is not None]
+
+    # -- creation --------------------------------------------------------------------------------
+
+    async def create_run(self, plan: CreateRunPlan) -> CreateRunResult:
+        """Create a run with its first events, owners and capacity in one commit.
+
+        A live idempotency owner returns its run (``returned_existing``, nothing written); an active
+        singleton owner raises ``storage_conflict`` (``singleton_key``); an existing run id raises the
+        reducer's ``event_sequence`` conflict.
+        """
+        created = plan.created
+        events = plan.events
+        env = self.env_key
+        run_key = _run_key(env, created.run_id)
+        idempotency = (
+            idempotency_owner_key(env, created.task_id, created.idempotency_key)
+            if created.idempotency_key is not None
+            else None
+        )
+        singleton = singleton_owner_key(env, created.singleton_key) if created.singleton_key is not None else None
+        leased = any(isinstance(event, RunLeaseClaimedEvent) for event in plan.follow_up)
+        capacity = (
+            queue_capacity_key(env, created.queue, created.concurrency_key)
+            if leased and created.queue in self.queue_limits
+            else None
+        )
+        ttl = created.idempotency_key_ttl
+        ttl_value: int | str = _DEFAULT_IDEMPOTENCY_TTL_MS if ttl is None else ttl
+        ids = _EventIds()
+
+        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> CreateRunResult:
+            ids.restart()
+            attempt = _Attempt(self, tx)
+            first = [run_key, *(key for key in (idempotency, singleton, capacity) if key is not None), *extra]
+            await attempt.read(first)
+            owner_runs = []
+            for owner_key in (idempotency, singleton):
+                if owner_key is not None and attempt.records[owner_key.encoded] is not None:
+                    owner_run_id = _owner_run_id(attempt, owner_key)
+                    owner_runs.append(_run_key(env, owner_run_id))
+            await attempt.read(owner_runs)
+            await attempt.seal()
+            now_iso = attempt.now_iso
+
+            if idempotency is not None:
+                owner = attempt.owner(idempotency)
+                if owner is not None:
+                    expires_at = owner.get("expires_at")
+                    existing = attempt.slot(_owner_run_id(attempt, idempotency))
+                    if existing is not None and (expires_at is None or expires_at > now_iso):
+                        return CreateRunResult(existing.run, TriggerOutcomeType.RETURNED_EXISTING)
+            current = attempt.slot(created.run_id)
+            run = project_run_events(None if current is None else current.run, _NEW_SEQUENCE, events)
+            if singleton is not None:
+                owner = attempt.owner(singleton)
+                if owner is not None:
+                    holder = attempt.slot(_owner_run_id(attempt, singleton))
+                    if holder is not None and holder.run.status not in _TERMINAL:
+                        raise create_storage_conflict_error(
+                            StorageConflictKind.SINGLETON_KEY,
+                            f"Singleton key {created.singleton_key!r} is held by active run {holder.run.id}; "
+                            "wait for it to finish or cancel it.",
+                            meta={"singleton_key": created.singleton_key, "run_id": holder.run.id},
+                        )
+                attempt.set_owner(singleton, {"run_id": run.id})
+            if idempotency is not None:
+                attempt.set_owner(idempotency, {"run_id": run.id, "ttl": ttl_value, "expires_at": None})
+            records = attempt.create(run, events, ids)
+            attempt.stage()
+            return CreateRunResult(run, TriggerOutcomeType.CREATED, records)
+
+        return await self._transact(body)
+
+    # -- claims ----------------------------------------------------------------------------------
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        """Claim many runs, each in its own right but all in one commit per chunk.
+
+        Each result is the claimed run or ``None`` with a reason (``run_not_found``, ``wrong_queue``,
+        ``terminal``, ``not_due``, ``already_leased``, ``claim_lost`` when the bounded-queue partition
+        is full). A chunk that exceeds a storage limit is halved and retried.
+        """
+        if not requests:
+            return []
+
+        def on_limit(request: ClaimRequest, error: StorageLimitError) -> ClaimResult:
+            return ClaimResult(request.run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
+
+        return await self._chunked(list(requests), self._chunk_size(2, 4), self._claim_batch, on_limit)
+
+    async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        ids = _EventIds()
+        env = self.env_key
+        run_keys = [_run_key(env, request.run_id) for request in requests]
+
+        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[ClaimResult]:
+            ids.restart()
+            attempt = _Attempt(self, tx)
+            await attempt.read([*run_keys, *extra])
+            derived: list[StorageRecordKey] = []
+            for request in requests:
+                run = attempt.peek_run(request.run_id)
+                if run is not None:
+                    derived.extend(attempt.capacity_keys(run))
+            await attempt.read(derived)
+            await attempt.seal()
+            results = [self._claim_one(attempt, request, ids) for request in requests]
+            attempt.stage()
+            return results
+
+        return await self._transact(body)
+
+    def _claim_one(self, attempt: _Attempt, request: ClaimRequest, ids: _EventIds) -> ClaimResult:
+        run_id = request.run_id
+        try:
+            slot = attempt.slot(run_id)
+        except RunlaneError as error:
+            return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
+        if slot is None:
+            return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.RUN_NOT_FOUND)
+        run = slot.run
+        if request.queue is not None and run.queue != request.queue:
+            return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.WRONG_QUEUE)
+        status = run.status
+        if status in _TERMINAL:
+            return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.TERMINAL)
+        if status is RunStatus.CANCELLATION_REQUESTED:
+            return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.ALREADY_LEASED)
+        now = attempt.now
+        available = get_run_runnable_available_at(run)
+        if available is None:
+            return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.NOT_DUE)
+        if available > now:
+            reason = (
+                ExecuteDeliveryIgnoredReason.ALREADY_LEASED
+                if status is RunStatus.RUNNING
+                else ExecuteDeliveryIgnoredReason.NOT_DUE
+            )
+            return ClaimResult(run_id, None, reason)
+        if not attempt.free_slots(run):
+            return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST)
+        actor = Actor(type=ActorType.WORKER, id=request.worker_id)
+        deadline = (
+            None if request.attempt_deadline_ms is None else now + timedelta(milliseconds=request.attempt_deadline_ms)
+        )
+        lease = RunLease(
+            worker_id=request.worker_id,
+            token=request.lease_token,
+            claimed_at=now,
+            expires_at=now + timedelta(milliseconds=request.lease_ms),
+        )
+        events: list[RunEvent] = [
+            RunLeaseClaimedEvent(
+                run_id=run_id,
+                environment=run.environment,
+                occurred_at=now,
+                actor=actor,
+                lease=lease,
+                attempt_deadline_at=deadline,
+            )
+        ]
+        if request.also_start:
+            events.append(
+                RunStartedEvent(
+                    run_id=run_id,
+                    environment=run.environment,
+                    occurred_at=now,
+                    actor=actor,
+                    attempt=run.counters.attempts + 1,
+                )
+            )
+        try:
+            result = attempt.apply(slot, events, ids)
+        except RunlaneError as error:
+            return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
+        return ClaimResult(run_id, result.run, None, result.events)
+
+    # -- appends and completions -------------------------------------------------------------------
+
+    async def append(
+        self,
+        run_id: str,
+        build: Build,
+        *,
+        expected_lease_token: str | None = None,
+        known: RunRecord | None = None,
+    ) -> AppendResult:
+        """Append the events ``build(run, now)`` returns to one run, with all bookkeeping, in one commit.
+
+        Raises ``run_not_found`` for a missing run, ``storage_conflict`` (``lease_ownership``) when
+        ``expected_lease_token`` no longer holds the run, and whatever ``build`` or the reducer raise.
+        """
+        (result,) = await self._complete_batch([CompletionRequest(run_id, build, expected_lease_token, known)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def complete(self, requests: Sequence[CompletionRequest]) -> list[AppendResult | RunlaneError]:
+        """Append to many runs in one commit per chunk; each item's failure is reported in its place."""
+        if not requests:
+            return []
+
+        def on_limit(request: CompletionRequest, error: StorageLimitError) -> RunlaneError:
+            return error
+
+        return await self._chunked(list(requests), self._chunk_size(5, 6), self._complete_batch, on_limit)
+
+    async def _complete_batch(self, requests: Sequence[CompletionRequest]) -> list[AppendResult | RunlaneError]:
+        ids = _EventIds()
+        env = self.env_key
+        first: list[StorageRecordKey] = []
+        hinted: set[str] = set()
+        for request in requests:
+            first.append(_run_key(env, request.run_id))
+            known = request.known
+            if known is not None and known.id == request.run_id:
+                hinted.add(request.run_id)
+                first.extend(_finish_keys(self, known))
+
+        async def body(
+            tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]
+        ) -> list[AppendResult | RunlaneError]:
+            ids.restart()
+            attempt = _Attempt(self, tx)
+            await attempt.read([*first, *extra])
+            derived: list[StorageRecordKey] = []
+            for request in requests:
+                if request.run_id not in hinted:
+                    run = attempt.peek_run(request.run_id)
+                    if run is not None:
+                        derived.extend(attempt.finish_keys(run))
+            await attempt.read(derived)
+            now = await attempt.seal()
+            results: list[AppendResult | RunlaneError] = []
+            for request in requests:
+                try:
+                    results.append(self._append_one(attempt, request, now, ids))
+                except RunlaneError as error:
+                    results.append(error)
+            attempt.stage()
+            return results
+
+        return await self._transact(body)
+
+    def _append_one(self, attempt: _Attempt, request: CompletionRequest, now: datetime, ids: _EventIds) -> AppendResult:
+        slot = attempt.slot(request.run_id)
+        token = request.lease_token
+        if token is not None:
+            _check_lease(request.run_id, None if slot is None else slot.run, token)
+        if slot is None:
+            raise _run_not_found(request.run_id)
+        events = list(request.build(slot.run, now))
+        if not events:
+            return AppendResult(slot.run)
+        return attempt.apply(slot, events, ids)
+
+    # -- heartbeats ------------------------------------------------------------------------------
+
+    async def heartbeat(
+        self, run_id: str, lease_token: str, worker_id: str, lease_ms: int, *, known: RunRecord | None = None
+    ) -> RunRecord:
+        """Extend the lease; returns the run so the caller sees ``cancellation_requested``.
+
+        Raises ``storage_conflict`` (``lease_ownership``) when the lease is no longer this worker's.
+        """
+        (result,) = await self._heartbeat_batch([HeartbeatRequest(run_id, lease_token, worker_id, lease_ms, known)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def heartbeat_many(self, requests: Sequence[HeartbeatRequest]) -> list[RunRecord | RunlaneError]:
+        if not requests:
+            return []
+
+        def on_limit(request: HeartbeatRequest, error: StorageLimitError) -> RunlaneError:
+            return error
+
+        return await self._chunked(list(requests), self._chunk_size(2, 3), self._heartbeat_batch, on_limit)
+
+    async def _heartbeat_batch(self, requests: Sequence[HeartbeatRequest]) -> list[RunRecord | RunlaneError]:
+        ids = _EventIds()
+        env = self.env_key
+        first: list[StorageRecordKey] = []
+        hinted: set[str] = set()
+        for request in requests:
+            first.append(_run_key(env, request.run_id))
+            known = request.known
+            if known is not None and known.id == request.run_id and known.queue in self.queue_limits:
+                hinted.add(request.run_id)
+                first.append(queue_capacity_key(env, known.queue, known.concurrency_key))
+
+        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[RunRecord | RunlaneError]:
+            ids.restart()
+            attempt = _Attempt(self, tx)
+            await attempt.read([*first, *extra])
+            derived: list[StorageRecordKey] = []
+            for request in requests:
+                if request.run_id not in hinted:
+                    run = attempt.peek_run(request.run_id)
+                    if run is not None:
+                        derived.extend(attempt.capacity_keys(run))
+            await attempt.read(derived)
+            now = await attempt.seal()
+            results: list[RunRecord | RunlaneError] = []
+            for request in requests:
+                try:
+                    results.append(self._heartbeat_one(attempt, request, now, ids))
+                except RunlaneError as error:
+                    results.append(error)
+            attempt.stage()
+            return results
+
+        return await self._transact(body)
+
+    def _heartbeat_one(self, attempt: _Attempt, request: HeartbeatRequest, now: datetime, ids: _EventIds) -> RunRecord:
+        slot = attempt.slot(request.run_id)
+        run = _check_lease(request.run_id, None if slot is None else slot.run, request.lease_token)
+        assert slot is not None and run.lease is not None
+        if run.lease.worker_id != request.worker_id:
+            raise _lease_conflict(run.id, f"the lease belongs to worker {run.lease.worker_id}")
+        event = RunLeaseHeartbeatEvent(
+            run_id=run.id,
+            environment=run.environment,
+            occurred_at=now,
+            actor=Actor(type=ActorType.WORKER, id=request.worker_id),
+            lease=RunLease(
+                worker_id=request.worker_id,
+                token=request.lease_token,
+                claimed_at=run.lease.claimed_at,
+                expires_at=now + timedelta(milliseconds=request.lease_ms),
+            ),
+        )
+        return attempt.apply(slot, [event], ids).run
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    async def complete_step(
+        self, run_id: str, step_key: str, token: str, lease_token: str, attempt: int, output: Any
+    ) -> tuple[RunStepRecord, bool]:
+        """Persist a step's output once, fenced by the lease, attempt and status.
+
+        Returns ``(step, True)`` for a first completion and ``(existing, False)`` when the same
+        output was already stored. A different stored output is ``invariant_violation``; a lost lease
+        is ``storage_conflict`` (``lease_ownership``).
+        """
+        env = self.env_key
+        run_key = _run_key(env, run_id)
+        step_key_record = run_step_key(env, run_id, step_key)
+        output_text = canonical_json(ensure_json_value(output, "step output"))
+
+        async def body(tx: StorageTransaction) -> tuple[RunStepRecord, bool]:
+            run_record, step_record = await tx.get([run_key, step_key_record])
+            now = _utc(await tx.now())
+            run, children = (None, None) if run_record is None else self._decode_run(run_record)
+            _check_lease(run_id, run, lease_token)
+            assert run is not None and children is not None
+            if run.counters.attempts != attempt:
+                raise _lease_conflict(run_id, f"attempt {attempt} is not the current attempt {run.counters.attempts}")
+            if step_record is not None:
+                existing = _decode_step(step_record)
+                if canonical_json(existing.output) != output_text:
+                    raise RunlaneError(
+                        ErrorCode.INVARIANT_VIOLATION,
+                        f"Step {step_key!r} of run {run_id} was already completed with a different output; "
+                        "a step key must always produce the same output.",
+                        meta={"run_id": run_id, "step_key": step_key},
+                    )
+                return existing, False
+            step = RunStepRecord(
+                environment=run.environment,
+                run_id=run_id,
+                step_key=step_key,
+                token=token,
+                attempt=attempt,
+                output=output,
+                completed_at=now,
+            )
+            tx.create(_step_record(env, step))
+            counted = RunChildCounts(
+                events=children.events, outbox=children.outbox, steps=children.steps + 1, links=children.links
+            )
+            tx.replace(run_record, _run_record(env, run, counted))
+            return step, True
+
+        return await self.driver.with_transaction(body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _finish_keys(store: CoreStore, run: RunRecord) -> list[StorageRecordKey]:
+    """Owner rows any transition of ``run`` may touch, including one to a terminal state."""
+    env = store.env_key
+    keys = [completion_wait_key(env, run.id)]
+    if run.idempotency_key is not None:
+        keys.append(idempotency_owner_key(env, run.task_id, run.idempotency_key))
+    if run.singleton_key is not None:
+        keys.append(singleton_owner_key(env, run.singleton_key))
+    if run.queue in store.queue_limits:
+        keys.append(queue_capacity_key(env, run.queue, run.concurrency_key))
+    return keys
+
+
+def _owner_run_id(attempt: _Attempt, key: StorageRecordKey) -> str:
+    owner = attempt.owner(key)
+    run_id = None if owner is None else owner.get("run_id")
+    if not isinstance(run_id, str):
+        raise _corrupt(key.collection, key)
+    return run_id
+
+
+def _check_lease(run_id: str, run: RunRecord | None, token: str) -> RunRecord:
+    if run is None:
+        raise _lease_conflict(run_id, "the run no longer exists")
+    if run.status not in _ATTEMPT_OWNERS:
+        raise _lease_conflict(run_id, f"the run is {run.status.value}")
+    if run.lease is None or run.lease.token != token:
+        raise _lease_conflict(run_id, "another lease holds the run")
+    return run
+
+
+def _decode_step(record: StorageRecord) -> RunStepRecord:
+    try:
+        return RunStepRecord.model_validate(record.document.value)
+    except ValueError as error:
+        raise _corrupt("run step", record.key, error) from None
