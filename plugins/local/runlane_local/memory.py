@@ -245,8 +245,8 @@ class _State:
     records: immutables.Map  # encoded key -> StorageRecord
     indexes: immutables.Map  # (index name, encoded partition) -> _SortedRows
     # The operator projection: canonical runs and run events, grouped by their key minus its last part:
-    #   ("runs", environment) -> Map[run id -> RunRecord]
-    #   ("run_events", environment, run id) -> Map[encoded sequence -> RunEventRecord]
+    #   ("runs", environment) -> Map[run id -> _Decoded RunRecord]
+    #   ("run_events", environment, run id) -> Map[encoded sequence -> _Decoded RunEventRecord]
     projection: immutables.Map
     last_version: int = 0
 
@@ -259,13 +259,14 @@ class _State:
 
     def visible_run(self, environment: str, run_id: str) -> RunRecord | None:
         """A run is visible while its record decodes and no tombstone exists for it."""
-        run = self.projection.get((RUNS_COLLECTION, environment), _EMPTY_MAP).get(run_id)
-        if run is None or run_tombstone_key(environment, run_id).encoded in self.records:
+        entry = self.projection.get((RUNS_COLLECTION, environment), _EMPTY_MAP).get(run_id)
+        if entry is None or run_tombstone_key(environment, run_id).encoded in self.records:
             return None
-        return run
+        return entry.value()
 
     def run_events(self, environment: str, run_id: str) -> Iterable[RunEventRecord]:
-        return self.projection.get((RUN_EVENTS_COLLECTION, environment, run_id), _EMPTY_MAP).values()
+        entries = self.projection.get((RUN_EVENTS_COLLECTION, environment, run_id), _EMPTY_MAP).values()
+        return [event for entry in entries if (event := entry.value()) is not None]
 
 
 _EMPTY_STATE = _State(_EMPTY_MAP, _EMPTY_MAP, _EMPTY_MAP)
@@ -293,10 +294,26 @@ def _decode_projected(key: StorageRecordKey, document: StorageDocument) -> RunRe
     return event if identity == key.parts else None
 
 
+class _Decoded:
+    """A projected document decoded on first operator read, then kept: commits stay free of decoding,
+    and each stored version is decoded at most once (callers get deep copies, never this value)."""
+
+    __slots__ = ("_key", "_document", "_value", "_decoded")
+
+    def __init__(self, key: StorageRecordKey, document: StorageDocument) -> None:
+        self._key, self._document, self._value, self._decoded = key, document, None, False
+
+    def value(self) -> RunRecord | RunEventRecord | None:
+        if not self._decoded:  # a race only decodes twice; the result is the same
+            self._value = _decode_projected(self._key, self._document)
+            self._decoded = True
+        return self._value
+
+
 def _apply(state: _State, writes: Sequence[_Write], projected: dict[str, Any]) -> _State:
     """The state after ``writes`` (already validated): records, index rows, projection, versions.
 
-    ``projected`` maps the encoded keys of projected writes to their decoded value (absent: none).
+    ``projected`` maps the encoded keys of projected writes to their lazily decoded value.
     """
     version = state.last_version
     records = state.records.mutate()
@@ -377,7 +394,7 @@ class LocalStorageStore:
     def _commit(self, reads: dict[str, str | None], writes: list[_Write], append: StorageAppendCommand | None) -> bool:
         """Validate the read set and staged conditions, then swap in the next state; ``False`` on a conflict."""
         projected = {
-            write.key.encoded: _decode_projected(write.key, write.record.document)
+            write.key.encoded: _Decoded(write.key, write.record.document)
             for write in writes
             if write.record is not None and _is_projected(write.key)
         }
