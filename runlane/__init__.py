@@ -1,5 +1,23 @@
 """Runlane: durable tasks on your own infrastructure."""
 
+from .core.attempt import StepRunner, TaskContext
+from .core.authoring import (
+    Backoff,
+    QueueDefinition,
+    Retry,
+    RetryPolicy,
+    ScheduleDefinition,
+    TaskDefinition,
+    TaskRelease,
+    queue,
+    schedule,
+    task,
+)
+from .core.cancellation import CancellationController, CancellationSignal, link_signals
+from .core.lanes import Lane, LaneCapabilities, LaneDelivery, TransportAdapter, create_lane
+from .core.runtime import ExecuteDeliveryResult, Runlane, TickResult, TriggerRunResult, create_runlane
+from .core.sync import SyncRunlane, SyncWorkerHandle
+from .core.worker import WorkerHandle
 from .defaults import contract_defaults
 from .durations import Duration, duration_ms, format_duration, parse_duration
 from .errors import (
@@ -97,7 +115,11 @@ from .vocabulary import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Actor", "ActorType", "DeliveryIntent", "DeliveryMessage", "Duration", "DurationUnit", "Environment",
+    "Actor", "ActorType", "Backoff", "CancellationController", "CancellationSignal", "ExecuteDeliveryResult",
+    "Lane", "LaneCapabilities", "LaneDelivery", "QueueDefinition", "Retry", "RetryPolicy", "Runlane",
+    "ScheduleDefinition", "StepRunner", "SyncRunlane", "SyncWorkerHandle", "TaskContext", "TaskDefinition",
+    "TaskRelease", "TickResult", "TransportAdapter", "TriggerRunResult", "WorkerHandle", "create_lane",
+    "create_runlane", "link_signals", "queue", "schedule", "task", "DeliveryIntent", "DeliveryMessage", "Duration", "DurationUnit", "Environment",
     "ErrorCode", "ExecuteDeliveryIgnoredReason", "ExecuteDeliveryStatus", "LaneDeliveryMode", "OutboxClaim",
     "OutboxFailureRecord", "OutboxMessage", "OutboxMessageStatus", "Page", "PaginationCursorKind",
     "PaginationParams", "RetryBackoffType", "RunAttemptStatus", "RunAttemptSummary",

@@ -1,0 +1,872 @@
+"""The post-lease attempt path every execution path shares, ``TaskContext`` and durable steps.
+
+After a lease is claimed (``execute_next``, workers, ``execute_delivery``) or created with the run
+(``run_now``), ``execute_claimed_run`` does the same thing: re-validate the persisted payload, build
+the ``TaskContext``, run the handler (``async def`` on the event loop, ``def`` in the loop's executor),
+heartbeat every ``heartbeat_interval``, abort the context signal at the fixed attempt deadline, on a
+same-process cancellation request or when the worker stops, and persist exactly one outcome fenced
+by the lease: succeeded, failed, retry scheduled, released or cancelled.
+
+Outcome rules (the reducer enforces the lifecycle; this module picks the event):
+
+* the completion is decided inside the storage transaction from the run as stored then, so a
+  cancellation request that lands while the handler runs turns a normal return into ``cancelled``
+  and a failure into ``failed`` with no retry;
+* an attempt that finishes after its deadline fails with ``task_timed_out`` (retry policy applies);
+* unknown exceptions become ``task_failed`` / "Task failed." (retryable); ``RunlaneError`` keeps its
+  code, meta and retryability with a task-facing message;
+* a lost lease (heartbeat or completion) abandons the attempt: nothing is persisted for it.
+
+This module never touches a storage driver directly; it writes through the runtime's store and
+batchers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import inspect
+import json
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from ..durations import Duration, format_duration
+from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error, is_storage_conflict
+from ..ids import validate_id
+from ..json_values import canonical_json, is_json_value
+from ..models import (
+    Actor,
+    Environment,
+    RunCancelledEvent,
+    RunEvent,
+    RunFailedEvent,
+    RunFailure,
+    RunLease,
+    RunLeaseHeartbeatEvent,
+    RunRecord,
+    RunReleasedEvent,
+    RunRetryScheduledEvent,
+    RunSource,
+    RunSucceededEvent,
+    environment_key,
+)
+from ..vocabulary import ActorType, RunSourceType, RunStatus, RunWaitConditionType
+from .authoring import RetryPolicy, TaskDefinition, TaskRelease, build_run_wait, build_signal_wait, build_time_release
+from .cancellation import CancellationController, CancellationSignal, link_signals
+from .store import AppendResult, CompletionRequest
+
+if TYPE_CHECKING:
+    from .runtime import Runlane, TriggerRunResult
+
+__all__ = [
+    "AttemptResult",
+    "CancellationRegistry",
+    "ExecutionOptions",
+    "StepRunner",
+    "TaskContext",
+    "execute_claimed_run",
+    "failure_from_exception",
+    "failure_outcome_events",
+    "step_token",
+]
+
+_CANCELLATION_REQUESTED = RunStatus.CANCELLATION_REQUESTED
+_ATTEMPT_OWNERS = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED})
+
+# Abort reasons the runtime gives ``TaskContext.signal``.
+REASON_CANCELLATION_REQUESTED = "cancellation_requested"
+REASON_ATTEMPT_TIMED_OUT = "attempt_timed_out"
+REASON_LEASE_LOST = "lease_lost"
+REASON_HEARTBEAT_FAILED = "heartbeat_failed"
+
+# Persisted failures carry task-facing text, never the raw exception message (it may hold secrets).
+_TASK_FACING_MESSAGES: dict[ErrorCode, str] = {
+    ErrorCode.TASK_FAILED: "Task failed.",
+    ErrorCode.TASK_TIMED_OUT: "Task timed out.",
+    ErrorCode.TASK_OUTPUT_INVALID: "Task output is invalid.",
+    ErrorCode.OPERATION_CANCELLED: "Task was cancelled.",
+    ErrorCode.TASK_NOT_FOUND: "Task is not registered in this runtime.",
+}
+
+
+def _task_facing_message(code: ErrorCode) -> str:
+    return _TASK_FACING_MESSAGES.get(code) or f"Task failed ({code.value})."
+
+
+# ---------------------------------------------------------------------------------------------
+# Options and results
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionOptions:
+    """Resolved execution options of one execution path (validated by the runtime)."""
+
+    lease_ms: int
+    heartbeat_ms: int
+    max_attempt_ms: int | None
+    signal: CancellationSignal | None
+    worker_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """The persisted run after one attempt, or ``abandoned`` (lease lost) with the conflict."""
+
+    run: RunRecord | None
+    abandoned: bool = False
+    conflict: RunlaneError | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Same-process cancellation registry
+
+
+class CancellationRegistry:
+    """Running attempts of this runtime by run id, so ``runs.cancel`` aborts their signal at once.
+
+    A notification matches run id, worker id and lease token, so a stale request can never abort a
+    later attempt of the same run. Thread-safe: the sync facade cancels from its own loop thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._attempts: dict[str, list[_Attempt]] = {}
+
+    def register(self, attempt: _Attempt) -> None:
+        with self._lock:
+            self._attempts.setdefault(attempt.run_id, []).append(attempt)
+
+    def unregister(self, attempt: _Attempt) -> None:
+        with self._lock:
+            entries = self._attempts.get(attempt.run_id)
+            if entries is None:
+                return
+            try:
+                entries.remove(attempt)
+            except ValueError:
+                return
+            if not entries:
+                del self._attempts[attempt.run_id]
+
+    def notify_cancellation(self, run_id: str, worker_id: str, lease_token: str) -> bool:
+        """Abort the signal of the matching running attempt; ``True`` when one was found."""
+        with self._lock:
+            matches = [
+                attempt
+                for attempt in self._attempts.get(run_id, ())
+                if attempt.worker_id == worker_id and attempt.token == lease_token
+            ]
+        for attempt in matches:
+            attempt.observe_cancellation()
+        return bool(matches)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(entries) for entries in self._attempts.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Outcome events (pure functions of the stored run and the transaction time)
+
+
+def failure_from_exception(error: BaseException) -> RunFailure:
+    """The persisted failure for an exception raised by task code."""
+    if isinstance(error, RunlaneError):
+        meta = error.meta if is_json_value(error.meta) else {}
+        return RunFailure(
+            code=error.code,
+            message=_task_facing_message(error.code),
+            retryable=error.retryable,
+            meta=json.loads(canonical_json(meta)) if meta else {},
+        )
+    return RunFailure(code=ErrorCode.TASK_FAILED, message="Task failed.", retryable=True)
+
+
+def failure_outcome_events(
+    run: RunRecord,
+    at: datetime,
+    failure: RunFailure,
+    retry: RetryPolicy | None,
+    actor: Actor,
+    *,
+    allow_retry: bool,
+) -> list[RunEvent]:
+    """``run.retry_scheduled`` when the failure is retryable and budget is left, else ``run.failed``.
+
+    No retry once cancellation was requested.
+    """
+    attempt = run.counters.attempts
+    if (
+        allow_retry
+        and failure.retryable
+        and retry is not None
+        and attempt < retry.max_attempts
+        and run.status is not _CANCELLATION_REQUESTED
+    ):
+        delay_ms = retry.delay_ms_for(attempt)
+        return [
+            RunRetryScheduledEvent(
+                run_id=run.id,
+                environment=run.environment,
+                occurred_at=at,
+                actor=actor,
+                attempt=attempt,
+                failure=failure,
+                delay=format_duration(delay_ms),
+                retry_at=at + timedelta(milliseconds=delay_ms),
+            )
+        ]
+    return [RunFailedEvent(run_id=run.id, environment=run.environment, occurred_at=at, actor=actor, attempt=attempt, failure=failure)]
+
+
+def _release_events(run: RunRecord, at: datetime, release: TaskRelease, actor: Actor) -> list[RunEvent]:
+    common: dict[str, Any] = dict(
+        run_id=run.id, environment=run.environment, occurred_at=at, actor=actor, attempt=run.counters.attempts,
+        reason=release.reason, meta=release.meta,
+    )
+    if release.wait_type is RunWaitConditionType.TIME:
+        assert release.delay_ms is not None
+        return [
+            RunReleasedEvent(
+                **common, delay=format_duration(release.delay_ms), resume_at=at + timedelta(milliseconds=release.delay_ms)
+            )
+        ]
+    return [RunReleasedEvent(**common, wait=release.wait_condition(at))]
+
+
+# The three shapes a finished handler leaves behind.
+_SUCCESS = 0
+_RELEASE = 1
+_FAILURE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    kind: int
+    output: Any = None
+    has_output: bool = False
+    release: TaskRelease | None = None
+    failure: RunFailure | None = None
+
+
+_VOID_SUCCESS = _Outcome(_SUCCESS)
+
+
+def _outcome_for_result(result: Any) -> _Outcome:
+    if result is None:
+        return _VOID_SUCCESS
+    if isinstance(result, TaskRelease):
+        return _Outcome(_RELEASE, release=result)
+    if isinstance(result, dict) and result.get("type") == "task_release":
+        return _Outcome(
+            _FAILURE,
+            failure=RunFailure(
+                code=ErrorCode.TASK_OUTPUT_INVALID,
+                message="Task output uses the reserved type 'task_release'; return ctx.release(...) to release the run.",
+                retryable=True,
+            ),
+        )
+    if not is_json_value(result):
+        return _Outcome(
+            _FAILURE,
+            failure=RunFailure(
+                code=ErrorCode.TASK_OUTPUT_INVALID,
+                message="Task output is not JSON-compatible.",
+                retryable=True,
+                meta={"output_type": type(result).__name__},
+            ),
+        )
+    return _Outcome(_SUCCESS, output=result, has_output=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
+
+
+def step_token(environment: Environment, run_id: str, step_key: str) -> str:
+    """The deterministic token of one step: the same for ``environment + run id + step key`` forever."""
+    text = canonical_json([environment_key(environment), run_id, step_key])
+    return "step_" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+_OUTPUT_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+_OUTPUT_ADAPTERS_LOCK = threading.Lock()
+
+
+def _output_adapter(output: Any) -> TypeAdapter[Any] | None:
+    if output is None:
+        return None
+    try:
+        cached = _OUTPUT_ADAPTERS.get(output)
+    except TypeError:  # unhashable type expressions are rebuilt each time
+        cached = None
+    if cached is not None:
+        return cached
+    try:
+        adapter: TypeAdapter[Any] = TypeAdapter(output)
+    except Exception as error:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"step output schema {output!r} is not a type pydantic can validate ({error}); "
+            "pass a pydantic model class or a type pydantic.TypeAdapter accepts.",
+            meta={"field": "output"},
+        ) from None
+    try:
+        with _OUTPUT_ADAPTERS_LOCK:
+            _OUTPUT_ADAPTERS[output] = adapter
+    except TypeError:
+        pass
+    return adapter
+
+
+def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | None) -> tuple[Any, Any]:
+    """``(returned, stored)``: what ``step.run`` returns and the JSON value persisted for the step."""
+    if adapter is None:
+        if not is_json_value(value):
+            raise RunlaneError(
+                ErrorCode.TASK_OUTPUT_INVALID,
+                f"Step {step_key!r} returned a value that is not JSON-compatible ({type(value).__name__}); "
+                "return a small JSON value such as {'job_id': ...}.",
+                retryable=True,
+                meta={"step_key": step_key},
+            )
+        stored = json.loads(canonical_json(value))
+        return stored, stored
+    try:
+        parsed = adapter.validate_python(value)
+        stored = adapter.dump_python(parsed, mode="json")
+    except (ValidationError, PydanticSerializationError) as error:
+        raise RunlaneError(
+            ErrorCode.TASK_OUTPUT_INVALID,
+            f"Step {step_key!r} returned output that does not match its output schema: {str(error).splitlines()[0]}.",
+            retryable=True,
+            meta={"step_key": step_key},
+        ) from None
+    if not is_json_value(stored):
+        raise RunlaneError(
+            ErrorCode.TASK_OUTPUT_INVALID,
+            f"Step {step_key!r} output cannot be stored as JSON.",
+            retryable=True,
+            meta={"step_key": step_key},
+        )
+    return parsed, stored
+
+
+def _load_step_output(step_key: str, stored: Any, adapter: TypeAdapter[Any] | None) -> Any:
+    if adapter is None:
+        return stored
+    try:
+        return adapter.validate_json(canonical_json(stored))
+    except ValidationError as error:
+        raise RunlaneError(
+            ErrorCode.VALIDATION_FAILED,
+            f"The stored output of step {step_key!r} no longer matches its output schema: {str(error).splitlines()[0]}.",
+            meta={"step_key": step_key},
+        ) from None
+
+
+class StepRunner:
+    """``ctx.step``: ``run(step_key, fn, *, output=None)`` checkpoints ``fn(token)``'s result once per run."""
+
+    __slots__ = ("_attempt",)
+
+    def __init__(self, attempt: _Attempt) -> None:
+        self._attempt = attempt
+
+    def run(self, step_key: str, fn: Callable[[str], Any], *, output: Any = None) -> Any:
+        """Return the stored output of ``step_key``, or call ``fn(token)``, store its output and return it.
+
+        An awaitable in ``async def`` handlers; a blocking call in ``def`` handlers.
+        """
+        key = validate_id(step_key, "step key")
+        if not callable(fn):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"step.run() needs a function, got {fn!r}.")
+        adapter = _output_adapter(output)
+        attempt = self._attempt
+        if attempt.on_loop_thread():
+            return self._run_async(key, fn, adapter)
+        return self._run_blocking(key, fn, adapter)
+
+    async def _run_async(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
+        attempt = self._attempt
+        store = attempt.runtime.store
+        existing = await store.get_step(attempt.run_id, key)
+        if existing is not None:
+            return _load_step_output(key, existing.output, adapter)
+        token = step_token(attempt.runtime.environment, attempt.run_id, key)
+        value = fn(token)
+        if inspect.isawaitable(value):
+            value = await value
+        returned, stored = _parse_step_output(key, value, adapter)
+        await attempt.complete_step(key, token, stored)
+        return returned
+
+    def _run_blocking(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
+        attempt = self._attempt
+        store = attempt.runtime.store
+        existing = attempt.call_on_loop(store.get_step(attempt.run_id, key))
+        if existing is not None:
+            return _load_step_output(key, existing.output, adapter)
+        token = step_token(attempt.runtime.environment, attempt.run_id, key)
+        value = fn(token)
+        if inspect.isawaitable(value):
+            value = attempt.call_on_loop(_awaited(value))
+        returned, stored = _parse_step_output(key, value, adapter)
+        attempt.call_on_loop(attempt.complete_step(key, token, stored))
+        return returned
+
+
+async def _awaited(value: Awaitable[Any]) -> Any:
+    return await value
+
+
+# ---------------------------------------------------------------------------------------------
+# TaskContext
+
+
+class TaskContext:
+    """What a handler sees of its run: identity, the cancellation signal, release helpers, child
+    triggers and durable steps.
+
+    ``trigger`` and ``step.run`` are awaitables in ``async def`` handlers and blocking calls in
+    ``def`` handlers (which run in a worker thread).
+    """
+
+    __slots__ = ("_attempt", "step")
+
+    def __init__(self, attempt: _Attempt) -> None:
+        self._attempt = attempt
+        self.step = StepRunner(attempt)
+
+    def __repr__(self) -> str:
+        return f"TaskContext(run_id={self.run_id!r}, task_id={self.task_id!r}, attempt={self.attempt})"
+
+    @property
+    def run_id(self) -> str:
+        return self._attempt.run_id
+
+    @property
+    def task_id(self) -> str:
+        return self._attempt.run.task_id
+
+    @property
+    def attempt(self) -> int:
+        return self._attempt.attempt_number
+
+    @property
+    def queue(self) -> str:
+        return self._attempt.run.queue
+
+    @property
+    def environment(self) -> Environment:
+        return self._attempt.run.environment
+
+    @property
+    def trace_carrier(self) -> dict[str, str] | None:
+        carrier = self._attempt.run.trace_carrier
+        return None if carrier is None else dict(carrier)
+
+    @property
+    def signal(self) -> CancellationSignal:
+        return self._attempt.controller.signal
+
+    def is_cancellation_requested(self) -> bool:
+        """Whether this attempt should stop: cancellation, its deadline, a worker stop or a caller abort."""
+        return self._attempt.controller.signal.aborted
+
+    def release(self, delay: Duration, *, reason: str | None = None, meta: dict[str, Any] | None = None) -> TaskRelease:
+        """Return this from the handler to release the run until ``delay`` has passed."""
+        return build_time_release(delay, reason=reason, meta=meta)
+
+    def wait_for_signal(
+        self,
+        signal_key: str,
+        *,
+        timeout: Duration | None = None,
+        reason: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> TaskRelease:
+        """Return this to release the run until ``runlane.signals.send(signal_key)`` (or ``timeout``)."""
+        return build_signal_wait(signal_key, timeout=timeout, reason=reason, meta=meta)
+
+    def wait_for_run(
+        self,
+        run_id: str,
+        *,
+        timeout: Duration | None = None,
+        reason: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> TaskRelease:
+        """Return this to release the run until run ``run_id`` is terminal (or ``timeout``)."""
+        if run_id == self.run_id:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                "A run cannot wait for its own completion; wait for another run's id.",
+                meta={"field": "run_id"},
+            )
+        return build_run_wait(run_id, timeout=timeout, reason=reason, meta=meta)
+
+    def trigger(self, task: Any, payload: Any = None, **options: Any) -> Any:
+        """Trigger a child run linked to this one (``source.type = trigger``).
+
+        Takes ``runlane.trigger``'s options; the child inherits this run's trace carrier unless
+        ``trace_carrier`` is given. Returns a ``TriggerRunResult`` (awaitable in ``async def`` handlers).
+        """
+        attempt = self._attempt
+        coroutine = attempt.trigger_child(task, payload, options)
+        if attempt.on_loop_thread():
+            return coroutine
+        return attempt.call_on_loop(coroutine)
+
+
+# ---------------------------------------------------------------------------------------------
+# One attempt
+
+
+class _Attempt:
+    """The working state of one claimed attempt: timers, signal, fencing token and outcome."""
+
+    __slots__ = (
+        "runtime",
+        "run",
+        "run_id",
+        "definition",
+        "options",
+        "token",
+        "worker_id",
+        "attempt_number",
+        "loop",
+        "loop_thread",
+        "controller",
+        "timed_out",
+        "cancel_observed",
+        "lost",
+        "heartbeat_error",
+        "_heartbeat_handle",
+        "_heartbeat_task",
+        "_deadline_handle",
+        "_finished",
+    )
+
+    def __init__(self, runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions) -> None:
+        lease = run.lease
+        assert lease is not None, "an attempt needs a claimed lease"
+        self.runtime = runtime
+        self.run = run
+        self.run_id = run.id
+        self.definition = definition
+        self.options = options
+        self.token = lease.token
+        self.worker_id = lease.worker_id
+        self.attempt_number = run.counters.attempts
+        self.loop = asyncio.get_running_loop()
+        self.loop_thread = threading.get_ident()
+        self.controller: CancellationController = (
+            link_signals(options.signal) if options.signal is not None else CancellationController()
+        )
+        self.timed_out = False
+        self.cancel_observed = False
+        self.lost: RunlaneError | None = None
+        self.heartbeat_error: BaseException | None = None
+        self._heartbeat_handle: asyncio.TimerHandle | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._deadline_handle: asyncio.TimerHandle | None = None
+        self._finished = False
+
+    # -- threads -----------------------------------------------------------------------------------
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self.loop_thread
+
+    def call_on_loop(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coroutine`` on the attempt's loop from a handler thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    # -- signal sources --------------------------------------------------------------------------
+
+    def observe_cancellation(self) -> None:
+        self.cancel_observed = True
+        self.controller.abort(REASON_CANCELLATION_REQUESTED)
+
+    def _deadline_reached(self) -> None:
+        self._deadline_handle = None
+        if self._finished:
+            return
+        self.timed_out = True
+        self.controller.abort(REASON_ATTEMPT_TIMED_OUT)
+
+    def start_timers(self) -> None:
+        loop = self.loop
+        deadline = self.run.attempt_deadline_at
+        if deadline is not None:
+            remaining = (deadline - self.runtime.now()).total_seconds()
+            if remaining <= 0:
+                self._deadline_reached()
+            else:
+                self._deadline_handle = loop.call_later(remaining, self._deadline_reached)
+        self._heartbeat_handle = loop.call_later(self.options.heartbeat_ms / 1000, self._heartbeat_due)
+
+    async def stop_timers(self) -> None:
+        self._finished = True
+        if self._deadline_handle is not None:
+            self._deadline_handle.cancel()
+            self._deadline_handle = None
+        if self._heartbeat_handle is not None:
+            self._heartbeat_handle.cancel()
+            self._heartbeat_handle = None
+        task = self._heartbeat_task
+        if task is not None and not task.done():
+            # Let an in-flight heartbeat land so the completion is ordered after it.
+            try:
+                await asyncio.shield(task)
+            except Exception:
+                pass
+
+    # -- heartbeats ------------------------------------------------------------------------------
+
+    def _heartbeat_due(self) -> None:
+        self._heartbeat_handle = None
+        if self._finished:
+            return
+        self._heartbeat_task = self.loop.create_task(self._heartbeat())
+
+    async def _heartbeat(self) -> None:
+        worker_id = self.worker_id
+        token = self.token
+        lease_ms = self.options.lease_ms
+        actor = Actor(type=ActorType.WORKER, id=worker_id)
+
+        def build(run: RunRecord, at: datetime) -> list[RunEvent]:
+            lease = run.lease
+            if lease is None or lease.worker_id != worker_id:
+                raise create_storage_conflict_error(
+                    StorageConflictKind.LEASE_OWNERSHIP,
+                    f"Lease ownership of run {run.id} was lost: another worker holds it.",
+                    meta={"run_id": run.id},
+                )
+            if run.status is _CANCELLATION_REQUESTED:
+                return []  # observed: stop extending the lease so maintenance can finalize it
+            return [
+                RunLeaseHeartbeatEvent(
+                    run_id=run.id,
+                    environment=run.environment,
+                    occurred_at=at,
+                    actor=actor,
+                    lease=RunLease(
+                        worker_id=worker_id,
+                        token=token,
+                        claimed_at=lease.claimed_at,
+                        expires_at=at + timedelta(milliseconds=lease_ms),
+                    ),
+                )
+            ]
+
+        try:
+            result = await self.runtime.loop_state().completions.submit(CompletionRequest(self.run_id, build, token, self.run))
+        except RunlaneError as error:
+            if is_storage_conflict(error, StorageConflictKind.LEASE_OWNERSHIP):
+                self.lost = error
+                self.controller.abort(REASON_LEASE_LOST)
+            else:
+                self.heartbeat_error = error
+                self.controller.abort(REASON_HEARTBEAT_FAILED)
+            return
+        except Exception as error:
+            self.heartbeat_error = error
+            self.controller.abort(REASON_HEARTBEAT_FAILED)
+            return
+        if result.events:
+            await self.runtime.after_append(result)
+        if result.run.status is _CANCELLATION_REQUESTED:
+            self.observe_cancellation()
+            return
+        if not self._finished:
+            self._heartbeat_handle = self.loop.call_later(self.options.heartbeat_ms / 1000, self._heartbeat_due)
+
+    # -- handler ---------------------------------------------------------------------------------
+
+    async def run_handler(self) -> _Outcome:
+        definition = self.definition
+        assert definition is not None
+        payload = None
+        if definition.takes_payload:
+            try:
+                payload = definition.load_payload(self.run.payload)
+            except RunlaneError as error:
+                return _Outcome(
+                    _FAILURE,
+                    failure=RunFailure(
+                        code=ErrorCode.VALIDATION_FAILED,
+                        message="Task payload no longer matches the task schema.",
+                        retryable=False,
+                        meta=json.loads(canonical_json(error.meta)) if is_json_value(error.meta) else {},
+                    ),
+                )
+        if definition.takes_context:
+            args: tuple[Any, ...] = (payload, TaskContext(self))
+        elif definition.takes_payload:
+            args = (payload,)
+        else:
+            args = ()
+        try:
+            if definition.is_async:
+                result = await definition.handler(*args)
+            else:
+                context = contextvars.copy_context()
+                result = await self.loop.run_in_executor(None, context.run, definition.handler, *args)
+                if inspect.isawaitable(result):
+                    result = await result
+        except Exception as error:
+            failure = failure_from_exception(error)
+            if (
+                failure.code is ErrorCode.OPERATION_CANCELLED
+                and not failure.retryable
+                and not self.cancel_observed
+                and not self.timed_out
+            ):
+                # A local abort (worker stop, caller signal) is not a durable cancellation: the
+                # failure follows the task's retry policy like any other.
+                failure = failure.model_copy(update={"retryable": True})
+            return _Outcome(_FAILURE, failure=failure)
+        return _outcome_for_result(result)
+
+    # -- completion ------------------------------------------------------------------------------
+
+    def outcome_build(self, outcome: _Outcome) -> Callable[[RunRecord, datetime], list[RunEvent]]:
+        actor = Actor(type=ActorType.WORKER, id=self.worker_id)
+        retry = None if self.definition is None else self.definition.retry
+        timed_out_flag = self.timed_out
+
+        def build(run: RunRecord, at: datetime) -> list[RunEvent]:
+            cancelling = run.status is _CANCELLATION_REQUESTED
+            kind = outcome.kind
+            if cancelling and kind != _FAILURE:
+                return [
+                    RunCancelledEvent(
+                        run_id=run.id,
+                        environment=run.environment,
+                        occurred_at=at,
+                        actor=actor,
+                        attempt=run.counters.attempts,
+                    )
+                ]
+            deadline = run.attempt_deadline_at
+            if timed_out_flag or (deadline is not None and at >= deadline):
+                failure = RunFailure(code=ErrorCode.TASK_TIMED_OUT, message="Task timed out.", retryable=True)
+                return failure_outcome_events(run, at, failure, retry, actor, allow_retry=True)
+            if kind == _SUCCESS:
+                return [
+                    RunSucceededEvent(
+                        run_id=run.id,
+                        environment=run.environment,
+                        occurred_at=at,
+                        actor=actor,
+                        attempt=run.counters.attempts,
+                        output=outcome.output,
+                        has_output=outcome.has_output,
+                    )
+                ]
+            if kind == _RELEASE:
+                assert outcome.release is not None
+                return _release_events(run, at, outcome.release, actor)
+            assert outcome.failure is not None
+            return failure_outcome_events(run, at, outcome.failure, retry, actor, allow_retry=True)
+
+        return build
+
+    async def complete(self, outcome: _Outcome) -> AttemptResult:
+        runtime = self.runtime
+        request = CompletionRequest(self.run_id, self.outcome_build(outcome), self.token, self.run)
+        try:
+            result = await runtime.loop_state().completions.submit(request)
+        except RunlaneError as error:
+            if not is_storage_conflict(error, StorageConflictKind.LEASE_OWNERSHIP):
+                raise
+            # Maintenance may have finalized the cancellation first: report that stored outcome.
+            stored = await runtime.store.get_run(self.run_id)
+            if stored is not None and stored.status is RunStatus.CANCELLED and self.cancel_observed:
+                return AttemptResult(stored)
+            return AttemptResult(None, True, error)
+        assert isinstance(result, AppendResult)
+        await runtime.after_append(result)
+        return AttemptResult(result.run)
+
+    async def complete_step(self, step_key: str, token: str, stored: Any) -> None:
+        runtime = self.runtime
+        step, created = await runtime.store.complete_step(self.run_id, step_key, token, self.token, self.attempt_number, stored)
+        if created:
+            await runtime.observe_step(step, self.run)
+
+    # -- child triggers --------------------------------------------------------------------------
+
+    async def trigger_child(self, task: Any, payload: Any, options: dict[str, Any]) -> TriggerRunResult:
+        runtime = self.runtime
+        unknown = set(options) - _CHILD_TRIGGER_OPTIONS
+        if unknown:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"Unknown trigger option(s) {sorted(unknown)}; ctx.trigger() takes {sorted(_CHILD_TRIGGER_OPTIONS)}.",
+            )
+        if options.get("trace_carrier") is None and self.run.trace_carrier is not None:
+            options = {**options, "trace_carrier": self.run.trace_carrier}
+        # No closed check here: a closing runtime lets running attempts finish, child triggers included.
+        spec = runtime.prepare_create(
+            task, payload, source=RunSource(type=RunSourceType.TRIGGER, source_run_id=self.run_id), **options
+        )
+        return await runtime.create_triggered(spec)
+
+
+_CHILD_TRIGGER_OPTIONS = frozenset(
+    {
+        "actor",
+        "concurrency_key",
+        "idempotency_key",
+        "idempotency_key_ttl",
+        "meta",
+        "queue",
+        "run_id",
+        "singleton_key",
+        "trace_carrier",
+    }
+)
+
+
+async def execute_claimed_run(
+    runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions
+) -> AttemptResult:
+    """Execute one attempt of a run this process just claimed (status ``running``, attempt started)."""
+    attempt = _Attempt(runtime, run, definition, options)
+    if definition is None:
+        failure = RunFailure(
+            code=ErrorCode.TASK_NOT_FOUND,
+            message=_task_facing_message(ErrorCode.TASK_NOT_FOUND),
+            retryable=False,
+            meta={"task_id": run.task_id},
+        )
+        try:
+            return await attempt.complete(_Outcome(_FAILURE, failure=failure))
+        finally:
+            attempt.controller.unlink()
+    registry = runtime.registry
+    registry.register(attempt)
+    try:
+        attempt.start_timers()
+        try:
+            outcome = await attempt.run_handler()
+        finally:
+            await attempt.stop_timers()
+    finally:
+        registry.unregister(attempt)
+        attempt.controller.unlink()
+    if attempt.lost is not None:
+        return AttemptResult(None, True, attempt.lost)
+    if attempt.heartbeat_error is not None:
+        raise attempt.heartbeat_error
+    return await attempt.complete(outcome)

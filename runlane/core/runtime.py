@@ -1,0 +1,1946 @@
+"""The runtime: ``create_runlane()`` and ``Runlane`` with every execution path and operator surface.
+
+``Runlane`` owns the registries (tasks, queues), the clock and the lane, and is the only caller of the
+core storage layer (``CoreStore``) for trigger, run_now, execute_next, execute_delivery, tick,
+signals, idempotency keys and operator reads/actions. Every path that runs user code goes through
+the shared post-lease attempt path in ``attempt.py``; the worker loops live in ``worker.py``.
+
+Rules this module keeps:
+
+* validation and configuration errors are raised before anything is written;
+* claims, completions and heartbeats go through per-event-loop group-commit batchers, so concurrent
+  worker slots share storage transactions;
+* observers are called after the storage commit that persisted what they observe, and their failures
+  never affect run state;
+* a trigger (or any write that makes a run due now) in this process wakes idle poll-worker slots of
+  this runtime immediately instead of waiting for their empty-poll delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ..defaults import contract_defaults
+from ..durations import Duration, duration_ms, format_duration
+from ..errors import ErrorCode, RunlaneError, StorageConflictKind, is_storage_conflict
+from ..ids import validate_id
+from ..json_values import canonical_json, ensure_json_object
+from ..models import (
+    Actor,
+    DeliveryIntent,
+    DeliveryMessage,
+    Environment,
+    Page,
+    RunAttemptSummary,
+    RunCancellationRequestedEvent,
+    RunCancelledEvent,
+    RunCreatedEvent,
+    RunDeliveryRequestedEvent,
+    RunEvent,
+    RunEventRecord,
+    RunFailedEvent,
+    RunFailure,
+    RunlaneObservation,
+    RunLease,
+    RunLeaseClaimedEvent,
+    RunRecord,
+    RunReleasedEvent,
+    RunRetryScheduledEvent,
+    RunSource,
+    RunStartedEvent,
+    RunStepRecord,
+    RunSucceededEvent,
+    RunSummary,
+    environment_key,
+)
+from ..run_scans import (
+    get_run_attempt_timeout_finalization_available_at,
+    get_run_cancellation_finalization_available_at,
+    get_run_delivery_recovery_available_at,
+)
+from ..storage import (
+    PaginationParams,
+    RunEventFilter,
+    RunFilter,
+    StorageClockAuthority,
+    StorageIndexName,
+    TimeRange,
+)
+from ..vocabulary import (
+    ActorType,
+    ExecuteDeliveryIgnoredReason,
+    ExecuteDeliveryStatus,
+    RunAttemptStatus,
+    RunEventSortField,
+    RunEventType,
+    RunSortField,
+    RunSourceType,
+    RunStatus,
+    RunWaitConditionType,
+    SortDirection,
+    TriggerDispatchMode,
+    TriggerOutcomeType,
+    WorkerMode,
+    run_status_values,
+)
+from .attempt import (
+    AttemptResult,
+    CancellationRegistry,
+    ExecutionOptions,
+    execute_claimed_run,
+    failure_outcome_events,
+)
+from .authoring import QueueDefinition, TaskDefinition, parse_idempotency_key_ttl
+from .batching import Batcher
+from .cancellation import CancellationSignal
+from .lanes import Lane
+from .store import (
+    AppendResult,
+    ClaimRequest,
+    ClaimResult,
+    CompletionRequest,
+    CoreStore,
+    CreateRunPlan,
+)
+
+if TYPE_CHECKING:
+    from .sync import SyncRunlane
+    from .worker import WorkerHandle
+
+__all__ = [
+    "CandidatePool",
+    "ExecuteDeliveryResult",
+    "IdempotencyKeysApi",
+    "Registry",
+    "Runlane",
+    "RunsApi",
+    "SignalsApi",
+    "TickResult",
+    "TriggerRunResult",
+    "create_runlane",
+]
+
+T = TypeVar("T")
+
+_TERMINAL = run_status_values.terminal
+_DIRECTLY_CANCELLABLE = run_status_values.directly_cancellable
+_SYSTEM_ACTOR = contract_defaults.actor.system
+_OPERATOR_ACTOR = contract_defaults.actor.operator
+_DEFAULT_LEASE_MS = duration_ms(contract_defaults.lease.duration)
+_DEFAULT_EMPTY_POLL_DELAY = "100ms"
+_MAINTENANCE = contract_defaults.maintenance
+_ATTEMPT_OWNERS = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED})
+# How many runnable candidates one storage scan asks for beyond what the caller needs, so callers
+# racing in this process pick different runs instead of all claiming the first one.
+_SCAN_HEADROOM = 8
+# Candidates one execute step tries before reporting that it could not execute anything.
+_MAX_CLAIM_TRIES = 8
+
+
+def _invalid(message: str, **meta: Any) -> RunlaneError:
+    return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta=meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerRunResult:
+    """What ``trigger()`` did: ``outcome`` is ``created`` or ``returned_existing`` (idempotency)."""
+
+    run: RunRecord
+    outcome: TriggerOutcomeType
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteDeliveryResult:
+    """``executed`` with the persisted run, or ``ignored`` with an ack-safe ``reason``."""
+
+    status: ExecuteDeliveryStatus
+    reason: ExecuteDeliveryIgnoredReason | None = None
+    run: RunRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """Counts of one maintenance pass (phases a lane does not run report zero)."""
+
+    materialized: int = 0
+    delivery_requested: int = 0
+    cancellations_finalized: int = 0
+    timeouts_finalized: int = 0
+    dispatch_reserved: int = 0
+    outbox_published: int = 0
+    outbox_failed: int = 0
+    outbox_dead_lettered: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Registries
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """A read-only mapping by name that also allows attribute access (``runlane.tasks.send_email``)."""
+
+    __slots__ = ("_items", "_kind")
+
+    def __init__(self, items: Mapping[str, T], kind: str) -> None:
+        object.__setattr__(self, "_items", dict(items))
+        object.__setattr__(self, "_kind", kind)
+
+    def __getitem__(self, name: str) -> T:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getattr__(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise AttributeError(f"No {self._kind} named {name!r} is registered; registered: {sorted(self._items)}.") from None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"The {self._kind} registry is read-only.")
+
+    def __repr__(self) -> str:
+        return f"Registry({self._kind}: {sorted(self._items)})"
+
+
+class _SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-event-loop state
+
+
+class _LoopState:
+    """The group-commit batchers of one event loop (the runtime can serve several loops, for example
+    an application loop and the ``runlane.sync`` facade's own loop). Heartbeats and other appends share
+    the completion batcher, whose results carry the persisted events observers need."""
+
+    __slots__ = ("claims", "completions")
+
+    def __init__(self, store: CoreStore) -> None:
+        self.claims: Batcher[ClaimRequest, ClaimResult] = Batcher(store.claim, max_batch_size=64)
+        self.completions: Batcher[CompletionRequest, AppendResult | RunlaneError] = Batcher(
+            store.complete, max_batch_size=64
+        )
+
+
+class _WorkSignal:
+    """Same-process wake-up for idle poll slots: a generation counter plus one event per loop waiter.
+
+    ``notify()`` may be called from any thread; waiters are woken on their own loop.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.generation = 0
+        self._waiters: dict[asyncio.Future[None], asyncio.AbstractEventLoop] = {}
+
+    def notify(self) -> None:
+        with self._lock:
+            self.generation += 1
+            if not self._waiters:
+                return
+            waiters = list(self._waiters.items())
+            self._waiters.clear()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for future, loop in waiters:
+            if loop is running:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                try:
+                    loop.call_soon_threadsafe(_wake_future, future)
+                except RuntimeError:
+                    pass  # that loop is closed; nothing waits on it any more
+
+    async def wait(self, generation: int, timeout: float, stop: CancellationSignal) -> None:
+        """Wait until notified after ``generation``, ``timeout`` seconds pass, or ``stop`` aborts."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self.generation != generation:
+                return
+            self._waiters[future] = loop
+        remove = stop.add_callback(lambda: loop.call_soon_threadsafe(_wake_future, future))
+        timer = loop.call_later(timeout, _wake_future, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            remove()
+            with self._lock:
+                self._waiters.pop(future, None)
+
+
+def _wake_future(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The runtime
+
+
+class CandidatePool:
+    """Runnable candidates from one storage scan, shared by the callers of one worker.
+
+    Only one scan runs at a time per pool: callers that find it empty while a scan is in flight
+    wait for that scan instead of issuing their own.
+    """
+
+    __slots__ = ("_items", "_scan_size", "_scanning")
+
+    def __init__(self, scan_size: int) -> None:
+        self._items: list[str] = []
+        self._scan_size = scan_size
+        self._scanning: asyncio.Future[bool] | None = None
+
+    def take(self, claiming: set[str]) -> str | None:
+        items = self._items
+        while items:
+            candidate = items.pop()
+            if candidate not in claiming:
+                return candidate
+        return None
+
+    async def refill(self, store: CoreStore, queues: Sequence[str], now: datetime, claiming: set[str]) -> bool | None:
+        """Scan once (or join the scan in flight); ``None`` when storage has no due candidate at all."""
+        scanning = self._scanning
+        if scanning is not None:
+            found = await asyncio.shield(scanning)
+            return True if found else None
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._scanning = future
+        try:
+            refs = await store.list_runnable(queues, now, len(claiming) + self._scan_size)
+            fresh = [ref.run_id for ref in refs if ref.run_id not in claiming]
+            fresh.reverse()  # take() pops from the end: oldest first
+            self._items = fresh
+            future.set_result(bool(refs))
+        except BaseException as error:
+            future.set_exception(error)
+            future.exception()  # retrieved here; joiners re-raise it
+            raise
+        finally:
+            self._scanning = None
+        return True if refs else None
+
+
+@dataclass(frozen=True, slots=True)
+class _CreateInput:
+    """Validated trigger options shared by trigger, run_now and child triggers."""
+
+    definition: TaskDefinition
+    queue: QueueDefinition
+    payload: Any
+    actor: Actor
+    run_id: str
+    concurrency_key: str | None
+    idempotency_key: str | None
+    idempotency_key_ttl: int | str | None
+    singleton_key: str | None
+    meta: dict[str, Any] | None
+    trace_carrier: dict[str, str] | None
+    source: RunSource | None
+
+
+class Runlane:
+    """A runtime over one lane, a queue registry and a task catalog. Build it with ``create_runlane()``."""
+
+    def __init__(
+        self,
+        *,
+        lane: Lane,
+        queues: Mapping[str, QueueDefinition],
+        tasks: Mapping[str, TaskDefinition],
+        tasks_by_id: Mapping[str, TaskDefinition],
+        default_queue: QueueDefinition | None,
+        environment: Environment,
+        dispatch: TriggerDispatchMode,
+        clock: Any,
+        worker_id: str,
+        observers: Sequence[Callable[[RunlaneObservation], Any]],
+        on_observer_error: Callable[[BaseException, RunlaneObservation], Any] | None,
+    ) -> None:
+        self._lane = lane
+        self._queues: Registry[QueueDefinition] = Registry(queues, "queue")
+        self._tasks: Registry[TaskDefinition] = Registry(tasks, "task")
+        self._tasks_by_id = dict(tasks_by_id)
+        self._default_queue = default_queue
+        self._environment = environment
+        self._env_key = environment_key(environment)
+        self._dispatch = dispatch
+        self._clock = clock
+        self._worker_id = worker_id
+        self._observers = tuple(observers)
+        self._on_observer_error = on_observer_error
+        self._store = CoreStore(
+            lane.storage,
+            environment,
+            queue_limits={q.name: q.concurrency_limit for q in queues.values() if q.concurrency_limit is not None},
+        )
+        self._any_task_deadline = any(t.max_attempt_duration_ms is not None for t in self._tasks_by_id.values())
+        self._loop_states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._last: tuple[asyncio.AbstractEventLoop, _LoopState] | None = None
+        self._state_lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._start_lock: asyncio.Lock | None = None
+        self._workers: set[WorkerHandle] = set()
+        self._claiming: set[str] = set()
+        self.work_signal = _WorkSignal()
+        self.registry = CancellationRegistry()
+        self.runs = RunsApi(self)
+        self.signals = SignalsApi(self)
+        self.idempotency_keys = IdempotencyKeysApi(self)
+        self._sync: SyncRunlane | None = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("started" if self._started else "new")
+        return f"Runlane(lane={self._lane.name!r}, environment={self._environment.name!r}, {state})"
+
+    # -- registries and properties ---------------------------------------------------------------
+
+    @property
+    def lane(self) -> Lane:
+        return self._lane
+
+    @property
+    def tasks(self) -> Registry[TaskDefinition]:
+        return self._tasks
+
+    @property
+    def queues(self) -> Registry[QueueDefinition]:
+        return self._queues
+
+    @property
+    def environment(self) -> Environment:
+        return self._environment
+
+    @property
+    def clock(self) -> Any:
+        return self._clock
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    @property
+    def dispatch(self) -> TriggerDispatchMode:
+        return self._dispatch
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def store(self) -> CoreStore:
+        """The core storage layer this runtime writes through (for tooling and tests)."""
+        return self._store
+
+    @property
+    def sync(self) -> SyncRunlane:
+        """The blocking facade (``runlane.sync.trigger(...)``), running on its own event-loop thread."""
+        if self._sync is None:
+            from .sync import SyncRunlane
+
+            with self._state_lock:
+                if self._sync is None:
+                    self._sync = SyncRunlane(self)
+        return self._sync
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the lane (storage, then transport). Calling it again is a no-op."""
+        self._check_open()
+        if self._started:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            self._check_open()
+            await self._lane.start()
+            self._started = True
+
+    async def close(self) -> None:
+        """Stop this runtime's workers, then close the lane. Later calls raise ``configuration_invalid``."""
+        if self._closed:
+            return
+        self._closed = True
+        workers = list(self._workers)
+        for worker in workers:
+            worker.request_stop()
+        for worker in workers:
+            try:
+                await worker.wait_closed()
+            except Exception:
+                pass  # a failed worker reports through its own handle; closing goes on
+        if self._started:
+            self._started = False
+            await self._lane.close()
+        if self._sync is not None:
+            self._sync.shutdown_loop()
+
+    async def __aenter__(self) -> Runlane:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                "This Runlane runtime is closed; create a new runtime with create_runlane() to keep working.",
+            )
+
+    async def _ready(self) -> None:
+        if self._closed:
+            self._check_open()
+        if not self._started:
+            await self.start()
+
+    # -- internals shared with attempt.py and worker.py ------------------------------------------
+
+    def now(self) -> datetime:
+        value = self._clock.now()
+        return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+    def loop_state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        # One tuple, read and written as a unit, so two threads' loops can never mix their batchers.
+        last = self._last
+        if last is not None and last[0] is loop:
+            return last[1]
+        with self._state_lock:
+            state = self._loop_states.get(loop)
+            if state is None:
+                state = _LoopState(self._store)
+                self._loop_states[loop] = state
+        self._last = (loop, state)
+        return state
+
+    def task_for(self, task_id: str) -> TaskDefinition | None:
+        return self._tasks_by_id.get(task_id)
+
+    def register_worker(self, worker: WorkerHandle) -> None:
+        self._workers.add(worker)
+
+    def unregister_worker(self, worker: WorkerHandle) -> None:
+        self._workers.discard(worker)
+
+    # -- observers -------------------------------------------------------------------------------
+
+    @property
+    def has_observers(self) -> bool:
+        return bool(self._observers)
+
+    async def observe_events(self, run: RunRecord, events: Sequence[RunEventRecord]) -> None:
+        """Tell every observer about ``events`` (already committed); failures are isolated."""
+        if not self._observers or not events:
+            return
+        for record in events:
+            event = record.event
+            failure = getattr(event, "failure", None)
+            observation = RunlaneObservation(
+                type="run_event",
+                environment=self._environment,
+                run_id=run.id,
+                task_id=run.task_id,
+                queue=run.queue,
+                occurred_at=event.occurred_at,
+                event_id=record.id,
+                event_type=event.type,
+                sequence=record.sequence,
+                status=run.status,
+                attempt=getattr(event, "attempt", None),
+                failure_code=None if failure is None else failure.code,
+                trace_carrier=event.trace_carrier,
+            )
+            await self._notify_observers(observation)
+
+    async def observe_step(self, step: RunStepRecord, run: RunRecord | None = None) -> None:
+        if not self._observers:
+            return
+        observation = RunlaneObservation(
+            type="run_step",
+            environment=self._environment,
+            run_id=step.run_id,
+            task_id=None if run is None else run.task_id,
+            queue=None if run is None else run.queue,
+            occurred_at=step.completed_at,
+            step_key=step.step_key,
+            step_token=step.token,
+            attempt=step.attempt,
+        )
+        await self._notify_observers(observation)
+
+    async def _notify_observers(self, observation: RunlaneObservation) -> None:
+        for observer in self._observers:
+            try:
+                result = observer(observation)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as error:
+                await self._report_observer_error(error, observation)
+
+    async def _report_observer_error(self, error: BaseException, observation: RunlaneObservation) -> None:
+        handler = self._on_observer_error
+        if handler is None:
+            return
+        try:
+            result = handler(error, observation)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            pass  # the error handler itself failed; run state is already durable either way
+
+    # -- write helpers ---------------------------------------------------------------------------
+
+    async def after_append(self, result: AppendResult) -> None:
+        """Everything that follows a committed append: observers, completion waiters, wake-ups."""
+        if result.events:
+            if self._observers:
+                await self.observe_events(result.run, result.events)
+            run = result.run
+            if run.status is RunStatus.QUEUED:
+                if result.events[-1].event.type is RunEventType.DELIVERY_REQUESTED:
+                    self.work_signal.notify()
+            elif run.queue in self._store.queue_limits and run.status not in _ATTEMPT_OWNERS:
+                self.work_signal.notify()  # bounded-queue capacity was freed
+        if result.completion_waiters:
+            await self.resume_completion_waiters(result.run.id)
+
+    async def append_many(self, requests: Sequence[CompletionRequest]) -> list[AppendResult | RunlaneError]:
+        """Batched appends through this loop's completion batcher, each followed by ``after_append``."""
+        batcher = self.loop_state().completions
+        if len(requests) == 1:
+            try:
+                results: list[Any] = [await batcher.submit(requests[0])]
+            except RunlaneError as error:
+                results = [error]
+        else:
+            results = list(await asyncio.gather(*(batcher.submit(request) for request in requests), return_exceptions=True))
+        for result in results:
+            if isinstance(result, AppendResult):
+                await self.after_append(result)
+            elif not isinstance(result, RunlaneError):
+                raise result
+        return results
+
+    async def resume_completion_waiters(self, source_run_id: str) -> list[RunRecord]:
+        """Append ``run.delivery_requested`` to every run still waiting for ``source_run_id`` to finish."""
+        resumed: list[RunRecord] = []
+        limit = self._store.driver.profile.limits.max_query_results
+        while True:
+            run_ids = await self._store.query_index(
+                StorageIndexName.RUNS_WAITING_FOR_COMPLETION, (source_run_id,), limit=limit
+            )
+            if not run_ids:
+                return resumed
+            build = _resume_build(
+                lambda wait: wait.type is RunWaitConditionType.RUN_COMPLETION and wait.run_id == source_run_id
+            )
+            results = await self.append_many([CompletionRequest(run_id, build) for run_id in run_ids])
+            progressed = False
+            for result in results:
+                if isinstance(result, AppendResult) and result.events:
+                    resumed.append(result.run)
+                    progressed = True
+            if len(run_ids) < limit or not progressed:
+                return resumed
+
+    # -- creating runs ---------------------------------------------------------------------------
+
+    def resolve_task(self, task: object) -> TaskDefinition:
+        if isinstance(task, TaskDefinition):
+            registered = self._tasks_by_id.get(task.id)
+            if registered is not task:
+                if registered is None:
+                    raise RunlaneError(
+                        ErrorCode.TASK_NOT_FOUND,
+                        f"Task {task.id!r} is not registered in this runtime; add it to create_runlane(tasks=...).",
+                        meta={"task_id": task.id},
+                    )
+                raise RunlaneError(
+                    ErrorCode.TASK_NOT_FOUND,
+                    f"Task {task.id!r} is registered in this runtime as a different definition; "
+                    "trigger the registered object (runlane.tasks...) instead of a copy.",
+                    meta={"task_id": task.id},
+                )
+            return task
+        if isinstance(task, str):
+            found = self._tasks_by_id.get(task) or self._tasks._items.get(task)
+            if found is None:
+                raise RunlaneError(
+                    ErrorCode.TASK_NOT_FOUND,
+                    f"No task {task!r} is registered in this runtime; registered task ids: {sorted(self._tasks_by_id)}.",
+                    meta={"task_id": task},
+                )
+            return found
+        raise _invalid(f"task must be a TaskDefinition (from @task) or a registered task id, got {task!r}.", field="task")
+
+    def resolve_queue(self, value: object, what: str = "queue") -> QueueDefinition:
+        if isinstance(value, QueueDefinition):
+            registered = self._queues._items.get(value.name)
+            if registered is None:
+                raise _invalid(
+                    f"Queue {value.name!r} is not registered in this runtime; add it to create_runlane(queues=...).",
+                    field=what,
+                    queue=value.name,
+                )
+            if registered != value:
+                raise _invalid(
+                    f"Queue {value.name!r} differs from the registered definition (drift); use the registered queue.",
+                    field=what,
+                    queue=value.name,
+                )
+            return registered
+        if isinstance(value, str):
+            registered = self._queues._items.get(value)
+            if registered is None:
+                raise _invalid(
+                    f"Queue {value!r} is not registered in this runtime; registered queues: {sorted(self._queues)}.",
+                    field=what,
+                    queue=value,
+                )
+            return registered
+        raise _invalid(f"{what} must be a queue(...) definition or a registered queue name, got {value!r}.", field=what)
+
+    def resolve_queues(self, queues: object) -> tuple[str, ...]:
+        if queues is None:
+            return tuple(self._queues)
+        if isinstance(queues, (str, QueueDefinition)):
+            queues = [queues]
+        if not isinstance(queues, Iterable):
+            raise _invalid(f"queues must be a list of queue definitions or names, got {queues!r}.", field="queues")
+        names = tuple(dict.fromkeys(self.resolve_queue(item, "queues").name for item in queues))
+        if not names:
+            raise _invalid("queues must name at least one registered queue (omit it for all queues).", field="queues")
+        return names
+
+    def prepare_create(
+        self,
+        task: object,
+        payload: Any,
+        *,
+        actor: Actor | None = None,
+        concurrency_key: str | None = None,
+        idempotency_key: str | None = None,
+        idempotency_key_ttl: Duration | str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        queue: QueueDefinition | str | None = None,
+        run_id: str | None = None,
+        singleton_key: str | None = None,
+        trace_carrier: Mapping[str, str] | None = None,
+        source: RunSource | None = None,
+        stored: bool = False,
+    ) -> _CreateInput:
+        """Validate everything a new run needs; raises before anything is written.
+
+        ``stored=True`` takes ``payload`` as a persisted JSON payload (linked reruns) and resolves no
+        task-level idempotency key: an operator asking for new work is not a duplicate trigger.
+        """
+        definition = self.resolve_task(task)
+        validated = definition.load_payload(payload) if stored else definition.validate_payload(payload)
+        stored_payload = definition.dump_payload(validated)
+
+        if queue is not None:
+            selected = self.resolve_queue(queue)
+        elif definition.queue is not None:
+            selected = self.resolve_queue(definition.queue)
+        elif self._default_queue is not None:
+            selected = self._default_queue
+        else:  # pragma: no cover - create_runlane rejects a task without queue when no default exists
+            raise _invalid(f"Task {definition.id!r} has no queue and the runtime has no default queue.")
+
+        if actor is None:
+            actor = _SYSTEM_ACTOR
+        elif not isinstance(actor, Actor):
+            raise _invalid(f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.", field="actor")
+
+        keys: dict[str, str | None] = {}
+        for kind, explicit in (
+            ("idempotency_key", idempotency_key),
+            ("singleton_key", singleton_key),
+            ("concurrency_key", concurrency_key),
+        ):
+            label = kind.replace("_", " ")
+            if explicit is not None:
+                keys[kind] = validate_id(explicit, label)
+            elif stored and kind == "idempotency_key":
+                keys[kind] = None
+            else:
+                keys[kind] = definition.resolve_key(kind, validated)  # type: ignore[arg-type]
+        if keys["concurrency_key"] is not None and not selected.is_bounded:
+            raise _invalid(
+                f"A concurrency key partitions a bounded queue, but queue {selected.name!r} has no concurrency_limit; "
+                "set concurrency_limit on the queue or remove the concurrency key.",
+                field="concurrency_key",
+            )
+
+        ttl: int | str | None = None
+        if idempotency_key_ttl is not None:
+            ttl = parse_idempotency_key_ttl(idempotency_key_ttl)
+            if keys["idempotency_key"] is None:
+                raise _invalid(
+                    "idempotency_key_ttl needs an idempotency key (on the task or this call); set one or remove the ttl.",
+                    field="idempotency_key_ttl",
+                )
+        elif keys["idempotency_key"] is not None:
+            ttl = definition.idempotency_key_ttl
+
+        meta_value = None
+        if meta is not None:
+            meta_value = _copy_json_object(meta, "meta")
+        carrier = _trace_carrier(trace_carrier)
+        new_run_id = f"run_{uuid.uuid4().hex}" if run_id is None else validate_id(run_id, "run id")
+        return _CreateInput(
+            definition=definition,
+            queue=selected,
+            payload=stored_payload,
+            actor=actor,
+            run_id=new_run_id,
+            concurrency_key=keys["concurrency_key"],
+            idempotency_key=keys["idempotency_key"],
+            idempotency_key_ttl=ttl if keys["idempotency_key"] is not None else None,
+            singleton_key=keys["singleton_key"],
+            meta=meta_value,
+            trace_carrier=carrier,
+            source=source,
+        )
+
+    def _created_event(self, spec: _CreateInput, now: datetime) -> RunCreatedEvent:
+        return RunCreatedEvent(
+            run_id=spec.run_id,
+            environment=self._environment,
+            occurred_at=now,
+            actor=spec.actor,
+            trace_carrier=spec.trace_carrier,
+            meta=spec.meta,
+            task_id=spec.definition.id,
+            queue=spec.queue.name,
+            payload=spec.payload,
+            concurrency_key=spec.concurrency_key,
+            idempotency_key=spec.idempotency_key,
+            idempotency_key_ttl=spec.idempotency_key_ttl,
+            singleton_key=spec.singleton_key,
+            source=spec.source,
+        )
+
+    async def create_triggered(self, spec: _CreateInput) -> TriggerRunResult:
+        """Persist a prepared trigger: ``run.created`` (+ ``run.delivery_requested`` on unbounded queues)."""
+        now = self.now()
+        created = self._created_event(spec, now)
+        follow_up: tuple[RunEvent, ...] = ()
+        if not spec.queue.is_bounded:
+            follow_up = (
+                RunDeliveryRequestedEvent(
+                    run_id=spec.run_id,
+                    environment=self._environment,
+                    occurred_at=now,
+                    actor=spec.actor,
+                    delivery=DeliveryIntent(
+                        environment=self._environment,
+                        run_id=spec.run_id,
+                        queue=spec.queue.name,
+                        requested_at=now,
+                        available_at=now,
+                    ),
+                ),
+            )
+        result = await self._store.create_run(CreateRunPlan(created, follow_up))
+        if result.created:
+            if self._observers:
+                await self.observe_events(result.run, result.events)
+            self.work_signal.notify()
+        return TriggerRunResult(result.run, result.outcome)
+
+    # -- public: trigger and run_now -------------------------------------------------------------
+
+    async def trigger(
+        self,
+        task: TaskDefinition | str,
+        payload: Any = None,
+        *,
+        actor: Actor | None = None,
+        concurrency_key: str | None = None,
+        idempotency_key: str | None = None,
+        idempotency_key_ttl: Duration | str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        queue: QueueDefinition | str | None = None,
+        run_id: str | None = None,
+        singleton_key: str | None = None,
+        trace_carrier: Mapping[str, str] | None = None,
+    ) -> TriggerRunResult:
+        """Validate ``payload`` and persist a new run (or return the idempotency owner's run)."""
+        self._check_open()
+        spec = self.prepare_create(
+            task,
+            payload,
+            actor=actor,
+            concurrency_key=concurrency_key,
+            idempotency_key=idempotency_key,
+            idempotency_key_ttl=idempotency_key_ttl,
+            meta=meta,
+            queue=queue,
+            run_id=run_id,
+            singleton_key=singleton_key,
+            trace_carrier=trace_carrier,
+        )
+        await self._ready()
+        return await self.create_triggered(spec)
+
+    async def run_now(
+        self,
+        task: TaskDefinition | str,
+        payload: Any = None,
+        *,
+        actor: Actor | None = None,
+        concurrency_key: str | None = None,
+        idempotency_key: str | None = None,
+        idempotency_key_ttl: Duration | str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        queue: QueueDefinition | str | None = None,
+        run_id: str | None = None,
+        singleton_key: str | None = None,
+        trace_carrier: Mapping[str, str] | None = None,
+        lease_duration: Duration | None = None,
+        heartbeat_interval: Duration | None = None,
+        max_attempt_duration: Duration | None = None,
+        signal: CancellationSignal | None = None,
+        worker_id: str | None = None,
+    ) -> RunRecord:
+        """Create a run with its lease in one commit and execute exactly one attempt in this process."""
+        self._check_open()
+        options = self.execution_options(lease_duration, heartbeat_interval, max_attempt_duration, signal, worker_id)
+        spec = self.prepare_create(
+            task,
+            payload,
+            actor=actor,
+            concurrency_key=concurrency_key,
+            idempotency_key=idempotency_key,
+            idempotency_key_ttl=idempotency_key_ttl,
+            meta=meta,
+            queue=queue,
+            run_id=run_id,
+            singleton_key=singleton_key,
+            trace_carrier=trace_carrier,
+        )
+        await self._ready()
+        now = self.now()
+        created = self._created_event(spec, now)
+        worker_actor = Actor(type=ActorType.WORKER, id=options.worker_id)
+        deadline_ms = options.max_attempt_ms if options.max_attempt_ms is not None else spec.definition.max_attempt_duration_ms
+        lease = RunLease(
+            worker_id=options.worker_id,
+            token=uuid.uuid4().hex,
+            claimed_at=now,
+            expires_at=now + timedelta(milliseconds=options.lease_ms),
+        )
+        follow_up: tuple[RunEvent, ...] = (
+            RunLeaseClaimedEvent(
+                run_id=spec.run_id,
+                environment=self._environment,
+                occurred_at=now,
+                actor=worker_actor,
+                lease=lease,
+                attempt_deadline_at=None if deadline_ms is None else now + timedelta(milliseconds=deadline_ms),
+            ),
+            RunStartedEvent(run_id=spec.run_id, environment=self._environment, occurred_at=now, actor=worker_actor, attempt=1),
+        )
+        result = await self._store.create_run(CreateRunPlan(created, follow_up))
+        if not result.created:
+            return result.run
+        if self._observers:
+            await self.observe_events(result.run, result.events)
+        attempt = await execute_claimed_run(self, result.run, spec.definition, options)
+        if attempt.abandoned:
+            raise attempt.conflict or RunlaneError(
+                ErrorCode.STORAGE_CONFLICT, "The inline attempt lost its lease; its outcome was abandoned."
+            )
+        assert attempt.run is not None
+        return attempt.run
+
+    # -- public: execution -----------------------------------------------------------------------
+
+    def execution_options(
+        self,
+        lease_duration: Duration | None,
+        heartbeat_interval: Duration | None,
+        max_attempt_duration: Duration | None,
+        signal: CancellationSignal | None,
+        worker_id: str | None,
+    ) -> ExecutionOptions:
+        lease_ms = _DEFAULT_LEASE_MS if lease_duration is None else duration_ms(lease_duration, "lease_duration")
+        if heartbeat_interval is None:
+            heartbeat_ms = max(1, lease_ms // 2)
+        else:
+            heartbeat_ms = duration_ms(heartbeat_interval, "heartbeat_interval")
+            if heartbeat_ms >= lease_ms:
+                raise _invalid(
+                    f"heartbeat_interval ({format_duration(heartbeat_ms)}) must be shorter than lease_duration "
+                    f"({format_duration(lease_ms)}); otherwise the lease expires between heartbeats.",
+                    field="heartbeat_interval",
+                )
+        attempt_ms = None if max_attempt_duration is None else duration_ms(max_attempt_duration, "max_attempt_duration")
+        if signal is not None and not isinstance(signal, CancellationSignal):
+            raise _invalid(
+                f"signal must be a CancellationSignal (CancellationController().signal), got {signal!r}.", field="signal"
+            )
+        owner = self._worker_id if worker_id is None else validate_id(worker_id, "worker id")
+        return ExecutionOptions(lease_ms=lease_ms, heartbeat_ms=heartbeat_ms, max_attempt_ms=attempt_ms, signal=signal, worker_id=owner)
+
+    async def execute_next(
+        self,
+        *,
+        queues: Sequence[QueueDefinition | str] | None = None,
+        lease_duration: Duration | None = None,
+        heartbeat_interval: Duration | None = None,
+        max_attempt_duration: Duration | None = None,
+        signal: CancellationSignal | None = None,
+        worker_id: str | None = None,
+    ) -> RunRecord | None:
+        """Claim one due run from ``queues`` (default: all) and execute one attempt; ``None`` when there
+        was nothing to execute, the claim was lost, or the attempt was abandoned."""
+        self._check_open()
+        names = self.resolve_queues(queues)
+        options = self.execution_options(lease_duration, heartbeat_interval, max_attempt_duration, signal, worker_id)
+        if options.signal is not None and options.signal.aborted:
+            return None
+        await self._ready()
+        run, _ = await self.execute_one(names, options)
+        return run
+
+    async def execute_one(
+        self, queues: Sequence[str], options: ExecutionOptions, pool: CandidatePool | None = None
+    ) -> tuple[RunRecord | None, str]:
+        """One scan-claim-execute step.
+
+        Returns the run and ``"executed"``; or ``None`` with ``"idle"`` (no due work), ``"blocked"``
+        (due work exists but its bounded-queue capacity is full) or ``"lost"`` (due work existed but
+        this caller did not execute a run: a lost claim race or an abandoned attempt). ``pool`` is a
+        candidate pool shared by the slots of one worker, so one scan feeds several claims.
+        """
+        if pool is None:
+            pool = CandidatePool(_SCAN_HEADROOM)
+        claiming = self._claiming
+        scanned = False
+        blocked = lost = False
+        for _ in range(_MAX_CLAIM_TRIES):
+            run_id = pool.take(claiming)
+            if run_id is None:
+                if scanned:
+                    break
+                scanned = True
+                found = await pool.refill(self._store, queues, self.now(), claiming)
+                if found is None:
+                    break  # no due work at all
+                run_id = pool.take(claiming)
+                if run_id is None:
+                    lost = True  # every candidate is being claimed by another caller in this process
+                    await asyncio.sleep(0)
+                    break
+            run, status = await self._claim_and_execute(run_id, options)
+            if status == "executed":
+                return run, status
+            if status == "abandoned":
+                return None, "lost"
+            if status == "blocked":
+                blocked = True
+            else:
+                lost = True
+        if blocked:
+            return None, "blocked"
+        if lost:
+            return None, "lost"
+        return None, "idle"
+
+    async def _claim_and_execute(self, run_id: str, options: ExecutionOptions) -> tuple[RunRecord | None, str]:
+        claiming = self._claiming
+        claiming.add(run_id)
+        try:
+            deadline_ms = options.max_attempt_ms
+            if deadline_ms is None and self._any_task_deadline:
+                known = await self._store.get_run(run_id)
+                if known is None:
+                    return None, "lost"
+                definition = self._tasks_by_id.get(known.task_id)
+                deadline_ms = None if definition is None else definition.max_attempt_duration_ms
+            request = ClaimRequest(
+                run_id=run_id,
+                queue=None,
+                worker_id=options.worker_id,
+                lease_token=uuid.uuid4().hex,
+                lease_ms=options.lease_ms,
+                attempt_deadline_ms=deadline_ms,
+                also_start=True,
+            )
+            claim = await self.loop_state().claims.submit(request)
+        finally:
+            claiming.discard(run_id)
+        run = claim.run
+        if run is None:
+            if claim.error is not None:
+                raise claim.error
+            if claim.reason is ExecuteDeliveryIgnoredReason.CLAIM_LOST:
+                return None, "blocked"  # the bounded-queue partition is full
+            return None, "lost"
+        if self._observers:
+            await self.observe_events(run, claim.events)
+        result = await execute_claimed_run(self, run, self._tasks_by_id.get(run.task_id), options)
+        if result.abandoned:
+            return None, "abandoned"
+        return result.run, "executed"
+
+    def worker(
+        self,
+        *,
+        mode: WorkerMode | str = WorkerMode.POLL,
+        queues: Sequence[QueueDefinition | str] | None = None,
+        concurrency: int = 1,
+        empty_poll_delay: Duration | None = None,
+        max_runs: int | None = None,
+        lease_duration: Duration | None = None,
+        heartbeat_interval: Duration | None = None,
+        max_attempt_duration: Duration | None = None,
+        on_run_executed: Callable[[RunRecord], Any] | None = None,
+        signal: CancellationSignal | None = None,
+        worker_id: str | None = None,
+    ) -> WorkerHandle:
+        """Start a poll or drain worker on the running event loop and return its handle."""
+        from .worker import WorkerHandle
+
+        self._check_open()
+        try:
+            worker_mode = WorkerMode(mode)
+        except ValueError:
+            raise _invalid(f"Unknown worker mode {mode!r}; use WorkerMode.POLL or WorkerMode.DRAIN.", field="mode") from None
+        names = self.resolve_queues(queues)
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise _invalid(f"concurrency must be a positive whole number, got {concurrency!r}.", field="concurrency")
+        if empty_poll_delay is not None and worker_mode is WorkerMode.DRAIN:
+            raise _invalid("empty_poll_delay applies only to poll workers; drain workers never sleep.", field="empty_poll_delay")
+        delay_ms = duration_ms(empty_poll_delay if empty_poll_delay is not None else _DEFAULT_EMPTY_POLL_DELAY, "empty_poll_delay")
+        if max_runs is not None:
+            if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+                raise _invalid(f"max_runs must be a positive whole number, got {max_runs!r}.", field="max_runs")
+            if worker_mode is not WorkerMode.DRAIN:
+                raise _invalid("max_runs applies only to drain workers.", field="max_runs")
+        if on_run_executed is not None and not callable(on_run_executed):
+            raise _invalid(f"on_run_executed must be a function, got {on_run_executed!r}.", field="on_run_executed")
+        options = self.execution_options(lease_duration, heartbeat_interval, max_attempt_duration, signal, worker_id)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise _invalid(
+                "runlane.worker() starts tasks on the running event loop; call it from async code, "
+                "or use runlane.sync.worker() from synchronous code."
+            ) from None
+        return WorkerHandle(
+            self,
+            mode=worker_mode,
+            queues=names,
+            concurrency=concurrency,
+            empty_poll_delay=delay_ms / 1000,
+            max_runs=max_runs,
+            options=options,
+            on_run_executed=on_run_executed,
+        )
+
+    async def execute_delivery(
+        self,
+        message: DeliveryMessage | Mapping[str, Any],
+        *,
+        lease_duration: Duration | None = None,
+        heartbeat_interval: Duration | None = None,
+        max_attempt_duration: Duration | None = None,
+        signal: CancellationSignal | None = None,
+        worker_id: str | None = None,
+    ) -> ExecuteDeliveryResult:
+        """Execute exactly the run a transport delivered, or report why it is ignored (ack-safe)."""
+        self._check_open()
+        if not isinstance(message, DeliveryMessage):
+            try:
+                message = DeliveryMessage.model_validate(message)
+            except ValueError as error:
+                raise _invalid(f"Malformed delivery message: {error}", field="message") from None
+        if environment_key(message.environment) != self._env_key:
+            raise _invalid(
+                f"The delivery message is for environment {message.environment.name!r}, "
+                f"but this runtime serves {self._environment.name!r}.",
+                field="message.environment",
+            )
+        options = self.execution_options(lease_duration, heartbeat_interval, max_attempt_duration, signal, worker_id)
+        if options.signal is not None and options.signal.aborted:
+            raise RunlaneError(
+                ErrorCode.OPERATION_CANCELLED,
+                "The delivery was cancelled before its run was claimed; do not acknowledge the message.",
+                meta={"run_id": message.run_id},
+            )
+        await self._ready()
+        run = await self._store.get_run(message.run_id)
+        if run is None:
+            return ExecuteDeliveryResult(ExecuteDeliveryStatus.IGNORED, ExecuteDeliveryIgnoredReason.RUN_NOT_FOUND)
+        if run.queue != message.queue:
+            return ExecuteDeliveryResult(ExecuteDeliveryStatus.IGNORED, ExecuteDeliveryIgnoredReason.WRONG_QUEUE, run)
+        if run.status in _TERMINAL:
+            return ExecuteDeliveryResult(ExecuteDeliveryStatus.IGNORED, ExecuteDeliveryIgnoredReason.TERMINAL, run)
+        definition = self._tasks_by_id.get(run.task_id)
+        queue_registered = run.queue in self._queues._items
+        deadline_ms = options.max_attempt_ms
+        if deadline_ms is None and definition is not None:
+            deadline_ms = definition.max_attempt_duration_ms
+        claim = await self.loop_state().claims.submit(
+            ClaimRequest(
+                run_id=run.id,
+                queue=message.queue,
+                worker_id=options.worker_id,
+                lease_token=uuid.uuid4().hex,
+                lease_ms=options.lease_ms,
+                attempt_deadline_ms=deadline_ms,
+                also_start=True,
+            )
+        )
+        if claim.run is None:
+            if claim.error is not None:
+                raise claim.error
+            return ExecuteDeliveryResult(
+                ExecuteDeliveryStatus.IGNORED, claim.reason or ExecuteDeliveryIgnoredReason.CLAIM_LOST, run
+            )
+        if self._observers:
+            await self.observe_events(claim.run, claim.events)
+        if not queue_registered:
+            failure = RunFailure(
+                code=ErrorCode.CONFIGURATION_INVALID,
+                message="The run's queue is not registered in this runtime.",
+                retryable=False,
+                meta={"queue": claim.run.queue},
+            )
+            result = await _fail_claimed(self, claim.run, failure)
+        else:
+            result = await execute_claimed_run(self, claim.run, definition, options)
+        if result.abandoned:
+            return ExecuteDeliveryResult(ExecuteDeliveryStatus.IGNORED, ExecuteDeliveryIgnoredReason.ABANDONED)
+        return ExecuteDeliveryResult(ExecuteDeliveryStatus.EXECUTED, None, result.run)
+
+    # -- public: maintenance ---------------------------------------------------------------------
+
+    async def tick(
+        self,
+        *,
+        schedule_materialization_limit: int | None = None,
+        delivery_request_limit: int | None = None,
+        cancellation_finalization_limit: int | None = None,
+        timeout_finalization_limit: int | None = None,
+        outbox_claim_limit: int | None = None,
+    ) -> TickResult:
+        """One bounded maintenance pass. Never runs task code."""
+        self._check_open()
+        _limit(schedule_materialization_limit, "schedule_materialization_limit", _MAINTENANCE.schedule_materialization_limit)
+        delivery_limit = _limit(delivery_request_limit, "delivery_request_limit", _MAINTENANCE.delivery_request_limit)
+        cancel_limit = _limit(
+            cancellation_finalization_limit, "cancellation_finalization_limit", _MAINTENANCE.cancellation_finalization_limit
+        )
+        timeout_limit = _limit(timeout_finalization_limit, "timeout_finalization_limit", _MAINTENANCE.timeout_finalization_limit)
+        _limit(outbox_claim_limit, "outbox_claim_limit", _MAINTENANCE.outbox_claim_limit)
+        await self._ready()
+        now = self.now()
+        cancelled = await self._finalize_cancellations(now, cancel_limit)
+        timed_out = await self._finalize_timeouts(now, timeout_limit)
+        delivered = await self._recover_deliveries(now, delivery_limit)
+        return TickResult(delivery_requested=delivered, cancellations_finalized=cancelled, timeouts_finalized=timed_out)
+
+    async def _scan_and_append(
+        self, index: StorageIndexName, now: datetime, limit: int, build_for: Callable[[], Callable[[RunRecord, datetime], list[RunEvent]]]
+    ) -> int:
+        count = 0
+        page = self._store.driver.profile.limits.max_query_results
+        seen: set[str] = set()
+        while count < limit:
+            wanted = min(page, limit - count)
+            run_ids = [run_id for run_id in await self._store.query_index(index, until=now, limit=wanted + len(seen)) if run_id not in seen]
+            run_ids = run_ids[:wanted]
+            if not run_ids:
+                break
+            seen.update(run_ids)
+            results = await self.append_many([CompletionRequest(run_id, build_for()) for run_id in run_ids])
+            count += sum(1 for result in results if isinstance(result, AppendResult) and result.events)
+            if len(run_ids) < wanted:
+                break
+        return count
+
+    async def _finalize_cancellations(self, now: datetime, limit: int) -> int:
+        def build_for() -> Callable[[RunRecord, datetime], list[RunEvent]]:
+            def build(run: RunRecord, at: datetime) -> list[RunEvent]:
+                available = get_run_cancellation_finalization_available_at(run)
+                if available is None or available > at or available > now:
+                    return []
+                return [
+                    RunCancelledEvent(
+                        run_id=run.id,
+                        environment=run.environment,
+                        occurred_at=at,
+                        actor=_SYSTEM_ACTOR,
+                        reason="cancellation_lease_expired",
+                    )
+                ]
+
+            return build
+
+        return await self._scan_and_append(StorageIndexName.RUNS_NEEDING_CANCELLATION_FINALIZATION, now, limit, build_for)
+
+    async def _finalize_timeouts(self, now: datetime, limit: int) -> int:
+        tasks = self._tasks_by_id
+
+        def build_for() -> Callable[[RunRecord, datetime], list[RunEvent]]:
+            def build(run: RunRecord, at: datetime) -> list[RunEvent]:
+                available = get_run_attempt_timeout_finalization_available_at(run)
+                if available is None or available > at or available > now:
+                    return []
+                failure = RunFailure(code=ErrorCode.TASK_TIMED_OUT, message="Task timed out.", retryable=True)
+                definition = tasks.get(run.task_id)
+                return failure_outcome_events(
+                    run, at, failure, None if definition is None else definition.retry, _SYSTEM_ACTOR, allow_retry=True
+                )
+
+            return build
+
+        return await self._scan_and_append(StorageIndexName.RUNS_NEEDING_TIMEOUT_FINALIZATION, now, limit, build_for)
+
+    async def _recover_deliveries(self, now: datetime, limit: int) -> int:
+        def build_for() -> Callable[[RunRecord, datetime], list[RunEvent]]:
+            def build(run: RunRecord, at: datetime) -> list[RunEvent]:
+                available = get_run_delivery_recovery_available_at(run)
+                if available is None or available > at or available > now:
+                    return []
+                return [_delivery_event(run, at, _SYSTEM_ACTOR)]
+
+            return build
+
+        return await self._scan_and_append(StorageIndexName.RUNS_NEEDING_DELIVERY, now, limit, build_for)
+
+
+# ---------------------------------------------------------------------------------------------
+# Namespaces
+
+
+class RunsApi:
+    """Operator reads and actions: ``runlane.runs``."""
+
+    def __init__(self, runtime: Runlane) -> None:
+        self._runtime = runtime
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        runtime = self._runtime
+        runtime._check_open()
+        checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
+        await runtime._ready()
+        return await runtime._store.get_run(checked)
+
+    def _operator_reads(self) -> Any:
+        runtime = self._runtime
+        if not runtime._lane.capabilities.operator_reads:
+            raise RunlaneError(
+                ErrorCode.CAPABILITY_UNSUPPORTED,
+                f"Lane {runtime._lane.name!r} has no operator reads; use a lane created with operator_reads=True.",
+            )
+        return runtime._lane.storage
+
+    async def list(
+        self,
+        *,
+        cursor: str | None = None,
+        limit: int | None = None,
+        statuses: Sequence[RunStatus | str] | None = None,
+        task_ids: Sequence[str] | None = None,
+        queues: Sequence[QueueDefinition | str] | None = None,
+        idempotency_key: str | None = None,
+        singleton_key: str | None = None,
+        source_run_id: str | None = None,
+        created_at: TimeRange | None = None,
+        updated_at: TimeRange | None = None,
+        run_at: TimeRange | None = None,
+        sort_by: RunSortField | str = RunSortField.CREATED_AT,
+        sort_direction: SortDirection | str = SortDirection.DESC,
+    ) -> Page[RunSummary]:
+        runtime = self._runtime
+        runtime._check_open()
+        driver = self._operator_reads()
+        queue_names = None if queues is None else runtime.resolve_queues(queues)
+        try:
+            run_filter = RunFilter(
+                environment=runtime._environment,
+                statuses=None if statuses is None else tuple(statuses),
+                task_ids=None if task_ids is None else tuple(task_ids),
+                queues=queue_names,
+                created_at=created_at,
+                updated_at=updated_at,
+                run_at=run_at,
+                idempotency_key=idempotency_key,
+                singleton_key=singleton_key,
+                source_run_id=source_run_id,
+                sort_by=sort_by,
+                sort_direction=sort_direction,
+            )
+            pagination = PaginationParams(limit=limit, cursor=cursor)
+        except ValueError as error:
+            raise RunlaneError(ErrorCode.VALIDATION_FAILED, f"Invalid run list options: {error}") from None
+        await runtime._ready()
+        return await driver.list_runs(run_filter, pagination)
+
+    async def events(
+        self,
+        run_id: str,
+        *,
+        cursor: str | None = None,
+        limit: int | None = None,
+        types: Sequence[RunEventType | str] | None = None,
+        occurred_at: TimeRange | None = None,
+        sort_by: RunEventSortField | str = RunEventSortField.OCCURRED_AT,
+        sort_direction: SortDirection | str = SortDirection.ASC,
+    ) -> Page[RunEventRecord]:
+        runtime = self._runtime
+        runtime._check_open()
+        checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
+        driver = self._operator_reads()
+        try:
+            event_filter = RunEventFilter(
+                environment=runtime._environment,
+                run_id=checked,
+                types=None if types is None else tuple(types),
+                occurred_at=occurred_at,
+                sort_by=sort_by,
+                sort_direction=sort_direction,
+            )
+            pagination = PaginationParams(limit=limit, cursor=cursor)
+        except ValueError as error:
+            raise RunlaneError(ErrorCode.VALIDATION_FAILED, f"Invalid run event options: {error}") from None
+        await runtime._ready()
+        if await runtime._store.get_run(checked) is None:
+            raise RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {checked} does not exist.", meta={"run_id": checked})
+        return await driver.list_run_events(event_filter, pagination)
+
+    async def attempts(self, run_id: str) -> list[RunAttemptSummary]:
+        """Attempt summaries derived from the run's event history."""
+        records: list[RunEventRecord] = []
+        cursor = None
+        while True:
+            page = await self.events(
+                run_id, cursor=cursor, limit=contract_defaults.pagination.max_limit, sort_by=RunEventSortField.SEQUENCE
+            )
+            records.extend(page.data)
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        return _attempt_summaries(records)
+
+    async def find_active(
+        self, *, task: TaskDefinition | str, idempotency_key: str | None = None, singleton_key: str | None = None
+    ) -> RunRecord | None:
+        """Advisory lookup of an active run for a task by idempotency or singleton key."""
+        runtime = self._runtime
+        runtime._check_open()
+        definition = runtime.resolve_task(task)
+        if idempotency_key is None and singleton_key is None:
+            raise _invalid("find_active() needs idempotency_key or singleton_key.", field="idempotency_key")
+        await runtime._ready()
+        if idempotency_key is not None:
+            run = await runtime._store.find_idempotent_run(definition.id, validate_id(idempotency_key, "idempotency key"))
+            if run is not None and run.status not in _TERMINAL:
+                return run
+        if singleton_key is not None:
+            run = await runtime._store.find_singleton_run(validate_id(singleton_key, "singleton key"))
+            if run is not None and run.task_id == definition.id:
+                return run
+        return None
+
+    async def find_current(self, *, task: TaskDefinition | str, idempotency_key: str) -> RunRecord | None:
+        """The active or retained terminal owner of one idempotency key."""
+        runtime = self._runtime
+        runtime._check_open()
+        definition = runtime.resolve_task(task)
+        key = validate_id(idempotency_key, "idempotency key")
+        await runtime._ready()
+        return await runtime._store.find_idempotent_run(definition.id, key)
+
+    async def rerun(
+        self,
+        source_run_id: str,
+        *,
+        actor: Actor | None = None,
+        meta: Mapping[str, Any] | None = None,
+        trace_carrier: Mapping[str, str] | None = None,
+        queue: QueueDefinition | str | None = None,
+        run_id: str | None = None,
+    ) -> RunRecord:
+        """Create a new linked run from a terminal source run (``source.type = rerun``)."""
+        return await self._linked(
+            source_run_id, RunSourceType.RERUN, actor=actor, meta=meta, trace_carrier=trace_carrier, queue=queue, run_id=run_id
+        )
+
+    async def retry(
+        self,
+        source_run_id: str,
+        *,
+        actor: Actor | None = None,
+        meta: Mapping[str, Any] | None = None,
+        trace_carrier: Mapping[str, str] | None = None,
+        queue: QueueDefinition | str | None = None,
+        run_id: str | None = None,
+    ) -> RunRecord:
+        """Create a recovery run from a failed source run (``source.type = manual_retry``)."""
+        return await self._linked(
+            source_run_id,
+            RunSourceType.MANUAL_RETRY,
+            actor=actor,
+            meta=meta,
+            trace_carrier=trace_carrier,
+            queue=queue,
+            run_id=run_id,
+        )
+
+    async def _linked(
+        self,
+        source_run_id: str,
+        kind: RunSourceType,
+        *,
+        actor: Actor | None,
+        meta: Mapping[str, Any] | None,
+        trace_carrier: Mapping[str, str] | None,
+        queue: QueueDefinition | str | None,
+        run_id: str | None,
+    ) -> RunRecord:
+        runtime = self._runtime
+        runtime._check_open()
+        checked = validate_id(source_run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
+        await runtime._ready()
+        source = await runtime._store.get_run(checked)
+        if source is None:
+            raise RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {checked} does not exist.", meta={"run_id": checked})
+        if kind is RunSourceType.MANUAL_RETRY and source.status is not RunStatus.FAILED:
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"Run {checked} is {source.status.value}; manual retry needs a failed run (use rerun for other terminal runs).",
+                meta={"run_id": checked, "status": source.status.value},
+            )
+        if source.status not in _TERMINAL:
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"Run {checked} is still {source.status.value}; only terminal runs can be rerun.",
+                meta={"run_id": checked, "status": source.status.value},
+            )
+        spec = runtime.prepare_create(
+            source.task_id,
+            source.payload,
+            actor=_OPERATOR_ACTOR if actor is None else actor,
+            meta=meta,
+            queue=source.queue if queue is None else queue,
+            run_id=run_id,
+            trace_carrier=source.trace_carrier if trace_carrier is None else trace_carrier,
+            concurrency_key=source.concurrency_key if queue is None else None,
+            source=RunSource(type=kind, source_run_id=source.id),
+            stored=True,
+        )
+        return (await runtime.create_triggered(spec)).run
+
+    async def cancel(
+        self,
+        run_id: str,
+        *,
+        actor: Actor | None = None,
+        reason: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        trace_carrier: Mapping[str, str] | None = None,
+    ) -> RunRecord:
+        """Cancel a waiting run now, or request cooperative cancellation of a running one."""
+        runtime = self._runtime
+        runtime._check_open()
+        checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
+        if actor is None:
+            actor = _OPERATOR_ACTOR
+        elif not isinstance(actor, Actor):
+            raise _invalid(f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.", field="actor")
+        if reason is not None and (not isinstance(reason, str) or not reason):
+            raise _invalid(f"reason must be a non-empty string, got {reason!r}.", field="reason")
+        meta_value = None if meta is None else _copy_json_object(meta, "meta")
+        carrier = _trace_carrier(trace_carrier)
+        await runtime._ready()
+
+        def build(run: RunRecord, at: datetime) -> list[RunEvent]:
+            status = run.status
+            if status in _TERMINAL:
+                raise RunlaneError(
+                    ErrorCode.VALIDATION_FAILED,
+                    f"Run {run.id} is already {status.value}; terminal runs cannot be cancelled.",
+                    meta={"run_id": run.id, "status": status.value},
+                )
+            common = dict(
+                run_id=run.id, environment=run.environment, occurred_at=at, actor=actor, meta=meta_value,
+                trace_carrier=carrier, reason=reason,
+            )
+            if status in _DIRECTLY_CANCELLABLE:
+                return [RunCancelledEvent(**common)]
+            if status is RunStatus.RUNNING:
+                return [RunCancellationRequestedEvent(**common)]
+            return []  # already cancellation_requested: no duplicate event
+
+        (result,) = await runtime.append_many([CompletionRequest(checked, build)])
+        if isinstance(result, RunlaneError):
+            raise result
+        run = result.run
+        if run.status is RunStatus.CANCELLATION_REQUESTED and run.lease is not None:
+            runtime.registry.notify_cancellation(run.id, run.lease.worker_id, run.lease.token)
+        return run
+
+
+class SignalsApi:
+    """``runlane.signals.send(signal_key)``: resume runs released until a signal."""
+
+    def __init__(self, runtime: Runlane) -> None:
+        self._runtime = runtime
+
+    async def send(self, signal_key: str, *, limit: int | None = None) -> list[RunRecord]:
+        """Append ``run.delivery_requested`` to runs still waiting on ``signal_key``; returns those runs."""
+        runtime = self._runtime
+        runtime._check_open()
+        key = validate_id(signal_key, "signal key")
+        wanted = _limit(limit, "limit", _MAINTENANCE.delivery_request_limit)
+        await runtime._ready()
+        build = _resume_build(lambda wait: wait.type is RunWaitConditionType.SIGNAL and wait.signal_key == key)
+        page = runtime._store.driver.profile.limits.max_query_results
+        resumed: list[RunRecord] = []
+        while len(resumed) < wanted:
+            asked = min(page, wanted - len(resumed))
+            run_ids = await runtime._store.query_index(StorageIndexName.RUNS_WAITING_FOR_SIGNAL, (key,), limit=asked)
+            if not run_ids:
+                break
+            results = await runtime.append_many([CompletionRequest(run_id, build) for run_id in run_ids])
+            progressed = False
+            for result in results:
+                if isinstance(result, AppendResult):
+                    if result.events:
+                        resumed.append(result.run)
+                        progressed = True
+                elif not (is_storage_conflict(result) or result.code is ErrorCode.RUN_NOT_FOUND):
+                    raise result
+            if len(run_ids) < asked or not progressed:
+                break
+        return resumed
+
+
+class IdempotencyKeysApi:
+    """``runlane.idempotency_keys.reset(task, key=...)``: clear one retained terminal owner."""
+
+    def __init__(self, runtime: Runlane) -> None:
+        self._runtime = runtime
+
+    async def reset(self, task: TaskDefinition | str, *, key: str) -> None:
+        runtime = self._runtime
+        runtime._check_open()
+        definition = runtime.resolve_task(task)
+        checked = validate_id(key, "idempotency key")
+        await runtime._ready()
+        owner = await runtime._store.find_idempotent_run(definition.id, checked)
+        if owner is not None and owner.status not in _TERMINAL:
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"Idempotency key {checked!r} of task {definition.id!r} is owned by active run {owner.id}; "
+                "reset only clears retained terminal owners.",
+                meta={"run_id": owner.id, "task_id": definition.id, "idempotency_key": checked},
+            )
+        await runtime._store.reset_idempotency_key(definition.id, checked)
+
+
+# ---------------------------------------------------------------------------------------------
+# Construction
+
+
+def create_runlane(
+    *,
+    lane: Lane,
+    queues: Sequence[QueueDefinition],
+    tasks: Sequence[TaskDefinition] | Mapping[str, TaskDefinition] = (),
+    environment: str | Environment = contract_defaults.environment,
+    dispatch: TriggerDispatchMode | str = TriggerDispatchMode.EAGER,
+    clock: Any = None,
+    worker_id: str | None = None,
+    observers: Sequence[Callable[[RunlaneObservation], Any]] = (),
+    on_observer_error: Callable[[BaseException, RunlaneObservation], Any] | None = None,
+) -> Runlane:
+    """Build a runtime over ``lane`` with a queue registry and a task catalog (checked for drift)."""
+    if not isinstance(lane, Lane):
+        raise _invalid(f"lane must be a Lane (local_lane(), create_lane(...)), got {lane!r}.", field="lane")
+
+    if isinstance(queues, (str, QueueDefinition)) or not isinstance(queues, Sequence):
+        raise _invalid("queues must be a list of queue(...) definitions.", field="queues")
+    queue_map: dict[str, QueueDefinition] = {}
+    default_queue: QueueDefinition | None = None
+    for item in queues:
+        if not isinstance(item, QueueDefinition):
+            raise _invalid(f"Every queue must come from queue(...), got {item!r}.", field="queues")
+        if item.name in queue_map:
+            raise _invalid(f"Queue {item.name!r} is registered twice; queue names must be unique.", field="queues")
+        queue_map[item.name] = item
+        if item.default:
+            if default_queue is not None:
+                raise _invalid(
+                    f"Queues {default_queue.name!r} and {item.name!r} are both marked default; mark only one.",
+                    field="queues",
+                )
+            default_queue = item
+    if not queue_map:
+        raise _invalid("create_runlane() needs at least one queue: queues=[queue('default', default=True)].", field="queues")
+
+    task_map: dict[str, TaskDefinition] = {}
+    if isinstance(tasks, Mapping):
+        entries: list[tuple[str | None, object]] = list(tasks.items())
+    elif isinstance(tasks, (str, TaskDefinition)) or not isinstance(tasks, Iterable):
+        raise _invalid("tasks must be a list of task definitions or a {name: task} mapping.", field="tasks")
+    else:
+        entries = [(None, item) for item in tasks]
+    by_id: dict[str, TaskDefinition] = {}
+    for name, item in entries:
+        if not isinstance(item, TaskDefinition):
+            raise _invalid(f"Every task must be a TaskDefinition from @task(...), got {item!r}.", field="tasks")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise _invalid(f"Task catalog names must be non-empty strings, got {name!r}.", field="tasks")
+        existing = by_id.get(item.id)
+        if existing is not None and existing is not item:
+            raise _invalid(
+                f"Two different task definitions use id {item.id!r}; task ids must be unique.", field="tasks", task_id=item.id
+            )
+        by_id[item.id] = item
+        task_map[item.id if name is None else name] = item
+        if item.queue is not None:
+            _check_registered_queue(queue_map, item.queue, f"Task {item.id!r}")
+            if item.concurrency_key is not None and not item.queue.is_bounded:
+                raise _invalid(
+                    f"Task {item.id!r} sets concurrency_key but its queue {item.queue.name!r} has no concurrency_limit.",
+                    field="concurrency_key",
+                    task_id=item.id,
+                )
+        elif default_queue is None:
+            raise _invalid(
+                f"Task {item.id!r} has no queue and no registered queue is marked default; "
+                "pass queue= to the task or mark one queue default=True.",
+                field="queues",
+                task_id=item.id,
+            )
+        for entry in item.schedules:
+            if entry.queue is not None:
+                _check_registered_queue(queue_map, entry.queue, f"Schedule {entry.id!r} of task {item.id!r}")
+
+    if isinstance(environment, str):
+        try:
+            env = Environment(name=environment)
+        except ValueError as error:
+            raise _invalid(f"Invalid environment {environment!r}: {error}", field="environment") from None
+    elif isinstance(environment, Environment):
+        env = environment
+    else:
+        raise _invalid(f"environment must be a name or an Environment, got {environment!r}.", field="environment")
+
+    try:
+        dispatch_mode = TriggerDispatchMode(dispatch)
+    except ValueError:
+        raise _invalid(f"Unknown dispatch mode {dispatch!r}; use TriggerDispatchMode.EAGER or DEFERRED.", field="dispatch") from None
+
+    if clock is None:
+        runtime_clock: Any = _SystemClock()
+    elif callable(getattr(clock, "now", None)):
+        runtime_clock = clock
+        _hand_clock_to_storage(lane, clock)
+    else:
+        raise _invalid(f"clock must be an object with a now() method, got {clock!r}.", field="clock")
+
+    owner = _default_worker_id() if worker_id is None else validate_id(worker_id, "worker id")
+
+    if isinstance(observers, Iterable) and not isinstance(observers, (str, bytes)):
+        observer_list = list(observers)
+    else:
+        raise _invalid("observers must be a list of functions.", field="observers")
+    for observer in observer_list:
+        if not callable(observer):
+            raise _invalid(f"Every observer must be a function, got {observer!r}.", field="observers")
+    if on_observer_error is not None and not callable(on_observer_error):
+        raise _invalid(f"on_observer_error must be a function, got {on_observer_error!r}.", field="on_observer_error")
+
+    return Runlane(
+        lane=lane,
+        queues=queue_map,
+        tasks=task_map,
+        tasks_by_id=by_id,
+        default_queue=default_queue,
+        environment=env,
+        dispatch=dispatch_mode,
+        clock=runtime_clock,
+        worker_id=owner,
+        observers=observer_list,
+        on_observer_error=on_observer_error,
+    )
+
+
+def _check_registered_queue(queues: Mapping[str, QueueDefinition], queue: QueueDefinition, owner: str) -> None:
+    registered = queues.get(queue.name)
+    if registered is None:
+        raise _invalid(
+            f"{owner} uses queue {queue.name!r}, which is not registered; add it to create_runlane(queues=...).",
+            field="queues",
+            queue=queue.name,
+        )
+    if registered != queue:
+        raise _invalid(
+            f"{owner} uses a queue {queue.name!r} that differs from the registered definition (drift); "
+            "use one queue(...) object everywhere.",
+            field="queues",
+            queue=queue.name,
+        )
+
+
+def _hand_clock_to_storage(lane: Lane, clock: Any) -> None:
+    """Client-clock storage samples the runtime's clock in every transaction."""
+    storage = lane.storage
+    if lane.capabilities.storage.clock_authority is not StorageClockAuthority.CLIENT:
+        return
+    use_clock = getattr(storage, "use_clock", None)
+    if callable(use_clock):
+        use_clock(clock)
+    elif hasattr(storage, "_clock"):
+        # The in-memory driver has no public clock setter; it reads this attribute in every attempt.
+        storage._clock = clock  # type: ignore[attr-defined]
+
+
+def _default_worker_id() -> str:
+    return f"worker_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _limit(value: object, what: str, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _invalid(f"{what} must be a positive whole number, got {value!r}.", field=what)
+    return value
+
+
+def _copy_json_object(value: object, what: str) -> dict[str, Any]:
+    checked = ensure_json_object(value, what, code=ErrorCode.CONFIGURATION_INVALID)
+    return json.loads(canonical_json(checked))
+
+
+def _trace_carrier(value: object) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise _invalid("trace_carrier must be a mapping of strings to strings.", field="trace_carrier")
+    return dict(value)
+
+
+def _delivery_event(run: RunRecord, at: datetime, actor: Actor) -> RunDeliveryRequestedEvent:
+    return RunDeliveryRequestedEvent(
+        run_id=run.id,
+        environment=run.environment,
+        occurred_at=at,
+        actor=actor,
+        delivery=DeliveryIntent(environment=run.environment, run_id=run.id, queue=run.queue, requested_at=at, available_at=at),
+    )
+
+
+def _resume_build(matches: Callable[[Any], bool]) -> Callable[[RunRecord, datetime], list[RunEvent]]:
+    def build(run: RunRecord, at: datetime) -> list[RunEvent]:
+        wait = run.wait
+        if run.status is not RunStatus.RELEASED or wait is None or not matches(wait):
+            return []
+        return [_delivery_event(run, at, _SYSTEM_ACTOR)]
+
+    return build
+
+
+async def _fail_claimed(runtime: Runlane, run: RunRecord, failure: RunFailure) -> AttemptResult:
+    """Persist a non-retryable failure for a claimed run that this runtime cannot execute."""
+    assert run.lease is not None
+    token = run.lease.token
+    actor = Actor(type=ActorType.WORKER, id=run.lease.worker_id)
+
+    def build(current: RunRecord, at: datetime) -> list[RunEvent]:
+        return failure_outcome_events(current, at, failure, None, actor, allow_retry=False)
+
+    try:
+        result = await runtime.loop_state().completions.submit(CompletionRequest(run.id, build, token, run))
+    except RunlaneError as error:
+        if is_storage_conflict(error, StorageConflictKind.LEASE_OWNERSHIP):
+            return AttemptResult(None, True, error)
+        raise
+    await runtime.after_append(result)
+    return AttemptResult(result.run, False, None)
+
+
+def _attempt_summaries(records: Sequence[RunEventRecord]) -> list[RunAttemptSummary]:
+    summaries: list[dict[str, Any]] = []
+    for record in sorted(records, key=lambda item: item.sequence):
+        event = record.event
+        if isinstance(event, RunStartedEvent):
+            summaries.append({"attempt": event.attempt, "started_at": event.occurred_at, "status": RunAttemptStatus.RUNNING})
+            continue
+        if not summaries:
+            continue
+        current = summaries[-1]
+        if current["status"] is not RunAttemptStatus.RUNNING:
+            continue
+        if isinstance(event, RunSucceededEvent):
+            current.update(status=RunAttemptStatus.SUCCEEDED, completed_at=event.occurred_at, has_output=event.has_output)
+            if event.has_output:
+                current["output"] = event.output
+        elif isinstance(event, RunFailedEvent):
+            current.update(status=RunAttemptStatus.FAILED, completed_at=event.occurred_at, failure=event.failure)
+        elif isinstance(event, RunRetryScheduledEvent):
+            current.update(
+                status=RunAttemptStatus.RETRYING,
+                completed_at=event.occurred_at,
+                failure=event.failure,
+                retry_delay=event.delay,
+                retry_at=event.retry_at,
+            )
+        elif isinstance(event, RunReleasedEvent):
+            current.update(
+                status=RunAttemptStatus.RELEASED,
+                completed_at=event.occurred_at,
+                release_delay=event.delay,
+                release_wait=event.wait,
+                release_reason=event.reason,
+                resume_at=event.resume_at if event.resume_at is not None else (event.wait.timeout_at if event.wait else None),
+            )
+        elif isinstance(event, RunCancelledEvent):
+            current.update(status=RunAttemptStatus.CANCELLED, completed_at=event.occurred_at)
+    return [RunAttemptSummary(**summary) for summary in summaries]

@@ -1,0 +1,247 @@
+"""``runlane.sync``: the blocking facade for synchronous producers (Django, Flask, scripts).
+
+Every method has the same name and options as its ``async`` counterpart on ``Runlane`` and blocks
+until it finishes. Calls run on an event loop this facade owns, in a daemon thread started on first
+use, so synchronous code needs no event loop of its own. The runtime keeps per-loop batchers and
+thread-safe signals, so the facade can be used while an application loop serves the same runtime.
+
+Do not call the facade from inside ``async`` code running on its own loop thread: that would
+deadlock, and it raises instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..errors import ErrorCode, RunlaneError
+from ..models import Environment, Page, RunAttemptSummary, RunEventRecord, RunRecord, RunSummary
+
+if TYPE_CHECKING:
+    from .authoring import QueueDefinition, TaskDefinition
+    from .lanes import Lane
+    from .runtime import ExecuteDeliveryResult, Registry, Runlane, TickResult, TriggerRunResult
+    from .worker import WorkerHandle
+
+__all__ = ["SyncRunlane", "SyncWorkerHandle"]
+
+T = TypeVar("T")
+
+
+class SyncRunlane:
+    """Blocking versions of the runtime's methods: ``runlane.sync.trigger(task, payload)``."""
+
+    def __init__(self, runtime: Runlane) -> None:
+        self._runtime = runtime
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.runs = SyncRuns(self)
+        self.signals = SyncSignals(self)
+        self.idempotency_keys = SyncIdempotencyKeys(self)
+
+    def __repr__(self) -> str:
+        return f"SyncRunlane({self._runtime!r})"
+
+    # -- the facade loop -------------------------------------------------------------------------
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is not None:
+            return loop
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    try:
+                        loop.run_forever()
+                    finally:
+                        loop.close()
+
+                thread = threading.Thread(target=serve, name="runlane-sync", daemon=True)
+                thread.start()
+                ready.wait()
+                self._thread = thread
+                self._loop = loop
+            return self._loop
+
+    def call(self, function: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run ``function(*args, **kwargs)`` on the facade loop and block until it returns."""
+        loop = self._ensure_loop()
+        if threading.current_thread() is self._thread:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                "runlane.sync was called from its own event-loop thread; use the async API (await runlane...) there.",
+            )
+
+        async def invoke() -> T:
+            return await function(*args, **kwargs)
+
+        return asyncio.run_coroutine_threadsafe(invoke(), loop).result()
+
+    def shutdown_loop(self) -> None:
+        """Stop the facade loop thread (called when the runtime closes)."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or threading.current_thread() is thread:
+            return  # not started, or closing from the facade loop itself: ``close()`` stops it afterwards
+        with self._lock:
+            self._loop = None
+            self._thread = None
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:
+            return
+        thread.join(timeout=5)
+
+    # -- registries ------------------------------------------------------------------------------
+
+    @property
+    def tasks(self) -> Registry[TaskDefinition]:
+        return self._runtime.tasks
+
+    @property
+    def queues(self) -> Registry[QueueDefinition]:
+        return self._runtime.queues
+
+    @property
+    def environment(self) -> Environment:
+        return self._runtime.environment
+
+    @property
+    def lane(self) -> Lane:
+        return self._runtime.lane
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.call(self._runtime.start)
+
+    def close(self) -> None:
+        """Close the runtime (workers, then the lane) and stop the facade loop."""
+        if self._loop is not None:
+            self.call(self._runtime.close)
+        else:
+            asyncio.run(self._runtime.close())
+        self.shutdown_loop()
+
+    def __enter__(self) -> SyncRunlane:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- runtime methods -------------------------------------------------------------------------
+
+    def trigger(self, task: TaskDefinition | str, payload: Any = None, **options: Any) -> TriggerRunResult:
+        return self.call(self._runtime.trigger, task, payload, **options)
+
+    def run_now(self, task: TaskDefinition | str, payload: Any = None, **options: Any) -> RunRecord:
+        return self.call(self._runtime.run_now, task, payload, **options)
+
+    def execute_next(self, **options: Any) -> RunRecord | None:
+        return self.call(self._runtime.execute_next, **options)
+
+    def execute_delivery(self, message: Any, **options: Any) -> ExecuteDeliveryResult:
+        return self.call(self._runtime.execute_delivery, message, **options)
+
+    def tick(self, **options: Any) -> TickResult:
+        return self.call(self._runtime.tick, **options)
+
+    def worker(self, **options: Any) -> SyncWorkerHandle:
+        """Start a worker on the facade loop; returns a handle with blocking ``stop()`` / ``wait()``."""
+        runtime = self._runtime
+
+        async def start() -> WorkerHandle:
+            return runtime.worker(**options)
+
+        handle = self.call(start)
+        return SyncWorkerHandle(self, handle)
+
+
+class SyncWorkerHandle:
+    """A worker running on the facade loop. ``closed`` is a ``concurrent.futures.Future``."""
+
+    def __init__(self, facade: SyncRunlane, handle: WorkerHandle) -> None:
+        self._facade = facade
+        self._handle = handle
+        loop = facade._ensure_loop()
+
+        async def wait_closed() -> None:
+            await handle.wait_closed()
+
+        self._closed: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(wait_closed(), loop)
+
+    def __repr__(self) -> str:
+        return f"SyncWorkerHandle({self._handle!r})"
+
+    @property
+    def closed(self) -> concurrent.futures.Future[None]:
+        return self._closed
+
+    @property
+    def executed(self) -> int:
+        return self._handle.executed
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the worker exits (raises its failure)."""
+        self._closed.result(timeout)
+
+    def stop(self) -> None:
+        """Stop the worker and block until its active attempts finish."""
+        self._facade.call(self._handle.stop)
+
+
+class SyncRuns:
+    def __init__(self, facade: SyncRunlane) -> None:
+        self._facade = facade
+
+    def get(self, run_id: str) -> RunRecord | None:
+        return self._facade.call(self._facade._runtime.runs.get, run_id)
+
+    def list(self, **options: Any) -> Page[RunSummary]:
+        return self._facade.call(self._facade._runtime.runs.list, **options)
+
+    def events(self, run_id: str, **options: Any) -> Page[RunEventRecord]:
+        return self._facade.call(self._facade._runtime.runs.events, run_id, **options)
+
+    def attempts(self, run_id: str) -> list[RunAttemptSummary]:
+        return self._facade.call(self._facade._runtime.runs.attempts, run_id)
+
+    def find_active(self, **options: Any) -> RunRecord | None:
+        return self._facade.call(self._facade._runtime.runs.find_active, **options)
+
+    def find_current(self, **options: Any) -> RunRecord | None:
+        return self._facade.call(self._facade._runtime.runs.find_current, **options)
+
+    def cancel(self, run_id: str, **options: Any) -> RunRecord:
+        return self._facade.call(self._facade._runtime.runs.cancel, run_id, **options)
+
+    def rerun(self, source_run_id: str, **options: Any) -> RunRecord:
+        return self._facade.call(self._facade._runtime.runs.rerun, source_run_id, **options)
+
+    def retry(self, source_run_id: str, **options: Any) -> RunRecord:
+        return self._facade.call(self._facade._runtime.runs.retry, source_run_id, **options)
+
+
+class SyncSignals:
+    def __init__(self, facade: SyncRunlane) -> None:
+        self._facade = facade
+
+    def send(self, signal_key: str, **options: Any) -> list[RunRecord]:
+        return self._facade.call(self._facade._runtime.signals.send, signal_key, **options)
+
+
+class SyncIdempotencyKeys:
+    def __init__(self, facade: SyncRunlane) -> None:
+        self._facade = facade
+
+    def reset(self, task: TaskDefinition | str, *, key: str) -> None:
+        self._facade.call(self._facade._runtime.idempotency_keys.reset, task, key=key)

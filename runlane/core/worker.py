@@ -1,0 +1,199 @@
+"""Storage-acquisition workers: ``WorkerHandle`` and its poll / drain slot loops.
+
+A worker runs ``concurrency`` slots on the event loop it was started from. Each slot repeats the
+runtime's scan-claim-execute step; the slots of one worker share a candidate pool (one storage scan
+feeds several claims) and the runtime's claim and completion batchers (concurrent slots share
+storage transactions).
+
+* poll: an empty scan waits ``empty_poll_delay``, or less: a trigger in this process (or any write
+  that makes a run due now, or frees bounded-queue capacity) wakes idle slots at once;
+* drain: a slot exits when storage has no due work; ``max_runs`` counts only executed runs, and a
+  slot reserves its share of the budget before claiming so concurrent slots never overshoot it.
+
+``stop()`` (or the worker's ``signal``) aborts the signal every running attempt's ``TaskContext``
+is linked to, waits for those attempts to finish cooperatively, then settles ``closed``. It is not
+a durable cancellation: a handler that returns normally after a stop still succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ..models import RunRecord
+from ..vocabulary import WorkerMode
+from .attempt import ExecutionOptions
+from .cancellation import CancellationController, link_signals
+from .runtime import CandidatePool
+
+if TYPE_CHECKING:
+    from .runtime import Runlane
+
+__all__ = ["WorkerHandle"]
+
+REASON_WORKER_STOPPED = "worker_stopped"
+# A drain slot whose due work is all capacity-blocked re-checks at least this often (seconds).
+_BLOCKED_RECHECK = 0.05
+# Candidates one storage scan fetches per worker slot, so a scan feeds several claims.
+_SCAN_PER_SLOT = 4
+
+
+class WorkerHandle:
+    """A running worker. ``closed`` settles when every slot has exited; ``await stop()`` stops it."""
+
+    def __init__(
+        self,
+        runtime: Runlane,
+        *,
+        mode: WorkerMode,
+        queues: Sequence[str],
+        concurrency: int,
+        empty_poll_delay: float,
+        max_runs: int | None,
+        options: ExecutionOptions,
+        on_run_executed: Callable[[RunRecord], Any] | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._runtime = runtime
+        self._mode = mode
+        self._queues = tuple(queues)
+        self._concurrency = concurrency
+        self._delay = empty_poll_delay
+        self._max_runs = max_runs
+        self._on_run_executed = on_run_executed
+        self._stop: CancellationController = (
+            link_signals(options.signal) if options.signal is not None else CancellationController()
+        )
+        self._options = replace(options, signal=self._stop.signal)
+        self._pool = CandidatePool(_SCAN_PER_SLOT * concurrency + 8)
+        self._executed = 0
+        self._reserved = 0
+        self._error: BaseException | None = None
+        self._loop = loop
+        self._closed: asyncio.Future[None] = loop.create_future()
+        # Failures are reported through ``closed`` / ``stop()``; this only marks the exception as seen
+        # so an unobserved failed worker does not log "exception was never retrieved".
+        self._closed.add_done_callback(_mark_retrieved)
+        runtime.register_worker(self)
+        self._task = loop.create_task(self._run(), name=f"runlane-worker-{options.worker_id}")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed.done() else ("stopping" if self._stop.signal.aborted else "running")
+        return f"WorkerHandle(mode={self._mode.value!r}, concurrency={self._concurrency}, executed={self._executed}, {state})"
+
+    # -- passive state ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> asyncio.Future[None]:
+        """The terminal future: settles when every slot has exited (raises the loop's failure)."""
+        return self._closed
+
+    @property
+    def executed(self) -> int:
+        """Runs this worker executed (persisted an attempt outcome for)."""
+        return self._executed
+
+    @property
+    def mode(self) -> WorkerMode:
+        return self._mode
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.signal.aborted
+
+    # -- actions ---------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Abort the worker signal without waiting (slots finish their current attempt and exit)."""
+        self._stop.abort(REASON_WORKER_STOPPED)
+        self._runtime.work_signal.notify()
+
+    async def stop(self) -> None:
+        """Stop the worker, wait for active attempts to finish, and return ``closed``'s result."""
+        self.request_stop()
+        await self.wait_closed()
+
+    async def wait_closed(self) -> None:
+        if asyncio.get_running_loop() is self._loop:
+            await asyncio.shield(self._closed)
+        else:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_wait(self._closed), self._loop))
+
+    # -- loops -----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = self._loop
+        slots = [loop.create_task(self._slot()) for _ in range(self._concurrency)]
+        try:
+            pending = set(slots)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    if not task.cancelled() and task.exception() is not None and self._error is None:
+                        self._error = task.exception()
+                        self.request_stop()  # one failed slot stops the worker; the others finish cleanly
+        except asyncio.CancelledError:
+            for task in slots:
+                task.cancel()
+            await asyncio.gather(*slots, return_exceptions=True)
+            if not self._closed.done():
+                self._closed.cancel()
+            raise
+        finally:
+            self._runtime.unregister_worker(self)
+            self._stop.unlink()
+        if self._closed.done():
+            return
+        if self._error is not None:
+            self._closed.set_exception(self._error)
+        else:
+            self._closed.set_result(None)
+
+    async def _slot(self) -> None:
+        runtime = self._runtime
+        stop = self._stop.signal
+        work = runtime.work_signal
+        drain = self._mode is WorkerMode.DRAIN
+        max_runs = self._max_runs
+        queues = self._queues
+        options = self._options
+        pool = self._pool
+        while not stop.aborted and not runtime.closed:
+            if max_runs is not None:
+                if self._executed + self._reserved >= max_runs:
+                    return
+                self._reserved += 1
+            generation = work.generation
+            try:
+                run, status = await runtime.execute_one(queues, options, pool)
+            finally:
+                if max_runs is not None:
+                    self._reserved -= 1
+            if status == "executed":
+                self._executed += 1
+                if self._on_run_executed is not None and run is not None:
+                    result = self._on_run_executed(run)
+                    if inspect.isawaitable(result):
+                        await result
+                continue
+            if status == "lost":
+                continue
+            if status == "idle" and drain:
+                return
+            # Idle poll slot, or due work whose bounded-queue capacity is full: wait for a wake-up.
+            timeout = self._delay if not drain else _BLOCKED_RECHECK
+            if status == "blocked":
+                timeout = min(timeout, _BLOCKED_RECHECK) if drain else timeout
+            await work.wait(generation, timeout, stop)
+
+
+def _mark_retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _wait(future: asyncio.Future[None]) -> None:
+    await asyncio.shield(future)

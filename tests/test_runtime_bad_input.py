@@ -1,0 +1,200 @@
+"""Bad input is rejected with the spec's error code before anything is written."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from pydantic import BaseModel
+
+from runlane import (
+    ErrorCode,
+    RunlaneError,
+    RunStatus,
+    StorageConflictKind,
+    get_storage_conflict_kind,
+    queue,
+    task,
+)
+
+from runtime_support import DEFAULT_QUEUE, all_runs, event_types, make_runtime
+
+
+class Order(BaseModel):
+    order_id: str
+    amount: int
+
+
+bounded = queue("bounded", concurrency_limit=1)
+unregistered = queue("unregistered")
+
+
+@task("orders.charge")
+async def charge(payload: Order) -> None:
+    return None
+
+
+@task("orders.keyed", idempotency_key=lambda p: p["key"], singleton_key=lambda p: p.get("single", "ok"))
+async def keyed(payload: dict) -> None:
+    return None
+
+
+@task("orders.bounded", queue=bounded)
+async def bounded_task(payload: dict) -> None:
+    return None
+
+
+@task("unregistered.task")
+async def not_registered(payload: dict) -> None:
+    return None
+
+
+def _runtime():
+    return make_runtime(charge, keyed, bounded_task, queues=[DEFAULT_QUEUE, bounded])
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [None, {}, {"order_id": "o1"}, {"order_id": "o1", "amount": "lots"}, ["o1", 5], "o1"],
+)
+async def test_invalid_payloads_fail_validation_before_any_write(payload):
+    runtime, _ = _runtime()
+    async with runtime:
+        for call in (runtime.trigger, runtime.run_now):
+            with pytest.raises(RunlaneError) as raised:
+                await call(charge, payload)
+            assert raised.value.code is ErrorCode.VALIDATION_FAILED
+            assert raised.value.meta["errors"]
+        assert await all_runs(runtime) == []
+
+
+async def test_unknown_tasks_are_not_found():
+    runtime, _ = _runtime()
+    async with runtime:
+        for unknown in (not_registered, "unregistered.task"):
+            with pytest.raises(RunlaneError) as raised:
+                await runtime.trigger(unknown, {})
+            assert raised.value.code is ErrorCode.TASK_NOT_FOUND
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(42, {})  # type: ignore[arg-type]
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert await all_runs(runtime) == []
+
+
+VALID = {"order_id": "o1", "amount": 5}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"queue": unregistered},
+        {"queue": "unregistered"},
+        {"queue": queue("bounded", concurrency_limit=5)},
+        {"queue": 7},
+        {"idempotency_key": "a:b"},
+        {"idempotency_key": ""},
+        {"singleton_key": "x" * 600},
+        {"concurrency_key": "tenant"},
+        {"idempotency_key_ttl": "1h"},
+        {"idempotency_key": "k", "idempotency_key_ttl": "forever"},
+        {"idempotency_key": "k", "idempotency_key_ttl": timedelta(0)},
+        {"meta": {"when": object()}},
+        {"meta": ["not", "an", "object"]},
+        {"trace_carrier": {"traceparent": 1}},
+        {"actor": "operator"},
+        {"run_id": "run:1"},
+    ],
+)
+async def test_invalid_trigger_options_are_configuration_errors(options):
+    runtime, _ = _runtime()
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(charge, VALID, **options)
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        with pytest.raises(RunlaneError):
+            await runtime.run_now(charge, VALID, **options)
+        assert await all_runs(runtime) == []
+
+
+@pytest.mark.parametrize("payload", [{"key": "a:b"}, {"key": 5}, {"key": "ok", "single": ""}, {}])
+async def test_bad_resolved_keys_are_configuration_errors(payload):
+    runtime, _ = _runtime()
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(keyed, payload)
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert await all_runs(runtime) == []
+
+
+async def test_an_explicit_run_id_that_exists_conflicts_and_leaves_the_first_run_intact():
+    runtime, _ = _runtime()
+    async with runtime:
+        first = (await runtime.trigger(charge, VALID, run_id="run_fixed")).run
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(charge, {"order_id": "o2", "amount": 1}, run_id="run_fixed")
+        assert get_storage_conflict_kind(raised.value) is StorageConflictKind.EVENT_SEQUENCE
+        assert await runtime.runs.get("run_fixed") == first
+        assert await event_types(runtime, "run_fixed") == ["run.created", "run.delivery_requested"]
+
+
+async def test_a_failed_singleton_creation_writes_no_idempotency_owner():
+    runtime, _ = _runtime()
+    async with runtime:
+        await runtime.trigger(keyed, {"key": "k1", "single": "s"})
+        with pytest.raises(RunlaneError):
+            await runtime.trigger(keyed, {"key": "k2", "single": "s"})
+        assert await runtime.runs.find_current(task=keyed, idempotency_key="k2") is None
+        assert len(await all_runs(runtime)) == 1
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda rt: rt.runs.get("bad:id"),
+        lambda rt: rt.runs.get(""),
+        lambda rt: rt.runs.events("run:x"),
+        lambda rt: rt.runs.cancel("run:x"),
+        lambda rt: rt.runs.events("run_1", limit=0),
+        lambda rt: rt.runs.events("run_1", cursor="garbage"),
+        lambda rt: rt.runs.list(statuses=["exploded"]),
+    ],
+)
+async def test_operator_reads_validate_their_input(call):
+    runtime, _ = _runtime()
+    async with runtime:
+        await runtime.trigger(charge, VALID, run_id="run_1")
+        with pytest.raises(RunlaneError) as raised:
+            await call(runtime)
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+
+
+async def test_missing_runs_are_reported():
+    runtime, _ = _runtime()
+    async with runtime:
+        assert await runtime.runs.get("run_missing") is None
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.events("run_missing")
+        assert raised.value.code is ErrorCode.RUN_NOT_FOUND
+
+
+async def test_a_key_resolver_that_raises_is_a_configuration_error():
+    @task("resolver.raises", idempotency_key=lambda p: p["missing"])
+    async def raising(payload: dict) -> None:
+        return None
+
+    runtime, _ = make_runtime(raising)
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(raising, {})
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert await all_runs(runtime) == []
+
+
+async def test_a_valid_trigger_after_rejections_still_works():
+    runtime, _ = _runtime()
+    async with runtime:
+        with pytest.raises(RunlaneError):
+            await runtime.trigger(charge, {})
+        run = (await runtime.trigger(charge, VALID)).run
+        assert (await runtime.execute_next()).id == run.id
+        assert (await runtime.runs.get(run.id)).status is RunStatus.SUCCEEDED

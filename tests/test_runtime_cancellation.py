@@ -1,0 +1,214 @@
+"""Cooperative cancellation: waiting runs, same-process and cross-process running runs, worker stop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runlane import (
+    Actor,
+    ActorType,
+    ErrorCode,
+    Retry,
+    RunlaneError,
+    RunStatus,
+    TaskContext,
+    WorkerMode,
+    task,
+)
+from runlane.core.store import ClaimRequest
+
+from runtime_support import event_types, make_runtime, shared_runtimes
+
+
+@task("cancel.cooperative")
+async def cooperative(payload: dict, ctx: TaskContext):
+    started.set()
+    await ctx.signal.wait()
+    reasons.append(ctx.signal.reason)
+    if payload.get("throw"):
+        ctx.signal.raise_if_aborted()
+    return "stopped cleanly"
+
+
+started = asyncio.Event()
+reasons: list[str | None] = []
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    global started
+    started = asyncio.Event()
+    reasons.clear()
+
+
+async def _start(runtime, payload):
+    run = (await runtime.trigger(cooperative, payload)).run
+    pending = asyncio.ensure_future(runtime.execute_next())
+    await asyncio.wait_for(started.wait(), 2)
+    return run, pending
+
+
+async def test_waiting_runs_are_cancelled_immediately_with_audit_fields():
+    @task("later")
+    async def later(payload: dict, ctx: TaskContext):
+        return ctx.release("1h")
+
+    runtime, _ = make_runtime(later)
+    async with runtime:
+        queued = (await runtime.trigger(later, {})).run
+        actor = Actor(type=ActorType.OPERATOR, id="ops@example.com")
+        cancelled = await runtime.runs.cancel(
+            queued.id, actor=actor, reason="operator_requested", meta={"ticket": 1}, trace_carrier={"traceparent": "x"}
+        )
+        assert cancelled.status is RunStatus.CANCELLED and cancelled.finished_at is not None
+        event = (await runtime.runs.events(queued.id, types=["run.cancelled"])).data[0].event
+        assert (event.actor, event.reason, event.meta, event.trace_carrier) == (
+            actor,
+            "operator_requested",
+            {"ticket": 1},
+            {"traceparent": "x"},
+        )
+        released = (await runtime.trigger(later, {})).run
+        await runtime.execute_next()
+        assert (await runtime.runs.cancel(released.id)).status is RunStatus.CANCELLED
+        # Terminal runs cannot be cancelled again; unknown runs are not found.
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.cancel(queued.id)
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.cancel("run_missing")
+        assert raised.value.code is ErrorCode.RUN_NOT_FOUND
+
+
+async def test_same_process_cancellation_aborts_the_signal_at_once_and_cancels():
+    runtime, _ = make_runtime(cooperative)
+    async with runtime:
+        run, pending = await _start(runtime, {})
+        requested = await runtime.runs.cancel(run.id, reason="stop")
+        assert requested.status is RunStatus.CANCELLATION_REQUESTED
+        done = await asyncio.wait_for(pending, 2)
+        assert reasons == ["cancellation_requested"]
+        assert done.status is RunStatus.CANCELLED and not done.has_output
+        event = (await runtime.runs.events(run.id, types=["run.cancelled"])).data[0].event
+        assert event.attempt == 1
+        assert await event_types(runtime, run.id) == [
+            "run.created",
+            "run.delivery_requested",
+            "run.lease_claimed",
+            "run.started",
+            "run.cancellation_requested",
+            "run.cancelled",
+        ]
+
+
+async def test_repeated_cancel_adds_no_events():
+    runtime, _ = make_runtime(cooperative)
+    async with runtime:
+        run, pending = await _start(runtime, {})
+        # Block the handler from finishing until both cancels are in.
+        first = await runtime.runs.cancel(run.id)
+        second = await runtime.runs.cancel(run.id)
+        assert second.event_sequence in (first.event_sequence, first.event_sequence + 1)
+        await asyncio.wait_for(pending, 2)
+        assert (await event_types(runtime, run.id)).count("run.cancellation_requested") == 1
+
+
+async def test_throwing_after_cancellation_fails_without_retry():
+    @task("cancel.throws", retry=Retry(5, backoff="1s"))
+    async def throws(payload: dict, ctx: TaskContext):
+        started.set()
+        await ctx.signal.wait()
+        raise RuntimeError("cleanup failed")
+
+    runtime, _ = make_runtime(throws)
+    async with runtime:
+        run = (await runtime.trigger(throws, {})).run
+        pending = asyncio.ensure_future(runtime.execute_next())
+        await asyncio.wait_for(started.wait(), 2)
+        await runtime.runs.cancel(run.id)
+        done = await asyncio.wait_for(pending, 2)
+        assert done.status is RunStatus.FAILED
+        assert done.failure.code is ErrorCode.TASK_FAILED
+        assert done.counters.retries == 0
+
+
+async def test_raise_if_aborted_after_cancellation_records_a_cancelled_failure_message():
+    runtime, _ = make_runtime(cooperative)
+    async with runtime:
+        run, pending = await _start(runtime, {"throw": True})
+        await runtime.runs.cancel(run.id)
+        done = await asyncio.wait_for(pending, 2)
+        assert done.status is RunStatus.FAILED
+        assert done.failure.code is ErrorCode.OPERATION_CANCELLED
+        assert done.failure.message == "Task was cancelled."
+
+
+async def test_cross_process_cancellation_is_observed_at_heartbeat_and_stops_extending_the_lease():
+    (owner, operator), _ = shared_runtimes([cooperative], [cooperative])
+    async with owner, operator:
+        run = (await owner.trigger(cooperative, {})).run
+        pending = asyncio.ensure_future(owner.execute_next(heartbeat_interval="5ms", lease_duration="1m"))
+        await asyncio.wait_for(started.wait(), 2)
+        requested = await operator.runs.cancel(run.id)
+        assert requested.status is RunStatus.CANCELLATION_REQUESTED
+        done = await asyncio.wait_for(pending, 2)
+        assert reasons == ["cancellation_requested"]
+        assert done.status is RunStatus.CANCELLED
+        types = await event_types(owner, run.id)
+        after_request = types[types.index("run.cancellation_requested") :]
+        assert "run.lease_heartbeat" not in after_request
+
+
+async def test_maintenance_finalizes_an_abandoned_cancellation_after_lease_expiry():
+    runtime, clock = make_runtime(cooperative)
+    async with runtime:
+        run = (await runtime.trigger(cooperative, {})).run
+        # A worker in another process claimed and started the run, then died.
+        (claim,) = await runtime.store.claim([ClaimRequest(run.id, None, "dead-worker", "tok", 60_000, also_start=True)])
+        assert claim.claimed
+        assert (await runtime.runs.cancel(run.id)).status is RunStatus.CANCELLATION_REQUESTED
+        assert (await runtime.tick()).cancellations_finalized == 0
+        clock.advance("1m")
+        result = await runtime.tick()
+        assert result.cancellations_finalized == 1
+        final = await runtime.runs.get(run.id)
+        assert final.status is RunStatus.CANCELLED
+        event = (await runtime.runs.events(run.id, types=["run.cancelled"])).data[0].event
+        assert event.actor.type is ActorType.SYSTEM
+
+
+async def test_worker_stop_aborts_the_signal_but_is_not_a_cancellation():
+    runtime, _ = make_runtime(cooperative)
+    async with runtime:
+        run = (await runtime.trigger(cooperative, {})).run
+        worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms")
+        await asyncio.wait_for(started.wait(), 2)
+        await asyncio.wait_for(worker.stop(), 2)
+        assert reasons == ["worker_stopped"]
+        final = await runtime.runs.get(run.id)
+        assert final.status is RunStatus.SUCCEEDED and final.output == "stopped cleanly"
+
+
+async def test_cancellation_after_maintenance_finalized_reports_the_stored_cancellation():
+    release = asyncio.Event()
+
+    @task("cancel.slow")
+    async def slow(payload: dict, ctx: TaskContext):
+        started.set()
+        await ctx.signal.wait()
+        await release.wait()
+        return "late"
+
+    runtime, clock = make_runtime(slow)
+    async with runtime:
+        run = (await runtime.trigger(slow, {})).run
+        pending = asyncio.ensure_future(runtime.execute_next(lease_duration="1m"))
+        await asyncio.wait_for(started.wait(), 2)
+        await runtime.runs.cancel(run.id)
+        clock.advance("2m")
+        assert (await runtime.tick()).cancellations_finalized == 1
+        release.set()
+        done = await asyncio.wait_for(pending, 2)
+        assert done is not None and done.status is RunStatus.CANCELLED

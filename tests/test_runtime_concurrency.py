@@ -1,0 +1,152 @@
+"""Racing execution paths: exactly one attempt per claim, capacity and singleton limits hold."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+
+import pytest
+
+from runlane import (
+    RunlaneError,
+    RunStatus,
+    StorageConflictKind,
+    TriggerOutcomeType,
+    WorkerMode,
+    get_storage_conflict_kind,
+    queue,
+    task,
+)
+
+from runtime_support import DEFAULT_QUEUE, make_runtime, shared_runtimes
+
+calls: collections.Counter[str] = collections.Counter()
+
+
+@task("race.work")
+async def work(payload: dict, ctx) -> None:
+    calls[ctx.run_id] += 1
+    await asyncio.sleep(0)
+
+
+@task("race.sync")
+def sync_work(payload: dict, ctx) -> None:
+    with lock:
+        calls[ctx.run_id] += 1
+
+
+lock = threading.Lock()
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    calls.clear()
+
+
+async def test_worker_slots_and_execute_next_callers_execute_each_run_exactly_once():
+    runtime, _ = make_runtime(work, sync_work)
+    async with runtime:
+        ids = [(await runtime.trigger(work if n % 3 else sync_work, {"n": n})).run.id for n in range(150)]
+        workers = [runtime.worker(mode=WorkerMode.DRAIN, concurrency=6) for _ in range(2)]
+
+        async def caller() -> None:
+            while True:
+                run = await runtime.execute_next()
+                if run is None and all(w.closed.done() for w in workers):
+                    return
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(asyncio.gather(*(w.closed for w in workers), *(caller() for _ in range(6))), 20)
+        assert sorted(calls) == sorted(ids)
+        assert set(calls.values()) == {1}
+        for run_id in ids:
+            run = await runtime.runs.get(run_id)
+            assert run.status is RunStatus.SUCCEEDED and run.counters.attempts == 1
+
+
+async def test_runtimes_in_different_processes_never_execute_a_run_twice():
+    runtimes, _ = shared_runtimes([work], [work], [work])
+    for runtime in runtimes:
+        await runtime.start()
+    ids = [(await runtimes[0].trigger(work, {"n": n})).run.id for n in range(90)]
+    workers = [runtime.worker(mode=WorkerMode.DRAIN, concurrency=4) for runtime in runtimes]
+    await asyncio.wait_for(asyncio.gather(*(w.closed for w in workers)), 20)
+    assert sum(w.executed for w in workers) == 90
+    assert sorted(calls) == sorted(ids) and set(calls.values()) == {1}
+
+
+@pytest.mark.parametrize("concurrency_key", [None, "tenant"])
+async def test_bounded_queue_capacity_is_never_exceeded(concurrency_key):
+    limited = queue("limited", concurrency_limit=2)
+    active: collections.Counter[str] = collections.Counter()
+    peaks: collections.Counter[str] = collections.Counter()
+
+    @task("limited.work", queue=limited, concurrency_key=(lambda p: p["tenant"]) if concurrency_key else None)
+    async def limited_work(payload: dict) -> None:
+        partition = payload["tenant"] if concurrency_key else "all"
+        active[partition] += 1
+        peaks[partition] = max(peaks[partition], active[partition])
+        await asyncio.sleep(0.001)
+        active[partition] -= 1
+
+    runtimes, _ = shared_runtimes([limited_work], [limited_work], queues=[DEFAULT_QUEUE, limited])
+    for runtime in runtimes:
+        await runtime.start()
+    for n in range(24):
+        await runtimes[0].trigger(limited_work, {"tenant": f"t{n % 2}"})
+    workers = [runtime.worker(mode=WorkerMode.DRAIN, concurrency=5) for runtime in runtimes]
+    await asyncio.wait_for(asyncio.gather(*(w.closed for w in workers)), 20)
+    assert sum(w.executed for w in workers) == 24
+    assert max(peaks.values()) <= 2
+    if concurrency_key:
+        assert set(peaks) == {"t0", "t1"}
+
+
+async def test_racing_singleton_triggers_create_exactly_one_run():
+    @task("race.singleton", singleton_key="resource")
+    async def guarded(payload: dict) -> None:
+        return None
+
+    runtimes, _ = shared_runtimes([guarded], [guarded])
+    results = await asyncio.gather(
+        *(runtimes[n % 2].trigger(guarded, {"n": n}) for n in range(20)), return_exceptions=True
+    )
+    created = [r for r in results if not isinstance(r, BaseException)]
+    rejected = [r for r in results if isinstance(r, BaseException)]
+    assert len(created) == 1
+    assert all(isinstance(r, RunlaneError) and get_storage_conflict_kind(r) is StorageConflictKind.SINGLETON_KEY for r in rejected)
+
+
+async def test_racing_duplicate_triggers_with_one_idempotency_key_create_one_run():
+    @task("race.idempotent", idempotency_key="same-request")
+    async def idempotent(payload: dict) -> None:
+        return None
+
+    runtimes, _ = shared_runtimes([idempotent], [idempotent])
+    results = await asyncio.gather(*(runtimes[n % 2].trigger(idempotent, {"n": n}) for n in range(20)))
+    assert len({r.run.id for r in results}) == 1
+    assert [r.outcome for r in results].count(TriggerOutcomeType.CREATED) == 1
+    page = await runtimes[0].runs.list()
+    assert len(page.data) == 1
+
+
+async def test_threads_triggering_through_the_sync_facade_while_workers_drain():
+    runtime, _ = make_runtime(work)
+    await runtime.start()
+    worker = runtime.worker(concurrency=4, empty_poll_delay="2ms")
+
+    def produce(offset: int) -> None:
+        for n in range(20):
+            runtime.sync.trigger(work, {"n": offset + n})
+
+    threads = [threading.Thread(target=produce, args=(k * 100,)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        await asyncio.sleep(0.005)
+    while worker.executed < 60:
+        await asyncio.sleep(0.002)
+    await worker.stop()
+    await runtime.close()
+    assert len(calls) == 60 and set(calls.values()) == {1}

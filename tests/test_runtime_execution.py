@@ -1,0 +1,503 @@
+"""The shared attempt path through ``execute_next``, ``run_now`` and ``execute_delivery``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from pydantic import BaseModel
+
+from runlane import (
+    CancellationController,
+    DeliveryMessage,
+    Environment,
+    ErrorCode,
+    ExecuteDeliveryIgnoredReason,
+    ExecuteDeliveryStatus,
+    Retry,
+    RunlaneError,
+    RunStatus,
+    StorageConflictKind,
+    TaskContext,
+    create_runlane,
+    get_storage_conflict_kind,
+    queue,
+    task,
+)
+
+from runlane.core.store import ClaimRequest
+from runtime_support import DEFAULT_QUEUE, event_types, make_runtime, shared_runtimes
+
+
+class Welcome(BaseModel):
+    user_id: str
+
+
+sent: list[str] = []
+
+
+@task("emails.welcome")
+def send_welcome(payload: Welcome) -> None:
+    sent.append(payload.user_id)
+
+
+@task("echo")
+async def echo(payload: dict) -> dict:
+    return {"echo": payload}
+
+
+# ---------------------------------------------------------------------------------------------
+# execute_next and outcomes
+
+
+async def test_quick_start_trigger_then_execute_next():
+    sent.clear()
+    runtime, _ = make_runtime(send_welcome)
+    async with runtime:
+        queued = (await runtime.trigger(runtime.tasks["emails.welcome"], {"user_id": "user_123"})).run
+        completed = await runtime.execute_next()
+        assert queued.status is RunStatus.QUEUED
+        assert completed is not None and completed.status is RunStatus.SUCCEEDED
+        assert sent == ["user_123"]
+        assert (await runtime.runs.get(queued.id)).status is RunStatus.SUCCEEDED
+        assert await event_types(runtime, queued.id) == [
+            "run.created",
+            "run.delivery_requested",
+            "run.lease_claimed",
+            "run.started",
+            "run.succeeded",
+        ]
+        assert await runtime.execute_next() is None
+
+
+async def test_execute_next_with_an_aborted_signal_does_nothing():
+    runtime, _ = make_runtime(echo)
+    async with runtime:
+        await runtime.trigger(echo, {})
+        controller = CancellationController()
+        controller.abort("shutting down")
+        assert await runtime.execute_next(signal=controller.signal) is None
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+
+
+async def test_output_and_void_success():
+    @task("void")
+    async def void() -> None:
+        return None
+
+    runtime, _ = make_runtime(echo, void)
+    async with runtime:
+        await runtime.trigger(echo, {"a": [1, 2]})
+        run = await runtime.execute_next()
+        assert run.has_output and run.output == {"echo": {"a": [1, 2]}}
+        await runtime.trigger(void)
+        run = await runtime.execute_next()
+        assert run.status is RunStatus.SUCCEEDED and not run.has_output
+        assert "output" not in run.to_json()
+
+
+@pytest.mark.parametrize(
+    "raised, code, message, retryable, meta",
+    [
+        (RuntimeError("secret detail"), ErrorCode.TASK_FAILED, "Task failed.", True, {}),
+        (
+            RunlaneError(ErrorCode.VALIDATION_FAILED, "the invoice secret is wrong", meta={"invoice": "inv_1"}),
+            ErrorCode.VALIDATION_FAILED,
+            None,
+            False,
+            {"invoice": "inv_1"},
+        ),
+        (RunlaneError(ErrorCode.TASK_FAILED, "x", retryable=True), ErrorCode.TASK_FAILED, "Task failed.", True, {}),
+    ],
+)
+async def test_failures_are_mapped_to_task_facing_failures(raised, code, message, retryable, meta):
+    @task("fails")
+    async def fails() -> None:
+        raise raised
+
+    runtime, _ = make_runtime(fails)
+    async with runtime:
+        await runtime.trigger(fails)
+        run = await runtime.execute_next()
+        assert run.status is RunStatus.FAILED
+        assert run.failure.code is code
+        assert run.failure.retryable is retryable
+        assert run.failure.meta == meta
+        assert "secret" not in run.failure.message
+        if message is not None:
+            assert run.failure.message == message
+
+
+@pytest.mark.parametrize(
+    "output",
+    [{"when": object()}, {1: "non-string key"}, float("nan"), {"type": "task_release", "delay": "5s"}],
+)
+async def test_invalid_output_fails_with_task_output_invalid(output):
+    @task("bad.output")
+    async def bad_output() -> object:
+        return output
+
+    runtime, _ = make_runtime(bad_output)
+    async with runtime:
+        await runtime.trigger(bad_output)
+        run = await runtime.execute_next()
+        assert run.status is RunStatus.FAILED
+        assert run.failure.code is ErrorCode.TASK_OUTPUT_INVALID
+        assert not run.has_output
+
+
+async def test_task_context_describes_the_attempt():
+    seen: list[TaskContext] = []
+    facts: dict = {}
+
+    @task("ctx")
+    async def ctx_task(payload: dict, ctx: TaskContext) -> None:
+        seen.append(ctx)
+        facts.update(
+            run_id=ctx.run_id,
+            task_id=ctx.task_id,
+            attempt=ctx.attempt,
+            queue=ctx.queue,
+            environment=ctx.environment,
+            trace=ctx.trace_carrier,
+            aborted=ctx.signal.aborted,
+            requested=ctx.is_cancellation_requested(),
+        )
+
+    runtime, _ = make_runtime(ctx_task, environment="staging")
+    async with runtime:
+        run = (await runtime.trigger(ctx_task, {}, trace_carrier={"traceparent": "t"})).run
+        await runtime.execute_next()
+        assert facts == {
+            "run_id": run.id,
+            "task_id": "ctx",
+            "attempt": 1,
+            "queue": "default",
+            "environment": Environment(name="staging"),
+            "trace": {"traceparent": "t"},
+            "aborted": False,
+            "requested": False,
+        }
+
+
+async def test_sync_handlers_run_in_a_worker_thread_with_blocking_context_calls():
+    threads: list[int] = []
+
+    @task("child.sync")
+    def child(payload: dict) -> None:
+        return None
+
+    @task("parent.sync")
+    def parent(payload: dict, ctx: TaskContext) -> dict:
+        threads.append(threading.get_ident())
+        result = ctx.trigger(child, {"n": 1})
+        token_seen = ctx.step.run("step-a", lambda token: {"token": token})
+        return {"child": result.run.id, "step": token_seen["token"]}
+
+    runtime, _ = make_runtime(parent, child)
+    async with runtime:
+        await runtime.trigger(parent, {})
+        run = await runtime.execute_next()
+        assert run.status is RunStatus.SUCCEEDED, run.failure
+        assert threads and threads[0] != threading.get_ident()
+        assert (await runtime.runs.get(run.output["child"])).task_id == "child.sync"
+        assert run.output["step"].startswith("step_")
+
+
+async def test_execute_next_only_claims_from_the_given_queues():
+    reports = queue("reports")
+
+    @task("report", queue=reports)
+    async def report() -> None:
+        return None
+
+    runtime, _ = make_runtime(echo, report, queues=[DEFAULT_QUEUE, reports])
+    async with runtime:
+        await runtime.trigger(echo, {})
+        await runtime.trigger(report)
+        run = await runtime.execute_next(queues=[reports])
+        assert run.task_id == "report"
+        assert await runtime.execute_next(queues=["reports"]) is None
+        assert (await runtime.execute_next()).task_id == "echo"
+
+
+async def test_schema_drift_fails_the_attempt_before_the_handler_runs():
+    called: list[int] = []
+
+    @task("drift")
+    async def loose(payload: dict) -> None:
+        called.append(1)
+
+    class Strict(BaseModel):
+        required: int
+
+    @task("drift", schema=Strict)
+    async def strict(payload) -> None:
+        called.append(2)
+
+    (producer, consumer), _ = shared_runtimes([loose], [strict])
+    async with producer, consumer:
+        await producer.trigger(loose, {"other": "x"})
+        run = await consumer.execute_next()
+        assert run.status is RunStatus.FAILED
+        assert run.failure.code is ErrorCode.VALIDATION_FAILED
+        assert not run.failure.retryable
+        assert called == []
+
+
+async def test_a_run_whose_task_is_not_registered_fails_without_retry():
+    @task("known", retry=Retry(3))
+    async def known() -> None:
+        return None
+
+    (producer, consumer), _ = shared_runtimes([known], [echo])
+    async with producer, consumer:
+        await producer.trigger(known)
+        run = await consumer.execute_next()
+        assert run.status is RunStatus.FAILED
+        assert run.failure.code is ErrorCode.TASK_NOT_FOUND
+        assert not run.failure.retryable
+
+
+# ---------------------------------------------------------------------------------------------
+# run_now
+
+
+async def test_run_now_creates_claims_and_executes_one_attempt_inline():
+    runtime, _ = make_runtime(echo)
+    async with runtime:
+        run = await runtime.run_now(echo, {"x": 1})
+        assert run.status is RunStatus.SUCCEEDED
+        assert run.output == {"echo": {"x": 1}}
+        assert await event_types(runtime, run.id) == ["run.created", "run.lease_claimed", "run.started", "run.succeeded"]
+
+
+async def test_run_now_duplicate_idempotency_returns_the_existing_run_without_executing():
+    calls: list[int] = []
+
+    @task("inline.keyed", idempotency_key="button")
+    async def keyed() -> int:
+        calls.append(1)
+        return len(calls)
+
+    runtime, _ = make_runtime(keyed)
+    async with runtime:
+        first = await runtime.run_now(keyed)
+        second = await runtime.run_now(keyed)
+        assert second.id == first.id and second.output == 1
+        assert calls == [1]
+
+
+async def test_run_now_returns_retrying_and_released_runs_without_looping():
+    @task("inline.retry", retry=Retry(3, backoff="10s"))
+    async def retrying() -> None:
+        raise RuntimeError("transient")
+
+    @task("inline.release")
+    async def releasing(payload: dict, ctx: TaskContext):
+        return ctx.release("1m", reason="not_ready")
+
+    runtime, clock = make_runtime(retrying, releasing)
+    async with runtime:
+        run = await runtime.run_now(retrying)
+        assert run.status is RunStatus.RETRYING and run.counters.attempts == 1
+        run = await runtime.run_now(releasing, {})
+        assert run.status is RunStatus.RELEASED and run.counters.releases == 1
+        assert await runtime.execute_next() is None
+
+
+async def test_run_now_singleton_conflict_rejects_before_creation():
+    @task("inline.singleton", singleton_key="resource")
+    async def guarded() -> None:
+        return None
+
+    runtime, _ = make_runtime(guarded)
+    async with runtime:
+        await runtime.trigger(guarded)
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.run_now(guarded)
+        assert get_storage_conflict_kind(raised.value) is StorageConflictKind.SINGLETON_KEY
+
+
+async def test_run_now_with_an_aborted_signal_still_creates_the_run():
+    @task("inline.signal")
+    async def observe(payload: dict, ctx: TaskContext) -> bool:
+        return ctx.signal.aborted
+
+    runtime, _ = make_runtime(observe)
+    async with runtime:
+        controller = CancellationController()
+        controller.abort()
+        run = await runtime.run_now(observe, {}, signal=controller.signal)
+        assert run.status is RunStatus.SUCCEEDED and run.output is True
+
+
+async def test_run_now_rejects_when_the_inline_lease_is_lost():
+    @task("inline.lost")
+    async def lose(payload: dict, ctx: TaskContext) -> None:
+        await ctx.signal.wait()
+
+    runtime, clock = make_runtime(lose)
+    async with runtime:
+        task_ = asyncio.ensure_future(runtime.run_now(lose, {}, lease_duration="1s", heartbeat_interval="10ms"))
+        await asyncio.sleep(0.005)
+        # Another worker recovers the run after its lease expires and claims it.
+        clock.advance("2s")
+        (run,) = (await runtime.runs.list()).data
+        stolen = await runtime.store.claim([ClaimRequest(run.id, None, "thief", "tok", 60_000)])
+        assert stolen[0].claimed
+        with pytest.raises(RunlaneError) as raised:
+            await asyncio.wait_for(task_, 2)
+        assert get_storage_conflict_kind(raised.value) is StorageConflictKind.LEASE_OWNERSHIP
+
+
+# ---------------------------------------------------------------------------------------------
+# execute_delivery
+
+
+def _message(run, queue_name=None) -> DeliveryMessage:
+    return DeliveryMessage(
+        environment=run.environment, run_id=run.id, queue=queue_name or run.queue, requested_at=run.created_at
+    )
+
+
+async def test_execute_delivery_executes_the_delivered_run():
+    runtime, _ = make_runtime(echo)
+    async with runtime:
+        run = (await runtime.trigger(echo, {"n": 1})).run
+        result = await runtime.execute_delivery(_message(run))
+        assert result.status is ExecuteDeliveryStatus.EXECUTED
+        assert result.run.status is RunStatus.SUCCEEDED
+        again = await runtime.execute_delivery(_message(run).model_dump())
+        assert (again.status, again.reason) == (ExecuteDeliveryStatus.IGNORED, ExecuteDeliveryIgnoredReason.TERMINAL)
+
+
+async def test_execute_delivery_ignored_reasons():
+    limited = queue("limited", concurrency_limit=1)
+
+    @task("release.later")
+    async def later(payload: dict, ctx: TaskContext):
+        return ctx.release("1h")
+
+    @task("hold", queue=limited)
+    async def hold(payload: dict, ctx: TaskContext) -> None:
+        await ctx.signal.wait()
+
+    runtime, clock = make_runtime(echo, later, hold, queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        queued = (await runtime.trigger(echo, {})).run
+        ghost = queued.model_copy(update={"id": "run_missing"})
+        result = await runtime.execute_delivery(_message(ghost))
+        assert result.reason is ExecuteDeliveryIgnoredReason.RUN_NOT_FOUND
+        result = await runtime.execute_delivery(_message(queued, "limited"))
+        assert result.reason is ExecuteDeliveryIgnoredReason.WRONG_QUEUE
+        released = (await runtime.run_now(later, {}))
+        result = await runtime.execute_delivery(_message(released))
+        assert result.reason is ExecuteDeliveryIgnoredReason.NOT_DUE
+        # A running run whose lease is live is already leased; a second bounded run finds no capacity.
+        first = (await runtime.trigger(hold, {})).run
+        second = (await runtime.trigger(hold, {})).run
+        holder = asyncio.ensure_future(runtime.execute_delivery(_message(first)))
+        await asyncio.sleep(0.01)
+        result = await runtime.execute_delivery(_message(first))
+        assert result.reason is ExecuteDeliveryIgnoredReason.ALREADY_LEASED
+        result = await runtime.execute_delivery(_message(second))
+        assert result.reason is ExecuteDeliveryIgnoredReason.CLAIM_LOST
+        for ignored in (result,):
+            assert ignored.status is ExecuteDeliveryStatus.IGNORED
+        await runtime.runs.cancel(first.id)
+        done = await asyncio.wait_for(holder, 2)
+        assert done.run.status is RunStatus.CANCELLED
+
+
+async def test_execute_delivery_abandons_an_attempt_that_lost_its_lease():
+    @task("slow")
+    async def slow(payload: dict, ctx: TaskContext) -> None:
+        await ctx.signal.wait()
+
+    runtime, clock = make_runtime(slow)
+    async with runtime:
+        run = (await runtime.trigger(slow, {})).run
+        pending = asyncio.ensure_future(
+            runtime.execute_delivery(_message(run), lease_duration="1s", heartbeat_interval="5ms")
+        )
+        await asyncio.sleep(0.003)
+        clock.advance("2s")
+        assert (await runtime.store.claim([ClaimRequest(run.id, None, "thief", "tok", 60_000)]))[0].claimed
+        result = await asyncio.wait_for(pending, 2)
+        assert (result.status, result.reason) == (ExecuteDeliveryStatus.IGNORED, ExecuteDeliveryIgnoredReason.ABANDONED)
+
+
+async def test_execute_delivery_persists_a_failure_for_an_unregistered_task_or_queue():
+    legacy = queue("legacy")
+
+    @task("legacy.task", queue=legacy)
+    async def legacy_task() -> None:
+        return None
+
+    (producer, other), _ = shared_runtimes([echo, legacy_task], [], queues=[DEFAULT_QUEUE, legacy])
+    # A consumer process that knows neither the legacy queue nor the echo task.
+    consumer = create_runlane(lane=other.lane, queues=[DEFAULT_QUEUE], tasks=[], clock=other.clock)
+    async with producer, consumer:
+        for run in ((await producer.trigger(echo, {})).run, (await producer.trigger(legacy_task)).run):
+            result = await consumer.execute_delivery(_message(run))
+            assert result.status is ExecuteDeliveryStatus.EXECUTED
+            assert result.run.status is RunStatus.FAILED
+            assert not result.run.failure.retryable
+        assert result.run.failure.code is ErrorCode.CONFIGURATION_INVALID
+
+
+async def test_execute_delivery_rejects_an_aborted_signal_and_a_foreign_environment():
+    runtime, _ = make_runtime(echo)
+    async with runtime:
+        run = (await runtime.trigger(echo, {})).run
+        controller = CancellationController()
+        controller.abort()
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.execute_delivery(_message(run), signal=controller.signal)
+        assert raised.value.code is ErrorCode.OPERATION_CANCELLED
+        assert (await runtime.runs.get(run.id)).status is RunStatus.QUEUED
+        foreign = _message(run).model_copy(update={"environment": Environment(name="other")})
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.execute_delivery(foreign)
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.execute_delivery({"run_id": run.id})
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+async def test_run_events_page_in_sequence_and_time_order_with_cursors():
+    @task("paged")
+    async def paged(payload: dict, ctx: TaskContext):
+        if ctx.attempt < 3:
+            return ctx.release("1s")
+        return "done"
+
+    runtime, clock = make_runtime(paged)
+    async with runtime:
+        run = (await runtime.trigger(paged, {})).run
+        for _ in range(3):
+            await runtime.execute_next()
+            clock.advance("1s")
+        everything = (await runtime.runs.events(run.id, sort_by="sequence", limit=100)).data
+        assert [record.sequence for record in everything] == list(range(1, len(everything) + 1))
+        assert len(everything) == 11  # created, delivery requested, then claimed + started + outcome three times
+        collected, cursor = [], None
+        while True:
+            page = await runtime.runs.events(run.id, sort_by="sequence", limit=4, cursor=cursor)
+            collected.extend(page.data)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert collected == everything
+        newest_first = (await runtime.runs.events(run.id, sort_by="occurred_at", sort_direction="desc", limit=100)).data
+        assert [r.sequence for r in newest_first] == [r.sequence for r in reversed(everything)]
+        released = (await runtime.runs.events(run.id, types=["run.released"])).data
+        assert [r.event.type.value for r in released] == ["run.released", "run.released"]
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.events(run.id, sort_by="sequence", limit=4, cursor=(await runtime.runs.events(run.id, limit=1)).next_cursor)
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        attempts = await runtime.runs.attempts(run.id)
+        assert [a.status.value for a in attempts] == ["released", "released", "succeeded"]
+        assert attempts[-1].output == "done"

@@ -1,0 +1,111 @@
+"""Live observers: called after commit with sanitized observations; failures are isolated."""
+
+from __future__ import annotations
+
+import pytest
+
+from runlane import (
+    RunlaneObservation,
+    RunlaneObservationType,
+    RunStatus,
+    TaskContext,
+    task,
+)
+from runlane.errors import RunlaneError
+
+from runtime_support import make_runtime
+
+
+@task("observed")
+async def observed(payload: dict, ctx: TaskContext) -> dict:
+    return {"secret_output": "s3cr3t"}
+
+
+@task("observed.singleton", singleton_key="one")
+async def single(payload: dict) -> None:
+    return None
+
+
+async def test_every_persisted_event_is_observed_once_in_order_without_private_data():
+    seen: list[RunlaneObservation] = []
+    runtime, _ = make_runtime(observed, observers=[seen.append])
+    async with runtime:
+        run = (await runtime.trigger(observed, {"secret_payload": "p4ss"}, trace_carrier={"traceparent": "t"})).run
+        await runtime.execute_next()
+        events = (await runtime.runs.events(run.id, sort_by="sequence")).data
+    assert [o.type for o in seen] == [RunlaneObservationType.RUN_EVENT] * len(events)
+    assert [(o.event_id, o.sequence, o.event_type) for o in seen] == [
+        (record.id, record.sequence, record.event.type) for record in events
+    ]
+    assert all(o.run_id == run.id and o.task_id == "observed" and o.queue == "default" for o in seen)
+    assert seen[0].trace_carrier == {"traceparent": "t"}
+    assert seen[-1].status is RunStatus.SUCCEEDED and seen[-1].attempt == 1
+    text = "".join(o.model_dump_json() for o in seen)
+    assert "p4ss" not in text and "s3cr3t" not in text
+
+
+async def test_observer_failures_are_reported_and_never_change_run_state():
+    reported: list[tuple[BaseException, RunlaneObservation]] = []
+    calls: list[str] = []
+
+    def broken(observation: RunlaneObservation) -> None:
+        raise RuntimeError("observer bug")
+
+    async def async_observer(observation: RunlaneObservation) -> None:
+        calls.append(observation.event_type.value)
+
+    runtime, _ = make_runtime(
+        observed,
+        observers=[broken, async_observer],
+        on_observer_error=lambda error, observation: reported.append((error, observation)),
+    )
+    async with runtime:
+        await runtime.trigger(observed, {})
+        run = await runtime.execute_next()
+    assert run.status is RunStatus.SUCCEEDED
+    assert len(reported) == len(calls) == 5
+    assert all(isinstance(error, RuntimeError) for error, _ in reported)
+    assert calls[-1] == "run.succeeded"
+
+
+async def test_observer_errors_without_a_handler_are_ignored_and_a_failing_handler_too():
+    def broken(observation):
+        raise RuntimeError("observer bug")
+
+    def broken_handler(error, observation):
+        raise RuntimeError("handler bug")
+
+    for options in ({"observers": [broken]}, {"observers": [broken], "on_observer_error": broken_handler}):
+        runtime, _ = make_runtime(observed, **options)
+        async with runtime:
+            await runtime.trigger(observed, {})
+            assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+
+
+async def test_rejected_writes_are_not_observed():
+    seen: list[RunlaneObservation] = []
+    runtime, _ = make_runtime(single, observers=[seen.append])
+    async with runtime:
+        await runtime.trigger(single, {})
+        count = len(seen)
+        with pytest.raises(RunlaneError):
+            await runtime.trigger(single, {})
+        assert len(seen) == count
+
+
+async def test_cancellation_and_maintenance_events_are_observed():
+    seen: list[RunlaneObservation] = []
+
+    @task("observed.release")
+    async def release(payload: dict, ctx: TaskContext):
+        return ctx.release("1m")
+
+    runtime, clock = make_runtime(release, observers=[seen.append])
+    async with runtime:
+        run = (await runtime.trigger(release, {})).run
+        await runtime.execute_next()
+        clock.advance("1m")
+        await runtime.tick()
+        await runtime.runs.cancel(run.id)
+    types = [o.event_type.value for o in seen]
+    assert types[-3:] == ["run.released", "run.delivery_requested", "run.cancelled"]

@@ -1,0 +1,150 @@
+"""Retry (failure pressure with a budget) versus release (business waiting), end to end."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from runlane import (
+    Backoff,
+    ErrorCode,
+    Retry,
+    RetryBackoffType,
+    RunlaneError,
+    RunStatus,
+    TaskContext,
+    TimeWaitCondition,
+    task,
+)
+
+from runtime_support import event_types, make_runtime
+
+
+async def test_retryable_failures_retry_with_fixed_backoff_until_the_budget_is_spent():
+    attempts: list[int] = []
+
+    @task("flaky", retry=Retry(max_attempts=3, backoff="30s"))
+    async def flaky(payload: dict, ctx: TaskContext) -> None:
+        attempts.append(ctx.attempt)
+        raise RunlaneError(ErrorCode.TASK_FAILED, "provider down", retryable=True, meta={"provider": "p"})
+
+    runtime, clock = make_runtime(flaky)
+    async with runtime:
+        run = (await runtime.trigger(flaky, {})).run
+        first = await runtime.execute_next()
+        assert first.status is RunStatus.RETRYING
+        assert first.run_at == clock.now() + timedelta(seconds=30)
+        assert first.failure.code is ErrorCode.TASK_FAILED and first.failure.meta == {"provider": "p"}
+        assert (first.counters.attempts, first.counters.failures, first.counters.retries) == (1, 1, 1)
+        assert first.lease is None
+        # Not due yet: neither maintenance nor a worker touches it.
+        assert (await runtime.tick()).delivery_requested == 0
+        assert await runtime.execute_next() is None
+        clock.advance("30s")
+        assert (await runtime.tick()).delivery_requested == 1
+        second = await runtime.execute_next()
+        assert second.status is RunStatus.RETRYING and second.counters.attempts == 2
+        clock.advance("30s")
+        # Workers also pick up due retries directly from storage.
+        last = await runtime.execute_next()
+        assert last.status is RunStatus.FAILED
+        assert (last.counters.attempts, last.counters.failures, last.counters.retries) == (3, 3, 2)
+        assert attempts == [1, 2, 3]
+        types = await event_types(runtime, run.id)
+        assert types.count("run.retry_scheduled") == 2 and types[-1] == "run.failed"
+
+
+async def test_exponential_backoff_doubles_and_respects_the_cap():
+    @task(
+        "expo",
+        retry=Retry(5, backoff=Backoff(type=RetryBackoffType.EXPONENTIAL, delay="5s", max_delay="15s")),
+    )
+    async def expo() -> None:
+        raise RuntimeError("again")
+
+    runtime, clock = make_runtime(expo)
+    async with runtime:
+        await runtime.trigger(expo)
+        delays = []
+        for _ in range(4):
+            run = await runtime.execute_next()
+            delays.append(run.run_at - clock.now())
+            clock.set(run.run_at)
+        assert delays == [timedelta(seconds=5), timedelta(seconds=10), timedelta(seconds=15), timedelta(seconds=15)]
+        assert (await runtime.execute_next()).status is RunStatus.FAILED
+
+
+async def test_unknown_exceptions_retry_and_non_retryable_errors_fail_at_once():
+    @task("unknown", retry=Retry(2, backoff="1s"))
+    async def unknown() -> None:
+        raise ValueError("boom")
+
+    @task("structured", retry=Retry(5, backoff="1s"))
+    async def structured() -> None:
+        raise RunlaneError(ErrorCode.VALIDATION_FAILED, "bad input")
+
+    runtime, clock = make_runtime(unknown, structured)
+    async with runtime:
+        await runtime.trigger(unknown)
+        assert (await runtime.execute_next()).status is RunStatus.RETRYING
+        await runtime.trigger(structured)
+        run = await runtime.execute_next()
+        assert run.task_id == "structured" and run.status is RunStatus.FAILED
+        assert run.counters.retries == 0
+
+
+async def test_release_waits_without_counting_a_failure():
+    polls: list[int] = []
+
+    @task("poll.report", retry=Retry(1))
+    async def poll(payload: dict, ctx: TaskContext):
+        polls.append(ctx.attempt)
+        if len(polls) < 2:
+            return ctx.release("5m", reason="provider_not_ready", meta={"report": "r1"})
+        return {"ready": True}
+
+    runtime, clock = make_runtime(poll)
+    async with runtime:
+        run = (await runtime.trigger(poll, {})).run
+        released = await runtime.execute_next()
+        assert released.status is RunStatus.RELEASED
+        assert released.wait == TimeWaitCondition(resume_at=clock.now() + timedelta(minutes=5))
+        assert (released.counters.releases, released.counters.failures) == (1, 0)
+        page = await runtime.runs.events(run.id, types=["run.released"])
+        event = page.data[0].event
+        assert (event.delay, event.reason, event.meta) == ("5m", "provider_not_ready", {"report": "r1"})
+        clock.advance("4m")
+        assert (await runtime.tick()).delivery_requested == 0
+        clock.advance("1m")
+        assert (await runtime.tick()).delivery_requested == 1
+        assert (await runtime.runs.get(run.id)).status is RunStatus.QUEUED
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.SUCCEEDED and done.output == {"ready": True}
+        assert done.counters.attempts == 2 and done.counters.failures == 0
+        attempts = await runtime.runs.attempts(run.id)
+        assert [a.status.value for a in attempts] == ["released", "succeeded"]
+        assert attempts[0].release_reason == "provider_not_ready"
+
+
+@pytest.mark.parametrize(
+    "make_release",
+    [
+        lambda ctx: ctx.release("soon"),
+        lambda ctx: ctx.release("0s"),
+        lambda ctx: ctx.wait_for_signal("bad:key"),
+        lambda ctx: ctx.wait_for_run(ctx.run_id),
+        lambda ctx: ctx.release("1m", meta={"x": object()}),
+    ],
+)
+async def test_invalid_release_values_fail_the_attempt_with_configuration_invalid(make_release):
+    @task("bad.release")
+    async def bad(payload: dict, ctx: TaskContext):
+        return make_release(ctx)
+
+    runtime, _ = make_runtime(bad)
+    async with runtime:
+        await runtime.trigger(bad, {})
+        run = await runtime.execute_next()
+        assert run.status is RunStatus.FAILED
+        assert run.failure.code is ErrorCode.CONFIGURATION_INVALID

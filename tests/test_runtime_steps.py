@@ -1,0 +1,172 @@
+"""Durable steps: deterministic tokens, checkpoint once per run, replay, output schemas, fencing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from runlane import Environment, ErrorCode, Retry, RunlaneError, RunlaneObservationType, RunStatus, TaskContext, task
+from runlane.core.attempt import step_token
+
+from runtime_support import make_runtime
+
+
+class Submission(BaseModel):
+    job_id: str
+
+
+def test_step_token_is_deterministic_for_environment_run_and_key():
+    token = step_token(Environment(name="prod"), "run_1", "submit")
+    expected = hashlib.sha256(json.dumps(["prod", "run_1", "submit"], separators=(",", ":")).encode()).hexdigest()
+    assert token == f"step_{expected}"
+    assert token == step_token(Environment(name="prod"), "run_1", "submit")
+    assert len({
+        token,
+        step_token(Environment(name="dev"), "run_1", "submit"),
+        step_token(Environment(name="prod"), "run_2", "submit"),
+        step_token(Environment(name="prod"), "run_1", "poll"),
+    }) == 4
+
+
+async def test_a_step_runs_once_per_run_and_replays_its_stored_output():
+    calls: list[str] = []
+    seen: list[Submission] = []
+
+    @task("pdf.render")
+    async def render(payload: dict, ctx: TaskContext):
+        async def submit(token: str) -> dict:
+            calls.append(token)
+            return {"job_id": f"job_{len(calls)}"}
+
+        submission = await ctx.step.run("submit-render-job", submit, output=Submission)
+        seen.append(submission)
+        if ctx.attempt == 1:
+            return ctx.release("30s", meta={"job": submission.job_id})
+        return submission.job_id
+
+    runtime, clock = make_runtime(render)
+    async with runtime:
+        run = (await runtime.trigger(render, {})).run
+        assert (await runtime.execute_next()).status is RunStatus.RELEASED
+        clock.advance("30s")
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.SUCCEEDED and done.output == "job_1"
+        assert calls == [step_token(runtime.environment, run.id, "submit-render-job")]
+        assert seen == [Submission(job_id="job_1"), Submission(job_id="job_1")]
+        step = await runtime.store.get_step(run.id, "submit-render-job")
+        assert step.output == {"job_id": "job_1"} and step.attempt == 1 and step.token == calls[0]
+        # Another run with the same task and payload gets its own step.
+        await runtime.trigger(render, {})
+        await runtime.execute_next()
+        assert len(calls) == 2
+
+
+async def test_step_failures_are_not_checkpointed_and_run_again_on_retry():
+    calls: list[int] = []
+
+    @task("flaky.step", retry=Retry(3, backoff="1s"))
+    async def flaky(payload: dict, ctx: TaskContext):
+        def submit(token: str):
+            calls.append(ctx.attempt)
+            if ctx.attempt == 1:
+                raise RuntimeError("provider rejected")
+            if ctx.attempt == 2:
+                return {"job_id": 7}  # does not match the schema
+            return {"job_id": "ok"}
+
+        result = await ctx.step.run("submit", submit, output=Submission)
+        return result.job_id
+
+    runtime, clock = make_runtime(flaky)
+    async with runtime:
+        run = (await runtime.trigger(flaky, {})).run
+        first = await runtime.execute_next()
+        assert first.failure.code is ErrorCode.TASK_FAILED
+        clock.advance("1s")
+        second = await runtime.execute_next()
+        assert second.failure.code is ErrorCode.TASK_OUTPUT_INVALID
+        assert await runtime.store.get_step(run.id, "submit") is None
+        clock.advance("1s")
+        assert (await runtime.execute_next()).output == "ok"
+        assert calls == [1, 2, 3]
+
+
+async def test_steps_in_sync_handlers_and_plain_json_outputs():
+    calls: list[str] = []
+
+    @task("sync.steps")
+    def handler(payload: dict, ctx: TaskContext):
+        first = ctx.step.run("one", lambda token: calls.append(token) or [1, 2])
+        again = ctx.step.run("one", lambda token: calls.append("again") or [9])
+        return {"first": first, "again": again}
+
+    runtime, _ = make_runtime(handler)
+    async with runtime:
+        await runtime.trigger(handler, {})
+        run = await runtime.execute_next()
+        assert run.output == {"first": [1, 2], "again": [1, 2]}
+        assert len(calls) == 1
+
+
+async def test_step_completion_is_fenced_and_conflicting_output_is_an_invariant_violation():
+    outcomes: dict = {}
+
+    @task("fenced")
+    async def fenced(payload: dict, ctx: TaskContext):
+        await ctx.step.run("k", lambda token: {"v": 1})
+        current = await runtime.runs.get(ctx.run_id)
+        token = step_token(ctx.environment, ctx.run_id, "k")
+        same, created = await runtime.store.complete_step(ctx.run_id, "k", token, current.lease.token, ctx.attempt, {"v": 1})
+        outcomes["same_created"] = created
+        try:
+            await runtime.store.complete_step(ctx.run_id, "k", token, current.lease.token, ctx.attempt, {"v": 2})
+        except RunlaneError as error:
+            outcomes["different"] = error.code
+        try:
+            await runtime.store.complete_step(ctx.run_id, "other", "t", "not-the-lease", ctx.attempt, {})
+        except RunlaneError as error:
+            outcomes["fenced"] = error.code
+
+    runtime, _ = make_runtime(fenced)
+    async with runtime:
+        await runtime.trigger(fenced, {})
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        assert outcomes == {
+            "same_created": False,
+            "different": ErrorCode.INVARIANT_VIOLATION,
+            "fenced": ErrorCode.STORAGE_CONFLICT,
+        }
+
+
+@pytest.mark.parametrize("key", ["", "a:b", 5])
+async def test_invalid_step_keys_fail_the_attempt(key):
+    @task("bad.step")
+    async def bad(payload: dict, ctx: TaskContext):
+        await ctx.step.run(key, lambda token: 1)
+
+    runtime, _ = make_runtime(bad)
+    async with runtime:
+        await runtime.trigger(bad, {})
+        assert (await runtime.execute_next()).failure.code is ErrorCode.CONFIGURATION_INVALID
+
+
+async def test_first_step_completion_is_observed_once():
+    observations = []
+
+    @task("observed.step")
+    async def observed(payload: dict, ctx: TaskContext):
+        await ctx.step.run("s", lambda token: {"secret": "do-not-leak"})
+        await ctx.step.run("s", lambda token: {"secret": "do-not-leak"})
+
+    runtime, _ = make_runtime(observed, observers=[observations.append])
+    async with runtime:
+        run = (await runtime.trigger(observed, {})).run
+        await runtime.execute_next()
+    steps = [o for o in observations if o.type is RunlaneObservationType.RUN_STEP]
+    assert len(steps) == 1
+    assert steps[0].step_key == "s" and steps[0].attempt == 1 and steps[0].run_id == run.id
+    assert steps[0].step_token == step_token(runtime.environment, run.id, "s")
+    assert "do-not-leak" not in steps[0].model_dump_json()

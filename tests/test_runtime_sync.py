@@ -1,0 +1,94 @@
+"""``runlane.sync``: the blocking facade, used from plain synchronous code."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from runlane import ErrorCode, RunlaneError, RunStatus, TaskContext, TriggerOutcomeType, WorkerMode, task
+
+from runtime_support import make_runtime
+
+
+@task("sync.echo")
+def echo(payload: dict) -> dict:
+    return payload
+
+
+@task("sync.wait")
+async def wait_signal(payload: dict, ctx: TaskContext):
+    if ctx.attempt == 1:
+        return ctx.wait_for_signal("go")
+    return "went"
+
+
+def test_the_facade_runs_the_whole_lifecycle_without_an_event_loop():
+    runtime, _ = make_runtime(echo, wait_signal)
+    sync = runtime.sync
+    assert runtime.sync is sync
+    with sync:
+        result = sync.trigger(echo, {"n": 1})
+        assert result.outcome is TriggerOutcomeType.CREATED
+        run = sync.execute_next()
+        assert run.status is RunStatus.SUCCEEDED and run.output == {"n": 1}
+        assert sync.runs.get(run.id).status is RunStatus.SUCCEEDED
+        assert [e.event.type.value for e in sync.runs.events(run.id).data][-1] == "run.succeeded"
+        assert sync.run_now(echo, {"n": 2}).output == {"n": 2}
+        waiting = sync.run_now(wait_signal, {})
+        assert [r.id for r in sync.signals.send("go")] == [waiting.id]
+        assert sync.execute_next().output == "went"
+        queued = sync.trigger(echo, {"n": 3}).run
+        assert sync.runs.cancel(queued.id).status is RunStatus.CANCELLED
+        assert sync.tick().delivery_requested == 0
+        assert sync.tasks["sync.echo"] is echo and sync.environment.name == "default"
+    assert runtime.closed
+    with pytest.raises(RunlaneError) as raised:
+        sync.trigger(echo, {})
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+def test_sync_workers_drain_and_stop():
+    runtime, _ = make_runtime(echo)
+    with runtime.sync as sync:
+        for n in range(5):
+            sync.trigger(echo, {"n": n})
+        worker = sync.worker(mode=WorkerMode.DRAIN, concurrency=2)
+        worker.wait(timeout=5)
+        assert worker.executed == 5
+        poller = sync.worker(empty_poll_delay="5ms")
+        sync.trigger(echo, {"n": 9})
+        poller.stop()
+        assert poller.closed.done()
+
+
+def test_the_facade_can_serve_a_runtime_an_application_loop_also_uses():
+    runtime, _ = make_runtime(echo)
+    results: list = []
+
+    async def application() -> None:
+        async with runtime:
+            # A producer thread triggers through the facade while this loop runs a worker.
+            worker = runtime.worker(empty_poll_delay="5ms")
+            thread = threading.Thread(target=lambda: results.extend(runtime.sync.trigger(echo, {"n": n}) for n in range(3)))
+            thread.start()
+            while worker.executed < 3:
+                await asyncio.sleep(0.002)
+            thread.join()
+            await worker.stop()
+
+    asyncio.run(application())
+    assert len(results) == 3 and runtime.closed
+
+
+async def test_calling_the_facade_from_its_own_loop_is_refused():
+    runtime, _ = make_runtime(echo)
+    sync = runtime.sync
+
+    async def inside() -> None:
+        sync.trigger(echo, {})
+
+    with pytest.raises(RunlaneError, match="own event-loop thread"):
+        sync.call(inside)
+    await runtime.close()

@@ -1,0 +1,244 @@
+"""``tick()`` recovery phases, attempt deadlines and heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import fields
+from datetime import timedelta
+
+import pytest
+
+from runlane import ErrorCode, Retry, RunlaneError, RunStatus, TaskContext, TickResult, task
+from runlane.core.store import ClaimRequest
+
+from runtime_support import event_types, make_runtime
+
+
+@task("noop")
+async def noop(payload: dict) -> None:
+    return None
+
+
+@task("timed", retry=Retry(2, backoff="1m"), max_attempt_duration="10m")
+async def timed(payload: dict) -> None:
+    return None
+
+
+async def _claim(runtime, run_id, *, lease_ms=60_000, start=True, deadline_ms=None):
+    (claim,) = await runtime.store.claim(
+        [ClaimRequest(run_id, None, "crashed-worker", f"tok-{run_id}", lease_ms, deadline_ms, also_start=start)]
+    )
+    assert claim.claimed
+    return claim.run
+
+
+async def test_tick_result_reports_all_eight_counts():
+    runtime, _ = make_runtime(noop)
+    async with runtime:
+        result = await runtime.tick()
+    assert [f.name for f in fields(TickResult)] == [
+        "materialized",
+        "delivery_requested",
+        "cancellations_finalized",
+        "timeouts_finalized",
+        "dispatch_reserved",
+        "outbox_published",
+        "outbox_failed",
+        "outbox_dead_lettered",
+    ]
+    assert result == TickResult()
+
+
+async def test_expired_running_leases_are_recovered_through_delivery_requests():
+    runtime, clock = make_runtime(noop)
+    async with runtime:
+        run = (await runtime.trigger(noop, {})).run
+        await _claim(runtime, run.id)
+        assert (await runtime.tick()).delivery_requested == 0
+        clock.advance("1m")
+        assert (await runtime.tick()).delivery_requested == 1
+        recovered = await runtime.runs.get(run.id)
+        assert recovered.status is RunStatus.QUEUED and recovered.lease is None
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.SUCCEEDED and done.counters.attempts == 2
+
+
+async def test_timed_out_attempts_are_finalized_by_the_retry_policy():
+    runtime, clock = make_runtime(timed)
+    async with runtime:
+        run = (await runtime.trigger(timed, {})).run
+        await _claim(runtime, run.id, lease_ms=3_600_000, deadline_ms=600_000)
+        clock.advance("10m")
+        result = await runtime.tick()
+        assert result.timeouts_finalized == 1
+        retrying = await runtime.runs.get(run.id)
+        assert retrying.status is RunStatus.RETRYING
+        assert retrying.failure.code is ErrorCode.TASK_TIMED_OUT
+        clock.advance("1m")
+        assert (await runtime.tick()).delivery_requested == 1
+        await _claim(runtime, run.id, lease_ms=3_600_000, deadline_ms=600_000)
+        clock.advance("10m")
+        assert (await runtime.tick()).timeouts_finalized == 1
+        failed = await runtime.runs.get(run.id)
+        assert failed.status is RunStatus.FAILED and failed.failure.code is ErrorCode.TASK_TIMED_OUT
+
+
+async def test_a_claim_that_never_started_is_lease_recovered_not_timed_out():
+    runtime, clock = make_runtime(timed)
+    async with runtime:
+        run = (await runtime.trigger(timed, {})).run
+        await _claim(runtime, run.id, lease_ms=60_000, deadline_ms=30_000, start=False)
+        clock.advance("1m")
+        result = await runtime.tick()
+        assert (result.timeouts_finalized, result.delivery_requested) == (0, 1)
+
+
+async def test_due_retrying_released_and_scheduled_runs_get_delivery_requests_within_limits():
+    @task("later")
+    async def later(payload: dict, ctx: TaskContext):
+        return ctx.release("1m")
+
+    runtime, clock = make_runtime(later)
+    async with runtime:
+        runs = [(await runtime.trigger(later, {})).run for _ in range(3)]
+        for _ in runs:
+            await runtime.execute_next()
+        clock.advance("1m")
+        assert (await runtime.tick(delivery_request_limit=2)).delivery_requested == 2
+        assert (await runtime.tick(delivery_request_limit=2)).delivery_requested == 1
+        assert (await runtime.tick()).delivery_requested == 0
+        for run in runs:
+            assert (await runtime.runs.get(run.id)).status is RunStatus.QUEUED
+            assert (await event_types(runtime, run.id))[-1] == "run.delivery_requested"
+
+
+async def test_cancellation_and_timeout_phases_respect_their_limits():
+    runtime, clock = make_runtime(timed, noop)
+    async with runtime:
+        cancel_runs = [(await runtime.trigger(noop, {})).run for _ in range(3)]
+        for run in cancel_runs:
+            await _claim(runtime, run.id)
+            await runtime.runs.cancel(run.id)
+        timeout_runs = [(await runtime.trigger(timed, {})).run for _ in range(3)]
+        for run in timeout_runs:
+            await _claim(runtime, run.id, lease_ms=3_600_000, deadline_ms=60_000)
+        clock.advance("1m")
+        first = await runtime.tick(cancellation_finalization_limit=2, timeout_finalization_limit=1)
+        assert (first.cancellations_finalized, first.timeouts_finalized) == (2, 1)
+        second = await runtime.tick()
+        assert (second.cancellations_finalized, second.timeouts_finalized) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "option", ["delivery_request_limit", "cancellation_finalization_limit", "timeout_finalization_limit", "outbox_claim_limit"]
+)
+async def test_tick_limits_must_be_positive(option):
+    runtime, _ = make_runtime(noop)
+    async with runtime:
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(RunlaneError) as raised:
+                await runtime.tick(**{option: bad})
+            assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+async def test_the_attempt_deadline_aborts_the_signal_and_times_out():
+    reasons: list[str | None] = []
+
+    @task("deadline")
+    async def deadline(payload: dict, ctx: TaskContext):
+        await ctx.signal.wait()
+        reasons.append(ctx.signal.reason)
+        return "finished anyway"
+
+    runtime, clock = make_runtime(deadline)
+    async with runtime:
+        run = (await runtime.trigger(deadline, {})).run
+        done = await asyncio.wait_for(runtime.execute_next(max_attempt_duration="5ms"), 2)
+        assert reasons == ["attempt_timed_out"]
+        assert done.status is RunStatus.FAILED and done.failure.code is ErrorCode.TASK_TIMED_OUT
+        assert done.failure.message == "Task timed out."
+        claimed = (await runtime.runs.events(run.id, types=["run.lease_claimed"])).data[0].event
+        assert claimed.attempt_deadline_at == claimed.occurred_at + timedelta(milliseconds=5)
+
+
+async def test_finishing_past_the_deadline_on_the_runtime_clock_times_out():
+    @task("slow.clock", max_attempt_duration="1s", retry=Retry(2, backoff="5s"))
+    async def slow(payload: dict) -> str:
+        clock.advance("2s")
+        return "too late"
+
+    runtime, clock = make_runtime(slow)
+    async with runtime:
+        await runtime.trigger(slow, {})
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.RETRYING and done.failure.code is ErrorCode.TASK_TIMED_OUT
+
+
+async def test_heartbeats_extend_the_lease_but_not_the_deadline():
+    @task("long")
+    async def long(payload: dict, ctx: TaskContext) -> None:
+        for _ in range(3):
+            clock.advance("10s")
+            await asyncio.sleep(0.01)
+
+    runtime, clock = make_runtime(long)
+    async with runtime:
+        run = (await runtime.trigger(long, {})).run
+        done = await runtime.execute_next(
+            lease_duration="30s", heartbeat_interval="4ms", max_attempt_duration="1h"
+        )
+        assert done.status is RunStatus.SUCCEEDED
+        page = await runtime.runs.events(run.id, types=["run.lease_heartbeat"])
+        assert len(page.data) >= 2
+        claimed = (await runtime.runs.events(run.id, types=["run.lease_claimed"])).data[0].event
+        for record in page.data:
+            lease = record.event.lease
+            assert lease.token == claimed.lease.token and lease.claimed_at == claimed.lease.claimed_at
+            assert lease.expires_at == record.event.occurred_at + timedelta(seconds=30)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"heartbeat_interval": "1m", "lease_duration": "1m"},
+        {"heartbeat_interval": "2m", "lease_duration": "1m"},
+        {"lease_duration": "soon"},
+        {"max_attempt_duration": 0},
+        {"worker_id": "a:b"},
+        {"signal": "stop"},
+    ],
+)
+async def test_execution_options_are_validated(options):
+    runtime, _ = make_runtime(noop)
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.execute_next(**options)
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+async def test_a_heartbeat_storage_failure_rejects_the_execution_call():
+    reasons: list[str | None] = []
+    failing = False
+
+    @task("hb.fail")
+    async def waits(payload: dict, ctx: TaskContext) -> None:
+        nonlocal failing
+        failing = True
+        await ctx.signal.wait()
+        reasons.append(ctx.signal.reason)
+
+    runtime, _ = make_runtime(waits)
+    original = runtime.store.complete
+
+    async def complete(requests):
+        if failing:
+            raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "storage is down", retryable=True)
+        return await original(requests)
+
+    runtime.store.complete = complete  # type: ignore[method-assign]
+    async with runtime:
+        await runtime.trigger(waits, {})
+        with pytest.raises(RunlaneError) as raised:
+            await asyncio.wait_for(runtime.execute_next(heartbeat_interval="3ms"), 2)
+        assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
+        assert reasons == ["heartbeat_failed"]

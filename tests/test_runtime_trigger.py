@@ -1,0 +1,377 @@
+"""Runtime construction (drift checks, lifecycle) and ``trigger()`` with every option."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from runlane import (
+    Actor,
+    ActorType,
+    ErrorCode,
+    RunlaneError,
+    RunSourceType,
+    RunStatus,
+    StorageConflictKind,
+    TriggerOutcomeType,
+    create_runlane,
+    get_storage_conflict_kind,
+    queue,
+    schedule,
+    task,
+)
+from runlane.testing import ControlledClock
+from runlane_local import local_lane
+
+from runtime_support import DEFAULT_QUEUE, all_runs, event_types, make_runtime
+
+
+class Welcome(BaseModel):
+    user_id: str
+
+
+emails = queue("emails", default=True)
+bounded = queue("bounded", concurrency_limit=2)
+
+
+@task("emails.welcome", queue=emails)
+async def welcome(payload: Welcome) -> None:
+    return None
+
+
+@task("emails.keyed", queue=emails, idempotency_key=lambda p: f"welcome.{p.user_id}")
+async def keyed(payload: Welcome) -> None:
+    return None
+
+
+@task("emails.singleton", queue=emails, singleton_key=lambda p: f"user_{p.user_id}")
+async def singleton(payload: Welcome) -> None:
+    return None
+
+
+@task("bounded.work", queue=bounded, concurrency_key=lambda p: p["tenant"])
+async def bounded_work(payload: dict) -> None:
+    return None
+
+
+@task("no.payload", queue=emails)
+async def no_payload() -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# create_runlane
+
+
+def test_create_runlane_registers_tasks_by_id_or_by_catalog_name():
+    by_id = create_runlane(lane=local_lane(), queues=[emails], tasks=[welcome, keyed])
+    assert set(by_id.tasks) == {"emails.welcome", "emails.keyed"}
+    assert by_id.tasks["emails.welcome"] is welcome
+    catalog = create_runlane(lane=local_lane(), queues=[emails], tasks={"send_welcome": welcome})
+    assert catalog.tasks.send_welcome is welcome
+    assert list(catalog.queues) == ["emails"]
+    assert catalog.environment.name == "default"
+    with pytest.raises(AttributeError):
+        getattr(catalog.tasks, "other")
+    with pytest.raises(AttributeError):
+        catalog.tasks.send_welcome = keyed  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "queues, tasks, fragment",
+    [
+        ([emails, queue("emails")], [], "registered twice"),
+        ([emails, queue("other", default=True)], [], "both marked default"),
+        ([queue("other")], [welcome], "not registered"),
+        ([queue("emails", default=True, concurrency_limit=3)], [welcome], "differs"),
+        ([], [], "at least one queue"),
+        ([queue("other")], [task("loose")(lambda: None)], "no registered queue is marked default"),
+        ([emails, queue("other")], [task("s", schedule=schedule("s.every", every="1m", queue=queue("nope")))(lambda: None)], "not registered"),
+    ],
+)
+def test_create_runlane_rejects_queue_drift(queues, tasks, fragment):
+    with pytest.raises(RunlaneError) as raised:
+        create_runlane(lane=local_lane(), queues=queues, tasks=tasks)
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert fragment in raised.value.message
+
+
+def test_create_runlane_rejects_duplicate_task_ids_and_bad_options():
+    @task("emails.welcome", queue=emails)
+    async def impostor(payload: Welcome) -> None:
+        return None
+
+    with pytest.raises(RunlaneError, match="unique"):
+        create_runlane(lane=local_lane(), queues=[emails], tasks=[welcome, impostor])
+    # The same definition listed twice is one registration.
+    assert len(create_runlane(lane=local_lane(), queues=[emails], tasks=[welcome, welcome]).tasks) == 1
+    for options in (
+        {"lane": "local"},
+        {"clock": object()},
+        {"observers": [1]},
+        {"on_observer_error": 3},
+        {"worker_id": "a:b"},
+        {"environment": ""},
+        {"dispatch": "sometimes"},
+    ):
+        arguments = {"lane": local_lane(), "queues": [emails], "tasks": [welcome], **options}
+        with pytest.raises(RunlaneError) as raised:
+            create_runlane(**arguments)
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID, options
+
+
+def test_concurrency_key_on_an_unbounded_task_queue_is_rejected():
+    @task("unbounded.keyed", queue=emails, concurrency_key="k")
+    async def handler() -> None:
+        return None
+
+    with pytest.raises(RunlaneError, match="concurrency_limit"):
+        create_runlane(lane=local_lane(), queues=[emails], tasks=[handler])
+
+
+async def test_closed_runtime_rejects_every_call_with_a_clear_error():
+    runtime, _ = make_runtime(welcome, queues=[emails])
+    async with runtime:
+        await runtime.trigger(welcome, {"user_id": "u"})
+    assert runtime.closed
+    for call in (
+        lambda: runtime.trigger(welcome, {"user_id": "u"}),
+        lambda: runtime.execute_next(),
+        lambda: runtime.tick(),
+        lambda: runtime.runs.get("run_1"),
+        lambda: runtime.signals.send("key"),
+        lambda: runtime.start(),
+    ):
+        with pytest.raises(RunlaneError) as raised:
+            await call()
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert "closed" in raised.value.message
+    with pytest.raises(RunlaneError, match="closed"):
+        runtime.worker()
+    await runtime.close()  # closing twice is harmless
+
+
+async def test_calls_before_start_start_the_lane_lazily():
+    runtime, _ = make_runtime(welcome, queues=[emails])
+    result = await runtime.trigger(welcome, {"user_id": "u"})
+    assert result.outcome is TriggerOutcomeType.CREATED
+    await runtime.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# trigger
+
+
+async def test_trigger_on_an_unbounded_queue_creates_and_requests_delivery():
+    runtime, clock = make_runtime(welcome, queues=[emails])
+    async with runtime:
+        result = await runtime.trigger(welcome, {"user_id": "user_123"})
+        run = result.run
+        assert result.outcome is TriggerOutcomeType.CREATED
+        assert run.status is RunStatus.QUEUED
+        assert run.payload == {"user_id": "user_123"}
+        assert run.queue == "emails"
+        assert run.created_at == clock.now()
+        assert run.id.startswith("run_")
+        assert await event_types(runtime, run.id) == ["run.created", "run.delivery_requested"]
+        assert await runtime.runs.get(run.id) == run
+
+
+async def test_trigger_on_a_bounded_queue_only_creates():
+    runtime, _ = make_runtime(bounded_work, queues=[DEFAULT_QUEUE, bounded])
+    async with runtime:
+        run = (await runtime.trigger(bounded_work, {"tenant": "t1"})).run
+        assert run.status is RunStatus.QUEUED
+        assert run.concurrency_key == "t1"
+        assert await event_types(runtime, run.id) == ["run.created"]
+
+
+async def test_trigger_records_every_option():
+    other = queue("other")
+    runtime, _ = make_runtime(welcome, bounded_work, queues=[emails, other, bounded])
+    async with runtime:
+        actor = Actor(type=ActorType.OPERATOR, id="ops@example.com")
+        result = await runtime.trigger(
+            welcome,
+            {"user_id": "u1"},
+            actor=actor,
+            idempotency_key="idem_1",
+            idempotency_key_ttl="1h",
+            meta={"source": "test"},
+            queue=other,
+            run_id="run_custom",
+            singleton_key="single_1",
+            trace_carrier={"traceparent": "00-abc"},
+        )
+        run = result.run
+        assert run.id == "run_custom"
+        assert run.queue == "other"
+        assert run.idempotency_key == "idem_1"
+        assert run.singleton_key == "single_1"
+        assert run.meta == {"source": "test"}
+        assert run.trace_carrier == {"traceparent": "00-abc"}
+        page = await runtime.runs.events(run.id, sort_by="sequence")
+        created = page.data[0].event
+        assert created.actor == actor
+        assert created.idempotency_key_ttl == 3_600_000
+        assert page.data[1].event.actor == actor
+        # Queue by registered name, and an explicit concurrency key on a bounded queue.
+        by_name = await runtime.trigger(bounded_work, {"tenant": "t"}, queue="bounded", concurrency_key="override")
+        assert by_name.run.queue == "bounded"
+        assert by_name.run.concurrency_key == "override"
+
+
+async def test_trigger_by_task_id_and_a_no_payload_task():
+    runtime, _ = make_runtime(welcome, no_payload, queues=[emails])
+    async with runtime:
+        run = (await runtime.trigger("emails.welcome", {"user_id": "u"})).run
+        assert run.task_id == "emails.welcome"
+        empty = (await runtime.trigger(no_payload)).run
+        assert empty.payload is None
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(no_payload, {"unexpected": True})
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+
+
+async def test_idempotency_returns_the_existing_run_without_writing():
+    runtime, _ = make_runtime(keyed, queues=[emails])
+    async with runtime:
+        first = await runtime.trigger(keyed, {"user_id": "u1"})
+        again = await runtime.trigger(keyed, {"user_id": "u1"})
+        assert again.outcome is TriggerOutcomeType.RETURNED_EXISTING
+        assert again.run.id == first.run.id
+        assert await event_types(runtime, first.run.id) == ["run.created", "run.delivery_requested"]
+        assert len(await all_runs(runtime)) == 1
+        # An explicit key overrides the task's resolver.
+        other = await runtime.trigger(keyed, {"user_id": "u1"}, idempotency_key="explicit")
+        assert other.outcome is TriggerOutcomeType.CREATED
+
+
+async def test_idempotency_retention_after_terminal_states():
+    @task("retained", queue=emails, idempotency_key="same")
+    async def retained() -> None:
+        return None
+
+    @task("failing", queue=emails, idempotency_key="same")
+    async def failing() -> None:
+        raise RuntimeError("boom")
+
+    @task("active_only", queue=emails, idempotency_key="same", idempotency_key_ttl="active")
+    async def active_only() -> None:
+        return None
+
+    runtime, clock = make_runtime(retained, failing, active_only, queues=[emails])
+    async with runtime:
+        first = await runtime.run_now(retained)
+        assert first.status is RunStatus.SUCCEEDED
+        # A succeeded owner is retained for the ttl (default 30d) ...
+        assert (await runtime.trigger(retained)).run.id == first.id
+        clock.advance("30d")
+        # ... and released once it expires.
+        assert (await runtime.trigger(retained)).outcome is TriggerOutcomeType.CREATED
+        # A failed owner releases its key at once.
+        failed = await runtime.run_now(failing)
+        assert failed.status is RunStatus.FAILED
+        assert (await runtime.trigger(failing)).run.id != failed.id
+        # ttl "active" releases at any terminal state.
+        done = await runtime.run_now(active_only)
+        assert done.status is RunStatus.SUCCEEDED
+        assert (await runtime.trigger(active_only)).run.id != done.id
+
+
+async def test_idempotency_key_reset_clears_only_terminal_owners():
+    runtime, _ = make_runtime(keyed, queues=[emails])
+    async with runtime:
+        first = (await runtime.trigger(keyed, {"user_id": "u"})).run
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.idempotency_keys.reset(keyed, key="welcome.u")
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        await runtime.execute_next()
+        assert (await runtime.runs.find_current(task=keyed, idempotency_key="welcome.u")).id == first.id
+        await runtime.idempotency_keys.reset(keyed, key="welcome.u")
+        assert await runtime.runs.find_current(task=keyed, idempotency_key="welcome.u") is None
+        assert (await runtime.trigger(keyed, {"user_id": "u"})).run.id != first.id
+
+
+async def test_singleton_conflict_rejects_until_the_holder_is_terminal():
+    runtime, _ = make_runtime(singleton, queues=[emails])
+    async with runtime:
+        holder = (await runtime.trigger(singleton, {"user_id": "u1"})).run
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(singleton, {"user_id": "u1"})
+        assert raised.value.code is ErrorCode.STORAGE_CONFLICT
+        assert get_storage_conflict_kind(raised.value) is StorageConflictKind.SINGLETON_KEY
+        assert len(await all_runs(runtime)) == 1
+        assert (await runtime.runs.find_active(task=singleton, singleton_key="user_u1")).id == holder.id
+        # Another resource is free.
+        await runtime.trigger(singleton, {"user_id": "u2"})
+        await runtime.runs.cancel(holder.id)
+        assert (await runtime.trigger(singleton, {"user_id": "u1"})).outcome is TriggerOutcomeType.CREATED
+
+
+async def test_child_runs_record_their_source():
+    @task("parent", queue=emails)
+    async def parent(payload: dict, ctx) -> None:
+        await ctx.trigger(welcome, {"user_id": "child"})
+        await ctx.trigger(welcome, {"user_id": "child2"}, trace_carrier={"traceparent": "own"})
+
+    runtime, _ = make_runtime(parent, welcome, queues=[emails])
+    async with runtime:
+        run = (await runtime.trigger(parent, {}, trace_carrier={"traceparent": "parent"})).run
+        await runtime.execute_next()
+        page = await runtime.runs.list(source_run_id=run.id)
+        children = {summary.id: summary for summary in page.data}
+        assert len(children) == 2
+        for summary in page.data:
+            assert summary.source.type is RunSourceType.TRIGGER
+            assert summary.source.source_run_id == run.id
+        carriers = sorted([(await runtime.runs.get(run_id)).trace_carrier["traceparent"] for run_id in children])
+        assert carriers == ["own", "parent"]
+
+
+async def test_a_controlled_clock_controls_storage_time():
+    clock = ControlledClock()
+    runtime = create_runlane(lane=local_lane(), queues=[emails], tasks=[welcome], clock=clock)
+    async with runtime:
+        clock.advance("1h")
+        run = (await runtime.trigger(welcome, {"user_id": "u"})).run
+        assert run.created_at == clock.now()
+        done = await runtime.execute_next()
+        assert done.finished_at == clock.now()
+
+
+async def test_rerun_and_manual_retry_create_linked_runs_from_terminal_sources():
+    @task("linked.work", idempotency_key="once", singleton_key=lambda p: f"res_{p['n']}")
+    async def linked(payload: dict) -> None:
+        if payload.get("fail"):
+            raise RuntimeError("boom")
+
+    runtime, _ = make_runtime(linked, queues=[emails])
+    async with runtime:
+        ok = await runtime.run_now(linked, {"n": 1}, trace_carrier={"traceparent": "src"})
+        rerun = await runtime.runs.rerun(ok.id, meta={"why": "replay"})
+        assert rerun.status is RunStatus.QUEUED and rerun.payload == {"n": 1}
+        assert (rerun.source.type, rerun.source.source_run_id) == (RunSourceType.RERUN, ok.id)
+        assert rerun.idempotency_key is None and rerun.singleton_key == "res_1"
+        assert rerun.trace_carrier == {"traceparent": "src"} and rerun.meta == {"why": "replay"}
+        created = (await runtime.runs.events(rerun.id, sort_by="sequence")).data[0].event
+        assert created.actor.type is ActorType.OPERATOR
+        # The singleton still applies to linked runs while the rerun is active.
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.rerun(ok.id)
+        assert get_storage_conflict_kind(raised.value) is StorageConflictKind.SINGLETON_KEY
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.rerun(rerun.id)  # not terminal
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.retry(ok.id)  # not failed
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        await runtime.runs.cancel(rerun.id)
+
+        failed = await runtime.run_now(linked, {"n": 2, "fail": True}, idempotency_key="other")
+        assert failed.status is RunStatus.FAILED
+        retried = await runtime.runs.retry(failed.id, run_id="run_retry_1")
+        assert retried.id == "run_retry_1" and retried.source.type is RunSourceType.MANUAL_RETRY
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.retry("run_missing")
+        assert raised.value.code is ErrorCode.RUN_NOT_FOUND

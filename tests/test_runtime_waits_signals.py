@@ -1,0 +1,168 @@
+"""Signal waits, run-completion waits and their timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from runlane import ErrorCode, RunlaneError, RunStatus, RunWaitConditionType, TaskContext, task
+
+from runtime_support import event_types, make_runtime
+
+
+@task("reports.wait")
+async def wait_for_report(payload: dict, ctx: TaskContext):
+    if payload.get("ready_after", 1) > ctx.attempt:
+        return ctx.wait_for_signal(f"report_ready_{payload['report']}", reason="webhook_pending")
+    return {"attempt": ctx.attempt}
+
+
+async def test_signal_send_resumes_waiting_runs_once():
+    runtime, _ = make_runtime(wait_for_report)
+    async with runtime:
+        run = (await runtime.trigger(wait_for_report, {"report": "r1", "ready_after": 2})).run
+        other = (await runtime.trigger(wait_for_report, {"report": "r2", "ready_after": 2})).run
+        await runtime.execute_next()
+        await runtime.execute_next()
+        waiting = await runtime.runs.get(run.id)
+        assert waiting.status is RunStatus.RELEASED
+        assert waiting.wait.type is RunWaitConditionType.SIGNAL and waiting.wait.signal_key == "report_ready_r1"
+        assert await runtime.execute_next() is None
+        resumed = await runtime.signals.send("report_ready_r1")
+        assert [r.id for r in resumed] == [run.id]
+        assert resumed[0].status is RunStatus.QUEUED and resumed[0].wait is None
+        assert await runtime.signals.send("report_ready_r1") == []
+        done = await runtime.execute_next()
+        assert done.id == run.id and done.status is RunStatus.SUCCEEDED and done.output == {"attempt": 2}
+        assert (await runtime.runs.get(other.id)).status is RunStatus.RELEASED
+        assert await runtime.signals.send("report_ready_unknown") == []
+
+
+async def test_racing_signal_senders_converge_on_one_resume():
+    runtime, _ = make_runtime(wait_for_report)
+    async with runtime:
+        run = (await runtime.trigger(wait_for_report, {"report": "r", "ready_after": 2})).run
+        await runtime.execute_next()
+        results = await asyncio.gather(*(runtime.signals.send("report_ready_r") for _ in range(5)))
+        assert sum(len(result) for result in results) == 1
+        assert (await event_types(runtime, run.id)).count("run.delivery_requested") == 2
+
+
+async def test_signal_send_limit_bounds_one_call():
+    runtime, _ = make_runtime(wait_for_report)
+    async with runtime:
+        for _ in range(3):
+            await runtime.trigger(wait_for_report, {"report": "shared", "ready_after": 2})
+        for _ in range(3):
+            await runtime.execute_next()
+        assert len(await runtime.signals.send("report_ready_shared", limit=2)) == 2
+        assert len(await runtime.signals.send("report_ready_shared")) == 1
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.signals.send("bad:key")
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        with pytest.raises(RunlaneError):
+            await runtime.signals.send("ok", limit=0)
+
+
+async def test_signal_wait_timeout_falls_back_to_maintenance_delivery():
+    @task("wait.timeout")
+    async def waiter(payload: dict, ctx: TaskContext):
+        if ctx.attempt == 1:
+            return ctx.wait_for_signal("never", timeout="1h")
+        return "woke"
+
+    runtime, clock = make_runtime(waiter)
+    async with runtime:
+        run = (await runtime.trigger(waiter, {})).run
+        released = await runtime.execute_next()
+        assert released.wait.timeout_at == clock.now() + timedelta(hours=1)
+        assert (await runtime.tick()).delivery_requested == 0
+        clock.advance("1h")
+        assert (await runtime.tick()).delivery_requested == 1
+        done = await runtime.execute_next()
+        assert done.output == "woke" and done.counters.failures == 0
+        # The signal arriving later finds nothing to resume.
+        assert await runtime.signals.send("never") == []
+        assert done.id == run.id
+
+
+async def test_wait_for_run_resumes_when_the_source_run_finishes():
+    @task("child.work")
+    async def child(payload: dict, ctx: TaskContext):
+        if payload.get("release") and ctx.attempt == 1:
+            return ctx.release("1m")
+        return "child-done"
+
+    @task("parent.wait")
+    async def parent(payload: dict, ctx: TaskContext):
+        if ctx.attempt == 1:
+            started = await ctx.trigger(child, {"release": True})
+            return ctx.wait_for_run(started.run.id, reason="waiting_for_child")
+        return "parent-done"
+
+    runtime, clock = make_runtime(parent, child)
+    async with runtime:
+        run = (await runtime.trigger(parent, {})).run
+        waiting = await runtime.execute_next()
+        assert waiting.status is RunStatus.RELEASED
+        assert waiting.wait.type is RunWaitConditionType.RUN_COMPLETION
+        child_id = waiting.wait.run_id
+        # The child releases once: the parent keeps waiting.
+        assert (await runtime.execute_next()).id == child_id
+        assert (await runtime.runs.get(run.id)).status is RunStatus.RELEASED
+        clock.advance("1m")
+        finished = await runtime.execute_next()
+        assert finished.id == child_id and finished.status is RunStatus.SUCCEEDED
+        # Terminal source: the waiter was resumed automatically.
+        assert (await runtime.runs.get(run.id)).status is RunStatus.QUEUED
+        done = await runtime.execute_next()
+        assert done.id == run.id and done.output == "parent-done"
+
+
+async def test_wait_for_an_already_terminal_run_resumes_in_the_same_commit():
+    @task("quick")
+    async def quick() -> str:
+        return "ok"
+
+    @task("late.waiter")
+    async def waiter(payload: dict, ctx: TaskContext):
+        if ctx.attempt == 1:
+            return ctx.wait_for_run(payload["source"])
+        return "resumed"
+
+    runtime, _ = make_runtime(quick, waiter)
+    async with runtime:
+        source = await runtime.run_now(quick)
+        run = await runtime.run_now(waiter, {"source": source.id})
+        assert run.status is RunStatus.QUEUED
+        types = await event_types(runtime, run.id)
+        assert types[-2:] == ["run.released", "run.delivery_requested"]
+        assert (await runtime.execute_next()).output == "resumed"
+
+
+async def test_wait_for_run_timeout_and_cancelled_sources():
+    @task("stuck")
+    async def stuck(payload: dict, ctx: TaskContext):
+        return ctx.release("1d")
+
+    @task("waits.for.stuck")
+    async def waiter(payload: dict, ctx: TaskContext):
+        if ctx.attempt == 1:
+            return ctx.wait_for_run(payload["source"], timeout="10m")
+        return ctx.attempt
+
+    runtime, clock = make_runtime(stuck, waiter)
+    async with runtime:
+        source = await runtime.run_now(stuck, {})
+        timed = await runtime.run_now(waiter, {"source": source.id})
+        assert timed.status is RunStatus.RELEASED and timed.run_at == clock.now() + timedelta(minutes=10)
+        clock.advance("10m")
+        assert (await runtime.tick()).delivery_requested == 1
+        assert (await runtime.execute_next()).output == 2
+        # A cancelled source is terminal too: its waiters resume.
+        other = await runtime.run_now(waiter, {"source": source.id})
+        assert other.status is RunStatus.RELEASED
+        await runtime.runs.cancel(source.id)
+        assert (await runtime.runs.get(other.id)).status is RunStatus.QUEUED

@@ -1,0 +1,209 @@
+"""Workers: drain and poll loops, concurrency slots, ``max_runs``, wake-ups, stop and failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from runlane import (
+    CancellationController,
+    ErrorCode,
+    RunlaneError,
+    RunStatus,
+    TaskContext,
+    WorkerMode,
+    queue,
+    task,
+)
+
+from runtime_support import DEFAULT_QUEUE, make_runtime
+
+executed: list[int] = []
+
+
+@task("count")
+async def count(payload: dict) -> int:
+    executed.append(payload["n"])
+    return payload["n"]
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    executed.clear()
+
+
+async def test_drain_executes_due_work_and_exits():
+    runtime, _ = make_runtime(count)
+    async with runtime:
+        for n in range(10):
+            await runtime.trigger(count, {"n": n})
+        seen = []
+        worker = runtime.worker(mode=WorkerMode.DRAIN, concurrency=3, on_run_executed=seen.append)
+        assert worker.closed is worker.closed
+        await asyncio.wait_for(worker.closed, 5)
+        assert sorted(executed) == list(range(10))
+        assert worker.executed == 10 and len(seen) == 10
+        assert all(run.status is RunStatus.SUCCEEDED for run in seen)
+        # An empty drain returns at once.
+        await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN).closed, 1)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+async def test_max_runs_counts_only_executed_runs_and_is_never_exceeded(concurrency):
+    runtime, _ = make_runtime(count)
+    async with runtime:
+        for n in range(10):
+            await runtime.trigger(count, {"n": n})
+        worker = runtime.worker(mode=WorkerMode.DRAIN, concurrency=concurrency, max_runs=3)
+        await asyncio.wait_for(worker.closed, 5)
+        assert worker.executed == 3 and len(executed) == 3
+
+
+async def test_slots_run_attempts_concurrently():
+    active = 0
+    peak = 0
+    gate = asyncio.Event()
+
+    @task("overlap")
+    async def overlap(payload: dict) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        if peak == 4:
+            gate.set()
+        await asyncio.wait_for(gate.wait(), 2)
+        active -= 1
+
+    runtime, _ = make_runtime(overlap)
+    async with runtime:
+        for _ in range(8):
+            await runtime.trigger(overlap, {})
+        await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN, concurrency=4).closed, 5)
+        assert peak == 4
+
+
+async def test_poll_worker_is_woken_by_a_trigger_in_this_process():
+    runtime, _ = make_runtime(count)
+    async with runtime:
+        worker = runtime.worker(empty_poll_delay="10s")
+        await asyncio.sleep(0.01)  # the slot is idle, waiting
+        started = time.perf_counter()
+        await runtime.trigger(count, {"n": 1})
+        while not executed:
+            await asyncio.sleep(0.001)
+            assert time.perf_counter() - started < 1, "the trigger did not wake the idle poll slot"
+        await asyncio.wait_for(worker.stop(), 2)
+        assert worker.closed.done()
+
+
+async def test_poll_worker_finds_work_that_became_due_without_a_wake_up():
+    @task("release.once")
+    async def once(payload: dict, ctx: TaskContext):
+        if ctx.attempt == 1:
+            return ctx.release("1s")
+        return "again"
+
+    runtime, clock = make_runtime(once)
+    async with runtime:
+        run = await runtime.run_now(once, {})
+        assert run.status is RunStatus.RELEASED
+        worker = runtime.worker(empty_poll_delay="5ms", concurrency=2)
+        await asyncio.sleep(0.02)
+        assert worker.executed == 0
+        clock.advance("1s")  # due now, with no trigger to wake the slots: the next poll finds it
+        deadline = time.perf_counter() + 1
+        while (await runtime.runs.get(run.id)).status is not RunStatus.SUCCEEDED:
+            assert time.perf_counter() < deadline
+            await asyncio.sleep(0.002)
+        await worker.stop()
+        assert worker.executed == 1
+
+
+async def test_stopping_with_the_worker_signal():
+    runtime, _ = make_runtime(count)
+    async with runtime:
+        controller = CancellationController()
+        worker = runtime.worker(signal=controller.signal, empty_poll_delay="1s")
+        await asyncio.sleep(0.005)
+        controller.abort("deploy")
+        await asyncio.wait_for(worker.closed, 2)
+        # An already aborted signal starts a worker that exits at once.
+        stopped = runtime.worker(signal=controller.signal)
+        await asyncio.wait_for(stopped.closed, 2)
+
+
+async def test_a_failing_callback_fails_the_worker_through_closed():
+    runtime, _ = make_runtime(count)
+    async with runtime:
+        await runtime.trigger(count, {"n": 1})
+
+        def explode(run):
+            raise ValueError("callback bug")
+
+        worker = runtime.worker(mode=WorkerMode.DRAIN, on_run_executed=explode)
+        with pytest.raises(ValueError, match="callback bug"):
+            await asyncio.wait_for(worker.closed, 2)
+        with pytest.raises(ValueError):
+            await worker.stop()
+
+
+async def test_closing_the_runtime_stops_its_workers():
+    runtime, _ = make_runtime(count)
+    await runtime.start()
+    worker = runtime.worker(concurrency=2)
+    await asyncio.sleep(0.005)
+    await asyncio.wait_for(runtime.close(), 2)
+    assert worker.closed.done() and worker.closed.exception() is None
+
+
+async def test_drain_waits_for_capacity_held_by_its_own_slots():
+    limited = queue("limited", concurrency_limit=1)
+    active = 0
+    peak = 0
+
+    @task("limited.work", queue=limited)
+    async def limited_work(payload: dict) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.002)
+        active -= 1
+
+    runtime, _ = make_runtime(limited_work, queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        for _ in range(5):
+            await runtime.trigger(limited_work, {})
+        worker = runtime.worker(mode=WorkerMode.DRAIN, concurrency=3)
+        await asyncio.wait_for(worker.closed, 5)
+        assert worker.executed == 5 and peak == 1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"concurrency": 0},
+        {"concurrency": True},
+        {"mode": "sometimes"},
+        {"mode": WorkerMode.DRAIN, "empty_poll_delay": "1s"},
+        {"mode": WorkerMode.POLL, "max_runs": 3},
+        {"mode": WorkerMode.DRAIN, "max_runs": 0},
+        {"queues": ["unknown"]},
+        {"queues": []},
+        {"on_run_executed": "print"},
+        {"empty_poll_delay": "later"},
+    ],
+)
+async def test_worker_options_are_validated(options):
+    runtime, _ = make_runtime(count)
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            runtime.worker(**options)
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+def test_worker_needs_a_running_loop():
+    runtime, _ = make_runtime(count)
+    with pytest.raises(RunlaneError, match="sync.worker"):
+        runtime.worker()
