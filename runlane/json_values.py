@@ -6,6 +6,8 @@ import json
 import math
 from typing import Any
 
+import orjson
+
 from .errors import ErrorCode, RunlaneError
 
 __all__ = ["JsonObject", "JsonValue", "canonical_json", "ensure_json_object", "ensure_json_value", "is_json_value"]
@@ -110,3 +112,17 @@ def canonical_json(value: Any) -> str:
     The caller must pass a value already checked by ``ensure_json_value`` (cycles would recurse).
     """
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def canonical_json_of_checked(value: Any) -> str:
+    """``canonical_json`` for a value already proven JSON-safe (same text, several times faster).
+
+    Only for values that passed ``ensure_json_value`` or were dumped from validated models: the fast
+    encoder would write a non-finite number as ``null`` instead of refusing it.
+    """
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
+    except orjson.JSONEncodeError:
+        # Integers beyond 64 bits (valid JSON) and lone surrogates take the standard encoder, which
+        # produces the same text or raises the precise error.
+        return canonical_json(value)

@@ -33,7 +33,7 @@ from typing import Any, Final, TypeVar
 from ..defaults import contract_defaults
 from ..durations import duration_ms
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
-from ..json_values import canonical_json, ensure_json_value
+from ..json_values import canonical_json, canonical_json_of_checked, ensure_json_value
 from ..models import (
     Actor,
     DeliveryIntent,
@@ -82,6 +82,7 @@ from ..storage.tables import (
     RunChildCounts,
     decode_run_document,
     decode_run_event_document,
+    remember_run_document,
 )
 from ..vocabulary import (
     ActorType,
@@ -280,7 +281,7 @@ def _model_document(value: dict[str, Any]) -> StorageDocument:
     raises the precise error.
     """
     try:
-        text = canonical_json({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
+        text = canonical_json_of_checked({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
         return StorageDocument(text, len(text.encode("utf-8")))
     except (ValueError, TypeError):  # UnicodeEncodeError is a ValueError
         return StorageDocument.encode(value)
@@ -288,7 +289,8 @@ def _model_document(value: dict[str, Any]) -> StorageDocument:
 
 def encode_run_document_fast(run: RunRecord, children: RunChildCounts) -> StorageDocument:
     """``tables.encode_run_document`` for a run built by the reducer (identical text)."""
-    return _model_document({"run": run.model_dump(mode="json"), "children": children.to_json()})
+    document = _model_document({"run": run.model_dump(mode="json"), "children": children.to_json()})
+    return remember_run_document(document, run, children)
 
 
 def _run_record(env: str, run: RunRecord, children: RunChildCounts) -> NewStorageRecord:

@@ -63,7 +63,41 @@ class RunChildCounts:
 
 
 def encode_run_document(run: RunRecord, children: RunChildCounts | None = None) -> StorageDocument:
-    return StorageDocument.encode({"run": run.model_dump(mode="json"), "children": (children or RunChildCounts()).to_json()})
+    counts = children or RunChildCounts()
+    document = StorageDocument.encode({"run": run.model_dump(mode="json"), "children": counts.to_json()})
+    return remember_run_document(document, run, counts)
+
+
+_RUN_CODEC = "run"
+
+
+def _copy_json(value: Any) -> Any:
+    if type(value) is dict:
+        return {key: _copy_json(item) for key, item in value.items()}
+    if type(value) is list:
+        return [_copy_json(item) for item in value]
+    return value
+
+
+def _detached(run: RunRecord) -> RunRecord:
+    """A copy sharing no mutable JSON (payload, output, meta, trace carrier, failure meta) with ``run``.
+
+    Runs are frozen models, but their JSON fields are plain dicts and lists; a remembered run must
+    never alias an object a caller holds, or a caller's mutation would leak into the next write.
+    """
+    update: dict[str, Any] = {}
+    for name in ("payload", "output", "meta", "trace_carrier"):
+        value = getattr(run, name)
+        if type(value) is dict or type(value) is list:
+            update[name] = _copy_json(value)
+    if run.failure is not None and run.failure.meta:
+        update["failure"] = run.failure.model_copy(update={"meta": _copy_json(run.failure.meta)})
+    return run.model_copy(update=update) if update else run
+
+
+def remember_run_document(document: StorageDocument, run: RunRecord, children: RunChildCounts) -> StorageDocument:
+    """Remember the run a document was encoded from, so decoding it again skips parsing and validation."""
+    return document.remember_decoded((_RUN_CODEC, _detached(run), children))
 
 
 def _corrupt(what: str, error: Exception | None = None) -> RunlaneError:
@@ -71,12 +105,17 @@ def _corrupt(what: str, error: Exception | None = None) -> RunlaneError:
 
 
 def decode_run_document(document: StorageDocument) -> tuple[RunRecord, RunChildCounts]:
+    """The run and child counts of a run document (a fresh, caller-owned run every time)."""
+    remembered = document.decoded
+    if remembered is not None and remembered[0] == _RUN_CODEC:
+        return _detached(remembered[1]), remembered[2]
     value = document.value
     try:
         run = RunRecord.model_validate(value["run"])
         children = RunChildCounts(**value["children"])
     except (KeyError, TypeError, ValidationError) as error:
         raise _corrupt("run", error) from None
+    remember_run_document(document, run, children)
     return run, children
 
 

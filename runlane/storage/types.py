@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from ..errors import ErrorCode, RunlaneError
-from ..json_values import canonical_json, ensure_json_value
+from ..json_values import canonical_json_of_checked, ensure_json_value
 from ..vocabulary import SortDirection
 from .codecs import decode_storage_tuple, encode_storage_tuple, encode_storage_tuple_prefix_upper_bound
 from .indexes import StorageIndexName
@@ -55,6 +55,8 @@ def _contract(message: str) -> RunlaneError:
 
 
 def _as_tuple(value: Sequence[str], what: str) -> StorageTuple:
+    if type(value) is tuple and value and all(type(item) is str for item in value):
+        return value  # the common case, checked without the generic Sequence machinery
     if isinstance(value, str) or not isinstance(value, Sequence) or not value:
         raise _contract(f"{what} must be a non-empty tuple of strings.")
     result = tuple(value)
@@ -107,11 +109,22 @@ def have_equal_storage_record_keys(left: StorageRecordKey, right: StorageRecordK
 class StorageDocument:
     """An immutable canonical envelope ``{"schemaVersion": 1, "value": {...}}``."""
 
-    __slots__ = ("_text", "_byte_size")
+    __slots__ = ("_text", "_byte_size", "_decoded")
 
     def __init__(self, text: str, byte_size: int) -> None:
         self._text = text
         self._byte_size = byte_size
+        self._decoded: Any = None
+
+    def remember_decoded(self, decoded: Any) -> StorageDocument:
+        """Attach the immutable decoded form a codec built this document from (or decoded it into),
+        so the same codec can skip parsing it again. Only the owning codec reads it back."""
+        self._decoded = decoded
+        return self
+
+    @property
+    def decoded(self) -> Any:
+        return self._decoded
 
     @classmethod
     def encode(cls, value: dict[str, Any]) -> StorageDocument:
@@ -119,7 +132,7 @@ class StorageDocument:
         if not isinstance(value, dict):
             raise _contract("A storage document value must be a JSON object.")
         ensure_json_value(value, "storage document", code=ErrorCode.ADAPTER_CONTRACT_VIOLATION)
-        text = canonical_json({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
+        text = canonical_json_of_checked({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
         return cls(text, len(text.encode("utf-8")))
 
     @classmethod
@@ -146,7 +159,7 @@ class StorageDocument:
         if not isinstance(envelope["value"], dict):
             raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "A stored document value must be a JSON object.")
         try:
-            canonical = canonical_json(envelope)
+            canonical = canonical_json_of_checked(envelope)
             byte_size = len(canonical.encode("utf-8"))
         except (ValueError, RecursionError) as error:  # UnicodeEncodeError (lone surrogate escapes) is a ValueError
             raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "A stored document is not valid JSON text.", cause=error) from None
