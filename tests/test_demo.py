@@ -6,13 +6,16 @@ import subprocess
 import sys
 
 
-def test_demo_walks_one_run_to_success_and_shows_the_lost_race() -> None:
+def test_demo_prints_the_quick_start_result_then_the_worker_tour() -> None:
     completed = subprocess.run(
         [sys.executable, "-m", "runlane_local.demo"], capture_output=True, text=True, timeout=60, check=False
     )
     assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert lines[:3] == ["queued", "succeeded", '["user_123"]']
     out = completed.stdout
-    assert "status=succeeded" in out
-    assert "storage_conflict (event_sequence), retryable=True" in out
-    assert out.index("run.created") < out.index("run.lease_claimed") < out.index("run.succeeded")
-    assert "{'email_id': 'em_42'}" in out
+    assert "after the first drain: invoice retrying, report released" in out
+    assert "signal resumed 1 run; tick requested 1 delivery" in out
+    assert "invoices.sync: succeeded, attempts=2 failures=1 releases=0" in out
+    assert "reports.publish: succeeded, attempts=2 failures=0 releases=1" in out
+    assert out.index("run.retry_scheduled") < out.index("run.released")

@@ -1,161 +1,112 @@
-"""A walk through one run's durable lifecycle on the in-memory lane.
-
-Every step is what the runtime does on each write path: read the current run inside a storage
-transaction, project new events with the pure reducer, and commit events + projection atomically.
-Then two writers race on the same run to show optimistic concurrency, and the operator read model
-lists the result.
+"""The quick start, then a short tour of what a run records, on the in-memory lane.
 
     ./dev demo
+
+Part 1 is the smallest durable program (it prints ``queued``, ``succeeded``, ``["user_123"]``).
+Part 2 drains a backlog with a worker: one task retries once before succeeding, one releases the run
+to wait for a signal, and the event history of each run is printed from the operator API.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Callable
-from datetime import timedelta
+import json
 
-from runlane import (
-    Actor,
-    ActorType,
-    DeliveryIntent,
-    Environment,
-    ErrorCode,
-    PaginationParams,
-    RunCreatedEvent,
-    RunDeliveryRequestedEvent,
-    RunEventFilter,
-    RunEventRecord,
-    RunEventSortField,
-    RunFilter,
-    RunLease,
-    RunLeaseClaimedEvent,
-    RunlaneError,
-    RunRecord,
-    RunStartedEvent,
-    RunSucceededEvent,
-    SortDirection,
-    contract_defaults,
-    environment_key,
-    get_storage_conflict_kind,
-    project_run_events,
-)
-from runlane.storage import NewStorageRecord, StorageDriver
-from runlane.storage.tables import (
-    RunChildCounts,
-    decode_run_document,
-    encode_run_document,
-    encode_run_event_document,
-    run_event_key,
-    run_key,
-)
+from pydantic import BaseModel
+
+from runlane import Backoff, RetryBackoffType, Retry, RunEventSortField, SortDirection, WorkerMode, create_runlane, queue, task
 from runlane.testing import ControlledClock
 
-from .memory import local_storage_driver
+from .lane import local_lane
 
-ENVIRONMENT = Environment(name="demo")
-SYSTEM = contract_defaults.actor.system
-WORKER = Actor(type=ActorType.WORKER, id="demo-worker")
+# -- Part 1: the quick start -------------------------------------------------------------------
 
-
-async def append(driver: StorageDriver, run_id: str, build: Callable[..., list]) -> RunRecord:
-    """One write path: read the run, project ``build(now, run)`` events, commit everything at once."""
-    env = environment_key(ENVIRONMENT)
-    event_ids = [f"evt_{uuid.uuid4().hex[:12]}" for _ in range(8)]  # identities prepared outside the attempt
-
-    async def attempt(tx):
-        (current,) = await tx.get([run_key(env, run_id)])
-        run, children = decode_run_document(current.document) if current else (None, RunChildCounts())
-        now = await tx.now()
-        events = build(now, run)
-        sequence = run.event_sequence if run else contract_defaults.run.new_event_sequence
-        projected = project_run_events(run, sequence, events)
-        for offset, event in enumerate(events, start=1):
-            record = RunEventRecord(id=event_ids[offset - 1], sequence=sequence + offset, event=event)
-            tx.create(NewStorageRecord(run_event_key(env, run_id, sequence + offset), encode_run_event_document(record)))
-        counts = RunChildCounts(events=children.events + len(events))
-        new = NewStorageRecord(run_key(env, run_id), encode_run_document(projected, counts))
-        tx.replace(current, new) if current else tx.create(new)
-        return projected
-
-    return await driver.with_transaction(attempt)
+sent_welcome_emails: list[str] = []
+email_queue = queue("emails", default=True)
 
 
-def _show(run: RunRecord, what: str) -> None:
-    print(f"  {what:<34} status={run.status.value:<10} sequence={run.event_sequence} attempts={run.counters.attempts}")
+class Welcome(BaseModel):
+    user_id: str
+
+
+@task("emails.welcome", queue=email_queue)
+def send_welcome_email(payload: Welcome) -> None:  # a plain def runs in a worker thread
+    sent_welcome_emails.append(payload.user_id)
+
+
+async def quick_start() -> None:
+    runlane = create_runlane(lane=local_lane(), queues=[email_queue], tasks={"send_welcome_email": send_welcome_email})
+    async with runlane:
+        result = await runlane.trigger(runlane.tasks.send_welcome_email, {"user_id": "user_123"})
+        completed = await runlane.execute_next()
+        print(result.run.status)
+        print(completed.status if completed else None)
+        print(json.dumps(sent_welcome_emails))
+
+
+# -- Part 2: a worker, a retry, a business wait ------------------------------------------------
+
+reports = queue("reports", default=True)
+flaky_calls: dict[str, int] = {}
+
+
+class Invoice(BaseModel):
+    invoice_id: str
+
+
+@task("invoices.sync", queue=reports,
+      retry=Retry(max_attempts=3, backoff=Backoff(type=RetryBackoffType.EXPONENTIAL, delay="5s", max_delay="1m")))
+async def sync_invoice(payload: Invoice) -> dict:
+    flaky_calls[payload.invoice_id] = flaky_calls.get(payload.invoice_id, 0) + 1
+    if flaky_calls[payload.invoice_id] == 1:
+        raise ConnectionError("provider timed out")  # persisted as task_failed, then retried
+    return {"synced": payload.invoice_id}
+
+
+ready_reports: set[str] = set()
+
+
+class Report(BaseModel):
+    report_id: str
+
+
+@task("reports.publish", queue=reports)
+async def publish_report(payload: Report, ctx) -> dict | None:
+    if payload.report_id not in ready_reports:
+        return ctx.wait_for_signal(f"report_ready_{payload.report_id}", timeout="1h", reason="waiting_for_webhook")
+    return {"published": payload.report_id}
+
+
+async def tour() -> None:
+    clock = ControlledClock()
+    runlane = create_runlane(lane=local_lane(), queues=[reports], tasks=[sync_invoice, publish_report], clock=clock)
+    async with runlane:
+        invoice = (await runlane.trigger(sync_invoice, {"invoice_id": "inv_42"})).run
+        report = (await runlane.trigger(publish_report, {"report_id": "r_7"})).run
+        await runlane.worker(mode=WorkerMode.DRAIN, concurrency=4).closed
+        print(f"  after the first drain: invoice {(await runlane.runs.get(invoice.id)).status},"
+              f" report {(await runlane.runs.get(report.id)).status}")
+
+        clock.advance("5s")                       # the retry's backoff has passed
+        ready_reports.add("r_7")                  # the webhook arrives; its data lives in the app
+        resumed = await runlane.signals.send("report_ready_r_7")
+        ticked = await runlane.tick()             # maintenance requests delivery for the due retry
+        await runlane.worker(mode=WorkerMode.DRAIN, concurrency=4).closed
+        print(f"  signal resumed {len(resumed)} run; tick requested {ticked.delivery_requested} delivery")
+
+        for run_id in (invoice.id, report.id):
+            run = await runlane.runs.get(run_id)
+            page = await runlane.runs.events(run_id, sort_by=RunEventSortField.SEQUENCE, sort_direction=SortDirection.ASC)
+            print(f"\n  {run.task_id}: {run.status}, attempts={run.counters.attempts}"
+                  f" failures={run.counters.failures} releases={run.counters.releases} output={run.output}")
+            for record in page.data:
+                print(f"    #{record.sequence:<2} {record.event.occurred_at:%H:%M:%S}  {record.event.type}")
 
 
 async def main() -> None:
-    clock = ControlledClock()
-    driver = local_storage_driver(clock=clock)
-    await driver.start()
-    try:
-        run_id = "run_welcome_user_123"
-        print(f"Runlane demo: one run on the in-memory lane (environment {ENVIRONMENT.name!r})\n")
-
-        run = await append(
-            driver,
-            run_id,
-            lambda now, _: [
-                RunCreatedEvent(run_id=run_id, environment=ENVIRONMENT, occurred_at=now, actor=SYSTEM,
-                                task_id="emails.welcome", queue="emails", payload={"user_id": "user_123"}),
-                RunDeliveryRequestedEvent(run_id=run_id, environment=ENVIRONMENT, occurred_at=now, actor=SYSTEM,
-                                          delivery=DeliveryIntent(environment=ENVIRONMENT, run_id=run_id, queue="emails",
-                                                                  requested_at=now, available_at=now)),
-            ],
-        )
-        _show(run, "triggered")
-
-        clock.advance("1s")
-        token = uuid.uuid4().hex
-        run = await append(
-            driver,
-            run_id,
-            lambda now, _: [
-                RunLeaseClaimedEvent(run_id=run_id, environment=ENVIRONMENT, occurred_at=now, actor=WORKER,
-                                     lease=RunLease(worker_id="demo-worker", token=token, claimed_at=now,
-                                                    expires_at=now + contract_defaults.lease.duration)),
-                RunStartedEvent(run_id=run_id, environment=ENVIRONMENT, occurred_at=now, actor=WORKER, attempt=1),
-            ],
-        )
-        _show(run, "lease claimed, attempt 1 started")
-
-        clock.advance(timedelta(milliseconds=250))
-        stale = run
-        run = await append(
-            driver,
-            run_id,
-            lambda now, _: [RunSucceededEvent(run_id=run_id, environment=ENVIRONMENT, occurred_at=now, actor=WORKER,
-                                              attempt=1, output={"email_id": "em_42"}, has_output=True)],
-        )
-        _show(run, "succeeded with output")
-
-        # A second writer still holding the old projection loses the race instead of overwriting it.
-        try:
-            project_run_events(run, stale.event_sequence, [
-                RunSucceededEvent(run_id=run_id, environment=ENVIRONMENT, occurred_at=clock.now(), actor=WORKER,
-                                  attempt=1, has_output=False)])
-        except RunlaneError as error:
-            assert error.code is ErrorCode.STORAGE_CONFLICT
-            print(f"  stale writer rejected:             {error.code.value} ({get_storage_conflict_kind(error).value}), retryable={error.retryable}")
-
-        page = await driver.list_runs(RunFilter(environment=ENVIRONMENT), PaginationParams())
-        print(f"\nOperator list ({len(page.data)} run):")
-        for summary in page.data:
-            print(f"  {summary.id}  {summary.task_id}  {summary.status.value}  queue={summary.queue}")
-
-        events = await driver.list_run_events(
-            RunEventFilter(environment=ENVIRONMENT, run_id=run_id, sort_by=RunEventSortField.SEQUENCE,
-                           sort_direction=SortDirection.ASC),
-            PaginationParams(),
-        )
-        print("\nEvent history:")
-        for record in events.data:
-            print(f"  #{record.sequence}  {record.event.occurred_at:%H:%M:%S.%f}  {record.event.type.value}")
-        final = await driver.get_run(ENVIRONMENT, run_id)
-        print(f"\nOutput: {final.output}  (process-local state: gone when this process exits)")
-    finally:
-        await driver.close()
+    await quick_start()
+    print("\nA worker draining a backlog (in-memory lane, controlled clock):")
+    await tour()
 
 
 if __name__ == "__main__":
