@@ -45,10 +45,10 @@ class RecordingStorage:
         return [None for _ in keys]
 
     async def query(self, query):
-        raise NotImplementedError
+        raise AssertionError("lane composition and lifecycle never read or write storage")
 
     async def with_transaction(self, callback):
-        raise NotImplementedError
+        raise AssertionError("lane composition and lifecycle never read or write storage")
 
 
 class OperatorReadStorage(RecordingStorage):
@@ -56,10 +56,10 @@ class OperatorReadStorage(RecordingStorage):
         return None
 
     async def list_runs(self, filter, pagination):
-        raise NotImplementedError
+        raise AssertionError("lane composition and lifecycle never read or write storage")
 
     async def list_run_events(self, filter, pagination):
-        raise NotImplementedError
+        raise AssertionError("lane composition and lifecycle never read or write storage")
 
 
 class RecordingTransport:
@@ -106,10 +106,10 @@ class NoHookStorage:
         return []
 
     async def query(self, query):
-        raise NotImplementedError
+        raise AssertionError("lane composition and lifecycle never read or write storage")
 
     async def with_transaction(self, callback):
-        raise NotImplementedError
+        raise AssertionError("lane composition and lifecycle never read or write storage")
 
 
 POLLING = LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING)
