@@ -1,0 +1,782 @@
+"""Durable observation export: sanitized observation records, their ordered stream, checkpoints and the exporter.
+
+What this module owns:
+
+* the sanitized observation of a committed run event or first-time step completion, and the stored
+  record value with a stable, source-derived record id (the same fact always maps to the same id);
+* staging those records in the caller's storage transaction, through the driver's native ordered
+  append or, without it, through point writes over the same head and record layout;
+* forward scans of one environment's stream, per-consumer checkpoints that only move forward from the
+  expected cursor to a real record, and the exporter that moves records to a sink at least once.
+
+What it must not do: call a sink, a telemetry SDK or any I/O from inside a storage transaction, put
+payloads, outputs, step outputs, failure detail or release metadata into an observation, or move a
+checkpoint before the sink has accepted the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import IO, Any, Protocol, TypeVar, runtime_checkable
+
+from pydantic import TypeAdapter, ValidationError
+
+from ..defaults import contract_defaults
+from ..durations import Duration, duration_ms
+from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
+from ..ids import validate_id
+from ..json_values import canonical_json
+from ..models import (
+    Environment,
+    RunEventRecord,
+    RunlaneObservation,
+    RunlaneObservationRecord,
+    RunRecord,
+    RunStepRecord,
+    UtcDateTime,
+    environment_key,
+)
+from ..storage import (
+    NewStorageRecord,
+    StorageAppendCommand,
+    StorageDocument,
+    StorageDriver,
+    StorageIndexConsistency,
+    StorageIndexName,
+    StorageProfile,
+    StorageQuery,
+    StorageRange,
+    StorageRecord,
+    StorageRecordKey,
+    StorageStreamName,
+    StorageTransaction,
+    decode_storage_unsigned_integer,
+    encode_iso_date,
+    encode_storage_tuple,
+    encode_storage_unsigned_integer,
+    format_unsigned_64_decimal,
+    materialize_storage_append,
+    parse_unsigned_64_decimal,
+    read_storage_stream_position,
+    storage_stream_layouts,
+)
+from ..storage.cursor import decode_opaque_token, encode_opaque_token
+from ..vocabulary import RunlaneObservationExporterTickStatus, RunlaneObservationSourceKind, RunlaneObservationType
+from .cancellation import CancellationSignal
+
+__all__ = [
+    "HEAD_NOT_READ",
+    "OBSERVATION_CHECKPOINTS_COLLECTION",
+    "ConsoleObservationSink",
+    "ExporterTick",
+    "ObservationExporter",
+    "ObservationExporterStats",
+    "ObservationPage",
+    "ObservationSink",
+    "advance_observation_checkpoint",
+    "event_observation_values",
+    "get_observation_checkpoint",
+    "observation_checkpoint_key",
+    "observation_cursor",
+    "observation_for_event",
+    "observation_for_step",
+    "observation_head_key",
+    "observation_head_reads",
+    "observation_record_id",
+    "observation_record_value",
+    "scan_observation_records",
+    "stage_observations",
+    "step_observation_value",
+]
+
+_logger = logging.getLogger("runlane")
+
+T = TypeVar("T")
+
+OBSERVATION_CHECKPOINTS_COLLECTION = "observation_checkpoints"
+
+_STREAM = StorageStreamName.OBSERVATIONS
+_LAYOUT = storage_stream_layouts[_STREAM]
+_CURSOR_VERSION = 1
+_CURSOR_KIND = "observation_stream"
+_TIME = TypeAdapter(UtcDateTime)
+
+
+def _environment(value: Environment | str, *, code: ErrorCode = ErrorCode.VALIDATION_FAILED) -> Environment:
+    if isinstance(value, Environment):
+        return value
+    if isinstance(value, str):
+        try:
+            return Environment(name=value)
+        except ValidationError:
+            pass
+    raise RunlaneError(
+        code, f"environment must be an Environment or a non-empty name, got {value!r}.", meta={"field": "environment"}
+    )
+
+
+def _invariant(message: str, error: Exception | None = None) -> RunlaneError:
+    return RunlaneError(ErrorCode.INVARIANT_VIOLATION, message, cause=error)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sanitized observations and stored record values
+
+
+def observation_for_event(record: RunEventRecord, run: RunRecord) -> RunlaneObservation:
+    """The sanitized observation of one committed run event; ``run`` is the run as projected by its commit.
+
+    Carries identity, type, sequence, status, attempt, the failure *code* and the trace carrier; never
+    the payload, output, failure message or metadata, release reason or wait detail.
+    """
+    event = record.event
+    if event.run_id != run.id or event.environment != run.environment:
+        raise _invariant(f"Event {record.id!r} belongs to another run than {run.id!r}; refusing to observe it.")
+    failure = getattr(event, "failure", None)
+    return RunlaneObservation(
+        type=RunlaneObservationType.RUN_EVENT,
+        environment=run.environment,
+        run_id=run.id,
+        task_id=run.task_id,
+        queue=run.queue,
+        occurred_at=event.occurred_at,
+        event_id=record.id,
+        event_type=event.type,
+        sequence=record.sequence,
+        status=run.status,
+        attempt=getattr(event, "attempt", None),
+        failure_code=None if failure is None else failure.code,
+        trace_carrier=None if event.trace_carrier is None else dict(event.trace_carrier),
+    )
+
+
+def observation_for_step(step: RunStepRecord, run: RunRecord | None = None) -> RunlaneObservation:
+    """The sanitized observation of a first-time durable step completion (never the step output)."""
+    if run is not None and (run.id != step.run_id or run.environment != step.environment):
+        raise _invariant(f"Step {step.step_key!r} belongs to another run than {run.id!r}; refusing to observe it.")
+    return RunlaneObservation(
+        type=RunlaneObservationType.RUN_STEP,
+        environment=step.environment,
+        run_id=step.run_id,
+        task_id=None if run is None else run.task_id,
+        queue=None if run is None else run.queue,
+        occurred_at=step.completed_at,
+        step_key=step.step_key,
+        step_token=step.token,
+        attempt=step.attempt,
+    )
+
+
+def observation_record_id(
+    environment: Environment | str, source_kind: RunlaneObservationSourceKind | str, source_id: str
+) -> str:
+    """``obs_`` + sha256 of ``[environment key, source kind, source id]``: stable across retries and restarts."""
+    kind = RunlaneObservationSourceKind(source_kind)
+    text = canonical_json([environment_key(_environment(environment)), kind.value, source_id])
+    return "obs_" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def observation_record_value(
+    observation: RunlaneObservation,
+    source_kind: RunlaneObservationSourceKind | str,
+    source_id: str,
+    recorded_at: datetime,
+) -> dict[str, Any]:
+    """The stored value of one observation record (storage adds ``stream_position`` at commit)."""
+    if not isinstance(observation, RunlaneObservation):
+        raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "observation_record_value() takes a RunlaneObservation.")
+    kind = RunlaneObservationSourceKind(source_kind)
+    if not isinstance(source_id, str) or not source_id:
+        raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An observation source id must be a non-empty string.")
+    try:
+        recorded = _TIME.dump_python(_TIME.validate_python(recorded_at), mode="json")
+    except ValidationError as error:
+        message = f"Invalid observation time {recorded_at!r}."
+        raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, message, cause=error) from None
+    return {
+        "id": observation_record_id(observation.environment, kind, source_id),
+        "environment": observation.environment.to_json(),
+        "source_kind": kind.value,
+        "source_id": source_id,
+        "recorded_at": recorded,
+        "observation": observation.to_json(),
+    }
+
+
+def event_observation_values(run: RunRecord, events: Sequence[RunEventRecord]) -> list[dict[str, Any]]:
+    """Stored values for the events one commit appends to ``run`` (``run`` as projected by that commit)."""
+    kind = RunlaneObservationSourceKind.RUN_EVENT
+    return [
+        observation_record_value(observation_for_event(record, run), kind, record.id, record.event.occurred_at)
+        for record in events
+    ]
+
+
+def step_observation_value(step: RunStepRecord, run: RunRecord | None = None) -> dict[str, Any]:
+    """The stored value for a first-time step completion (not for an idempotent replay)."""
+    return observation_record_value(
+        observation_for_step(step, run), RunlaneObservationSourceKind.RUN_STEP, step.token, step.completed_at
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Staging appends inside the caller's transaction
+
+
+class _HeadNotRead:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "HEAD_NOT_READ"
+
+
+HEAD_NOT_READ: Any = _HeadNotRead()
+"""Default of ``stage_observations(head=...)``: the caller did not read the head (native append only)."""
+
+
+def observation_head_key(environment: Environment | str) -> StorageRecordKey:
+    """The stream head of ``environment``; the point-write fallback needs it in the attempt's read phase."""
+    return _LAYOUT.head_key(environment_key(_environment(environment)))
+
+
+def observation_head_reads(profile: StorageProfile, environment: Environment | str) -> tuple[StorageRecordKey, ...]:
+    """Keys a write path adds to its one ``tx.get`` so it can stage observations later in the attempt.
+
+    Empty with native ordered append: an attempt that appends must not also read the stream head.
+    """
+    return () if profile.ordered_append else (observation_head_key(environment),)
+
+
+def stage_observations(
+    tx: StorageTransaction,
+    profile: StorageProfile,
+    environment: Environment | str,
+    values: Sequence[Mapping[str, Any]],
+    *,
+    head: StorageRecord | None = HEAD_NOT_READ,
+) -> None:
+    """Stage ``values`` (from ``observation_record_value``) as the next records of the environment's stream.
+
+    Call it at most once per attempt and environment, after the reads, with every value the commit
+    produces. With ``profile.ordered_append`` this stages one native append. Without it, ``head`` must
+    be exactly what this attempt's read phase returned for ``observation_head_key(environment)``
+    (``None`` when absent); the records are created at the next positions and the head is created or
+    replaced. Both paths persist identical documents at identical positions, so both kinds of writer
+    can share one store.
+    """
+    if not values:
+        return
+    env = environment_key(_environment(environment, code=ErrorCode.INVARIANT_VIOLATION))
+    for value in values:
+        if not isinstance(value, Mapping) or value.get("environment") != {"name": env}:
+            raise RunlaneError(
+                ErrorCode.INVARIANT_VIOLATION,
+                f"Only observation values of environment {env!r} can join its stream "
+                "(build them with observation_record_value).",
+            )
+    command = StorageAppendCommand(_STREAM, env, [dict(value) for value in values])
+    if profile.ordered_append:
+        tx.append(command)
+        return
+    if head is HEAD_NOT_READ:
+        raise RunlaneError(
+            ErrorCode.INVARIANT_VIOLATION,
+            "The point-write observation fallback needs the stream head read in this attempt "
+            "(include observation_head_key() in the attempt's get and pass the result as head=).",
+        )
+    if head is not None and (not isinstance(head, StorageRecord) or head.key != _LAYOUT.head_key(env)):
+        raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"head= is not the observation stream head of {env!r}.")
+    appended = materialize_storage_append(command, read_storage_stream_position(head))
+    for record in appended.records:
+        tx.create(record)
+    if head is None:
+        tx.create(appended.head)
+    else:
+        tx.replace(head, appended.head)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cursors
+
+
+def observation_cursor(environment: Environment | str, stream_position: str) -> str:
+    """The opaque cursor that continues after the record at ``stream_position`` in ``environment``."""
+    position = parse_unsigned_64_decimal(stream_position)
+    return _encode_cursor(environment_key(_environment(environment)), position)
+
+
+def _encode_cursor(env: str, position: int) -> str:
+    payload = {"v": _CURSOR_VERSION, "kind": _CURSOR_KIND, "environment": env}
+    return encode_opaque_token({**payload, "position": format_unsigned_64_decimal(position)})
+
+
+def _decode_cursor(cursor: object, what: str = "cursor") -> tuple[str, int]:
+    """``(environment key, position)`` of a cursor; anything else is ``validation_failed``."""
+    payload = decode_opaque_token(cursor)
+    valid = (
+        isinstance(payload, dict)
+        and set(payload) == {"v", "kind", "environment", "position"}
+        and type(payload["v"]) is int
+        and payload["v"] == _CURSOR_VERSION
+        and payload["kind"] == _CURSOR_KIND
+        and isinstance(payload["environment"], str)
+        and isinstance(payload["position"], str)
+    )
+    if valid:
+        try:
+            return payload["environment"], parse_unsigned_64_decimal(payload["position"])
+        except RunlaneError:
+            pass
+    raise RunlaneError(
+        ErrorCode.VALIDATION_FAILED,
+        f"Malformed observation {what}: pass back the whole cursor value a scan returned, unchanged.",
+        meta={"field": what},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Scans
+
+
+@dataclass(frozen=True, slots=True)
+class ObservationPage:
+    """Records after the requested cursor in stream order; ``cursor`` continues after the last one
+    (the requested cursor when the page is empty)."""
+
+    records: list[RunlaneObservationRecord]
+    cursor: str | None
+
+
+def _decode_record(env: str, position: int, record: StorageRecord) -> RunlaneObservationRecord:
+    try:
+        decoded = RunlaneObservationRecord.model_validate(record.document.value)
+    except ValidationError as error:
+        raise _invariant(f"Observation record {position} of {env!r} is not canonical.", error) from None
+    if decoded.stream_position != str(position) or environment_key(decoded.environment) != env:
+        raise _invariant(f"Observation record {position} of {env!r} does not match its key.")
+    return decoded
+
+
+async def scan_observation_records(
+    driver: StorageDriver,
+    environment: Environment | str,
+    *,
+    cursor: str | None = None,
+    limit: int | None = None,
+) -> ObservationPage:
+    """Observation records of ``environment`` after ``cursor`` in stable forward stream order.
+
+    ``limit`` is clamped to ``contract_defaults.pagination`` and the driver's query page. Index rows
+    are candidates: every record is read back by key. Over an eventually consistent index the page
+    also stops at the first position gap, so a record whose index row lags is never skipped.
+    """
+    env = environment_key(_environment(environment))
+    after = 0
+    if cursor is not None:
+        cursor_env, after = _decode_cursor(cursor)
+        if cursor_env != env:
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                "This observation cursor belongs to another environment; scan without a cursor or pass its own.",
+                meta={"field": "cursor"},
+            )
+    max_limit = min(contract_defaults.pagination.max_limit, driver.profile.limits.max_query_results)
+    if limit is None:
+        page_limit = min(contract_defaults.pagination.default_limit, max_limit)
+    elif isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        message = f"limit must be a positive integer, got {limit!r}."
+        raise RunlaneError(ErrorCode.VALIDATION_FAILED, message, meta={"field": "limit"})
+    else:
+        page_limit = min(limit, max_limit)
+    lower = StorageRange(gt=None if after == 0 else encode_storage_tuple([encode_storage_unsigned_integer(after)]))
+    result = await driver.query(StorageQuery(StorageIndexName.OBSERVATION_STREAM, (env,), lower, limit=page_limit))
+    positions: list[int] = []
+    expected = after + 1
+    contiguous = driver.profile.index_consistency is StorageIndexConsistency.EVENTUAL
+    for ref in result.items:
+        key = ref.key
+        if key.collection != _LAYOUT.record_collection or len(key.parts) != 2 or key.parts[0] != env:
+            raise _invariant(f"The observation stream index of {env!r} returned a foreign key {key!r}.")
+        position = decode_storage_unsigned_integer(key.parts[1])
+        if position <= after or (positions and position <= positions[-1]):
+            raise _invariant(f"The observation stream index of {env!r} returned positions out of order.")
+        if contiguous and position != expected and (positions or after > 0):
+            break
+        positions.append(position)
+        expected = position + 1
+    records: list[RunlaneObservationRecord] = []
+    chunk = driver.profile.limits.max_point_reads
+    complete = True
+    for start in range(0, len(positions), chunk):
+        if not complete:
+            break
+        wanted = positions[start : start + chunk]
+        stored = await driver.get([_LAYOUT.record_key(env, position) for position in wanted])
+        for position, record in zip(wanted, stored, strict=True):
+            if record is None:  # a candidate that is not (or no longer) readable ends the page
+                complete = False
+                break
+            records.append(_decode_record(env, position, record))
+    next_cursor = cursor if not records else _encode_cursor(env, int(records[-1].stream_position))
+    return ObservationPage(records, next_cursor)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def observation_checkpoint_key(environment: Environment | str, consumer: str) -> StorageRecordKey:
+    return StorageRecordKey(OBSERVATION_CHECKPOINTS_COLLECTION, environment_key(_environment(environment)), consumer)
+
+
+def _consumer(consumer: object, code: ErrorCode = ErrorCode.VALIDATION_FAILED) -> str:
+    return validate_id(consumer, "observation consumer", code=code)
+
+
+def _checkpoint_position(record: StorageRecord | None, env: str) -> tuple[str | None, int]:
+    """The stored cursor and its position (``None``, 0 without a checkpoint)."""
+    if record is None:
+        return None, 0
+    value = record.document.value
+    stored = value.get("cursor")
+    try:
+        cursor_env, position = _decode_cursor(stored)
+    except RunlaneError:
+        cursor_env, position = None, 0
+    if cursor_env != env or value.get("position") != format_unsigned_64_decimal(position):
+        raise _invariant(f"The observation checkpoint {record.key!r} is corrupt.")
+    return stored, position
+
+
+async def get_observation_checkpoint(
+    driver: StorageDriver, environment: Environment | str, consumer: str
+) -> str | None:
+    """The last cursor ``consumer`` checkpointed in ``environment`` (``None`` before its first advance)."""
+    env = environment_key(_environment(environment))
+    name = _consumer(consumer)
+    [record] = await driver.get([StorageRecordKey(OBSERVATION_CHECKPOINTS_COLLECTION, env, name)])
+    return _checkpoint_position(record, env)[0]
+
+
+async def advance_observation_checkpoint(
+    driver: StorageDriver,
+    environment: Environment | str,
+    consumer: str,
+    *,
+    expected_cursor: str | None,
+    cursor: str,
+) -> None:
+    """Move ``consumer``'s checkpoint from ``expected_cursor`` to ``cursor`` in one transaction.
+
+    Rejected with ``StorageConflictKind.OBSERVATION_CHECKPOINT`` when the stored checkpoint is not
+    ``expected_cursor`` (a stale writer; retryable), when ``cursor`` does not reference an existing
+    record of this environment's stream, or when it does not move strictly forward (both final).
+    """
+    env = environment_key(_environment(environment))
+    name = _consumer(consumer)
+    target_env, target = _decode_cursor(cursor)
+    expected: int | None = None
+    if expected_cursor is not None:
+        expected_env, expected = _decode_cursor(expected_cursor, "expected_cursor")
+        if expected_env != env:
+            expected = -1  # never matches a stored checkpoint of this environment
+    key = StorageRecordKey(OBSERVATION_CHECKPOINTS_COLLECTION, env, name)
+    conflict_meta = {"environment": env, "consumer": name}
+
+    async def attempt(tx: StorageTransaction) -> None:
+        reads = [key]
+        if target_env == env:
+            reads.append(_LAYOUT.record_key(env, target))
+        found = await tx.get(reads)
+        current = found[0]
+        _, stored = _checkpoint_position(current, env)
+        if expected != (None if current is None else stored):
+            raise create_storage_conflict_error(
+                StorageConflictKind.OBSERVATION_CHECKPOINT,
+                f"The observation checkpoint of consumer {name!r} moved since it was read; read it again and retry.",
+                meta=conflict_meta,
+            )
+        if target_env != env or found[1] is None:
+            raise create_storage_conflict_error(
+                StorageConflictKind.OBSERVATION_CHECKPOINT,
+                f"The cursor does not reference an observation record of environment {env!r}.",
+                retryable=False,
+                meta=conflict_meta,
+            )
+        if current is not None and target <= stored:
+            raise create_storage_conflict_error(
+                StorageConflictKind.OBSERVATION_CHECKPOINT,
+                f"Observation checkpoints only move forward; consumer {name!r} is already at or past this cursor.",
+                retryable=False,
+                meta=conflict_meta,
+            )
+        now = await tx.now()
+        document = StorageDocument.encode(
+            {
+                "environment": {"name": env},
+                "consumer": name,
+                "cursor": _encode_cursor(env, target),
+                "position": format_unsigned_64_decimal(target),
+                "updated_at": encode_iso_date(now),
+            }
+        )
+        record = NewStorageRecord(key, document)
+        if current is None:
+            tx.create(record)
+        else:
+            tx.replace(current, record)
+
+    await driver.with_transaction(attempt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sinks
+
+
+@runtime_checkable
+class ObservationSink(Protocol):
+    """Receives batches of observation records; returning means the batch was accepted.
+
+    Delivery is at least once: a batch can be delivered again after a crash or a failed checkpoint
+    advance, so sinks that need exactly-once effects dedupe by ``record.id``.
+    """
+
+    async def export(self, records: Sequence[RunlaneObservationRecord]) -> None: ...
+
+
+class ConsoleObservationSink:
+    """Writes one JSON object per record and line (``stream`` defaults to the current ``sys.stdout``)."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "stream must be a text stream with a write() method.")
+        self._stream = stream
+
+    async def export(self, records: Sequence[RunlaneObservationRecord]) -> None:
+        stream = self._stream if self._stream is not None else sys.stdout
+        lines = "".join(
+            json.dumps(record.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n"
+            for record in records
+        )
+        stream.write(lines)
+        flush = getattr(stream, "flush", None)
+        if callable(flush):
+            flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# Exporter
+
+
+@dataclass(frozen=True, slots=True)
+class ObservationExporterStats:
+    """Totals of one exporter instance since it was created."""
+
+    ticks: int = 0
+    exported: int = 0
+    batches: int = 0
+    failures: int = 0
+    last_exported_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExporterTick:
+    """One scan/export/checkpoint cycle: ``exported`` records accepted and checkpointed, the original
+    ``error`` of a failed tick, the checkpoint ``cursor`` after the tick, and the exporter's totals."""
+
+    status: RunlaneObservationExporterTickStatus
+    exported: int = 0
+    error: BaseException | None = None
+    cursor: str | None = None
+    stats: ObservationExporterStats = field(default_factory=ObservationExporterStats)
+
+
+class _Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
+class _Aborted(Exception):
+    pass
+
+
+class ObservationExporter:
+    """Moves one environment's observation records to ``sink`` for one named ``consumer``, at least once.
+
+    Each tick reads the consumer's checkpoint, scans up to ``batch_size`` records after it, hands them
+    to the sink and advances the checkpoint only after the sink accepted them. Run one active loop
+    per ``(environment, consumer)``: a second loop with the same consumer loses the checkpoint race.
+    """
+
+    def __init__(
+        self,
+        driver: StorageDriver,
+        environment: Environment | str,
+        consumer: str,
+        sink: ObservationSink,
+        *,
+        batch_size: int = 100,
+        clock: _Clock | None = None,
+    ) -> None:
+        invalid = ErrorCode.CONFIGURATION_INVALID
+        for method in ("get", "query", "with_transaction"):
+            if not callable(getattr(driver, method, None)):
+                message = f"driver must be a storage driver (missing {method}())."
+                raise RunlaneError(invalid, message, meta={"field": "driver"})
+        if not callable(getattr(sink, "export", None)):
+            message = "sink must be an object with an async export(records) method."
+            raise RunlaneError(invalid, message, meta={"field": "sink"})
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            message = f"batch_size must be a positive integer, got {batch_size!r}."
+            raise RunlaneError(invalid, message, meta={"field": "batch_size"})
+        if clock is not None and not callable(getattr(clock, "now", None)):
+            raise RunlaneError(invalid, "clock must be an object with a now() method.", meta={"field": "clock"})
+        self.driver = driver
+        self.environment = _environment(environment, code=invalid)
+        self.consumer = _consumer(consumer, invalid)
+        self.sink = sink
+        self.batch_size = batch_size
+        self._clock = clock
+        self._stats = ObservationExporterStats()
+
+    def __repr__(self) -> str:
+        return f"ObservationExporter(environment={self.environment.name!r}, consumer={self.consumer!r})"
+
+    @property
+    def stats(self) -> ObservationExporterStats:
+        return self._stats
+
+    def _now(self) -> datetime:
+        return self._clock.now() if self._clock is not None else datetime.now(UTC)
+
+    def _tick(
+        self,
+        status: RunlaneObservationExporterTickStatus,
+        *,
+        exported: int = 0,
+        error: BaseException | None = None,
+        cursor: str | None,
+    ) -> ExporterTick:
+        stats = self._stats
+        failed = status is RunlaneObservationExporterTickStatus.FAILED
+        done = status is RunlaneObservationExporterTickStatus.EXPORTED
+        self._stats = ObservationExporterStats(
+            ticks=stats.ticks + 1,
+            exported=stats.exported + exported,
+            batches=stats.batches + (1 if done else 0),
+            failures=stats.failures + (1 if failed else 0),
+            last_exported_at=self._now() if done else stats.last_exported_at,
+        )
+        return ExporterTick(status, exported, error, cursor, self._stats)
+
+    async def export_once(self, *, signal: CancellationSignal | None = None) -> ExporterTick:
+        """One scan/export/checkpoint cycle: ``idle``, ``exported``, ``failed`` (checkpoint untouched) or
+        ``aborted`` when ``signal`` aborts before the sink accepted the batch."""
+        _check_signal(signal)
+        status = RunlaneObservationExporterTickStatus
+        checkpoint: str | None = None
+        if signal is not None and signal.aborted:
+            return self._tick(status.ABORTED, cursor=None)
+        try:
+            checkpoint = await get_observation_checkpoint(self.driver, self.environment, self.consumer)
+            records, cursor = await self._scan(checkpoint)
+            if not records:
+                return self._tick(status.IDLE, cursor=checkpoint)
+            await _unless_aborted(_call_sink(self.sink, records), signal)
+            await advance_observation_checkpoint(
+                self.driver, self.environment, self.consumer, expected_cursor=checkpoint, cursor=cursor
+            )
+        except _Aborted:
+            return self._tick(status.ABORTED, cursor=checkpoint)
+        except Exception as error:
+            return self._tick(status.FAILED, error=error, cursor=checkpoint)
+        return self._tick(status.EXPORTED, exported=len(records), cursor=cursor)
+
+    async def _scan(self, checkpoint: str | None) -> tuple[tuple[RunlaneObservationRecord, ...], str | None]:
+        records: list[RunlaneObservationRecord] = []
+        cursor = checkpoint
+        while len(records) < self.batch_size:
+            page = await scan_observation_records(
+                self.driver, self.environment, cursor=cursor, limit=self.batch_size - len(records)
+            )
+            if not page.records:
+                break
+            records.extend(page.records)
+            cursor = page.cursor
+        return tuple(records), cursor
+
+    async def run(
+        self, *, signal: CancellationSignal | None = None, idle_delay: Duration = "1s", retry_delay: Duration = "5s"
+    ) -> None:
+        """Export until ``signal`` aborts: poll every ``idle_delay`` when idle, retry retryable and untyped
+        failures after ``retry_delay``, and raise a non-retryable ``RunlaneError``."""
+        _check_signal(signal)
+        idle = duration_ms(idle_delay, "idle_delay") / 1000
+        retry = duration_ms(retry_delay, "retry_delay") / 1000
+        status = RunlaneObservationExporterTickStatus
+        while signal is None or not signal.aborted:
+            tick = await self.export_once(signal=signal)
+            if tick.status is status.EXPORTED:
+                continue
+            if tick.status is status.ABORTED:
+                return
+            if tick.status is status.IDLE:
+                await _sleep(idle, signal)
+                continue
+            error = tick.error
+            if isinstance(error, RunlaneError) and not error.retryable:
+                raise error
+            _logger.warning(
+                "Observation export for consumer %r in %r failed; retrying in %ss.",
+                self.consumer,
+                self.environment.name,
+                retry,
+                exc_info=error,
+            )
+            await _sleep(retry, signal)
+
+
+def _check_signal(signal: object) -> None:
+    if signal is not None and not isinstance(signal, CancellationSignal):
+        raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"signal must be a CancellationSignal, got {signal!r}.")
+
+
+async def _call_sink(sink: ObservationSink, records: tuple[RunlaneObservationRecord, ...]) -> None:
+    result = sink.export(records)
+    if inspect.isawaitable(result):
+        await result
+
+
+async def _unless_aborted(work: Awaitable[T], signal: CancellationSignal | None) -> T:
+    """Await ``work``, or cancel it and raise ``_Aborted`` when ``signal`` aborts first."""
+    if signal is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(signal.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise _Aborted()
+    finally:
+        for pending in (task, waiter):
+            if not pending.done():
+                pending.cancel()
+        await asyncio.gather(task, waiter, return_exceptions=True)
+
+
+async def _sleep(seconds: float, signal: CancellationSignal | None) -> None:
+    if signal is None:
+        await asyncio.sleep(seconds)
+        return
+    try:
+        await asyncio.wait_for(signal.wait(), seconds)
+    except TimeoutError:
+        pass
