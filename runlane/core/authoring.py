@@ -307,7 +307,13 @@ def schedule(
     if cron is not None:
         if not isinstance(cron, str) or not cron.strip():
             raise _invalid(f"{owner}: cron must be a non-empty cron expression such as '0 9 * * *'.", field="cron")
-        fields.update(type=ScheduleType.CRON, cron=cron.strip(), time_zone=_time_zone(time_zone, owner))
+        from .schedules import validate_cron  # the cron grammar lives with the timing rules
+
+        fields.update(
+            type=ScheduleType.CRON,
+            cron=validate_cron(cron.strip(), schedule_id=schedule_id),
+            time_zone=_time_zone(time_zone, owner),
+        )
     elif every is not None:
         start = None if starts_at is None else _aware_utc(starts_at, f"starts_at of schedule {schedule_id!r}")
         end = None if ends_at is None else _aware_utc(ends_at, f"ends_at of schedule {schedule_id!r}")

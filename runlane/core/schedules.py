@@ -1,0 +1,695 @@
+"""Schedule materialization: fire-time math, deterministic identities, durable occurrence claims.
+
+Schedules are definitions, occurrences are durable claims, runs are executable work. This module owns
+the middle part and the pure timing rules in front of it:
+
+* ``latest_due_fire_time`` - the one fire time a maintenance pass may materialize for a schedule
+  (the latest one due at or before ``now``; missed boundaries are never backfilled);
+* ``schedule_occurrence_id`` / ``scheduled_run_id`` - opaque hashed identities shared by every
+  materializer, so concurrent maintenance processes race on the same durable records;
+* ``ScheduleOccurrences`` - the occurrence table over a ``StorageDriver``:
+
+  | collection             | key parts           | document                   |
+  | ---------------------- | ------------------- | -------------------------- |
+  | ``schedule_occurrences`` | env, occurrence_id | ``ScheduleOccurrence`` JSON |
+
+  A claimed occurrence has one ``SCHEDULE_OCCURRENCES_CLAIMED`` entry, partition ``(env,)`` and
+  sort ``(claim_expires_at, occurrence_id)``; a completed occurrence has none.
+
+* ``ScheduleMaterializer`` - claim, create or recover the scheduled run, complete. It takes the run
+  creation and lookup as callables so it does not depend on the runtime.
+
+Cron time zones
+---------------
+
+A cron expression is matched against the *wall clock* of its time zone (UTC when none is given). The
+Schedules page asks for "the most recent matching fire time at or before the maintenance time", so a
+fire time is an instant at which the zone's clock actually shows a matching wall time:
+
+* a wall time skipped by a spring-forward transition never appears on the clock, so it does not fire
+  that day (``30 2 * * *`` in America/New_York has no fire on the spring-forward day);
+* a wall time repeated by a fall-back transition is one matching wall time; it fires once, at its
+  first occurrence (``30 1 * * *`` fires at 01:30 EDT, not again at 01:30 EST). Every fire time is
+  an occurrence identity, so firing the repeated wall time twice would create two runs for one
+  logical daily slot.
+
+croniter's own handling of aware datetimes differs on both points (it shifts the skipped 02:30 to
+03:00 and yields the repeated 01:30 twice), so croniter only enumerates *naive wall times* here and
+this module maps them to instants with ``fold=0`` (the earlier instant) after dropping wall times the
+zone skips. The rule applies to every field uniformly: a sub-hourly cron in a DST zone also skips the
+repeated hour's second pass. Use ``every=`` (elapsed time, independent of time zones) for a strict
+cadence.
+
+Only standard five-field expressions and the ``@yearly``/``@annually``/``@monthly``/``@weekly``/
+``@daily``/``@midnight``/``@hourly`` macros are accepted: six- and seven-field forms disagree between
+cron dialects on where the seconds field goes, and croniter's random (``R``) and hashed (``H``)
+fields would give different processes different fire times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, tzinfo
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadDateError, CroniterError, croniter
+from pydantic import ValidationError
+
+from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error, is_storage_conflict
+from ..ids import validate_id
+from ..json_values import canonical_json
+from ..models import Environment, RunRecord, ScheduleOccurrence, environment_key
+from ..storage import (
+    NewStorageRecord,
+    StorageDocument,
+    StorageDriver,
+    StorageIndexEntry,
+    StorageIndexName,
+    StorageRecord,
+    StorageRecordKey,
+    StorageTransaction,
+    encode_iso_date,
+)
+from ..vocabulary import ScheduleOccurrenceStatus, ScheduleType
+
+if TYPE_CHECKING:
+    from .authoring import ScheduleDefinition, TaskDefinition
+
+__all__ = [
+    "SCHEDULE_OCCURRENCES_COLLECTION",
+    "CreateScheduledRun",
+    "GetRun",
+    "ScheduleMaterializer",
+    "ScheduleOccurrences",
+    "latest_due_fire_time",
+    "new_schedule_claim_token",
+    "schedule_occurrence_id",
+    "schedule_occurrence_key",
+    "scheduled_run_id",
+    "validate_cron",
+]
+
+SCHEDULE_OCCURRENCES_COLLECTION: Final = "schedule_occurrences"
+
+UNIX_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+# 128 bits of SHA-256: collision-safe for any realistic number of occurrences (the birthday bound is
+# about 2**64 ids) while keeping ids and the run ids derived from them short.
+_HASH_HEX_CHARS: Final = 32
+_OCCURRENCE_ID_PREFIX: Final = "occ_"
+_SCHEDULED_RUN_ID_PREFIX: Final = "run_sched_"
+
+_CRON_MACROS: Final = frozenset({"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"})
+_CRON_FIELDS: Final = 5
+# A standalone R/H token (croniter's random and hashed fields); names such as MAR or THU do not match.
+_NONDETERMINISTIC_FIELD: Final = re.compile(r"(?<![A-Za-z])[HR](?![A-Za-z])", re.IGNORECASE)
+# Candidates a cron search may reject before giving up: skipped wall times in a spring-forward gap and
+# wall times past ``now`` during a fall-back repeat. A day-long gap of a once-a-minute cron is 1440.
+_MAX_CRON_CANDIDATES: Final = 50_000
+_ONE_MINUTE: Final = timedelta(minutes=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def _invalid(message: str, **meta: Any) -> RunlaneError:
+    details = {key: value for key, value in meta.items() if value is not None}
+    return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta=details)
+
+
+def _aware(value: object, what: str) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise _invalid(f"{what} must be a timezone-aware datetime, got {value!r}; attach a tzinfo such as UTC.")
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+
+def validate_cron(expression: object, *, schedule_id: str | None = None) -> str:
+    """Return the normalized expression, or raise ``RunlaneError(configuration_invalid)`` saying what to fix.
+
+    Accepts five fields (minute hour day-of-month month day-of-week, with ranges, steps, lists, month
+    and weekday names, ``L`` and ``#``) or one of the ``@yearly``..``@hourly`` macros. An expression
+    that can never match (``0 0 30 2 *``) is rejected too.
+    """
+    owner = "Cron expression" if schedule_id is None else f"Schedule {schedule_id!r}: cron expression"
+    if not isinstance(expression, str) or not expression.strip():
+        raise _invalid(
+            f"{owner} must be a non-empty string such as '0 9 * * *'.", field="cron", schedule_id=schedule_id
+        )
+    normalized = " ".join(expression.split())
+    return _checked_cron(normalized, owner, schedule_id)
+
+
+def _checked_cron(normalized: str, owner: str, schedule_id: str | None) -> str:
+    example = "'0 9 * * *' (09:00 daily) or '*/15 * * * *' (every 15 minutes)"
+    if normalized.startswith("@"):
+        if normalized.lower() not in _CRON_MACROS:
+            raise _invalid(
+                f"{owner} {normalized!r} is not supported; use one of {', '.join(sorted(_CRON_MACROS))} "
+                f"or five fields such as {example}.",
+                field="cron",
+                schedule_id=schedule_id,
+            )
+        return normalized.lower()
+    fields = normalized.split(" ")
+    if len(fields) != _CRON_FIELDS:
+        raise _invalid(
+            f"{owner} {normalized!r} has {len(fields)} field(s); write exactly five "
+            f"(minute hour day-of-month month day-of-week), such as {example}. Seconds and year fields "
+            "are not supported.",
+            field="cron",
+            schedule_id=schedule_id,
+        )
+    if any(_NONDETERMINISTIC_FIELD.search(item) for item in fields):
+        raise _invalid(
+            f"{owner} {normalized!r} uses a random (R) or hashed (H) field; every process must compute the "
+            "same fire times, so write explicit values instead.",
+            field="cron",
+            schedule_id=schedule_id,
+        )
+    try:
+        iterator = croniter(normalized, datetime(2000, 1, 1), ret_type=datetime)
+    except (CroniterError, ValueError, TypeError, KeyError) as error:
+        raise _invalid(
+            f"{owner} {normalized!r} is not valid cron syntax ({error}); fields are minute (0-59), hour (0-23), "
+            f"day of month (1-31), month (1-12 or JAN-DEC) and day of week (0-6 or SUN-SAT), such as {example}.",
+            field="cron",
+            schedule_id=schedule_id,
+        ) from None
+    try:
+        iterator.get_next(datetime)
+    except (CroniterBadDateError, CroniterError) as error:
+        raise _invalid(
+            f"{owner} {normalized!r} never matches a real date ({error}); check the day-of-month and month fields.",
+            field="cron",
+            schedule_id=schedule_id,
+        ) from None
+    return normalized
+
+
+@lru_cache(maxsize=256)
+def _zone(name: str | None) -> tzinfo:
+    if name is None:
+        return UTC
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise _invalid(
+            f"Unknown time zone {name!r}; use an IANA name such as 'America/New_York' "
+            "(install the tzdata package where the system has no time zone database).",
+            field="time_zone",
+        ) from None
+
+
+@lru_cache(maxsize=256)
+def _cron(expression: str, schedule_id: str) -> str:
+    return validate_cron(expression, schedule_id=schedule_id)
+
+
+def latest_due_fire_time(definition: ScheduleDefinition, now: datetime) -> datetime | None:
+    """The latest fire time of ``definition`` at or before ``now`` (aware UTC), or ``None`` when none is due.
+
+    * once: ``run_at`` once it is due, however late;
+    * interval: the latest ``anchor + k * every`` at or before ``now`` (and at or before ``ends_at``),
+      with ``anchor`` = ``starts_at`` or the Unix epoch and ``k >= 0``;
+    * cron: the latest instant at which the zone's wall clock showed a matching time (see the module
+      docstring for daylight-saving transitions).
+    """
+    now = _aware(now, "now")
+    kind = definition.type
+    if kind is ScheduleType.ONCE:
+        run_at = _aware(definition.run_at, f"run_at of schedule {definition.id!r}")
+        return run_at if run_at <= now else None
+    if kind is ScheduleType.INTERVAL:
+        return _latest_interval_boundary(definition, now)
+    if kind is ScheduleType.CRON:
+        expression = _cron(definition.cron, definition.id)  # type: ignore[arg-type]
+        return _latest_cron_fire(expression, _zone(definition.time_zone), now)
+    raise _invalid(f"Schedule {definition.id!r} has unknown type {kind!r}.", schedule_id=definition.id)
+
+
+def _latest_interval_boundary(definition: ScheduleDefinition, now: datetime) -> datetime | None:
+    every_ms = definition.every_ms
+    if isinstance(every_ms, bool) or not isinstance(every_ms, int) or every_ms < 1:
+        raise _invalid(f"Schedule {definition.id!r}: every must be a positive duration.", schedule_id=definition.id)
+    anchor = UNIX_EPOCH
+    if definition.starts_at is not None:
+        anchor = _aware(definition.starts_at, f"starts_at of schedule {definition.id!r}")
+    horizon = now
+    if definition.ends_at is not None:
+        ends_at = _aware(definition.ends_at, f"ends_at of schedule {definition.id!r}")
+        if ends_at < anchor:
+            raise _invalid(
+                f"Schedule {definition.id!r}: ends_at must not be earlier than starts_at.",
+                field="ends_at",
+                schedule_id=definition.id,
+            )
+        horizon = min(horizon, ends_at)
+    if horizon < anchor:
+        return None
+    every = timedelta(milliseconds=every_ms)
+    # timedelta // timedelta is exact integer floor division (microsecond resolution).
+    return anchor + every * ((horizon - anchor) // every)
+
+
+def _latest_cron_fire(expression: str, zone: tzinfo, now: datetime) -> datetime | None:
+    local_now = now.astimezone(zone)
+    wall = local_now.replace(tzinfo=None)
+    if local_now.fold:
+        # The second pass through a repeated wall-clock hour: every first-pass (fold=0) wall time in it,
+        # up to the end of the repeat, is already in the past. Searching from ``wall + shift`` covers
+        # them; candidates past ``now`` are rejected below.
+        first = local_now.replace(fold=0).utcoffset()
+        second = local_now.utcoffset()
+        if first is not None and second is not None and first > second:
+            wall += first - second
+    # croniter's get_prev is strictly before its start; start one minute after the floored wall time so
+    # a fire time equal to ``now`` (cron resolution is one minute) is included.
+    start = wall.replace(second=0, microsecond=0) + _ONE_MINUTE
+    iterator = croniter(expression, start, ret_type=datetime)
+    for _ in range(_MAX_CRON_CANDIDATES):
+        try:
+            candidate: datetime = iterator.get_prev(datetime)
+        except CroniterBadDateError:
+            return None  # nothing matched within croniter's search window
+        instant = candidate.replace(tzinfo=zone, fold=0).astimezone(UTC)
+        if instant.astimezone(zone).replace(tzinfo=None) != candidate:
+            continue  # skipped by a spring-forward transition: this wall time never happened
+        if instant <= now:
+            return instant
+    raise RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"Cron expression {expression!r} produced {_MAX_CRON_CANDIDATES} wall times that are not due; giving up.",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Identities
+
+
+def _digest(value: list[str]) -> str:
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()[:_HASH_HEX_CHARS]
+
+
+def schedule_occurrence_id(environment: Environment, schedule_id: str, fire_at: datetime) -> str:
+    """The deterministic occurrence id of ``environment + schedule_id + fire_at``: ``occ_`` + 32 hex digits.
+
+    Opaque: it hashes ``[environment key, schedule id, fire time as canonical ISO UTC]``; never parse it.
+    """
+    schedule_id = validate_id(schedule_id, "schedule id")
+    fire_iso = encode_iso_date(_aware(fire_at, "fire_at"))
+    return _OCCURRENCE_ID_PREFIX + _digest([environment_key(environment), schedule_id, fire_iso])
+
+
+def scheduled_run_id(occurrence_id: str) -> str:
+    """The run id every materializer uses for an occurrence: ``run_sched_`` + 32 hex digits (opaque)."""
+    occurrence_id = validate_id(occurrence_id, "occurrence id")
+    return _SCHEDULED_RUN_ID_PREFIX + _digest(["scheduled_run", occurrence_id])
+
+
+def new_schedule_claim_token() -> str:
+    """A fresh occurrence claim token; draw it before the claim transaction, never inside it."""
+    return f"occlaim_{uuid.uuid4().hex}"
+
+
+def schedule_occurrence_key(env_key: str, occurrence_id: str) -> StorageRecordKey:
+    return StorageRecordKey(SCHEDULE_OCCURRENCES_COLLECTION, env_key, occurrence_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# The occurrence table
+
+
+def _corrupt(key: StorageRecordKey, error: Exception | None = None) -> RunlaneError:
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored schedule occurrence at {key!r} is not a valid document.",
+        cause=error,
+    )
+
+
+def _occurrence_conflict(occurrence_id: str, why: str) -> RunlaneError:
+    return create_storage_conflict_error(
+        StorageConflictKind.SCHEDULE_OCCURRENCE,
+        f"Schedule occurrence {occurrence_id} is not owned by this claim: {why}. Another materializer owns it now; "
+        "skip it.",
+        meta={"occurrence_id": occurrence_id},
+    )
+
+
+class ScheduleOccurrences:
+    """The durable occurrence claims of one environment over a ``StorageDriver``.
+
+    Claim tokens and ids are prepared by the caller: transaction callbacks stay pure and replayable.
+    """
+
+    def __init__(self, driver: StorageDriver, environment: Environment) -> None:
+        self.driver = driver
+        self.environment = environment
+        self.env_key = environment_key(environment)
+
+    def __repr__(self) -> str:
+        driver = getattr(self.driver, "name", self.driver)
+        return f"ScheduleOccurrences(driver={driver!r}, environment={self.env_key!r})"
+
+    def _key(self, occurrence_id: str) -> StorageRecordKey:
+        return schedule_occurrence_key(self.env_key, occurrence_id)
+
+    def _decode(self, record: StorageRecord) -> ScheduleOccurrence:
+        try:
+            occurrence = ScheduleOccurrence.model_validate(record.document.value)
+        except ValidationError as error:
+            raise _corrupt(record.key, error) from None
+        if occurrence.id != record.key.parts[-1] or environment_key(occurrence.environment) != record.key.parts[0]:
+            raise _corrupt(record.key)
+        if (occurrence.status is ScheduleOccurrenceStatus.CLAIMED) != (occurrence.claim_expires_at is not None):
+            raise _corrupt(record.key)
+        return occurrence
+
+    def _record(self, occurrence: ScheduleOccurrence) -> NewStorageRecord:
+        indexes: tuple[StorageIndexEntry, ...] = ()
+        if occurrence.status is ScheduleOccurrenceStatus.CLAIMED and occurrence.claim_expires_at is not None:
+            indexes = (
+                StorageIndexEntry(
+                    StorageIndexName.SCHEDULE_OCCURRENCES_CLAIMED,
+                    (self.env_key,),
+                    (encode_iso_date(occurrence.claim_expires_at), occurrence.id),
+                ),
+            )
+        document = StorageDocument.encode(occurrence.model_dump(mode="json"))
+        return NewStorageRecord(self._key(occurrence.id), document, indexes)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def get(self, occurrence_id: str) -> ScheduleOccurrence | None:
+        (record,) = await self.driver.get([self._key(occurrence_id)])
+        return None if record is None else self._decode(record)
+
+    async def get_many(self, occurrence_ids: Sequence[str]) -> list[ScheduleOccurrence | None]:
+        """Occurrences in request order (``None`` for absent ones), read in point-read-limit chunks."""
+        size = self.driver.profile.limits.max_point_reads
+        found: list[ScheduleOccurrence | None] = []
+        for start in range(0, len(occurrence_ids), size):
+            keys = [self._key(item) for item in occurrence_ids[start : start + size]]
+            found.extend(None if record is None else self._decode(record) for record in await self.driver.get(keys))
+        return found
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        schedule_id: str,
+        task_id: str,
+        fire_at: datetime,
+        *,
+        claim_token: str,
+        worker_id: str,
+        claim_duration_ms: int,
+    ) -> ScheduleOccurrence | None:
+        """Claim the occurrence of ``schedule_id`` at ``fire_at`` in one transaction.
+
+        Creates it as claimed when absent; takes it over (with ``claim_token``) when its claim has
+        expired; returns it unchanged when ``claim_token`` already holds it. Returns ``None`` when it is
+        completed or another live claim holds it.
+        """
+        schedule_id = validate_id(schedule_id, "schedule id")
+        task_id = validate_id(task_id, "task id")
+        worker_id = validate_id(worker_id, "worker id")
+        fire_at = _aware(fire_at, "fire_at")
+        if not isinstance(claim_token, str) or not claim_token:
+            raise _invalid("A schedule occurrence claim token must be a non-empty string.", field="claim_token")
+        if isinstance(claim_duration_ms, bool) or not isinstance(claim_duration_ms, int) or claim_duration_ms < 1:
+            raise _invalid(
+                f"claim_duration_ms must be a positive whole number of milliseconds, got {claim_duration_ms!r}.",
+                field="claim_duration_ms",
+            )
+        occurrence_id = schedule_occurrence_id(self.environment, schedule_id, fire_at)
+        key = self._key(occurrence_id)
+        claim_for = timedelta(milliseconds=claim_duration_ms)
+
+        async def body(tx: StorageTransaction) -> ScheduleOccurrence | None:
+            (record,) = await tx.get([key])
+            now = _aware(await tx.now(), "storage time")
+            if record is None:
+                occurrence = ScheduleOccurrence(
+                    id=occurrence_id,
+                    environment=self.environment,
+                    schedule_id=schedule_id,
+                    task_id=task_id,
+                    fire_at=fire_at,
+                    status=ScheduleOccurrenceStatus.CLAIMED,
+                    claim_token=claim_token,
+                    claimed_by=worker_id,
+                    claim_expires_at=now + claim_for,
+                    created_at=now,
+                    updated_at=now,
+                )
+                tx.create(self._record(occurrence))
+                return occurrence
+            current = self._decode(record)
+            if current.schedule_id != schedule_id or current.fire_at != fire_at:
+                raise RunlaneError(
+                    ErrorCode.INVARIANT_VIOLATION,
+                    f"Schedule occurrence {occurrence_id} belongs to schedule {current.schedule_id!r} at "
+                    f"{encode_iso_date(current.fire_at)}, not {schedule_id!r} at {encode_iso_date(fire_at)}.",
+                    meta={"occurrence_id": occurrence_id},
+                )
+            if current.status is ScheduleOccurrenceStatus.COMPLETED:
+                return None
+            expires_at = current.claim_expires_at
+            live = expires_at is not None and expires_at > now
+            if live:
+                return current if current.claim_token == claim_token else None
+            taken = ScheduleOccurrence.model_validate(
+                {
+                    **current.model_dump(),
+                    "claim_token": claim_token,
+                    "claimed_by": worker_id,
+                    "claim_expires_at": now + claim_for,
+                    "updated_at": now,
+                }
+            )
+            tx.replace(record, self._record(taken))
+            return taken
+
+        return await self.driver.with_transaction(body)
+
+    async def complete(self, occurrence_id: str, claim_token: str, run_ids: Sequence[str]) -> ScheduleOccurrence:
+        """Mark a claimed occurrence completed with the runs it produced, fenced by ``claim_token``.
+
+        Raises ``storage_conflict`` (``schedule_occurrence``) when the occurrence is missing, another
+        claim took it over, or it was completed with other runs. Completing again with the same token
+        and run ids returns the completed occurrence (a retried call after an uncertain commit).
+        An expired claim that nobody took over can still complete.
+        """
+        if not isinstance(claim_token, str) or not claim_token:
+            raise _invalid("A schedule occurrence claim token must be a non-empty string.", field="claim_token")
+        if isinstance(run_ids, str):
+            raise _invalid("run_ids must be a sequence of run ids, not one string.", field="run_ids")
+        produced = [validate_id(run_id, "run id") for run_id in run_ids]
+        key = self._key(occurrence_id)
+
+        async def body(tx: StorageTransaction) -> ScheduleOccurrence:
+            (record,) = await tx.get([key])
+            now = _aware(await tx.now(), "storage time")
+            if record is None:
+                raise _occurrence_conflict(occurrence_id, "it does not exist")
+            current = self._decode(record)
+            if current.claim_token != claim_token:
+                raise _occurrence_conflict(occurrence_id, "its claim token changed")
+            if current.status is ScheduleOccurrenceStatus.COMPLETED:
+                if current.run_ids == produced:
+                    return current
+                raise _occurrence_conflict(occurrence_id, "it was already completed with other runs")
+            completed = ScheduleOccurrence.model_validate(
+                {
+                    **current.model_dump(),
+                    "status": ScheduleOccurrenceStatus.COMPLETED,
+                    "claim_expires_at": None,
+                    "run_ids": produced,
+                    "updated_at": now,
+                    "completed_at": now,
+                }
+            )
+            tx.replace(record, self._record(completed))
+            return completed
+
+        return await self.driver.with_transaction(body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Materialization
+
+CreateScheduledRun = Callable[["ScheduleDefinition", "TaskDefinition", ScheduleOccurrence, str], Awaitable[RunRecord]]
+"""``create_run(schedule, task, occurrence, run_id)``: create the scheduled run with exactly ``run_id``."""
+
+GetRun = Callable[[str], Awaitable[RunRecord | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Due:
+    schedule: ScheduleDefinition
+    task: TaskDefinition
+    fire_at: datetime | None = None
+    occurrence_id: str | None = None
+    error: RunlaneError | None = None
+
+
+class ScheduleMaterializer:
+    """Turns due schedule occurrences into runs, safely under concurrent maintenance processes.
+
+    ``new_claim_token`` draws claim tokens (outside any transaction); tests may pass a deterministic one.
+    """
+
+    def __init__(
+        self,
+        driver: StorageDriver,
+        environment: Environment,
+        *,
+        new_claim_token: Callable[[], str] = new_schedule_claim_token,
+    ) -> None:
+        self.occurrences = ScheduleOccurrences(driver, environment)
+        self.environment = environment
+        self._new_claim_token = new_claim_token
+
+    def __repr__(self) -> str:
+        return f"ScheduleMaterializer({self.occurrences!r})"
+
+    async def materialize_due(
+        self,
+        schedules: Sequence[tuple[ScheduleDefinition, TaskDefinition]],
+        now: datetime,
+        *,
+        limit: int,
+        create_run: CreateScheduledRun,
+        get_run: GetRun,
+        worker_id: str,
+        claim_duration_ms: int,
+    ) -> int:
+        """Materialize the latest due occurrence of each enabled schedule, in order; returns how many.
+
+        Stops after ``limit`` materialized occurrences. Per schedule: compute the latest due fire time,
+        skip it when its occurrence is already completed or held by a live claim (one batched read per
+        chunk of schedules), validate the static payload and resolve the task's singleton and
+        concurrency keys (so a bad definition never consumes a claim), claim, reuse the derived run
+        when it already exists (a crashed earlier claim), else ``create_run``, then complete the
+        occurrence with the run id.
+
+        Each occurrence is durable on its own: when a schedule fails, the error propagates and the
+        occurrences materialized before it stay materialized. A completion that lost its claim to
+        another materializer (the claim expired mid-way) is not an error and is not counted: the run
+        exists under the derived id and the new owner completes the occurrence.
+        """
+        now = _aware(now, "now")
+        worker_id = validate_id(worker_id, "worker id")
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise _invalid(f"limit must be a whole number, got {limit!r}.", field="limit")
+        if limit < 1:
+            return 0
+        enabled = [(item, task) for item, task in schedules if item.enabled]
+        chunk = max(1, self.occurrences.driver.profile.limits.max_point_reads)
+        materialized = 0
+        for start in range(0, len(enabled), chunk):
+            window = [self._due(item, task, now) for item, task in enabled[start : start + chunk]]
+            ids = [due.occurrence_id for due in window if due.occurrence_id is not None]
+            known = dict(zip(ids, await self.occurrences.get_many(ids)))
+            for due in window:
+                if due.error is not None:
+                    raise due.error
+                if due.occurrence_id is None or due.fire_at is None:
+                    continue
+                current = known.get(due.occurrence_id)
+                if current is not None and _settled(current, now):
+                    continue
+                if await self._materialize(due, create_run, get_run, worker_id, claim_duration_ms):
+                    materialized += 1
+                    if materialized >= limit:
+                        return materialized
+        return materialized
+
+    def _due(self, item: ScheduleDefinition, task: TaskDefinition, now: datetime) -> _Due:
+        # Errors are kept and raised when the schedule's turn comes, after earlier schedules materialized.
+        try:
+            fire_at = latest_due_fire_time(item, now)
+            if fire_at is None:
+                return _Due(item, task)
+            return _Due(item, task, fire_at, schedule_occurrence_id(self.environment, item.id, fire_at))
+        except RunlaneError as error:
+            return _Due(item, task, error=error)
+
+    async def _materialize(
+        self,
+        due: _Due,
+        create_run: CreateScheduledRun,
+        get_run: GetRun,
+        worker_id: str,
+        claim_duration_ms: int,
+    ) -> bool:
+        item, task = due.schedule, due.task
+        _preflight(item, task)
+        token = self._new_claim_token()
+        occurrence = await self.occurrences.claim(
+            item.id,
+            task.id,
+            due.fire_at,  # type: ignore[arg-type]
+            claim_token=token,
+            worker_id=worker_id,
+            claim_duration_ms=claim_duration_ms,
+        )
+        if occurrence is None:
+            return False
+        run_id = scheduled_run_id(occurrence.id)
+        run = await get_run(run_id)
+        if run is None:
+            try:
+                run = await create_run(item, task, occurrence, run_id)
+            except RunlaneError as error:
+                # Another materializer took over an expired claim and created the run first.
+                if not is_storage_conflict(error):
+                    raise
+                run = await get_run(run_id)
+                if run is None:
+                    raise
+        if not isinstance(run, RunRecord) or run.id != run_id:
+            raise RunlaneError(
+                ErrorCode.INVARIANT_VIOLATION,
+                f"Materializing schedule {item.id!r} must create run {run_id}, got "
+                f"{run.id if isinstance(run, RunRecord) else run!r}.",
+                meta={"schedule_id": item.id, "occurrence_id": occurrence.id, "run_id": run_id},
+            )
+        try:
+            await self.occurrences.complete(occurrence.id, token, [run.id])
+        except RunlaneError as error:
+            if is_storage_conflict(error, StorageConflictKind.SCHEDULE_OCCURRENCE):
+                return False
+            raise
+        return True
+
+
+def _settled(occurrence: ScheduleOccurrence, now: datetime) -> bool:
+    """Advisory pre-read: nothing to do for a completed occurrence or one another live claim holds."""
+    if occurrence.status is ScheduleOccurrenceStatus.COMPLETED:
+        return True
+    return occurrence.claim_expires_at is not None and occurrence.claim_expires_at > now
+
+
+def _preflight(item: ScheduleDefinition, task: TaskDefinition) -> None:
+    """Validate the static payload again and resolve the task's run keys before claiming."""
+    try:
+        payload = task.load_payload(item.payload)
+    except RunlaneError as error:
+        hint = "" if item.has_payload else " Pass payload= to schedule()."
+        raise _invalid(
+            f"The payload of schedule {item.id!r} no longer matches task {task.id!r}: {error.message}{hint}",
+            task_id=task.id,
+            schedule_id=item.id,
+            errors=error.meta.get("errors"),
+        ) from None
+    for kind in ("singleton_key", "concurrency_key"):
+        task.resolve_key(kind, payload)  # type: ignore[arg-type]

@@ -1,0 +1,765 @@
+"""Schedule timing, occurrence identities, durable occurrence claims and the materializer
+(``runlane.core.schedules``) over the in-memory driver with a controlled clock."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from runlane_local import local_storage_driver
+
+from runlane.core.authoring import ScheduleDefinition, TaskDefinition, schedule, task
+from runlane.core.schedules import (
+    SCHEDULE_OCCURRENCES_COLLECTION,
+    ScheduleMaterializer,
+    ScheduleOccurrences,
+    latest_due_fire_time,
+    schedule_occurrence_id,
+    scheduled_run_id,
+    validate_cron,
+)
+from runlane.errors import (
+    ErrorCode,
+    RunlaneError,
+    StorageConflictKind,
+    create_storage_conflict_error,
+    is_storage_conflict,
+)
+from runlane.ids import is_valid_id
+from runlane.models import Environment, RunRecord, RunSource, ScheduleOccurrence
+from runlane.storage import (
+    NewStorageRecord,
+    StorageDocument,
+    StorageIndexName,
+    StorageQuery,
+    StorageRecordKey,
+    encode_iso_date,
+)
+from runlane.testing import ControlledClock
+from runlane.vocabulary import RunSourceType, RunStatus, ScheduleOccurrenceStatus, ScheduleType
+
+ENV = Environment(name="test")
+NEW_YORK = "America/New_York"
+CLAIM_MS = 60_000
+
+
+def at(*parts: int) -> datetime:
+    return datetime(*parts, tzinfo=UTC)
+
+
+def ny(*parts: int, fold: int = 0) -> datetime:
+    return datetime(*parts, tzinfo=ZoneInfo(NEW_YORK), fold=fold)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing: once
+
+
+def test_once_is_due_at_and_after_run_at_and_not_before():
+    definition = schedule("launch", run_at=at(2026, 3, 1, 12))
+    assert definition.type is ScheduleType.ONCE
+    assert latest_due_fire_time(definition, at(2026, 3, 1, 11, 59, 59)) is None
+    assert latest_due_fire_time(definition, at(2026, 3, 1, 12)) == at(2026, 3, 1, 12)
+    # A late materializer still uses the original run_at.
+    assert latest_due_fire_time(definition, at(2027, 1, 1)) == at(2026, 3, 1, 12)
+
+
+def test_once_run_at_in_another_zone_is_returned_in_utc():
+    definition = schedule("launch", run_at=ny(2026, 3, 1, 7))
+    fire = latest_due_fire_time(definition, at(2026, 3, 2))
+    assert fire == at(2026, 3, 1, 12)
+    assert fire.tzinfo is UTC
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing: interval
+
+
+def test_interval_anchors_to_the_unix_epoch_without_starts_at():
+    definition = schedule("sync", every="15m")
+    assert latest_due_fire_time(definition, at(2026, 1, 1, 10, 7, 30)) == at(2026, 1, 1, 10, 0)
+    assert latest_due_fire_time(definition, at(2026, 1, 1, 10, 15)) == at(2026, 1, 1, 10, 15)  # inclusive
+    # 7h cadence does not divide a day: boundaries follow the epoch, not midnight.
+    seven = schedule("odd", every="7h")
+    fire = latest_due_fire_time(seven, at(2026, 1, 1, 12))
+    assert fire is not None and (fire - at(1970, 1, 1)) % timedelta(hours=7) == timedelta(0)
+    assert at(2026, 1, 1, 12) - timedelta(hours=7) < fire <= at(2026, 1, 1, 12)
+
+
+def test_interval_anchors_to_starts_at_and_has_no_boundary_before_it():
+    definition = schedule("sync", every="1h", starts_at=at(2026, 1, 1, 10, 5))
+    assert latest_due_fire_time(definition, at(2026, 1, 1, 10, 4, 59)) is None
+    assert latest_due_fire_time(definition, at(2026, 1, 1, 10, 5)) == at(2026, 1, 1, 10, 5)
+    assert latest_due_fire_time(definition, at(2026, 1, 1, 12, 4)) == at(2026, 1, 1, 11, 5)
+    assert latest_due_fire_time(definition, at(2026, 1, 1, 12, 5)) == at(2026, 1, 1, 12, 5)
+
+
+def test_interval_ends_at_caps_the_latest_boundary():
+    definition = schedule("sync", every="1h", starts_at=at(2026, 1, 1, 10), ends_at=at(2026, 1, 1, 12, 30))
+    assert latest_due_fire_time(definition, at(2026, 1, 1, 11, 59)) == at(2026, 1, 1, 11)
+    assert latest_due_fire_time(definition, at(2026, 1, 1, 12, 45)) == at(2026, 1, 1, 12)
+    assert latest_due_fire_time(definition, at(2026, 6, 1)) == at(2026, 1, 1, 12)
+    on_boundary = schedule("edge", every="1h", starts_at=at(2026, 1, 1, 10), ends_at=at(2026, 1, 1, 12))
+    assert latest_due_fire_time(on_boundary, at(2026, 6, 1)) == at(2026, 1, 1, 12)
+    epoch_anchored = schedule("epoch", every="1d", ends_at=at(2026, 1, 10, 6))
+    assert latest_due_fire_time(epoch_anchored, at(2026, 2, 1)) == at(2026, 1, 10)
+
+
+def test_interval_materializes_only_the_latest_boundary_not_a_backfill():
+    definition = schedule("sync", every="1m")
+    # Three days late: still exactly one (the latest) fire time.
+    assert latest_due_fire_time(definition, at(2026, 1, 4, 0, 0, 30)) == at(2026, 1, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing: cron
+
+
+def test_cron_defaults_to_utc_and_includes_a_fire_time_equal_to_now():
+    definition = schedule("digest", cron="0 9 * * *")
+    assert latest_due_fire_time(definition, at(2026, 1, 5, 8, 59, 59)) == at(2026, 1, 4, 9)
+    assert latest_due_fire_time(definition, at(2026, 1, 5, 9)) == at(2026, 1, 5, 9)
+    assert latest_due_fire_time(definition, at(2026, 1, 5, 9, 0, 0, 1)) == at(2026, 1, 5, 9)
+
+
+def test_cron_is_interpreted_in_its_time_zone():
+    definition = schedule("digest", cron="0 9 * * *", time_zone=NEW_YORK)
+    # January: EST (UTC-5), so 09:00 New York is 14:00 UTC.
+    assert latest_due_fire_time(definition, at(2026, 1, 5, 13, 59)) == at(2026, 1, 4, 14)
+    assert latest_due_fire_time(definition, at(2026, 1, 5, 14)) == at(2026, 1, 5, 14)
+    # July: EDT (UTC-4).
+    assert latest_due_fire_time(definition, at(2026, 7, 6, 13, 30)) == at(2026, 7, 6, 13)
+
+
+def test_cron_weekday_and_step_fields():
+    weekdays = schedule("weekdays", cron="30 8 * * MON-FRI")
+    # 2026-01-03 is a Saturday, so the latest fire is Friday 2026-01-02.
+    assert latest_due_fire_time(weekdays, at(2026, 1, 4, 12)) == at(2026, 1, 2, 8, 30)
+    quarter = schedule("quarter", cron="*/15 * * * *")
+    assert latest_due_fire_time(quarter, at(2026, 1, 1, 10, 44, 59)) == at(2026, 1, 1, 10, 30)
+    assert latest_due_fire_time(schedule("daily", cron="@daily"), at(2026, 1, 1, 10)) == at(2026, 1, 1)
+
+
+def test_cron_wall_time_skipped_by_spring_forward_does_not_fire_that_day():
+    # 2026-03-08: New York clocks jump from 02:00 EST to 03:00 EDT (07:00 UTC); 02:30 never happens.
+    definition = schedule("nightly", cron="30 2 * * *", time_zone=NEW_YORK)
+    previous_day = ny(2026, 3, 7, 2, 30).astimezone(UTC)
+    assert previous_day == at(2026, 3, 7, 7, 30)
+    nows = (at(2026, 3, 8, 6, 59), at(2026, 3, 8, 7, 0), at(2026, 3, 8, 7, 30), at(2026, 3, 8, 8), at(2026, 3, 9, 6))
+    for now in nows:
+        assert latest_due_fire_time(definition, now) == previous_day, now
+    # The next day 02:30 exists again, now in EDT (UTC-4).
+    assert latest_due_fire_time(definition, at(2026, 3, 9, 6, 30)) == at(2026, 3, 9, 6, 30)
+    # Around the gap, neighbouring wall times keep firing normally.
+    before_gap = schedule("early", cron="30 1 * * *", time_zone=NEW_YORK)
+    assert latest_due_fire_time(before_gap, at(2026, 3, 8, 12)) == at(2026, 3, 8, 6, 30)
+    after_gap = schedule("late", cron="0 3 * * *", time_zone=NEW_YORK)
+    assert latest_due_fire_time(after_gap, at(2026, 3, 8, 12)) == at(2026, 3, 8, 7)
+
+
+def test_cron_wall_time_repeated_by_fall_back_fires_once_at_its_first_occurrence():
+    # 2026-11-01: New York clocks fall back from 02:00 EDT to 01:00 EST (06:00 UTC); 01:30 happens twice.
+    definition = schedule("nightly", cron="30 1 * * *", time_zone=NEW_YORK)
+    first = ny(2026, 11, 1, 1, 30, fold=0).astimezone(UTC)
+    second = ny(2026, 11, 1, 1, 30, fold=1).astimezone(UTC)
+    assert (first, second) == (at(2026, 11, 1, 5, 30), at(2026, 11, 1, 6, 30))
+    assert latest_due_fire_time(definition, at(2026, 11, 1, 5, 29)) == at(2026, 10, 31, 5, 30)
+    for now in (first, at(2026, 11, 1, 6), second, at(2026, 11, 1, 6, 45), at(2026, 11, 1, 23)):
+        assert latest_due_fire_time(definition, now) == first, now
+    # The next day 01:30 is EST (UTC-5).
+    assert latest_due_fire_time(definition, at(2026, 11, 2, 6, 30)) == at(2026, 11, 2, 6, 30)
+
+
+def test_cron_during_the_repeated_hour_sees_first_pass_times_already_past():
+    # At 01:15 EST (second pass) the first-pass 01:50 EDT has already happened.
+    definition = schedule("late", cron="50 1 * * *", time_zone=NEW_YORK)
+    assert latest_due_fire_time(definition, ny(2026, 11, 1, 1, 15, fold=1)) == at(2026, 11, 1, 5, 50)
+    hourly = schedule("hourly", cron="0 * * * *", time_zone=NEW_YORK)
+    assert latest_due_fire_time(hourly, at(2026, 11, 1, 6, 30)) == at(2026, 11, 1, 5)  # 01:00 EDT only
+    assert latest_due_fire_time(hourly, at(2026, 11, 1, 7)) == at(2026, 11, 1, 7)  # 02:00 EST
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "61 * * * *",
+        "0 25 * * *",
+        "foo",
+        "0 9 * * * *",
+        "0 9 * * * * 2026",
+        "R 9 * * *",
+        "H 9 * * *",
+        "0 0 30 2 *",
+        "@reboot",
+        "",
+        "   ",
+    ],
+)
+def test_validate_cron_rejects_bad_expressions_with_configuration_invalid(expression: str):
+    with pytest.raises(RunlaneError) as caught:
+        validate_cron(expression)
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert caught.value.meta.get("field") == "cron"
+
+
+def test_validate_cron_accepts_and_normalizes_standard_expressions():
+    assert validate_cron("0  9 * * *") == "0 9 * * *"
+    assert validate_cron("30 8 * * MON-FRI") == "30 8 * * MON-FRI"
+    assert validate_cron("0 9 1 MAR THU") == "0 9 1 MAR THU"  # names containing R or H are fine
+    assert validate_cron("0 0 29 2 *") == "0 0 29 2 *"  # leap days are real dates
+    assert validate_cron("@Daily") == "@daily"
+    with pytest.raises(RunlaneError, match="five"):
+        validate_cron("0 9 * * * *")
+
+
+def test_bad_cron_fails_at_definition_and_when_a_built_definition_is_timed():
+    with pytest.raises(RunlaneError) as caught:
+        schedule("broken", cron="0 9 * *")
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "broken" in caught.value.message
+    built = ScheduleDefinition(id="broken", type=ScheduleType.CRON, cron="0 9 * *")
+    with pytest.raises(RunlaneError) as caught:
+        latest_due_fire_time(built, at(2026, 1, 1))
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+def test_unknown_time_zone_is_rejected_by_authoring_and_by_the_timing_rules():
+    with pytest.raises(RunlaneError) as caught:
+        schedule("digest", cron="0 9 * * *", time_zone="Mars/Olympus_Mons")
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert caught.value.meta.get("field") == "time_zone"
+    built = ScheduleDefinition(id="digest", type=ScheduleType.CRON, cron="0 9 * * *", time_zone="Mars/Olympus_Mons")
+    with pytest.raises(RunlaneError) as caught:
+        latest_due_fire_time(built, at(2026, 1, 1))
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+def test_ends_at_before_starts_at_is_rejected():
+    with pytest.raises(RunlaneError) as caught:
+        schedule("sync", every="1h", starts_at=at(2026, 1, 2), ends_at=at(2026, 1, 1))
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    built = ScheduleDefinition(
+        id="sync", type=ScheduleType.INTERVAL, every_ms=3_600_000, starts_at=at(2026, 1, 2), ends_at=at(2026, 1, 1)
+    )
+    with pytest.raises(RunlaneError) as caught:
+        latest_due_fire_time(built, at(2026, 1, 3))
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+def test_naive_now_is_rejected():
+    with pytest.raises(RunlaneError) as caught:
+        latest_due_fire_time(schedule("sync", every="1h"), datetime(2026, 1, 1))
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+# ---------------------------------------------------------------------------------------------
+# Identities
+
+
+def test_occurrence_ids_are_deterministic_opaque_and_scoped():
+    fire = at(2026, 1, 1, 9)
+    occurrence_id = schedule_occurrence_id(ENV, "digest", fire)
+    assert occurrence_id == schedule_occurrence_id(ENV, "digest", fire)
+    assert occurrence_id == schedule_occurrence_id(ENV, "digest", fire.astimezone(ZoneInfo(NEW_YORK)))  # same instant
+    assert occurrence_id.startswith("occ_") and len(occurrence_id) == 4 + 32
+    assert is_valid_id(occurrence_id) and "digest" not in occurrence_id
+    others = {
+        schedule_occurrence_id(Environment(name="other"), "digest", fire),
+        schedule_occurrence_id(ENV, "digest2", fire),
+        schedule_occurrence_id(ENV, "digest", fire + timedelta(microseconds=1)),
+    }
+    assert occurrence_id not in others and len(others) == 3
+
+
+def test_scheduled_run_ids_derive_from_the_occurrence_id():
+    occurrence_id = schedule_occurrence_id(ENV, "digest", at(2026, 1, 1, 9))
+    run_id = scheduled_run_id(occurrence_id)
+    assert run_id == scheduled_run_id(occurrence_id)
+    assert run_id.startswith("run_sched_") and is_valid_id(run_id)
+    assert run_id.removeprefix("run_sched_") != occurrence_id.removeprefix("occ_")
+    assert run_id != scheduled_run_id(schedule_occurrence_id(ENV, "digest", at(2026, 1, 2, 9)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The occurrence table
+
+
+async def claim_digest(
+    table: ScheduleOccurrences, fire: datetime, token: str, worker: str
+) -> ScheduleOccurrence | None:
+    return await table.claim(
+        "digest", "digests.send", fire, claim_token=token, worker_id=worker, claim_duration_ms=CLAIM_MS
+    )
+
+
+async def claimed_index_rows(driver: Any) -> list[tuple[str, ...]]:
+    result = await driver.query(StorageQuery(StorageIndexName.SCHEDULE_OCCURRENCES_CLAIMED, (ENV.name,)))
+    return [item.sort for item in result.items]
+
+
+async def test_claim_creates_a_claimed_occurrence_with_an_expiring_index_entry():
+    clock = ControlledClock(at(2026, 1, 1, 9, 0, 5))
+    driver = local_storage_driver(clock=clock)
+    table = ScheduleOccurrences(driver, ENV)
+    fire = at(2026, 1, 1, 9)
+
+    occurrence = await claim_digest(table, fire, "tok-a", "w1")
+
+    assert occurrence is not None
+    assert occurrence.id == schedule_occurrence_id(ENV, "digest", fire)
+    assert occurrence.status is ScheduleOccurrenceStatus.CLAIMED
+    assert (occurrence.claim_token, occurrence.claimed_by) == ("tok-a", "w1")
+    assert occurrence.claim_expires_at == clock.now() + timedelta(milliseconds=CLAIM_MS)
+    assert occurrence.fire_at == fire and occurrence.run_ids == []
+    assert await table.get(occurrence.id) == occurrence
+    assert await table.get("occ_missing") is None
+    assert await claimed_index_rows(driver) == [(encode_iso_date(occurrence.claim_expires_at), occurrence.id)]
+    (record,) = await driver.get([StorageRecordKey(SCHEDULE_OCCURRENCES_COLLECTION, ENV.name, occurrence.id)])
+    assert ScheduleOccurrence.model_validate(record.document.value) == occurrence
+
+
+async def test_live_claim_blocks_other_claims_and_an_expired_claim_is_taken_over():
+    clock = ControlledClock(at(2026, 1, 1, 9))
+    driver = local_storage_driver(clock=clock)
+    table = ScheduleOccurrences(driver, ENV)
+    fire = at(2026, 1, 1, 9)
+    first = await claim_digest(table, fire, "tok-a", "w1")
+    assert first is not None
+
+    clock.advance("59s")
+    assert await claim_digest(table, fire, "tok-b", "w2") is None
+    # The holder's own token is not a competing claim.
+    assert await claim_digest(table, fire, "tok-a", "w1") == first
+
+    clock.advance("1s")  # expiry is exclusive: a claim expiring now is no longer live
+    taken = await claim_digest(table, fire, "tok-b", "w2")
+    assert taken is not None and taken.id == first.id
+    assert (taken.claim_token, taken.claimed_by) == ("tok-b", "w2")
+    assert taken.claim_expires_at == clock.now() + timedelta(milliseconds=CLAIM_MS)
+    assert taken.created_at == first.created_at and taken.updated_at == clock.now()
+    assert await claimed_index_rows(driver) == [(encode_iso_date(taken.claim_expires_at), taken.id)]
+
+
+async def test_complete_is_fenced_by_the_claim_token():
+    clock = ControlledClock(at(2026, 1, 1, 9))
+    driver = local_storage_driver(clock=clock)
+    table = ScheduleOccurrences(driver, ENV)
+    fire = at(2026, 1, 1, 9)
+    first = await claim_digest(table, fire, "tok-a", "w1")
+    assert first is not None
+    clock.advance("2m")
+    taken = await claim_digest(table, fire, "tok-b", "w2")
+    assert taken is not None
+    run_id = scheduled_run_id(first.id)
+
+    with pytest.raises(RunlaneError) as stale:
+        await table.complete(first.id, "tok-a", [run_id])
+    assert is_storage_conflict(stale.value, StorageConflictKind.SCHEDULE_OCCURRENCE)
+    with pytest.raises(RunlaneError) as missing:
+        await table.complete("occ_missing", "tok-b", [run_id])
+    assert is_storage_conflict(missing.value, StorageConflictKind.SCHEDULE_OCCURRENCE)
+
+    clock.advance("1s")
+    completed = await table.complete(first.id, "tok-b", [run_id])
+    assert completed.status is ScheduleOccurrenceStatus.COMPLETED
+    assert completed.run_ids == [run_id]
+    assert completed.completed_at == clock.now() and completed.claim_expires_at is None
+    assert await table.get(first.id) == completed
+    assert await claimed_index_rows(driver) == []
+
+    # A retried completion with the same token and runs is a no-op; anything else is a conflict.
+    assert await table.complete(first.id, "tok-b", [run_id]) == completed
+    with pytest.raises(RunlaneError) as other_runs:
+        await table.complete(first.id, "tok-b", ["run_other"])
+    assert is_storage_conflict(other_runs.value, StorageConflictKind.SCHEDULE_OCCURRENCE)
+    with pytest.raises(RunlaneError) as after:
+        await table.complete(first.id, "tok-a", [run_id])
+    assert is_storage_conflict(after.value, StorageConflictKind.SCHEDULE_OCCURRENCE)
+
+    # A completed occurrence is never claimed again, even long after.
+    clock.advance("30d")
+    assert await claim_digest(table, fire, "tok-c", "w3") is None
+
+
+async def test_claim_rejects_bad_arguments():
+    table = ScheduleOccurrences(local_storage_driver(clock=ControlledClock()), ENV)
+    fire = at(2026, 1, 1)
+    for kwargs in (
+        {"claim_token": "", "worker_id": "w1", "claim_duration_ms": CLAIM_MS},
+        {"claim_token": "t", "worker_id": "w:1", "claim_duration_ms": CLAIM_MS},
+        {"claim_token": "t", "worker_id": "w1", "claim_duration_ms": 0},
+    ):
+        with pytest.raises(RunlaneError) as caught:
+            await table.claim("digest", "digests.send", fire, **kwargs)
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    with pytest.raises(RunlaneError):
+        await claim_digest(table, datetime(2026, 1, 1), "t", "w1")
+
+
+# ---------------------------------------------------------------------------------------------
+# The materializer
+
+
+MARKERS = "test_scheduled_runs"
+
+
+class Crash(Exception):
+    """Stands in for a process dying at a precise point."""
+
+
+class FakeRuns:
+    """Scheduled runs written as marker records through the driver, each in its own transaction.
+
+    Creating a run id that already exists raises a storage conflict, like the core store does, so a
+    duplicate materialization cannot go unnoticed.
+    """
+
+    def __init__(self, driver: Any, *, crash_after_create: bool = False) -> None:
+        self.driver = driver
+        self.calls: list[tuple[str, str, str, str]] = []
+        self.crash_after_create = crash_after_create
+
+    def _key(self, run_id: str) -> StorageRecordKey:
+        return StorageRecordKey(MARKERS, ENV.name, run_id)
+
+    async def create_run(
+        self,
+        definition: ScheduleDefinition,
+        task_definition: TaskDefinition,
+        occurrence: ScheduleOccurrence,
+        run_id: str,
+    ) -> RunRecord:
+        self.calls.append((definition.id, task_definition.id, occurrence.id, run_id))
+        await asyncio.sleep(0)
+        payload = task_definition.dump_payload(task_definition.load_payload(definition.payload))
+
+        async def body(tx: Any) -> RunRecord:
+            (existing,) = await tx.get([self._key(run_id)])
+            now = await tx.now()
+            if existing is not None:
+                raise create_storage_conflict_error(StorageConflictKind.EVENT_SEQUENCE, f"run {run_id} exists")
+            run = RunRecord(
+                id=run_id,
+                environment=ENV,
+                task_id=task_definition.id,
+                queue="default",
+                status=RunStatus.QUEUED,
+                payload=payload,
+                event_sequence=1,
+                created_at=now,
+                updated_at=now,
+                source=RunSource(type=RunSourceType.SCHEDULE, schedule_id=definition.id, occurrence_id=occurrence.id),
+            )
+            tx.create(NewStorageRecord(self._key(run_id), StorageDocument.encode(run.model_dump(mode="json"))))
+            return run
+
+        run = await self.driver.with_transaction(body)
+        if self.crash_after_create:
+            raise Crash("process died after creating the run")
+        return run
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        (record,) = await self.driver.get([self._key(run_id)])
+        return None if record is None else RunRecord.model_validate(record.document.value)
+
+    async def count(self) -> int:
+        return len(self.calls)
+
+
+def make_task(task_id: str, *schedules: ScheduleDefinition) -> TaskDefinition:
+    def handler() -> None:
+        return None
+
+    return task(task_id, schedule=list(schedules))(handler)
+
+
+def make_payload_task(task_id: str, *schedules: ScheduleDefinition) -> TaskDefinition:
+    def handler(payload: dict[str, int]) -> None:
+        return None
+
+    return task(task_id, schedule=list(schedules))(handler)
+
+
+def pairs(*tasks: TaskDefinition) -> list[tuple[ScheduleDefinition, TaskDefinition]]:
+    return [(item, definition) for definition in tasks for item in definition.schedules]
+
+
+async def materialize(
+    materializer: ScheduleMaterializer,
+    runs: FakeRuns,
+    schedules: Any,
+    now: datetime,
+    *,
+    limit: int = 100,
+    worker: str = "w1",
+) -> int:
+    return await materializer.materialize_due(
+        schedules,
+        now,
+        limit=limit,
+        create_run=runs.create_run,
+        get_run=runs.get_run,
+        worker_id=worker,
+        claim_duration_ms=CLAIM_MS,
+    )
+
+
+async def test_materializes_every_schedule_kind_once_per_fire_time():
+    clock = ControlledClock(at(2026, 1, 5, 9, 7))
+    driver = local_storage_driver(clock=clock)
+    runs = FakeRuns(driver)
+    materializer = ScheduleMaterializer(driver, ENV)
+    reports = make_payload_task(
+        "reports.build",
+        schedule("reports.daily", cron="0 9 * * *", payload={"n": 1}),
+        schedule("reports.quarter", every="15m", payload={"n": 2}),
+        schedule("reports.launch", run_at=at(2026, 1, 5, 8), payload={"n": 3}),
+        schedule("reports.future", run_at=at(2026, 2, 1), payload={"n": 4}),
+        schedule("reports.off", every="1m", payload={"n": 5}, enabled=False),
+    )
+    schedules = pairs(reports)
+
+    assert await materialize(materializer, runs, schedules, clock.now()) == 3
+    expected = {
+        "reports.daily": at(2026, 1, 5, 9),
+        "reports.quarter": at(2026, 1, 5, 9),
+        "reports.launch": at(2026, 1, 5, 8),
+    }
+    assert [call[0] for call in runs.calls] == list(expected)  # registration order
+    table = materializer.occurrences
+    for schedule_id, fire in expected.items():
+        occurrence_id = schedule_occurrence_id(ENV, schedule_id, fire)
+        occurrence = await table.get(occurrence_id)
+        assert occurrence is not None and occurrence.status is ScheduleOccurrenceStatus.COMPLETED
+        assert occurrence.run_ids == [scheduled_run_id(occurrence_id)]
+        assert (occurrence.task_id, occurrence.claimed_by) == ("reports.build", "w1")
+        run = await runs.get_run(scheduled_run_id(occurrence_id))
+        assert run is not None and run.source is not None and run.source.occurrence_id == occurrence_id
+
+    # Nothing new is due: a second tick at the same time materializes nothing.
+    assert await materialize(materializer, runs, schedules, clock.now()) == 0
+    # Next quarter: only the interval schedule has a new fire time.
+    clock.set(at(2026, 1, 5, 9, 15))
+    assert await materialize(materializer, runs, schedules, clock.now()) == 1
+    assert runs.calls[-1][0] == "reports.quarter"
+    assert runs.calls[-1][2] == schedule_occurrence_id(ENV, "reports.quarter", at(2026, 1, 5, 9, 15))
+
+
+async def test_a_late_tick_materializes_only_the_latest_due_occurrence():
+    clock = ControlledClock(at(2026, 1, 1, 0, 0, 30))
+    driver = local_storage_driver(clock=clock)
+    runs = FakeRuns(driver)
+    materializer = ScheduleMaterializer(driver, ENV)
+    schedules = pairs(make_task("pings.send", schedule("pings", every="1m"), schedule("hourly", cron="0 * * * *")))
+    assert await materialize(materializer, runs, schedules, clock.now()) == 2
+
+    clock.set(at(2026, 1, 3, 17, 42, 10))  # days of missed boundaries
+    assert await materialize(materializer, runs, schedules, clock.now()) == 2
+    assert [call[2] for call in runs.calls[2:]] == [
+        schedule_occurrence_id(ENV, "pings", at(2026, 1, 3, 17, 42)),
+        schedule_occurrence_id(ENV, "hourly", at(2026, 1, 3, 17)),
+    ]
+    assert len(runs.calls) == 4
+
+
+async def test_fall_back_day_materializes_the_repeated_wall_time_once():
+    clock = ControlledClock(at(2026, 11, 1, 5, 30))
+    driver = local_storage_driver(clock=clock)
+    runs = FakeRuns(driver)
+    materializer = ScheduleMaterializer(driver, ENV)
+    schedules = pairs(make_task("nightly.run", schedule("nightly", cron="30 1 * * *", time_zone=NEW_YORK)))
+    assert await materialize(materializer, runs, schedules, clock.now()) == 1
+    clock.set(at(2026, 11, 1, 6, 30))  # 01:30 EST, the repeated wall time
+    assert await materialize(materializer, runs, schedules, clock.now()) == 0
+    clock.set(at(2026, 11, 2, 6, 30))
+    assert await materialize(materializer, runs, schedules, clock.now()) == 1
+    assert [call[2] for call in runs.calls] == [
+        schedule_occurrence_id(ENV, "nightly", at(2026, 11, 1, 5, 30)),
+        schedule_occurrence_id(ENV, "nightly", at(2026, 11, 2, 6, 30)),
+    ]
+
+
+async def test_limit_bounds_one_pass_and_the_rest_follow_on_the_next():
+    clock = ControlledClock(at(2026, 1, 1, 12))
+    driver = local_storage_driver(clock=clock)
+    runs = FakeRuns(driver)
+    materializer = ScheduleMaterializer(driver, ENV)
+    schedules = pairs(make_task("work.run", *(schedule(f"s{index}", every="1h") for index in range(5))))
+    assert await materialize(materializer, runs, schedules, clock.now(), limit=2) == 2
+    assert await materialize(materializer, runs, schedules, clock.now(), limit=2) == 2
+    assert await materialize(materializer, runs, schedules, clock.now(), limit=2) == 1
+    assert await materialize(materializer, runs, schedules, clock.now(), limit=2) == 0
+    assert [call[0] for call in runs.calls] == ["s0", "s1", "s2", "s3", "s4"]
+    assert await materialize(materializer, runs, schedules, clock.now(), limit=0) == 0
+
+
+async def test_two_materializers_racing_on_one_occurrence_create_exactly_one_run():
+    clock = ControlledClock(at(2026, 1, 1, 9, 0, 1))
+    driver = local_storage_driver(clock=clock)
+    runs = FakeRuns(driver)
+    schedules = pairs(make_task("digests.send", *(schedule(f"digest{index}", cron="0 9 * * *") for index in range(4))))
+    first, second = ScheduleMaterializer(driver, ENV), ScheduleMaterializer(driver, ENV)
+
+    counts = await asyncio.gather(
+        materialize(first, runs, schedules, clock.now(), worker="w1"),
+        materialize(second, runs, schedules, clock.now(), worker="w2"),
+    )
+
+    assert sum(counts) == 4
+    occurrence_ids = [call[2] for call in runs.calls]
+    expected = [schedule_occurrence_id(ENV, f"digest{index}", at(2026, 1, 1, 9)) for index in range(4)]
+    assert sorted(occurrence_ids) == sorted(expected)
+    for occurrence_id in occurrence_ids:
+        occurrence = await first.occurrences.get(occurrence_id)
+        assert occurrence is not None and occurrence.status is ScheduleOccurrenceStatus.COMPLETED
+        assert occurrence.run_ids == [scheduled_run_id(occurrence_id)]
+
+
+async def test_two_materializers_racing_on_a_single_schedule_many_times():
+    for round_index in range(20):
+        clock = ControlledClock(at(2026, 1, 1, 9) + timedelta(seconds=round_index))
+        driver = local_storage_driver(clock=clock)
+        runs = FakeRuns(driver)
+        schedules = pairs(make_task("digests.send", schedule("digest", cron="0 9 * * *")))
+        materializers = [ScheduleMaterializer(driver, ENV) for _ in range(3)]
+        counts = await asyncio.gather(
+            *(materialize(item, runs, schedules, clock.now(), worker=f"w{i}") for i, item in enumerate(materializers))
+        )
+        assert sorted(counts) == [0, 0, 1]
+        assert len(runs.calls) == 1
+
+
+async def test_crash_between_create_and_complete_is_recovered_after_claim_expiry():
+    clock = ControlledClock(at(2026, 1, 1, 9, 0, 5))
+    driver = local_storage_driver(clock=clock)
+    schedules = pairs(make_payload_task("digests.send", schedule("digest", cron="0 9 * * *", payload={"user": 7})))
+    occurrence_id = schedule_occurrence_id(ENV, "digest", at(2026, 1, 1, 9))
+    run_id = scheduled_run_id(occurrence_id)
+
+    crashing = FakeRuns(driver, crash_after_create=True)
+    with pytest.raises(Crash):
+        await materialize(ScheduleMaterializer(driver, ENV), crashing, schedules, clock.now(), worker="w1")
+    assert len(crashing.calls) == 1
+    stuck = await ScheduleOccurrences(driver, ENV).get(occurrence_id)
+    assert stuck is not None and stuck.status is ScheduleOccurrenceStatus.CLAIMED and stuck.claimed_by == "w1"
+
+    recovering = FakeRuns(driver)
+    survivor = ScheduleMaterializer(driver, ENV)
+    # While the dead process's claim is live, the occurrence is left alone.
+    clock.advance("30s")
+    assert await materialize(survivor, recovering, schedules, clock.now(), worker="w2") == 0
+    # After expiry the survivor takes the claim, finds the run and completes without creating another.
+    clock.advance("31s")
+    assert await materialize(survivor, recovering, schedules, clock.now(), worker="w2") == 1
+    assert recovering.calls == []
+    completed = await survivor.occurrences.get(occurrence_id)
+    assert completed is not None and completed.status is ScheduleOccurrenceStatus.COMPLETED
+    assert completed.run_ids == [run_id] and completed.claimed_by == "w2"
+    run = await recovering.get_run(run_id)
+    assert run is not None and run.payload == {"user": 7}
+    # The dead process's token can no longer complete the occurrence.
+    with pytest.raises(RunlaneError) as stale:
+        await survivor.occurrences.complete(occurrence_id, stuck.claim_token or "", [run_id])
+    assert is_storage_conflict(stale.value, StorageConflictKind.SCHEDULE_OCCURRENCE)
+
+
+async def test_a_run_created_concurrently_after_a_claim_takeover_is_reused():
+    clock = ControlledClock(at(2026, 1, 1, 9))
+    driver = local_storage_driver(clock=clock)
+    runs = FakeRuns(driver)
+    schedules = pairs(make_task("digests.send", schedule("digest", cron="0 9 * * *")))
+    occurrence_id = schedule_occurrence_id(ENV, "digest", at(2026, 1, 1, 9))
+    run_id = scheduled_run_id(occurrence_id)
+    lookups: list[str] = []
+
+    async def get_run_missing_once(requested: str) -> RunRecord | None:
+        # The first lookup happens before the other process's run becomes visible.
+        lookups.append(requested)
+        return None if len(lookups) == 1 else await runs.get_run(requested)
+
+    async def create_run_losing(definition: Any, task_definition: Any, occurrence: Any, requested: str) -> RunRecord:
+        await runs.create_run(definition, task_definition, occurrence, requested)  # the other process wins
+        return await runs.create_run(definition, task_definition, occurrence, requested)  # ours conflicts
+
+    count = await ScheduleMaterializer(driver, ENV).materialize_due(
+        schedules,
+        clock.now(),
+        limit=10,
+        create_run=create_run_losing,
+        get_run=get_run_missing_once,
+        worker_id="w1",
+        claim_duration_ms=CLAIM_MS,
+    )
+    assert count == 1 and lookups == [run_id, run_id]
+    occurrence = await ScheduleOccurrences(driver, ENV).get(occurrence_id)
+    assert occurrence is not None and occurrence.run_ids == [run_id]
+
+
+async def test_a_failing_schedule_propagates_after_earlier_ones_stayed_materialized():
+    clock = ControlledClock(at(2026, 1, 1, 12))
+    driver = local_storage_driver(clock=clock)
+    runs = FakeRuns(driver)
+    materializer = ScheduleMaterializer(driver, ENV)
+    good = make_payload_task("good.run", schedule("good", every="1h", payload={"n": 1}))
+    valid = schedule("bad", every="1h", payload={"n": 2})
+    bad_task = make_payload_task("bad.run", valid)
+    # The schema no longer accepts the static payload (as after a deploy changed the schema).
+    broken = dataclasses.replace(valid, payload={"n": "not a number"})
+    later = make_payload_task("later.run", schedule("later", every="1h", payload={"n": 3}))
+    schedules = [*pairs(good), (broken, bad_task), *pairs(later)]
+
+    with pytest.raises(RunlaneError) as caught:
+        await materialize(materializer, runs, schedules, clock.now())
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert caught.value.meta.get("schedule_id") == "bad"
+    assert [call[0] for call in runs.calls] == ["good"]
+    good_occurrence = await materializer.occurrences.get(schedule_occurrence_id(ENV, "good", at(2026, 1, 1, 12)))
+    assert good_occurrence is not None and good_occurrence.status is ScheduleOccurrenceStatus.COMPLETED
+    # Validation runs before the claim, so the bad schedule did not consume its occurrence.
+    assert await materializer.occurrences.get(schedule_occurrence_id(ENV, "bad", at(2026, 1, 1, 12))) is None
+
+    # A bad cron fails the same way, in its turn.
+    cron_broken = ScheduleDefinition(id="cronbad", type=ScheduleType.CRON, cron="0 9 * *")
+    with pytest.raises(RunlaneError) as cron_error:
+        await materialize(materializer, runs, [*pairs(later), (cron_broken, bad_task)], clock.now())
+    assert cron_error.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert [call[0] for call in runs.calls] == ["good", "later"]
+
+
+async def test_create_run_must_return_the_derived_run_id():
+    clock = ControlledClock(at(2026, 1, 1, 12))
+    driver = local_storage_driver(clock=clock)
+    runs = FakeRuns(driver)
+    schedules = pairs(make_task("work.run", schedule("work", every="1h")))
+
+    async def wrong_id(definition: Any, task_definition: Any, occurrence: Any, run_id: str) -> RunRecord:
+        return await runs.create_run(definition, task_definition, occurrence, "run_elsewhere")
+
+    with pytest.raises(RunlaneError) as caught:
+        await ScheduleMaterializer(driver, ENV).materialize_due(
+            schedules,
+            clock.now(),
+            limit=10,
+            create_run=wrong_id,
+            get_run=runs.get_run,
+            worker_id="w1",
+            claim_duration_ms=CLAIM_MS,
+        )
+    assert caught.value.code is ErrorCode.INVARIANT_VIOLATION
+
+
+def test_schedule_rejects_bad_cron_at_definition_time() -> None:
+    from runlane import ErrorCode, RunlaneError, schedule
+
+    with pytest.raises(RunlaneError) as caught:
+        schedule("digest.broken", cron="61 * * * *")
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert caught.value.meta.get("field") == "cron"
