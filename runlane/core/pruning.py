@@ -1,0 +1,795 @@
+"""Run pruning: retention of old terminal runs without touching active work.
+
+Pruning runs in two phases over the generic ``StorageDriver`` contract:
+
+1. **Tombstoning.** Candidates come from ``RUNS_TERMINAL_BY_FINISHED_AT`` (environment partition,
+   sort strictly before the cutoff, ascending after the cursor position). Each candidate is
+   point-read; only a terminal run whose status is selected and whose ``updated_at`` is before the
+   cutoff is pruned. One transaction per batch creates the tombstone (``run_tombstones``, indexed in
+   ``RUN_TOMBSTONES``) with the run's exact child counts, rewrites the run record with the same
+   document and *no* index entries (so it leaves every operational scan in that commit; operator
+   reads hide a run as soon as its tombstone exists) and deletes the retained idempotency owner when
+   it still points to the run.
+2. **Cleanup.** Tombstones, oldest first, lose their child records in bounded transactions: events
+   (``RUN_EVENTS_BY_RUN``), steps (``RUN_STEPS_BY_RUN``) and outbox rows (``OUTBOX_BY_RUN``). Every
+   child is point-read and checked against the tombstone before it is deleted, and the tombstone's
+   counter drops in the same commit. Counters, not index pages, decide completion: when all reach
+   zero the run record and the tombstone are deleted together. A counter that would go negative, a
+   child that does not belong to the run, or a child that remains once the counters say none do is
+   ``invariant_violation``; nothing is ever orphaned.
+
+Observation stream records are never touched: telemetry retention belongs to the export boundary.
+
+Runs that still hold wait-token links (``children.links``) are not pruned: link cleanup needs the
+wait-token tables, and a tombstone that could never finish would only hide the run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, TypeVar
+
+from ..defaults import contract_defaults
+from ..durations import duration_ms
+from ..errors import ErrorCode, RunlaneError
+from ..models import Actor, Environment, RunRecord, environment_key
+from ..storage import (
+    NewStorageRecord,
+    StorageCandidateMode,
+    StorageDocument,
+    StorageDriver,
+    StorageIndexEntry,
+    StorageIndexName,
+    StorageLimitError,
+    StorageQuery,
+    StorageRange,
+    StorageRecord,
+    StorageRecordKey,
+    StorageTransaction,
+    decode_iso_date,
+    decode_operator_cursor,
+    encode_iso_date,
+    encode_operator_cursor,
+    encode_storage_tuple,
+    encode_storage_unsigned_integer,
+)
+from ..storage.cursor import decode_opaque_token
+from ..storage.tables import (
+    RUN_TOMBSTONES_COLLECTION,
+    RUNS_COLLECTION,
+    RunChildCounts,
+    decode_run_document,
+    decode_run_event_document,
+    run_key,
+    run_tombstone_key,
+)
+from ..vocabulary import PaginationCursorKind, RunStatus, run_status_values
+from .store import RUN_STEPS_COLLECTION, idempotency_owner_key, run_step_key
+
+__all__ = [
+    "DEFAULT_CLEANUP_BUDGET",
+    "CleanupResult",
+    "PruneResult",
+    "RunPruner",
+    "RunTombstone",
+    "decode_run_tombstone",
+    "prune_cursor_scope",
+    "resolve_prune_request",
+    "run_tombstone_record",
+]
+
+T = TypeVar("T")
+
+_TERMINAL: Final = run_status_values.terminal
+# Terminal statuses in their documented order, for messages.
+_TERMINAL_ORDER: Final = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+_TERMINAL_NAMES: Final = ", ".join(status.value for status in _TERMINAL_ORDER)
+
+DEFAULT_CLEANUP_BUDGET: Final = 1000
+"""Child records one ``prune()`` call deletes at most while cleaning tombstones."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    """``pruned``: runs tombstoned by this call. ``next_cursor``: set while more candidates may remain;
+    pass it back with the same environment, cutoff and statuses."""
+
+    pruned: int
+    next_cursor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupResult:
+    """``deleted``: child records removed. ``finished``: tombstones whose run and tombstone records
+    were removed. ``pending``: tombstones visited that still have children left."""
+
+    deleted: int = 0
+    finished: int = 0
+    pending: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+def _invalid(message: str, **meta: Any) -> RunlaneError:
+    return RunlaneError(ErrorCode.VALIDATION_FAILED, message, meta=meta)
+
+
+def _invariant(message: str, **meta: Any) -> RunlaneError:
+    return RunlaneError(ErrorCode.INVARIANT_VIOLATION, message, meta=meta)
+
+
+_MALFORMED_CURSOR: Final = "Malformed prune cursor: pass back the whole next_cursor value unchanged."
+
+
+def _bad_cursor(message: str = _MALFORMED_CURSOR) -> RunlaneError:
+    return _invalid(message, field="cursor")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tombstones
+
+
+@dataclass(frozen=True, slots=True)
+class RunTombstone:
+    """A pruned run awaiting cleanup: who pruned it, when, and the exact children still stored."""
+
+    run_id: str
+    tombstoned_at: datetime
+    pruned_by: Actor
+    children: RunChildCounts
+
+
+def _tombstone_document(tombstone: RunTombstone) -> StorageDocument:
+    return StorageDocument.encode(
+        {
+            "run_id": tombstone.run_id,
+            "tombstoned_at": encode_iso_date(tombstone.tombstoned_at),
+            "pruned_by": tombstone.pruned_by.model_dump(mode="json"),
+            "children": tombstone.children.to_json(),
+        }
+    )
+
+
+def run_tombstone_record(env_key: str, tombstone: RunTombstone) -> NewStorageRecord:
+    """The tombstone record at ``run_tombstone_key(env, run_id)``, indexed by ``(tombstoned_at, run_id)``."""
+    return NewStorageRecord(
+        run_tombstone_key(env_key, tombstone.run_id),
+        _tombstone_document(tombstone),
+        (
+            StorageIndexEntry(
+                StorageIndexName.RUN_TOMBSTONES,
+                (env_key,),
+                (encode_iso_date(tombstone.tombstoned_at), tombstone.run_id),
+            ),
+        ),
+    )
+
+
+def decode_run_tombstone(record: StorageRecord) -> RunTombstone:
+    """The tombstone stored in ``record``; anything else (or a record under another key) is corruption."""
+    key = record.key
+    if key.collection != RUN_TOMBSTONES_COLLECTION or len(key.parts) != 2:
+        raise _invariant(f"{key!r} is not a run tombstone key.")
+    value = record.document.value
+    try:
+        run_id = value["run_id"]
+        tombstoned_at = decode_iso_date(value["tombstoned_at"])
+        pruned_by = Actor.model_validate(value["pruned_by"])
+        raw = value["children"]
+        if not isinstance(raw, dict) or set(raw) != {"events", "outbox", "steps", "links"}:
+            raise ValueError("children")
+        for count in raw.values():
+            if type(count) is not int or count < 0:
+                raise ValueError("children")
+        children = RunChildCounts(**raw)
+    except (KeyError, TypeError, ValueError, RunlaneError) as error:
+        raise RunlaneError(
+            ErrorCode.INVARIANT_VIOLATION, f"The stored run tombstone at {key!r} is not a valid document.", cause=error
+        ) from None
+    if run_id != key.parts[1]:
+        raise _invariant(
+            f"The run tombstone at {key!r} names run {run_id!r}; a tombstone must name the run of its key.",
+            run_id=key.parts[1],
+        )
+    return RunTombstone(run_id=run_id, tombstoned_at=tombstoned_at, pruned_by=pruned_by, children=children)
+
+
+def _with_count(children: RunChildCounts, counter: str, value: int) -> RunChildCounts:
+    return replace(children, **{counter: value})
+
+
+# ---------------------------------------------------------------------------------------------
+# Child kinds cleaned after tombstoning
+
+
+def _event_belongs(record: StorageRecord, env: str, run_id: str) -> bool:
+    event = decode_run_event_document(record.document)
+    return (
+        event.event.run_id == run_id
+        and environment_key(event.event.environment) == env
+        and record.key.collection == "run_events"
+        and record.key.parts == (env, run_id, encode_storage_unsigned_integer(event.sequence))
+    )
+
+
+def _step_belongs(record: StorageRecord, env: str, run_id: str) -> bool:
+    value = record.document.value
+    step_key = value.get("step_key")
+    environment = value.get("environment")
+    return (
+        record.key.collection == RUN_STEPS_COLLECTION
+        and value.get("run_id") == run_id
+        and isinstance(environment, dict)
+        and environment.get("name") == env
+        and isinstance(step_key, str)
+        and record.key == run_step_key(env, run_id, step_key)
+    )
+
+
+def _outbox_belongs(record: StorageRecord, env: str, run_id: str) -> bool:
+    # Outbox rows are checked generically: a ``run_id`` the document carries must be this run's.
+    value = record.document.value
+    return "run_id" not in value or value["run_id"] == run_id
+
+
+@dataclass(frozen=True, slots=True)
+class _ChildKind:
+    counter: str
+    index: StorageIndexName
+    belongs: Callable[[StorageRecord, str, str], bool]
+
+
+_CHILD_KINDS: Final = (
+    _ChildKind("events", StorageIndexName.RUN_EVENTS_BY_RUN, _event_belongs),
+    _ChildKind("steps", StorageIndexName.RUN_STEPS_BY_RUN, _step_belongs),
+    _ChildKind("outbox", StorageIndexName.OUTBOX_BY_RUN, _outbox_belongs),
+)
+
+
+def _check_child(kind: _ChildKind, record: StorageRecord, env: str, run_id: str) -> None:
+    """A child must carry this run's index entry and a document that names this run."""
+    partition = (env, run_id)
+    indexed = any(entry.name is kind.index and entry.partition == partition for entry in record.indexes)
+    try:
+        belongs = indexed and kind.belongs(record, env, run_id)
+    except (RunlaneError, ValueError, TypeError, AttributeError):
+        belongs = False
+    if not belongs:
+        raise _invariant(
+            f"The {kind.counter} record {record.key!r} found for pruned run {run_id} does not belong to it; "
+            "cleanup stopped so no record is orphaned.",
+            run_id=run_id,
+            key=record.key.encoded,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Request resolution and cursors
+
+
+def _aware(value: object, what: str) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise _invalid(f"{what} must be a timezone-aware datetime, got {value!r}.", field=what)
+    return value.astimezone(UTC)
+
+
+def _statuses(statuses: object) -> frozenset[RunStatus]:
+    if statuses is None:
+        return _TERMINAL
+    if isinstance(statuses, (str, RunStatus)) or not isinstance(statuses, Iterable):
+        raise _invalid(f"statuses must be a list of terminal statuses ({_TERMINAL_NAMES}).", field="statuses")
+    resolved: set[RunStatus] = set()
+    for item in statuses:
+        try:
+            status = RunStatus(item)
+        except ValueError:
+            raise _invalid(
+                f"Unknown run status {item!r}; prune accepts terminal statuses only: {_TERMINAL_NAMES}.",
+                field="statuses",
+            ) from None
+        if status not in _TERMINAL:
+            raise _invalid(
+                f"Run status {status.value!r} is active and cannot be pruned; prune accepts terminal statuses only: "
+                f"{_TERMINAL_NAMES}. Inspect or cancel stuck active runs instead.",
+                field="statuses",
+                status=status.value,
+            )
+        resolved.add(status)
+    if not resolved:
+        raise _invalid(
+            f"statuses must name at least one terminal status ({_TERMINAL_NAMES}); omit it to prune all of them.",
+            field="statuses",
+        )
+    return frozenset(resolved)
+
+
+def _limit(limit: object) -> int:
+    if limit is None:
+        return contract_defaults.pruning.batch_limit
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise _invalid(f"limit must be a positive whole number, got {limit!r}.", field="limit")
+    return limit
+
+
+def _sorted_status_values(statuses: Iterable[RunStatus]) -> list[str]:
+    return sorted(status.value for status in statuses)
+
+
+def prune_cursor_scope(
+    environment: Environment | str, cutoff: datetime, statuses: Iterable[RunStatus]
+) -> dict[str, Any]:
+    """The retention scope a public prune cursor is bound to (with kind ``run_prune``)."""
+    env = environment if isinstance(environment, str) else environment_key(environment)
+    return {
+        "environment": env,
+        "older_than": encode_iso_date(_aware(cutoff, "older_than")),
+        "statuses": _sorted_status_values(statuses),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _CursorScope:
+    environment: str
+    cutoff: datetime
+    statuses: frozenset[RunStatus]
+
+
+def _peek_cursor_scope(cursor: object) -> _CursorScope:
+    """The retention scope a prune cursor claims (validated in full when the prune decodes it)."""
+    payload = decode_opaque_token(cursor)
+    if not isinstance(payload, dict) or not isinstance(payload.get("scope"), str):
+        raise _bad_cursor()
+    try:
+        scope = json.loads(payload["scope"])
+    except ValueError:
+        raise _bad_cursor() from None
+    if not isinstance(scope, dict) or scope.get("kind") != PaginationCursorKind.RUN_PRUNE.value:
+        raise _bad_cursor("This cursor is not a prune cursor; restart the prune without a cursor.")
+    scoped = scope.get("filter")
+    if not isinstance(scoped, dict) or set(scoped) != {"environment", "older_than", "statuses"}:
+        raise _bad_cursor()
+    environment, older_than, statuses = scoped["environment"], scoped["older_than"], scoped["statuses"]
+    if not isinstance(environment, str) or not isinstance(older_than, str) or not isinstance(statuses, list):
+        raise _bad_cursor()
+    try:
+        cutoff = decode_iso_date(older_than)
+        values = frozenset(RunStatus(item) for item in statuses)
+    except (RunlaneError, ValueError, TypeError):
+        raise _bad_cursor() from None
+    if not values or not values <= _TERMINAL or _sorted_status_values(values) != statuses:
+        raise _bad_cursor()
+    return _CursorScope(environment, cutoff, values)
+
+
+def resolve_prune_request(
+    *,
+    older_than: str | timedelta | datetime,
+    statuses: Iterable[RunStatus | str] | None = None,
+    limit: int | None = None,
+    cursor: str | None = None,
+    now: datetime,
+    environment: Environment | str | None = None,
+) -> tuple[datetime, frozenset[RunStatus], int]:
+    """Validate a prune request before storage is touched: ``(cutoff, statuses, limit)``.
+
+    * ``older_than``: a duration (``"30d"`` or a ``timedelta``) resolved relative to ``now``, or an
+      aware ``datetime`` cutoff.
+    * ``statuses``: terminal statuses only; omitted means every terminal status.
+    * ``limit``: a positive whole number (default ``contract_defaults.pruning.batch_limit``).
+    * ``cursor``: its frozen cutoff wins over a duration, so continuations never drift. A cursor of
+      another environment (when ``environment`` is given), with other statuses, with a different
+      explicit datetime, or with a cutoff later than ``older_than`` allows at ``now`` is rejected.
+    """
+    current = _aware(now, "now")
+    chosen = _statuses(statuses)
+    wanted = _limit(limit)
+    explicit: datetime | None = None
+    duration: timedelta | None = None
+    if isinstance(older_than, datetime):
+        explicit = _aware(older_than, "older_than")
+    elif isinstance(older_than, (str, timedelta)):
+        duration = timedelta(milliseconds=duration_ms(older_than, "older_than", code=ErrorCode.VALIDATION_FAILED))
+    else:
+        raise _invalid(
+            f"older_than must be a duration such as '30d', a timedelta or an aware datetime, got {older_than!r}.",
+            field="older_than",
+        )
+    if cursor is None:
+        if explicit is not None:
+            return explicit, chosen, wanted
+        assert duration is not None
+        try:
+            return current - duration, chosen, wanted
+        except OverflowError:
+            raise _invalid(f"older_than {older_than!r} reaches before year 1.", field="older_than") from None
+
+    scope = _peek_cursor_scope(cursor)
+    if environment is not None:
+        env = environment if isinstance(environment, str) else environment_key(environment)
+        if scope.environment != env:
+            raise _bad_cursor("This prune cursor belongs to another environment; restart the prune without a cursor.")
+    if scope.statuses != chosen:
+        raise _bad_cursor(
+            "This prune cursor was issued for statuses "
+            f"{', '.join(_sorted_status_values(scope.statuses))}; continue with the same statuses."
+        )
+    if explicit is not None:
+        if explicit != scope.cutoff:
+            raise _bad_cursor(
+                f"This prune cursor is frozen at cutoff {encode_iso_date(scope.cutoff)}; continue with the same "
+                "older_than instead of a new date."
+            )
+        return scope.cutoff, chosen, wanted
+    assert duration is not None
+    # The frozen cutoff wins over the duration; it can only be at or before ``now - duration`` for a
+    # cursor this duration issued earlier, so a later one means another scope or a tampered cursor.
+    try:
+        allowed = current - duration
+    except OverflowError:
+        raise _invalid(f"older_than {older_than!r} reaches before year 1.", field="older_than") from None
+    if scope.cutoff > allowed:
+        raise _bad_cursor(
+            f"This prune cursor is frozen at cutoff {encode_iso_date(scope.cutoff)}, later than older_than allows now; "
+            "continue with the same older_than, or restart without a cursor."
+        )
+    return scope.cutoff, chosen, wanted
+
+
+# ---------------------------------------------------------------------------------------------
+# The pruner
+
+
+class _Gone(Exception):
+    """The tombstone disappeared between reads (another cleaner finished it)."""
+
+
+class RunPruner:
+    """Tombstones old terminal runs of one environment and cleans their records up in bounded steps.
+
+    ``cleanup_budget`` is the number of child records one ``prune()`` call deletes at most (``0``
+    leaves cleanup to explicit ``cleanup()`` calls).
+    """
+
+    def __init__(
+        self, driver: StorageDriver, environment: Environment | str, *, cleanup_budget: int = DEFAULT_CLEANUP_BUDGET
+    ) -> None:
+        if isinstance(environment, str):
+            environment = Environment(name=environment)
+        if not isinstance(environment, Environment):
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID, f"environment must be an Environment, got {environment!r}."
+            )
+        if isinstance(cleanup_budget, bool) or not isinstance(cleanup_budget, int) or cleanup_budget < 0:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID, f"cleanup_budget must be a whole number >= 0, got {cleanup_budget!r}."
+            )
+        self.driver = driver
+        self.environment = environment
+        self.env_key = environment_key(environment)
+        self.cleanup_budget = cleanup_budget
+
+    def __repr__(self) -> str:
+        return f"RunPruner(driver={getattr(self.driver, 'name', self.driver)!r}, environment={self.env_key!r})"
+
+    # -- limits ------------------------------------------------------------------------------------
+
+    @property
+    def _limits(self) -> Any:
+        return self.driver.profile.limits
+
+    def _tombstone_batch_size(self) -> int:
+        # Reads: run + tombstone per run, then one owner per run; records: run, tombstone, owner.
+        limits = self._limits
+        return max(1, min(limits.max_point_reads // 2, limits.max_transaction_records // 3))
+
+    def _child_batch_size(self) -> int:
+        # Reads and records: the tombstone and the children.
+        limits = self._limits
+        return max(1, min(limits.max_point_reads - 1, limits.max_transaction_records - 1, limits.max_query_results))
+
+    async def _split(self, items: Sequence[T], run_batch: Callable[[Sequence[T]], Awaitable[int]]) -> int:
+        """Run one batch; a batch that exceeded a storage limit rolled back and is halved."""
+        try:
+            return await run_batch(items)
+        except StorageLimitError:
+            if len(items) <= 1:
+                raise
+            middle = len(items) // 2
+            return await self._split(items[:middle], run_batch) + await self._split(items[middle:], run_batch)
+
+    # -- prune -------------------------------------------------------------------------------------
+
+    async def prune(
+        self,
+        *,
+        older_than: datetime,
+        statuses: frozenset[RunStatus],
+        limit: int,
+        cursor: str | None,
+        actor: Actor,
+        now: datetime,
+    ) -> PruneResult:
+        """Tombstone up to ``limit`` candidates older than ``older_than``, then clean up a bounded amount.
+
+        ``older_than`` and ``statuses`` are the resolved scope (see ``resolve_prune_request``);
+        ``now`` is the prune time recorded on each tombstone and ``actor`` who pruned.
+        """
+        cutoff = _aware(older_than, "older_than")
+        pruned_at = _aware(now, "now")
+        chosen = _statuses(statuses)
+        wanted = _limit(limit)
+        if not isinstance(actor, Actor):
+            raise _invalid(f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.", field="actor")
+        scope = prune_cursor_scope(self.env_key, cutoff, chosen)
+        last = decode_operator_cursor(cursor, PaginationCursorKind.RUN_PRUNE, scope)
+        if last is not None:
+            try:
+                if len(last) != 2:
+                    raise ValueError("position")
+                decode_iso_date(last[0])
+                encode_storage_tuple(last)
+            except (ValueError, RunlaneError):
+                raise _bad_cursor("Malformed prune cursor position.") from None
+
+        upper = encode_storage_tuple((encode_iso_date(cutoff),))
+        env = self.env_key
+        examined = pruned = 0
+        more = False
+        while examined < wanted:
+            bounds = StorageRange(gt=None if last is None else encode_storage_tuple(last), lt=upper)
+            size = min(wanted - examined, self._limits.max_query_results)
+            page = await self.driver.query(
+                StorageQuery(StorageIndexName.RUNS_TERMINAL_BY_FINISHED_AT, (env,), bounds, limit=size)
+            )
+            if not page.items:
+                more = False
+                break
+            run_ids = list(
+                dict.fromkeys(
+                    ref.key.parts[1]
+                    for ref in page.items
+                    if ref.key.collection == RUNS_COLLECTION and len(ref.key.parts) == 2 and ref.key.parts[0] == env
+                )
+            )
+            batch = self._tombstone_batch_size()
+            for start in range(0, len(run_ids), batch):
+                chunk = run_ids[start : start + batch]
+                pruned += await self._split(
+                    chunk, lambda items: self._tombstone(items, cutoff, chosen, actor, pruned_at)
+                )
+            examined += len(page.items)
+            last = page.items[-1].sort
+            more = page.next_cursor is not None
+            if not more:
+                break
+
+        if self.cleanup_budget:
+            await self.cleanup(budget=self.cleanup_budget)
+        next_cursor = (
+            encode_operator_cursor(PaginationCursorKind.RUN_PRUNE, scope, last)
+            if more and examined >= wanted and last is not None
+            else None
+        )
+        return PruneResult(pruned=pruned, next_cursor=next_cursor)
+
+    async def _tombstone(
+        self,
+        run_ids: Sequence[str],
+        cutoff: datetime,
+        statuses: frozenset[RunStatus],
+        actor: Actor,
+        pruned_at: datetime,
+    ) -> int:
+        """Tombstone the eligible runs of ``run_ids`` in one commit; returns how many were tombstoned."""
+        env = self.env_key
+        keys = [run_key(env, run_id) for run_id in run_ids]
+        keys.extend(run_tombstone_key(env, run_id) for run_id in run_ids)
+        count = len(run_ids)
+
+        async def body(tx: StorageTransaction) -> int:
+            found = await tx.get(keys)
+            eligible: list[tuple[StorageRecord, RunRecord, RunChildCounts]] = []
+            owner_keys: dict[str, StorageRecordKey] = {}
+            for record, tombstone in zip(found[:count], found[count:]):
+                if record is None or tombstone is not None:
+                    continue  # gone, or already tombstoned
+                decoded = self._eligible(record, cutoff, statuses)
+                if decoded is None:
+                    continue
+                run, children = decoded
+                eligible.append((record, run, children))
+                if run.idempotency_key is not None:
+                    owner_key = idempotency_owner_key(env, run.task_id, run.idempotency_key)
+                    owner_keys.setdefault(owner_key.encoded, owner_key)
+            owner_list = list(owner_keys.values())
+            owners = await tx.get(owner_list) if owner_list else []
+            await tx.now()
+            pruned_ids = {run.id for _, run, _ in eligible}
+            for record, run, children in eligible:
+                tombstone = RunTombstone(run_id=run.id, tombstoned_at=pruned_at, pruned_by=actor, children=children)
+                tx.create(run_tombstone_record(env, tombstone))
+                # Same document, no index entries: the run leaves every operational scan in this commit.
+                tx.replace(record, NewStorageRecord(record.key, record.document))
+            for owner in owners:
+                if owner is None:
+                    continue
+                owner_run = owner.document.value.get("run_id")
+                if isinstance(owner_run, str) and owner_run in pruned_ids:
+                    tx.delete(owner)
+            return len(eligible)
+
+        return await self.driver.with_transaction(body)
+
+    def _eligible(
+        self, record: StorageRecord, cutoff: datetime, statuses: frozenset[RunStatus]
+    ) -> tuple[RunRecord, RunChildCounts] | None:
+        """The run of a candidate record when it may be pruned (a record that does not decode as this
+        environment's run is left alone)."""
+        try:
+            run, children = decode_run_document(record.document)
+        except RunlaneError:
+            return None
+        if run.id != record.key.parts[-1] or environment_key(run.environment) != self.env_key:
+            return None
+        if run.status not in _TERMINAL or run.status not in statuses:
+            return None
+        if not run.updated_at < cutoff:
+            return None
+        if children.links:
+            return None
+        return run, children
+
+    # -- cleanup -----------------------------------------------------------------------------------
+
+    async def cleanup(self, *, budget: int | None = None) -> CleanupResult:
+        """Delete the children of the oldest tombstones, at most ``budget`` child records, and remove
+        every finished run and tombstone. Visits at most one page of tombstones."""
+        allowed = self.cleanup_budget if budget is None else budget
+        if isinstance(allowed, bool) or not isinstance(allowed, int) or allowed < 0:
+            raise _invalid(f"budget must be a whole number >= 0, got {allowed!r}.", field="budget")
+        if allowed == 0:
+            return CleanupResult()
+        env = self.env_key
+        page = await self.driver.query(
+            StorageQuery(StorageIndexName.RUN_TOMBSTONES, (env,), limit=min(allowed, self._limits.max_query_results))
+        )
+        deleted = finished = pending = 0
+        for ref in page.items:
+            if deleted >= allowed:
+                break
+            key = ref.key
+            if key.collection != RUN_TOMBSTONES_COLLECTION or len(key.parts) != 2 or key.parts[0] != env:
+                continue
+            removed, done = await self._clean_run(key.parts[1], allowed - deleted)
+            deleted += removed
+            if done:
+                finished += 1
+            else:
+                pending += 1
+        return CleanupResult(deleted=deleted, finished=finished, pending=pending)
+
+    async def _clean_run(self, run_id: str, budget: int) -> tuple[int, bool]:
+        """Clean one tombstone: ``(children deleted, finished)``."""
+        env = self.env_key
+        tombstone_key = run_tombstone_key(env, run_id)
+        (record,) = await self.driver.get([tombstone_key])
+        if record is None:
+            return 0, True
+        children = decode_run_tombstone(record).children
+        deleted = 0
+        for kind in _CHILD_KINDS:
+            while getattr(children, kind.counter) > 0 and deleted < budget:
+                size = min(budget - deleted, self._child_batch_size())
+                page = await self.driver.query(StorageQuery(kind.index, (env, run_id), limit=size))
+                if not page.items:
+                    # Not proof of completion: the counter says children remain (an eventual index
+                    # may not show them yet). Leave the tombstone for a later pass.
+                    break
+                outcomes: list[RunChildCounts] = []
+
+                async def run_batch(keys: Sequence[StorageRecordKey], kind: _ChildKind = kind) -> int:
+                    removed, counts = await self._delete_children(run_id, kind, keys)
+                    outcomes.append(counts)
+                    return removed
+
+                try:
+                    progress = await self._split([ref.key for ref in page.items], run_batch)
+                except _Gone:
+                    return deleted, True
+                if outcomes:
+                    children = outcomes[-1]
+                deleted += progress
+                if progress == 0:
+                    # Every candidate was already gone (another cleaner); re-read before going on.
+                    (record,) = await self.driver.get([tombstone_key])
+                    if record is None:
+                        return deleted, True
+                    fresh = decode_run_tombstone(record).children
+                    stalled = fresh == children
+                    children = fresh
+                    if stalled:
+                        break
+        if any(getattr(children, kind.counter) for kind in _CHILD_KINDS) or children.links:
+            return deleted, False
+        await self._finish(run_id)
+        return deleted, True
+
+    async def _delete_children(
+        self, run_id: str, kind: _ChildKind, keys: Sequence[StorageRecordKey]
+    ) -> tuple[int, RunChildCounts]:
+        """Point-read ``keys``, delete those present and lower the tombstone counter in one commit."""
+        env = self.env_key
+        tombstone_key = run_tombstone_key(env, run_id)
+        reads = [tombstone_key, *keys]
+
+        async def body(tx: StorageTransaction) -> tuple[int, RunChildCounts]:
+            found = await tx.get(reads)
+            await tx.now()
+            record = found[0]
+            if record is None:
+                raise _Gone()
+            tombstone = decode_run_tombstone(record)
+            present: dict[str, StorageRecord] = {}
+            for child in found[1:]:
+                if child is not None and child.key.encoded not in present:
+                    _check_child(kind, child, env, run_id)
+                    present[child.key.encoded] = child
+            if not present:
+                return 0, tombstone.children
+            remaining = getattr(tombstone.children, kind.counter) - len(present)
+            if remaining < 0:
+                raise _invariant(
+                    f"Pruned run {run_id} has more {kind.counter} records than its tombstone counts "
+                    f"({getattr(tombstone.children, kind.counter)}); cleanup stopped so no record is orphaned.",
+                    run_id=run_id,
+                    counter=kind.counter,
+                )
+            for child in present.values():
+                tx.delete(child)
+            children = _with_count(tombstone.children, kind.counter, remaining)
+            tx.replace(record, run_tombstone_record(env, replace(tombstone, children=children)))
+            return len(present), children
+
+        return await self.driver.with_transaction(body)
+
+    async def _finish(self, run_id: str) -> None:
+        """Delete the run record and its tombstone once every counter is zero (and no child is indexed)."""
+        env = self.env_key
+        keys = [run_tombstone_key(env, run_id), run_key(env, run_id)]
+
+        async def body(tx: StorageTransaction) -> None:
+            record, run_record = await tx.get(keys)
+            if record is None:
+                await tx.now()
+                return
+            tombstone = decode_run_tombstone(record)
+            counts = tombstone.children
+            if any(getattr(counts, kind.counter) for kind in _CHILD_KINDS) or counts.links:
+                await tx.now()
+                return  # a concurrent change: the next pass continues
+            for kind in _CHILD_KINDS:
+                leftover = await tx.query_candidates(
+                    StorageQuery(kind.index, (env, run_id), limit=1), mode=StorageCandidateMode.ADVISORY
+                )
+                if leftover.items:
+                    raise _invariant(
+                        f"Pruned run {run_id} still has a {kind.counter} record ({leftover.items[0].key!r}) although "
+                        "its tombstone counts none; the run and tombstone are kept so nothing is orphaned.",
+                        run_id=run_id,
+                        counter=kind.counter,
+                    )
+            await tx.now()
+            tx.delete(record)
+            if run_record is not None:
+                tx.delete(run_record)
+
+        await self.driver.with_transaction(body)
