@@ -50,6 +50,9 @@ class StorageConflictKind(enum.StrEnum):
     OUTBOX_CLAIM = "outbox_claim"
     SCHEDULE_OCCURRENCE = "schedule_occurrence"
     SINGLETON_KEY = "singleton_key"
+    # Python-side extension: a bounded-queue capacity partition has no free slot for a lease created
+    # together with its run (``run_now``); nothing was written, so the call can be retried later.
+    QUEUE_CAPACITY = "queue_capacity"
     # A storage transaction kept losing optimistic validation until its attempt budget ran out.
     TRANSACTION = "transaction"
 

@@ -5,9 +5,12 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 from .errors import ErrorCode, RunlaneError
 
-__all__ = ["MAX_ID_LENGTH", "is_valid_id", "validate_id", "validate_optional_id"]
+__all__ = ["MAX_ID_LENGTH", "is_valid_id", "random_bits_128", "random_uuid4_hex", "validate_id", "validate_optional_id"]
 
 MAX_ID_LENGTH = 512
 
@@ -37,3 +40,58 @@ def validate_id(value: object, what: str = "id", *, code: ErrorCode = ErrorCode.
 
 def validate_optional_id(value: object, what: str = "id", *, code: ErrorCode = ErrorCode.CONFIGURATION_INVALID) -> str | None:
     return None if value is None else validate_id(value, what, code=code)
+
+
+# ---------------------------------------------------------------------------------------------
+# Random identities: the same operating-system randomness as ``uuid.uuid4()``, read in blocks.
+#
+# Every run id, lease token and event-id base is drawn from ``os.urandom``; one system call per
+# identity dominates creating small runs. Each thread keeps its own block of random bytes, and a
+# forked child starts with fresh blocks, so a child never repeats identities its parent hands out.
+
+_BLOCK = 4096
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Block(threading.local):
+    def __init__(self) -> None:
+        self.data = b""
+        self.offset = _BLOCK
+        self.generation = -1
+
+
+_block = _Block()
+
+
+def _random_16() -> bytes:
+    block = _block
+    offset = block.offset
+    if offset >= _BLOCK or block.generation != _fork_generation:
+        block.data = os.urandom(_BLOCK)
+        block.generation = _fork_generation
+        offset = 0
+    block.offset = offset + 16
+    return block.data[offset : offset + 16]
+
+
+def random_bits_128() -> int:
+    """128 random bits from ``os.urandom``."""
+    return int.from_bytes(_random_16())
+
+
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48)) & ((1 << 128) - 1)
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def random_uuid4_hex() -> str:
+    """A random version-4 UUID as 32 hex digits: what ``uuid.uuid4().hex`` returns."""
+    return f"{(random_bits_128() & _UUID4_CLEAR) | _UUID4_SET:032x}"

@@ -257,3 +257,57 @@ def test_link_signals_takes_signals_only():
     with pytest.raises(RunlaneError) as caught:
         link_signals(CancellationController())  # type: ignore[arg-type]
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+def test_linked_controllers_are_freed_without_the_cycle_collector():
+    import gc
+
+    parent = CancellationController()
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for n in range(50):
+            child = link_signals(parent.signal)
+            child.signal.add_callback(lambda: None)
+            if n % 2:
+                child.abort("done")  # an aborted child unlinks itself
+            else:
+                child.unlink()
+        del child
+        gc.collect()
+        leaked = [item for item in gc.garbage if isinstance(item, (CancellationController, CancellationSignal))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert leaked == []
+    assert not parent.signal.aborted
+
+
+async def test_executed_runs_leave_no_cancellation_objects_for_the_cycle_collector():
+    import gc
+
+    from runlane import WorkerMode, create_runlane, queue, task
+    from runlane_local import local_lane
+
+    work_queue = queue("cycles", default=True)
+
+    @task("cycles.noop", queue=work_queue)
+    async def noop(payload: dict, ctx) -> None:
+        ctx.signal.raise_if_aborted()
+
+    runtime = create_runlane(lane=local_lane(), queues=[work_queue], tasks=[noop])
+    async with runtime:
+        for n in range(40):
+            await runtime.trigger(noop, {"n": n})
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            await runtime.worker(mode=WorkerMode.DRAIN, concurrency=4).closed
+            gc.collect()
+            leaked = [item for item in gc.garbage if isinstance(item, (CancellationController, CancellationSignal))]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert leaked == []

@@ -396,6 +396,8 @@ ENUM_VALUES: dict[type[enum.Enum], dict[str, str]] = {
         "OUTBOX_CLAIM": "outbox_claim",
         "SCHEDULE_OCCURRENCE": "schedule_occurrence",
         "SINGLETON_KEY": "singleton_key",
+        # Python-side extension: run_now found its bounded-queue capacity partition full.
+        "QUEUE_CAPACITY": "queue_capacity",
         # Python-side extension: a storage transaction exhausted its optimistic attempt budget.
         "TRANSACTION": "transaction",
     },

@@ -6,6 +6,7 @@ import asyncio
 import random
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -171,6 +172,20 @@ async def test_injected_clock_is_sampled_once_per_attempt() -> None:
     first, second = await driver.with_transaction(sample)
     assert first == second == T0
     assert (await driver.with_transaction(lambda tx: tx.now())) == T0 + timedelta(seconds=5)
+
+
+async def test_use_clock_switches_the_clock_later_attempts_sample() -> None:
+    driver = local_storage_driver()
+    clock = ControlledClock(T0)
+    driver.use_clock(clock)
+    assert driver.clock is clock
+    assert (await driver.with_transaction(lambda tx: tx.now())) == T0
+    clock.advance("1m")
+    assert (await driver.with_transaction(lambda tx: tx.now())) == T0 + timedelta(minutes=1)
+    with pytest.raises(RunlaneError) as error:
+        driver.use_clock(object())  # type: ignore[arg-type]
+    assert error.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert driver.clock is clock
 
 
 async def test_each_replayed_attempt_samples_its_own_time() -> None:
@@ -964,3 +979,73 @@ async def test_index_partitions_match_a_sorted_model_under_random_writes() -> No
         listed = await all_keys(driver, limit=rng.randrange(1, 30), range=bounds, direction=direction)
         assert listed == (wanted[::-1] if direction is SortDirection.DESC else wanted), round_
     assert len(model) > 2 * 64  # the partition spans several chunks
+
+
+def test_sorted_rows_batched_updates_match_a_sorted_list_and_keep_old_snapshots() -> None:
+    from runlane_local.memory import _CHUNK, _NO_ROWS
+
+    rng = random.Random(7)
+    rows = _NO_ROWS
+    model: list[tuple[str, str]] = []
+    snapshots: list[tuple[Any, list[tuple[str, str]]]] = []
+    for round_ in range(300):
+        present = list(model)
+        removes = rng.sample(present, min(len(present), rng.randrange(0, 40)))
+        # Inserts may re-add a row removed in the same commit, land anywhere, or pile into one chunk.
+        inserts = {
+            (f"{rng.randrange(3000):05d}", f"k{rng.randrange(10**6)}")
+            for _ in range(rng.choice([0, 1, 5, 60, 3 * _CHUNK]))
+        }
+        inserts.update(rng.sample(removes, len(removes) // 3))
+        inserts -= set(model) - set(removes)
+        rows = rows.updated(removes, list(inserts))
+        model = sorted((set(model) - set(removes)) | inserts)
+        snapshots.append((rows, model))
+        listed = list(rows.between((0, 0), rows.end, descending=False))
+        assert listed == model, round_
+        assert all(0 < len(chunk) <= 2 * _CHUNK for chunk in rows._chunks)
+        assert list(rows._lasts) == [chunk[-1] for chunk in rows._chunks]
+        assert bool(rows) == bool(model)
+    for earlier, seen in snapshots:  # later updates never change an earlier value
+        assert list(earlier.between((0, 0), earlier.end, descending=False)) == seen
+    with pytest.raises(RunlaneError):
+        rows.updated([("missing", "row")], [])
+    with pytest.raises(RunlaneError):
+        _NO_ROWS.updated([("missing", "row")], [])
+
+
+async def test_records_without_a_decoded_document_are_kept_untracked_by_the_garbage_collector() -> None:
+    import gc
+
+    driver = local_storage_driver()
+    run = make_run("run-1", 1)
+    await put(driver, *run_records(run, 3), record("plain", {"n": 1}, sort="a"))
+    for _ in range(4):  # a tuple is untracked by a collection that finds everything inside it untracked
+        gc.collect()
+    stored = driver.store._snapshot().records
+    # History rows and plain records are packed; a run document that remembers its run is not.
+    packed = [stored[run_event_key(ENV.name, run.id, n).encoded] for n in (1, 2, 3)] + [stored[key("plain").encoded]]
+    assert [(type(item), gc.is_tracked(item)) for item in packed] == [(tuple, False)] * 4
+    assert isinstance(stored[run_key(ENV.name, run.id).encoded], StorageRecord)
+    # Reads rebuild equal records.
+    [plain] = await driver.get([key("plain")])
+    assert plain.key == key("plain") and plain.document.value == {"value": {"n": 1}}
+    assert plain.indexes == (StorageIndexEntry(INDEX, PARTITION, ("a", "plain")),)
+
+
+async def test_operator_event_reads_follow_a_replaced_history_row() -> None:
+    driver = local_storage_driver()
+    run = make_run("run-1", 1)
+    await put(driver, *run_records(run, 1))
+    [before] = (await driver.list_run_events(RunEventFilter(environment=ENV), PaginationParams())).data
+    changed = make_event(run, 1).model_copy(update={"id": "evt-replaced"})
+
+    async def replace_event(tx):
+        [current] = await tx.get([run_event_key(ENV.name, run.id, 1)])
+        tx.replace(current, NewStorageRecord(current.key, encode_run_event_document(changed)))
+
+    await driver.with_transaction(replace_event)
+    [after] = (await driver.list_run_events(RunEventFilter(environment=ENV), PaginationParams())).data
+    assert before.id != "evt-replaced" and after == changed
+    await driver.with_transaction(lambda tx: _delete_key(tx, run_event_key(ENV.name, run.id, 1)))
+    assert (await driver.list_run_events(RunEventFilter(environment=ENV), PaginationParams())).data == []

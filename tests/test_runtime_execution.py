@@ -320,6 +320,50 @@ async def test_run_now_singleton_conflict_rejects_before_creation():
         assert get_storage_conflict_kind(raised.value) is StorageConflictKind.SINGLETON_KEY
 
 
+@pytest.mark.parametrize("concurrency_key", [None, "tenant_a"])
+async def test_run_now_on_a_full_bounded_queue_rejects_before_anything_is_written(concurrency_key):
+    limited = queue("limited", concurrency_limit=1)
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    @task("inline.bounded", queue=limited, concurrency_key=(lambda p: p["tenant"]) if concurrency_key else None)
+    async def bounded(payload: dict) -> str:
+        if payload.get("hold"):
+            started.set()
+            await release.wait()
+        return payload["tenant"]
+
+    runtime, _ = make_runtime(bounded, queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        holder = asyncio.ensure_future(runtime.run_now(bounded, {"tenant": "tenant_a", "hold": True}))
+        await asyncio.wait_for(started.wait(), 2)
+        # The holder's inline lease occupies the only slot of its partition: run_now refuses a second
+        # lease there, retryably, without creating the run; a trigger still creates a queued run.
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.run_now(bounded, {"tenant": "tenant_a"}, run_id="run_refused")
+        assert raised.value.code is ErrorCode.STORAGE_CONFLICT and raised.value.retryable
+        assert get_storage_conflict_kind(raised.value) is StorageConflictKind.QUEUE_CAPACITY
+        assert raised.value.meta["queue"] == "limited" and raised.value.meta["concurrency_limit"] == 1
+        assert await runtime.store.get_run("run_refused") is None
+        assert [summary.id for summary in (await runtime.runs.list()).data] == [(await holder_run(runtime)).id]
+        queued = (await runtime.trigger(bounded, {"tenant": "tenant_a"})).run
+        assert queued.status is RunStatus.QUEUED
+        if concurrency_key:
+            # Another capacity partition of the same queue still has its slot.
+            other = await runtime.run_now(bounded, {"tenant": "tenant_b"})
+            assert other.status is RunStatus.SUCCEEDED
+        release.set()
+        assert (await asyncio.wait_for(holder, 2)).status is RunStatus.SUCCEEDED
+        # The slot is free again: the same call now succeeds.
+        again = await runtime.run_now(bounded, {"tenant": "tenant_a"}, run_id="run_refused")
+        assert again.status is RunStatus.SUCCEEDED and again.output == "tenant_a"
+
+
+async def holder_run(runtime):
+    (running,) = [summary for summary in (await runtime.runs.list()).data if summary.status is RunStatus.RUNNING]
+    return running
+
+
 async def test_run_now_with_an_aborted_signal_still_creates_the_run():
     @task("inline.signal")
     async def observe(payload: dict, ctx: TaskContext) -> bool:

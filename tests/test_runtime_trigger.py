@@ -332,6 +332,8 @@ async def test_child_runs_record_their_source():
 async def test_a_controlled_clock_controls_storage_time():
     clock = ControlledClock()
     runtime = create_runlane(lane=local_lane(), queues=[emails], tasks=[welcome], clock=clock)
+    # Handed over through the driver's public use_clock(), the same clock object storage samples.
+    assert runtime.lane.storage.clock is clock
     async with runtime:
         clock.advance("1h")
         run = (await runtime.trigger(welcome, {"user_id": "u"})).run

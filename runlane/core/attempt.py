@@ -31,7 +31,7 @@ import json
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -41,6 +41,7 @@ from ..durations import Duration, format_duration
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error, is_storage_conflict
 from ..ids import validate_id
 from ..json_values import canonical_json, is_json_value
+from ..model_build import build_validated, worker_actor
 from ..models import (
     Actor,
     Environment,
@@ -740,7 +741,7 @@ class _Attempt:
     # -- completion ------------------------------------------------------------------------------
 
     def outcome_build(self, outcome: _Outcome) -> Callable[[RunRecord, datetime], list[RunEvent]]:
-        actor = Actor(type=ActorType.WORKER, id=self.worker_id)
+        actor = worker_actor(self.worker_id)
         retry = None if self.definition is None else self.definition.retry
         timed_out_flag = self.timed_out
 
@@ -762,6 +763,20 @@ class _Attempt:
                 failure = RunFailure(code=ErrorCode.TASK_TIMED_OUT, message="Task timed out.", retryable=True)
                 return failure_outcome_events(run, at, failure, retry, actor, allow_retry=True)
             if kind == _SUCCESS:
+                attempt = run.counters.attempts
+                if type(at) is datetime and at.tzinfo is UTC and attempt >= 1:
+                    # The output passed the JSON check in _outcome_for_result; the rest comes from
+                    # the stored run and the UTC transaction time.
+                    values = {
+                        "run_id": run.id,
+                        "environment": run.environment,
+                        "occurred_at": at,
+                        "actor": actor,
+                        "attempt": attempt,
+                        "output": outcome.output,
+                        "has_output": outcome.has_output,
+                    }
+                    return [build_validated(RunSucceededEvent, values)]
                 return [
                     RunSucceededEvent(
                         run_id=run.id,

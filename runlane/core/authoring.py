@@ -26,7 +26,7 @@ from ..defaults import contract_defaults
 from ..durations import MAX_SAFE_INTEGER, Duration, duration_ms
 from ..errors import ErrorCode, RunlaneError
 from ..ids import validate_id
-from ..json_values import canonical_json, ensure_json_object, ensure_json_value
+from ..json_values import canonical_json, canonical_json_of_checked, ensure_json_object, ensure_json_value
 from ..models import RunCompletionWaitCondition, SignalWaitCondition
 from ..vocabulary import RetryBackoffType, RunWaitConditionType, ScheduleType, TaskReleaseType
 
@@ -451,7 +451,7 @@ class TaskDefinition:
             return None
         try:
             if json_input:
-                text = canonical_json(ensure_json_value(value, subject))
+                text = canonical_json_of_checked(ensure_json_value(value, subject))
                 return self._adapter.validate_json(text)
             return self._adapter.validate_python(value)
         except ValidationError as error:

@@ -28,17 +28,21 @@ class CancellationSignal:
     * ``aborted`` / ``reason`` / ``raise_if_aborted()`` for polling checks;
     * ``await signal.wait()`` in coroutines, ``signal.wait_sync(timeout)`` in threads;
     * ``add_callback(fn)`` to react once, in the aborting thread.
+
+    Cheap to create: the thread event, callback table and waiter table are made on first use (most
+    signals are never waited on), and a signal holds no reference back to its controller.
     """
 
-    __slots__ = ("_callbacks", "_event", "_lock", "_reason", "_waiters")
+    __slots__ = ("_aborted", "_callbacks", "_event", "_lock", "_reason", "_waiters")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        self._aborted = False
+        self._event: threading.Event | None = None
         self._reason: str | None = None
         # Keyed by a fresh token so the same function can be added twice and removed independently.
-        self._callbacks: dict[object, Callable[[], object]] = {}
-        self._waiters: dict[asyncio.Future[None], asyncio.AbstractEventLoop] = {}
+        self._callbacks: dict[object, Callable[[], object]] | None = None
+        self._waiters: dict[asyncio.Future[None], asyncio.AbstractEventLoop] | None = None
 
     def __repr__(self) -> str:
         state = f"aborted, reason={self._reason!r}" if self.aborted else "active"
@@ -46,7 +50,7 @@ class CancellationSignal:
 
     @property
     def aborted(self) -> bool:
-        return self._event.is_set()
+        return self._aborted
 
     @property
     def reason(self) -> str | None:
@@ -55,7 +59,7 @@ class CancellationSignal:
 
     def raise_if_aborted(self) -> None:
         """Raise ``RunlaneError(operation_cancelled)`` when the signal has been aborted."""
-        if self._event.is_set():
+        if self._aborted:
             reason = self._reason
             detail = f": {reason}" if reason else ""
             raise RunlaneError(
@@ -66,23 +70,32 @@ class CancellationSignal:
 
     async def wait(self) -> None:
         """Return once the signal is aborted (immediately when it already is)."""
-        if self._event.is_set():
+        if self._aborted:
             return
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         with self._lock:
-            if self._event.is_set():
+            if self._aborted:
                 return
+            if self._waiters is None:
+                self._waiters = {}
             self._waiters[future] = loop
         try:
             await future
         finally:
             with self._lock:
-                self._waiters.pop(future, None)
+                if self._waiters is not None:
+                    self._waiters.pop(future, None)
 
     def wait_sync(self, timeout: float | None = None) -> bool:
         """Block the calling thread until aborted or ``timeout`` seconds pass; returns ``aborted``."""
-        return self._event.wait(timeout)
+        with self._lock:
+            if self._aborted:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        return event.wait(timeout)
 
     def add_callback(self, callback: Callable[[], object]) -> Callable[[], None]:
         """Call ``callback()`` once when the signal aborts; returns a function that removes it.
@@ -94,7 +107,9 @@ class CancellationSignal:
             raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"add_callback() needs a function, got {callback!r}.")
         token = object()
         with self._lock:
-            if not self._event.is_set():
+            if not self._aborted:
+                if self._callbacks is None:
+                    self._callbacks = {}
                 self._callbacks[token] = callback
                 return lambda: self._remove_callback(token)
         _run_callback(callback)
@@ -102,18 +117,20 @@ class CancellationSignal:
 
     def _remove_callback(self, token: object) -> None:
         with self._lock:
-            self._callbacks.pop(token, None)
+            if self._callbacks is not None:
+                self._callbacks.pop(token, None)
 
     def _abort(self, reason: str | None) -> bool:
         with self._lock:
-            if self._event.is_set():
+            if self._aborted:
                 return False
-            self._reason = reason  # written before the event so a reader that sees aborted sees the reason
-            self._event.set()
-            callbacks = list(self._callbacks.values())
-            waiters = list(self._waiters.items())
-            self._callbacks.clear()
-            self._waiters.clear()
+            self._reason = reason  # written before the flag so a reader that sees aborted sees the reason
+            self._aborted = True
+            if self._event is not None:
+                self._event.set()
+            callbacks = () if self._callbacks is None else list(self._callbacks.values())
+            waiters = () if self._waiters is None else list(self._waiters.items())
+            self._callbacks = self._waiters = None
         for future, loop in waiters:
             try:
                 loop.call_soon_threadsafe(_wake, future)
@@ -131,7 +148,7 @@ class CancellationController:
 
     def __init__(self) -> None:
         self._signal = CancellationSignal()
-        self._unlinks: list[Callable[[], None]] = []
+        self._unlinks: list[Callable[[], None]] | None = None
 
     def __repr__(self) -> str:
         return f"CancellationController({self._signal!r})"
@@ -141,16 +158,23 @@ class CancellationController:
         return self._signal
 
     def abort(self, reason: str | None = None) -> bool:
-        """Abort the signal; returns ``False`` when it was already aborted (the first reason is kept)."""
+        """Abort the signal; returns ``False`` when it was already aborted (the first reason is kept).
+
+        An aborted linked signal stops following its parents (``unlink``) right away.
+        """
         if reason is not None and not isinstance(reason, str):
             raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"An abort reason must be a string, got {reason!r}.")
-        return self._signal._abort(reason)
+        aborted = self._signal._abort(reason)
+        if aborted:
+            self.unlink()
+        return aborted
 
     def unlink(self) -> None:
         """Stop following the parent signals given to ``link_signals`` (call it when the linked scope ends)."""
-        unlinks, self._unlinks = self._unlinks, []
-        for remove in unlinks:
-            remove()
+        unlinks, self._unlinks = self._unlinks, None
+        if unlinks:
+            for remove in unlinks:
+                remove()
 
 
 def link_signals(*signals: CancellationSignal | None) -> CancellationController:
@@ -160,6 +184,8 @@ def link_signals(*signals: CancellationSignal | None) -> CancellationController:
     is called, so call ``unlink()`` when a short-lived child outlives its use.
     """
     controller = CancellationController()
+    unlinks: list[Callable[[], None]] = []
+    controller._unlinks = unlinks
     for parent in signals:
         if parent is None:
             continue
@@ -167,8 +193,14 @@ def link_signals(*signals: CancellationSignal | None) -> CancellationController:
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID, f"link_signals() takes CancellationSignal values, got {parent!r}."
             )
-        controller._unlinks.append(parent.add_callback(lambda parent=parent: controller.abort(parent.reason)))
-    controller.signal.add_callback(controller.unlink)
+        # A parent that is already aborted runs the callback right away: the child aborts (and
+        # unlinks) before the loop goes on, and later parents are linked to an aborted child only
+        # through removal functions that are never needed.
+        remove = parent.add_callback(lambda parent=parent: controller.abort(parent.reason))
+        if controller._unlinks is None:  # aborted (and unlinked) by that parent already
+            remove()
+        else:
+            unlinks.append(remove)
     return controller
 
 

@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms, format_duration
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, is_storage_conflict
-from ..ids import validate_id
+from ..ids import random_uuid4_hex, validate_id
 from ..json_values import canonical_json, ensure_json_object
+from ..model_build import build_validated
 from ..models import (
     Actor,
     DeliveryIntent,
@@ -821,7 +822,7 @@ class Runlane:
         if meta is not None:
             meta_value = _copy_json_object(meta, "meta")
         carrier = _trace_carrier(trace_carrier)
-        new_run_id = f"run_{uuid.uuid4().hex}" if run_id is None else validate_id(run_id, "run id")
+        new_run_id = f"run_{random_uuid4_hex()}" if run_id is None else validate_id(run_id, "run id")
         return _CreateInput(
             definition=definition,
             queue=selected,
@@ -838,6 +839,33 @@ class Runlane:
         )
 
     def _created_event(self, spec: _CreateInput, now: datetime) -> RunCreatedEvent:
+        carrier = spec.trace_carrier
+        if (
+            type(now) is datetime
+            and now.tzinfo is UTC
+            and (carrier is None or all(type(k) is str and type(v) is str for k, v in carrier.items()))
+        ):
+            # prepare_create validated every part (ids, keys, JSON payload and meta, carrier) and
+            # ``now`` is UTC: build the event without validating it again.
+            return build_validated(
+                RunCreatedEvent,
+                {
+                    "run_id": spec.run_id,
+                    "environment": self._environment,
+                    "occurred_at": now,
+                    "actor": spec.actor,
+                    "trace_carrier": carrier,
+                    "meta": spec.meta,
+                    "task_id": spec.definition.id,
+                    "queue": spec.queue.name,
+                    "payload": spec.payload,
+                    "concurrency_key": spec.concurrency_key,
+                    "idempotency_key": spec.idempotency_key,
+                    "idempotency_key_ttl": spec.idempotency_key_ttl,
+                    "singleton_key": spec.singleton_key,
+                    "source": spec.source,
+                },
+            )
         return RunCreatedEvent(
             run_id=spec.run_id,
             environment=self._environment,
@@ -861,8 +889,29 @@ class Runlane:
         created = self._created_event(spec, now)
         follow_up: tuple[RunEvent, ...] = ()
         if not spec.queue.is_bounded:
-            follow_up = (
-                RunDeliveryRequestedEvent(
+            if created.occurred_at is now:  # built from validated parts (see _created_event)
+                delivery = build_validated(
+                    DeliveryIntent,
+                    {
+                        "environment": self._environment,
+                        "run_id": spec.run_id,
+                        "queue": spec.queue.name,
+                        "requested_at": now,
+                        "available_at": now,
+                    },
+                )
+                requested = build_validated(
+                    RunDeliveryRequestedEvent,
+                    {
+                        "run_id": spec.run_id,
+                        "environment": self._environment,
+                        "occurred_at": now,
+                        "actor": spec.actor,
+                        "delivery": delivery,
+                    },
+                )
+            else:
+                requested = RunDeliveryRequestedEvent(
                     run_id=spec.run_id,
                     environment=self._environment,
                     occurred_at=now,
@@ -874,8 +923,8 @@ class Runlane:
                         requested_at=now,
                         available_at=now,
                     ),
-                ),
-            )
+                )
+            follow_up = (requested,)
         result = await self._store.create_run(CreateRunPlan(created, follow_up))
         if result.created:
             if self._observers:
@@ -961,7 +1010,7 @@ class Runlane:
         deadline_ms = options.max_attempt_ms if options.max_attempt_ms is not None else spec.definition.max_attempt_duration_ms
         lease = RunLease(
             worker_id=options.worker_id,
-            token=uuid.uuid4().hex,
+            token=random_uuid4_hex(),
             claimed_at=now,
             expires_at=now + timedelta(milliseconds=options.lease_ms),
         )
@@ -1098,7 +1147,7 @@ class Runlane:
                 run_id=run_id,
                 queue=None,
                 worker_id=options.worker_id,
-                lease_token=uuid.uuid4().hex,
+                lease_token=random_uuid4_hex(),
                 lease_ms=options.lease_ms,
                 attempt_deadline_ms=deadline_ms,
                 also_start=True,
@@ -1223,7 +1272,7 @@ class Runlane:
                 run_id=run.id,
                 queue=message.queue,
                 worker_id=options.worker_id,
-                lease_token=uuid.uuid4().hex,
+                lease_token=random_uuid4_hex(),
                 lease_ms=options.lease_ms,
                 attempt_deadline_ms=deadline_ms,
                 also_start=True,
@@ -1826,16 +1875,16 @@ def _check_registered_queue(queues: Mapping[str, QueueDefinition], queue: QueueD
 
 
 def _hand_clock_to_storage(lane: Lane, clock: Any) -> None:
-    """Client-clock storage samples the runtime's clock in every transaction."""
-    storage = lane.storage
+    """Client-clock storage samples the runtime's clock in every transaction.
+
+    A client-clock driver opts in with a public ``use_clock(clock)`` method (the in-memory driver has
+    one); a driver without it keeps its own clock.
+    """
     if lane.capabilities.storage.clock_authority is not StorageClockAuthority.CLIENT:
         return
-    use_clock = getattr(storage, "use_clock", None)
+    use_clock = getattr(lane.storage, "use_clock", None)
     if callable(use_clock):
         use_clock(clock)
-    elif hasattr(storage, "_clock"):
-        # The in-memory driver has no public clock setter; it reads this attribute in every attempt.
-        storage._clock = clock  # type: ignore[attr-defined]
 
 
 def _default_worker_id() -> str:

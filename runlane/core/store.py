@@ -24,16 +24,21 @@ the transaction, so a replayed attempt stages exactly the same records.
 
 from __future__ import annotations
 
-import uuid
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
+import orjson
+
 from ..defaults import contract_defaults
 from ..durations import duration_ms
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
+from ..ids import is_valid_id, random_bits_128, random_uuid4_hex
 from ..json_values import canonical_json, canonical_json_of_checked, ensure_json_value
+from ..model_build import build_validated, worker_actor
+from ..model_json import run_event_record_json, run_record_json
 from ..models import (
     Actor,
     DeliveryIntent,
@@ -73,6 +78,7 @@ from ..storage import (
     StorageTransaction,
     decode_iso_date,
     encode_iso_date,
+    encode_storage_tuple,
     encode_storage_tuple_prefix_upper_bound,
     encode_storage_unsigned_integer,
 )
@@ -142,34 +148,88 @@ R = TypeVar("R")
 # Keys
 
 
+# Keys are built on every write path, mostly from the same collection and environment, so the encoded
+# ``collection/environment`` prefix is computed once. Every fast path produces exactly the text of
+# ``encode_storage_tuple``; a component that is not a plain ``str`` or not valid Unicode takes the
+# validating ``StorageRecordKey`` constructor, which raises the precise contract error.
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded_prefix(collection: str, env_key: str) -> str:
+    return encode_storage_tuple((collection, env_key))
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded_tuple(parts: tuple[str, ...]) -> str:
+    """Cached encodings of small repeated tuples (index partitions such as ``(environment, queue)``)."""
+    return encode_storage_tuple(parts)
+
+
+def _hex(component: str) -> str:
+    """One encoded tuple component; raises ``UnicodeEncodeError`` / ``AttributeError`` when it is no text."""
+    return component.encode("utf-8").hex()
+
+
+def _key1(collection: str, env_key: str, part: str) -> StorageRecordKey:
+    if type(env_key) is str and type(part) is str:
+        try:
+            encoded = f"{_encoded_prefix(collection, env_key)}/{_hex(part)}"
+        except (UnicodeEncodeError, RunlaneError):
+            pass
+        else:
+            return StorageRecordKey._trusted(collection, (env_key, part), encoded)
+    return StorageRecordKey(collection, env_key, part)
+
+
+def _key2(collection: str, env_key: str, first: str, second: str) -> StorageRecordKey:
+    if type(env_key) is str and type(first) is str and type(second) is str:
+        try:
+            encoded = f"{_encoded_prefix(collection, env_key)}/{_hex(first)}/{_hex(second)}"
+        except (UnicodeEncodeError, RunlaneError):
+            pass
+        else:
+            return StorageRecordKey._trusted(collection, (env_key, first, second), encoded)
+    return StorageRecordKey(collection, env_key, first, second)
+
+
+def _index_entry(name: StorageIndexName, partition: tuple[str, ...], sort: tuple[str, ...]) -> StorageIndexEntry:
+    """``StorageIndexEntry(name, partition, sort)`` for core-built tuples (partition encodings cached)."""
+    try:
+        encoded_sort = "/".join([_hex(component) for component in sort])
+        encoded_partition = _encoded_tuple(partition)
+    except (UnicodeEncodeError, AttributeError, TypeError, RunlaneError):
+        return StorageIndexEntry(name, partition, sort)
+    return StorageIndexEntry._trusted(name, partition, sort, encoded_partition, encoded_sort)
+
+
 def idempotency_owner_key(env_key: str, task_id: str, key: str) -> StorageRecordKey:
-    return StorageRecordKey(IDEMPOTENCY_OWNERS_COLLECTION, env_key, task_id, key)
+    return _key2(IDEMPOTENCY_OWNERS_COLLECTION, env_key, task_id, key)
 
 
 def singleton_owner_key(env_key: str, key: str) -> StorageRecordKey:
-    return StorageRecordKey(SINGLETON_OWNERS_COLLECTION, env_key, key)
+    return _key1(SINGLETON_OWNERS_COLLECTION, env_key, key)
 
 
 def queue_capacity_key(env_key: str, queue: str, concurrency_key: str | None) -> StorageRecordKey:
     # Runs without a concurrency key share one partition; ids are never empty, so "" cannot collide.
-    return StorageRecordKey(QUEUE_CAPACITY_COLLECTION, env_key, queue, concurrency_key or "")
+    return _key2(QUEUE_CAPACITY_COLLECTION, env_key, queue, concurrency_key or "")
 
 
 def run_step_key(env_key: str, run_id: str, step_key: str) -> StorageRecordKey:
-    return StorageRecordKey(RUN_STEPS_COLLECTION, env_key, run_id, step_key)
+    return _key2(RUN_STEPS_COLLECTION, env_key, run_id, step_key)
 
 
 def completion_wait_key(env_key: str, source_run_id: str) -> StorageRecordKey:
-    return StorageRecordKey(RUN_COMPLETION_WAITS_COLLECTION, env_key, source_run_id)
+    return _key1(RUN_COMPLETION_WAITS_COLLECTION, env_key, source_run_id)
 
 
 def _run_key(env_key: str, run_id: str) -> StorageRecordKey:
-    return StorageRecordKey(RUNS_COLLECTION, env_key, run_id)
+    return _key1(RUNS_COLLECTION, env_key, run_id)
 
 
 def new_event_id() -> str:
     """A fresh durable event id (``evt_`` + 32 hex digits); never call it inside a transaction callback."""
-    return f"evt_{uuid.uuid4().hex}"
+    return f"evt_{random_uuid4_hex()}"
 
 
 class _EventIds:
@@ -181,7 +241,7 @@ class _EventIds:
     __slots__ = ("_base", "_next")
 
     def __init__(self) -> None:
-        self._base = uuid.uuid4().int
+        self._base = random_bits_128()
         self._next = 0
 
     def restart(self) -> None:
@@ -206,7 +266,7 @@ def run_index_entries(run: RunRecord) -> tuple[StorageIndexEntry, ...]:
     if status in _TERMINAL:
         if run.finished_at is not None:
             entries.append(
-                StorageIndexEntry(
+                _index_entry(
                     StorageIndexName.RUNS_TERMINAL_BY_FINISHED_AT, (env,), (encode_iso_date(run.finished_at), run_id)
                 )
             )
@@ -216,7 +276,7 @@ def run_index_entries(run: RunRecord) -> tuple[StorageIndexEntry, ...]:
             if runnable_at is not None:
                 runnable_iso = encode_iso_date(runnable_at)
                 entries.append(
-                    StorageIndexEntry(StorageIndexName.RUNS_RUNNABLE, (env, run.queue), (runnable_iso, run_id))
+                    _index_entry(StorageIndexName.RUNS_RUNNABLE, (env, run.queue), (runnable_iso, run_id))
                 )
                 recovery_at = get_run_delivery_recovery_available_at(run)
                 if recovery_at is not None:
@@ -224,12 +284,12 @@ def run_index_entries(run: RunRecord) -> tuple[StorageIndexEntry, ...]:
                     # retrying, released: run_at; running: lease expiry), so the encoding is shared.
                     recovery_iso = runnable_iso if recovery_at == runnable_at else encode_iso_date(recovery_at)
                     entries.append(
-                        StorageIndexEntry(StorageIndexName.RUNS_NEEDING_DELIVERY, (env,), (recovery_iso, run_id))
+                        _index_entry(StorageIndexName.RUNS_NEEDING_DELIVERY, (env,), (recovery_iso, run_id))
                     )
         cancel_at = get_run_cancellation_finalization_available_at(run)
         if cancel_at is not None:
             entries.append(
-                StorageIndexEntry(
+                _index_entry(
                     StorageIndexName.RUNS_NEEDING_CANCELLATION_FINALIZATION,
                     (env,),
                     (encode_iso_date(cancel_at), run_id),
@@ -238,7 +298,7 @@ def run_index_entries(run: RunRecord) -> tuple[StorageIndexEntry, ...]:
         timeout_at = get_run_attempt_timeout_finalization_available_at(run)
         if timeout_at is not None:
             entries.append(
-                StorageIndexEntry(
+                _index_entry(
                     StorageIndexName.RUNS_NEEDING_TIMEOUT_FINALIZATION, (env,), (encode_iso_date(timeout_at), run_id)
                 )
             )
@@ -246,7 +306,7 @@ def run_index_entries(run: RunRecord) -> tuple[StorageIndexEntry, ...]:
         if status is RunStatus.RELEASED and wait is not None:
             if wait.type is RunWaitConditionType.SIGNAL:
                 entries.append(
-                    StorageIndexEntry(
+                    _index_entry(
                         StorageIndexName.RUNS_WAITING_FOR_SIGNAL,
                         (env, wait.signal_key),
                         (encode_iso_date(run.created_at), run_id),
@@ -254,7 +314,7 @@ def run_index_entries(run: RunRecord) -> tuple[StorageIndexEntry, ...]:
                 )
             elif wait.type is RunWaitConditionType.RUN_COMPLETION:
                 entries.append(
-                    StorageIndexEntry(
+                    _index_entry(
                         StorageIndexName.RUNS_WAITING_FOR_COMPLETION,
                         (env, wait.run_id),
                         (encode_iso_date(run.created_at), run_id),
@@ -263,7 +323,7 @@ def run_index_entries(run: RunRecord) -> tuple[StorageIndexEntry, ...]:
     source = run.source
     if source is not None and source.source_run_id is not None:
         entries.append(
-            StorageIndexEntry(
+            _index_entry(
                 StorageIndexName.RUNS_BY_SOURCE_RUN,
                 (env, source.source_run_id),
                 (encode_iso_date(run.created_at), run_id),
@@ -280,32 +340,79 @@ def _model_document(value: dict[str, Any]) -> StorageDocument:
     number, a lone surrogate in a plain string field) falls back to the validating encoder, which
     raises the precise error.
     """
+    envelope = {"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value}
     try:
-        text = canonical_json_of_checked({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
+        # ``canonical_json_of_checked`` is this text; the UTF-8 bytes give the size without encoding again.
+        data = orjson.dumps(envelope, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        pass
+    else:
+        return StorageDocument(data.decode("utf-8"), len(data))
+    try:
+        text = canonical_json_of_checked(envelope)
         return StorageDocument(text, len(text.encode("utf-8")))
     except (ValueError, TypeError):  # UnicodeEncodeError is a ValueError
         return StorageDocument.encode(value)
 
 
 def encode_run_document_fast(run: RunRecord, children: RunChildCounts) -> StorageDocument:
-    """``tables.encode_run_document`` for a run built by the reducer (identical text)."""
-    document = _model_document({"run": run.model_dump(mode="json"), "children": children.to_json()})
+    """``tables.encode_run_document`` for a run built by the reducer (identical text).
+
+    The document remembers its run, so the next transition reads it back without parsing, unless
+    the run is terminal: finished runs are rarely read again, and a document without a remembered
+    value lets a driver keep it compact (the in-memory driver packs it out of the garbage
+    collector's sight). Reading one decodes the text.
+    """
+    document = _model_document({"run": run_record_json(run), "children": children.to_json()})
+    if run.status in _TERMINAL:
+        return document
     return remember_run_document(document, run, children)
 
 
 def _run_record(env: str, run: RunRecord, children: RunChildCounts) -> NewStorageRecord:
-    return NewStorageRecord(_run_key(env, run.id), encode_run_document_fast(run, children), run_index_entries(run))
+    return NewStorageRecord._trusted(
+        _run_key(env, run.id), encode_run_document_fast(run, children), run_index_entries(run)
+    )
+
+
+def _event_records(
+    env: str, run_id: str, start: int, events: Sequence[RunEvent], ids: _EventIds
+) -> list[tuple[RunEventRecord, NewStorageRecord]]:
+    """The history rows of ``events`` appended after sequence ``start`` (ids from ``ids``)."""
+    try:
+        run_hex = _hex(run_id)
+        key_prefix = f"{_encoded_prefix(RUN_EVENTS_COLLECTION, env)}/{run_hex}/"
+        partition = (env, run_id)
+        encoded_partition = f"{_encoded_tuple((env,))}/{run_hex}"
+    except (UnicodeEncodeError, AttributeError, TypeError, RunlaneError):
+        return [_event_record(env, run_id, start + index + 1, ids.take(), event) for index, event in enumerate(events)]
+    by_run = StorageIndexName.RUN_EVENTS_BY_RUN
+    rows: list[tuple[RunEventRecord, NewStorageRecord]] = []
+    for index, event in enumerate(events):
+        sequence = start + index + 1
+        # The event was validated when it was built; the record only wraps it with its identity.
+        event_id = ids.take()
+        record = build_validated(RunEventRecord, {"id": event_id, "sequence": sequence, "event": event})
+        position = encode_storage_unsigned_integer(sequence)
+        position_hex = position.encode("ascii").hex()
+        stored = NewStorageRecord._trusted(
+            StorageRecordKey._trusted(RUN_EVENTS_COLLECTION, (env, run_id, position), key_prefix + position_hex),
+            _model_document(run_event_record_json(event_id, sequence, event)),
+            (StorageIndexEntry._trusted(by_run, partition, (position,), encoded_partition, position_hex),),
+        )
+        rows.append((record, stored))
+    return rows
 
 
 def _event_record(
     env: str, run_id: str, sequence: int, event_id: str, event: Any
 ) -> tuple[RunEventRecord, NewStorageRecord]:
-    # The event was validated when it was built; the record only wraps it with its identity.
+    """One history row through the validating constructors (ids that are not valid Unicode raise)."""
     record = RunEventRecord.model_construct(id=event_id, sequence=sequence, event=event)
     position = encode_storage_unsigned_integer(sequence)
     stored = NewStorageRecord(
         StorageRecordKey(RUN_EVENTS_COLLECTION, env, run_id, position),
-        _model_document(record.model_dump(mode="json")),
+        _model_document(run_event_record_json(event_id, sequence, event)),
         (StorageIndexEntry(StorageIndexName.RUN_EVENTS_BY_RUN, (env, run_id), (position,)),),
     )
     return record, stored
@@ -519,6 +626,7 @@ class _Attempt:
         # Capacity partitions: run id -> lease expiry ISO.
         self.capacity: dict[str, dict[str, str]] = {}
         self.capacity_original: dict[str, dict[str, str]] = {}
+        self.markers: dict[str, StorageRecordKey] = {}
         self.now = datetime.min.replace(tzinfo=UTC)
         self.now_iso = ""
 
@@ -605,6 +713,13 @@ class _Attempt:
 
     # -- key prediction --------------------------------------------------------------------------
 
+    def marker_key(self, run_id: str) -> StorageRecordKey:
+        """The completion-wait marker key of ``run_id`` (built once per attempt)."""
+        key = self.markers.get(run_id)
+        if key is None:
+            key = self.markers[run_id] = completion_wait_key(self.env, run_id)
+        return key
+
     def finish_keys(self, run: RunRecord) -> list[StorageRecordKey]:
         return _finish_keys(self.store, run)
 
@@ -658,8 +773,7 @@ class _Attempt:
         slot.changed = True
         waiters = False
         if new.status in _TERMINAL and old.status not in _TERMINAL:
-            marker = completion_wait_key(self.env, new.id)
-            waiters = self.owner(marker) is not None
+            waiters = self.owner(self.marker_key(new.id)) is not None
         return AppendResult(new, tuple(record for record, _ in records), waiters)
 
     def create(self, run: RunRecord, events: Sequence[RunEvent], ids: _EventIds) -> tuple[RunEventRecord, ...]:
@@ -676,8 +790,7 @@ class _Attempt:
     def _event_records(
         self, run: RunRecord, start: int, events: Sequence[RunEvent], ids: _EventIds
     ) -> list[tuple[RunEventRecord, NewStorageRecord]]:
-        env, run_id = self.env, run.id
-        return [_event_record(env, run_id, start + index + 1, ids.take(), event) for index, event in enumerate(events)]
+        return _event_records(self.env, run.id, start, events, ids)
 
     def _completion_wait(self, new: RunRecord, effects: list[Callable[[], None]]) -> RunEvent | None:
         """For a release that waits for another run: the ``run.delivery_requested`` that resumes it in
@@ -725,7 +838,7 @@ class _Attempt:
                 else:
                     effects.append(lambda: occupants.__setitem__(run_id, wanted))
         if new.status in _TERMINAL and (old is None or old.status not in _TERMINAL):
-            keys: list[StorageRecordKey] = [completion_wait_key(env, run_id)]
+            keys: list[StorageRecordKey] = [self.marker_key(run_id)]
             idempotency = None
             if new.idempotency_key is not None:
                 idempotency = idempotency_owner_key(env, new.task_id, new.idempotency_key)
@@ -1086,6 +1199,21 @@ class CoreStore:
                             meta={"singleton_key": created.singleton_key, "run_id": holder.run.id},
                         )
                 attempt.set_owner(singleton, {"run_id": run.id})
+            if capacity is not None and not attempt.free_slots(run):
+                # The lease created with the run occupies a slot like any claim: a full partition
+                # refuses it, and nothing is written.
+                raise create_storage_conflict_error(
+                    StorageConflictKind.QUEUE_CAPACITY,
+                    f"Queue {created.queue!r} has no free capacity"
+                    + (f" for concurrency key {created.concurrency_key!r}" if created.concurrency_key else "")
+                    + f" (concurrency limit {self.queue_limits[created.queue]});"
+                    " retry once a running attempt finishes.",
+                    meta={
+                        "queue": created.queue,
+                        "concurrency_key": created.concurrency_key,
+                        "concurrency_limit": self.queue_limits[created.queue],
+                    },
+                )
             if idempotency is not None:
                 attempt.set_owner(idempotency, {"run_id": run.id, "ttl": ttl_value, "expires_at": None})
             records = attempt.create(run, events, ids)
@@ -1162,36 +1290,47 @@ class CoreStore:
             return ClaimResult(run_id, None, reason)
         if not attempt.free_slots(run):
             return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST)
-        actor = Actor(type=ActorType.WORKER, id=request.worker_id)
         deadline = (
             None if request.attempt_deadline_ms is None else now + timedelta(milliseconds=request.attempt_deadline_ms)
         )
-        lease = RunLease(
-            worker_id=request.worker_id,
-            token=request.lease_token,
-            claimed_at=now,
-            expires_at=now + timedelta(milliseconds=request.lease_ms),
-        )
-        events: list[RunEvent] = [
-            RunLeaseClaimedEvent(
-                run_id=run_id,
-                environment=run.environment,
-                occurred_at=now,
-                actor=actor,
-                lease=lease,
-                attempt_deadline_at=deadline,
+        expires_at = now + timedelta(milliseconds=request.lease_ms)
+        worker_id, token = request.worker_id, request.lease_token
+        events: list[RunEvent]
+        if is_valid_id(worker_id) and type(token) is str and token and type(now) is datetime and now.tzinfo is UTC:
+            # Every part is already valid (stored run, checked request, UTC transaction time): build
+            # the lease and events without validating them again.
+            actor = worker_actor(worker_id)
+            lease = build_validated(
+                RunLease, {"worker_id": worker_id, "token": token, "claimed_at": now, "expires_at": expires_at}
             )
-        ]
-        if request.also_start:
-            events.append(
-                RunStartedEvent(
+            common = {"run_id": run.id, "environment": run.environment, "occurred_at": now, "actor": actor}
+            claimed = {**common, "lease": lease, "attempt_deadline_at": deadline}
+            events = [build_validated(RunLeaseClaimedEvent, claimed)]
+            if request.also_start:
+                events.append(build_validated(RunStartedEvent, {**common, "attempt": run.counters.attempts + 1}))
+        else:
+            actor = Actor(type=ActorType.WORKER, id=worker_id)
+            lease = RunLease(worker_id=worker_id, token=token, claimed_at=now, expires_at=expires_at)
+            events = [
+                RunLeaseClaimedEvent(
                     run_id=run_id,
                     environment=run.environment,
                     occurred_at=now,
                     actor=actor,
-                    attempt=run.counters.attempts + 1,
+                    lease=lease,
+                    attempt_deadline_at=deadline,
                 )
-            )
+            ]
+            if request.also_start:
+                events.append(
+                    RunStartedEvent(
+                        run_id=run_id,
+                        environment=run.environment,
+                        occurred_at=now,
+                        actor=actor,
+                        attempt=run.counters.attempts + 1,
+                    )
+                )
         try:
             result = attempt.apply(slot, events, ids)
         except RunlaneError as error:

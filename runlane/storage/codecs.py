@@ -8,6 +8,7 @@ sorting first. Drivers may therefore compare encoded strings with ``<`` or a ``C
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -89,7 +90,31 @@ def compare_storage_encoded_values(left: str, right: str) -> int:
 # ISO dates: fixed width with microseconds and ``Z`` so lexical order is time order (years 0001-9999).
 
 
+# The last two dates encoded and their text (a write path encodes its transaction time and the
+# caller's time for several index entries). Each pair is replaced as a unit and holds its datetime,
+# so the identity stays unique while remembered.
+_last_encoded: tuple[object, str] = (None, "")
+_previous_encoded: tuple[object, str] = (None, "")
+
+
 def encode_iso_date(value: datetime) -> str:
+    global _last_encoded, _previous_encoded
+    last = _last_encoded
+    if value is last[0]:
+        return last[1]
+    previous = _previous_encoded
+    if value is previous[0]:
+        return previous[1]
+    text = _encode_iso_date(value)
+    _previous_encoded = last
+    _last_encoded = (value, text)
+    return text
+
+
+def _encode_iso_date(value: datetime) -> str:
+    if type(value) is datetime and value.tzinfo is UTC:
+        # The common case, same text: ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00`` with the offset as ``Z``.
+        return value.isoformat(timespec="microseconds")[:-6] + "Z"
     if not isinstance(value, datetime):
         raise _contract(f"Expected a datetime, got {type(value).__name__}.")
     if value.tzinfo is None or value.utcoffset() is None:
@@ -101,18 +126,19 @@ def encode_iso_date(value: datetime) -> str:
     return f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}.{utc.microsecond:06d}Z"
 
 
+_CANONICAL_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
+
+
 def decode_iso_date(encoded: str) -> datetime:
     """Inverse of ``encode_iso_date``; only the exact canonical form is accepted."""
-    if not isinstance(encoded, str) or len(encoded) != 27 or not encoded.isascii():
+    if not isinstance(encoded, str) or len(encoded) != 27 or _CANONICAL_DATE.fullmatch(encoded) is None:
         raise _contract(f"Malformed storage date {encoded!r}.")
+    # The pattern fixes every field's width and digits; fromisoformat checks the ranges (month 13,
+    # February 30 and the like raise).
     try:
-        decoded = datetime.strptime(encoded, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        return datetime.fromisoformat(encoded[:-1]).replace(tzinfo=UTC)
     except ValueError:
         raise _contract(f"Malformed storage date {encoded!r}.") from None
-    # strptime tolerates variants (one-digit fields, short fractions); a stored value is canonical or corrupt.
-    if encode_iso_date(decoded) != encoded:
-        raise _contract(f"Malformed storage date {encoded!r}.")
-    return decoded
 
 
 # ---------------------------------------------------------------------------------------------

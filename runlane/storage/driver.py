@@ -9,6 +9,9 @@ A transaction callback is a pure, replayable attempt:
    callback after a supported conflict. Only the committed attempt's return value escapes.
 
 No I/O, user code, random ids or meaningful logs inside the callback: prepare identities before it.
+
+A driver with ``StorageClockAuthority.CLIENT`` may expose ``use_clock(clock)``: ``create_runlane(clock=...)``
+calls it so every later attempt's ``now()`` samples the runtime's clock (the in-memory driver does).
 """
 
 from __future__ import annotations

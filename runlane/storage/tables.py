@@ -25,6 +25,8 @@ __all__ = [
     "decode_run_event_document",
     "encode_run_document",
     "encode_run_event_document",
+    "peek_run_document",
+    "peek_run_event_document",
     "run_event_key",
     "run_key",
     "run_tombstone_key",
@@ -85,14 +87,40 @@ def _detached(run: RunRecord) -> RunRecord:
     Runs are frozen models, but their JSON fields are plain dicts and lists; a remembered run must
     never alias an object a caller holds, or a caller's mutation would leak into the next write.
     """
+    values = run.__dict__
     update: dict[str, Any] = {}
     for name in ("payload", "output", "meta", "trace_carrier"):
-        value = getattr(run, name)
+        value = values[name]
         if type(value) is dict or type(value) is list:
             update[name] = _copy_json(value)
-    if run.failure is not None and run.failure.meta:
-        update["failure"] = run.failure.model_copy(update={"meta": _copy_json(run.failure.meta)})
-    return run.model_copy(update=update) if update else run
+    failure = values["failure"]
+    if failure is not None and failure.meta:
+        update["failure"] = failure.model_copy(update={"meta": _copy_json(failure.meta)})
+    if not update:
+        return run
+    if type(run) is not RunRecord or not _DIRECT_COPY:
+        return run.model_copy(update=update)
+    # ``run.model_copy(update=update)`` without its generic machinery: a shallow copy of the field
+    # values with the copied JSON values swapped in, and the updated fields marked as set.
+    copied = object.__new__(RunRecord)
+    data = values.copy()
+    data.update(update)
+    fields_set = set(run.__pydantic_fields_set__)
+    fields_set.update(update)
+    _set(copied, "__dict__", data)
+    _set(copied, "__pydantic_fields_set__", fields_set)
+    _set(copied, "__pydantic_extra__", None)
+    _set(copied, "__pydantic_private__", None)
+    return copied
+
+
+_set = object.__setattr__
+# Valid while runs have no private attributes, no post-init hook and no extra fields.
+_DIRECT_COPY = (
+    not RunRecord.__private_attributes__
+    and RunRecord.__pydantic_post_init__ is None
+    and RunRecord.model_config.get("extra") != "allow"
+)
 
 
 def remember_run_document(document: StorageDocument, run: RunRecord, children: RunChildCounts) -> StorageDocument:
@@ -126,6 +154,25 @@ def try_decode_run_document(document: StorageDocument) -> RunRecord | None:
         return None
 
 
+_UNDECODABLE = ("undecodable",)
+
+
+def peek_run_document(document: StorageDocument) -> RunRecord | None:
+    """The run of a run document, decoded at most once per document and *shared*: read-only use only
+    (a driver's operator projection copies before handing it out). ``None`` when it does not decode."""
+    remembered = document.decoded
+    if remembered is None or remembered[0] != _RUN_CODEC:
+        if remembered is _UNDECODABLE:
+            return None
+        try:
+            decode_run_document(document)
+        except RunlaneError:
+            document.remember_decoded(_UNDECODABLE)
+            return None
+        remembered = document.decoded
+    return remembered[1]
+
+
 def encode_run_event_document(record: RunEventRecord) -> StorageDocument:
     return StorageDocument.encode(record.model_dump(mode="json"))
 
@@ -143,3 +190,18 @@ def try_decode_run_event_document(document: StorageDocument) -> RunEventRecord |
         return decode_run_event_document(document)
     except RunlaneError:
         return None
+
+
+_EVENT_CODEC = "run_event"
+
+
+def peek_run_event_document(document: StorageDocument) -> RunEventRecord | None:
+    """Like ``peek_run_document`` for a run event document: decoded once, shared, read-only."""
+    remembered = document.decoded
+    if remembered is None or remembered[0] != _EVENT_CODEC:
+        if remembered is _UNDECODABLE:
+            return None
+        event = try_decode_run_event_document(document)
+        document.remember_decoded(_UNDECODABLE if event is None else (_EVENT_CODEC, event))
+        return event
+    return remembered[1]

@@ -54,6 +54,9 @@ def _contract(message: str) -> RunlaneError:
     return RunlaneError(ErrorCode.ADAPTER_CONTRACT_VIOLATION, message)
 
 
+_set = object.__setattr__
+
+
 def _as_tuple(value: Sequence[str], what: str) -> StorageTuple:
     if type(value) is tuple and value and all(type(item) is str for item in value):
         return value  # the common case, checked without the generic Sequence machinery
@@ -86,6 +89,19 @@ class StorageRecordKey:
         object.__setattr__(self, "collection", collection)
         object.__setattr__(self, "parts", checked)
         object.__setattr__(self, "encoded", encode_storage_tuple((collection, *checked)))
+
+    @classmethod
+    def _trusted(cls, collection: str, parts: StorageTuple, encoded: str) -> StorageRecordKey:
+        """A key from already-checked parts and their ``encode_storage_tuple((collection, *parts))``.
+
+        For core's hot paths, which build keys from validated ids with cached encodings; everything
+        else uses the validating constructor.
+        """
+        key = object.__new__(cls)
+        _set(key, "collection", collection)
+        _set(key, "parts", parts)
+        _set(key, "encoded", encoded)
+        return key
 
     @classmethod
     def decode(cls, encoded: str) -> StorageRecordKey:
@@ -222,17 +238,38 @@ class StorageIndexEntry:
     encoded_sort: str = field(compare=False, repr=False)
 
     def __init__(self, name: StorageIndexName | str, partition: Sequence[str], sort: Sequence[str]) -> None:
-        try:
-            index_name = StorageIndexName(name)
-        except ValueError:
-            raise _contract(f"Unknown storage index name {name!r}; the index catalog is closed.") from None
+        if type(name) is StorageIndexName:
+            index_name = name
+        else:
+            try:
+                index_name = StorageIndexName(name)
+            except ValueError:
+                raise _contract(f"Unknown storage index name {name!r}; the index catalog is closed.") from None
         checked_partition = _as_tuple(partition, "Index partition")
         checked_sort = _as_tuple(sort, "Index sort value")
-        object.__setattr__(self, "name", index_name)
-        object.__setattr__(self, "partition", checked_partition)
-        object.__setattr__(self, "sort", checked_sort)
-        object.__setattr__(self, "encoded_partition", encode_storage_tuple(checked_partition))
-        object.__setattr__(self, "encoded_sort", encode_storage_tuple(checked_sort))
+        _set(self, "name", index_name)
+        _set(self, "partition", checked_partition)
+        _set(self, "sort", checked_sort)
+        _set(self, "encoded_partition", encode_storage_tuple(checked_partition))
+        _set(self, "encoded_sort", encode_storage_tuple(checked_sort))
+
+    @classmethod
+    def _trusted(
+        cls,
+        name: StorageIndexName,
+        partition: StorageTuple,
+        sort: StorageTuple,
+        encoded_partition: str,
+        encoded_sort: str,
+    ) -> StorageIndexEntry:
+        """An entry from already-checked tuples and their encodings (core's hot paths only)."""
+        entry = object.__new__(cls)
+        _set(entry, "name", name)
+        _set(entry, "partition", partition)
+        _set(entry, "sort", sort)
+        _set(entry, "encoded_partition", encoded_partition)
+        _set(entry, "encoded_sort", encoded_sort)
+        return entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,9 +293,20 @@ class NewStorageRecord:
             if entry.name in seen:
                 raise _contract(f"A record may have at most one entry in index {entry.name.value!r}.")
             seen.add(entry.name)
-        object.__setattr__(self, "key", key)
-        object.__setattr__(self, "document", document)
-        object.__setattr__(self, "indexes", entries)
+        _set(self, "key", key)
+        _set(self, "document", document)
+        _set(self, "indexes", entries)
+
+    @classmethod
+    def _trusted(
+        cls, key: StorageRecordKey, document: StorageDocument, indexes: tuple[StorageIndexEntry, ...] = ()
+    ) -> NewStorageRecord:
+        """A record whose key, document and (at most one per index) entries core built itself."""
+        record = object.__new__(cls)
+        _set(record, "key", key)
+        _set(record, "document", document)
+        _set(record, "indexes", indexes)
+        return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +323,8 @@ def measure_storage_record(record: NewStorageRecord | StorageRecord) -> int:
     """Bytes a record counts against record and transaction limits (key + document + index rows)."""
     size = len(record.key.encoded) + record.document.byte_size
     for entry in record.indexes:
-        size += len(entry.name.value) + len(entry.encoded_partition) + len(entry.encoded_sort)
+        # ``name`` is a ``StrEnum`` member: its length is the length of its value.
+        size += len(entry.name) + len(entry.encoded_partition) + len(entry.encoded_sort)
     return size
 
 

@@ -8,7 +8,9 @@ Mechanics:
 * **Immutable state.** A store's committed state is one immutable ``_State`` value: records in an
   ``immutables.Map`` keyed by encoded record key, index partitions as copy-on-write ``_SortedRows``,
   the operator projection, and the last issued version. A commit builds the next value and swaps it
-  in under a ``threading.Lock``; older values stay valid for whoever still holds them.
+  in under a ``threading.Lock``; older values stay valid for whoever still holds them. Records whose
+  document carries no decoded value are kept as packed tuples of strings the garbage collector does
+  not track (``_pack``), so a large store does not slow down the process's full collections.
 * **Attempt snapshots.** Every attempt reads the state captured when it starts. ``get`` records each
   key with the version seen, or ``None`` when absent; the commit replays the attempt when any of those
   dependencies (or a staged create / replace / delete condition) no longer holds.
@@ -24,15 +26,14 @@ Mechanics:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import threading
-from bisect import bisect_left, bisect_right
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import itemgetter
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NamedTuple, NoReturn, Protocol, TypeVar
 
 import immutables
 
@@ -49,6 +50,8 @@ from runlane.storage import (
     StorageDocument,
     StorageDurability,
     StorageIndexConsistency,
+    StorageIndexEntry,
+    StorageIndexName,
     StorageIndexRef,
     StorageLimits,
     StorageProfile,
@@ -80,9 +83,9 @@ from runlane.storage import (
 from runlane.storage.tables import (
     RUN_EVENTS_COLLECTION,
     RUNS_COLLECTION,
+    peek_run_document,
+    peek_run_event_document,
     run_tombstone_key,
-    try_decode_run_document,
-    try_decode_run_event_document,
 )
 from runlane.vocabulary import PaginationCursorKind, SortDirection
 
@@ -119,8 +122,8 @@ Position = tuple[int, int]  # (chunk index, offset in chunk); (len(chunks), 0) i
 class _SortedRows:
     """An immutable ordered sequence of index rows, stored as sorted chunks of at most ``2 * _CHUNK``.
 
-    ``insert`` and ``remove`` return a new value that copies one chunk and the (C-level sliced)
-    chunk directory, so a commit never copies a whole partition and earlier snapshots keep their view.
+    ``updated`` returns a new value that copies only the chunks a commit touches and the chunk
+    directory, so a commit never copies a whole partition and earlier snapshots keep their view.
     Positions are ``(chunk, offset)`` pairs, so nothing is recomputed across all chunks per change.
     """
 
@@ -129,6 +132,9 @@ class _SortedRows:
     def __init__(self, chunks: tuple[tuple[Row, ...], ...] = (), lasts: tuple[Row, ...] | None = None) -> None:
         self._chunks = chunks
         self._lasts = lasts if lasts is not None else tuple(chunk[-1] for chunk in chunks)
+
+    def __bool__(self) -> bool:
+        return bool(self._chunks)
 
     @property
     def end(self) -> Position:
@@ -163,32 +169,55 @@ class _SortedRows:
             high = stop_offset if index == stop_chunk else len(rows)
             yield from reversed(rows[low:high])
 
-    def insert(self, row: Row) -> _SortedRows:
-        if not self._chunks:
-            return _SortedRows(((row,),), (row,))
-        chunk = min(bisect_left(self._lasts, row), len(self._chunks) - 1)
-        rows = self._chunks[chunk]
-        at = bisect_left(rows, row)
-        grown = (*rows[:at], row, *rows[at:])
-        pieces = (grown,) if len(grown) <= 2 * _CHUNK else (grown[:_CHUNK], grown[_CHUNK:])
-        return _SortedRows(
-            self._chunks[:chunk] + pieces + self._chunks[chunk + 1 :],
-            self._lasts[:chunk] + tuple(piece[-1] for piece in pieces) + self._lasts[chunk + 1 :],
-        )
-
-    def remove(self, row: Row) -> _SortedRows:
-        chunk = bisect_left(self._lasts, row)
-        rows = self._chunks[chunk] if chunk < len(self._chunks) else ()
-        at = bisect_left(rows, row)
-        if at == len(rows) or rows[at] != row:
-            raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An index row of a stored record is missing.")
-        shrunk = rows[:at] + rows[at + 1 :]
-        if not shrunk:
-            return _SortedRows(self._chunks[:chunk] + self._chunks[chunk + 1 :], self._lasts[:chunk] + self._lasts[chunk + 1 :])
-        return _SortedRows(
-            self._chunks[:chunk] + (shrunk,) + self._chunks[chunk + 1 :],
-            self._lasts[:chunk] + (shrunk[-1],) + self._lasts[chunk + 1 :],
-        )
+    def updated(self, removes: list[Row], inserts: list[Row]) -> _SortedRows:
+        """``remove`` every row of ``removes``, then ``insert`` every row of ``inserts``, copying each
+        touched chunk and the chunk directory once (one commit's changes to one partition)."""
+        chunks = self._chunks
+        if not chunks:
+            if removes:
+                raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An index row of a stored record is missing.")
+            rows = sorted(inserts)
+            pieces = tuple(tuple(rows[at : at + _CHUNK]) for at in range(0, len(rows), _CHUNK))
+            return _SortedRows(pieces)
+        lasts = self._lasts
+        last_chunk = len(chunks) - 1
+        touched: dict[int, list[Row]] = {}
+        # Chunk boundaries stay those of ``self`` while rows move: a chunk only ever holds rows of its
+        # original range (or, for the last one, beyond it), so global order holds.
+        for row in removes:
+            chunk = bisect_left(lasts, row)
+            rows = touched.get(chunk)
+            if rows is None:
+                if chunk > last_chunk:
+                    raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An index row of a stored record is missing.")
+                rows = touched[chunk] = list(chunks[chunk])
+            at = bisect_left(rows, row)
+            if at == len(rows) or rows[at] != row:
+                raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An index row of a stored record is missing.")
+            del rows[at]
+        for row in inserts:
+            chunk = min(bisect_left(lasts, row), last_chunk)
+            rows = touched.get(chunk)
+            if rows is None:
+                rows = touched[chunk] = list(chunks[chunk])
+            insort(rows, row)
+        directory: list[tuple[Row, ...]] = []
+        directory_lasts: list[Row] = []
+        start = 0
+        for chunk in sorted(touched):
+            directory.extend(chunks[start:chunk])
+            directory_lasts.extend(lasts[start:chunk])
+            rows = touched[chunk]
+            # An emptied chunk disappears; one grown past 2 * _CHUNK rows splits into _CHUNK-row pieces.
+            step = len(rows) if len(rows) <= 2 * _CHUNK else _CHUNK
+            for at in range(0, len(rows), step or 1):
+                piece = tuple(rows[at : at + step])
+                directory.append(piece)
+                directory_lasts.append(piece[-1])
+            start = chunk + 1
+        directory.extend(chunks[start:])
+        directory_lasts.extend(lasts[start:])
+        return _SortedRows(tuple(directory), tuple(directory_lasts))
 
 
 _NO_ROWS = _SortedRows()
@@ -230,8 +259,7 @@ def _page(query: StorageQuery, candidates: Iterator[Row], *, look_ahead: bool) -
 # Committed state
 
 
-@dataclass(frozen=True, slots=True)
-class _Write:
+class _Write(NamedTuple):
     """One staged mutation. ``expected`` is the version the key must still have (``None``: absent);
     ``record`` is the new content (``None``: delete)."""
 
@@ -242,121 +270,212 @@ class _Write:
 
 @dataclass(frozen=True, slots=True)
 class _State:
-    records: immutables.Map  # encoded key -> StorageRecord
+    records: immutables.Map  # encoded key -> StorageRecord, or its packed form (see ``_pack``)
     indexes: immutables.Map  # (index name, encoded partition) -> _SortedRows
-    # The operator projection: canonical runs and run events, grouped by their key minus its last part:
-    #   ("runs", environment) -> Map[run id -> _Decoded RunRecord]
-    #   ("run_events", environment, run id) -> Map[encoded sequence -> _Decoded RunEventRecord]
+    # The operator projection: which run and run event records exist, grouped by their key minus its
+    # last part, as the encoded keys of their records (read from ``records`` and decoded on first
+    # operator read, see ``_projected``). Only creates and deletes change it; a replaced record keeps
+    # its key.
+    #   ("runs", environment) -> Map[run id -> encoded record key]
+    #   ("run_events", environment, run id) -> Map[encoded sequence -> encoded record key]
     projection: immutables.Map
     last_version: int = 0
 
     def version_of(self, encoded_key: str) -> str | None:
-        record = self.records.get(encoded_key)
-        return None if record is None else record.version
+        stored = self.records.get(encoded_key)
+        return None if stored is None else _version(stored)
+
+    def record(self, encoded_key: str) -> StorageRecord | None:
+        return _unpack(self.records.get(encoded_key))
 
     def run_ids(self, environment: str) -> Iterable[str]:
         return self.projection.get((RUNS_COLLECTION, environment), _EMPTY_MAP).keys()
 
-    def visible_run(self, environment: str, run_id: str) -> RunRecord | None:
+    def visible_run(self, environment: str, run_id: str, cache: DecodedCache) -> RunRecord | None:
         """A run is visible while its record decodes and no tombstone exists for it."""
-        entry = self.projection.get((RUNS_COLLECTION, environment), _EMPTY_MAP).get(run_id)
-        if entry is None or run_tombstone_key(environment, run_id).encoded in self.records:
+        encoded = self.projection.get((RUNS_COLLECTION, environment), _EMPTY_MAP).get(run_id)
+        if encoded is None or run_tombstone_key(environment, run_id).encoded in self.records:
             return None
-        return entry.value()
+        return _projected(self.records[encoded], cache, _checked_run)
 
-    def run_events(self, environment: str, run_id: str) -> Iterable[RunEventRecord]:
-        entries = self.projection.get((RUN_EVENTS_COLLECTION, environment, run_id), _EMPTY_MAP).values()
-        return [event for entry in entries if (event := entry.value()) is not None]
+    def run_events(self, environment: str, run_id: str, cache: DecodedCache) -> Iterable[RunEventRecord]:
+        keys = self.projection.get((RUN_EVENTS_COLLECTION, environment, run_id), _EMPTY_MAP).values()
+        records = self.records
+        return [
+            event for encoded in keys if (event := _projected(records[encoded], cache, _checked_event)) is not None
+        ]
 
 
 _EMPTY_STATE = _State(_EMPTY_MAP, _EMPTY_MAP, _EMPTY_MAP)
 
 
-def _is_projected(key: StorageRecordKey) -> bool:
-    return (key.collection, len(key.parts)) in ((RUNS_COLLECTION, 2), (RUN_EVENTS_COLLECTION, 3))
+# A committed record is kept in one of two forms. A record whose document carries a decoded value
+# (run documents written by core remember their run, so reading them back skips parsing) stays a
+# ``StorageRecord``. Every other record is packed into a tuple of strings and ints,
+#   (encoded key, version, document text, document byte size, ((index, encoded partition, encoded sort), ...)),
+# which the garbage collector stops tracking: a store holds millions of history rows, and each
+# tracked object makes every full collection of the process slower. Reads rebuild an equal
+# ``StorageRecord`` from the packed form.
+Packed = tuple[str, str, str, int, tuple[tuple[str, str, str], ...]]
+Stored = StorageRecord | Packed
 
 
-def _decode_projected(key: StorageRecordKey, document: StorageDocument) -> RunRecord | RunEventRecord | None:
-    """The canonical run or run event of a projected key; a document that does not decode, or that
-    disagrees with its key, stays a valid raw record outside the projection."""
-    if key.collection == RUNS_COLLECTION:
-        run = try_decode_run_document(document)
-        identity = None if run is None else (environment_key(run.environment), run.id)
-        return run if identity == key.parts else None
-    event = try_decode_run_event_document(document)
-    identity = None
-    if event is not None:
-        identity = (
-            environment_key(event.event.environment),
-            event.event.run_id,
-            encode_storage_unsigned_integer(event.sequence),
+def _pack(key: StorageRecordKey, version: str, record: NewStorageRecord) -> Stored:
+    document = record.document
+    if document.decoded is not None:
+        return StorageRecord(key, version, document, record.indexes)
+    rows = tuple((entry.name._value_, entry.encoded_partition, entry.encoded_sort) for entry in record.indexes)
+    return (key.encoded, version, document.text, document.byte_size, rows)
+
+
+def _version(stored: Stored) -> str:
+    return stored[1] if type(stored) is tuple else stored.version  # type: ignore[union-attr]
+
+
+def _index_rows(stored: Stored) -> Iterable[tuple[str, str, str]]:
+    if type(stored) is tuple:
+        return stored[4]  # type: ignore[return-value]
+    entries = stored.indexes  # type: ignore[union-attr]
+    return ((entry.name._value_, entry.encoded_partition, entry.encoded_sort) for entry in entries)
+
+
+def _unpack(stored: Stored | None) -> StorageRecord | None:
+    if stored is None or type(stored) is not tuple:
+        return stored  # type: ignore[return-value]
+    encoded, version, text, byte_size, rows = stored  # type: ignore[misc]
+    parts = decode_storage_tuple(encoded)
+    entries = tuple(
+        StorageIndexEntry._trusted(
+            StorageIndexName(name), decode_storage_tuple(partition), decode_storage_tuple(sort), partition, sort
         )
-    return event if identity == key.parts else None
+        for name, partition, sort in rows
+    )
+    key = StorageRecordKey._trusted(parts[0], parts[1:], encoded)
+    return StorageRecord(key, version, StorageDocument(text, byte_size), entries)
 
 
-class _Decoded:
-    """A projected document decoded on first operator read, then kept: commits stay free of decoding,
-    and each stored version is decoded at most once (callers get deep copies, never this value)."""
-
-    __slots__ = ("_key", "_document", "_value", "_decoded")
-
-    def __init__(self, key: StorageRecordKey, document: StorageDocument) -> None:
-        self._key, self._document, self._value, self._decoded = key, document, None, False
-
-    def value(self) -> RunRecord | RunEventRecord | None:
-        if not self._decoded:  # a race only decodes twice; the result is the same
-            self._value = _decode_projected(self._key, self._document)
-            self._decoded = True
-        return self._value
+# Projected collections and the number of key parts their records have.
+_PROJECTED = {RUNS_COLLECTION: 2, RUN_EVENTS_COLLECTION: 3}
 
 
-def _apply(state: _State, writes: Sequence[_Write], projected: dict[str, Any]) -> _State:
+def _is_projected(key: StorageRecordKey) -> bool:
+    return _PROJECTED.get(key.collection) == len(key.parts)
+
+
+# A projected document that does not decode, or that disagrees with its key, stays a valid raw record
+# outside the operator view. Decoding happens on first operator read and is kept (see ``_projected``),
+# so commits stay free of decoding and each stored version is decoded at most once. The values are
+# shared: operator reads hand out deep copies only.
+
+
+def _checked_run(record: StorageRecord) -> RunRecord | None:
+    run = peek_run_document(record.document)
+    if run is None or (environment_key(run.environment), run.id) != record.key.parts:
+        return None
+    return run
+
+
+def _checked_event(record: StorageRecord) -> RunEventRecord | None:
+    event = peek_run_event_document(record.document)
+    if event is None:
+        return None
+    identity = (
+        environment_key(event.event.environment),
+        event.event.run_id,
+        encode_storage_unsigned_integer(event.sequence),
+    )
+    return event if identity == record.key.parts else None
+
+
+DecodedCache = dict[str, tuple[str, Any]]  # encoded key -> (version, decoded value or None)
+
+
+def _projected(stored: Stored, cache: DecodedCache, check: Callable[[StorageRecord], Any]) -> Any:
+    """The decoded projection value of a stored record, decoded at most once per stored version: an
+    unpacked record keeps it on its document, a packed one in ``cache`` (commits drop the entries of
+    the keys they write)."""
+    if type(stored) is not tuple:
+        return check(stored)  # type: ignore[arg-type]
+    encoded, version = stored[0], stored[1]
+    hit = cache.get(encoded)  # type: ignore[arg-type]
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    value = check(_unpack(stored))  # type: ignore[arg-type]
+    cache[encoded] = (version, value)  # type: ignore[index]
+    return value
+
+
+def _apply(state: _State, writes: Sequence[_Write], cache: DecodedCache) -> _State:
     """The state after ``writes`` (already validated): records, index rows, projection, versions.
 
-    ``projected`` maps the encoded keys of projected writes to their lazily decoded value.
+    Index rows are collected per partition and each partition is rebuilt once per commit.
     """
     version = state.last_version
-    records = state.records.mutate()
-    projection = state.projection.mutate()
-    partitions: dict[PartitionKey, _SortedRows] = {}
-
-    def rows(partition: PartitionKey) -> _SortedRows:
-        return partitions[partition] if partition in partitions else state.indexes.get(partition, _NO_ROWS)
-
+    committed = state.records
+    records = committed.mutate()
+    members_changed: dict[tuple[str, ...], list[tuple[str, str | None]]] = {}
+    changes: dict[PartitionKey, tuple[list[Row], list[Row]]] = {}
     for write in writes:
-        encoded = write.key.encoded
-        old = state.records.get(encoded)
+        key = write.key
+        encoded = key.encoded
+        old = committed.get(encoded)
+        if cache:
+            cache.pop(encoded, None)
         if old is not None:
             del records[encoded]
-            for entry in old.indexes:
-                partition = (entry.name.value, entry.encoded_partition)
-                partitions[partition] = rows(partition).remove((entry.encoded_sort, encoded))
-        if write.record is not None:
+            for name, encoded_partition, encoded_sort in _index_rows(old):
+                partition = (name, encoded_partition)
+                change = changes.get(partition)
+                if change is None:
+                    change = changes[partition] = ([], [])
+                change[0].append((encoded_sort, encoded))
+        staged = write.record
+        new = None
+        if staged is not None:
             version += 1
-            new = StorageRecord(write.key, str(version), write.record.document, write.record.indexes)
-            records[encoded] = new
-            for entry in new.indexes:
-                partition = (entry.name.value, entry.encoded_partition)
-                partitions[partition] = rows(partition).insert((entry.encoded_sort, encoded))
-        if _is_projected(write.key):
-            group, member = (write.key.collection, *write.key.parts[:-1]), write.key.parts[-1]
-            members, value = projection.get(group, _EMPTY_MAP), projected.get(encoded)
-            if value is not None:
-                members = members.set(member, value)
-            elif member in members:
-                members = members.delete(member)
-            if members:
-                projection[group] = members
-            elif group in projection:
-                del projection[group]
+            new = records[encoded] = _pack(key, str(version), staged)
+            for entry in staged.indexes:
+                partition = (entry.name._value_, entry.encoded_partition)
+                change = changes.get(partition)
+                if change is None:
+                    change = changes[partition] = ([], [])
+                change[1].append((entry.encoded_sort, encoded))
+        if (old is None) != (new is None):  # a create or a delete: projection membership changes
+            parts = key.parts
+            if _PROJECTED.get(key.collection) == len(parts):
+                group = (key.collection, *parts[:-1])
+                change_list = members_changed.get(group)
+                if change_list is None:
+                    change_list = members_changed[group] = []
+                change_list.append((parts[-1], None if new is None else encoded))
 
-    indexes = state.indexes.mutate()
-    for partition, partition_rows in partitions.items():
-        if partition_rows:
-            indexes[partition] = partition_rows
-        elif partition in indexes:
-            del indexes[partition]
-    return _State(records.finish(), indexes.finish(), projection.finish(), version)
+    projection = state.projection
+    if members_changed:
+        groups = projection.mutate()
+        for group, member_changes in members_changed.items():
+            members = groups.get(group, _EMPTY_MAP).mutate()
+            for member, member_key in member_changes:
+                if member_key is not None:
+                    members[member] = member_key
+                elif member in members:
+                    del members[member]
+            if len(members):
+                groups[group] = members.finish()
+            elif group in groups:
+                del groups[group]
+        projection = groups.finish()
+
+    indexes = state.indexes
+    if changes:
+        mutation = indexes.mutate()
+        for partition, (removes, inserts) in changes.items():
+            rows = indexes.get(partition, _NO_ROWS).updated(removes, inserts)
+            if rows:
+                mutation[partition] = rows
+            elif partition in mutation:
+                del mutation[partition]
+        indexes = mutation.finish()
+    return _State(records.finish(), indexes, projection, version)
 
 
 class LocalStorageStore:
@@ -371,6 +490,8 @@ class LocalStorageStore:
         self._lock = threading.Lock()
         self._state = _EMPTY_STATE
         self._holds: dict[str, object] = {}  # encoded key -> the live attempt holding it
+        # Operator reads' decoded values of packed projected records (see ``_projected``).
+        self._decoded: DecodedCache = {}
 
     def _snapshot(self) -> _State:
         with self._lock:
@@ -393,27 +514,27 @@ class LocalStorageStore:
 
     def _commit(self, reads: dict[str, str | None], writes: list[_Write], append: StorageAppendCommand | None) -> bool:
         """Validate the read set and staged conditions, then swap in the next state; ``False`` on a conflict."""
-        projected = {
-            write.key.encoded: _Decoded(write.key, write.record.document)
-            for write in writes
-            if write.record is not None and _is_projected(write.key)
-        }
         with self._lock:
             state = self._state
-            if any(state.version_of(key) != version for key, version in reads.items()):
-                return False
-            if any(state.version_of(write.key.encoded) != write.expected for write in writes):
-                return False
+            committed = state.records.get
+            for key, version in reads.items():
+                stored = committed(key)
+                if (None if stored is None else _version(stored)) != version:
+                    return False
+            for key, expected, _ in writes:
+                stored = committed(key.encoded)
+                if (None if stored is None else _version(stored)) != expected:
+                    return False
             if append is not None:
                 writes = [*writes, *_allocate(state, append)]
-            self._state = _apply(state, writes, projected)
+            self._state = _apply(state, writes, self._decoded)
             return True
 
 
 def _allocate(state: _State, command: StorageAppendCommand) -> list[_Write]:
     """The head and records of ``command`` at the committed head (a corrupt or exhausted head raises)."""
     layout = storage_stream_layouts[command.stream]
-    head = state.records.get(layout.head_key(command.partition).encoded)
+    head = state.record(layout.head_key(command.partition).encoded)
     appended = materialize_storage_append(command, read_storage_stream_position(head))
     if any(record.key.encoded in state.records for record in appended.records):
         raise RunlaneError(
@@ -439,6 +560,9 @@ class _LocalTransaction:
         self._store = store
         self._state = snapshot
         self._limits = limits
+        self._max_records = limits.max_transaction_records
+        self._max_record_bytes = limits.max_record_bytes
+        self._max_bytes = limits.max_transaction_bytes
         self._clock = clock
         self._reads: dict[str, str | None] = {}  # encoded key -> version seen (None: read as absent)
         self._writes: dict[str, _Write] = {}
@@ -456,20 +580,41 @@ class _LocalTransaction:
     # -- reads ---------------------------------------------------------------------------------
 
     async def get(self, keys: Sequence[StorageRecordKey]) -> list[StorageRecord | None]:
-        async with self._read("get"):
+        self._begin_read("get")
+        try:
+            await asyncio.sleep(0)  # let concurrent attempts interleave
+            self._check_open()
+            self._check_unsealed("get")
             checked = _checked_keys(keys, on_error=self._fail)
             self._enforce("max_point_reads", len(checked))
+            records = self._state.records.get
+            reads = self._reads
+            touched = self._touched
+            found: list[StorageRecord | None] = []
             for key in checked:
-                self._touch(key)
-            found = [self._state.records.get(key.encoded) for key in checked]
-            for key, record in zip(checked, found):
-                self._reads[key.encoded] = None if record is None else record.version
+                encoded = key.encoded
+                if encoded not in touched:
+                    self._touch(key)
+                stored = records(encoded)
+                if stored is None:
+                    reads[encoded] = None
+                    found.append(None)
+                else:
+                    record = _unpack(stored)
+                    reads[encoded] = record.version  # type: ignore[union-attr]
+                    found.append(record)
             return found
+        finally:
+            self._reading = False
 
     async def query_candidates(
         self, query: StorageQuery, *, mode: StorageCandidateMode = StorageCandidateMode.ADVISORY
     ) -> StorageQueryResult:
-        async with self._read("query_candidates"):
+        self._begin_read("query_candidates")
+        try:
+            await asyncio.sleep(0)  # let concurrent attempts interleave
+            self._check_open()
+            self._check_unsealed("query_candidates")
             if not isinstance(query, StorageQuery) or mode not in tuple(StorageCandidateMode):
                 self._fail(_contract("query_candidates() takes a StorageQuery and a StorageCandidateMode."))
             self._enforce("max_query_results", query.limit)
@@ -479,21 +624,16 @@ class _LocalTransaction:
             result = self._store._hold(self, query, candidates)
             self._held.extend(item.key.encoded for item in result.items)
             return result
+        finally:
+            self._reading = False
 
-    @contextlib.asynccontextmanager
-    async def _read(self, operation: str) -> AsyncIterator[None]:
+    def _begin_read(self, operation: str) -> None:
+        """The checks before a read yields to the loop; the caller clears ``_reading`` when done."""
         self._check_open()
         if self._reading:
             self._fail(_contract(f"{operation}() overlaps another read of this attempt; await each read first."))
         self._check_unsealed(operation)
         self._reading = True
-        try:
-            await asyncio.sleep(0)  # let concurrent attempts interleave
-            self._check_open()
-            self._check_unsealed(operation)
-            yield
-        finally:
-            self._reading = False
 
     def _check_unsealed(self, operation: str) -> None:
         if self._sealed:
@@ -563,26 +703,34 @@ class _LocalTransaction:
             self._fail(_contract(message))
 
     def _stage(self, write: _Write) -> None:
-        encoded = write.key.encoded
-        if encoded in self._writes:
-            self._fail(_contract(f"{write.key!r} is mutated twice in one attempt."))
+        key, _, record = write
+        encoded = key.encoded
+        writes = self._writes
+        if encoded in writes:
+            self._fail(_contract(f"{key!r} is mutated twice in one attempt."))
         command = self._append
-        if command is not None and storage_stream_layouts[command.stream].owns_key(write.key, command.partition):
+        if command is not None and storage_stream_layouts[command.stream].owns_key(key, command.partition):
             self._fail(_contract("A mutation of a stream partition this attempt appends to."))
         size = 0
-        if write.record is not None:
-            size = measure_storage_record(write.record)
-            self._enforce("max_record_bytes", size)
-        self._touch(write.key)
-        self._add_bytes(size)
-        self._writes[encoded] = write
+        if record is not None:
+            size = measure_storage_record(record)
+            if size > self._max_record_bytes:
+                self._enforce("max_record_bytes", size)
+        if encoded not in self._touched:
+            self._touch(key)
+        self._staged_bytes += size
+        if self._staged_bytes > self._max_bytes:
+            self._enforce("max_transaction_bytes", self._staged_bytes)
+        writes[encoded] = write
         self._sealed = True
 
     # -- limits --------------------------------------------------------------------------------
 
     def _touch(self, key: StorageRecordKey) -> None:
         if key.encoded not in self._touched:
-            self._enforce("max_transaction_records", len(self._touched) + 1 + self._append_records)
+            count = len(self._touched) + 1 + self._append_records
+            if count > self._max_records:
+                self._enforce("max_transaction_records", count)
             self._touched[key.encoded] = key
 
     def _add_bytes(self, size: int) -> None:
@@ -686,6 +834,23 @@ class LocalStorageDriver:
     def __repr__(self) -> str:
         return f"LocalStorageDriver(name={self.name!r})"
 
+    # -- clock -----------------------------------------------------------------------------------
+
+    @property
+    def clock(self) -> Clock:
+        """The clock every transaction attempt's ``now()`` samples (client clock authority)."""
+        return self._clock
+
+    def use_clock(self, clock: Clock) -> None:
+        """Sample ``clock`` in every later transaction attempt (an attempt in flight keeps its time).
+
+        ``create_runlane(clock=...)`` calls this so storage time and runtime time come from one clock;
+        tests may call it directly. ``clock`` is any object with a ``now()`` returning aware datetimes.
+        """
+        if not callable(getattr(clock, "now", None)):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "clock must be an object with a now() method.")
+        self._clock = clock
+
     # -- lifecycle: nothing to connect; a closed driver refuses work until started again ---------
 
     async def start(self) -> None:
@@ -706,7 +871,7 @@ class LocalStorageDriver:
         _enforce(self.profile.limits, "max_point_reads", len(checked))
         await asyncio.sleep(0)
         records = self._snapshot().records
-        return [records.get(key.encoded) for key in checked]
+        return [_unpack(records.get(key.encoded)) for key in checked]
 
     async def query(self, query: StorageQuery) -> StorageQueryResult:
         if not isinstance(query, StorageQuery):
@@ -736,16 +901,17 @@ class LocalStorageDriver:
     # -- OperatorReadDriver ----------------------------------------------------------------------
 
     async def get_run(self, environment: Environment, run_id: str) -> RunRecord | None:
-        run = self._snapshot().visible_run(environment_key(environment), run_id)
+        run = self._snapshot().visible_run(environment_key(environment), run_id, self.store._decoded)
         return None if run is None else run.model_copy(deep=True)
 
     async def list_runs(self, filter: RunFilter, pagination: PaginationParams) -> Page[RunSummary]:
         state = self._snapshot()
+        cache = self.store._decoded
         environment = environment_key(filter.environment)
         runs = (
             run
             for run_id in state.run_ids(environment)
-            if (run := state.visible_run(environment, run_id)) is not None and run_matches_filter(run, filter)
+            if (run := state.visible_run(environment, run_id, cache)) is not None and run_matches_filter(run, filter)
         )
         rows = [(run_sort_value(run, filter.sort_by, filter.sort_direction), run) for run in runs]
         page, cursor = _operator_page(rows, PaginationCursorKind.RUN_LIST, filter, filter.sort_direction, pagination)
@@ -753,13 +919,14 @@ class LocalStorageDriver:
 
     async def list_run_events(self, filter: RunEventFilter, pagination: PaginationParams) -> Page[RunEventRecord]:
         state = self._snapshot()
+        cache = self.store._decoded
         environment = environment_key(filter.environment)
         run_ids = state.run_ids(environment) if filter.run_id is None else (filter.run_id,)
         events = (
             event
             for run_id in run_ids
-            if state.visible_run(environment, run_id) is not None
-            for event in state.run_events(environment, run_id)
+            if state.visible_run(environment, run_id, cache) is not None
+            for event in state.run_events(environment, run_id, cache)
             if run_event_matches_filter(event, filter)
         )
         rows = [(run_event_sort_value(event, filter.sort_by), event) for event in events]
