@@ -10,11 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .clock import ControlledClock
+from .transport import RecordingTransport
 
 if TYPE_CHECKING:
     from .storage_conformance import StorageDriverConformance
+    from .transport_conformance import TransportConformance
 
-__all__ = ["ControlledClock", "StorageDriverConformance"]
+__all__ = ["ControlledClock", "RecordingTransport", "StorageDriverConformance", "TransportConformance"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +27,11 @@ def __getattr__(name: str) -> Any:
         from .storage_conformance import StorageDriverConformance
 
         return StorageDriverConformance
+    if name == "TransportConformance":
+        import pytest
+
+        pytest.register_assert_rewrite(f"{__name__}.transport_conformance")
+        from .transport_conformance import TransportConformance
+
+        return TransportConformance
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
