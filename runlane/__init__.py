@@ -15,6 +15,8 @@ from .core.authoring import (
 )
 from .core.cancellation import CancellationController, CancellationSignal, link_signals
 from .core.lanes import Lane, LaneCapabilities, LaneDelivery, TransportAdapter, create_lane
+from .core.observations import ConsoleObservationSink, ObservationExporter, ObservationPage, ObservationSink
+from .core.pruning import PruneResult
 from .core.runtime import ExecuteDeliveryResult, Runlane, TickResult, TriggerRunResult, create_runlane
 from .core.sync import SyncRunlane, SyncWorkerHandle
 from .core.worker import WorkerHandle
@@ -115,8 +117,9 @@ from .vocabulary import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Actor", "ActorType", "Backoff", "CancellationController", "CancellationSignal", "ExecuteDeliveryResult",
-    "Lane", "LaneCapabilities", "LaneDelivery", "QueueDefinition", "Retry", "RetryPolicy", "Runlane",
+    "Actor", "ActorType", "Backoff", "CancellationController", "CancellationSignal", "ConsoleObservationSink",
+    "ExecuteDeliveryResult", "Lane", "LaneCapabilities", "LaneDelivery", "ObservationExporter", "ObservationPage",
+    "ObservationSink", "PruneResult", "QueueDefinition", "Retry", "RetryPolicy", "Runlane",
     "ScheduleDefinition", "StepRunner", "SyncRunlane", "SyncWorkerHandle", "TaskContext", "TaskDefinition",
     "TaskRelease", "TickResult", "TransportAdapter", "TriggerRunResult", "WorkerHandle", "create_lane",
     "create_runlane", "link_signals", "queue", "schedule", "task", "DeliveryIntent", "DeliveryMessage", "Duration", "DurationUnit", "Environment",

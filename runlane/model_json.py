@@ -1,11 +1,12 @@
-"""Fast JSON dumps of the models every write path persists: runs and run events.
+"""Fast JSON dumps of the models every write path persists: runs, run events and observations.
 
-``run_record_json(run)`` equals ``run.model_dump(mode="json")`` and ``run_event_record_json(id,
-sequence, event)`` equals ``RunEventRecord(id=..., sequence=..., event=...).model_dump(mode="json")``,
-built straight from the validated field values instead of through pydantic's generic serializer (the
-storage write path dumps three runs and five events per executed run). Only the storage codecs use
-them; the tests compare both dumps over every model shape, and a model whose fields these functions
-do not know falls back to ``model_dump``.
+``run_record_json(run)`` equals ``run.model_dump(mode="json")``, ``run_event_record_json(id,
+sequence, event)`` equals ``RunEventRecord(id=..., sequence=..., event=...).model_dump(mode="json")``
+and ``runlane_observation_json(observation)`` equals ``observation.to_json()``, built straight from the
+validated field values instead of through pydantic's generic serializer (the storage write path dumps
+three runs, five events and five observations per executed run). Only the storage codecs and the
+observation stream use them; the tests compare both dumps over every model shape, and a model whose
+fields these functions do not know falls back to ``model_dump``.
 
 Conversions are exactly pydantic's JSON mode: datetimes in ISO 8601 with ``Z`` for UTC (no fraction
 when the microsecond is zero), enums as their values, nested models as objects with every field, and
@@ -38,6 +39,7 @@ from .models import (
     RunLease,
     RunLeaseClaimedEvent,
     RunLeaseHeartbeatEvent,
+    RunlaneObservation,
     RunRecord,
     RunReleasedEvent,
     RunRetryScheduledEvent,
@@ -48,7 +50,7 @@ from .models import (
     TimeWaitCondition,
 )
 
-__all__ = ["run_event_json", "run_event_record_json", "run_record_json"]
+__all__ = ["datetime_json", "run_event_json", "run_event_record_json", "run_record_json", "runlane_observation_json"]
 
 
 # The last two datetimes formatted and their text: one write path formats the same times for many
@@ -78,6 +80,11 @@ def _dt_required(value: datetime) -> str:
         _last_dt = (value, text)
         return text
     return to_jsonable_python(value)
+
+
+def datetime_json(value: datetime) -> str:
+    """A datetime exactly as pydantic's JSON mode writes it (``Z`` for UTC)."""
+    return _dt_required(value)
 
 
 def _enum(value: Any) -> Any:
@@ -312,6 +319,44 @@ def run_event_record_json(event_id: str, sequence: int, event: Any) -> dict[str,
     return {"id": event_id, "sequence": sequence, "event": run_event_json(event)}
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+# Optional observation fields in model order with their JSON conversion (``None`` values are omitted).
+_OBSERVATION_OPTIONAL: tuple[tuple[str, Callable[[Any], Any]], ...] = (
+    ("task_id", _same),
+    ("queue", _same),
+    ("event_id", _same),
+    ("event_type", _enum),
+    ("sequence", _same),
+    ("status", _enum),
+    ("attempt", _same),
+    ("failure_code", _enum),
+    ("step_key", _same),
+    ("step_token", _same),
+    ("trace_carrier", _json),
+)
+
+
+def runlane_observation_json(observation: RunlaneObservation) -> dict[str, Any]:
+    """``observation.to_json()``: ``model_dump(mode="json", exclude_none=True)``."""
+    if not _ENABLED or type(observation) is not RunlaneObservation:
+        return observation.to_json()
+    fields = observation.__dict__
+    data: dict[str, Any] = {
+        "type": _enum(fields["type"]),
+        "environment": _environment(fields["environment"]),
+        "run_id": fields["run_id"],
+        "occurred_at": _dt_required(fields["occurred_at"]),
+    }
+    for name, convert in _OBSERVATION_OPTIONAL:
+        value = fields[name]
+        if value is not None:
+            data[name] = convert(value)
+    return data
+
+
 # The field names each dump above writes. A model that gains, loses or renames a field no longer
 # matches, and every dump falls back to ``model_dump`` (the tests fail on it first).
 _BASE = ("run_id", "environment", "occurred_at", "actor", "trace_carrier", "meta", "type")
@@ -349,5 +394,9 @@ _WRITTEN: dict[type[BaseModel], tuple[str, ...]] = {
     RunReleasedEvent: (*_BASE, "attempt", "delay", "resume_at", "wait", "reason"),
     RunCancellationRequestedEvent: (*_BASE, "reason"),
     RunCancelledEvent: (*_BASE, "reason", "attempt"),
+    RunlaneObservation: (
+        "type", "environment", "run_id", "task_id", "queue", "occurred_at", "event_id", "event_type", "sequence",
+        "status", "attempt", "failure_code", "step_key", "step_token", "trace_carrier",
+    ),
 }
 _ENABLED = all(set(model.model_fields) == set(names) for model, names in _WRITTEN.items())

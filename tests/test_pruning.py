@@ -50,7 +50,6 @@ from runlane.storage import (
     StorageQuery,
     StorageRecordKey,
     encode_operator_cursor,
-    storage_stream_layouts,
 )
 from runlane.storage.cursor import decode_opaque_token, encode_opaque_token
 from runlane.storage.tables import (
@@ -655,17 +654,19 @@ async def test_outbox_rows_are_cleaned_generically_and_observations_are_kept():
             tx.append(StorageAppendCommand(StorageStreamName.OBSERVATIONS, env, [value]))
 
         await driver.with_transaction(observe)
-        layout = storage_stream_layouts[StorageStreamName.OBSERVATIONS]
-        observed = await raw(driver, layout.record_key(env, 1))
-        assert observed is not None
+        # The runtime observed every event of the run; the hand-written record follows them.
+        stream = await index_keys(driver, StorageIndexName.OBSERVATION_STREAM, (env,))
+        assert len(stream) == counts.events + 1
+        observed = [await raw(driver, key) for key in stream]
+        assert observed[-1].document.value["run_id"] == run_id
         clock.advance("2d")
 
         assert (await prune_all(RunPruner(driver, runtime.environment), clock)).pruned == 1
         assert await index_keys(driver, StorageIndexName.OUTBOX_BY_RUN, (env, run_id)) == []
         assert await raw(driver, StorageRecordKey("outbox_messages", env, "msg_1")) is None
         assert await raw(driver, run_key(env, run_id)) is None
-        assert await raw(driver, layout.record_key(env, 1)) == observed
-        assert len(await index_keys(driver, StorageIndexName.OBSERVATION_STREAM, (env,))) == 1
+        assert [await raw(driver, key) for key in stream] == observed
+        assert await index_keys(driver, StorageIndexName.OBSERVATION_STREAM, (env,)) == stream
 
 
 async def test_runs_with_wait_token_links_are_not_pruned():

@@ -33,7 +33,9 @@ from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
 from ..ids import validate_id
-from ..json_values import canonical_json
+from ..json_values import canonical_json_of_checked
+from ..model_build import build_validated
+from ..model_json import datetime_json, runlane_observation_json
 from ..models import (
     Environment,
     RunEventRecord,
@@ -60,6 +62,7 @@ from ..storage import (
     StorageTransaction,
     decode_storage_unsigned_integer,
     encode_iso_date,
+    encode_storage_append_value,
     encode_storage_tuple,
     encode_storage_unsigned_integer,
     format_unsigned_64_decimal,
@@ -138,49 +141,64 @@ def observation_for_event(record: RunEventRecord, run: RunRecord) -> RunlaneObse
     the payload, output, failure message or metadata, release reason or wait detail.
     """
     event = record.event
-    if event.run_id != run.id or event.environment != run.environment:
+    if event.run_id != run.id or (event.environment is not run.environment and event.environment != run.environment):
         raise _invariant(f"Event {record.id!r} belongs to another run than {run.id!r}; refusing to observe it.")
-    failure = getattr(event, "failure", None)
-    return RunlaneObservation(
-        type=RunlaneObservationType.RUN_EVENT,
-        environment=run.environment,
-        run_id=run.id,
-        task_id=run.task_id,
-        queue=run.queue,
-        occurred_at=event.occurred_at,
-        event_id=record.id,
-        event_type=event.type,
-        sequence=record.sequence,
-        status=run.status,
-        attempt=getattr(event, "attempt", None),
-        failure_code=None if failure is None else failure.code,
-        trace_carrier=None if event.trace_carrier is None else dict(event.trace_carrier),
-    )
+    # Events without these fields would take pydantic's slow missing-attribute path through getattr.
+    fields = event.__dict__
+    failure = fields.get("failure")
+    values = {
+        "type": RunlaneObservationType.RUN_EVENT,
+        "environment": run.environment,
+        "run_id": run.id,
+        "task_id": run.task_id,
+        "queue": run.queue,
+        "occurred_at": event.occurred_at,
+        "event_id": record.id,
+        "event_type": event.type,
+        "sequence": record.sequence,
+        "status": run.status,
+        "attempt": fields.get("attempt"),
+        "failure_code": None if failure is None else failure.code,
+        "trace_carrier": None if event.trace_carrier is None else dict(event.trace_carrier),
+    }
+    if type(run) is RunRecord and type(record) is RunEventRecord and _is_utc(event.occurred_at):
+        # Every value comes from a validated run and event (every write path observes what it just
+        # persisted): build the observation without validating the parts again.
+        return build_validated(RunlaneObservation, values)
+    return RunlaneObservation(**values)
 
 
 def observation_for_step(step: RunStepRecord, run: RunRecord | None = None) -> RunlaneObservation:
     """The sanitized observation of a first-time durable step completion (never the step output)."""
     if run is not None and (run.id != step.run_id or run.environment != step.environment):
         raise _invariant(f"Step {step.step_key!r} belongs to another run than {run.id!r}; refusing to observe it.")
-    return RunlaneObservation(
-        type=RunlaneObservationType.RUN_STEP,
-        environment=step.environment,
-        run_id=step.run_id,
-        task_id=None if run is None else run.task_id,
-        queue=None if run is None else run.queue,
-        occurred_at=step.completed_at,
-        step_key=step.step_key,
-        step_token=step.token,
-        attempt=step.attempt,
-    )
+    values = {
+        "type": RunlaneObservationType.RUN_STEP,
+        "environment": step.environment,
+        "run_id": step.run_id,
+        "task_id": None if run is None else run.task_id,
+        "queue": None if run is None else run.queue,
+        "occurred_at": step.completed_at,
+        "step_key": step.step_key,
+        "step_token": step.token,
+        "attempt": step.attempt,
+    }
+    if type(step) is RunStepRecord and (run is None or type(run) is RunRecord) and _is_utc(step.completed_at):
+        return build_validated(RunlaneObservation, values)
+    return RunlaneObservation(**values)
+
+
+def _is_utc(value: object) -> bool:
+    return type(value) is datetime and value.tzinfo is UTC  # type: ignore[union-attr]
 
 
 def observation_record_id(
     environment: Environment | str, source_kind: RunlaneObservationSourceKind | str, source_id: str
 ) -> str:
     """``obs_`` + sha256 of ``[environment key, source kind, source id]``: stable across retries and restarts."""
-    kind = RunlaneObservationSourceKind(source_kind)
-    text = canonical_json([environment_key(_environment(environment)), kind.value, source_id])
+    kind = source_kind if type(source_kind) is RunlaneObservationSourceKind else RunlaneObservationSourceKind(source_kind)
+    env = environment.name if type(environment) is Environment else environment_key(_environment(environment))
+    text = canonical_json_of_checked([env, kind.value, source_id])
     return "obs_" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -193,21 +211,25 @@ def observation_record_value(
     """The stored value of one observation record (storage adds ``stream_position`` at commit)."""
     if not isinstance(observation, RunlaneObservation):
         raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "observation_record_value() takes a RunlaneObservation.")
-    kind = RunlaneObservationSourceKind(source_kind)
+    kind = source_kind if type(source_kind) is RunlaneObservationSourceKind else RunlaneObservationSourceKind(source_kind)
     if not isinstance(source_id, str) or not source_id:
         raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An observation source id must be a non-empty string.")
-    try:
-        recorded = _TIME.dump_python(_TIME.validate_python(recorded_at), mode="json")
-    except ValidationError as error:
-        message = f"Invalid observation time {recorded_at!r}."
-        raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, message, cause=error) from None
+    if _is_utc(recorded_at):
+        recorded = datetime_json(recorded_at)  # type: ignore[arg-type]
+    else:
+        try:
+            recorded = _TIME.dump_python(_TIME.validate_python(recorded_at), mode="json")
+        except ValidationError as error:
+            message = f"Invalid observation time {recorded_at!r}."
+            raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, message, cause=error) from None
+    environment = observation.environment
     return {
-        "id": observation_record_id(observation.environment, kind, source_id),
-        "environment": observation.environment.to_json(),
+        "id": observation_record_id(environment, kind, source_id),
+        "environment": {"name": environment.name} if type(environment) is Environment else environment.to_json(),
         "source_kind": kind.value,
         "source_id": source_id,
         "recorded_at": recorded,
-        "observation": observation.to_json(),
+        "observation": runlane_observation_json(observation),
     }
 
 
@@ -262,6 +284,7 @@ def stage_observations(
     values: Sequence[Mapping[str, Any]],
     *,
     head: StorageRecord | None = HEAD_NOT_READ,
+    checked: bool = False,
 ) -> None:
     """Stage ``values`` (from ``observation_record_value``) as the next records of the environment's stream.
 
@@ -271,6 +294,10 @@ def stage_observations(
     (``None`` when absent); the records are created at the next positions and the head is created or
     replaced. Both paths persist identical documents at identical positions, so both kinds of writer
     can share one store.
+
+    ``checked=True`` promises that every value is exactly what ``observation_record_value`` (or
+    ``event_observation_values`` / ``step_observation_value``) returned: JSON-safe by construction, so
+    it is encoded without walking it again (core's write paths stage one value per persisted event).
     """
     if not values:
         return
@@ -282,7 +309,11 @@ def stage_observations(
                 f"Only observation values of environment {env!r} can join its stream "
                 "(build them with observation_record_value).",
             )
-    command = StorageAppendCommand(_STREAM, env, [dict(value) for value in values])
+    # Encoding reads each value once, here: a plain dict is not copied first.
+    documents = [
+        encode_storage_append_value(value if type(value) is dict else dict(value), checked=checked) for value in values
+    ]
+    command = StorageAppendCommand(_STREAM, env, documents)
     if profile.ordered_append:
         tx.append(command)
         return
@@ -301,6 +332,8 @@ def stage_observations(
         tx.create(appended.head)
     else:
         tx.replace(head, appended.head)
+
+
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ Rules this module keeps:
 * validation and configuration errors are raised before anything is written;
 * claims, completions and heartbeats go through per-event-loop group-commit batchers, so concurrent
   worker slots share storage transactions;
-* observers are called after the storage commit that persisted what they observe, and their failures
-  never affect run state;
+* observers are called after the storage commit that persisted what they observe, with the same
+  observations that commit appended to the durable observation stream, and their failures never
+  affect run state;
 * a trigger (or any write that makes a run due now) in this process wakes idle poll-worker slots of
   this runtime immediately instead of waiting for their empty-poll delay.
 """
@@ -62,6 +63,7 @@ from ..models import (
     RunStepRecord,
     RunSucceededEvent,
     RunSummary,
+    ScheduleOccurrence,
     environment_key,
 )
 from ..run_scans import (
@@ -101,10 +103,20 @@ from .attempt import (
     execute_claimed_run,
     failure_outcome_events,
 )
-from .authoring import QueueDefinition, TaskDefinition, parse_idempotency_key_ttl
+from .authoring import QueueDefinition, ScheduleDefinition, TaskDefinition, parse_idempotency_key_ttl
 from .batching import Batcher
 from .cancellation import CancellationSignal
 from .lanes import Lane
+from .observations import (
+    ObservationExporter,
+    ObservationPage,
+    ObservationSink,
+    get_observation_checkpoint,
+    observation_for_step,
+    scan_observation_records,
+)
+from .pruning import PruneResult, RunPruner, resolve_prune_request
+from .schedules import ScheduleMaterializer
 from .store import (
     AppendResult,
     ClaimRequest,
@@ -122,6 +134,7 @@ __all__ = [
     "CandidatePool",
     "ExecuteDeliveryResult",
     "IdempotencyKeysApi",
+    "ObservationsApi",
     "Registry",
     "Runlane",
     "RunsApi",
@@ -404,6 +417,11 @@ class Runlane:
             queue_limits={q.name: q.concurrency_limit for q in queues.values() if q.concurrency_limit is not None},
         )
         self._any_task_deadline = any(t.max_attempt_duration_ms is not None for t in self._tasks_by_id.values())
+        # Every registered schedule with its task, in registration order (ids are unique: create_runlane).
+        self._schedules: tuple[tuple[ScheduleDefinition, TaskDefinition], ...] = tuple(
+            (item, definition) for definition in self._tasks_by_id.values() for item in definition.schedules
+        )
+        self._materializer = ScheduleMaterializer(lane.storage, environment)
         self._loop_states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._last: tuple[asyncio.AbstractEventLoop, _LoopState] | None = None
         self._state_lock = threading.Lock()
@@ -417,6 +435,7 @@ class Runlane:
         self.runs = RunsApi(self)
         self.signals = SignalsApi(self)
         self.idempotency_keys = IdempotencyKeysApi(self)
+        self.observations = ObservationsApi(self)
         self._sync: SyncRunlane | None = None
 
     def __repr__(self) -> str:
@@ -472,6 +491,19 @@ class Runlane:
                 if self._sync is None:
                     self._sync = SyncRunlane(self)
         return self._sync
+
+    def observation_exporter(
+        self, consumer: str, sink: ObservationSink, *, batch_size: int = 100
+    ) -> ObservationExporter:
+        """An exporter that moves this environment's observation records to ``sink`` for ``consumer``,
+        at least once (``await exporter.export_once()`` or ``await exporter.run(signal=...)``).
+
+        Run one active exporter per consumer; give independent sinks their own consumer names.
+        """
+        self._check_open()
+        return ObservationExporter(
+            _ReadyStorage(self), self._environment, consumer, sink, batch_size=batch_size, clock=self._clock
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -563,45 +595,19 @@ class Runlane:
     def has_observers(self) -> bool:
         return bool(self._observers)
 
-    async def observe_events(self, run: RunRecord, events: Sequence[RunEventRecord]) -> None:
-        """Tell every observer about ``events`` (already committed); failures are isolated."""
-        if not self._observers or not events:
+    async def observe(self, observations: Sequence[RunlaneObservation]) -> None:
+        """Tell every observer about ``observations`` of one commit (the same values the commit appended
+        to the durable observation stream); failures are isolated."""
+        if not self._observers:
             return
-        for record in events:
-            event = record.event
-            failure = getattr(event, "failure", None)
-            observation = RunlaneObservation(
-                type="run_event",
-                environment=self._environment,
-                run_id=run.id,
-                task_id=run.task_id,
-                queue=run.queue,
-                occurred_at=event.occurred_at,
-                event_id=record.id,
-                event_type=event.type,
-                sequence=record.sequence,
-                status=run.status,
-                attempt=getattr(event, "attempt", None),
-                failure_code=None if failure is None else failure.code,
-                trace_carrier=event.trace_carrier,
-            )
+        for observation in observations:
             await self._notify_observers(observation)
 
     async def observe_step(self, step: RunStepRecord, run: RunRecord | None = None) -> None:
+        """Tell every observer about a first-time step completion (already committed)."""
         if not self._observers:
             return
-        observation = RunlaneObservation(
-            type="run_step",
-            environment=self._environment,
-            run_id=step.run_id,
-            task_id=None if run is None else run.task_id,
-            queue=None if run is None else run.queue,
-            occurred_at=step.completed_at,
-            step_key=step.step_key,
-            step_token=step.token,
-            attempt=step.attempt,
-        )
-        await self._notify_observers(observation)
+        await self._notify_observers(observation_for_step(step, run))
 
     async def _notify_observers(self, observation: RunlaneObservation) -> None:
         for observer in self._observers:
@@ -629,7 +635,7 @@ class Runlane:
         """Everything that follows a committed append: observers, completion waiters, wake-ups."""
         if result.events:
             if self._observers:
-                await self.observe_events(result.run, result.events)
+                await self.observe(result.observations)
             run = result.run
             if run.status is RunStatus.QUEUED:
                 if result.events[-1].event.type is RunEventType.DELIVERY_REQUESTED:
@@ -883,9 +889,12 @@ class Runlane:
             source=spec.source,
         )
 
-    async def create_triggered(self, spec: _CreateInput) -> TriggerRunResult:
-        """Persist a prepared trigger: ``run.created`` (+ ``run.delivery_requested`` on unbounded queues)."""
-        now = self.now()
+    async def create_triggered(self, spec: _CreateInput, *, now: datetime | None = None) -> TriggerRunResult:
+        """Persist a prepared trigger: ``run.created`` (+ ``run.delivery_requested`` on unbounded queues).
+
+        ``now`` is the creation time when the caller already read the clock (a maintenance pass)."""
+        if now is None:
+            now = self.now()
         created = self._created_event(spec, now)
         follow_up: tuple[RunEvent, ...] = ()
         if not spec.queue.is_bounded:
@@ -928,7 +937,7 @@ class Runlane:
         result = await self._store.create_run(CreateRunPlan(created, follow_up))
         if result.created:
             if self._observers:
-                await self.observe_events(result.run, result.events)
+                await self.observe(result.observations)
             self.work_signal.notify()
         return TriggerRunResult(result.run, result.outcome)
 
@@ -1029,7 +1038,7 @@ class Runlane:
         if not result.created:
             return result.run
         if self._observers:
-            await self.observe_events(result.run, result.events)
+            await self.observe(result.observations)
         attempt = await execute_claimed_run(self, result.run, spec.definition, options)
         if attempt.abandoned:
             raise attempt.conflict or RunlaneError(
@@ -1163,7 +1172,7 @@ class Runlane:
                 return None, "blocked"  # the bounded-queue partition is full
             return None, "lost"
         if self._observers:
-            await self.observe_events(run, claim.events)
+            await self.observe(claim.observations)
         result = await execute_claimed_run(self, run, self._tasks_by_id.get(run.task_id), options)
         if result.abandoned:
             return None, "abandoned"
@@ -1285,7 +1294,7 @@ class Runlane:
                 ExecuteDeliveryStatus.IGNORED, claim.reason or ExecuteDeliveryIgnoredReason.CLAIM_LOST, run
             )
         if self._observers:
-            await self.observe_events(claim.run, claim.events)
+            await self.observe(claim.observations)
         if not queue_registered:
             failure = RunFailure(
                 code=ErrorCode.CONFIGURATION_INVALID,
@@ -1311,9 +1320,17 @@ class Runlane:
         timeout_finalization_limit: int | None = None,
         outbox_claim_limit: int | None = None,
     ) -> TickResult:
-        """One bounded maintenance pass. Never runs task code."""
+        """One bounded maintenance pass. Never runs task code.
+
+        Reads the runtime clock once, then runs schedule materialization, cancellation finalization,
+        timeout finalization and delivery recovery in that order. Materialization is durable per
+        occurrence: when a schedule fails, the occurrences materialized before it stay materialized,
+        the error propagates and the later phases do not run in this call.
+        """
         self._check_open()
-        _limit(schedule_materialization_limit, "schedule_materialization_limit", _MAINTENANCE.schedule_materialization_limit)
+        schedule_limit = _limit(
+            schedule_materialization_limit, "schedule_materialization_limit", _MAINTENANCE.schedule_materialization_limit
+        )
         delivery_limit = _limit(delivery_request_limit, "delivery_request_limit", _MAINTENANCE.delivery_request_limit)
         cancel_limit = _limit(
             cancellation_finalization_limit, "cancellation_finalization_limit", _MAINTENANCE.cancellation_finalization_limit
@@ -1322,10 +1339,46 @@ class Runlane:
         _limit(outbox_claim_limit, "outbox_claim_limit", _MAINTENANCE.outbox_claim_limit)
         await self._ready()
         now = self.now()
+        materialized = await self._materialize_schedules(now, schedule_limit)
         cancelled = await self._finalize_cancellations(now, cancel_limit)
         timed_out = await self._finalize_timeouts(now, timeout_limit)
         delivered = await self._recover_deliveries(now, delivery_limit)
-        return TickResult(delivery_requested=delivered, cancellations_finalized=cancelled, timeouts_finalized=timed_out)
+        return TickResult(
+            materialized=materialized,
+            delivery_requested=delivered,
+            cancellations_finalized=cancelled,
+            timeouts_finalized=timed_out,
+        )
+
+    async def _materialize_schedules(self, now: datetime, limit: int) -> int:
+        """Materialize the latest due occurrence of every enabled registered schedule (no backfill)."""
+        if not self._schedules:
+            return 0
+
+        async def create_run(
+            item: ScheduleDefinition, definition: TaskDefinition, occurrence: ScheduleOccurrence, run_id: str
+        ) -> RunRecord:
+            # An ordinary run: singleton and concurrency keys apply, idempotency keys do not (``stored``).
+            spec = self.prepare_create(
+                definition,
+                item.payload,
+                actor=Actor(type=ActorType.SCHEDULE, id=item.id),
+                queue=item.queue,
+                run_id=run_id,
+                source=RunSource(type=RunSourceType.SCHEDULE, schedule_id=item.id, occurrence_id=occurrence.id),
+                stored=True,
+            )
+            return (await self.create_triggered(spec, now=now)).run
+
+        return await self._materializer.materialize_due(
+            self._schedules,
+            now,
+            limit=limit,
+            create_run=create_run,
+            get_run=self._store.get_run,
+            worker_id=self._worker_id,
+            claim_duration_ms=_DEFAULT_LEASE_MS,
+        )
 
     async def _scan_and_append(
         self, index: StorageIndexName, now: datetime, limit: int, build_for: Callable[[], Callable[[RunRecord, datetime], list[RunEvent]]]
@@ -1408,11 +1461,12 @@ class RunsApi:
         self._runtime = runtime
 
     async def get(self, run_id: str) -> RunRecord | None:
+        """The run, or ``None`` when it does not exist or was pruned (hidden from the tombstoning commit)."""
         runtime = self._runtime
         runtime._check_open()
         checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
         await runtime._ready()
-        return await runtime._store.get_run(checked)
+        return await runtime._store.get_visible_run(checked)
 
     def _operator_reads(self) -> Any:
         runtime = self._runtime
@@ -1493,7 +1547,7 @@ class RunsApi:
         except ValueError as error:
             raise RunlaneError(ErrorCode.VALIDATION_FAILED, f"Invalid run event options: {error}") from None
         await runtime._ready()
-        if await runtime._store.get_run(checked) is None:
+        if await runtime._store.get_visible_run(checked) is None:
             raise RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {checked} does not exist.", meta={"run_id": checked})
         return await driver.list_run_events(event_filter, pagination)
 
@@ -1591,7 +1645,7 @@ class RunsApi:
         runtime._check_open()
         checked = validate_id(source_run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
         await runtime._ready()
-        source = await runtime._store.get_run(checked)
+        source = await runtime._store.get_visible_run(checked)
         if source is None:
             raise RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {checked} does not exist.", meta={"run_id": checked})
         if kind is RunSourceType.MANUAL_RETRY and source.status is not RunStatus.FAILED:
@@ -1663,11 +1717,51 @@ class RunsApi:
 
         (result,) = await runtime.append_many([CompletionRequest(checked, build)])
         if isinstance(result, RunlaneError):
+            if result.code is ErrorCode.VALIDATION_FAILED and await runtime._store.get_visible_run(checked) is None:
+                # A pruned run is terminal (the build refused it) and, for operators, gone.
+                raise RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {checked} does not exist.", meta={"run_id": checked})
             raise result
         run = result.run
         if run.status is RunStatus.CANCELLATION_REQUESTED and run.lease is not None:
             runtime.registry.notify_cancellation(run.id, run.lease.worker_id, run.lease.token)
         return run
+
+    async def prune(
+        self,
+        *,
+        older_than: Duration | timedelta | datetime,
+        statuses: Sequence[RunStatus | str] | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        actor: Actor | None = None,
+    ) -> PruneResult:
+        """Prune terminal runs last updated before ``older_than`` (a duration such as ``"30d"`` before now,
+        or an aware ``datetime`` cutoff), at most ``limit`` per call, then clean up a bounded amount of
+        pruned records. Active runs are never pruned. Continue with ``next_cursor`` and the same
+        ``older_than`` and ``statuses`` until it is ``None``.
+        """
+        runtime = self._runtime
+        runtime._check_open()
+        if actor is None:
+            actor = _OPERATOR_ACTOR
+        elif not isinstance(actor, Actor):
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.",
+                meta={"field": "actor"},
+            )
+        now = runtime.now()
+        cutoff, chosen, wanted = resolve_prune_request(
+            older_than=older_than,
+            statuses=statuses,
+            limit=limit,
+            cursor=cursor,
+            now=now,
+            environment=runtime._environment,
+        )
+        await runtime._ready()
+        pruner = RunPruner(runtime._store.driver, runtime._environment)
+        return await pruner.prune(older_than=cutoff, statuses=chosen, limit=wanted, cursor=cursor, actor=actor, now=now)
 
 
 class SignalsApi:
@@ -1703,6 +1797,52 @@ class SignalsApi:
             if len(run_ids) < asked or not progressed:
                 break
         return resumed
+
+
+class ObservationsApi:
+    """``runlane.observations``: this environment's durable observation stream and consumer checkpoints."""
+
+    def __init__(self, runtime: Runlane) -> None:
+        self._runtime = runtime
+
+    async def scan(self, cursor: str | None = None, limit: int | None = None) -> ObservationPage:
+        """Observation records after ``cursor`` in stream (commit) order; the page's ``cursor`` continues
+        after its last record."""
+        runtime = self._runtime
+        runtime._check_open()
+        await runtime._ready()
+        return await scan_observation_records(runtime._store.driver, runtime._environment, cursor=cursor, limit=limit)
+
+    async def checkpoint(self, consumer: str) -> str | None:
+        """The cursor ``consumer`` last checkpointed (``None`` before its first export)."""
+        runtime = self._runtime
+        runtime._check_open()
+        await runtime._ready()
+        return await get_observation_checkpoint(runtime._store.driver, runtime._environment, consumer)
+
+
+class _ReadyStorage:
+    """The runtime's storage driver for an exporter: every call starts the runtime first (like every
+    runtime method) and fails once it is closed."""
+
+    def __init__(self, runtime: Runlane) -> None:
+        driver = runtime._store.driver
+        self._runtime = runtime
+        self._driver = driver
+        self.name = driver.name
+        self.profile = driver.profile
+
+    async def get(self, keys: Sequence[Any]) -> list[Any]:
+        await self._runtime._ready()
+        return await self._driver.get(keys)
+
+    async def query(self, query: Any) -> Any:
+        await self._runtime._ready()
+        return await self._driver.query(query)
+
+    async def with_transaction(self, callback: Callable[[Any], Any]) -> Any:
+        await self._runtime._ready()
+        return await self._driver.with_transaction(callback)
 
 
 class IdempotencyKeysApi:
@@ -1803,9 +1943,29 @@ def create_runlane(
                 field="queues",
                 task_id=item.id,
             )
+    schedule_owners: dict[str, str] = {}
+    for item in by_id.values():
         for entry in item.schedules:
+            owner = schedule_owners.get(entry.id)
+            if owner is not None:
+                users = f"task {item.id!r} twice" if owner == item.id else f"tasks {owner!r} and {item.id!r}"
+                raise _invalid(
+                    f"Schedule id {entry.id!r} is used by {users}; schedule ids must be unique across the runtime "
+                    "(they name durable occurrences).",
+                    field="schedule",
+                    schedule_id=entry.id,
+                )
+            schedule_owners[entry.id] = item.id
             if entry.queue is not None:
                 _check_registered_queue(queue_map, entry.queue, f"Schedule {entry.id!r} of task {item.id!r}")
+                if item.concurrency_key is not None and not entry.queue.is_bounded:
+                    raise _invalid(
+                        f"Task {item.id!r} sets concurrency_key but schedule {entry.id!r} uses queue "
+                        f"{entry.queue.name!r}, which has no concurrency_limit.",
+                        field="concurrency_key",
+                        task_id=item.id,
+                        schedule_id=entry.id,
+                    )
 
     if isinstance(environment, str):
         try:

@@ -585,6 +585,10 @@ class ScheduleMaterializer:
         occurrences materialized before it stay materialized. A completion that lost its claim to
         another materializer (the claim expired mid-way) is not an error and is not counted: the run
         exists under the derived id and the new owner completes the occurrence.
+
+        An occurrence whose run ``create_run`` refuses with a ``singleton_key`` conflict (an active run
+        holds the task's singleton key) is completed without a run and not counted: recurring work
+        never overlaps, and the schedule's next fire time materializes normally.
         """
         now = _aware(now, "now")
         worker_id = validate_id(worker_id, "worker id")
@@ -655,6 +659,9 @@ class ScheduleMaterializer:
                     raise
                 run = await get_run(run_id)
                 if run is None:
+                    if is_storage_conflict(error, StorageConflictKind.SINGLETON_KEY):
+                        await self._complete(occurrence.id, token, [])
+                        return False
                     raise
         if not isinstance(run, RunRecord) or run.id != run_id:
             raise RunlaneError(
@@ -663,8 +670,12 @@ class ScheduleMaterializer:
                 f"{run.id if isinstance(run, RunRecord) else run!r}.",
                 meta={"schedule_id": item.id, "occurrence_id": occurrence.id, "run_id": run_id},
             )
+        return await self._complete(occurrence.id, token, [run.id])
+
+    async def _complete(self, occurrence_id: str, token: str, run_ids: list[str]) -> bool:
+        """Complete the claimed occurrence; ``False`` when another materializer owns it now."""
         try:
-            await self.occurrences.complete(occurrence.id, token, [run.id])
+            await self.occurrences.complete(occurrence_id, token, run_ids)
         except RunlaneError as error:
             if is_storage_conflict(error, StorageConflictKind.SCHEDULE_OCCURRENCE):
                 return False

@@ -20,6 +20,12 @@ Every write path is one ``driver.with_transaction`` call whose callback point-re
 seals the read set with ``now()``, projects with the reducer and stages all writes. Callbacks do no
 I/O, call no user code and create no random identities: event ids derive from a base drawn before
 the transaction, so a replayed attempt stages exactly the same records.
+
+Every persisted run event and every first-time step completion is also appended to the environment's
+durable observation stream in the same commit (``observations.py``): one ``stage_observations`` call
+per attempt, with the stream head in the attempt's first read when the driver has no native ordered
+append. Results carry the sanitized observations of their commit so live observers see exactly what
+was stored.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from ..models import (
     RunDeliveryRequestedEvent,
     RunEvent,
     RunEventRecord,
+    RunlaneObservation,
     RunLease,
     RunLeaseClaimedEvent,
     RunLeaseHeartbeatEvent,
@@ -89,14 +96,24 @@ from ..storage.tables import (
     decode_run_document,
     decode_run_event_document,
     remember_run_document,
+    run_tombstone_key,
 )
 from ..vocabulary import (
     ActorType,
     ExecuteDeliveryIgnoredReason,
+    RunlaneObservationSourceKind,
     RunStatus,
     RunWaitConditionType,
     TriggerOutcomeType,
     run_status_values,
+)
+from .observations import (
+    HEAD_NOT_READ,
+    observation_for_event,
+    observation_head_reads,
+    observation_record_value,
+    stage_observations,
+    step_observation_value,
 )
 
 __all__ = [
@@ -139,6 +156,7 @@ _DEFAULT_IDEMPOTENCY_TTL_MS: Final = duration_ms(contract_defaults.idempotency.t
 _SYSTEM_ACTOR: Final = Actor(type=ActorType.SYSTEM)
 _NO_EVENTS: tuple[RunEventRecord, ...] = ()
 _EVENT_ID_MASK: Final = (1 << 128) - 1
+_RUN_EVENT_SOURCE: Final = RunlaneObservationSourceKind.RUN_EVENT
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -466,6 +484,7 @@ class CreateRunResult:
     run: RunRecord
     outcome: TriggerOutcomeType
     events: tuple[RunEventRecord, ...] = ()
+    observations: tuple[RunlaneObservation, ...] = ()
 
     @property
     def created(self) -> bool:
@@ -506,6 +525,7 @@ class ClaimResult:
     reason: ExecuteDeliveryIgnoredReason | None = None
     events: tuple[RunEventRecord, ...] = ()
     error: RunlaneError | None = None
+    observations: tuple[RunlaneObservation, ...] = ()
 
     @property
     def claimed(self) -> bool:
@@ -518,11 +538,13 @@ class AppendResult:
 
     ``completion_waiters`` is ``True`` when this write made the run terminal and a completion-wait
     marker exists for it: the caller must then scan ``RUNS_WAITING_FOR_COMPLETION``.
+    ``observations`` are the sanitized observations of ``events``, as appended to the stream.
     """
 
     run: RunRecord
     events: tuple[RunEventRecord, ...] = ()
     completion_waiters: bool = False
+    observations: tuple[RunlaneObservation, ...] = ()
 
 
 Build = Callable[[RunRecord, datetime], Sequence[RunEvent]]
@@ -587,6 +609,20 @@ def _utc(value: datetime) -> datetime:
     return value if value.tzinfo is UTC else value.astimezone(UTC)
 
 
+def _event_observations(
+    run: RunRecord, records: Sequence[RunEventRecord]
+) -> tuple[tuple[RunlaneObservation, ...], list[dict[str, Any]]]:
+    """The observations of the events one commit appends to ``run`` (as projected by that commit) and
+    their stream values: exactly ``event_observation_values(run, records)``, keeping the observation
+    objects so live observers get what was stored."""
+    observations = tuple([observation_for_event(record, run) for record in records])
+    values = [
+        observation_record_value(observation, _RUN_EVENT_SOURCE, record.id, record.event.occurred_at)
+        for observation, record in zip(observations, records)
+    ]
+    return observations, values
+
+
 # ---------------------------------------------------------------------------------------------
 # One transaction attempt
 
@@ -627,6 +663,9 @@ class _Attempt:
         self.capacity: dict[str, dict[str, str]] = {}
         self.capacity_original: dict[str, dict[str, str]] = {}
         self.markers: dict[str, StorageRecordKey] = {}
+        # Observation stream values of every transition applied so far, in commit order.
+        self.observed: list[dict[str, Any]] = []
+        self.first_read = True
         self.now = datetime.min.replace(tzinfo=UTC)
         self.now_iso = ""
 
@@ -634,6 +673,12 @@ class _Attempt:
 
     async def read(self, keys: Iterable[StorageRecordKey]) -> None:
         wanted: dict[str, StorageRecordKey] = {}
+        if self.first_read:
+            # The point-write observation fallback needs the stream head in the first read (no-op
+            # with native ordered append).
+            self.first_read = False
+            for key in self.store.observation_heads:
+                wanted[key.encoded] = key
         for key in keys:
             encoded = key.encoded
             if encoded not in self.records and encoded not in wanted:
@@ -759,9 +804,12 @@ class _Attempt:
             new = project_run_events(old, old.event_sequence, events)
         effects.extend(self._owner_effects(old, new))
         records = self._event_records(new, old.event_sequence, events, ids)
+        rows = tuple([record for record, _ in records])
+        observations, values = _event_observations(new, rows)
         # Commit the transition into the attempt.
         for apply_effect in effects:
             apply_effect()
+        self.observed.extend(values)
         slot.run = new
         slot.children = RunChildCounts(
             events=slot.children.events + len(records),
@@ -774,18 +822,23 @@ class _Attempt:
         waiters = False
         if new.status in _TERMINAL and old.status not in _TERMINAL:
             waiters = self.owner(self.marker_key(new.id)) is not None
-        return AppendResult(new, tuple(record for record, _ in records), waiters)
+        return AppendResult(new, rows, waiters, observations)
 
-    def create(self, run: RunRecord, events: Sequence[RunEvent], ids: _EventIds) -> tuple[RunEventRecord, ...]:
+    def create(
+        self, run: RunRecord, events: Sequence[RunEvent], ids: _EventIds
+    ) -> tuple[tuple[RunEventRecord, ...], tuple[RunlaneObservation, ...]]:
         effects = self._owner_effects(None, run)
         records = self._event_records(run, _NEW_SEQUENCE, events, ids)
+        rows = tuple([record for record, _ in records])
+        observations, values = _event_observations(run, rows)
         for apply_effect in effects:
             apply_effect()
+        self.observed.extend(values)
         slot = _RunSlot(None, run, RunChildCounts(events=len(records)))
         slot.events.extend(stored for _, stored in records)
         slot.changed = True
         self.runs[run.id] = slot
-        return tuple(record for record, _ in records)
+        return rows, observations
 
     def _event_records(
         self, run: RunRecord, start: int, events: Sequence[RunEvent], ids: _EventIds
@@ -914,6 +967,8 @@ class _Attempt:
                 tx.create(new_record)
             else:
                 tx.replace(current, new_record)
+        if self.observed:
+            self.store.stage_observations(tx, self.observed, self.records)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -945,6 +1000,9 @@ class CoreStore:
                     f"Queue {name!r} needs a positive whole concurrency limit, got {limit!r}.",
                 )
         self.queue_limits: dict[str, int] = limits
+        # Keys every write path adds to its first read: the observation stream head, only when the
+        # driver has no native ordered append.
+        self.observation_heads: tuple[StorageRecordKey, ...] = observation_head_reads(driver.profile, environment)
 
     def __repr__(self) -> str:
         return f"CoreStore(driver={getattr(self.driver, 'name', self.driver)!r}, environment={self.env_key!r})"
@@ -962,8 +1020,22 @@ class CoreStore:
         return self.driver.profile.limits
 
     def _chunk_size(self, reads_per_item: int, records_per_item: int) -> int:
+        """Items per transaction, leaving room for the observation stream head (a read in the point-write
+        fallback, and a record either way). Estimates only: a chunk that still exceeds a limit is halved."""
         limits = self._limits
-        return max(1, min(limits.max_point_reads // reads_per_item, limits.max_transaction_records // records_per_item))
+        reads = limits.max_point_reads - len(self.observation_heads)
+        records = limits.max_transaction_records - 1
+        return max(1, min(reads // reads_per_item, records // records_per_item))
+
+    def stage_observations(
+        self, tx: StorageTransaction, values: Sequence[dict[str, Any]], found: Mapping[str, StorageRecord | None]
+    ) -> None:
+        """Stage one attempt's observation values; ``found`` holds what the attempt read by encoded key."""
+        head: Any = HEAD_NOT_READ
+        heads = self.observation_heads
+        if heads:
+            head = found.get(heads[0].encoded, HEAD_NOT_READ)
+        stage_observations(tx, self.driver.profile, self.environment, values, head=head, checked=True)
 
     async def _transact(self, body: Callable[[StorageTransaction, tuple[StorageRecordKey, ...]], Any]) -> Any:
         """Run ``body`` in a transaction, restarting with more keys when an attempt asks for them."""
@@ -1014,8 +1086,17 @@ class CoreStore:
     # -- reads -----------------------------------------------------------------------------------
 
     async def get_run(self, run_id: str) -> RunRecord | None:
+        """The stored run, pruned or not (the execution paths' read; no tombstone lookup)."""
         (record,) = await self.driver.get([_run_key(self.env_key, run_id)])
         return None if record is None else self._decode_run(record)[0]
+
+    async def get_visible_run(self, run_id: str) -> RunRecord | None:
+        """The run as operators see it: ``None`` from the commit that tombstoned it (one read of both keys)."""
+        env = self.env_key
+        record, tombstone = await self.driver.get([_run_key(env, run_id), run_tombstone_key(env, run_id)])
+        if record is None or tombstone is not None:
+            return None
+        return self._decode_run(record)[0]
 
     async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
         size = self._limits.max_point_reads
@@ -1216,9 +1297,9 @@ class CoreStore:
                 )
             if idempotency is not None:
                 attempt.set_owner(idempotency, {"run_id": run.id, "ttl": ttl_value, "expires_at": None})
-            records = attempt.create(run, events, ids)
+            records, observations = attempt.create(run, events, ids)
             attempt.stage()
-            return CreateRunResult(run, TriggerOutcomeType.CREATED, records)
+            return CreateRunResult(run, TriggerOutcomeType.CREATED, records, observations)
 
         return await self._transact(body)
 
@@ -1237,7 +1318,8 @@ class CoreStore:
         def on_limit(request: ClaimRequest, error: StorageLimitError) -> ClaimResult:
             return ClaimResult(request.run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
 
-        return await self._chunked(list(requests), self._chunk_size(2, 4), self._claim_batch, on_limit)
+        # Per claim: the run and its capacity row, two events and their two observation records.
+        return await self._chunked(list(requests), self._chunk_size(2, 6), self._claim_batch, on_limit)
 
     async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
         ids = _EventIds()
@@ -1335,7 +1417,7 @@ class CoreStore:
             result = attempt.apply(slot, events, ids)
         except RunlaneError as error:
             return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
-        return ClaimResult(run_id, result.run, None, result.events)
+        return ClaimResult(run_id, result.run, None, result.events, observations=result.observations)
 
     # -- appends and completions -------------------------------------------------------------------
 
@@ -1365,7 +1447,8 @@ class CoreStore:
         def on_limit(request: CompletionRequest, error: StorageLimitError) -> RunlaneError:
             return error
 
-        return await self._chunked(list(requests), self._chunk_size(5, 6), self._complete_batch, on_limit)
+        # Per append: the run and up to four owner rows, typically one event and its observation record.
+        return await self._chunked(list(requests), self._chunk_size(5, 7), self._complete_batch, on_limit)
 
     async def _complete_batch(self, requests: Sequence[CompletionRequest]) -> list[AppendResult | RunlaneError]:
         ids = _EventIds()
@@ -1437,7 +1520,7 @@ class CoreStore:
         def on_limit(request: HeartbeatRequest, error: StorageLimitError) -> RunlaneError:
             return error
 
-        return await self._chunked(list(requests), self._chunk_size(2, 3), self._heartbeat_batch, on_limit)
+        return await self._chunked(list(requests), self._chunk_size(2, 4), self._heartbeat_batch, on_limit)
 
     async def _heartbeat_batch(self, requests: Sequence[HeartbeatRequest]) -> list[RunRecord | RunlaneError]:
         ids = _EventIds()
@@ -1501,17 +1584,20 @@ class CoreStore:
     ) -> tuple[RunStepRecord, bool]:
         """Persist a step's output once, fenced by the lease, attempt and status.
 
-        Returns ``(step, True)`` for a first completion and ``(existing, False)`` when the same
-        output was already stored. A different stored output is ``invariant_violation``; a lost lease
-        is ``storage_conflict`` (``lease_ownership``).
+        Returns ``(step, True)`` for a first completion (its observation is appended in the same
+        commit) and ``(existing, False)`` when the same output was already stored (nothing is written).
+        A different stored output is ``invariant_violation``; a lost lease is ``storage_conflict``
+        (``lease_ownership``).
         """
         env = self.env_key
         run_key = _run_key(env, run_id)
         step_key_record = run_step_key(env, run_id, step_key)
         output_text = canonical_json(ensure_json_value(output, "step output"))
+        reads = [run_key, step_key_record, *self.observation_heads]
 
         async def body(tx: StorageTransaction) -> tuple[RunStepRecord, bool]:
-            run_record, step_record = await tx.get([run_key, step_key_record])
+            found = await tx.get(reads)
+            run_record, step_record = found[0], found[1]
             now = _utc(await tx.now())
             run, children = (None, None) if run_record is None else self._decode_run(run_record)
             _check_lease(run_id, run, lease_token)
@@ -1537,11 +1623,14 @@ class CoreStore:
                 output=output,
                 completed_at=now,
             )
+            value = step_observation_value(step, run)
             tx.create(_step_record(env, step))
             counted = RunChildCounts(
                 events=children.events, outbox=children.outbox, steps=children.steps + 1, links=children.links
             )
             tx.replace(run_record, _run_record(env, run, counted))
+            # Only a first-time completion is observed; a replay above returned before this point.
+            self.stage_observations(tx, [value], {key.encoded: record for key, record in zip(reads, found)})
             return step, True
 
         return await self.driver.with_transaction(body)

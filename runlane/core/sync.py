@@ -23,6 +23,8 @@ from ..models import Environment, Page, RunAttemptSummary, RunEventRecord, RunRe
 if TYPE_CHECKING:
     from .authoring import QueueDefinition, TaskDefinition
     from .lanes import Lane
+    from .observations import ObservationPage
+    from .pruning import PruneResult
     from .runtime import ExecuteDeliveryResult, Registry, Runlane, TickResult, TriggerRunResult
     from .worker import WorkerHandle
 
@@ -42,6 +44,7 @@ class SyncRunlane:
         self.runs = SyncRuns(self)
         self.signals = SyncSignals(self)
         self.idempotency_keys = SyncIdempotencyKeys(self)
+        self.observations = SyncObservations(self)
 
     def __repr__(self) -> str:
         return f"SyncRunlane({self._runtime!r})"
@@ -230,6 +233,9 @@ class SyncRuns:
     def retry(self, source_run_id: str, **options: Any) -> RunRecord:
         return self._facade.call(self._facade._runtime.runs.retry, source_run_id, **options)
 
+    def prune(self, **options: Any) -> PruneResult:
+        return self._facade.call(self._facade._runtime.runs.prune, **options)
+
 
 class SyncSignals:
     def __init__(self, facade: SyncRunlane) -> None:
@@ -245,3 +251,14 @@ class SyncIdempotencyKeys:
 
     def reset(self, task: TaskDefinition | str, *, key: str) -> None:
         self._facade.call(self._facade._runtime.idempotency_keys.reset, task, key=key)
+
+
+class SyncObservations:
+    def __init__(self, facade: SyncRunlane) -> None:
+        self._facade = facade
+
+    def scan(self, cursor: str | None = None, limit: int | None = None) -> ObservationPage:
+        return self._facade.call(self._facade._runtime.observations.scan, cursor, limit)
+
+    def checkpoint(self, consumer: str) -> str | None:
+        return self._facade.call(self._facade._runtime.observations.checkpoint, consumer)

@@ -36,6 +36,7 @@ from .operator import (
 from .streams import (
     MaterializedStorageAppend,
     StorageStreamLayout,
+    encode_storage_append_value,
     materialize_storage_append,
     measure_storage_append,
     read_storage_stream_position,
@@ -98,7 +99,7 @@ __all__ = [
     "TimeRange", "clamp_page_limit", "compare_storage_encoded_values", "create_storage_limit_error",
     "decode_iso_date", "decode_operator_cursor", "decode_run_document", "decode_run_event_document",
     "decode_storage_query_cursor", "decode_storage_tuple", "decode_storage_unsigned_integer",
-    "encode_iso_date", "encode_operator_cursor", "encode_run_document", "encode_run_event_document",
+    "encode_iso_date", "encode_operator_cursor", "encode_storage_append_value", "encode_run_document", "encode_run_event_document",
     "encode_storage_query_cursor", "encode_storage_tuple", "encode_storage_tuple_prefix_upper_bound",
     "encode_storage_unsigned_integer", "environment_key", "format_unsigned_64_decimal",
     "have_equal_storage_record_keys", "materialize_storage_append", "measure_storage_append",

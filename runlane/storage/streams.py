@@ -7,20 +7,25 @@ strings; record keys and sort values use the fixed-width sortable form.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ErrorCode, RunlaneError
+from ..json_values import canonical_json, canonical_json_of_checked
 from .codecs import (
     MAX_UNSIGNED_64,
     UNSIGNED_64_WIDTH,
+    encode_storage_tuple,
     encode_storage_unsigned_integer,
     format_unsigned_64_decimal,
     parse_unsigned_64_decimal,
 )
 from .indexes import StorageIndexName
 from .types import (
+    STORAGE_DOCUMENT_SCHEMA_VERSION,
     NewStorageRecord,
     StorageAppendCommand,
     StorageDocument,
@@ -31,9 +36,14 @@ from .types import (
     measure_storage_record,
 )
 
+# The canonical envelope of an empty value: the only document whose value gains no comma when a field
+# is added to it.
+_EMPTY_ENVELOPE = canonical_json({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": {}})
+
 __all__ = [
     "MaterializedStorageAppend",
     "StorageStreamLayout",
+    "encode_storage_append_value",
     "materialize_storage_append",
     "measure_storage_append",
     "read_storage_stream_position",
@@ -60,18 +70,65 @@ class StorageStreamLayout:
         return key.collection in (self.head_collection, self.record_collection) and key.parts[0] == partition
 
     def head_record(self, partition: str, next_position: int) -> NewStorageRecord:
-        document = StorageDocument.encode({"next_position": format_unsigned_64_decimal(next_position)})
-        return NewStorageRecord(self.head_key(partition), document)
+        # The one value is a decimal string: canonical without walking it (one head per append).
+        value = {"next_position": format_unsigned_64_decimal(next_position)}
+        text = canonical_json_of_checked({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
+        return NewStorageRecord._trusted(_head_key(self.head_collection, partition), StorageDocument(text, len(text)))
 
     def stream_record(self, partition: str, position: int, value: dict[str, Any]) -> NewStorageRecord:
+        self._check_value(value)
+        document = StorageDocument.encode({**value, self.position_field: format_unsigned_64_decimal(position)})
+        entry = StorageIndexEntry(self.index, (partition,), (encode_storage_unsigned_integer(position),))
+        return NewStorageRecord(self.record_key(partition, position), document, (entry,))
+
+    def _check_value(self, value: dict[str, Any]) -> None:
         if self.position_field in value:
             raise RunlaneError(
                 ErrorCode.ADAPTER_CONTRACT_VIOLATION,
                 f"Appended values must omit {self.position_field!r}; storage assigns positions at commit.",
             )
-        document = StorageDocument.encode({**value, self.position_field: format_unsigned_64_decimal(position)})
-        entry = StorageIndexEntry(self.index, (partition,), (encode_storage_unsigned_integer(position),))
-        return NewStorageRecord(self.record_key(partition, position), document, (entry,))
+
+    def _check_document(self, document: StorageDocument) -> None:
+        """``_check_value`` of a document's value, parsing it only when its text could hold the field."""
+        if _field_member_prefix(self.position_field) in document.text:
+            self._check_value(document.value)
+
+
+@functools.lru_cache(maxsize=256)
+def _head_key(collection: str, partition: str) -> StorageRecordKey:
+    return StorageRecordKey(collection, partition)
+
+
+class _AppendValueShape:
+    """What ``encode_storage_append_value`` remembers on a document: its value's greatest top-level key."""
+
+    __slots__ = ("last_key",)
+
+    def __init__(self, last_key: str | None) -> None:
+        self.last_key = last_key
+
+
+def encode_storage_append_value(value: dict[str, Any], *, checked: bool = False) -> StorageDocument:
+    """The canonical document of one append value: ``StorageDocument.encode(value)``.
+
+    The document remembers its value's greatest top-level key, so materializing it can splice the
+    position field into the text when that field sorts last, instead of parsing and encoding the
+    value again. ``checked=True`` is for values built from validated models (JSON-safe by
+    construction): they are encoded without walking them again.
+    """
+    if not isinstance(value, dict):
+        return StorageDocument.encode(value)  # raises the contract error
+    document: StorageDocument | None = None
+    if checked:
+        try:
+            text = canonical_json_of_checked({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
+            document = StorageDocument(text, len(text.encode("utf-8")))
+        except (ValueError, TypeError):  # UnicodeEncodeError is a ValueError; the validating path explains it
+            document = None
+    if document is None:
+        document = StorageDocument.encode(value)
+    # Keys are strings here: the encoders above reject anything else.
+    return document.remember_decoded(_AppendValueShape(max(value) if value else None))
 
 
 storage_stream_layouts: dict[StorageStreamName, StorageStreamLayout] = {
@@ -109,7 +166,12 @@ class MaterializedStorageAppend:
 
 
 def materialize_storage_append(command: StorageAppendCommand, start_position: int) -> MaterializedStorageAppend:
-    """The head and records for ``command`` starting at ``start_position`` (contiguous positions)."""
+    """The head and records for ``command`` starting at ``start_position`` (contiguous positions).
+
+    Each record is exactly ``layout.stream_record(partition, position, document.value)``, built without
+    checking the value again: the command's documents are canonical JSON, and adding one decimal
+    string keeps them so.
+    """
     layout = storage_stream_layouts[command.stream]
     count = len(command.values)
     last = start_position + count - 1
@@ -119,20 +181,75 @@ def materialize_storage_append(command: StorageAppendCommand, start_position: in
             ErrorCode.INVARIANT_VIOLATION,
             f"The {command.stream.value} stream is exhausted: positions must stay within the unsigned 64-bit range.",
         )
-    records = tuple(
-        layout.stream_record(command.partition, start_position + offset, document.value)
-        for offset, document in enumerate(command.values)
-    )
-    return MaterializedStorageAppend(layout.head_record(command.partition, last + 1), records, start_position, last)
+    partition = command.partition
+    partition_tuple = (partition,)
+    key_prefix, encoded_partition = _record_prefixes(layout.record_collection, partition)
+    field = layout.position_field
+    member = _field_member_prefix(field)
+    records = []
+    for offset, document in enumerate(command.values):
+        # Every position is in range (checked above), so plain decimal text is its canonical form.
+        digits = str(start_position + offset)
+        shape = document.decoded
+        if type(shape) is _AppendValueShape and (shape.last_key is None or shape.last_key < field):
+            # The field sorts after every key: the canonical text gains it as the value's last member.
+            added = f'{"" if shape.last_key is None else ","}{member}"{digits}"'
+            text = f"{document.text[:-2]}{added}}}}}"
+            size = document.byte_size + len(added)  # ASCII
+        else:
+            value = json.loads(document.text)["value"]
+            layout._check_value(value)
+            value[field] = digits
+            text = canonical_json_of_checked({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
+            size = len(text.encode("utf-8"))
+        sort = digits.rjust(UNSIGNED_64_WIDTH, "0")
+        sort_hex = sort.encode("ascii").hex()
+        records.append(
+            NewStorageRecord._trusted(
+                StorageRecordKey._trusted(layout.record_collection, (partition, sort), key_prefix + sort_hex),
+                StorageDocument(text, size),
+                (StorageIndexEntry._trusted(layout.index, partition_tuple, (sort,), encoded_partition, sort_hex),),
+            )
+        )
+    return MaterializedStorageAppend(layout.head_record(partition, last + 1), tuple(records), start_position, last)
+
+
+@functools.lru_cache(maxsize=256)
+def _record_prefixes(collection: str, partition: str) -> tuple[str, str]:
+    """The encoded ``(collection, partition)`` key prefix (with its separator) and encoded index partition."""
+    return encode_storage_tuple((collection, partition)) + "/", encode_storage_tuple((partition,))
+
+
+@functools.lru_cache(maxsize=64)
+def _field_member_prefix(field: str) -> str:
+    return canonical_json(field) + ":"
+
+
+@functools.lru_cache(maxsize=256)
+def _widest_sizes(stream: StorageStreamName, partition: str) -> tuple[int, int]:
+    """``(bytes a record adds to its value's document, head bytes)`` at the widest position of a partition."""
+    widest = MAX_UNSIGNED_64 - 1
+    assert len(str(widest)) == UNSIGNED_64_WIDTH
+    layout = storage_stream_layouts[stream]
+    sort = encode_storage_unsigned_integer(widest)
+    fixed = len(layout.record_key(partition, widest).encoded)
+    fixed += len(layout.index) + len(encode_storage_tuple((partition,))) + len(encode_storage_tuple((sort,)))
+    fixed += len(_field_member_prefix(layout.position_field)) + len(canonical_json(format_unsigned_64_decimal(widest)))
+    return fixed, measure_storage_record(layout.head_record(partition, widest))
 
 
 def measure_storage_append(command: StorageAppendCommand) -> tuple[int, int, Sequence[int]]:
-    """Records (head included), total bytes and per-record bytes at the widest possible position."""
-    widest = MAX_UNSIGNED_64 - 1
+    """Records (head included), total bytes and per-record bytes at the widest possible position.
+
+    Sizes are computed, not encoded: a record is its value's canonical document plus one
+    ``"<position field>":"<digits>"`` member (and a comma unless the value is empty), a fixed-width
+    key and one index row, all ASCII apart from the value itself.
+    """
     layout = storage_stream_layouts[command.stream]
+    fixed, head_size = _widest_sizes(command.stream, command.partition)
     per_record = []
     for document in command.values:
-        per_record.append(measure_storage_record(layout.stream_record(command.partition, widest, document.value)))
-    head_size = measure_storage_record(layout.head_record(command.partition, widest))
-    assert len(str(widest)) == UNSIGNED_64_WIDTH
+        layout._check_document(document)
+        comma = 0 if document.text == _EMPTY_ENVELOPE else 1
+        per_record.append(fixed + document.byte_size + comma)
     return len(per_record) + 1, head_size + sum(per_record), per_record

@@ -1,0 +1,503 @@
+"""Schedule materialization in ``tick()``: every schedule kind produces ordinary runs that workers
+execute, with deterministic identities, no backfill, safe concurrent maintenance and crash recovery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from runlane import (
+    Actor,
+    ActorType,
+    ErrorCode,
+    LaneDelivery,
+    LaneDeliveryMode,
+    RunlaneError,
+    RunSourceType,
+    RunStatus,
+    TickResult,
+    WorkerMode,
+    contract_defaults,
+    create_lane,
+    create_runlane,
+    queue,
+    schedule,
+    task,
+)
+from runlane.core.schedules import latest_due_fire_time, schedule_occurrence_id, scheduled_run_id
+from runlane.core.store import ClaimRequest
+from runlane.testing import ControlledClock
+from runlane_local import local_storage_driver
+
+from runtime_support import DEFAULT_QUEUE, all_runs, make_runtime, shared_runtimes
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+CLAIM = contract_defaults.lease.duration
+
+
+def expected_run_id(runtime: Any, schedule_id: str, fire_at: datetime) -> str:
+    return scheduled_run_id(schedule_occurrence_id(runtime.environment, schedule_id, fire_at))
+
+
+async def run_ids(runtime: Any) -> set[str]:
+    return {summary.id for summary in await all_runs(runtime)}
+
+
+async def drain(runtime: Any) -> None:
+    await runtime.worker(mode=WorkerMode.DRAIN).closed
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+
+# ---------------------------------------------------------------------------------------------
+# Every kind produces executed runs
+
+
+async def test_once_schedule_materializes_one_run_with_a_schedule_source_and_a_worker_executes_it():
+    seen = Recorder()
+
+    @task("reports.once", schedule=schedule("reports.launch", run_at=T0 + timedelta(hours=1), payload={"n": 7}))
+    async def report(payload: dict) -> dict:
+        seen.calls.append(payload)
+        return {"sent": payload["n"]}
+
+    runtime, clock = make_runtime(report, clock=ControlledClock(T0))
+    async with runtime:
+        assert await runtime.tick() == TickResult()
+        clock.advance("90m")  # late: once schedules still materialize their original run_at
+        assert (await runtime.tick()).materialized == 1
+        run_id = expected_run_id(runtime, "reports.launch", T0 + timedelta(hours=1))
+        run = await runtime.runs.get(run_id)
+        assert run is not None and run.status is RunStatus.QUEUED and run.queue == "default"
+        source = run.source
+        assert source is not None and source.type is RunSourceType.SCHEDULE
+        assert source.schedule_id == "reports.launch"
+        assert source.occurrence_id == schedule_occurrence_id(runtime.environment, "reports.launch", T0 + timedelta(hours=1))
+        assert run.idempotency_key is None and run.payload == {"n": 7}
+        created = (await runtime.runs.events(run_id, sort_by="sequence")).data[0]
+        assert created.event.actor == Actor(type=ActorType.SCHEDULE, id="reports.launch")
+        assert created.event.occurred_at == clock.now()
+
+        await drain(runtime)
+        assert seen.calls == [{"n": 7}]
+        assert (await runtime.runs.get(run_id)).status is RunStatus.SUCCEEDED
+        clock.advance("1d")
+        assert (await runtime.tick()).materialized == 0
+        assert await run_ids(runtime) == {run_id}
+
+
+async def test_interval_schedule_respects_starts_at_and_ends_at_and_never_backfills():
+    starts = T0 + timedelta(minutes=30)
+    ends = T0 + timedelta(hours=3, minutes=30)
+    seen = Recorder()
+
+    @task("sync.interval", schedule=schedule("sync.hourly", every="1h", starts_at=starts, ends_at=ends))
+    async def sync() -> None:
+        seen.calls.append("ran")
+
+    runtime, clock = make_runtime(sync, clock=ControlledClock(T0))
+    async with runtime:
+        assert (await runtime.tick()).materialized == 0  # before starts_at
+        clock.set(starts)
+        assert (await runtime.tick()).materialized == 1
+        clock.advance("15m")
+        assert (await runtime.tick()).materialized == 0  # the same boundary is already materialized
+        clock.set(T0 + timedelta(hours=5))
+        # Boundaries 01:30 and 02:30 were missed: only the latest one at or before ends_at materializes.
+        assert (await runtime.tick()).materialized == 1
+        clock.set(T0 + timedelta(hours=10))
+        assert (await runtime.tick()).materialized == 0  # nothing after ends_at
+        assert await run_ids(runtime) == {expected_run_id(runtime, "sync.hourly", at) for at in (starts, ends)}
+        await drain(runtime)
+        assert len(seen.calls) == 2
+        assert {summary.status for summary in await all_runs(runtime)} == {RunStatus.SUCCEEDED}
+
+
+async def test_a_late_tick_materializes_only_the_latest_interval_boundary():
+    @task("metrics.flush", schedule=schedule("metrics.every_15m", every="15m"))
+    async def flush() -> None:
+        return None
+
+    runtime, clock = make_runtime(flush, clock=ControlledClock(T0 + timedelta(minutes=1)))
+    async with runtime:
+        assert (await runtime.tick()).materialized == 1  # the 00:00 boundary
+        clock.advance("2h")  # eight boundaries pass without maintenance
+        assert (await runtime.tick()).materialized == 1
+        assert await run_ids(runtime) == {
+            expected_run_id(runtime, "metrics.every_15m", T0),
+            expected_run_id(runtime, "metrics.every_15m", T0 + timedelta(hours=2)),
+        }
+
+
+async def test_cron_in_new_york_follows_the_wall_clock_across_both_daylight_saving_changes():
+    executed: Counter[str] = Counter()
+
+    def handler(name: str):
+        async def run(payload: dict) -> None:
+            executed[name] += 1
+
+        return run
+
+    daily = task("digests.send", schedule=schedule("digests.daily", cron="0 9 * * *", time_zone="America/New_York", payload={}))(
+        handler("daily")
+    )
+    night = task("batch.night", schedule=schedule("batch.0230", cron="30 2 * * *", time_zone="America/New_York", payload={}))(
+        handler("night")
+    )
+    early = task("batch.early", schedule=schedule("batch.0130", cron="30 1 * * *", time_zone="America/New_York", payload={}))(
+        handler("early")
+    )
+
+    def utc(text: str) -> datetime:
+        return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+    # (tick time, {schedule id: fire time materialized by that tick}); all in UTC.
+    timeline = [
+        # Saturday 10:00 EST.
+        ("2026-03-07T15:00", {"digests.daily": "2026-03-07T14:00", "batch.0230": "2026-03-07T07:30", "batch.0130": "2026-03-07T06:30"}),
+        # Spring forward (02:00 EST -> 03:00 EDT): 09:00 is now 13:00Z and 02:30 does not exist that day.
+        ("2026-03-08T14:30", {"digests.daily": "2026-03-08T13:00", "batch.0130": "2026-03-08T06:30"}),
+        ("2026-03-09T14:30", {"digests.daily": "2026-03-09T13:00", "batch.0230": "2026-03-09T06:30", "batch.0130": "2026-03-09T05:30"}),
+        # Fall back (02:00 EDT -> 01:00 EST), during the first pass through 01:xx.
+        ("2026-11-01T05:45", {"digests.daily": "2026-10-31T13:00", "batch.0230": "2026-10-31T06:30", "batch.0130": "2026-11-01T05:30"}),
+        # The second pass through 01:xx (EST): 01:30 already fired at its first occurrence.
+        ("2026-11-01T06:45", {}),
+        ("2026-11-01T15:00", {"digests.daily": "2026-11-01T14:00", "batch.0230": "2026-11-01T07:30"}),
+    ]
+    runtime, clock = make_runtime(daily, night, early, clock=ControlledClock(utc(timeline[0][0])))
+    async with runtime:
+        expected: set[str] = set()
+        for at, fires in timeline:
+            clock.set(utc(at))
+            before = await run_ids(runtime)
+            result = await runtime.tick()
+            created = await run_ids(runtime) - before
+            wanted = {expected_run_id(runtime, schedule_id, utc(fire)) for schedule_id, fire in fires.items()}
+            assert created == wanted, at
+            assert result.materialized == len(wanted), at
+            expected |= wanted
+            await drain(runtime)
+        assert await run_ids(runtime) == expected
+        assert {summary.status for summary in await all_runs(runtime)} == {RunStatus.SUCCEEDED}
+        assert executed == Counter(daily=5, night=4, early=4)
+
+
+async def test_disabled_schedules_never_materialize():
+    @task("off", schedule=schedule("off.every_minute", every="1m", enabled=False))
+    async def off() -> None:
+        return None
+
+    runtime, clock = make_runtime(off, clock=ControlledClock(T0))
+    async with runtime:
+        clock.advance("1h")
+        assert (await runtime.tick()).materialized == 0
+        assert await run_ids(runtime) == set()
+
+
+# ---------------------------------------------------------------------------------------------
+# Run creation semantics
+
+
+async def test_scheduled_runs_use_the_schedule_queue_then_the_task_queue_then_the_default_queue():
+    reports = queue("reports")
+    urgent = queue("urgent")
+
+    @task("q.schedule", queue=reports, schedule=schedule("q.by_schedule", every="1h", queue=urgent))
+    async def by_schedule() -> None:
+        return None
+
+    @task("q.task", queue=reports, schedule=schedule("q.by_task", every="1h"))
+    async def by_task() -> None:
+        return None
+
+    @task("q.default", schedule=schedule("q.by_default", every="1h"))
+    async def by_default() -> None:
+        return None
+
+    runtime, _ = make_runtime(
+        by_schedule, by_task, by_default, queues=[DEFAULT_QUEUE, reports, urgent], clock=ControlledClock(T0)
+    )
+    async with runtime:
+        assert (await runtime.tick()).materialized == 3
+        queues = {summary.task_id: summary.queue for summary in await all_runs(runtime)}
+        assert queues == {"q.schedule": "urgent", "q.task": "reports", "q.default": "default"}
+
+
+async def test_task_singleton_keys_skip_an_overlapping_occurrence_and_the_tick_goes_on():
+    @task("sync.locked", singleton_key="sync_lock", schedule=schedule("sync.locked.hourly", every="1h"))
+    async def locked() -> None:
+        return None
+
+    @task("sync.free", schedule=schedule("sync.free.hourly", every="1h"))
+    async def free() -> None:
+        return None
+
+    runtime, clock = make_runtime(locked, free, clock=ControlledClock(T0))
+    async with runtime:
+        assert (await runtime.tick()).materialized == 2
+        first = expected_run_id(runtime, "sync.locked.hourly", T0)
+        assert (await runtime.runs.get(first)).singleton_key == "sync_lock"
+        clock.advance("1h")
+        # The first locked run is still queued: its next occurrence is skipped, the free one materializes.
+        assert (await runtime.tick()).materialized == 1
+        skipped = expected_run_id(runtime, "sync.locked.hourly", T0 + timedelta(hours=1))
+        assert await runtime.runs.get(skipped) is None
+        assert (await runtime.tick()).materialized == 0  # the skipped occurrence is settled, not retried
+        await drain(runtime)
+        clock.advance("1h")
+        assert (await runtime.tick()).materialized == 2
+        assert await runtime.runs.get(expected_run_id(runtime, "sync.locked.hourly", T0 + timedelta(hours=2))) is not None
+
+
+async def test_concurrency_keys_apply_and_idempotency_keys_do_not():
+    bounded = queue("bounded", concurrency_limit=1)
+
+    @task(
+        "keys.task",
+        queue=bounded,
+        idempotency_key="same_key",
+        concurrency_key="tenant_a",
+        schedule=schedule("keys.every_hour", every="1h"),
+    )
+    async def keyed() -> None:
+        return None
+
+    runtime, clock = make_runtime(keyed, queues=[DEFAULT_QUEUE, bounded], clock=ControlledClock(T0))
+    async with runtime:
+        assert (await runtime.tick()).materialized == 1
+        clock.advance("1h")
+        # A full bounded queue does not block materialization, and the task's idempotency key does not
+        # fold recurring occurrences into one run.
+        assert (await runtime.tick()).materialized == 1
+        runs = [await runtime.runs.get(summary.id) for summary in await all_runs(runtime)]
+        assert len(runs) == 2
+        assert all(run.concurrency_key == "tenant_a" and run.idempotency_key is None for run in runs)
+        await drain(runtime)
+        assert {run.status for run in [await runtime.runs.get(run.id) for run in runs]} == {RunStatus.SUCCEEDED}
+
+
+async def test_schedule_materialization_limit_bounds_one_tick():
+    tasks = []
+    for index in range(3):
+
+        async def handler() -> None:
+            return None
+
+        tasks.append(task(f"limited.{index}", schedule=schedule(f"limited.{index}.hourly", every="1h"))(handler))
+    runtime, _ = make_runtime(*tasks, clock=ControlledClock(T0))
+    async with runtime:
+        counts = [(await runtime.tick(schedule_materialization_limit=2)).materialized for _ in range(3)]
+        assert counts == [2, 1, 0]
+        assert len(await run_ids(runtime)) == 3
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.tick(schedule_materialization_limit=0)
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+async def test_a_failing_schedule_stops_the_tick_after_earlier_schedules_committed():
+    broken = {"on": True}
+
+    def lock_key(payload: dict) -> str:
+        if broken["on"]:
+            raise ValueError("lock service unavailable")
+        return "lock"
+
+    @task("chain.first", schedule=schedule("chain.first.hourly", every="1h", payload={}))
+    async def first(payload: dict) -> None:
+        return None
+
+    @task("chain.broken", singleton_key=lock_key, schedule=schedule("chain.broken.hourly", every="1h", payload={}))
+    async def failing(payload: dict) -> None:
+        return None
+
+    @task("chain.last", schedule=schedule("chain.last.hourly", every="1h", payload={}))
+    async def last(payload: dict) -> None:
+        return None
+
+    @task("plain")
+    async def plain() -> None:
+        return None
+
+    runtime, clock = make_runtime(first, failing, last, plain, clock=ControlledClock(T0))
+    async with runtime:
+        stuck, cancelling = [(await runtime.trigger(plain)).run.id for _ in range(2)]
+        claims = await runtime.store.claim(
+            [ClaimRequest(run_id, None, "crashed-worker", f"tok-{run_id}", 1000, also_start=True) for run_id in (stuck, cancelling)]
+        )
+        assert all(claim.claimed for claim in claims)
+        await runtime.runs.cancel(cancelling)
+        # The crashed worker's leases expired: delivery recovery and cancellation finalization are due.
+        clock.advance("1m")
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.tick()
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert await run_ids(runtime) == {stuck, cancelling, expected_run_id(runtime, "chain.first.hourly", T0)}
+        # Later phases did not run.
+        assert (await runtime.runs.get(stuck)).status is RunStatus.RUNNING
+        assert (await runtime.runs.get(cancelling)).status is RunStatus.CANCELLATION_REQUESTED
+
+        broken["on"] = False
+        result = await runtime.tick()
+        assert (result.materialized, result.cancellations_finalized, result.delivery_requested) == (2, 1, 1)
+        assert await run_ids(runtime) == {stuck, cancelling} | {
+            expected_run_id(runtime, f"chain.{name}.hourly", T0) for name in ("first", "broken", "last")
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Concurrent maintenance and crash recovery
+
+
+async def test_two_runtimes_ticking_concurrently_over_one_store_create_one_run_per_occurrence():
+    executions: Counter[str] = Counter()
+    schedules = [
+        schedule("race.every_minute", every="1m", payload={}),
+        schedule("race.every_5m", every="5m", payload={}),
+        schedule("race.cron", cron="*/10 * * * *", payload={}),
+    ]
+
+    @task("race.task", schedule=schedules)
+    async def racing(payload: dict, ctx) -> None:
+        executions[ctx.run_id] += 1
+
+    (first, second), clock = shared_runtimes([racing], [racing], clock=ControlledClock(T0))
+    async with first, second:
+        expected: set[str] = set()
+        materialized = 0
+        for _ in range(25):
+            clock.advance("1m")
+            for item in schedules:
+                fire_at = latest_due_fire_time(item, clock.now())
+                assert fire_at is not None
+                expected.add(expected_run_id(first, item.id, fire_at))
+            results = await asyncio.gather(first.tick(), second.tick(), first.tick())
+            materialized += sum(result.materialized for result in results)
+        assert materialized == len(expected)
+        assert await run_ids(first) == expected == await run_ids(second)
+        await asyncio.gather(drain(first), drain(second))
+        assert executions == Counter({run_id: 1 for run_id in expected})
+
+
+class _Crash(Exception):
+    """The process died: nothing after this point of the transaction happened."""
+
+
+class _CrashingTransaction:
+    def __init__(self, inner: Any, driver: CompletionCrashDriver) -> None:
+        self._inner = inner
+        self._driver = driver
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def replace(self, current: Any, record: Any) -> None:
+        completing = record.key.collection == "schedule_occurrences" and record.document.value["status"] == "completed"
+        if completing and self._driver.crashes_left:
+            self._driver.crashes_left -= 1
+            raise _Crash("lost the occurrence completion")
+        self._inner.replace(current, record)
+
+
+class CompletionCrashDriver:
+    """The local driver, except that the next occurrence completion is lost (its transaction dies)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.name = inner.name
+        self.profile = inner.profile
+        self.crashes_left = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def with_transaction(self, callback: Any) -> Any:
+        return await self._inner.with_transaction(lambda tx: callback(_CrashingTransaction(tx, self)))
+
+
+async def test_a_run_created_before_a_lost_completion_is_recovered_without_a_duplicate():
+    executions: list[str] = []
+
+    @task("recover.task", schedule=schedule("recover.once", run_at=T0 + timedelta(minutes=5), payload={}))
+    async def recover(payload: dict, ctx) -> None:
+        executions.append(ctx.run_id)
+
+    clock = ControlledClock(T0)
+    driver = CompletionCrashDriver(local_storage_driver())
+    lane = create_lane(storage=driver, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING))
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[recover], clock=clock)
+    run_id = expected_run_id(runtime, "recover.once", T0 + timedelta(minutes=5))
+    async with runtime:
+        clock.advance("10m")
+        driver.crashes_left = 1
+        with pytest.raises(_Crash):
+            await runtime.tick()
+        assert await run_ids(runtime) == {run_id}  # created, but the occurrence is still claimed
+        # While the crashed claim is live nobody touches the occurrence.
+        assert (await runtime.tick()).materialized == 0
+        clock.advance(CLAIM + timedelta(seconds=1))
+        assert (await runtime.tick()).materialized == 1  # reclaimed, the existing run reused, completed
+        assert (await runtime.tick()).materialized == 0
+        assert await run_ids(runtime) == {run_id}
+        types = [record.event.type.value for record in (await runtime.runs.events(run_id, sort_by="sequence")).data]
+        assert types.count("run.created") == 1
+        await drain(runtime)
+        assert executions == [run_id]
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration checks
+
+
+def _runtime_with(*tasks: Any, queues: list[Any] | None = None) -> Any:
+    from runlane_local import local_lane
+
+    return create_runlane(lane=local_lane(), queues=queues or [DEFAULT_QUEUE], tasks=list(tasks))
+
+
+def test_schedule_ids_must_be_unique_across_the_runtime():
+    @task("dup.a", schedule=schedule("shared.id", every="1h"))
+    async def a() -> None:
+        return None
+
+    @task("dup.b", schedule=schedule("shared.id", every="2h"))
+    async def b() -> None:
+        return None
+
+    with pytest.raises(RunlaneError) as caught:
+        _runtime_with(a, b)
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "shared.id" in caught.value.message and caught.value.meta["schedule_id"] == "shared.id"
+    _runtime_with(a)  # alone it is fine
+
+
+def test_schedule_queues_are_checked_against_the_registry():
+    unregistered = queue("elsewhere")
+    drifted = queue("reports", concurrency_limit=2)
+    unbounded = queue("reports")
+
+    @task("sq.unregistered", schedule=schedule("sq.unregistered.s", every="1h", queue=unregistered))
+    async def one() -> None:
+        return None
+
+    @task("sq.drifted", schedule=schedule("sq.drifted.s", every="1h", queue=drifted))
+    async def two() -> None:
+        return None
+
+    bounded = queue("bounded", concurrency_limit=1)
+
+    @task("sq.keyed", queue=bounded, concurrency_key="k", schedule=schedule("sq.keyed.s", every="1h", queue=unbounded))
+    async def three() -> None:
+        return None
+
+    for definition, field in ((one, "queues"), (two, "queues"), (three, "concurrency_key")):
+        with pytest.raises(RunlaneError) as caught:
+            _runtime_with(definition, queues=[DEFAULT_QUEUE, unbounded, bounded])
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert caught.value.meta["field"] == field
