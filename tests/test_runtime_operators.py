@@ -873,14 +873,6 @@ async def test_attempts_for_time_and_signal_releases():
         assert attempts[1].started_at == at(3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runlane/core/runtime.py _attempt_summaries copies wait.timeout_at into RunAttemptSummary.resume_at for "
-        "signal/run-completion releases; the spec (runlane-docs.txt 7142, 7362) makes resumeAt a time-release "
-        "field from run.released only, and signal releases do not carry resumeAt"
-    ),
-)
 async def test_attempt_resume_at_is_only_set_for_time_releases():
     runtime, clock = make()
     async with runtime:
@@ -990,15 +982,6 @@ async def test_find_active_needs_a_task_and_a_key_and_returns_only_active_runs()
         assert await runtime.runs.find_active(task=work, singleton_key="acct_s") is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runlane/core/runtime.py RunsApi.find_active treats idempotency_key and singleton_key as alternatives "
-        "(returns the idempotency owner, else the singleton holder); the spec (runlane-docs.txt 1213, 7064) defines it "
-        "as listRuns() over active statuses plus the task/key filters, which must all match, so a run holding "
-        "only one of two supplied keys must not be returned"
-    ),
-)
 async def test_find_active_with_both_keys_requires_a_run_matching_both():
     runtime, _ = make()
     async with runtime:

@@ -1574,16 +1574,19 @@ class RunsApi:
         definition = runtime.resolve_task(task)
         if idempotency_key is None and singleton_key is None:
             raise _invalid("find_active() needs idempotency_key or singleton_key.", field="idempotency_key")
+        idempotency_key = None if idempotency_key is None else validate_id(idempotency_key, "idempotency key")
+        singleton_key = None if singleton_key is None else validate_id(singleton_key, "singleton key")
         await runtime._ready()
+        # Like a run filter, every key given must match: look the run up by one owner, check the rest.
         if idempotency_key is not None:
-            run = await runtime._store.find_idempotent_run(definition.id, validate_id(idempotency_key, "idempotency key"))
-            if run is not None and run.status not in _TERMINAL:
-                return run
-        if singleton_key is not None:
-            run = await runtime._store.find_singleton_run(validate_id(singleton_key, "singleton key"))
-            if run is not None and run.task_id == definition.id:
-                return run
-        return None
+            run = await runtime._store.find_idempotent_run(definition.id, idempotency_key)
+        else:
+            run = await runtime._store.find_singleton_run(singleton_key)
+        if run is None or run.status in _TERMINAL or run.task_id != definition.id:
+            return None
+        if singleton_key is not None and run.singleton_key != singleton_key:
+            return None
+        return run
 
     async def find_current(self, *, task: TaskDefinition | str, idempotency_key: str) -> RunRecord | None:
         """The active or retained terminal owner of one idempotency key."""
@@ -2148,7 +2151,7 @@ def _attempt_summaries(records: Sequence[RunEventRecord]) -> list[RunAttemptSumm
                 release_delay=event.delay,
                 release_wait=event.wait,
                 release_reason=event.reason,
-                resume_at=event.resume_at if event.resume_at is not None else (event.wait.timeout_at if event.wait else None),
+                resume_at=event.resume_at,  # time releases only; a wait's timeout stays on release_wait
             )
         elif isinstance(event, RunCancelledEvent):
             current.update(status=RunAttemptStatus.CANCELLED, completed_at=event.occurred_at)
