@@ -42,6 +42,8 @@ from ..models import (
     DeliveryIntent,
     DeliveryMessage,
     Environment,
+    OutboxFailureRecord,
+    OutboxMessage,
     Page,
     RunAttemptSummary,
     RunCancellationRequestedEvent,
@@ -83,6 +85,8 @@ from ..vocabulary import (
     ActorType,
     ExecuteDeliveryIgnoredReason,
     ExecuteDeliveryStatus,
+    LaneDeliveryMode,
+    OutboxMessageStatus,
     RunAttemptStatus,
     RunEventSortField,
     RunEventType,
@@ -93,6 +97,7 @@ from ..vocabulary import (
     SortDirection,
     TriggerDispatchMode,
     TriggerOutcomeType,
+    WakeupPublishOutcomeType,
     WorkerMode,
     run_status_values,
 )
@@ -117,6 +122,7 @@ from .observations import (
 )
 from .pruning import PruneResult, RunPruner, resolve_prune_request
 from .schedules import ScheduleMaterializer
+from .transport import PublishWakeupsCommand, WakeupPublishAttempt, parse_publish_wakeups_result
 from .store import (
     AppendResult,
     ClaimRequest,
@@ -124,6 +130,8 @@ from .store import (
     CompletionRequest,
     CoreStore,
     CreateRunPlan,
+    OutboxMark,
+    ReserveRequest,
 )
 
 if TYPE_CHECKING:
@@ -154,6 +162,13 @@ _DEFAULT_LEASE_MS = duration_ms(contract_defaults.lease.duration)
 _DEFAULT_EMPTY_POLL_DELAY = "100ms"
 _MAINTENANCE = contract_defaults.maintenance
 _ATTEMPT_OWNERS = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED})
+# Outbox publishing: a claim lasts one lease duration; a retryable failure makes the row available
+# again after an exponential delay (1 s, 2 s, 4 s ... capped at 5 min); a row that failed this many
+# times is dead-lettered.
+_OUTBOX_CLAIM_MS = _DEFAULT_LEASE_MS
+_OUTBOX_RETRY_BASE_MS = 1_000
+_OUTBOX_RETRY_MAX_MS = 300_000
+_OUTBOX_MAX_ATTEMPTS = 10
 # How many runnable candidates one storage scan asks for beyond what the caller needs, so callers
 # racing in this process pick different runs instead of all claiming the first one.
 _SCAN_HEADROOM = 8
@@ -415,6 +430,7 @@ class Runlane:
             lane.storage,
             environment,
             queue_limits={q.name: q.concurrency_limit for q in queues.values() if q.concurrency_limit is not None},
+            outbox=lane.delivery.mode is LaneDeliveryMode.TRANSPORT,
         )
         self._any_task_deadline = any(t.max_attempt_duration_ms is not None for t in self._tasks_by_id.values())
         # Every registered schedule with its task, in registration order (ids are unique: create_runlane).
@@ -939,6 +955,9 @@ class Runlane:
             if self._observers:
                 await self.observe(result.observations)
             self.work_signal.notify()
+            if result.outbox and self._dispatch is TriggerDispatchMode.EAGER:
+                # Eager dispatch publishes exactly the rows this trigger created; tick() owns the rest.
+                await self.publish_outbox([message.id for message in result.outbox])
         return TriggerRunResult(result.run, result.outcome)
 
     # -- public: trigger and run_now -------------------------------------------------------------
@@ -1319,11 +1338,13 @@ class Runlane:
         cancellation_finalization_limit: int | None = None,
         timeout_finalization_limit: int | None = None,
         outbox_claim_limit: int | None = None,
+        dispatch_reservation_limit: int | None = None,
     ) -> TickResult:
         """One bounded maintenance pass. Never runs task code.
 
         Reads the runtime clock once, then runs schedule materialization, cancellation finalization,
-        timeout finalization and delivery recovery in that order. Materialization is durable per
+        timeout finalization, bounded-queue dispatch, delivery recovery and (on transport lanes)
+        outbox publishing in that order. Materialization is durable per
         occurrence: when a schedule fails, the occurrences materialized before it stay materialized,
         the error propagates and the later phases do not run in this call.
         """
@@ -1336,18 +1357,149 @@ class Runlane:
             cancellation_finalization_limit, "cancellation_finalization_limit", _MAINTENANCE.cancellation_finalization_limit
         )
         timeout_limit = _limit(timeout_finalization_limit, "timeout_finalization_limit", _MAINTENANCE.timeout_finalization_limit)
-        _limit(outbox_claim_limit, "outbox_claim_limit", _MAINTENANCE.outbox_claim_limit)
+        outbox_limit = _limit(outbox_claim_limit, "outbox_claim_limit", _MAINTENANCE.outbox_claim_limit)
+        dispatch_limit = _limit(
+            dispatch_reservation_limit, "dispatch_reservation_limit", _MAINTENANCE.dispatch_reservation_limit
+        )
         await self._ready()
         now = self.now()
         materialized = await self._materialize_schedules(now, schedule_limit)
         cancelled = await self._finalize_cancellations(now, cancel_limit)
         timed_out = await self._finalize_timeouts(now, timeout_limit)
+        reserved = await self._dispatch_bounded(now, dispatch_limit)
         delivered = await self._recover_deliveries(now, delivery_limit)
+        published = failed = dead = 0
+        if self._store.outbox:
+            published, failed, dead = await self._flush_outbox(now, outbox_limit)
         return TickResult(
             materialized=materialized,
             delivery_requested=delivered,
             cancellations_finalized=cancelled,
             timeouts_finalized=timed_out,
+            dispatch_reserved=reserved,
+            outbox_published=published,
+            outbox_failed=failed,
+            outbox_dead_lettered=dead,
+        )
+
+    async def _dispatch_bounded(self, now: datetime, limit: int) -> int:
+        """Reserve bounded-queue capacity for due queued runs (and runs whose reservation expired).
+
+        Each reservation appends ``run.delivery_requested`` with ``dispatch_expires_at`` in the same
+        commit that takes the capacity slot; a full partition skips its runs until a slot frees.
+        """
+        count = 0
+        for queue in self._queues.values():
+            if queue.concurrency_limit is None or count >= limit:
+                continue
+            timeout_ms = queue.dispatch_timeout_ms if queue.dispatch_timeout_ms is not None else _DEFAULT_LEASE_MS
+            run_ids = await self._store.query_index(
+                StorageIndexName.RUNS_NEEDING_DISPATCH, (queue.name,), until=now, limit=limit - count
+            )
+            if not run_ids:
+                continue
+            results = await self._store.reserve_dispatch([ReserveRequest(run_id, timeout_ms) for run_id in run_ids])
+            for result in results:
+                if not result.reserved:
+                    continue  # no longer dispatchable, partition full, or unreadable (like the other phases)
+                count += 1
+                if self._observers:
+                    await self.observe(result.observations)
+            if any(result.reserved for result in results):
+                self.work_signal.notify()
+        return count
+
+    # -- outbox publishing -----------------------------------------------------------------------
+
+    async def _flush_outbox(self, now: datetime, limit: int) -> tuple[int, int, int]:
+        """Claim and publish due outbox rows, at most ``limit`` of them."""
+        published = failed = dead = 0
+        ids = await self._store.list_due_outbox(now, limit)
+        if ids:
+            published, failed, dead = await self.publish_outbox(ids)
+        return published, failed, dead
+
+    async def publish_outbox(self, ids: Sequence[str]) -> tuple[int, int, int]:
+        """Claim the due rows among ``ids``, publish them through the lane's transport and record each
+        outcome by index. Returns ``(published, failed, dead_lettered)``.
+
+        An operation-level ``transport_unavailable`` / ``transport_publish_failed`` marks every claimed
+        row failed (or dead-lettered when not retryable); any other error, including a malformed
+        publish result, propagates and leaves the rows claimed until their claim expires.
+        """
+        transport = self._lane.delivery.transport
+        if transport is None or not ids:
+            return 0, 0, 0
+        token = random_uuid4_hex()
+        claimed = await self._store.claim_outbox(
+            ids, claim_token=token, claim_ms=_OUTBOX_CLAIM_MS, worker_id=self._worker_id
+        )
+        if not claimed:
+            return 0, 0, 0
+        command = PublishWakeupsCommand(
+            WakeupPublishAttempt(message.id, token, message.message) for message in claimed
+        )
+        try:
+            raw = await transport.publish_wakeups(command)
+        except RunlaneError as error:
+            if error.code not in (ErrorCode.TRANSPORT_UNAVAILABLE, ErrorCode.TRANSPORT_PUBLISH_FAILED):
+                raise
+            failure = OutboxFailureRecord(
+                code=error.code,
+                message=error.message,
+                retryable=error.code is ErrorCode.TRANSPORT_UNAVAILABLE or bool(error.retryable),
+                failed_at=self.now(),
+                meta=_json_meta(error.meta),
+            )
+            marks = [self._failure_mark(message, failure) for message in claimed]
+        else:
+            result = parse_publish_wakeups_result(command, raw)
+            marks = []
+            for message, outcome in zip(claimed, result.outcomes):
+                if outcome.type is WakeupPublishOutcomeType.PUBLISHED:
+                    marks.append(
+                        OutboxMark(
+                            message.id,
+                            OutboxMessageStatus.PUBLISHED,
+                            published_at=outcome.published_at,
+                            provider_message_id=outcome.provider_message_id,
+                        )
+                    )
+                else:
+                    assert outcome.failure is not None
+                    marks.append(self._failure_mark(message, outcome.failure))
+        try:
+            await self._store.mark_outbox(token, marks)
+        except RunlaneError as error:
+            if not is_storage_conflict(error, StorageConflictKind.OUTBOX_CLAIM):
+                raise
+            # Some rows were reclaimed by another publisher after this claim expired: record the rest
+            # one by one; the reclaimed rows belong to their new claim.
+            kept = []
+            for mark in marks:
+                try:
+                    await self._store.mark_outbox(token, [mark])
+                except RunlaneError as single:
+                    if not is_storage_conflict(single, StorageConflictKind.OUTBOX_CLAIM):
+                        raise
+                    continue
+                kept.append(mark)
+            marks = kept
+        published = sum(1 for mark in marks if mark.status is OutboxMessageStatus.PUBLISHED)
+        failed = sum(1 for mark in marks if mark.status is OutboxMessageStatus.FAILED)
+        dead = sum(1 for mark in marks if mark.status is OutboxMessageStatus.DEAD_LETTERED)
+        return published, failed, dead
+
+    def _failure_mark(self, message: OutboxMessage, failure: OutboxFailureRecord) -> OutboxMark:
+        attempts = message.attempts + 1
+        if not failure.retryable or attempts >= _OUTBOX_MAX_ATTEMPTS:
+            return OutboxMark(message.id, OutboxMessageStatus.DEAD_LETTERED, failure=failure)
+        delay_ms = min(_OUTBOX_RETRY_BASE_MS * 2 ** (attempts - 1), _OUTBOX_RETRY_MAX_MS)
+        return OutboxMark(
+            message.id,
+            OutboxMessageStatus.FAILED,
+            failure=failure,
+            next_available_at=self.now() + timedelta(milliseconds=delay_ms),
         )
 
     async def _materialize_schedules(self, now: datetime, limit: int) -> int:
@@ -2077,6 +2229,14 @@ def _trace_carrier(value: object) -> dict[str, str] | None:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise _invalid("trace_carrier must be a mapping of strings to strings.", field="trace_carrier")
     return dict(value)
+
+
+def _json_meta(meta: Any) -> dict[str, Any]:
+    """An error's ``meta`` when it is a JSON object, else an empty object (failure records stay valid)."""
+    try:
+        return dict(ensure_json_object(meta, "meta"))
+    except (RunlaneError, TypeError, ValueError):
+        return {}
 
 
 def _delivery_event(run: RunRecord, at: datetime, actor: Actor) -> RunDeliveryRequestedEvent:

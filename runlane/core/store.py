@@ -31,7 +31,7 @@ was stored.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
@@ -48,7 +48,11 @@ from ..model_json import run_event_record_json, run_record_json
 from ..models import (
     Actor,
     DeliveryIntent,
+    DeliveryMessage,
     Environment,
+    OutboxClaim,
+    OutboxFailureRecord,
+    OutboxMessage,
     RunCreatedEvent,
     RunDeliveryRequestedEvent,
     RunEvent,
@@ -101,6 +105,7 @@ from ..storage.tables import (
 from ..vocabulary import (
     ActorType,
     ExecuteDeliveryIgnoredReason,
+    OutboxMessageStatus,
     RunlaneObservationSourceKind,
     RunStatus,
     RunWaitConditionType,
@@ -118,6 +123,7 @@ from .observations import (
 
 __all__ = [
     "IDEMPOTENCY_OWNERS_COLLECTION",
+    "OUTBOX_MESSAGES_COLLECTION",
     "QUEUE_CAPACITY_COLLECTION",
     "RUN_COMPLETION_WAITS_COLLECTION",
     "RUN_STEPS_COLLECTION",
@@ -131,11 +137,15 @@ __all__ = [
     "CreateRunPlan",
     "CreateRunResult",
     "HeartbeatRequest",
+    "OutboxMark",
+    "ReserveRequest",
+    "ReserveResult",
     "RunnableRef",
     "completion_wait_key",
     "encode_run_document_fast",
     "idempotency_owner_key",
     "new_event_id",
+    "outbox_message_key",
     "queue_capacity_key",
     "run_index_entries",
     "run_step_key",
@@ -147,6 +157,7 @@ SINGLETON_OWNERS_COLLECTION: Final = "singleton_owners"
 QUEUE_CAPACITY_COLLECTION: Final = "queue_capacity"
 RUN_STEPS_COLLECTION: Final = "run_steps"
 RUN_COMPLETION_WAITS_COLLECTION: Final = "run_completion_waits"
+OUTBOX_MESSAGES_COLLECTION: Final = "outbox_messages"
 
 _TERMINAL: Final = run_status_values.terminal
 _RUNNABLE: Final = run_status_values.runnable_candidates
@@ -241,6 +252,10 @@ def completion_wait_key(env_key: str, source_run_id: str) -> StorageRecordKey:
     return _key1(RUN_COMPLETION_WAITS_COLLECTION, env_key, source_run_id)
 
 
+def outbox_message_key(env_key: str, outbox_message_id: str) -> StorageRecordKey:
+    return _key1(OUTBOX_MESSAGES_COLLECTION, env_key, outbox_message_id)
+
+
 def _run_key(env_key: str, run_id: str) -> StorageRecordKey:
     return _key1(RUNS_COLLECTION, env_key, run_id)
 
@@ -275,8 +290,13 @@ class _EventIds:
 # Index derivation
 
 
-def run_index_entries(run: RunRecord) -> tuple[StorageIndexEntry, ...]:
-    """Every index entry of a run record, derived only from the run (a pure function)."""
+def run_index_entries(run: RunRecord, bounded: Collection[str] = ()) -> tuple[StorageIndexEntry, ...]:
+    """Every index entry of a run record, derived only from the run and the bounded queue names.
+
+    A queued run of a bounded queue (one named in ``bounded``) is a dispatch candidate: without a
+    reservation at its runnable time, with one at ``dispatch_expires_at`` (so an expired reservation
+    is found again).
+    """
     env = environment_key(run.environment)
     run_id = run.id
     status = run.status
@@ -303,6 +323,12 @@ def run_index_entries(run: RunRecord) -> tuple[StorageIndexEntry, ...]:
                     recovery_iso = runnable_iso if recovery_at == runnable_at else encode_iso_date(recovery_at)
                     entries.append(
                         _index_entry(StorageIndexName.RUNS_NEEDING_DELIVERY, (env,), (recovery_iso, run_id))
+                    )
+                if status is RunStatus.QUEUED and bounded and run.queue in bounded:
+                    reserved = run.dispatch_expires_at
+                    dispatch_iso = runnable_iso if reserved is None else encode_iso_date(reserved)
+                    entries.append(
+                        _index_entry(StorageIndexName.RUNS_NEEDING_DISPATCH, (env, run.queue), (dispatch_iso, run_id))
                     )
         cancel_at = get_run_cancellation_finalization_available_at(run)
         if cancel_at is not None:
@@ -387,9 +413,81 @@ def encode_run_document_fast(run: RunRecord, children: RunChildCounts) -> Storag
     return remember_run_document(document, run, children)
 
 
-def _run_record(env: str, run: RunRecord, children: RunChildCounts) -> NewStorageRecord:
+def _run_record(
+    env: str, run: RunRecord, children: RunChildCounts, bounded: Collection[str] = ()
+) -> NewStorageRecord:
     return NewStorageRecord._trusted(
-        _run_key(env, run.id), encode_run_document_fast(run, children), run_index_entries(run)
+        _run_key(env, run.id), encode_run_document_fast(run, children), run_index_entries(run, bounded)
+    )
+
+
+def _occupancy(run: RunRecord | None) -> str | None:
+    """The capacity occupancy expiry of a run (ISO), or ``None`` when it occupies no slot."""
+    if run is None:
+        return None
+    status = run.status
+    if status in _ATTEMPT_OWNERS:
+        lease = run.lease
+        return None if lease is None else encode_iso_date(lease.expires_at)
+    if status is RunStatus.QUEUED and run.dispatch_expires_at is not None:
+        return encode_iso_date(run.dispatch_expires_at)
+    return None
+
+
+def _outbox_entries(message: OutboxMessage) -> tuple[StorageIndexEntry, ...]:
+    env = environment_key(message.environment)
+    entries = [
+        _index_entry(
+            StorageIndexName.OUTBOX_BY_RUN, (env, message.run_id), (encode_iso_date(message.created_at), message.id)
+        )
+    ]
+    status = message.status
+    due: datetime | None = None
+    if status in (OutboxMessageStatus.PENDING, OutboxMessageStatus.FAILED):
+        due = message.available_at
+    elif status is OutboxMessageStatus.CLAIMED and message.claim is not None:
+        due = message.claim.expires_at
+    if due is not None:
+        entries.append(_index_entry(StorageIndexName.OUTBOX_DUE, (env,), (encode_iso_date(due), message.id)))
+    return tuple(entries)
+
+
+def _outbox_record(env: str, message: OutboxMessage) -> NewStorageRecord:
+    return NewStorageRecord(
+        outbox_message_key(env, message.id),
+        _model_document(message.model_dump(mode="json")),
+        _outbox_entries(message),
+    )
+
+
+def _decode_outbox(record: StorageRecord) -> OutboxMessage:
+    try:
+        return OutboxMessage.model_validate(record.document.value)
+    except ValueError as error:
+        raise _corrupt("outbox message", record.key, error) from None
+
+
+def _new_outbox_message(record: RunEventRecord, now: datetime) -> OutboxMessage:
+    """The outbox row of one persisted ``run.delivery_requested`` (its id derives from the event id)."""
+    event = record.event
+    delivery = event.delivery
+    return OutboxMessage(
+        id=f"obx_{record.id.removeprefix('evt_')}",
+        environment=delivery.environment,
+        run_id=delivery.run_id,
+        queue=delivery.queue,
+        status=OutboxMessageStatus.PENDING,
+        message=DeliveryMessage(
+            environment=delivery.environment,
+            run_id=delivery.run_id,
+            queue=delivery.queue,
+            requested_at=delivery.requested_at,
+            trace_carrier=delivery.trace_carrier if delivery.trace_carrier is not None else event.trace_carrier,
+        ),
+        available_at=max(delivery.available_at, now),
+        attempts=0,
+        created_at=now,
+        updated_at=now,
     )
 
 
@@ -485,6 +583,7 @@ class CreateRunResult:
     outcome: TriggerOutcomeType
     events: tuple[RunEventRecord, ...] = ()
     observations: tuple[RunlaneObservation, ...] = ()
+    outbox: tuple[OutboxMessage, ...] = ()
 
     @property
     def created(self) -> bool:
@@ -545,6 +644,7 @@ class AppendResult:
     events: tuple[RunEventRecord, ...] = ()
     completion_waiters: bool = False
     observations: tuple[RunlaneObservation, ...] = ()
+    outbox: tuple[OutboxMessage, ...] = ()
 
 
 Build = Callable[[RunRecord, datetime], Sequence[RunEvent]]
@@ -573,6 +673,43 @@ class HeartbeatRequest:
     worker_id: str
     lease_ms: int
     known: RunRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveRequest:
+    """One bounded-queue dispatch reservation, held for ``dispatch_timeout_ms`` once made."""
+
+    run_id: str
+    dispatch_timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveResult:
+    """``run`` is the reserved projection, or ``None`` when the run was not reserved (not dispatchable,
+    partition full); ``error`` only when the run could not be processed at all."""
+
+    run_id: str
+    run: RunRecord | None
+    events: tuple[RunEventRecord, ...] = ()
+    observations: tuple[RunlaneObservation, ...] = ()
+    outbox: tuple[OutboxMessage, ...] = ()
+    error: RunlaneError | None = None
+
+    @property
+    def reserved(self) -> bool:
+        return self.run is not None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMark:
+    """The publish result of one claimed outbox row."""
+
+    outbox_message_id: str
+    status: OutboxMessageStatus
+    published_at: datetime | None = None
+    provider_message_id: str | None = None
+    failure: OutboxFailureRecord | None = None
+    next_available_at: datetime | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -630,13 +767,14 @@ def _event_observations(
 class _RunSlot:
     """A run read by an attempt, with the transitions applied to it so far."""
 
-    __slots__ = ("changed", "children", "events", "record", "run")
+    __slots__ = ("changed", "children", "events", "outbox", "record", "run")
 
     def __init__(self, record: StorageRecord | None, run: RunRecord, children: RunChildCounts) -> None:
         self.record = record
         self.run = run
         self.children = children
         self.events: list[NewStorageRecord] = []
+        self.outbox: list[OutboxMessage] = []
         self.changed = False
 
 
@@ -806,6 +944,7 @@ class _Attempt:
         records = self._event_records(new, old.event_sequence, events, ids)
         rows = tuple([record for record, _ in records])
         observations, values = _event_observations(new, rows)
+        outbox = self._outbox_rows(rows)
         # Commit the transition into the attempt.
         for apply_effect in effects:
             apply_effect()
@@ -813,32 +952,43 @@ class _Attempt:
         slot.run = new
         slot.children = RunChildCounts(
             events=slot.children.events + len(records),
-            outbox=slot.children.outbox,
+            outbox=slot.children.outbox + len(outbox),
             steps=slot.children.steps,
             links=slot.children.links,
         )
         slot.events.extend(stored for _, stored in records)
+        slot.outbox.extend(outbox)
         slot.changed = True
         waiters = False
         if new.status in _TERMINAL and old.status not in _TERMINAL:
             waiters = self.owner(self.marker_key(new.id)) is not None
-        return AppendResult(new, rows, waiters, observations)
+        return AppendResult(new, rows, waiters, observations, outbox)
+
+    def _outbox_rows(self, rows: Sequence[RunEventRecord]) -> tuple[OutboxMessage, ...]:
+        """One outbox row per ``run.delivery_requested`` in ``rows`` on a transport lane (none otherwise)."""
+        if not self.store.outbox:
+            return ()
+        return tuple(
+            [_new_outbox_message(row, self.now) for row in rows if isinstance(row.event, RunDeliveryRequestedEvent)]
+        )
 
     def create(
         self, run: RunRecord, events: Sequence[RunEvent], ids: _EventIds
-    ) -> tuple[tuple[RunEventRecord, ...], tuple[RunlaneObservation, ...]]:
+    ) -> tuple[tuple[RunEventRecord, ...], tuple[RunlaneObservation, ...], tuple[OutboxMessage, ...]]:
         effects = self._owner_effects(None, run)
         records = self._event_records(run, _NEW_SEQUENCE, events, ids)
         rows = tuple([record for record, _ in records])
         observations, values = _event_observations(run, rows)
+        outbox = self._outbox_rows(rows)
         for apply_effect in effects:
             apply_effect()
         self.observed.extend(values)
-        slot = _RunSlot(None, run, RunChildCounts(events=len(records)))
+        slot = _RunSlot(None, run, RunChildCounts(events=len(records), outbox=len(outbox)))
         slot.events.extend(stored for _, stored in records)
+        slot.outbox.extend(outbox)
         slot.changed = True
         self.runs[run.id] = slot
-        return rows, observations
+        return rows, observations, outbox
 
     def _event_records(
         self, run: RunRecord, start: int, events: Sequence[RunEvent], ids: _EventIds
@@ -876,15 +1026,15 @@ class _Attempt:
         effects: list[Callable[[], None]] = []
         env = self.env
         run_id = new.id
-        # Bounded-queue capacity: an occupant while an attempt may be running, at its lease expiry.
-        lease = new.lease
-        occupies = new.status in _ATTEMPT_OWNERS and lease is not None
-        occupied = old is not None and old.status in _ATTEMPT_OWNERS
-        if (occupies or occupied) and new.queue in self.store.queue_limits:
+        # Bounded-queue capacity: an occupant while an attempt may be running (until its lease
+        # expiry) or while a queued run holds a dispatch reservation (until it expires). A claim of a
+        # reserved run turns the reservation into the lease occupant.
+        wanted = _occupancy(new)
+        occupied = old is not None and (old.status in _ATTEMPT_OWNERS or _occupancy(old) is not None)
+        if (wanted is not None or occupied) and new.queue in self.store.queue_limits:
             key = queue_capacity_key(env, new.queue, new.concurrency_key)
             self.require((key,))
             occupants = self.occupants(key)
-            wanted = encode_iso_date(lease.expires_at) if occupies and lease is not None else None
             if occupants.get(run_id) != wanted:
                 if wanted is None:
                     effects.append(lambda: occupants.pop(run_id, None))
@@ -925,16 +1075,19 @@ class _Attempt:
     def stage(self) -> None:
         tx = self.tx
         env = self.env
+        bounded = self.store.queue_limits
         for slot in self.runs.values():
             if slot is None or not slot.changed:
                 continue
-            stored = _run_record(env, slot.run, slot.children)
+            stored = _run_record(env, slot.run, slot.children, bounded)
             if slot.record is None:
                 tx.create(stored)
             else:
                 tx.replace(slot.record, stored)
             for event in slot.events:
                 tx.create(event)
+            for message in slot.outbox:
+                tx.create(_outbox_record(env, message))
         for encoded, value in self.owner_writes.items():
             current = self.records.get(encoded)
             key = self.keys[encoded]
@@ -988,8 +1141,11 @@ class CoreStore:
         environment: Environment,
         *,
         queue_limits: Mapping[str, int] | None = None,
+        outbox: bool = False,
     ) -> None:
         self.driver = driver
+        # Transport lanes write an outbox row with every run.delivery_requested.
+        self.outbox = bool(outbox)
         self.environment = environment
         self.env_key = environment_key(environment)
         limits = dict(queue_limits or {})
@@ -1297,9 +1453,9 @@ class CoreStore:
                 )
             if idempotency is not None:
                 attempt.set_owner(idempotency, {"run_id": run.id, "ttl": ttl_value, "expires_at": None})
-            records, observations = attempt.create(run, events, ids)
+            records, observations, outbox = attempt.create(run, events, ids)
             attempt.stage()
-            return CreateRunResult(run, TriggerOutcomeType.CREATED, records, observations)
+            return CreateRunResult(run, TriggerOutcomeType.CREATED, records, observations, outbox)
 
         return await self._transact(body)
 
@@ -1418,6 +1574,223 @@ class CoreStore:
         except RunlaneError as error:
             return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
         return ClaimResult(run_id, result.run, None, result.events, observations=result.observations)
+
+    # -- bounded-queue dispatch ----------------------------------------------------------------------
+
+    async def reserve_dispatch(self, requests: Sequence[ReserveRequest]) -> list[ReserveResult]:
+        """Reserve bounded-queue capacity for queued runs, each with its ``run.delivery_requested``.
+
+        Per run, in one commit with its capacity partition: the run must still be a queued run of a
+        bounded queue that is due and holds no active reservation, and its partition must have a free
+        slot (running and cancellation-requested leases plus unexpired reservations). The reservation
+        occupies the slot until ``dispatch_expires_at``; on a transport lane the outbox row is written
+        in the same commit. A run that is no longer dispatchable or whose partition is full is skipped.
+        """
+        if not requests:
+            return []
+
+        def on_limit(request: ReserveRequest, error: StorageLimitError) -> ReserveResult:
+            return ReserveResult(request.run_id, None, error=error)
+
+        # Per reservation: the run and its capacity row, one event, its observation and outbox row.
+        return await self._chunked(list(requests), self._chunk_size(2, 5), self._reserve_batch, on_limit)
+
+    async def _reserve_batch(self, requests: Sequence[ReserveRequest]) -> list[ReserveResult]:
+        ids = _EventIds()
+        env = self.env_key
+        run_keys = [_run_key(env, request.run_id) for request in requests]
+
+        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[ReserveResult]:
+            ids.restart()
+            attempt = _Attempt(self, tx)
+            await attempt.read([*run_keys, *extra])
+            derived: list[StorageRecordKey] = []
+            for request in requests:
+                run = attempt.peek_run(request.run_id)
+                if run is not None:
+                    derived.extend(attempt.finish_keys(run))
+            await attempt.read(derived)
+            await attempt.seal()
+            results = [self._reserve_one(attempt, request, ids) for request in requests]
+            attempt.stage()
+            return results
+
+        return await self._transact(body)
+
+    def _reserve_one(self, attempt: _Attempt, request: ReserveRequest, ids: _EventIds) -> ReserveResult:
+        run_id = request.run_id
+        try:
+            slot = attempt.slot(run_id)
+        except RunlaneError as error:
+            return ReserveResult(run_id, None, error=error)
+        if slot is None:
+            return ReserveResult(run_id, None)
+        run = slot.run
+        now = attempt.now
+        if run.status is not RunStatus.QUEUED or run.queue not in self.queue_limits:
+            return ReserveResult(run_id, None)
+        if run.dispatch_expires_at is not None and run.dispatch_expires_at > now:
+            return ReserveResult(run_id, None)  # already reserved
+        available = get_run_runnable_available_at(run)
+        if available is None or available > now:
+            return ReserveResult(run_id, None)
+        if not attempt.free_slots(run):
+            return ReserveResult(run_id, None)
+        event = RunDeliveryRequestedEvent(
+            run_id=run_id,
+            environment=run.environment,
+            occurred_at=now,
+            actor=_SYSTEM_ACTOR,
+            trace_carrier=run.trace_carrier,
+            delivery=DeliveryIntent(
+                environment=run.environment,
+                run_id=run_id,
+                queue=run.queue,
+                requested_at=now,
+                available_at=now,
+                dispatch_expires_at=now + timedelta(milliseconds=request.dispatch_timeout_ms),
+            ),
+        )
+        try:
+            result = attempt.apply(slot, [event], ids)
+        except RunlaneError as error:
+            return ReserveResult(run_id, None, error=error)
+        return ReserveResult(run_id, result.run, result.events, result.observations, result.outbox)
+
+    # -- outbox ----------------------------------------------------------------------------------
+
+    async def list_due_outbox(self, now: datetime, limit: int) -> list[str]:
+        """Ids of outbox rows due at ``now`` (pending/failed by availability, claimed by claim expiry)."""
+        upper = encode_storage_tuple_prefix_upper_bound((encode_iso_date(now),))
+        query = StorageQuery(
+            StorageIndexName.OUTBOX_DUE,
+            (self.env_key,),
+            StorageRange(lt=upper),
+            limit=min(max(1, limit), self._limits.max_query_results),
+        )
+        result = await self.driver.query(query)
+        return [item.key.parts[-1] for item in result.items]
+
+    async def get_outbox_messages(self, ids: Sequence[str]) -> list[OutboxMessage | None]:
+        size = self._limits.max_point_reads
+        found: list[OutboxMessage | None] = []
+        for start in range(0, len(ids), size):
+            keys = [outbox_message_key(self.env_key, item) for item in ids[start : start + size]]
+            for record in await self.driver.get(keys):
+                found.append(None if record is None else _decode_outbox(record))
+        return found
+
+    async def list_run_outbox(self, run_id: str, limit: int = 100) -> list[OutboxMessage]:
+        """The outbox rows of one run, oldest first."""
+        query = StorageQuery(
+            StorageIndexName.OUTBOX_BY_RUN,
+            (self.env_key, run_id),
+            StorageRange(),
+            limit=min(max(1, limit), self._limits.max_query_results, self._limits.max_point_reads),
+        )
+        result = await self.driver.query(query)
+        if not result.items:
+            return []
+        records = await self.driver.get([item.key for item in result.items])
+        return [_decode_outbox(record) for record in records if record is not None]
+
+    async def claim_outbox(
+        self, ids: Sequence[str], *, claim_token: str, claim_ms: int, worker_id: str | None = None
+    ) -> list[OutboxMessage]:
+        """Claim the given rows that are due (pending / failed at their availability, or claimed with an
+        expired claim) under ``claim_token`` in one commit; returns exactly the rows now claimed."""
+        ids = list(dict.fromkeys(ids))[: self._limits.max_point_reads]
+        if not ids:
+            return []
+        env = self.env_key
+        keys = [outbox_message_key(env, item) for item in ids]
+
+        async def body(tx: StorageTransaction) -> list[OutboxMessage]:
+            found = await tx.get(keys)
+            now = _utc(await tx.now())
+            claimed: list[OutboxMessage] = []
+            for record in found:
+                if record is None:
+                    continue
+                message = _decode_outbox(record)
+                status = message.status
+                if status in (OutboxMessageStatus.PENDING, OutboxMessageStatus.FAILED):
+                    if message.available_at > now:
+                        continue
+                elif status is OutboxMessageStatus.CLAIMED:
+                    if message.claim is None or message.claim.expires_at > now:
+                        continue
+                else:
+                    continue
+                updated = message.model_copy(
+                    update={
+                        "status": OutboxMessageStatus.CLAIMED,
+                        "claim": OutboxClaim(
+                            token=claim_token,
+                            worker_id=worker_id,
+                            claimed_at=now,
+                            expires_at=now + timedelta(milliseconds=claim_ms),
+                        ),
+                        "updated_at": now,
+                    }
+                )
+                tx.replace(record, _outbox_record(env, updated))
+                claimed.append(updated)
+            return claimed
+
+        return await self.driver.with_transaction(body)
+
+    async def mark_outbox(self, claim_token: str, marks: Sequence[OutboxMark]) -> list[OutboxMessage]:
+        """Record publish results for claimed rows in one commit, fenced by ``claim_token``.
+
+        Each mark is ``published``, ``failed`` (retryable: ``attempts`` + 1, available again at
+        ``next_available_at``) or ``dead_lettered``. Any row whose current claim is not
+        ``claim_token`` rejects the whole call with ``storage_conflict`` (``outbox_claim``) and nothing
+        is written.
+        """
+        if not marks:
+            return []
+        env = self.env_key
+        keys = [outbox_message_key(env, mark.outbox_message_id) for mark in marks]
+
+        async def body(tx: StorageTransaction) -> list[OutboxMessage]:
+            found = await tx.get(keys)
+            now = _utc(await tx.now())
+            staged: list[tuple[StorageRecord, OutboxMessage]] = []
+            for mark, record in zip(marks, found):
+                message = None if record is None else _decode_outbox(record)
+                if (
+                    record is None
+                    or message is None
+                    or message.status is not OutboxMessageStatus.CLAIMED
+                    or message.claim is None
+                    or message.claim.token != claim_token
+                ):
+                    raise create_storage_conflict_error(
+                        StorageConflictKind.OUTBOX_CLAIM,
+                        f"Outbox message {mark.outbox_message_id} is no longer held by this claim; "
+                        "another publisher claimed it after the claim expired.",
+                        meta={"outbox_message_id": mark.outbox_message_id},
+                    )
+                update: dict[str, Any] = {
+                    "status": mark.status,
+                    "claim": None,
+                    "updated_at": now,
+                    "attempts": message.attempts + 1,
+                }
+                if mark.status is OutboxMessageStatus.PUBLISHED:
+                    update["published_at"] = mark.published_at or now
+                    update["provider_message_id"] = mark.provider_message_id
+                else:
+                    update["last_failure"] = mark.failure
+                    if mark.status is OutboxMessageStatus.FAILED:
+                        update["available_at"] = mark.next_available_at or now
+                staged.append((record, message.model_copy(update=update)))
+            for record, updated in staged:
+                tx.replace(record, _outbox_record(env, updated))
+            return [updated for _, updated in staged]
+
+        return await self.driver.with_transaction(body)
 
     # -- appends and completions -------------------------------------------------------------------
 
@@ -1628,7 +2001,7 @@ class CoreStore:
             counted = RunChildCounts(
                 events=children.events, outbox=children.outbox, steps=children.steps + 1, links=children.links
             )
-            tx.replace(run_record, _run_record(env, run, counted))
+            tx.replace(run_record, _run_record(env, run, counted, self.queue_limits))
             # Only a first-time completion is observed; a replay above returned before this point.
             self.stage_observations(tx, [value], {key.encoded: record for key, record in zip(reads, found)})
             return step, True

@@ -1,0 +1,242 @@
+"""Bounded-queue dispatch: tick() reserves durable capacity per (environment, queue, concurrency key)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from datetime import datetime, timedelta
+
+from runlane import RunStatus, TaskContext, WorkerMode, queue, task
+from runlane.core.store import ClaimRequest
+from runlane.storage import StorageIndexName
+from runlane.vocabulary import ExecuteDeliveryIgnoredReason
+
+from runtime_support import DEFAULT_QUEUE, event_types, shared_runtimes
+
+
+def _occupied(runs, now: datetime) -> collections.Counter:
+    """Capacity in use per (queue, concurrency key): live leases plus unexpired reservations."""
+    used: collections.Counter = collections.Counter()
+    for run in runs:
+        if run is None:
+            continue
+        if run.status in (RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED):
+            if run.lease is not None and run.lease.expires_at > now:
+                used[(run.queue, run.concurrency_key)] += 1
+        elif run.status is RunStatus.QUEUED and run.dispatch_expires_at is not None and run.dispatch_expires_at > now:
+            used[(run.queue, run.concurrency_key)] += 1
+    return used
+
+
+def _reserved(runs, now: datetime) -> list:
+    return [
+        run
+        for run in runs
+        if run.status is RunStatus.QUEUED and run.dispatch_expires_at is not None and run.dispatch_expires_at > now
+    ]
+
+
+async def test_tick_reserves_bounded_capacity_with_a_delivery_request():
+    limited = queue("limited", concurrency_limit=2, dispatch_timeout="30s")
+
+    @task("dispatch.basic", queue=limited)
+    async def basic(payload: dict) -> None:
+        return None
+
+    (runtime,), clock = shared_runtimes([basic], queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        ids = [(await runtime.trigger(basic, {"n": n})).run.id for n in range(5)]
+        first = await runtime.tick()
+        assert first.dispatch_reserved == 2
+        runs = await runtime.store.get_runs(ids)
+        reserved = _reserved(runs, clock.now())
+        assert len(reserved) == 2
+        for run in reserved:
+            assert run.dispatch_expires_at == clock.now() + timedelta(seconds=30)
+            assert (await event_types(runtime, run.id))[-1] == "run.delivery_requested"
+        # Full: nothing more is reserved, and the unreserved runs stay findable for dispatch.
+        assert (await runtime.tick()).dispatch_reserved == 0
+        waiting = await runtime.store.query_index(StorageIndexName.RUNS_NEEDING_DISPATCH, ("limited",), until=clock.now())
+        assert sorted(waiting) == sorted(run.id for run in runs if run not in reserved)
+        # A claim of a reserved run turns its reservation into the lease occupant.
+        claimed = (await runtime.store.claim([ClaimRequest(reserved[0].id, None, "w", "tok", 60_000)]))[0]
+        assert claimed.claimed and claimed.run.dispatch_expires_at is None
+        assert _occupied(await runtime.store.get_runs(ids), clock.now())[("limited", None)] == 2
+        assert (await runtime.tick()).dispatch_reserved == 0
+
+
+async def test_unreserved_runs_cannot_claim_capacity_held_by_reservations():
+    limited = queue("limited", concurrency_limit=1)
+
+    @task("dispatch.hold", queue=limited)
+    async def hold(payload: dict) -> None:
+        return None
+
+    (runtime,), clock = shared_runtimes([hold], queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        a = (await runtime.trigger(hold, {"n": 1})).run
+        b = (await runtime.trigger(hold, {"n": 2})).run
+        assert (await runtime.tick()).dispatch_reserved == 1
+        held, other = await runtime.store.get_runs([a.id, b.id])
+        if other.dispatch_expires_at is not None:
+            held, other = other, held
+        lost = (await runtime.store.claim([ClaimRequest(other.id, None, "w", "tok", 60_000)]))[0]
+        assert not lost.claimed and lost.reason is ExecuteDeliveryIgnoredReason.CLAIM_LOST
+        done = await runtime.execute_next()
+        assert done.id == held.id and done.status is RunStatus.SUCCEEDED
+        assert (await runtime.tick()).dispatch_reserved == 1
+        assert (await runtime.store.get_run(other.id)).dispatch_expires_at is not None
+
+
+async def test_expired_reservations_free_capacity_and_runs_are_reserved_again():
+    limited = queue("limited", concurrency_limit=2, dispatch_timeout="10s")
+
+    @task("dispatch.expire", queue=limited)
+    async def expire(payload: dict) -> None:
+        return None
+
+    (runtime,), clock = shared_runtimes([expire], queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        ids = [(await runtime.trigger(expire, {"n": n})).run.id for n in range(3)]
+        assert (await runtime.tick()).dispatch_reserved == 2
+        first = {run.id for run in _reserved(await runtime.store.get_runs(ids), clock.now())}
+        clock.advance(timedelta(seconds=11))
+        # Both reservations expired: capacity is free again, and never more than two are held.
+        assert (await runtime.tick()).dispatch_reserved == 2
+        runs = await runtime.store.get_runs(ids)
+        assert _occupied(runs, clock.now())[("limited", None)] == 2
+        second = {run.id for run in _reserved(runs, clock.now())}
+        assert len(first | second) == 3  # the unreserved run got a slot
+        clock.advance(timedelta(seconds=11))
+        assert (await runtime.tick()).dispatch_reserved == 2
+        # Every run still executes exactly once.
+        for _ in range(3):
+            done = await runtime.execute_next()
+            assert done is not None and done.status is RunStatus.SUCCEEDED
+        assert await runtime.execute_next() is None
+
+
+async def test_default_dispatch_timeout_is_the_contract_lease_duration():
+    limited = queue("limited", concurrency_limit=1)
+
+    @task("dispatch.default", queue=limited)
+    async def default(payload: dict) -> None:
+        return None
+
+    (runtime,), clock = shared_runtimes([default], queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        run = (await runtime.trigger(default, {})).run
+        assert (await runtime.tick()).dispatch_reserved == 1
+        reserved = await runtime.store.get_run(run.id)
+        assert reserved.dispatch_expires_at > clock.now()
+
+
+async def test_concurrency_keys_are_separate_capacity_partitions():
+    limited = queue("limited", concurrency_limit=1)
+
+    @task("dispatch.keyed", queue=limited, concurrency_key=lambda p: p["tenant"])
+    async def keyed(payload: dict) -> None:
+        return None
+
+    (runtime,), clock = shared_runtimes([keyed], queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        ids = [(await runtime.trigger(keyed, {"tenant": tenant, "n": n})).run.id for n in range(2) for tenant in "ab"]
+        assert (await runtime.tick()).dispatch_reserved == 2
+        runs = await runtime.store.get_runs(ids)
+        assert sorted(run.concurrency_key for run in _reserved(runs, clock.now())) == ["a", "b"]
+        assert (await runtime.tick(dispatch_reservation_limit=5)).dispatch_reserved == 0
+
+
+async def test_dispatch_reservation_limit_bounds_one_tick():
+    limited = queue("limited", concurrency_limit=5)
+
+    @task("dispatch.limit", queue=limited)
+    async def limit(payload: dict) -> None:
+        return None
+
+    (runtime,), _ = shared_runtimes([limit], queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        for n in range(4):
+            await runtime.trigger(limit, {"n": n})
+        assert (await runtime.tick(dispatch_reservation_limit=3)).dispatch_reserved == 3
+        assert (await runtime.tick()).dispatch_reserved == 1
+
+
+async def test_signal_resume_on_a_bounded_queue_waits_for_dispatch():
+    limited = queue("limited", concurrency_limit=1)
+
+    @task("dispatch.waiter", queue=limited)
+    async def waiter(payload: dict, ctx: TaskContext):
+        if payload.get("wait") and ctx.attempt == 1:
+            return ctx.wait_for_signal("go")
+        return {"attempt": ctx.attempt}
+
+    (runtime,), clock = shared_runtimes([waiter], queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        waiting = (await runtime.trigger(waiter, {"wait": True})).run
+        released = await runtime.execute_next()
+        assert released.id == waiting.id and released.status is RunStatus.RELEASED
+        blocker = (await runtime.trigger(waiter, {})).run
+        assert (await runtime.tick()).dispatch_reserved == 1
+        assert (await runtime.store.get_run(blocker.id)).dispatch_expires_at is not None
+        resumed = await runtime.signals.send("go")
+        assert [run.id for run in resumed] == [waiting.id]
+        assert resumed[0].status is RunStatus.QUEUED and resumed[0].dispatch_expires_at is None
+        # The resumed run cannot take the slot the blocker's reservation holds.
+        lost = (await runtime.store.claim([ClaimRequest(waiting.id, None, "w", "tok", 60_000)]))[0]
+        assert lost.reason is ExecuteDeliveryIgnoredReason.CLAIM_LOST
+        assert (await runtime.tick()).dispatch_reserved == 0
+        done = await runtime.execute_next()
+        assert done.id == blocker.id and done.status is RunStatus.SUCCEEDED
+        # Capacity is free again: the resumed run is dispatched and then runs.
+        assert (await runtime.tick()).dispatch_reserved == 1
+        assert (await runtime.store.get_run(waiting.id)).dispatch_expires_at is not None
+        finished = await runtime.execute_next()
+        assert finished.id == waiting.id and finished.output == {"attempt": 2}
+
+
+async def test_capacity_is_never_exceeded_under_racing_ticks_and_workers():
+    limited = queue("limited", concurrency_limit=2, dispatch_timeout="1m")
+    active: collections.Counter[str] = collections.Counter()
+    peaks: collections.Counter[str] = collections.Counter()
+
+    @task("dispatch.race", queue=limited, concurrency_key=lambda p: p["tenant"])
+    async def race(payload: dict) -> None:
+        active[payload["tenant"]] += 1
+        peaks[payload["tenant"]] = max(peaks[payload["tenant"]], active[payload["tenant"]])
+        await asyncio.sleep(0.001)
+        active[payload["tenant"]] -= 1
+
+    runtimes, clock = shared_runtimes([race], [race], queues=[DEFAULT_QUEUE, limited])
+    for runtime in runtimes:
+        await runtime.start()
+    ids = [(await runtimes[n % 2].trigger(race, {"tenant": f"t{n % 2}", "n": n})).run.id for n in range(30)]
+    samples: list[collections.Counter] = []
+    stop = asyncio.Event()
+
+    async def ticker(runtime) -> None:
+        while not stop.is_set():
+            await runtime.tick()
+            await asyncio.sleep(0)
+
+    async def sampler() -> None:
+        while not stop.is_set():
+            samples.append(_occupied(await runtimes[0].store.get_runs(ids), clock.now()))
+            await asyncio.sleep(0)
+
+    background = [asyncio.ensure_future(ticker(runtime)) for runtime in runtimes] + [asyncio.ensure_future(sampler())]
+    try:
+        workers = [runtime.worker(mode=WorkerMode.DRAIN, concurrency=4) for runtime in runtimes]
+        await asyncio.wait_for(asyncio.gather(*(w.closed for w in workers)), 20)
+        for runtime in runtimes:
+            while (run := await runtime.execute_next()) is not None:
+                assert run.status is RunStatus.SUCCEEDED
+    finally:
+        stop.set()
+        await asyncio.gather(*background)
+    runs = await runtimes[0].store.get_runs(ids)
+    assert all(run.status is RunStatus.SUCCEEDED for run in runs)
+    assert samples and all(value <= 2 for sample in samples for value in sample.values())
+    assert max(peaks.values()) <= 2
+    for runtime in runtimes:
+        await runtime.close()

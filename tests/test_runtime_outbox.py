@@ -1,0 +1,231 @@
+"""Outbox publishing on transport lanes: eager and deferred trigger dispatch, tick flushes, failures."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from runlane import (
+    ErrorCode,
+    RunlaneError,
+    RunStatus,
+    StorageConflictKind,
+    TaskContext,
+    TriggerDispatchMode,
+    create_lane,
+    create_runlane,
+    get_storage_conflict_kind,
+    queue,
+    task,
+)
+from runlane.core.lanes import LaneDelivery
+from runlane.core.store import OutboxMark, _run_key
+from runlane.storage.tables import decode_run_document
+from runlane.testing import ControlledClock, RecordingTransport
+from runlane.vocabulary import LaneDeliveryMode, OutboxMessageStatus
+from runlane_local import local_storage_driver
+
+from runtime_support import DEFAULT_QUEUE, make_runtime
+
+LIMITED = queue("limited", concurrency_limit=1)
+
+
+@task("outbox.work")
+async def work(payload: dict) -> None:
+    return None
+
+
+@task("outbox.limited", queue=LIMITED)
+async def limited_work(payload: dict) -> None:
+    return None
+
+
+@task("outbox.wait")
+async def wait_work(payload: dict, ctx: TaskContext):
+    if ctx.attempt == 1:
+        return ctx.wait_for_signal("outbox-go")
+    return None
+
+
+def transport_runtime(**options):
+    clock = ControlledClock()
+    transport = RecordingTransport(clock=clock)
+    lane = create_lane(
+        storage=local_storage_driver(clock=clock),
+        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
+    )
+    runtime = create_runlane(
+        lane=lane, queues=[DEFAULT_QUEUE, LIMITED], tasks=[work, limited_work, wait_work], clock=clock, **options
+    )
+    return runtime, transport, clock
+
+
+async def outbox_count(runtime, run_id: str) -> int:
+    (record,) = await runtime.store.driver.get([_run_key(runtime.store.env_key, run_id)])
+    return decode_run_document(record.document)[1].outbox
+
+
+async def test_eager_trigger_publishes_the_rows_it_created():
+    runtime, transport, clock = transport_runtime()
+    async with runtime:
+        run = (await runtime.trigger(work, {})).run
+        assert [message.run_id for message in transport.published] == [run.id]
+        assert transport.published[0].queue == "default"
+        (row,) = await runtime.store.list_run_outbox(run.id)
+        assert row.status is OutboxMessageStatus.PUBLISHED and row.attempts == 1 and row.claim is None
+        assert row.provider_message_id is not None and row.published_at == clock.now()
+        assert await outbox_count(runtime, run.id) == 1
+        assert (await runtime.store.get_run(run.id)).status is RunStatus.QUEUED
+        result = await runtime.tick()
+        assert (result.outbox_published, result.outbox_failed, result.outbox_dead_lettered) == (0, 0, 0)
+        assert len(transport.published) == 1
+
+
+async def test_deferred_trigger_leaves_publishing_to_tick():
+    runtime, transport, _ = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
+    async with runtime:
+        first = (await runtime.trigger(work, {"n": 1})).run
+        second = (await runtime.trigger(work, {"n": 2})).run
+        assert transport.published == []
+        (row,) = await runtime.store.list_run_outbox(first.id)
+        assert row.status is OutboxMessageStatus.PENDING
+        assert (await runtime.tick(outbox_claim_limit=1)).outbox_published == 1
+        assert (await runtime.tick()).outbox_published == 1
+        assert {message.run_id for message in transport.published} == {first.id, second.id}
+        assert (await runtime.tick()).outbox_published == 0
+
+
+async def test_retryable_failure_is_retried_after_a_delay():
+    runtime, transport, clock = transport_runtime()
+    async with runtime:
+        transport.fail_next(1)
+        run = (await runtime.trigger(work, {})).run
+        assert (await runtime.store.get_run(run.id)).status is RunStatus.QUEUED
+        (row,) = await runtime.store.list_run_outbox(run.id)
+        assert row.status is OutboxMessageStatus.FAILED and row.attempts == 1
+        assert row.last_failure.code is ErrorCode.TRANSPORT_PUBLISH_FAILED and row.available_at > clock.now()
+        assert (await runtime.tick()).outbox_published == 0  # not due yet
+        clock.advance(timedelta(seconds=2))
+        assert (await runtime.tick()).outbox_published == 1
+        (row,) = await runtime.store.list_run_outbox(run.id)
+        assert row.status is OutboxMessageStatus.PUBLISHED and row.attempts == 2
+        assert await outbox_count(runtime, run.id) == 1
+
+
+async def test_non_retryable_failure_dead_letters_the_row():
+    runtime, transport, _ = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
+    async with runtime:
+        run = (await runtime.trigger(work, {})).run
+        transport.fail_next(1, retryable=False)
+        assert (await runtime.tick()).outbox_dead_lettered == 1
+        (row,) = await runtime.store.list_run_outbox(run.id)
+        assert row.status is OutboxMessageStatus.DEAD_LETTERED and row.last_failure.retryable is False
+        assert (await runtime.tick()).outbox_dead_lettered == 0
+
+
+async def test_too_many_failed_attempts_dead_letter_the_row():
+    runtime, transport, clock = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
+    async with runtime:
+        run = (await runtime.trigger(work, {})).run
+        transport.fail_next(100)
+        failed = dead = 0
+        for _ in range(20):
+            result = await runtime.tick()
+            failed += result.outbox_failed
+            dead += result.outbox_dead_lettered
+            clock.advance(timedelta(minutes=10))
+        (row,) = await runtime.store.list_run_outbox(run.id)
+        assert row.status is OutboxMessageStatus.DEAD_LETTERED and dead == 1
+        assert row.attempts == failed + 1
+
+
+async def test_operation_outage_marks_every_claimed_row_failed():
+    runtime, transport, clock = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
+    async with runtime:
+        ids = [(await runtime.trigger(work, {"n": n})).run.id for n in range(2)]
+        transport.fail_operation_next(1)
+        result = await runtime.tick()
+        assert (result.outbox_published, result.outbox_failed) == (0, 2)
+        for run_id in ids:
+            (row,) = await runtime.store.list_run_outbox(run_id)
+            assert row.status is OutboxMessageStatus.FAILED
+            assert row.last_failure.code is ErrorCode.TRANSPORT_UNAVAILABLE
+        clock.advance(timedelta(seconds=2))
+        assert (await runtime.tick()).outbox_published == 2
+
+
+async def test_eager_publish_outage_does_not_reject_the_trigger():
+    runtime, transport, _ = transport_runtime()
+    async with runtime:
+        transport.fail_operation_next(1)
+        run = (await runtime.trigger(work, {})).run
+        (row,) = await runtime.store.list_run_outbox(run.id)
+        assert row.status is OutboxMessageStatus.FAILED
+
+
+async def test_stale_claim_is_rejected():
+    runtime, _, clock = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
+    async with runtime:
+        run = (await runtime.trigger(work, {})).run
+        (row,) = await runtime.store.list_run_outbox(run.id)
+        store = runtime.store
+        assert [m.id for m in await store.claim_outbox([row.id], claim_token="first", claim_ms=1_000)] == [row.id]
+        # An active claim cannot be taken over.
+        assert await store.claim_outbox([row.id], claim_token="second", claim_ms=1_000) == []
+        clock.advance(timedelta(seconds=2))
+        (taken,) = await store.claim_outbox([row.id], claim_token="second", claim_ms=1_000)
+        assert taken.claim.token == "second"
+        with pytest.raises(RunlaneError) as caught:
+            await store.mark_outbox("first", [OutboxMark(row.id, OutboxMessageStatus.PUBLISHED)])
+        assert get_storage_conflict_kind(caught.value) is StorageConflictKind.OUTBOX_CLAIM
+        (marked,) = await store.mark_outbox("second", [OutboxMark(row.id, OutboxMessageStatus.PUBLISHED)])
+        assert marked.status is OutboxMessageStatus.PUBLISHED
+        with pytest.raises(RunlaneError):
+            await store.mark_outbox("second", [OutboxMark(row.id, OutboxMessageStatus.PUBLISHED)])
+
+
+async def test_storage_polling_lanes_write_no_outbox_rows():
+    runtime, _ = make_runtime(work)
+    async with runtime:
+        run = (await runtime.trigger(work, {})).run
+        assert await runtime.store.list_run_outbox(run.id) == []
+        assert await outbox_count(runtime, run.id) == 0
+        result = await runtime.tick()
+        assert (result.outbox_published, result.outbox_failed, result.outbox_dead_lettered) == (0, 0, 0)
+
+
+async def test_bounded_queue_rows_are_written_by_dispatch_and_published_by_tick():
+    runtime, transport, _ = transport_runtime()
+    async with runtime:
+        run = (await runtime.trigger(limited_work, {})).run
+        assert await runtime.store.list_run_outbox(run.id) == [] and transport.published == []
+        result = await runtime.tick()
+        assert result.dispatch_reserved == 1 and result.outbox_published == 1
+        assert [message.run_id for message in transport.published] == [run.id]
+        assert await outbox_count(runtime, run.id) == 1
+
+
+async def test_signal_resume_writes_an_outbox_row():
+    runtime, transport, _ = transport_runtime()
+    async with runtime:
+        run = (await runtime.trigger(wait_work, {})).run
+        released = await runtime.execute_next()
+        assert released.status is RunStatus.RELEASED
+        await runtime.signals.send("outbox-go")
+        assert await outbox_count(runtime, run.id) == 2
+        assert (await runtime.tick()).outbox_published == 1
+        assert [message.run_id for message in transport.published] == [run.id, run.id]
+
+
+async def test_prune_removes_a_transport_run_with_its_outbox_rows():
+    runtime, transport, clock = transport_runtime()
+    async with runtime:
+        run = (await runtime.trigger(work, {})).run
+        done = await runtime.execute_next()
+        assert done.id == run.id and done.status is RunStatus.SUCCEEDED
+        assert await outbox_count(runtime, run.id) == 1
+        clock.advance(timedelta(days=2))
+        assert (await runtime.runs.prune(older_than="1d")).pruned == 1
+        assert await runtime.store.get_run(run.id) is None
+        assert await runtime.store.list_run_outbox(run.id) == []
