@@ -114,9 +114,12 @@ from .vocabulary import (
     run_status_values,
 )
 
+from .plugins import hookimpl
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "hookimpl",
     "Actor", "ActorType", "Backoff", "CancellationController", "CancellationSignal", "ConsoleObservationSink",
     "ExecuteDeliveryResult", "Lane", "LaneCapabilities", "LaneDelivery", "ObservationExporter", "ObservationPage",
     "ObservationSink", "PruneResult", "QueueDefinition", "Retry", "RetryPolicy", "Runlane",

@@ -1,0 +1,203 @@
+"""The one plugin manager: core's default plugins plus the ``runlane`` entry-point group, loaded lazily.
+
+``load_plugins()`` imports entry-point plugins once per process, honouring ``RUNLANE_LOAD_PLUGINS``
+(a comma-separated allowlist of entry-point or distribution names; set but empty loads none).
+A plugin that fails to import or register is reported on stderr in one line and skipped; it never
+crashes the host. This module does not build lanes or read configuration.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import pluggy
+
+from . import hookspecs
+from .registries import Registries, collect_registries
+
+__all__ = [
+    "DEFAULT_PLUGINS",
+    "ENTRY_POINT_GROUP",
+    "LOAD_PLUGINS_ENV",
+    "PluginInfo",
+    "PluginLoadFailure",
+    "get_plugin_failures",
+    "get_plugins",
+    "get_registries",
+    "load_entry_point_plugins",
+    "load_plugins",
+    "plugin_allowlist",
+    "pm",
+]
+
+ENTRY_POINT_GROUP = "runlane"
+LOAD_PLUGINS_ENV = "RUNLANE_LOAD_PLUGINS"
+
+# Core's built-in features, registered as plugins through the same manager as installed ones.
+DEFAULT_PLUGINS: tuple[str, ...] = ("runlane.plugins.defaults",)
+
+pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+pm.add_hookspecs(hookspecs)
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    distribution: str | None
+    version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PluginLoadFailure:
+    """An entry-point plugin that was skipped because importing or registering it failed."""
+
+    name: str
+    distribution: str | None
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class PluginInfo:
+    """One registered plugin for ``runlane plugins list``."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    hooks: tuple[str, ...]
+    provides: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "hooks": list(self.hooks),
+            "provides": {kind: list(names) for kind, names in self.provides.items()},
+        }
+
+
+_origins: dict[str, _Origin] = {}
+_failures: list[PluginLoadFailure] = []
+_loaded = False
+_lock = threading.Lock()
+
+
+def _runlane_version() -> str | None:
+    try:
+        return importlib.metadata.version("runlane")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+for _module_name in DEFAULT_PLUGINS:
+    pm.register(importlib.import_module(_module_name), name=_module_name)
+    _origins[_module_name] = _Origin("runlane", _runlane_version())
+
+
+def _normalize(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(".", "-")
+
+
+def plugin_allowlist(environ: os._Environ[str] | dict[str, str] | None = None) -> frozenset[str] | None:
+    """Normalized names from ``RUNLANE_LOAD_PLUGINS``; ``None`` when unset (load all), empty when set but empty."""
+    value = (os.environ if environ is None else environ).get(LOAD_PLUGINS_ENV)
+    if value is None:
+        return None
+    return frozenset(_normalize(part) for part in value.split(",") if part.strip())
+
+
+def runlane_entry_points() -> Iterable[Any]:
+    """Installed entry points of the ``runlane`` group."""
+    return importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+
+
+def _distribution_of(entry_point: Any) -> _Origin:
+    dist = getattr(entry_point, "dist", None)
+    if dist is None:
+        return _Origin(None, None)
+    return _Origin(dist.metadata["Name"] if dist.metadata else getattr(dist, "name", None), dist.version)
+
+
+def load_entry_point_plugins(
+    manager: pluggy.PluginManager,
+    entry_points: Iterable[Any],
+    *,
+    allowlist: frozenset[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> list[str]:
+    """Register each allowed entry point's object on ``manager`` under the entry point's name.
+
+    Already registered names are skipped, so calling this again is harmless. A plugin that fails to
+    import or register is reported on ``stderr`` (default: ``sys.stderr``) and skipped.
+    Returns the names registered by this call.
+    """
+    registered: list[str] = []
+    for entry_point in entry_points:
+        name = entry_point.name
+        origin = _distribution_of(entry_point)
+        if allowlist is not None and not (
+            _normalize(name) in allowlist or (origin.distribution and _normalize(origin.distribution) in allowlist)
+        ):
+            continue
+        if manager.has_plugin(name):
+            continue
+        try:
+            plugin = entry_point.load()
+            manager.register(plugin, name=name)
+        except Exception as error:  # a broken plugin must never take the host down
+            described = f"{type(error).__name__}: {error}"
+            from_dist = f" from {origin.distribution}" if origin.distribution else ""
+            print(
+                f"runlane: skipped plugin {name!r}{from_dist} ({entry_point.value}): {described}",
+                file=stderr if stderr is not None else sys.stderr,
+            )
+            _failures.append(PluginLoadFailure(name, origin.distribution, described))
+            continue
+        _origins[name] = origin
+        registered.append(name)
+    return registered
+
+
+def load_plugins() -> None:
+    """Load the ``runlane`` entry-point group into ``pm`` once per process; later calls do nothing."""
+    global _loaded
+    with _lock:
+        if _loaded:
+            return
+        _loaded = True
+        load_entry_point_plugins(pm, runlane_entry_points(), allowlist=plugin_allowlist())
+
+
+def get_plugin_failures() -> list[PluginLoadFailure]:
+    """Entry-point plugins skipped so far because they failed to import or register."""
+    return list(_failures)
+
+
+def get_registries(manager: pluggy.PluginManager | None = None) -> Registries:
+    """Load plugins (for the default manager) and collect everything they register."""
+    if manager is None:
+        load_plugins()
+        manager = pm
+    return collect_registries(manager)
+
+
+def get_plugins(manager: pluggy.PluginManager | None = None) -> list[PluginInfo]:
+    """Every registered plugin with its distribution, version, implemented hooks and provided names."""
+    if manager is None:
+        load_plugins()
+        manager = pm
+    registries = collect_registries(manager)
+    infos = []
+    for name, plugin in manager.list_name_plugin():
+        if plugin is None:  # blocked
+            continue
+        origin = _origins.get(name, _Origin(None, None))
+        hooks = tuple(sorted(caller.name for caller in manager.get_hookcallers(plugin) or ()))
+        infos.append(PluginInfo(name, origin.distribution, origin.version, hooks, registries.provided_by(name)))
+    return sorted(infos, key=lambda info: info.name)

@@ -1,0 +1,342 @@
+"""Provider registries: what plugins register, stamped with the plugin that registered it.
+
+This module owns the provider types (``LaneProvider``, ``StorageDriverProvider``, ``TransportProvider``,
+``ExporterProvider``), fills registries by calling each registration hook once per plugin with a
+``register`` callback, rejects name collisions, and validates a provider's options from ``runlane.toml``.
+It never loads entry points (that is ``runlane.plugins.manager``) and never reads configuration files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+import pluggy
+from pydantic import BaseModel, ValidationError
+
+from ..errors import ErrorCode, RunlaneError
+
+__all__ = [
+    "ExporterProvider",
+    "LaneProvider",
+    "ProviderContext",
+    "ProviderRegistry",
+    "Registries",
+    "StorageDriverProvider",
+    "TransportProvider",
+    "collect_registries",
+    "validate_options",
+]
+
+
+def _invalid(message: str, **meta: Any) -> RunlaneError:
+    return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta=meta)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderContext:
+    """What a provider's ``create(options, context)`` may need besides its options.
+
+    ``base_dir`` is the directory relative paths in the configuration resolve against;
+    ``registries`` lets a composite provider (a lane built from a storage driver and a transport)
+    create its parts by name.
+    """
+
+    environment: str = "development"
+    base_dir: Path | None = None
+    registries: Registries | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Providers
+
+
+@dataclass(frozen=True, slots=True)
+class _Provider:
+    name: str
+    options_model: type[BaseModel]
+    create: Callable[[Any, ProviderContext], Any]
+    plugin: str | None = field(default=None, compare=False)
+    """Name of the plugin that registered this provider; stamped by the registry, not by the plugin."""
+
+    kind: ClassVar[str] = "provider"
+    table: ClassVar[str] = "[provider]"
+
+
+@dataclass(frozen=True, slots=True)
+class LaneProvider(_Provider):
+    """A lane: ``create(options, context) -> Lane``; selected by ``[lane] use = "<name>"``."""
+
+    kind: ClassVar[str] = "lane"
+    table: ClassVar[str] = "[lane]"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageDriverProvider(_Provider):
+    """A storage driver: ``create(options, context) -> StorageDriver``."""
+
+    kind: ClassVar[str] = "storage driver"
+    table: ClassVar[str] = "[storage]"
+
+
+@dataclass(frozen=True, slots=True)
+class TransportProvider(_Provider):
+    """A wakeup transport: ``create(options, context) -> TransportAdapter``."""
+
+    kind: ClassVar[str] = "transport"
+    table: ClassVar[str] = "[transport]"
+
+
+@dataclass(frozen=True, slots=True)
+class ExporterProvider(_Provider):
+    """An observation exporter: ``create(options, context) -> ObservationSink``; ``[[exporters]] use = "<name>"``."""
+
+    kind: ClassVar[str] = "exporter"
+    table: ClassVar[str] = "[[exporters]]"
+
+
+# Names first-party distributions provide, so an unknown name can say what to install.
+_FIRST_PARTY_HINTS: dict[tuple[str, str], str] = {
+    ("lane", "local"): "runlane-local",
+    ("lane", "sqlite"): "runlane-local",
+    ("lane", "postgres-polling"): "runlane-postgres",
+    ("lane", "postgres-sqs"): "runlane-sqs",
+    ("storage driver", "local"): "runlane-local",
+    ("storage driver", "sqlite"): "runlane-local",
+    ("storage driver", "postgres"): "runlane-postgres",
+    ("transport", "sqs"): "runlane-sqs",
+}
+
+P = TypeVar("P", bound=_Provider)
+
+
+class ProviderRegistry(Generic[P]):
+    """Providers of one kind by name, each stamped with the plugin that registered it."""
+
+    def __init__(self, provider_type: type[P]) -> None:
+        self.provider_type = provider_type
+        self._providers: dict[str, P] = {}
+
+    @property
+    def kind(self) -> str:
+        return self.provider_type.kind
+
+    def add(self, provider: object, *, plugin: str) -> P:
+        """Store ``provider`` under its name for ``plugin``; reject wrong types, bad models and collisions."""
+        if not isinstance(provider, self.provider_type):
+            raise _invalid(
+                f"Plugin {plugin!r} registered {provider!r} as a {self.kind}; "
+                f"pass a {self.provider_type.__name__}(name, options_model, create).",
+                plugin=plugin,
+            )
+        if not isinstance(provider.name, str) or not provider.name:
+            raise _invalid(f"Plugin {plugin!r} registered a {self.kind} without a name.", plugin=plugin)
+        _check_options_model(provider, plugin)
+        if not callable(provider.create):
+            raise _invalid(
+                f"Plugin {plugin!r} registered {self.kind} {provider.name!r} whose create is not callable.",
+                plugin=plugin,
+            )
+        existing = self._providers.get(provider.name)
+        if existing is not None:
+            raise _invalid(
+                f"The {self.kind} {provider.name!r} is registered by both plugin {existing.plugin!r} and "
+                f"plugin {plugin!r}; uninstall one of them or limit plugins with RUNLANE_LOAD_PLUGINS.",
+                kind=self.kind,
+                name=provider.name,
+                plugins=[existing.plugin, plugin],
+            )
+        stamped = dataclasses.replace(provider, plugin=plugin)
+        self._providers[provider.name] = stamped
+        return stamped
+
+    def get(self, name: str) -> P:
+        """The provider registered as ``name``; an unknown name lists the installed ones."""
+        provider = self._providers.get(name)
+        if provider is not None:
+            return provider
+        installed = ", ".join(f"{n} (plugin {p.plugin})" for n, p in sorted(self._providers.items())) or "none"
+        hint = _FIRST_PARTY_HINTS.get((self.kind, name))
+        install = f" Install {hint} to get it." if hint else ""
+        raise _invalid(
+            f"Unknown {self.kind} {name!r}; installed {self.kind}s: {installed}.{install}",
+            kind=self.kind,
+            name=name,
+            installed=sorted(self._providers),
+        )
+
+    def names(self) -> list[str]:
+        return sorted(self._providers)
+
+    def by_plugin(self, plugin: str) -> list[str]:
+        return sorted(n for n, p in self._providers.items() if p.plugin == plugin)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._providers
+
+    def __iter__(self) -> Iterator[P]:
+        return iter(self._providers[name] for name in sorted(self._providers))
+
+    def __len__(self) -> int:
+        return len(self._providers)
+
+
+def _check_options_model(provider: _Provider, plugin: str) -> None:
+    model = provider.options_model
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise _invalid(
+            f"Plugin {plugin!r} registered {provider.kind} {provider.name!r} whose options_model is not a pydantic model.",
+            plugin=plugin,
+        )
+    if model.model_config.get("extra") != "forbid":
+        raise _invalid(
+            f"Plugin {plugin!r} registered {provider.kind} {provider.name!r} whose options model "
+            f"{model.__name__} allows unknown keys; set model_config = ConfigDict(extra='forbid').",
+            plugin=plugin,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """A task module or observer, with the plugin that contributed it."""
+
+    value: Any
+    plugin: str
+
+
+@dataclass(slots=True)
+class Registries:
+    """Everything the installed plugins register, collected by ``collect_registries()``."""
+
+    lanes: ProviderRegistry[LaneProvider] = field(default_factory=lambda: ProviderRegistry(LaneProvider))
+    storage_drivers: ProviderRegistry[StorageDriverProvider] = field(
+        default_factory=lambda: ProviderRegistry(StorageDriverProvider)
+    )
+    transports: ProviderRegistry[TransportProvider] = field(
+        default_factory=lambda: ProviderRegistry(TransportProvider)
+    )
+    exporters: ProviderRegistry[ExporterProvider] = field(default_factory=lambda: ProviderRegistry(ExporterProvider))
+    task_modules: list[Contribution] = field(default_factory=list)
+    observers: list[Contribution] = field(default_factory=list)
+
+    def provided_by(self, plugin: str) -> dict[str, list[str]]:
+        """What ``plugin`` registered, by hook-facing kind; kinds it registered nothing for are left out."""
+        provided = {
+            "lanes": self.lanes.by_plugin(plugin),
+            "storage_drivers": self.storage_drivers.by_plugin(plugin),
+            "transports": self.transports.by_plugin(plugin),
+            "exporters": self.exporters.by_plugin(plugin),
+            "task_modules": [c.value for c in self.task_modules if c.plugin == plugin],
+            "observers": [_observer_name(c.value) for c in self.observers if c.plugin == plugin],
+        }
+        return {kind: names for kind, names in provided.items() if names}
+
+
+def _observer_name(observer: Any) -> str:
+    return getattr(observer, "__qualname__", None) or type(observer).__qualname__
+
+
+# ---------------------------------------------------------------------------------------------
+# Collection
+
+
+def collect_registries(manager: pluggy.PluginManager) -> Registries:
+    """Call every registration hook of ``manager`` once per plugin and return the filled registries.
+
+    Each plugin gets its own ``register`` callback, so every entry records which plugin provided it.
+    A collision, a wrong provider type or a failing hook raises ``configuration_invalid`` naming the plugin.
+    """
+    registries = Registries()
+    provider_hooks: tuple[tuple[str, ProviderRegistry[Any]], ...] = (
+        ("register_lanes", registries.lanes),
+        ("register_storage_drivers", registries.storage_drivers),
+        ("register_transports", registries.transports),
+        ("register_exporters", registries.exporters),
+    )
+    for hook_name, registry in provider_hooks:
+        _call_per_plugin(manager, hook_name, lambda plugin, r=registry: lambda p: r.add(p, plugin=plugin))
+    _call_per_plugin(manager, "register_task_modules", lambda plugin: _module_adder(registries, plugin))
+    _call_per_plugin(manager, "register_observers", lambda plugin: _observer_adder(registries, plugin))
+    return registries
+
+
+def _module_adder(registries: Registries, plugin: str) -> Callable[[str], None]:
+    def register(module: str) -> None:
+        if not isinstance(module, str) or not module or any(not part.isidentifier() for part in module.split(".")):
+            raise _invalid(
+                f"Plugin {plugin!r} registered task module {module!r}; pass a dotted module name such as 'package.tasks'.",
+                plugin=plugin,
+            )
+        if all(c.value != module for c in registries.task_modules):
+            registries.task_modules.append(Contribution(module, plugin))
+
+    return register
+
+
+def _observer_adder(registries: Registries, plugin: str) -> Callable[[Any], None]:
+    def register(observer: Any) -> None:
+        if not callable(observer):
+            raise _invalid(
+                f"Plugin {plugin!r} registered observer {observer!r}; pass a callable observer(observation).",
+                plugin=plugin,
+            )
+        registries.observers.append(Contribution(observer, plugin))
+
+    return register
+
+
+def _call_per_plugin(
+    manager: pluggy.PluginManager, hook_name: str, make_register: Callable[[str], Callable[[Any], Any]]
+) -> None:
+    hook = getattr(manager.hook, hook_name)
+    # pluggy calls the last registered implementation first; keep its order.
+    for impl in reversed(hook.get_hookimpls()):
+        register = make_register(impl.plugin_name)
+        arguments = {"register": register}
+        try:
+            impl.function(*(arguments[name] for name in impl.argnames))
+        except RunlaneError:
+            raise
+        except Exception as error:
+            raise _invalid(
+                f"Plugin {impl.plugin_name!r} failed in {hook_name}: {type(error).__name__}: {error}",
+                plugin=impl.plugin_name,
+                hook=hook_name,
+            ) from error
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+def validate_options(provider: _Provider, options: Mapping[str, Any], *, table: str | None = None) -> BaseModel:
+    """Validate ``options`` (the table's keys without ``use``) with the provider's options model.
+
+    Any pydantic error becomes ``configuration_invalid`` naming each offending key, the table
+    (``table`` or the provider kind's default, such as ``[lane]``) and the plugin.
+    """
+    where = table or provider.table
+    try:
+        return provider.options_model.model_validate(dict(options))
+    except ValidationError as error:
+        problems = []
+        keys = []
+        for detail in error.errors():
+            key = ".".join(str(part) for part in detail["loc"]) or "(table)"
+            keys.append(key)
+            if detail["type"] == "extra_forbidden":
+                problems.append(f"unknown key {key!r}")
+            else:
+                problems.append(f"key {key!r}: {detail['msg']}")
+        allowed = ", ".join(sorted(provider.options_model.model_fields)) or "none"
+        raise _invalid(
+            f"Invalid options in {where} for {provider.kind} {provider.name!r} (plugin {provider.plugin!r}): "
+            f"{'; '.join(problems)}. Allowed keys: {allowed}.",
+            table=where,
+            keys=keys,
+            provider=provider.name,
+            plugin=provider.plugin,
+        ) from None

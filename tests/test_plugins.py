@@ -1,0 +1,443 @@
+"""The plugin system: hooks, the entry-point loader, registries and options validation.
+
+Hook tests register a temporary plugin on the real manager with ``pm.register(...)`` and remove it in
+``finally`` (the pattern documented in docs/plugin-hooks.md), so nothing leaks into other tests.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pluggy
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+import runlane.plugins
+from runlane import ConsoleObservationSink, ErrorCode, RunlaneError
+from runlane.core.lanes import Lane
+from runlane.plugins import hookimpl, hookspecs, manager
+from runlane.plugins.manager import get_plugins, get_registries, load_entry_point_plugins, load_plugins, pm
+from runlane.plugins.registries import (
+    ExporterProvider,
+    LaneProvider,
+    ProviderContext,
+    StorageDriverProvider,
+    TransportProvider,
+    collect_registries,
+    validate_options,
+)
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "plugin-hooks.md"
+
+
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PathOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    timeout_seconds: int = 5
+
+
+def hook_names() -> list[str]:
+    return sorted(name for name, value in vars(hookspecs).items() if hasattr(value, "runlane_spec"))
+
+
+def new_manager() -> pluggy.PluginManager:
+    fresh = pluggy.PluginManager("runlane")
+    fresh.add_hookspecs(hookspecs)
+    return fresh
+
+
+class FakeEntryPoint:
+    """Stands in for ``importlib.metadata.EntryPoint``: name, value, dist and ``load()``."""
+
+    def __init__(self, name, plugin=None, *, error=None, distribution="runlane-fake", version="1.2.3"):
+        self.name = name
+        self.value = f"runlane_fake.{name}"
+        self.group = "runlane"
+        self.dist = SimpleNamespace(metadata={"Name": distribution}, version=version)
+        self._plugin = plugin
+        self._error = error
+        self.loads = 0
+
+    def load(self):
+        self.loads += 1
+        if self._error is not None:
+            raise self._error
+        return self._plugin
+
+
+def lane_plugin(name: str) -> object:
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider(name, NoOptions, lambda options, context: None))
+
+    return Plugin()
+
+
+# ---------------------------------------------------------------------------------------------
+# One test per hook
+
+
+def test_hook_register_lanes():
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("test-lane", PathOptions, lambda options, context: ("lane", options.path)))
+
+    pm.register(Plugin(), name="test-lanes")
+    try:
+        provider = get_registries().lanes.get("test-lane")
+        assert provider.plugin == "test-lanes"
+        options = validate_options(provider, {"path": "x.db"})
+        assert provider.create(options, ProviderContext()) == ("lane", "x.db")
+    finally:
+        pm.unregister(name="test-lanes")
+    assert "test-lane" not in get_registries().lanes
+
+
+def test_hook_register_storage_drivers():
+    class Plugin:
+        @hookimpl
+        def register_storage_drivers(self, register):
+            register(StorageDriverProvider("test-storage", NoOptions, lambda options, context: "driver"))
+
+    pm.register(Plugin(), name="test-storage")
+    try:
+        provider = get_registries().storage_drivers.get("test-storage")
+        assert provider.plugin == "test-storage"
+        assert provider.create(NoOptions(), ProviderContext()) == "driver"
+    finally:
+        pm.unregister(name="test-storage")
+
+
+def test_hook_register_transports():
+    class Plugin:
+        @hookimpl
+        def register_transports(self, register):
+            register(TransportProvider("test-transport", NoOptions, lambda options, context: "transport"))
+
+    pm.register(Plugin(), name="test-transports")
+    try:
+        registries = get_registries()
+        assert registries.transports.names() == ["test-transport"]
+        assert registries.transports.get("test-transport").plugin == "test-transports"
+    finally:
+        pm.unregister(name="test-transports")
+
+
+def test_hook_register_exporters():
+    class Plugin:
+        @hookimpl
+        def register_exporters(self, register):
+            register(ExporterProvider("test-exporter", NoOptions, lambda options, context: "sink"))
+
+    pm.register(Plugin(), name="test-exporters")
+    try:
+        registries = get_registries()
+        assert registries.exporters.get("test-exporter").plugin == "test-exporters"
+        # core's own default plugin registers through the same hook
+        console = registries.exporters.get("console")
+        assert console.plugin == "runlane.plugins.defaults"
+        assert isinstance(console.create(validate_options(console, {}), ProviderContext()), ConsoleObservationSink)
+    finally:
+        pm.unregister(name="test-exporters")
+
+
+def test_hook_register_task_modules():
+    class Plugin:
+        @hookimpl
+        def register_task_modules(self, register):
+            register("app.tasks")
+            register("app.tasks")
+
+    pm.register(Plugin(), name="test-tasks")
+    try:
+        contributed = [(c.value, c.plugin) for c in get_registries().task_modules]
+        assert contributed.count(("app.tasks", "test-tasks")) == 1
+    finally:
+        pm.unregister(name="test-tasks")
+
+
+def test_hook_register_task_modules_rejects_non_module_names():
+    class Plugin:
+        @hookimpl
+        def register_task_modules(self, register):
+            register("app/tasks.py")
+
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(registered(Plugin(), "bad-tasks"))
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "bad-tasks" in raised.value.message
+
+
+def test_hook_register_observers():
+    def observer(observation):
+        return None
+
+    class Plugin:
+        @hookimpl
+        def register_observers(self, register):
+            register(observer)
+
+    pm.register(Plugin(), name="test-observers")
+    try:
+        registries = get_registries()
+        assert [(c.value, c.plugin) for c in registries.observers if c.plugin == "test-observers"] == [
+            (observer, "test-observers")
+        ]
+        assert registries.provided_by("test-observers") == {"observers": [observer.__qualname__]}
+    finally:
+        pm.unregister(name="test-observers")
+
+
+def test_hook_register_commands():
+    added = []
+
+    class App:
+        def command(self, name=None):
+            def decorate(function):
+                added.append(name or function.__name__)
+                return function
+
+            return decorate
+
+    class Plugin:
+        @hookimpl
+        def register_commands(self, app):
+            @app.command(name="hello")
+            def hello():
+                return "hi"
+
+    pm.register(Plugin(), name="test-commands")
+    try:
+        pm.hook.register_commands(app=App())
+        assert added == ["hello"]
+    finally:
+        pm.unregister(name="test-commands")
+
+
+def registered(plugin, name: str) -> pluggy.PluginManager:
+    fresh = new_manager()
+    fresh.register(plugin, name=name)
+    return fresh
+
+
+# ---------------------------------------------------------------------------------------------
+# Registries
+
+
+def test_local_lane_is_found_through_its_entry_point():
+    entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group="runlane")}
+    assert entry_points["local"].value == "runlane_local.plugin"
+    provider = get_registries().lanes.get("local")
+    assert provider.plugin == "local"
+    lane = provider.create(validate_options(provider, {"name": "dev"}), ProviderContext())
+    assert isinstance(lane, Lane)
+    assert lane.name == "dev"
+    local = next(info for info in get_plugins() if info.name == "local")
+    assert (local.distribution, local.version) == ("runlane-local", importlib.metadata.version("runlane-local"))
+    assert local.provides == {"lanes": ["local"]}
+    assert local.to_json()["hooks"] == ["register_lanes"]
+
+
+def test_name_collision_names_both_plugins():
+    fresh = new_manager()
+    fresh.register(lane_plugin("shared"), name="first")
+    fresh.register(lane_plugin("shared"), name="second")
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(fresh)
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "'first'" in raised.value.message and "'second'" in raised.value.message
+    assert sorted(raised.value.meta["plugins"]) == ["first", "second"]
+
+
+def test_unknown_lane_lists_installed_lanes():
+    fresh = new_manager()
+    fresh.register(lane_plugin("alpha"), name="a")
+    fresh.register(lane_plugin("beta"), name="b")
+    lanes = collect_registries(fresh).lanes
+    with pytest.raises(RunlaneError) as raised:
+        lanes.get("gamma")
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "'gamma'" in raised.value.message
+    assert "alpha" in raised.value.message and "beta" in raised.value.message
+    assert raised.value.meta["installed"] == ["alpha", "beta"]
+
+
+def test_unknown_first_party_lane_says_what_to_install():
+    with pytest.raises(RunlaneError) as raised:
+        get_registries().lanes.get("postgres-polling")
+    assert "runlane-postgres" in raised.value.message
+    assert "local" in raised.value.meta["installed"]
+
+
+def test_misspelt_option_key_names_key_table_and_plugin():
+    provider = get_registries().lanes.get("local")
+    with pytest.raises(RunlaneError) as raised:
+        validate_options(provider, {"nmae": "dev"})
+    error = raised.value
+    assert error.code is ErrorCode.CONFIGURATION_INVALID
+    assert "'nmae'" in error.message and "[lane]" in error.message and "'local'" in error.message
+    assert error.meta["keys"] == ["nmae"]
+    assert error.meta["plugin"] == "local"
+
+
+def test_wrong_option_type_names_the_key():
+    provider = LaneProvider("typed", PathOptions, lambda options, context: None, plugin="typed-plugin")
+    with pytest.raises(RunlaneError) as raised:
+        validate_options(provider, {"path": "x", "timeout_seconds": "soon"}, table="[lane]")
+    assert "'timeout_seconds'" in raised.value.message
+    assert "typed-plugin" in raised.value.message
+
+
+def test_options_model_must_forbid_unknown_keys():
+    class Loose(BaseModel):
+        path: str = ""
+
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("loose", Loose, lambda options, context: None))
+
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(registered(Plugin(), "loose-plugin"))
+    assert "extra='forbid'" in raised.value.message and "loose-plugin" in raised.value.message
+
+
+def test_wrong_provider_type_is_rejected():
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            register(ExporterProvider("mixed", NoOptions, lambda options, context: None))
+
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(registered(Plugin(), "mixed-plugin"))
+    assert "LaneProvider" in raised.value.message
+
+
+def test_failing_register_hook_names_the_plugin():
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            raise KeyError("boom")
+
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(registered(Plugin(), "boom-plugin"))
+    assert "boom-plugin" in raised.value.message and "register_lanes" in raised.value.message
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def test_allowlist_matches_entry_point_or_distribution_names(monkeypatch):
+    monkeypatch.setenv("RUNLANE_LOAD_PLUGINS", " alpha , runlane_other ")
+    allowlist = manager.plugin_allowlist()
+    fresh = new_manager()
+    entry_points = [
+        FakeEntryPoint("alpha", lane_plugin("a")),
+        FakeEntryPoint("beta", lane_plugin("b"), distribution="runlane-other"),
+        FakeEntryPoint("gamma", lane_plugin("c"), distribution="runlane-gamma"),
+    ]
+    assert load_entry_point_plugins(fresh, entry_points, allowlist=allowlist) == ["alpha", "beta"]
+    assert entry_points[2].loads == 0
+
+
+def test_allowlist_set_but_empty_loads_none(monkeypatch):
+    monkeypatch.setenv("RUNLANE_LOAD_PLUGINS", "")
+    assert manager.plugin_allowlist() == frozenset()
+    entry_point = FakeEntryPoint("alpha", lane_plugin("a"))
+    fresh = new_manager()
+    assert load_entry_point_plugins(fresh, [entry_point], allowlist=manager.plugin_allowlist()) == []
+    assert entry_point.loads == 0
+
+
+def test_allowlist_unset_loads_all(monkeypatch):
+    monkeypatch.delenv("RUNLANE_LOAD_PLUGINS", raising=False)
+    assert manager.plugin_allowlist() is None
+
+
+def test_broken_plugin_is_reported_on_stderr_and_skipped(capsys):
+    fresh = new_manager()
+    entry_points = [
+        FakeEntryPoint("broken", error=ImportError("No module named 'runlane_fake'")),
+        FakeEntryPoint("healthy", lane_plugin("healthy")),
+    ]
+    assert load_entry_point_plugins(fresh, entry_points) == ["healthy"]
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert "'broken'" in lines[0] and "runlane-fake" in lines[0] and "No module named 'runlane_fake'" in lines[0]
+    assert not fresh.has_plugin("broken")
+    assert collect_registries(fresh).lanes.names() == ["healthy"]
+    assert any(failure.name == "broken" for failure in manager.get_plugin_failures())
+
+
+def test_plugin_with_invalid_hookimpl_is_reported_and_skipped(capsys):
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register, unexpected):
+            pass
+
+    fresh = new_manager()
+    assert load_entry_point_plugins(fresh, [FakeEntryPoint("odd", Plugin())]) == []
+    assert "'odd'" in capsys.readouterr().err
+
+
+def test_load_plugins_is_idempotent(monkeypatch):
+    load_plugins()
+    before = [name for name, _ in pm.list_name_plugin()]
+
+    def must_not_be_called():
+        raise AssertionError("load_plugins() read entry points twice")
+
+    monkeypatch.setattr(manager, "runlane_entry_points", must_not_be_called)
+    load_plugins()
+    assert [name for name, _ in pm.list_name_plugin()] == before
+    assert "local" in before and "runlane.plugins.defaults" in before
+
+
+def test_loading_the_same_entry_point_twice_registers_it_once():
+    fresh = new_manager()
+    entry_point = FakeEntryPoint("once", lane_plugin("once"))
+    assert load_entry_point_plugins(fresh, [entry_point]) == ["once"]
+    assert load_entry_point_plugins(fresh, [entry_point]) == []
+    assert entry_point.loads == 1
+
+
+def test_default_plugins_are_registered_on_the_manager():
+    for module_name in manager.DEFAULT_PLUGINS:
+        assert pm.has_plugin(module_name)
+
+
+def test_hookimpl_marker_is_reexported():
+    assert runlane.plugins.hookimpl is hookspecs.hookimpl
+    assert hookspecs.hookimpl.project_name == "runlane"
+
+
+# ---------------------------------------------------------------------------------------------
+# Every hook is tested and documented
+
+
+def test_every_hook_has_a_test():
+    tests = {name for name in globals() if name.startswith("test_hook_")}
+    assert hook_names(), "no hooks found in hookspecs.py"
+    missing = [name for name in hook_names() if f"test_hook_{name}" not in tests]
+    assert missing == []
+
+
+def test_every_hook_is_documented_with_its_exact_signature():
+    headings = set(re.findall(r"^#+ `([^`]+)`\s*$", DOCS.read_text(encoding="utf-8"), flags=re.MULTILINE))
+    for name in hook_names():
+        function = getattr(hookspecs, name)
+        signature = f"{name}({', '.join(inspect.signature(function).parameters)})"
+        assert signature in headings, f"docs/plugin-hooks.md has no heading `{signature}`"
+        assert function.__doc__ and ":param" in function.__doc__, f"{name} needs a docstring with :param: lines"
