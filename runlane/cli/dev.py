@@ -1,0 +1,112 @@
+"""``runlane dev``: a poll worker plus a maintenance loop in one process, for local development.
+
+``--once`` runs one tick, drains due work and exits. The long-running form ticks every
+``--tick-interval`` (default ``[dev] tick_interval``) next to a poll worker and stops cooperatively on
+SIGINT/SIGTERM. The loopback control bridge for process-local lanes is not part of this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import typer
+
+from ..durations import duration_ms
+from ..errors import ErrorCode, RunlaneError
+from ..vocabulary import WorkerMode
+from .main import load_cli_config, state_of, with_runtime
+from .options import (
+    CancellationFinalizationLimit,
+    ConcurrencyOption,
+    DeliveryRequestLimit,
+    EmptyPollDelayOption,
+    MaxRunsOption,
+    OutboxClaimLimit,
+    QueuesOption,
+    ScheduleMaterializationLimit,
+    TickLimits,
+    TimeoutFinalizationLimit,
+    WorkerIdOption,
+)
+from .work import StopOnSignals, run_worker
+
+__all__ = ["app"]
+
+app = typer.Typer()
+
+
+@app.command("dev")
+def dev(
+    ctx: typer.Context,
+    once: bool = typer.Option(False, "--once", help="One maintenance tick, drain due work, exit."),
+    queue: QueuesOption = None,
+    concurrency: ConcurrencyOption = 1,
+    max_runs: MaxRunsOption = None,
+    empty_poll_delay: EmptyPollDelayOption = None,
+    tick_interval: str | None = typer.Option(
+        None, "--tick-interval", help="Maintenance interval (default [dev] tick_interval).", metavar="D"
+    ),
+    schedule_materialization_limit: ScheduleMaterializationLimit = None,
+    delivery_request_limit: DeliveryRequestLimit = None,
+    cancellation_finalization_limit: CancellationFinalizationLimit = None,
+    timeout_finalization_limit: TimeoutFinalizationLimit = None,
+    outbox_claim_limit: OutboxClaimLimit = None,
+    worker_id: WorkerIdOption = None,
+) -> None:
+    """Run a worker and the maintenance loop for local development."""
+    output = state_of(ctx).output
+    limits = TickLimits.of(
+        schedule_materialization_limit,
+        delivery_request_limit,
+        cancellation_finalization_limit,
+        timeout_finalization_limit,
+        outbox_claim_limit,
+    )
+
+    async def body(runtime: Any) -> None:
+        if once and empty_poll_delay is not None:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--empty-poll-delay applies only without --once.")
+        if not once and max_runs is not None:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--max-runs applies only with --once.")
+        interval = tick_interval or load_cli_config(ctx).dev.tick_interval
+        interval_s = duration_ms(interval, "--tick-interval") / 1000
+        worker_options: dict[str, Any] = {"queues": queue or None, "concurrency": concurrency, "worker_id": worker_id}
+        with StopOnSignals(output) as stop:
+            if once:
+                await _once(runtime, stop, limits, max_runs=max_runs, **worker_options)
+            else:
+                await _loop(runtime, stop, limits, interval_s, empty_poll_delay=empty_poll_delay, **worker_options)
+
+    async def _once(runtime: Any, stop: StopOnSignals, limits: TickLimits, **worker_options: Any) -> None:
+        output.tick_record(await runtime.tick(**limits))
+        await run_worker(runtime, output, stop, mode=WorkerMode.DRAIN, **worker_options)
+
+    async def _loop(runtime: Any, stop: StopOnSignals, limits: TickLimits, interval_s: float, **options: Any) -> None:
+        lane = runtime.lane
+        output.record(
+            "dev_started",
+            f"dev started lane={lane.name} environment={runtime.environment.name} tick_interval={interval_s:g}s",
+            lane=lane.name,
+            environment=runtime.environment.name,
+            process_local=lane.capabilities.process_local,
+        )
+        if lane.capabilities.process_local and not output.json:
+            output.warn("this lane keeps its state in this process: trigger work from task code or schedules here.")
+        worker = asyncio.ensure_future(run_worker(runtime, output, stop, mode=WorkerMode.POLL, **options))
+        try:
+            while not stop.stopping.is_set() and not worker.done():
+                try:
+                    output.tick_record(await runtime.tick(**limits))
+                except RunlaneError as error:
+                    if not error.retryable:
+                        raise
+                    output.error(error)  # a transient storage problem: report it and tick again later
+                sleeper = asyncio.ensure_future(stop.stopping.wait())
+                await asyncio.wait({sleeper, worker}, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+                sleeper.cancel()
+        finally:
+            stop.stopping.set()
+            await worker
+
+    with_runtime(ctx, body)

@@ -1,0 +1,124 @@
+"""``runlane init config``: write a commented ``runlane.toml``. Never loads a runtime or plugins.
+
+An existing file is left alone unless ``--overwrite`` is passed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from ..config import RunlaneSection
+from ..errors import ErrorCode, RunlaneError
+from .main import guard, state_of
+
+__all__ = ["app", "render_config"]
+
+app = typer.Typer(help="Create project files.", no_args_is_help=True)
+
+
+def _toml_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string literal is a valid TOML basic string
+
+
+def render_config(*, tasks: list[str], runtime: str | None, lane: str) -> str:
+    """The text of a new ``runlane.toml``."""
+    lines = [
+        "# runlane.toml: how the `runlane` command finds your tasks and the lane they run on.",
+        "# Looked up in the working directory (or pass -c/--config PATH).",
+        "# ${VAR} and ${VAR:-default} are expanded from the environment; unknown keys are errors.",
+        "",
+        "[runlane]",
+        "# Durable namespace for runs, schedules, idempotency and singleton keys.",
+        'environment = "development"',
+        "",
+    ]
+    if runtime is not None:
+        lines += [
+            "# Your own runtime: a Runlane object or a factory (sync or async) returning one.",
+            "# It builds its own lane and task catalog, so `tasks` and [lane] are not used.",
+            f"runtime = {_toml_string(runtime)}",
+            "",
+        ]
+    else:
+        module_list = ", ".join(_toml_string(name) for name in tasks)
+        lines += [
+            "# Modules to import; every TaskDefinition and QueueDefinition they define is registered.",
+            f"tasks = [{module_list}]",
+            "",
+            '# Or point at your own runtime instead of `tasks` + [lane], written as "module:attribute":',
+            '# runtime = "app.runtime:create_app_runlane"',
+            "",
+            "[lane]",
+            '# Any lane a plugin provides: "local" (in-memory, this process only), "sqlite" (durable file),',
+            '# "postgres-polling", "postgres-sqs", or a third-party lane. Its options follow `use`.',
+            f"use = {_toml_string(lane)}",
+            "",
+        ]
+    lines += [
+        "[dev]",
+        "# How often `runlane dev` runs maintenance (schedules, recovery, dispatch, outbox).",
+        'tick_interval = "5s"',
+        "",
+        "# Durable observation exporters; each consumer keeps its own checkpoint.",
+        "# [[exporters]]",
+        '# use = "console"',
+        '# consumer = "local_console"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+@app.command("config")
+def init_config(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Option("--path", help="Where to write the config.", metavar="PATH")] = Path(
+        "runlane.toml"
+    ),
+    tasks: Annotated[
+        list[str] | None, typer.Option("--tasks", help="Task module to import (repeat for more).", metavar="MODULE")
+    ] = None,
+    runtime: Annotated[
+        str | None, typer.Option("--runtime", help="Your runtime or factory as module:attribute.", metavar="MODULE:ATTR")
+    ] = None,
+    lane: Annotated[str, typer.Option("--lane", help="Lane provider name.", metavar="NAME")] = "local",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing file.")] = False,
+) -> None:
+    """Write a commented runlane.toml."""
+    output = state_of(ctx).output
+
+    def prepare() -> str:
+        if runtime is not None and tasks:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                "--runtime and --tasks exclude each other: the runtime factory registers its own tasks; pass one.",
+            )
+        try:
+            RunlaneSection(tasks=list(tasks or []), runtime=runtime)
+        except ValidationError as error:
+            problems = "; ".join(str(detail["msg"]).removeprefix("Value error, ") for detail in error.errors())
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"{problems}.") from None
+        if path.exists() and not overwrite:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"{path} already exists; pass --overwrite to replace it or --path to write elsewhere.",
+                meta={"path": str(path)},
+            )
+        return render_config(tasks=list(tasks or ["app.tasks"]), runtime=runtime, lane=lane)
+
+    text = guard(ctx, prepare)
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        guard(ctx, lambda: _raise(RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"Cannot write {path}: {error}")))
+    output.file_written(str(path), overwritten=existed)
+
+
+def _raise(error: RunlaneError) -> None:
+    raise error

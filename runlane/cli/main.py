@@ -1,0 +1,177 @@
+"""The ``runlane`` command: global options, the command groups composed into one app, and runtime access.
+
+This module owns the root ``typer.Typer`` app, the global ``-c/--config``, ``--json`` and ``--version``
+options, ``open_runtime()`` (the single way a command gets a started runtime, so a control bridge to a
+live ``runlane dev`` can be routed through it later), the ``RunlaneError`` -> exit status 1 mapping,
+and plugin command registration. Commands live one group per module; rendering lives in ``output``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from .. import __version__
+from ..config import LoadedConfig, build_runtime, load_config
+from ..core.runtime import Runlane
+from ..errors import ErrorCode, RunlaneError
+from ..plugins.manager import get_registries, load_plugins, pm
+from ..plugins.registries import ProviderContext, Registries, validate_options
+from .output import Output
+
+__all__ = ["CliState", "app", "build_app", "invoke", "open_runtime", "run", "state_of", "with_runtime"]
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class CliState:
+    """What the global options decided for this invocation."""
+
+    config_path: Path | None = None
+    output: Output = field(default_factory=Output)
+
+
+def state_of(ctx: typer.Context) -> CliState:
+    state = ctx.find_root().obj
+    if not isinstance(state, CliState):  # a command invoked without the root callback (plugin tests)
+        state = CliState()
+        ctx.find_root().obj = state
+    return state
+
+
+def load_cli_config(ctx: typer.Context) -> LoadedConfig:
+    """The configuration named by ``-c/--config`` or found in the working directory."""
+    state = state_of(ctx)
+    config = load_config(state.config_path)
+    if config is None:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"No runlane.toml (or [tool.runlane] in pyproject.toml) in {Path.cwd()}; "
+            "run `runlane init config` or pass -c/--config PATH.",
+        )
+    return config
+
+
+def _lane_factory(config: LoadedConfig, registries: Registries) -> Callable[[str, dict[str, Any]], Any]:
+    def create(use: str, options: dict[str, Any]) -> Any:
+        provider = registries.lanes.get(use)
+        validated = validate_options(provider, options)
+        context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
+        return provider.create(validated, context)
+
+    return create
+
+
+@asynccontextmanager
+async def open_runtime(ctx: typer.Context) -> AsyncIterator[Runlane]:
+    """A started runtime for the configured lane, closed when the block ends.
+
+    Every runtime-backed command goes through here; when a process-local lane has a live ``runlane dev``
+    session, this is where the command will be proxied instead of building a fresh (empty) runtime.
+    """
+    config = load_cli_config(ctx)
+    registries = get_registries()
+    runtime = await build_runtime(
+        config,
+        lane_factory=_lane_factory(config, registries),
+        task_modules=[contribution.value for contribution in registries.task_modules],
+        observers=[contribution.value for contribution in registries.observers],
+    )
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.close()
+
+
+def invoke(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
+    """Run ``main`` on a fresh event loop; a ``RunlaneError`` is printed with its code and exits 1."""
+    state = state_of(ctx)
+    try:
+        return asyncio.run(main())  # type: ignore[arg-type]
+    except RunlaneError as error:
+        state.output.error(error)
+        raise typer.Exit(1) from None
+
+
+def with_runtime(ctx: typer.Context, body: Callable[[Runlane], Awaitable[T]]) -> T:
+    """``invoke`` a body that needs a started runtime."""
+
+    async def main() -> T:
+        async with open_runtime(ctx) as runtime:
+            return await body(runtime)
+
+    return invoke(ctx, main)
+
+
+def guard(ctx: typer.Context, check: Callable[[], T]) -> T:
+    """Run an argument check before any runtime exists; its ``RunlaneError`` exits 1 like any other."""
+    try:
+        return check()
+    except RunlaneError as error:
+        state_of(ctx).output.error(error)
+        raise typer.Exit(1) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"runlane {__version__}")
+        raise typer.Exit(0)
+
+
+def _root(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option("-c", "--config", help="Config file (default: ./runlane.toml or [tool.runlane] in pyproject.toml).",
+                     metavar="PATH", dir_okay=False),
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Results and errors as JSON (long-running output as NDJSON).")
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Durable tasks on your own infrastructure."""
+    ctx.obj = CliState(config_path=config, output=Output(json_mode=json_output))
+
+
+def build_app() -> typer.Typer:
+    """The root app with every built-in command group and every plugin's commands."""
+    from . import actions, dev, init, plugins, runs, signal, tick, trigger, work
+
+    root = typer.Typer(
+        name="runlane",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    root.callback()(_root)
+    root.add_typer(init.app, name="init")
+    root.add_typer(runs.app, name="runs")
+    root.add_typer(signal.app, name="signal")
+    root.add_typer(plugins.app, name="plugins")
+    # Single-command groups merge into the root: `runlane trigger`, not `runlane trigger trigger`.
+    for module in (dev, work, tick, trigger, actions):
+        root.add_typer(module.app)
+    load_plugins()
+    pm.hook.register_commands(app=root)
+    return root
+
+
+app = build_app()
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app(prog_name="runlane")

@@ -1,0 +1,166 @@
+"""Options shared by several commands, defined once as ``Annotated`` types so every command spells them alike.
+
+Also the small parsers that turn option text into runtime arguments (JSON objects, ISO dates,
+``--older-than``). They raise ``configuration_invalid`` before any runtime is loaded, so bad input
+never costs a lane start. Nothing here prints or touches the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+
+from ..durations import parse_duration
+from ..errors import ErrorCode, RunlaneError
+
+__all__ = [
+    "ActorIdOption",
+    "ConcurrencyOption",
+    "CursorOption",
+    "EmptyPollDelayOption",
+    "HeartbeatIntervalOption",
+    "LeaseDurationOption",
+    "LimitOption",
+    "MaxRunsOption",
+    "QueueOption",
+    "QueuesOption",
+    "RunIdOption",
+    "TickLimits",
+    "WorkerIdOption",
+    "parse_cutoff",
+    "parse_iso_datetime",
+    "parse_json",
+]
+
+# -- shared option types ---------------------------------------------------------------------------
+
+QueueOption = Annotated[str | None, typer.Option("--queue", help="Override the queue.", metavar="Q")]
+QueuesOption = Annotated[
+    list[str] | None, typer.Option("--queue", help="Limit to this queue (repeat for more).", metavar="Q")
+]
+RunIdOption = Annotated[str | None, typer.Option("--run-id", help="Supply the new run's id.", metavar="ID")]
+ActorIdOption = Annotated[
+    str | None, typer.Option("--actor-id", help="Operator actor id recorded on the event.", metavar="ID")
+]
+CursorOption = Annotated[str | None, typer.Option("--cursor", help="Continue a previous page.", metavar="C")]
+LimitOption = Annotated[int | None, typer.Option("--limit", min=1, help="Bound the number of results.", metavar="N")]
+ConcurrencyOption = Annotated[int, typer.Option("--concurrency", min=1, help="Worker slots.", metavar="N")]
+MaxRunsOption = Annotated[
+    int | None, typer.Option("--max-runs", min=1, help="Stop after this many runs (drain / once).", metavar="N")
+]
+EmptyPollDelayOption = Annotated[
+    str | None,
+    typer.Option("--empty-poll-delay", help="Poll sleep when no work is due (default 100ms).", metavar="D"),
+]
+LeaseDurationOption = Annotated[
+    str | None, typer.Option("--lease-duration", help="Override the run lease duration.", metavar="D")
+]
+HeartbeatIntervalOption = Annotated[
+    str | None, typer.Option("--heartbeat-interval", help="Override the lease heartbeat interval.", metavar="D")
+]
+WorkerIdOption = Annotated[
+    str | None, typer.Option("--worker-id", help="Worker identity recorded on leases (diagnostics).", metavar="ID")
+]
+
+ScheduleMaterializationLimit = Annotated[
+    int | None,
+    typer.Option("--schedule-materialization-limit", min=1, help="Bound schedule occurrences materialized.", metavar="N"),
+]
+DeliveryRequestLimit = Annotated[
+    int | None, typer.Option("--delivery-request-limit", min=1, help="Bound delivery requests appended.", metavar="N")
+]
+CancellationFinalizationLimit = Annotated[
+    int | None,
+    typer.Option("--cancellation-finalization-limit", min=1, help="Bound cancellations finalized.", metavar="N"),
+]
+TimeoutFinalizationLimit = Annotated[
+    int | None,
+    typer.Option("--timeout-finalization-limit", min=1, help="Bound attempt timeouts finalized.", metavar="N"),
+]
+OutboxClaimLimit = Annotated[
+    int | None, typer.Option("--outbox-claim-limit", min=1, help="Bound outbox rows claimed.", metavar="N")
+]
+
+
+class TickLimits(dict[str, int]):
+    """The ``--<phase>-limit`` options given, as ``runlane.tick()`` keyword arguments (omitted ones left out)."""
+
+    @classmethod
+    def of(
+        cls,
+        schedule_materialization_limit: int | None,
+        delivery_request_limit: int | None,
+        cancellation_finalization_limit: int | None,
+        timeout_finalization_limit: int | None,
+        outbox_claim_limit: int | None,
+    ) -> TickLimits:
+        given = {
+            "schedule_materialization_limit": schedule_materialization_limit,
+            "delivery_request_limit": delivery_request_limit,
+            "cancellation_finalization_limit": cancellation_finalization_limit,
+            "timeout_finalization_limit": timeout_finalization_limit,
+            "outbox_claim_limit": outbox_claim_limit,
+        }
+        return cls({name: value for name, value in given.items() if value is not None})
+
+
+# -- parsers ---------------------------------------------------------------------------------------
+
+
+def _invalid(message: str, **meta: Any) -> RunlaneError:
+    return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta=meta)
+
+
+def parse_json(text: str | None, what: str, *, require_object: bool = False) -> Any:
+    """Parse an argument as JSON; ``None`` stays ``None``."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise _invalid(
+            f"{what} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
+            f"quote it for the shell, for example '{{\"user_id\": \"user_123\"}}'.",
+            argument=what,
+        ) from None
+    if require_object and not isinstance(value, dict):
+        raise _invalid(f"{what} must be a JSON object, such as '{{\"key\": \"value\"}}'.", argument=what)
+    return value
+
+
+# ISO 8601 only: a date (2026-05-01) or a date and time with optional fraction and offset.
+_ISO = re.compile(r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?", re.IGNORECASE)
+
+
+def parse_iso_datetime(text: str, what: str) -> datetime:
+    """An ISO 8601 date or date-time; a value without an offset is UTC. Anything else (05/01/2026) is rejected."""
+    candidate = text.strip()
+    if not _ISO.fullmatch(candidate):
+        raise _invalid(
+            f"{what} {text!r} is not an ISO 8601 date or date-time; write it as 2026-05-01 or 2026-05-01T00:00:00Z.",
+            argument=what,
+        )
+    try:
+        value = datetime.fromisoformat(candidate)
+    except ValueError as error:
+        raise _invalid(f"{what} {text!r} is not a valid date: {error}.", argument=what) from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def parse_cutoff(text: str) -> str | datetime:
+    """``--older-than``: a Runlane duration (kept as text for the runtime) or an ISO 8601 cutoff."""
+    candidate = text.strip()
+    if _ISO.fullmatch(candidate):
+        return parse_iso_datetime(candidate, "--older-than")
+    try:
+        parse_duration(candidate, "--older-than")
+    except RunlaneError:
+        raise _invalid(
+            f"--older-than {text!r} is neither a duration (30d, 12h) nor an ISO 8601 date-time (2026-05-01T00:00:00Z).",
+            argument="--older-than",
+        ) from None
+    return candidate

@@ -1,0 +1,359 @@
+"""The CLI's one rendering layer: commands hand data here, this module turns it into text or JSON.
+
+Results go to stdout, diagnostics and errors to stderr. With ``--json`` a command result is one JSON
+document and long-running lifecycle output is newline-delimited JSON; without it results are Rich
+cards, tables and timelines. Commands never print on their own and this module never calls the runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import RunlaneError
+
+__all__ = ["Output", "to_json_value"]
+
+
+def to_json_value(value: Any) -> Any:
+    """A JSON-safe copy of ``value``: models in pydantic's JSON mode, dataclasses as objects, enums as values."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(key): to_json_value(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json_value(item) for item in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return to_jsonable_python(value)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(to_json_value(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    text = value.astimezone(UTC).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+def _now() -> str:
+    return _iso(datetime.now(UTC)) or ""
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(to_json_value(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, datetime):
+        return _iso(value) or ""
+    return str(value)
+
+
+class Output:
+    """Where and how one CLI invocation prints: ``json`` picks JSON over Rich text."""
+
+    def __init__(self, *, json_mode: bool = False) -> None:
+        self.json = json_mode
+        # soft_wrap keeps long ids and JSON on one line; captured or piped output is never cropped to 80
+        # columns, so tables stay greppable in logs and CI.
+        self.stdout = Console(file=sys.stdout, soft_wrap=True, highlight=False, width=_width(sys.stdout))
+        self.stderr = Console(file=sys.stderr, soft_wrap=True, highlight=False, width=_width(sys.stderr))
+
+    # -- primitives ----------------------------------------------------------------------------
+
+    def emit_json(self, value: Any) -> None:
+        sys.stdout.write(_dumps(value) + "\n")
+        sys.stdout.flush()
+
+    def line(self, text: str | Text = "") -> None:
+        self.stdout.print(text)
+
+    def warn(self, text: str) -> None:
+        """A diagnostic for humans; always stderr, never part of a result."""
+        self.stderr.print(Text(text, style="yellow"))
+
+    def error(self, error: RunlaneError) -> None:
+        if self.json:
+            sys.stderr.write(_dumps({"error": error.to_json()}) + "\n")
+            sys.stderr.flush()
+            return
+        self.stderr.print(Text(f"error[{error.code.value}]: {error.message}", style="bold red"))
+
+    # -- cards ---------------------------------------------------------------------------------
+
+    def _card(self, rows: Iterable[tuple[str, Any]], indent: int = 2) -> None:
+        rows = [(label, value) for label, value in rows if value is not None]
+        if not rows:
+            return
+        width = max(len(label) for label, _ in rows)
+        for label, value in rows:
+            line = Text(" " * indent)
+            line.append(label.ljust(width), style="dim")
+            line.append("  ")
+            line.append(_value(value))
+            self.stdout.print(line)
+
+    def _run_rows(self, run: Any, *, full: bool = True) -> list[tuple[str, Any]]:
+        rows: list[tuple[str, Any]] = [
+            ("status", run.status),
+            ("task", run.task_id),
+            ("queue", run.queue),
+            ("environment", run.environment.name),
+            ("event sequence", run.event_sequence),
+            ("created", run.created_at),
+            ("updated", run.updated_at),
+            ("run at", run.run_at),
+            ("started", run.started_at),
+            ("finished", run.finished_at),
+            ("attempts", run.counters.attempts),
+            ("failures", run.counters.failures),
+            ("releases", run.counters.releases),
+            ("retries", run.counters.retries),
+            ("idempotency key", run.idempotency_key),
+            ("singleton key", run.singleton_key),
+            ("concurrency key", run.concurrency_key),
+        ]
+        if run.source is not None:
+            source = f"{_value(run.source.type)}"
+            source_run = run.source.source_run_id or run.source.schedule_id
+            rows.append(("source", f"{source} {source_run}" if source_run else source))
+        if run.wait is not None:
+            rows.append(("waiting for", _compact(run.wait)))
+        if run.failure is not None:
+            rows.append(("failure", f"{_value(run.failure.code)}: {run.failure.message}"))
+        if full:
+            if run.payload is not None:
+                rows.append(("payload", _compact(run.payload)))
+            if run.has_output:
+                rows.append(("output", _compact(run.output)))
+            if run.meta:
+                rows.append(("meta", _compact(run.meta)))
+        return rows
+
+    def run_card(self, run: Any, *, heading: Text | None = None) -> None:
+        self.stdout.print(heading if heading is not None else Text(run.id, style="bold"))
+        self._card(self._run_rows(run))
+
+    # -- command results -----------------------------------------------------------------------
+
+    def trigger_result(self, result: Any) -> None:
+        if self.json:
+            self.emit_json({"run": result.run, "outcome": result.outcome})
+            return
+        run = result.run
+        if _value(result.outcome) == "created":
+            self.run_card(run, heading=Text.assemble(("✓ created ", "bold green"), (run.id, "bold")))
+        else:
+            heading = Text.assemble(("⊝ returned existing ", "bold yellow"), (run.id, "bold"), " (idempotency)")
+            self.run_card(run, heading=heading)
+            self.line()
+            self.line(Text.assemble(("hint", "bold cyan"), f"  use runlane rerun {run.id} to execute this work again"))
+
+    def run_result(self, run: Any, *, verb: str) -> None:
+        """A run created or changed by an operator command (retry, rerun, cancel)."""
+        if self.json:
+            self.emit_json({"run": run})
+            return
+        self.run_card(run, heading=Text.assemble((f"✓ {verb} ", "bold green"), (run.id, "bold")))
+
+    def run_detail(self, run: Any, events: Any | None) -> None:
+        if self.json:
+            document: dict[str, Any] = {"run": run}
+            if events is not None:
+                document["events"] = {"data": events.data, "next_cursor": events.next_cursor}
+            self.emit_json(document)
+            return
+        self.run_card(run)
+        if events is None:
+            return
+        self.line()
+        self.line(Text("events", style="bold"))
+        if not events.data:
+            self.line(Text("  (no events)", style="dim"))
+        for record in events.data:
+            event = record.event
+            line = Text("  ")
+            line.append(f"{record.sequence:>4}  ", style="dim")
+            line.append(f"{_iso(event.occurred_at)}  ")
+            line.append(_value(event.type), style="cyan")
+            detail = _event_detail(event)
+            if detail:
+                line.append(f"  {detail}")
+            self.line(line)
+        if events.next_cursor:
+            self.line()
+            self.line(Text.assemble(("next cursor", "bold cyan"), f"  {events.next_cursor}"))
+
+    def runs_table(self, page: Any) -> None:
+        if self.json:
+            self.emit_json({"data": page.data, "next_cursor": page.next_cursor})
+            return
+        if not page.data:
+            self.line(Text("no runs", style="dim"))
+        else:
+            table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+            table.add_column("id", no_wrap=True, min_width=max(len(run.id) for run in page.data))
+            for column in ("status", "task", "queue", "attempts", "run at", "created", "updated"):
+                table.add_column(column, overflow="fold")
+            for run in page.data:
+                counters = getattr(run, "counters", None)
+                table.add_row(
+                    run.id,
+                    _value(run.status),
+                    run.task_id,
+                    run.queue,
+                    str(counters.attempts) if counters is not None else "",
+                    _iso(getattr(run, "run_at", None)) or "",
+                    _iso(run.created_at) or "",
+                    _iso(run.updated_at) or "",
+                )
+            self.stdout.print(table)
+        if page.next_cursor:
+            self.line()
+            self.line(Text.assemble(("next cursor", "bold cyan"), f"  {page.next_cursor}"))
+
+    def attempts_table(self, run_id: str, attempts: Sequence[Any]) -> None:
+        if self.json:
+            self.emit_json({"run_id": run_id, "attempts": list(attempts)})
+            return
+        if not attempts:
+            self.line(Text(f"{run_id} has no attempts yet", style="dim"))
+            return
+        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+        for column in ("attempt", "status", "started", "completed", "detail"):
+            table.add_column(column, no_wrap=True)
+        for attempt in attempts:
+            detail = ""
+            if attempt.failure is not None:
+                detail = f"{_value(attempt.failure.code)}: {attempt.failure.message}"
+            elif attempt.retry_at is not None:
+                detail = f"retry at {_iso(attempt.retry_at)}"
+            elif attempt.release_reason:
+                detail = f"released: {attempt.release_reason}"
+            table.add_row(
+                str(attempt.attempt),
+                _value(attempt.status),
+                _iso(attempt.started_at) or "",
+                _iso(attempt.completed_at) or "",
+                detail,
+            )
+        self.stdout.print(table)
+
+    def tick_result(self, result: Any) -> None:
+        if self.json:
+            self.emit_json({"tick": result})
+            return
+        self.line(Text("✓ tick complete", style="bold green"))
+        self._card((f.name.replace("_", " "), getattr(result, f.name)) for f in dataclasses.fields(result))
+
+    def prune_result(self, result: Any) -> None:
+        if self.json:
+            self.emit_json({"pruned": result.pruned, "next_cursor": result.next_cursor})
+            return
+        self.line(Text(f"✓ pruned {result.pruned} run{'s' if result.pruned != 1 else ''}", style="bold green"))
+        if result.next_cursor:
+            self.line(Text.assemble(("next cursor", "bold cyan"), f"  {result.next_cursor}"))
+            self.line(Text("  pass it back with --cursor and the same --older-than and --status", style="dim"))
+
+    def signal_result(self, signal_key: str, runs: Sequence[Any]) -> None:
+        if self.json:
+            self.emit_json({"signal_key": signal_key, "resumed": [run.id for run in runs], "runs": list(runs)})
+            return
+        self.line(Text(f"✓ signal {signal_key} resumed {len(runs)} run{'s' if len(runs) != 1 else ''}", style="bold green"))
+        for run in runs:
+            self.line(f"  {run.id}  {run.task_id}  {_value(run.status)}")
+
+    def plugins_table(self, plugins: Sequence[Any], failures: Sequence[Any] = ()) -> None:
+        if self.json:
+            self.emit_json(
+                {
+                    "plugins": [plugin.to_json() for plugin in plugins],
+                    "failures": [dataclasses.asdict(failure) for failure in failures],
+                }
+            )
+            return
+        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+        for column in ("plugin", "distribution", "version", "provides"):
+            table.add_column(column)
+        for plugin in plugins:
+            provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in plugin.provides.items())
+            table.add_row(plugin.name, plugin.distribution or "", plugin.version or "", provides or "-")
+        self.stdout.print(table)
+        for failure in failures:
+            self.warn(f"skipped plugin {failure.name!r}: {failure.error}")
+
+    def file_written(self, path: str, *, overwritten: bool) -> None:
+        if self.json:
+            self.emit_json({"path": path, "overwritten": overwritten})
+            return
+        self.line(Text.assemble(("✓ wrote ", "bold green"), (path, "bold")))
+
+    # -- lifecycle records (work, dev) ---------------------------------------------------------
+
+    def record(self, kind: str, text: str, **fields: Any) -> None:
+        """One timestamped append-only lifecycle line, or one NDJSON object with ``--json``."""
+        at = _now()
+        if self.json:
+            self.emit_json({"at": at, "type": kind, **fields})
+            return
+        line = Text(f"{at} ", style="dim")
+        line.append(text)
+        self.stdout.print(line)
+
+    def run_executed(self, run: Any) -> None:
+        text = (
+            f"run {_value(run.status)} {run.id} task={run.task_id} queue={run.queue} attempts={run.counters.attempts}"
+        )
+        self.record("run", text, run=run)
+
+    def tick_record(self, result: Any) -> None:
+        counts = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+        text = "tick " + " ".join(f"{_camel(name)}={value}" for name, value in counts.items())
+        self.record("tick", text, tick=counts)
+
+
+def _width(stream: Any) -> int | None:
+    isatty = getattr(stream, "isatty", None)
+    return None if callable(isatty) and isatty() else _PIPED_WIDTH
+
+
+_PIPED_WIDTH = 400
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _event_detail(event: Any) -> str:
+    parts: list[str] = []
+    for name in ("attempt", "reason", "retry_at", "resume_at", "run_at"):
+        value = getattr(event, name, None)
+        if value is not None and not isinstance(value, BaseModel):
+            parts.append(f"{name}={_value(value)}")
+    failure = getattr(event, "failure", None)
+    if failure is not None:
+        parts.append(f"failure={_value(failure.code)}: {failure.message}")
+    actor = getattr(event, "actor", None)
+    if actor is not None:
+        parts.append(f"actor={_value(actor.type)}" + (f":{actor.id}" if actor.id else ""))
+    return " ".join(parts)

@@ -1,0 +1,68 @@
+"""``runlane trigger``: create one durable run through ``runlane.trigger()``.
+
+Arguments are parsed (payload and ``--meta`` JSON) before the runtime is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from ..models import Actor
+from ..vocabulary import ActorType
+from .main import guard, state_of, with_runtime
+from .options import ActorIdOption, QueueOption, RunIdOption, parse_json
+
+__all__ = ["app"]
+
+app = typer.Typer()
+
+
+@app.command("trigger")
+def trigger(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(help="Task id registered in the runtime.", metavar="TASK_ID")],
+    payload_json: Annotated[
+        str | None, typer.Argument(help="Payload as JSON (omit when the task takes none).", metavar="[PAYLOAD_JSON]")
+    ] = None,
+    queue: QueueOption = None,
+    run_id: RunIdOption = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option("--idempotency-key", help="Deduplicate producer retries.", metavar="K")
+    ] = None,
+    idempotency_key_ttl: Annotated[
+        str | None,
+        typer.Option("--idempotency-key-ttl", help="Terminal owner retention: a duration or 'active'.", metavar="D"),
+    ] = None,
+    singleton_key: Annotated[
+        str | None, typer.Option("--singleton-key", help="Prevent overlapping active runs.", metavar="K")
+    ] = None,
+    concurrency_key: Annotated[
+        str | None, typer.Option("--concurrency-key", help="Partition bounded queue capacity.", metavar="K")
+    ] = None,
+    meta: Annotated[
+        str | None, typer.Option("--meta", help="JSON object stored on the creation event.", metavar="JSON")
+    ] = None,
+    actor_id: ActorIdOption = None,
+) -> None:
+    """Create one durable run for TASK_ID."""
+    output = state_of(ctx).output
+    payload: Any = guard(ctx, lambda: parse_json(payload_json, "PAYLOAD_JSON"))
+    meta_value = guard(ctx, lambda: parse_json(meta, "--meta", require_object=True))
+
+    async def body(runtime: Any) -> Any:
+        return await runtime.trigger(
+            task_id,
+            payload,
+            actor=Actor(type=ActorType.OPERATOR, id=actor_id),
+            concurrency_key=concurrency_key,
+            idempotency_key=idempotency_key,
+            idempotency_key_ttl=idempotency_key_ttl,
+            meta=meta_value,
+            queue=queue,
+            run_id=run_id,
+            singleton_key=singleton_key,
+        )
+
+    output.trigger_result(with_runtime(ctx, body))

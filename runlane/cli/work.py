@@ -1,0 +1,162 @@
+"""``runlane work``: a storage-acquisition worker through ``runlane.worker()``, poll (default) or ``--drain``.
+
+Also the cooperative stop used by every long-running command: the first SIGINT/SIGTERM asks the worker
+to finish its current attempts and stop; a second one exits at once. This is not an SQS consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+import typer
+
+from ..errors import ErrorCode, RunlaneError
+from ..vocabulary import WorkerMode
+from .main import state_of, with_runtime
+from .options import (
+    ConcurrencyOption,
+    EmptyPollDelayOption,
+    HeartbeatIntervalOption,
+    LeaseDurationOption,
+    MaxRunsOption,
+    QueuesOption,
+    WorkerIdOption,
+)
+from .output import Output
+
+__all__ = ["StopOnSignals", "app", "run_worker"]
+
+app = typer.Typer()
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopOnSignals:
+    """Turns the first SIGINT/SIGTERM into ``stopping`` (an event) and the second into an immediate exit."""
+
+    def __init__(self, output: Output) -> None:
+        self.output = output
+        self.stopping = asyncio.Event()
+        self._received = 0
+        self._installed: list[signal.Signals] = []
+
+    def __enter__(self) -> StopOnSignals:
+        loop = asyncio.get_running_loop()
+        for signum in _STOP_SIGNALS:
+            try:
+                loop.add_signal_handler(signum, self._on_signal, signum)
+            except (NotImplementedError, RuntimeError):  # not the main thread, or no signal support
+                continue
+            self._installed.append(signum)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in self._installed:
+            loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: signal.Signals) -> None:
+        self._received += 1
+        name = signal.Signals(signum).name
+        if self._received == 1:
+            self.output.record("stopping", f"received {name}; stopping after current runs (send again to exit now)",
+                               signal=name)
+            self.stopping.set()
+            return
+        self.output.record("exit", f"received {name} again; exiting now", signal=name)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + int(signum))
+
+
+async def wait_for_worker(handle: Any, stopping: asyncio.Event) -> None:
+    """Wait until the worker closes on its own or a stop is requested; a failed worker raises here."""
+    closed = asyncio.ensure_future(_settled(handle.closed))
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({closed, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if not handle.closed.done():
+        await handle.stop()
+    await closed
+    await handle.closed
+
+
+async def _settled(future: Any) -> None:
+    try:
+        await asyncio.shield(future)
+    except Exception:
+        pass  # reported by awaiting ``handle.closed`` itself
+
+
+async def run_worker(
+    runtime: Any,
+    output: Output,
+    stop: StopOnSignals,
+    *,
+    mode: WorkerMode,
+    **options: Any,
+) -> int:
+    """Start a worker that prints each executed run, wait for it, print the stop line; returns runs executed."""
+    executed = 0
+
+    def on_run_executed(run: Any) -> None:
+        nonlocal executed
+        executed += 1
+        output.run_executed(run)
+
+    handle = runtime.worker(mode=mode, on_run_executed=on_run_executed, **options)
+    queues = options.get("queues") or []
+    output.record(
+        "worker_started",
+        f"worker started mode={mode.value} queues={','.join(queues) or '*'} concurrency={options.get('concurrency', 1)}",
+        mode=mode.value,
+        queues=list(queues),
+        concurrency=options.get("concurrency", 1),
+    )
+    await wait_for_worker(handle, stop.stopping)
+    output.record("worker_stopped", f"worker stopped runs={executed}", runs=executed)
+    return executed
+
+
+@app.command("work")
+def work(
+    ctx: typer.Context,
+    drain: bool = typer.Option(False, "--drain", help="Process currently due work, then exit."),
+    queue: QueuesOption = None,
+    concurrency: ConcurrencyOption = 1,
+    max_runs: MaxRunsOption = None,
+    empty_poll_delay: EmptyPollDelayOption = None,
+    lease_duration: LeaseDurationOption = None,
+    heartbeat_interval: HeartbeatIntervalOption = None,
+    worker_id: WorkerIdOption = None,
+) -> None:
+    """Run a storage-polling worker (until stopped), or drain due work with --drain."""
+    output = state_of(ctx).output
+
+    async def body(runtime: Any) -> int:
+        if max_runs is not None and not drain:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--max-runs applies only with --drain.")
+        if empty_poll_delay is not None and drain:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--empty-poll-delay applies only without --drain.")
+        with StopOnSignals(output) as stop:
+            return await run_worker(
+                runtime,
+                output,
+                stop,
+                mode=WorkerMode.DRAIN if drain else WorkerMode.POLL,
+                queues=queue or None,
+                concurrency=concurrency,
+                max_runs=max_runs,
+                empty_poll_delay=empty_poll_delay,
+                lease_duration=lease_duration,
+                heartbeat_interval=heartbeat_interval,
+                worker_id=worker_id,
+            )
+
+    with_runtime(ctx, body)

@@ -1,0 +1,498 @@
+"""The ``runlane`` command line.
+
+End-to-end flows run the installed console script in a subprocess inside a temporary project. Flows
+that need state shared between commands (trigger, then list, execute, inspect) run the real app with
+Typer's ``CliRunner`` in this process, over a config whose runtime factory reuses one in-memory lane:
+a ``local`` lane in a separate process would start empty every time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from runlane.cli.main import app
+from runlane.config import load_config
+
+RUNLANE = shutil.which("runlane", path=str(Path(sys.executable).parent)) or shutil.which("runlane")
+
+TASKS_MODULE = """
+from datetime import UTC, datetime
+
+from pydantic import BaseModel
+
+from runlane import queue, schedule, task
+
+emails = queue("emails", default=True)
+
+
+class Welcome(BaseModel):
+    user_id: str
+
+
+@task(
+    "emails.welcome",
+    queue=emails,
+    schedule=schedule("welcome.once", run_at=datetime(2020, 1, 1, tzinfo=UTC), payload={"user_id": "user_1"}),
+)
+def send_welcome(payload: Welcome) -> dict:
+    return {"sent": payload.user_id}
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+    return path
+
+
+def cli(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    assert RUNLANE is not None, "the runlane console script is not installed; run pip install -e ."
+    return subprocess.run(
+        [RUNLANE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env()
+    )
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    env.pop("RUNLANE_LOAD_PLUGINS", None)
+    env["COLUMNS"] = "200"
+    return env
+
+
+def ndjson(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project with a scheduled task, configured through `runlane init config`."""
+    write(tmp_path / "app" / "__init__.py", "")
+    write(tmp_path / "app" / "tasks.py", TASKS_MODULE)
+    result = cli(tmp_path, "init", "config", "--tasks", "app.tasks")
+    assert result.returncode == 0, result.stderr
+    return tmp_path
+
+
+# ---------------------------------------------------------------------------------------------
+# Subprocess: the installed script
+
+
+def test_version(tmp_path: Path) -> None:
+    result = cli(tmp_path, "--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == "runlane 0.1.0"
+
+
+def test_python_dash_m_runs_the_same_cli(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "runlane", "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0
+    assert result.stdout.strip() == "runlane 0.1.0"
+
+
+def test_init_config_writes_a_loadable_commented_config(tmp_path: Path) -> None:
+    result = cli(tmp_path, "--json", "init", "config", "--tasks", "app.tasks", "--tasks", "app.more")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"path": "runlane.toml", "overwritten": False}
+    text = (tmp_path / "runlane.toml").read_text()
+    assert text.startswith("# runlane.toml")
+    loaded = load_config(cwd=tmp_path)
+    assert loaded is not None
+    assert loaded.runlane.tasks == ["app.tasks", "app.more"]
+    assert loaded.lane is not None and loaded.lane.use == "local"
+    assert loaded.dev.tick_interval == "5s"
+
+
+def test_init_config_never_overwrites_without_the_flag(tmp_path: Path) -> None:
+    (tmp_path / "runlane.toml").write_text("# mine\n")
+    refused = cli(tmp_path, "init", "config")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error[configuration_invalid]: runlane.toml already exists")
+    assert "--overwrite" in refused.stderr
+    assert (tmp_path / "runlane.toml").read_text() == "# mine\n"
+
+    replaced = cli(tmp_path, "--json", "init", "config", "--overwrite", "--lane", "sqlite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert json.loads(replaced.stdout)["overwritten"] is True
+    assert 'use = "sqlite"' in (tmp_path / "runlane.toml").read_text()
+
+
+def test_init_config_with_runtime_and_path(tmp_path: Path) -> None:
+    result = cli(tmp_path, "init", "config", "--path", "conf/runlane.toml", "--runtime", "app.runtime:make")
+    assert result.returncode == 0, result.stderr
+    loaded = load_config(tmp_path / "conf" / "runlane.toml")
+    assert loaded is not None
+    assert loaded.runlane.runtime == "app.runtime:make"
+    assert loaded.lane is None
+
+
+def test_init_config_rejects_conflicting_or_malformed_targets(tmp_path: Path) -> None:
+    both = cli(tmp_path, "--json", "init", "config", "--runtime", "app.runtime:make", "--tasks", "app.tasks")
+    assert both.returncode == 1
+    assert json.loads(both.stderr)["error"]["code"] == "configuration_invalid"
+    malformed = cli(tmp_path, "init", "config", "--runtime", "app.runtime")
+    assert malformed.returncode == 1
+    assert "module:attribute" in malformed.stderr
+    assert not (tmp_path / "runlane.toml").exists()
+
+
+def test_plugins_list_json(tmp_path: Path) -> None:
+    result = cli(tmp_path, "--json", "plugins", "list")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    by_name = {plugin["name"]: plugin for plugin in document["plugins"]}
+    assert by_name["local"]["provides"]["lanes"] == ["local"]
+    assert by_name["local"]["distribution"] == "runlane-local"
+    assert by_name["runlane.plugins.defaults"]["version"] == "0.1.0"
+    assert document["failures"] == []
+
+
+def test_plugins_list_human(tmp_path: Path) -> None:
+    result = cli(tmp_path, "plugins", "list")
+    assert result.returncode == 0, result.stderr
+    assert "runlane-local" in result.stdout and "lanes: local" in result.stdout
+
+
+def test_dev_once_materializes_and_executes_a_scheduled_run(project: Path) -> None:
+    result = cli(project, "--json", "dev", "--once")
+    assert result.returncode == 0, result.stderr
+    records = ndjson(result.stdout)
+    assert [record["type"] for record in records] == ["tick", "worker_started", "run", "worker_stopped"]
+    assert records[0]["tick"]["materialized"] == 1
+    run = records[2]["run"]
+    assert run["task_id"] == "emails.welcome"
+    assert run["status"] == "succeeded"
+    assert run["output"] == {"sent": "user_1"}
+    assert records[3]["runs"] == 1
+    assert all(record["at"].endswith("Z") for record in records)
+
+
+def test_dev_once_human_output_is_timestamped_lines(project: Path) -> None:
+    result = cli(project, "dev", "--once", "--max-runs", "5")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4
+    assert all(line[:4].isdigit() and line[23] == "Z" for line in lines)
+    assert " tick materialized=1 deliveryRequested=" in lines[0]
+    assert " run succeeded run_" in lines[2] and "task=emails.welcome queue=emails attempts=1" in lines[2]
+    assert lines[3].endswith("worker stopped runs=1")
+
+
+def test_dev_once_rejects_empty_poll_delay(project: Path) -> None:
+    result = cli(project, "dev", "--once", "--empty-poll-delay", "1s")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error[configuration_invalid]: --empty-poll-delay applies only without --once")
+
+
+def test_tick_json_and_card(project: Path) -> None:
+    result = cli(project, "--json", "tick", "--schedule-materialization-limit", "10", "--outbox-claim-limit", "5")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["tick"]["materialized"] == 1
+    human = cli(project, "tick")
+    assert human.returncode == 0, human.stderr
+    assert "tick complete" in human.stdout and "materialized" in human.stdout
+
+
+def test_work_drain_json_on_an_empty_local_lane(project: Path) -> None:
+    result = cli(project, "--json", "work", "--drain", "--queue", "emails", "--concurrency", "2")
+    assert result.returncode == 0, result.stderr
+    records = ndjson(result.stdout)
+    assert [record["type"] for record in records] == ["worker_started", "worker_stopped"]
+    assert records[0]["queues"] == ["emails"] and records[0]["concurrency"] == 2
+    assert records[1]["runs"] == 0
+
+
+def test_work_max_runs_needs_drain(project: Path) -> None:
+    result = cli(project, "work", "--max-runs", "3")
+    assert result.returncode == 1
+    assert "error[configuration_invalid]: --max-runs applies only with --drain" in result.stderr
+
+
+def test_trigger_invalid_payload_json_is_a_clear_error(project: Path) -> None:
+    result = cli(project, "trigger", "emails.welcome", "{bad")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith("error[configuration_invalid]: PAYLOAD_JSON is not valid JSON")
+    assert "Traceback" not in result.stderr
+
+    as_json = cli(project, "--json", "trigger", "emails.welcome", "{bad")
+    assert as_json.returncode == 1
+    error = json.loads(as_json.stderr)["error"]
+    assert error["code"] == "configuration_invalid"
+    assert error["meta"] == {"argument": "PAYLOAD_JSON"}
+
+
+def test_unknown_task_is_reported_with_its_code(project: Path) -> None:
+    result = cli(project, "--json", "trigger", "nope.task")
+    assert result.returncode == 1
+    assert json.loads(result.stderr)["error"]["code"] == "task_not_found"
+
+
+def test_missing_config_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    result = cli(tmp_path, "tick")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error[configuration_invalid]: No runlane.toml")
+    explicit = cli(tmp_path, "-c", "missing.toml", "tick")
+    assert explicit.returncode == 1
+    assert "does not exist" in explicit.stderr
+
+
+def test_prune_rejects_ambiguous_dates_before_loading_a_runtime(tmp_path: Path) -> None:
+    # No config exists here: the date is rejected first, so the error is about the date.
+    result = cli(tmp_path, "--json", "prune", "--older-than", "05/01/2026")
+    assert result.returncode == 1
+    error = json.loads(result.stderr)["error"]
+    assert error["code"] == "configuration_invalid"
+    assert "05/01/2026" in error["message"]
+
+
+def test_usage_errors_exit_2(project: Path) -> None:
+    assert cli(project, "trigger").returncode == 2
+    assert cli(project, "runs", "list", "--status", "bogus").returncode == 2
+    assert cli(project, "no-such-command").returncode == 2
+    assert cli(project, "prune").returncode == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# In process: one shared in-memory lane behind a runtime factory
+
+RUNTIME_MODULE = """
+from runlane import Retry, create_runlane, queue, task
+from runlane_local import local_lane
+
+LANE = local_lane()
+emails = queue("emails", default=True)
+other = queue("other", concurrency_limit=2)
+
+
+@task("emails.welcome", queue=emails, idempotency_key=lambda p: f"welcome.{p['user_id']}")
+def send_welcome(payload: dict) -> dict:
+    return {"sent": payload["user_id"]}
+
+
+@task("emails.broken", queue=emails, retry=Retry(max_attempts=1))
+def broken(payload: dict) -> None:
+    raise RuntimeError("smtp down")
+
+
+def make_runtime():
+    return create_runlane(lane=LANE, queues=[emails, other], tasks=[send_welcome, broken], environment="test")
+"""
+
+
+class Shared:
+    """Invoke the app in process against a project whose runtime factory shares one lane."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.module = f"cli_shared_{uuid.uuid4().hex}"
+        write(root / f"{self.module}.py", RUNTIME_MODULE)
+        write(root / "runlane.toml", f'[runlane]\nruntime = "{self.module}:make_runtime"\n')
+        self.runner = CliRunner()
+
+    def __call__(self, *args: str) -> Any:
+        return self.runner.invoke(app, ["-c", str(self.root / "runlane.toml"), *args])
+
+    def json(self, *args: str) -> Any:
+        result = self("--json", *args)
+        assert result.exit_code == 0, (result.stdout, result.stderr)
+        return json.loads(result.stdout)
+
+    def ndjson(self, *args: str) -> list[dict[str, Any]]:
+        result = self("--json", *args)
+        assert result.exit_code == 0, (result.stdout, result.stderr)
+        return ndjson(result.stdout)
+
+
+@pytest.fixture
+def shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Shared:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    return Shared(tmp_path)
+
+
+def test_trigger_created_then_returned_existing(shared: Shared) -> None:
+    created = shared.json("trigger", "emails.welcome", '{"user_id": "u1"}', "--meta", '{"source": "cli"}')
+    assert created["outcome"] == "created"
+    run = created["run"]
+    assert run["task_id"] == "emails.welcome" and run["status"] == "queued" and run["queue"] == "emails"
+    assert run["payload"] == {"user_id": "u1"}
+    assert run["environment"] == {"name": "test"}
+
+    again = shared.json("trigger", "emails.welcome", '{"user_id": "u1"}')
+    assert again["outcome"] == "returned_existing"
+    assert again["run"]["id"] == run["id"]
+
+    human = shared("trigger", "emails.welcome", '{"user_id": "u1"}')
+    assert human.exit_code == 0
+    assert f"⊝ returned existing {run['id']} (idempotency)" in human.stdout
+    assert f"use runlane rerun {run['id']} to execute this work again" in human.stdout
+
+
+def test_trigger_human_card_and_options(shared: Shared) -> None:
+    result = shared(
+        "trigger", "emails.welcome", '{"user_id": "u2"}', "--queue", "other", "--run-id", "run_cli_fixed",
+        "--singleton-key", "s1", "--concurrency-key", "c1", "--actor-id", "ops@example.com",
+    )
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "✓ created run_cli_fixed"
+    card = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in lines[1:])
+    assert card["status"] == "queued"
+    assert card["queue"] == "other"
+    assert card["singleton key"] == "s1"
+    assert card["concurrency key"] == "c1"
+    run = shared.json("runs", "get", "run_cli_fixed", "--events")
+    created = run["events"]["data"][0]["event"]
+    assert created["type"] == "run.created"
+    assert created["actor"] == {"type": "operator", "id": "ops@example.com"}
+
+
+def test_trigger_rejects_non_object_meta(shared: Shared) -> None:
+    result = shared("trigger", "emails.welcome", '{"user_id": "u3"}', "--meta", "[1]")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error[configuration_invalid]: --meta must be a JSON object")
+
+
+def test_runs_list_get_attempts_after_dev_once(shared: Shared) -> None:
+    run_id = shared.json("trigger", "emails.welcome", '{"user_id": "u4"}')["run"]["id"]
+
+    listed = shared.json("runs", "list", "--status", "queued", "--task", "emails.welcome", "--limit", "50")
+    assert run_id in [summary["id"] for summary in listed["data"]]
+    assert "next_cursor" in listed
+
+    records = shared.ndjson("dev", "--once")
+    executed = [record["run"] for record in records if record["type"] == "run"]
+    assert [run["id"] for run in executed] == [run_id]
+
+    detail = shared.json("runs", "get", run_id)
+    assert set(detail) == {"run"}
+    assert detail["run"]["status"] == "succeeded"
+    assert detail["run"]["output"] == {"sent": "u4"}
+
+    with_events = shared.json("runs", "get", run_id, "--events", "--limit", "2")
+    sequences = [record["sequence"] for record in with_events["events"]["data"]]
+    assert sequences == [1, 2]
+    assert with_events["events"]["next_cursor"]
+    rest = shared.json("runs", "get", run_id, "--events", "--cursor", with_events["events"]["next_cursor"])
+    assert rest["events"]["data"][-1]["event"]["type"] == "run.succeeded"
+
+    attempts = shared.json("runs", "attempts", run_id)
+    assert attempts["run_id"] == run_id
+    assert [(a["attempt"], a["status"]) for a in attempts["attempts"]] == [(1, "succeeded")]
+
+    succeeded = shared.json("runs", "list", "--status", "succeeded", "--sort-by", "updated_at", "--sort-direction", "asc")
+    assert run_id in [summary["id"] for summary in succeeded["data"]]
+    future = shared.json("runs", "list", "--created-from", "2999-01-01")
+    assert future["data"] == []
+
+    table = shared("runs", "list")
+    assert table.exit_code == 0 and run_id in table.stdout and "succeeded" in table.stdout
+    card = shared("runs", "get", run_id, "--events")
+    assert card.exit_code == 0
+    assert card.stdout.splitlines()[0] == run_id
+    assert "events" in card.stdout and "run.succeeded" in card.stdout
+
+
+def test_runs_get_missing_run_is_run_not_found(shared: Shared) -> None:
+    result = shared("--json", "runs", "get", "run_does_not_exist")
+    assert result.exit_code == 1
+    assert json.loads(result.stderr)["error"]["code"] == "run_not_found"
+    human = shared("runs", "attempts", "run_does_not_exist")
+    assert human.exit_code == 1
+    assert human.stderr.startswith("error[run_not_found]:")
+
+
+def test_runs_list_rejects_ambiguous_dates(shared: Shared) -> None:
+    result = shared("runs", "list", "--created-from", "05/01/2026")
+    assert result.exit_code == 1
+    assert "is not an ISO 8601 date" in result.stderr
+
+
+def test_retry_rerun_cancel_prune_and_signal(shared: Shared) -> None:
+    failed_id = shared.json("trigger", "emails.broken", "{}")["run"]["id"]
+    ok_id = shared.json("trigger", "emails.welcome", '{"user_id": "u5"}')["run"]["id"]
+    shared.ndjson("dev", "--once")
+    assert shared.json("runs", "get", failed_id)["run"]["status"] == "failed"
+
+    retried = shared.json("retry", failed_id, "--run-id", "run_cli_retry", "--actor-id", "ops")["run"]
+    assert retried["id"] == "run_cli_retry"
+    assert retried["source"]["type"] == "manual_retry" and retried["source"]["source_run_id"] == failed_id
+
+    rerun = shared.json("rerun", ok_id, "--queue", "other")["run"]
+    assert rerun["queue"] == "other" and rerun["source"]["source_run_id"] == ok_id
+
+    cancelled = shared.json("cancel", rerun["id"], "--reason", "operator_requested")["run"]
+    assert cancelled["id"] == rerun["id"] and cancelled["status"] == "cancelled"
+
+    human_retry = shared("retry", ok_id)
+    assert human_retry.exit_code == 1  # a succeeded run cannot be retried, only rerun
+    assert human_retry.stderr.startswith("error[")
+
+    pruned = shared.json("prune", "--older-than", "2999-01-01T00:00:00Z", "--status", "cancelled", "--limit", "10")
+    assert pruned["pruned"] >= 1
+    assert shared("--json", "runs", "get", rerun["id"]).exit_code == 1
+
+    signalled = shared.json("signal", "send", "nobody.waits", "--limit", "5")
+    assert signalled == {"signal_key": "nobody.waits", "resumed": [], "runs": []}
+
+
+def test_plugin_commands_are_registered_on_the_root_app() -> None:
+    from runlane.cli.main import build_app
+    from runlane.plugins import hookimpl
+    from runlane.plugins.manager import pm
+
+    class Plugin:
+        @hookimpl
+        def register_commands(self, app: Any) -> None:
+            @app.command("hello")
+            def hello() -> None:
+                print("hello from a plugin")
+
+    pm.register(Plugin(), name="test-cli-commands")
+    try:
+        result = CliRunner().invoke(build_app(), ["hello"])
+    finally:
+        pm.unregister(name="test-cli-commands")
+    assert result.exit_code == 0
+    assert result.stdout == "hello from a plugin\n"
+
+
+def test_dev_loop_ticks_executes_and_stops_cooperatively_on_sigint(project: Path) -> None:
+    import signal
+
+    assert RUNLANE is not None
+    process = subprocess.Popen(
+        [RUNLANE, "--json", "dev", "--tick-interval", "100ms"],
+        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )
+    try:
+        assert process.stdout is not None
+        seen: list[dict[str, Any]] = []
+        for line in process.stdout:
+            seen.append(json.loads(line))
+            if sum(record["type"] == "tick" for record in seen) >= 2 and any(r["type"] == "run" for r in seen):
+                break
+        process.send_signal(signal.SIGINT)
+        rest, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    records = seen + ndjson(rest)
+    assert process.returncode == 0, stderr
+    assert records[0]["type"] == "dev_started" and records[0]["process_local"] is True
+    assert [r["run"]["status"] for r in records if r["type"] == "run"] == ["succeeded"]
+    assert [r["type"] for r in records[-2:]] == ["stopping", "worker_stopped"]
