@@ -11,7 +11,7 @@ import typer
 
 from ..models import Actor
 from ..vocabulary import ActorType, RunStatus
-from .main import guard, state_of, with_runtime
+from .main import OperationParams, guard, operation, run_operation
 from .options import ActorIdOption, CursorOption, LimitOption, QueueOption, RunIdOption, parse_cutoff
 
 __all__ = ["app"]
@@ -25,6 +25,57 @@ def _actor(actor_id: str | None) -> Actor:
     return Actor(type=ActorType.OPERATOR, id=actor_id)
 
 
+class ChildRunParams(OperationParams):
+    source_run_id: str
+    queue: str | None = None
+    run_id: str | None = None
+    actor_id: str | None = None
+
+
+@operation("retry", ChildRunParams, lambda output, params, run: output.run_result(run, verb="created retry"))
+async def _retry(runtime: Any, params: ChildRunParams) -> Any:
+    return await runtime.runs.retry(
+        params.source_run_id, actor=_actor(params.actor_id), queue=params.queue, run_id=params.run_id
+    )
+
+
+@operation("rerun", ChildRunParams, lambda output, params, run: output.run_result(run, verb="created rerun"))
+async def _rerun(runtime: Any, params: ChildRunParams) -> Any:
+    return await runtime.runs.rerun(
+        params.source_run_id, actor=_actor(params.actor_id), queue=params.queue, run_id=params.run_id
+    )
+
+
+class CancelParams(OperationParams):
+    run_id: str
+    reason: str | None = None
+    actor_id: str | None = None
+
+
+@operation("cancel", CancelParams, lambda output, params, run: output.run_result(run, verb="cancel recorded for"))
+async def _cancel(runtime: Any, params: CancelParams) -> Any:
+    return await runtime.runs.cancel(params.run_id, actor=_actor(params.actor_id), reason=params.reason)
+
+
+class PruneParams(OperationParams):
+    older_than: str
+    status: list[RunStatus] | None = None
+    limit: int | None = None
+    cursor: str | None = None
+    actor_id: str | None = None
+
+
+@operation("prune", PruneParams, lambda output, params, result: output.prune_result(result))
+async def _prune(runtime: Any, params: PruneParams) -> Any:
+    return await runtime.runs.prune(
+        older_than=parse_cutoff(params.older_than),
+        statuses=params.status or None,
+        limit=params.limit,
+        cursor=params.cursor,
+        actor=_actor(params.actor_id),
+    )
+
+
 @app.command("retry")
 def retry(
     ctx: typer.Context,
@@ -34,11 +85,7 @@ def retry(
     actor_id: ActorIdOption = None,
 ) -> None:
     """Create a manual retry child of a failed run."""
-
-    async def body(runtime: Any) -> Any:
-        return await runtime.runs.retry(source_run_id, actor=_actor(actor_id), queue=queue, run_id=run_id)
-
-    state_of(ctx).output.run_result(with_runtime(ctx, body), verb="created retry")
+    run_operation(ctx, "retry", source_run_id=source_run_id, queue=queue, run_id=run_id, actor_id=actor_id)
 
 
 @app.command("rerun")
@@ -50,11 +97,7 @@ def rerun(
     actor_id: ActorIdOption = None,
 ) -> None:
     """Create a linked child of a terminal run to execute its work again."""
-
-    async def body(runtime: Any) -> Any:
-        return await runtime.runs.rerun(source_run_id, actor=_actor(actor_id), queue=queue, run_id=run_id)
-
-    state_of(ctx).output.run_result(with_runtime(ctx, body), verb="created rerun")
+    run_operation(ctx, "rerun", source_run_id=source_run_id, queue=queue, run_id=run_id, actor_id=actor_id)
 
 
 @app.command("cancel")
@@ -65,11 +108,7 @@ def cancel(
     actor_id: ActorIdOption = None,
 ) -> None:
     """Cancel a waiting run, or request cooperative cancellation of a running one."""
-
-    async def body(runtime: Any) -> Any:
-        return await runtime.runs.cancel(run_id, actor=_actor(actor_id), reason=reason)
-
-    state_of(ctx).output.run_result(with_runtime(ctx, body), verb="cancel recorded for")
+    run_operation(ctx, "cancel", run_id=run_id, reason=reason, actor_id=actor_id)
 
 
 @app.command("prune")
@@ -86,11 +125,7 @@ def prune(
     actor_id: ActorIdOption = None,
 ) -> None:
     """Delete old terminal run history."""
-    cutoff = guard(ctx, lambda: parse_cutoff(older_than))
-
-    async def body(runtime: Any) -> Any:
-        return await runtime.runs.prune(
-            older_than=cutoff, statuses=status or None, limit=limit, cursor=cursor, actor=_actor(actor_id)
-        )
-
-    state_of(ctx).output.prune_result(with_runtime(ctx, body))
+    guard(ctx, lambda: parse_cutoff(older_than))  # a bad cutoff fails before any runtime is loaded
+    run_operation(
+        ctx, "prune", older_than=older_than, status=status or None, limit=limit, cursor=cursor, actor_id=actor_id
+    )

@@ -2,7 +2,8 @@
 
 ``--once`` runs one tick, drains due work and exits. The long-running form ticks every
 ``--tick-interval`` (default ``[dev] tick_interval``) next to a poll worker and stops cooperatively on
-SIGINT/SIGTERM. The loopback control bridge for process-local lanes is not part of this module.
+SIGINT/SIGTERM. On a process-local lane it also serves the loopback control bridge (``bridge``), so
+stateful commands from another terminal run against this process's in-memory state.
 """
 
 from __future__ import annotations
@@ -91,8 +92,18 @@ def dev(
             environment=runtime.environment.name,
             process_local=lane.capabilities.process_local,
         )
-        if lane.capabilities.process_local and not output.json:
-            output.warn("this lane keeps its state in this process: trigger work from task code or schedules here.")
+        bridge: Any = None
+        if lane.capabilities.process_local:
+            from .bridge import BridgeServer
+
+            bridge = BridgeServer(runtime, load_cli_config(ctx).path, output=output)
+            session = await bridge.start()
+            output.record(
+                "bridge_started",
+                f"bridge listening on 127.0.0.1:{session.port}; stateful commands for this config run here",
+                port=session.port,
+                session_file=str(session.file),
+            )
         worker = asyncio.ensure_future(run_worker(runtime, output, stop, mode=WorkerMode.POLL, **options))
         try:
             while not stop.stopping.is_set() and not worker.done():
@@ -107,6 +118,10 @@ def dev(
                 sleeper.cancel()
         finally:
             stop.stopping.set()
-            await worker
+            try:
+                await worker
+            finally:
+                if bridge is not None:
+                    await bridge.close()
 
     with_runtime(ctx, body)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .. import __version__
 from ..config import LoadedConfig, build_runtime, load_config
@@ -25,7 +26,21 @@ from ..plugins.manager import get_registries, load_plugins, pm
 from ..plugins.registries import ProviderContext, Registries, validate_options
 from .output import Output
 
-__all__ = ["CliState", "app", "build_app", "invoke", "open_runtime", "run", "state_of", "with_runtime"]
+__all__ = [
+    "OPERATIONS",
+    "CliState",
+    "Operation",
+    "OperationParams",
+    "app",
+    "build_app",
+    "invoke",
+    "open_runtime",
+    "operation",
+    "run",
+    "run_operation",
+    "state_of",
+    "with_runtime",
+]
 
 T = TypeVar("T")
 
@@ -109,6 +124,76 @@ def with_runtime(ctx: typer.Context, body: Callable[[Runlane], Awaitable[T]]) ->
             return await body(runtime)
 
     return invoke(ctx, main)
+
+
+class OperationParams(BaseModel):
+    """The arguments of one stateful command, as plain JSON values: what crosses the dev bridge."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """A stateful command's runtime call and its rendering, shared by local runs and the dev bridge.
+
+    ``call`` gets a started runtime and the validated params and calls the public runtime API; ``render``
+    hands the result to the output layer. A local command runs both in this process; a command proxied
+    into ``runlane dev`` runs both there, with an ``Output`` that renders for the calling terminal.
+    """
+
+    name: str
+    params: type[OperationParams]
+    call: Callable[[Runlane, Any], Awaitable[Any]]
+    render: Callable[[Output, Any, Any], None]
+
+
+OPERATIONS: dict[str, Operation] = {}
+"""The stateful commands by name; the dev bridge serves exactly these."""
+
+
+def operation(
+    name: str, params: type[OperationParams], render: Callable[[Output, Any, Any], None]
+) -> Callable[[Callable[[Runlane, Any], Awaitable[Any]]], Callable[[Runlane, Any], Awaitable[Any]]]:
+    """Register ``call`` as the stateful command ``name``."""
+
+    def register(call: Callable[[Runlane, Any], Awaitable[Any]]) -> Callable[[Runlane, Any], Awaitable[Any]]:
+        OPERATIONS[name] = Operation(name=name, params=params, call=call, render=render)
+        return call
+
+    return register
+
+
+def parse_params(op: Operation, values: Any) -> OperationParams:
+    """``values`` validated against the command's params; anything else is ``configuration_invalid``."""
+    try:
+        return op.params.model_validate(values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or "params"
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID, f"Invalid {op.name} arguments: {where}: {first.get('msg')}."
+        ) from None
+
+
+def run_operation(ctx: typer.Context, name: str, **values: Any) -> None:
+    """Run the stateful command ``name``: proxied into a live ``runlane dev`` session for this config
+    path when there is one (a process-local lane's state lives there), otherwise on a runtime loaded here."""
+    state = state_of(ctx)
+    op = OPERATIONS[name]
+    params = guard(ctx, lambda: parse_params(op, values))
+
+    async def main() -> tuple[bool, Any]:
+        from .bridge import proxy
+
+        config = load_cli_config(ctx)
+        if await proxy(config.path, op, params, state.output):
+            return True, None
+        async with open_runtime(ctx) as runtime:
+            return False, await op.call(runtime, params)
+
+    proxied, result = invoke(ctx, main)
+    if not proxied:
+        op.render(state.output, params, result)
 
 
 def guard(ctx: typer.Context, check: Callable[[], T]) -> T:

@@ -71,18 +71,47 @@ def _value(value: Any) -> str:
 class Output:
     """Where and how one CLI invocation prints: ``json`` picks JSON over Rich text."""
 
-    def __init__(self, *, json_mode: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        json_mode: bool = False,
+        stdout: Any | None = None,
+        stderr: Any | None = None,
+        width: int | None = None,
+        color: bool | None = None,
+    ) -> None:
+        """``stdout``/``stderr``/``width``/``color`` default to the process streams and terminal; the dev
+        bridge passes buffers and the calling terminal's settings to render a proxied command's result."""
         self.json = json_mode
+        self._out = stdout if stdout is not None else sys.stdout
+        self._err = stderr if stderr is not None else sys.stderr
         # soft_wrap keeps long ids and JSON on one line; captured or piped output is never cropped to 80
         # columns, so tables stay greppable in logs and CI.
-        self.stdout = Console(file=sys.stdout, soft_wrap=True, highlight=False, width=_width(sys.stdout))
-        self.stderr = Console(file=sys.stderr, soft_wrap=True, highlight=False, width=_width(sys.stderr))
+        self.stdout = Console(
+            file=self._out, soft_wrap=True, highlight=False, width=width or _width(self._out), force_terminal=color
+        )
+        self.stderr = Console(
+            file=self._err, soft_wrap=True, highlight=False, width=width or _width(self._err), force_terminal=color
+        )
 
     # -- primitives ----------------------------------------------------------------------------
 
     def emit_json(self, value: Any) -> None:
-        sys.stdout.write(_dumps(value) + "\n")
-        sys.stdout.flush()
+        self._out.write(_dumps(value) + "\n")
+        self._out.flush()
+
+    def write_rendered(self, stdout: str, stderr: str = "") -> None:
+        """Text a ``runlane dev`` process already rendered for this invocation (a proxied command)."""
+        if stdout:
+            self._out.write(stdout)
+            self._out.flush()
+        if stderr:
+            self._err.write(stderr)
+            self._err.flush()
+
+    def terminal(self) -> tuple[int | None, bool]:
+        """The width and colour this invocation renders with, for a dev process rendering on its behalf."""
+        return self.stdout.width, self.stdout.is_terminal
 
     def line(self, text: str | Text = "") -> None:
         self.stdout.print(text)
@@ -93,8 +122,8 @@ class Output:
 
     def error(self, error: RunlaneError) -> None:
         if self.json:
-            sys.stderr.write(_dumps({"error": error.to_json()}) + "\n")
-            sys.stderr.flush()
+            self._err.write(_dumps({"error": error.to_json()}) + "\n")
+            self._err.flush()
             return
         self.stderr.print(Text(f"error[{error.code.value}]: {error.message}", style="bold red"))
 

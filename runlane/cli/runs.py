@@ -13,7 +13,7 @@ import typer
 from ..errors import ErrorCode, RunlaneError
 from ..storage.operator import TimeRange
 from ..vocabulary import RunEventSortField, RunSortField, RunStatus, SortDirection
-from .main import guard, state_of, with_runtime
+from .main import OperationParams, guard, operation, run_operation
 from .options import CursorOption, LimitOption, QueuesOption, parse_iso_datetime
 
 __all__ = ["app"]
@@ -37,6 +37,87 @@ def _range(start: str | None, end: str | None, start_flag: str, end_flag: str) -
             ErrorCode.CONFIGURATION_INVALID, f"{start_flag} is after {end_flag}; swap them or widen the range."
         )
     return TimeRange(start=first, end=last)
+
+
+class RunsListParams(OperationParams):
+    cursor: str | None = None
+    limit: int | None = None
+    status: list[RunStatus] | None = None
+    task: list[str] | None = None
+    queue: list[str] | None = None
+    source_run: str | None = None
+    created_from: str | None = None
+    created_to: str | None = None
+    updated_from: str | None = None
+    updated_to: str | None = None
+    run_at_from: str | None = None
+    run_at_to: str | None = None
+    sort_by: RunSortField = RunSortField.CREATED_AT
+    sort_direction: SortDirection = SortDirection.DESC
+
+
+def _ranges(params: RunsListParams) -> dict[str, TimeRange | None]:
+    return {
+        "created_at": _range(params.created_from, params.created_to, "--created-from", "--created-to"),
+        "updated_at": _range(params.updated_from, params.updated_to, "--updated-from", "--updated-to"),
+        "run_at": _range(params.run_at_from, params.run_at_to, "--run-at-from", "--run-at-to"),
+    }
+
+
+@operation("runs list", RunsListParams, lambda output, params, result: output.runs_table(result))
+async def _list(runtime: Any, params: RunsListParams) -> Any:
+    return await runtime.runs.list(
+        cursor=params.cursor,
+        limit=params.limit,
+        statuses=params.status or None,
+        task_ids=params.task or None,
+        queues=params.queue or None,
+        source_run_id=params.source_run,
+        sort_by=params.sort_by,
+        sort_direction=params.sort_direction,
+        **_ranges(params),
+    )
+
+
+class RunsGetParams(OperationParams):
+    run_id: str
+    events: bool = False
+    cursor: str | None = None
+    limit: int | None = None
+
+
+def _not_found(run_id: str) -> RunlaneError:
+    return RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {run_id!r} was not found.", meta={"run_id": run_id})
+
+
+@operation("runs get", RunsGetParams, lambda output, params, result: output.run_detail(*result))
+async def _get(runtime: Any, params: RunsGetParams) -> tuple[Any, Any]:
+    run = await runtime.runs.get(params.run_id)
+    if run is None:
+        raise _not_found(params.run_id)
+    page = None
+    if params.events:
+        page = await runtime.runs.events(
+            params.run_id,
+            cursor=params.cursor,
+            limit=params.limit,
+            sort_by=RunEventSortField.SEQUENCE,
+            sort_direction=SortDirection.ASC,
+        )
+    return run, page
+
+
+class RunsAttemptsParams(OperationParams):
+    run_id: str
+
+
+@operation(
+    "runs attempts", RunsAttemptsParams, lambda output, params, result: output.attempts_table(params.run_id, result)
+)
+async def _attempts(runtime: Any, params: RunsAttemptsParams) -> Any:
+    if await runtime.runs.get(params.run_id) is None:
+        raise _not_found(params.run_id)
+    return await runtime.runs.attempts(params.run_id)
 
 
 @app.command("list")
@@ -66,29 +147,24 @@ def list_runs(
     ] = SortDirection.DESC,
 ) -> None:
     """List run summaries in the configured environment."""
-    ranges = guard(
-        ctx,
-        lambda: {
-            "created_at": _range(created_from, created_to, "--created-from", "--created-to"),
-            "updated_at": _range(updated_from, updated_to, "--updated-from", "--updated-to"),
-            "run_at": _range(run_at_from, run_at_to, "--run-at-from", "--run-at-to"),
-        },
-    )
-
-    async def body(runtime: Any) -> Any:
-        return await runtime.runs.list(
-            cursor=cursor,
-            limit=limit,
-            statuses=status or None,
-            task_ids=task or None,
-            queues=queue or None,
-            source_run_id=source_run,
-            sort_by=sort_by,
-            sort_direction=sort_direction,
-            **ranges,
-        )
-
-    state_of(ctx).output.runs_table(with_runtime(ctx, body))
+    values: dict[str, Any] = {
+        "cursor": cursor,
+        "limit": limit,
+        "status": status or None,
+        "task": task or None,
+        "queue": queue or None,
+        "source_run": source_run,
+        "created_from": created_from,
+        "created_to": created_to,
+        "updated_from": updated_from,
+        "updated_to": updated_to,
+        "run_at_from": run_at_from,
+        "run_at_to": run_at_to,
+        "sort_by": sort_by,
+        "sort_direction": sort_direction,
+    }
+    guard(ctx, lambda: _ranges(RunsListParams.model_validate(values)))  # bad dates fail before any runtime
+    run_operation(ctx, "runs list", **values)
 
 
 @app.command("get")
@@ -100,29 +176,10 @@ def get_run(
     limit: LimitOption = None,
 ) -> None:
     """Show one run (and its event history with --events)."""
-
-    async def body(runtime: Any) -> tuple[Any, Any]:
-        run = await runtime.runs.get(run_id)
-        if run is None:
-            raise RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {run_id!r} was not found.", meta={"run_id": run_id})
-        page = None
-        if events:
-            page = await runtime.runs.events(
-                run_id, cursor=cursor, limit=limit, sort_by=RunEventSortField.SEQUENCE, sort_direction=SortDirection.ASC
-            )
-        return run, page
-
-    run, page = with_runtime(ctx, body)
-    state_of(ctx).output.run_detail(run, page)
+    run_operation(ctx, "runs get", run_id=run_id, events=events, cursor=cursor, limit=limit)
 
 
 @app.command("attempts")
 def run_attempts(ctx: typer.Context, run_id: RunIdArgument) -> None:
     """List a run's attempts."""
-
-    async def body(runtime: Any) -> Any:
-        if await runtime.runs.get(run_id) is None:
-            raise RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {run_id!r} was not found.", meta={"run_id": run_id})
-        return await runtime.runs.attempts(run_id)
-
-    state_of(ctx).output.attempts_table(run_id, with_runtime(ctx, body))
+    run_operation(ctx, "runs attempts", run_id=run_id)

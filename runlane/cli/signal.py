@@ -6,12 +6,22 @@ from typing import Annotated, Any
 
 import typer
 
-from .main import state_of, with_runtime
+from .main import OperationParams, operation, run_operation
 from .options import LimitOption
 
 __all__ = ["app"]
 
 app = typer.Typer(help="Send signals to waiting runs.", no_args_is_help=True)
+
+
+class SignalSendParams(OperationParams):
+    signal_key: str
+    limit: int | None = None
+
+
+@operation("signal send", SignalSendParams, lambda output, params, result: output.signal_result(params.signal_key, result))
+async def _send(runtime: Any, params: SignalSendParams) -> Any:
+    return await runtime.signals.send(params.signal_key, limit=params.limit)
 
 
 @app.command("send")
@@ -22,7 +32,4 @@ def send(
 ) -> None:
     """Resume runs waiting on SIGNAL_KEY."""
 
-    async def body(runtime: Any) -> Any:
-        return await runtime.signals.send(signal_key, limit=limit)
-
-    state_of(ctx).output.signal_result(signal_key, with_runtime(ctx, body))
+    run_operation(ctx, "signal send", signal_key=signal_key, limit=limit)

@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from .main import state_of, with_runtime
+from .main import OperationParams, operation, run_operation
 from .options import (
     CancellationFinalizationLimit,
     DeliveryRequestLimit,
@@ -21,6 +21,19 @@ __all__ = ["app"]
 app = typer.Typer()
 
 
+class TickParams(OperationParams):
+    schedule_materialization_limit: int | None = None
+    delivery_request_limit: int | None = None
+    cancellation_finalization_limit: int | None = None
+    timeout_finalization_limit: int | None = None
+    outbox_claim_limit: int | None = None
+
+
+@operation("tick", TickParams, lambda output, params, result: output.tick_result(result))
+async def _tick(runtime: Any, params: TickParams) -> Any:
+    return await runtime.tick(**params.model_dump(exclude_none=True))
+
+
 @app.command("tick")
 def tick(
     ctx: typer.Context,
@@ -31,15 +44,10 @@ def tick(
     outbox_claim_limit: OutboxClaimLimit = None,
 ) -> None:
     """Run one maintenance pass: schedules, recovery, cancellations, timeouts, outbox."""
-    limits = TickLimits.of(
+    run_operation(ctx, "tick", **TickLimits.of(
         schedule_materialization_limit,
         delivery_request_limit,
         cancellation_finalization_limit,
         timeout_finalization_limit,
         outbox_claim_limit,
-    )
-
-    async def body(runtime: Any) -> Any:
-        return await runtime.tick(**limits)
-
-    state_of(ctx).output.tick_result(with_runtime(ctx, body))
+    ))

@@ -11,12 +11,41 @@ import typer
 
 from ..models import Actor
 from ..vocabulary import ActorType
-from .main import guard, state_of, with_runtime
+from .main import OperationParams, guard, operation, run_operation
 from .options import ActorIdOption, QueueOption, RunIdOption, parse_json
 
 __all__ = ["app"]
 
 app = typer.Typer()
+
+
+class TriggerParams(OperationParams):
+    task_id: str
+    payload: Any = None
+    queue: str | None = None
+    run_id: str | None = None
+    idempotency_key: str | None = None
+    idempotency_key_ttl: str | None = None
+    singleton_key: str | None = None
+    concurrency_key: str | None = None
+    meta: dict[str, Any] | None = None
+    actor_id: str | None = None
+
+
+@operation("trigger", TriggerParams, lambda output, params, result: output.trigger_result(result))
+async def _trigger(runtime: Any, params: TriggerParams) -> Any:
+    return await runtime.trigger(
+        params.task_id,
+        params.payload,
+        actor=Actor(type=ActorType.OPERATOR, id=params.actor_id),
+        concurrency_key=params.concurrency_key,
+        idempotency_key=params.idempotency_key,
+        idempotency_key_ttl=params.idempotency_key_ttl,
+        meta=params.meta,
+        queue=params.queue,
+        run_id=params.run_id,
+        singleton_key=params.singleton_key,
+    )
 
 
 @app.command("trigger")
@@ -47,22 +76,19 @@ def trigger(
     actor_id: ActorIdOption = None,
 ) -> None:
     """Create one durable run for TASK_ID."""
-    output = state_of(ctx).output
     payload: Any = guard(ctx, lambda: parse_json(payload_json, "PAYLOAD_JSON"))
     meta_value = guard(ctx, lambda: parse_json(meta, "--meta", require_object=True))
-
-    async def body(runtime: Any) -> Any:
-        return await runtime.trigger(
-            task_id,
-            payload,
-            actor=Actor(type=ActorType.OPERATOR, id=actor_id),
-            concurrency_key=concurrency_key,
-            idempotency_key=idempotency_key,
-            idempotency_key_ttl=idempotency_key_ttl,
-            meta=meta_value,
-            queue=queue,
-            run_id=run_id,
-            singleton_key=singleton_key,
-        )
-
-    output.trigger_result(with_runtime(ctx, body))
+    run_operation(
+        ctx,
+        "trigger",
+        task_id=task_id,
+        payload=payload,
+        queue=queue,
+        run_id=run_id,
+        idempotency_key=idempotency_key,
+        idempotency_key_ttl=idempotency_key_ttl,
+        singleton_key=singleton_key,
+        concurrency_key=concurrency_key,
+        meta=meta_value,
+        actor_id=actor_id,
+    )

@@ -1,0 +1,459 @@
+"""The ``runlane dev`` control bridge: stateful commands from another terminal run inside the dev process.
+
+A process-local lane keeps its state in the ``runlane dev`` process, so a second ``runlane trigger`` or
+``runlane runs list`` would otherwise see an empty store. ``runlane dev`` therefore serves a small
+loopback HTTP/1.1 endpoint (127.0.0.1 only, an ephemeral port, a random bearer token compared in
+constant time) and writes a session file (mode 0600, written atomically) under
+``<tempdir>/runlane-dev/``, keyed by a hash of the resolved config path. Stateful commands look for a
+live session for their config path first and, when one answers, send their validated arguments there;
+the dev process runs the same registered operation (``main.OPERATIONS``: the same public runtime calls
+and the same rendering) and returns the rendered text. A stale session file (dead pid, refused
+connection, rejected token, garbled file) is removed and the command runs on its own runtime.
+
+The bridge is a development aid, not a transport: it serves exactly the stateful commands, one JSON
+request per connection, bounded in size and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import io
+import json
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..errors import ErrorCode, RunlaneError
+from .main import OPERATIONS, Operation, OperationParams, parse_params
+from .output import Output, to_json_value
+
+__all__ = [
+    "COMMAND_PATH",
+    "MAX_REQUEST_BYTES",
+    "BridgeServer",
+    "Session",
+    "proxy",
+    "read_session",
+    "session_dir",
+    "session_path",
+]
+
+COMMAND_PATH = "/v1/command"
+MAX_REQUEST_BYTES = 1024 * 1024
+"""The largest request body the bridge reads; larger requests get 413 without being read."""
+MAX_HEADER_BYTES = 16 * 1024
+MAX_HEADERS = 64
+READ_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+RESPONSE_TIMEOUT_S = 300.0
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    411: "Length Required",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+}
+
+
+# -- session files ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One ``runlane dev`` process's bridge, as recorded in its session file."""
+
+    config_path: str
+    port: int
+    token: str
+    pid: int
+    started_at: str
+    file: Path
+
+
+def session_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "runlane-dev"
+
+
+def _resolved(config_path: Path | str) -> str:
+    return str(Path(config_path).expanduser().resolve())
+
+
+def session_path(config_path: Path | str) -> Path:
+    """The session file for a config path: one per resolved path, so the latest ``runlane dev`` wins."""
+    digest = hashlib.sha256(_resolved(config_path).encode("utf-8")).hexdigest()[:32]
+    return session_dir() / f"{digest}.json"
+
+
+def write_session(config_path: Path | str, *, port: int, token: str) -> Session:
+    """Atomically (re)write the session file for ``config_path`` with mode 0600."""
+    directory = session_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = session_path(config_path)
+    session = Session(
+        config_path=_resolved(config_path),
+        port=port,
+        token=token,
+        pid=os.getpid(),
+        started_at=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        file=target,
+    )
+    document = {
+        "config_path": session.config_path,
+        "port": session.port,
+        "token": session.token,
+        "pid": session.pid,
+        "started_at": session.started_at,
+    }
+    fd, temporary = tempfile.mkstemp(prefix=".session-", suffix=".tmp", dir=directory)  # created 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o600)
+            json.dump(document, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return session
+
+
+def read_session(config_path: Path | str) -> Session | None:
+    """The recorded session for ``config_path``; a garbled file is removed and counts as none."""
+    target = session_path(config_path)
+    try:
+        text = target.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:
+        return None
+    try:
+        document = json.loads(text)
+        session = Session(
+            config_path=str(document["config_path"]),
+            port=int(document["port"]),
+            token=str(document["token"]),
+            pid=int(document["pid"]),
+            started_at=str(document["started_at"]),
+            file=target,
+        )
+    except (ValueError, KeyError, TypeError):
+        with contextlib.suppress(OSError):
+            target.unlink()
+        return None
+    if session.config_path != _resolved(config_path) or not 0 < session.port < 65536:
+        return None
+    return session
+
+
+def discard_session(session: Session) -> None:
+    """Remove ``session``'s file unless a newer ``runlane dev`` has replaced it since it was read."""
+    try:
+        current = json.loads(session.file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        current = None
+    if isinstance(current, dict) and current.get("token") != session.token:
+        return
+    with contextlib.suppress(OSError):
+        session.file.unlink()
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+# -- server ----------------------------------------------------------------------------------------
+
+
+class _Reject(Exception):
+    def __init__(self, status: int, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class BridgeServer:
+    """The loopback control server of one ``runlane dev`` process over its started runtime."""
+
+    def __init__(self, runtime: Any, config_path: Path | str, *, output: Output | None = None) -> None:
+        self.runtime = runtime
+        self.config_path = config_path
+        self.token = secrets.token_urlsafe(32)
+        self.output = output
+        self.session: Session | None = None
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "the bridge is not started"
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> Session:
+        self._server = await asyncio.start_server(self._handle, host="127.0.0.1", port=0, limit=MAX_HEADER_BYTES)
+        self.session = write_session(self.config_path, port=self.port, token=self.token)
+        return self.session
+
+    async def close(self) -> None:
+        if self.session is not None:
+            discard_session(self.session)
+            self.session = None
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), timeout=5)
+            self._server = None
+
+    async def __aenter__(self) -> BridgeServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                request = await asyncio.wait_for(self._read_request(reader), timeout=READ_TIMEOUT_S)
+                status, body = 200, await self._execute(request)
+            except _Reject as reject:
+                status, body = reject.status, {"error": {"code": reject.code.value, "message": reject.message}}
+            except TimeoutError:
+                status, body = 408, _error_body(ErrorCode.CONFIGURATION_INVALID, "The request was not received in time.")
+            except Exception as error:  # noqa: BLE001 - one broken request must not end the dev process
+                status, body = 500, _error_body(ErrorCode.INTERNAL_ERROR, f"{type(error).__name__}: {error}")
+            payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            head = (
+                f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+                "Content-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            writer.write(head.encode("ascii") + payload)
+            await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> dict[str, Any]:
+        try:
+            request_line = (await reader.readuntil(b"\r\n")).decode("latin-1").rstrip("\r\n")
+            headers: dict[str, str] = {}
+            total = len(request_line)
+            while True:
+                line = (await reader.readuntil(b"\r\n")).decode("latin-1").rstrip("\r\n")
+                if not line:
+                    break
+                total += len(line)
+                if total > MAX_HEADER_BYTES or len(headers) >= MAX_HEADERS:
+                    raise _Reject(431, ErrorCode.CONFIGURATION_INVALID, "Request headers are too large.")
+                name, sep, value = line.partition(":")
+                if not sep:
+                    raise _Reject(400, ErrorCode.CONFIGURATION_INVALID, "Malformed request header.")
+                headers[name.strip().lower()] = value.strip()
+        except asyncio.LimitOverrunError:
+            raise _Reject(431, ErrorCode.CONFIGURATION_INVALID, "Request headers are too large.") from None
+        except asyncio.IncompleteReadError:
+            raise _Reject(400, ErrorCode.CONFIGURATION_INVALID, "Incomplete request.") from None
+        parts = request_line.split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise _Reject(400, ErrorCode.CONFIGURATION_INVALID, "Malformed request line.")
+        method, target, _ = parts
+        if target != COMMAND_PATH:
+            raise _Reject(404, ErrorCode.CONFIGURATION_INVALID, f"The dev bridge serves only POST {COMMAND_PATH}.")
+        if method != "POST":
+            raise _Reject(405, ErrorCode.CONFIGURATION_INVALID, f"The dev bridge serves only POST {COMMAND_PATH}.")
+        scheme, _, presented = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            presented.strip().encode("utf-8"), self.token.encode("utf-8")
+        ):
+            raise _Reject(401, ErrorCode.CONFIGURATION_INVALID, "Missing or wrong dev bridge token.")
+        if "transfer-encoding" in headers:
+            raise _Reject(400, ErrorCode.CONFIGURATION_INVALID, "Chunked requests are not accepted.")
+        length_text = headers.get("content-length")
+        if length_text is None:
+            raise _Reject(411, ErrorCode.CONFIGURATION_INVALID, "Content-Length is required.")
+        if not length_text.isdigit():
+            raise _Reject(400, ErrorCode.CONFIGURATION_INVALID, "Content-Length is not a number.")
+        length = int(length_text)
+        if length > MAX_REQUEST_BYTES:
+            raise _Reject(413, ErrorCode.CONFIGURATION_INVALID, f"The request exceeds {MAX_REQUEST_BYTES} bytes.")
+        try:
+            raw = await reader.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise _Reject(400, ErrorCode.CONFIGURATION_INVALID, "Incomplete request body.") from None
+        try:
+            document = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise _Reject(400, ErrorCode.CONFIGURATION_INVALID, "The request body is not JSON.") from None
+        return _validate_request(document)
+
+    async def _execute(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = OPERATIONS[request["command"]]
+        try:
+            params = parse_params(op, request["params"])
+        except RunlaneError as error:
+            raise _Reject(400, error.code, error.message) from None
+        shape = request["output"]
+        stdout, stderr = io.StringIO(), io.StringIO()
+        output = Output(
+            json_mode=shape["json"], stdout=stdout, stderr=stderr, width=shape["width"], color=shape["color"] or None
+        )
+        try:
+            result = await op.call(self.runtime, params)
+        except RunlaneError as error:
+            return {"error": error.to_json()}
+        op.render(output, params, result)
+        return {"stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+
+
+def _error_body(code: ErrorCode, message: str) -> dict[str, Any]:
+    return {"error": {"code": code.value, "message": message}}
+
+
+def _validate_request(document: Any) -> dict[str, Any]:
+    def bad(message: str) -> _Reject:
+        return _Reject(400, ErrorCode.CONFIGURATION_INVALID, message)
+
+    if not isinstance(document, dict) or set(document) != {"command", "params", "output"}:
+        raise bad('The request must be an object with exactly "command", "params" and "output".')
+    command = document["command"]
+    if not isinstance(command, str) or command not in OPERATIONS:
+        raise bad(f"Unknown command {command!r}; the dev bridge serves: {', '.join(sorted(OPERATIONS))}.")
+    if not isinstance(document["params"], dict):
+        raise bad('"params" must be an object.')
+    shape = document["output"]
+    if not isinstance(shape, dict) or set(shape) != {"json", "width", "color"}:
+        raise bad('"output" must be an object with exactly "json", "width" and "color".')
+    width = shape["width"]
+    if not isinstance(shape["json"], bool) or not isinstance(shape["color"], bool):
+        raise bad('"output.json" and "output.color" must be booleans.')
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or not 20 <= width <= 10_000):
+        raise bad('"output.width" must be null or an integer from 20 to 10000.')
+    return document
+
+
+# -- client ----------------------------------------------------------------------------------------
+
+
+class _Stale(Exception):
+    """The session did not answer as a live bridge: ignore and remove it."""
+
+
+async def _post(session: Session, body: bytes, *, token: str | None = None) -> tuple[int, Any]:
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", session.port), timeout=CONNECT_TIMEOUT_S
+        )
+    except (OSError, TimeoutError) as error:
+        raise _Stale(str(error)) from None
+    try:
+        head = (
+            f"POST {COMMAND_PATH} HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{session.port}\r\n"
+            f"Authorization: Bearer {session.token if token is None else token}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        writer.write(head.encode("ascii") + body)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout=RESPONSE_TIMEOUT_S)
+    except TimeoutError:
+        raise RunlaneError(
+            ErrorCode.TRANSPORT_UNAVAILABLE, f"The runlane dev process (pid {session.pid}) did not answer in time."
+        ) from None
+    except (ConnectionError, OSError) as error:
+        raise RunlaneError(
+            ErrorCode.TRANSPORT_UNAVAILABLE, f"The runlane dev process (pid {session.pid}) dropped the request: {error}."
+        ) from None
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    head_bytes, sep, payload = raw.partition(b"\r\n\r\n")
+    status_line = head_bytes.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = status_line.split(" ", 2)
+    if not sep or len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise _Stale("not a runlane dev bridge response")
+    try:
+        document = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise _Stale("not a runlane dev bridge response") from None
+    return int(parts[1]), document
+
+
+def _request_body(op: Operation, params: OperationParams, output: Output) -> bytes:
+    width, color = output.terminal()
+    document = {
+        "command": op.name,
+        "params": to_json_value(params.model_dump(mode="json", exclude_unset=False)),
+        "output": {"json": output.json, "width": width, "color": color},
+    }
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+async def proxy(config_path: Path | str, op: Operation, params: OperationParams, output: Output) -> bool:
+    """Run ``op`` in the live ``runlane dev`` session for ``config_path`` and print its result.
+
+    Returns ``False`` (after removing a stale session file) when there is no live session, so the
+    caller runs the command on its own runtime. A command error raised inside the dev process is raised
+    here as the same ``RunlaneError``.
+    """
+    session = read_session(config_path)
+    if session is None:
+        return False
+    if not pid_alive(session.pid):
+        discard_session(session)
+        return False
+    try:
+        status, document = await _post(session, _request_body(op, params, output))
+    except _Stale:
+        discard_session(session)
+        return False
+    if status == 401:
+        discard_session(session)
+        return False
+    error = document.get("error") if isinstance(document, dict) else None
+    if status == 200 and isinstance(document, dict) and error is None:
+        output.write_rendered(str(document.get("stdout", "")), str(document.get("stderr", "")))
+        return True
+    if isinstance(error, dict):
+        try:
+            code = ErrorCode(error.get("code"))
+        except ValueError:
+            code = ErrorCode.INTERNAL_ERROR
+        raise RunlaneError(
+            code,
+            str(error.get("message") or "The runlane dev process rejected the request."),
+            retryable=bool(error.get("retryable", False)),
+            meta=error.get("meta") if isinstance(error.get("meta"), dict) else None,
+        )
+    raise RunlaneError(ErrorCode.INTERNAL_ERROR, f"The runlane dev process answered HTTP {status}.")
