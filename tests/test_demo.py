@@ -19,3 +19,7 @@ def test_demo_prints_the_quick_start_result_then_the_worker_tour() -> None:
     assert "invoices.sync: succeeded, attempts=2 failures=1 releases=0" in out
     assert "reports.publish: succeeded, attempts=2 failures=0 releases=1" in out
     assert out.index("run.retry_scheduled") < out.index("run.released")
+    assert "$ runlane init config --tasks demo_tasks" in out
+    assert "wrote runlane.toml" in out
+    assert "tick materialized=1" in out
+    assert "run succeeded" in out and "task=hello.greet" in out

@@ -58,3 +58,9 @@ def test_boundary_check_detects_a_leak():
     # Guard against a vacuous check: the same probe sees a module that really is imported.
     modules = imported_modules("import json, runlane.storage")
     assert leaked(modules, ("json",)) != []
+
+
+def test_cli_loads_no_textual_until_the_dashboard_runs():
+    modules = imported_modules("import runlane.cli.main")
+    assert "typer" in modules  # the probe really imported the CLI
+    assert leaked(modules, ("textual",)) == []

@@ -5,12 +5,18 @@
 Part 1 is the smallest durable program (it prints ``queued``, ``succeeded``, ``["user_123"]``).
 Part 2 drains a backlog with a worker: one task retries once before succeeding, one releases the run
 to wait for a signal, and the event history of each run is printed from the operator API.
+Part 3 does it from the command line: ``runlane init config`` and ``runlane dev --once`` in a
+temporary directory, where a scheduled task is materialized and executed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -103,10 +109,43 @@ async def tour() -> None:
                 print(f"    #{record.sequence:<2} {record.event.occurred_at:%H:%M:%S}  {record.event.type}")
 
 
+# -- Part 3: the same from the command line ---------------------------------------------------
+
+CLI_TASKS = """\
+from runlane import queue, schedule, task
+
+default = queue("default", default=True)
+
+
+@task("hello.greet", queue=default, schedule=schedule("hello.every_minute", every="1m", payload={"name": "ada"}))
+def greet(payload: dict) -> dict:
+    return {"greeting": f"hello {payload['name']}"}
+"""
+
+
+def cli_tour() -> None:
+    """`runlane init config`, a tasks module, then `runlane dev --once` in a fresh directory."""
+    runlane = [sys.executable, "-m", "runlane"]
+    with tempfile.TemporaryDirectory(prefix="runlane-demo-") as directory:
+        project = Path(directory)
+        (project / "demo_tasks.py").write_text(CLI_TASKS)
+        for command in (["init", "config", "--tasks", "demo_tasks"], ["dev", "--once"]):
+            print(f"  $ runlane {' '.join(command)}")
+            completed = subprocess.run(
+                [*runlane, *command], cwd=project, capture_output=True, text=True, timeout=60, check=False
+            )
+            for line in (completed.stdout + completed.stderr).splitlines():
+                print(f"    {line}")
+            if completed.returncode != 0:
+                raise SystemExit(completed.returncode)
+
+
 async def main() -> None:
     await quick_start()
     print("\nA worker draining a backlog (in-memory lane, controlled clock):")
     await tour()
+    print("\nThe same from the command line, in a fresh directory:")
+    cli_tour()
 
 
 if __name__ == "__main__":
