@@ -1477,27 +1477,65 @@ class CoreStore:
         # Per claim: the run and its capacity row, two events and their two observation records.
         return await self._chunked(list(requests), self._chunk_size(2, 6), self._claim_batch, on_limit)
 
-    async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
+    async def _run_batch(
+        self,
+        requests: Sequence[Any],
+        derive: Callable[[_Attempt, RunRecord], Sequence[StorageRecordKey]],
+        apply_one: Callable[[_Attempt, Any, datetime, _EventIds], Any],
+        *,
+        hint: Callable[[Any], Sequence[StorageRecordKey] | None] | None = None,
+        capture_errors: bool = False,
+    ) -> list[Any]:
+        """One transaction over several runs: the shared shape of claims, reservations, completions
+        and heartbeats.
+
+        Reads every run (plus the owner rows ``hint`` names for a run the caller already holds), then
+        the rows ``derive`` names for the other runs, seals, and applies each request in order. With
+        ``capture_errors`` a ``RunlaneError`` from one request becomes that request's result instead
+        of failing the batch.
+        """
         ids = _EventIds()
         env = self.env_key
-        run_keys = [_run_key(env, request.run_id) for request in requests]
+        first: list[StorageRecordKey] = []
+        hinted: set[str] = set()
+        for request in requests:
+            first.append(_run_key(env, request.run_id))
+            keys = None if hint is None else hint(request)
+            if keys is not None:
+                hinted.add(request.run_id)
+                first.extend(keys)
 
-        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[ClaimResult]:
+        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[Any]:
             ids.restart()
             attempt = _Attempt(self, tx)
-            await attempt.read([*run_keys, *extra])
+            await attempt.read([*first, *extra])
             derived: list[StorageRecordKey] = []
             for request in requests:
-                run = attempt.peek_run(request.run_id)
-                if run is not None:
-                    derived.extend(attempt.capacity_keys(run))
+                if request.run_id not in hinted:
+                    run = attempt.peek_run(request.run_id)
+                    if run is not None:
+                        derived.extend(derive(attempt, run))
             await attempt.read(derived)
-            await attempt.seal()
-            results = [self._claim_one(attempt, request, ids) for request in requests]
+            now = await attempt.seal()
+            results: list[Any] = []
+            for request in requests:
+                try:
+                    results.append(apply_one(attempt, request, now, ids))
+                except RunlaneError as error:
+                    if not capture_errors:
+                        raise
+                    results.append(error)
             attempt.stage()
             return results
 
         return await self._transact(body)
+
+    async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        return await self._run_batch(
+            requests,
+            lambda attempt, run: attempt.capacity_keys(run),
+            lambda attempt, request, now, ids: self._claim_one(attempt, request, ids),
+        )
 
     def _claim_one(self, attempt: _Attempt, request: ClaimRequest, ids: _EventIds) -> ClaimResult:
         run_id = request.run_id
@@ -1596,26 +1634,11 @@ class CoreStore:
         return await self._chunked(list(requests), self._chunk_size(2, 5), self._reserve_batch, on_limit)
 
     async def _reserve_batch(self, requests: Sequence[ReserveRequest]) -> list[ReserveResult]:
-        ids = _EventIds()
-        env = self.env_key
-        run_keys = [_run_key(env, request.run_id) for request in requests]
-
-        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[ReserveResult]:
-            ids.restart()
-            attempt = _Attempt(self, tx)
-            await attempt.read([*run_keys, *extra])
-            derived: list[StorageRecordKey] = []
-            for request in requests:
-                run = attempt.peek_run(request.run_id)
-                if run is not None:
-                    derived.extend(attempt.finish_keys(run))
-            await attempt.read(derived)
-            await attempt.seal()
-            results = [self._reserve_one(attempt, request, ids) for request in requests]
-            attempt.stage()
-            return results
-
-        return await self._transact(body)
+        return await self._run_batch(
+            requests,
+            lambda attempt, run: attempt.finish_keys(run),
+            lambda attempt, request, now, ids: self._reserve_one(attempt, request, ids),
+        )
 
     def _reserve_one(self, attempt: _Attempt, request: ReserveRequest, ids: _EventIds) -> ReserveResult:
         run_id = request.run_id
@@ -1824,41 +1847,13 @@ class CoreStore:
         return await self._chunked(list(requests), self._chunk_size(5, 7), self._complete_batch, on_limit)
 
     async def _complete_batch(self, requests: Sequence[CompletionRequest]) -> list[AppendResult | RunlaneError]:
-        ids = _EventIds()
-        env = self.env_key
-        first: list[StorageRecordKey] = []
-        hinted: set[str] = set()
-        for request in requests:
-            first.append(_run_key(env, request.run_id))
+        def hint(request: CompletionRequest) -> list[StorageRecordKey] | None:
             known = request.known
-            if known is not None and known.id == request.run_id:
-                hinted.add(request.run_id)
-                first.extend(_finish_keys(self, known))
+            return _finish_keys(self, known) if known is not None and known.id == request.run_id else None
 
-        async def body(
-            tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]
-        ) -> list[AppendResult | RunlaneError]:
-            ids.restart()
-            attempt = _Attempt(self, tx)
-            await attempt.read([*first, *extra])
-            derived: list[StorageRecordKey] = []
-            for request in requests:
-                if request.run_id not in hinted:
-                    run = attempt.peek_run(request.run_id)
-                    if run is not None:
-                        derived.extend(attempt.finish_keys(run))
-            await attempt.read(derived)
-            now = await attempt.seal()
-            results: list[AppendResult | RunlaneError] = []
-            for request in requests:
-                try:
-                    results.append(self._append_one(attempt, request, now, ids))
-                except RunlaneError as error:
-                    results.append(error)
-            attempt.stage()
-            return results
-
-        return await self._transact(body)
+        return await self._run_batch(
+            requests, lambda attempt, run: attempt.finish_keys(run), self._append_one, hint=hint, capture_errors=True
+        )
 
     def _append_one(self, attempt: _Attempt, request: CompletionRequest, now: datetime, ids: _EventIds) -> AppendResult:
         slot = attempt.slot(request.run_id)
@@ -1896,39 +1891,17 @@ class CoreStore:
         return await self._chunked(list(requests), self._chunk_size(2, 4), self._heartbeat_batch, on_limit)
 
     async def _heartbeat_batch(self, requests: Sequence[HeartbeatRequest]) -> list[RunRecord | RunlaneError]:
-        ids = _EventIds()
         env = self.env_key
-        first: list[StorageRecordKey] = []
-        hinted: set[str] = set()
-        for request in requests:
-            first.append(_run_key(env, request.run_id))
+
+        def hint(request: HeartbeatRequest) -> list[StorageRecordKey] | None:
             known = request.known
-            if known is not None and known.id == request.run_id and known.queue in self.queue_limits:
-                hinted.add(request.run_id)
-                first.append(queue_capacity_key(env, known.queue, known.concurrency_key))
+            if known is None or known.id != request.run_id or known.queue not in self.queue_limits:
+                return None
+            return [queue_capacity_key(env, known.queue, known.concurrency_key)]
 
-        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[RunRecord | RunlaneError]:
-            ids.restart()
-            attempt = _Attempt(self, tx)
-            await attempt.read([*first, *extra])
-            derived: list[StorageRecordKey] = []
-            for request in requests:
-                if request.run_id not in hinted:
-                    run = attempt.peek_run(request.run_id)
-                    if run is not None:
-                        derived.extend(attempt.capacity_keys(run))
-            await attempt.read(derived)
-            now = await attempt.seal()
-            results: list[RunRecord | RunlaneError] = []
-            for request in requests:
-                try:
-                    results.append(self._heartbeat_one(attempt, request, now, ids))
-                except RunlaneError as error:
-                    results.append(error)
-            attempt.stage()
-            return results
-
-        return await self._transact(body)
+        return await self._run_batch(
+            requests, lambda attempt, run: attempt.capacity_keys(run), self._heartbeat_one, hint=hint, capture_errors=True
+        )
 
     def _heartbeat_one(self, attempt: _Attempt, request: HeartbeatRequest, now: datetime, ids: _EventIds) -> RunRecord:
         slot = attempt.slot(request.run_id)
