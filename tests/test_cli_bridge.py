@@ -204,8 +204,10 @@ def test_kill_9_leaves_a_stale_session_that_the_next_command_removes(
     dev.wait(timeout=10)
     assert file.exists()
 
-    page = project.json("runs", "list")
-    assert page == {"data": [], "next_cursor": None}  # a fresh, empty in-memory lane in this process
+    listed = project.cli("--json", "runs", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == {"data": [], "next_cursor": None}  # a fresh, empty in-memory lane
+    assert "ignored a stale runlane dev session" in listed.stderr and "not running" in listed.stderr
     assert not file.exists()
 
     missing = project.cli("--json", "runs", "get", "run_anything")

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import secrets
+import sys
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -420,6 +421,12 @@ def _request_body(op: Operation, params: OperationParams, output: Output) -> byt
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+def _ignore_stale(session: Session, why: str) -> None:
+    """Remove a dead session file and say so once on stderr (the command then runs on its own)."""
+    discard_session(session)
+    print(f"note: ignored a stale runlane dev session ({why}); running this command on its own runtime.", file=sys.stderr)
+
+
 async def proxy(config_path: Path | str, op: Operation, params: OperationParams, output: Output) -> bool:
     """Run ``op`` in the live ``runlane dev`` session for ``config_path`` and print its result.
 
@@ -431,15 +438,15 @@ async def proxy(config_path: Path | str, op: Operation, params: OperationParams,
     if session is None:
         return False
     if not pid_alive(session.pid):
-        discard_session(session)
+        _ignore_stale(session, f"its process {session.pid} is not running")
         return False
     try:
         status, document = await _post(session, _request_body(op, params, output))
     except _Stale:
-        discard_session(session)
+        _ignore_stale(session, "it did not answer as a runlane dev bridge")
         return False
     if status == 401:
-        discard_session(session)
+        _ignore_stale(session, "it rejected the recorded token")
         return False
     error = document.get("error") if isinstance(document, dict) else None
     if status == 200 and isinstance(document, dict) and error is None:
