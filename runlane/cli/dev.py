@@ -1,9 +1,12 @@
 """``runlane dev``: a poll worker plus a maintenance loop in one process, for local development.
 
-``--once`` runs one tick, drains due work and exits. The long-running form ticks every
-``--tick-interval`` (default ``[dev] tick_interval``) next to a poll worker and stops cooperatively on
-SIGINT/SIGTERM. On a process-local lane it also serves the loopback control bridge (``bridge``), so
-stateful commands from another terminal run against this process's in-memory state.
+``--once`` runs one tick, drains due work, runs one export per ``[[exporters]]`` entry and exits. The
+long-running form ticks every ``--tick-interval`` (default ``[dev] tick_interval``) next to a poll worker
+and one exporter loop per ``[[exporters]]`` entry, and stops all of them cooperatively on SIGINT/SIGTERM.
+Exporter sinks are built (and their options validated) before anything starts. A sink's records are
+JSON objects without ``type``/``at``, so they stay distinguishable from dev's own lifecycle lines. On a
+process-local lane it also serves the loopback control bridge (``bridge``), so stateful commands from
+another terminal run against this process's in-memory state.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from typing import Any
 
 import typer
 
+from ..core.cancellation import CancellationController
 from ..durations import duration_ms
 from ..errors import ErrorCode, RunlaneError
-from ..vocabulary import WorkerMode
-from .main import load_cli_config, state_of, with_runtime
+from ..vocabulary import RunlaneObservationExporterTickStatus, WorkerMode
+from .main import ConfiguredExporter, configured_exporters, guard, load_cli_config, state_of, with_runtime
+from .output import Output
 from .options import (
     CancellationFinalizationLimit,
     ConcurrencyOption,
@@ -64,6 +69,8 @@ def dev(
         timeout_finalization_limit,
         outbox_claim_limit,
     )
+    # Unknown exporter names and invalid exporter options fail here, before a runtime or loop starts.
+    exporters = guard(ctx, lambda: configured_exporters(load_cli_config(ctx)))
 
     async def body(runtime: Any) -> None:
         if once and empty_poll_delay is not None:
@@ -82,6 +89,8 @@ def dev(
     async def _once(runtime: Any, stop: StopOnSignals, limits: TickLimits, **worker_options: Any) -> None:
         output.tick_record(await runtime.tick(**limits))
         await run_worker(runtime, output, stop, mode=WorkerMode.DRAIN, **worker_options)
+        for configured in exporters:
+            await _export_once(runtime, output, configured)
 
     async def _loop(runtime: Any, stop: StopOnSignals, limits: TickLimits, interval_s: float, **options: Any) -> None:
         lane = runtime.lane
@@ -104,9 +113,12 @@ def dev(
                 port=session.port,
                 session_file=str(session.file),
             )
+        exporting = CancellationController()
+        loops = [(c, runtime.observation_exporter(c.consumer, c.sink)) for c in exporters]  # all built, then started
+        exporter_tasks = [_start_exporter(output, configured, exporter, exporting) for configured, exporter in loops]
         worker = asyncio.ensure_future(run_worker(runtime, output, stop, mode=WorkerMode.POLL, **options))
         try:
-            while not stop.stopping.is_set() and not worker.done():
+            while not stop.stopping.is_set() and not worker.done() and not any(t.done() for t in exporter_tasks):
                 try:
                     output.tick_record(await runtime.tick(**limits))
                 except RunlaneError as error:
@@ -114,14 +126,76 @@ def dev(
                         raise
                     output.error(error)  # a transient storage problem: report it and tick again later
                 sleeper = asyncio.ensure_future(stop.stopping.wait())
-                await asyncio.wait({sleeper, worker}, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    {sleeper, worker, *exporter_tasks}, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED
+                )
                 sleeper.cancel()
         finally:
             stop.stopping.set()
+            exporting.abort("runlane dev is stopping")
             try:
                 await worker
             finally:
-                if bridge is not None:
-                    await bridge.close()
+                try:
+                    await _stop_exporters(exporter_tasks)
+                finally:
+                    if bridge is not None:
+                        await bridge.close()
 
     with_runtime(ctx, body)
+
+
+async def _export_once(runtime: Any, output: Output, configured: ConfiguredExporter) -> None:
+    """One export for ``dev --once``: the sink writes the records, then one lifecycle line reports the count."""
+    exporter = runtime.observation_exporter(configured.consumer, configured.sink)
+    tick = await exporter.export_once()
+    if tick.status is RunlaneObservationExporterTickStatus.FAILED:
+        error = tick.error
+        if isinstance(error, RunlaneError):
+            raise error
+        raise RunlaneError(
+            ErrorCode.OBSERVATION_EXPORT_FAILED,
+            f"Exporter {configured.use!r} (consumer {configured.consumer!r}) failed: {error!r}.",
+        ) from error
+    output.record(
+        "exported",
+        f"exported {tick.exported} observation(s) exporter={configured.use} consumer={configured.consumer}",
+        exporter=configured.use,
+        consumer=configured.consumer,
+        exported=tick.exported,
+    )
+
+
+def _start_exporter(
+    output: Output, configured: ConfiguredExporter, exporter: Any, controller: CancellationController
+) -> asyncio.Future[None]:
+    """One exporter loop beside the worker, stopped by aborting ``controller``'s signal."""
+    output.record(
+        "exporter_started",
+        f"exporter started exporter={configured.use} consumer={configured.consumer}",
+        exporter=configured.use,
+        consumer=configured.consumer,
+    )
+
+    async def loop() -> None:
+        try:
+            await exporter.run(signal=controller.signal)
+        finally:
+            output.record(
+                "exporter_stopped",
+                f"exporter stopped exporter={configured.use} consumer={configured.consumer} "
+                f"exported={exporter.stats.exported}",
+                exporter=configured.use,
+                consumer=configured.consumer,
+                exported=exporter.stats.exported,
+            )
+
+    return asyncio.ensure_future(loop())
+
+
+async def _stop_exporters(tasks: list[asyncio.Future[None]]) -> None:
+    """Wait for every exporter loop (their signal is already aborted); the first failure is raised."""
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            raise result

@@ -29,10 +29,12 @@ from .output import Output
 __all__ = [
     "OPERATIONS",
     "CliState",
+    "ConfiguredExporter",
     "Operation",
     "OperationParams",
     "app",
     "build_app",
+    "configured_exporters",
     "invoke",
     "open_runtime",
     "operation",
@@ -82,6 +84,35 @@ def _lane_factory(config: LoadedConfig, registries: Registries) -> Callable[[str
         return provider.create(validated, context)
 
     return create
+
+
+@dataclass(frozen=True, slots=True)
+class ConfiguredExporter:
+    """One ``[[exporters]]`` entry resolved to its provider's sink, ready for ``runtime.observation_exporter``."""
+
+    use: str
+    consumer: str
+    sink: Any
+
+
+def configured_exporters(config: LoadedConfig, registries: Registries | None = None) -> list[ConfiguredExporter]:
+    """Every ``[[exporters]]`` entry's sink, built by the named exporter provider from its validated options.
+
+    An unknown provider name or an invalid option is ``configuration_invalid`` (naming the installed
+    exporters or the offending key) before any sink is created.
+    """
+    registries = registries if registries is not None else get_registries()
+    table = config.source.table_name("exporters")
+    resolved = []
+    for index, entry in enumerate(config.exporters):
+        provider = registries.exporters.get(entry.use)
+        options = validate_options(provider, entry.options, table=f"[[{table}]] #{index + 1}")
+        resolved.append((entry, provider, options))
+    context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
+    return [
+        ConfiguredExporter(entry.use, entry.consumer, provider.create(options, context))
+        for entry, provider, options in resolved
+    ]
 
 
 @asynccontextmanager

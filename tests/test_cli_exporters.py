@@ -1,0 +1,227 @@
+"""``[[exporters]]`` in ``runlane dev``: the installed console script in a subprocess inside a temporary project.
+
+``dev --once`` exports once per configured exporter after its drain; the long-running form runs one
+exporter loop per entry next to the worker and stops it cooperatively. Exporter names and options are
+validated before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runlane.core.observations import observation_record_id
+
+RUNLANE = shutil.which("runlane", path=str(Path(sys.executable).parent)) or shutil.which("runlane")
+
+TASKS_MODULE = """
+from datetime import UTC, datetime
+
+from pydantic import BaseModel
+
+from runlane import queue, schedule, task
+
+emails = queue("emails", default=True)
+
+
+class Welcome(BaseModel):
+    user_id: str
+
+
+@task(
+    "emails.welcome",
+    queue=emails,
+    schedule=schedule("welcome.once", run_at=datetime(2020, 1, 1, tzinfo=UTC), payload={"user_id": "user_1"}),
+)
+def send_welcome(payload: Welcome) -> dict:
+    return {"sent": payload.user_id}
+"""
+
+CONSOLE_EXPORTER = """
+[[exporters]]
+use = "console"
+consumer = "local_console"
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+    return path
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RUNLANE_LOAD_PLUGINS", None)
+    env["COLUMNS"] = "200"
+    return env
+
+
+def cli(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    assert RUNLANE is not None, "the runlane console script is not installed; run pip install -e ."
+    return subprocess.run([RUNLANE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def ndjson(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def is_observation(record: dict[str, Any]) -> bool:
+    """Observation records carry a stream position and no lifecycle ``type``/``at``."""
+    return "stream_position" in record and "type" not in record and "at" not in record
+
+
+def add_exporter(project: Path, text: str = CONSOLE_EXPORTER) -> None:
+    config = project / "runlane.toml"
+    config.write_text(config.read_text(encoding="utf-8") + textwrap.dedent(text), encoding="utf-8")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project with a scheduled task, configured through `runlane init config`."""
+    write(tmp_path / "app" / "__init__.py", "")
+    write(tmp_path / "app" / "tasks.py", TASKS_MODULE)
+    result = cli(tmp_path, "init", "config", "--tasks", "app.tasks")
+    assert result.returncode == 0, result.stderr
+    return tmp_path
+
+
+def assert_run_observations(observations: list[dict[str, Any]], run: dict[str, Any]) -> None:
+    """One observation per persisted event of ``run``, in order, with ids derived from their source."""
+    assert len(observations) == run["event_sequence"]
+    assert all(o["source_kind"] == "run_event" for o in observations)
+    assert all(o["observation"]["run_id"] == run["id"] for o in observations)
+    assert [o["observation"]["sequence"] for o in observations] == list(range(1, run["event_sequence"] + 1))
+    types = [o["observation"]["event_type"] for o in observations]
+    assert types[0] == "run.created" and types[-1] == "run.succeeded"
+    positions = [int(o["stream_position"]) for o in observations]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    for record in observations:
+        assert record["source_id"] == record["observation"]["event_id"]
+        assert record["id"] == observation_record_id("development", "run_event", record["source_id"])
+    assert len({o["id"] for o in observations}) == len(observations)
+
+
+def test_dev_once_exports_one_observation_per_run_event(project: Path) -> None:
+    add_exporter(project)
+    result = cli(project, "--json", "dev", "--once")
+    assert result.returncode == 0, result.stderr
+    records = ndjson(result.stdout)
+    lifecycle = [r for r in records if not is_observation(r)]
+    observations = [r for r in records if is_observation(r)]
+    assert [r["type"] for r in lifecycle] == ["tick", "worker_started", "run", "worker_stopped", "exported"]
+    run = lifecycle[2]["run"]
+    assert run["status"] == "succeeded"
+    assert_run_observations(observations, run)
+    assert lifecycle[-1]["exported"] == len(observations)
+    assert lifecycle[-1]["exporter"] == "console" and lifecycle[-1]["consumer"] == "local_console"
+    # The sink writes after the drain and before dev reports the export.
+    assert records.index(observations[0]) > records.index(lifecycle[3])
+    assert records.index(observations[-1]) < records.index(lifecycle[-1])
+
+
+def test_dev_once_human_output_keeps_lifecycle_lines_apart_from_json_observations(project: Path) -> None:
+    add_exporter(project)
+    result = cli(project, "dev", "--once")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    lifecycle = [line for line in lines if not line.startswith("{")]
+    observations = [json.loads(line) for line in lines if line.startswith("{")]
+    assert len(lifecycle) == 5
+    assert all(line[:4].isdigit() and line[23] == "Z" for line in lifecycle)
+    summary = f"exported {len(observations)} observation(s) exporter=console consumer=local_console"
+    assert lifecycle[-1].endswith(summary)
+    assert [o["observation"]["event_type"] for o in observations][::len(observations) - 1] == [
+        "run.created",
+        "run.succeeded",
+    ]
+
+
+def test_dev_once_console_exporter_can_write_to_stderr(project: Path) -> None:
+    add_exporter(project, CONSOLE_EXPORTER + 'stream = "stderr"\n')
+    result = cli(project, "--json", "dev", "--once")
+    assert result.returncode == 0, result.stderr
+    lifecycle = ndjson(result.stdout)
+    assert not any(is_observation(r) for r in lifecycle)
+    observations = ndjson(result.stderr)
+    assert observations and all(is_observation(r) for r in observations)
+    assert_run_observations(observations, lifecycle[2]["run"])
+
+
+def test_dev_once_without_exporters_exports_nothing(project: Path) -> None:
+    result = cli(project, "--json", "dev", "--once")
+    assert result.returncode == 0, result.stderr
+    assert [r["type"] for r in ndjson(result.stdout)] == ["tick", "worker_started", "run", "worker_stopped"]
+
+
+def test_unknown_exporter_fails_before_anything_starts(project: Path) -> None:
+    add_exporter(project, CONSOLE_EXPORTER.replace('"console"', '"consol"'))
+    for args in (("dev", "--once"), ("dev", "--tick-interval", "100ms")):
+        result = cli(project, *args, timeout=30)
+        assert result.returncode == 1
+        assert result.stdout == ""
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1
+        assert lines[0].startswith("error[configuration_invalid]: Unknown exporter 'consol'; installed exporters: ")
+        assert "console (plugin runlane.plugins.defaults)" in lines[0]
+
+
+def test_misspelt_exporter_option_is_rejected_by_name(project: Path) -> None:
+    add_exporter(project, CONSOLE_EXPORTER + 'streem = "stderr"\n')
+    result = cli(project, "dev", "--once")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "error[configuration_invalid]: Invalid options in [[exporters]] #1 for exporter 'console'"
+    )
+    assert "unknown key 'streem'" in lines[0] and "Allowed keys: stream" in lines[0]
+
+
+def test_dev_loop_runs_exporters_beside_the_worker_and_stops_them_on_sigint(project: Path) -> None:
+    add_exporter(project)
+    assert RUNLANE is not None
+    process = subprocess.Popen(
+        [RUNLANE, "--json", "dev", "--tick-interval", "100ms"],
+        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )
+    try:
+        assert process.stdout is not None
+        seen: list[dict[str, Any]] = []
+        for line in process.stdout:
+            seen.append(json.loads(line))
+            if any(is_observation(r) and r["observation"]["event_type"] == "run.succeeded" for r in seen):
+                break
+        process.send_signal(signal.SIGINT)
+        rest, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    records = seen + ndjson(rest)
+    assert process.returncode == 0, stderr
+    lifecycle = [r for r in records if not is_observation(r)]
+    observations = [r for r in records if is_observation(r)]
+    types = [r["type"] for r in lifecycle]
+    assert types[0] == "dev_started"
+    assert types.count("exporter_started") == 1 and types.count("exporter_stopped") == 1
+    assert types.index("exporter_started") < types.index("worker_started")
+    assert types[-3:] == ["stopping", "exporter_stopped", "worker_stopped"] or types[-3:] == [
+        "stopping",
+        "worker_stopped",
+        "exporter_stopped",
+    ]
+    runs = [r["run"] for r in lifecycle if r["type"] == "run"]
+    assert [run["status"] for run in runs] == ["succeeded"]
+    assert_run_observations(observations, runs[0])
+    stopped = next(r for r in lifecycle if r["type"] == "exporter_stopped")
+    assert stopped["exported"] == len(observations) and stopped["consumer"] == "local_console"
