@@ -8,71 +8,22 @@ validated before anything starts.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import RUNLANE, cli, cli_env, make_project, ndjson
 
 from runlane.core.observations import observation_record_id
-
-RUNLANE = shutil.which("runlane", path=str(Path(sys.executable).parent)) or shutil.which("runlane")
-
-TASKS_MODULE = """
-from datetime import UTC, datetime
-
-from pydantic import BaseModel
-
-from runlane import queue, schedule, task
-
-emails = queue("emails", default=True)
-
-
-class Welcome(BaseModel):
-    user_id: str
-
-
-@task(
-    "emails.welcome",
-    queue=emails,
-    schedule=schedule("welcome.once", run_at=datetime(2020, 1, 1, tzinfo=UTC), payload={"user_id": "user_1"}),
-)
-def send_welcome(payload: Welcome) -> dict:
-    return {"sent": payload.user_id}
-"""
 
 CONSOLE_EXPORTER = """
 [[exporters]]
 use = "console"
 consumer = "local_console"
 """
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
-    return path
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("RUNLANE_LOAD_PLUGINS", None)
-    env["COLUMNS"] = "200"
-    return env
-
-
-def cli(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    assert RUNLANE is not None, "the runlane console script is not installed; run pip install -e ."
-    return subprocess.run([RUNLANE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env())
-
-
-def ndjson(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def is_observation(record: dict[str, Any]) -> bool:
@@ -88,11 +39,7 @@ def add_exporter(project: Path, text: str = CONSOLE_EXPORTER) -> None:
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A project with a scheduled task, configured through `runlane init config`."""
-    write(tmp_path / "app" / "__init__.py", "")
-    write(tmp_path / "app" / "tasks.py", TASKS_MODULE)
-    result = cli(tmp_path, "init", "config", "--tasks", "app.tasks")
-    assert result.returncode == 0, result.stderr
-    return tmp_path
+    return make_project(tmp_path)
 
 
 def assert_run_observations(observations: list[dict[str, Any]], run: dict[str, Any]) -> None:
@@ -193,7 +140,7 @@ def test_dev_loop_runs_exporters_beside_the_worker_and_stops_them_on_sigint(proj
     assert RUNLANE is not None
     process = subprocess.Popen(
         [RUNLANE, "--json", "dev", "--tick-interval", "100ms"],
-        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
     )
     try:
         assert process.stdout is not None
