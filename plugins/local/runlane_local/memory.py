@@ -26,14 +26,13 @@ Mechanics:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import itemgetter
-from typing import Any, NamedTuple, NoReturn, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import immutables
 
@@ -52,33 +51,34 @@ from runlane.storage import (
     StorageIndexConsistency,
     StorageIndexEntry,
     StorageIndexName,
-    StorageIndexRef,
     StorageLimits,
     StorageProfile,
     StorageQuery,
-    StorageQueryPosition,
     StorageQueryResult,
     StorageRecord,
     StorageRecordKey,
     StorageTransaction,
     clamp_page_limit,
-    create_storage_limit_error,
     decode_operator_cursor,
     decode_storage_query_cursor,
     decode_storage_tuple,
     encode_operator_cursor,
-    encode_storage_query_cursor,
     encode_storage_unsigned_integer,
-    have_equal_storage_record_keys,
     materialize_storage_append,
-    measure_storage_append,
-    measure_storage_record,
     read_storage_stream_position,
     run_event_matches_filter,
     run_event_sort_value,
     run_matches_filter,
     run_sort_value,
     storage_stream_layouts,
+)
+from runlane.storage.attempt import (
+    StagedWrite,
+    StorageAttempt,
+    check_storage_keys,
+    contract_violation,
+    enforce_storage_limit,
+    page_index_rows,
 )
 from runlane.storage.tables import (
     RUN_EVENTS_COLLECTION,
@@ -105,10 +105,6 @@ class Clock(Protocol):
 class _UtcClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
-
-
-def _contract(message: str) -> RunlaneError:
-    return RunlaneError(ErrorCode.ADAPTER_CONTRACT_VIOLATION, message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,26 +242,8 @@ def _scan(rows: _SortedRows, query: StorageQuery) -> Iterator[Row]:
     return rows.between(start, stop, descending=descending)
 
 
-def _page(query: StorageQuery, candidates: Iterator[Row], *, look_ahead: bool) -> StorageQueryResult:
-    """Up to ``query.limit`` rows; a cursor when another row follows (always on a full page without look-ahead)."""
-    page = list(itertools.islice(candidates, query.limit))
-    more = len(page) == query.limit and (not look_ahead or next(candidates, None) is not None)
-    items = tuple(StorageIndexRef(StorageRecordKey.decode(key), decode_storage_tuple(sort)) for sort, key in page)
-    cursor = encode_storage_query_cursor(query, StorageQueryPosition(*page[-1])) if more else None
-    return StorageQueryResult(items, cursor)
-
-
 # ---------------------------------------------------------------------------------------------
 # Committed state
-
-
-class _Write(NamedTuple):
-    """One staged mutation. ``expected`` is the version the key must still have (``None``: absent);
-    ``record`` is the new content (``None``: delete)."""
-
-    key: StorageRecordKey
-    expected: str | None
-    record: NewStorageRecord | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,7 +383,7 @@ def _projected(stored: Stored, cache: DecodedCache, check: Callable[[StorageReco
     return value
 
 
-def _apply(state: _State, writes: Sequence[_Write], cache: DecodedCache) -> _State:
+def _apply(state: _State, writes: Sequence[StagedWrite], cache: DecodedCache) -> _State:
     """The state after ``writes`` (already validated): records, index rows, projection, versions.
 
     Index rows are collected per partition and each partition is rebuilt once per commit.
@@ -501,7 +479,7 @@ class LocalStorageStore:
         """Skip rows other attempts hold and hold every returned row for ``owner`` (never a look-ahead row)."""
         with self._lock:
             free = (row for row in candidates if self._holds.get(row[1], owner) is owner)
-            result = _page(query, free, look_ahead=False)
+            result = page_index_rows(query, free, look_ahead=False)
             for item in result.items:
                 self._holds[item.key.encoded] = owner
             return result
@@ -512,7 +490,7 @@ class LocalStorageStore:
                 if self._holds.get(key) is owner:
                     del self._holds[key]
 
-    def _commit(self, reads: dict[str, str | None], writes: list[_Write], append: StorageAppendCommand | None) -> bool:
+    def _commit(self, reads: dict[str, str | None], writes: list[StagedWrite], append: StorageAppendCommand | None) -> bool:
         """Validate the read set and staged conditions, then swap in the next state; ``False`` on a conflict."""
         with self._lock:
             state = self._state
@@ -531,7 +509,7 @@ class LocalStorageStore:
             return True
 
 
-def _allocate(state: _State, command: StorageAppendCommand) -> list[_Write]:
+def _allocate(state: _State, command: StorageAppendCommand) -> list[StagedWrite]:
     """The head and records of ``command`` at the committed head (a corrupt or exhausted head raises)."""
     layout = storage_stream_layouts[command.stream]
     head = state.record(layout.head_key(command.partition).encoded)
@@ -541,252 +519,52 @@ def _allocate(state: _State, command: StorageAppendCommand) -> list[_Write]:
             ErrorCode.INVARIANT_VIOLATION,
             f"The {command.stream.value} stream already holds records past its head; refusing to overwrite them.",
         )
-    head_write = _Write(appended.head.key, None if head is None else head.version, appended.head)
-    return [head_write, *(_Write(record.key, None, record) for record in appended.records)]
+    head_write = StagedWrite(appended.head.key, None if head is None else head.version, appended.head)
+    return [head_write, *(StagedWrite(record.key, None, record) for record in appended.records)]
 
 
 # ---------------------------------------------------------------------------------------------
 # Transaction attempts
 
 
-class _LocalTransaction:
-    """One attempt of a transaction callback (a ``StorageTransaction``).
+class _LocalTransaction(StorageAttempt):
+    """One attempt of a transaction callback over the snapshot taken when it started.
 
-    Misuse raises ``adapter_contract_violation`` and a crossed limit raises ``StorageLimitError``; both
-    are remembered, so the attempt is rolled back even if the callback swallows the error.
+    ``StorageAttempt`` keeps the contract's bookkeeping; this class reads the snapshot, holds
+    exclusive candidates in the store and commits through it.
     """
 
     def __init__(self, store: LocalStorageStore, snapshot: _State, limits: StorageLimits, clock: Clock) -> None:
+        super().__init__(limits, clock)
         self._store = store
         self._state = snapshot
-        self._limits = limits
-        self._max_records = limits.max_transaction_records
-        self._max_record_bytes = limits.max_record_bytes
-        self._max_bytes = limits.max_transaction_bytes
-        self._clock = clock
-        self._reads: dict[str, str | None] = {}  # encoded key -> version seen (None: read as absent)
-        self._writes: dict[str, _Write] = {}
-        self._append: StorageAppendCommand | None = None
-        self._failure: RunlaneError | None = None
-        self._touched: dict[str, StorageRecordKey] = {}  # keys read or mutated (transaction records)
         self._held: list[str] = []  # exclusive candidates this attempt holds
-        self._append_records = 0
-        self._staged_bytes = 0
-        self._now: datetime | None = None
-        self._sealed = False  # reads are over: now() was called or a mutation was staged
-        self._reading = False
-        self._ended = False
 
-    # -- reads ---------------------------------------------------------------------------------
+    async def _fetch(self, keys: list[StorageRecordKey]) -> list[StorageRecord | None]:
+        await asyncio.sleep(0)  # let concurrent attempts interleave
+        records = self._state.records.get
+        return [_unpack(records(key.encoded)) for key in keys]
 
-    async def get(self, keys: Sequence[StorageRecordKey]) -> list[StorageRecord | None]:
-        self._begin_read("get")
-        try:
-            await asyncio.sleep(0)  # let concurrent attempts interleave
-            self._check_open()
-            self._check_unsealed("get")
-            checked = _checked_keys(keys, on_error=self._fail)
-            self._enforce("max_point_reads", len(checked))
-            records = self._state.records.get
-            reads = self._reads
-            touched = self._touched
-            found: list[StorageRecord | None] = []
-            for key in checked:
-                encoded = key.encoded
-                if encoded not in touched:
-                    self._touch(key)
-                stored = records(encoded)
-                if stored is None:
-                    reads[encoded] = None
-                    found.append(None)
-                else:
-                    record = _unpack(stored)
-                    reads[encoded] = record.version  # type: ignore[union-attr]
-                    found.append(record)
-            return found
-        finally:
-            self._reading = False
-
-    async def query_candidates(
-        self, query: StorageQuery, *, mode: StorageCandidateMode = StorageCandidateMode.ADVISORY
-    ) -> StorageQueryResult:
-        self._begin_read("query_candidates")
-        try:
-            await asyncio.sleep(0)  # let concurrent attempts interleave
-            self._check_open()
-            self._check_unsealed("query_candidates")
-            if not isinstance(query, StorageQuery) or mode not in tuple(StorageCandidateMode):
-                self._fail(_contract("query_candidates() takes a StorageQuery and a StorageCandidateMode."))
-            self._enforce("max_query_results", query.limit)
-            candidates = _scan(self._state.indexes.get((query.index.value, query.encoded_partition), _NO_ROWS), query)
-            if mode != StorageCandidateMode.EXCLUSIVE:
-                return _page(query, candidates, look_ahead=True)
-            result = self._store._hold(self, query, candidates)
-            self._held.extend(item.key.encoded for item in result.items)
-            return result
-        finally:
-            self._reading = False
-
-    def _begin_read(self, operation: str) -> None:
-        """The checks before a read yields to the loop; the caller clears ``_reading`` when done."""
+    async def _candidates(self, query: StorageQuery, mode: StorageCandidateMode) -> StorageQueryResult:
+        await asyncio.sleep(0)  # let concurrent attempts interleave
         self._check_open()
-        if self._reading:
-            self._fail(_contract(f"{operation}() overlaps another read of this attempt; await each read first."))
-        self._check_unsealed(operation)
-        self._reading = True
-
-    def _check_unsealed(self, operation: str) -> None:
-        if self._sealed:
-            self._fail(_contract(f"{operation}() after now() or a mutation: the read set of this attempt is sealed."))
-
-    # -- time ----------------------------------------------------------------------------------
-
-    async def now(self) -> datetime:
-        self._check_open()
-        if self._now is None:
-            sampled = self._clock.now()
-            if not isinstance(sampled, datetime) or sampled.tzinfo is None or sampled.utcoffset() is None:
-                message = "The storage clock must return timezone-aware datetimes."
-                self._fail(RunlaneError(ErrorCode.CONFIGURATION_INVALID, message))
-            self._now = sampled
-        self._sealed = True
-        return self._now
-
-    # -- mutations -----------------------------------------------------------------------------
-
-    def create(self, record: NewStorageRecord) -> None:
-        self._check_open()
-        if not isinstance(record, NewStorageRecord):
-            self._fail(_contract("create() takes a NewStorageRecord."))
-        if self._reads.get(record.key.encoded) is not None:
-            self._fail(_contract(f"create() of {record.key!r}, which this attempt read as present; use replace()."))
-        self._stage(_Write(record.key, None, record))
-
-    def replace(self, current: StorageRecord, record: NewStorageRecord) -> None:
-        self._check_open()
-        if not isinstance(record, NewStorageRecord):
-            self._fail(_contract("replace() takes the current StorageRecord and a NewStorageRecord."))
-        self._check_read_exactly(current, "replace")
-        if not have_equal_storage_record_keys(current.key, record.key):
-            self._fail(_contract(f"replace() cannot change the key ({current.key!r} -> {record.key!r})."))
-        self._stage(_Write(record.key, current.version, record))
-
-    def delete(self, current: StorageRecord) -> None:
-        self._check_open()
-        self._check_read_exactly(current, "delete")
-        self._stage(_Write(current.key, current.version, None))
-
-    def append(self, command: StorageAppendCommand) -> None:
-        self._check_open()
-        if not isinstance(command, StorageAppendCommand):
-            self._fail(_contract("append() takes a StorageAppendCommand."))
-        if self._append is not None:
-            self._fail(_contract("An attempt may stage only one append batch."))
-        layout = storage_stream_layouts[command.stream]
-        if any(layout.owns_key(key, command.partition) for key in self._touched.values()):
-            self._fail(_contract("append() to a stream partition whose head or records this attempt read or mutated."))
-        records, size, record_sizes = measure_storage_append(command)
-        self._enforce("max_record_bytes", max(record_sizes))
-        self._enforce("max_transaction_records", len(self._touched) + records)
-        self._add_bytes(size)
-        self._append, self._append_records = command, records
-        self._sealed = True
-
-    def _check_read_exactly(self, current: StorageRecord, operation: str) -> None:
-        if not isinstance(current, StorageRecord):
-            self._fail(_contract(f"{operation}() takes the StorageRecord this attempt read."))
-        seen = self._reads.get(current.key.encoded)
-        if seen is None:
-            self._fail(_contract(f"{operation}() of {current.key!r}, which this attempt did not read as present."))
-        if seen != current.version:
-            message = f"{operation}() of {current.key!r} at version {current.version}, but this attempt read {seen}."
-            self._fail(_contract(message))
-
-    def _stage(self, write: _Write) -> None:
-        key, _, record = write
-        encoded = key.encoded
-        writes = self._writes
-        if encoded in writes:
-            self._fail(_contract(f"{key!r} is mutated twice in one attempt."))
-        command = self._append
-        if command is not None and storage_stream_layouts[command.stream].owns_key(key, command.partition):
-            self._fail(_contract("A mutation of a stream partition this attempt appends to."))
-        size = 0
-        if record is not None:
-            size = measure_storage_record(record)
-            if size > self._max_record_bytes:
-                self._enforce("max_record_bytes", size)
-        if encoded not in self._touched:
-            self._touch(key)
-        self._staged_bytes += size
-        if self._staged_bytes > self._max_bytes:
-            self._enforce("max_transaction_bytes", self._staged_bytes)
-        writes[encoded] = write
-        self._sealed = True
-
-    # -- limits --------------------------------------------------------------------------------
-
-    def _touch(self, key: StorageRecordKey) -> None:
-        if key.encoded not in self._touched:
-            count = len(self._touched) + 1 + self._append_records
-            if count > self._max_records:
-                self._enforce("max_transaction_records", count)
-            self._touched[key.encoded] = key
-
-    def _add_bytes(self, size: int) -> None:
-        self._staged_bytes += size
-        self._enforce("max_transaction_bytes", self._staged_bytes)
-
-    def _enforce(self, limit: str, actual: int) -> None:
-        _enforce(self._limits, limit, actual, on_error=self._fail)
-
-    # -- lifecycle -----------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._ended:
-            raise _contract("This transaction attempt has ended; the transaction object cannot be used any more.")
-        if self._failure is not None:
-            raise self._failure
-
-    def _fail(self, error: RunlaneError) -> NoReturn:
-        if self._failure is None:
-            self._failure = error
-        raise error
+        candidates = _scan(self._state.indexes.get((query.index.value, query.encoded_partition), _NO_ROWS), query)
+        if mode != StorageCandidateMode.EXCLUSIVE:
+            return page_index_rows(query, candidates, look_ahead=True)
+        result = self._store._hold(self, query, candidates)
+        self._held.extend(item.key.encoded for item in result.items)
+        return result
 
     def _commit(self) -> bool:
         """Commit the staged work; ``False`` when validation failed and the callback must be replayed."""
-        if self._failure is not None:
-            raise self._failure
-        return self._store._commit(self._reads, list(self._writes.values()), self._append)
+        self.check_committable()
+        return self._store._commit(self.reads, self.writes, self.append_command)
 
-    def _end(self) -> None:
+    def end(self) -> None:
         """Close the attempt (after commit, rollback or before a replay) and release its holds."""
-        self._ended = True
+        super().end()
         if self._held:
             self._store._release(self, self._held)
-
-
-OnError = Callable[[RunlaneError], NoReturn]
-
-
-def _checked_keys(keys: Sequence[StorageRecordKey], *, on_error: OnError) -> list[StorageRecordKey]:
-    if isinstance(keys, str) or not isinstance(keys, Sequence):
-        on_error(_contract("get() takes a sequence of StorageRecordKey values."))
-    checked = list(keys)
-    if not all(isinstance(key, StorageRecordKey) for key in checked):
-        on_error(_contract("get() takes a sequence of StorageRecordKey values."))
-    return checked
-
-
-def _raise(error: RunlaneError) -> NoReturn:
-    raise error
-
-
-def _enforce(limits: StorageLimits, limit: str, actual: int, *, on_error: OnError = _raise) -> None:
-    """Fail with ``StorageLimitError`` when ``actual`` exceeds the advertised ``limits.<limit>``."""
-    allowed = getattr(limits, limit)
-    if actual > allowed:
-        on_error(create_storage_limit_error(limit, allowed, actual))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -867,19 +645,19 @@ class LocalStorageDriver:
     # -- StorageDriver ---------------------------------------------------------------------------
 
     async def get(self, keys: Sequence[StorageRecordKey]) -> list[StorageRecord | None]:
-        checked = _checked_keys(keys, on_error=_raise)
-        _enforce(self.profile.limits, "max_point_reads", len(checked))
+        checked = check_storage_keys(keys)
+        enforce_storage_limit(self.profile.limits, "max_point_reads", len(checked))
         await asyncio.sleep(0)
         records = self._snapshot().records
         return [_unpack(records.get(key.encoded)) for key in checked]
 
     async def query(self, query: StorageQuery) -> StorageQueryResult:
         if not isinstance(query, StorageQuery):
-            raise _contract("query() takes a StorageQuery.")
-        _enforce(self.profile.limits, "max_query_results", query.limit)
+            raise contract_violation("query() takes a StorageQuery.")
+        enforce_storage_limit(self.profile.limits, "max_query_results", query.limit)
         await asyncio.sleep(0)
         rows = self._snapshot().indexes.get((query.index.value, query.encoded_partition), _NO_ROWS)
-        return _page(query, _scan(rows, query), look_ahead=True)
+        return page_index_rows(query, _scan(rows, query), look_ahead=True)
 
     async def with_transaction(self, callback: Callable[[StorageTransaction], Awaitable[T]]) -> T:
         for _ in range(self.max_transaction_attempts):
@@ -888,7 +666,7 @@ class LocalStorageDriver:
                 result = await callback(attempt)
                 committed = attempt._commit()
             finally:
-                attempt._end()
+                attempt.end()
             if committed:
                 return result
             await asyncio.sleep(0)  # let the winner of the conflict make progress before replaying

@@ -1,0 +1,316 @@
+"""What every driver's transaction attempt shares: the contract's bookkeeping, written once.
+
+``StorageAttempt`` implements ``StorageTransaction`` up to the point where a driver must touch its
+own state. It tracks the read set (present keys with the version seen, absent keys as ``None``),
+seals reads at the first ``now()`` or mutation, stages creates / replaces / deletes and one append
+batch, enforces every advertised limit with ``StorageLimitError``, and remembers any misuse so the
+attempt is rolled back even when the callback swallows the error. A driver subclass supplies:
+
+* ``_fetch(keys)``: the stored records of ``keys`` (already checked), in order, ``None`` when absent;
+* ``_candidates(query, mode)``: one page of index candidates (``page_index_rows`` builds it);
+* optionally ``_sample_now()`` when the attempt's time does not come from a client clock.
+
+After the callback returns, the driver reads ``reads``, ``writes`` and ``append_command`` to
+validate and commit (``check_committable()`` first), and calls ``end()`` whatever happened.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import NamedTuple, NoReturn, Protocol
+
+from ..errors import ErrorCode, RunlaneError
+from .cursor import StorageQueryPosition, encode_storage_query_cursor
+from .codecs import decode_storage_tuple
+from .streams import measure_storage_append, storage_stream_layouts
+from .types import (
+    NewStorageRecord,
+    StorageAppendCommand,
+    StorageCandidateMode,
+    StorageIndexRef,
+    StorageLimits,
+    StorageQuery,
+    StorageQueryResult,
+    StorageRecord,
+    StorageRecordKey,
+    create_storage_limit_error,
+    have_equal_storage_record_keys,
+    measure_storage_record,
+)
+
+__all__ = [
+    "StagedWrite",
+    "StorageAttempt",
+    "check_storage_keys",
+    "contract_violation",
+    "enforce_storage_limit",
+    "page_index_rows",
+]
+
+IndexRow = tuple[str, str]  # (encoded sort value, encoded record key)
+OnError = Callable[[RunlaneError], NoReturn]
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
+class StagedWrite(NamedTuple):
+    """One staged mutation. ``expected`` is the version the key must still have at commit (``None``:
+    absent); ``record`` is the new content (``None``: delete)."""
+
+    key: StorageRecordKey
+    expected: str | None
+    record: NewStorageRecord | None
+
+
+def contract_violation(message: str) -> RunlaneError:
+    return RunlaneError(ErrorCode.ADAPTER_CONTRACT_VIOLATION, message)
+
+
+def _raise(error: RunlaneError) -> NoReturn:
+    raise error
+
+
+def check_storage_keys(keys: Sequence[StorageRecordKey], *, on_error: OnError = _raise) -> list[StorageRecordKey]:
+    """``keys`` as a list, or ``adapter_contract_violation`` when it is not a sequence of record keys."""
+    if isinstance(keys, str) or not isinstance(keys, Sequence):
+        on_error(contract_violation("get() takes a sequence of StorageRecordKey values."))
+    checked = list(keys)
+    if not all(isinstance(key, StorageRecordKey) for key in checked):
+        on_error(contract_violation("get() takes a sequence of StorageRecordKey values."))
+    return checked
+
+
+def enforce_storage_limit(limits: StorageLimits, limit: str, actual: int, *, on_error: OnError = _raise) -> None:
+    """Fail with ``StorageLimitError`` when ``actual`` exceeds the advertised ``limits.<limit>``."""
+    allowed = getattr(limits, limit)
+    if actual > allowed:
+        on_error(create_storage_limit_error(limit, allowed, actual))
+
+
+def page_index_rows(query: StorageQuery, rows: Iterator[IndexRow], *, look_ahead: bool) -> StorageQueryResult:
+    """Up to ``query.limit`` of ``rows`` (already in query order, after the cursor) as a result page.
+
+    The page carries a cursor when another row follows; without ``look_ahead`` (exclusive candidates,
+    where reading one row too many would hold it) a full page always carries one.
+    """
+    page = list(itertools.islice(rows, query.limit))
+    more = len(page) == query.limit and (not look_ahead or next(rows, None) is not None)
+    items = tuple(StorageIndexRef(StorageRecordKey.decode(key), decode_storage_tuple(sort)) for sort, key in page)
+    cursor = encode_storage_query_cursor(query, StorageQueryPosition(*page[-1])) if more else None
+    return StorageQueryResult(items, cursor)
+
+
+class StorageAttempt:
+    """One attempt of a transaction callback (a ``StorageTransaction``); see the module docstring."""
+
+    def __init__(self, limits: StorageLimits, clock: Clock | None = None) -> None:
+        self._limits = limits
+        self._max_records = limits.max_transaction_records
+        self._max_record_bytes = limits.max_record_bytes
+        self._max_bytes = limits.max_transaction_bytes
+        self._clock = clock
+        self.reads: dict[str, str | None] = {}  # encoded key -> version seen (None: read as absent)
+        self._writes: dict[str, StagedWrite] = {}
+        self.append_command: StorageAppendCommand | None = None
+        self._failure: RunlaneError | None = None
+        self._touched: dict[str, StorageRecordKey] = {}  # keys read or mutated (transaction records)
+        self._append_records = 0
+        self._staged_bytes = 0
+        self._now: datetime | None = None
+        self._sealed = False  # reads are over: now() was called or a mutation was staged
+        self._reading = False
+        self.ended = False
+
+    # -- what a driver implements -----------------------------------------------------------------
+
+    async def _fetch(self, keys: list[StorageRecordKey]) -> list[StorageRecord | None]:
+        raise NotImplementedError
+
+    async def _candidates(self, query: StorageQuery, mode: StorageCandidateMode) -> StorageQueryResult:
+        raise NotImplementedError
+
+    async def _sample_now(self) -> datetime:
+        assert self._clock is not None, "an attempt without a clock must override _sample_now()"
+        return self._clock.now()
+
+    # -- what a driver reads after the callback ---------------------------------------------------
+
+    @property
+    def writes(self) -> list[StagedWrite]:
+        return list(self._writes.values())
+
+    @property
+    def has_mutations(self) -> bool:
+        return bool(self._writes) or self.append_command is not None
+
+    def check_committable(self) -> None:
+        """Raise the misuse or limit error this attempt hit (the callback may have swallowed it)."""
+        if self._failure is not None:
+            raise self._failure
+
+    def end(self) -> None:
+        """Close the attempt: the transaction object refuses every later call."""
+        self.ended = True
+
+    # -- reads --------------------------------------------------------------------------------------
+
+    async def get(self, keys: Sequence[StorageRecordKey]) -> list[StorageRecord | None]:
+        self._begin_read("get")
+        try:
+            checked = check_storage_keys(keys, on_error=self._fail)
+            self._enforce("max_point_reads", len(checked))
+            for key in checked:
+                if key.encoded not in self._touched:
+                    self._touch(key)
+            found = await self._fetch(checked)
+            self._check_open()
+            reads = self.reads
+            for key, record in zip(checked, found):
+                reads[key.encoded] = None if record is None else record.version
+            return found
+        finally:
+            self._reading = False
+
+    async def query_candidates(
+        self, query: StorageQuery, *, mode: StorageCandidateMode = StorageCandidateMode.ADVISORY
+    ) -> StorageQueryResult:
+        self._begin_read("query_candidates")
+        try:
+            if not isinstance(query, StorageQuery) or mode not in tuple(StorageCandidateMode):
+                self._fail(contract_violation("query_candidates() takes a StorageQuery and a StorageCandidateMode."))
+            self._enforce("max_query_results", query.limit)
+            result = await self._candidates(query, mode)
+            self._check_open()
+            return result
+        finally:
+            self._reading = False
+
+    def _begin_read(self, operation: str) -> None:
+        """The checks before a read yields to the loop; the caller clears ``_reading`` when done."""
+        self._check_open()
+        if self._reading:
+            self._fail(contract_violation(f"{operation}() overlaps another read of this attempt; await each read first."))
+        self._check_unsealed(operation)
+        self._reading = True
+
+    def _check_unsealed(self, operation: str) -> None:
+        if self._sealed:
+            self._fail(contract_violation(f"{operation}() after now() or a mutation: the read set of this attempt is sealed."))
+
+    # -- time -----------------------------------------------------------------------------------------
+
+    async def now(self) -> datetime:
+        self._check_open()
+        if self._now is None:
+            sampled = await self._sample_now()
+            if not isinstance(sampled, datetime) or sampled.tzinfo is None or sampled.utcoffset() is None:
+                message = "The storage clock must return timezone-aware datetimes."
+                self._fail(RunlaneError(ErrorCode.CONFIGURATION_INVALID, message))
+            self._now = sampled
+        self._sealed = True
+        return self._now
+
+    # -- mutations ------------------------------------------------------------------------------------
+
+    def create(self, record: NewStorageRecord) -> None:
+        self._check_open()
+        if not isinstance(record, NewStorageRecord):
+            self._fail(contract_violation("create() takes a NewStorageRecord."))
+        if self.reads.get(record.key.encoded) is not None:
+            self._fail(contract_violation(f"create() of {record.key!r}, which this attempt read as present; use replace()."))
+        self._stage(StagedWrite(record.key, None, record))
+
+    def replace(self, current: StorageRecord, record: NewStorageRecord) -> None:
+        self._check_open()
+        if not isinstance(record, NewStorageRecord):
+            self._fail(contract_violation("replace() takes the current StorageRecord and a NewStorageRecord."))
+        self._check_read_exactly(current, "replace")
+        if not have_equal_storage_record_keys(current.key, record.key):
+            self._fail(contract_violation(f"replace() cannot change the key ({current.key!r} -> {record.key!r})."))
+        self._stage(StagedWrite(record.key, current.version, record))
+
+    def delete(self, current: StorageRecord) -> None:
+        self._check_open()
+        self._check_read_exactly(current, "delete")
+        self._stage(StagedWrite(current.key, current.version, None))
+
+    def append(self, command: StorageAppendCommand) -> None:
+        self._check_open()
+        if not isinstance(command, StorageAppendCommand):
+            self._fail(contract_violation("append() takes a StorageAppendCommand."))
+        if self.append_command is not None:
+            self._fail(contract_violation("An attempt may stage only one append batch."))
+        layout = storage_stream_layouts[command.stream]
+        if any(layout.owns_key(key, command.partition) for key in self._touched.values()):
+            self._fail(contract_violation("append() to a stream partition whose head or records this attempt read or mutated."))
+        records, size, record_sizes = measure_storage_append(command)
+        self._enforce("max_record_bytes", max(record_sizes))
+        self._enforce("max_transaction_records", len(self._touched) + records)
+        self._add_bytes(size)
+        self.append_command, self._append_records = command, records
+        self._sealed = True
+
+    def _check_read_exactly(self, current: StorageRecord, operation: str) -> None:
+        if not isinstance(current, StorageRecord):
+            self._fail(contract_violation(f"{operation}() takes the StorageRecord this attempt read."))
+        seen = self.reads.get(current.key.encoded)
+        if seen is None:
+            self._fail(contract_violation(f"{operation}() of {current.key!r}, which this attempt did not read as present."))
+        if seen != current.version:
+            message = f"{operation}() of {current.key!r} at version {current.version}, but this attempt read {seen}."
+            self._fail(contract_violation(message))
+
+    def _stage(self, write: StagedWrite) -> None:
+        key, _, record = write
+        encoded = key.encoded
+        writes = self._writes
+        if encoded in writes:
+            self._fail(contract_violation(f"{key!r} is mutated twice in one attempt."))
+        command = self.append_command
+        if command is not None and storage_stream_layouts[command.stream].owns_key(key, command.partition):
+            self._fail(contract_violation("A mutation of a stream partition this attempt appends to."))
+        size = 0
+        if record is not None:
+            size = measure_storage_record(record)
+            if size > self._max_record_bytes:
+                self._enforce("max_record_bytes", size)
+        if encoded not in self._touched:
+            self._touch(key)
+        self._staged_bytes += size
+        if self._staged_bytes > self._max_bytes:
+            self._enforce("max_transaction_bytes", self._staged_bytes)
+        writes[encoded] = write
+        self._sealed = True
+
+    # -- limits ---------------------------------------------------------------------------------------
+
+    def _touch(self, key: StorageRecordKey) -> None:
+        if key.encoded not in self._touched:
+            count = len(self._touched) + 1 + self._append_records
+            if count > self._max_records:
+                self._enforce("max_transaction_records", count)
+            self._touched[key.encoded] = key
+
+    def _add_bytes(self, size: int) -> None:
+        self._staged_bytes += size
+        self._enforce("max_transaction_bytes", self._staged_bytes)
+
+    def _enforce(self, limit: str, actual: int) -> None:
+        enforce_storage_limit(self._limits, limit, actual, on_error=self._fail)
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.ended:
+            raise contract_violation("This transaction attempt has ended; the transaction object cannot be used any more.")
+        if self._failure is not None:
+            raise self._failure
+
+    def _fail(self, error: RunlaneError) -> NoReturn:
+        if self._failure is None:
+            self._failure = error
+        raise error
