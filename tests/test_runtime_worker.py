@@ -207,3 +207,122 @@ def test_worker_needs_a_running_loop():
     runtime, _ = make_runtime(count)
     with pytest.raises(RunlaneError, match="sync.worker"):
         runtime.worker()
+
+
+class _HintingDriver:
+    """Wraps a storage driver with wake hints recorded in memory (as another process would see them)."""
+
+    def __init__(self, storage):
+        self._storage = storage
+        self.published: list[str] = []
+        self.subscribers: list = []
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
+
+    def publish_wake_hint(self, queue: str) -> None:
+        self.published.append(queue)
+
+    def subscribe_wake_hints(self, callback):
+        self.subscribers.append(callback)
+        return lambda: self.subscribers.remove(callback)
+
+
+async def test_wake_hints_are_published_on_trigger_and_wake_an_idle_poll_worker():
+    from runlane import create_lane
+    from runlane.core.lanes import LaneDelivery
+    from runlane.vocabulary import LaneDeliveryMode
+    from runlane_local import local_storage_driver
+    from runlane import create_runlane
+
+    driver = _HintingDriver(local_storage_driver())
+    lane = create_lane(storage=driver, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING), name="hinted")
+    producer = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[count])
+    async with producer:
+        worker = producer.worker(mode=WorkerMode.POLL, empty_poll_delay="1h")
+        await asyncio.sleep(0.05)
+        assert len(driver.subscribers) == 1
+        # A trigger elsewhere: the record lands in storage without this process's local signal.
+        await producer.trigger(count, {"n": 1})
+        assert driver.published == ["default"]
+        for _ in range(200):
+            if executed:
+                break
+            await asyncio.sleep(0.01)
+        assert executed == [1]
+        await worker.stop()
+    assert driver.subscribers == []
+
+
+async def test_hint_from_another_process_wakes_an_idle_poll_worker_before_its_delay():
+    from runlane import create_lane, create_runlane
+    from runlane.core.lanes import LaneDelivery
+    from runlane.vocabulary import LaneDeliveryMode
+    from runlane_local import LocalStorageStore, local_storage_driver
+
+    store = LocalStorageStore()
+    worker_driver = _HintingDriver(local_storage_driver(store=store))
+    polling = LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING)
+    worker_side = create_runlane(
+        lane=create_lane(storage=worker_driver, delivery=polling, name="w"), queues=[DEFAULT_QUEUE], tasks=[count]
+    )
+    producer = create_runlane(
+        lane=create_lane(storage=local_storage_driver(store=store), delivery=polling, name="p"),
+        queues=[DEFAULT_QUEUE],
+        tasks=[count],
+    )
+    async with worker_side, producer:
+        worker = worker_side.worker(mode=WorkerMode.POLL, empty_poll_delay="1h")
+        await asyncio.sleep(0.05)  # the slot scanned once and now sleeps for an hour
+        await producer.trigger(count, {"n": 7})
+        await asyncio.sleep(0.1)
+        assert executed == []  # nothing tells this process yet
+        for callback in worker_driver.subscribers:
+            callback("default")  # the hint another process published
+        for _ in range(200):
+            if executed:
+                break
+            await asyncio.sleep(0.01)
+        assert executed == [7]
+        await worker.stop()
+
+
+async def test_poll_worker_rides_out_storage_outage_and_continues(caplog):
+    runtime, _ = make_runtime(count)
+    async with runtime:
+        worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms")
+        await asyncio.sleep(0.03)
+        storage = runtime.lane.storage
+        with caplog.at_level("WARNING", logger="runlane.worker"):
+            await storage.close()  # every storage call now fails with storage_unavailable
+            for _ in range(200):
+                if worker.storage_errors >= 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert worker.storage_errors >= 2
+            assert worker.last_error is not None and worker.last_error.code is ErrorCode.STORAGE_UNAVAILABLE
+            assert not worker.closed.done()
+            await storage.start()
+            await runtime.trigger(count, {"n": 3})
+            for _ in range(300):
+                if executed:
+                    break
+                await asyncio.sleep(0.01)
+        assert executed == [3]
+        messages = [record.getMessage() for record in caplog.records]
+        assert any("storage failed (storage_unavailable" in message for message in messages)
+        assert any("reachable again" in message for message in messages)
+        await worker.stop()
+
+
+async def test_poll_worker_still_stops_on_a_non_transient_error():
+    runtime, _ = make_runtime(count)
+    async with runtime:
+        async def broken(*args, **kwargs):
+            raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "corrupt")
+
+        runtime.execute_one = broken  # type: ignore[method-assign]
+        worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms")
+        with pytest.raises(RunlaneError) as raised:
+            await asyncio.wait_for(worker.closed, 5)
+        assert raised.value.code is ErrorCode.INVARIANT_VIOLATION

@@ -80,6 +80,7 @@ from ..storage import (
     StorageClockAuthority,
     StorageIndexName,
     TimeRange,
+    supports_wake_hints,
 )
 from ..vocabulary import (
     ActorType,
@@ -447,6 +448,8 @@ class Runlane:
         self._workers: set[WorkerHandle] = set()
         self._claiming: set[str] = set()
         self.work_signal = _WorkSignal()
+        # Cross-process wake-up hints when the storage driver offers them (see ``wake``).
+        self._wake_hints = lane.storage if supports_wake_hints(lane.storage) else None
         self.registry = CancellationRegistry()
         self.runs = RunsApi(self)
         self.signals = SignalsApi(self)
@@ -647,6 +650,20 @@ class Runlane:
 
     # -- write helpers ---------------------------------------------------------------------------
 
+    def wake(self, queue: str) -> None:
+        """A run of ``queue`` became due now: wake this process's idle poll slots, and other
+        processes' through the storage driver's wake hints when it has them."""
+        self.work_signal.notify()
+        if self._wake_hints is not None:
+            self._wake_hints.publish_wake_hint(queue)
+
+    def subscribe_wake_hints(self) -> Callable[[], None] | None:
+        """Let other processes' hints wake this process's idle poll slots (``None``: no hints)."""
+        if self._wake_hints is None:
+            return None
+        notify = self.work_signal.notify
+        return self._wake_hints.subscribe_wake_hints(lambda queue: notify())
+
     async def after_append(self, result: AppendResult) -> None:
         """Everything that follows a committed append: observers, completion waiters, wake-ups."""
         if result.events:
@@ -655,9 +672,9 @@ class Runlane:
             run = result.run
             if run.status is RunStatus.QUEUED:
                 if result.events[-1].event.type is RunEventType.DELIVERY_REQUESTED:
-                    self.work_signal.notify()
+                    self.wake(run.queue)
             elif run.queue in self._store.queue_limits and run.status not in _ATTEMPT_OWNERS:
-                self.work_signal.notify()  # bounded-queue capacity was freed
+                self.wake(run.queue)  # bounded-queue capacity was freed
         if result.completion_waiters:
             await self.resume_completion_waiters(result.run.id)
 
@@ -954,7 +971,7 @@ class Runlane:
         if result.created:
             if self._observers:
                 await self.observe(result.observations)
-            self.work_signal.notify()
+            self.wake(spec.queue.name)
             if result.outbox and self._dispatch is TriggerDispatchMode.EAGER:
                 # Eager dispatch publishes exactly the rows this trigger created; tick() owns the rest.
                 await self.publish_outbox([message.id for message in result.outbox])
@@ -1406,7 +1423,7 @@ class Runlane:
                 if self._observers:
                     await self.observe(result.observations)
             if any(result.reserved for result in results):
-                self.work_signal.notify()
+                self.wake(queue.name)
         return count
 
     # -- outbox publishing -----------------------------------------------------------------------

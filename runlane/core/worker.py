@@ -10,6 +10,11 @@ storage transactions).
 * drain: a slot exits when storage has no due work; ``max_runs`` counts only executed runs, and a
   slot reserves its share of the budget before claiming so concurrent slots never overshoot it.
 
+Transient storage failures (``storage_unavailable``, ``storage_conflict``) do not stop a worker: it
+logs the first one on the ``runlane.worker`` logger, counts them (``storage_errors``, ``last_error``),
+backs off (50 ms doubling to 2 s, with jitter) and logs again when storage answers. Any other error
+stops the worker and is raised from ``closed``.
+
 ``stop()`` (or the worker's ``signal``) aborts the signal every running attempt's ``TaskContext``
 is linked to, waits for those attempts to finish cooperatively, then settles ``closed``. It is not
 a durable cancellation: a handler that returns normally after a stop still succeeds.
@@ -19,10 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ErrorCode, RunlaneError
 from ..models import RunRecord
 from ..vocabulary import WorkerMode
 from .attempt import ExecutionOptions
@@ -39,6 +47,11 @@ REASON_WORKER_STOPPED = "worker_stopped"
 _BLOCKED_RECHECK = 0.05
 # Candidates one storage scan fetches per worker slot, so a scan feeds several claims.
 _SCAN_PER_SLOT = 4
+# Transient storage failures a worker rides out with backoff (seconds) instead of stopping.
+_TRANSIENT_CODES = frozenset({ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.STORAGE_CONFLICT})
+_BACKOFF_START = 0.05
+_BACKOFF_MAX = 2.0
+_log = logging.getLogger("runlane.worker")
 
 
 class WorkerHandle:
@@ -71,6 +84,9 @@ class WorkerHandle:
         self._pool = CandidatePool(_SCAN_PER_SLOT * concurrency + 8)
         self._executed = 0
         self._reserved = 0
+        self._failures = 0  # consecutive transient storage failures (0: healthy)
+        self._storage_errors = 0
+        self._last_error: RunlaneError | None = None
         self._error: BaseException | None = None
         self._loop = loop
         self._closed: asyncio.Future[None] = loop.create_future()
@@ -95,6 +111,16 @@ class WorkerHandle:
     def executed(self) -> int:
         """Runs this worker executed (persisted an attempt outcome for)."""
         return self._executed
+
+    @property
+    def storage_errors(self) -> int:
+        """Transient storage failures (``storage_unavailable`` / ``storage_conflict``) this worker rode out."""
+        return self._storage_errors
+
+    @property
+    def last_error(self) -> RunlaneError | None:
+        """The latest transient storage failure, kept after the worker recovers from it."""
+        return self._last_error
 
     @property
     def mode(self) -> WorkerMode:
@@ -122,10 +148,33 @@ class WorkerHandle:
         else:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_wait(self._closed), self._loop))
 
+    # -- transient storage failures ---------------------------------------------------------------
+
+    def _report_transient(self, error: RunlaneError) -> None:
+        self._storage_errors += 1
+        self._last_error = error
+        if self._failures == 0:
+            _log.warning(
+                "Worker %s: storage failed (%s: %s); retrying with backoff.",
+                self._options.worker_id, error.code.value, error.message,
+            )  # fmt: skip
+        self._failures += 1
+
+    def _recovered(self) -> None:
+        _log.warning("Worker %s: storage is reachable again after %d failures.", self._options.worker_id, self._failures)
+        self._failures = 0
+
+    def _backoff(self) -> float:
+        """Seconds before the next try: doubling from 50 ms, capped at 2 s, with jitter."""
+        base = min(_BACKOFF_MAX, _BACKOFF_START * 2 ** min(self._failures - 1, 16))
+        return base * (0.5 + random.random() / 2)
+
     # -- loops -----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
         loop = self._loop
+        # Idle poll slots also wake on other processes' hints when storage offers them.
+        unsubscribe = self._runtime.subscribe_wake_hints() if self._mode is WorkerMode.POLL else None
         slots = [loop.create_task(self._slot()) for _ in range(self._concurrency)]
         try:
             pending = set(slots)
@@ -143,6 +192,8 @@ class WorkerHandle:
                 self._closed.cancel()
             raise
         finally:
+            if unsubscribe is not None:
+                unsubscribe()
             self._runtime.unregister_worker(self)
             self._stop.unlink()
         if self._closed.done():
@@ -169,9 +220,19 @@ class WorkerHandle:
             generation = work.generation
             try:
                 run, status = await runtime.execute_one(queues, options, pool)
+            except RunlaneError as error:
+                if not _is_transient(error):
+                    raise
+                # Storage is down or contended: report it, back off, and keep the worker alive. An
+                # attempt whose outcome could not be written keeps its lease; recovery re-delivers it.
+                self._report_transient(error)
+                await work.wait(generation, self._backoff(), stop)
+                continue
             finally:
                 if max_runs is not None:
                     self._reserved -= 1
+            if self._failures:
+                self._recovered()
             if status == "executed":
                 self._executed += 1
                 if self._on_run_executed is not None and run is not None:
@@ -188,6 +249,12 @@ class WorkerHandle:
             if status == "blocked":
                 timeout = min(timeout, _BLOCKED_RECHECK) if drain else timeout
             await work.wait(generation, timeout, stop)
+
+
+def _is_transient(error: RunlaneError) -> bool:
+    # A worker's scan and claim are safe to repeat (storage fences every claim), so an outage is
+    # worth waiting out whatever the error's own retryable flag says about the failed call.
+    return error.code in _TRANSIENT_CODES
 
 
 def _mark_retrieved(future: asyncio.Future[None]) -> None:

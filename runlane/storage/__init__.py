@@ -18,7 +18,14 @@ from .codecs import (
     parse_unsigned_64_decimal,
 )
 from .cursor import StorageQueryPosition, decode_storage_query_cursor, encode_storage_query_cursor
-from .driver import OperatorReadDriver, StorageDriver, StorageTransaction, supports_operator_reads
+from .driver import (
+    OperatorReadDriver,
+    StorageDriver,
+    StorageTransaction,
+    StorageWakeHints,
+    supports_operator_reads,
+    supports_wake_hints,
+)
 from .indexes import StorageIndexName
 from .operator import (
     PaginationParams,
@@ -95,7 +102,7 @@ __all__ = [
     "StorageCandidateMode", "StorageClockAuthority", "StorageDocument", "StorageDriver", "StorageDurability",
     "StorageIndexConsistency", "StorageIndexEntry", "StorageIndexName", "StorageIndexRef", "StorageLimitError",
     "StorageLimits", "StorageProfile", "StorageQuery", "StorageQueryPosition", "StorageQueryResult", "StorageRange",
-    "StorageRecord", "StorageRecordKey", "StorageStreamLayout", "StorageStreamName", "StorageTransaction",
+    "StorageRecord", "StorageRecordKey", "StorageStreamLayout", "StorageStreamName", "StorageTransaction", "StorageWakeHints",
     "TimeRange", "clamp_page_limit", "compare_storage_encoded_values", "create_storage_limit_error",
     "decode_iso_date", "decode_operator_cursor", "decode_run_document", "decode_run_event_document",
     "decode_storage_query_cursor", "decode_storage_tuple", "decode_storage_unsigned_integer",
@@ -105,6 +112,6 @@ __all__ = [
     "have_equal_storage_record_keys", "materialize_storage_append", "measure_storage_append",
     "measure_storage_record", "parse_unsigned_64_decimal", "read_storage_stream_position", "run_event_key",
     "run_event_matches_filter", "run_event_sort_value", "run_key", "run_matches_filter", "run_sort_value",
-    "run_tombstone_key", "storage_stream_layouts", "supports_operator_reads", "try_decode_run_document",
+    "run_tombstone_key", "storage_stream_layouts", "supports_operator_reads", "supports_wake_hints", "try_decode_run_document",
     "try_decode_run_event_document",
 ]

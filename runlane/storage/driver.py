@@ -33,7 +33,14 @@ from .types import (
     StorageRecordKey,
 )
 
-__all__ = ["OperatorReadDriver", "StorageDriver", "StorageTransaction", "supports_operator_reads"]
+__all__ = [
+    "OperatorReadDriver",
+    "StorageDriver",
+    "StorageTransaction",
+    "StorageWakeHints",
+    "supports_operator_reads",
+    "supports_wake_hints",
+]
 
 T = TypeVar("T")
 
@@ -89,6 +96,27 @@ class OperatorReadDriver(Protocol):
     async def list_runs(self, filter: RunFilter, pagination: PaginationParams) -> Page[RunSummary]: ...
 
     async def list_run_events(self, filter: RunEventFilter, pagination: PaginationParams) -> Page[RunEventRecord]: ...
+
+
+@runtime_checkable
+class StorageWakeHints(Protocol):
+    """Optional cross-process wake-up hints (Postgres ``LISTEN``/``NOTIFY``, for example).
+
+    Core calls ``publish_wake_hint`` after a commit that made a run of ``queue`` due now, and idle
+    poll workers ``subscribe_wake_hints`` so another process's trigger wakes them before their
+    ``empty_poll_delay`` ends. Hints carry no state and may be lost, merged or duplicated: workers
+    still poll, and every claim is decided by storage. Neither method may block or raise.
+    """
+
+    def publish_wake_hint(self, queue: str) -> None:
+        """Schedule a hint for ``queue`` (debounced by the driver); returns at once."""
+
+    def subscribe_wake_hints(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(queue)`` (from any thread) for hints from any process; returns an unsubscribe."""
+
+
+def supports_wake_hints(driver: object) -> bool:
+    return all(callable(getattr(driver, name, None)) for name in ("publish_wake_hint", "subscribe_wake_hints"))
 
 
 def supports_operator_reads(driver: object) -> bool:
