@@ -1,0 +1,31 @@
+"""Session-wide fixtures shared by the test modules."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL database URL for the session (see ``tests/postgres_support.py``).
+
+    ``RUNLANE_POSTGRES_TEST_DATABASE_URL`` when set, else a throwaway server started on first use
+    and stopped when the session ends.
+    """
+    # Imported here so test modules that never touch PostgreSQL do not need runlane-postgres.
+    from postgres_support import postgres_server_url, stop_postgres_server
+
+    try:
+        yield postgres_server_url()
+    finally:
+        stop_postgres_server()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Also covers a server started through postgres_support without the fixture.
+    support = sys.modules.get("postgres_support")
+    if support is not None:
+        support.stop_postgres_server()

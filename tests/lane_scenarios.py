@@ -1,0 +1,360 @@
+"""Runtime integration scenarios every lane must pass, written once and run per lane.
+
+Subclass ``LaneScenarios`` as ``Test...`` and provide the ``lanes`` fixture: a ``LaneFactory`` whose
+``new()`` returns a fresh lane over fresh storage and whose ``peer()`` returns another lane over the
+same storage as the last ``new()`` (another process's view). Every scenario goes through the public
+runtime API only, with a controlled clock handed to the storage by ``create_runlane``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from runlane import (
+    ErrorCode,
+    Retry,
+    Runlane,
+    RunlaneError,
+    RunStatus,
+    StorageConflictKind,
+    TaskContext,
+    TriggerOutcomeType,
+    WorkerMode,
+    create_runlane,
+    get_storage_conflict_kind,
+    queue,
+    schedule,
+    task,
+)
+from runlane.core.lanes import Lane
+from runlane.testing import ControlledClock
+
+DEFAULT = queue("default", default=True)
+LIMITED = queue("limited", concurrency_limit=1, dispatch_timeout="30s")
+
+
+@dataclass
+class LaneFactory:
+    new: Callable[[], Lane]
+    peer: Callable[[], Lane]
+
+
+class Submission(BaseModel):
+    job_id: str
+
+
+class LaneScenarios:
+    #: Hard limit for one scenario; nothing may hang.
+    timeout_seconds: float = 60.0
+
+    @pytest.fixture
+    def lanes(self) -> LaneFactory:
+        pytest.fail("Override the `lanes` fixture with a LaneFactory.")
+
+    # -- harness ---------------------------------------------------------------------------------
+
+    def run(self, body: Callable[[], Any]) -> None:
+        asyncio.run(asyncio.wait_for(body(), self.timeout_seconds))
+
+    def runtime(self, lane: Lane, *tasks: Any, clock: ControlledClock | None = None, **options: Any) -> tuple[Runlane, ControlledClock]:
+        clock = clock or ControlledClock()
+        queues = options.pop("queues", [DEFAULT, LIMITED])
+        return create_runlane(lane=lane, queues=queues, tasks=list(tasks), clock=clock, **options), clock
+
+    # -- scenarios -------------------------------------------------------------------------------
+
+    def test_trigger_execute_and_read_back_history(self, lanes: LaneFactory) -> None:
+        @task("greet")
+        async def greet(payload: dict) -> dict:
+            return {"hello": payload["name"]}
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), greet)
+            async with runtime:
+                created = await runtime.trigger(greet, {"name": "ada"}, meta={"source": "test"})
+                assert created.outcome is TriggerOutcomeType.CREATED and created.run.status is RunStatus.QUEUED
+                done = await runtime.execute_next()
+                assert done is not None and done.id == created.run.id
+                assert done.status is RunStatus.SUCCEEDED and done.output == {"hello": "ada"}
+                stored = await runtime.runs.get(created.run.id)
+                assert stored == done
+                events = (await runtime.runs.events(done.id, sort_by="sequence")).data
+                assert [record.event.type.value for record in events] == [
+                    "run.created", "run.delivery_requested", "run.lease_claimed", "run.started", "run.succeeded",
+                ]  # fmt: skip
+                assert [record.sequence for record in events] == [1, 2, 3, 4, 5]
+                listed = (await runtime.runs.list(statuses=[RunStatus.SUCCEEDED])).data
+                assert [run.id for run in listed] == [done.id]
+                assert await runtime.execute_next() is None
+
+        self.run(body)
+
+    def test_idempotency_and_singleton_keys(self, lanes: LaneFactory) -> None:
+        @task("charge")
+        async def charge(payload: dict) -> None:
+            return None
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), charge)
+            async with runtime:
+                first = await runtime.trigger(charge, {"n": 1}, idempotency_key="order-1")
+                again = await runtime.trigger(charge, {"n": 2}, idempotency_key="order-1")
+                assert again.outcome is TriggerOutcomeType.RETURNED_EXISTING and again.run.id == first.run.id
+                await runtime.trigger(charge, {}, singleton_key="nightly")
+                with pytest.raises(RunlaneError) as raised:
+                    await runtime.trigger(charge, {}, singleton_key="nightly")
+                assert raised.value.code is ErrorCode.STORAGE_CONFLICT
+                assert get_storage_conflict_kind(raised.value) is StorageConflictKind.SINGLETON_KEY
+                assert len((await runtime.runs.list()).data) == 2
+
+        self.run(body)
+
+    def test_retry_with_backoff_then_success_and_attempts(self, lanes: LaneFactory) -> None:
+        @task("flaky", retry=Retry(3, backoff="10s"))
+        async def flaky(payload: dict, ctx: TaskContext) -> int:
+            if ctx.attempt < 3:
+                raise RuntimeError("temporary")
+            return ctx.attempt
+
+        async def body() -> None:
+            runtime, clock = self.runtime(lanes.new(), flaky)
+            async with runtime:
+                run = (await runtime.trigger(flaky, {})).run
+                first = await runtime.execute_next()
+                assert first.status is RunStatus.RETRYING and first.failure.message == "Task failed."
+                assert await runtime.execute_next() is None  # not due yet
+                clock.advance("10s")
+                assert (await runtime.execute_next()).status is RunStatus.RETRYING
+                clock.advance("1m")
+                done = await runtime.execute_next()
+                assert done.status is RunStatus.SUCCEEDED and done.output == 3
+                attempts = await runtime.runs.attempts(run.id)
+                assert [attempt.attempt for attempt in attempts] == [1, 2, 3]
+
+        self.run(body)
+
+    def test_signal_wait_and_wait_for_run(self, lanes: LaneFactory) -> None:
+        @task("child")
+        async def child(payload: dict) -> str:
+            return "child-done"
+
+        @task("parent")
+        async def parent(payload: dict, ctx: TaskContext) -> Any:
+            if ctx.attempt == 1:
+                return ctx.wait_for_signal("approved", reason="needs_approval")
+            if ctx.attempt == 2:
+                spawned = await ctx.trigger(child, {})
+                return ctx.wait_for_run(spawned.run.id)
+            return "parent-done"
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), parent, child)
+            async with runtime:
+                run = (await runtime.trigger(parent, {})).run
+                assert (await runtime.execute_next()).status is RunStatus.RELEASED
+                resumed = await runtime.signals.send("approved")
+                assert [r.id for r in resumed] == [run.id]
+                assert await runtime.signals.send("approved") == []
+                assert (await runtime.execute_next()).status is RunStatus.RELEASED  # waits for its child
+                finished = await runtime.execute_next()
+                assert finished.task_id == "child" and finished.source.source_run_id == run.id
+                done = await runtime.execute_next()
+                assert done.id == run.id and done.status is RunStatus.SUCCEEDED and done.output == "parent-done"
+
+        self.run(body)
+
+    def test_durable_step_replays_its_stored_output(self, lanes: LaneFactory) -> None:
+        calls: list[str] = []
+
+        @task("render")
+        async def render(payload: dict, ctx: TaskContext) -> Any:
+            async def submit(token: str) -> dict:
+                calls.append(token)
+                return {"job_id": f"job_{len(calls)}"}
+
+            submission = await ctx.step.run("submit", submit, output=Submission)
+            if ctx.attempt == 1:
+                return ctx.release("30s")
+            return submission.job_id
+
+        async def body() -> None:
+            runtime, clock = self.runtime(lanes.new(), render)
+            async with runtime:
+                await runtime.trigger(render, {})
+                assert (await runtime.execute_next()).status is RunStatus.RELEASED
+                clock.advance("30s")
+                done = await runtime.execute_next()
+                assert done.status is RunStatus.SUCCEEDED and done.output == "job_1" and len(calls) == 1
+
+        self.run(body)
+
+    def test_cancel_queued_and_running_runs(self, lanes: LaneFactory) -> None:
+        started = asyncio.Event()
+
+        @task("slow")
+        async def slow(payload: dict, ctx: TaskContext) -> str:
+            started.set()
+            await ctx.signal.wait()
+            return "stopped"
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), slow)
+            async with runtime:
+                queued = (await runtime.trigger(slow, {})).run
+                cancelled = await runtime.runs.cancel(queued.id)
+                assert cancelled.status is RunStatus.CANCELLED
+                running = (await runtime.trigger(slow, {})).run
+                execution = asyncio.ensure_future(runtime.execute_next())
+                await asyncio.wait_for(started.wait(), 10)
+                requested = await runtime.runs.cancel(running.id)
+                assert requested.status is RunStatus.CANCELLATION_REQUESTED
+                done = await asyncio.wait_for(execution, 10)
+                assert done.status is RunStatus.CANCELLED
+                with pytest.raises(RunlaneError) as raised:
+                    await runtime.runs.cancel(running.id)
+                assert raised.value.code is ErrorCode.VALIDATION_FAILED  # terminal runs stay as they are
+                events = (await runtime.runs.events(running.id, sort_by="sequence")).data
+                assert [record.event.type.value for record in events].count("run.cancellation_requested") == 1
+
+        self.run(body)
+
+    def test_bounded_queue_dispatch_and_capacity(self, lanes: LaneFactory) -> None:
+        @task("limited.work", queue=LIMITED)
+        async def limited(payload: dict) -> int:
+            return payload["n"]
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), limited)
+            async with runtime:
+                for n in range(3):
+                    await runtime.trigger(limited, {"n": n})
+                assert (await runtime.tick()).dispatch_reserved == 1
+                assert (await runtime.tick()).dispatch_reserved == 0  # the only slot is taken
+                assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+                assert (await runtime.tick()).dispatch_reserved == 1
+                assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+                assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED  # capacity is free again
+                assert await runtime.execute_next() is None
+
+        self.run(body)
+
+    def test_schedule_materializes_once_and_prune_removes_finished_runs(self, lanes: LaneFactory) -> None:
+        seen: list[Any] = []
+
+        @task("metrics.flush", schedule=schedule("metrics.every_15m", every="15m"))
+        async def flush(payload: Any) -> None:
+            seen.append(payload)
+
+        async def body() -> None:
+            runtime, clock = self.runtime(lanes.new(), flush)
+            async with runtime:
+                clock.advance("15m")
+                assert (await runtime.tick()).materialized == 1
+                assert (await runtime.tick()).materialized == 0  # the occurrence is claimed once
+                worker = runtime.worker(mode=WorkerMode.DRAIN)
+                await asyncio.wait_for(worker.closed, 10)
+                assert len(seen) == 1
+                clock.advance("2d")
+                result = await runtime.runs.prune(older_than="1d")
+                assert result.pruned == 1
+                assert (await runtime.runs.list()).data == []
+
+        self.run(body)
+
+    def test_drain_worker_with_concurrent_slots_runs_each_run_once(self, lanes: LaneFactory) -> None:
+        executed: list[int] = []
+
+        @task("count")
+        async def count(payload: dict) -> int:
+            executed.append(payload["n"])
+            await asyncio.sleep(0)
+            return payload["n"]
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), count)
+            async with runtime:
+                for n in range(40):
+                    await runtime.trigger(count, {"n": n})
+                worker = runtime.worker(mode=WorkerMode.DRAIN, concurrency=4)
+                await asyncio.wait_for(worker.closed, 30)
+                assert sorted(executed) == list(range(40))
+                assert len((await runtime.runs.list(statuses=[RunStatus.SUCCEEDED], limit=100)).data) == 40
+
+        self.run(body)
+
+    def test_two_runtimes_over_one_storage_share_state_without_duplicates(self, lanes: LaneFactory) -> None:
+        executed: list[tuple[str, int]] = []
+
+        def counting(name: str) -> Any:
+            @task("shared")
+            async def shared(payload: dict) -> int:
+                executed.append((name, payload["n"]))
+                await asyncio.sleep(0)
+                return payload["n"]
+
+            return shared
+
+        async def body() -> None:
+            clock = ControlledClock()
+            first_lane = lanes.new()
+            second_lane = lanes.peer()
+            first, _ = self.runtime(first_lane, counting("a"), clock=clock, worker_id="a")
+            second, _ = self.runtime(second_lane, counting("b"), clock=clock, worker_id="b")
+            async with first, second:
+                ids = [(await first.trigger("shared", {"n": n})).run.id for n in range(30)]
+                seen = await second.runs.get(ids[0])
+                assert seen is not None and seen.status is RunStatus.QUEUED
+                workers = [
+                    first.worker(mode=WorkerMode.DRAIN, concurrency=2),
+                    second.worker(mode=WorkerMode.DRAIN, concurrency=2),
+                ]
+                await asyncio.wait_for(asyncio.gather(*(worker.closed for worker in workers)), 30)
+                assert sorted(n for _, n in executed) == list(range(30))
+                for run_id in ids:
+                    run = await second.runs.get(run_id)
+                    assert run.status is RunStatus.SUCCEEDED and run.counters.attempts == 1
+
+        self.run(body)
+
+    def test_expired_lease_is_recovered_by_tick(self, lanes: LaneFactory) -> None:
+        attempts: list[int] = []
+
+        @task("recoverable")
+        async def recoverable(payload: dict, ctx: TaskContext) -> int:
+            attempts.append(ctx.attempt)
+            if ctx.attempt == 1:
+                await asyncio.sleep(3600)  # stands in for a worker that died mid-attempt
+            return ctx.attempt
+
+        async def body() -> None:
+            clock = ControlledClock()
+            crashed_lane = lanes.new()
+            crashed, _ = self.runtime(crashed_lane, recoverable, clock=clock, worker_id="crashed")
+            survivor, _ = self.runtime(lanes.peer(), recoverable, clock=clock, worker_id="survivor")
+            async with survivor:
+                await crashed.__aenter__()
+                run = (await crashed.trigger(recoverable, {})).run
+                hung = asyncio.ensure_future(crashed.execute_next(lease_duration="30s", heartbeat_interval="20s"))
+                for _ in range(1000):
+                    if attempts or hung.done():
+                        break
+                    await asyncio.sleep(0.01)
+                assert attempts == [1], hung.result() if hung.done() else "the first attempt never started"
+                hung.cancel()  # the process is gone: no outcome, no heartbeat, the lease stays
+                await asyncio.gather(hung, return_exceptions=True)
+                assert (await survivor.runs.get(run.id)).status is RunStatus.RUNNING
+                clock.advance("31s")
+                result = await survivor.tick()
+                assert result.delivery_requested == 1
+                done = await survivor.execute_next()
+                assert done.id == run.id and done.status is RunStatus.SUCCEEDED and done.output == 2
+                assert done.counters.attempts == 2
+
+        self.run(body)

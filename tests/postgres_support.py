@@ -1,0 +1,58 @@
+"""Shared PostgreSQL helpers for the tests; not a test module itself.
+
+Tests get a database URL from ``postgres_server_url()`` (or the session fixture ``postgres_url`` in
+``conftest.py``, which calls it). With ``RUNLANE_POSTGRES_TEST_DATABASE_URL`` set that URL is used
+as is and no server is started; otherwise the first call starts one throwaway
+``PostgresTestServer`` for the whole test session and later calls reuse it.
+
+The session server is stopped by ``stop_postgres_server()`` (from the fixture's teardown and from
+``pytest_sessionfinish``); should neither run, ``PostgresTestServer`` stops it from ``atexit``,
+and its watchdog stops it if the test process dies outright.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from runlane_postgres.testing import PostgresTestServer, postgres_test_url
+
+_lock = threading.Lock()
+_server: PostgresTestServer | None = None
+
+
+def postgres_server() -> PostgresTestServer | None:
+    """The session's managed server (started on first use), or ``None`` when an external URL is set.
+
+    Tests that need to restart or stop the database take the server from here and skip when it is
+    ``None``; the server keeps its data and port across ``restart()``.
+    """
+    global _server
+    if postgres_test_url() is not None:
+        return None
+    with _lock:
+        if _server is None:
+            server = PostgresTestServer()
+            server.start()
+            _server = server
+        elif not _server.running:
+            _server.start_server()  # a test stopped it with stop_server() and did not restart it
+        return _server
+
+
+def postgres_server_url() -> str:
+    """``RUNLANE_POSTGRES_TEST_DATABASE_URL`` if set, else the URL of the session's managed server."""
+    external = postgres_test_url()
+    if external is not None:
+        return external
+    server = postgres_server()
+    assert server is not None
+    return server.url
+
+
+def stop_postgres_server() -> None:
+    """Stop and remove the session's managed server, if one was started; safe to call repeatedly."""
+    global _server
+    with _lock:
+        server, _server = _server, None
+    if server is not None:
+        server.stop()
