@@ -99,7 +99,7 @@ def test_plugins_list_json(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     by_name = {plugin["name"]: plugin for plugin in document["plugins"]}
-    assert by_name["local"]["provides"]["lanes"] == ["local"]
+    assert by_name["local"]["provides"]["lanes"] == ["local", "sqlite"]
     assert by_name["local"]["distribution"] == "runlane-local"
     assert by_name["runlane.plugins.defaults"]["version"] == "0.1.0"
     assert document["failures"] == []

@@ -245,7 +245,7 @@ def test_local_lane_is_found_through_its_entry_point():
     assert lane.name == "dev"
     local = next(info for info in get_plugins() if info.name == "local")
     assert (local.distribution, local.version) == ("runlane-local", importlib.metadata.version("runlane-local"))
-    assert local.provides == {"lanes": ["local"]}
+    assert local.provides == {"lanes": ["local", "sqlite"]}
     assert local.to_json()["hooks"] == ["register_lanes"]
 
 

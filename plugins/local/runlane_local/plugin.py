@@ -1,4 +1,4 @@
-"""runlane-local's plugin: registers the ``local`` lane through the public hooks.
+"""runlane-local's plugin: registers the ``local`` and ``sqlite`` lanes through the public hooks.
 
 Loaded through the ``runlane`` entry-point group (``local = "runlane_local.plugin"``) exactly like a
 third-party plugin; core has no special knowledge of it.
@@ -7,16 +7,18 @@ third-party plugin; core has no special knowledge of it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from runlane.core.lanes import Lane
 from runlane.plugins import hookimpl
 from runlane.plugins.registries import LaneProvider, ProviderContext
 
-from .lane import local_lane
+from .lane import local_lane, sqlite_lane
 
-__all__ = ["LocalLaneOptions", "register_lanes"]
+__all__ = ["LocalLaneOptions", "SqliteLaneOptions", "register_lanes"]
 
 
 class LocalLaneOptions(BaseModel):
@@ -31,6 +33,41 @@ def create_local_lane(options: LocalLaneOptions, context: ProviderContext) -> La
     return local_lane(name=options.name)
 
 
+class SqliteLaneOptions(BaseModel):
+    """Options of ``[lane] use = "sqlite"``.
+
+    ``path`` is the database file; a relative path resolves against the directory of the
+    configuration file. ``synchronous`` is ``"full"`` (default), ``"extra"`` or ``"normal"``;
+    ``busy_timeout`` is how long one operation waits for the file's write lock, such as ``"5s"`` (or a
+    number of seconds).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(min_length=1)
+    name: str = Field(default="sqlite", min_length=1)
+    synchronous: Literal["full", "extra", "normal"] = "full"
+    busy_timeout: str | float = "5s"
+
+
+def sqlite_database_path(options: SqliteLaneOptions, context: ProviderContext) -> Path:
+    """``options.path`` with ``~`` expanded, relative to the configuration's directory when it has one."""
+    path = Path(options.path).expanduser()
+    if not path.is_absolute() and context.base_dir is not None:
+        path = Path(context.base_dir) / path
+    return path
+
+
+def create_sqlite_lane(options: SqliteLaneOptions, context: ProviderContext) -> Lane:
+    return sqlite_lane(
+        sqlite_database_path(options, context),
+        name=options.name,
+        synchronous=options.synchronous,
+        busy_timeout=options.busy_timeout,
+    )
+
+
 @hookimpl
 def register_lanes(register: Callable[[LaneProvider], None]) -> None:
     register(LaneProvider("local", LocalLaneOptions, create_local_lane))
+    register(LaneProvider("sqlite", SqliteLaneOptions, create_sqlite_lane))

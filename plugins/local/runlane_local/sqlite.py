@@ -1,0 +1,1113 @@
+"""The embedded durable SQLite storage driver.
+
+One database file holds everything. Every process on the machine that opens the same file with this
+driver shares its records, conflicts, ordered append heads and exclusive candidate holds. The file
+must live on a local disk: SQLite's locking is not reliable over network file systems.
+
+Mechanics:
+
+* **Schema.** ``start()`` creates the tables in a new file and records ``schema_version`` in
+  ``runlane_meta``; a file with another version is refused (``configuration_invalid``). Tables:
+  ``runlane_records`` (key, version, canonical document, byte size, the record's index entries),
+  ``runlane_index_rows`` (index name, encoded partition, encoded sort, key), a one-row version
+  counter, ``runlane_holds`` (exclusive candidates) and the two operator projection tables of
+  ``runlane.storage.operator_sql``. Encoded keys and sort values are ASCII hex and ``/``, so
+  SQLite's ``BINARY`` collation gives exactly the contract's byte order.
+* **One thread per driver.** Every sqlite3 call runs on the driver's own worker thread (a
+  single-worker executor owning one connection), so a commit waiting for the file's write lock,
+  held by another process, never blocks the event loop.
+* **Optimistic attempts.** Reads are plain SELECTs that take no write lock. An attempt remembers
+  every record it read (present with its version, absent as ``None``) and answers repeated reads of
+  a key from that memory, like a snapshot. The commit runs in ``BEGIN IMMEDIATE``: it re-reads the
+  versions of the whole read set and of every staged key, rolls back and replays the callback when
+  any differs, and otherwise applies records, index rows, the operator projection and the append
+  batch before ``COMMIT``. A read-only attempt is validated in one read transaction.
+* **Non-repeating versions.** A one-row counter in the file issues versions inside the commit, so
+  versions never repeat across the file, even for a key deleted and created again.
+* **Ordered append.** The stream head is read and advanced inside the commit's write transaction,
+  so aborted and replayed attempts consume no positions.
+* **Exclusive candidates.** SQLite has no row locks, so an exclusive selection runs in a short
+  write transaction that skips rows held by another live attempt and records a hold (owner, host,
+  pid, expiry) for each returned row, never for a look-ahead row. Holds are released with the
+  attempt: in the commit's own transaction, or right after a rollback, replay or cancellation.
+  Holds of a crashed process never block for long: they expire after ``hold_timeout`` seconds,
+  and a hold whose owner process (same host and pid namespace) has exited is removed at once. An
+  expired hold only costs exclusivity, never correctness: core re-reads every candidate and the
+  commit validates versions.
+* **Busy file.** SQLite's busy handler waits in short slices; between slices the driver's thread
+  is released and the retry sleeps with jitter on the event loop, until ``busy_timeout`` has passed
+  and the operation fails with a retryable ``storage_unavailable``.
+* **Durability.** WAL journal with ``synchronous=FULL`` by default: a commit survives a process
+  crash and power loss. ``synchronous="normal"`` makes commits cheaper; the file stays consistent,
+  but the last transactions may roll back after an operating system crash or power loss.
+* **Client clock.** ``now()`` samples the injected clock once per attempt and freezes it. Clocks of
+  processes sharing a file can differ; version and ownership fences still protect every write, but
+  skew can cause early duplicate execution or brief capacity oversubscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import itertools
+import json
+import logging
+import os
+import random
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from runlane.durations import duration_ms
+from runlane.errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
+from runlane.models import Environment, Page, RunEventRecord, RunRecord, RunSummary, environment_key
+from runlane.storage import (
+    PaginationParams,
+    RunEventFilter,
+    RunFilter,
+    StorageAppendCommand,
+    StorageCandidateMode,
+    StorageClockAuthority,
+    StorageDocument,
+    StorageDurability,
+    StorageIndexConsistency,
+    StorageIndexEntry,
+    StorageIndexName,
+    StorageLimits,
+    StorageProfile,
+    StorageQuery,
+    StorageQueryPosition,
+    StorageQueryResult,
+    StorageRecord,
+    StorageRecordKey,
+    StorageTransaction,
+    decode_storage_query_cursor,
+    decode_storage_tuple,
+    materialize_storage_append,
+    read_storage_stream_position,
+    storage_stream_layouts,
+)
+from runlane.storage.attempt import (
+    StagedWrite,
+    StorageAttempt,
+    check_storage_keys,
+    contract_violation,
+    enforce_storage_limit,
+    page_index_rows,
+)
+from runlane.storage.operator_sql import (
+    OPERATOR_EVENT_COLUMNS,
+    OPERATOR_RUN_COLUMNS,
+    finish_event_page,
+    finish_run_page,
+    is_operator_event_key,
+    is_operator_run_key,
+    operator_event_row,
+    operator_run_row,
+    run_event_list_query,
+    run_list_query,
+)
+from runlane.storage.tables import peek_run_document
+from runlane.vocabulary import SortDirection
+
+from .memory import Clock, _UtcClock
+
+__all__ = ["SCHEMA_VERSION", "SqliteStorageDriver", "sqlite_storage"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+logger = logging.getLogger(__name__)
+
+#: The layout version this driver writes and reads; a file recording another one is refused.
+SCHEMA_VERSION = 1
+
+_SYNCHRONOUS = {"full": "FULL", "extra": "EXTRA", "normal": "NORMAL"}
+_BUSY_SLICE = 0.1  # seconds SQLite's own busy handler waits before the driver's thread is released
+_RETRY_JITTER = 0.02  # upper bound of the random pause between busy retries, in seconds
+_MAX_VARIABLES = 500  # bound parameters per statement (SQLite's limit can be as low as 999)
+
+_RECORDS = "runlane_records"
+_INDEX_ROWS = "runlane_index_rows"
+_HOLDS = "runlane_holds"
+_OPERATOR_RUNS = "runlane_operator_runs"
+_OPERATOR_EVENTS = "runlane_operator_events"
+
+# Column types of the operator projection tables, in the order of ``OPERATOR_*_COLUMNS``.
+_OPERATOR_RUN_TYPES = {
+    "environment": "TEXT NOT NULL",
+    "run_id": "TEXT NOT NULL",
+    "record_key": "TEXT NOT NULL",
+    "tombstone_key": "TEXT NOT NULL",
+    "status": "TEXT NOT NULL",
+    "task_id": "TEXT NOT NULL",
+    "queue": "TEXT NOT NULL",
+    "idempotency_key": "TEXT",
+    "singleton_key": "TEXT",
+    "source_run_id": "TEXT",
+    "created_at": "TEXT NOT NULL",
+    "updated_at": "TEXT NOT NULL",
+    "run_at": "TEXT",
+    "available_missing": "INTEGER NOT NULL",
+    "available_at": "TEXT NOT NULL",
+}
+_OPERATOR_EVENT_TYPES = {
+    "environment": "TEXT NOT NULL",
+    "run_id": "TEXT NOT NULL",
+    "sequence": "TEXT NOT NULL",
+    "record_key": "TEXT NOT NULL",
+    "type": "TEXT NOT NULL",
+    "occurred_at": "TEXT NOT NULL",
+}
+
+
+def _columns(types: dict[str, str]) -> str:
+    return ", ".join(f"{column} {kind}" for column, kind in types.items())
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS runlane_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    f"CREATE TABLE IF NOT EXISTS {_RECORDS} ("
+    "key TEXT PRIMARY KEY, version INTEGER NOT NULL, document TEXT NOT NULL, byte_size INTEGER NOT NULL, "
+    "indexes TEXT NOT NULL) WITHOUT ROWID",
+    f"CREATE TABLE IF NOT EXISTS {_INDEX_ROWS} ("
+    "index_name TEXT NOT NULL, partition TEXT NOT NULL, sort TEXT NOT NULL, key TEXT NOT NULL, "
+    "PRIMARY KEY (index_name, partition, sort, key)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS runlane_version_counter (id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO runlane_version_counter (id, last) VALUES (1, 0)",
+    f"CREATE TABLE IF NOT EXISTS {_HOLDS} ("
+    "key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, expires_at REAL NOT NULL"
+    ") WITHOUT ROWID",
+    f"CREATE INDEX IF NOT EXISTS runlane_holds_by_owner ON {_HOLDS} (owner)",
+    f"CREATE TABLE IF NOT EXISTS {_OPERATOR_RUNS} ({_columns(_OPERATOR_RUN_TYPES)}, "
+    "PRIMARY KEY (environment, run_id)) WITHOUT ROWID",
+    f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_created ON {_OPERATOR_RUNS} "
+    "(environment, created_at, run_id)",
+    f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_updated ON {_OPERATOR_RUNS} "
+    "(environment, updated_at, run_id)",
+    f"CREATE TABLE IF NOT EXISTS {_OPERATOR_EVENTS} ({_columns(_OPERATOR_EVENT_TYPES)}, "
+    "PRIMARY KEY (environment, run_id, sequence)) WITHOUT ROWID",
+    f"CREATE INDEX IF NOT EXISTS runlane_operator_events_by_time ON {_OPERATOR_EVENTS} "
+    "(environment, occurred_at, run_id, sequence)",
+)
+
+_TABLES = frozenset(
+    {"runlane_meta", _RECORDS, _INDEX_ROWS, "runlane_version_counter", _HOLDS, _OPERATOR_RUNS, _OPERATOR_EVENTS}
+)
+
+_INSERT_RUN = (
+    f"INSERT INTO {_OPERATOR_RUNS} ({', '.join(OPERATOR_RUN_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(OPERATOR_RUN_COLUMNS))})"
+)
+_INSERT_EVENT = (
+    f"INSERT INTO {_OPERATOR_EVENTS} ({', '.join(OPERATOR_EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(OPERATOR_EVENT_COLUMNS))})"
+)
+
+# SQLite primary result codes (the low byte of an extended code).
+_SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_NOMEM, _SQLITE_READONLY = 3, 5, 6, 7, 8
+_SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_PROTOCOL = 10, 11, 13, 14, 15
+_SQLITE_CONSTRAINT, _SQLITE_AUTH, _SQLITE_NOTADB = 19, 23, 26
+
+
+# ---------------------------------------------------------------------------------------------
+# Exclusive hold owners
+
+
+_PROCESS_TOKEN = uuid.uuid4().hex
+_owner_counter = itertools.count(1)
+_live_owners: set[str] = set()  # owners of this process whose attempt has not ended
+_live_owners_lock = threading.Lock()
+
+
+def _new_owner() -> str:
+    """A hold owner id unique per attempt across processes (and forks: the pid is part of it)."""
+    owner = f"{_PROCESS_TOKEN}-{os.getpid()}-{next(_owner_counter)}"
+    with _live_owners_lock:
+        _live_owners.add(owner)
+    return owner
+
+
+def _end_owner(owner: str) -> None:
+    with _live_owners_lock:
+        _live_owners.discard(owner)
+
+
+def _owner_is_live(owner: str) -> bool:
+    with _live_owners_lock:
+        return owner in _live_owners
+
+
+@functools.lru_cache(maxsize=4)
+def _host_identity(pid: int) -> str:
+    """Where a pid means this process table: the host name plus, on Linux, the pid namespace."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}|{namespace}"
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process of this process table exists (always assumed outside POSIX)."""
+    if os.name != "posix" or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists but belongs to another user
+        return True
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Stored rows
+
+
+def _dump_indexes(entries: Iterable[StorageIndexEntry]) -> str:
+    return json.dumps(
+        [[entry.name.value, entry.encoded_partition, entry.encoded_sort] for entry in entries], separators=(",", ":")
+    )
+
+
+def _corrupt(encoded_key: str, detail: str, cause: BaseException | None = None) -> RunlaneError:
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored record {encoded_key!r} is corrupt: {detail}",
+        meta={"key": encoded_key},
+        cause=cause,
+    )
+
+
+def _load_indexes(encoded_key: str, text: Any) -> list[tuple[str, str, str]]:
+    try:
+        rows = json.loads(text) if isinstance(text, str) else None
+        if not isinstance(rows, list):
+            raise ValueError("not a list")
+        result = []
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 3 and all(isinstance(part, str) for part in row)):
+                raise ValueError("not a [name, partition, sort] row")
+            result.append((row[0], row[1], row[2]))
+        return result
+    except ValueError as error:
+        raise _corrupt(encoded_key, "its index entries do not decode.", error) from None
+
+
+def _stored_version(encoded_key: str, version: Any) -> str:
+    if type(version) is not int or version < 1:
+        raise _corrupt(encoded_key, f"its version {version!r} is not a positive integer.")
+    return str(version)
+
+
+def _stored_record(
+    key: StorageRecordKey | None, encoded_key: str, version: Any, text: Any, indexes: Any
+) -> StorageRecord:
+    """A ``StorageRecord`` from a stored row; anything but a canonical row raises ``invariant_violation``."""
+    checked_version = _stored_version(encoded_key, version)
+    if not isinstance(text, str):
+        raise _corrupt(encoded_key, "its document is not text.")
+    try:
+        document = StorageDocument.parse(text)
+    except RunlaneError as error:
+        raise _corrupt(encoded_key, error.message, error) from None
+    entries = []
+    try:
+        if key is None:
+            key = StorageRecordKey.decode(encoded_key)
+        for name, partition, sort in _load_indexes(encoded_key, indexes):
+            entries.append(
+                StorageIndexEntry._trusted(
+                    StorageIndexName(name), decode_storage_tuple(partition), decode_storage_tuple(sort), partition, sort
+                )
+            )
+    except ValueError as error:  # an index name outside the catalog
+        raise _corrupt(encoded_key, "an index entry names an unknown index.", error) from None
+    except RunlaneError as error:
+        if error.code is ErrorCode.INVARIANT_VIOLATION:
+            raise
+        raise _corrupt(encoded_key, error.message, error) from None
+    return StorageRecord(key, checked_version, document, tuple(entries))
+
+
+def _chunks(items: Sequence[T], size: int = _MAX_VARIABLES) -> list[Sequence[T]]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def _placeholders(count: int) -> str:
+    return ", ".join("?" * count)
+
+
+def _index_query(
+    query: StorageQuery, after: StorageQueryPosition | None, limit: int, holder: str | None
+) -> tuple[str, list[Any]]:
+    """The SELECT of one page of index rows in query order, strictly after ``after``; with ``holder``,
+    rows held by any other owner are skipped."""
+    clauses = ["index_name = ?", "partition = ?"]
+    params: list[Any] = [query.index.value, query.encoded_partition]
+    bounds = query.range
+    for operator, value in ((">", bounds.gt), (">=", bounds.gte), ("<", bounds.lt), ("<=", bounds.lte)):
+        if value is not None:
+            clauses.append(f"sort {operator} ?")
+            params.append(value)
+    descending = query.direction is SortDirection.DESC
+    if after is not None:
+        clauses.append(f"(sort, key) {'<' if descending else '>'} (?, ?)")
+        params.extend((after.sort, after.key))
+    if holder is not None:
+        clauses.append(f"NOT EXISTS (SELECT 1 FROM {_HOLDS} h WHERE h.key = i.key AND h.owner != ?)")
+        params.append(holder)
+    order = "DESC" if descending else "ASC"
+    params.append(limit)
+    sql = (
+        f"SELECT sort, key FROM {_INDEX_ROWS} i WHERE {' AND '.join(clauses)} "
+        f"ORDER BY sort {order}, key {order} LIMIT ?"
+    )
+    return sql, params
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+class _Busy(Exception):
+    """The database stayed locked for one busy slice; the driver retries until ``busy_timeout``."""
+
+
+def _primary_code(error: sqlite3.Error) -> int | None:
+    code = getattr(error, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def _is_busy(error: sqlite3.Error) -> bool:
+    code = _primary_code(error)
+    if code is not None:
+        return code in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    return isinstance(error, sqlite3.OperationalError) and "locked" in str(error)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transaction attempts
+
+
+class _SqliteTransaction(StorageAttempt):
+    """One attempt of a transaction callback.
+
+    ``StorageAttempt`` keeps the contract's bookkeeping; this class reads through the driver,
+    answers repeated reads of a key with the record first read, and holds exclusive candidates
+    under an owner id of its own.
+    """
+
+    def __init__(self, driver: SqliteStorageDriver, limits: StorageLimits, clock: Clock) -> None:
+        super().__init__(limits, clock)
+        self._driver = driver
+        self._seen: dict[str, StorageRecord | None] = {}
+        self.owner: str | None = None  # set by the first exclusive selection
+
+    async def _fetch(self, keys: list[StorageRecordKey]) -> list[StorageRecord | None]:
+        seen = self._seen
+        unseen = [key for key in keys if key.encoded not in seen]
+        if unseen:
+            found = await self._driver._read(unseen)
+            for key, record in zip(unseen, found):
+                seen.setdefault(key.encoded, record)
+        return [seen[key.encoded] for key in keys]
+
+    async def _candidates(self, query: StorageQuery, mode: StorageCandidateMode) -> StorageQueryResult:
+        if mode != StorageCandidateMode.EXCLUSIVE:
+            return await self._driver._query(query)
+        if self.owner is None:
+            self.owner = _new_owner()
+        return await self._driver._select_exclusive(query, self.owner)
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+class SqliteStorageDriver:
+    """Durable ``StorageDriver`` and ``OperatorReadDriver`` over one SQLite file (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        limits: StorageLimits | None = None,
+        max_transaction_attempts: int = 16,
+        busy_timeout: float | str | timedelta = 5.0,
+        hold_timeout: float | str | timedelta = 30.0,
+        synchronous: str = "full",
+        name: str = "sqlite-storage",
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "path must be a file path (str or os.PathLike).")
+        raw = os.fspath(path)
+        if not isinstance(raw, str) or not raw or raw == ":memory:" or raw.startswith("file:"):
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"The SQLite storage path must name a database file, got {raw!r}; use the local lane for "
+                "in-memory storage.",
+            )
+        if clock is not None and not callable(getattr(clock, "now", None)):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "clock must be an object with a now() method.")
+        if limits is not None and not isinstance(limits, StorageLimits):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "limits must be a StorageLimits value.")
+        attempts = max_transaction_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "max_transaction_attempts must be a positive integer.")
+        if not isinstance(synchronous, str) or synchronous.lower() not in _SYNCHRONOUS:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"synchronous must be one of {', '.join(sorted(_SYNCHRONOUS))}, got {synchronous!r}.",
+            )
+        if not isinstance(name, str) or not name:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "name must be a non-empty string.")
+        self.name = name
+        self.path = Path(raw).expanduser().absolute()
+        self.synchronous = synchronous.lower()
+        self.busy_timeout = _seconds(busy_timeout, "busy_timeout")
+        self.hold_timeout = _seconds(hold_timeout, "hold_timeout")
+        self.max_transaction_attempts = attempts
+        self.profile = StorageProfile(
+            durability=StorageDurability.DURABLE,
+            clock_authority=StorageClockAuthority.CLIENT,
+            index_consistency=StorageIndexConsistency.STRONG,
+            limits=limits or StorageLimits(),
+            exclusive_candidates=True,
+            ordered_append=True,
+            process_local=False,
+        )
+        self._clock: Clock = clock or _UtcClock()
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._connection: sqlite3.Connection | None = None
+        self._pid = 0  # the process that started the driver (a forked child must start its own)
+
+    def __repr__(self) -> str:
+        return f"SqliteStorageDriver(name={self.name!r}, path={str(self.path)!r})"
+
+    # -- clock -----------------------------------------------------------------------------------
+
+    @property
+    def clock(self) -> Clock:
+        """The clock every transaction attempt's ``now()`` samples (client clock authority)."""
+        return self._clock
+
+    def use_clock(self, clock: Clock) -> None:
+        """Sample ``clock`` in every later transaction attempt (an attempt in flight keeps its time).
+
+        ``create_runlane(clock=...)`` calls this so storage time and runtime time come from one clock;
+        tests may call it directly. ``clock`` is any object with a ``now()`` returning aware datetimes.
+        """
+        if not callable(getattr(clock, "now", None)):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "clock must be an object with a now() method.")
+        self._clock = clock
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the file (creating it and its schema when absent) on the driver's own thread."""
+        if self._executor is not None:
+            return
+        self._check_path()
+        executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"runlane-{self.name}")
+        self._executor = executor
+        self._pid = os.getpid()
+        try:
+            await asyncio.wrap_future(executor.submit(self._connect))
+            await self._call(self._prepare)
+        except BaseException:
+            self._executor = None
+            await asyncio.shield(asyncio.wrap_future(executor.submit(self._close_connection)))
+            executor.shutdown(wait=False)
+            raise
+
+    async def close(self) -> None:
+        """Close the connection after the operations already queued; later calls fail until ``start()``."""
+        executor = self._executor
+        if executor is None:
+            return
+        self._executor = None
+        try:
+            await asyncio.shield(asyncio.wrap_future(executor.submit(self._close_connection)))
+        finally:
+            executor.shutdown(wait=False)
+
+    def _check_path(self) -> None:
+        path = self.path
+        directory = path.parent
+        if not directory.is_dir():
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"Cannot open SQLite storage {str(path)!r}: the directory {str(directory)!r} does not exist.",
+                meta={"path": str(path)},
+            )
+        if path.is_dir():
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"Cannot open SQLite storage {str(path)!r}: it is a directory, not a database file.",
+                meta={"path": str(path)},
+            )
+        # WAL mode creates ``<file>-wal`` and ``<file>-shm`` beside the database, so the directory
+        # must be writable even when the file exists.
+        if not os.access(directory, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"Cannot open SQLite storage {str(path)!r}: the file and its directory must be readable and "
+                "writable (SQLite keeps its write-ahead log beside the file).",
+                meta={"path": str(path)},
+            )
+
+    def _connect(self) -> None:
+        try:
+            self._connection = sqlite3.connect(
+                str(self.path),
+                timeout=min(self.busy_timeout, _BUSY_SLICE),
+                isolation_level=None,  # transactions are explicit: BEGIN / BEGIN IMMEDIATE ... COMMIT
+                check_same_thread=False,
+            )
+        except sqlite3.Error as error:
+            raise self._error(error, opening=True) from error
+
+    def _prepare(self, connection: sqlite3.Connection) -> None:
+        try:
+            # Any statement reads the header: a file that is not a database fails here.
+            connection.execute("PRAGMA schema_version").fetchone()
+            mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise RunlaneError(
+                    ErrorCode.CONFIGURATION_INVALID,
+                    f"SQLite storage {str(self.path)!r} cannot use write-ahead logging (journal mode {mode!r}); "
+                    "put the file on a local file system.",
+                    meta={"path": str(self.path)},
+                )
+            connection.execute(f"PRAGMA synchronous = {_SYNCHRONOUS[self.synchronous]}")
+            self._ensure_schema(connection)
+        except sqlite3.Error as error:
+            if _is_busy(error):
+                raise
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise self._error(error, opening=True) from error
+
+    def _ensure_schema(self, connection: sqlite3.Connection) -> None:
+        """Create the schema in a file without one; check the version and tables of a file with one.
+
+        Runs in one write transaction, so processes starting together create it once.
+        """
+        path = str(self.path)
+        connection.execute("BEGIN IMMEDIATE")
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "runlane_meta" not in tables:
+            foreign = sorted(name for name in tables if not name.startswith("sqlite_"))
+            if foreign:
+                raise RunlaneError(
+                    ErrorCode.CONFIGURATION_INVALID,
+                    f"SQLite storage {path!r} is a database of something else (tables {', '.join(foreign[:5])}); "
+                    "give Runlane a file of its own.",
+                    meta={"path": path},
+                )
+            for statement in _SCHEMA:
+                connection.execute(statement)
+            connection.execute(
+                "INSERT INTO runlane_meta (name, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+            connection.execute("COMMIT")
+            return
+        row = connection.execute("SELECT value FROM runlane_meta WHERE name = 'schema_version'").fetchone()
+        found = None if row is None else row[0]
+        if found != str(SCHEMA_VERSION):
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"SQLite storage {path!r} has schema version {found!r}; this driver reads version "
+                f"{SCHEMA_VERSION} only.",
+                meta={"path": path, "schema_version": found},
+            )
+        missing = sorted(_TABLES - tables)
+        if missing or connection.execute("SELECT last FROM runlane_version_counter WHERE id = 1").fetchone() is None:
+            what = ", ".join(missing) or "the version counter"
+            raise RunlaneError(
+                ErrorCode.INVARIANT_VIOLATION,
+                f"SQLite storage {path!r} has an incomplete Runlane schema (missing {what}).",
+                meta={"path": path, "missing": missing},
+            )
+        connection.execute("COMMIT")
+
+    def _close_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        try:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        connection.close()
+
+    # -- running on the driver's thread ------------------------------------------------------------
+
+    def _closed(self) -> RunlaneError:
+        return RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, f"Storage driver {self.name!r} is not started (or closed).")
+
+    def _error(self, error: sqlite3.Error, *, opening: bool = False) -> RunlaneError:
+        """The ``RunlaneError`` of a SQLite failure."""
+        code = _primary_code(error)
+        where = f"SQLite storage {str(self.path)!r}"
+        meta = {"path": str(self.path), "sqlite_error": getattr(error, "sqlite_errorname", type(error).__name__)}
+        if code == _SQLITE_NOTADB:
+            return RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID, f"{where} is not a SQLite database: {error}", meta=meta, cause=error
+            )
+        if code == _SQLITE_CORRUPT:
+            return RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"{where} is corrupt: {error}", meta=meta, cause=error)
+        if code == _SQLITE_CONSTRAINT:
+            return RunlaneError(
+                ErrorCode.INVARIANT_VIOLATION, f"{where} violates its own constraints: {error}", meta=meta, cause=error
+            )
+        if code in (_SQLITE_CANTOPEN, _SQLITE_PERM, _SQLITE_READONLY, _SQLITE_AUTH):
+            kind = ErrorCode.CONFIGURATION_INVALID if opening else ErrorCode.STORAGE_UNAVAILABLE
+            return RunlaneError(kind, f"{where} cannot be opened for writing: {error}", meta=meta, cause=error)
+        if code in (_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_NOMEM, _SQLITE_PROTOCOL):
+            return RunlaneError(
+                ErrorCode.STORAGE_UNAVAILABLE,
+                f"{where} is unavailable: {error}",
+                retryable=True,
+                meta=meta,
+                cause=error,
+            )
+        return RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, f"{where} failed: {error}", meta=meta, cause=error)
+
+    def _guarded(self, operation: Callable[..., R], *args: Any) -> R:
+        """Run ``operation(connection, *args)`` on the driver's thread; roll back whatever it left open."""
+        connection = self._connection
+        if connection is None:
+            raise self._closed()
+        try:
+            return operation(connection, *args)
+        except BaseException as error:
+            if connection.in_transaction:
+                try:
+                    connection.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            if isinstance(error, sqlite3.Error):
+                if _is_busy(error):
+                    raise _Busy() from error
+                raise self._error(error) from error
+            raise
+
+    async def _call(self, operation: Callable[..., R], *args: Any, shield: bool = False) -> R:
+        """``operation`` on the driver's thread, retried with jitter while the file is busy (bounded by
+        ``busy_timeout``). ``shield`` keeps it running when the caller is cancelled."""
+        deadline: float | None = None
+        while True:
+            executor = self._executor
+            if executor is None:
+                raise self._closed()
+            if self._pid != os.getpid():
+                raise RunlaneError(
+                    ErrorCode.STORAGE_UNAVAILABLE,
+                    f"Storage driver {self.name!r} was started in process {self._pid}; a forked process must "
+                    "create and start a driver of its own.",
+                )
+            try:
+                future = asyncio.wrap_future(executor.submit(self._guarded, operation, *args))
+            except RuntimeError:  # shut down by a concurrent close()
+                raise self._closed() from None
+            try:
+                return await (asyncio.shield(future) if shield else future)
+            except _Busy as busy:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + max(self.busy_timeout - _BUSY_SLICE, 0.0)
+                if now >= deadline:
+                    raise RunlaneError(
+                        ErrorCode.STORAGE_UNAVAILABLE,
+                        f"SQLite storage {str(self.path)!r} stayed locked for {self.busy_timeout:g}s (database is "
+                        "locked); retry the operation.",
+                        retryable=True,
+                        meta={"path": str(self.path), "busy_timeout": self.busy_timeout},
+                        cause=busy.__cause__,
+                    ) from busy.__cause__
+                await asyncio.sleep(random.uniform(0, _RETRY_JITTER))
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    async def _read(self, keys: list[StorageRecordKey]) -> list[StorageRecord | None]:
+        return await self._call(self._read_records, keys)
+
+    def _read_records(self, connection: sqlite3.Connection, keys: list[StorageRecordKey]) -> list[StorageRecord | None]:
+        unique = list({key.encoded: key for key in keys}.values())
+        rows: dict[str, tuple[Any, ...]] = {}
+        chunks = _chunks(unique)
+        if len(chunks) > 1:
+            connection.execute("BEGIN")  # one snapshot for every chunk
+        for chunk in chunks:
+            sql = (
+                f"SELECT key, version, document, indexes FROM {_RECORDS} "
+                f"WHERE key IN ({_placeholders(len(chunk))})"
+            )
+            for row in connection.execute(sql, [key.encoded for key in chunk]):
+                rows[row[0]] = row
+        if connection.in_transaction:
+            connection.execute("COMMIT")
+        records: dict[str, StorageRecord] = {}
+        for key in unique:
+            row = rows.get(key.encoded)
+            if row is not None:
+                records[key.encoded] = _stored_record(key, row[0], row[1], row[2], row[3])
+        return [records.get(key.encoded) for key in keys]
+
+    async def _query(self, query: StorageQuery) -> StorageQueryResult:
+        after = decode_storage_query_cursor(query)
+        sql, params = _index_query(query, after, query.limit + 1, None)
+        rows = await self._call(_fetch_all, sql, params)
+        return page_index_rows(query, iter(rows), look_ahead=True)
+
+    async def _select_exclusive(self, query: StorageQuery, owner: str) -> StorageQueryResult:
+        after = decode_storage_query_cursor(query)
+        sql, params = _index_query(query, after, query.limit, owner)
+        rows = await self._call(self._hold_rows, sql, params, owner)
+        return page_index_rows(query, iter(rows), look_ahead=False)
+
+    def _hold_rows(
+        self, connection: sqlite3.Connection, sql: str, params: list[Any], owner: str
+    ) -> list[tuple[str, str]]:
+        """Select free rows and hold them for ``owner``, in one write transaction."""
+        now = time.time()
+        pid = os.getpid()
+        host = _host_identity(pid)
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute(f"DELETE FROM {_HOLDS} WHERE expires_at <= ?", (now,))
+        stale = []
+        alive: dict[int, bool] = {}
+        holders = connection.execute(f"SELECT DISTINCT owner, host, pid FROM {_HOLDS} WHERE owner != ?", (owner,))
+        for other, other_host, other_pid in holders.fetchall():
+            if other_host != host:
+                continue  # another machine's (or pid namespace's) process: only expiry frees it
+            if other_pid == pid:
+                dead = not _owner_is_live(other)
+            else:
+                if other_pid not in alive:
+                    alive[other_pid] = _pid_alive(other_pid)
+                dead = not alive[other_pid]
+            if dead:
+                stale.append((other,))
+        if stale:
+            connection.executemany(f"DELETE FROM {_HOLDS} WHERE owner = ?", stale)
+        rows = connection.execute(sql, params).fetchall()
+        expires = now + self.hold_timeout
+        connection.executemany(
+            f"INSERT OR REPLACE INTO {_HOLDS} (key, owner, host, pid, expires_at) VALUES (?, ?, ?, ?, ?)",
+            [(key, owner, host, pid, expires) for _, key in rows],
+        )
+        connection.execute("COMMIT")
+        return rows
+
+    async def _release(self, owner: str) -> None:
+        """Drop ``owner``'s holds (kept running if the caller is cancelled); a failure leaves them to expire."""
+        try:
+            await self._call(_delete_holds, owner, shield=True)
+        except RunlaneError as error:
+            logger.warning("Could not release exclusive holds in %s; they expire on their own: %s", self.path, error)
+        finally:
+            _end_owner(owner)
+
+    # -- commit ------------------------------------------------------------------------------------
+
+    def _validate(self, connection: sqlite3.Connection, reads: dict[str, str | None]) -> bool:
+        """Whether every read of a read-only attempt still holds, checked in one read transaction."""
+        connection.execute("BEGIN")
+        current = _current_rows(connection, list(reads))
+        connection.execute("COMMIT")
+        return all(_version_of(current.get(key)) == version for key, version in reads.items())
+
+    def _commit(
+        self,
+        connection: sqlite3.Connection,
+        reads: dict[str, str | None],
+        writes: list[StagedWrite],
+        append: StorageAppendCommand | None,
+        owner: str | None,
+    ) -> bool:
+        """Validate and apply one attempt in a write transaction; ``False`` (rolled back) on a conflict."""
+        projection = _projection_changes(writes)  # decoded before taking the write lock
+        keys = list(dict.fromkeys([*reads, *(write.key.encoded for write in writes)]))
+        connection.execute("BEGIN IMMEDIATE")
+        current = _current_rows(connection, keys)
+        conflict = any(_version_of(current.get(key)) != version for key, version in reads.items()) or any(
+            _version_of(current.get(write.key.encoded)) != write.expected for write in writes
+        )
+        if conflict:
+            connection.execute("ROLLBACK")
+            return False
+        counter = connection.execute("SELECT last FROM runlane_version_counter WHERE id = 1").fetchone()
+        if counter is None or type(counter[0]) is not int:
+            raise RunlaneError(
+                ErrorCode.INVARIANT_VIOLATION, f"SQLite storage {str(self.path)!r} lost its version counter."
+            )
+        version = counter[0]
+        removed: list[tuple[str, str, str, str]] = []
+        added: list[tuple[str, str, str, str]] = []
+        deleted: list[tuple[str]] = []
+        stored: list[tuple[str, int, str, int, str]] = []
+
+        def put(encoded: str, old: tuple[Any, ...] | None, record: Any) -> None:
+            nonlocal version
+            if old is not None:
+                removed.extend((name, part, sort, encoded) for name, part, sort in _load_indexes(encoded, old[1]))
+            if record is None:
+                deleted.append((encoded,))
+                return
+            version += 1
+            document = record.document
+            stored.append((encoded, version, document.text, document.byte_size, _dump_indexes(record.indexes)))
+            added.extend(
+                (entry.name.value, entry.encoded_partition, entry.encoded_sort, encoded) for entry in record.indexes
+            )
+
+        for write in writes:
+            put(write.key.encoded, current.get(write.key.encoded), write.record)
+        if append is not None:
+            head, old_head, records = _allocate(connection, append)
+            put(head.key.encoded, old_head, head)
+            for record in records:
+                put(record.key.encoded, None, record)
+
+        connection.executemany(
+            f"DELETE FROM {_INDEX_ROWS} WHERE index_name = ? AND partition = ? AND sort = ? AND key = ?", removed
+        )
+        connection.executemany(f"DELETE FROM {_RECORDS} WHERE key = ?", deleted)
+        connection.executemany(
+            f"INSERT OR REPLACE INTO {_RECORDS} (key, version, document, byte_size, indexes) VALUES (?, ?, ?, ?, ?)",
+            stored,
+        )
+        connection.executemany(
+            f"INSERT INTO {_INDEX_ROWS} (index_name, partition, sort, key) VALUES (?, ?, ?, ?)", added
+        )
+        for key, run_row, event_row in projection:
+            if is_operator_run_key(key):
+                connection.execute(f"DELETE FROM {_OPERATOR_RUNS} WHERE environment = ? AND run_id = ?", key.parts)
+                if run_row is not None:
+                    connection.execute(_INSERT_RUN, run_row)
+            else:
+                connection.execute(
+                    f"DELETE FROM {_OPERATOR_EVENTS} WHERE environment = ? AND run_id = ? AND sequence = ?", key.parts
+                )
+                if event_row is not None:
+                    connection.execute(_INSERT_EVENT, event_row)
+        connection.execute("UPDATE runlane_version_counter SET last = ? WHERE id = 1", (version,))
+        if owner is not None:
+            connection.execute(f"DELETE FROM {_HOLDS} WHERE owner = ?", (owner,))
+        connection.execute("COMMIT")
+        return True
+
+    # -- StorageDriver -----------------------------------------------------------------------------
+
+    async def get(self, keys: Sequence[StorageRecordKey]) -> list[StorageRecord | None]:
+        checked = check_storage_keys(keys)
+        enforce_storage_limit(self.profile.limits, "max_point_reads", len(checked))
+        if not checked:
+            if self._executor is None:
+                raise self._closed()
+            return []
+        return await self._read(checked)
+
+    async def query(self, query: StorageQuery) -> StorageQueryResult:
+        if not isinstance(query, StorageQuery):
+            raise contract_violation("query() takes a StorageQuery.")
+        enforce_storage_limit(self.profile.limits, "max_query_results", query.limit)
+        return await self._query(query)
+
+    async def with_transaction(self, callback: Callable[[StorageTransaction], Awaitable[T]]) -> T:
+        if self._executor is None:
+            raise self._closed()
+        for number in range(self.max_transaction_attempts):
+            attempt = _SqliteTransaction(self, self.profile.limits, self._clock)
+            released = False
+            try:
+                result = await callback(attempt)
+                attempt.check_committable()
+                if attempt.has_mutations:
+                    committed = await self._call(
+                        self._commit, attempt.reads, attempt.writes, attempt.append_command, attempt.owner
+                    )
+                    released = committed
+                elif attempt.reads:
+                    committed = await self._call(self._validate, attempt.reads)
+                else:
+                    committed = True
+            finally:
+                attempt.end()
+                if attempt.owner is not None:
+                    if released:
+                        _end_owner(attempt.owner)
+                    else:
+                        await self._release(attempt.owner)
+            if committed:
+                return result
+            # Let the winner of the conflict make progress before replaying (a little longer each time).
+            await asyncio.sleep(0 if number == 0 else random.uniform(0, min(0.001 * 2**number, 0.05)))
+        raise create_storage_conflict_error(
+            StorageConflictKind.TRANSACTION,
+            f"The transaction lost optimistic validation {self.max_transaction_attempts} times; retry the operation.",
+            meta={"attempts": self.max_transaction_attempts},
+        )
+
+    # -- OperatorReadDriver ------------------------------------------------------------------------
+
+    async def get_run(self, environment: Environment, run_id: str) -> RunRecord | None:
+        return await self._call(_visible_run, environment_key(environment), run_id)
+
+    async def list_runs(self, filter: RunFilter, pagination: PaginationParams) -> Page[RunSummary]:
+        query = run_list_query(
+            filter, pagination, runs_table=_OPERATOR_RUNS, records_table=_RECORDS, placeholder="?"
+        )
+        return await self._call(
+            lambda connection: finish_run_page(query, filter, _fetch_all(connection, query.text, query.params))
+        )
+
+    async def list_run_events(self, filter: RunEventFilter, pagination: PaginationParams) -> Page[RunEventRecord]:
+        query = run_event_list_query(
+            filter,
+            pagination,
+            events_table=_OPERATOR_EVENTS,
+            runs_table=_OPERATOR_RUNS,
+            records_table=_RECORDS,
+            placeholder="?",
+        )
+        return await self._call(
+            lambda connection: finish_event_page(query, filter, _fetch_all(connection, query.text, query.params))
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Statements run on the driver's thread
+
+
+def _fetch_all(connection: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    return connection.execute(sql, params).fetchall()
+
+
+def _delete_holds(connection: sqlite3.Connection, owner: str) -> None:
+    connection.execute("BEGIN IMMEDIATE")
+    connection.execute(f"DELETE FROM {_HOLDS} WHERE owner = ?", (owner,))
+    connection.execute("COMMIT")
+
+
+def _current_rows(connection: sqlite3.Connection, keys: list[str]) -> dict[str, tuple[Any, Any]]:
+    """``key -> (version, index entries text)`` of the stored ``keys`` (in the caller's transaction)."""
+    current: dict[str, tuple[Any, Any]] = {}
+    for chunk in _chunks(keys):
+        sql = f"SELECT key, version, indexes FROM {_RECORDS} WHERE key IN ({_placeholders(len(chunk))})"
+        for key, version, indexes in connection.execute(sql, list(chunk)):
+            current[key] = (version, indexes)
+    return current
+
+
+def _version_of(row: tuple[Any, Any] | None) -> str | None:
+    return None if row is None else str(row[0])
+
+
+def _projection_changes(writes: list[StagedWrite]) -> list[tuple[StorageRecordKey, Any, Any]]:
+    """``(key, run row, event row)`` of every staged write to a run or run event record."""
+    changes = []
+    for write in writes:
+        key, record = write.key, write.record
+        if is_operator_run_key(key):
+            row = None if record is None else operator_run_row(key, record.document)
+            changes.append((key, row, None))
+        elif is_operator_event_key(key):
+            row = None if record is None else operator_event_row(key, record.document)
+            changes.append((key, None, row))
+    return changes
+
+
+def _allocate(
+    connection: sqlite3.Connection, command: StorageAppendCommand
+) -> tuple[Any, tuple[Any, Any] | None, tuple[Any, ...]]:
+    """The new head, the stored head row and the records of ``command`` at the committed head."""
+    layout = storage_stream_layouts[command.stream]
+    head_key = layout.head_key(command.partition)
+    row = connection.execute(
+        f"SELECT version, document, indexes FROM {_RECORDS} WHERE key = ?", (head_key.encoded,)
+    ).fetchone()
+    head = None if row is None else _stored_record(head_key, head_key.encoded, row[0], row[1], row[2])
+    appended = materialize_storage_append(command, read_storage_stream_position(head))
+    taken = _current_rows(connection, [record.key.encoded for record in appended.records])
+    if taken:
+        raise RunlaneError(
+            ErrorCode.INVARIANT_VIOLATION,
+            f"The {command.stream.value} stream already holds records past its head; refusing to overwrite them.",
+        )
+    return appended.head, None if row is None else (row[0], row[2]), appended.records
+
+
+def _visible_run(connection: sqlite3.Connection, environment: str, run_id: str) -> RunRecord | None:
+    row = connection.execute(
+        f"SELECT r.key, r.document FROM {_OPERATOR_RUNS} o JOIN {_RECORDS} r ON r.key = o.record_key "
+        f"WHERE o.environment = ? AND o.run_id = ? "
+        f"AND NOT EXISTS (SELECT 1 FROM {_RECORDS} t WHERE t.key = o.tombstone_key)",
+        (environment, run_id),
+    ).fetchone()
+    if row is None:
+        return None
+    encoded, text = row
+    if not isinstance(text, str):
+        raise _corrupt(encoded, "its document is not text.")
+    try:
+        document = StorageDocument.parse(text)
+    except RunlaneError as error:
+        raise _corrupt(encoded, error.message, error) from None
+    run = peek_run_document(document)
+    return None if run is None else run.model_copy(deep=True)
+
+
+def _seconds(value: float | str | timedelta, what: str) -> float:
+    if isinstance(value, (str, timedelta)):
+        return duration_ms(value, what) / 1000
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"{what} must be a positive number of seconds or a duration such as '5s', got {value!r}.",
+        )
+    return float(value)
+
+
+def sqlite_storage(
+    path: str | os.PathLike[str],
+    *,
+    clock: Clock | None = None,
+    limits: StorageLimits | None = None,
+    max_transaction_attempts: int = 16,
+    busy_timeout: float | str | timedelta = 5.0,
+    hold_timeout: float | str | timedelta = 30.0,
+    synchronous: str = "full",
+    name: str = "sqlite-storage",
+) -> SqliteStorageDriver:
+    """The embedded durable driver over the SQLite file at ``path`` (created with its schema on ``start()``).
+
+    Several processes on one machine may open the same file. ``busy_timeout`` bounds how long one
+    operation waits for the file's write lock before a retryable ``storage_unavailable``;
+    ``hold_timeout`` bounds how long an exclusive candidate hold of a vanished attempt can block
+    others; ``synchronous`` is ``"full"`` (default: commits survive power loss), ``"extra"`` or
+    ``"normal"`` (faster; the last commits may roll back after an OS crash or power loss).
+    """
+    return SqliteStorageDriver(
+        path,
+        clock=clock,
+        limits=limits,
+        max_transaction_attempts=max_transaction_attempts,
+        busy_timeout=busy_timeout,
+        hold_timeout=hold_timeout,
+        synchronous=synchronous,
+        name=name,
+    )

@@ -1,0 +1,675 @@
+"""The SQLite driver beyond the conformance suite: durability across close/reopen and across processes,
+conflicting writers in several processes, exclusive holds of a crashed process, bad input, and the
+``sqlite`` lane through ``runlane.toml``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runlane import ErrorCode, RunlaneError
+from runlane.core.lanes import Lane
+from runlane.models import Environment
+from runlane.plugins.manager import get_registries
+from runlane.plugins.registries import ProviderContext, validate_options
+from runlane.storage import (
+    NewStorageRecord,
+    PaginationParams,
+    RunFilter,
+    StorageAppendCommand,
+    StorageCandidateMode,
+    StorageClockAuthority,
+    StorageDocument,
+    StorageDurability,
+    StorageIndexEntry,
+    StorageIndexName,
+    StorageQuery,
+    StorageRecordKey,
+    StorageStreamName,
+    storage_stream_layouts,
+)
+from runlane.storage.operator_sql import OPERATOR_EVENT_COLUMNS, OPERATOR_RUN_COLUMNS
+from runlane.testing import ControlledClock
+from runlane_local import SqliteStorageDriver, sqlite_lane, sqlite_storage
+from runlane_local.sqlite import SCHEMA_VERSION
+
+from cli_support import cli, write
+
+INDEX = StorageIndexName.OUTBOX_DUE
+PARTITION = ("sqlite-tests", "p")
+LAYOUT = storage_stream_layouts[StorageStreamName.OBSERVATIONS]
+WAIT = 30.0  # bound of every wait on another process
+
+CHILD = """
+import asyncio, json, sys
+from runlane.storage import (
+    NewStorageRecord, StorageAppendCommand, StorageCandidateMode, StorageDocument, StorageIndexEntry,
+    StorageIndexName, StorageQuery, StorageRecordKey, StorageStreamName,
+)
+from runlane_local import sqlite_storage
+
+INDEX = StorageIndexName.OUTBOX_DUE
+PARTITION = ("sqlite-tests", "p")
+
+
+async def write(driver, prefix):
+    async def attempt(tx):
+        for n in range(3):
+            key = StorageRecordKey("items", f"{prefix}-{n}")
+            entry = StorageIndexEntry(INDEX, PARTITION, (f"{prefix}-{n}",))
+            tx.create(NewStorageRecord(key, StorageDocument.encode({"n": n, "by": prefix}), (entry,)))
+
+    await driver.with_transaction(attempt)
+
+    async def append(tx):
+        tx.append(StorageAppendCommand(StorageStreamName.OBSERVATIONS, "child-stream", [{"i": 0}, {"i": 1}]))
+
+    await driver.with_transaction(append)
+
+
+async def increment(driver, key_name, times):
+    key = StorageRecordKey("counters", key_name)
+
+    async def attempt(tx):
+        [current] = await tx.get([key])
+        await asyncio.sleep(0)
+        tx.replace(current, NewStorageRecord(key, StorageDocument.encode({"n": current.document.value["n"] + 1})))
+
+    for _ in range(times):
+        await driver.with_transaction(attempt)
+
+
+async def hold(driver, limit, marker):
+    async def attempt(tx):
+        query = StorageQuery(INDEX, PARTITION, limit=limit)
+        result = await tx.query_candidates(query, mode=StorageCandidateMode.EXCLUSIVE)
+        with open(marker, "w") as file:
+            json.dump([list(ref.key.parts) for ref in result.items], file)
+        await asyncio.sleep(3600)
+
+    await driver.with_transaction(attempt)
+
+
+async def main():
+    command, path, *args = sys.argv[1:]
+    driver = sqlite_storage(path, max_transaction_attempts=1000)
+    await driver.start()
+    try:
+        if command == "write":
+            await write(driver, *args)
+        elif command == "increment":
+            await increment(driver, args[0], int(args[1]))
+        elif command == "hold":
+            await hold(driver, int(args[0]), args[1])
+    finally:
+        await driver.close()
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    return tmp_path / "runlane.db"
+
+
+@pytest.fixture
+def child(tmp_path: Path) -> Path:
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(CHILD))
+    return script
+
+
+def spawn(script: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(process: subprocess.Popen[str]) -> None:
+    try:
+        out, err = process.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise AssertionError("a child process did not finish in time") from None
+    assert process.returncode == 0, err
+
+
+def record(key: StorageRecordKey, value: dict[str, Any], *sort: str) -> NewStorageRecord:
+    entries = (StorageIndexEntry(INDEX, PARTITION, sort),) if sort else ()
+    return NewStorageRecord(key, StorageDocument.encode(value), entries)
+
+
+async def create(driver: SqliteStorageDriver, *records: NewStorageRecord) -> None:
+    async def attempt(tx: Any) -> None:
+        for item in records:
+            tx.create(item)
+
+    await driver.with_transaction(attempt)
+
+
+async def keys_of(driver: SqliteStorageDriver, query: StorageQuery) -> list[tuple[str, ...]]:
+    return [ref.key.parts for ref in (await driver.query(query)).items]
+
+
+async def select_exclusive(driver: SqliteStorageDriver, limit: int) -> list[tuple[str, ...]]:
+    async def attempt(tx: Any) -> list[tuple[str, ...]]:
+        query = StorageQuery(INDEX, PARTITION, limit=limit)
+        result = await tx.query_candidates(query, mode=StorageCandidateMode.EXCLUSIVE)
+        return [ref.key.parts for ref in result.items]
+
+    return await asyncio.wait_for(driver.with_transaction(attempt), WAIT)
+
+
+async def expect_error(awaitable: Any, code: ErrorCode) -> RunlaneError:
+    with pytest.raises(RunlaneError) as caught:
+        await asyncio.wait_for(awaitable, WAIT)
+    assert caught.value.code is code, caught.value
+    return caught.value
+
+
+# ---------------------------------------------------------------------------------------------
+# Profile, lane and schema
+
+
+def test_profile_is_durable_shared_and_client_clocked(database: Path) -> None:
+    driver = sqlite_storage(database)
+    profile = driver.profile
+    assert profile.durability is StorageDurability.DURABLE
+    assert profile.clock_authority is StorageClockAuthority.CLIENT
+    assert profile.exclusive_candidates and profile.ordered_append and not profile.process_local
+    assert driver.synchronous == "full"
+    clock = ControlledClock()
+    driver.use_clock(clock)
+    assert driver.clock is clock
+    with pytest.raises(RunlaneError) as caught:
+        driver.use_clock(object())  # type: ignore[arg-type]
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"path": ":memory:"},
+        {"path": ""},
+        {"path": "x.db", "synchronous": "off"},
+        {"path": "x.db", "busy_timeout": 0},
+        {"path": "x.db", "busy_timeout": "soon"},
+        {"path": "x.db", "max_transaction_attempts": 0},
+        {"path": "x.db", "name": ""},
+    ],
+)
+def test_bad_options_are_configuration_invalid(options: dict[str, Any]) -> None:
+    with pytest.raises(RunlaneError) as caught:
+        sqlite_storage(**options)
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+def test_sqlite_lane_capabilities(database: Path) -> None:
+    lane = sqlite_lane(database)
+    assert isinstance(lane, Lane) and lane.name == "sqlite"
+    assert lane.capabilities.operator_reads and lane.capabilities.production_durable
+    assert not lane.capabilities.process_local
+    relaxed = sqlite_lane(database, name="fast", synchronous="normal")
+    assert relaxed.capabilities.production_durable is False
+    assert relaxed.storage.synchronous == "normal"
+
+
+def test_projection_tables_have_the_operator_sql_columns(database: Path) -> None:
+    asyncio.run(_start_and_close(sqlite_storage(database)))
+    with sqlite3.connect(database) as connection:
+        runs = [row[1] for row in connection.execute("PRAGMA table_info(runlane_operator_runs)")]
+        events = [row[1] for row in connection.execute("PRAGMA table_info(runlane_operator_events)")]
+        version = connection.execute("SELECT value FROM runlane_meta WHERE name = 'schema_version'").fetchone()[0]
+        journal = connection.execute("PRAGMA journal_mode").fetchone()[0]
+    assert tuple(runs) == OPERATOR_RUN_COLUMNS
+    assert tuple(events) == OPERATOR_EVENT_COLUMNS
+    assert version == str(SCHEMA_VERSION)
+    assert journal == "wal"
+
+
+async def _start_and_close(driver: SqliteStorageDriver) -> None:
+    await driver.start()
+    await driver.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Durability
+
+
+async def test_records_survive_close_and_reopen(database: Path) -> None:
+    key, other = StorageRecordKey("items", "a"), StorageRecordKey("items", "b")
+    driver = sqlite_storage(database)
+    await driver.start()
+    await create(driver, record(key, {"n": 1}, "1"), record(other, {"n": 2}, "2"))
+
+    async def append(tx: Any) -> None:
+        tx.append(StorageAppendCommand(StorageStreamName.OBSERVATIONS, "stream", [{"i": 0}, {"i": 1}]))
+
+    await driver.with_transaction(append)
+    before = await driver.get([key, other])
+    await driver.close()
+    with pytest.raises(RunlaneError) as caught:
+        await driver.get([key])
+    assert caught.value.code is ErrorCode.STORAGE_UNAVAILABLE
+
+    reopened = sqlite_storage(database)
+    await reopened.start()
+    try:
+        assert await reopened.get([key, other]) == before
+        assert await keys_of(reopened, StorageQuery(INDEX, PARTITION)) == [("a",), ("b",)]
+        [head] = await reopened.get([LAYOUT.head_key("stream")])
+        assert head is not None and head.document.value == {"next_position": "3"}
+
+        async def bump(tx: Any) -> None:
+            [current] = await tx.get([key])
+            tx.replace(current, record(key, {"n": 3}, "1"))
+
+        await reopened.with_transaction(bump)
+        [after] = await reopened.get([key])
+        versions = {before[0].version, before[1].version, head.version}
+        assert after.version not in versions and int(after.version) > max(int(v) for v in versions)
+    finally:
+        await reopened.close()
+    # The first instance can be started again.
+    await driver.start()
+    try:
+        assert (await driver.get([key]))[0].document.value == {"n": 3}
+    finally:
+        await driver.close()
+
+
+async def test_a_separate_process_writes_and_this_one_reads(database: Path, child: Path) -> None:
+    driver = sqlite_storage(database)
+    await driver.start()  # created here, before the child writes
+    try:
+        process = spawn(child, "write", str(database), "child")
+        await asyncio.to_thread(finish, process)
+        found = await driver.get([StorageRecordKey("items", f"child-{n}") for n in range(3)])
+        assert [item.document.value for item in found] == [{"n": n, "by": "child"} for n in range(3)]
+        assert await keys_of(driver, StorageQuery(INDEX, PARTITION)) == [(f"child-{n}",) for n in range(3)]
+        records = await driver.get([LAYOUT.record_key("child-stream", position) for position in (1, 2)])
+        assert [item.document.value for item in records] == [
+            {"i": 0, "stream_position": "1"},
+            {"i": 1, "stream_position": "2"},
+        ]
+    finally:
+        await driver.close()
+
+
+async def test_conflicting_commits_from_several_processes_lose_nothing(database: Path, child: Path) -> None:
+    driver = sqlite_storage(database, max_transaction_attempts=1000)
+    await driver.start()
+    key = StorageRecordKey("counters", "shared")
+    try:
+        await create(driver, record(key, {"n": 0}))
+        processes = [spawn(child, "increment", str(database), "shared", "25") for _ in range(3)]
+
+        async def increment(tx: Any) -> None:
+            [current] = await tx.get([key])
+            await asyncio.sleep(0)
+            tx.replace(current, record(key, {"n": current.document.value["n"] + 1}))
+
+        for _ in range(25):
+            await asyncio.wait_for(driver.with_transaction(increment), WAIT)
+        for process in processes:
+            await asyncio.to_thread(finish, process)
+        [final] = await driver.get([key])
+        assert final.document.value == {"n": 100}
+    finally:
+        await driver.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Exclusive holds across processes
+
+
+async def _wait_for_file(path: Path, process: subprocess.Popen[str]) -> Any:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return json.loads(path.read_text())
+        if process.poll() is not None:
+            raise AssertionError(f"the child exited early: {process.communicate()[1]}")
+        await asyncio.sleep(0.02)
+    raise AssertionError("the child did not report its selection in time")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="dead-owner detection needs POSIX process ids")
+async def test_holds_of_a_killed_process_are_freed_at_once(database: Path, child: Path, tmp_path: Path) -> None:
+    driver = sqlite_storage(database)
+    await driver.start()
+    try:
+        await create(driver, *(record(StorageRecordKey("items", str(n)), {"n": n}, str(n)) for n in range(4)))
+        marker = tmp_path / "held.json"
+        process = spawn(child, "hold", str(database), "2", str(marker))
+        try:
+            held = [tuple(parts) for parts in await _wait_for_file(marker, process)]
+            assert held == [("0",), ("1",)]
+            mine = await select_exclusive(driver, 4)
+            assert mine == [("2",), ("3",)], "records held by another process were selected"
+        finally:
+            process.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(process.communicate, timeout=WAIT)
+        started = time.monotonic()
+        assert await select_exclusive(driver, 4) == [("0",), ("1",), ("2",), ("3",)]
+        assert time.monotonic() - started < 5, "a dead process's holds waited for their expiry"
+    finally:
+        await driver.close()
+
+
+async def test_holds_expire_after_hold_timeout(database: Path) -> None:
+    holder, other = sqlite_storage(database, hold_timeout=1.0), sqlite_storage(database)
+    await holder.start()
+    await other.start()
+    try:
+        await create(holder, *(record(StorageRecordKey("items", str(n)), {"n": n}, str(n)) for n in range(3)))
+        # A hold recorded by a process on another host, which never released it.
+        with sqlite3.connect(database) as connection:
+            connection.execute(
+                "INSERT INTO runlane_holds (key, owner, host, pid, expires_at) VALUES (?, 'gone', 'elsewhere', 1, ?)",
+                (StorageRecordKey("items", "0").encoded, time.time() + 1.0),
+            )
+        # An attempt of this process that stays open past its holds' expiry.
+        release = asyncio.Event()
+        selected: asyncio.Future[list[tuple[str, ...]]] = asyncio.get_running_loop().create_future()
+
+        async def hang(tx: Any) -> None:
+            query = StorageQuery(INDEX, PARTITION, limit=1)
+            result = await tx.query_candidates(query, mode=StorageCandidateMode.EXCLUSIVE)
+            selected.set_result([ref.key.parts for ref in result.items])
+            await release.wait()
+
+        hanging = asyncio.create_task(holder.with_transaction(hang))
+        held_at = time.monotonic()
+        assert await asyncio.wait_for(selected, WAIT) == [("1",)]
+        mine = await select_exclusive(other, 3)
+        if time.monotonic() - held_at < 0.9:  # both holds still live (the check ran in time)
+            assert mine == [("2",)]
+        await asyncio.sleep(max(0.0, held_at + 1.1 - time.monotonic()))
+        assert await select_exclusive(other, 3) == [("0",), ("1",), ("2",)]
+        release.set()
+        await asyncio.wait_for(hanging, WAIT)
+    finally:
+        await other.close()
+        await holder.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+
+
+async def test_missing_directory_is_configuration_invalid(tmp_path: Path) -> None:
+    driver = sqlite_storage(tmp_path / "nope" / "runlane.db")
+    error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+    assert "does not exist" in error.message
+
+
+async def test_a_directory_is_not_a_database(tmp_path: Path) -> None:
+    await expect_error(sqlite_storage(tmp_path).start(), ErrorCode.CONFIGURATION_INVALID)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
+async def test_unwritable_directory_is_configuration_invalid(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        await expect_error(sqlite_storage(locked / "runlane.db").start(), ErrorCode.CONFIGURATION_INVALID)
+    finally:
+        locked.chmod(0o700)
+
+
+async def test_a_file_that_is_not_a_database_is_refused(database: Path) -> None:
+    database.write_bytes(b"this is a plain text file, not a database at all\n" * 100)
+    error = await expect_error(sqlite_storage(database).start(), ErrorCode.CONFIGURATION_INVALID)
+    assert "not a SQLite database" in error.message
+    assert database.read_bytes().startswith(b"this is a plain text file")
+
+
+async def test_an_unknown_schema_version_is_refused(database: Path) -> None:
+    await _start_and_close(sqlite_storage(database))
+    with sqlite3.connect(database) as connection:
+        connection.execute("UPDATE runlane_meta SET value = '99' WHERE name = 'schema_version'")
+    error = await expect_error(sqlite_storage(database).start(), ErrorCode.CONFIGURATION_INVALID)
+    assert "'99'" in error.message
+
+
+async def test_a_database_of_something_else_is_refused(database: Path) -> None:
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    error = await expect_error(sqlite_storage(database).start(), ErrorCode.CONFIGURATION_INVALID)
+    assert "invoices" in error.message
+    with sqlite3.connect(database) as connection:
+        tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    assert tables == ["invoices"]
+
+
+async def test_an_incomplete_schema_is_an_invariant_violation(database: Path) -> None:
+    await _start_and_close(sqlite_storage(database))
+    with sqlite3.connect(database) as connection:
+        connection.execute("DROP TABLE runlane_index_rows")
+    error = await expect_error(sqlite_storage(database).start(), ErrorCode.INVARIANT_VIOLATION)
+    assert "runlane_index_rows" in error.message
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+async def test_a_forked_process_cannot_use_the_parents_driver(database: Path) -> None:
+    driver = sqlite_storage(database)
+    await driver.start()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: the inherited driver refuses instead of waiting for a thread it lacks
+            code = 1
+            try:
+                asyncio.run(asyncio.wait_for(driver.get([StorageRecordKey("items", "a")]), 5))
+            except RunlaneError as error:
+                code = 0 if error.code is ErrorCode.STORAGE_UNAVAILABLE else 2
+            except BaseException:
+                code = 3
+            os._exit(code)
+        deadline = time.monotonic() + WAIT
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError("the forked child hung on the parent's driver")
+            await asyncio.sleep(0.02)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert await driver.get([StorageRecordKey("items", "a")]) == [None]
+    finally:
+        await driver.close()
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("document", "not json"),
+        ("document", '{"schemaVersion":2,"value":{}}'),
+        ("document", '{"schemaVersion":1,"value":[]}'),
+        ("document", '{"schemaVersion":1,"value":{"x":NaN}}'),
+        ("indexes", "[[1,2]]"),
+        ("indexes", '[["no_such_index","61","62"]]'),
+        ("version", "'abc'"),
+    ],
+)
+async def test_a_corrupt_row_is_an_invariant_violation(database: Path, column: str, value: str) -> None:
+    driver = sqlite_storage(database)
+    await driver.start()
+    key = StorageRecordKey("items", "corrupt")
+    try:
+        await create(driver, record(key, {"n": 1}, "1"))
+        with sqlite3.connect(database) as connection:
+            literal = value if column == "version" else "?"
+            params = () if column == "version" else (value,)
+            connection.execute(f"UPDATE runlane_records SET {column} = {literal} WHERE key = ?", (*params, key.encoded))
+        error = await expect_error(driver.get([key]), ErrorCode.INVARIANT_VIOLATION)
+        assert key.encoded in error.message
+
+        async def attempt(tx: Any) -> None:
+            await tx.get([key])
+
+        await expect_error(driver.with_transaction(attempt), ErrorCode.INVARIANT_VIOLATION)
+    finally:
+        await driver.close()
+
+
+async def test_a_corrupt_run_document_fails_operator_reads(database: Path) -> None:
+    from runlane.testing.storage_conformance import _run, _run_record  # the suite's own run builders
+    from runlane.vocabulary import RunStatus
+
+    environment = Environment(name="corrupt")
+    run = _run(environment, "run-1", RunStatus.QUEUED, 0)
+    driver = sqlite_storage(database)
+    await driver.start()
+    try:
+        await create(driver, _run_record(run))
+        assert await driver.get_run(environment, "run-1") == run
+        with sqlite3.connect(database) as connection:
+            encoded = _run_record(run).key.encoded
+            connection.execute("UPDATE runlane_records SET document = 'garbage' WHERE key = ?", (encoded,))
+        await expect_error(driver.get_run(environment, "run-1"), ErrorCode.INVARIANT_VIOLATION)
+        await expect_error(
+            driver.list_runs(RunFilter(environment=environment), PaginationParams()), ErrorCode.INVARIANT_VIOLATION
+        )
+    finally:
+        await driver.close()
+
+
+async def test_a_locked_database_is_storage_unavailable_without_blocking_the_loop(database: Path) -> None:
+    driver = sqlite_storage(database, busy_timeout=0.4)
+    await driver.start()
+    key = StorageRecordKey("items", "locked")
+    await create(driver, record(key, {"n": 1}))
+    blocker = sqlite3.connect(database, isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")  # another writer holds the file's write lock
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticking = asyncio.create_task(ticker())
+        try:
+            # Reads need no write lock (WAL): they still work.
+            assert (await asyncio.wait_for(driver.get([key]), WAIT))[0].document.value == {"n": 1}
+            started = time.monotonic()
+            blocked = create(driver, record(StorageRecordKey("items", "new"), {}))
+            error = await expect_error(blocked, ErrorCode.STORAGE_UNAVAILABLE)
+            waited = time.monotonic() - started
+        finally:
+            ticking.cancel()
+        assert error.retryable is True
+        assert "locked" in error.message
+        assert 0.3 <= waited < 5, f"waited {waited:.2f}s for a busy_timeout of 0.4s"
+        assert ticks >= 10, "the event loop was blocked while the driver waited for the lock"
+        blocker.execute("ROLLBACK")
+        await create(driver, record(StorageRecordKey("items", "new"), {}))
+        assert (await driver.get([StorageRecordKey("items", "new")]))[0] is not None
+    finally:
+        blocker.close()
+        await driver.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The lane provider and runlane.toml
+
+
+def test_lane_provider_options(tmp_path: Path) -> None:
+    provider = get_registries().lanes.get("sqlite")
+    assert provider.plugin == "local"
+    options = validate_options(provider, {"path": "data/runlane.db", "synchronous": "normal", "busy_timeout": "250ms"})
+    lane = provider.create(options, ProviderContext(base_dir=tmp_path))
+    assert isinstance(lane, Lane) and lane.name == "sqlite"
+    assert lane.storage.path == tmp_path / "data" / "runlane.db"
+    assert lane.storage.synchronous == "normal" and lane.storage.busy_timeout == 0.25
+    assert lane.capabilities.production_durable is False
+    options = validate_options(provider, {"path": str(tmp_path / "a.db"), "name": "x"})
+    absolute = provider.create(options, ProviderContext())
+    assert absolute.storage.path == tmp_path / "a.db" and absolute.name == "x"
+    seconds = provider.create(validate_options(provider, {"path": "x.db", "busy_timeout": 2}), ProviderContext())
+    assert seconds.storage.busy_timeout == 2.0
+    for bad in ({}, {"path": "x.db", "pth": "y"}, {"path": "x.db", "synchronous": "off"}, {"path": ""}):
+        with pytest.raises(RunlaneError) as caught:
+            validate_options(provider, bad)
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    with pytest.raises(RunlaneError) as caught:
+        provider.create(validate_options(provider, {"path": "x.db", "busy_timeout": "soon"}), ProviderContext())
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+TASKS = """
+from runlane import queue, task
+
+emails = queue("emails", default=True)
+
+
+@task("emails.welcome", queue=emails)
+def send_welcome(payload: dict) -> dict:
+    return {"sent": payload["user_id"]}
+"""
+
+
+def test_sqlite_lane_through_runlane_toml_shares_runs_between_processes(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    write(project / "app" / "__init__.py", "")
+    write(project / "app" / "tasks.py", TASKS)
+    write(
+        project / "runlane.toml",
+        """
+        [runlane]
+        tasks = ["app.tasks"]
+
+        [lane]
+        use = "sqlite"
+        path = "state/runlane.db"
+        """,
+    )
+    missing = cli(project, "--json", "trigger", "emails.welcome", '{"user_id": "u1"}')
+    assert missing.returncode == 1
+    assert json.loads(missing.stderr)["error"]["code"] == "configuration_invalid"
+    (project / "state").mkdir()
+
+    triggered = cli(project, "--json", "trigger", "emails.welcome", '{"user_id": "u1"}')
+    assert triggered.returncode == 0, triggered.stderr
+    run_id = json.loads(triggered.stdout)["run"]["id"]
+    assert (project / "state" / "runlane.db").is_file()
+
+    # Each command is its own process; a relative path resolves against the config's directory.
+    listed = cli(tmp_path, "--json", "-c", str(project / "runlane.toml"), "runs", "list", "--status", "queued")
+    assert listed.returncode == 0, listed.stderr
+    assert [run["id"] for run in json.loads(listed.stdout)["data"]] == [run_id]
+
+    worked = cli(project, "--json", "work", "--drain")
+    assert worked.returncode == 0, worked.stderr
+
+    detail = cli(project, "--json", "runs", "get", run_id, "--events")
+    assert detail.returncode == 0, detail.stderr
+    document = json.loads(detail.stdout)
+    assert document["run"]["status"] == "succeeded"
+    assert document["run"]["output"] == {"sent": "u1"}
+    assert [record["event"]["type"] for record in document["events"]["data"]][-1] == "run.succeeded"
+
+    bad = write(project / "bad.toml", '[lane]\nuse = "sqlite"\npath = "x.db"\nmode = "wal"\n')
+    unknown = cli(project, "--json", "-c", str(bad), "runs", "list")
+    assert unknown.returncode == 1
+    assert "'mode'" in json.loads(unknown.stderr)["error"]["message"]
