@@ -1,15 +1,26 @@
-"""Shared scaffolding for tests that run the installed ``runlane`` script in a temporary project."""
+"""Shared scaffolding for tests that run the installed ``runlane`` script in a temporary project.
+
+The second half serves the ``runlane dev`` bridge tests: a ``Project`` whose commands share one
+``TMPDIR`` (so they find the same dev session files), a background ``runlane dev`` that is always
+killed on exit, bounded polling, and raw HTTP requests to a session's bridge port.
+"""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 RUNLANE = shutil.which("runlane", path=str(Path(sys.executable).parent)) or shutil.which("runlane")
 
@@ -59,10 +70,114 @@ def ndjson(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def make_project(root: Path) -> Path:
-    """A project with a scheduled task (``app.tasks``), configured through ``runlane init config``."""
+def make_project(root: Path, tasks: str = TASKS_MODULE) -> Path:
+    """A project whose ``app.tasks`` module is ``tasks`` (by default a scheduled task), configured through
+    ``runlane init config``."""
     write(root / "app" / "__init__.py", "")
-    write(root / "app" / "tasks.py", TASKS_MODULE)
+    write(root / "app" / "tasks.py", tasks)
     result = cli(root, "init", "config", "--tasks", "app.tasks")
     assert result.returncode == 0, result.stderr
     return root
+
+
+# -- runlane dev bridge ----------------------------------------------------------------------------
+
+
+def wait_for(check: Callable[[], T | None], *, timeout: float = 20.0, what: str = "condition") -> T:
+    """Poll ``check`` until it returns something truthy (returned), failing after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Project:
+    """A project directory whose ``runlane`` invocations share ``tmpdir`` as ``TMPDIR``."""
+
+    def __init__(self, root: Path, tmpdir: Path) -> None:
+        self.root = root
+        self.tmpdir = tmpdir
+        self.config = root / "runlane.toml"
+
+    def env(self) -> dict[str, str]:
+        env = cli_env()
+        env["TMPDIR"] = str(self.tmpdir)
+        return env
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        assert RUNLANE is not None, "the runlane console script is not installed; run pip install -e ."
+        return subprocess.run(
+            [RUNLANE, *args], cwd=self.root, capture_output=True, text=True, timeout=timeout, env=self.env()
+        )
+
+    def json(self, *args: str) -> Any:
+        result = self.cli("--json", *args)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+
+@contextmanager
+def running_dev(project: Project, *args: str, log_name: str = "dev.log") -> Iterator[subprocess.Popen[str]]:
+    """A background ``runlane --json dev *args`` for ``project``, yielded once its session file names it.
+
+    Its output goes to ``<tmpdir>/<log_name>``; the process is killed (if still running) on exit. This
+    process must use ``project.tmpdir`` as its temporary directory too (``tempfile.tempdir``), so it
+    finds the session file where the dev process writes it.
+    """
+    from runlane.cli.bridge import read_session  # imports the CLI app: only for the bridge tests
+
+    assert RUNLANE is not None, "the runlane console script is not installed; run pip install -e ."
+    log_path = project.tmpdir / log_name
+    log = log_path.open("w")
+    process = subprocess.Popen(
+        [RUNLANE, "--json", "dev", *args],
+        cwd=project.root,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=project.env(),
+    )
+
+    def serving() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"runlane dev exited with {process.returncode}:\n{log_path.read_text()}")
+        session = read_session(project.config)
+        return session is not None and session.pid == process.pid
+
+    try:
+        wait_for(serving, what="the dev session file")
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+        log.close()
+
+
+def post(
+    port: int, body: bytes, *, token: str | None, path: str | None = None, method: str = "POST"
+) -> tuple[int, Any]:
+    """One raw request to a dev bridge on ``port`` (``path`` defaults to its command path):
+    ``(HTTP status, decoded JSON body)``."""
+    from runlane.cli.bridge import COMMAND_PATH
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        connection.request(method, path or COMMAND_PATH, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        connection.close()
+
+
+def command(name: str, params: dict[str, Any], *, json_mode: bool = True) -> bytes:
+    """A dev bridge request body for the stateful command ``name``."""
+    document = {"command": name, "params": params, "output": {"json": json_mode, "width": 200, "color": False}}
+    return json.dumps(document).encode()

@@ -8,31 +8,23 @@ temporary directory (``TMPDIR``), so tests never see each other's sessions.
 
 from __future__ import annotations
 
-import http.client
 import json
-import os
-import shutil
 import signal
 import socket
 import stat
-import sys
 import subprocess
 import tempfile
-import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from runlane.cli import bridge
 from runlane.cli.bridge import COMMAND_PATH, MAX_REQUEST_BYTES, read_session, session_path
 
+from cli_support import Project, command, make_project, post, running_dev, wait_for
 
-RUNLANE = shutil.which("runlane", path=str(Path(sys.executable).parent)) or shutil.which("runlane")
-
-T = TypeVar("T")
 
 TASKS = """
 from runlane import queue, task
@@ -52,98 +44,19 @@ def report(payload: dict) -> dict:
 """
 
 
-def wait_for(check: Callable[[], T | None], *, timeout: float = 20.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-
-
-class Project:
-    def __init__(self, root: Path, tmpdir: Path) -> None:
-        self.root = root
-        self.tmpdir = tmpdir
-        self.config = root / "runlane.toml"
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.pop("RUNLANE_LOAD_PLUGINS", None)
-        env["COLUMNS"] = "200"
-        env["TMPDIR"] = str(self.tmpdir)
-        return env
-
-    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        assert RUNLANE is not None, "the runlane console script is not installed; run pip install -e ."
-        return subprocess.run(
-            [RUNLANE, *args], cwd=self.root, capture_output=True, text=True, timeout=timeout, env=self.env()
-        )
-
-    def json(self, *args: str) -> Any:
-        result = self.cli("--json", *args)
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
-
-
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
-    root = tmp_path / "proj"
-    (root / "app").mkdir(parents=True)
-    (root / "app" / "__init__.py").write_text("", encoding="utf-8")
-    (root / "app" / "tasks.py").write_text(textwrap.dedent(TASKS).lstrip(), encoding="utf-8")
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))  # this process computes the same session paths
-    proj = Project(root, tmpdir)
-    result = proj.cli("init", "config", "--tasks", "app.tasks")
-    assert result.returncode == 0, result.stderr
-    return proj
+    return Project(make_project(tmp_path / "proj", TASKS), tmpdir)
 
 
 @pytest.fixture
 def dev(project: Project) -> Iterator[subprocess.Popen[str]]:
     """A background ``runlane dev`` polling only the ``emails`` queue (``slow`` runs stay queued)."""
-    log = (project.tmpdir / "dev.log").open("w")
-    process = subprocess.Popen(
-        [RUNLANE, "--json", "dev", "--queue", "emails", "--tick-interval", "1s"],
-        cwd=project.root,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=project.env(),
-    )
-    try:
-        wait_for(
-            lambda: (s := read_session(project.config)) is not None and s.pid == process.pid,
-            what="the dev session file",
-        )
+    with running_dev(project, "--queue", "emails", "--tick-interval", "1s") as process:
         yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
-        log.close()
-
-
-def post(port: int, body: bytes, *, token: str | None, path: str = COMMAND_PATH, method: str = "POST") -> tuple[int, Any]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        headers = {"Content-Type": "application/json"}
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
-        connection.request(method, path, body=body, headers=headers)
-        response = connection.getresponse()
-        return response.status, json.loads(response.read() or b"null")
-    finally:
-        connection.close()
-
-
-def command(name: str, params: dict[str, Any], *, json_mode: bool = True) -> bytes:
-    document = {"command": name, "params": params, "output": {"json": json_mode, "width": 200, "color": False}}
-    return json.dumps(document).encode()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,16 +184,9 @@ def test_the_server_rejects_bad_requests(project: Project, dev: subprocess.Popen
 def test_the_latest_dev_for_a_config_path_wins(project: Project, dev: subprocess.Popen[str]) -> None:
     first = read_session(project.config)
     assert first is not None
-    log = (project.tmpdir / "dev2.log").open("w")
-    second = subprocess.Popen(
-        [RUNLANE, "--json", "dev", "--tick-interval", "1s"],
-        cwd=project.root, stdout=log, stderr=subprocess.STDOUT, text=True, env=project.env(),
-    )
-    try:
-        latest = wait_for(
-            lambda: (s := read_session(project.config)) is not None and s.pid == second.pid and s,
-            what="the second dev session",
-        )
+    with running_dev(project, "--tick-interval", "1s", log_name="dev2.log") as second:
+        latest = read_session(project.config)
+        assert latest is not None and latest.pid == second.pid
         assert latest.token != first.token
         # The first dev exiting does not remove the second one's session.
         dev.send_signal(signal.SIGTERM)
@@ -288,8 +194,3 @@ def test_the_latest_dev_for_a_config_path_wins(project: Project, dev: subprocess
         assert read_session(project.config) == latest
         run_id = project.json("trigger", "slow.report", "{}")["run"]["id"]
         assert [row["id"] for row in project.json("runs", "list")["data"]] == [run_id]
-    finally:
-        if second.poll() is None:
-            second.kill()
-        second.wait(timeout=10)
-        log.close()
