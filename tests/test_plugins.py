@@ -275,8 +275,8 @@ def test_unknown_lane_lists_installed_lanes():
 
 def test_unknown_first_party_lane_says_what_to_install():
     with pytest.raises(RunlaneError) as raised:
-        get_registries().lanes.get("postgres-polling")
-    assert "runlane-postgres" in raised.value.message
+        get_registries().lanes.get("postgres-sqs")
+    assert "runlane-sqs" in raised.value.message
     assert "local" in raised.value.meta["installed"]
 
 

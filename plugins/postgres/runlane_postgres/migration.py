@@ -1,0 +1,407 @@
+"""The Postgres storage schema: migration SQL as a function and as a shipped file, and how to apply it.
+
+``postgres_migration_sql(schema)`` returns the whole schema for one Postgres schema (every table
+reference is schema-qualified and quoted). ``migrations/0001_initial.sql`` inside this package is
+exactly ``postgres_migration_sql("public")``, for teams that vendor or review the SQL. The SQL is
+idempotent (``IF NOT EXISTS`` / ``CREATE OR REPLACE``), so applying it twice changes nothing.
+
+Tables (all text columns use the byte-order collation ``"C"``, so ``ORDER BY`` matches the
+contract's encoded order):
+
+* ``runlane_records``: one row per logical record: encoded key, version (from the
+  ``runlane_record_versions`` sequence, never reused), the canonical document stored once as ``json``
+  (exact text, so the document read back is byte-for-byte what was written), its size, and the
+  record's index entries (``name,partition,sort`` joined by spaces) so a point read needs no join;
+* ``runlane_index_rows``: one row per index entry; its primary key ``(index_name, partition, sort,
+  key)`` is the single btree behind every index name's plan;
+* ``runlane_operator_runs`` / ``runlane_operator_events``: the operator read projection
+  (``runlane.storage.operator_sql``), updated in the same commit as the records it describes;
+* ``runlane_schema_migrations``: applied versions, checked by the driver's start-up probe.
+
+``runlane_commit(p jsonb)`` applies one transaction attempt in a single statement: it takes
+transaction-scoped advisory locks in the order given, re-checks every read and expected version,
+writes records, index rows and projection rows, and last allocates ordered-append positions under
+the stream head's lock. It changes nothing unless every check passes (a failed dependency check
+returns status 1; a failure after the first write raises, which rolls the statement back).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from runlane.errors import ErrorCode, RunlaneError
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "MIGRATION_FILE",
+    "SCHEMA_VERSION",
+    "PostgresMigrationResult",
+    "apply_postgres_migrations",
+    "postgres_migration_sql",
+    "quote_schema",
+    "shipped_migration_sql",
+    "validate_schema_name",
+]
+
+DEFAULT_SCHEMA = "public"
+SCHEMA_VERSION = 1
+MIGRATION_FILE = "migrations/0001_initial.sql"
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_PLACEHOLDER = "__RUNLANE_SCHEMA__"
+
+
+def validate_schema_name(schema: object) -> str:
+    """``schema`` when it is a plain Postgres identifier (letters, digits, ``_``, at most 63 bytes)."""
+    if not isinstance(schema, str) or not _IDENTIFIER.match(schema):
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Invalid Postgres schema {schema!r}: use a plain identifier of letters, digits and underscores "
+            "that does not start with a digit (at most 63 characters).",
+            meta={"field": "schema"},
+        )
+    return schema
+
+
+def quote_schema(schema: str) -> str:
+    """The quoted identifier of a validated schema name (case is kept exactly)."""
+    return f'"{validate_schema_name(schema)}"'
+
+
+def postgres_migration_sql(schema: str = DEFAULT_SCHEMA) -> str:
+    """The complete, idempotent migration SQL for ``schema`` (default ``public``)."""
+    return _TEMPLATE.replace(_PLACEHOLDER, quote_schema(schema))
+
+
+def shipped_migration_sql() -> str:
+    """The text of the ``migrations/0001_initial.sql`` file shipped in this package."""
+    return resources.files(__package__).joinpath(MIGRATION_FILE).read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresMigrationResult:
+    """What ``apply_postgres_migrations`` did: the schema, the database (without credentials), the
+    schema version found before (0: none) and the version after."""
+
+    schema: str
+    database: str
+    previous_version: int
+    version: int
+
+    @property
+    def changed(self) -> bool:
+        return self.previous_version != self.version
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "schema": self.schema,
+            "database": self.database,
+            "previous_version": self.previous_version,
+            "version": self.version,
+            "changed": self.changed,
+        }
+
+
+async def apply_postgres_migrations(
+    connection_string: str, schema: str | None = None, *, connect_timeout: float = 10.0
+) -> PostgresMigrationResult:
+    """Apply the migration SQL to the database of ``connection_string`` in one transaction.
+
+    The schema is resolved like ``postgres_storage``: the explicit ``schema``, else a Prisma-style
+    ``?schema=`` in the URL, else ``public``. Applying it again changes nothing. Connection and
+    permission problems raise ``RunlaneError`` (``storage_unavailable`` or ``configuration_invalid``).
+    """
+    import psycopg
+
+    from .storage import map_postgres_error, resolve_postgres_connection
+
+    target = resolve_postgres_connection(connection_string, schema)
+    migrations = f"{quote_schema(target.schema)}.runlane_schema_migrations"
+    sql = postgres_migration_sql(target.schema)
+    try:
+        connection = await psycopg.AsyncConnection.connect(
+            target.conninfo, **target.connection_defaults(connect_timeout=connect_timeout)
+        )
+    except Exception as error:  # noqa: BLE001 - mapped to a RunlaneError
+        raise map_postgres_error(error, f"connect to Postgres at {target.display}") from None
+    try:
+        async with connection:
+            async with connection.transaction():
+                cursor = await connection.execute("SELECT to_regclass(%s) IS NOT NULL", (migrations,))
+                (exists,) = await cursor.fetchone()  # type: ignore[misc]
+                previous = 0
+                if exists:
+                    cursor = await connection.execute(f"SELECT coalesce(max(version), 0) FROM {migrations}")
+                    (previous,) = await cursor.fetchone()  # type: ignore[misc]
+                await connection.execute(sql.encode("utf-8"))  # several statements: the simple protocol
+    except RunlaneError:
+        raise
+    except Exception as error:  # noqa: BLE001 - mapped to a RunlaneError
+        raise map_postgres_error(error, f"apply the Runlane migration to {target.display}", migrating=True) from None
+    return PostgresMigrationResult(target.schema, target.display, int(previous), max(int(previous), SCHEMA_VERSION))
+
+
+_TEMPLATE = r"""-- Runlane storage schema, version 1 (PostgreSQL 13 or newer).
+-- Generated by runlane_postgres.postgres_migration_sql(); apply it with `runlane postgres migrate`
+-- or through your own migration tool. Every statement is idempotent.
+
+-- Serializes concurrent runs of this migration when it is applied in one transaction.
+SELECT pg_advisory_xact_lock(7318952210413375533);
+
+CREATE SCHEMA IF NOT EXISTS __RUNLANE_SCHEMA__;
+
+CREATE TABLE IF NOT EXISTS __RUNLANE_SCHEMA__.runlane_schema_migrations (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE SEQUENCE IF NOT EXISTS __RUNLANE_SCHEMA__.runlane_record_versions AS bigint;
+
+-- One row per logical record. The document is the canonical JSON envelope, stored once and exactly.
+-- indexes lists the record's index entries as "name,partition,sort" separated by spaces.
+CREATE TABLE IF NOT EXISTS __RUNLANE_SCHEMA__.runlane_records (
+    key text COLLATE "C" PRIMARY KEY,
+    version bigint NOT NULL,
+    document json NOT NULL,
+    byte_size integer NOT NULL,
+    indexes text COLLATE "C" NOT NULL DEFAULT ''
+) WITH (fillfactor = 85);
+
+-- One row per index entry: the primary key serves every index name's ordered range plan.
+CREATE TABLE IF NOT EXISTS __RUNLANE_SCHEMA__.runlane_index_rows (
+    index_name text COLLATE "C" NOT NULL,
+    partition text COLLATE "C" NOT NULL,
+    sort text COLLATE "C" NOT NULL,
+    key text COLLATE "C" NOT NULL,
+    PRIMARY KEY (index_name, partition, sort, key)
+);
+
+-- Operator read projection of run records (runlane.storage.operator_sql.OPERATOR_RUN_COLUMNS).
+CREATE TABLE IF NOT EXISTS __RUNLANE_SCHEMA__.runlane_operator_runs (
+    environment text COLLATE "C" NOT NULL,
+    run_id text COLLATE "C" NOT NULL,
+    record_key text COLLATE "C" NOT NULL,
+    tombstone_key text COLLATE "C" NOT NULL,
+    status text COLLATE "C" NOT NULL,
+    task_id text COLLATE "C" NOT NULL,
+    queue text COLLATE "C" NOT NULL,
+    idempotency_key text COLLATE "C",
+    singleton_key text COLLATE "C",
+    source_run_id text COLLATE "C",
+    created_at text COLLATE "C" NOT NULL,
+    updated_at text COLLATE "C" NOT NULL,
+    run_at text COLLATE "C",
+    available_missing integer NOT NULL,
+    available_at text COLLATE "C" NOT NULL,
+    PRIMARY KEY (environment, run_id)
+);
+CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_created
+    ON __RUNLANE_SCHEMA__.runlane_operator_runs (environment, created_at, run_id);
+CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_updated
+    ON __RUNLANE_SCHEMA__.runlane_operator_runs (environment, updated_at, run_id);
+
+-- Operator read projection of run event records (OPERATOR_EVENT_COLUMNS).
+CREATE TABLE IF NOT EXISTS __RUNLANE_SCHEMA__.runlane_operator_events (
+    environment text COLLATE "C" NOT NULL,
+    run_id text COLLATE "C" NOT NULL,
+    sequence text COLLATE "C" NOT NULL,
+    record_key text COLLATE "C" NOT NULL,
+    type text COLLATE "C" NOT NULL,
+    occurred_at text COLLATE "C" NOT NULL,
+    PRIMARY KEY (environment, run_id, sequence)
+);
+CREATE INDEX IF NOT EXISTS runlane_operator_events_by_occurred
+    ON __RUNLANE_SCHEMA__.runlane_operator_events (environment, occurred_at, run_id, sequence);
+
+-- Applies one transaction attempt, described by one jsonb document (absent members mean "none"):
+--   l: advisory locks [[key, shared], ...] in the order to take them (the caller sorts them; stream
+--      heads, when the attempt reads or writes one as a record, come after every other key)
+--   d: dependencies [[record key, version or null for absent], ...]
+--   x: record keys to delete
+--   c / p: records to create / replace [[key, document text, byte size, index entries], ...]
+--   u / i: index rows to remove / add [[index name, partition, sort, record key], ...]
+--   ur / r: operator run rows to remove [[environment, run id], ...] / write (OPERATOR_RUN_COLUMNS)
+--   ue / e: operator event rows to remove [[environment, run id, sequence], ...] / write
+--   a: ordered append {h: head key, l: head lock, n: index name, p: encoded partition,
+--      k: record key prefix, v: [[text before the position digits, text after them, byte size
+--      without them], ...]}
+-- Returns commit_status 0 (committed) or 1 (a read or expected version changed: nothing was written,
+-- replay the attempt). A stream head that cannot be appended to raises SQLSTATE RL002 (corrupt head),
+-- RL003 (positions exhausted) or RL004 (records already exist past the head), with the head's text
+-- as the error detail; RL001 is any other broken invariant. Raising rolls back the whole statement.
+-- Point locks come first and in one global order, so attempts serialize on the keys they share
+-- without deadlocking; every later statement takes a fresh snapshot and sees whatever committed
+-- before. The stream head's lock is taken last, after the point writes, so appenders to one stream
+-- hold it only for the append itself and the commit.
+CREATE OR REPLACE FUNCTION __RUNLANE_SCHEMA__.runlane_commit(
+    p jsonb,
+    OUT commit_status integer,
+    OUT commit_detail text
+)
+LANGUAGE plpgsql
+AS $runlane$
+DECLARE
+    appended jsonb := p -> 'a';
+    head_text text;
+    head_digits text;
+    first_position numeric;
+    value_count integer := 0;
+    changed integer;
+BEGIN
+    commit_status := 0;
+    IF p ? 'l' THEN
+        PERFORM CASE WHEN (e ->> 1)::boolean THEN pg_advisory_xact_lock_shared((e ->> 0)::bigint)
+                     ELSE pg_advisory_xact_lock((e ->> 0)::bigint) END
+        FROM jsonb_array_elements(p -> 'l') AS e;
+    END IF;
+
+    IF p ? 'd' AND EXISTS (
+        SELECT 1
+        FROM jsonb_array_elements(p -> 'd') AS e
+        LEFT JOIN __RUNLANE_SCHEMA__.runlane_records AS r ON r.key = e ->> 0
+        WHERE r.version IS DISTINCT FROM (e ->> 1)::bigint
+    ) THEN
+        commit_status := 1;
+        RETURN;
+    END IF;
+
+    IF p ? 'u' THEN
+        DELETE FROM __RUNLANE_SCHEMA__.runlane_index_rows AS x
+        USING jsonb_array_elements(p -> 'u') AS e
+        WHERE x.index_name = e ->> 0 AND x.partition = e ->> 1 AND x.sort = e ->> 2 AND x.key = e ->> 3;
+        GET DIAGNOSTICS changed = ROW_COUNT;
+        IF changed <> jsonb_array_length(p -> 'u') THEN
+            RAISE EXCEPTION 'runlane: an index row of a stored record is missing' USING ERRCODE = 'RL001';
+        END IF;
+    END IF;
+
+    IF p ? 'x' THEN
+        DELETE FROM __RUNLANE_SCHEMA__.runlane_records AS r
+        USING jsonb_array_elements_text(p -> 'x') AS k
+        WHERE r.key = k;
+        GET DIAGNOSTICS changed = ROW_COUNT;
+        IF changed <> jsonb_array_length(p -> 'x') THEN
+            RAISE EXCEPTION 'runlane: a record to delete disappeared under its lock' USING ERRCODE = 'RL001';
+        END IF;
+    END IF;
+
+    IF p ? 'c' THEN
+        INSERT INTO __RUNLANE_SCHEMA__.runlane_records (key, version, document, byte_size, indexes)
+        SELECT e ->> 0, nextval('__RUNLANE_SCHEMA__.runlane_record_versions'), (e ->> 1)::json,
+               (e ->> 2)::integer, e ->> 3
+        FROM jsonb_array_elements(p -> 'c') AS e;
+    END IF;
+
+    IF p ? 'p' THEN
+        UPDATE __RUNLANE_SCHEMA__.runlane_records AS r
+        SET version = nextval('__RUNLANE_SCHEMA__.runlane_record_versions'), document = (e ->> 1)::json,
+            byte_size = (e ->> 2)::integer, indexes = e ->> 3
+        FROM jsonb_array_elements(p -> 'p') AS e
+        WHERE r.key = e ->> 0;
+        GET DIAGNOSTICS changed = ROW_COUNT;
+        IF changed <> jsonb_array_length(p -> 'p') THEN
+            RAISE EXCEPTION 'runlane: a record to replace disappeared under its lock' USING ERRCODE = 'RL001';
+        END IF;
+    END IF;
+
+    IF p ? 'i' THEN
+        INSERT INTO __RUNLANE_SCHEMA__.runlane_index_rows (index_name, partition, sort, key)
+        SELECT e ->> 0, e ->> 1, e ->> 2, e ->> 3 FROM jsonb_array_elements(p -> 'i') AS e;
+    END IF;
+
+    IF p ? 'ur' THEN
+        DELETE FROM __RUNLANE_SCHEMA__.runlane_operator_runs AS o
+        USING jsonb_array_elements(p -> 'ur') AS e
+        WHERE o.environment = e ->> 0 AND o.run_id = e ->> 1;
+    END IF;
+    IF p ? 'r' THEN
+        INSERT INTO __RUNLANE_SCHEMA__.runlane_operator_runs AS o (
+            environment, run_id, record_key, tombstone_key, status, task_id, queue, idempotency_key,
+            singleton_key, source_run_id, created_at, updated_at, run_at, available_missing, available_at
+        )
+        SELECT e ->> 0, e ->> 1, e ->> 2, e ->> 3, e ->> 4, e ->> 5, e ->> 6, e ->> 7, e ->> 8, e ->> 9,
+               e ->> 10, e ->> 11, e ->> 12, (e ->> 13)::integer, e ->> 14
+        FROM jsonb_array_elements(p -> 'r') AS e
+        ON CONFLICT (environment, run_id) DO UPDATE
+        SET record_key = EXCLUDED.record_key, tombstone_key = EXCLUDED.tombstone_key, status = EXCLUDED.status,
+            task_id = EXCLUDED.task_id, queue = EXCLUDED.queue, idempotency_key = EXCLUDED.idempotency_key,
+            singleton_key = EXCLUDED.singleton_key, source_run_id = EXCLUDED.source_run_id,
+            created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, run_at = EXCLUDED.run_at,
+            available_missing = EXCLUDED.available_missing, available_at = EXCLUDED.available_at;
+    END IF;
+
+    IF p ? 'ue' THEN
+        DELETE FROM __RUNLANE_SCHEMA__.runlane_operator_events AS o
+        USING jsonb_array_elements(p -> 'ue') AS e
+        WHERE o.environment = e ->> 0 AND o.run_id = e ->> 1 AND o.sequence = e ->> 2;
+    END IF;
+    IF p ? 'e' THEN
+        INSERT INTO __RUNLANE_SCHEMA__.runlane_operator_events AS o (
+            environment, run_id, sequence, record_key, type, occurred_at
+        )
+        SELECT e ->> 0, e ->> 1, e ->> 2, e ->> 3, e ->> 4, e ->> 5
+        FROM jsonb_array_elements(p -> 'e') AS e
+        ON CONFLICT (environment, run_id, sequence) DO UPDATE
+        SET record_key = EXCLUDED.record_key, type = EXCLUDED.type, occurred_at = EXCLUDED.occurred_at;
+    END IF;
+    IF appended IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock((appended ->> 'l')::bigint);
+    value_count := jsonb_array_length(appended -> 'v');
+    SELECT r.document::text INTO head_text
+    FROM __RUNLANE_SCHEMA__.runlane_records AS r WHERE r.key = appended ->> 'h';
+    IF NOT FOUND THEN
+        first_position := 1;
+    ELSE
+        head_digits := substring(
+            head_text FROM '^\{"schemaVersion":1,"value":\{"next_position":"([1-9][0-9]{0,19})"\}\}$'
+        );
+        IF head_digits IS NULL THEN
+            RAISE EXCEPTION 'runlane: the stream head is corrupt' USING ERRCODE = 'RL002', DETAIL = head_text;
+        END IF;
+        first_position := head_digits::numeric;
+    END IF;
+    IF first_position + value_count > 18446744073709551615 THEN
+        RAISE EXCEPTION 'runlane: the stream positions are exhausted' USING ERRCODE = 'RL003',
+            DETAIL = coalesce(head_text, '');
+    END IF;
+    INSERT INTO __RUNLANE_SCHEMA__.runlane_records AS r (key, version, document, byte_size, indexes)
+    SELECT (appended ->> 'k') || v.sort_hex, nextval('__RUNLANE_SCHEMA__.runlane_record_versions'),
+           (v.before || v.digits || v.after)::json, v.size + length(v.digits),
+           (appended ->> 'n') || ',' || (appended ->> 'p') || ',' || v.sort_hex
+    FROM (
+        SELECT e ->> 0 AS before, e ->> 1 AS after, (e ->> 2)::integer AS size, position.digits,
+               encode(convert_to(lpad(position.digits, 20, '0'), 'UTF8'), 'hex') AS sort_hex
+        FROM jsonb_array_elements(appended -> 'v') WITH ORDINALITY AS a(e, n),
+             LATERAL (SELECT (first_position + a.n - 1)::text AS digits) AS position
+    ) AS v
+    ON CONFLICT (key) DO NOTHING;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed <> value_count THEN
+        RAISE EXCEPTION 'runlane: the stream already holds records past its head' USING ERRCODE = 'RL004',
+            DETAIL = coalesce(head_text, '');
+    END IF;
+    INSERT INTO __RUNLANE_SCHEMA__.runlane_index_rows (index_name, partition, sort, key)
+    SELECT appended ->> 'n', appended ->> 'p', v.sort_hex, (appended ->> 'k') || v.sort_hex
+    FROM (
+        SELECT encode(convert_to(lpad((first_position + g - 1)::text, 20, '0'), 'UTF8'), 'hex') AS sort_hex
+        FROM generate_series(1, value_count) AS g
+    ) AS v;
+    head_text := '{"schemaVersion":1,"value":{"next_position":"' || (first_position + value_count)::text || '"}}';
+    INSERT INTO __RUNLANE_SCHEMA__.runlane_records AS r (key, version, document, byte_size, indexes)
+    VALUES (appended ->> 'h', nextval('__RUNLANE_SCHEMA__.runlane_record_versions'), head_text::json,
+            octet_length(head_text), '')
+    ON CONFLICT (key) DO UPDATE
+    SET version = EXCLUDED.version, document = EXCLUDED.document, byte_size = EXCLUDED.byte_size,
+        indexes = EXCLUDED.indexes;
+END;
+$runlane$;
+
+INSERT INTO __RUNLANE_SCHEMA__.runlane_schema_migrations (version, name)
+VALUES (1, '0001_initial')
+ON CONFLICT (version) DO NOTHING;
+"""

@@ -1,0 +1,220 @@
+"""runlane-postgres's plugin: the ``postgres-polling`` lane, the ``postgres`` storage driver and the
+``runlane postgres`` commands (``migrate``, ``sql``), registered through the public hooks.
+
+Loaded through the ``runlane`` entry-point group (``postgres = "runlane_postgres.plugin"``) like any
+third-party plugin. In ``runlane.toml``::
+
+    [lane]
+    use = "postgres-polling"
+    connection_string = "${DATABASE_URL}"   # or url = ...; postgres:// or postgresql://
+    schema = "runlane"                      # optional: else ?schema= in the URL, else public
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from rich.text import Text
+
+from runlane.errors import ErrorCode, RunlaneError
+from runlane.plugins import hookimpl
+from runlane.plugins.registries import LaneProvider, ProviderContext, StorageDriverProvider, validate_options
+
+from .migration import postgres_migration_sql, validate_schema_name
+
+if TYPE_CHECKING:
+    from runlane.core.lanes import Lane
+
+    from .storage import PostgresStorageDriver
+
+# The driver (and psycopg) is imported when a lane, driver or migration is actually created, so
+# loading this plugin keeps every `runlane` command fast.
+
+__all__ = [
+    "PostgresPollingLaneOptions",
+    "PostgresStorageOptions",
+    "postgres_cli",
+    "register_commands",
+    "register_lanes",
+    "register_storage_drivers",
+]
+
+_CONNECTION_STRING = Field(min_length=1, validation_alias=AliasChoices("connection_string", "url"))
+
+# ``schema`` is the documented option name; pydantic only warns that it shadows a deprecated
+# BaseModel method, which these frozen option models never call.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message='Field name "schema"', category=UserWarning)
+
+    class PostgresPollingLaneOptions(BaseModel):
+        """Options of ``[lane] use = "postgres-polling"``.
+
+        ``connection_string`` (alias ``url``) is a ``postgres://`` or ``postgresql://`` URL; ``schema``
+        overrides a Prisma-style ``?schema=`` in it (default ``public``); ``min_size`` / ``max_size``
+        bound the connection pool.
+        """
+
+        model_config = ConfigDict(extra="forbid", frozen=True)
+
+        connection_string: str = _CONNECTION_STRING
+        schema: str | None = None
+        name: str = Field(default="postgres-polling", min_length=1)
+        min_size: int = Field(default=1, ge=0)
+        max_size: int = Field(default=10, ge=1)
+
+    class PostgresStorageOptions(BaseModel):
+        """Options of the ``postgres`` storage driver (the same connection keys as the lane)."""
+
+        model_config = ConfigDict(extra="forbid", frozen=True)
+
+        connection_string: str = _CONNECTION_STRING
+        schema: str | None = None
+        name: str = Field(default="postgres-storage", min_length=1)
+        min_size: int = Field(default=1, ge=0)
+        max_size: int = Field(default=10, ge=1)
+
+
+def create_postgres_polling_lane(options: PostgresPollingLaneOptions, context: ProviderContext) -> Lane:
+    from .lane import postgres_polling_lane
+
+    return postgres_polling_lane(
+        options.connection_string,
+        schema=options.schema,
+        name=options.name,
+        min_size=options.min_size,
+        max_size=options.max_size,
+    )
+
+
+def create_postgres_storage(options: PostgresStorageOptions, context: ProviderContext) -> PostgresStorageDriver:
+    from .storage import postgres_storage
+
+    return postgres_storage(
+        options.connection_string,
+        schema=options.schema,
+        name=options.name,
+        min_size=options.min_size,
+        max_size=options.max_size,
+    )
+
+
+@hookimpl
+def register_lanes(register: Callable[[LaneProvider], None]) -> None:
+    register(LaneProvider("postgres-polling", PostgresPollingLaneOptions, create_postgres_polling_lane))
+
+
+@hookimpl
+def register_storage_drivers(register: Callable[[StorageDriverProvider], None]) -> None:
+    register(StorageDriverProvider("postgres", PostgresStorageOptions, create_postgres_storage))
+
+
+# ---------------------------------------------------------------------------------------------
+# runlane postgres ...
+
+postgres_cli = typer.Typer(help="Postgres storage: apply or print the migration SQL.", no_args_is_help=True)
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        help="Database URL (postgres:// or postgresql://); default: the configured lane's connection string.",
+        metavar="URL",
+    ),
+]
+SchemaOption = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        help="Postgres schema (default: the lane's schema, ?schema= in the URL, or public).",
+        metavar="SCHEMA",
+    ),
+]
+SqlSchemaOption = Annotated[
+    str, typer.Option("--schema", help="Postgres schema the SQL creates and qualifies.", metavar="SCHEMA")
+]
+
+
+def _configured_connection(ctx: typer.Context) -> tuple[str, str | None]:
+    """The connection string and schema of the configured lane (``postgres-polling``, or any lane
+    whose options carry a nested ``postgres`` table, such as ``postgres-sqs``)."""
+    from runlane.cli.main import load_cli_config
+    from runlane.plugins.manager import get_registries
+
+    config = load_cli_config(ctx)
+    lane = config.lane
+    if lane is None:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"{config.path} configures no [lane] to read a Postgres connection from; pass --url.",
+        )
+    if lane.use == "postgres-polling":
+        provider = get_registries().lanes.get(lane.use)
+        options = validate_options(provider, lane.options)
+        return options.connection_string, options.schema  # type: ignore[attr-defined]
+    nested = lane.options.get("postgres")
+    if isinstance(nested, dict):
+        url = nested.get("connection_string", nested.get("url"))
+        if isinstance(url, str) and url:
+            schema = nested.get("schema")
+            return url, schema if isinstance(schema, str) else None
+    raise RunlaneError(
+        ErrorCode.CONFIGURATION_INVALID,
+        f"The configured lane {lane.use!r} has no Postgres connection string; pass --url.",
+        meta={"lane": lane.use},
+    )
+
+
+@postgres_cli.command("migrate")
+def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = None) -> None:
+    """Apply the Runlane migration to the configured lane's database (or --url). Safe to repeat."""
+    from runlane.cli.main import guard, invoke, state_of
+
+    from .migration import apply_postgres_migrations
+    from .storage import resolve_postgres_connection
+
+    output = state_of(ctx).output
+
+    def target() -> tuple[str, str | None]:
+        if url is not None:
+            resolve_postgres_connection(url, schema)  # reject a bad URL or schema before connecting
+            return url, schema
+        connection_string, configured_schema = _configured_connection(ctx)
+        return connection_string, schema if schema is not None else configured_schema
+
+    connection_string, chosen_schema = guard(ctx, target)
+    result = invoke(ctx, lambda: apply_postgres_migrations(connection_string, chosen_schema))
+    if output.json:
+        output.emit_json(result.to_json())
+        return
+    if result.changed:
+        message = f"migrated schema {result.schema!r} in {result.database} to version {result.version}"
+    else:
+        message = f"schema {result.schema!r} in {result.database} is already at version {result.version}; nothing to do"
+    output.line(Text.assemble(("✓ ", "bold green"), message))
+
+
+@postgres_cli.command("sql")
+def sql(ctx: typer.Context, schema: SqlSchemaOption = "public") -> None:
+    """Print the migration SQL for your own migration tool (to a file: runlane postgres sql > runlane.sql)."""
+    from runlane.cli.main import guard, state_of
+
+    output = state_of(ctx).output
+    name = guard(ctx, lambda: validate_schema_name(schema))
+    text = postgres_migration_sql(name)
+    if output.json:
+        output.emit_json({"schema": name, "sql": text})
+        return
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+@hookimpl
+def register_commands(app: Any) -> None:
+    add_typer = getattr(app, "add_typer", None)
+    if callable(add_typer):  # the root Typer app; anything else gets no sub-app
+        add_typer(postgres_cli, name="postgres")

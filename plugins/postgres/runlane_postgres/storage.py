@@ -1,0 +1,1287 @@
+"""The Postgres storage driver: ``StorageDriver`` with ordered append, exclusive candidates and
+operator reads, over psycopg 3 (async) and a psycopg_pool connection pool.
+
+Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function):
+
+* **Reads outside a database transaction.** An attempt holds one pooled connection in autocommit
+  mode; ``get`` and ``query_candidates`` are single plain ``SELECT`` statements. Every key read joins
+  the read set with the version seen (``None`` when absent), like the in-memory reference.
+* **One statement, one round trip per commit.** The staged work goes to ``runlane_commit`` as one
+  ``jsonb`` document, run as one statement in its own implicit transaction: transaction-scoped
+  advisory locks on every read and written key, taken in one global order (64-bit key hashes,
+  sorted) so attempts never deadlock each other, exclusive for written keys and shared for keys only
+  read; then one re-check of every read version and expected absence (blind creates included), made
+  after the locks so it sees every earlier commit; then the writes. A failed check writes nothing and
+  the callback is replayed, like ``memory.py``; so are ``40001`` / ``40P01``, a unique violation and a
+  connection lost before the commit (once). A read-only attempt with more than one read statement
+  re-checks its read set with one ``SELECT``.
+* **Ordered append.** The stream head is an ordinary record. After the point writes, the commit
+  function takes the head key's lock, reads the head, allocates contiguous positions after it and
+  writes the records and the new head, so aborted or replayed attempts consume no positions and
+  appenders to one stream hold its lock only for the append and the commit. Documents are exactly
+  ``materialize_storage_append``'s: the driver sends each record's text around the position digits.
+* **Exclusive candidates.** The first exclusive ``query_candidates`` of an attempt opens a database
+  transaction; each candidate, in query order, is kept only if ``pg_try_advisory_xact_lock`` (a key
+  space of its own) succeeds, so busy records are skipped and exactly the returned ones stay held
+  until the attempt commits or rolls back. Writers are never blocked by these holds (core re-reads and
+  version-checks every candidate anyway), so holds cannot deadlock with commits. (Row locks from
+  ``FOR UPDATE SKIP LOCKED`` would block every writer of a held record until the holder ends and could
+  deadlock with the commit locks.)
+* **Versions** come from a sequence: positive, never reused, new on every create and replace.
+* **Documents** are stored once, as ``json``, exactly as written (``jsonb`` would rewrite numbers
+  such as ``1e+16`` or ``-0.0``): a point read returns the same canonical text. A row whose document is
+  not a schema-version-1 envelope is corruption (``invariant_violation``), never skipped.
+* **Operator projection**: ``runlane.storage.operator_sql`` rows, written by the same commit.
+* **Wake hints** (``StorageWakeHints``): ``publish_wake_hint`` sends ``NOTIFY`` on one channel per
+  schema (the first at once, later ones merged for ``wake_hint_interval``); ``subscribe_wake_hints``
+  keeps one extra connection ``LISTEN``-ing while anyone is subscribed, so a trigger in one process
+  wakes idle poll workers in the others before their poll delay ends.
+* **Client clock**: ``now()`` samples the injected clock once per attempt (``use_clock`` like
+  ``memory.py``). Clock skew between processes can cause early duplicate execution or brief capacity
+  oversubscription; version and ownership fences still protect every write.
+
+Errors: lost connections, SQLSTATE class ``08``, ``57P01``-``57P03``, ``53300``, timeouts (``57014``,
+``55P03``) and a read-only server (``25006``) map to ``storage_unavailable`` (retryable); ``40001`` /
+``40P01`` past the replay budget to ``storage_conflict``; a missing schema, table or function to
+``configuration_invalid`` telling the user to run ``runlane postgres migrate``, and so do bad
+credentials (``28xxx``) and a missing database (``3D000``); anything else to ``internal_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import re
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+
+import orjson
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.types.string import TextBinaryLoader, TextLoader
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from runlane.errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
+from runlane.models import Environment, Page, RunEventRecord, RunRecord, RunSummary, environment_key
+from runlane.storage import (
+    PaginationParams,
+    RunEventFilter,
+    RunFilter,
+    StorageAppendCommand,
+    StorageCandidateMode,
+    StorageClockAuthority,
+    StorageDocument,
+    StorageDurability,
+    StorageIndexConsistency,
+    StorageIndexEntry,
+    StorageIndexName,
+    StorageLimits,
+    StorageProfile,
+    StorageQuery,
+    StorageQueryResult,
+    StorageRecord,
+    StorageRecordKey,
+    StorageTransaction,
+    decode_storage_query_cursor,
+    decode_storage_tuple,
+    encode_storage_tuple,
+    materialize_storage_append,
+    read_storage_stream_position,
+    storage_stream_layouts,
+)
+from runlane.storage.attempt import (
+    StorageAttempt,
+    check_storage_keys,
+    contract_violation,
+    enforce_storage_limit,
+    page_index_rows,
+)
+from runlane.storage.operator_sql import (
+    finish_event_page,
+    finish_run_page,
+    is_operator_event_key,
+    is_operator_run_key,
+    operator_event_row,
+    operator_run_row,
+    run_event_list_query,
+    run_list_query,
+)
+from runlane.storage.tables import peek_run_document, run_key, run_tombstone_key
+from runlane.vocabulary import SortDirection
+
+from .migration import DEFAULT_SCHEMA, SCHEMA_VERSION, quote_schema, validate_schema_name
+
+__all__ = [
+    "PostgresConnectionTarget",
+    "PostgresStorageDriver",
+    "map_postgres_error",
+    "postgres_storage",
+    "resolve_postgres_connection",
+]
+
+T = TypeVar("T")
+
+MIGRATE_HINT = "run `runlane postgres migrate` (or apply postgres_migration_sql()) before starting"
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
+class _UtcClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+# ---------------------------------------------------------------------------------------------
+# Connection strings
+
+
+def _invalid(message: str, **meta: Any) -> RunlaneError:
+    return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta=meta)
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresConnectionTarget:
+    """A connection string with Runlane's ``schema`` parameter resolved and removed."""
+
+    conninfo: str
+    schema: str
+    parameters: frozenset[str]  # query parameter names the URL sets itself
+    display: str  # host/database without credentials, for messages
+
+    def connection_defaults(self, *, connect_timeout: float) -> dict[str, Any]:
+        """libpq parameters Runlane adds unless the URL sets them: bounded connects and keepalives."""
+        defaults: dict[str, Any] = {
+            "connect_timeout": max(1, round(connect_timeout)),
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 10,
+            "keepalives_count": 3,
+            "fallback_application_name": "runlane",
+        }
+        return {name: value for name, value in defaults.items() if name not in self.parameters}
+
+
+def resolve_postgres_connection(connection_string: object, schema: object | None = None) -> PostgresConnectionTarget:
+    """Check a ``postgres://`` / ``postgresql://`` URL and resolve its schema.
+
+    The explicit ``schema`` wins, then a Prisma-style ``?schema=`` query parameter (always removed
+    before connecting), then ``public``. The schema must be a plain identifier; it is always quoted.
+    """
+    if not isinstance(connection_string, str) or not connection_string.strip():
+        raise _invalid("The Postgres connection string must be a non-empty postgres:// or postgresql:// URL.")
+    try:
+        parts = urlsplit(connection_string.strip())
+    except ValueError as error:
+        raise _invalid(f"The Postgres connection string is not a valid URL: {error}.") from None
+    if parts.scheme.lower() not in ("postgres", "postgresql"):
+        raise _invalid(
+            "The Postgres connection string must start with postgres:// or postgresql:// "
+            f"(got {parts.scheme + '://' if parts.scheme else 'no scheme'}).",
+            field="connection_string",
+        )
+    kept: list[str] = []
+    names: set[str] = set()
+    from_url: list[str] = []
+    for piece in parts.query.split("&") if parts.query else ():
+        name = unquote(piece.split("=", 1)[0].replace("+", " "))
+        if name == "schema":
+            from_url.extend(value for _, value in parse_qsl(piece, keep_blank_values=True))
+            continue
+        names.add(name)
+        kept.append(piece)
+    if len(set(from_url)) > 1:
+        raise _invalid("The Postgres connection string names more than one ?schema= value.", field="schema")
+    if schema is not None:
+        resolved = validate_schema_name(schema)
+    elif from_url:
+        resolved = validate_schema_name(from_url[0])
+    else:
+        resolved = DEFAULT_SCHEMA
+    conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(kept), parts.fragment))
+    host = parts.netloc.rsplit("@", 1)[-1] or "localhost"
+    display = f"{host}{parts.path or '/'}"
+    return PostgresConnectionTarget(conninfo, resolved, frozenset(names), display)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "57014", "25006", "55P03"})
+_CONFLICT_STATES = frozenset({"40001", "40P01", "23505"})
+_MIGRATION_STATES = frozenset({"3F000", "42P01", "42883", "42703", "42704"})
+
+
+class _Replay(Exception):
+    """The attempt rolled back before committing anything and may be replayed: a supported conflict,
+    or a connection lost during the read phase."""
+
+
+# libpq reports a refused connection without an SQLSTATE; these server messages (English, the
+# server's default) name the ones a user must fix rather than wait out.
+_CONNECT_FAILURES = (
+    (re.compile(r'FATAL:\s+database ".*" does not exist'), "3D000"),
+    (re.compile(r'FATAL:\s+role ".*" does not exist'), "28000"),
+    (re.compile(r"FATAL:\s+\S+ authentication failed"), "28P01"),
+    (re.compile(r"FATAL:\s+no pg_hba\.conf entry"), "28000"),
+    (re.compile(r"FATAL:\s+permission denied for database"), "42501"),
+    (re.compile(r"FATAL:\s+(sorry, )?too many clients"), "53300"),
+    (re.compile(r"FATAL:\s+the database system is (starting up|shutting down|in recovery mode)"), "57P03"),
+)
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    state = getattr(error, "sqlstate", None)
+    if state is None and isinstance(error, psycopg.OperationalError):
+        text = str(error)
+        for pattern, candidate in _CONNECT_FAILURES:
+            if pattern.search(text):
+                return candidate
+    return state
+
+
+def _is_conflict(error: BaseException) -> bool:
+    return _sqlstate(error) in _CONFLICT_STATES
+
+
+def _is_disconnect(error: BaseException) -> bool:
+    state = _sqlstate(error)
+    if state is not None:
+        return state.startswith("08") or state in ("57P01", "57P02", "57P03")
+    return isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)) and not isinstance(error, PoolTimeout)
+
+
+def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = False) -> RunlaneError:
+    """The ``RunlaneError`` for a psycopg / pool failure while ``doing`` something."""
+    if isinstance(error, RunlaneError):
+        return error
+    state = _sqlstate(error)
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    meta: dict[str, Any] = {"sqlstate": state} if state else {}
+    if isinstance(error, PoolTimeout):
+        return RunlaneError(
+            ErrorCode.STORAGE_UNAVAILABLE,
+            f"Could not {doing}: no Postgres connection became available in time ({detail}).",
+            retryable=True,
+        )
+    if state is None and isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return RunlaneError(
+            ErrorCode.STORAGE_UNAVAILABLE, f"Could not {doing}: Postgres is unreachable ({detail}).", retryable=True
+        )
+    if state is not None and (state.startswith("08") or state in _UNAVAILABLE_STATES):
+        return RunlaneError(
+            ErrorCode.STORAGE_UNAVAILABLE,
+            f"Could not {doing}: Postgres is unavailable [{state}] ({detail}).",
+            retryable=True,
+            meta=meta,
+        )
+    if state is not None and state in _CONFLICT_STATES:
+        return create_storage_conflict_error(
+            StorageConflictKind.TRANSACTION,
+            f"Could not {doing}: a concurrent transaction conflicted [{state}] ({detail}); retry the operation.",
+            meta=meta,
+        )
+    if state is not None and (state.startswith("28") or state == "3D000"):
+        return RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Could not {doing}: Postgres rejected the connection [{state}] ({detail}); check the connection "
+            f"string's user, password and database, then {MIGRATE_HINT} Runlane.",
+            meta=meta,
+        )
+    if state is not None and state in _MIGRATION_STATES and not migrating:
+        return RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Could not {doing}: the Runlane schema is missing or incomplete [{state}] ({detail}); "
+            f"{MIGRATE_HINT} Runlane.",
+            meta=meta,
+        )
+    if state is not None and state.startswith("RL"):
+        return RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"Could not {doing}: {detail}.", meta=meta)
+    if state == "42501":
+        return RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Could not {doing}: permission denied ({detail}); grant the Runlane role access to its schema.",
+            meta=meta,
+        )
+    return RunlaneError(ErrorCode.INTERNAL_ERROR, f"Could not {doing}: Postgres error [{state}] ({detail}).", meta=meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stored rows
+
+
+_INDEX_NAMES = {name.value: name for name in StorageIndexName}
+
+
+def _corrupt(key: str, what: str) -> RunlaneError:
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored record {key!r} is corrupt: {what}; refusing to read it.",
+        meta={"key": key},
+    )
+
+
+def _document(key: str, text: Any) -> StorageDocument:
+    """The stored document, checked to be a schema-version-1 envelope (else ``invariant_violation``)."""
+    if type(text) is not str:
+        raise _corrupt(key, "its document is not JSON text")
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    if text.startswith('{"schemaVersion":1,"value":{') and text.endswith("}}"):
+        try:
+            envelope = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            envelope = None
+        if type(envelope) is dict and len(envelope) == 2 and type(envelope.get("value")) is dict:
+            version = envelope.get("schemaVersion")
+            if type(version) is int and version == 1:
+                return StorageDocument(text, size)
+    try:
+        return StorageDocument.parse(text)  # the exact reason, or a valid envelope written by another tool
+    except RunlaneError as error:
+        raise _corrupt(key, error.message) from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded_tuple(encoded: str) -> tuple[str, ...]:
+    return decode_storage_tuple(encoded)
+
+
+def _entries(key: str, text: Any) -> tuple[StorageIndexEntry, ...]:
+    if not text:
+        return ()
+    entries = []
+    try:
+        for item in text.split(" "):
+            name, partition, sort = item.split(",")
+            entries.append(
+                StorageIndexEntry._trusted(
+                    _INDEX_NAMES[name], _decoded_tuple(partition), decode_storage_tuple(sort), partition, sort
+                )
+            )
+    except (ValueError, KeyError, RunlaneError):
+        raise _corrupt(key, "its index entries cannot be decoded") from None
+    return tuple(entries)
+
+
+def _encode_entries(entries: Iterable[StorageIndexEntry]) -> str:
+    return " ".join(f"{entry.name.value},{entry.encoded_partition},{entry.encoded_sort}" for entry in entries)
+
+
+def _record(key: StorageRecordKey, version: Any, text: Any, indexes: Any) -> StorageRecord:
+    encoded = key.encoded
+    if type(version) is not int or version < 1:
+        raise _corrupt(encoded, "its version is not a positive integer")
+    return StorageRecord(key, str(version), _document(encoded, text), _entries(encoded, indexes))
+
+
+def _lock_hash(salt: bytes, encoded_key: str) -> int:
+    """A stable signed 64-bit advisory lock key for one record key of one schema."""
+    digest = hashlib.blake2b(encoded_key.encode("utf-8"), digest_size=8, key=salt).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+# Two materializations of one append at these starts differ exactly in the 20 position digits
+# (every 20-digit u64 starts with "1"; the second digits differ), which locates them in the text.
+_PROBE_A = 10**19
+_PROBE_B = 17777777777777777777
+
+
+def _split_append(command: StorageAppendCommand) -> list[tuple[str, str, int]]:
+    """For each value: the canonical record text before and after its position digits, and the
+    byte size of the record's document without the digits (what ``materialize_storage_append`` builds)."""
+    first = materialize_storage_append(command, _PROBE_A).records
+    second = materialize_storage_append(command, _PROBE_B).records
+    pieces = []
+    for offset, (a, b) in enumerate(zip(first, second, strict=True)):
+        text_a, text_b = a.document.text, b.document.text
+        digits_a, digits_b = str(_PROBE_A + offset), str(_PROBE_B + offset)
+        at = text_a.rfind(f'"{digits_a}"') + 1
+        located = at > 0 and text_b[at : at + 20] == digits_b
+        if not (located and text_a[:at] == text_b[:at] and text_a[at + 20 :] == text_b[at + 20 :]):
+            low, high = 0, len(text_a)  # the longest common prefix, by bisection
+            while low < high:
+                middle = (low + high + 1) // 2
+                if text_a[:middle] == text_b[:middle]:
+                    low = middle
+                else:
+                    high = middle - 1
+            at = low - 1
+            if text_a[at : at + 20] != digits_a or text_b[at : at + 20] != digits_b:  # pragma: no cover
+                raise RunlaneError(ErrorCode.INTERNAL_ERROR, "Could not locate the position in an appended record.")
+        pieces.append((text_a[:at], text_a[at + 20 :], a.document.byte_size - 20))
+    return pieces
+
+
+# ---------------------------------------------------------------------------------------------
+# SQL
+
+
+@dataclass(frozen=True, slots=True)
+class _Sql:
+    records: str
+    index_rows: str
+    operator_runs: str
+    operator_events: str
+    migrations: str
+    commit: str
+    get: str
+    validate: str
+    get_run: str
+
+    @classmethod
+    def for_schema(cls, schema: str) -> _Sql:
+        s = quote_schema(schema)
+        records = f"{s}.runlane_records"
+        commit = f"SELECT commit_status, commit_detail FROM {s}.runlane_commit(%s::jsonb)"
+        return cls(
+            records=records,
+            index_rows=f"{s}.runlane_index_rows",
+            operator_runs=f"{s}.runlane_operator_runs",
+            operator_events=f"{s}.runlane_operator_events",
+            migrations=f"{s}.runlane_schema_migrations",
+            commit=commit,
+            get=f"SELECT key, version, document, indexes FROM {records} WHERE key = ANY(%b::text[])",
+            validate=(
+                "SELECT count(*) FROM unnest(%b::text[], %b::bigint[]) AS d(key, version) "
+                f"LEFT JOIN {records} AS r ON r.key = d.key WHERE r.version IS DISTINCT FROM d.version"
+            ),
+            get_run=f"SELECT key, document FROM {records} WHERE key = ANY(%b::text[])",
+        )
+
+
+@functools.lru_cache(maxsize=128)
+def _query_sql(index_rows: str, shape: tuple[bool, bool, bool, bool, bool, bool, bool]) -> str:
+    """One index page query: equality on (index, partition), the range bounds present, the cursor."""
+    gt, gte, lt, lte, has_cursor, descending, exclusive = shape
+    where = ["x.index_name = %s", "x.partition = %s"]
+    for present, operator in ((gt, ">"), (gte, ">="), (lt, "<"), (lte, "<=")):
+        if present:
+            where.append(f"x.sort {operator} %s")
+    if has_cursor:
+        where.append(f"(x.sort, x.key) {'<' if descending else '>'} (%s, %s)")
+    direction = "DESC" if descending else "ASC"
+    inner = (
+        f"SELECT x.sort, x.key FROM {index_rows} AS x WHERE {' AND '.join(where)} "
+        f"ORDER BY x.sort {direction}, x.key {direction}"
+    )
+    if not exclusive:
+        return f"{inner} LIMIT %s"
+    # Rows are tried in query order (OFFSET 0 keeps the ordered subquery intact, and the volatile lock
+    # call is never pushed into it); the LIMIT stops trying once the page is full, so only returned
+    # rows are ever locked and busy ones are skipped.
+    return (
+        f"SELECT c.sort, c.key FROM ({inner} OFFSET 0) AS c "
+        "WHERE pg_try_advisory_xact_lock(%s::integer, hashtext(c.key)) LIMIT %s"
+    )
+
+
+def _query_params(query: StorageQuery) -> tuple[tuple[bool, ...], list[Any]]:
+    bounds = query.range
+    params: list[Any] = [query.index.value, query.encoded_partition]
+    for bound in (bounds.gt, bounds.gte, bounds.lt, bounds.lte):
+        if bound is not None:
+            params.append(bound)
+    after = decode_storage_query_cursor(query)
+    if after is not None:
+        params.extend((after.sort, after.key))
+    shape = (
+        bounds.gt is not None,
+        bounds.gte is not None,
+        bounds.lt is not None,
+        bounds.lte is not None,
+        after is not None,
+        query.direction is SortDirection.DESC,
+    )
+    return shape, params
+
+
+# ---------------------------------------------------------------------------------------------
+# Transaction attempts
+
+
+_IDLE = TransactionStatus.IDLE
+
+
+class _PostgresAttempt(StorageAttempt):
+    """One attempt of a transaction callback on one pooled connection; see the module docstring."""
+
+    def __init__(self, driver: PostgresStorageDriver, clock: Clock) -> None:
+        super().__init__(driver.profile.limits, clock)
+        self._driver = driver
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._in_transaction = False  # an explicit transaction holds exclusive candidates
+        self._statements = 0  # read statements run (one statement is one consistent snapshot)
+        self._fetched: dict[str, StorageRecord] = {}  # what reads returned, by encoded key
+        self._keys: dict[str, StorageRecordKey] = {}  # every key read or written, by encoded key
+        self._broken = False
+        # A read hit a supported conflict or lost its connection (remembered even if the callback
+        # swallowed the exception): the attempt cannot commit and is replayed.
+        self._replay = False
+        self.lost_connection: RunlaneError | None = None
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None:
+            self._conn = await self._driver._acquire()
+        return self._conn
+
+    def _failed(self, error: BaseException, doing: str, *, committing: bool = False) -> RunlaneError | _Replay:
+        """The exception for a failed statement: ``_Replay`` when replaying the callback is safe."""
+        if _is_disconnect(error):
+            self._broken = True
+            if committing:
+                return RunlaneError(
+                    ErrorCode.STORAGE_UNAVAILABLE,
+                    f"Lost the Postgres connection while committing; the transaction's outcome is unknown ({error}).",
+                    retryable=True,
+                    meta={"sqlstate": _sqlstate(error)} if _sqlstate(error) else {},
+                )
+            self.lost_connection = map_postgres_error(error, doing)
+            self._replay = True
+            return _Replay()
+        if _is_conflict(error):
+            self._replay = True
+            return _Replay()
+        return map_postgres_error(error, doing)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def _fetch(self, keys: list[StorageRecordKey]) -> list[StorageRecord | None]:
+        if not keys:
+            return []
+        conn = await self._connection()
+        wanted = {key.encoded: key for key in keys}
+        self._keys.update(wanted)
+        try:
+            cursor = await conn.execute(self._driver._sql.get, (list(wanted),))
+            rows = await cursor.fetchall()
+        except psycopg.Error as error:
+            raise self._failed(error, "read records") from None
+        self._statements += 1
+        found: dict[str, StorageRecord] = {}
+        for encoded, version, text, indexes in rows:
+            key = wanted.get(encoded)
+            if key is None:
+                raise _corrupt(str(encoded), "a point read returned a key it did not ask for")
+            found[encoded] = _record(key, version, text, indexes)
+        self._fetched.update(found)
+        return [found.get(key.encoded) for key in keys]
+
+    async def _candidates(self, query: StorageQuery, mode: StorageCandidateMode) -> StorageQueryResult:
+        conn = await self._connection()
+        shape, params = _query_params(query)
+        exclusive = mode is StorageCandidateMode.EXCLUSIVE
+        sql = _query_sql(self._driver._sql.index_rows, (*shape, exclusive))
+        try:
+            if exclusive:
+                params.extend((self._driver._hold_space, query.limit))
+                if not self._in_transaction:
+                    async with conn.pipeline():
+                        await conn.execute(b"BEGIN")
+                        self._in_transaction = True
+                        cursor = await conn.execute(sql, params)
+                else:
+                    cursor = await conn.execute(sql, params)
+            else:
+                params.append(query.limit + 1)
+                cursor = await conn.execute(sql, params)
+            rows = await cursor.fetchall()
+        except psycopg.Error as error:
+            raise self._failed(error, "query index candidates") from None
+        self._statements += 1
+        return page_index_rows(query, iter(rows), look_ahead=not exclusive)
+
+    # -- commit ----------------------------------------------------------------------------------
+
+    async def _commit(self) -> bool:
+        """Commit the staged work; ``False`` when a supported conflict rolled it back (replay)."""
+        self.check_committable()
+        if self._replay:
+            return False
+        if not self.has_mutations:
+            return await self._finish_read_only()
+        payload = self._commit_payload()
+        append = self.append_command
+        conn = await self._connection()
+        try:
+            if self._in_transaction:
+                async with conn.pipeline():
+                    cursor = await conn.execute(self._driver._sql.commit, (payload,))
+                    await conn.execute(b"COMMIT")
+                self._in_transaction = False
+            else:
+                cursor = await conn.execute(self._driver._sql.commit, (payload,))
+            status, _ = await cursor.fetchone()  # type: ignore[misc]
+        except psycopg.Error as error:
+            state = _sqlstate(error)
+            if append is not None and state in _APPEND_FAILURES:
+                raise _append_failure(append, state, error.diag.message_detail) from None
+            failure = self._failed(error, "commit the transaction", committing=True)
+            if isinstance(failure, _Replay):
+                return False
+            raise failure from None
+        return status == 0  # 1: a dependency changed, nothing was written
+
+    async def _finish_read_only(self) -> bool:
+        """A read-only attempt is consistent when its reads were one snapshot, or still hold now."""
+        if self._conn is None:
+            return True
+        reads = self.reads if self._statements > 1 else {}
+        if not reads and not self._in_transaction:
+            return True
+        conn = self._conn
+        try:
+            cursor = None
+            async with conn.pipeline():
+                if reads:
+                    cursor = await conn.execute(
+                        self._driver._sql.validate,
+                        (list(reads), [None if version is None else int(version) for version in reads.values()]),
+                    )
+                if self._in_transaction:
+                    await conn.execute(b"ROLLBACK")
+            self._in_transaction = False
+            if cursor is None:
+                return True
+            (changed,) = await cursor.fetchone()  # type: ignore[misc]
+        except psycopg.Error as error:
+            failure = self._failed(error, "validate the transaction's reads")
+            if isinstance(failure, _Replay):
+                return False
+            raise failure from None
+        return changed == 0
+
+    def _commit_payload(self) -> str:
+        """The ``runlane_commit`` document of this attempt (see the migration for its members)."""
+        writes = self.writes
+        append = self.append_command
+        dependencies: dict[str, str | None] = dict(self.reads)
+        written: set[str] = set()
+        payload: dict[str, Any] = {}
+        deletes: list[str] = []
+        creates: list[tuple[str, str, int, str]] = []
+        replaces: list[tuple[str, str, int, str]] = []
+        unindex: list[tuple[str, str, str, str]] = []
+        index: list[tuple[str, str, str, str]] = []
+        unrun: list[tuple[str, ...]] = []
+        runs: list[tuple[Any, ...]] = []
+        unevent: list[tuple[str, ...]] = []
+        events: list[tuple[Any, ...]] = []
+        fetched = self._fetched
+        for key, expected, record in writes:
+            encoded = key.encoded
+            written.add(encoded)
+            self._keys[encoded] = key
+            if encoded not in dependencies:
+                dependencies[encoded] = expected  # a blind create: the key must still be absent
+            old_rows: Iterable[StorageIndexEntry] = ()
+            if expected is not None:
+                current = fetched.get(encoded)
+                if current is None or current.version != expected:  # pragma: no cover - StorageAttempt checks
+                    raise contract_violation(f"{key!r} was not read at version {expected} in this attempt.")
+                old_rows = current.indexes
+            if record is None:
+                deletes.append(encoded)
+                new_rows: Iterable[StorageIndexEntry] = ()
+            else:
+                document = record.document
+                new_rows = record.indexes
+                stored = (encoded, document.text, document.byte_size, _encode_entries(new_rows))
+                (creates if expected is None else replaces).append(stored)
+            if old_rows or new_rows:
+                old = {(e.name.value, e.encoded_partition, e.encoded_sort) for e in old_rows}
+                new = {(e.name.value, e.encoded_partition, e.encoded_sort) for e in new_rows}
+                unindex.extend((name, partition, sort, encoded) for name, partition, sort in old - new)
+                index.extend((name, partition, sort, encoded) for name, partition, sort in new - old)
+            if is_operator_run_key(key):
+                row = None if record is None else operator_run_row(key, record.document)
+                if row is not None:
+                    runs.append(row)
+                elif expected is not None:
+                    unrun.append(key.parts)
+            elif is_operator_event_key(key):
+                row = None if record is None else operator_event_row(key, record.document)
+                if row is not None:
+                    events.append(row)
+                elif expected is not None:
+                    unevent.append(key.parts)
+
+        salt = self._driver._lock_salt
+        locks: dict[int, bool] = {}  # advisory lock key -> shared, for keys other than stream heads
+        head_locks: dict[int, bool] = {}  # stream heads read or written as records: locked after the others
+        keys = self._keys
+        for encoded in dependencies:
+            target = head_locks if keys[encoded].collection in _HEAD_COLLECTIONS else locks
+            lock = _lock_hash(salt, encoded)
+            target[lock] = target.get(lock, True) and encoded not in written
+        if append is not None:
+            layout = storage_stream_layouts[append.stream]
+            head = layout.head_key(append.partition).encoded
+            head_lock = _lock_hash(salt, head)
+            payload["a"] = {
+                "h": head,
+                "l": head_lock,
+                "n": layout.index.value,
+                "p": encode_storage_tuple((append.partition,)),
+                "k": encode_storage_tuple((layout.record_collection, append.partition)) + "/",
+                "v": _split_append(append),
+            }
+            if head_locks:  # other heads are locked up front: keep one global order among heads
+                head_locks[head_lock] = False
+        ordered = [(lock, locks[lock]) for lock in sorted(locks)]
+        ordered += [(lock, head_locks[lock]) for lock in sorted(head_locks)]
+        if ordered:
+            payload["l"] = ordered
+        if dependencies:
+            payload["d"] = [
+                (encoded, None if version is None else int(version)) for encoded, version in dependencies.items()
+            ]
+        for name, rows in (
+            ("x", deletes),
+            ("c", creates),
+            ("p", replaces),
+            ("u", unindex),
+            ("i", index),
+            ("ur", unrun),
+            ("r", runs),
+            ("ue", unevent),
+            ("e", events),
+        ):
+            if rows:
+                payload[name] = rows
+        return orjson.dumps(payload).decode("utf-8")
+
+    async def _release(self) -> None:
+        """End of the attempt: roll back anything open and hand the connection back (never raises)."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if not self._broken and conn.info.transaction_status != _IDLE:
+                await conn.execute(b"ROLLBACK")
+        except BaseException:  # noqa: BLE001 - the connection is discarded below
+            self._broken = True
+        self._in_transaction = False
+        await self._driver._return(conn, broken=self._broken)
+
+
+_APPEND_FAILURES = frozenset({"RL002", "RL003", "RL004"})
+_HEAD_COLLECTIONS = frozenset(layout.head_collection for layout in storage_stream_layouts.values())
+
+
+def _append_failure(command: StorageAppendCommand, state: str | None, detail: str | None) -> RunlaneError:
+    """The error of an append the commit function refused (it rolled back: nothing was written)."""
+    layout = storage_stream_layouts[command.stream]
+    head_key = layout.head_key(command.partition)
+    if state == "RL004":
+        return RunlaneError(
+            ErrorCode.INVARIANT_VIOLATION,
+            f"The {command.stream.value} stream already holds records past its head; refusing to overwrite them.",
+        )
+    try:
+        head = StorageRecord(head_key, "1", StorageDocument.parse(detail)) if detail else None
+        start = read_storage_stream_position(head)
+        materialize_storage_append(command, start)
+    except RunlaneError as error:
+        return error
+    return RunlaneError(  # the head is valid JSON but not in the canonical form the layout writes
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The {command.stream.value} stream head is not in its canonical form; refusing to allocate positions.",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+class PostgresStorageDriver:
+    """Postgres ``StorageDriver`` and ``OperatorReadDriver``; see the module docstring."""
+
+    def __init__(
+        self,
+        connection_string: str,
+        *,
+        schema: str | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        clock: Clock | None = None,
+        limits: StorageLimits | None = None,
+        max_transaction_attempts: int = 16,
+        name: str = "postgres-storage",
+        connect_timeout: float = 10.0,
+        statement_timeout: float | None = 30.0,
+        pool_timeout: float = 30.0,
+    ) -> None:
+        self._target = resolve_postgres_connection(connection_string, schema)
+        for option, value in (("min_size", min_size), ("max_size", max_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if option == "min_size" else 1):
+                raise _invalid(f"{option} must be a {'non-negative' if option == 'min_size' else 'positive'} integer.")
+        if min_size > max_size:
+            raise _invalid("min_size must not exceed max_size.")
+        if clock is not None and not callable(getattr(clock, "now", None)):
+            raise _invalid("clock must be an object with a now() method.")
+        if limits is not None and not isinstance(limits, StorageLimits):
+            raise _invalid("limits must be a StorageLimits value.")
+        attempts = max_transaction_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise _invalid("max_transaction_attempts must be a positive integer.")
+        if not isinstance(name, str) or not name:
+            raise _invalid("name must be a non-empty string.")
+        for option, seconds in (("connect_timeout", connect_timeout), ("pool_timeout", pool_timeout)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+                raise _invalid(f"{option} must be a positive number of seconds.")
+        if statement_timeout is not None and (
+            isinstance(statement_timeout, bool)
+            or not isinstance(statement_timeout, (int, float))
+            or statement_timeout <= 0
+        ):
+            raise _invalid("statement_timeout must be a positive number of seconds or None.")
+        self.name = name
+        self.schema = self._target.schema
+        self.profile = StorageProfile(
+            durability=StorageDurability.DURABLE,
+            clock_authority=StorageClockAuthority.CLIENT,
+            index_consistency=StorageIndexConsistency.STRONG,
+            limits=limits or StorageLimits(),
+            exclusive_candidates=True,
+            ordered_append=True,
+            process_local=False,
+        )
+        self.max_transaction_attempts = attempts
+        self.min_size = min_size
+        self.max_size = max_size
+        self.connect_timeout = float(connect_timeout)
+        self.statement_timeout = None if statement_timeout is None else float(statement_timeout)
+        self.pool_timeout = float(pool_timeout)
+        self._clock: Clock = clock or _UtcClock()
+        self._sql = _Sql.for_schema(self.schema)
+        salt = hashlib.blake2b(self.schema.encode("utf-8"), digest_size=16).digest()
+        self._lock_salt = salt
+        # Exclusive holds use the two-integer advisory key space (disjoint from commit locks), with the
+        # schema's own first integer so two Runlane schemas in one database never share holds.
+        self._hold_space = int.from_bytes(salt[:4], "big", signed=True)
+        self._pool: AsyncConnectionPool | None = None
+        self._lock = asyncio.Lock()
+        self._check: asyncio.Future[None] | None = None
+        self._unreachable = False  # a fresh connection failed at the last look
+        # Wake hints (LISTEN / NOTIFY on one channel per schema).
+        self._channel = f"runlane_wake_{hashlib.blake2b(self.schema.encode('utf-8'), digest_size=8).hexdigest()}"
+        self._hints_pending: set[str] = set()
+        self._hints_task: asyncio.Task[None] | None = None
+        self._subscribers: dict[object, Callable[[str], None]] = {}
+        self._listener: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresStorageDriver(name={self.name!r}, target={self._target.display!r}, schema={self.schema!r})"
+
+    # -- clock -----------------------------------------------------------------------------------
+
+    @property
+    def clock(self) -> Clock:
+        """The clock every transaction attempt's ``now()`` samples (client clock authority)."""
+        return self._clock
+
+    def use_clock(self, clock: Clock) -> None:
+        """Sample ``clock`` in every later transaction attempt (an attempt in flight keeps its time)."""
+        if not callable(getattr(clock, "now", None)):
+            raise _invalid("clock must be an object with a now() method.")
+        self._clock = clock
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        return {"autocommit": True, **self._target.connection_defaults(connect_timeout=self.connect_timeout)}
+
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        # Documents come back as their exact text, never parsed by psycopg.
+        for type_name in ("json", "jsonb"):
+            conn.adapters.register_loader(type_name, TextLoader)
+            conn.adapters.register_loader(type_name, TextBinaryLoader)
+        settings = ["SET idle_in_transaction_session_timeout = '60s'"]
+        if self.statement_timeout is not None:
+            settings.append(f"SET statement_timeout = '{round(self.statement_timeout * 1000)}ms'")
+        await conn.execute("; ".join(settings).encode("ascii"))
+
+    async def start(self) -> None:
+        """Open the pool after probing that the database is reachable and migrated (no auto-migration)."""
+        async with self._lock:
+            if self._pool is not None:
+                return
+            await self._probe()
+            self._unreachable = False
+            pool = AsyncConnectionPool(
+                self._target.conninfo,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                kwargs=self._connect_kwargs(),
+                configure=self._configure,
+                timeout=self.pool_timeout,
+                name=self.name,
+                open=False,
+            )
+            try:
+                await pool.open(wait=self.min_size > 0, timeout=self.connect_timeout)
+            except Exception as error:  # noqa: BLE001 - mapped
+                await pool.close()
+                raise map_postgres_error(error, f"open the connection pool of {self._target.display}") from None
+            self._pool = pool
+
+    async def _probe(self) -> None:
+        doing = f"connect to Postgres at {self._target.display}"
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
+        except Exception as error:  # noqa: BLE001 - mapped
+            raise map_postgres_error(error, doing) from None
+        try:
+            async with conn:
+                cursor = await conn.execute("SHOW server_encoding")
+                (encoding,) = await cursor.fetchone()  # type: ignore[misc]
+                if str(encoding).upper() not in ("UTF8", "UTF-8"):
+                    raise _invalid(f"The Postgres database must use UTF8 encoding (it uses {encoding}).")
+                cursor = await conn.execute(
+                    "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+                    (self._sql.migrations, self._sql.records),
+                )
+                migrated, has_records = await cursor.fetchone()  # type: ignore[misc]
+                if not (migrated and has_records):
+                    raise _invalid(
+                        f"The Runlane schema {self.schema!r} is not migrated in {self._target.display}; "
+                        f"{MIGRATE_HINT} the lane.",
+                        schema=self.schema,
+                    )
+                cursor = await conn.execute(f"SELECT coalesce(max(version), 0) FROM {self._sql.migrations}")
+                (version,) = await cursor.fetchone()  # type: ignore[misc]
+                if version < SCHEMA_VERSION:
+                    raise _invalid(
+                        f"The Runlane schema {self.schema!r} is at version {version}, this driver needs "
+                        f"{SCHEMA_VERSION}; {MIGRATE_HINT} the lane.",
+                        schema=self.schema,
+                    )
+        except RunlaneError:
+            raise
+        except Exception as error:  # noqa: BLE001 - mapped
+            raise map_postgres_error(error, f"probe the Runlane schema {self.schema!r}") from None
+
+    async def close(self) -> None:
+        async with self._lock:
+            pool, self._pool = self._pool, None
+            for task in (self._hints_task, self._listener):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+            self._hints_task = self._listener = None
+            self._hints_pending.clear()
+            if pool is not None:
+                await pool.close(timeout=self.connect_timeout)
+
+    # -- wake hints (StorageWakeHints) -----------------------------------------------------------
+
+    #: Minimum seconds between two NOTIFY statements of one driver; hints in between are merged.
+    wake_hint_interval: float = 0.01
+
+    def publish_wake_hint(self, queue: str) -> None:
+        """Schedule ``NOTIFY`` of ``queue`` on this schema's channel; returns at once, never raises.
+
+        The first hint goes out at once; hints arriving while one is in flight, or within
+        ``wake_hint_interval`` after it, are merged into the next statement.
+        """
+        try:
+            if self._pool is None or not isinstance(queue, str):
+                return
+            self._hints_pending.add(queue)
+            if self._hints_task is None or self._hints_task.done():
+                self._hints_task = asyncio.get_running_loop().create_task(self._send_hints())
+        except Exception:  # noqa: BLE001 - hints may be lost; workers still poll
+            pass
+
+    async def _send_hints(self) -> None:
+        while self._hints_pending and self._pool is not None:
+            queues = sorted(self._hints_pending)
+            self._hints_pending.clear()
+            try:
+                conn = await self._acquire()
+            except Exception:  # noqa: BLE001 - hints may be lost
+                return
+            broken = False
+            try:
+                await conn.execute("SELECT pg_notify(%s, q) FROM unnest(%s::text[]) AS q", (self._channel, queues))
+            except psycopg.Error as error:
+                broken = _is_disconnect(error)
+            finally:
+                await self._return(conn, broken=broken)
+            await asyncio.sleep(self.wake_hint_interval)
+
+    def subscribe_wake_hints(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(queue)`` for every hint any process publishes on this schema's channel.
+
+        One extra connection (outside the pool) listens while anyone is subscribed, and reconnects
+        after failures; hints sent meanwhile are lost (workers still poll). Returns an unsubscribe.
+        """
+        token = object()
+        try:
+            self._subscribers[token] = callback
+            if self._pool is not None and (self._listener is None or self._listener.done()):
+                self._listener = asyncio.get_running_loop().create_task(self._listen())
+        except Exception:  # noqa: BLE001 - without a loop there are no hints, only polling
+            pass
+
+        def unsubscribe() -> None:
+            self._subscribers.pop(token, None)
+            listener = self._listener
+            if not self._subscribers and listener is not None and not listener.done():
+                with contextlib.suppress(Exception):
+                    listener.cancel()
+
+        return unsubscribe
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while self._subscribers and self._pool is not None:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
+                try:
+                    await conn.execute(f'LISTEN "{self._channel}"'.encode("ascii"))
+                    delay = 0.1
+                    async for notice in conn.notifies():
+                        for callback in list(self._subscribers.values()):
+                            with contextlib.suppress(Exception):
+                                callback(notice.payload)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - reconnect below
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # -- connections -----------------------------------------------------------------------------
+
+    async def _acquire(self) -> psycopg.AsyncConnection[Any]:
+        pool = self._pool
+        if pool is None:
+            raise RunlaneError(
+                ErrorCode.STORAGE_UNAVAILABLE,
+                f"Storage driver {self.name!r} is not started (or closed).",
+                retryable=True,
+            )
+        if self._unreachable:
+            # The server was down at the last look: fail fast instead of waiting out pool_timeout.
+            await self._reachable()
+        try:
+            return await pool.getconn()
+        except Exception as error:  # noqa: BLE001 - mapped
+            raise map_postgres_error(error, f"get a connection to {self._target.display}") from None
+
+    async def _return(self, conn: psycopg.AsyncConnection[Any], *, broken: bool = False) -> None:
+        pool = self._pool
+        try:
+            if broken or pool is None:
+                await conn.close()
+            if pool is not None:
+                await pool.putconn(conn)
+        except Exception:  # noqa: BLE001 - a connection that cannot be returned is dropped
+            if not conn.closed:
+                await conn.close()
+
+    async def _recover(self) -> None:
+        """After a lost connection: raise ``storage_unavailable`` at once when the server is down;
+        otherwise test the pool's idle connections and replace the dead ones (a restarted server
+        kills them all) so the retry gets a live one. Concurrent callers share one check."""
+        await self._reachable()
+        pool = self._pool
+        if pool is None:
+            return
+        check = self._check
+        if check is None or check.done():
+            check = self._check = asyncio.ensure_future(pool.check())
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(check), self.connect_timeout + self.pool_timeout)
+
+    async def _reachable(self) -> None:
+        """Open (and close) one fresh connection; ``storage_unavailable`` when that fails."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
+        except Exception as error:  # noqa: BLE001 - mapped
+            self._unreachable = True
+            raise map_postgres_error(error, f"connect to Postgres at {self._target.display}") from None
+        self._unreachable = False
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+    async def _run(self, doing: str, body: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """Run a read outside transactions on a pooled connection, retrying once on a lost connection."""
+        for attempt in range(2):
+            conn = await self._acquire()
+            broken = False
+            try:
+                return await body(conn)
+            except psycopg.Error as error:
+                broken = _is_disconnect(error)
+                if not broken or attempt > 0:
+                    raise map_postgres_error(error, doing) from None
+            finally:
+                await self._return(conn, broken=broken)
+            await self._recover()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- StorageDriver ---------------------------------------------------------------------------
+
+    async def get(self, keys: Sequence[StorageRecordKey]) -> list[StorageRecord | None]:
+        checked = check_storage_keys(keys)
+        enforce_storage_limit(self.profile.limits, "max_point_reads", len(checked))
+        if not checked:
+            if self._pool is None:
+                await self._acquire()  # the same error as any other call on a closed driver
+            return []
+        wanted = {key.encoded: key for key in checked}
+
+        async def body(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(self._sql.get, (list(wanted),))
+            return await cursor.fetchall()
+
+        rows = await self._run("read records", body)
+        found: dict[str, StorageRecord] = {}
+        for encoded, version, text, indexes in rows:
+            key = wanted.get(encoded)
+            if key is None:
+                raise _corrupt(str(encoded), "a point read returned a key it did not ask for")
+            found[encoded] = _record(key, version, text, indexes)
+        return [found.get(key.encoded) for key in checked]
+
+    async def query(self, query: StorageQuery) -> StorageQueryResult:
+        if not isinstance(query, StorageQuery):
+            raise contract_violation("query() takes a StorageQuery.")
+        enforce_storage_limit(self.profile.limits, "max_query_results", query.limit)
+        shape, params = _query_params(query)
+        params.append(query.limit + 1)
+        sql = _query_sql(self._sql.index_rows, (*shape, False))
+
+        async def body(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(sql, params)
+            return await cursor.fetchall()
+
+        rows = await self._run("query an index", body)
+        return page_index_rows(query, iter(rows), look_ahead=True)
+
+    async def with_transaction(self, callback: Callable[[StorageTransaction], Awaitable[T]]) -> T:
+        reconnected = False
+        for _ in range(self.max_transaction_attempts):
+            attempt = _PostgresAttempt(self, self._clock)
+            try:
+                try:
+                    result = await callback(attempt)
+                    committed = await attempt._commit()
+                except _Replay:
+                    committed = False
+            finally:
+                attempt.end()
+                # Shielded: a second cancellation must not leak the connection or its holds.
+                await asyncio.shield(attempt._release())
+            if committed:
+                return result
+            if attempt.lost_connection is not None:
+                # A pooled connection died (a restarted server): replay once on a live one.
+                if reconnected:
+                    raise attempt.lost_connection
+                reconnected = True
+                await self._recover()
+            await asyncio.sleep(0)  # let the winner of the conflict make progress before replaying
+        raise create_storage_conflict_error(
+            StorageConflictKind.TRANSACTION,
+            f"The transaction lost validation {self.max_transaction_attempts} times; retry the operation.",
+            meta={"attempts": self.max_transaction_attempts},
+        )
+
+    # -- OperatorReadDriver ----------------------------------------------------------------------
+
+    async def get_run(self, environment: Environment, run_id: str) -> RunRecord | None:
+        env = environment_key(environment)
+        key, tombstone = run_key(env, run_id), run_tombstone_key(env, run_id)
+
+        async def body(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(self._sql.get_run, ([key.encoded, tombstone.encoded],))
+            return await cursor.fetchall()
+
+        rows = dict(await self._run("read a run", body))
+        if tombstone.encoded in rows or key.encoded not in rows:
+            return None
+        run = peek_run_document(_document(key.encoded, rows[key.encoded]))
+        if run is None or (environment_key(run.environment), run.id) != key.parts:
+            return None
+        return run.model_copy(deep=True)
+
+    async def list_runs(self, filter: RunFilter, pagination: PaginationParams) -> Page[RunSummary]:
+        sql = self._sql
+        query = run_list_query(
+            filter, pagination, runs_table=sql.operator_runs, records_table=sql.records, placeholder="%s"
+        )
+
+        async def body(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(query.text, query.params)
+            return await cursor.fetchall()
+
+        return finish_run_page(query, filter, await self._run("list runs", body))
+
+    async def list_run_events(self, filter: RunEventFilter, pagination: PaginationParams) -> Page[RunEventRecord]:
+        sql = self._sql
+        query = run_event_list_query(
+            filter,
+            pagination,
+            events_table=sql.operator_events,
+            runs_table=sql.operator_runs,
+            records_table=sql.records,
+            placeholder="%s",
+        )
+
+        async def body(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(query.text, query.params)
+            return await cursor.fetchall()
+
+        return finish_event_page(query, filter, await self._run("list run events", body))
+
+
+def postgres_storage(
+    connection_string: str,
+    *,
+    schema: str | None = None,
+    min_size: int = 1,
+    max_size: int = 10,
+    clock: Clock | None = None,
+    limits: StorageLimits | None = None,
+    max_transaction_attempts: int = 16,
+    name: str = "postgres-storage",
+    connect_timeout: float = 10.0,
+    statement_timeout: float | None = 30.0,
+    pool_timeout: float = 30.0,
+) -> PostgresStorageDriver:
+    """Durable Postgres storage over ``connection_string`` (``postgres://`` or ``postgresql://``).
+
+    The schema is the explicit ``schema``, else a Prisma-style ``?schema=`` in the URL (removed before
+    connecting), else ``public``; apply ``postgres_migration_sql(schema)`` (``runlane postgres migrate``)
+    first: ``start()`` probes the schema and fails with ``configuration_invalid`` when it is missing.
+    ``min_size`` / ``max_size`` bound the connection pool; each open transaction attempt holds one
+    connection. Every wait is bounded: ``connect_timeout`` per connection attempt, ``pool_timeout``
+    for a free pooled connection, ``statement_timeout`` per statement (``None`` to leave the server's).
+    """
+    return PostgresStorageDriver(
+        connection_string,
+        schema=schema,
+        min_size=min_size,
+        max_size=max_size,
+        clock=clock,
+        limits=limits,
+        max_transaction_attempts=max_transaction_attempts,
+        name=name,
+        connect_timeout=connect_timeout,
+        statement_timeout=statement_timeout,
+        pool_timeout=pool_timeout,
+    )

@@ -1,0 +1,670 @@
+"""runlane-postgres beyond the conformance suite: connection strings, the migration (function, file,
+CLI), the start-up probe, exact document storage, corrupt rows, error mapping, reconnects, the lane
+and the plugin.
+
+Every test that touches the database works in schemas of its own (``runlane_driver_*``), dropped
+when the module ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from cli_support import cli, write
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg_pool import PoolTimeout
+from runlane_postgres import (
+    apply_postgres_migrations,
+    map_postgres_error,
+    postgres_migration_sql,
+    postgres_polling_lane,
+    postgres_storage,
+    resolve_postgres_connection,
+)
+from runlane_postgres.migration import shipped_migration_sql
+from runlane_postgres.plugin import PostgresPollingLaneOptions
+
+from runlane import create_runlane, queue, task
+from runlane.errors import ErrorCode, RunlaneError, is_storage_conflict
+from runlane.models import Environment
+from runlane.plugins.manager import get_registries
+from runlane.plugins.registries import validate_options
+from runlane.storage import (
+    NewStorageRecord,
+    StorageClockAuthority,
+    StorageDocument,
+    StorageDurability,
+    StorageIndexConsistency,
+    StorageIndexEntry,
+    StorageIndexName,
+    StorageLimits,
+    StorageRecordKey,
+)
+from runlane.storage.operator import PaginationParams, RunFilter
+from runlane.testing import ControlledClock
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+
+
+class Schemas:
+    """Fresh schema names for this module; every one is dropped at the end."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.created: list[str] = []
+
+    def name(self) -> str:
+        schema = f"runlane_driver_{uuid.uuid4().hex[:12]}"
+        self.created.append(schema)
+        return schema
+
+    async def migrated(self) -> str:
+        schema = self.name()
+        await apply_postgres_migrations(self.url, schema)
+        return schema
+
+    def execute(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as connection:
+            cursor = connection.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+
+@pytest.fixture(scope="module")
+def schemas(postgres_url: str) -> Iterator[Schemas]:
+    created = Schemas(postgres_url)
+    try:
+        yield created
+    finally:
+        for schema in created.created:
+            created.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(scope="module")
+def shared_schema(schemas: Schemas) -> str:
+    return asyncio.run(schemas.migrated())
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound and released at once)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def record(key: StorageRecordKey, value: dict[str, Any], *entries: StorageIndexEntry) -> NewStorageRecord:
+    return NewStorageRecord(key, StorageDocument.encode(value), entries)
+
+
+async def create(driver: Any, *records: NewStorageRecord) -> None:
+    async def stage(tx: Any) -> None:
+        for item in records:
+            tx.create(item)
+
+    await driver.with_transaction(stage)
+
+
+async def expect_error(awaitable: Any, code: ErrorCode) -> RunlaneError:
+    with pytest.raises(RunlaneError) as info:
+        await awaitable
+    assert info.value.code is code, f"expected {code.value}, got {info.value.code.value}: {info.value.message}"
+    return info.value
+
+
+# ---------------------------------------------------------------------------------------------
+# Connection strings and options (no database)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "   ", "mysql://user@localhost/db", "localhost:5432/db", "http://localhost/db", None, 5432],
+)
+def test_only_postgres_urls_are_accepted(url: Any) -> None:
+    with pytest.raises(RunlaneError) as info:
+        resolve_postgres_connection(url)
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID
+    with pytest.raises(RunlaneError):
+        postgres_storage(url)
+
+
+def test_schema_resolution_explicit_then_url_then_public() -> None:
+    plain = resolve_postgres_connection("postgresql://user:secret@db.example:5432/app")
+    assert (plain.schema, plain.conninfo) == ("public", "postgresql://user:secret@db.example:5432/app")
+    from_url = resolve_postgres_connection("postgres://db/app?sslmode=require&schema=tenant_1&application_name=a%20b")
+    assert from_url.schema == "tenant_1"
+    assert from_url.conninfo == "postgres://db/app?sslmode=require&application_name=a%20b", "schema= must be removed"
+    assert from_url.parameters == {"sslmode", "application_name"}
+    explicit = resolve_postgres_connection("postgresql://db/app?schema=from_url", "Explicit_Schema")
+    assert explicit.schema == "Explicit_Schema" and "schema" not in explicit.conninfo
+    assert resolve_postgres_connection("POSTGRESQL://db/app?schema=s").schema == "s"
+    assert "secret" not in plain.display and plain.display == "db.example:5432/app"
+    same_twice = resolve_postgres_connection("postgresql://db/app?schema=s&schema=s")
+    assert same_twice.schema == "s" and same_twice.conninfo == "postgresql://db/app"
+
+
+@pytest.mark.parametrize(
+    "schema", ["", "1starts_with_digit", "has-dash", "semi;colon", "x" * 64, 'quote"d', "space d"]
+)
+def test_schema_names_must_be_plain_identifiers(schema: str) -> None:
+    with pytest.raises(RunlaneError) as info:
+        resolve_postgres_connection("postgresql://db/app", schema)
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID
+    with pytest.raises(RunlaneError):
+        resolve_postgres_connection(f"postgresql://db/app?schema={schema}")
+    with pytest.raises(RunlaneError):
+        postgres_migration_sql(schema)
+
+
+def test_conflicting_schema_parameters_are_rejected() -> None:
+    with pytest.raises(RunlaneError) as info:
+        resolve_postgres_connection("postgresql://db/app?schema=a&schema=b")
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"min_size": 5, "max_size": 2},
+        {"max_size": 0},
+        {"min_size": -1},
+        {"max_transaction_attempts": 0},
+        {"name": ""},
+        {"clock": object()},
+        {"limits": {"max_point_reads": 1}},
+        {"connect_timeout": 0},
+        {"statement_timeout": -1},
+    ],
+)
+def test_driver_options_are_validated(options: dict[str, Any]) -> None:
+    with pytest.raises(RunlaneError) as info:
+        postgres_storage("postgresql://db/app", **options)
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+def test_profile_is_honest_and_the_clock_is_the_clients() -> None:
+    clock = ControlledClock()
+    driver = postgres_storage("postgresql://db/app", clock=clock, limits=StorageLimits(max_point_reads=7))
+    profile = driver.profile
+    assert profile.durability is StorageDurability.DURABLE
+    assert profile.clock_authority is StorageClockAuthority.CLIENT
+    assert profile.index_consistency is StorageIndexConsistency.STRONG
+    assert profile.exclusive_candidates and profile.ordered_append and not profile.process_local
+    assert profile.limits.max_point_reads == 7
+    assert driver.clock is clock
+    other = ControlledClock()
+    driver.use_clock(other)
+    assert driver.clock is other
+    with pytest.raises(RunlaneError):
+        driver.use_clock(object())  # type: ignore[arg-type]
+    assert "secret" not in repr(postgres_storage("postgresql://u:secret@db/app"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Migration SQL
+
+
+def test_shipped_migration_file_is_the_default_sql() -> None:
+    shipped = Path(__file__).parents[1] / "plugins/postgres/runlane_postgres/migrations/0001_initial.sql"
+    assert shipped.read_text(encoding="utf-8") == postgres_migration_sql() == postgres_migration_sql("public")
+    assert shipped_migration_sql() == postgres_migration_sql()
+
+
+def test_migration_sql_quotes_and_qualifies_the_schema() -> None:
+    text = postgres_migration_sql("Tenant_7")
+    assert 'CREATE SCHEMA IF NOT EXISTS "Tenant_7";' in text
+    assert '"Tenant_7".runlane_records' in text and '"public"' not in text
+    assert "__RUNLANE_SCHEMA__" not in text
+    for statement in ("CREATE TABLE IF NOT EXISTS", "CREATE INDEX IF NOT EXISTS", "CREATE OR REPLACE FUNCTION"):
+        assert statement in text
+
+
+async def test_migration_is_idempotent_and_reports_what_it_did(schemas: Schemas) -> None:
+    schema = schemas.name()
+    first = await apply_postgres_migrations(f"{schemas.url}?schema={schema}")
+    assert (first.schema, first.previous_version, first.version, first.changed) == (schema, 0, 1, True)
+    again = await apply_postgres_migrations(schemas.url, schema)
+    assert (again.previous_version, again.version, again.changed) == (1, 1, False)
+    assert again.to_json()["changed"] is False
+    rows = schemas.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY 1", (schema,)
+    )
+    assert [name for (name,) in rows] == [
+        "runlane_index_rows",
+        "runlane_operator_events",
+        "runlane_operator_runs",
+        "runlane_records",
+        "runlane_schema_migrations",
+    ]
+
+
+async def test_migration_against_an_unreachable_server_is_storage_unavailable() -> None:
+    error = await expect_error(
+        apply_postgres_migrations(f"postgresql://postgres@127.0.0.1:{closed_port()}/db"), ErrorCode.STORAGE_UNAVAILABLE
+    )
+    assert error.retryable
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up probe and lifecycle
+
+
+async def test_start_fails_fast_on_an_unmigrated_schema(schemas: Schemas) -> None:
+    schema = schemas.name()
+    schemas.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    for name in (schema, schemas.name()):  # an empty schema, then one that does not exist at all
+        driver = postgres_storage(schemas.url, schema=name)
+        error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+        assert "runlane postgres migrate" in error.message
+        await expect_error(driver.get([StorageRecordKey("c", "k")]), ErrorCode.STORAGE_UNAVAILABLE)
+
+
+async def test_start_on_a_missing_database_is_configuration_invalid(schemas: Schemas) -> None:
+    base = schemas.url.rsplit("/", 1)[0]
+    driver = postgres_storage(f"{base}/runlane_no_such_database_{uuid.uuid4().hex[:6]}")
+    error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+    assert error.meta.get("sqlstate") == "3D000"
+
+
+async def test_unreachable_server_is_storage_unavailable_within_the_connect_timeout() -> None:
+    driver = postgres_storage(f"postgresql://postgres@127.0.0.1:{closed_port()}/db", connect_timeout=2)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    error = await expect_error(driver.start(), ErrorCode.STORAGE_UNAVAILABLE)
+    assert error.retryable and loop.time() - started < 10
+    assert "127.0.0.1" in error.message
+
+
+async def test_calls_outside_start_and_close_are_storage_unavailable(schemas: Schemas, shared_schema: str) -> None:
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=0)
+    key = StorageRecordKey("lifecycle", uuid.uuid4().hex)
+    await expect_error(driver.get([key]), ErrorCode.STORAGE_UNAVAILABLE)
+    await driver.start()
+    await driver.start()  # idempotent
+    assert await driver.get([key]) == [None]
+    await driver.close()
+    await driver.close()
+    error = await expect_error(driver.with_transaction(lambda tx: tx.get([key])), ErrorCode.STORAGE_UNAVAILABLE)
+    assert error.retryable
+    await driver.start()  # a closed driver can start again
+    try:
+        assert await driver.get([key]) == [None]
+    finally:
+        await driver.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Documents are stored exactly
+
+
+async def test_documents_round_trip_byte_for_byte(schemas: Schemas, shared_schema: str) -> None:
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=0)
+    await driver.start()
+    try:
+        token = uuid.uuid4().hex
+        values = [
+            {"float": 1e16, "small": 1.5e-7, "negative_zero": -0.0, "one": 1.0, "huge": 2**70},
+            {"text": "é😀 \u0000 \n \"quoted\" \\ back", "nested": {"z": [1, {"a": None}], "a": True}},
+            {},
+        ]
+        keys = [StorageRecordKey("fidelity", token, str(n)) for n in range(len(values))]
+        written = [record(key, value) for key, value in zip(keys, values)]
+        await create(driver, *written)
+        found = await driver.get(keys)
+        for item, stored in zip(written, found):
+            assert stored is not None
+            assert stored.document.text == item.document.text
+            assert stored.document.byte_size == item.document.byte_size
+            assert stored.document == item.document
+        assert found[0].document.value["float"] == 1e16 and isinstance(found[0].document.value["float"], float)
+        assert str(found[0].document.value["negative_zero"]) == "-0.0"
+        rows = schemas.execute(
+            sql.SQL("SELECT document::text, byte_size FROM {}.runlane_records WHERE key = %s").format(
+                sql.Identifier(shared_schema)
+            ),
+            (keys[1].encoded,),
+        )
+        assert rows == [(written[1].document.text, written[1].document.byte_size)]
+    finally:
+        await driver.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Corrupt rows are never skipped
+
+
+def _corrupt(schemas: Schemas, schema: str, key: StorageRecordKey, column: str, value: str) -> None:
+    schemas.execute(
+        sql.SQL("UPDATE {}.runlane_records SET {} = %s WHERE key = %s").format(
+            sql.Identifier(schema), sql.Identifier(column)
+        ),
+        (value, key.encoded),
+    )
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        '{"schemaVersion":2,"value":{}}',
+        '{"value":{"a":1}}',
+        '{"schemaVersion":1,"value":[1,2]}',
+        '{"schemaVersion":1,"value":{},"extra":{}}',
+        "[1]",
+        '{"schemaVersion":true,"value":{}}',
+    ],
+)
+async def test_a_corrupt_document_is_an_invariant_violation(
+    schemas: Schemas, shared_schema: str, document: str
+) -> None:
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=0)
+    await driver.start()
+    try:
+        key = StorageRecordKey("corrupt", uuid.uuid4().hex)
+        healthy = StorageRecordKey("corrupt", uuid.uuid4().hex)
+        await create(driver, record(key, {"v": 1}), record(healthy, {"v": 2}))
+        _corrupt(schemas, shared_schema, key, "document", document)
+        await expect_error(driver.get([healthy, key]), ErrorCode.INVARIANT_VIOLATION)
+
+        async def read(tx: Any) -> Any:
+            return await tx.get([key])
+
+        await expect_error(driver.with_transaction(read), ErrorCode.INVARIANT_VIOLATION)
+        assert (await driver.get([healthy]))[0] is not None, "the driver stays usable"
+    finally:
+        await driver.close()
+
+
+async def test_corrupt_index_entries_are_an_invariant_violation(schemas: Schemas, shared_schema: str) -> None:
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=0)
+    await driver.start()
+    try:
+        key = StorageRecordKey("corrupt-index", uuid.uuid4().hex)
+        entry = StorageIndexEntry(StorageIndexName.OUTBOX_DUE, (key.parts[0],), ("s",))
+        await create(driver, record(key, {"v": 1}, entry))
+        assert (await driver.get([key]))[0].indexes == (entry,)
+        for bogus in ("not_an_index,6161,6161", "outbox_due,zz,6161", "outbox_due"):
+            _corrupt(schemas, shared_schema, key, "indexes", bogus)
+            await expect_error(driver.get([key]), ErrorCode.INVARIANT_VIOLATION)
+    finally:
+        await driver.close()
+
+
+async def test_a_corrupt_run_record_fails_operator_reads(schemas: Schemas) -> None:
+    schema = await schemas.migrated()
+    runtime = _runtime(schemas.url, schema)
+    async with runtime:
+        run_id = await _one_finished_run(runtime)
+        driver = runtime.lane.storage
+        key = StorageRecordKey("runs", "default", run_id)
+        _corrupt(schemas, schema, key, "document", '{"schemaVersion":1}')
+        await expect_error(driver.get_run(Environment(name="default"), run_id), ErrorCode.INVARIANT_VIOLATION)
+        await expect_error(
+            driver.list_runs(RunFilter(environment=Environment(name="default")), PaginationParams()),
+            ErrorCode.INVARIANT_VIOLATION,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Error mapping
+
+
+def _error(kind: type[Exception], message: str = "boom") -> Exception:
+    return kind(message)
+
+
+class _CustomState(pg_errors.DatabaseError):
+    sqlstate = "RL001"
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "retryable"),
+    [
+        (_error(pg_errors.SerializationFailure), ErrorCode.STORAGE_CONFLICT, True),
+        (_error(pg_errors.DeadlockDetected), ErrorCode.STORAGE_CONFLICT, True),
+        (_error(pg_errors.AdminShutdown), ErrorCode.STORAGE_UNAVAILABLE, True),
+        (_error(pg_errors.CrashShutdown), ErrorCode.STORAGE_UNAVAILABLE, True),
+        (_error(pg_errors.CannotConnectNow), ErrorCode.STORAGE_UNAVAILABLE, True),
+        (_error(pg_errors.ConnectionFailure), ErrorCode.STORAGE_UNAVAILABLE, True),
+        (_error(pg_errors.TooManyConnections), ErrorCode.STORAGE_UNAVAILABLE, True),
+        (_error(pg_errors.QueryCanceled), ErrorCode.STORAGE_UNAVAILABLE, True),
+        (_error(psycopg.OperationalError), ErrorCode.STORAGE_UNAVAILABLE, True),
+        (_error(PoolTimeout), ErrorCode.STORAGE_UNAVAILABLE, True),
+        (_error(pg_errors.InvalidSchemaName), ErrorCode.CONFIGURATION_INVALID, False),
+        (_error(pg_errors.UndefinedTable), ErrorCode.CONFIGURATION_INVALID, False),
+        (_error(pg_errors.InvalidPassword), ErrorCode.CONFIGURATION_INVALID, False),
+        (_error(pg_errors.InvalidCatalogName), ErrorCode.CONFIGURATION_INVALID, False),
+        (_error(_CustomState), ErrorCode.INVARIANT_VIOLATION, False),
+        (_error(pg_errors.DivisionByZero), ErrorCode.INTERNAL_ERROR, False),
+    ],
+)
+def test_postgres_errors_map_to_runlane_errors(error: Exception, code: ErrorCode, retryable: bool) -> None:
+    mapped = map_postgres_error(error, "do something")
+    assert mapped.code is code and mapped.retryable is retryable
+    assert mapped.message.startswith("Could not do something")
+    if code is ErrorCode.STORAGE_CONFLICT:
+        assert is_storage_conflict(mapped)
+    if isinstance(error, (pg_errors.InvalidSchemaName, pg_errors.UndefinedTable)):
+        assert "runlane postgres migrate" in mapped.message
+
+
+# ---------------------------------------------------------------------------------------------
+# Reconnects
+
+
+async def test_pooled_connections_recover_after_a_server_restart(schemas: Schemas, shared_schema: str) -> None:
+    from postgres_support import postgres_server
+
+    server = postgres_server()
+    if server is None:
+        pytest.skip("RUNLANE_POSTGRES_TEST_DATABASE_URL is set: the test cannot restart that server")
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=2, max_size=2)
+    await driver.start()
+    try:
+        key = StorageRecordKey("restart", uuid.uuid4().hex)
+        await create(driver, record(key, {"n": 0}))
+        await asyncio.to_thread(server.restart)
+        assert (await driver.get([key]))[0].document.value == {"n": 0}, "a dead pooled connection is retried once"
+
+        async def bump(tx: Any) -> int:
+            [current] = await tx.get([key])
+            value = current.document.value["n"] + 1
+            tx.replace(current, record(key, {"n": value}))
+            return value
+
+        await asyncio.to_thread(server.restart)
+        assert await driver.with_transaction(bump) == 1, "a read-phase disconnect replays on a fresh connection"
+        assert (await driver.get([key]))[0].document.value == {"n": 1}
+
+        await asyncio.to_thread(server.stop_server)
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            for call in (lambda: driver.get([key]), lambda: driver.with_transaction(bump)):
+                error = await expect_error(call(), ErrorCode.STORAGE_UNAVAILABLE)
+                assert error.retryable
+            assert loop.time() - started < 10, "a server that is down fails calls fast, not after pool_timeout"
+        finally:
+            await asyncio.to_thread(server.start_server)
+        assert await driver.with_transaction(bump) == 2, "the driver works again once the server is back"
+    finally:
+        await driver.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Wake hints
+
+
+async def test_wake_hints_reach_subscribers_of_other_instances(schemas: Schemas, shared_schema: str) -> None:
+    from runlane.storage import supports_wake_hints
+
+    publisher = postgres_storage(schemas.url, schema=shared_schema, min_size=0)
+    listener = postgres_storage(schemas.url, schema=shared_schema, min_size=0)
+    elsewhere = postgres_storage(schemas.url, schema=await schemas.migrated(), min_size=0)
+    assert supports_wake_hints(publisher)
+    for driver in (publisher, listener, elsewhere):
+        await driver.start()
+    try:
+        received: asyncio.Queue[str] = asyncio.Queue()
+        foreign: list[str] = []
+        unsubscribe = listener.subscribe_wake_hints(received.put_nowait)
+        stop_foreign = elsewhere.subscribe_wake_hints(foreign.append)
+        deadline = asyncio.get_running_loop().time() + 10
+        got: set[str] = set()
+        while got != {"emails", "reports"}:  # the listener may still be connecting: publish until heard
+            assert asyncio.get_running_loop().time() < deadline, f"no wake hint arrived (got {got})"
+            publisher.publish_wake_hint("emails")
+            publisher.publish_wake_hint("reports")
+            with contextlib.suppress(TimeoutError):
+                got.add(await asyncio.wait_for(received.get(), 0.2))
+        assert foreign == [], "hints never cross into another schema"
+        unsubscribe()
+        stop_foreign()
+        publisher.publish_wake_hint(123)  # type: ignore[arg-type]  # ignored, never raises
+    finally:
+        for driver in (publisher, listener, elsewhere):
+            await driver.close()
+    publisher.publish_wake_hint("after-close")  # a closed driver drops hints silently
+
+
+# ---------------------------------------------------------------------------------------------
+# Lane and plugin
+
+_queue = queue("pg-driver-tests", default=True)
+
+
+@task("pg_driver_tests.echo", queue=_queue)
+async def _echo(payload: dict) -> dict:
+    return {"echo": payload}
+
+
+def _runtime(url: str, schema: str) -> Any:
+    return create_runlane(lane=postgres_polling_lane(url, schema=schema, min_size=0), queues=[_queue], tasks=[_echo])
+
+
+async def _one_finished_run(runtime: Any) -> str:
+    created = await runtime.trigger(_echo, {"n": 1})
+    finished = await runtime.execute_next()
+    assert finished is not None and finished.id == created.run.id
+    return created.run.id
+
+
+async def test_postgres_polling_lane_runs_tasks_end_to_end(schemas: Schemas) -> None:
+    schema = await schemas.migrated()
+    lane = postgres_polling_lane(f"{schemas.url}?schema={schema}")
+    assert lane.name == "postgres-polling"
+    assert lane.capabilities.production_durable and lane.capabilities.operator_reads
+    assert lane.storage.schema == schema
+    runtime = _runtime(schemas.url, schema)
+    async with runtime:
+        run_id = await _one_finished_run(runtime)
+        run = await runtime.runs.get(run_id)
+        assert run is not None and run.status.value == "succeeded" and run.output == {"echo": {"n": 1}}
+        page = await runtime.runs.list()
+        assert [summary.id for summary in page.data] == [run_id]
+        events = await runtime.runs.events(run_id)
+        assert [event.sequence for event in events.data] == list(range(1, len(events.data) + 1))
+
+
+def test_plugin_registers_the_lane_and_the_storage_driver() -> None:
+    registries = get_registries()
+    lane_provider = registries.lanes.get("postgres-polling")
+    assert lane_provider.plugin == "postgres"
+    options = validate_options(lane_provider, {"url": "postgresql://db/app", "schema": "tenant"})
+    assert isinstance(options, PostgresPollingLaneOptions)
+    assert (options.connection_string, options.schema) == ("postgresql://db/app", "tenant")
+    assert options.name == "postgres-polling"
+    same = validate_options(lane_provider, {"connection_string": "postgresql://db/app"})
+    assert same.connection_string == "postgresql://db/app" and same.schema is None
+    with pytest.raises(RunlaneError) as info:
+        validate_options(lane_provider, {"url": "postgresql://db/app", "shema": "typo"})
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID and "shema" in info.value.message
+    with pytest.raises(RunlaneError):
+        validate_options(lane_provider, {"schema": "tenant"})  # no connection string
+    lane = lane_provider.create(options, None)
+    assert lane.name == "postgres-polling" and lane.storage.schema == "tenant"
+    storage_provider = registries.storage_drivers.get("postgres")
+    driver = storage_provider.create(validate_options(storage_provider, {"url": "postgresql://db/app?schema=s"}), None)
+    assert driver.schema == "s" and driver.name == "postgres-storage"
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: runlane postgres sql / migrate
+
+
+def test_cli_sql_prints_the_migration(tmp_path: Path) -> None:
+    result = cli(tmp_path, "postgres", "sql")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == postgres_migration_sql()
+    named = cli(tmp_path, "postgres", "sql", "--schema", "tenant_9")
+    assert named.returncode == 0 and named.stdout == postgres_migration_sql("tenant_9")
+    as_json = cli(tmp_path, "--json", "postgres", "sql", "--schema", "tenant_9")
+    assert json.loads(as_json.stdout) == {"schema": "tenant_9", "sql": postgres_migration_sql("tenant_9")}
+    bad = cli(tmp_path, "postgres", "sql", "--schema", "not-valid")
+    assert bad.returncode == 1 and "error[configuration_invalid]" in bad.stderr and bad.stdout == ""
+    usage = cli(tmp_path, "postgres", "sql", "--no-such-flag")
+    assert usage.returncode == 2
+
+
+def test_cli_migrate_with_url_and_with_the_configured_lane(tmp_path: Path, schemas: Schemas) -> None:
+    schema = schemas.name()
+    url = f"{schemas.url}?schema={schema}"
+    first = cli(tmp_path, "postgres", "migrate", "--url", url)
+    assert first.returncode == 0, first.stderr
+    assert f"migrated schema '{schema}'" in first.stdout and "version 1" in first.stdout
+    again = cli(tmp_path, "--json", "postgres", "migrate", "--url", url)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {
+        "schema": schema,
+        "database": resolve_postgres_connection(url).display,
+        "previous_version": 1,
+        "version": 1,
+        "changed": False,
+    }
+
+    configured = schemas.name()
+    write(tmp_path / "app" / "__init__.py", "")
+    write(tmp_path / "app" / "tasks.py", "from runlane import queue\n\ndefault = queue('default', default=True)\n")
+    write(
+        tmp_path / "runlane.toml",
+        f"""
+        [runlane]
+        tasks = ["app.tasks"]
+
+        [lane]
+        use = "postgres-polling"
+        connection_string = "{schemas.url}"
+        schema = "{configured}"
+        """,
+    )
+    before = cli(tmp_path, "runs", "list")
+    assert before.returncode == 1 and "runlane postgres migrate" in before.stderr
+    migrated = cli(tmp_path, "postgres", "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert f"migrated schema '{configured}'" in migrated.stdout
+    after = cli(tmp_path, "--json", "runs", "list")
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["data"] == []
+
+    unreachable = cli(tmp_path, "postgres", "migrate", "--url", f"postgresql://postgres@127.0.0.1:{closed_port()}/db")
+    assert unreachable.returncode == 1 and "error[storage_unavailable]" in unreachable.stderr
+    wrong_scheme = cli(tmp_path, "--json", "postgres", "migrate", "--url", "mysql://db/app")
+    assert wrong_scheme.returncode == 1
+    assert json.loads(wrong_scheme.stderr)["error"]["code"] == "configuration_invalid"
+
+
+def test_cli_migrate_needs_a_postgres_lane_or_a_url(tmp_path: Path) -> None:
+    no_config = cli(tmp_path, "postgres", "migrate")
+    assert no_config.returncode == 1 and "error[configuration_invalid]" in no_config.stderr
+    write(tmp_path / "runlane.toml", '[runlane]\ntasks = []\n\n[lane]\nuse = "local"\n')
+    local = cli(tmp_path, "postgres", "migrate")
+    assert local.returncode == 1 and "--url" in local.stderr
+
