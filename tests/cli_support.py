@@ -70,12 +70,12 @@ def ndjson(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def make_project(root: Path, tasks: str = TASKS_MODULE) -> Path:
+def make_project(root: Path, tasks: str = TASKS_MODULE, lane: str = "local") -> Path:
     """A project whose ``app.tasks`` module is ``tasks`` (by default a scheduled task), configured through
-    ``runlane init config``."""
+    ``runlane init config`` on ``lane`` (the in-memory ``local`` lane unless told otherwise)."""
     write(root / "app" / "__init__.py", "")
     write(root / "app" / "tasks.py", tasks)
-    result = cli(root, "init", "config", "--tasks", "app.tasks")
+    result = cli(root, "init", "config", "--tasks", "app.tasks", "--lane", lane)
     assert result.returncode == 0, result.stderr
     return root
 

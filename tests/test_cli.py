@@ -57,8 +57,38 @@ def test_init_config_writes_a_loadable_commented_config(tmp_path: Path) -> None:
     loaded = load_config(cwd=tmp_path)
     assert loaded is not None
     assert loaded.runlane.tasks == ["app.tasks", "app.more"]
-    assert loaded.lane is not None and loaded.lane.use == "local"
+    # The durable single-machine default: a SQLite file next to the config.
+    assert loaded.lane is not None and loaded.lane.use == "sqlite"
+    assert 'path = "runlane.db"' in text
     assert loaded.dev.tick_interval == "5s"
+
+
+def test_init_config_then_trigger_then_dev_once_executes_the_run(tmp_path: Path) -> None:
+    """The first steps of a new project, each a separate process sharing the SQLite file."""
+    write(tmp_path / "app" / "__init__.py", "")
+    write(
+        tmp_path / "app" / "tasks.py",
+        "from runlane import queue, task\n\n"
+        "default = queue('default', default=True)\n\n"
+        "@task('hello.greet', queue=default)\n"
+        "def greet(payload: dict) -> dict:\n"
+        "    return {'greeting': 'hello ' + payload['name']}\n",
+    )
+    assert cli(tmp_path, "init", "config", "--tasks", "app.tasks").returncode == 0
+    triggered = cli(tmp_path, "--json", "trigger", "hello.greet", '{"name": "ada"}')
+    assert triggered.returncode == 0, triggered.stderr
+    run_id = json.loads(triggered.stdout)["run"]["id"]
+    assert (tmp_path / "runlane.db").exists()
+    once = cli(tmp_path, "--json", "dev", "--once")
+    assert once.returncode == 0, once.stderr
+    executed = [record["run"] for record in ndjson(once.stdout) if record["type"] == "run"]
+    assert [(run["id"], run["status"]) for run in executed] == [(run_id, "succeeded")]
+    shown = cli(tmp_path, "--json", "runs", "get", run_id)
+    assert shown.returncode == 0, shown.stderr
+    run = json.loads(shown.stdout)["run"]
+    assert run["status"] == "succeeded" and run["output"] == {"greeting": "hello ada"}
+    # No dev process is running: the file is the shared state, so no bridge session is involved.
+    assert "session" not in (shown.stderr + once.stderr)
 
 
 def test_init_config_never_overwrites_without_the_flag(tmp_path: Path) -> None:

@@ -22,4 +22,7 @@ def test_demo_prints_the_quick_start_result_then_the_worker_tour() -> None:
     assert "$ runlane init config --tasks demo_tasks" in out
     assert "wrote runlane.toml" in out
     assert "tick materialized=1" in out
-    assert "run succeeded" in out and "task=hello.greet" in out
+    assert "$ runlane trigger hello.greet" in out and "✓ created run_" in out
+    assert out.count("run succeeded run_") == 2 and "worker stopped runs=2" in out  # triggered + scheduled
+    listed = out[out.index("$ runlane runs list"):].splitlines()[2:4]
+    assert len(listed) == 2 and all("succeeded  hello.greet" in line for line in listed)

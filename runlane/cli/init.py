@@ -54,9 +54,11 @@ def render_config(*, tasks: list[str], runtime: str | None, lane: str) -> str:
             '# runtime = "app.runtime:create_app_runlane"',
             "",
             "[lane]",
-            '# Any lane a plugin provides: "local" (in-memory, this process only), "sqlite" (durable file),',
+            '# Any lane a plugin provides: "sqlite" (a durable file, shared by the processes of this machine),',
+            '# "local" (in-memory, this process only: `runlane dev` then serves the other commands),',
             '# "postgres-polling", "postgres-sqs", or a third-party lane. Its options follow `use`.',
             f"use = {_toml_string(lane)}",
+            *_lane_options(lane),
             "",
         ]
     lines += [
@@ -73,6 +75,19 @@ def render_config(*, tasks: list[str], runtime: str | None, lane: str) -> str:
     return "\n".join(lines)
 
 
+def _lane_options(lane: str) -> list[str]:
+    """Starter options for the first-party lanes (each plugin validates its own)."""
+    if lane == "sqlite":
+        return ["# The database file, relative to this config file.", 'path = "runlane.db"']
+    if lane == "postgres-polling":
+        return [
+            "# Apply the schema first with `runlane postgres migrate`.",
+            'connection_string = "${DATABASE_URL:-postgresql://localhost:5432/app}"',
+            '# schema = "public"',
+        ]
+    return []
+
+
 @app.command("config")
 def init_config(
     ctx: typer.Context,
@@ -85,7 +100,10 @@ def init_config(
     runtime: Annotated[
         str | None, typer.Option("--runtime", help="Your runtime or factory as module:attribute.", metavar="MODULE:ATTR")
     ] = None,
-    lane: Annotated[str, typer.Option("--lane", help="Lane provider name.", metavar="NAME")] = "local",
+    lane: Annotated[
+        str,
+        typer.Option("--lane", help="Lane provider name (sqlite: durable single-machine default).", metavar="NAME"),
+    ] = "sqlite",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing file.")] = False,
 ) -> None:
     """Write a commented runlane.toml."""

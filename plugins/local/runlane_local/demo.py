@@ -5,14 +5,16 @@
 Part 1 is the smallest durable program (it prints ``queued``, ``succeeded``, ``["user_123"]``).
 Part 2 drains a backlog with a worker: one task retries once before succeeding, one releases the run
 to wait for a signal, and the event history of each run is printed from the operator API.
-Part 3 does it from the command line: ``runlane init config`` and ``runlane dev --once`` in a
-temporary directory, where a scheduled task is materialized and executed.
+Part 3 does it from the command line in a temporary directory: ``runlane init config`` (a durable
+SQLite lane by default), ``runlane trigger``, then ``runlane dev --once``, which materializes the
+scheduled run and executes both, and ``runlane runs list`` from yet another process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -124,13 +126,19 @@ def greet(payload: dict) -> dict:
 
 
 def cli_tour() -> None:
-    """`runlane init config`, a tasks module, then `runlane dev --once` in a fresh directory."""
+    """`runlane init config`, a tasks module, `trigger`, `dev --once` and `runs list` in a fresh directory."""
     runlane = [sys.executable, "-m", "runlane"]
     with tempfile.TemporaryDirectory(prefix="runlane-demo-") as directory:
         project = Path(directory)
         (project / "demo_tasks.py").write_text(CLI_TASKS)
-        for command in (["init", "config", "--tasks", "demo_tasks"], ["dev", "--once"]):
-            print(f"  $ runlane {' '.join(command)}")
+        commands = (
+            ["init", "config", "--tasks", "demo_tasks"],
+            ["trigger", "hello.greet", '{"name": "grace"}'],
+            ["dev", "--once"],
+            ["runs", "list"],
+        )
+        for command in commands:
+            print(f"  $ runlane {' '.join(shlex.quote(part) for part in command)}")
             completed = subprocess.run(
                 [*runlane, *command], cwd=project, capture_output=True, text=True, timeout=60, check=False
             )
