@@ -11,10 +11,18 @@ schema per measurement, and prints the server settings it ran under.
    a fixed number of runs. Prints triggers/second per producer count.
 3. Latency: one idle poll worker process (default empty_poll_delay, LISTEN/NOTIFY wake hints);
    runs are triggered one at a time with idle gaps; the handler records when it starts. Prints
-   p50/p99 from just before ``trigger()`` to the handler's first line.
+   p50/p99 from just before ``trigger()`` to the handler's first line, and where that time goes:
+   ``trigger()`` itself (the commit), from its return to the wake hint reaching the worker, and from
+   the hint to the handler's first line (the worker's scan and claim).
+
+Every throughput figure also shows the cost per run: Python CPU of the measured processes,
+PostgreSQL CPU (server processes, when the server runs on this machine and its processes are
+readable), and the server's transaction commits and WAL syncs (``pg_stat_database`` / ``pg_stat_wal``).
+The load average is printed before each measurement: other work on the machine skews every figure.
 
     .venv/bin/python benchmarks/postgres_bench.py [--runs 20000] [--processes 2] [--concurrency 16]
-        [--producers 1,4,8] [--triggers 2000] [--latency-samples 300]
+        [--producers 1,4,8] [--triggers 2000] [--latency-samples 300] [--only burn,trigger,latency]
+        [--setting name=value ...]
 """
 
 from __future__ import annotations
@@ -24,17 +32,25 @@ import asyncio
 import json
 import os
 import platform
+import selectors
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runlane import WorkerMode, create_runlane, queue, task
 
 bench_queue = queue("bench", default=True)
 _latency_log: list[str] = []
+
+WORKER_TIMEOUT = 900.0  # seconds any one worker process may take, start-up included
+READY_TIMEOUT = 60.0
 
 
 @task("bench.noop", queue=bench_queue)
@@ -42,7 +58,7 @@ async def noop(payload: dict) -> None:
     if "sent" in payload:
         started = time.time()
         with open(_latency_log[0], "a") as log:
-            log.write(f"{started - payload['sent']:.6f}\n")
+            log.write(f"start {payload['i']} {started - payload['sent']:.6f} {started:.6f}\n")
     return None
 
 
@@ -50,6 +66,129 @@ def lane(url: str):
     from runlane_postgres import postgres_polling_lane
 
     return postgres_polling_lane(url)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost accounting: process CPU, server CPU, commits and WAL syncs
+
+
+def _process_cpu(pid: int, *, children: bool = False) -> float | None:
+    """CPU seconds (user + system) of ``pid``, plus its reaped children's when ``children``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = int(fields[11]) + int(fields[12])  # utime, stime
+    if children:
+        used += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return used / ticks
+
+
+def _server_cpu(postmaster: int | None) -> float | None:
+    """CPU seconds of a local server: the postmaster, its reaped backends and its live children."""
+    if postmaster is None:
+        return None
+    total = _process_cpu(postmaster, children=True)
+    if total is None:
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:
+            total += _process_cpu(int(entry.name)) or 0.0
+    return total
+
+
+@dataclass
+class Counters:
+    server_cpu: float | None
+    commits: int
+    rollbacks: int
+    wal_syncs: int | None
+    wal_bytes: int | None
+
+
+class Meter:
+    """Server-side counters sampled around a measurement."""
+
+    def __init__(self, url: str, postmaster: int | None) -> None:
+        self.url = url
+        self.postmaster = postmaster
+
+    def sample(self) -> Counters:
+        import psycopg
+
+        with psycopg.connect(self.url, connect_timeout=10, autocommit=True) as connection:
+            commits, rollbacks = connection.execute(
+                "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()
+            try:
+                syncs, size = connection.execute("SELECT wal_sync, wal_bytes FROM pg_stat_wal").fetchone()
+            except psycopg.Error:
+                syncs = size = None
+        return Counters(_server_cpu(self.postmaster), commits, rollbacks, syncs, None if size is None else int(size))
+
+    def settle(self) -> Counters:
+        # Backends report their statistics when they exit or go idle (at most about once a second).
+        time.sleep(1.1)
+        return self.sample()
+
+
+def _cost(
+    count: int, before: Counters, after: Counters, python_cpu: float | None, *, this_process: bool = False
+) -> str:
+    """Per-run cost line: Python CPU, server CPU, commits and WAL syncs per run."""
+    parts = []
+    if python_cpu is not None:
+        parts.append(f"Python CPU {python_cpu / count * 1e6:,.0f} us")
+    if before.server_cpu is not None and after.server_cpu is not None:
+        server = after.server_cpu - before.server_cpu
+        if this_process:
+            server = max(server, 0.0)
+        parts.append(f"PostgreSQL CPU {server / count * 1e6:,.0f} us")
+    # The meter's own connection commits a few statements: negligible next to thousands of runs.
+    parts.append(f"{(after.commits - before.commits) / count:.2f} commits")
+    if after.rollbacks != before.rollbacks:
+        parts.append(f"{(after.rollbacks - before.rollbacks) / count:.3f} rollbacks")
+    if before.wal_syncs is not None and after.wal_syncs is not None:
+        parts.append(f"{(after.wal_syncs - before.wal_syncs) / count:.2f} WAL syncs")
+    if before.wal_bytes is not None and after.wal_bytes is not None:
+        parts.append(f"{(after.wal_bytes - before.wal_bytes) / count / 1024:.1f} KiB WAL")
+    return "per run: " + ", ".join(parts)
+
+
+def commit_floor(url: str, commits: int = 100) -> str:
+    """Latency of the smallest durable commit (a one-row insert), back to back: every trigger and
+    every claim waits for at least one such WAL flush, so this bounds the figures below. On a shared
+    or virtual disk it varies a lot over time; it is measured before each measurement."""
+    import psycopg
+
+    table = f"runlane_bench_floor_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, connect_timeout=10, autocommit=True) as connection:
+        connection.execute(f"CREATE TABLE {table} (n integer)")
+        try:
+            timings = []
+            for n in range(commits):
+                started = time.perf_counter()
+                connection.execute(f"INSERT INTO {table} VALUES (%s)", (n,))
+                timings.append((time.perf_counter() - started) * 1000)
+        finally:
+            connection.execute(f"DROP TABLE {table}")
+    timings.sort()
+    return f"durable one-row commit p50 {statistics.median(timings):.2f} ms, p90 {_percentile(timings, 0.9):.2f} ms"
+
+
+def _load() -> str:
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,56 +200,103 @@ async def _worker_process(url: str, mode: str, concurrency: int) -> None:
     async with runtime:
         # Warm the pool before the barrier so connection setup is not measured.
         await runtime.runs.list(limit=1)
+        if _latency_log:
+            _record_hints(runtime, _latency_log[0])
         print("ready", flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # the barrier
+        loop = asyncio.get_running_loop()
+        if await loop.run_in_executor(None, sys.stdin.readline) == "":  # the barrier
+            return
+        cpu = time.process_time()
         if mode == "drain":
             worker = runtime.worker(mode=WorkerMode.DRAIN, concurrency=concurrency)
             await worker.closed
-            print(json.dumps({"executed": worker.executed, "finished": time.time()}), flush=True)
         else:
             worker = runtime.worker(mode=WorkerMode.POLL, concurrency=concurrency)
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # stop
+            await loop.run_in_executor(None, sys.stdin.readline)  # stop
             await worker.stop()
-            print(json.dumps({"executed": worker.executed, "finished": time.time()}), flush=True)
+        finished = time.time()
+        result = {"executed": worker.executed, "finished": finished, "cpu": time.process_time() - cpu}
+        print(json.dumps(result), flush=True)
 
 
-def _spawn(url: str, mode: str, concurrency: int, log: str = "") -> subprocess.Popen[str]:
-    command = [sys.executable, __file__, "--role", "worker", "--url", url, "--mode", mode, "--concurrency", str(concurrency)]
-    if log:
-        command += ["--latency-log", log]
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    return process
+def _record_hints(runtime: Any, path: str) -> None:
+    """Log when each wake hint reaches this process (the latency breakdown's middle part)."""
+    driver = runtime.lane.storage
+    subscribe = getattr(driver, "subscribe_wake_hints", None)
+    if subscribe is None:
+        return
+
+    def on_hint(_queue: str) -> None:
+        with open(path, "a") as log:
+            log.write(f"hint {time.time():.6f}\n")
+
+    subscribe(on_hint)
 
 
-def _await_ready(processes: list[subprocess.Popen[str]], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        assert process.stdout is not None
-        line = process.stdout.readline()  # blocks until ready (the process prints it after connecting)
-        if line.strip() != "ready" or time.monotonic() > deadline:
-            raise RuntimeError(f"a worker process failed to start: {line!r}")
+class Worker:
+    """One worker process: ``ready`` after connecting, starts at the barrier, prints a JSON result."""
+
+    def __init__(self, url: str, mode: str, concurrency: int, log: str = "") -> None:
+        command = [sys.executable, __file__, "--role", "worker", "--url", url, "--mode", mode]
+        command += ["--concurrency", str(concurrency)]
+        if log:
+            command += ["--latency-log", log]
+        self.stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True
+        )
+
+    def failure(self, what: str) -> RuntimeError:
+        self.stderr.seek(0)
+        tail = self.stderr.read().decode("utf-8", "replace").strip().splitlines()[-15:]
+        return RuntimeError(f"a worker process {what}" + ("\n  " + "\n  ".join(tail) if tail else ""))
+
+    def read_line(self, timeout: float) -> str:
+        assert self.process.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout):
+                raise self.failure(f"printed nothing for {timeout:.0f} s")
+        return self.process.stdout.readline()
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        line = self.read_line(timeout)
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise self.failure(f"exited without a result ({line.strip()!r})") from None
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=30)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
+        self.stderr.close()
 
 
-def _release(processes: list[subprocess.Popen[str]]) -> None:
-    for process in processes:
-        assert process.stdin is not None
-        process.stdin.write("go\n")
-        process.stdin.flush()
-
-
-def _results(processes: list[subprocess.Popen[str]], timeout: float) -> list[dict]:
-    results = []
-    for process in processes:
-        out, _ = process.communicate(timeout=timeout)
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+def _await_ready(workers: list[Worker]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    for worker in workers:
+        line = worker.read_line(max(1.0, deadline - time.monotonic()))
+        if line.strip() != "ready":
+            raise worker.failure(f"failed to start ({line.strip()!r})")
 
 
 # ---------------------------------------------------------------------------------------------
 # Measurements
 
 
-async def _trigger(url: str, runs: int, producers: int, payload: dict | None = None) -> float:
+async def _trigger(
+    url: str, runs: int, producers: int, payload: Callable[[int], dict] | None = None
+) -> tuple[float, float]:
+    """Trigger ``runs`` runs from ``producers`` tasks: (triggers per second, Python CPU seconds)."""
     runtime = create_runlane(lane=lane(url), queues=[bench_queue], tasks=[noop])
     async with runtime:
         await runtime.runs.list(limit=1)
@@ -118,71 +304,153 @@ async def _trigger(url: str, runs: int, producers: int, payload: dict | None = N
 
         async def produce(count: int) -> None:
             for n in range(count):
-                await runtime.trigger(noop, payload or {"n": n})
+                await runtime.trigger(noop, payload(n) if payload else {"n": n})
 
+        cpu = time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(produce(count) for count in share))
-        return runs / (time.perf_counter() - started)
+        return runs / (time.perf_counter() - started), time.process_time() - cpu
 
 
-def burn_down(url: str, runs: int, processes: int, concurrency: int) -> tuple[float, float]:
-    trigger_rate = asyncio.run(_trigger(url, runs, 8))
-    workers = [_spawn(url, "drain", concurrency) for _ in range(processes)]
+def burn_down(url: str, meter: Meter, runs: int, processes: int, concurrency: int) -> None:
+    print(f"  burn-down ({_load()}; {commit_floor(meter.url)}):")
+    before = meter.sample()
+    trigger_rate, cpu = asyncio.run(_trigger(url, runs, 8))
+    after = meter.settle()
+    print(f"    pre-trigger, 8 producers: {trigger_rate:,.0f} triggers/s; {_cost(runs, before, after, cpu)}")
+    workers = [Worker(url, "drain", concurrency) for _ in range(processes)]
     try:
         _await_ready(workers)
+        before = meter.sample()
         started = time.time()
-        _release(workers)
-        results = _results(workers, timeout=900)
+        for worker in workers:
+            worker.send("go")
+        results = [worker.result(WORKER_TIMEOUT) for worker in workers]
     finally:
-        for process in workers:
-            if process.poll() is None:
-                process.kill()
+        for worker in workers:
+            worker.close()
+    after = meter.settle()
     executed = sum(result["executed"] for result in results)
-    assert executed == runs, f"drained {executed} of {runs} runs"
-    return runs / (max(result["finished"] for result in results) - started), trigger_rate
+    if executed != runs:
+        raise RuntimeError(f"the workers drained {executed} of {runs} runs")
+    rate = runs / (max(result["finished"] for result in results) - started)
+    python_cpu = sum(result["cpu"] for result in results)
+    print(
+        f"    {runs:,} pre-triggered no-op runs, {processes} worker processes x {concurrency} slots: "
+        f"{rate:,.0f} runs/s"
+    )
+    print(f"    {_cost(runs, before, after, python_cpu)}")
 
 
-def latency(url: str, samples: int, log: Path) -> tuple[float, float, float]:
-    worker = _spawn(url, "poll", 1, str(log))
+def trigger_throughput(url: str, meter: Meter, runs: int, producers: int) -> None:
+    floor = commit_floor(meter.url)
+    before = meter.sample()
+    rate, cpu = asyncio.run(_trigger(url, runs, producers))
+    after = meter.settle()
+    print(
+        f"  trigger, {producers} producer(s), {runs:,} runs ({_load()}; {floor}): {rate:,.0f} triggers/s; "
+        f"{_cost(runs, before, after, cpu)}"
+    )
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    return values[min(len(values) - 1, max(0, int(round(len(values) * fraction)) - 1))]
+
+
+def latency(url: str, meter: Meter, samples: int, log: Path) -> None:
+    print(f"  trigger-to-start with an idle poll worker ({_load()}; {commit_floor(meter.url)}):")
+    worker = Worker(url, "poll", 1, str(log))
+    returned: list[tuple[float, float]] = []  # (sent, trigger() returned)
     try:
         _await_ready([worker])
-        _release([worker])
+        worker.send("go")
         time.sleep(0.5)  # the worker is polling and listening, idle
 
         async def produce() -> None:
             runtime = create_runlane(lane=lane(url), queues=[bench_queue], tasks=[noop])
             async with runtime:
                 await runtime.runs.list(limit=1)
-                for _ in range(samples):
-                    await runtime.trigger(noop, {"sent": time.time()})
+                for index in range(samples):
+                    sent = time.time()
+                    await runtime.trigger(noop, {"sent": sent, "i": index})
+                    returned.append((sent, time.time()))
                     await asyncio.sleep(0.02)  # let the worker go idle again
 
         asyncio.run(produce())
         deadline = time.monotonic() + 30
-        while (not log.exists() or len(log.read_text().splitlines()) < samples) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            if log.exists() and sum(line.startswith("start") for line in log.read_text().splitlines()) >= samples:
+                break
             time.sleep(0.05)
-        assert worker.stdin is not None
-        worker.stdin.write("stop\n")
-        worker.stdin.flush()
-        worker.communicate(timeout=30)
+        worker.send("stop")
+        worker.result(30)
     finally:
-        if worker.poll() is None:
-            worker.kill()
-    values = sorted(float(line) * 1000 for line in log.read_text().splitlines())
-    assert len(values) == samples, f"{len(values)} of {samples} latency samples"
-    return statistics.median(values), values[int(len(values) * 0.99) - 1], values[-1]
+        worker.close()
+    starts: dict[int, tuple[float, float]] = {}
+    hints: list[float] = []
+    for line in log.read_text().splitlines():
+        kind, *fields = line.split()
+        if kind == "start":
+            starts[int(fields[0])] = (float(fields[1]), float(fields[2]))
+        elif kind == "hint":
+            hints.append(float(fields[0]))
+    if len(starts) != samples:
+        raise RuntimeError(f"{len(starts)} of {samples} latency samples arrived")
+    totals = sorted(starts[index][0] * 1000 for index in range(samples))
+    print(
+        f"    {samples} samples, trigger() to the handler's first line: p50 {statistics.median(totals):.2f} ms, "
+        f"p99 {_percentile(totals, 0.99):.2f} ms, max {totals[-1]:.2f} ms"
+    )
+    # Where the time goes: trigger() (its commit), then the first hint after trigger() returned, then
+    # the worker's scan and claim up to the handler. A sample without a hint in between (a slot
+    # that was not idle, or a lost hint) counts only in the totals.
+    commits, delivery, claims = [], [], []
+    hints.sort()
+    position = 0
+    for index in range(samples):
+        sent, done = returned[index]
+        handler = starts[index][1]
+        while position < len(hints) and hints[position] < done - 0.005:
+            position += 1
+        commits.append((done - sent) * 1000)
+        if position < len(hints) and hints[position] <= handler:
+            delivery.append((hints[position] - done) * 1000)
+            claims.append((handler - hints[position]) * 1000)
+    for label, values in (
+        ("trigger() (read + commit)", commits),
+        ("trigger() returned to wake hint received", delivery),
+        ("hint received to handler start (scan + claim)", claims),
+    ):
+        if values:
+            values.sort()
+            print(
+                f"    {label}: p50 {statistics.median(values):.2f} ms, p99 {_percentile(values, 0.99):.2f} ms "
+                f"({len(values)} samples)"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
 
 
+_SETTINGS = (
+    "server_version",
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "wal_sync_method",
+    "wal_level",
+    "commit_delay",
+    "shared_buffers",
+    "max_connections",
+)
+
+
 async def _settings(url: str) -> dict[str, str]:
     import psycopg
 
-    names = ["server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_level", "shared_buffers", "max_connections"]
     async with await psycopg.AsyncConnection.connect(url, connect_timeout=10) as connection:
         values = {}
-        for name in names:
+        for name in _SETTINGS:
             row = await (await connection.execute(f"SHOW {name}")).fetchone()
             values[name] = row[0]
         return values
@@ -197,6 +465,19 @@ async def _fresh_schema(url: str) -> str:
     return f"{url}{separator}schema={schema}"
 
 
+def _postmaster(url: str) -> int | None:
+    """The server's postmaster pid when its data directory is readable here (a local server)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=10) as connection:
+            (directory,) = connection.execute("SHOW data_directory").fetchone()
+        pid = int(Path(directory, "postmaster.pid").read_text().split()[0])
+    except Exception:  # noqa: BLE001 - no superuser, or a remote server: no server CPU figures
+        return None
+    return pid if _process_cpu(pid) is not None else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20000)
@@ -205,6 +486,10 @@ def main() -> None:
     parser.add_argument("--producers", default="1,4,8")
     parser.add_argument("--triggers", type=int, default=2000)
     parser.add_argument("--latency-samples", type=int, default=300)
+    parser.add_argument("--only", default="burn,trigger,latency", help="comma-separated measurements to run")
+    parser.add_argument(
+        "--setting", action="append", default=[], metavar="NAME=VALUE", help="extra throwaway-server setting"
+    )
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
     parser.add_argument("--url", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="drain", help=argparse.SUPPRESS)
@@ -215,36 +500,40 @@ def main() -> None:
             _latency_log.append(args.latency_log)
         asyncio.run(_worker_process(args.url, args.mode, args.concurrency))
         return
+    only = {name.strip() for name in args.only.split(",") if name.strip()}
+    unknown = only - {"burn", "trigger", "latency"}
+    if unknown:
+        parser.error(f"unknown measurement(s) in --only: {', '.join(sorted(unknown))}")
 
     server = None
     url = os.environ.get("RUNLANE_POSTGRES_BENCH_URL")
     if url is None:
         from runlane_postgres.testing import PostgresTestServer
 
-        server = PostgresTestServer()
+        settings = dict(setting.split("=", 1) for setting in args.setting)
+        server = PostgresTestServer(settings=settings)
         server.start()
         url = server.url
+    elif args.setting:
+        parser.error("--setting applies only to the throwaway server (RUNLANE_POSTGRES_BENCH_URL is set)")
     try:
         settings = asyncio.run(_settings(url))
-        print(f"postgres_bench: Python {platform.python_version()}, {os.cpu_count()} CPUs, PostgreSQL settings:")
-        print("  " + ", ".join(f"{name}={value}" for name, value in settings.items()))
-        rate, trigger_rate = burn_down(asyncio.run(_fresh_schema(url)), args.runs, args.processes, args.concurrency)
-        print(
-            f"  burn-down: {args.runs} pre-triggered no-op runs, {args.processes} worker processes x "
-            f"{args.concurrency} slots: {rate:,.0f} runs/s (pre-trigger with 8 producers: {trigger_rate:,.0f}/s)"
-        )
-        for producers in (int(value) for value in args.producers.split(",")):
-            rate = asyncio.run(_trigger(asyncio.run(_fresh_schema(url)), args.triggers, producers))
-            print(f"  trigger: {producers} producer(s), {args.triggers} runs: {rate:,.0f} triggers/s")
-        log = Path(f"/tmp/runlane-bench-latency-{uuid.uuid4().hex[:8]}.log")
-        try:
-            p50, p99, worst = latency(asyncio.run(_fresh_schema(url)), args.latency_samples, log)
-        finally:
-            log.unlink(missing_ok=True)
-        print(
-            f"  trigger-to-start with an idle poll worker (separate process, {args.latency_samples} samples): "
-            f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {worst:.2f} ms"
-        )
+        meter = Meter(url, _postmaster(url))
+        print(f"postgres_bench: Python {platform.python_version()}, {os.cpu_count()} CPUs, {_load()}")
+        print("  PostgreSQL: " + ", ".join(f"{name}={value}" for name, value in settings.items()))
+        if meter.postmaster is None:
+            print("  (the server's processes are not readable here: no PostgreSQL CPU figures)")
+        if "burn" in only:
+            burn_down(asyncio.run(_fresh_schema(url)), meter, args.runs, args.processes, args.concurrency)
+        if "trigger" in only:
+            for producers in (int(value) for value in args.producers.split(",")):
+                trigger_throughput(asyncio.run(_fresh_schema(url)), meter, args.triggers, producers)
+        if "latency" in only:
+            log = Path(tempfile.gettempdir(), f"runlane-bench-latency-{uuid.uuid4().hex[:8]}.log")
+            try:
+                latency(asyncio.run(_fresh_schema(url)), meter, args.latency_samples, log)
+            finally:
+                log.unlink(missing_ok=True)
     finally:
         if server is not None:
             server.stop()

@@ -41,6 +41,7 @@ from runlane.plugins.manager import get_registries
 from runlane.plugins.registries import validate_options
 from runlane.storage import (
     NewStorageRecord,
+    StorageAppendCommand,
     StorageClockAuthority,
     StorageDocument,
     StorageDurability,
@@ -49,6 +50,8 @@ from runlane.storage import (
     StorageIndexName,
     StorageLimits,
     StorageRecordKey,
+    StorageStreamName,
+    storage_stream_layouts,
 )
 from runlane.storage.operator import PaginationParams, RunFilter
 from runlane.testing import ControlledClock
@@ -454,6 +457,68 @@ def test_postgres_errors_map_to_runlane_errors(error: Exception, code: ErrorCode
         assert is_storage_conflict(mapped)
     if isinstance(error, (pg_errors.InvalidSchemaName, pg_errors.UndefinedTable)):
         assert "runlane postgres migrate" in mapped.message
+
+
+# ---------------------------------------------------------------------------------------------
+# Group commit: concurrent attempts of one driver share one transaction, each rolled back alone
+
+
+async def test_concurrent_commits_share_batches_and_fail_alone(schemas: Schemas, shared_schema: str) -> None:
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=0, max_size=4)
+    batches: list[int] = []
+    commit_batch = driver._commit_batch
+
+    async def spy(conn: Any, attempts: Any) -> Any:
+        batches.append(len(attempts))
+        return await commit_batch(conn, attempts)
+
+    driver._commit_batch = spy  # type: ignore[method-assign]
+    await driver.start()
+    try:
+        token = uuid.uuid4().hex
+        counter = StorageRecordKey("batch-counter", token)
+        await create(driver, record(counter, {"n": 0}))
+        stream = f"batch-{token}"
+        head = storage_stream_layouts[StorageStreamName.OBSERVATIONS].head_key(stream)
+        broken = f"broken-{token}"
+        broken_head = storage_stream_layouts[StorageStreamName.OBSERVATIONS].head_key(broken)
+
+        async def increment(tx: Any) -> None:
+            (current,) = await tx.get([counter])
+            tx.replace(current, record(counter, {"n": current.document.value["n"] + 1}))
+            tx.append(StorageAppendCommand(StorageStreamName.OBSERVATIONS, stream, [{"n": 1}]))
+
+        async def blind_create(n: int) -> None:
+            await create(driver, record(StorageRecordKey("batch-item", token, str(n)), {"n": n}))
+
+        async def append_to_broken(tx: Any) -> None:
+            tx.append(StorageAppendCommand(StorageStreamName.OBSERVATIONS, broken, [{"n": 1}]))
+
+        await driver.with_transaction(append_to_broken)
+        _corrupt(schemas, shared_schema, broken_head, "document", '{"schemaVersion":1,"value":{"next_position":"x"}}')
+        outcomes = await asyncio.gather(
+            *(driver.with_transaction(increment) for _ in range(12)),
+            *(blind_create(n) for n in range(12)),
+            *(driver.with_transaction(append_to_broken) for _ in range(3)),
+            return_exceptions=True,
+        )
+        assert outcomes[:24] == [None] * 24
+        for failure in outcomes[24:]:
+            assert isinstance(failure, RunlaneError) and failure.code is ErrorCode.INVARIANT_VIOLATION
+        assert batches and max(batches) > 1, batches
+        (current,) = await driver.get([counter])
+        assert current is not None and current.document.value == {"n": 12}
+        # The appends that committed took contiguous positions: replays and failures consumed none.
+        (stored_head,) = await driver.get([head])
+        assert stored_head is not None and stored_head.document.value == {"next_position": "13"}
+        items = await driver.get([StorageRecordKey("batch-item", token, str(n)) for n in range(12)])
+        assert all(item is not None for item in items)
+        # A blind create of an existing key in a batch fails alone, as a conflict that replays and
+        # then finds the record: no other attempt of the batch is affected.
+        again = await asyncio.gather(blind_create(0), blind_create(100), return_exceptions=True)
+        assert isinstance(again[0], RunlaneError) and again[1] is None
+    finally:
+        await driver.close()
 
 
 # ---------------------------------------------------------------------------------------------

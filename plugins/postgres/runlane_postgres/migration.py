@@ -23,6 +23,8 @@ transaction-scoped advisory locks in the order given, re-checks every read and e
 writes records, index rows and projection rows, and last allocates ordered-append positions under
 the stream head's lock. It changes nothing unless every check passes (a failed dependency check
 returns status 1; a failure after the first write raises, which rolls the statement back).
+``runlane_commit_batch(locks jsonb, attempts jsonb)`` applies several attempts in one transaction
+(the driver's group commit): every lock first, then each attempt in a subtransaction of its own.
 """
 
 from __future__ import annotations
@@ -202,6 +204,9 @@ CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_created
     ON __RUNLANE_SCHEMA__.runlane_operator_runs (environment, created_at, run_id);
 CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_updated
     ON __RUNLANE_SCHEMA__.runlane_operator_runs (environment, updated_at, run_id);
+-- A status filter reads its own runs in created order instead of scanning past the other statuses.
+CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_status
+    ON __RUNLANE_SCHEMA__.runlane_operator_runs (environment, status, created_at, run_id);
 
 -- Operator read projection of run event records (OPERATOR_EVENT_COLUMNS).
 CREATE TABLE IF NOT EXISTS __RUNLANE_SCHEMA__.runlane_operator_events (
@@ -242,6 +247,8 @@ CREATE OR REPLACE FUNCTION __RUNLANE_SCHEMA__.runlane_commit(
     OUT commit_detail text
 )
 LANGUAGE plpgsql
+-- The statements' plans never depend on the payload's values: plan them once per connection.
+SET plan_cache_mode = force_generic_plan
 AS $runlane$
 DECLARE
     appended jsonb := p -> 'a';
@@ -398,6 +405,40 @@ BEGIN
     ON CONFLICT (key) DO UPDATE
     SET version = EXCLUDED.version, document = EXCLUDED.document, byte_size = EXCLUDED.byte_size,
         indexes = EXCLUDED.indexes;
+END;
+$runlane$;
+
+-- Applies several transaction attempts in one transaction, so they share one WAL flush (the driver's
+-- group commit): first every advisory lock of every attempt, in the one global order given by the
+-- caller (point keys sorted, then stream heads sorted; exclusive wherever any attempt needs it), then
+-- each attempt's runlane_commit in order, in a subtransaction of its own: a later attempt's checks
+-- see the earlier ones' writes, and an attempt that raises is rolled back alone. Returns one row per
+-- attempt, in order: commit_status 0 or 1 as runlane_commit returns it, or 2 when it raised, with
+-- the error's SQLSTATE, message and detail.
+CREATE OR REPLACE FUNCTION __RUNLANE_SCHEMA__.runlane_commit_batch(locks jsonb, attempts jsonb)
+RETURNS TABLE (commit_status integer, commit_state text, commit_message text, commit_detail text)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $runlane$
+DECLARE
+    attempt jsonb;
+BEGIN
+    PERFORM CASE WHEN (e ->> 1)::boolean THEN pg_advisory_xact_lock_shared((e ->> 0)::bigint)
+                 ELSE pg_advisory_xact_lock((e ->> 0)::bigint) END
+    FROM jsonb_array_elements(locks) AS e;
+    FOR attempt IN SELECT a.value FROM jsonb_array_elements(attempts) AS a LOOP
+        commit_state := NULL;
+        commit_message := NULL;
+        commit_detail := NULL;
+        BEGIN
+            SELECT c.commit_status INTO commit_status FROM __RUNLANE_SCHEMA__.runlane_commit(attempt) AS c;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS commit_state = RETURNED_SQLSTATE, commit_message = MESSAGE_TEXT,
+                commit_detail = PG_EXCEPTION_DETAIL;
+            commit_status := 2;
+        END;
+        RETURN NEXT;
+    END LOOP;
 END;
 $runlane$;
 

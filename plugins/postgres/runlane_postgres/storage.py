@@ -15,6 +15,14 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   the callback is replayed, like ``memory.py``; so are ``40001`` / ``40P01``, a unique violation and a
   connection lost before the commit (once). A read-only attempt with more than one read statement
   re-checks its read set with one ``SELECT``.
+* **Group commit.** While one commit of a driver is in flight, the attempts that reach their commit
+  queue up; the first of them then commits them all in one ``runlane_commit_batch`` statement (one
+  transaction, one WAL flush): every lock of the batch first, in the same global order, then each
+  attempt's ``runlane_commit`` in a subtransaction of its own, so a later attempt sees the earlier
+  ones' writes and an attempt that fails (or whose reads changed) is rolled back or replayed alone.
+* **Hot statements** (point reads, index pages, commits, read validation, hints) are prepared once
+  per connection and run through libpq directly with text parameters and results; psycopg's cursor
+  layer serves the rest (operator reads, transactions that hold exclusive candidates).
 * **Ordered append.** The stream head is an ordinary record. After the point writes, the commit
   function takes the head key's lock, reads the head, allocates contiguous positions after it and
   writes the records and the new head, so aborted or replayed attempts consume no positions and
@@ -33,7 +41,8 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   not a schema-version-1 envelope is corruption (``invariant_violation``), never skipped.
 * **Operator projection**: ``runlane.storage.operator_sql`` rows, written by the same commit.
 * **Wake hints** (``StorageWakeHints``): ``publish_wake_hint`` sends ``NOTIFY`` on one channel per
-  schema (the first at once, later ones merged for ``wake_hint_interval``); ``subscribe_wake_hints``
+  schema from a connection of its own, outside the pool (the first at once, later ones merged for
+  ``wake_hint_interval``); ``subscribe_wake_hints``
   keeps one extra connection ``LISTEN``-ing while anyone is subscribed, so a trigger in one process
   wakes idle poll workers in the others before their poll delay ends.
 * **Client clock**: ``now()`` samples the injected clock once per attempt (``use_clock`` like
@@ -54,7 +63,8 @@ import contextlib
 import functools
 import hashlib
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
@@ -381,6 +391,21 @@ def _record(key: StorageRecordKey, version: Any, text: Any, indexes: Any) -> Sto
     return StorageRecord(key, str(version), _document(encoded, text), _entries(encoded, indexes))
 
 
+def _found_records(wanted: dict[str, StorageRecordKey], result: Any) -> dict[str, StorageRecord]:
+    """The records of a point-read result (text format: key, version, document, indexes)."""
+    found: dict[str, StorageRecord] = {}
+    value = result.get_value
+    for row in range(result.ntuples):
+        encoded = value(row, 0).decode("utf-8")
+        key = wanted.get(encoded)
+        if key is None:
+            raise _corrupt(encoded, "a point read returned a key it did not ask for")
+        version = value(row, 1)
+        version = None if version is None else int(version)
+        found[encoded] = _record(key, version, _text(value(row, 2)), _text(value(row, 3)))
+    return found
+
+
 def _lock_hash(salt: bytes, encoded_key: str) -> int:
     """A stable signed 64-bit advisory lock key for one record key of one schema."""
     digest = hashlib.blake2b(encoded_key.encode("utf-8"), digest_size=8, key=salt).digest()
@@ -396,6 +421,21 @@ _PROBE_B = 17777777777777777777
 def _split_append(command: StorageAppendCommand) -> list[tuple[str, str, int]]:
     """For each value: the canonical record text before and after its position digits, and the
     byte size of the record's document without the digits (what ``materialize_storage_append`` builds)."""
+    second = materialize_storage_append(command, _PROBE_B).records
+    pieces = []
+    for offset, record in enumerate(second):
+        # Only the position's digits depend on the position: when the probe's quoted digits occur
+        # exactly once, they are the position and the rest is the same at every position.
+        text, digits = record.document.text, f'"{_PROBE_B + offset}"'
+        at = text.find(digits)
+        if at < 0 or text.find(digits, at + 1) >= 0:
+            return _split_append_compared(command)
+        pieces.append((text[: at + 1], text[at + 21 :], record.document.byte_size - 20))
+    return pieces
+
+
+def _split_append_compared(command: StorageAppendCommand) -> list[tuple[str, str, int]]:
+    """``_split_append`` for values whose text holds the probe digits too: compare two materializations."""
     first = materialize_storage_append(command, _PROBE_A).records
     second = materialize_storage_append(command, _PROBE_B).records
     pieces = []
@@ -424,6 +464,14 @@ def _split_append(command: StorageAppendCommand) -> list[tuple[str, str, int]]:
 
 
 @dataclass(frozen=True, slots=True)
+class _Statement:
+    """A statement prepared once per connection (under ``name``) and run through libpq directly."""
+
+    name: bytes
+    text: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class _Sql:
     records: str
     index_rows: str
@@ -431,9 +479,13 @@ class _Sql:
     operator_events: str
     migrations: str
     commit: str
-    get: str
-    validate: str
+    validate_sql: str
     get_run: str
+    # The hot statements, prepared per connection (see ``_call``).
+    get: _Statement
+    validate: _Statement
+    commit_prepared: _Statement
+    commit_batch: _Statement
 
     @classmethod
     def for_schema(cls, schema: str) -> _Sql:
@@ -447,13 +499,123 @@ class _Sql:
             operator_events=f"{s}.runlane_operator_events",
             migrations=f"{s}.runlane_schema_migrations",
             commit=commit,
-            get=f"SELECT key, version, document, indexes FROM {records} WHERE key = ANY(%b::text[])",
-            validate=(
+            validate_sql=(
                 "SELECT count(*) FROM unnest(%b::text[], %b::bigint[]) AS d(key, version) "
                 f"LEFT JOIN {records} AS r ON r.key = d.key WHERE r.version IS DISTINCT FROM d.version"
             ),
             get_run=f"SELECT key, document FROM {records} WHERE key = ANY(%b::text[])",
+            get=_Statement(
+                b"runlane_get",
+                f"SELECT key, version, document, indexes FROM {records} WHERE key = ANY($1::text[])".encode(),
+            ),
+            validate=_Statement(
+                b"runlane_validate",
+                (
+                    "SELECT count(*) FROM unnest($1::text[], $2::bigint[]) AS d(key, version) "
+                    f"LEFT JOIN {records} AS r ON r.key = d.key WHERE r.version IS DISTINCT FROM d.version"
+                ).encode(),
+            ),
+            commit_prepared=_Statement(
+                b"runlane_commit", f"SELECT commit_status, commit_detail FROM {s}.runlane_commit($1::jsonb)".encode()
+            ),
+            commit_batch=_Statement(
+                b"runlane_commit_batch",
+                (
+                    "SELECT commit_status, commit_state, commit_message, commit_detail "
+                    f"FROM {s}.runlane_commit_batch($1::jsonb, $2::jsonb)"
+                ).encode(),
+            ),
         )
+
+
+_NOTIFY = _Statement(b"runlane_notify", b"SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q")
+
+
+def _key_array(keys: Iterable[str]) -> bytes:
+    """The text-format ``text[]`` literal of encoded keys (lowercase hex and ``/`` only: no escaping)."""
+    return ('{"' + '","'.join(keys) + '"}').encode("ascii")
+
+
+def _text_array(values: Iterable[str]) -> bytes:
+    """The text-format ``text[]`` literal of arbitrary strings."""
+    quoted = ('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in values)
+    return ("{" + ",".join(quoted) + "}").encode("utf-8")
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _exchange(pgconn: Any) -> list[Any]:
+    """Send what libpq has queued on a nonblocking connection and collect every result until the
+    server is ready again, waiting on the event loop (no psycopg cursor machinery)."""
+    loop = asyncio.get_running_loop()
+    fileno = pgconn.socket
+    while pgconn.flush():
+        future = loop.create_future()
+        loop.add_writer(fileno, _wake, future)
+        try:
+            await future
+        finally:
+            loop.remove_writer(fileno)
+    results = []
+    while True:
+        pgconn.consume_input()
+        while not pgconn.is_busy():
+            result = pgconn.get_result()
+            if result is None:
+                return results
+            results.append(result)
+        future = loop.create_future()
+        loop.add_reader(fileno, _wake, future)
+        try:
+            await future
+        finally:
+            loop.remove_reader(fileno)
+
+
+_FATAL = psycopg.pq.ExecStatus.FATAL_ERROR
+
+
+def _result(results: list[Any]) -> Any:
+    """The one result of a statement; a failed statement raises its ``psycopg.Error``."""
+    for result in results:
+        if result.status == _FATAL:
+            raise psycopg.errors.error_from_result(result, encoding="utf-8")
+    if len(results) != 1:  # pragma: no cover - one statement, one result
+        raise psycopg.InterfaceError(f"expected one result, got {len(results)}")
+    return results[0]
+
+
+_PREPARED: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], set[bytes]] = weakref.WeakKeyDictionary()
+
+
+async def _call(conn: psycopg.AsyncConnection[Any], statement: _Statement, params: Sequence[bytes | None]) -> Any:
+    """Run ``statement`` (prepared on ``conn`` at its first use there) with text-format parameters;
+    the result is in text format. The caller owns ``conn`` exclusively for the call (an attempt or a
+    pooled read), so psycopg's own per-connection lock is not needed."""
+    pgconn = conn.pgconn
+    prepared = _PREPARED.get(conn)
+    if prepared is None:
+        prepared = _PREPARED[conn] = set()
+    if statement.name not in prepared:
+        pgconn.send_prepare(statement.name, statement.text)
+        _result(await _exchange(pgconn))
+        prepared.add(statement.name)
+    pgconn.send_query_prepared(statement.name, params)
+    return _result(await _exchange(pgconn))
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8")
 
 
 @functools.lru_cache(maxsize=128)
@@ -480,6 +642,25 @@ def _query_sql(index_rows: str, shape: tuple[bool, bool, bool, bool, bool, bool,
         f"SELECT c.sort, c.key FROM ({inner} OFFSET 0) AS c "
         "WHERE pg_try_advisory_xact_lock(%s::integer, hashtext(c.key)) LIMIT %s"
     )
+
+
+@functools.lru_cache(maxsize=128)
+def _query_statement(index_rows: str, shape: tuple[bool, bool, bool, bool, bool, bool, bool]) -> _Statement:
+    """``_query_sql`` with numbered placeholders, as a statement prepared per connection."""
+    numbers = iter(range(1, 64))
+    text = re.sub("%s", lambda _: f"${next(numbers)}", _query_sql(index_rows, shape)).encode("utf-8")
+    return _Statement(b"runlane_query_" + hashlib.blake2b(text, digest_size=8).hexdigest().encode("ascii"), text)
+
+
+def _encode_params(values: Iterable[Any]) -> list[bytes]:
+    """Text-format parameters of an index page query (strings and integers)."""
+    return [value.encode("utf-8") if type(value) is str else str(value).encode("ascii") for value in values]
+
+
+def _index_rows(result: Any) -> Iterator[tuple[str, str]]:
+    value = result.get_value
+    for row in range(result.ntuples):
+        yield value(row, 0).decode("utf-8"), value(row, 1).decode("utf-8")
 
 
 def _query_params(query: StorageQuery) -> tuple[tuple[bool, ...], list[Any]]:
@@ -521,6 +702,8 @@ class _PostgresAttempt(StorageAttempt):
         self._fetched: dict[str, StorageRecord] = {}  # what reads returned, by encoded key
         self._keys: dict[str, StorageRecordKey] = {}  # every key read or written, by encoded key
         self._broken = False
+        # The commit's advisory locks (key -> shared): point keys, then stream heads (set by _commit_payload).
+        self._locks: tuple[dict[int, bool], dict[int, bool]] = ({}, {})
         # A read hit a supported conflict or lost its connection (remembered even if the callback
         # swallowed the exception): the attempt cannot commit and is replayed.
         self._replay = False
@@ -559,17 +742,11 @@ class _PostgresAttempt(StorageAttempt):
         wanted = {key.encoded: key for key in keys}
         self._keys.update(wanted)
         try:
-            cursor = await conn.execute(self._driver._sql.get, (list(wanted),))
-            rows = await cursor.fetchall()
+            result = await _call(conn, self._driver._sql.get, (_key_array(wanted),))
         except psycopg.Error as error:
             raise self._failed(error, "read records") from None
         self._statements += 1
-        found: dict[str, StorageRecord] = {}
-        for encoded, version, text, indexes in rows:
-            key = wanted.get(encoded)
-            if key is None:
-                raise _corrupt(str(encoded), "a point read returned a key it did not ask for")
-            found[encoded] = _record(key, version, text, indexes)
+        found = _found_records(wanted, result)
         self._fetched.update(found)
         return [found.get(key.encoded) for key in keys]
 
@@ -577,21 +754,22 @@ class _PostgresAttempt(StorageAttempt):
         conn = await self._connection()
         shape, params = _query_params(query)
         exclusive = mode is StorageCandidateMode.EXCLUSIVE
-        sql = _query_sql(self._driver._sql.index_rows, (*shape, exclusive))
+        index_rows = self._driver._sql.index_rows
         try:
             if exclusive:
                 params.extend((self._driver._hold_space, query.limit))
-                if not self._in_transaction:
-                    async with conn.pipeline():
-                        await conn.execute(b"BEGIN")
-                        self._in_transaction = True
-                        cursor = await conn.execute(sql, params)
-                else:
-                    cursor = await conn.execute(sql, params)
             else:
                 params.append(query.limit + 1)
-                cursor = await conn.execute(sql, params)
-            rows = await cursor.fetchall()
+            if exclusive and not self._in_transaction:
+                # BEGIN and the first query in one round trip; the holds last until the attempt ends.
+                async with conn.pipeline():
+                    await conn.execute(b"BEGIN")
+                    self._in_transaction = True
+                    cursor = await conn.execute(_query_sql(index_rows, (*shape, exclusive)), params)
+                rows: Iterable[tuple[Any, ...]] = await cursor.fetchall()
+            else:
+                statement = _query_statement(index_rows, (*shape, exclusive))
+                rows = _index_rows(await _call(conn, statement, _encode_params(params)))
         except psycopg.Error as error:
             raise self._failed(error, "query index candidates") from None
         self._statements += 1
@@ -612,16 +790,17 @@ class _PostgresAttempt(StorageAttempt):
         try:
             if self._in_transaction:
                 async with conn.pipeline():
-                    cursor = await conn.execute(self._driver._sql.commit, (payload,))
+                    cursor = await conn.execute(self._driver._sql.commit, (payload.decode("utf-8"),))
                     await conn.execute(b"COMMIT")
                 self._in_transaction = False
+                status, _ = await cursor.fetchone()  # type: ignore[misc]
             else:
-                cursor = await conn.execute(self._driver._sql.commit, (payload,))
-            status, _ = await cursor.fetchone()  # type: ignore[misc]
+                status = await self._driver._group_commit(conn, payload, self._locks)
         except psycopg.Error as error:
             state = _sqlstate(error)
             if append is not None and state in _APPEND_FAILURES:
-                raise _append_failure(append, state, error.diag.message_detail) from None
+                detail = error.detail if isinstance(error, _AttemptFailed) else error.diag.message_detail
+                raise _append_failure(append, state, detail) from None
             failure = self._failed(error, "commit the transaction", committing=True)
             if isinstance(failure, _Replay):
                 return False
@@ -636,20 +815,22 @@ class _PostgresAttempt(StorageAttempt):
         if not reads and not self._in_transaction:
             return True
         conn = self._conn
+        versions = [None if version is None else int(version) for version in reads.values()]
         try:
-            cursor = None
-            async with conn.pipeline():
-                if reads:
-                    cursor = await conn.execute(
-                        self._driver._sql.validate,
-                        (list(reads), [None if version is None else int(version) for version in reads.values()]),
-                    )
-                if self._in_transaction:
+            changed = 0
+            if self._in_transaction:
+                cursor = None
+                async with conn.pipeline():
+                    if reads:
+                        cursor = await conn.execute(self._driver._sql.validate_sql, (list(reads), versions))
                     await conn.execute(b"ROLLBACK")
-            self._in_transaction = False
-            if cursor is None:
-                return True
-            (changed,) = await cursor.fetchone()  # type: ignore[misc]
+                self._in_transaction = False
+                if cursor is not None:
+                    (changed,) = await cursor.fetchone()  # type: ignore[misc]
+            elif reads:
+                literal = "{" + ",".join("NULL" if version is None else str(version) for version in versions) + "}"
+                result = await _call(conn, self._driver._sql.validate, (_key_array(reads), literal.encode("ascii")))
+                changed = int(result.get_value(0, 0))
         except psycopg.Error as error:
             failure = self._failed(error, "validate the transaction's reads")
             if isinstance(failure, _Replay):
@@ -657,7 +838,7 @@ class _PostgresAttempt(StorageAttempt):
             raise failure from None
         return changed == 0
 
-    def _commit_payload(self) -> str:
+    def _commit_payload(self) -> bytes:
         """The ``runlane_commit`` document of this attempt (see the migration for its members)."""
         writes = self.writes
         append = self.append_command
@@ -732,8 +913,11 @@ class _PostgresAttempt(StorageAttempt):
                 "k": encode_storage_tuple((layout.record_collection, append.partition)) + "/",
                 "v": _split_append(append),
             }
+            self._locks = (locks, {**head_locks, head_lock: False})  # a batch locks every head up front
             if head_locks:  # other heads are locked up front: keep one global order among heads
                 head_locks[head_lock] = False
+        else:
+            self._locks = (locks, head_locks)
         ordered = [(lock, locks[lock]) for lock in sorted(locks)]
         ordered += [(lock, head_locks[lock]) for lock in sorted(head_locks)]
         if ordered:
@@ -755,7 +939,7 @@ class _PostgresAttempt(StorageAttempt):
         ):
             if rows:
                 payload[name] = rows
-        return orjson.dumps(payload).decode("utf-8")
+        return orjson.dumps(payload)
 
     async def _release(self) -> None:
         """End of the attempt: roll back anything open and hand the connection back (never raises)."""
@@ -769,6 +953,30 @@ class _PostgresAttempt(StorageAttempt):
             self._broken = True
         self._in_transaction = False
         await self._driver._return(conn, broken=self._broken)
+
+
+class _AttemptFailed(psycopg.DatabaseError):
+    """The error one attempt of a commit batch raised (the batch rolled back only that attempt)."""
+
+    def __init__(self, sqlstate: str | None, message: str, detail: str | None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate  # type: ignore[misc]
+        self.detail = detail
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """An attempt waiting for the commit batch in flight to end: then it is answered, or it leads
+    the next batch (``lead``) on its own connection."""
+
+    payload: bytes
+    locks: tuple[dict[int, bool], dict[int, bool]]
+    future: asyncio.Future[Any]
+
+
+_LEAD = object()
+#: The most attempts one commit batch carries.
+MAX_COMMIT_BATCH = 64
 
 
 _APPEND_FAILURES = frozenset({"RL002", "RL003", "RL004"})
@@ -874,6 +1082,10 @@ class PostgresStorageDriver:
         self._channel = f"runlane_wake_{hashlib.blake2b(self.schema.encode('utf-8'), digest_size=8).hexdigest()}"
         self._hints_pending: set[str] = set()
         self._hints_task: asyncio.Task[None] | None = None
+        self._hints_conn: psycopg.AsyncConnection[Any] | None = None
+        # Group commit (see ``_group_commit``).
+        self._committing = False
+        self._commit_queue: list[_Waiting] = []
         self._subscribers: dict[object, Callable[[str], None]] = {}
         self._listener: asyncio.Task[None] | None = None
 
@@ -903,7 +1115,8 @@ class PostgresStorageDriver:
         for type_name in ("json", "jsonb"):
             conn.adapters.register_loader(type_name, TextLoader)
             conn.adapters.register_loader(type_name, TextBinaryLoader)
-        settings = ["SET idle_in_transaction_session_timeout = '60s'"]
+        # Statements run through libpq directly (``_call``) send and read UTF-8 text.
+        settings = ["SET client_encoding = 'UTF8'", "SET idle_in_transaction_session_timeout = '60s'"]
         if self.statement_timeout is not None:
             settings.append(f"SET statement_timeout = '{round(self.statement_timeout * 1000)}ms'")
         await conn.execute("; ".join(settings).encode("ascii"))
@@ -978,6 +1191,10 @@ class PostgresStorageDriver:
                         await task
             self._hints_task = self._listener = None
             self._hints_pending.clear()
+            hints_conn, self._hints_conn = self._hints_conn, None
+            if hints_conn is not None:
+                with contextlib.suppress(Exception):
+                    await hints_conn.close()
             if pool is not None:
                 await pool.close(timeout=self.connect_timeout)
 
@@ -1002,20 +1219,25 @@ class PostgresStorageDriver:
             pass
 
     async def _send_hints(self) -> None:
+        # One connection of its own (outside the pool): a hint never waits for, or holds, a
+        # connection that transaction attempts need.
         while self._hints_pending and self._pool is not None:
             queues = sorted(self._hints_pending)
             self._hints_pending.clear()
+            conn = self._hints_conn
             try:
-                conn = await self._acquire()
-            except Exception:  # noqa: BLE001 - hints may be lost
+                if conn is None or conn.closed:
+                    conn = self._hints_conn = await psycopg.AsyncConnection.connect(
+                        self._target.conninfo, **self._connect_kwargs()
+                    )
+                    await self._configure(conn)
+                await _call(conn, _NOTIFY, (self._channel.encode("ascii"), _text_array(queues)))
+            except Exception:  # noqa: BLE001 - hints may be lost; the next one reconnects
+                self._hints_conn = None
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
                 return
-            broken = False
-            try:
-                await conn.execute("SELECT pg_notify(%s, q) FROM unnest(%s::text[]) AS q", (self._channel, queues))
-            except psycopg.Error as error:
-                broken = _is_disconnect(error)
-            finally:
-                await self._return(conn, broken=broken)
             await asyncio.sleep(self.wake_hint_interval)
 
     def subscribe_wake_hints(self, callback: Callable[[str], None]) -> Callable[[], None]:
@@ -1062,6 +1284,97 @@ class PostgresStorageDriver:
                 pass
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    # -- commits -----------------------------------------------------------------------------------
+
+    async def _group_commit(
+        self, conn: psycopg.AsyncConnection[Any], payload: bytes, locks: tuple[dict[int, bool], dict[int, bool]]
+    ) -> int:
+        """Commit one attempt's payload (``runlane_commit`` status: 0 committed, 1 a dependency
+        changed); a failure raises its ``psycopg.Error``.
+
+        Group commit: while one commit of this driver is in flight, attempts that reach their commit
+        queue up; when it ends, the first of them commits all the queued ones on its own connection
+        in one ``runlane_commit_batch`` statement: one transaction and one WAL flush, each attempt in
+        a subtransaction of its own that the batch rolls back alone when the attempt fails, after
+        every lock of the batch is taken in the one global order. A commit that finds none in flight
+        goes out at once, alone.
+        """
+        if self._committing:
+            waiting = _Waiting(payload, locks, asyncio.get_running_loop().create_future())
+            self._commit_queue.append(waiting)
+            try:
+                outcome = await waiting.future
+            except BaseException:
+                future = waiting.future
+                if future.done() and not future.cancelled() and future.exception() is None and future.result() is _LEAD:
+                    self._committing = False  # handed the lead, then cancelled: pass it on
+                    self._hand_off()
+                raise
+            if outcome is not _LEAD:
+                return outcome
+        self._committing = True
+        batch: list[_Waiting] = []
+        try:
+            queue = self._commit_queue[: MAX_COMMIT_BATCH - 1]
+            self._commit_queue = self._commit_queue[MAX_COMMIT_BATCH - 1 :]
+            batch = [waiting for waiting in queue if not waiting.future.done()]  # cancelled ones commit nothing
+            if not batch:
+                result = await _call(conn, self._sql.commit_prepared, (payload,))
+                return int(result.get_value(0, 0))
+            outcomes = await self._commit_batch(conn, [(payload, locks), *((w.payload, w.locks) for w in batch)])
+            for waiting, outcome in zip(batch, outcomes[1:], strict=True):
+                if not waiting.future.done():
+                    _settle(waiting.future, outcome)
+            if isinstance(outcomes[0], BaseException):
+                raise outcomes[0]
+            return outcomes[0]
+        except BaseException as error:
+            if not isinstance(error, psycopg.Error):  # the leader was cancelled: the outcome is unknown
+                error = psycopg.OperationalError(f"the commit batch was interrupted ({type(error).__name__})")
+            for waiting in batch:
+                if not waiting.future.done():
+                    waiting.future.set_exception(error)
+            raise
+        finally:
+            self._committing = False
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        """Hand the commit queue to its first live attempt, which commits it on its own connection."""
+        while self._commit_queue:
+            waiting = self._commit_queue.pop(0)
+            if not waiting.future.done():
+                self._committing = True
+                waiting.future.set_result(_LEAD)
+                return
+
+    async def _commit_batch(
+        self, conn: psycopg.AsyncConnection[Any], attempts: list[tuple[bytes, tuple[dict[int, bool], dict[int, bool]]]]
+    ) -> list[Any]:
+        """Each attempt's status, or the ``_AttemptFailed`` it raised, from one batch statement."""
+        points: dict[int, bool] = {}
+        heads: dict[int, bool] = {}
+        for _, (attempt_points, attempt_heads) in attempts:
+            for merged, taken in ((points, attempt_points), (heads, attempt_heads)):
+                for lock, shared in taken.items():
+                    merged[lock] = merged.get(lock, True) and shared
+        ordered = [(lock, points[lock]) for lock in sorted(points)]
+        ordered += [(lock, heads[lock]) for lock in sorted(heads)]
+        body = b"[" + b",".join(payload for payload, _ in attempts) + b"]"
+        result = await _call(conn, self._sql.commit_batch, (orjson.dumps(ordered), body))
+        if result.ntuples != len(attempts):  # pragma: no cover - one row per attempt
+            raise psycopg.InterfaceError(f"a commit batch of {len(attempts)} answered {result.ntuples} rows")
+        value = result.get_value
+        outcomes: list[Any] = []
+        for row in range(result.ntuples):
+            status = int(value(row, 0))
+            if status == 2:
+                state = _text(value(row, 1))
+                outcomes.append(_AttemptFailed(state, _text(value(row, 2)) or "", _text(value(row, 3))))
+            else:
+                outcomes.append(status)
+        return outcomes
 
     # -- connections -----------------------------------------------------------------------------
 
@@ -1143,18 +1456,12 @@ class PostgresStorageDriver:
                 await self._acquire()  # the same error as any other call on a closed driver
             return []
         wanted = {key.encoded: key for key in checked}
+        statement, keys = self._sql.get, (_key_array(wanted),)
 
-        async def body(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
-            cursor = await conn.execute(self._sql.get, (list(wanted),))
-            return await cursor.fetchall()
+        async def body(conn: psycopg.AsyncConnection[Any]) -> Any:
+            return await _call(conn, statement, keys)
 
-        rows = await self._run("read records", body)
-        found: dict[str, StorageRecord] = {}
-        for encoded, version, text, indexes in rows:
-            key = wanted.get(encoded)
-            if key is None:
-                raise _corrupt(str(encoded), "a point read returned a key it did not ask for")
-            found[encoded] = _record(key, version, text, indexes)
+        found = _found_records(wanted, await self._run("read records", body))
         return [found.get(key.encoded) for key in checked]
 
     async def query(self, query: StorageQuery) -> StorageQueryResult:
@@ -1163,14 +1470,13 @@ class PostgresStorageDriver:
         enforce_storage_limit(self.profile.limits, "max_query_results", query.limit)
         shape, params = _query_params(query)
         params.append(query.limit + 1)
-        sql = _query_sql(self._sql.index_rows, (*shape, False))
+        statement = _query_statement(self._sql.index_rows, (*shape, False))
+        encoded = _encode_params(params)
 
-        async def body(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
-            cursor = await conn.execute(sql, params)
-            return await cursor.fetchall()
+        async def body(conn: psycopg.AsyncConnection[Any]) -> Any:
+            return await _call(conn, statement, encoded)
 
-        rows = await self._run("query an index", body)
-        return page_index_rows(query, iter(rows), look_ahead=True)
+        return page_index_rows(query, _index_rows(await self._run("query an index", body)), look_ahead=True)
 
     async def with_transaction(self, callback: Callable[[StorageTransaction], Awaitable[T]]) -> T:
         reconnected = False
@@ -1247,6 +1553,92 @@ class PostgresStorageDriver:
             return await cursor.fetchall()
 
         return finish_event_page(query, filter, await self._run("list run events", body))
+
+    # -- diagnostics -----------------------------------------------------------------------------
+
+    async def explain(
+        self,
+        read: StorageQuery | RunFilter | RunEventFilter,
+        pagination: PaginationParams | None = None,
+        *,
+        analyze: bool = False,
+        generic: bool = False,
+    ) -> dict[str, Any]:
+        """PostgreSQL's plan for the statement this driver runs for one read: the single object of
+        ``EXPLAIN (FORMAT JSON)``, whose ``"Plan"`` member is the node tree.
+
+        ``read`` is a ``StorageQuery`` (the statement of ``query()``, which core uses to find runnable
+        runs, runs needing delivery recovery and due outbox rows), or a ``RunFilter`` /
+        ``RunEventFilter`` with ``pagination`` (the statements of ``list_runs()`` /
+        ``list_run_events()``, cursor included). The statement and its parameters come from the same
+        builders those methods use, so operators can check on their own data that every read is
+        served by an index (``"Index Scan"`` / ``"Index Only Scan"`` nodes naming it, no ``"Seq Scan"``,
+        no ``"Sort"`` above a whole table).
+
+        ``analyze=True`` runs the statement too (``EXPLAIN ANALYZE``; it only reads) and adds actual
+        row counts, timings and buffers. ``generic=True`` plans it as a prepared statement without its
+        parameter values (``plan_cache_mode = force_generic_plan``): the plan PostgreSQL may switch to
+        for a statement prepared on a connection and run many times.
+        """
+        sql = self._sql
+        if isinstance(read, StorageQuery):
+            enforce_storage_limit(self.profile.limits, "max_query_results", read.limit)
+            shape, params = _query_params(read)
+            params.append(read.limit + 1)
+            text = _query_sql(sql.index_rows, (*shape, False))
+        elif isinstance(read, RunFilter):
+            listing = run_list_query(
+                read,
+                pagination or PaginationParams(),
+                runs_table=sql.operator_runs,
+                records_table=sql.records,
+                placeholder="%s",
+            )
+            text, params = listing.text, list(listing.params)
+        elif isinstance(read, RunEventFilter):
+            listing = run_event_list_query(
+                read,
+                pagination or PaginationParams(),
+                events_table=sql.operator_events,
+                runs_table=sql.operator_runs,
+                records_table=sql.records,
+                placeholder="%s",
+            )
+            text, params = listing.text, list(listing.params)
+        else:
+            raise contract_violation("explain() takes a StorageQuery, a RunFilter or a RunEventFilter.")
+        options = "FORMAT JSON, ANALYZE, BUFFERS" if analyze else "FORMAT JSON"
+
+        async def body(conn: psycopg.AsyncConnection[Any]) -> Any:
+            if not generic:
+                cursor = await conn.execute(f"EXPLAIN ({options}) {text}", params)
+                return (await cursor.fetchone() or (None,))[0]
+            # The builders' only placeholders are %s (no literal %): number them for PREPARE.
+            from psycopg import sql as pgsql
+
+            numbers = iter(range(1, len(params) + 1))
+            statement = re.sub("%s", lambda _: f"${next(numbers)}", text)
+            call = pgsql.SQL(f"EXPLAIN ({options}) EXECUTE runlane_explain")
+            if params:
+                values = pgsql.SQL(", ").join(pgsql.Literal(value) for value in params)
+                call = pgsql.Composed([call, pgsql.SQL("({})").format(values)])
+            prepared = False
+            try:
+                async with conn.transaction():
+                    await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                    cursor = await conn.execute("SELECT FROM pg_prepared_statements WHERE name = 'runlane_explain'")
+                    if await cursor.fetchone() is not None:  # left on this connection by an interrupted call
+                        await conn.execute("DEALLOCATE runlane_explain")
+                    await conn.execute(f"PREPARE runlane_explain AS {statement}")
+                    prepared = True
+                    cursor = await conn.execute(call)
+                    return (await cursor.fetchone() or (None,))[0]
+            finally:
+                if prepared:
+                    await conn.execute("DEALLOCATE runlane_explain")
+
+        plan = await self._run("explain a read", body)
+        return orjson.loads(plan)[0] if isinstance(plan, str) else plan[0]
 
 
 def postgres_storage(
