@@ -117,7 +117,7 @@ from runlane.storage.operator_sql import (
 from runlane.storage.tables import peek_run_document
 from runlane.vocabulary import SortDirection
 
-from .memory import Clock, _UtcClock
+from runlane.storage.clock import ClientClock, Clock, SystemClock, checked_clock
 
 __all__ = ["SCHEMA_VERSION", "SqliteStorageDriver", "sqlite_storage"]
 
@@ -433,7 +433,7 @@ class _SqliteTransaction(StorageAttempt):
 # The driver
 
 
-class SqliteStorageDriver:
+class SqliteStorageDriver(ClientClock):
     """Durable ``StorageDriver`` and ``OperatorReadDriver`` over one SQLite file (see the module docstring)."""
 
     def __init__(
@@ -457,8 +457,8 @@ class SqliteStorageDriver:
                 f"The SQLite storage path must name a database file, got {raw!r}; use the local lane for "
                 "in-memory storage.",
             )
-        if clock is not None and not callable(getattr(clock, "now", None)):
-            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "clock must be an object with a now() method.")
+        if clock is not None:
+            checked_clock(clock)
         if limits is not None and not isinstance(limits, StorageLimits):
             raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "limits must be a StorageLimits value.")
         attempts = max_transaction_attempts
@@ -486,30 +486,13 @@ class SqliteStorageDriver:
             ordered_append=True,
             process_local=False,
         )
-        self._clock: Clock = clock or _UtcClock()
+        self._clock: Clock = clock or SystemClock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._connection: sqlite3.Connection | None = None
         self._pid = 0  # the process that started the driver (a forked child must start its own)
 
     def __repr__(self) -> str:
         return f"SqliteStorageDriver(name={self.name!r}, path={str(self.path)!r})"
-
-    # -- clock -----------------------------------------------------------------------------------
-
-    @property
-    def clock(self) -> Clock:
-        """The clock every transaction attempt's ``now()`` samples (client clock authority)."""
-        return self._clock
-
-    def use_clock(self, clock: Clock) -> None:
-        """Sample ``clock`` in every later transaction attempt (an attempt in flight keeps its time).
-
-        ``create_runlane(clock=...)`` calls this so storage time and runtime time come from one clock;
-        tests may call it directly. ``clock`` is any object with a ``now()`` returning aware datetimes.
-        """
-        if not callable(getattr(clock, "now", None)):
-            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "clock must be an object with a now() method.")
-        self._clock = clock
 
     # -- lifecycle ---------------------------------------------------------------------------------
 

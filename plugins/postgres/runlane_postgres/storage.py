@@ -66,8 +66,7 @@ import re
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import orjson
@@ -111,6 +110,7 @@ from runlane.storage.attempt import (
     enforce_storage_limit,
     page_index_rows,
 )
+from runlane.storage.clock import ClientClock, Clock, SystemClock, checked_clock
 from runlane.storage.operator_sql import (
     finish_event_page,
     finish_run_page,
@@ -137,15 +137,6 @@ __all__ = [
 T = TypeVar("T")
 
 MIGRATE_HINT = "run `runlane postgres migrate` (or apply postgres_migration_sql()) before starting"
-
-
-class Clock(Protocol):
-    def now(self) -> datetime: ...
-
-
-class _UtcClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1008,7 +999,7 @@ def _append_failure(command: StorageAppendCommand, state: str | None, detail: st
 # The driver
 
 
-class PostgresStorageDriver:
+class PostgresStorageDriver(ClientClock):
     """Postgres ``StorageDriver`` and ``OperatorReadDriver``; see the module docstring."""
 
     def __init__(
@@ -1032,8 +1023,8 @@ class PostgresStorageDriver:
                 raise _invalid(f"{option} must be a {'non-negative' if option == 'min_size' else 'positive'} integer.")
         if min_size > max_size:
             raise _invalid("min_size must not exceed max_size.")
-        if clock is not None and not callable(getattr(clock, "now", None)):
-            raise _invalid("clock must be an object with a now() method.")
+        if clock is not None:
+            checked_clock(clock)
         if limits is not None and not isinstance(limits, StorageLimits):
             raise _invalid("limits must be a StorageLimits value.")
         attempts = max_transaction_attempts
@@ -1067,7 +1058,7 @@ class PostgresStorageDriver:
         self.connect_timeout = float(connect_timeout)
         self.statement_timeout = None if statement_timeout is None else float(statement_timeout)
         self.pool_timeout = float(pool_timeout)
-        self._clock: Clock = clock or _UtcClock()
+        self._clock: Clock = clock or SystemClock()
         self._sql = _Sql.for_schema(self.schema)
         salt = hashlib.blake2b(self.schema.encode("utf-8"), digest_size=16).digest()
         self._lock_salt = salt
@@ -1091,19 +1082,6 @@ class PostgresStorageDriver:
 
     def __repr__(self) -> str:
         return f"PostgresStorageDriver(name={self.name!r}, target={self._target.display!r}, schema={self.schema!r})"
-
-    # -- clock -----------------------------------------------------------------------------------
-
-    @property
-    def clock(self) -> Clock:
-        """The clock every transaction attempt's ``now()`` samples (client clock authority)."""
-        return self._clock
-
-    def use_clock(self, clock: Clock) -> None:
-        """Sample ``clock`` in every later transaction attempt (an attempt in flight keeps its time)."""
-        if not callable(getattr(clock, "now", None)):
-            raise _invalid("clock must be an object with a now() method.")
-        self._clock = clock
 
     # -- lifecycle -------------------------------------------------------------------------------
 
