@@ -39,6 +39,7 @@ from runlane.storage import (
     supports_operator_reads,
 )
 from runlane.storage.tables import (
+    decode_run_document,
     encode_run_document,
     encode_run_event_document,
     run_event_key,
@@ -1014,19 +1015,29 @@ def test_sorted_rows_batched_updates_match_a_sorted_list_and_keep_old_snapshots(
         _NO_ROWS.updated([("missing", "row")], [])
 
 
-async def test_records_without_a_decoded_document_are_kept_untracked_by_the_garbage_collector() -> None:
+async def test_records_are_kept_untracked_by_the_garbage_collector() -> None:
     import gc
 
     driver = local_storage_driver()
     run = make_run("run-1", 1)
-    await put(driver, *run_records(run, 3), record("plain", {"n": 1}, sort="a"))
+    flat = make_run("run-2", 2).model_copy(update={"payload": {"n": 2}})
+    await put(driver, *run_records(run, 3), *run_records(flat, 0), record("plain", {"n": 1}, sort="a"))
     for _ in range(4):  # a tuple is untracked by a collection that finds everything inside it untracked
         gc.collect()
     stored = driver.store._snapshot().records
-    # History rows and plain records are packed; a run document that remembers its run is not.
+    # History rows, plain records and run documents that remember their run are all packed; a run
+    # whose JSON values hold no list is untracked too (lists always are tracked).
     packed = [stored[run_event_key(ENV.name, run.id, n).encoded] for n in (1, 2, 3)] + [stored[key("plain").encoded]]
-    assert [(type(item), gc.is_tracked(item)) for item in packed] == [(tuple, False)] * 4
-    assert isinstance(stored[run_key(ENV.name, run.id).encoded], StorageRecord)
+    packed.append(stored[run_key(ENV.name, flat.id).encoded])
+    assert [(type(item), gc.is_tracked(item)) for item in packed] == [(tuple, False)] * 5
+    assert type(stored[run_key(ENV.name, run.id).encoded]) is tuple
+    # A run read back decodes from what the store remembered (no parsing) into an equal, fresh run.
+    for expected in (run, flat):
+        [found] = await driver.get([run_key(ENV.name, expected.id)])
+        assert found.document.decoded is not None
+        decoded, _ = decode_run_document(found.document)
+        assert decoded == expected and decoded.model_fields_set == expected.model_fields_set
+        assert decoded.payload is not expected.payload
     # Reads rebuild equal records.
     [plain] = await driver.get([key("plain")])
     assert plain.key == key("plain") and plain.document.value == {"value": {"n": 1}}

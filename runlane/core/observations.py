@@ -17,6 +17,7 @@ checkpoint before the sink has accepted the batch.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import inspect
 import json
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any, Protocol, TypeVar, runtime_checkable
 
+import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from ..defaults import contract_defaults
@@ -47,6 +49,7 @@ from ..models import (
     environment_key,
 )
 from ..storage import (
+    STORAGE_DOCUMENT_SCHEMA_VERSION,
     NewStorageRecord,
     StorageAppendCommand,
     StorageDocument,
@@ -72,7 +75,14 @@ from ..storage import (
     storage_stream_layouts,
 )
 from ..storage.cursor import decode_opaque_token, encode_opaque_token
-from ..vocabulary import RunlaneObservationExporterTickStatus, RunlaneObservationSourceKind, RunlaneObservationType
+from ..storage.streams import AppendValueShape
+from ..vocabulary import (
+    RunEventType,
+    RunlaneObservationExporterTickStatus,
+    RunlaneObservationSourceKind,
+    RunlaneObservationType,
+    RunStatus,
+)
 from .cancellation import CancellationSignal
 
 __all__ = [
@@ -85,6 +95,7 @@ __all__ = [
     "ObservationPage",
     "ObservationSink",
     "advance_observation_checkpoint",
+    "event_observation_documents",
     "event_observation_values",
     "get_observation_checkpoint",
     "observation_checkpoint_key",
@@ -96,6 +107,7 @@ __all__ = [
     "observation_record_id",
     "observation_record_value",
     "scan_observation_records",
+    "stage_observation_documents",
     "stage_observations",
     "step_observation_value",
 ]
@@ -242,6 +254,132 @@ def event_observation_values(run: RunRecord, events: Sequence[RunEventRecord]) -
     ]
 
 
+_EVENT_SOURCE = RunlaneObservationSourceKind.RUN_EVENT
+_RUN_EVENT_OBSERVATION = RunlaneObservationType.RUN_EVENT.value
+# Every event observation value's greatest top-level key (see ``encode_storage_append_value``).
+_EVENT_VALUE_SHAPE = AppendValueShape("source_kind")
+
+
+@functools.lru_cache(maxsize=64)
+def _event_id_prefix(env: str) -> str:
+    """``canonical_json([env, "run_event", source_id])`` up to the source id, for ``observation_record_id``."""
+    return canonical_json_of_checked([env, _EVENT_SOURCE.value, ""])[:-3]
+
+
+def _event_observation_id(env: str, source_id: str) -> str:
+    if source_id.isascii() and source_id.isidentifier():  # [A-Za-z0-9_]: nothing to escape in JSON
+        text = f'{_event_id_prefix(env)}"{source_id}"]'
+        return "obs_" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return observation_record_id(env, _EVENT_SOURCE, source_id)
+
+
+def event_observation_documents(run: RunRecord, records: Sequence[RunEventRecord]) -> list[StorageDocument]:
+    """The stream documents of the events one commit appends to ``run`` (``run`` as projected by that
+    commit): exactly ``encode_storage_append_value(value, checked=True)`` of each value of
+    ``event_observation_values(run, records)``, written in one pass from the run and the event records
+    without the intermediate observation models or values.
+
+    The text is the canonical JSON ``orjson`` writes for those values (keys sorted, no whitespace),
+    assembled from its parts: free-form strings (environment, ids, names) are encoded by ``orjson``,
+    enum values and times need no escaping. Anything unusual takes the value path.
+    """
+    environment = run.environment
+    status = run.status
+    if (
+        type(run) is not RunRecord
+        or type(environment) is not Environment
+        or type(status) not in _PLAIN_ENUMS
+        or run.task_id is None  # optional observation fields are left out when ``None``
+        or run.queue is None
+    ):
+        return _slow_event_documents(run, records)
+    env = environment.name
+    try:
+        env_json = _env_json(env)
+        run_json = _dumps(run.id).decode("utf-8")
+        tail = f',"queue":{_dumps(run.queue).decode("utf-8")},"run_id":{run_json},"sequence":'
+        status_json = f',"status":"{status._value_}","task_id":{_dumps(run.task_id).decode("utf-8")},'
+    except (orjson.JSONEncodeError, TypeError):
+        return _slow_event_documents(run, records)
+    run_id = run.id
+    documents = []
+    for record in records:
+        event = record.event
+        occurred = event.occurred_at
+        sequence = record.sequence
+        event_type = event.type
+        if (
+            type(record) is not RunEventRecord
+            or event.run_id != run_id
+            or not (event.environment is environment or event.environment == environment)
+            or type(occurred) is not datetime
+            or occurred.tzinfo is not UTC
+            or type(sequence) is not int
+            or type(event_type) not in _PLAIN_ENUMS
+            or record.id is None
+        ):
+            return _slow_event_documents(run, records)
+        fields = event.__dict__
+        attempt = fields.get("attempt")
+        failure = fields.get("failure")
+        carrier = event.trace_carrier
+        event_id = record.id
+        if type(event_id) is str and event_id.isascii() and event_id.isidentifier():
+            event_json = f'"{event_id}"'  # [A-Za-z0-9_]: nothing to escape
+        else:
+            event_json = _dumps(event_id).decode("utf-8")
+        at = datetime_json(occurred)
+        parts = [
+            f'{{"schemaVersion":{STORAGE_DOCUMENT_SCHEMA_VERSION},"value":{{"environment":{env_json},'
+            f'"id":"{_event_observation_id(env, event_id)}","observation":{{'
+        ]
+        if attempt is not None:
+            if type(attempt) is not int:
+                return _slow_event_documents(run, records)
+            parts.append(f'"attempt":{attempt},')
+        parts.append(f'"environment":{env_json},"event_id":{event_json},"event_type":"{event_type._value_}",')
+        if failure is not None:
+            code = failure.code
+            if type(code) not in _PLAIN_ENUMS:
+                return _slow_event_documents(run, records)
+            parts.append(f'"failure_code":"{code._value_}",')
+        parts.append(f'"occurred_at":"{at}"{tail}{sequence}{status_json}')
+        if carrier is not None:
+            try:
+                parts.append(f'"trace_carrier":{_dumps(dict(carrier), option=orjson.OPT_SORT_KEYS).decode("utf-8")},')
+            except (orjson.JSONEncodeError, TypeError):
+                return _slow_event_documents(run, records)
+        parts.append(f'"type":"{_RUN_EVENT_OBSERVATION}"}},"recorded_at":"{at}","source_id":{event_json},')
+        parts.append(f'"source_kind":"{_EVENT_SOURCE.value}"}}}}')
+        text = "".join(parts)
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+        documents.append(StorageDocument(text, size).remember_decoded(_EVENT_VALUE_SHAPE))
+    return documents
+
+
+_dumps = orjson.dumps
+
+
+@functools.lru_cache(maxsize=64)
+def _env_json(env: str) -> str:
+    return _dumps({"name": env}).decode("utf-8")
+
+
+def _plain(enum: type[Any]) -> bool:
+    """Whether every value of a string enum is written by ``orjson`` as itself between quotes."""
+    return all(_dumps(member._value_).decode("utf-8") == f'"{member._value_}"' for member in enum)
+
+
+# String enums whose values need no escaping (all of Runlane's: checked here, not assumed).
+_PLAIN_ENUMS = frozenset(
+    enum for enum in (RunStatus, RunEventType, ErrorCode, RunlaneObservationType) if _plain(enum)
+)
+
+
+def _slow_event_documents(run: RunRecord, records: Sequence[RunEventRecord]) -> list[StorageDocument]:
+    return [encode_storage_append_value(value, checked=True) for value in event_observation_values(run, records)]
+
+
 def step_observation_value(step: RunStepRecord, run: RunRecord | None = None) -> dict[str, Any]:
     """The stored value for a first-time step completion (not for an idempotent replay)."""
     return observation_record_value(
@@ -313,7 +451,31 @@ def stage_observations(
     documents = [
         encode_storage_append_value(value if type(value) is dict else dict(value), checked=checked) for value in values
     ]
-    command = StorageAppendCommand(_STREAM, env, documents)
+    _stage_documents(tx, profile, env, documents, head)
+
+
+def stage_observation_documents(
+    tx: StorageTransaction,
+    profile: StorageProfile,
+    env: str,
+    documents: Sequence[StorageDocument],
+    *,
+    head: StorageRecord | None = HEAD_NOT_READ,
+) -> None:
+    """``stage_observations`` for values already encoded by ``event_observation_documents`` for the
+    environment whose key is ``env`` (core's write paths, which build them from what they persist)."""
+    if documents:
+        _stage_documents(tx, profile, env, documents, head)
+
+
+def _stage_documents(
+    tx: StorageTransaction,
+    profile: StorageProfile,
+    env: str,
+    documents: Sequence[StorageDocument],
+    head: StorageRecord | None,
+) -> None:
+    command = StorageAppendCommand._trusted(_STREAM, env, tuple(documents))
     if profile.ordered_append:
         tx.append(command)
         return

@@ -432,6 +432,7 @@ class Runlane:
             environment,
             queue_limits={q.name: q.concurrency_limit for q in queues.values() if q.concurrency_limit is not None},
             outbox=lane.delivery.mode is LaneDeliveryMode.TRANSPORT,
+            observing=bool(self._observers),
         )
         self._any_task_deadline = any(t.max_attempt_duration_ms is not None for t in self._tasks_by_id.values())
         # Every registered schedule with its task, in registration order (ids are unique: create_runlane).

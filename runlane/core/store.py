@@ -44,7 +44,13 @@ from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storag
 from ..ids import is_valid_id, random_bits_128, random_uuid4_hex
 from ..json_values import canonical_json, canonical_json_of_checked, ensure_json_value
 from ..model_build import build_validated, worker_actor
-from ..model_json import run_event_record_json, run_record_json
+from ..model_json import (
+    document_dumps,
+    run_event_record_document_value,
+    run_event_record_json,
+    run_record_document_value,
+    run_record_json,
+)
 from ..models import (
     Actor,
     DeliveryIntent,
@@ -106,7 +112,6 @@ from ..vocabulary import (
     ActorType,
     ExecuteDeliveryIgnoredReason,
     OutboxMessageStatus,
-    RunlaneObservationSourceKind,
     RunStatus,
     RunWaitConditionType,
     TriggerOutcomeType,
@@ -114,9 +119,10 @@ from ..vocabulary import (
 )
 from .observations import (
     HEAD_NOT_READ,
+    event_observation_documents,
     observation_for_event,
     observation_head_reads,
-    observation_record_value,
+    stage_observation_documents,
     stage_observations,
     step_observation_value,
 )
@@ -167,7 +173,6 @@ _DEFAULT_IDEMPOTENCY_TTL_MS: Final = duration_ms(contract_defaults.idempotency.t
 _SYSTEM_ACTOR: Final = Actor(type=ActorType.SYSTEM)
 _NO_EVENTS: tuple[RunEventRecord, ...] = ()
 _EVENT_ID_MASK: Final = (1 << 128) - 1
-_RUN_EVENT_SOURCE: Final = RunlaneObservationSourceKind.RUN_EVENT
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -256,7 +261,16 @@ def outbox_message_key(env_key: str, outbox_message_id: str) -> StorageRecordKey
     return _key1(OUTBOX_MESSAGES_COLLECTION, env_key, outbox_message_id)
 
 
+@functools.lru_cache(maxsize=1024)
+def _cached_run_key(env_key: str, run_id: str) -> StorageRecordKey:
+    return _key1(RUNS_COLLECTION, env_key, run_id)
+
+
 def _run_key(env_key: str, run_id: str) -> StorageRecordKey:
+    """A run's key; the keys of recently used runs are shared (a run is read and written by every
+    transition, and keys are immutable)."""
+    if type(env_key) is str and type(run_id) is str:
+        return _cached_run_key(env_key, run_id)
     return _key1(RUNS_COLLECTION, env_key, run_id)
 
 
@@ -399,6 +413,20 @@ def _model_document(value: dict[str, Any]) -> StorageDocument:
         return StorageDocument.encode(value)
 
 
+def _value_document(value: dict[str, Any], fallback: Callable[..., dict[str, Any]], *args: Any) -> StorageDocument:
+    """``_model_document(fallback(*args))`` for ``value`` built by the ``*_document_value`` dumps of the
+    same models (their datetimes and enums left for ``orjson`` to write: identical text)."""
+    try:
+        data = document_dumps({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
+    except orjson.JSONEncodeError:
+        return _model_document(fallback(*args))
+    return StorageDocument(data.decode("utf-8"), len(data))
+
+
+def _run_json(run: RunRecord, counts: dict[str, int]) -> dict[str, Any]:
+    return {"run": run_record_json(run), "children": counts}
+
+
 def encode_run_document_fast(run: RunRecord, children: RunChildCounts) -> StorageDocument:
     """``tables.encode_run_document`` for a run built by the reducer (identical text).
 
@@ -407,17 +435,25 @@ def encode_run_document_fast(run: RunRecord, children: RunChildCounts) -> Storag
     value lets a driver keep it compact (the in-memory driver packs it out of the garbage
     collector's sight). Reading one decodes the text.
     """
-    document = _model_document({"run": run_record_json(run), "children": children.to_json()})
+    counts = children.to_json()
+    document = _value_document({"run": run_record_document_value(run), "children": counts}, _run_json, run, counts)
     if run.status in _TERMINAL:
         return document
     return remember_run_document(document, run, children)
 
 
 def _run_record(
-    env: str, run: RunRecord, children: RunChildCounts, bounded: Collection[str] = ()
+    env: str,
+    run: RunRecord,
+    children: RunChildCounts,
+    bounded: Collection[str] = (),
+    key: StorageRecordKey | None = None,
 ) -> NewStorageRecord:
+    """The stored record of ``run``; ``key`` is its key when the caller already holds it."""
     return NewStorageRecord._trusted(
-        _run_key(env, run.id), encode_run_document_fast(run, children), run_index_entries(run, bounded)
+        _run_key(env, run.id) if key is None else key,
+        encode_run_document_fast(run, children),
+        run_index_entries(run, bounded),
     )
 
 
@@ -504,8 +540,9 @@ def _event_records(
         return [_event_record(env, run_id, start + index + 1, ids.take(), event) for index, event in enumerate(events)]
     by_run = StorageIndexName.RUN_EVENTS_BY_RUN
     rows: list[tuple[RunEventRecord, NewStorageRecord]] = []
-    for index, event in enumerate(events):
-        sequence = start + index + 1
+    sequence = start
+    for event in events:
+        sequence += 1
         # The event was validated when it was built; the record only wraps it with its identity.
         event_id = ids.take()
         record = build_validated(RunEventRecord, {"id": event_id, "sequence": sequence, "event": event})
@@ -513,7 +550,13 @@ def _event_records(
         position_hex = position.encode("ascii").hex()
         stored = NewStorageRecord._trusted(
             StorageRecordKey._trusted(RUN_EVENTS_COLLECTION, (env, run_id, position), key_prefix + position_hex),
-            _model_document(run_event_record_json(event_id, sequence, event)),
+            _value_document(
+                run_event_record_document_value(event_id, sequence, event),
+                run_event_record_json,
+                event_id,
+                sequence,
+                event,
+            ),
             (StorageIndexEntry._trusted(by_run, partition, (position,), encoded_partition, position_hex),),
         )
         rows.append((record, stored))
@@ -747,17 +790,13 @@ def _utc(value: datetime) -> datetime:
 
 
 def _event_observations(
-    run: RunRecord, records: Sequence[RunEventRecord]
-) -> tuple[tuple[RunlaneObservation, ...], list[dict[str, Any]]]:
+    store: CoreStore, run: RunRecord, records: Sequence[RunEventRecord]
+) -> tuple[tuple[RunlaneObservation, ...], list[StorageDocument]]:
     """The observations of the events one commit appends to ``run`` (as projected by that commit) and
-    their stream values: exactly ``event_observation_values(run, records)``, keeping the observation
-    objects so live observers get what was stored."""
-    observations = tuple([observation_for_event(record, run) for record in records])
-    values = [
-        observation_record_value(observation, _RUN_EVENT_SOURCE, record.id, record.event.occurred_at)
-        for observation, record in zip(observations, records)
-    ]
-    return observations, values
+    their stream documents: exactly ``event_observation_values(run, records)``, encoded. The
+    observation objects are built only when the runtime has live observers (``store.observing``)."""
+    observations = tuple([observation_for_event(record, run) for record in records]) if store.observing else ()
+    return observations, event_observation_documents(run, records)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -801,8 +840,8 @@ class _Attempt:
         self.capacity: dict[str, dict[str, str]] = {}
         self.capacity_original: dict[str, dict[str, str]] = {}
         self.markers: dict[str, StorageRecordKey] = {}
-        # Observation stream values of every transition applied so far, in commit order.
-        self.observed: list[dict[str, Any]] = []
+        # Observation stream documents of every transition applied so far, in commit order.
+        self.observed: list[StorageDocument] = []
         self.first_read = True
         self.now = datetime.min.replace(tzinfo=UTC)
         self.now_iso = ""
@@ -943,12 +982,12 @@ class _Attempt:
         effects.extend(self._owner_effects(old, new))
         records = self._event_records(new, old.event_sequence, events, ids)
         rows = tuple([record for record, _ in records])
-        observations, values = _event_observations(new, rows)
+        observations, documents = _event_observations(self.store, new, rows)
         outbox = self._outbox_rows(rows)
         # Commit the transition into the attempt.
         for apply_effect in effects:
             apply_effect()
-        self.observed.extend(values)
+        self.observed.extend(documents)
         slot.run = new
         slot.children = RunChildCounts(
             events=slot.children.events + len(records),
@@ -978,11 +1017,11 @@ class _Attempt:
         effects = self._owner_effects(None, run)
         records = self._event_records(run, _NEW_SEQUENCE, events, ids)
         rows = tuple([record for record, _ in records])
-        observations, values = _event_observations(run, rows)
+        observations, documents = _event_observations(self.store, run, rows)
         outbox = self._outbox_rows(rows)
         for apply_effect in effects:
             apply_effect()
-        self.observed.extend(values)
+        self.observed.extend(documents)
         slot = _RunSlot(None, run, RunChildCounts(events=len(records), outbox=len(outbox)))
         slot.events.extend(stored for _, stored in records)
         slot.outbox.extend(outbox)
@@ -1029,9 +1068,10 @@ class _Attempt:
         # Bounded-queue capacity: an occupant while an attempt may be running (until its lease
         # expiry) or while a queued run holds a dispatch reservation (until it expires). A claim of a
         # reserved run turns the reservation into the lease occupant.
-        wanted = _occupancy(new)
-        occupied = old is not None and (old.status in _ATTEMPT_OWNERS or _occupancy(old) is not None)
-        if (wanted is not None or occupied) and new.queue in self.store.queue_limits:
+        bounded = new.queue in self.store.queue_limits
+        wanted = _occupancy(new) if bounded else None
+        occupied = bounded and old is not None and (old.status in _ATTEMPT_OWNERS or _occupancy(old) is not None)
+        if wanted is not None or occupied:
             key = queue_capacity_key(env, new.queue, new.concurrency_key)
             self.require((key,))
             occupants = self.occupants(key)
@@ -1079,7 +1119,8 @@ class _Attempt:
         for slot in self.runs.values():
             if slot is None or not slot.changed:
                 continue
-            stored = _run_record(env, slot.run, slot.children, bounded)
+            known_key = None if slot.record is None else slot.record.key
+            stored = _run_record(env, slot.run, slot.children, bounded, known_key)
             if slot.record is None:
                 tx.create(stored)
             else:
@@ -1121,7 +1162,7 @@ class _Attempt:
             else:
                 tx.replace(current, new_record)
         if self.observed:
-            self.store.stage_observations(tx, self.observed, self.records)
+            self.store.stage_observation_documents(tx, self.observed, self.records)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1142,8 +1183,12 @@ class CoreStore:
         *,
         queue_limits: Mapping[str, int] | None = None,
         outbox: bool = False,
+        observing: bool = True,
     ) -> None:
         self.driver = driver
+        # Results carry the observation objects of their commit only for a runtime with live observers;
+        # the stream records are written either way.
+        self.observing = bool(observing)
         # Transport lanes write an outbox row with every run.delivery_requested.
         self.outbox = bool(outbox)
         self.environment = environment
@@ -1192,6 +1237,16 @@ class CoreStore:
         if heads:
             head = found.get(heads[0].encoded, HEAD_NOT_READ)
         stage_observations(tx, self.driver.profile, self.environment, values, head=head, checked=True)
+
+    def stage_observation_documents(
+        self, tx: StorageTransaction, documents: Sequence[StorageDocument], found: Mapping[str, StorageRecord | None]
+    ) -> None:
+        """``stage_observations`` for documents from ``event_observation_documents``."""
+        head: Any = HEAD_NOT_READ
+        heads = self.observation_heads
+        if heads:
+            head = found.get(heads[0].encoded, HEAD_NOT_READ)
+        stage_observation_documents(tx, self.driver.profile, self.env_key, documents, head=head)
 
     async def _transact(self, body: Callable[[StorageTransaction, tuple[StorageRecordKey, ...]], Any]) -> Any:
         """Run ``body`` in a transaction, restarting with more keys when an attempt asks for them."""

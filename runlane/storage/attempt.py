@@ -91,15 +91,30 @@ def enforce_storage_limit(limits: StorageLimits, limit: str, actual: int, *, on_
         on_error(create_storage_limit_error(limit, allowed, actual))
 
 
-def page_index_rows(query: StorageQuery, rows: Iterator[IndexRow], *, look_ahead: bool) -> StorageQueryResult:
+def _decode_trusted(encoded: str) -> tuple[str, ...]:
+    return tuple([bytes.fromhex(part).decode("utf-8") for part in encoded.split("/")])
+
+
+def _trusted_ref(sort: str, key: str) -> StorageIndexRef:
+    parts = _decode_trusted(key)
+    return StorageIndexRef(StorageRecordKey._trusted(parts[0], parts[1:], key), _decode_trusted(sort))
+
+
+def page_index_rows(
+    query: StorageQuery, rows: Iterator[IndexRow], *, look_ahead: bool, trusted: bool = False
+) -> StorageQueryResult:
     """Up to ``query.limit`` of ``rows`` (already in query order, after the cursor) as a result page.
 
     The page carries a cursor when another row follows; without ``look_ahead`` (exclusive candidates,
-    where reading one row too many would hold it) a full page always carries one.
+    where reading one row too many would hold it) a full page always carries one. ``trusted`` rows are
+    encodings the driver made itself with ``encode_storage_tuple`` (decoded without checking them).
     """
     page = list(itertools.islice(rows, query.limit))
     more = len(page) == query.limit and (not look_ahead or next(rows, None) is not None)
-    items = tuple(StorageIndexRef(StorageRecordKey.decode(key), decode_storage_tuple(sort)) for sort, key in page)
+    if trusted:
+        items = tuple([_trusted_ref(sort, key) for sort, key in page])
+    else:
+        items = tuple(StorageIndexRef(StorageRecordKey.decode(key), decode_storage_tuple(sort)) for sort, key in page)
     cursor = encode_storage_query_cursor(query, StorageQueryPosition(*page[-1])) if more else None
     return StorageQueryResult(items, cursor)
 

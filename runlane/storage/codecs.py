@@ -113,8 +113,11 @@ def encode_iso_date(value: datetime) -> str:
 
 def _encode_iso_date(value: datetime) -> str:
     if type(value) is datetime and value.tzinfo is UTC:
-        # The common case, same text: ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00`` with the offset as ``Z``.
-        return value.isoformat(timespec="microseconds")[:-6] + "Z"
+        # The common case, same text: ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00`` with the offset as ``Z``
+        # (``isoformat()`` leaves the fraction out when it is zero).
+        if value.microsecond:
+            return value.isoformat()[:-6] + "Z"
+        return value.isoformat()[:-6] + ".000000Z"
     if not isinstance(value, datetime):
         raise _contract(f"Expected a datetime, got {type(value).__name__}.")
     if value.tzinfo is None or value.utcoffset() is None:

@@ -41,12 +41,14 @@ from .types import (
 _EMPTY_ENVELOPE = canonical_json({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": {}})
 
 __all__ = [
+    "AppendValueShape",
     "MaterializedStorageAppend",
     "StorageStreamLayout",
     "encode_storage_append_value",
     "materialize_storage_append",
     "measure_storage_append",
     "read_storage_stream_position",
+    "storage_append_rows",
     "storage_stream_layouts",
 ]
 
@@ -60,6 +62,8 @@ class StorageStreamLayout:
     position_field: str
 
     def head_key(self, partition: str) -> StorageRecordKey:
+        if type(partition) is str:
+            return _head_key(self.head_collection, partition)  # keys are immutable: one per partition
         return StorageRecordKey(self.head_collection, partition)
 
     def record_key(self, partition: str, position: int) -> StorageRecordKey:
@@ -99,7 +103,7 @@ def _head_key(collection: str, partition: str) -> StorageRecordKey:
     return StorageRecordKey(collection, partition)
 
 
-class _AppendValueShape:
+class AppendValueShape:
     """What ``encode_storage_append_value`` remembers on a document: its value's greatest top-level key."""
 
     __slots__ = ("last_key",)
@@ -128,7 +132,7 @@ def encode_storage_append_value(value: dict[str, Any], *, checked: bool = False)
     if document is None:
         document = StorageDocument.encode(value)
     # Keys are strings here: the encoders above reject anything else.
-    return document.remember_decoded(_AppendValueShape(max(value) if value else None))
+    return document.remember_decoded(AppendValueShape(max(value) if value else None))
 
 
 storage_stream_layouts: dict[StorageStreamName, StorageStreamLayout] = {
@@ -173,6 +177,36 @@ def materialize_storage_append(command: StorageAppendCommand, start_position: in
     string keeps them so.
     """
     layout = storage_stream_layouts[command.stream]
+    partition = command.partition
+    partition_tuple = (partition,)
+    key_prefix, encoded_partition, rows = storage_append_rows(command, start_position)
+    collection = layout.record_collection
+    index = layout.index
+    records = tuple(
+        [
+            NewStorageRecord._trusted(
+                StorageRecordKey._trusted(collection, (partition, sort), key_prefix + sort_hex),
+                StorageDocument(text, size),
+                (StorageIndexEntry._trusted(index, partition_tuple, (sort,), encoded_partition, sort_hex),),
+            )
+            for sort, sort_hex, text, size in rows
+        ]
+    )
+    last = start_position + len(rows) - 1
+    return MaterializedStorageAppend(layout.head_record(partition, last + 1), records, start_position, last)
+
+
+def storage_append_rows(
+    command: StorageAppendCommand, start_position: int
+) -> tuple[str, str, list[tuple[str, str, str, int]]]:
+    """The raw records of ``command`` starting at ``start_position``, for drivers that store rows.
+
+    Returns ``(key prefix, encoded index partition, rows)`` where each row is ``(sort, encoded sort,
+    document text, document byte size)``: the record's key encodes as ``key prefix + encoded sort``
+    and its one index row is ``(layout.index, encoded index partition, encoded sort)``, exactly the
+    record ``materialize_storage_append`` builds at that position.
+    """
+    layout = storage_stream_layouts[command.stream]
     count = len(command.values)
     last = start_position + count - 1
     # The head stores the next position, which must itself fit the unsigned 64-bit range.
@@ -181,17 +215,17 @@ def materialize_storage_append(command: StorageAppendCommand, start_position: in
             ErrorCode.INVARIANT_VIOLATION,
             f"The {command.stream.value} stream is exhausted: positions must stay within the unsigned 64-bit range.",
         )
-    partition = command.partition
-    partition_tuple = (partition,)
-    key_prefix, encoded_partition = _record_prefixes(layout.record_collection, partition)
+    key_prefix, encoded_partition = _record_prefixes(layout.record_collection, command.partition)
     field = layout.position_field
     member = _field_member_prefix(field)
-    records = []
-    for offset, document in enumerate(command.values):
+    rows = []
+    position = start_position
+    for document in command.values:
         # Every position is in range (checked above), so plain decimal text is its canonical form.
-        digits = str(start_position + offset)
+        digits = str(position)
+        position += 1
         shape = document.decoded
-        if type(shape) is _AppendValueShape and (shape.last_key is None or shape.last_key < field):
+        if type(shape) is AppendValueShape and (shape.last_key is None or shape.last_key < field):
             # The field sorts after every key: the canonical text gains it as the value's last member.
             added = f'{"" if shape.last_key is None else ","}{member}"{digits}"'
             text = f"{document.text[:-2]}{added}}}}}"
@@ -203,15 +237,8 @@ def materialize_storage_append(command: StorageAppendCommand, start_position: in
             text = canonical_json_of_checked({"schemaVersion": STORAGE_DOCUMENT_SCHEMA_VERSION, "value": value})
             size = len(text.encode("utf-8"))
         sort = digits.rjust(UNSIGNED_64_WIDTH, "0")
-        sort_hex = sort.encode("ascii").hex()
-        records.append(
-            NewStorageRecord._trusted(
-                StorageRecordKey._trusted(layout.record_collection, (partition, sort), key_prefix + sort_hex),
-                StorageDocument(text, size),
-                (StorageIndexEntry._trusted(layout.index, partition_tuple, (sort,), encoded_partition, sort_hex),),
-            )
-        )
-    return MaterializedStorageAppend(layout.head_record(partition, last + 1), tuple(records), start_position, last)
+        rows.append((sort, sort.encode("ascii").hex(), text, size))
+    return key_prefix, encoded_partition, rows
 
 
 @functools.lru_cache(maxsize=256)

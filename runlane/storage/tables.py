@@ -6,13 +6,27 @@ anything that does not decode as canonical) to keep its projection in the same c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import ErrorCode, RunlaneError
-from ..models import RunEventRecord, RunRecord
+from ..models import (
+    Environment,
+    RunCompletionWaitCondition,
+    RunCounters,
+    RunEventRecord,
+    RunFailure,
+    RunLease,
+    RunRecord,
+    RunSource,
+    SignalWaitCondition,
+    TimeWaitCondition,
+)
+from ..vocabulary import RunSourceType, RunStatus, RunWaitConditionType
 from .codecs import encode_storage_unsigned_integer
 from .types import StorageDocument, StorageRecordKey
 
@@ -21,6 +35,7 @@ __all__ = [
     "RUN_EVENTS_COLLECTION",
     "RUN_TOMBSTONES_COLLECTION",
     "RunChildCounts",
+    "compact_decoded",
     "decode_run_document",
     "decode_run_event_document",
     "encode_run_document",
@@ -132,11 +147,325 @@ def _corrupt(what: str, error: Exception | None = None) -> RunlaneError:
     return RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"A stored {what} document is not canonical.", cause=error)
 
 
+# ---------------------------------------------------------------------------------------------
+# The compact remembered run
+#
+# A store that keeps records for a long time (the in-memory driver) keeps the remembered run of each
+# active run's document. As a model, a run is several objects the garbage collector tracks (the
+# instance, its field dict and set, nested models), so a store holding many active runs makes every
+# full collection of the process slower. ``compact_decoded`` turns the remembered run into one tuple
+# of plain values (strings, numbers, datetimes, enum values, frozen JSON values), which the collector
+# stops tracking; ``decode_run_document`` rebuilds an equal run from it, with fresh JSON values and
+# nested models (counters, immutable and few, are shared per distinct value, as ``_detached`` shares
+# nested models).
+
+_COMPACT_CODEC = "run/compact"
+_ATOMIC = frozenset({str, int, bool, type(None), datetime})
+_RUN_FIELDS = tuple(RunRecord.model_fields)
+_ALL_RUN_FIELDS = frozenset(_RUN_FIELDS)
+_FIELD_SETS: dict[frozenset[str], tuple[str, ...]] = {}
+
+# Nested models: class, its enum fields (field -> enum) and its JSON fields. A model that gains,
+# loses or renames a field no longer matches ``_COMPACT_ENABLED`` and runs are remembered as models.
+_NESTED: tuple[tuple[type[BaseModel], dict[str, type], tuple[str, ...]], ...] = (
+    (RunCounters, {}, ()),
+    (RunLease, {}, ()),
+    (TimeWaitCondition, {"type": RunWaitConditionType}, ()),
+    (SignalWaitCondition, {"type": RunWaitConditionType}, ()),
+    (RunCompletionWaitCondition, {"type": RunWaitConditionType}, ()),
+    (RunFailure, {"code": ErrorCode}, ("meta",)),
+    (RunSource, {"type": RunSourceType}, ()),
+)
+_NESTED_INDEX = {model: index for index, (model, _, _) in enumerate(_NESTED)}
+_NESTED_FIELDS = {
+    RunCounters: ("attempts", "failures", "retries", "releases"),
+    RunLease: ("worker_id", "token", "claimed_at", "expires_at"),
+    TimeWaitCondition: ("type", "resume_at"),
+    SignalWaitCondition: ("type", "signal_key", "timeout_at"),
+    RunCompletionWaitCondition: ("type", "run_id", "timeout_at"),
+    RunFailure: ("code", "message", "retryable", "meta"),
+    RunSource: ("type", "source_run_id", "schedule_id", "occurrence_id"),
+}
+_RUN_EXPECTED = (
+    "id", "environment", "task_id", "queue", "status", "payload", "counters", "event_sequence", "created_at",
+    "updated_at", "run_at", "started_at", "finished_at", "lease", "attempt_deadline_at", "dispatched_at",
+    "dispatch_expires_at", "wait", "failure", "output", "has_output", "source", "idempotency_key", "singleton_key",
+    "concurrency_key", "trace_carrier", "meta",
+)  # fmt: skip
+_COMPACT_ENABLED = (
+    _RUN_FIELDS == _RUN_EXPECTED
+    and tuple(Environment.model_fields) == ("name",)
+    and all(tuple(model.model_fields) == fields for model, fields in _NESTED_FIELDS.items())
+    and all(
+        not model.__private_attributes__
+        and model.__pydantic_post_init__ is None
+        and model.model_config.get("extra") != "allow"
+        for model in (RunRecord, Environment, *_NESTED_FIELDS)
+    )
+)
+
+
+class _NotCompact(Exception):
+    pass
+
+
+# A flat JSON object (string keys, scalar values: the usual payload, meta or trace carrier) is kept as
+# ``(_FLAT_OBJECT, key, value, key, value, ...)``: the collector untracks a tuple of untracked items,
+# never a tuple holding a dict. The marker is an object no JSON value can hold. Other values are
+# copied as they are (``_copy_json``).
+_FLAT_OBJECT: Any = object()
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _freeze_json(value: Any) -> Any:
+    if type(value) is dict:
+        flat: list[Any] = [_FLAT_OBJECT]
+        for key, item in value.items():
+            if type(item) not in _SCALARS or type(key) is not str:
+                return _copy_json(value)
+            flat.append(key)
+            flat.append(item)
+        return tuple(flat)
+    return _copy_json(value)
+
+
+def _thaw_json(value: Any) -> Any:
+    kind = type(value)
+    if kind is tuple:
+        if value and value[0] is _FLAT_OBJECT:
+            return {value[at]: value[at + 1] for at in range(1, len(value), 2)}
+        return value
+    if kind is dict or kind is list:
+        return _copy_json(value)
+    return value
+
+
+def _field_set_key(fields: set[str]) -> tuple[str, ...]:
+    frozen = frozenset(fields)
+    key = _FIELD_SETS.get(frozen)
+    if key is None:
+        if len(_FIELD_SETS) >= 1024:
+            raise _NotCompact
+        key = _FIELD_SETS[frozen] = tuple(sorted(frozen))
+    return key
+
+
+def _atomic(value: Any) -> Any:
+    if type(value) not in _ATOMIC:
+        raise _NotCompact
+    return value
+
+
+def _freeze_nested(value: Any) -> Any:
+    if value is None:
+        return None
+    model = type(value)
+    index = _NESTED_INDEX.get(model)
+    if index is None or value.__pydantic_extra__ is not None or value.__pydantic_private__ is not None:
+        raise _NotCompact
+    _, enums, json_fields = _NESTED[index]
+    values = value.__dict__
+    frozen: list[Any] = [index, _field_set_key(value.__pydantic_fields_set__)]
+    for name in _NESTED_FIELDS[model]:
+        item = values[name]
+        enum = enums.get(name)
+        if enum is not None:
+            if type(item) is not enum:
+                raise _NotCompact
+            frozen.append(item._value_)
+        elif name in json_fields:
+            frozen.append(_freeze_json(item))
+        else:
+            frozen.append(_atomic(item))
+    return tuple(frozen)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_counters(frozen: tuple[Any, ...]) -> Any:
+    """One immutable instance per distinct counters value (runs share few of them)."""
+    return _build_nested(frozen)
+
+
+def _thaw_nested(frozen: tuple[Any, ...]) -> Any:
+    index = frozen[0]
+    if index == _COUNTERS_INDEX:
+        return _shared_counters(frozen)
+    if index == _LEASE_INDEX:  # one per running run: built without the generic loop
+        _, fields_set, worker_id, token, claimed_at, expires_at = frozen
+        values = {"worker_id": worker_id, "token": token, "claimed_at": claimed_at, "expires_at": expires_at}
+        return _instance(RunLease, values, set(fields_set))
+    return _build_nested(frozen)
+
+
+def _build_nested(frozen: tuple[Any, ...]) -> Any:
+    model, enums, json_fields = _NESTED[frozen[0]]
+    values = {}
+    for name, item in zip(_NESTED_FIELDS[model], frozen[2:]):
+        enum = enums.get(name)
+        if enum is not None:
+            item = enum(item)
+        elif name in json_fields:
+            item = _thaw_json(item)
+        values[name] = item
+    return _instance(model, values, set(frozen[1]))
+
+
+_COUNTERS_INDEX = _NESTED_INDEX[RunCounters]
+_LEASE_INDEX = _NESTED_INDEX[RunLease]
+
+
+def _instance(model: type[BaseModel], values: dict[str, Any], fields_set: set[str]) -> Any:
+    instance = object.__new__(model)
+    _set(instance, "__dict__", values)
+    _set(instance, "__pydantic_fields_set__", fields_set)
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance
+
+
+@functools.lru_cache(maxsize=64)
+def _environment(name: str) -> Environment:
+    return _instance(Environment, {"name": name}, {"name"})
+
+
+_STATUSES = {status._value_: status for status in RunStatus}
+
+
+def _freeze_run(run: RunRecord) -> tuple[Any, ...] | None:
+    """The compact form of a remembered run, or ``None`` when a value has no compact form."""
+    if not _COMPACT_ENABLED or type(run) is not RunRecord:
+        return None
+    if run.__pydantic_extra__ is not None or run.__pydantic_private__ is not None:
+        return None
+    v = run.__dict__
+    environment = v["environment"]
+    status = v["status"]
+    if (
+        type(environment) is not Environment
+        or environment.__pydantic_fields_set__ != {"name"}
+        or environment.__pydantic_extra__ is not None
+        or environment.__pydantic_private__ is not None
+        or type(status) is not RunStatus
+    ):
+        return None
+    atomic = (
+        v["id"], environment.name, v["task_id"], v["queue"], v["event_sequence"], v["created_at"], v["updated_at"],
+        v["run_at"], v["started_at"], v["finished_at"], v["attempt_deadline_at"], v["dispatched_at"],
+        v["dispatch_expires_at"], v["has_output"], v["idempotency_key"], v["singleton_key"], v["concurrency_key"],
+    )  # fmt: skip
+    if not _ATOMIC.issuperset(map(type, atomic)):
+        return None
+    (
+        run_id, name, task_id, queue, event_sequence, created_at, updated_at, run_at, started_at, finished_at,
+        attempt_deadline_at, dispatched_at, dispatch_expires_at, has_output, idempotency_key, singleton_key,
+        concurrency_key,
+    ) = atomic  # fmt: skip
+    fields_set = run.__pydantic_fields_set__
+    try:
+        return (
+            _RUN_FIELDS if fields_set == _ALL_RUN_FIELDS else _field_set_key(fields_set),
+            run_id,
+            name,
+            task_id,
+            queue,
+            status._value_,
+            _freeze_json(v["payload"]),
+            _freeze_nested(v["counters"]),
+            event_sequence,
+            created_at,
+            updated_at,
+            run_at,
+            started_at,
+            finished_at,
+            _freeze_nested(v["lease"]),
+            attempt_deadline_at,
+            dispatched_at,
+            dispatch_expires_at,
+            _freeze_nested(v["wait"]),
+            _freeze_nested(v["failure"]),
+            _freeze_json(v["output"]),
+            has_output,
+            _freeze_nested(v["source"]),
+            idempotency_key,
+            singleton_key,
+            concurrency_key,
+            _freeze_json(v["trace_carrier"]),
+            _freeze_json(v["meta"]),
+        )
+    except _NotCompact:
+        return None
+
+
+def _thaw_run(frozen: tuple[Any, ...]) -> RunRecord:
+    """A fresh run equal to the one ``_freeze_run`` froze (sharing no JSON value with ``frozen``)."""
+    (
+        fields_set, run_id, environment, task_id, queue, status, payload, counters, event_sequence, created_at,
+        updated_at, run_at, started_at, finished_at, lease, attempt_deadline_at, dispatched_at, dispatch_expires_at,
+        wait, failure, output, has_output, source, idempotency_key, singleton_key, concurrency_key, trace_carrier,
+        meta,
+    ) = frozen  # fmt: skip
+    values = {
+        "id": run_id,
+        "environment": _environment(environment),
+        "task_id": task_id,
+        "queue": queue,
+        "status": _STATUSES[status],
+        "payload": _thaw_json(payload),
+        "counters": None if counters is None else _thaw_nested(counters),
+        "event_sequence": event_sequence,
+        "created_at": created_at,
+        "updated_at": updated_at,
+        "run_at": run_at,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "lease": None if lease is None else _thaw_nested(lease),
+        "attempt_deadline_at": attempt_deadline_at,
+        "dispatched_at": dispatched_at,
+        "dispatch_expires_at": dispatch_expires_at,
+        "wait": None if wait is None else _thaw_nested(wait),
+        "failure": None if failure is None else _thaw_nested(failure),
+        "output": _thaw_json(output),
+        "has_output": has_output,
+        "source": None if source is None else _thaw_nested(source),
+        "idempotency_key": idempotency_key,
+        "singleton_key": singleton_key,
+        "concurrency_key": concurrency_key,
+        "trace_carrier": _thaw_json(trace_carrier),
+        "meta": _thaw_json(meta),
+    }
+    return _instance(RunRecord, values, set(fields_set))
+
+
+@functools.lru_cache(maxsize=256)
+def _children(counts: tuple[int, int, int, int]) -> RunChildCounts:
+    return RunChildCounts(*counts)
+
+
+def compact_decoded(decoded: Any) -> Any:
+    """What a store that keeps records for long should keep of a document's remembered value.
+
+    The remembered run of a run document becomes its compact form (see above), which
+    ``decode_run_document`` and ``peek_run_document`` read like the run itself; any other value, and a
+    run without a compact form, is returned unchanged.
+    """
+    if type(decoded) is tuple and len(decoded) == 3 and decoded[0] == _RUN_CODEC:
+        children = decoded[2]
+        frozen = _freeze_run(decoded[1])
+        if frozen is not None and type(children) is RunChildCounts:
+            counts = (children.events, children.outbox, children.steps, children.links)
+            return (_COMPACT_CODEC, frozen, counts)
+    return decoded
+
+
 def decode_run_document(document: StorageDocument) -> tuple[RunRecord, RunChildCounts]:
     """The run and child counts of a run document (a fresh, caller-owned run every time)."""
     remembered = document.decoded
-    if remembered is not None and remembered[0] == _RUN_CODEC:
-        return _detached(remembered[1]), remembered[2]
+    if type(remembered) is tuple:
+        codec = remembered[0]
+        if codec == _RUN_CODEC:
+            return _detached(remembered[1]), remembered[2]
+        if codec == _COMPACT_CODEC:
+            return _thaw_run(remembered[1]), _children(remembered[2])
     value = document.value
     try:
         run = RunRecord.model_validate(value["run"])
@@ -161,9 +490,13 @@ def peek_run_document(document: StorageDocument) -> RunRecord | None:
     """The run of a run document, decoded at most once per document and *shared*: read-only use only
     (a driver's operator projection copies before handing it out). ``None`` when it does not decode."""
     remembered = document.decoded
-    if remembered is None or remembered[0] != _RUN_CODEC:
+    if type(remembered) is not tuple or remembered[0] != _RUN_CODEC:
         if remembered is _UNDECODABLE:
             return None
+        if type(remembered) is tuple and remembered[0] == _COMPACT_CODEC:
+            run, children = decode_run_document(document)
+            document.remember_decoded((_RUN_CODEC, run, children))  # ``run`` is fresh: nothing to detach
+            return run
         try:
             decode_run_document(document)
         except RunlaneError:

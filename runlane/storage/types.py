@@ -318,6 +318,18 @@ class StorageRecord:
     document: StorageDocument
     indexes: tuple[StorageIndexEntry, ...] = ()
 
+    @classmethod
+    def _trusted(
+        cls, key: StorageRecordKey, version: str, document: StorageDocument, indexes: tuple[StorageIndexEntry, ...]
+    ) -> StorageRecord:
+        """``StorageRecord(key, version, document, indexes)`` for a driver's own checked values."""
+        record = object.__new__(cls)
+        _set(record, "key", key)
+        _set(record, "version", version)
+        _set(record, "document", document)
+        _set(record, "indexes", indexes)
+        return record
+
 
 def measure_storage_record(record: NewStorageRecord | StorageRecord) -> int:
     """Bytes a record counts against record and transaction limits (key + document + index rows)."""
@@ -467,6 +479,19 @@ class StorageAppendCommand:
         object.__setattr__(self, "stream", stream_name)
         object.__setattr__(self, "partition", partition)
         object.__setattr__(self, "values", frozen)
+
+    @classmethod
+    def _trusted(
+        cls, stream: StorageStreamName, partition: str, values: tuple[StorageDocument, ...]
+    ) -> StorageAppendCommand:
+        """A command from a stream name, a non-empty partition and at least one document (core only)."""
+        if not values or not partition or type(partition) is not str:
+            return cls(stream, partition, values)  # raises the contract error
+        command = object.__new__(cls)
+        _set(command, "stream", stream)
+        _set(command, "partition", partition)
+        _set(command, "values", values)
+        return command
 
 
 # ---------------------------------------------------------------------------------------------

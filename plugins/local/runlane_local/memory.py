@@ -5,12 +5,16 @@ sitting. It is process-local development storage, not durable production storage
 
 Mechanics:
 
-* **Immutable state.** A store's committed state is one immutable ``_State`` value: records in an
-  ``immutables.Map`` keyed by encoded record key, index partitions as copy-on-write ``_SortedRows``,
-  the operator projection, and the last issued version. A commit builds the next value and swaps it
-  in under a ``threading.Lock``; older values stay valid for whoever still holds them. Records whose
-  document carries no decoded value are kept as packed tuples of strings the garbage collector does
-  not track (``_pack``), so a large store does not slow down the process's full collections.
+* **Versioned state.** A store's committed state is three tables (records by encoded key, index
+  partitions, operator projection groups) in ``_Versions``: one plain dict of current values per
+  table, plus, while older snapshots are live, the values commits replaced. A commit writes only the
+  keys it changes, under a ``threading.Lock``, and publishes a new ``_State``: a view of the tables as
+  of its commit number, which stays valid for whoever holds it (reads register their snapshot).
+  Records are packed tuples of strings and ints (``_pack``), index partitions and projection groups
+  immutable values, so the garbage collector stops tracking nearly all of a store and a large store
+  does not slow down the process's full collections. Index partitions and projection groups fold
+  their changes lazily (``_partition_rows``, ``_State.group``): a partition nobody reads is never
+  rebuilt, a busy one once for many commits.
 * **Attempt snapshots.** Every attempt reads the state captured when it starts. ``get`` records each
   key with the version seen, or ``None`` when absent; the commit replays the attempt when any of those
   dependencies (or a staged create / replace / delete condition) no longer holds.
@@ -26,10 +30,11 @@ Mechanics:
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from bisect import bisect_left, bisect_right, insort
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import itemgetter
 from typing import Any, Protocol, TypeVar
@@ -64,7 +69,7 @@ from runlane.storage import (
     decode_storage_tuple,
     encode_operator_cursor,
     encode_storage_unsigned_integer,
-    materialize_storage_append,
+    parse_unsigned_64_decimal,
     read_storage_stream_position,
     run_event_matches_filter,
     run_event_sort_value,
@@ -80,9 +85,11 @@ from runlane.storage.attempt import (
     enforce_storage_limit,
     page_index_rows,
 )
+from runlane.storage.streams import storage_append_rows
 from runlane.storage.tables import (
     RUN_EVENTS_COLLECTION,
     RUNS_COLLECTION,
+    compact_decoded,
     peek_run_document,
     peek_run_event_document,
     run_tombstone_key,
@@ -176,6 +183,35 @@ class _SortedRows:
             pieces = tuple(tuple(rows[at : at + _CHUNK]) for at in range(0, len(rows), _CHUNK))
             return _SortedRows(pieces)
         lasts = self._lasts
+        if not removes:
+            if not inserts:
+                return self
+            if len(inserts) > 1:
+                inserts = sorted(inserts)
+            if inserts[0] > lasts[-1]:
+                # Every row sorts after the partition's last row (stream positions, new history rows,
+                # due times that only grow): only the last chunk changes.
+                grown = chunks[-1] + tuple(inserts)
+                if len(grown) <= 2 * _CHUNK:
+                    return _SortedRows((*chunks[:-1], grown), (*lasts[:-1], grown[-1]))
+                pieces = tuple([grown[at : at + _CHUNK] for at in range(0, len(grown), _CHUNK)])
+                return _SortedRows((*chunks[:-1], *pieces), (*lasts[:-1], *[piece[-1] for piece in pieces]))
+        if len(chunks) == 1:  # a small partition: one chunk, no directory to rebuild
+            rows = list(chunks[0])
+            for row in removes:
+                at = bisect_left(rows, row)
+                if at == len(rows) or rows[at] != row:
+                    raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An index row of a stored record is missing.")
+                del rows[at]
+            for row in inserts:
+                insort(rows, row)
+            if not rows:
+                return _NO_ROWS
+            if len(rows) <= 2 * _CHUNK:
+                single = tuple(rows)
+                return _SortedRows((single,), (single[-1],))
+            pieces = tuple([tuple(rows[at : at + _CHUNK]) for at in range(0, len(rows), _CHUNK)])
+            return _SortedRows(pieces, tuple([piece[-1] for piece in pieces]))
         last_chunk = len(chunks) - 1
         touched: dict[int, list[Row]] = {}
         # Chunk boundaries stay those of ``self`` while rows move: a chunk only ever holds rows of its
@@ -217,6 +253,52 @@ class _SortedRows:
 
 
 _NO_ROWS = _SortedRows()
+
+# An index partition as the state keeps it:
+#   (chunks, last rows, unfolded row count, row count, removes, inserts, removes, inserts, ...)
+# the rows folded so far as a ``_SortedRows``'s chunks and their last rows, the number of rows in the
+# changes not folded in yet, the partition's row count, then those changes, per commit, as flat
+# tuples (sort, key, sort, key, ...) of the rows it removed and inserted (flat, so the collector
+# untracks them at once). Commits only add their changes; the first read of the partition folds
+# them (once per state value, and for later states too, see ``_Versions.settle``) and a commit folds
+# them when they grow past ``_FOLD_ROWS`` rows or ``_FOLD_VALUES`` values, so a partition nobody
+# reads (a run's history rows) is never rebuilt and a busy one is rebuilt once for many commits.
+_Partition = tuple[Any, ...]
+_EMPTY_PARTITION: _Partition = ((), (), 0, 0)
+_FOLD_ROWS = 256
+_FOLD_VALUES = 4 + 2 * 16  # at most 16 commits' changes wait to be folded
+
+
+def _pairs(flat: Sequence[str]) -> list[Row]:
+    return list(zip(flat[0::2], flat[1::2]))
+
+
+def _partition_rows(partition: _Partition) -> _SortedRows:
+    """The rows of a stored partition with its pending changes folded in."""
+    chunks, lasts = partition[0], partition[1]
+    rows = _SortedRows(chunks, lasts) if chunks else _NO_ROWS
+    if len(partition) == 4:
+        return rows
+    if len(partition) == 6:
+        return rows.updated(_pairs(partition[4]), _pairs(partition[5]))
+    # The net change of the commits in order: a row inserted by one commit and removed by a later
+    # one never reaches the rows; a row removed and inserted again stays.
+    removed: dict[Row, None] = {}
+    inserted: dict[Row, None] = {}
+    for at in range(4, len(partition), 2):
+        for row in _pairs(partition[at]):
+            if row in inserted:
+                del inserted[row]
+            else:
+                removed[row] = None
+        for row in _pairs(partition[at + 1]):
+            if row in removed:
+                del removed[row]
+            else:
+                inserted[row] = None
+    return rows.updated(list(removed), list(inserted))
+
+
 _sort_of = itemgetter(0)
 
 
@@ -243,93 +325,485 @@ def _scan(rows: _SortedRows, query: StorageQuery) -> Iterator[Row]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Large projection groups
+
+_BUCKET_MASK = (1 << 10) - 1
+_MISSING: Any = object()
+
+
+class _Buckets:
+    """An immutable mapping kept as small plain ``dict`` buckets in an ``immutables.Map`` by key hash
+    (a projection group too large to copy whole on every change, see ``_regroup``).
+
+    A change copies only the buckets it touches, so earlier values keep their view, and the plain
+    dicts cost the garbage collector nothing once their values (strings) are untracked.
+    """
+
+    __slots__ = ("_map", "_size")
+
+    def __init__(self, buckets: immutables.Map = _EMPTY_MAP, size: int = 0) -> None:
+        self._map = buckets
+        self._size = size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bool__(self) -> bool:
+        return self._size > 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        bucket = self._map.get(hash(key) & _BUCKET_MASK)
+        return default if bucket is None else bucket.get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def keys(self) -> Iterator[Any]:
+        for bucket in self._map.values():
+            yield from bucket
+
+    def values(self) -> Iterator[Any]:
+        for bucket in self._map.values():
+            yield from bucket.values()
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        for bucket in self._map.values():
+            yield from bucket.items()
+
+    def mutate(self) -> _BucketsMutation:
+        return _BucketsMutation(self)
+
+
+class _BucketsMutation:
+    """Changes to a ``_Buckets`` value; ``finish()`` returns the new value."""
+
+    __slots__ = ("_base", "_copies", "_size")
+
+    def __init__(self, base: _Buckets) -> None:
+        self._base = base._map
+        self._copies: dict[int, dict[Any, Any]] = {}
+        self._size = base._size
+
+    def _bucket(self, key: Any) -> dict[Any, Any]:
+        index = hash(key) & _BUCKET_MASK
+        bucket = self._copies.get(index)
+        if bucket is None:
+            found = self._base.get(index)
+            bucket = self._copies[index] = {} if found is None else found.copy()
+        return bucket
+
+    def __contains__(self, key: Any) -> bool:
+        index = hash(key) & _BUCKET_MASK
+        bucket = self._copies.get(index)
+        if bucket is None:
+            bucket = self._base.get(index)
+        return bucket is not None and key in bucket
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        bucket = self._bucket(key)
+        if key not in bucket:
+            self._size += 1
+        bucket[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        del self._bucket(key)[key]
+        self._size -= 1
+
+    def finish(self) -> _Buckets:
+        if not self._copies:
+            return _Buckets(self._base, self._size)
+        mutation = self._base.mutate()
+        for index, bucket in self._copies.items():
+            if bucket:
+                mutation[index] = bucket
+            elif index in mutation:
+                del mutation[index]
+        return _Buckets(mutation.finish(), self._size)
+
+
+_NO_BUCKETS = _Buckets()
+
+
+# ---------------------------------------------------------------------------------------------
+# Versioned tables
+
+
+class _Versions:
+    """Every committed record, index partition and projection group of a store, readable as of any
+    live snapshot.
+
+    ``latest`` holds three dicts (records, index partitions, projection groups) with the current
+    value of every key. A commit made while other snapshots are live first keeps, per key it writes,
+    the value it replaces in ``older`` (as ``(commit, value before it)``, oldest first, ``None`` for
+    absent), then writes ``latest``; a read as of snapshot ``s`` takes the value before the first
+    commit after ``s`` when there is one. The order of those two writes, and reading ``latest``
+    before ``older``, keeps a read correct while another thread commits. Kept values are dropped once
+    no live snapshot is older than their commit (``log`` lists them in commit order), so ``older``
+    only ever holds what concurrent attempts still read.
+
+    A dict of packed records is one object for the garbage collector however many records it holds,
+    and a commit writes only the keys it changes: nothing is copied per commit but the changed
+    values themselves (index partitions and projection groups are immutable values).
+    """
+
+    __slots__ = ("latest", "live", "lock", "log", "older")
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock  # the store's lock: commits, holds and ``settle`` take it
+        self.latest: tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]] = ({}, {}, {})
+        self.older: tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]] = ({}, {}, {})
+        self.log: deque[tuple[int, int, Any]] = deque()
+        self.live: dict[int, int] = {}  # snapshot commit -> readers holding it
+
+    def write(self, commit: int, table: int, puts: list[tuple[Any, Any]], keep: bool) -> None:
+        """Apply one commit's values to one table (``None`` deletes); ``keep`` when other snapshots are live."""
+        latest = self.latest[table]
+        if keep:
+            older = self.older[table]
+            log = self.log
+            for key, value in puts:
+                older[key] = (*older.get(key, ()), (commit, latest.get(key)))
+                log.append((commit, table, key))
+                if value is None:
+                    latest.pop(key, None)
+                else:
+                    latest[key] = value
+            return
+        for key, value in puts:
+            if value is None:
+                latest.pop(key, None)
+            else:
+                latest[key] = value
+
+    def settle(self, table: int, key: Any, current: Any, equivalent: Any) -> None:
+        """Replace ``key``'s current value by an equivalent one (a folded index partition), so later
+        reads and commits start from it; nothing changes when ``key`` was written meanwhile."""
+        with self.lock:
+            latest = self.latest[table]
+            if latest.get(key) is current:
+                latest[key] = equivalent
+
+    def hold(self, commit: int) -> None:
+        self.live[commit] = self.live.get(commit, 0) + 1
+
+    def release(self, commit: int) -> None:
+        """Drop one reader of snapshot ``commit`` and every kept value no live snapshot needs."""
+        live = self.live
+        count = live[commit] - 1
+        if count:
+            live[commit] = count
+        else:
+            del live[commit]
+        log = self.log
+        if not log:
+            return
+        if not live:
+            for older in self.older:
+                older.clear()
+            log.clear()
+            return
+        oldest = min(live)
+        while log and log[0][0] <= oldest:
+            _, table, key = log.popleft()
+            older = self.older[table]
+            kept = older[key]
+            if len(kept) == 1:
+                del older[key]
+            else:
+                older[key] = kept[1:]
+
+
+class _Table:
+    """One table of ``_Versions`` as of one commit (a state's records, index partitions or groups)."""
+
+    __slots__ = ("_commit", "_latest", "_older")
+
+    def __init__(self, versions: _Versions, table: int, commit: int) -> None:
+        self._latest = versions.latest[table]
+        self._older = versions.older[table]
+        self._commit = commit
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        value = self._latest.get(key)
+        older = self._older
+        if older:
+            kept = older.get(key)
+            if kept is not None:
+                commit = self._commit
+                for written, before in kept:
+                    if written > commit:
+                        value = before
+                        break
+        return default if value is None else value
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key) is not None
+
+    def keys(self) -> list[Any]:
+        latest, older = self._latest, self._older
+        candidates = [*latest, *(key for key in list(older) if key not in latest)]
+        return [key for key in candidates if self.get(key) is not None]
+
+    def values(self) -> list[Any]:
+        return [self[key] for key in self.keys()]
+
+    def items(self) -> list[tuple[Any, Any]]:
+        return [(key, self[key]) for key in self.keys()]
+
+
+_RECORDS, _INDEXES, _GROUPS = 0, 1, 2
+
+
+# ---------------------------------------------------------------------------------------------
 # Committed state
 
 
-@dataclass(frozen=True, slots=True)
 class _State:
-    records: immutables.Map  # encoded key -> StorageRecord, or its packed form (see ``_pack``)
-    indexes: immutables.Map  # (index name, encoded partition) -> _SortedRows
-    # The operator projection: which run and run event records exist, grouped by their key minus its
-    # last part, as the encoded keys of their records (read from ``records`` and decoded on first
-    # operator read, see ``_projected``). Only creates and deletes change it; a replaced record keeps
-    # its key.
-    #   ("runs", environment) -> Map[run id -> encoded record key]
-    #   ("run_events", environment, run id) -> Map[encoded sequence -> encoded record key]
-    projection: immutables.Map
-    last_version: int = 0
+    """The store as of one commit: views of its versioned tables plus the unfolded projection changes.
+
+    A value: nothing changes it once built, except the caches of what its reads computed (``folded``,
+    ``folded_rows``), which hold the same values whichever thread fills them.
+    """
+
+    __slots__ = (
+        "commit", "folded", "folded_rows", "groups", "indexes", "last_version", "pending", "records", "versions",
+    )  # fmt: skip
+
+    def __init__(
+        self, versions: _Versions, commit: int, pending: _Pending | None = None, last_version: int = 0
+    ) -> None:
+        self.versions = versions
+        self.commit = commit
+        self.records = _Table(versions, _RECORDS, commit)  # encoded key -> packed record (see ``_pack``)
+        # (index name, encoded partition) -> _Partition (see ``_partition_rows``)
+        self.indexes = _Table(versions, _INDEXES, commit)
+        # The operator projection: which run and run event records exist, grouped by their key minus
+        # its last part, as the encoded keys of their records (read from ``records`` and decoded on
+        # first operator read, see ``_projected``). Only creates and deletes change it; a replaced
+        # record keeps its key. A group is a plain dict until it grows large, then ``_Buckets`` (see
+        # ``_regroup``).
+        #   ("runs", environment) -> {run id: encoded record key}
+        #   ("run_events", environment, run id) -> {encoded sequence: encoded record key}
+        # Commits do not fold their changes into the groups one by one: ``pending`` holds the changes
+        # since they were last folded, newest commit first, as (changes, older pending, number of
+        # changes); ``group()`` applies them on operator reads and a commit folds them once there
+        # are many.
+        self.groups = _Table(versions, _GROUPS, commit)
+        self.pending = pending
+        self.last_version = last_version
+        self.folded: dict[Any, Any] | None = None
+        self.folded_rows: dict[PartitionKey, _SortedRows] | None = None
 
     def version_of(self, encoded_key: str) -> str | None:
         stored = self.records.get(encoded_key)
-        return None if stored is None else _version(stored)
+        return None if stored is None else stored[1]
 
     def record(self, encoded_key: str) -> StorageRecord | None:
         return _unpack(self.records.get(encoded_key))
 
+    def rows(self, index: str, encoded_partition: str) -> _SortedRows:
+        partition = (index, encoded_partition)
+        found = self.indexes.get(partition)
+        if found is None:
+            return _NO_ROWS
+        if not found[2]:
+            return _SortedRows(found[0], found[1])
+        folded = self.folded_rows
+        if folded is None:
+            folded = {}
+            self.folded_rows = folded
+        rows = folded.get(partition)
+        if rows is None:
+            rows = folded[partition] = _partition_rows(found)
+            self.versions.settle(_INDEXES, partition, found, (rows._chunks, rows._lasts, 0, found[3]))
+        return rows
+
+    def group(self, key: tuple[str, ...]) -> Any:
+        """A projection group with the pending changes applied (computed once per state value)."""
+        if self.pending is None:
+            return self.groups.get(key, _NO_MEMBERS)
+        folded = self.folded
+        if folded is None:
+            folded = self.folded = {_BY_GROUP: _changes_by_group(self.pending)}
+        members = folded.get(key)
+        if members is None:
+            changes = folded[_BY_GROUP].get(key)
+            members = self.groups.get(key)
+            if changes is not None:
+                members = _regroup(members, changes)
+            members = folded[key] = _NO_MEMBERS if members is None else members
+        return members
+
     def run_ids(self, environment: str) -> Iterable[str]:
-        return self.projection.get((RUNS_COLLECTION, environment), _EMPTY_MAP).keys()
+        return self.group((RUNS_COLLECTION, environment)).keys()
 
     def visible_run(self, environment: str, run_id: str, cache: DecodedCache) -> RunRecord | None:
         """A run is visible while its record decodes and no tombstone exists for it."""
-        encoded = self.projection.get((RUNS_COLLECTION, environment), _EMPTY_MAP).get(run_id)
+        encoded = self.group((RUNS_COLLECTION, environment)).get(run_id)
         if encoded is None or run_tombstone_key(environment, run_id).encoded in self.records:
             return None
         return _projected(self.records[encoded], cache, _checked_run)
 
     def run_events(self, environment: str, run_id: str, cache: DecodedCache) -> Iterable[RunEventRecord]:
-        keys = self.projection.get((RUN_EVENTS_COLLECTION, environment, run_id), _EMPTY_MAP).values()
+        keys = self.group((RUN_EVENTS_COLLECTION, environment, run_id)).values()
         records = self.records
         return [
             event for encoded in keys if (event := _projected(records[encoded], cache, _checked_event)) is not None
         ]
 
 
-_EMPTY_STATE = _State(_EMPTY_MAP, _EMPTY_MAP, _EMPTY_MAP)
+_BY_GROUP: Any = object()  # the key of a state's pending changes by group in its ``folded`` cache
 
 
-# A committed record is kept in one of two forms. A record whose document carries a decoded value
-# (run documents written by core remember their run, so reading them back skips parsing) stays a
-# ``StorageRecord``. Every other record is packed into a tuple of strings and ints,
-#   (encoded key, version, document text, document byte size, ((index, encoded partition, encoded sort), ...)),
-# which the garbage collector stops tracking: a store holds millions of history rows, and each
-# tracked object makes every full collection of the process slower. Reads rebuild an equal
-# ``StorageRecord`` from the packed form.
-Packed = tuple[str, str, str, int, tuple[tuple[str, str, str], ...]]
-Stored = StorageRecord | Packed
+# One commit's projection changes, (group, member, encoded key or ``None`` for a removal), and the
+# pending changes before it.
+_Change = tuple[tuple[str, ...], str, "str | None"]
+_Pending = tuple[tuple[_Change, ...], Any, int]
+# Pending changes are folded into the projection by the commit that brings them past this count.
+_FOLD_AT = 4096
+
+
+def _changes_by_group(pending: _Pending | None) -> dict[tuple[str, ...], list[tuple[str, str | None]]]:
+    """The ``pending`` changes per group, in commit order."""
+    batches = []
+    while pending is not None:
+        batches.append(pending[0])
+        pending = pending[1]
+    by_group: dict[tuple[str, ...], list[tuple[str, str | None]]] = {}
+    for changes in reversed(batches):
+        for group, member, member_key in changes:
+            listed = by_group.get(group)
+            if listed is None:
+                listed = by_group[group] = []
+            listed.append((member, member_key))
+    return by_group
+
+
+_NO_MEMBERS: dict[str, str] = {}
+
+
+def _empty_state(lock: Any) -> _State:
+    return _State(_Versions(lock), 0)
+
+
+# A projection group larger than this is kept as ``_Buckets`` so a create does not copy all of it.
+_LARGE_GROUP = 256
+
+
+def _regroup(members: dict[str, str] | _Buckets | None, changes: list[tuple[str, str | None]]) -> Any:
+    """A projection group after ``changes`` (member -> encoded key, or ``None`` to remove); ``None`` when empty."""
+    if members is None or type(members) is dict:
+        updated = {} if members is None else members.copy()
+        for member, member_key in changes:
+            if member_key is not None:
+                updated[member] = member_key
+            else:
+                updated.pop(member, None)
+        if len(updated) <= _LARGE_GROUP:
+            return updated or None
+        mutation = _NO_BUCKETS.mutate()
+        for member, member_key in updated.items():
+            mutation[member] = member_key
+        return mutation.finish()
+    mutation = members.mutate()  # type: ignore[union-attr]
+    for member, member_key in changes:
+        if member_key is not None:
+            mutation[member] = member_key
+        elif member in mutation:
+            del mutation[member]
+    grouped = mutation.finish()
+    return grouped if grouped else None
+
+
+# A committed record is packed into a tuple of strings and ints,
+#   (encoded key, version, document text, document byte size, index rows),
+# where the index rows are one flat tuple (index, encoded partition, encoded sort, index, ...), plus,
+# for a document that carries a decoded value (run documents written by core remember their run, so
+# reading them back skips parsing), a sixth item: that value as ``compact_decoded`` keeps it. The
+# garbage collector stops tracking such tuples (the shallower the nesting, the sooner: a collection
+# untracks a tuple only after everything inside it): a store holds millions of history rows and many
+# active runs, and each tracked object makes every full collection of the process slower. Reads
+# rebuild an equal ``StorageRecord`` from the packed form.
+Packed = tuple[Any, ...]
+Stored = Packed
 
 
 def _pack(key: StorageRecordKey, version: str, record: NewStorageRecord) -> Stored:
     document = record.document
-    if document.decoded is not None:
-        return StorageRecord(key, version, document, record.indexes)
-    rows = tuple((entry.name._value_, entry.encoded_partition, entry.encoded_sort) for entry in record.indexes)
-    return (key.encoded, version, document.text, document.byte_size, rows)
+    indexes = record.indexes
+    if not indexes:
+        rows: tuple[str, ...] = ()
+    elif len(indexes) == 1:
+        entry = indexes[0]
+        rows = (entry.name._value_, entry.encoded_partition, entry.encoded_sort)
+    else:
+        flat = []
+        for entry in indexes:
+            flat += (entry.name._value_, entry.encoded_partition, entry.encoded_sort)
+        rows = tuple(flat)
+    decoded = document._decoded
+    if decoded is None:
+        return (key.encoded, version, document._text, document._byte_size, rows)
+    return (key.encoded, version, document._text, document._byte_size, rows, compact_decoded(decoded))
 
 
 def _version(stored: Stored) -> str:
-    return stored[1] if type(stored) is tuple else stored.version  # type: ignore[union-attr]
+    return stored[1]
 
 
-def _index_rows(stored: Stored) -> Iterable[tuple[str, str, str]]:
-    if type(stored) is tuple:
-        return stored[4]  # type: ignore[return-value]
-    entries = stored.indexes  # type: ignore[union-attr]
-    return ((entry.name._value_, entry.encoded_partition, entry.encoded_sort) for entry in entries)
+_INDEX_NAMES = {name._value_: name for name in StorageIndexName}
 
 
-def _unpack(stored: Stored | None) -> StorageRecord | None:
-    if stored is None or type(stored) is not tuple:
-        return stored  # type: ignore[return-value]
-    encoded, version, text, byte_size, rows = stored  # type: ignore[misc]
-    parts = decode_storage_tuple(encoded)
-    entries = tuple(
-        StorageIndexEntry._trusted(
-            StorageIndexName(name), decode_storage_tuple(partition), decode_storage_tuple(sort), partition, sort
+@functools.lru_cache(maxsize=1024)
+def _decoded_partition(encoded: str) -> tuple[str, ...]:
+    """Decoded index partitions: few distinct ones (environments, queues, runs of recent reads)."""
+    return decode_storage_tuple(encoded)
+
+
+def _decoded_sort(encoded: str) -> tuple[str, ...]:
+    """``decode_storage_tuple`` of an encoding this driver stored (made by ``encode_storage_tuple``)."""
+    return tuple([bytes.fromhex(part).decode("utf-8") for part in encoded.split("/")])
+
+
+def _unpack(stored: Stored | None, key: StorageRecordKey | None = None) -> StorageRecord | None:
+    """The record of a packed value; ``key`` is its key when the caller holds it (it was read by key)."""
+    if stored is None:
+        return None
+    encoded, version, text, byte_size, rows = stored[:5]
+    if not rows:
+        entries: tuple[StorageIndexEntry, ...] = ()
+    else:
+        entries = tuple(
+            [
+                StorageIndexEntry._trusted(
+                    _INDEX_NAMES[rows[at]],
+                    _decoded_partition(rows[at + 1]),
+                    _decoded_sort(rows[at + 2]),
+                    rows[at + 1],
+                    rows[at + 2],
+                )
+                for at in range(0, len(rows), 3)
+            ]
         )
-        for name, partition, sort in rows
-    )
-    key = StorageRecordKey._trusted(parts[0], parts[1:], encoded)
-    return StorageRecord(key, version, StorageDocument(text, byte_size), entries)
+    if key is None:
+        parts = decode_storage_tuple(encoded)
+        key = StorageRecordKey._trusted(parts[0], parts[1:], encoded)
+    document = StorageDocument(text, byte_size)
+    if len(stored) == 6:
+        document.remember_decoded(stored[5])
+    return StorageRecord._trusted(key, version, document, entries)
 
 
 # Projected collections and the number of key parts their records have.
@@ -369,91 +843,130 @@ DecodedCache = dict[str, tuple[str, Any]]  # encoded key -> (version, decoded va
 
 
 def _projected(stored: Stored, cache: DecodedCache, check: Callable[[StorageRecord], Any]) -> Any:
-    """The decoded projection value of a stored record, decoded at most once per stored version: an
-    unpacked record keeps it on its document, a packed one in ``cache`` (commits drop the entries of
-    the keys they write)."""
-    if type(stored) is not tuple:
-        return check(stored)  # type: ignore[arg-type]
+    """The decoded projection value of a stored record, decoded at most once per stored version and
+    kept in ``cache`` (commits drop the entries of the keys they write)."""
     encoded, version = stored[0], stored[1]
-    hit = cache.get(encoded)  # type: ignore[arg-type]
+    hit = cache.get(encoded)
     if hit is not None and hit[0] == version:
         return hit[1]
-    value = check(_unpack(stored))  # type: ignore[arg-type]
-    cache[encoded] = (version, value)  # type: ignore[index]
+    value = check(_unpack(stored))
+    cache[encoded] = (version, value)
     return value
 
 
-def _apply(state: _State, writes: Sequence[StagedWrite], cache: DecodedCache) -> _State:
-    """The state after ``writes`` (already validated): records, index rows, projection, versions.
+def _apply(
+    state: _State,
+    writes: Sequence[StagedWrite],
+    cache: DecodedCache,
+    appended: _Appended | None = None,
+    keep: bool = False,
+) -> _State | None:
+    """The state after ``writes`` and then ``appended``: records, index rows, projection, versions;
+    ``None`` when a write's expected version no longer holds (the commit must be replayed).
 
-    Index rows are collected per partition and each partition is rebuilt once per commit.
+    ``state`` is the store's current state. Everything that can fail runs before the records change;
+    ``keep`` keeps the replaced values for other live snapshots (see ``_Versions``). Index rows are
+    collected per partition.
     """
+    versions = state.versions
+    latest = versions.latest[_RECORDS]
+    olds = []
+    for key, expected, _ in writes:
+        old = latest.get(key.encoded)
+        if (None if old is None else old[1]) != expected:
+            return None
+        olds.append(old)
     version = state.last_version
-    committed = state.records
-    records = committed.mutate()
-    members_changed: dict[tuple[str, ...], list[tuple[str, str | None]]] = {}
-    changes: dict[PartitionKey, tuple[list[Row], list[Row]]] = {}
-    for write in writes:
-        key = write.key
+    puts: list[tuple[str, Stored | None]] = []
+    projected: list[_Change] = []
+    changes: dict[PartitionKey, tuple[list[str], list[str]]] = {}  # flat (sort, key, ...) removes, inserts
+    for (key, _, staged), old in zip(writes, olds):
         encoded = key.encoded
-        old = committed.get(encoded)
         if cache:
             cache.pop(encoded, None)
         if old is not None:
-            del records[encoded]
-            for name, encoded_partition, encoded_sort in _index_rows(old):
-                partition = (name, encoded_partition)
+            rows = old[4]
+            for at in range(0, len(rows), 3):
+                partition = (rows[at], rows[at + 1])
                 change = changes.get(partition)
                 if change is None:
                     change = changes[partition] = ([], [])
-                change[0].append((encoded_sort, encoded))
-        staged = write.record
-        new = None
+                change[0].extend((rows[at + 2], encoded))
         if staged is not None:
             version += 1
-            new = records[encoded] = _pack(key, str(version), staged)
+            puts.append((encoded, _pack(key, str(version), staged)))
             for entry in staged.indexes:
                 partition = (entry.name._value_, entry.encoded_partition)
                 change = changes.get(partition)
                 if change is None:
                     change = changes[partition] = ([], [])
-                change[1].append((entry.encoded_sort, encoded))
-        if (old is None) != (new is None):  # a create or a delete: projection membership changes
-            parts = key.parts
-            if _PROJECTED.get(key.collection) == len(parts):
-                group = (key.collection, *parts[:-1])
-                change_list = members_changed.get(group)
-                if change_list is None:
-                    change_list = members_changed[group] = []
-                change_list.append((parts[-1], None if new is None else encoded))
+                change[1].extend((entry.encoded_sort, encoded))
+            if old is not None:
+                continue  # a replace: projection membership stays
+        elif old is not None:
+            puts.append((encoded, None))
+        else:
+            continue  # deleting an absent record (never staged by the attempt bookkeeping)
+        # A create or a delete: projection membership changes.
+        parts = key.parts
+        if _PROJECTED.get(key.collection) == len(parts):
+            projected.append(((key.collection, *parts[:-1]), parts[-1], None if staged is None else encoded))
 
-    projection = state.projection
-    if members_changed:
-        groups = projection.mutate()
-        for group, member_changes in members_changed.items():
-            members = groups.get(group, _EMPTY_MAP).mutate()
-            for member, member_key in member_changes:
-                if member_key is not None:
-                    members[member] = member_key
-                elif member in members:
-                    del members[member]
-            if len(members):
-                groups[group] = members.finish()
-            elif group in groups:
-                del groups[group]
-        projection = groups.finish()
+    if appended is not None:
+        # Stream records: creates of fresh keys (checked by ``_allocate``) with one index row each,
+        # never projected.
+        name, encoded_partition, rows = appended
+        partition = (name, encoded_partition)
+        change = changes.get(partition)
+        if change is None:
+            change = changes[partition] = ([], [])
+        inserts = change[1]
+        for encoded, text, byte_size, sort, encoded_sort in rows:
+            version += 1
+            if cache:
+                cache.pop(encoded, None)
+            puts.append((encoded, (encoded, str(version), text, byte_size, (name, encoded_partition, encoded_sort))))
+            inserts.extend((encoded_sort, encoded))
 
-    indexes = state.indexes
+    group_puts: list[tuple[Any, Any]] = []
+    pending = state.pending
+    if projected:
+        count = len(projected) + (0 if pending is None else pending[2])
+        pending = (tuple(projected), pending, count)
+        if count >= _FOLD_AT:  # fold every pending change into the groups
+            groups = versions.latest[_GROUPS]
+            for group, member_changes in _changes_by_group(pending).items():
+                group_puts.append((group, _regroup(groups.get(group), member_changes)))
+            pending = None
+
+    index_puts: list[tuple[Any, Any]] = []
     if changes:
-        mutation = indexes.mutate()
+        partitions = versions.latest[_INDEXES]
         for partition, (removes, inserts) in changes.items():
-            rows = indexes.get(partition, _NO_ROWS).updated(removes, inserts)
-            if rows:
-                mutation[partition] = rows
-            elif partition in mutation:
-                del mutation[partition]
-        indexes = mutation.finish()
-    return _State(records.finish(), indexes, projection, version)
+            found = partitions.get(partition)
+            if found is None:
+                found = _EMPTY_PARTITION
+            count = found[3] + (len(inserts) - len(removes)) // 2
+            if count <= 0:  # every row is gone: nothing to fold
+                index_puts.append((partition, None))
+                continue
+            unfolded_rows = found[2] + (len(removes) + len(inserts)) // 2
+            grown = (found[0], found[1], unfolded_rows, count, *found[4:], tuple(removes), tuple(inserts))
+            if unfolded_rows > _FOLD_ROWS or len(grown) > _FOLD_VALUES:
+                rows = _partition_rows(grown)
+                index_puts.append((partition, (rows._chunks, rows._lasts, 0, count)))
+            else:
+                index_puts.append((partition, grown))
+
+    # Nothing below can fail: the commit becomes visible table by table, each value before it is
+    # replaced kept for older snapshots when ``keep``.
+    commit = state.commit + 1
+    versions.write(commit, _RECORDS, puts, keep)
+    if index_puts:
+        versions.write(commit, _INDEXES, index_puts, keep)
+    if group_puts:
+        versions.write(commit, _GROUPS, group_puts, keep)
+    return _State(versions, commit, pending, version)
 
 
 class LocalStorageStore:
@@ -466,7 +979,7 @@ class LocalStorageStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._state = _EMPTY_STATE
+        self._state = _empty_state(self._lock)
         self._holds: dict[str, object] = {}  # encoded key -> the live attempt holding it
         # Operator reads' decoded values of packed projected records (see ``_projected``).
         self._decoded: DecodedCache = {}
@@ -475,11 +988,23 @@ class LocalStorageStore:
         with self._lock:
             return self._state
 
+    def _hold_snapshot(self) -> _State:
+        """The current state, readable as it is until ``_release_snapshot`` (concurrent commits keep
+        the values it reads)."""
+        with self._lock:
+            state = self._state
+            state.versions.hold(state.commit)
+            return state
+
+    def _release_snapshot(self, state: _State) -> None:
+        with self._lock:
+            state.versions.release(state.commit)
+
     def _hold(self, owner: object, query: StorageQuery, candidates: Iterator[Row]) -> StorageQueryResult:
         """Skip rows other attempts hold and hold every returned row for ``owner`` (never a look-ahead row)."""
         with self._lock:
             free = (row for row in candidates if self._holds.get(row[1], owner) is owner)
-            result = page_index_rows(query, free, look_ahead=False)
+            result = page_index_rows(query, free, look_ahead=False, trusted=True)
             for item in result.items:
                 self._holds[item.key.encoded] = owner
             return result
@@ -494,33 +1019,66 @@ class LocalStorageStore:
         """Validate the read set and staged conditions, then swap in the next state; ``False`` on a conflict."""
         with self._lock:
             state = self._state
-            committed = state.records.get
+            committed = state.versions.latest[_RECORDS].get  # the current state reads the latest values
             for key, version in reads.items():
                 stored = committed(key)
-                if (None if stored is None else _version(stored)) != version:
+                if (None if stored is None else stored[1]) != version:
                     return False
-            for key, expected, _ in writes:
-                stored = committed(key.encoded)
-                if (None if stored is None else _version(stored)) != expected:
-                    return False
+            appended = None
             if append is not None:
-                writes = [*writes, *_allocate(state, append)]
-            self._state = _apply(state, writes, self._decoded)
+                head_write, appended = _allocate(state, append)
+                writes = [*writes, head_write]
+            # Other live snapshots than the committing attempt's need the values this commit replaces.
+            keep = sum(state.versions.live.values()) > 1
+            applied = _apply(state, writes, self._decoded, appended, keep)  # validates the staged conditions
+            if applied is None:
+                return False
+            self._state = applied
             return True
 
 
-def _allocate(state: _State, command: StorageAppendCommand) -> list[StagedWrite]:
-    """The head and records of ``command`` at the committed head (a corrupt or exhausted head raises)."""
+# Stream records of one append as the driver stores them: (index name, encoded index partition,
+# [(encoded key, document text, document byte size, sort, encoded sort), ...]).
+_Appended = tuple[str, str, list[tuple[str, str, int, str, str]]]
+
+# The canonical text of a stream head: {"schemaVersion":1,"value":{"next_position":"<decimal>"}}.
+_HEAD_PREFIX = '{"schemaVersion":1,"value":{"next_position":"'
+_HEAD_SUFFIX = '"}}'
+
+
+def _head_position(stored: Stored | None) -> int:
+    """``read_storage_stream_position`` of a stored head, reading a canonical packed head without parsing."""
+    if stored is None:
+        return 1
+    if type(stored) is tuple:
+        text = stored[2]
+        if text.startswith(_HEAD_PREFIX) and text.endswith(_HEAD_SUFFIX):
+            try:
+                return parse_unsigned_64_decimal(text[len(_HEAD_PREFIX) : -len(_HEAD_SUFFIX)])
+            except RunlaneError:
+                pass  # the general reader below raises the precise error
+    return read_storage_stream_position(_unpack(stored))
+
+
+def _allocate(state: _State, command: StorageAppendCommand) -> tuple[StagedWrite, _Appended]:
+    """The head write and records of ``command`` at the committed head (a corrupt or exhausted head raises)."""
     layout = storage_stream_layouts[command.stream]
-    head = state.record(layout.head_key(command.partition).encoded)
-    appended = materialize_storage_append(command, read_storage_stream_position(head))
-    if any(record.key.encoded in state.records for record in appended.records):
-        raise RunlaneError(
-            ErrorCode.INVARIANT_VIOLATION,
-            f"The {command.stream.value} stream already holds records past its head; refusing to overwrite them.",
-        )
-    head_write = StagedWrite(appended.head.key, None if head is None else head.version, appended.head)
-    return [head_write, *(StagedWrite(record.key, None, record) for record in appended.records)]
+    stored = state.records.get(layout.head_key(command.partition).encoded)
+    start = _head_position(stored)
+    key_prefix, encoded_partition, rows = storage_append_rows(command, start)
+    records = state.records
+    appended = []
+    for sort, encoded_sort, text, byte_size in rows:
+        encoded = key_prefix + encoded_sort
+        if encoded in records:
+            raise RunlaneError(
+                ErrorCode.INVARIANT_VIOLATION,
+                f"The {command.stream.value} stream already holds records past its head; refusing to overwrite them.",
+            )
+        appended.append((encoded, text, byte_size, sort, encoded_sort))
+    head = layout.head_record(command.partition, start + len(rows))
+    head_write = StagedWrite(head.key, None if stored is None else _version(stored), head)
+    return head_write, (layout.index._value_, encoded_partition, appended)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,14 +1101,14 @@ class _LocalTransaction(StorageAttempt):
     async def _fetch(self, keys: list[StorageRecordKey]) -> list[StorageRecord | None]:
         await asyncio.sleep(0)  # let concurrent attempts interleave
         records = self._state.records.get
-        return [_unpack(records(key.encoded)) for key in keys]
+        return [_unpack(records(key.encoded), key) for key in keys]
 
     async def _candidates(self, query: StorageQuery, mode: StorageCandidateMode) -> StorageQueryResult:
         await asyncio.sleep(0)  # let concurrent attempts interleave
         self._check_open()
-        candidates = _scan(self._state.indexes.get((query.index.value, query.encoded_partition), _NO_ROWS), query)
+        candidates = _scan(self._state.rows(query.index.value, query.encoded_partition), query)
         if mode != StorageCandidateMode.EXCLUSIVE:
-            return page_index_rows(query, candidates, look_ahead=True)
+            return page_index_rows(query, candidates, look_ahead=True, trusted=True)
         result = self._store._hold(self, query, candidates)
         self._held.extend(item.key.encoded for item in result.items)
         return result
@@ -561,7 +1119,10 @@ class _LocalTransaction(StorageAttempt):
         return self._store._commit(self.reads, self.writes, self.append_command)
 
     def end(self) -> None:
-        """Close the attempt (after commit, rollback or before a replay) and release its holds."""
+        """Close the attempt (after commit, rollback or before a replay) and release its holds and
+        its snapshot."""
+        if not self.ended:
+            self._store._release_snapshot(self._state)
         super().end()
         if self._held:
             self._store._release(self, self._held)
@@ -638,9 +1199,18 @@ class LocalStorageDriver:
         self._closed = True
 
     def _snapshot(self) -> _State:
+        """The current state held for reading (``store._release_snapshot`` it when done)."""
         if self._closed:
             raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, f"Storage driver {self.name!r} is closed.")
-        return self.store._snapshot()
+        return self.store._hold_snapshot()
+
+    def _read(self, read: Callable[[_State], T]) -> T:
+        """``read`` of the current state, which stays as it is while ``read`` runs."""
+        state = self._snapshot()
+        try:
+            return read(state)
+        finally:
+            self.store._release_snapshot(state)
 
     # -- StorageDriver ---------------------------------------------------------------------------
 
@@ -648,16 +1218,15 @@ class LocalStorageDriver:
         checked = check_storage_keys(keys)
         enforce_storage_limit(self.profile.limits, "max_point_reads", len(checked))
         await asyncio.sleep(0)
-        records = self._snapshot().records
-        return [_unpack(records.get(key.encoded)) for key in checked]
+        return self._read(lambda state: [_unpack(state.records.get(key.encoded), key) for key in checked])
 
     async def query(self, query: StorageQuery) -> StorageQueryResult:
         if not isinstance(query, StorageQuery):
             raise contract_violation("query() takes a StorageQuery.")
         enforce_storage_limit(self.profile.limits, "max_query_results", query.limit)
         await asyncio.sleep(0)
-        rows = self._snapshot().indexes.get((query.index.value, query.encoded_partition), _NO_ROWS)
-        return page_index_rows(query, _scan(rows, query), look_ahead=True)
+        rows = self._read(lambda state: state.rows(query.index.value, query.encoded_partition))
+        return page_index_rows(query, _scan(rows, query), look_ahead=True, trusted=True)
 
     async def with_transaction(self, callback: Callable[[StorageTransaction], Awaitable[T]]) -> T:
         for _ in range(self.max_transaction_attempts):
@@ -679,11 +1248,13 @@ class LocalStorageDriver:
     # -- OperatorReadDriver ----------------------------------------------------------------------
 
     async def get_run(self, environment: Environment, run_id: str) -> RunRecord | None:
-        run = self._snapshot().visible_run(environment_key(environment), run_id, self.store._decoded)
+        run = self._read(lambda state: state.visible_run(environment_key(environment), run_id, self.store._decoded))
         return None if run is None else run.model_copy(deep=True)
 
     async def list_runs(self, filter: RunFilter, pagination: PaginationParams) -> Page[RunSummary]:
-        state = self._snapshot()
+        return self._read(lambda state: self._list_runs(state, filter, pagination))
+
+    def _list_runs(self, state: _State, filter: RunFilter, pagination: PaginationParams) -> Page[RunSummary]:
         cache = self.store._decoded
         environment = environment_key(filter.environment)
         runs = (
@@ -696,7 +1267,11 @@ class LocalStorageDriver:
         return Page[RunSummary](data=[run.to_summary().model_copy(deep=True) for run in page], next_cursor=cursor)
 
     async def list_run_events(self, filter: RunEventFilter, pagination: PaginationParams) -> Page[RunEventRecord]:
-        state = self._snapshot()
+        return self._read(lambda state: self._list_run_events(state, filter, pagination))
+
+    def _list_run_events(
+        self, state: _State, filter: RunEventFilter, pagination: PaginationParams
+    ) -> Page[RunEventRecord]:
         cache = self.store._decoded
         environment = environment_key(filter.environment)
         run_ids = state.run_ids(environment) if filter.run_id is None else (filter.run_id,)
