@@ -49,17 +49,22 @@ def _plan(model: type[BaseModel]) -> _Plan:
     return _Plan(model)
 
 
+_PLANS: dict[type[BaseModel], _Plan] = {}  # ``_plan`` without the call, on the hot path
+
+
 def build_validated(model: type[M], values: dict[str, Any]) -> M:
     """``model(**values)`` for values that are already valid field values (every required field given).
 
     The result equals the validated construction: defaults fill the fields not given, and the
     fields given are the instance's set fields.
     """
-    plan = _plan(model)
+    plan = _PLANS.get(model)
+    if plan is None:
+        plan = _plan(model)
+        _PLANS[model] = plan
     if not plan.direct:
         return model.model_construct(**values)
-    data = plan.defaults.copy()
-    data.update(values)
+    data = {**plan.defaults, **values}
     instance = object.__new__(model)
     _set(instance, "__dict__", data)
     _set(instance, "__pydantic_fields_set__", set(values))
