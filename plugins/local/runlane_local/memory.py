@@ -1050,13 +1050,12 @@ def _head_position(stored: Stored | None) -> int:
     """``read_storage_stream_position`` of a stored head, reading a canonical packed head without parsing."""
     if stored is None:
         return 1
-    if type(stored) is tuple:
-        text = stored[2]
-        if text.startswith(_HEAD_PREFIX) and text.endswith(_HEAD_SUFFIX):
-            try:
-                return parse_unsigned_64_decimal(text[len(_HEAD_PREFIX) : -len(_HEAD_SUFFIX)])
-            except RunlaneError:
-                pass  # the general reader below raises the precise error
+    text = stored[2]
+    if text.startswith(_HEAD_PREFIX) and text.endswith(_HEAD_SUFFIX):
+        try:
+            return parse_unsigned_64_decimal(text[len(_HEAD_PREFIX) : -len(_HEAD_SUFFIX)])
+        except RunlaneError:
+            pass  # the general reader below raises the precise error
     return read_storage_stream_position(_unpack(stored))
 
 
