@@ -19,9 +19,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import NamedTuple, NoReturn, Protocol
+from typing import NamedTuple, NoReturn
 
 from ..errors import ErrorCode, RunlaneError
+from .clock import Clock
 from .cursor import StorageQueryPosition, encode_storage_query_cursor
 from .codecs import decode_storage_tuple
 from .streams import measure_storage_append, storage_stream_layouts
@@ -51,10 +52,6 @@ __all__ = [
 
 IndexRow = tuple[str, str]  # (encoded sort value, encoded record key)
 OnError = Callable[[RunlaneError], NoReturn]
-
-
-class Clock(Protocol):
-    def now(self) -> datetime: ...
 
 
 class StagedWrite(NamedTuple):

@@ -14,7 +14,9 @@ from datetime import timedelta
 from runlane.core.lanes import Lane, LaneDelivery, create_lane
 from runlane.vocabulary import LaneDeliveryMode
 
-from .memory import Clock, local_storage_driver
+from runlane.storage.clock import Clock
+
+from .memory import local_storage_driver
 from .sqlite import sqlite_storage
 
 __all__ = ["local_lane", "sqlite_lane"]

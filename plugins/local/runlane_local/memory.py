@@ -35,9 +35,8 @@ import threading
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from datetime import UTC, datetime
 from operator import itemgetter
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import immutables
 
@@ -77,6 +76,7 @@ from runlane.storage import (
     run_sort_value,
     storage_stream_layouts,
 )
+from runlane.storage.clock import ClientClock, Clock, SystemClock, checked_clock
 from runlane.storage.attempt import (
     StagedWrite,
     StorageAttempt,
@@ -103,15 +103,6 @@ Row = tuple[str, str]  # one index row: (encoded sort value, encoded record key)
 PartitionKey = tuple[str, str]  # (index name, encoded partition)
 
 _EMPTY_MAP: immutables.Map = immutables.Map()
-
-
-class Clock(Protocol):
-    def now(self) -> datetime: ...
-
-
-class _UtcClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1131,7 +1122,7 @@ class _LocalTransaction(StorageAttempt):
 # The driver
 
 
-class LocalStorageDriver:
+class LocalStorageDriver(ClientClock):
     """In-memory ``StorageDriver`` and ``OperatorReadDriver`` over a ``LocalStorageStore``."""
 
     def __init__(
@@ -1143,8 +1134,8 @@ class LocalStorageDriver:
         max_transaction_attempts: int = 16,
         name: str = "local-memory-storage",
     ) -> None:
-        if clock is not None and not callable(getattr(clock, "now", None)):
-            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "clock must be an object with a now() method.")
+        if clock is not None:
+            checked_clock(clock)
         if limits is not None and not isinstance(limits, StorageLimits):
             raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "limits must be a StorageLimits value.")
         if store is not None and not isinstance(store, LocalStorageStore):
@@ -1166,28 +1157,11 @@ class LocalStorageDriver:
         )
         self.store = store or LocalStorageStore()
         self.max_transaction_attempts = attempts
-        self._clock: Clock = clock or _UtcClock()
+        self._clock: Clock = clock or SystemClock()
         self._closed = False
 
     def __repr__(self) -> str:
         return f"LocalStorageDriver(name={self.name!r})"
-
-    # -- clock -----------------------------------------------------------------------------------
-
-    @property
-    def clock(self) -> Clock:
-        """The clock every transaction attempt's ``now()`` samples (client clock authority)."""
-        return self._clock
-
-    def use_clock(self, clock: Clock) -> None:
-        """Sample ``clock`` in every later transaction attempt (an attempt in flight keeps its time).
-
-        ``create_runlane(clock=...)`` calls this so storage time and runtime time come from one clock;
-        tests may call it directly. ``clock`` is any object with a ``now()`` returning aware datetimes.
-        """
-        if not callable(getattr(clock, "now", None)):
-            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "clock must be an object with a now() method.")
-        self._clock = clock
 
     # -- lifecycle: nothing to connect; a closed driver refuses work until started again ---------
 
