@@ -115,6 +115,43 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_trigger_with_the_id_of_an_existing_run_changes_nothing(
+        self, lanes: LaneFactory, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An explicit ``run_id`` of an existing run is a stale event sequence conflict, and nothing is
+        written. So is a drawn id that collides with an existing run: its first attempt creates the run
+        without reading it, loses commit validation, and the replay reads the run and refuses."""
+
+        @task("collide")
+        async def collide(payload: dict) -> None:
+            return None
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), collide)
+            async with runtime:
+                chosen = (await runtime.trigger(collide, {"n": 1}, run_id="run_chosen")).run
+                with monkeypatch.context() as patch:
+                    patch.setattr("runlane.core.runtime.random_uuid4_hex", lambda: "0" * 32)
+                    drawn = (await runtime.trigger(collide, {"n": 2})).run
+                    assert drawn.id == f"run_{'0' * 32}"
+                    attempts = [
+                        runtime.trigger(collide, {"n": 3}, run_id=chosen.id),
+                        runtime.trigger(collide, {"n": 4}, run_id=drawn.id),
+                        runtime.trigger(collide, {"n": 5}),
+                    ]
+                    for attempt in attempts:
+                        with pytest.raises(RunlaneError) as raised:
+                            await attempt
+                        assert raised.value.code is ErrorCode.STORAGE_CONFLICT and raised.value.retryable
+                        assert get_storage_conflict_kind(raised.value) is StorageConflictKind.EVENT_SEQUENCE
+                for run in (chosen, drawn):
+                    assert await runtime.runs.get(run.id) == run
+                    events = (await runtime.runs.events(run.id, sort_by="sequence")).data
+                    assert [record.event.type.value for record in events] == ["run.created", "run.delivery_requested"]
+                assert len((await runtime.runs.list()).data) == 2
+
+        self.run(body)
+
     def test_retry_with_backoff_then_success_and_attempts(self, lanes: LaneFactory) -> None:
         @task("flaky", retry=Retry(3, backoff="10s"))
         async def flaky(payload: dict, ctx: TaskContext) -> int:

@@ -395,6 +395,7 @@ class _CreateInput:
     meta: dict[str, Any] | None
     trace_carrier: dict[str, str] | None
     source: RunSource | None
+    generated_run_id: bool = False  # core drew ``run_id`` (the caller passed none)
 
 
 class Runlane:
@@ -876,6 +877,7 @@ class Runlane:
             meta=meta_value,
             trace_carrier=carrier,
             source=source,
+            generated_run_id=run_id is None,
         )
 
     def _created_event(self, spec: _CreateInput, now: datetime) -> RunCreatedEvent:
@@ -968,7 +970,7 @@ class Runlane:
                     ),
                 )
             follow_up = (requested,)
-        result = await self._store.create_run(CreateRunPlan(created, follow_up))
+        result = await self._store.create_run(CreateRunPlan(created, follow_up, spec.generated_run_id))
         if result.created:
             if self._observers:
                 await self.observe(result.observations)

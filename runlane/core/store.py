@@ -607,10 +607,15 @@ class CreateRunPlan:
     ``follow_up`` is a ``run.delivery_requested`` (unbounded trigger), nothing (bounded trigger) or
     ``run.lease_claimed`` + ``run.started`` (``run_now``). Idempotency (task id, key, captured ttl)
     and the singleton key are read from ``created``.
+
+    ``generated_run_id`` says core drew the run id for this plan (no caller chose it), so the run is
+    certainly new: without idempotency and singleton keys the first attempt creates it without
+    reading its key first (see ``CoreStore.create_run``).
     """
 
     created: RunCreatedEvent
     follow_up: tuple[RunEvent, ...] = ()
+    generated_run_id: bool = False
 
     @property
     def events(self) -> tuple[RunEvent, ...]:
@@ -1455,12 +1460,20 @@ class CoreStore:
         ttl = created.idempotency_key_ttl
         ttl_value: int | str = _DEFAULT_IDEMPOTENCY_TTL_MS if ttl is None else ttl
         ids = _EventIds()
+        # A run id core drew itself names no existing run, and with no owner row to consult nothing
+        # else needs reading: the first attempt stages a blind create of the run (one read fewer, a
+        # round trip on a remote driver). Commit validation still refuses a create of a present key,
+        # and every replay takes the reading path, which reports an existing run exactly as before.
+        blind = plan.generated_run_id and idempotency is None and singleton is None
 
         async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> CreateRunResult:
+            nonlocal blind
+            create_blind, blind = blind, False
             ids.restart()
             attempt = _Attempt(self, tx)
-            first = [run_key, *(key for key in (idempotency, singleton, capacity) if key is not None), *extra]
-            await attempt.read(first)
+            first: list[StorageRecordKey] = [] if create_blind else [run_key]
+            first.extend(key for key in (idempotency, singleton, capacity) if key is not None)
+            await attempt.read([*first, *extra])
             owner_runs = []
             for owner_key in (idempotency, singleton):
                 if owner_key is not None and attempt.records[owner_key.encoded] is not None:
@@ -1477,7 +1490,7 @@ class CoreStore:
                     existing = attempt.slot(_owner_run_id(attempt, idempotency))
                     if existing is not None and (expires_at is None or expires_at > now_iso):
                         return CreateRunResult(existing.run, TriggerOutcomeType.RETURNED_EXISTING)
-            current = attempt.slot(created.run_id)
+            current = None if create_blind else attempt.slot(created.run_id)
             run = project_run_events(None if current is None else current.run, _NEW_SEQUENCE, events)
             if singleton is not None:
                 owner = attempt.owner(singleton)
