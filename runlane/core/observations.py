@@ -255,6 +255,7 @@ def event_observation_values(run: RunRecord, events: Sequence[RunEventRecord]) -
 
 
 _EVENT_SOURCE = RunlaneObservationSourceKind.RUN_EVENT
+_EVENT_SOURCE_VALUE = _EVENT_SOURCE.value
 _RUN_EVENT_OBSERVATION = RunlaneObservationType.RUN_EVENT.value
 # Every event observation value's greatest top-level key (see ``encode_storage_append_value``).
 _EVENT_VALUE_SHAPE = AppendValueShape("source_kind")
@@ -264,13 +265,6 @@ _EVENT_VALUE_SHAPE = AppendValueShape("source_kind")
 def _event_id_prefix(env: str) -> str:
     """``canonical_json([env, "run_event", source_id])`` up to the source id, for ``observation_record_id``."""
     return canonical_json_of_checked([env, _EVENT_SOURCE.value, ""])[:-3]
-
-
-def _event_observation_id(env: str, source_id: str) -> str:
-    if source_id.isascii() and source_id.isidentifier():  # [A-Za-z0-9_]: nothing to escape in JSON
-        text = f'{_event_id_prefix(env)}"{source_id}"]'
-        return "obs_" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return observation_record_id(env, _EVENT_SOURCE, source_id)
 
 
 def event_observation_documents(run: RunRecord, records: Sequence[RunEventRecord]) -> list[StorageDocument]:
@@ -301,6 +295,11 @@ def event_observation_documents(run: RunRecord, records: Sequence[RunEventRecord
         status_json = f',"status":"{status._value_}","task_id":{_dumps(run.task_id).decode("utf-8")},'
     except (orjson.JSONEncodeError, TypeError):
         return _slow_event_documents(run, records)
+    # The parts every document of this run shares, around the per-event values.
+    head = f'{{"schemaVersion":{STORAGE_DOCUMENT_SCHEMA_VERSION},"value":{{"environment":{env_json},"id":"obs_'
+    environment_json = f'"environment":{env_json},"event_id":'
+    id_prefix = _event_id_prefix(env)
+    sha256 = hashlib.sha256
     run_id = run.id
     documents = []
     for record in records:
@@ -325,33 +324,36 @@ def event_observation_documents(run: RunRecord, records: Sequence[RunEventRecord
         carrier = event.trace_carrier
         event_id = record.id
         if type(event_id) is str and event_id.isascii() and event_id.isidentifier():
-            event_json = f'"{event_id}"'  # [A-Za-z0-9_]: nothing to escape
+            # [A-Za-z0-9_]: nothing to escape, in the document or in the id's hashed text
+            event_json = f'"{event_id}"'
+            digest = sha256(f"{id_prefix}{event_json}]".encode("utf-8")).hexdigest()
         else:
             event_json = _dumps(event_id).decode("utf-8")
-        at = datetime_json(occurred)
-        parts = [
-            f'{{"schemaVersion":{STORAGE_DOCUMENT_SCHEMA_VERSION},"value":{{"environment":{env_json},'
-            f'"id":"{_event_observation_id(env, event_id)}","observation":{{'
-        ]
+            digest = observation_record_id(env, _EVENT_SOURCE, event_id)[4:]
+        attempt_json = ""
         if attempt is not None:
             if type(attempt) is not int:
                 return _slow_event_documents(run, records)
-            parts.append(f'"attempt":{attempt},')
-        parts.append(f'"environment":{env_json},"event_id":{event_json},"event_type":"{event_type._value_}",')
+            attempt_json = f'"attempt":{attempt},'
+        failure_json = ""
         if failure is not None:
             code = failure.code
             if type(code) not in _PLAIN_ENUMS:
                 return _slow_event_documents(run, records)
-            parts.append(f'"failure_code":"{code._value_}",')
-        parts.append(f'"occurred_at":"{at}"{tail}{sequence}{status_json}')
+            failure_json = f'"failure_code":"{code._value_}",'
+        carrier_json = ""
         if carrier is not None:
             try:
-                parts.append(f'"trace_carrier":{_dumps(dict(carrier), option=orjson.OPT_SORT_KEYS).decode("utf-8")},')
+                carrier_json = f'"trace_carrier":{_dumps(dict(carrier), option=orjson.OPT_SORT_KEYS).decode("utf-8")},'
             except (orjson.JSONEncodeError, TypeError):
                 return _slow_event_documents(run, records)
-        parts.append(f'"type":"{_RUN_EVENT_OBSERVATION}"}},"recorded_at":"{at}","source_id":{event_json},')
-        parts.append(f'"source_kind":"{_EVENT_SOURCE.value}"}}}}')
-        text = "".join(parts)
+        at = datetime_json(occurred)
+        text = (
+            f'{head}{digest}","observation":{{{attempt_json}{environment_json}{event_json},'
+            f'"event_type":"{event_type._value_}",{failure_json}"occurred_at":"{at}"{tail}{sequence}{status_json}'
+            f'{carrier_json}"type":"{_RUN_EVENT_OBSERVATION}"}},"recorded_at":"{at}","source_id":{event_json},'
+            f'"source_kind":"{_EVENT_SOURCE_VALUE}"}}}}'
+        )
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
         documents.append(StorageDocument(text, size).remember_decoded(_EVENT_VALUE_SHAPE))
     return documents

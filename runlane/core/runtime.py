@@ -758,7 +758,7 @@ class Runlane:
                     field=what,
                     queue=value.name,
                 )
-            if registered != value:
+            if registered is not value and registered != value:
                 raise _invalid(
                     f"Queue {value.name!r} differs from the registered definition (drift); use the registered queue.",
                     field=what,

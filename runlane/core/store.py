@@ -849,7 +849,7 @@ class _Attempt:
         self.observed: list[StorageDocument] = []
         self.first_read = True
         self.now = datetime.min.replace(tzinfo=UTC)
-        self.now_iso = ""
+        self._now_iso: str | None = None
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -875,8 +875,16 @@ class _Attempt:
 
     async def seal(self) -> datetime:
         self.now = _utc(await self.tx.now())
-        self.now_iso = encode_iso_date(self.now)
+        self._now_iso = None
         return self.now
+
+    @property
+    def now_iso(self) -> str:
+        """``now`` as a storage date, encoded on first use (most attempts compare none)."""
+        text = self._now_iso
+        if text is None:
+            text = self._now_iso = encode_iso_date(self.now)
+        return text
 
     def require(self, keys: Iterable[StorageRecordKey]) -> None:
         missing = [key for key in keys if key.encoded not in self.records]
@@ -1151,10 +1159,10 @@ class _Attempt:
                 tx.create(new_record)
             else:
                 tx.replace(current, new_record)
-        now_iso = self.now_iso
         for encoded, working in self.capacity.items():
             if working == self.capacity_original[encoded]:
                 continue  # unchanged: expired occupants are pruned only when the row is rewritten anyway
+            now_iso = self.now_iso
             live = {run_id: expires_at for run_id, expires_at in working.items() if expires_at > now_iso}
             current = self.records.get(encoded)
             if not live:
@@ -1481,14 +1489,13 @@ class CoreStore:
                     owner_runs.append(_run_key(env, owner_run_id))
             await attempt.read(owner_runs)
             await attempt.seal()
-            now_iso = attempt.now_iso
 
             if idempotency is not None:
                 owner = attempt.owner(idempotency)
                 if owner is not None:
                     expires_at = owner.get("expires_at")
                     existing = attempt.slot(_owner_run_id(attempt, idempotency))
-                    if existing is not None and (expires_at is None or expires_at > now_iso):
+                    if existing is not None and (expires_at is None or expires_at > attempt.now_iso):
                         return CreateRunResult(existing.run, TriggerOutcomeType.RETURNED_EXISTING)
             current = None if create_blind else attempt.slot(created.run_id)
             run = project_run_events(None if current is None else current.run, _NEW_SEQUENCE, events)
