@@ -42,6 +42,7 @@ from runlane.plugins.registries import validate_options
 from runlane.storage import (
     NewStorageRecord,
     StorageAppendCommand,
+    StorageCandidateMode,
     StorageClockAuthority,
     StorageDocument,
     StorageDurability,
@@ -49,6 +50,8 @@ from runlane.storage import (
     StorageIndexEntry,
     StorageIndexName,
     StorageLimits,
+    StorageQuery,
+    StorageRange,
     StorageRecordKey,
     StorageStreamName,
     storage_stream_layouts,
@@ -524,6 +527,40 @@ async def test_concurrent_commits_share_batches_and_fail_alone(schemas: Schemas,
 
 # ---------------------------------------------------------------------------------------------
 # Reconnects
+
+
+async def test_transactions_holding_exclusive_candidates_keep_the_prepared_statements(
+    schemas: Schemas, shared_schema: str
+) -> None:
+    """Exclusive candidate scans (sent through psycopg, in a transaction that ends in ROLLBACK) many
+    times over on one connection: psycopg prepares nothing of its own there, because once it has, it
+    answers a ROLLBACK with DEALLOCATE ALL, dropping the statements the driver prepared."""
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=0, max_size=1)
+    await driver.start()
+    try:
+        token = uuid.uuid4().hex
+        entry = StorageIndexEntry(StorageIndexName.RUNS_RUNNABLE, ("held", token), ("2026",))
+        await create(driver, record(StorageRecordKey("held-run", token), {"n": 1}, entry))
+        query = StorageQuery(StorageIndexName.RUNS_RUNNABLE, ("held", token), StorageRange(), limit=1)
+
+        async def scan(tx: Any) -> int:
+            found = await tx.query_candidates(query, mode=StorageCandidateMode.EXCLUSIVE)
+            (read,) = await tx.get([found.items[0].key])  # a prepared statement, in the same transaction
+            return read.document.value["n"]
+
+        for _ in range(12):  # read-only: every attempt ends in ROLLBACK on the driver's one connection
+            assert await driver.with_transaction(scan) == 1
+        conn = await driver._acquire()
+        try:
+            cursor = await conn.execute("SELECT name FROM pg_prepared_statements")
+            names = {row[0] for row in await cursor.fetchall()}
+        finally:
+            await driver._return(conn)
+        assert "runlane_get" in names and all(name.startswith("runlane_") for name in names), names
+        (again,) = await driver.get([StorageRecordKey("held-run", token)])
+        assert again is not None and again.document.value == {"n": 1}
+    finally:
+        await driver.close()
 
 
 async def test_pooled_connections_recover_after_a_server_restart(schemas: Schemas, shared_schema: str) -> None:

@@ -1086,7 +1086,13 @@ class PostgresStorageDriver(ClientClock):
     # -- lifecycle -------------------------------------------------------------------------------
 
     def _connect_kwargs(self) -> dict[str, Any]:
-        return {"autocommit": True, **self._target.connection_defaults(connect_timeout=self.connect_timeout)}
+        # prepare_threshold=None: psycopg never prepares statements on its own. When it has, it answers
+        # a ROLLBACK with DEALLOCATE ALL, which would also drop the statements ``_call`` prepared.
+        return {
+            "autocommit": True,
+            "prepare_threshold": None,
+            **self._target.connection_defaults(connect_timeout=self.connect_timeout),
+        }
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         # Documents come back as their exact text, never parsed by psycopg.
