@@ -17,6 +17,7 @@ from runlane.core.store import (
     CoreStore,
     CreateRunPlan,
     HeartbeatRequest,
+    NextClaimRequest,
     completion_wait_key,
     idempotency_owner_key,
     queue_capacity_key,
@@ -559,6 +560,64 @@ async def test_claim_reasons():
     # queue=None claims from any queue.
     (anywhere,) = await store.claim([claim("other", queue=None)])
     assert anywhere.claimed
+
+
+def next_claim(*queues: str, worker: str = "w1", lease_ms: int = 30_000, deadline_ms=None) -> NextClaimRequest:
+    return NextClaimRequest(tuple(queues or ("q",)), worker, lease_ms, deadline_ms)
+
+
+async def test_claim_next_claims_the_oldest_due_runs_of_its_queues_in_one_transaction():
+    store, clock, driver = make_store()
+    await store.create_run(trigger_plan("late_a", T0 + timedelta(seconds=3), queue="a"))
+    await store.create_run(trigger_plan("early_b", T0 + timedelta(seconds=1), queue="b"))
+    await store.create_run(trigger_plan("mid_a", T0 + timedelta(seconds=2), queue="a"))
+    await store.create_run(trigger_plan("future", T0, queue="a", available_at=T0 + timedelta(minutes=1)))
+    await store.create_run(trigger_plan("other_queue", T0, queue="c"))
+    clock.set(T0 + timedelta(seconds=5))
+    before = driver.transactions
+    results = await store.claim_next([next_claim("a", "b"), next_claim("a", "b")], clock.now())
+    assert driver.transactions == before + 1
+    assert [result.run_id for result in results] == ["early_b", "mid_a"]
+    for result in results:
+        assert result.claimed and result.run.status is RunStatus.RUNNING and result.run.lease.worker_id == "w1"
+        assert [record.event.type.value for record in result.events] == ["run.lease_claimed", "run.started"]
+    assert results[0].run.lease.token != results[1].run.lease.token
+    # One due run is left for three requests; the others get None (nothing due for them).
+    left = await store.claim_next([next_claim("a", "b")] * 3, clock.now())
+    assert [None if result is None else result.run_id for result in left] == ["late_a", None, None]
+    assert await store.claim_next([next_claim("a", "b")], clock.now()) == [None]
+    # Requests for other queues or leases are separate groups, each claiming from its own queues.
+    (other,) = await store.claim_next([next_claim("c", worker="w2", deadline_ms=5_000)], clock.now())
+    assert other.run_id == "other_queue" and other.run.lease.worker_id == "w2"
+    assert other.run.attempt_deadline_at == clock.now() + timedelta(seconds=5)
+
+
+async def test_claim_next_takes_the_task_deadline_and_reports_full_capacity_as_claim_lost():
+    store, clock, _ = make_store(queue_limits={"q": 1})
+    for i in range(3):
+        await store.create_run(trigger_plan(f"run_{i}", T0 + timedelta(seconds=i)))
+    clock.set(T0 + timedelta(seconds=5))
+    deadlines = {"run_0": 7_000}
+    results = await store.claim_next([next_claim(), next_claim()], clock.now(), lambda run: deadlines.get(run.id))
+    assert results[0].claimed and results[0].run_id == "run_0"
+    assert results[0].run.attempt_deadline_at == clock.now() + timedelta(seconds=7)
+    assert not results[1].claimed and results[1].reason is ExecuteDeliveryIgnoredReason.CLAIM_LOST
+    occupants = (await raw(store, queue_capacity_key(ENV_KEY, "q", None)))["occupants"]
+    assert set(occupants) == {"run_0"}
+
+
+async def test_racing_claim_next_callers_claim_each_run_once():
+    store, clock, _ = make_store()
+    for i in range(20):
+        await store.create_run(trigger_plan(f"run_{i:02}", T0 + timedelta(milliseconds=i)))
+    clock.set(T0 + timedelta(seconds=5))
+    batches = await asyncio.gather(
+        *(store.claim_next([next_claim(worker=f"w{w}")] * 4, clock.now()) for w in range(6))
+    )
+    claimed = [result.run_id for batch in batches for result in batch if result is not None and result.claimed]
+    assert sorted(claimed) == [f"run_{i:02}" for i in range(20)]
+    for run in await store.get_runs([f"run_{i:02}" for i in range(20)]):
+        assert run.status is RunStatus.RUNNING and run.counters.attempts == 1 and run.event_sequence == 4
 
 
 async def test_racing_claim_batches_have_one_winner_per_run():

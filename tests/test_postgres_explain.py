@@ -30,12 +30,12 @@ import psycopg
 import pytest
 from psycopg import sql
 from runlane_postgres import apply_postgres_migrations, postgres_polling_lane, postgres_storage
-from runlane_postgres.storage import PostgresStorageDriver
+from runlane_postgres.storage import PostgresStorageDriver, _PostgresAttempt
 
 from runlane import ErrorCode, Retry, RunlaneError, TaskContext, create_lane, create_runlane, queue, task
 from runlane.core.lanes import LaneDelivery
 from runlane.models import Environment
-from runlane.storage import StorageIndexName, StorageQuery, StorageQueryResult
+from runlane.storage import StorageCandidateMode, StorageIndexName, StorageQuery, StorageQueryResult
 from runlane.storage.operator import PaginationParams, RunEventFilter, RunFilter
 from runlane.testing import ControlledClock, RecordingTransport
 from runlane.vocabulary import LaneDeliveryMode, RunEventSortField, RunSortField, RunStatus, SortDirection
@@ -96,6 +96,7 @@ class Dataset:
     run_id: str  # one multiplied run (succeeded, five events)
     queries: dict[str, list[StorageQuery]]  # index name -> what core asked once the runs were in
     idle: dict[str, list[StorageQuery]]  # the same a day earlier, when nothing is due
+    exclusive: frozenset[str]  # index names core queried as exclusive candidates
     counts: dict[str, int]  # rows per Runlane table
 
 
@@ -283,22 +284,34 @@ def _multiply(url: str, schema: str, kinds: dict[str, str]) -> tuple[dict[str, i
     return counts, row[0]
 
 
-async def _core_queries(polling: Any, publishing: Any) -> dict[str, list[StorageQuery]]:
-    """The index queries a worker's poll and a maintenance pass issue, recorded (answered empty)."""
+async def _core_queries(polling: Any, publishing: Any, exclusive: set[str]) -> dict[str, list[StorageQuery]]:
+    """The index queries a worker's poll and a maintenance pass issue, outside transactions and as
+    exclusive candidates inside them (their index names go to ``exclusive``), recorded (answered empty)."""
     recorded: dict[str, list[StorageQuery]] = {}
-    for runtime, action in ((polling, lambda: polling.execute_next()), (publishing, lambda: publishing.tick())):
-        driver = runtime.lane.storage
 
-        async def record(query: StorageQuery) -> StorageQueryResult:
-            recorded.setdefault(query.index.value, []).append(query)
-            return StorageQueryResult(items=())
+    async def record(query: StorageQuery) -> StorageQueryResult:
+        recorded.setdefault(query.index.value, []).append(query)
+        return StorageQueryResult(items=())
 
-        driver.query = record
-        try:
-            await action()
-        finally:
-            del driver.query
+    async def record_candidates(attempt: Any, query: StorageQuery, mode: StorageCandidateMode) -> StorageQueryResult:
+        if mode is StorageCandidateMode.EXCLUSIVE:
+            exclusive.add(query.index.value)
+        return await record(query)
+
+    original = _PostgresAttempt._candidates
+    _PostgresAttempt._candidates = record_candidates  # type: ignore[method-assign]
+    try:
+        for runtime, action in ((polling, lambda: polling.execute_next()), (publishing, lambda: publishing.tick())):
+            driver = runtime.lane.storage
+            driver.query = record
+            try:
+                await action()
+            finally:
+                del driver.query
+    finally:
+        _PostgresAttempt._candidates = original  # type: ignore[method-assign]
     return recorded
+
 
 
 async def _populate(url: str, schema: str) -> Dataset:
@@ -322,14 +335,15 @@ async def _populate(url: str, schema: str) -> Dataset:
             kinds = await _templates(polling, publishing, transport, clock, busy)
             counts, run_id = await asyncio.to_thread(_multiply, url, schema, kinds)
             now = clock.now()
-            queries = await _core_queries(polling, publishing)
+            exclusive: set[str] = set()
+            queries = await _core_queries(polling, publishing, exclusive)
             clock.set(now - timedelta(days=1))  # an idle poll: nothing is due yet
-            idle = await _core_queries(polling, publishing)
+            idle = await _core_queries(polling, publishing, exclusive)
             clock.set(now)
         finally:
             _gate.set()
             await asyncio.gather(*busy, return_exceptions=True)
-    return Dataset(url, schema, run_id, queries, idle, counts)
+    return Dataset(url, schema, run_id, queries, idle, frozenset(exclusive), counts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,9 +421,18 @@ def assert_indexed(plan: dict, index: str, *, sorted_rows_of: str | None = None)
         )
 
 
-async def _plans(driver: PostgresStorageDriver, read: Any, pagination: PaginationParams | None = None) -> list[dict]:
+async def _plans(
+    driver: PostgresStorageDriver,
+    read: Any,
+    pagination: PaginationParams | None = None,
+    mode: StorageCandidateMode = StorageCandidateMode.ADVISORY,
+) -> list[dict]:
     """The plan with the parameter values, then the generic plan of the prepared statement."""
-    return [await driver.explain(read, pagination), await driver.explain(read, pagination, generic=True)]
+    options: dict[str, Any] = {} if mode is StorageCandidateMode.ADVISORY else {"mode": mode}
+    return [
+        await driver.explain(read, pagination, **options),
+        await driver.explain(read, pagination, generic=True, **options),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,18 +529,21 @@ async def _assert_core_scan(dataset: Dataset, index: StorageIndexName) -> None:
     index rows' primary key in order and stops after the page (at most ``limit + 1`` rows)."""
     queries = dataset.queries[index.value] + dataset.idle[index.value]
     assert queries and all(query.index is index for query in queries)
+    mode = StorageCandidateMode.EXCLUSIVE if index.value in dataset.exclusive else StorageCandidateMode.ADVISORY
     async with _driver(dataset) as driver:
         for query in queries:
-            for plan in await _plans(driver, query):
+            for plan in await _plans(driver, query, mode=mode):
                 assert_indexed(plan, _PRIMARY_KEY)
                 (node,) = _index_nodes(plan, _PRIMARY_KEY)
                 assert "index_name = " in node["Index Cond"] and "sort < " in node["Index Cond"], node["Index Cond"]
-            analyzed = await driver.explain(query, analyze=True)
+            analyzed = await driver.explain(query, analyze=True, mode=mode)
             (node,) = _index_nodes(analyzed, _PRIMARY_KEY)
             assert node["Actual Rows"] <= query.limit + 1, _describe(analyzed)
 
 
 async def test_the_runnable_scan_of_every_queue_reads_runs_runnable_in_index_order(dataset: Dataset) -> None:
+    # A worker claims from an exclusive scan (runs other processes are claiming are skipped, not raced for).
+    assert StorageIndexName.RUNS_RUNNABLE.value in dataset.exclusive
     await _assert_core_scan(dataset, StorageIndexName.RUNS_RUNNABLE)
     assert len(dataset.queries[StorageIndexName.RUNS_RUNNABLE.value]) == len(_QUEUES)
 

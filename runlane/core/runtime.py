@@ -131,6 +131,7 @@ from .store import (
     CompletionRequest,
     CoreStore,
     CreateRunPlan,
+    NextClaimRequest,
     OutboxMark,
     ReserveRequest,
 )
@@ -265,10 +266,11 @@ class _LoopState:
     an application loop and the ``runlane.sync`` facade's own loop). Heartbeats and other appends share
     the completion batcher, whose results carry the persisted events observers need."""
 
-    __slots__ = ("claims", "completions")
+    __slots__ = ("claims", "completions", "next_claims")
 
-    def __init__(self, store: CoreStore) -> None:
+    def __init__(self, store: CoreStore, claim_next: Callable[[list[NextClaimRequest]], Any]) -> None:
         self.claims: Batcher[ClaimRequest, ClaimResult] = Batcher(store.claim, max_batch_size=64)
+        self.next_claims: Batcher[NextClaimRequest, ClaimResult | None] = Batcher(claim_next, max_batch_size=64)
         self.completions: Batcher[CompletionRequest, AppendResult | RunlaneError] = Batcher(
             store.complete, max_batch_size=64
         )
@@ -452,6 +454,10 @@ class Runlane:
         self.work_signal = _WorkSignal()
         # Cross-process wake-up hints when the storage driver offers them (see ``wake``).
         self._wake_hints = lane.storage if supports_wake_hints(lane.storage) else None
+        # Drivers with exclusive candidates let a worker of unbounded queues scan and claim in one
+        # transaction that other processes' scans skip (``claim_next``); other workers share a plain
+        # scan per worker, deep enough to get past bounded-queue runs that wait for capacity.
+        self._exclusive_claims = bool(getattr(lane.storage.profile, "exclusive_candidates", False))
         self.registry = CancellationRegistry()
         self.runs = RunsApi(self)
         self.signals = SignalsApi(self)
@@ -596,7 +602,7 @@ class Runlane:
         with self._state_lock:
             state = self._loop_states.get(loop)
             if state is None:
-                state = _LoopState(self._store)
+                state = _LoopState(self._store, self._claim_next)
                 self._loop_states[loop] = state
         self._last = (loop, state)
         return state
@@ -1146,6 +1152,8 @@ class Runlane:
         this caller did not execute a run: a lost claim race or an abandoned attempt). ``pool`` is a
         candidate pool shared by the slots of one worker, so one scan feeds several claims.
         """
+        if self._exclusive_claims and not any(name in self._store.queue_limits for name in queues):
+            return await self._claim_next_and_execute(queues, options)
         if pool is None:
             pool = CandidatePool(_SCAN_HEADROOM)
         claiming = self._claiming
@@ -1203,6 +1211,31 @@ class Runlane:
             claim = await self.loop_state().claims.submit(request)
         finally:
             claiming.discard(run_id)
+        return await self._execute_claim(claim, options)
+
+    async def _claim_next(self, requests: list[NextClaimRequest]) -> list[ClaimResult | None]:
+        """The flush of the per-loop ``next_claims`` batcher: the slots asking for work at once share
+        one exclusive scan-and-claim transaction."""
+        tasks = self._tasks_by_id
+
+        def task_deadline(run: RunRecord) -> int | None:
+            definition = tasks.get(run.task_id)
+            return None if definition is None else definition.max_attempt_duration_ms
+
+        return await self._store.claim_next(requests, self.now(), task_deadline)
+
+    async def _claim_next_and_execute(
+        self, queues: Sequence[str], options: ExecutionOptions
+    ) -> tuple[RunRecord | None, str]:
+        """``execute_one`` over a driver with exclusive candidates: scan and claim in one transaction
+        that other processes' scans skip, so workers of several processes never race for one run."""
+        request = NextClaimRequest(tuple(queues), options.worker_id, options.lease_ms, options.max_attempt_ms)
+        claim = await self.loop_state().next_claims.submit(request)
+        if claim is None:
+            return None, "idle"
+        return await self._execute_claim(claim, options)
+
+    async def _execute_claim(self, claim: ClaimResult, options: ExecutionOptions) -> tuple[RunRecord | None, str]:
         run = claim.run
         if run is None:
             if claim.error is not None:

@@ -89,6 +89,7 @@ from ..storage import (
     StorageLimitError,
     StorageLimits,
     StorageQuery,
+    StorageCandidateMode,
     StorageRange,
     StorageRecord,
     StorageRecordKey,
@@ -143,6 +144,7 @@ __all__ = [
     "CreateRunPlan",
     "CreateRunResult",
     "HeartbeatRequest",
+    "NextClaimRequest",
     "OutboxMark",
     "ReserveRequest",
     "ReserveResult",
@@ -657,6 +659,19 @@ class ClaimRequest:
     lease_ms: int
     attempt_deadline_ms: int | None = None
     also_start: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NextClaimRequest:
+    """Claim the oldest due run of ``queues`` that no other caller is claiming (``claim_next``).
+
+    ``attempt_deadline_ms`` is an explicit attempt budget; without one, the run's task decides
+    (``claim_next``'s ``task_deadline``)."""
+
+    queues: tuple[str, ...]
+    worker_id: str
+    lease_ms: int
+    attempt_deadline_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1551,6 +1566,118 @@ class CoreStore:
 
         # Per claim: the run and its capacity row, two events and their two observation records.
         return await self._chunked(list(requests), self._chunk_size(2, 6), self._claim_batch, on_limit)
+
+    async def claim_next(
+        self,
+        requests: Sequence[NextClaimRequest],
+        now: datetime,
+        task_deadline: Callable[[RunRecord], int | None] = lambda run: None,
+    ) -> list[ClaimResult | None]:
+        """Claim the oldest due runs for ``requests``: one transaction per group of requests with the
+        same queues and lease, each taking as many candidates as the group has requests.
+
+        Candidates come from an exclusive index scan (runnable at or before ``now``), so callers in
+        other processes skip the runs this transaction is claiming instead of racing for them; every
+        claim is still checked against the run as read, as ``claim`` does. A request's result is a
+        claimed run; else, when a candidate could not be claimed, a result without a run saying why;
+        else ``None``: nothing was due for it.
+
+        Meant for unbounded queues: a bounded queue's oldest due runs may all wait for capacity that
+        reservations of later runs hold, which only a deeper scan (``list_runnable``) gets past.
+        """
+        results: list[ClaimResult | None] = [None] * len(requests)
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for index, request in enumerate(requests):
+            group = (request.queues, request.worker_id, request.lease_ms, request.attempt_deadline_ms)
+            groups.setdefault(group, []).append(index)
+        size = self._chunk_size(2, 6)
+        for indexes in groups.values():
+            for start in range(0, len(indexes), size):
+                chunk = indexes[start : start + size]
+                claims = await self._claim_next_split(requests[chunk[0]], len(chunk), now, task_deadline)
+                for index, claim in zip(chunk, claims):
+                    results[index] = claim
+        return results
+
+    async def _claim_next_split(
+        self,
+        request: NextClaimRequest,
+        count: int,
+        now: datetime,
+        task_deadline: Callable[[RunRecord], int | None],
+    ) -> list[ClaimResult | None]:
+        """``_claim_next_batch``; one that exceeds a storage limit rolled back and is halved."""
+        try:
+            return await self._claim_next_batch(request, count, now, task_deadline)
+        except StorageLimitError:
+            if count == 1:
+                raise
+            half = count // 2
+            return [
+                *await self._claim_next_split(request, half, now, task_deadline),
+                *await self._claim_next_split(request, count - half, now, task_deadline),
+            ]
+
+    async def _claim_next_batch(
+        self,
+        request: NextClaimRequest,
+        count: int,
+        now: datetime,
+        task_deadline: Callable[[RunRecord], int | None],
+    ) -> list[ClaimResult | None]:
+        ids = _EventIds()
+        env = self.env_key
+        upper = encode_storage_tuple_prefix_upper_bound((encode_iso_date(now),))
+        # Exactly as many candidates as claims wanted: every held candidate is one other callers skip.
+        limit = min(count, self._limits.max_query_results)
+
+        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[ClaimResult | None]:
+            ids.restart()
+            attempt = _Attempt(self, tx)
+            rows: list[tuple[str, str]] = []
+            for queue in request.queues:
+                query = StorageQuery(StorageIndexName.RUNS_RUNNABLE, (env, queue), StorageRange(lt=upper), limit=limit)
+                found = await tx.query_candidates(query, mode=StorageCandidateMode.EXCLUSIVE)
+                rows.extend((item.sort[0], item.sort[1]) for item in found.items)
+            if len(request.queues) > 1:
+                rows.sort()
+            run_ids = list(dict.fromkeys(run_id for _, run_id in rows[:limit]))
+            if not run_ids:
+                return [None] * count
+            await attempt.read([*extra, *(_run_key(env, run_id) for run_id in run_ids)])
+            derived: list[StorageRecordKey] = []
+            for run_id in run_ids:
+                run = attempt.peek_run(run_id)
+                if run is not None:
+                    derived.extend(attempt.capacity_keys(run))
+            await attempt.read(derived)
+            await attempt.seal()
+            claims: list[ClaimResult] = []
+            missed: list[ClaimResult] = []
+            for run_id in run_ids:
+                deadline = request.attempt_deadline_ms
+                if deadline is None:
+                    run = attempt.peek_run(run_id)
+                    deadline = None if run is None else task_deadline(run)
+                claim = ClaimRequest(
+                    run_id=run_id,
+                    queue=None,
+                    worker_id=request.worker_id,
+                    lease_token=random_uuid4_hex(),
+                    lease_ms=request.lease_ms,
+                    attempt_deadline_ms=deadline,
+                    also_start=True,
+                )
+                result = self._claim_one(attempt, claim, ids)
+                (claims if result.run is not None else missed).append(result)
+            attempt.stage()
+            # Requests left without a run get the most telling miss: a corrupt run, then a full
+            # bounded-queue partition (``claim_lost``), then a candidate someone else took.
+            missed.sort(key=lambda miss: (miss.error is None, miss.reason is not ExecuteDeliveryIgnoredReason.CLAIM_LOST))
+            leftover: list[ClaimResult | None] = [missed[0]] if missed else [None]
+            return [*claims, *leftover * (count - len(claims))]
+
+        return await self._transact(body)
 
     async def _run_batch(
         self,

@@ -1547,12 +1547,15 @@ class PostgresStorageDriver(ClientClock):
         *,
         analyze: bool = False,
         generic: bool = False,
+        mode: StorageCandidateMode = StorageCandidateMode.ADVISORY,
     ) -> dict[str, Any]:
         """PostgreSQL's plan for the statement this driver runs for one read: the single object of
         ``EXPLAIN (FORMAT JSON)``, whose ``"Plan"`` member is the node tree.
 
-        ``read`` is a ``StorageQuery`` (the statement of ``query()``, which core uses to find runnable
-        runs, runs needing delivery recovery and due outbox rows), or a ``RunFilter`` /
+        ``read`` is a ``StorageQuery`` (the statement of ``query()``, which core uses to find runs
+        needing delivery recovery and due outbox rows; with ``mode=StorageCandidateMode.EXCLUSIVE``
+        the statement of an exclusive ``query_candidates``, which workers use to claim runnable runs),
+        or a ``RunFilter`` /
         ``RunEventFilter`` with ``pagination`` (the statements of ``list_runs()`` /
         ``list_run_events()``, cursor included). The statement and its parameters come from the same
         builders those methods use, so operators can check on their own data that every read is
@@ -1568,8 +1571,9 @@ class PostgresStorageDriver(ClientClock):
         if isinstance(read, StorageQuery):
             enforce_storage_limit(self.profile.limits, "max_query_results", read.limit)
             shape, params = _query_params(read)
-            params.append(read.limit + 1)
-            text = _query_sql(sql.index_rows, (*shape, False))
+            exclusive = mode is StorageCandidateMode.EXCLUSIVE
+            params.extend((self._hold_space, read.limit) if exclusive else (read.limit + 1,))
+            text = _query_sql(sql.index_rows, (*shape, exclusive))
         elif isinstance(read, RunFilter):
             listing = run_list_query(
                 read,
