@@ -21,8 +21,9 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   attempt's ``runlane_commit`` in a subtransaction of its own, so a later attempt sees the earlier
   ones' writes and an attempt that fails (or whose reads changed) is rolled back or replayed alone.
 * **Hot statements** (point reads, index pages, commits, read validation, hints) are prepared once
-  per connection and run through libpq directly with text parameters and results; psycopg's cursor
-  layer serves the rest (operator reads, transactions that hold exclusive candidates).
+  per connection and run through libpq directly with text parameters and results; statements that
+  go together (``BEGIN`` and a transaction's first exclusive scan, its commit and ``COMMIT``) share
+  one round trip in libpq's pipeline mode. psycopg's cursor layer serves the rest (operator reads).
 * **Ordered append.** The stream head is an ordinary record. After the point writes, the commit
   function takes the head key's lock, reads the head, allocates contiguous positions after it and
   writes the records and the new head, so aborted or replayed attempts consume no positions and
@@ -469,8 +470,6 @@ class _Sql:
     operator_runs: str
     operator_events: str
     migrations: str
-    commit: str
-    validate_sql: str
     get_run: str
     # The hot statements, prepared per connection (see ``_call``).
     get: _Statement
@@ -482,18 +481,12 @@ class _Sql:
     def for_schema(cls, schema: str) -> _Sql:
         s = quote_schema(schema)
         records = f"{s}.runlane_records"
-        commit = f"SELECT commit_status, commit_detail FROM {s}.runlane_commit(%s::jsonb)"
         return cls(
             records=records,
             index_rows=f"{s}.runlane_index_rows",
             operator_runs=f"{s}.runlane_operator_runs",
             operator_events=f"{s}.runlane_operator_events",
             migrations=f"{s}.runlane_schema_migrations",
-            commit=commit,
-            validate_sql=(
-                "SELECT count(*) FROM unnest(%b::text[], %b::bigint[]) AS d(key, version) "
-                f"LEFT JOIN {records} AS r ON r.key = d.key WHERE r.version IS DISTINCT FROM d.version"
-            ),
             get_run=f"SELECT key, document FROM {records} WHERE key = ANY(%b::text[])",
             get=_Statement(
                 b"runlane_get",
@@ -596,6 +589,85 @@ async def _call(conn: psycopg.AsyncConnection[Any], statement: _Statement, param
         prepared.add(statement.name)
     pgconn.send_query_prepared(statement.name, params)
     return _result(await _exchange(pgconn))
+
+
+_SYNC = psycopg.pq.ExecStatus.PIPELINE_SYNC
+_ABORTED = psycopg.pq.ExecStatus.PIPELINE_ABORTED
+
+
+async def _call_all(
+    conn: psycopg.AsyncConnection[Any], calls: Sequence[tuple[_Statement | bytes, Sequence[bytes | None]]]
+) -> list[Any]:
+    """Run several statements in one round trip (libpq pipeline mode, one sync): each a prepared
+    ``_Statement`` with its text-format parameters, or a parameterless command such as ``b"BEGIN"``.
+    Returns each call's result in order; the first failed call raises its ``psycopg.Error`` (the
+    server skipped the calls after it)."""
+    pgconn = conn.pgconn
+    prepared = _PREPARED.get(conn)
+    if prepared is None:
+        prepared = _PREPARED[conn] = set()
+    expected: list[bytes | None] = []  # per result to come: the name a prepare defines, or None
+    pgconn.enter_pipeline_mode()
+    try:
+        for statement, params in calls:
+            if isinstance(statement, bytes):
+                pgconn.send_query_params(statement, None)
+            else:
+                if statement.name not in prepared:
+                    pgconn.send_prepare(statement.name, statement.text)
+                    expected.append(statement.name)
+                pgconn.send_query_prepared(statement.name, params)
+            expected.append(None)
+        pgconn.pipeline_sync()
+        results = await _exchange_pipeline(pgconn)
+    finally:
+        with contextlib.suppress(psycopg.OperationalError):
+            pgconn.exit_pipeline_mode()
+    answers: list[Any] = []
+    failure: Any = None
+    for defined, result in zip(expected, results, strict=True):
+        if result.status == _FATAL:
+            failure = failure or result
+        elif result.status != _ABORTED and defined is not None:
+            prepared.add(defined)
+        if defined is None:
+            answers.append(result)
+    if failure is not None:
+        raise psycopg.errors.error_from_result(failure, encoding="utf-8")
+    return answers
+
+
+async def _exchange_pipeline(pgconn: Any) -> list[Any]:
+    """``_exchange`` for a pipeline: one result per command, up to the sync."""
+    loop = asyncio.get_running_loop()
+    fileno = pgconn.socket
+    while pgconn.flush():
+        future = loop.create_future()
+        loop.add_writer(fileno, _wake, future)
+        try:
+            await future
+        finally:
+            loop.remove_writer(fileno)
+    results: list[Any] = []
+    current: Any = None
+    while True:
+        pgconn.consume_input()
+        while not pgconn.is_busy():
+            result = pgconn.get_result()
+            if result is None:  # the end of one command's results
+                if current is not None:
+                    results.append(current)
+                    current = None
+                continue
+            if result.status == _SYNC:
+                return results
+            current = result if current is None or current.status != _FATAL else current
+        future = loop.create_future()
+        loop.add_reader(fileno, _wake, future)
+        try:
+            await future
+        finally:
+            loop.remove_reader(fileno)
 
 
 def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
@@ -751,16 +823,14 @@ class _PostgresAttempt(StorageAttempt):
                 params.extend((self._driver._hold_space, query.limit))
             else:
                 params.append(query.limit + 1)
+            statement = _query_statement(index_rows, (*shape, exclusive))
             if exclusive and not self._in_transaction:
                 # BEGIN and the first query in one round trip; the holds last until the attempt ends.
-                async with conn.pipeline():
-                    await conn.execute(b"BEGIN")
-                    self._in_transaction = True
-                    cursor = await conn.execute(_query_sql(index_rows, (*shape, exclusive)), params)
-                rows: Iterable[tuple[Any, ...]] = await cursor.fetchall()
+                self._in_transaction = True
+                (_, result) = await _call_all(conn, [(b"BEGIN", ()), (statement, _encode_params(params))])
             else:
-                statement = _query_statement(index_rows, (*shape, exclusive))
-                rows = _index_rows(await _call(conn, statement, _encode_params(params)))
+                result = await _call(conn, statement, _encode_params(params))
+            rows = _index_rows(result)
         except psycopg.Error as error:
             raise self._failed(error, "query index candidates") from None
         self._statements += 1
@@ -780,11 +850,9 @@ class _PostgresAttempt(StorageAttempt):
         conn = await self._connection()
         try:
             if self._in_transaction:
-                async with conn.pipeline():
-                    cursor = await conn.execute(self._driver._sql.commit, (payload.decode("utf-8"),))
-                    await conn.execute(b"COMMIT")
+                result, _ = await _call_all(conn, [(self._driver._sql.commit_prepared, (payload,)), (b"COMMIT", ())])
                 self._in_transaction = False
-                status, _ = await cursor.fetchone()  # type: ignore[misc]
+                status = int(result.get_value(0, 0))
             else:
                 status = await self._driver._group_commit(conn, payload, self._locks)
         except psycopg.Error as error:
@@ -809,18 +877,17 @@ class _PostgresAttempt(StorageAttempt):
         versions = [None if version is None else int(version) for version in reads.values()]
         try:
             changed = 0
-            if self._in_transaction:
-                cursor = None
-                async with conn.pipeline():
-                    if reads:
-                        cursor = await conn.execute(self._driver._sql.validate_sql, (list(reads), versions))
-                    await conn.execute(b"ROLLBACK")
-                self._in_transaction = False
-                if cursor is not None:
-                    (changed,) = await cursor.fetchone()  # type: ignore[misc]
-            elif reads:
+            validate: list[tuple[_Statement | bytes, Sequence[bytes | None]]] = []
+            if reads:
                 literal = "{" + ",".join("NULL" if version is None else str(version) for version in versions) + "}"
-                result = await _call(conn, self._driver._sql.validate, (_key_array(reads), literal.encode("ascii")))
+                validate.append((self._driver._sql.validate, (_key_array(reads), literal.encode("ascii"))))
+            if self._in_transaction:
+                answers = await _call_all(conn, [*validate, (b"ROLLBACK", ())])
+                self._in_transaction = False
+                if reads:
+                    changed = int(answers[0].get_value(0, 0))
+            elif reads:
+                result = await _call(conn, *validate[0])
                 changed = int(result.get_value(0, 0))
         except psycopg.Error as error:
             failure = self._failed(error, "validate the transaction's reads")
