@@ -563,6 +563,58 @@ async def test_transactions_holding_exclusive_candidates_keep_the_prepared_state
         await driver.close()
 
 
+async def test_commits_remove_index_rows_by_key_however_the_table_grew(schemas: Schemas) -> None:
+    """A session that first removed index rows while the table was tiny keeps removing them by
+    primary key once the table is large: the commit function never scans the whole table (a join
+    against the payload's list would be planned once per session, from the table's size then)."""
+    schema = await schemas.migrated()
+    driver = postgres_storage(schemas.url, schema=schema, min_size=0, max_size=1)
+    index_rows = sql.Identifier(schema, "runlane_index_rows")
+
+    def entry(n: int) -> StorageIndexEntry:
+        return StorageIndexEntry(StorageIndexName.RUNS_RUNNABLE, ("env", "q"), (f"{n:06}",))
+
+    async def move(key: StorageRecordKey, n: int) -> None:
+        async def body(tx: Any) -> None:
+            (current,) = await tx.get([key])
+            tx.replace(current, record(key, {"n": n}, entry(n)))
+
+        await driver.with_transaction(body)
+
+    await driver.start()
+    try:
+        key = StorageRecordKey("moving", "one")
+        await create(driver, record(key, {"n": 0}, entry(0)))
+        await move(key, 1)  # the session's first removal, from a table of one row
+        schemas.execute(
+            sql.SQL(
+                "INSERT INTO {} (index_name, partition, sort, key) "
+                "SELECT 'other', 'p', lpad(g::text, 8, '0'), 'k' || g FROM generate_series(1, 50000) AS g"
+            ).format(index_rows)
+        )
+        schemas.execute(sql.SQL("ANALYZE {}").format(index_rows))
+        (before,) = schemas.execute(
+            "SELECT seq_scan FROM pg_stat_user_tables WHERE schemaname = %s AND relname = 'runlane_index_rows'",
+            (schema,),
+        )
+        for n in range(2, 12):
+            await move(key, n)
+    finally:
+        await driver.close()  # the session ends: its table statistics are flushed
+    deadline = asyncio.get_running_loop().time() + 1.5  # the ended session's statistics arrive promptly
+    while True:
+        (after,) = schemas.execute(
+            "SELECT seq_scan FROM pg_stat_user_tables WHERE schemaname = %s AND relname = 'runlane_index_rows'",
+            (schema,),
+        )
+        if after[0] != before[0] or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert after[0] == before[0], "a commit scanned the whole index row table"
+    rows = schemas.execute(sql.SQL("SELECT sort FROM {} WHERE index_name = 'runs_runnable'").format(index_rows))
+    assert [row[0] for row in rows] == [entry(11).encoded_sort]
+
+
 async def test_pooled_connections_recover_after_a_server_restart(schemas: Schemas, shared_schema: str) -> None:
     from postgres_support import postgres_server
 

@@ -90,6 +90,8 @@ CREATE INDEX IF NOT EXISTS runlane_operator_events_by_occurred
 -- replay the attempt). A stream head that cannot be appended to raises SQLSTATE RL002 (corrupt head),
 -- RL003 (positions exhausted) or RL004 (records already exist past the head), with the head's text
 -- as the error detail; RL001 is any other broken invariant. Raising rolls back the whole statement.
+-- Deletes go one primary key at a time: a join of a table against the payload's list can be
+-- planned (once per session, from the table's size then) as a scan of the whole table.
 -- Point locks come first and in one global order, so attempts serialize on the keys they share
 -- without deadlocking; every later statement takes a fresh snapshot and sees whatever committed
 -- before. The stream head's lock is taken last, after the point writes, so appenders to one stream
@@ -110,6 +112,7 @@ DECLARE
     first_position numeric;
     value_count integer := 0;
     changed integer;
+    entry jsonb;
 BEGIN
     commit_status := 0;
     IF p ? 'l' THEN
@@ -129,23 +132,25 @@ BEGIN
     END IF;
 
     IF p ? 'u' THEN
-        DELETE FROM "public".runlane_index_rows AS x
-        USING jsonb_array_elements(p -> 'u') AS e
-        WHERE x.index_name = e ->> 0 AND x.partition = e ->> 1 AND x.sort = e ->> 2 AND x.key = e ->> 3;
-        GET DIAGNOSTICS changed = ROW_COUNT;
-        IF changed <> jsonb_array_length(p -> 'u') THEN
-            RAISE EXCEPTION 'runlane: an index row of a stored record is missing' USING ERRCODE = 'RL001';
-        END IF;
+        FOR entry IN SELECT e.value FROM jsonb_array_elements(p -> 'u') AS e LOOP
+            DELETE FROM "public".runlane_index_rows AS x
+            WHERE x.index_name = entry ->> 0 AND x.partition = entry ->> 1 AND x.sort = entry ->> 2
+              AND x.key = entry ->> 3;
+            GET DIAGNOSTICS changed = ROW_COUNT;
+            IF changed <> 1 THEN
+                RAISE EXCEPTION 'runlane: an index row of a stored record is missing' USING ERRCODE = 'RL001';
+            END IF;
+        END LOOP;
     END IF;
 
     IF p ? 'x' THEN
-        DELETE FROM "public".runlane_records AS r
-        USING jsonb_array_elements_text(p -> 'x') AS k
-        WHERE r.key = k;
-        GET DIAGNOSTICS changed = ROW_COUNT;
-        IF changed <> jsonb_array_length(p -> 'x') THEN
-            RAISE EXCEPTION 'runlane: a record to delete disappeared under its lock' USING ERRCODE = 'RL001';
-        END IF;
+        FOR entry IN SELECT e.value FROM jsonb_array_elements(p -> 'x') AS e LOOP
+            DELETE FROM "public".runlane_records AS r WHERE r.key = entry #>> '{}';
+            GET DIAGNOSTICS changed = ROW_COUNT;
+            IF changed <> 1 THEN
+                RAISE EXCEPTION 'runlane: a record to delete disappeared under its lock' USING ERRCODE = 'RL001';
+            END IF;
+        END LOOP;
     END IF;
 
     IF p ? 'c' THEN
@@ -173,9 +178,10 @@ BEGIN
     END IF;
 
     IF p ? 'ur' THEN
-        DELETE FROM "public".runlane_operator_runs AS o
-        USING jsonb_array_elements(p -> 'ur') AS e
-        WHERE o.environment = e ->> 0 AND o.run_id = e ->> 1;
+        FOR entry IN SELECT e.value FROM jsonb_array_elements(p -> 'ur') AS e LOOP
+            DELETE FROM "public".runlane_operator_runs AS o
+            WHERE o.environment = entry ->> 0 AND o.run_id = entry ->> 1;
+        END LOOP;
     END IF;
     IF p ? 'r' THEN
         INSERT INTO "public".runlane_operator_runs AS o (
@@ -194,9 +200,10 @@ BEGIN
     END IF;
 
     IF p ? 'ue' THEN
-        DELETE FROM "public".runlane_operator_events AS o
-        USING jsonb_array_elements(p -> 'ue') AS e
-        WHERE o.environment = e ->> 0 AND o.run_id = e ->> 1 AND o.sequence = e ->> 2;
+        FOR entry IN SELECT e.value FROM jsonb_array_elements(p -> 'ue') AS e LOOP
+            DELETE FROM "public".runlane_operator_events AS o
+            WHERE o.environment = entry ->> 0 AND o.run_id = entry ->> 1 AND o.sequence = entry ->> 2;
+        END LOOP;
     END IF;
     IF p ? 'e' THEN
         INSERT INTO "public".runlane_operator_events AS o (
