@@ -90,8 +90,9 @@ CREATE INDEX IF NOT EXISTS runlane_operator_events_by_occurred
 -- replay the attempt). A stream head that cannot be appended to raises SQLSTATE RL002 (corrupt head),
 -- RL003 (positions exhausted) or RL004 (records already exist past the head), with the head's text
 -- as the error detail; RL001 is any other broken invariant. Raising rolls back the whole statement.
--- Deletes go one primary key at a time: a join of a table against the payload's list can be
--- planned (once per session, from the table's size then) as a scan of the whole table.
+-- Existing rows are checked, replaced and deleted one primary key at a time: a join of a table
+-- against the payload's list is planned once per session, and from a table that has grown since
+-- it was last analyzed it can be a scan of the whole table on every commit.
 -- Point locks come first and in one global order, so attempts serialize on the keys they share
 -- without deadlocking; every later statement takes a fresh snapshot and sees whatever committed
 -- before. The stream head's lock is taken last, after the point writes, so appenders to one stream
@@ -113,6 +114,7 @@ DECLARE
     value_count integer := 0;
     changed integer;
     entry jsonb;
+    current_version bigint;
 BEGIN
     commit_status := 0;
     IF p ? 'l' THEN
@@ -121,14 +123,17 @@ BEGIN
         FROM jsonb_array_elements(p -> 'l') AS e;
     END IF;
 
-    IF p ? 'd' AND EXISTS (
-        SELECT 1
-        FROM jsonb_array_elements(p -> 'd') AS e
-        LEFT JOIN "public".runlane_records AS r ON r.key = e ->> 0
-        WHERE r.version IS DISTINCT FROM (e ->> 1)::bigint
-    ) THEN
-        commit_status := 1;
-        RETURN;
+    IF p ? 'd' THEN
+        FOR entry IN SELECT e.value FROM jsonb_array_elements(p -> 'd') AS e LOOP
+            SELECT r.version INTO current_version FROM "public".runlane_records AS r WHERE r.key = entry ->> 0;
+            IF NOT FOUND THEN
+                current_version := NULL;
+            END IF;
+            IF current_version IS DISTINCT FROM (entry ->> 1)::bigint THEN
+                commit_status := 1;
+                RETURN;
+            END IF;
+        END LOOP;
     END IF;
 
     IF p ? 'u' THEN
@@ -161,15 +166,16 @@ BEGIN
     END IF;
 
     IF p ? 'p' THEN
-        UPDATE "public".runlane_records AS r
-        SET version = nextval('"public".runlane_record_versions'), document = (e ->> 1)::json,
-            byte_size = (e ->> 2)::integer, indexes = e ->> 3
-        FROM jsonb_array_elements(p -> 'p') AS e
-        WHERE r.key = e ->> 0;
-        GET DIAGNOSTICS changed = ROW_COUNT;
-        IF changed <> jsonb_array_length(p -> 'p') THEN
-            RAISE EXCEPTION 'runlane: a record to replace disappeared under its lock' USING ERRCODE = 'RL001';
-        END IF;
+        FOR entry IN SELECT e.value FROM jsonb_array_elements(p -> 'p') AS e LOOP
+            UPDATE "public".runlane_records AS r
+            SET version = nextval('"public".runlane_record_versions'), document = (entry ->> 1)::json,
+                byte_size = (entry ->> 2)::integer, indexes = entry ->> 3
+            WHERE r.key = entry ->> 0;
+            GET DIAGNOSTICS changed = ROW_COUNT;
+            IF changed <> 1 THEN
+                RAISE EXCEPTION 'runlane: a record to replace disappeared under its lock' USING ERRCODE = 'RL001';
+            END IF;
+        END LOOP;
     END IF;
 
     IF p ? 'i' THEN
