@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from ..errors import RunlaneError
-from ..models import Environment, Page, RunEventRecord, RunRecord, RunSummary, environment_key
+from ..models import Page, RunEventRecord, RunRecord, RunSummary, environment_key
 from ..run_scans import get_run_runnable_available_at
 from ..vocabulary import PaginationCursorKind, RunEventSortField, RunEventType, RunSortField, RunStatus, SortDirection
 from .codecs import (
@@ -179,7 +179,7 @@ def _run_fields(document: StorageDocument) -> tuple[Any, ...] | None:
         else:
             available = None
         return (
-            environment_key(Environment(name=_text(run["environment"]["name"]))), _text(run["id"]), status.value,
+            _text(run["environment"]["name"]), _text(run["id"]), status.value,
             _text(run["task_id"]), _text(run["queue"]), _optional_text(run["idempotency_key"]),
             _optional_text(run["singleton_key"]),
             None if source is None else _optional_text(source.get("source_run_id")),
@@ -234,7 +234,7 @@ def operator_event_row(key: StorageRecordKey, document: StorageDocument) -> tupl
             if type(sequence) is not int or sequence < 1:
                 return None
             fields = (
-                environment_key(Environment(name=_text(event["environment"]["name"]))), _text(event["run_id"]),
+                _text(event["environment"]["name"]), _text(event["run_id"]),
                 sequence, RunEventType(_text(event["type"])).value, _date(event["occurred_at"]),
             )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError, RunlaneError, orjson.JSONDecodeError):
