@@ -632,6 +632,39 @@ async def test_commits_find_rows_by_key_however_the_tables_grew(schemas: Schemas
     assert [row[0] for row in rows] == [entry(11).encoded_sort]
 
 
+async def test_documents_written_here_are_recognized_and_others_are_read(schemas: Schemas, shared_schema: str) -> None:
+    """A record read back by the driver that committed it is that very document (its decoded value is
+    kept); a newer text written by another driver is read as stored, never mistaken for the old one."""
+    here = postgres_storage(schemas.url, schema=shared_schema, min_size=0, max_size=2)
+    elsewhere = postgres_storage(schemas.url, schema=shared_schema, min_size=0, max_size=2)
+    await here.start()
+    await elsewhere.start()
+    try:
+        key = StorageRecordKey("recognized", uuid.uuid4().hex)
+        written = record(key, {"n": 1})
+        await create(here, written)
+        (read,) = await here.get([key])
+        assert read is not None and read.document is written.document
+
+        async def replace(tx: Any) -> None:
+            (current,) = await tx.get([key])
+            tx.replace(current, record(key, {"n": 2}))
+
+        await elsewhere.with_transaction(replace)
+        (again,) = await here.get([key])
+        assert again is not None and again.document.value == {"n": 2} and again.version != read.version
+
+        async def delete(tx: Any) -> None:
+            (current,) = await tx.get([key])
+            tx.delete(current)
+
+        await here.with_transaction(delete)
+        assert await here.get([key]) == [None]
+    finally:
+        await here.close()
+        await elsewhere.close()
+
+
 async def test_pooled_connections_recover_after_a_server_restart(schemas: Schemas, shared_schema: str) -> None:
     from postgres_support import postgres_server
 

@@ -65,7 +65,7 @@ import functools
 import hashlib
 import re
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
@@ -105,6 +105,7 @@ from runlane.storage import (
     storage_stream_layouts,
 )
 from runlane.storage.attempt import (
+    StagedWrite,
     StorageAttempt,
     check_storage_keys,
     contract_violation,
@@ -383,8 +384,13 @@ def _record(key: StorageRecordKey, version: Any, text: Any, indexes: Any) -> Sto
     return StorageRecord(key, str(version), _document(encoded, text), _entries(encoded, indexes))
 
 
-def _found_records(wanted: dict[str, StorageRecordKey], result: Any) -> dict[str, StorageRecord]:
-    """The records of a point-read result (text format: key, version, document, indexes)."""
+def _found_records(
+    wanted: dict[str, StorageRecordKey], result: Any, written: Mapping[str, StorageDocument]
+) -> dict[str, StorageRecord]:
+    """The records of a point-read result (text format: key, version, document, indexes).
+
+    A document whose text is exactly one this driver wrote under that key is that document (it
+    already holds its decoded value), so a run claimed here and completed here is decoded once."""
     found: dict[str, StorageRecord] = {}
     value = result.get_value
     for row in range(result.ntuples):
@@ -394,7 +400,12 @@ def _found_records(wanted: dict[str, StorageRecordKey], result: Any) -> dict[str
             raise _corrupt(encoded, "a point read returned a key it did not ask for")
         version = value(row, 1)
         version = None if version is None else int(version)
-        found[encoded] = _record(key, version, _text(value(row, 2)), _text(value(row, 3)))
+        text = _text(value(row, 2))
+        known = written.get(encoded)
+        if known is not None and known.text == text and type(version) is int and version > 0:
+            found[encoded] = StorageRecord(key, str(version), known, _entries(encoded, _text(value(row, 3))))
+        else:
+            found[encoded] = _record(key, version, text, _text(value(row, 3)))
     return found
 
 
@@ -809,7 +820,7 @@ class _PostgresAttempt(StorageAttempt):
         except psycopg.Error as error:
             raise self._failed(error, "read records") from None
         self._statements += 1
-        found = _found_records(wanted, result)
+        found = _found_records(wanted, result, self._driver._written)
         self._fetched.update(found)
         return [found.get(key.encoded) for key in keys]
 
@@ -864,7 +875,10 @@ class _PostgresAttempt(StorageAttempt):
             if isinstance(failure, _Replay):
                 return False
             raise failure from None
-        return status == 0  # 1: a dependency changed, nothing was written
+        if status != 0:
+            return False  # 1: a dependency changed, nothing was written
+        self._driver._remember_writes(self.writes)
+        return True
 
     async def _finish_read_only(self) -> bool:
         """A read-only attempt is consistent when its reads were one snapshot, or still hold now."""
@@ -1035,6 +1049,8 @@ class _Waiting:
 _LEAD = object()
 #: The most attempts one commit batch carries.
 MAX_COMMIT_BATCH = 64
+#: How many recently committed documents a driver keeps to recognize them when they are read back.
+WRITTEN_DOCUMENTS = 4096
 
 
 _APPEND_FAILURES = frozenset({"RL002", "RL003", "RL004"})
@@ -1144,6 +1160,8 @@ class PostgresStorageDriver(ClientClock):
         # Group commit (see ``_group_commit``).
         self._committing = False
         self._commit_queue: list[_Waiting] = []
+        # Documents this driver committed, by encoded key (the most recent ``WRITTEN_DOCUMENTS``).
+        self._written: dict[str, StorageDocument] = {}
         self._subscribers: dict[object, Callable[[str], None]] = {}
         self._listener: asyncio.Task[None] | None = None
 
@@ -1427,6 +1445,17 @@ class PostgresStorageDriver(ClientClock):
                 outcomes.append(status)
         return outcomes
 
+    def _remember_writes(self, writes: Iterable[StagedWrite]) -> None:
+        written = self._written
+        for key, _, record in writes:
+            encoded = key.encoded
+            written.pop(encoded, None)  # re-inserted last: the oldest entries are evicted first
+            if record is not None:
+                written[encoded] = record.document
+        with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+            while len(written) > WRITTEN_DOCUMENTS:
+                del written[next(iter(written))]
+
     # -- connections -----------------------------------------------------------------------------
 
     async def _acquire(self) -> psycopg.AsyncConnection[Any]:
@@ -1512,7 +1541,7 @@ class PostgresStorageDriver(ClientClock):
         async def body(conn: psycopg.AsyncConnection[Any]) -> Any:
             return await _call(conn, statement, keys)
 
-        found = _found_records(wanted, await self._run("read records", body))
+        found = _found_records(wanted, await self._run("read records", body), self._written)
         return [found.get(key.encoded) for key in checked]
 
     async def query(self, query: StorageQuery) -> StorageQueryResult:
