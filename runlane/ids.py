@@ -16,7 +16,7 @@ MAX_ID_LENGTH = 512
 
 
 def is_valid_id(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and ":" not in value
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and ":" not in value and "\x00" not in value
 
 
 def validate_id(value: object, what: str = "id", *, code: ErrorCode = ErrorCode.CONFIGURATION_INVALID) -> str:
@@ -29,6 +29,13 @@ def validate_id(value: object, what: str = "id", *, code: ErrorCode = ErrorCode.
         raise RunlaneError(
             code,
             f"Invalid {what} {value!r}: ':' is reserved; use '.', '_' or a hashed segment instead.",
+            meta={"field": what},
+        )
+    if "\x00" in value:
+        raise RunlaneError(
+            code,
+            f"Invalid {what} {value!r}: it contains a NUL character (\\x00), which databases cannot store in "
+            "text; remove it or hash the value.",
             meta={"field": what},
         )
     if len(value) > MAX_ID_LENGTH:

@@ -69,6 +69,33 @@ class LaneScenarios:
 
     # -- scenarios -------------------------------------------------------------------------------
 
+    def test_nul_characters_are_rejected_in_keys_and_kept_in_json_values(self, lanes: LaneFactory) -> None:
+        @task("nul")
+        async def nul(payload: dict) -> dict:
+            return {"echo": payload["text"]}
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), nul)
+            async with runtime:
+                for option in ("idempotency_key", "singleton_key"):
+                    with pytest.raises(RunlaneError) as raised:
+                        await runtime.trigger(nul, {"text": "x"}, **{option: "tenant\x00one"})
+                    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+                    assert "NUL" in raised.value.message
+                with pytest.raises(RunlaneError) as raised:
+                    await runtime.trigger(nul, {"text": "x"}, run_id="run\x00one")
+                assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+                assert (await runtime.runs.list(limit=10)).data == []  # nothing was written
+                # Inside JSON values (payload, meta, output) a NUL is ordinary text.
+                created = await runtime.trigger(nul, {"text": "a\x00b"}, meta={"note": "c\x00d"})
+                done = await runtime.execute_next()
+                assert done is not None and done.id == created.run.id and done.status is RunStatus.SUCCEEDED
+                stored = await runtime.runs.get(created.run.id)
+                assert stored.payload == {"text": "a\x00b"} and stored.meta == {"note": "c\x00d"}
+                assert stored.output == {"echo": "a\x00b"}
+
+        self.run(body)
+
     def test_trigger_execute_and_read_back_history(self, lanes: LaneFactory) -> None:
         @task("greet")
         async def greet(payload: dict) -> dict:
