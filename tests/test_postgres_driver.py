@@ -545,7 +545,9 @@ async def test_transactions_holding_exclusive_candidates_keep_the_prepared_state
 
         async def scan(tx: Any) -> int:
             found = await tx.query_candidates(query, mode=StorageCandidateMode.EXCLUSIVE)
-            (read,) = await tx.get([found.items[0].key])  # a prepared statement, in the same transaction
+            # The candidate came with the scan; the absent key is a prepared read in the same transaction.
+            read, absent = await tx.get([found.items[0].key, StorageRecordKey("held-run", "absent", token)])
+            assert absent is None
             return read.document.value["n"]
 
         for _ in range(12):  # read-only: every attempt ends in ROLLBACK on the driver's one connection

@@ -377,11 +377,14 @@ def _encode_entries(entries: Iterable[StorageIndexEntry]) -> str:
     return " ".join(f"{entry.name.value},{entry.encoded_partition},{entry.encoded_sort}" for entry in entries)
 
 
-def _record(key: StorageRecordKey, version: Any, text: Any, indexes: Any) -> StorageRecord:
+def _record(
+    key: StorageRecordKey, version: Any, text: Any, indexes: Any, document: StorageDocument | None = None
+) -> StorageRecord:
+    """A stored row as a record; ``document`` is the already-known document of exactly ``text``."""
     encoded = key.encoded
     if type(version) is not int or version < 1:
         raise _corrupt(encoded, "its version is not a positive integer")
-    return StorageRecord(key, str(version), _document(encoded, text), _entries(encoded, indexes))
+    return StorageRecord(key, str(version), document or _document(encoded, text), _entries(encoded, indexes))
 
 
 def _found_records(
@@ -402,10 +405,8 @@ def _found_records(
         version = None if version is None else int(version)
         text = _text(value(row, 2))
         known = written.get(encoded)
-        if known is not None and known.text == text and type(version) is int and version > 0:
-            found[encoded] = StorageRecord(key, str(version), known, _entries(encoded, _text(value(row, 3))))
-        else:
-            found[encoded] = _record(key, version, text, _text(value(row, 3)))
+        document = known if known is not None and known.text == text else None
+        found[encoded] = _record(key, version, text, _text(value(row, 3)), document)
     return found
 
 
@@ -694,7 +695,10 @@ def _text(value: bytes | None) -> str | None:
 
 @functools.lru_cache(maxsize=128)
 def _query_sql(index_rows: str, shape: tuple[bool, bool, bool, bool, bool, bool, bool]) -> str:
-    """One index page query: equality on (index, partition), the range bounds present, the cursor."""
+    """One index page query: equality on (index, partition), the range bounds present, the cursor.
+
+    The exclusive form also returns each held candidate's record (version, document, index entries;
+    NULLs when it is absent), read by key in the same statement: the attempt reads them next."""
     gt, gte, lt, lte, has_cursor, descending, exclusive = shape
     where = ["x.index_name = %s", "x.partition = %s"]
     for present, operator in ((gt, ">"), (gte, ">="), (lt, "<"), (lte, "<=")):
@@ -712,9 +716,18 @@ def _query_sql(index_rows: str, shape: tuple[bool, bool, bool, bool, bool, bool,
     # Rows are tried in query order (OFFSET 0 keeps the ordered subquery intact, and the volatile lock
     # call is never pushed into it); the LIMIT stops trying once the page is full, so only returned
     # rows are ever locked and busy ones are skipped.
-    return (
+    held = (
         f"SELECT c.sort, c.key FROM ({inner} OFFSET 0) AS c "
         "WHERE pg_try_advisory_xact_lock(%s::integer, hashtext(c.key)) LIMIT %s"
+    )
+    # The records table is beside the index rows table. Each held row's record is looked up by key in
+    # a lateral subquery (OFFSET 0 keeps it one): a nested loop over the held rows, which keeps their
+    # order and probes the records' primary key once per row whatever the tables' sizes.
+    records = index_rows.rsplit(".", 1)[0] + ".runlane_records"
+    return (
+        f"SELECT h.sort, h.key, d.version, d.document, d.indexes FROM ({held}) AS h "
+        f"LEFT JOIN LATERAL (SELECT r.version, r.document, r.indexes FROM {records} AS r "
+        "WHERE r.key = h.key OFFSET 0) AS d ON true"
     )
 
 
@@ -774,6 +787,8 @@ class _PostgresAttempt(StorageAttempt):
         self._in_transaction = False  # an explicit transaction holds exclusive candidates
         self._statements = 0  # read statements run (one statement is one consistent snapshot)
         self._fetched: dict[str, StorageRecord] = {}  # what reads returned, by encoded key
+        # Records an exclusive scan returned with its candidates (None: absent), by encoded key.
+        self._prefetched: dict[str, StorageRecord | None] = {}
         self._keys: dict[str, StorageRecordKey] = {}  # every key read or written, by encoded key
         self._broken = False
         # The commit's advisory locks (key -> shared): point keys, then stream heads (set by _commit_payload).
@@ -812,9 +827,15 @@ class _PostgresAttempt(StorageAttempt):
     async def _fetch(self, keys: list[StorageRecordKey]) -> list[StorageRecord | None]:
         if not keys:
             return []
-        conn = await self._connection()
         wanted = {key.encoded: key for key in keys}
         self._keys.update(wanted)
+        prefetched = self._prefetched
+        if prefetched and all(encoded in prefetched for encoded in wanted):
+            # Read by the exclusive scan that returned them, in this transaction: no round trip.
+            found = {encoded: record for encoded in wanted if (record := prefetched[encoded]) is not None}
+            self._fetched.update(found)
+            return [found.get(key.encoded) for key in keys]
+        conn = await self._connection()
         try:
             result = await _call(conn, self._driver._sql.get, (_key_array(wanted),))
         except psycopg.Error as error:
@@ -841,11 +862,34 @@ class _PostgresAttempt(StorageAttempt):
                 (_, result) = await _call_all(conn, [(b"BEGIN", ()), (statement, _encode_params(params))])
             else:
                 result = await _call(conn, statement, _encode_params(params))
-            rows = _index_rows(result)
+            rows = list(_index_rows(result))
         except psycopg.Error as error:
             raise self._failed(error, "query index candidates") from None
         self._statements += 1
-        return page_index_rows(query, iter(rows), look_ahead=not exclusive)
+        page = page_index_rows(query, iter(rows), look_ahead=not exclusive)
+        if exclusive:
+            self._prefetch(page, result)
+        return page
+
+    def _prefetch(self, page: StorageQueryResult, result: Any) -> None:
+        """Keep the records an exclusive scan returned beside its candidates, for the reads that follow."""
+        keys = {item.key.encoded: item.key for item in page.items}
+        value = result.get_value
+        written = self._driver._written
+        for row in range(result.ntuples):
+            encoded = value(row, 1).decode("utf-8")
+            key = keys.get(encoded)
+            if key is None:
+                continue
+            version = value(row, 2)
+            if version is None:
+                self._prefetched[encoded] = None
+                continue
+            text = _text(value(row, 3))
+            known = written.get(encoded)
+            document = known if known is not None and known.text == text else None
+            record = _record(key, int(version), text, _text(value(row, 4)), document)
+            self._prefetched[encoded] = record
 
     # -- commit ----------------------------------------------------------------------------------
 
