@@ -764,6 +764,55 @@ async def _one_finished_run(runtime: Any) -> str:
     return created.run.id
 
 
+async def test_a_trigger_sends_its_wake_hint_inside_its_commit(schemas: Schemas) -> None:
+    """A trigger's hint rides in its commit (NOTIFY delivered when it commits; no statement of its
+    own); a trigger that fails sends none; hints for one queue stay at most one per interval."""
+    schema = await schemas.migrated()
+    listener = postgres_storage(schemas.url, schema=schema, min_size=0)
+    await listener.start()
+    runtime = _runtime(schemas.url, schema)
+    try:
+        received: asyncio.Queue[str] = asyncio.Queue()
+        unsubscribe = listener.subscribe_wake_hints(received.put_nowait)
+        async with runtime:
+            driver = runtime.lane.storage
+            statements: list[bytes] = []
+            send = driver._send_hints
+
+            async def counting() -> None:
+                statements.append(b"NOTIFY")
+                await send()
+
+            driver._send_hints = counting  # type: ignore[method-assign]
+            deadline = asyncio.get_running_loop().time() + 10
+            heard = None
+            while heard is None:  # the listener may still be connecting: trigger until heard
+                assert asyncio.get_running_loop().time() < deadline, "no wake hint arrived"
+                await asyncio.sleep(driver.wake_hint_interval)
+                await runtime.trigger(_echo, {"n": 1})
+                with contextlib.suppress(TimeoutError):
+                    heard = await asyncio.wait_for(received.get(), 0.3)
+            assert heard == _queue.name
+            assert statements == [], "the hint needed a NOTIFY statement of its own"
+            # A second trigger at once: debounced, it goes out after the interval (not lost).
+            await runtime.trigger(_echo, {"n": 2})
+            assert await asyncio.wait_for(received.get(), 5) == _queue.name
+            assert statements == [b"NOTIFY"]
+            # A trigger that fails commits nothing, so it wakes nobody.
+            await asyncio.sleep(driver.wake_hint_interval * 2)
+            while not received.empty():
+                received.get_nowait()
+            with pytest.raises(RunlaneError):
+                await runtime.trigger(_echo, {"n": 3}, singleton_key="only-one")
+                await runtime.trigger(_echo, {"n": 4}, singleton_key="only-one")
+            assert await asyncio.wait_for(received.get(), 5) == _queue.name  # the first one's
+            await asyncio.sleep(0.3)
+            assert received.empty()
+        unsubscribe()
+    finally:
+        await listener.close()
+
+
 async def test_postgres_polling_lane_runs_tasks_end_to_end(schemas: Schemas) -> None:
     schema = await schemas.migrated()
     lane = postgres_polling_lane(f"{schemas.url}?schema={schema}")

@@ -658,11 +658,12 @@ class Runlane:
 
     # -- write helpers ---------------------------------------------------------------------------
 
-    def wake(self, queue: str) -> None:
+    def wake(self, queue: str, *, hinted: bool = False) -> None:
         """A run of ``queue`` became due now: wake this process's idle poll slots, and other
-        processes' through the storage driver's wake hints when it has them."""
+        processes' through the storage driver's wake hints when it has them (``hinted``: the commit
+        already carried the hint)."""
         self.work_signal.notify()
-        if self._wake_hints is not None:
+        if self._wake_hints is not None and not hinted:
             self._wake_hints.publish_wake_hint(queue)
 
     def subscribe_wake_hints(self) -> Callable[[], None] | None:
@@ -976,11 +977,12 @@ class Runlane:
                     ),
                 )
             follow_up = (requested,)
-        result = await self._store.create_run(CreateRunPlan(created, follow_up, spec.generated_run_id))
+        hint = spec.queue.name if self._wake_hints is not None else None
+        result = await self._store.create_run(CreateRunPlan(created, follow_up, spec.generated_run_id, hint))
         if result.created:
             if self._observers:
                 await self.observe(result.observations)
-            self.wake(spec.queue.name)
+            self.wake(spec.queue.name, hinted=result.hinted)
             if result.outbox and self._dispatch is TriggerDispatchMode.EAGER:
                 # Eager dispatch publishes exactly the rows this trigger created; tick() owns the rest.
                 await self.publish_outbox([message.id for message in result.outbox])

@@ -618,6 +618,9 @@ class CreateRunPlan:
     created: RunCreatedEvent
     follow_up: tuple[RunEvent, ...] = ()
     generated_run_id: bool = False
+    #: A queue to wake other processes' workers for, sent with the commit when the transaction can
+    #: carry it (``StorageWakeHints``); ``CreateRunResult.hinted`` says whether it did.
+    wake_hint: str | None = None
 
     @property
     def events(self) -> tuple[RunEvent, ...]:
@@ -634,6 +637,7 @@ class CreateRunResult:
     events: tuple[RunEventRecord, ...] = ()
     observations: tuple[RunlaneObservation, ...] = ()
     outbox: tuple[OutboxMessage, ...] = ()
+    hinted: bool = False  # the plan's wake hint went out with the commit
 
     @property
     def created(self) -> bool:
@@ -1545,7 +1549,9 @@ class CoreStore:
                 attempt.set_owner(idempotency, {"run_id": run.id, "ttl": ttl_value, "expires_at": None})
             records, observations, outbox = attempt.create(run, events, ids)
             attempt.stage()
-            return CreateRunResult(run, TriggerOutcomeType.CREATED, records, observations, outbox)
+            carry = None if plan.wake_hint is None else getattr(tx, "wake_hint", None)
+            hinted = bool(carry(plan.wake_hint)) if carry is not None else False
+            return CreateRunResult(run, TriggerOutcomeType.CREATED, records, observations, outbox, hinted)
 
         return await self._transact(body)
 

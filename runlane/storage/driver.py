@@ -106,6 +106,10 @@ class StorageWakeHints(Protocol):
     poll workers ``subscribe_wake_hints`` so another process's trigger wakes them before their
     ``empty_poll_delay`` ends. Hints carry no state and may be lost, merged or duplicated: workers
     still poll, and every claim is decided by storage. Neither method may block or raise.
+
+    A driver's transaction objects may also offer ``wake_hint(queue) -> bool``: core calls it from a
+    write path (a trigger) before the commit, and ``True`` means the hint goes out with that commit
+    (delivered when it commits, dropped when it does not), so core does not publish it again.
     """
 
     def publish_wake_hint(self, queue: str) -> None:

@@ -41,11 +41,13 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   such as ``1e+16`` or ``-0.0``): a point read returns the same canonical text. A row whose document is
   not a schema-version-1 envelope is corruption (``invariant_violation``), never skipped.
 * **Operator projection**: ``runlane.storage.operator_sql`` rows, written by the same commit.
-* **Wake hints** (``StorageWakeHints``): ``publish_wake_hint`` sends ``NOTIFY`` on one channel per
-  schema from a connection of its own, outside the pool (the first at once, later ones merged for
-  ``wake_hint_interval``); ``subscribe_wake_hints``
-  keeps one extra connection ``LISTEN``-ing while anyone is subscribed, so a trigger in one process
-  wakes idle poll workers in the others before their poll delay ends.
+* **Wake hints** (``StorageWakeHints``): a trigger's hint rides in its commit (the attempt's
+  ``wake_hint``: ``pg_notify`` inside the commit function, delivered when it commits), unless one for
+  that queue went out within ``wake_hint_interval``; then, and for every other hint,
+  ``publish_wake_hint`` sends ``NOTIFY`` on one channel per schema from a connection of its own,
+  outside the pool, once the interval has passed, merging what arrived meanwhile.
+  ``subscribe_wake_hints`` keeps one extra connection ``LISTEN``-ing while anyone is subscribed, so a
+  trigger in one process wakes idle poll workers in the others before their poll delay ends.
 * **Client clock**: ``now()`` samples the injected clock once per attempt (``use_clock`` like
   ``memory.py``). Clock skew between processes can cause early duplicate execution or brief capacity
   oversubscription; version and ownership fences still protect every write.
@@ -64,6 +66,7 @@ import contextlib
 import functools
 import hashlib
 import re
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -789,6 +792,7 @@ class _PostgresAttempt(StorageAttempt):
         self._fetched: dict[str, StorageRecord] = {}  # what reads returned, by encoded key
         # Records an exclusive scan returned with its candidates (None: absent), by encoded key.
         self._prefetched: dict[str, StorageRecord | None] = {}
+        self._hints: set[str] = set()  # queues whose wake hint goes out with this attempt's commit
         self._keys: dict[str, StorageRecordKey] = {}  # every key read or written, by encoded key
         self._broken = False
         # The commit's advisory locks (key -> shared): point keys, then stream heads (set by _commit_payload).
@@ -891,6 +895,18 @@ class _PostgresAttempt(StorageAttempt):
             record = _record(key, int(version), text, _text(value(row, 4)), document)
             self._prefetched[encoded] = record
 
+    # -- wake hints ------------------------------------------------------------------------------
+
+    def wake_hint(self, queue: str) -> bool:
+        """Send a wake hint for ``queue`` with this attempt's commit (``NOTIFY`` inside it, so idle
+        workers hear of the run when it commits, with no statement of its own). ``False`` when a
+        hint for the queue went out within ``wake_hint_interval``: the debounced path sends it."""
+        driver = self._driver
+        if type(queue) is not str or driver._pool is None or not driver._hint_due(queue):
+            return False
+        self._hints.add(queue)
+        return True
+
     # -- commit ----------------------------------------------------------------------------------
 
     async def _commit(self) -> bool:
@@ -922,6 +938,8 @@ class _PostgresAttempt(StorageAttempt):
         if status != 0:
             return False  # 1: a dependency changed, nothing was written
         self._driver._remember_writes(self.writes)
+        if self._hints:
+            self._driver._hinted(self._hints)
         return True
 
     async def _finish_read_only(self) -> bool:
@@ -1038,6 +1056,8 @@ class _PostgresAttempt(StorageAttempt):
         ordered += [(lock, head_locks[lock]) for lock in sorted(head_locks)]
         if ordered:
             payload["l"] = ordered
+        if self._hints:
+            payload["n"] = (self._driver._channel, sorted(self._hints))
         if dependencies:
             payload["d"] = [
                 (encoded, None if version is None else int(version)) for encoded, version in dependencies.items()
@@ -1199,6 +1219,7 @@ class PostgresStorageDriver(ClientClock):
         # Wake hints (LISTEN / NOTIFY on one channel per schema).
         self._channel = f"runlane_wake_{hashlib.blake2b(self.schema.encode('utf-8'), digest_size=8).hexdigest()}"
         self._hints_pending: set[str] = set()
+        self._hinted_at: dict[str, float] = {}  # queue -> monotonic time its last hint went out
         self._hints_task: asyncio.Task[None] | None = None
         self._hints_conn: psycopg.AsyncConnection[Any] | None = None
         # Group commit (see ``_group_commit``).
@@ -1331,12 +1352,27 @@ class PostgresStorageDriver(ClientClock):
         except Exception:  # noqa: BLE001 - hints may be lost; workers still poll
             pass
 
+    def _hint_due(self, queue: str) -> bool:
+        last = self._hinted_at.get(queue)
+        return last is None or time.monotonic() - last >= self.wake_hint_interval
+
+    def _hinted(self, queues: Iterable[str]) -> None:
+        now = time.monotonic()
+        for queue in queues:
+            self._hinted_at[queue] = now
+
     async def _send_hints(self) -> None:
         # One connection of its own (outside the pool): a hint never waits for, or holds, a
         # connection that transaction attempts need.
         while self._hints_pending and self._pool is not None:
+            # A queue hinted within the interval (by a commit that carried it) waits out the rest.
+            last = max((self._hinted_at.get(queue, 0.0) for queue in self._hints_pending), default=0.0)
+            wait = self.wake_hint_interval - (time.monotonic() - last)
+            if wait > 0:
+                await asyncio.sleep(wait)
             queues = sorted(self._hints_pending)
             self._hints_pending.clear()
+            self._hinted(queues)
             conn = self._hints_conn
             try:
                 if conn is None or conn.closed:

@@ -83,6 +83,7 @@ CREATE INDEX IF NOT EXISTS runlane_operator_events_by_occurred
 --   u / i: index rows to remove / add [[index name, partition, sort, record key], ...]
 --   ur / r: operator run rows to remove [[environment, run id], ...] / write (OPERATOR_RUN_COLUMNS)
 --   ue / e: operator event rows to remove [[environment, run id, sequence], ...] / write
+--   n: wake hints [channel, [queue, ...]]: pg_notify(channel, queue) each, delivered at commit
 --   a: ordered append {h: head key, l: head lock, n: index name, p: encoded partition,
 --      k: record key prefix, v: [[text before the position digits, text after them, byte size
 --      without them], ...]}
@@ -134,6 +135,10 @@ BEGIN
                 RETURN;
             END IF;
         END LOOP;
+    END IF;
+
+    IF p ? 'n' THEN
+        PERFORM pg_notify(p -> 'n' ->> 0, q) FROM jsonb_array_elements_text(p -> 'n' -> 1) AS q;
     END IF;
 
     IF p ? 'u' THEN
