@@ -37,6 +37,7 @@ from runlane.storage.operator_sql import (
     run_event_list_query,
     run_list_query,
 )
+from runlane.storage.tables import peek_run_event_document
 from runlane_local.memory import _unpack
 
 from runtime_support import DEFAULT_QUEUE, make_runtime
@@ -222,12 +223,17 @@ def test_rows_are_built_without_decoding_and_refuse_mismatched_keys() -> None:
             record = _unpack(stored)
             if is_operator_run_key(record.key):
                 plain = StorageDocument(record.document.text, record.document.byte_size)  # nothing remembered
-                assert operator_run_row(record.key, plain) == operator_run_row(record.key, record.document)
+                row = operator_run_row(record.key, plain)
+                assert row is not None and row == operator_run_row(record.key, record.document)
+                assert row[3] == run_tombstone_key(*record.key.parts).encoded
                 other = StorageRecordKey("runs", "default", "run_other")
                 assert operator_run_row(other, plain) is None
             if is_operator_event_key(record.key):
                 plain = StorageDocument(record.document.text, record.document.byte_size)
-                assert operator_event_row(record.key, plain) is not None
+                decoded = StorageDocument(record.document.text, record.document.byte_size)
+                assert peek_run_event_document(decoded) is not None  # remembered: the other path
+                row = operator_event_row(record.key, plain)
+                assert row is not None and row == operator_event_row(record.key, decoded)
                 wrong = StorageRecordKey("run_events", "default", record.key.parts[1], "00000000000000000099")
                 assert operator_event_row(wrong, plain) is None
 
