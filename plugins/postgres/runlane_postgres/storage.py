@@ -546,32 +546,49 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def _exchange(pgconn: Any) -> list[Any]:
-    """Send what libpq has queued on a nonblocking connection and collect every result until the
-    server is ready again, waiting on the event loop (no psycopg cursor machinery)."""
+async def _ready(pgconn: Any, *, writing: bool) -> None:
+    """Wait on the event loop until the connection's socket is writable (or readable)."""
     loop = asyncio.get_running_loop()
     fileno = pgconn.socket
-    while pgconn.flush():
-        future = loop.create_future()
+    future = loop.create_future()
+    if writing:
         loop.add_writer(fileno, _wake, future)
-        try:
-            await future
-        finally:
+    else:
+        loop.add_reader(fileno, _wake, future)
+    try:
+        await future
+    finally:
+        if writing:
             loop.remove_writer(fileno)
-    results = []
+        else:
+            loop.remove_reader(fileno)
+
+
+async def _exchange(pgconn: Any, *, pipeline: bool = False) -> list[Any]:
+    """Send what libpq has queued on a nonblocking connection and collect every result until the
+    server is ready again, waiting on the event loop (no psycopg cursor machinery). In pipeline
+    mode: one result per command (its error, if it failed), up to the sync."""
+    while pgconn.flush():
+        await _ready(pgconn, writing=True)
+    results: list[Any] = []
+    current: Any = None  # pipeline mode: the result of the command being read
     while True:
         pgconn.consume_input()
         while not pgconn.is_busy():
             result = pgconn.get_result()
-            if result is None:
+            if not pipeline:
+                if result is None:
+                    return results
+                results.append(result)
+            elif result is None:  # the end of one command's results
+                if current is not None:
+                    results.append(current)
+                    current = None
+            elif result.status == _SYNC:
                 return results
-            results.append(result)
-        future = loop.create_future()
-        loop.add_reader(fileno, _wake, future)
-        try:
-            await future
-        finally:
-            loop.remove_reader(fileno)
+            elif current is None or current.status != _FATAL:
+                current = result
+        await _ready(pgconn, writing=False)
 
 
 _FATAL = psycopg.pq.ExecStatus.FATAL_ERROR
@@ -634,7 +651,7 @@ async def _call_all(
                 pgconn.send_query_prepared(statement.name, params)
             expected.append(None)
         pgconn.pipeline_sync()
-        results = await _exchange_pipeline(pgconn)
+        results = await _exchange(pgconn, pipeline=True)
     finally:
         with contextlib.suppress(psycopg.OperationalError):
             pgconn.exit_pipeline_mode()
@@ -650,39 +667,6 @@ async def _call_all(
     if failure is not None:
         raise psycopg.errors.error_from_result(failure, encoding="utf-8")
     return answers
-
-
-async def _exchange_pipeline(pgconn: Any) -> list[Any]:
-    """``_exchange`` for a pipeline: one result per command, up to the sync."""
-    loop = asyncio.get_running_loop()
-    fileno = pgconn.socket
-    while pgconn.flush():
-        future = loop.create_future()
-        loop.add_writer(fileno, _wake, future)
-        try:
-            await future
-        finally:
-            loop.remove_writer(fileno)
-    results: list[Any] = []
-    current: Any = None
-    while True:
-        pgconn.consume_input()
-        while not pgconn.is_busy():
-            result = pgconn.get_result()
-            if result is None:  # the end of one command's results
-                if current is not None:
-                    results.append(current)
-                    current = None
-                continue
-            if result.status == _SYNC:
-                return results
-            current = result if current is None or current.status != _FATAL else current
-        future = loop.create_future()
-        loop.add_reader(fileno, _wake, future)
-        try:
-            await future
-        finally:
-            loop.remove_reader(fileno)
 
 
 def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
