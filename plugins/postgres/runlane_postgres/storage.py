@@ -68,6 +68,7 @@ import hashlib
 import re
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -1210,7 +1211,7 @@ class PostgresStorageDriver(ClientClock):
         self._committing = False
         self._commit_queue: list[_Waiting] = []
         # Documents this driver committed, by encoded key (the most recent ``WRITTEN_DOCUMENTS``).
-        self._written: dict[str, StorageDocument] = {}
+        self._written: OrderedDict[str, StorageDocument] = OrderedDict()
         self._subscribers: dict[object, Callable[[str], None]] = {}
         self._listener: asyncio.Task[None] | None = None
 
@@ -1513,12 +1514,14 @@ class PostgresStorageDriver(ClientClock):
         written = self._written
         for key, _, record in writes:
             encoded = key.encoded
-            written.pop(encoded, None)  # re-inserted last: the oldest entries are evicted first
-            if record is not None:
+            if record is None:
+                written.pop(encoded, None)
+            else:
                 written[encoded] = record.document
-        with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                written.move_to_end(encoded)  # the oldest entries are evicted first
+        with contextlib.suppress(KeyError):  # (another thread's loop may evict concurrently)
             while len(written) > WRITTEN_DOCUMENTS:
-                del written[next(iter(written))]
+                written.popitem(last=False)
 
     # -- connections -----------------------------------------------------------------------------
 
