@@ -1199,17 +1199,8 @@ class Runlane:
                 known = await self._store.get_run(run_id)
                 if known is None:
                     return None, "lost"
-                definition = self._tasks_by_id.get(known.task_id)
-                deadline_ms = None if definition is None else definition.max_attempt_duration_ms
-            request = ClaimRequest(
-                run_id=run_id,
-                queue=None,
-                worker_id=options.worker_id,
-                lease_token=random_uuid4_hex(),
-                lease_ms=options.lease_ms,
-                attempt_deadline_ms=deadline_ms,
-                also_start=True,
-            )
+                deadline_ms = self._task_deadline_ms(known)
+            request = ClaimRequest.to_start(run_id, options.worker_id, options.lease_ms, deadline_ms)
             claim = await self.loop_state().claims.submit(request)
         finally:
             claiming.discard(run_id)
@@ -1218,13 +1209,12 @@ class Runlane:
     async def _claim_next(self, requests: list[NextClaimRequest]) -> list[ClaimResult | None]:
         """The flush of the per-loop ``next_claims`` batcher: the slots asking for work at once share
         one exclusive scan-and-claim transaction."""
-        tasks = self._tasks_by_id
+        return await self._store.claim_next(requests, self.now(), self._task_deadline_ms)
 
-        def task_deadline(run: RunRecord) -> int | None:
-            definition = tasks.get(run.task_id)
-            return None if definition is None else definition.max_attempt_duration_ms
-
-        return await self._store.claim_next(requests, self.now(), task_deadline)
+    def _task_deadline_ms(self, run: RunRecord) -> int | None:
+        """The attempt budget of the run's task (``max_attempt_duration``), if it has one."""
+        definition = self._tasks_by_id.get(run.task_id)
+        return None if definition is None else definition.max_attempt_duration_ms
 
     async def _claim_next_and_execute(
         self, queues: Sequence[str], options: ExecutionOptions
@@ -1351,15 +1341,7 @@ class Runlane:
         if deadline_ms is None and definition is not None:
             deadline_ms = definition.max_attempt_duration_ms
         claim = await self.loop_state().claims.submit(
-            ClaimRequest(
-                run_id=run.id,
-                queue=message.queue,
-                worker_id=options.worker_id,
-                lease_token=random_uuid4_hex(),
-                lease_ms=options.lease_ms,
-                attempt_deadline_ms=deadline_ms,
-                also_start=True,
-            )
+            ClaimRequest.to_start(run.id, options.worker_id, options.lease_ms, deadline_ms, queue=message.queue)
         )
         if claim.run is None:
             if claim.error is not None:

@@ -31,7 +31,7 @@ was stored.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
@@ -663,6 +663,13 @@ class ClaimRequest:
     lease_ms: int
     attempt_deadline_ms: int | None = None
     also_start: bool = False
+
+    @classmethod
+    def to_start(
+        cls, run_id: str, worker_id: str, lease_ms: int, attempt_deadline_ms: int | None, *, queue: str | None = None
+    ) -> ClaimRequest:
+        """A worker's claim under a fresh lease token that also starts the run's next attempt."""
+        return cls(run_id, queue, worker_id, random_uuid4_hex(), lease_ms, attempt_deadline_ms, also_start=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1596,33 +1603,19 @@ class CoreStore:
         for index, request in enumerate(requests):
             group = (request.queues, request.worker_id, request.lease_ms, request.attempt_deadline_ms)
             groups.setdefault(group, []).append(index)
-        size = self._chunk_size(2, 6)
-        for indexes in groups.values():
-            for start in range(0, len(indexes), size):
-                chunk = indexes[start : start + size]
-                claims = await self._claim_next_split(requests[chunk[0]], len(chunk), now, task_deadline)
-                for index, claim in zip(chunk, claims):
-                    results[index] = claim
-        return results
 
-    async def _claim_next_split(
-        self,
-        request: NextClaimRequest,
-        count: int,
-        now: datetime,
-        task_deadline: Callable[[RunRecord], int | None],
-    ) -> list[ClaimResult | None]:
-        """``_claim_next_batch``; one that exceeds a storage limit rolled back and is halved."""
-        try:
-            return await self._claim_next_batch(request, count, now, task_deadline)
-        except StorageLimitError:
-            if count == 1:
-                raise
-            half = count // 2
-            return [
-                *await self._claim_next_split(request, half, now, task_deadline),
-                *await self._claim_next_split(request, count - half, now, task_deadline),
-            ]
+        def claim_group(chunk: Sequence[NextClaimRequest]) -> Awaitable[list[ClaimResult | None]]:
+            return self._claim_next_batch(chunk[0], len(chunk), now, task_deadline)
+
+        def on_limit(request: NextClaimRequest, error: StorageLimitError) -> ClaimResult | None:
+            raise error  # a single claim over a limit names no run to report it for
+
+        for indexes in groups.values():
+            grouped = [requests[index] for index in indexes]
+            claims = await self._chunked(grouped, self._chunk_size(2, 6), claim_group, on_limit)
+            for index, claim in zip(indexes, claims):
+                results[index] = claim
+        return results
 
     async def _claim_next_batch(
         self,
@@ -1665,15 +1658,7 @@ class CoreStore:
                 if deadline is None:
                     run = attempt.peek_run(run_id)
                     deadline = None if run is None else task_deadline(run)
-                claim = ClaimRequest(
-                    run_id=run_id,
-                    queue=None,
-                    worker_id=request.worker_id,
-                    lease_token=random_uuid4_hex(),
-                    lease_ms=request.lease_ms,
-                    attempt_deadline_ms=deadline,
-                    also_start=True,
-                )
+                claim = ClaimRequest.to_start(run_id, request.worker_id, request.lease_ms, deadline)
                 result = self._claim_one(attempt, claim, ids)
                 (claims if result.run is not None else missed).append(result)
             attempt.stage()
