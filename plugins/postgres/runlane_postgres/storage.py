@@ -382,22 +382,23 @@ def _encode_entries(entries: Iterable[StorageIndexEntry]) -> str:
 
 
 def _record(
-    key: StorageRecordKey, version: Any, text: Any, indexes: Any, document: StorageDocument | None = None
+    key: StorageRecordKey, version: Any, text: Any, indexes: Any, written: Mapping[str, StorageDocument]
 ) -> StorageRecord:
-    """A stored row as a record; ``document`` is the already-known document of exactly ``text``."""
+    """A stored row as a record. A document whose text is exactly one this driver wrote under that key
+    (``written``) is that document, already holding its decoded value: a run claimed and completed by
+    one process is decoded once."""
     encoded = key.encoded
     if type(version) is not int or version < 1:
         raise _corrupt(encoded, "its version is not a positive integer")
-    return StorageRecord(key, str(version), document or _document(encoded, text), _entries(encoded, indexes))
+    known = written.get(encoded)
+    document = known if known is not None and known.text == text else _document(encoded, text)
+    return StorageRecord(key, str(version), document, _entries(encoded, indexes))
 
 
 def _found_records(
     wanted: dict[str, StorageRecordKey], result: Any, written: Mapping[str, StorageDocument]
 ) -> dict[str, StorageRecord]:
-    """The records of a point-read result (text format: key, version, document, indexes).
-
-    A document whose text is exactly one this driver wrote under that key is that document (it
-    already holds its decoded value), so a run claimed here and completed here is decoded once."""
+    """The records of a point-read result (text format: key, version, document, indexes)."""
     found: dict[str, StorageRecord] = {}
     value = result.get_value
     for row in range(result.ntuples):
@@ -407,10 +408,7 @@ def _found_records(
             raise _corrupt(encoded, "a point read returned a key it did not ask for")
         version = value(row, 1)
         version = None if version is None else int(version)
-        text = _text(value(row, 2))
-        known = written.get(encoded)
-        document = known if known is not None and known.text == text else None
-        found[encoded] = _record(key, version, text, _text(value(row, 3)), document)
+        found[encoded] = _record(key, version, _text(value(row, 2)), _text(value(row, 3)), written)
     return found
 
 
@@ -874,11 +872,7 @@ class _PostgresAttempt(StorageAttempt):
             if version is None:
                 self._prefetched[encoded] = None
                 continue
-            text = _text(value(row, 3))
-            known = written.get(encoded)
-            document = known if known is not None and known.text == text else None
-            record = _record(key, int(version), text, _text(value(row, 4)), document)
-            self._prefetched[encoded] = record
+            self._prefetched[encoded] = _record(key, int(version), _text(value(row, 3)), _text(value(row, 4)), written)
 
     # -- wake hints ------------------------------------------------------------------------------
 
