@@ -10,10 +10,12 @@ schema per measurement, and prints the server settings it ran under.
 2. Trigger throughput: K producers (asyncio tasks of one process) each triggering sequentially for
    a fixed number of runs. Prints triggers/second per producer count.
 3. Latency: one idle poll worker process (default empty_poll_delay, LISTEN/NOTIFY wake hints);
-   runs are triggered one at a time with idle gaps; the handler records when it starts. Prints
-   p50/p99 from just before ``trigger()`` to the handler's first line, and where that time goes:
-   ``trigger()`` itself (the commit), from its return to the wake hint reaching the worker, and from
-   the hint to the handler's first line (the worker's scan and claim).
+   runs are triggered one at a time, each once the worker has finished the previous run, either at
+   once ("back to back") or after a pause; the handler records when it starts. Prints p50/p99 from
+   just before ``trigger()`` to the handler's first line, and where that time goes: ``trigger()``
+   itself (the commit), from its return to the wake hint reaching the worker, and from the hint to
+   the handler's first line (the worker's scan and claim). Each pause also prints the floor this
+   machine sets: a plain ``SELECT 1`` round trip on a connection left idle for as long.
 
 Every throughput figure also shows the cost per run: Python CPU of the measured processes,
 PostgreSQL CPU (server processes, when the server runs on this machine and its processes are
@@ -21,13 +23,15 @@ readable), and the server's transaction commits and WAL syncs (``pg_stat_databas
 The load average is printed before each measurement: other work on the machine skews every figure.
 
     .venv/bin/python benchmarks/postgres_bench.py [--runs 20000] [--processes 2] [--concurrency 16]
-        [--producers 1,4,8] [--triggers 2000] [--latency-samples 300] [--only burn,trigger,latency]
+        [--producers 1,4,8] [--triggers 2000] [--latency-samples 300] [--pauses 0,0.02]
+        [--only burn,trigger,latency]
         [--setting name=value ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import asyncio
 import json
 import os
@@ -211,7 +215,11 @@ async def _worker_process(url: str, mode: str, concurrency: int) -> None:
             worker = runtime.worker(mode=WorkerMode.DRAIN, concurrency=concurrency)
             await worker.closed
         else:
-            worker = runtime.worker(mode=WorkerMode.POLL, concurrency=concurrency)
+            worker = runtime.worker(
+                mode=WorkerMode.POLL,
+                concurrency=concurrency,
+                on_run_executed=_record_finished(_latency_log[0]) if _latency_log else None,
+            )
             await loop.run_in_executor(None, sys.stdin.readline)  # stop
             await worker.stop()
         finished = time.time()
@@ -231,6 +239,16 @@ def _record_hints(runtime: Any, path: str) -> None:
             log.write(f"hint {time.time():.6f}\n")
 
     subscribe(on_hint)
+
+
+def _record_finished(path: str) -> Callable[[Any], None]:
+    """Log each latency sample's run as it finishes (the producer waits for it before the next one)."""
+
+    def on_run_executed(run: Any) -> None:
+        with open(path, "a") as log:
+            log.write(f"done {run.payload['i']}\n")
+
+    return on_run_executed
 
 
 class Worker:
@@ -357,10 +375,45 @@ def _percentile(values: list[float], fraction: float) -> float:
     return values[min(len(values) - 1, max(0, int(round(len(values) * fraction)) - 1))]
 
 
-def latency(url: str, meter: Meter, samples: int, log: Path) -> None:
+def _idle_round_trip(url: str, pause: float, samples: int = 50) -> float:
+    """p50 ms of ``SELECT 1`` on a connection left idle for ``pause`` seconds before each call."""
+    import psycopg
+
+    async def measure() -> float:
+        times = []
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("SELECT 1")
+            for _ in range(samples):
+                await asyncio.sleep(pause)
+                started = time.perf_counter()
+                await conn.execute("SELECT 1")
+                times.append((time.perf_counter() - started) * 1000)
+        return statistics.median(times)
+
+    return asyncio.run(measure())
+
+
+def _finished(log: Path, index: int, timeout: float = 30.0) -> None:
+    """Wait until the worker logged run ``index`` as finished (it is idle again)."""
+    marker = f"done {index}\n"
+    deadline = time.monotonic() + timeout
+    seen = 0
+    with open(log) as lines:
+        while True:
+            chunk = lines.read()
+            seen += marker in chunk
+            if seen:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"latency sample {index} did not finish within {timeout:.0f} s")
+            time.sleep(0.0002)
+
+
+def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path) -> None:
     print(f"  trigger-to-start with an idle poll worker ({_load()}; {commit_floor(meter.url)}):")
+    log.touch()
     worker = Worker(url, "poll", 1, str(log))
-    returned: list[tuple[float, float]] = []  # (sent, trigger() returned)
+    returned: list[tuple[float, float]] = []  # (sent, trigger() returned) per sample
     try:
         _await_ready([worker])
         worker.send("go")
@@ -370,18 +423,16 @@ def latency(url: str, meter: Meter, samples: int, log: Path) -> None:
             runtime = create_runlane(lane=lane(url), queues=[bench_queue], tasks=[noop])
             async with runtime:
                 await runtime.runs.list(limit=1)
-                for index in range(samples):
+                for index in range(samples * len(pauses)):
                     sent = time.time()
                     await runtime.trigger(noop, {"sent": sent, "i": index})
                     returned.append((sent, time.time()))
-                    await asyncio.sleep(0.02)  # let the worker go idle again
+                    await asyncio.get_running_loop().run_in_executor(None, _finished, log, index)
+                    pause = pauses[index // samples]
+                    if pause:
+                        await asyncio.sleep(pause)
 
         asyncio.run(produce())
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if log.exists() and sum(line.startswith("start") for line in log.read_text().splitlines()) >= samples:
-                break
-            time.sleep(0.05)
         worker.send("stop")
         worker.result(30)
     finally:
@@ -394,39 +445,39 @@ def latency(url: str, meter: Meter, samples: int, log: Path) -> None:
             starts[int(fields[0])] = (float(fields[1]), float(fields[2]))
         elif kind == "hint":
             hints.append(float(fields[0]))
-    if len(starts) != samples:
-        raise RuntimeError(f"{len(starts)} of {samples} latency samples arrived")
-    totals = sorted(starts[index][0] * 1000 for index in range(samples))
-    print(
-        f"    {samples} samples, trigger() to the handler's first line: p50 {statistics.median(totals):.2f} ms, "
-        f"p99 {_percentile(totals, 0.99):.2f} ms, max {totals[-1]:.2f} ms"
-    )
-    # Where the time goes: trigger() (its commit), then the first hint after trigger() returned, then
-    # the worker's scan and claim up to the handler. A sample without a hint in between (a slot
-    # that was not idle, or a lost hint) counts only in the totals.
-    commits, delivery, claims = [], [], []
     hints.sort()
-    position = 0
-    for index in range(samples):
-        sent, done = returned[index]
-        handler = starts[index][1]
-        while position < len(hints) and hints[position] < done - 0.005:
-            position += 1
-        commits.append((done - sent) * 1000)
-        if position < len(hints) and hints[position] <= handler:
-            delivery.append((hints[position] - done) * 1000)
-            claims.append((handler - hints[position]) * 1000)
-    for label, values in (
-        ("trigger() (read + commit)", commits),
-        ("trigger() returned to wake hint received", delivery),
-        ("hint received to handler start (scan + claim)", claims),
-    ):
-        if values:
-            values.sort()
-            print(
-                f"    {label}: p50 {statistics.median(values):.2f} ms, p99 {_percentile(values, 0.99):.2f} ms "
-                f"({len(values)} samples)"
-            )
+    for number, pause in enumerate(pauses):
+        indexes = range(number * samples, (number + 1) * samples)
+        label = "back to back" if not pause else f"after {pause * 1000:g} ms idle"
+        totals = sorted(starts[index][0] * 1000 for index in indexes)
+        print(
+            f"    {label}, {samples} samples: trigger() to the handler's first line p50 "
+            f"{statistics.median(totals):.2f} ms, p99 {_percentile(totals, 0.99):.2f} ms, max {totals[-1]:.2f} ms"
+        )
+        # Where the time goes: trigger() (its commit), then the first hint after trigger() returned,
+        # then the worker's scan and claim up to the handler. A sample without a hint in between (a
+        # debounced or lost hint: the worker polled) counts only in the totals.
+        commits, delivery, claims = [], [], []
+        for index in indexes:
+            sent, done = returned[index]
+            handler = starts[index][1]
+            position = bisect.bisect_left(hints, done - 0.005)
+            commits.append((done - sent) * 1000)
+            if position < len(hints) and hints[position] <= handler:
+                delivery.append((hints[position] - done) * 1000)
+                claims.append((handler - hints[position]) * 1000)
+        for part, values in (
+            ("trigger() (read + commit)", commits),
+            ("trigger() returned to wake hint received", delivery),
+            ("hint received to handler start (scan + claim)", claims),
+        ):
+            if values:
+                values.sort()
+                print(
+                    f"      {part}: p50 {statistics.median(values):.2f} ms, "
+                    f"p99 {_percentile(values, 0.99):.2f} ms ({len(values)} samples)"
+                )
+        print(f"      floor here: SELECT 1 on a connection idle as long, p50 {_idle_round_trip(meter.url, pause):.2f} ms")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,7 +536,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--producers", default="1,4,8")
     parser.add_argument("--triggers", type=int, default=2000)
-    parser.add_argument("--latency-samples", type=int, default=300)
+    parser.add_argument("--latency-samples", type=int, default=300, help="latency samples per pause")
+    parser.add_argument("--pauses", default="0,0.02", help="seconds between latency samples, comma-separated")
     parser.add_argument("--only", default="burn,trigger,latency", help="comma-separated measurements to run")
     parser.add_argument(
         "--setting", action="append", default=[], metavar="NAME=VALUE", help="extra throwaway-server setting"
@@ -531,7 +583,8 @@ def main() -> None:
         if "latency" in only:
             log = Path(tempfile.gettempdir(), f"runlane-bench-latency-{uuid.uuid4().hex[:8]}.log")
             try:
-                latency(asyncio.run(_fresh_schema(url)), meter, args.latency_samples, log)
+                pauses = [float(value) for value in args.pauses.split(",") if value.strip()]
+                latency(asyncio.run(_fresh_schema(url)), meter, args.latency_samples, pauses, log)
             finally:
                 log.unlink(missing_ok=True)
     finally:

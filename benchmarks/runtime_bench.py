@@ -2,10 +2,14 @@
 
 1. Burn-down: trigger N no-op runs, then drain them with a drain worker of C slots; prints runs/second
    for the whole thing (trigger + drain) and for each half.
-2. Latency: a poll worker with the default empty-poll delay is running; runs are triggered one at a time
-   and the time from trigger() returning... to the handler starting is recorded; prints p50/p99.
+2. Latency: a poll worker with one slot and the default empty-poll delay is running. Runs are triggered
+   one at a time, each once the worker has finished the previous run (it is idle again), either at once
+   ("back to back") or after a pause; prints p50/p99 from just before trigger() to the handler's first
+   line, and how much of it trigger() itself took. After a pause the whole process starts cold (on a
+   virtual machine its CPU may have been given away meanwhile); the pause is part of what is measured.
 
     .venv/bin/python benchmarks/runtime_bench.py [--runs N] [--concurrency C] [--latency-samples S]
+        [--pauses 0,0.02]
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import asyncio
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 
 from runlane import WorkerMode, create_runlane, queue, task
 from runlane_local import local_lane
@@ -46,33 +51,45 @@ async def burn_down(runs: int, concurrency: int) -> tuple[float, float, float]:
     return runs / (finished - started), runs / (triggered - started), runs / (finished - triggered)
 
 
-async def latency(samples: int) -> tuple[float, float]:
+@dataclass
+class Latency:
+    p50: float  # ms, trigger() called to the handler's first line
+    p99: float
+    trigger_p50: float  # ms, trigger() itself
+
+
+async def latency(samples: int, pause: float) -> Latency:
     started_at: dict[int, float] = {}
-    done = asyncio.Event()
+    finished = asyncio.Event()
 
     latency_queue = queue("latency", default=True)
 
     @task("bench.latency", queue=latency_queue)
     async def record(payload: dict) -> None:
         started_at[payload["n"]] = time.perf_counter()
-        if len(started_at) == samples:
-            done.set()
 
     runlane = create_runlane(lane=local_lane(), queues=[latency_queue], tasks=[record])
-    delays = []
+    delays: list[float] = []
+    triggers: list[float] = []
     async with runlane:
-        worker = runlane.worker(mode=WorkerMode.POLL, concurrency=1)
+        worker = runlane.worker(mode=WorkerMode.POLL, concurrency=1, on_run_executed=lambda run: finished.set())
         await asyncio.sleep(0.05)
         for n in range(samples):
+            finished.clear()
             before = time.perf_counter()
             await runlane.trigger(record, {"n": n})
-            while n not in started_at:
-                await asyncio.sleep(0)
+            triggers.append(time.perf_counter() - before)
+            await asyncio.wait_for(finished.wait(), 10)  # the run is done: the worker is idle again
             delays.append(started_at[n] - before)
-        await asyncio.wait_for(done.wait(), 10)
+            if pause:
+                await asyncio.sleep(pause)
         await worker.stop()
     delays.sort()
-    return statistics.median(delays) * 1000, delays[int(len(delays) * 0.99) - 1] * 1000
+    return Latency(
+        statistics.median(delays) * 1000,
+        delays[max(0, int(len(delays) * 0.99) - 1)] * 1000,
+        statistics.median(triggers) * 1000,
+    )
 
 
 def main() -> None:
@@ -80,14 +97,24 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--latency-samples", type=int, default=500)
+    parser.add_argument("--pauses", default="0,0.02", help="seconds to pause between latency samples, comma-separated")
     args = parser.parse_args()
+    pauses = [float(value) for value in args.pauses.split(",") if value.strip()]
     total, trigger_rate, drain_rate = asyncio.run(burn_down(args.runs, args.concurrency))
-    p50, p99 = asyncio.run(latency(args.latency_samples))
+    latencies = [(pause, asyncio.run(latency(args.latency_samples, pause))) for pause in pauses]
     print(f"runtime on the in-memory lane ({platform.python_implementation()} {platform.python_version()})")
     print(f"  end to end: {total:10,.0f} runs/s  ({args.runs:,} no-op runs, drain worker with {args.concurrency} slots)")
     print(f"    trigger:  {trigger_rate:10,.0f} runs/s")
     print(f"    drain:    {drain_rate:10,.0f} runs/s")
-    print(f"  poll worker trigger-to-start latency: p50 {p50:.3f} ms, p99 {p99:.3f} ms  ({args.latency_samples} samples, default empty_poll_delay)")
+    print(
+        f"  trigger-to-start latency, idle poll worker (1 slot, default empty_poll_delay, {args.latency_samples} samples each):"
+    )
+    for pause, measured in latencies:
+        label = "back to back" if not pause else f"after {pause * 1000:g} ms idle"
+        print(
+            f"    {label + ':':18} p50 {measured.p50:.3f} ms, p99 {measured.p99:.3f} ms"
+            f"  (trigger() itself p50 {measured.trigger_p50:.3f} ms)"
+        )
 
 
 if __name__ == "__main__":
