@@ -776,6 +776,9 @@ async def test_a_trigger_sends_its_wake_hint_inside_its_commit(schemas: Schemas)
         unsubscribe = listener.subscribe_wake_hints(received.put_nowait)
         async with runtime:
             driver = runtime.lane.storage
+            # Long enough that the second trigger below always falls inside it, however slow this
+            # machine is (the default is a few milliseconds).
+            driver.wake_hint_interval = 0.5
             statements: list[bytes] = []
             send = driver._send_hints
 

@@ -1313,8 +1313,10 @@ class PostgresStorageDriver(ClientClock):
 
     # -- wake hints (StorageWakeHints) -----------------------------------------------------------
 
-    #: Minimum seconds between two NOTIFY statements of one driver; hints in between are merged.
-    wake_hint_interval: float = 0.01
+    #: Minimum seconds between two hints of one driver for one queue; hints in between are merged.
+    #: Short, because a hint held back is latency for a worker that has just gone idle; long enough
+    #: that a busy producer sends at most a few hundred hints a second per queue.
+    wake_hint_interval: float = 0.002
 
     def publish_wake_hint(self, queue: str) -> None:
         """Schedule ``NOTIFY`` of ``queue`` on this schema's channel; returns at once, never raises.
