@@ -9,6 +9,7 @@ runtime API only, with a controlled clock handed to the storage by ``create_runl
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -349,6 +350,53 @@ class LaneScenarios:
                 await asyncio.wait_for(worker.closed, 30)
                 assert sorted(executed) == list(range(40))
                 assert len((await runtime.runs.list(statuses=[RunStatus.SUCCEEDED], limit=100)).data) == 40
+
+        self.run(body)
+
+    def test_the_sync_facade_and_an_application_loop_share_a_runtime(self, lanes: LaneFactory) -> None:
+        """Producer threads call ``runtime.sync`` (the facade's own loop) while the application loop
+        triggers too and runs a poll worker: every run executes once and nothing waits forever."""
+        executed: list[int] = []
+
+        @task("facade")
+        async def facade(payload: dict) -> int:
+            executed.append(payload["n"])
+            return payload["n"]
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), facade)
+            created: list[str] = []
+            failures: list[BaseException] = []
+
+            def produce(first: int) -> None:
+                try:
+                    for n in range(first, first + 15):
+                        run_id = runtime.sync.trigger(facade, {"n": n}).run.id
+                        assert runtime.sync.runs.get(run_id) is not None
+                        created.append(run_id)
+                except BaseException as error:  # reported by the loop below
+                    failures.append(error)
+
+            async with runtime:
+                loop = asyncio.get_running_loop()
+                worker = runtime.worker(concurrency=4, empty_poll_delay="5ms")
+                threads = [threading.Thread(target=produce, args=(first,)) for first in (100, 200)]
+                for thread in threads:
+                    thread.start()
+                for n in range(15):
+                    created.append((await runtime.trigger(facade, {"n": n})).run.id)
+                for thread in threads:
+                    await asyncio.to_thread(thread.join, 30)
+                assert failures == [] and len(set(created)) == 45
+                deadline = loop.time() + 30
+                while worker.executed < 45:
+                    assert loop.time() < deadline, f"{worker.executed} of 45 runs executed"
+                    await asyncio.sleep(0.005)
+                await worker.stop()
+                assert sorted(executed) == [*range(15), *range(100, 115), *range(200, 215)]
+                for run_id in created:
+                    run = await runtime.runs.get(run_id)
+                    assert run is not None and run.status is RunStatus.SUCCEEDED and run.counters.attempts == 1
 
         self.run(body)
 

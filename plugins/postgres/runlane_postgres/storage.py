@@ -20,6 +20,9 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   transaction, one WAL flush): every lock of the batch first, in the same global order, then each
   attempt's ``runlane_commit`` in a subtransaction of its own, so a later attempt sees the earlier
   ones' writes and an attempt that fails (or whose reads changed) is rolled back or replayed alone.
+* **Event loops.** A psycopg pool, its connections and its waiters belong to the loop that opened
+  it, so each loop that uses the driver has its own pool and its own group commit (``_LoopState``);
+  ``close()`` closes each pool on its own loop.
 * **Hot statements** (point reads, index pages, commits, read validation, hints) are prepared once
   per connection and run through libpq directly with text parameters and results; statements that
   go together (``BEGIN`` and a transaction's first exclusive scan, its commit and ``COMMIT``) share
@@ -66,11 +69,12 @@ import contextlib
 import functools
 import hashlib
 import re
+import threading
 import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
@@ -904,7 +908,10 @@ class _PostgresAttempt(StorageAttempt):
                 self._in_transaction = False
                 status = int(result.get_value(0, 0))
             else:
-                status = await self._driver._group_commit(conn, payload, self._locks)
+                local = self._driver._loops.get(asyncio.get_running_loop())
+                if local is None:  # closed since this attempt took its connection
+                    raise self._driver._not_started()
+                status = await self._driver._group_commit(local, conn, payload, self._locks)
         except psycopg.Error as error:
             state = _sqlstate(error)
             if append is not None and state in _APPEND_FAILURES:
@@ -1090,6 +1097,30 @@ class _Waiting:
 
 
 _LEAD = object()
+
+
+@dataclass(slots=True)
+class _LoopState:
+    """What a driver keeps per event loop that uses it: a pool of its own (a psycopg pool, its
+    connections and their waiters belong to the loop that opened them) and the group commit."""
+
+    loop: asyncio.AbstractEventLoop
+    pool: AsyncConnectionPool
+    committing: bool = False
+    commit_queue: list[_Waiting] = field(default_factory=list)
+    check: asyncio.Future[None] | None = None  # a pool check in flight (see ``_recover``)
+
+
+def _hand_off(state: _LoopState) -> None:
+    """Hand a loop's commit queue to its first live attempt, which commits it on its own connection."""
+    while state.commit_queue:
+        waiting = state.commit_queue.pop(0)
+        if not waiting.future.done():
+            state.committing = True
+            waiting.future.set_result(_LEAD)
+            return
+
+
 #: The most attempts one commit batch carries.
 MAX_COMMIT_BATCH = 64
 #: How many recently committed documents a driver keeps to recognize them when they are read back.
@@ -1191,9 +1222,14 @@ class PostgresStorageDriver(ClientClock):
         # Exclusive holds use the two-integer advisory key space (disjoint from commit locks), with the
         # schema's own first integer so two Runlane schemas in one database never share holds.
         self._hold_space = int.from_bytes(salt[:4], "big", signed=True)
+        # The pool of the loop that started the driver; ``None`` before start() and after close().
         self._pool: AsyncConnectionPool | None = None
+        # Every loop's pool and group commit, the starting loop's included: ``runlane.sync`` calls
+        # from a loop of its own while an application loop serves the same runtime, so a driver
+        # may be used from several loops (threads) at once.
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._loops_lock = threading.Lock()
         self._lock = asyncio.Lock()
-        self._check: asyncio.Future[None] | None = None
         self._unreachable = False  # a fresh connection failed at the last look
         # Wake hints (LISTEN / NOTIFY on one channel per schema).
         self._channel = f"runlane_wake_{hashlib.blake2b(self.schema.encode('utf-8'), digest_size=8).hexdigest()}"
@@ -1201,9 +1237,6 @@ class PostgresStorageDriver(ClientClock):
         self._hinted_at: dict[str, float] = {}  # queue -> monotonic time its last hint went out
         self._hints_task: asyncio.Task[None] | None = None
         self._hints_conn: psycopg.AsyncConnection[Any] | None = None
-        # Group commit (see ``_group_commit``).
-        self._committing = False
-        self._commit_queue: list[_Waiting] = []
         # Documents this driver committed, by encoded key (the most recent ``WRITTEN_DOCUMENTS``).
         self._written: OrderedDict[str, StorageDocument] = OrderedDict()
         self._subscribers: dict[object, Callable[[str], None]] = {}
@@ -1241,22 +1274,53 @@ class PostgresStorageDriver(ClientClock):
                 return
             await self._probe()
             self._unreachable = False
-            pool = AsyncConnectionPool(
-                self._target.conninfo,
-                min_size=self.min_size,
-                max_size=self.max_size,
-                kwargs=self._connect_kwargs(),
-                configure=self._configure,
-                timeout=self.pool_timeout,
-                name=self.name,
-                open=False,
-            )
+            pool = self._new_pool(self.min_size)
             try:
                 await pool.open(wait=self.min_size > 0, timeout=self.connect_timeout)
             except Exception as error:  # noqa: BLE001 - mapped
                 await pool.close()
                 raise map_postgres_error(error, f"open the connection pool of {self._target.display}") from None
-            self._pool = pool
+            loop = asyncio.get_running_loop()
+            with self._loops_lock:
+                self._loops[loop] = _LoopState(loop, pool)
+                self._pool = pool
+
+    def _new_pool(self, min_size: int) -> AsyncConnectionPool:
+        return AsyncConnectionPool(
+            self._target.conninfo,
+            min_size=min_size,
+            max_size=self.max_size,
+            kwargs=self._connect_kwargs(),
+            configure=self._configure,
+            timeout=self.pool_timeout,
+            name=self.name,
+            open=False,
+        )
+
+    async def _local(self) -> _LoopState:
+        """The running loop's pool and group commit. A loop other than the starting one gets a pool
+        of its own on first use, which keeps no connections open up front."""
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is None:
+            with self._loops_lock:
+                if self._pool is None:
+                    raise self._not_started()
+                state = self._loops.get(loop)
+                if state is None:
+                    state = self._loops[loop] = _LoopState(loop, self._new_pool(0))
+            try:
+                await state.pool.open()  # idempotent
+            except Exception as error:  # noqa: BLE001 - mapped
+                raise map_postgres_error(error, f"open a connection pool of {self._target.display}") from None
+        return state
+
+    def _not_started(self) -> RunlaneError:
+        return RunlaneError(
+            ErrorCode.STORAGE_UNAVAILABLE,
+            f"Storage driver {self.name!r} is not started (or closed).",
+            retryable=True,
+        )
 
     async def _probe(self) -> None:
         doing = f"connect to Postgres at {self._target.display}"
@@ -1296,7 +1360,10 @@ class PostgresStorageDriver(ClientClock):
 
     async def close(self) -> None:
         async with self._lock:
-            pool, self._pool = self._pool, None
+            with self._loops_lock:
+                self._pool = None
+                states = list(self._loops.values())
+                self._loops.clear()
             for task in (self._hints_task, self._listener):
                 if task is not None and not task.done():
                     task.cancel()
@@ -1308,8 +1375,23 @@ class PostgresStorageDriver(ClientClock):
             if hints_conn is not None:
                 with contextlib.suppress(Exception):
                     await hints_conn.close()
-            if pool is not None:
-                await pool.close(timeout=self.connect_timeout)
+            current = asyncio.get_running_loop()
+            for state in states:
+                await self._close_pool(state, current)
+
+    async def _close_pool(self, state: _LoopState, current: asyncio.AbstractEventLoop) -> None:
+        """Close one loop's pool, on that loop (a pool's tasks and waiters belong to it)."""
+        if state.loop is current:
+            await state.pool.close(timeout=self.connect_timeout)
+            return
+        if not state.loop.is_running():
+            return  # nothing can run on that loop any more; its connections close when collected
+        try:
+            closing = asyncio.run_coroutine_threadsafe(state.pool.close(timeout=self.connect_timeout), state.loop)
+        except RuntimeError:
+            return  # closed meanwhile
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.wrap_future(closing), self.connect_timeout * 2)
 
     # -- wake hints (StorageWakeHints) -----------------------------------------------------------
 
@@ -1418,7 +1500,11 @@ class PostgresStorageDriver(ClientClock):
     # -- commits -----------------------------------------------------------------------------------
 
     async def _group_commit(
-        self, conn: psycopg.AsyncConnection[Any], payload: bytes, locks: tuple[dict[int, bool], dict[int, bool]]
+        self,
+        state: _LoopState,
+        conn: psycopg.AsyncConnection[Any],
+        payload: bytes,
+        locks: tuple[dict[int, bool], dict[int, bool]],
     ) -> int:
         """Commit one attempt's payload (``runlane_commit`` status: 0 committed, 1 a dependency
         changed); a failure raises its ``psycopg.Error``.
@@ -1428,26 +1514,26 @@ class PostgresStorageDriver(ClientClock):
         in one ``runlane_commit_batch`` statement: one transaction and one WAL flush, each attempt in
         a subtransaction of its own that the batch rolls back alone when the attempt fails, after
         every lock of the batch is taken in the one global order. A commit that finds none in flight
-        goes out at once, alone.
+        goes out at once, alone. Batches form per event loop (``state``).
         """
-        if self._committing:
+        if state.committing:
             waiting = _Waiting(payload, locks, asyncio.get_running_loop().create_future())
-            self._commit_queue.append(waiting)
+            state.commit_queue.append(waiting)
             try:
                 outcome = await waiting.future
             except BaseException:
                 future = waiting.future
                 if future.done() and not future.cancelled() and future.exception() is None and future.result() is _LEAD:
-                    self._committing = False  # handed the lead, then cancelled: pass it on
-                    self._hand_off()
+                    state.committing = False  # handed the lead, then cancelled: pass it on
+                    _hand_off(state)
                 raise
             if outcome is not _LEAD:
                 return outcome
-        self._committing = True
+        state.committing = True
         batch: list[_Waiting] = []
         try:
-            queue = self._commit_queue[: MAX_COMMIT_BATCH - 1]
-            self._commit_queue = self._commit_queue[MAX_COMMIT_BATCH - 1 :]
+            queue = state.commit_queue[: MAX_COMMIT_BATCH - 1]
+            state.commit_queue = state.commit_queue[MAX_COMMIT_BATCH - 1 :]
             batch = [waiting for waiting in queue if not waiting.future.done()]  # cancelled ones commit nothing
             if not batch:
                 result = await _call(conn, self._sql.commit_prepared, (payload,))
@@ -1467,17 +1553,8 @@ class PostgresStorageDriver(ClientClock):
                     waiting.future.set_exception(error)
             raise
         finally:
-            self._committing = False
-            self._hand_off()
-
-    def _hand_off(self) -> None:
-        """Hand the commit queue to its first live attempt, which commits it on its own connection."""
-        while self._commit_queue:
-            waiting = self._commit_queue.pop(0)
-            if not waiting.future.done():
-                self._committing = True
-                waiting.future.set_result(_LEAD)
-                return
+            state.committing = False
+            _hand_off(state)
 
     async def _commit_batch(
         self, conn: psycopg.AsyncConnection[Any], attempts: list[tuple[bytes, tuple[dict[int, bool], dict[int, bool]]]]
@@ -1522,13 +1599,9 @@ class PostgresStorageDriver(ClientClock):
     # -- connections -----------------------------------------------------------------------------
 
     async def _acquire(self) -> psycopg.AsyncConnection[Any]:
-        pool = self._pool
-        if pool is None:
-            raise RunlaneError(
-                ErrorCode.STORAGE_UNAVAILABLE,
-                f"Storage driver {self.name!r} is not started (or closed).",
-                retryable=True,
-            )
+        if self._pool is None:
+            raise self._not_started()
+        pool = (await self._local()).pool
         if self._unreachable:
             # The server was down at the last look: fail fast instead of waiting out pool_timeout.
             await self._reachable()
@@ -1538,7 +1611,8 @@ class PostgresStorageDriver(ClientClock):
             raise map_postgres_error(error, f"get a connection to {self._target.display}") from None
 
     async def _return(self, conn: psycopg.AsyncConnection[Any], *, broken: bool = False) -> None:
-        pool = self._pool
+        state = self._loops.get(asyncio.get_running_loop())  # the pool the connection came from
+        pool = None if state is None else state.pool
         try:
             if broken or pool is None:
                 await conn.close()
@@ -1553,12 +1627,12 @@ class PostgresStorageDriver(ClientClock):
         otherwise test the pool's idle connections and replace the dead ones (a restarted server
         kills them all) so the retry gets a live one. Concurrent callers share one check."""
         await self._reachable()
-        pool = self._pool
-        if pool is None:
+        state = self._loops.get(asyncio.get_running_loop())
+        if state is None:
             return
-        check = self._check
+        check = state.check
         if check is None or check.done():
-            check = self._check = asyncio.ensure_future(pool.check())
+            check = state.check = asyncio.ensure_future(state.pool.check())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(check), self.connect_timeout + self.pool_timeout)
 
@@ -1808,7 +1882,8 @@ def postgres_storage(
     connecting), else ``public``; apply ``postgres_migration_sql(schema)`` (``runlane postgres migrate``)
     first: ``start()`` probes the schema and fails with ``configuration_invalid`` when it is missing.
     ``min_size`` / ``max_size`` bound the connection pool; each open transaction attempt holds one
-    connection. Every wait is bounded: ``connect_timeout`` per connection attempt, ``pool_timeout``
+    connection. Another event loop that uses the driver (``runlane.sync`` beside an application loop)
+    gets a pool of its own, of up to ``max_size`` connections opened on demand. Every wait is bounded: ``connect_timeout`` per connection attempt, ``pool_timeout``
     for a free pooled connection, ``statement_timeout`` per statement (``None`` to leave the server's).
     """
     return PostgresStorageDriver(
