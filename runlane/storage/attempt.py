@@ -16,8 +16,10 @@ validate and commit (``check_committable()`` first), and calls ``end()`` whateve
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import NamedTuple, NoReturn
 
@@ -30,6 +32,7 @@ from .types import (
     NewStorageRecord,
     StorageAppendCommand,
     StorageCandidateMode,
+    StorageDocument,
     StorageIndexRef,
     StorageLimits,
     StorageQuery,
@@ -44,6 +47,7 @@ from .types import (
 __all__ = [
     "StagedWrite",
     "StorageAttempt",
+    "WrittenDocuments",
     "check_storage_keys",
     "contract_violation",
     "enforce_storage_limit",
@@ -326,3 +330,38 @@ class StorageAttempt:
         if self._failure is None:
             self._failure = error
         raise error
+
+
+class WrittenDocuments:
+    """The documents a driver committed most recently, by encoded key, so that reading one back
+    costs no parse: a run claimed and completed by one process is decoded once.
+
+    ``recall`` hands out a kept document only when the stored text is exactly the one written;
+    anything else (another process wrote since, or the row is corrupt) is parsed as usual. Safe to
+    share between threads: one driver may serve several event loops, or read on a thread of its own.
+    """
+
+    __slots__ = ("_documents", "_limit")
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._documents: OrderedDict[str, StorageDocument] = OrderedDict()
+        self._limit = limit
+
+    def remember(self, writes: Iterable[StagedWrite]) -> None:
+        """Keep the documents of a committed attempt's writes (and forget its deletes)."""
+        documents = self._documents
+        for key, _, record in writes:
+            encoded = key.encoded
+            if record is None:
+                documents.pop(encoded, None)
+            else:
+                documents[encoded] = record.document
+                documents.move_to_end(encoded)  # the oldest entries are evicted first
+        with contextlib.suppress(KeyError):  # another thread may evict concurrently
+            while len(documents) > self._limit:
+                documents.popitem(last=False)
+
+    def recall(self, encoded_key: str, text: object) -> StorageDocument | None:
+        """The kept document of ``encoded_key`` when its text is exactly ``text``."""
+        known = self._documents.get(encoded_key)
+        return known if known is not None and known.text == text else None

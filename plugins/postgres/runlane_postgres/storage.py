@@ -72,8 +72,7 @@ import re
 import threading
 import time
 import weakref
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
@@ -115,6 +114,7 @@ from runlane.storage import (
 from runlane.storage.attempt import (
     StagedWrite,
     StorageAttempt,
+    WrittenDocuments,
     check_storage_keys,
     contract_violation,
     enforce_storage_limit,
@@ -385,23 +385,18 @@ def _encode_entries(entries: Iterable[StorageIndexEntry]) -> str:
     return " ".join(f"{entry.name.value},{entry.encoded_partition},{entry.encoded_sort}" for entry in entries)
 
 
-def _record(
-    key: StorageRecordKey, version: Any, text: Any, indexes: Any, written: Mapping[str, StorageDocument]
-) -> StorageRecord:
+def _record(key: StorageRecordKey, version: Any, text: Any, indexes: Any, written: WrittenDocuments) -> StorageRecord:
     """A stored row as a record. A document whose text is exactly one this driver wrote under that key
     (``written``) is that document, already holding its decoded value: a run claimed and completed by
     one process is decoded once."""
     encoded = key.encoded
     if type(version) is not int or version < 1:
         raise _corrupt(encoded, "its version is not a positive integer")
-    known = written.get(encoded)
-    document = known if known is not None and known.text == text else _document(encoded, text)
+    document = written.recall(encoded, text) or _document(encoded, text)
     return StorageRecord(key, str(version), document, _entries(encoded, indexes))
 
 
-def _found_records(
-    wanted: dict[str, StorageRecordKey], result: Any, written: Mapping[str, StorageDocument]
-) -> dict[str, StorageRecord]:
+def _found_records(wanted: dict[str, StorageRecordKey], result: Any, written: WrittenDocuments) -> dict[str, StorageRecord]:
     """The records of a point-read result (text format: key, version, document, indexes)."""
     found: dict[str, StorageRecord] = {}
     value = result.get_value
@@ -923,7 +918,7 @@ class _PostgresAttempt(StorageAttempt):
             raise failure from None
         if status != 0:
             return False  # 1: a dependency changed, nothing was written
-        self._driver._remember_writes(self.writes)
+        self._driver._written.remember(self.writes)
         if self._hints:
             self._driver._hinted(self._hints)
         return True
@@ -1123,8 +1118,6 @@ def _hand_off(state: _LoopState) -> None:
 
 #: The most attempts one commit batch carries.
 MAX_COMMIT_BATCH = 64
-#: How many recently committed documents a driver keeps to recognize them when they are read back.
-WRITTEN_DOCUMENTS = 4096
 
 
 _APPEND_FAILURES = frozenset({"RL002", "RL003", "RL004"})
@@ -1237,8 +1230,8 @@ class PostgresStorageDriver(ClientClock):
         self._hinted_at: dict[str, float] = {}  # queue -> monotonic time its last hint went out
         self._hints_task: asyncio.Task[None] | None = None
         self._hints_conn: psycopg.AsyncConnection[Any] | None = None
-        # Documents this driver committed, by encoded key (the most recent ``WRITTEN_DOCUMENTS``).
-        self._written: OrderedDict[str, StorageDocument] = OrderedDict()
+        # Documents this driver committed, recognized when read back.
+        self._written = WrittenDocuments()
         self._subscribers: dict[object, Callable[[str], None]] = {}
         self._listener: asyncio.Task[None] | None = None
 
@@ -1582,19 +1575,6 @@ class PostgresStorageDriver(ClientClock):
             else:
                 outcomes.append(status)
         return outcomes
-
-    def _remember_writes(self, writes: Iterable[StagedWrite]) -> None:
-        written = self._written
-        for key, _, record in writes:
-            encoded = key.encoded
-            if record is None:
-                written.pop(encoded, None)
-            else:
-                written[encoded] = record.document
-                written.move_to_end(encoded)  # the oldest entries are evicted first
-        with contextlib.suppress(KeyError):  # (another thread's loop may evict concurrently)
-            while len(written) > WRITTEN_DOCUMENTS:
-                written.popitem(last=False)
 
     # -- connections -----------------------------------------------------------------------------
 
