@@ -292,6 +292,93 @@ async def test_records_survive_close_and_reopen(database: Path) -> None:
         await driver.close()
 
 
+async def test_documents_written_here_are_recognized_and_others_are_read(database: Path) -> None:
+    """A record read back by the driver that committed it is that very document (its decoded value is
+    kept); a newer text written by another driver is read as stored, never mistaken for the old one."""
+    here, elsewhere = sqlite_storage(database), sqlite_storage(database)
+    await here.start()
+    await elsewhere.start()
+    try:
+        key = StorageRecordKey("recognized", "a")
+        written = record(key, {"n": 1}, "1")
+        await create(here, written)
+        (read,) = await here.get([key])
+        assert read is not None and read.document is written.document and read.indexes == written.indexes
+
+        async def replace(tx: Any) -> None:
+            (current,) = await tx.get([key])
+            tx.replace(current, record(key, {"n": 2}, "1"))
+
+        await elsewhere.with_transaction(replace)
+        (again,) = await here.get([key])
+        assert again is not None and again.document.value == {"n": 2} and again.version != read.version
+    finally:
+        await here.close()
+        await elsewhere.close()
+
+
+async def test_commits_stay_durable_around_hold_transactions(database: Path) -> None:
+    """Hold transactions commit without a log sync of their own; every other commit keeps the
+    configured ``synchronous`` level, also after a hold transaction that failed half-way."""
+    driver = sqlite_storage(database)
+    await driver.start()
+
+    def synchronous(connection: sqlite3.Connection) -> int:
+        return connection.execute("PRAGMA synchronous").fetchone()[0]
+
+    try:
+        await create(driver, *(record(StorageRecordKey("items", str(n)), {"n": n}, str(n)) for n in range(3)))
+        assert await select_exclusive(driver, 2) == [("0",), ("1",)]
+        assert await driver._call(synchronous) == 2  # FULL
+
+        def failing_hold(connection: sqlite3.Connection) -> None:
+            driver._unsynced(connection)
+            raise sqlite3.OperationalError("disk I/O error")
+
+        await expect_error(driver._call(failing_hold), ErrorCode.STORAGE_UNAVAILABLE)
+        assert await driver._call(synchronous) == 2
+    finally:
+        await driver.close()
+
+
+async def test_a_file_with_the_earlier_records_layout_is_read_and_written(database: Path) -> None:
+    """Files created before records moved to a rowid table (WITHOUT ROWID) keep working."""
+    driver = sqlite_storage(database)
+    await driver.start()
+    await driver.close()
+    with sqlite3.connect(database) as connection:
+        connection.execute("DROP TABLE runlane_records")
+        connection.execute(
+            "CREATE TABLE runlane_records (key TEXT PRIMARY KEY, version INTEGER NOT NULL, document TEXT NOT NULL, "
+            "byte_size INTEGER NOT NULL, indexes TEXT NOT NULL) WITHOUT ROWID"
+        )
+    reopened = sqlite_storage(database)
+    await reopened.start()
+    try:
+        key = StorageRecordKey("items", "a")
+        await create(reopened, record(key, {"n": 1}, "1"))
+
+        async def bump(tx: Any) -> None:
+            [current] = await tx.get([key])
+            tx.replace(current, record(key, {"n": 2}, "2"))
+
+        await reopened.with_transaction(bump)
+        [stored] = await sqlite_storage_get(database, key)
+        assert stored.document.value == {"n": 2} and await keys_of(reopened, StorageQuery(INDEX, PARTITION)) == [("a",)]
+    finally:
+        await reopened.close()
+
+
+async def sqlite_storage_get(database: Path, *keys: StorageRecordKey) -> list[Any]:
+    """Read through a fresh driver (nothing it holds was written by it)."""
+    reader = sqlite_storage(database)
+    await reader.start()
+    try:
+        return await reader.get(list(keys))
+    finally:
+        await reader.close()
+
+
 async def test_a_separate_process_writes_and_this_one_reads(database: Path, child: Path) -> None:
     driver = sqlite_storage(database)
     await driver.start()  # created here, before the child writes

@@ -33,7 +33,9 @@ Mechanics:
   Holds of a crashed process never block for long: they expire after ``hold_timeout`` seconds,
   and a hold whose owner process (same host and pid namespace) has exited is removed at once. An
   expired hold only costs exclusivity, never correctness: core re-reads every candidate and the
-  commit validates versions.
+  commit validates versions. So hold transactions commit without a sync of their own
+  (``synchronous=NORMAL`` for them): the next durable commit syncs the log with them, and losing
+  them to a power failure loses nothing.
 * **Busy file.** SQLite's busy handler waits in short slices; between slices the driver's thread
   is released and the retry sleeps with jitter on the event loop, until ``busy_timeout`` has passed
   and the operation fails with a retryable ``storage_unavailable``.
@@ -51,7 +53,6 @@ import asyncio
 import concurrent.futures
 import functools
 import itertools
-import json
 import logging
 import os
 import random
@@ -64,6 +65,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+
+import orjson
 
 from runlane.durations import duration_ms
 from runlane.errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
@@ -97,6 +100,7 @@ from runlane.storage import (
 from runlane.storage.attempt import (
     StagedWrite,
     StorageAttempt,
+    WrittenDocuments,
     check_storage_keys,
     contract_violation,
     enforce_storage_limit,
@@ -174,9 +178,12 @@ def _columns(types: dict[str, str]) -> str:
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS runlane_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    # Records (documents of a kilobyte or more) live in a rowid table: in a WITHOUT ROWID table a
+    # page holds only a few such rows, and every write rebalances far more of the tree. Index rows and
+    # holds are small, so their primary key is the table.
     f"CREATE TABLE IF NOT EXISTS {_RECORDS} ("
     "key TEXT PRIMARY KEY, version INTEGER NOT NULL, document TEXT NOT NULL, byte_size INTEGER NOT NULL, "
-    "indexes TEXT NOT NULL) WITHOUT ROWID",
+    "indexes TEXT NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS {_INDEX_ROWS} ("
     "index_name TEXT NOT NULL, partition TEXT NOT NULL, sort TEXT NOT NULL, key TEXT NOT NULL, "
     "PRIMARY KEY (index_name, partition, sort, key)) WITHOUT ROWID",
@@ -202,14 +209,23 @@ _TABLES = frozenset(
     {"runlane_meta", _RECORDS, _INDEX_ROWS, "runlane_version_counter", _HOLDS, _OPERATOR_RUNS, _OPERATOR_EVENTS}
 )
 
-_INSERT_RUN = (
-    f"INSERT INTO {_OPERATOR_RUNS} ({', '.join(OPERATOR_RUN_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(OPERATOR_RUN_COLUMNS))})"
-)
-_INSERT_EVENT = (
-    f"INSERT INTO {_OPERATOR_EVENTS} ({', '.join(OPERATOR_EVENT_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(OPERATOR_EVENT_COLUMNS))})"
-)
+
+
+def _upsert(table: str, columns: Sequence[str], key: Sequence[str]) -> str:
+    """Insert a projection row or replace the one with its key (an update rewrites only the
+    secondary index entries whose columns changed)."""
+    changed = ", ".join(f"{column} = excluded.{column}" for column in columns if column not in key)
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {changed}"
+    )
+
+
+_UPSERT_RECORD = _upsert(_RECORDS, ("key", "version", "document", "byte_size", "indexes"), ("key",))
+_UPSERT_RUN = _upsert(_OPERATOR_RUNS, OPERATOR_RUN_COLUMNS, ("environment", "run_id"))
+_UPSERT_EVENT = _upsert(_OPERATOR_EVENTS, OPERATOR_EVENT_COLUMNS, ("environment", "run_id", "sequence"))
+_DELETE_RUN = f"DELETE FROM {_OPERATOR_RUNS} WHERE environment = ? AND run_id = ?"
+_DELETE_EVENT = f"DELETE FROM {_OPERATOR_EVENTS} WHERE environment = ? AND run_id = ? AND sequence = ?"
 
 # SQLite primary result codes (the low byte of an extended code).
 _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_NOMEM, _SQLITE_READONLY = 3, 5, 6, 7, 8
@@ -273,9 +289,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _dump_indexes(entries: Iterable[StorageIndexEntry]) -> str:
-    return json.dumps(
-        [[entry.name.value, entry.encoded_partition, entry.encoded_sort] for entry in entries], separators=(",", ":")
-    )
+    return orjson.dumps([[entry.name.value, entry.encoded_partition, entry.encoded_sort] for entry in entries]).decode()
 
 
 def _corrupt(encoded_key: str, detail: str, cause: BaseException | None = None) -> RunlaneError:
@@ -289,7 +303,7 @@ def _corrupt(encoded_key: str, detail: str, cause: BaseException | None = None) 
 
 def _load_indexes(encoded_key: str, text: Any) -> list[tuple[str, str, str]]:
     try:
-        rows = json.loads(text) if isinstance(text, str) else None
+        rows = orjson.loads(text) if isinstance(text, str) else None
         if not isinstance(rows, list):
             raise ValueError("not a list")
         result = []
@@ -308,29 +322,48 @@ def _stored_version(encoded_key: str, version: Any) -> str:
     return str(version)
 
 
+_INDEX_NAMES = {name.value: name for name in StorageIndexName}
+
+
+@functools.lru_cache(maxsize=1024)
+def _decoded_partition(encoded: str) -> tuple[str, ...]:
+    """Decoded index partitions: few distinct ones (environments, queues, runs of recent reads)."""
+    return decode_storage_tuple(encoded)
+
+
 def _stored_record(
-    key: StorageRecordKey | None, encoded_key: str, version: Any, text: Any, indexes: Any
+    key: StorageRecordKey | None,
+    encoded_key: str,
+    version: Any,
+    text: Any,
+    indexes: Any,
+    written: WrittenDocuments | None = None,
 ) -> StorageRecord:
-    """A ``StorageRecord`` from a stored row; anything but a canonical row raises ``invariant_violation``."""
+    """A ``StorageRecord`` from a stored row; anything but a canonical row raises ``invariant_violation``.
+    A document whose text is exactly one this driver committed under that key (``written``) is that
+    document, already holding its decoded value."""
     checked_version = _stored_version(encoded_key, version)
     if not isinstance(text, str):
         raise _corrupt(encoded_key, "its document is not text.")
-    try:
-        document = StorageDocument.parse(text)
-    except RunlaneError as error:
-        raise _corrupt(encoded_key, error.message, error) from None
+    document = None if written is None else written.recall(encoded_key, text)
+    if document is None:
+        try:
+            document = StorageDocument.parse(text)
+        except RunlaneError as error:
+            raise _corrupt(encoded_key, error.message, error) from None
     entries = []
     try:
         if key is None:
             key = StorageRecordKey.decode(encoded_key)
         for name, partition, sort in _load_indexes(encoded_key, indexes):
+            index = _INDEX_NAMES.get(name)
+            if index is None:
+                raise _corrupt(encoded_key, f"an index entry names an unknown index {name!r}.")
             entries.append(
                 StorageIndexEntry._trusted(
-                    StorageIndexName(name), decode_storage_tuple(partition), decode_storage_tuple(sort), partition, sort
+                    index, _decoded_partition(partition), decode_storage_tuple(sort), partition, sort
                 )
             )
-    except ValueError as error:  # an index name outside the catalog
-        raise _corrupt(encoded_key, "an index entry names an unknown index.", error) from None
     except RunlaneError as error:
         if error.code is ErrorCode.INVARIANT_VIOLATION:
             raise
@@ -474,6 +507,8 @@ class SqliteStorageDriver(ClientClock):
         self.name = name
         self.path = Path(raw).expanduser().absolute()
         self.synchronous = synchronous.lower()
+        self._lowered = False  # the connection runs below the configured durability (``_unsynced``)
+        self._written = WrittenDocuments()  # documents this driver committed, recognized when read back
         self.busy_timeout = _seconds(busy_timeout, "busy_timeout")
         self.hold_timeout = _seconds(hold_timeout, "hold_timeout")
         self.max_transaction_attempts = attempts
@@ -674,6 +709,8 @@ class SqliteStorageDriver(ClientClock):
         if connection is None:
             raise self._closed()
         try:
+            if self._lowered:  # a hold transaction failed before restoring the durability
+                self._synced(connection)
             return operation(connection, *args)
         except BaseException as error:
             if connection.in_transaction:
@@ -746,7 +783,7 @@ class SqliteStorageDriver(ClientClock):
         for key in unique:
             row = rows.get(key.encoded)
             if row is not None:
-                records[key.encoded] = _stored_record(key, row[0], row[1], row[2], row[3])
+                records[key.encoded] = _stored_record(key, row[0], row[1], row[2], row[3], self._written)
         return [records.get(key.encoded) for key in keys]
 
     async def _query(self, query: StorageQuery) -> StorageQueryResult:
@@ -768,6 +805,7 @@ class SqliteStorageDriver(ClientClock):
         now = time.time()
         pid = os.getpid()
         host = _host_identity(pid)
+        self._unsynced(connection)
         connection.execute("BEGIN IMMEDIATE")
         connection.execute(f"DELETE FROM {_HOLDS} WHERE expires_at <= ?", (now,))
         stale = []
@@ -793,12 +831,33 @@ class SqliteStorageDriver(ClientClock):
             [(key, owner, host, pid, expires) for _, key in rows],
         )
         connection.execute("COMMIT")
+        self._synced(connection)
         return rows
+
+    def _unsynced(self, connection: sqlite3.Connection) -> None:
+        """Commit the next transaction without syncing the log (for holds only: see the module notes)."""
+        if self.synchronous != "normal":
+            self._lowered = True
+            connection.execute("PRAGMA synchronous = NORMAL")
+
+    def _synced(self, connection: sqlite3.Connection) -> None:
+        """Back to the configured durability (``_guarded`` calls it first when a hold transaction
+        failed before it could)."""
+        if self._lowered:
+            connection.execute(f"PRAGMA synchronous = {_SYNCHRONOUS[self.synchronous]}")
+            self._lowered = False
+
+    def _delete_holds(self, connection: sqlite3.Connection, owner: str) -> None:
+        self._unsynced(connection)
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute(f"DELETE FROM {_HOLDS} WHERE owner = ?", (owner,))
+        connection.execute("COMMIT")
+        self._synced(connection)
 
     async def _release(self, owner: str) -> None:
         """Drop ``owner``'s holds (kept running if the caller is cancelled); a failure leaves them to expire."""
         try:
-            await self._call(_delete_holds, owner, shield=True)
+            await self._call(self._delete_holds, owner, shield=True)
         except RunlaneError as error:
             logger.warning("Could not release exclusive holds in %s; they expire on their own: %s", self.path, error)
         finally:
@@ -869,24 +928,21 @@ class SqliteStorageDriver(ClientClock):
             f"DELETE FROM {_INDEX_ROWS} WHERE index_name = ? AND partition = ? AND sort = ? AND key = ?", removed
         )
         connection.executemany(f"DELETE FROM {_RECORDS} WHERE key = ?", deleted)
-        connection.executemany(
-            f"INSERT OR REPLACE INTO {_RECORDS} (key, version, document, byte_size, indexes) VALUES (?, ?, ?, ?, ?)",
-            stored,
-        )
+        connection.executemany(_UPSERT_RECORD, stored)
         connection.executemany(
             f"INSERT INTO {_INDEX_ROWS} (index_name, partition, sort, key) VALUES (?, ?, ?, ?)", added
         )
+        # Each run and event record written leaves exactly its row (or none) in the projection.
+        rows: dict[str, list[Any]] = {_UPSERT_RUN: [], _DELETE_RUN: [], _UPSERT_EVENT: [], _DELETE_EVENT: []}
         for key, run_row, event_row in projection:
             if is_operator_run_key(key):
-                connection.execute(f"DELETE FROM {_OPERATOR_RUNS} WHERE environment = ? AND run_id = ?", key.parts)
-                if run_row is not None:
-                    connection.execute(_INSERT_RUN, run_row)
+                statement, row = (_DELETE_RUN, key.parts) if run_row is None else (_UPSERT_RUN, run_row)
             else:
-                connection.execute(
-                    f"DELETE FROM {_OPERATOR_EVENTS} WHERE environment = ? AND run_id = ? AND sequence = ?", key.parts
-                )
-                if event_row is not None:
-                    connection.execute(_INSERT_EVENT, event_row)
+                statement, row = (_DELETE_EVENT, key.parts) if event_row is None else (_UPSERT_EVENT, event_row)
+            rows[statement].append(row)
+        for statement, values in rows.items():
+            if values:
+                connection.executemany(statement, values)
         connection.execute("UPDATE runlane_version_counter SET last = ? WHERE id = 1", (version,))
         if owner is not None:
             connection.execute(f"DELETE FROM {_HOLDS} WHERE owner = ?", (owner,))
@@ -924,6 +980,8 @@ class SqliteStorageDriver(ClientClock):
                         self._commit, attempt.reads, attempt.writes, attempt.append_command, attempt.owner
                     )
                     released = committed
+                    if committed:
+                        self._written.remember(attempt.writes)
                 elif attempt.reads:
                     committed = await self._call(self._validate, attempt.reads)
                 else:
@@ -978,12 +1036,6 @@ class SqliteStorageDriver(ClientClock):
 
 def _fetch_all(connection: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     return connection.execute(sql, params).fetchall()
-
-
-def _delete_holds(connection: sqlite3.Connection, owner: str) -> None:
-    connection.execute("BEGIN IMMEDIATE")
-    connection.execute(f"DELETE FROM {_HOLDS} WHERE owner = ?", (owner,))
-    connection.execute("COMMIT")
 
 
 def _current_rows(connection: sqlite3.Connection, keys: list[str]) -> dict[str, tuple[Any, Any]]:
