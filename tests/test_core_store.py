@@ -1,4 +1,4 @@
-"""The core storage layer (``runlane.core.store``) and group commit (``runlane.core.batching``)
+"""The core storage layer (``runlane.core.store``) and group commit (``runlane.storage.batching``)
 over the in-memory driver with a controlled clock."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from runlane_local import local_storage_driver
 
-from runlane.core.batching import Batcher
+from runlane.storage.batching import Batcher
 from runlane.core.store import (
     AppendResult,
     ClaimRequest,

@@ -110,7 +110,7 @@ from .attempt import (
     failure_outcome_events,
 )
 from .authoring import QueueDefinition, ScheduleDefinition, TaskDefinition, parse_idempotency_key_ttl
-from .batching import Batcher
+from ..storage.batching import Batcher
 from .cancellation import CancellationSignal
 from .lanes import Lane
 from .observations import (

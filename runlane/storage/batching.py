@@ -7,8 +7,8 @@ exception instance is raised to that caller only, and an exception raised by ``f
 to every caller of that batch. A ``StorageLimitError`` from ``flush`` means nothing was written, so
 the batch is halved and each half flushed again, down to single requests.
 
-This module knows nothing about storage beyond ``StorageLimitError``; the store's claim and
-completion paths are its flush functions.
+This module knows nothing about storage beyond ``StorageLimitError``; core's claim and completion
+paths and the SQLite driver's group commit are its flush functions.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 from ..errors import ErrorCode, RunlaneError
-from ..storage import StorageLimitError
+from .types import StorageLimitError
 
 __all__ = ["Batcher", "FlushFunction"]
 
