@@ -379,6 +379,66 @@ async def sqlite_storage_get(database: Path, *keys: StorageRecordKey) -> list[An
         await reader.close()
 
 
+async def test_concurrent_commits_share_write_transactions_and_fail_alone(database: Path) -> None:
+    """Attempts that reach their commit while one is in flight share the next write transaction; in
+    it an attempt that conflicts replays, and one that fails gets its error, without the others."""
+    driver = sqlite_storage(database)
+    batches: list[int] = []
+    commit_batch = driver._commit_batch
+
+    def spy(connection: sqlite3.Connection, attempts: Any) -> Any:
+        batches.append(len(attempts))
+        return commit_batch(connection, attempts)
+
+    driver._commit_batch = spy  # type: ignore[method-assign]
+    await driver.start()
+    try:
+        counter = StorageRecordKey("batch-counter", "c")
+        await create(driver, record(counter, {"n": 0}))
+
+        async def increment(tx: Any) -> None:
+            (current,) = await tx.get([counter])
+            tx.replace(current, record(counter, {"n": current.document.value["n"] + 1}))
+            tx.append(StorageAppendCommand(StorageStreamName.OBSERVATIONS, "batch", [{"n": 1}]))
+
+        async def blind_create(n: int) -> None:
+            await create(driver, record(StorageRecordKey("batch-item", str(n)), {"n": n}))
+
+        async def append_to_broken(tx: Any) -> None:
+            tx.append(StorageAppendCommand(StorageStreamName.OBSERVATIONS, "broken", [{"n": 1}]))
+
+        await driver.with_transaction(append_to_broken)
+        with sqlite3.connect(database) as connection:
+            connection.execute(
+                "UPDATE runlane_records SET document = ? WHERE key = ?",
+                ('{"schemaVersion":1,"value":{"next_position":"x"}}', LAYOUT.head_key("broken").encoded),
+            )
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(
+                *(driver.with_transaction(increment) for _ in range(12)),
+                *(blind_create(n) for n in range(12)),
+                *(driver.with_transaction(append_to_broken) for _ in range(3)),
+                return_exceptions=True,
+            ),
+            WAIT,
+        )
+        assert outcomes[:24] == [None] * 24
+        for failure in outcomes[24:]:
+            assert isinstance(failure, RunlaneError) and failure.code is ErrorCode.INVARIANT_VIOLATION, failure
+        assert max(batches) > 1, batches
+        (current,) = await driver.get([counter])
+        assert current is not None and current.document.value == {"n": 12}
+        # The appends that committed took contiguous positions: replays and failures consumed none.
+        (head,) = await driver.get([LAYOUT.head_key("batch")])
+        assert head is not None and head.document.value == {"next_position": "13"}
+        assert None not in await driver.get([StorageRecordKey("batch-item", str(n)) for n in range(12)])
+        # A blind create of an existing key fails alone (a conflict that replays, then finds it).
+        again = await asyncio.gather(blind_create(0), blind_create(100), return_exceptions=True)
+        assert isinstance(again[0], RunlaneError) and again[1] is None
+    finally:
+        await driver.close()
+
+
 async def test_a_separate_process_writes_and_this_one_reads(database: Path, child: Path) -> None:
     driver = sqlite_storage(database)
     await driver.start()  # created here, before the child writes

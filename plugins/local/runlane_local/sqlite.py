@@ -22,6 +22,10 @@ Mechanics:
   versions of the whole read set and of every staged key, rolls back and replays the callback when
   any differs, and otherwise applies records, index rows, the operator projection and the append
   batch before ``COMMIT``. A read-only attempt is validated in one read transaction.
+* **Group commit.** Attempts of one event loop that reach their commit while a commit is in flight
+  share the next write transaction (``runlane.storage.batching``): one ``BEGIN IMMEDIATE`` and one
+  log sync for all of them, each applied in order after a savepoint of its own, so a later attempt
+  sees the earlier ones' writes and an attempt that conflicts or fails is rolled back alone.
 * **Non-repeating versions.** A one-row counter in the file issues versions inside the commit, so
   versions never repeat across the file, even for a key deleted and created again.
 * **Ordered append.** The stream head is read and advanced inside the commit's write transaction,
@@ -61,6 +65,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -97,6 +102,7 @@ from runlane.storage import (
     read_storage_stream_position,
     storage_stream_layouts,
 )
+from runlane.storage.batching import Batcher
 from runlane.storage.attempt import (
     StagedWrite,
     StorageAttempt,
@@ -137,6 +143,11 @@ _SYNCHRONOUS = {"full": "FULL", "extra": "EXTRA", "normal": "NORMAL"}
 _BUSY_SLICE = 0.1  # seconds SQLite's own busy handler waits before the driver's thread is released
 _RETRY_JITTER = 0.02  # upper bound of the random pause between busy retries, in seconds
 _MAX_VARIABLES = 500  # bound parameters per statement (SQLite's limit can be as low as 999)
+#: The most transaction attempts one write transaction (group commit) carries.
+MAX_COMMIT_BATCH = 64
+
+# What a transaction attempt commits: (reads, writes, append, exclusive hold owner).
+_Commit = tuple[dict[str, str | None], list[StagedWrite], StorageAppendCommand | None, str | None]
 
 _RECORDS = "runlane_records"
 _INDEX_ROWS = "runlane_index_rows"
@@ -509,6 +520,10 @@ class SqliteStorageDriver(ClientClock):
         self.synchronous = synchronous.lower()
         self._lowered = False  # the connection runs below the configured durability (``_unsynced``)
         self._written = WrittenDocuments()  # documents this driver committed, recognized when read back
+        self._committers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher[_Commit, bool]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._committers_lock = threading.Lock()
         self.busy_timeout = _seconds(busy_timeout, "busy_timeout")
         self.hold_timeout = _seconds(hold_timeout, "hold_timeout")
         self.max_transaction_attempts = attempts
@@ -872,31 +887,65 @@ class SqliteStorageDriver(ClientClock):
         connection.execute("COMMIT")
         return all(_version_of(current.get(key)) == version for key, version in reads.items())
 
-    def _commit(
-        self,
-        connection: sqlite3.Connection,
-        reads: dict[str, str | None],
-        writes: list[StagedWrite],
-        append: StorageAppendCommand | None,
-        owner: str | None,
-    ) -> bool:
-        """Validate and apply one attempt in a write transaction; ``False`` (rolled back) on a conflict."""
-        projection = _projection_changes(writes)  # decoded before taking the write lock
-        keys = list(dict.fromkeys([*reads, *(write.key.encoded for write in writes)]))
+    def _commit_batch(self, connection: sqlite3.Connection, attempts: Sequence[_Commit]) -> list[bool | RunlaneError]:
+        """Validate and apply attempts in one write transaction (one log sync for all), in order, so a
+        later attempt sees the earlier ones' writes. Per attempt: ``True`` (committed), ``False`` (a
+        read or expected version changed: replay it) or the error it raised. In a batch of several,
+        an attempt that conflicts or fails is rolled back alone, to a savepoint; a lone attempt's
+        error is raised (``_guarded`` rolls back)."""
+        projections = [_projection_changes(writes) for _, writes, _, _ in attempts]  # decoded before the lock
+        alone = len(attempts) == 1
         connection.execute("BEGIN IMMEDIATE")
-        current = _current_rows(connection, keys)
-        conflict = any(_version_of(current.get(key)) != version for key, version in reads.items()) or any(
-            _version_of(current.get(write.key.encoded)) != write.expected for write in writes
-        )
-        if conflict:
-            connection.execute("ROLLBACK")
-            return False
         counter = connection.execute("SELECT last FROM runlane_version_counter WHERE id = 1").fetchone()
         if counter is None or type(counter[0]) is not int:
             raise RunlaneError(
                 ErrorCode.INVARIANT_VIOLATION, f"SQLite storage {str(self.path)!r} lost its version counter."
             )
         version = counter[0]
+        outcomes: list[bool | RunlaneError] = []
+        for attempt, projection in zip(attempts, projections):
+            if alone:
+                applied = self._apply(connection, *attempt, projection, version)
+            else:
+                connection.execute("SAVEPOINT runlane_attempt")
+                try:
+                    applied = self._apply(connection, *attempt, projection, version)
+                except (RunlaneError, sqlite3.Error) as error:
+                    applied = self._error(error) if isinstance(error, sqlite3.Error) else error
+                if not isinstance(applied, int):
+                    connection.execute("ROLLBACK TO runlane_attempt")
+                connection.execute("RELEASE runlane_attempt")
+            if isinstance(applied, int):
+                version = applied
+                outcomes.append(True)
+            else:
+                outcomes.append(False if applied is None else applied)
+        if True not in outcomes:
+            connection.execute("ROLLBACK")
+            return outcomes
+        connection.execute("UPDATE runlane_version_counter SET last = ? WHERE id = 1", (version,))
+        connection.execute("COMMIT")
+        return outcomes
+
+    def _apply(
+        self,
+        connection: sqlite3.Connection,
+        reads: dict[str, str | None],
+        writes: list[StagedWrite],
+        append: StorageAppendCommand | None,
+        owner: str | None,
+        projection: list[tuple[StorageRecordKey, Any, Any]],
+        version: int,
+    ) -> int | None:
+        """Validate one attempt and write it (inside ``_commit_batch``'s transaction); the last
+        version it used, or ``None`` when a read or an expected version no longer holds."""
+        keys = list(dict.fromkeys([*reads, *(write.key.encoded for write in writes)]))
+        current = _current_rows(connection, keys)
+        conflict = any(_version_of(current.get(key)) != expected for key, expected in reads.items()) or any(
+            _version_of(current.get(write.key.encoded)) != write.expected for write in writes
+        )
+        if conflict:
+            return None
         removed: list[tuple[str, str, str, str]] = []
         added: list[tuple[str, str, str, str]] = []
         deleted: list[tuple[str]] = []
@@ -943,11 +992,24 @@ class SqliteStorageDriver(ClientClock):
         for statement, values in rows.items():
             if values:
                 connection.executemany(statement, values)
-        connection.execute("UPDATE runlane_version_counter SET last = ? WHERE id = 1", (version,))
         if owner is not None:
             connection.execute(f"DELETE FROM {_HOLDS} WHERE owner = ?", (owner,))
-        connection.execute("COMMIT")
-        return True
+        return version
+
+    def _committer(self) -> Batcher[_Commit, bool]:
+        """This event loop's group commit: attempts that reach their commit while one is in flight
+        share the next write transaction."""
+        loop = asyncio.get_running_loop()
+        committer = self._committers.get(loop)
+        if committer is None:
+            with self._committers_lock:
+                committer = self._committers.get(loop)
+                if committer is None:
+                    committer = self._committers[loop] = Batcher(self._flush_commits, max_batch_size=MAX_COMMIT_BATCH)
+        return committer
+
+    async def _flush_commits(self, attempts: list[_Commit]) -> list[bool | RunlaneError]:
+        return await self._call(self._commit_batch, attempts)
 
     # -- StorageDriver -----------------------------------------------------------------------------
 
@@ -976,9 +1038,8 @@ class SqliteStorageDriver(ClientClock):
                 result = await callback(attempt)
                 attempt.check_committable()
                 if attempt.has_mutations:
-                    committed = await self._call(
-                        self._commit, attempt.reads, attempt.writes, attempt.append_command, attempt.owner
-                    )
+                    commit = (attempt.reads, attempt.writes, attempt.append_command, attempt.owner)
+                    committed = await self._committer().submit(commit)
                     released = committed
                     if committed:
                         self._written.remember(attempt.writes)
