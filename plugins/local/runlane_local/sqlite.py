@@ -65,7 +65,6 @@ import sqlite3
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -520,9 +519,8 @@ class SqliteStorageDriver(ClientClock):
         self.synchronous = synchronous.lower()
         self._lowered = False  # the connection runs below the configured durability (``_unsynced``)
         self._written = WrittenDocuments()  # documents this driver committed, recognized when read back
-        self._committers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher[_Commit, bool]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # Per event loop (a batcher's futures belong to one loop); closed loops are dropped.
+        self._committers: dict[asyncio.AbstractEventLoop, Batcher[_Commit, bool]] = {}
         self._committers_lock = threading.Lock()
         self.busy_timeout = _seconds(busy_timeout, "busy_timeout")
         self.hold_timeout = _seconds(hold_timeout, "hold_timeout")
@@ -1005,6 +1003,8 @@ class SqliteStorageDriver(ClientClock):
             with self._committers_lock:
                 committer = self._committers.get(loop)
                 if committer is None:
+                    for gone in [other for other in self._committers if other.is_closed()]:
+                        del self._committers[gone]
                     committer = self._committers[loop] = Batcher(self._flush_commits, max_batch_size=MAX_COMMIT_BATCH)
         return committer
 

@@ -1301,6 +1301,8 @@ class PostgresStorageDriver(ClientClock):
                     raise self._not_started()
                 state = self._loops.get(loop)
                 if state is None:
+                    for gone in [other for other in self._loops if other.is_closed()]:
+                        del self._loops[gone]  # nothing runs there any more; its connections go with it
                     state = self._loops[loop] = _LoopState(loop, self._new_pool(0))
             try:
                 await state.pool.open()  # idempotent
