@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import runlane_postgres.storage as pg_storage
 from cli_support import cli, write
 from psycopg import errors as pg_errors
 from psycopg import sql
@@ -764,7 +765,7 @@ async def _one_finished_run(runtime: Any) -> str:
     return created.run.id
 
 
-async def test_a_trigger_sends_its_wake_hint_inside_its_commit(schemas: Schemas) -> None:
+async def test_a_trigger_sends_its_wake_hint_inside_its_commit(schemas: Schemas, monkeypatch: pytest.MonkeyPatch) -> None:
     """A trigger's hint rides in its commit (NOTIFY delivered when it commits; no statement of its
     own); a trigger that fails sends none; hints for one queue stay at most one per interval."""
     schema = await schemas.migrated()
@@ -779,14 +780,15 @@ async def test_a_trigger_sends_its_wake_hint_inside_its_commit(schemas: Schemas)
             # Long enough that the second trigger below always falls inside it, however slow this
             # machine is (the default is a few milliseconds).
             driver.wake_hint_interval = 0.5
-            statements: list[bytes] = []
-            send = driver._send_hints
+            statements: list[bytes] = []  # NOTIFY statements of their own
+            call = pg_storage._call
 
-            async def counting() -> None:
-                statements.append(b"NOTIFY")
-                await send()
+            async def counting(conn: Any, statement: Any, params: Any) -> Any:
+                if statement is pg_storage._NOTIFY:
+                    statements.append(b"NOTIFY")
+                return await call(conn, statement, params)
 
-            driver._send_hints = counting  # type: ignore[method-assign]
+            monkeypatch.setattr(pg_storage, "_call", counting)
             deadline = asyncio.get_running_loop().time() + 10
             heard = None
             while heard is None:  # the listener may still be connecting: trigger until heard
@@ -813,6 +815,16 @@ async def test_a_trigger_sends_its_wake_hint_inside_its_commit(schemas: Schemas)
             assert is_storage_conflict(refused.value)
             await asyncio.sleep(0.3)
             assert received.empty()
+            # A hint held back within the interval rides with the next commit once due: while
+            # commits keep coming, held-back hints need no statement of their own.
+            statements.clear()
+            await runtime.trigger(_echo, {"n": 5})  # due: in its commit
+            await runtime.trigger(_echo, {"n": 6})  # within the interval: held back
+            await asyncio.sleep(driver.wake_hint_interval * 1.2)
+            await runtime.trigger(_echo, {"n": 7})  # carries the held-back hint
+            await asyncio.sleep(driver.wake_hint_interval * 2)  # past the point a statement would go out
+            assert statements == []
+            assert [received.get_nowait() for _ in range(received.qsize())] == [_queue.name, _queue.name]
         unsubscribe()
     finally:
         await listener.close()

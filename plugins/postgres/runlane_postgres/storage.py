@@ -46,9 +46,10 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
 * **Operator projection**: ``runlane.storage.operator_sql`` rows, written by the same commit.
 * **Wake hints** (``StorageWakeHints``): a trigger's hint rides in its commit (the attempt's
   ``wake_hint``: ``pg_notify`` inside the commit function, delivered when it commits), unless one for
-  that queue went out within ``wake_hint_interval``; then, and for every other hint,
-  ``publish_wake_hint`` sends ``NOTIFY`` on one channel per schema from a connection of its own,
-  outside the pool, once the interval has passed, merging what arrived meanwhile.
+  that queue went out within ``wake_hint_interval``. Such hints, and ``publish_wake_hint``'s, are held
+  back until the interval has passed; then the next commit of the driver carries them, or, when none
+  comes within another interval, one ``NOTIFY`` on the schema's channel from a connection of its own
+  (outside the pool) sends everything held back.
   ``subscribe_wake_hints`` keeps one extra connection ``LISTEN``-ing while anyone is subscribed, so a
   trigger in one process wakes idle poll workers in the others before their poll delay ends.
 * **Client clock**: ``now()`` samples the injected clock once per attempt (``use_clock`` like
@@ -894,6 +895,18 @@ class _PostgresAttempt(StorageAttempt):
             return False
         if not self.has_mutations:
             return await self._finish_read_only()
+        carried = self._driver._take_due_hints()  # held-back hints of earlier triggers ride along
+        self._hints |= carried
+        try:
+            committed = await self._commit_staged()
+        except BaseException:
+            self._driver._hold_back(carried)
+            raise
+        if not committed:
+            self._driver._hold_back(carried)
+        return committed
+
+    async def _commit_staged(self) -> bool:
         payload = self._commit_payload()
         append = self.append_command
         conn = await self._connection()
@@ -1398,17 +1411,33 @@ class PostgresStorageDriver(ClientClock):
     def publish_wake_hint(self, queue: str) -> None:
         """Schedule ``NOTIFY`` of ``queue`` on this schema's channel; returns at once, never raises.
 
-        The first hint goes out at once; hints arriving while one is in flight, or within
-        ``wake_hint_interval`` after it, are merged into the next statement.
+        The first hint goes out at once; hints arriving within ``wake_hint_interval`` after it are
+        held back, then carried by the next commit of this driver, or merged into one statement
+        when no commit comes within another interval.
         """
         try:
             if self._pool is None or not isinstance(queue, str):
                 return
-            self._hints_pending.add(queue)
-            if self._hints_task is None or self._hints_task.done():
-                self._hints_task = asyncio.get_running_loop().create_task(self._send_hints())
+            self._hold_back((queue,))
         except Exception:  # noqa: BLE001 - hints may be lost; workers still poll
             pass
+
+    def _hold_back(self, queues: Iterable[str]) -> None:
+        """Keep hints for the next commit that is due to carry them, or else ``_send_hints``."""
+        if not queues:
+            return
+        self._hints_pending.update(queues)
+        if self._hints_task is None or self._hints_task.done():
+            self._hints_task = asyncio.get_running_loop().create_task(self._send_hints())
+
+    def _take_due_hints(self) -> set[str]:
+        """The held-back hints whose interval has passed, for a commit to carry (``NOTIFY`` in the
+        commit): while commits keep coming, held-back hints need no statement of their own."""
+        if not self._hints_pending:
+            return set()
+        due = {queue for queue in self._hints_pending if self._hint_due(queue)}
+        self._hints_pending -= due
+        return due
 
     def _hint_due(self, queue: str) -> bool:
         last = self._hinted_at.get(queue)
@@ -1423,11 +1452,14 @@ class PostgresStorageDriver(ClientClock):
         # One connection of its own (outside the pool): a hint never waits for, or holds, a
         # connection that transaction attempts need.
         while self._hints_pending and self._pool is not None:
-            # A queue hinted within the interval (by a commit that carried it) waits out the rest.
+            # A queue hinted within the interval waits out the rest, and one interval more for a
+            # commit of this driver to carry the hint (``_take_due_hints``); only then a statement.
             last = max((self._hinted_at.get(queue, 0.0) for queue in self._hints_pending), default=0.0)
-            wait = self.wake_hint_interval - (time.monotonic() - last)
+            wait = 2 * self.wake_hint_interval - (time.monotonic() - last)
             if wait > 0:
                 await asyncio.sleep(wait)
+            if not self._hints_pending:
+                break
             queues = sorted(self._hints_pending)
             self._hints_pending.clear()
             self._hinted(queues)
