@@ -178,6 +178,7 @@ def test_shared_non_cyclic_references_are_allowed():
         '{"schemaVersion":1,"value":{"n":-Infinity}}',
         '{"schemaVersion":1,"value":{"n":1e400}}',
         '{"schemaVersion":1,"value":{"a":1,"a":2}}',
+        '{"schemaVersion":1,"value":{"a":1,"a":1}}',  # canonical but for the repeated key
         '{"schemaVersion":1,"schemaVersion":1,"value":{}}',
         '{"schemaVersion":1,"value":{"s":"\\ud800"}}',
         '{"schemaVersion":1,"value":{}',
