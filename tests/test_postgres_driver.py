@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import uuid
 from collections.abc import Iterator
@@ -305,6 +307,53 @@ async def test_calls_outside_start_and_close_are_storage_unavailable(schemas: Sc
     assert error.retryable
     await driver.start()  # a closed driver can start again
     try:
+        assert await driver.get([key]) == [None]
+    finally:
+        await driver.close()
+
+
+async def test_a_forked_process_cannot_use_the_parents_driver(schemas: Schemas, shared_schema: str) -> None:
+    """A forked child refuses the inherited driver (its connections are the parent's), and closing it
+    there leaves the parent's sessions alone."""
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=2, max_size=2)
+    await driver.start()
+    key = StorageRecordKey("forked", uuid.uuid4().hex)
+    try:
+        assert await driver.get([key]) == [None]
+        name = f"runlane-fork-{uuid.uuid4().hex[:8]}"
+        pool = driver._pool
+        assert pool is not None
+        async with pool.connection() as conn:  # a pooled session to find again after the child
+            await conn.execute(f"SET application_name = '{name}'")
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                asyncio.run(asyncio.wait_for(driver.get([key]), 5))
+            except RunlaneError as error:
+                code = 0 if error.code is ErrorCode.STORAGE_UNAVAILABLE and "forked" in error.message else 2
+            except BaseException:
+                code = 3
+            if code == 0:
+                try:
+                    asyncio.run(asyncio.wait_for(driver.close(), 5))
+                except BaseException:
+                    code = 4
+            os._exit(code)
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError("the forked child hung on the parent's driver")
+            await asyncio.sleep(0.02)
+        assert os.waitstatus_to_exitcode(status) == 0
+        async with await psycopg.AsyncConnection.connect(schemas.url, autocommit=True) as observer:
+            cursor = await observer.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,))
+            assert await cursor.fetchone() == (1,), "the child ended a session of the parent"
         assert await driver.get([key]) == [None]
     finally:
         await driver.close()

@@ -22,7 +22,8 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   ones' writes and an attempt that fails (or whose reads changed) is rolled back or replayed alone.
 * **Event loops.** A psycopg pool, its connections and its waiters belong to the loop that opened
   it, so each loop that uses the driver has its own pool and its own group commit (``_LoopState``);
-  ``close()`` closes each pool on its own loop.
+  ``close()`` closes each pool on its own loop. A forked child process refuses the driver it
+  inherited (``storage_unavailable``): its connections are the parent's.
 * **Hot statements** (point reads, index pages, commits, read validation, hints) are prepared once
   per connection and run through libpq directly with text parameters and results; statements that
   go together (``BEGIN`` and a transaction's first exclusive scan, its commit and ``COMMIT``) share
@@ -69,6 +70,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import os
 import re
 import threading
 import time
@@ -1235,6 +1237,7 @@ class PostgresStorageDriver(ClientClock):
         # may be used from several loops (threads) at once.
         self._loops: dict[asyncio.AbstractEventLoop, _LoopState] = {}
         self._loops_lock = threading.Lock()
+        self._pid = 0  # the process that started the driver: a forked child must start one of its own
         self._lock = asyncio.Lock()
         self._unreachable = False  # a fresh connection failed at the last look
         # Wake hints (LISTEN / NOTIFY on one channel per schema).
@@ -1290,6 +1293,7 @@ class PostgresStorageDriver(ClientClock):
             with self._loops_lock:
                 self._loops[loop] = _LoopState(loop, pool)
                 self._pool = pool
+                self._pid = os.getpid()
 
     def _new_pool(self, min_size: int) -> AsyncConnectionPool:
         return AsyncConnectionPool(
@@ -1306,6 +1310,8 @@ class PostgresStorageDriver(ClientClock):
     async def _local(self) -> _LoopState:
         """The running loop's pool and group commit. A loop other than the starting one gets a pool
         of its own on first use, which keeps no connections open up front."""
+        if self._pid != os.getpid():
+            raise self._forked()
         loop = asyncio.get_running_loop()
         state = self._loops.get(loop)
         if state is None:
@@ -1322,6 +1328,15 @@ class PostgresStorageDriver(ClientClock):
             except Exception as error:  # noqa: BLE001 - mapped
                 raise map_postgres_error(error, f"open a connection pool of {self._target.display}") from None
         return state
+
+    def _forked(self) -> RunlaneError:
+        # The inherited connections belong to the parent: one byte sent on them here would corrupt
+        # the parent's sessions.
+        return RunlaneError(
+            ErrorCode.STORAGE_UNAVAILABLE,
+            f"Storage driver {self.name!r} was started in process {self._pid}; a forked process must "
+            "create and start a driver of its own.",
+        )
 
     def _not_started(self) -> RunlaneError:
         return RunlaneError(
@@ -1372,6 +1387,10 @@ class PostgresStorageDriver(ClientClock):
                 self._pool = None
                 states = list(self._loops.values())
                 self._loops.clear()
+            if self._pid != os.getpid():  # a forked child: what it inherited is the parent's to close
+                self._hints_task = self._listener = self._hints_conn = None
+                self._hints_pending.clear()
+                return
             for task in (self._hints_task, self._listener):
                 if task is not None and not task.done():
                     task.cancel()
@@ -1416,7 +1435,7 @@ class PostgresStorageDriver(ClientClock):
         when no commit comes within another interval.
         """
         try:
-            if self._pool is None or not isinstance(queue, str):
+            if self._pool is None or not isinstance(queue, str) or self._pid != os.getpid():
                 return
             self._hold_back((queue,))
         except Exception:  # noqa: BLE001 - hints may be lost; workers still poll
