@@ -101,7 +101,6 @@ from runlane.storage import (
     read_storage_stream_position,
     storage_stream_layouts,
 )
-from runlane.storage.batching import Batcher
 from runlane.storage.attempt import (
     StagedWrite,
     StorageAttempt,
@@ -111,6 +110,7 @@ from runlane.storage.attempt import (
     enforce_storage_limit,
     page_index_rows,
 )
+from runlane.storage.batching import Batcher
 from runlane.storage.operator_sql import (
     OPERATOR_EVENT_COLUMNS,
     OPERATOR_RUN_COLUMNS,
@@ -220,10 +220,9 @@ _TABLES = frozenset(
 )
 
 
-
 def _upsert(table: str, columns: Sequence[str], key: Sequence[str]) -> str:
-    """Insert a projection row or replace the one with its key (an update rewrites only the
-    secondary index entries whose columns changed)."""
+    """Insert a row, or update the one with its key in place (which rewrites only the secondary
+    index entries whose columns changed, where a DELETE and an INSERT would rewrite them all)."""
     changed = ", ".join(f"{column} = excluded.{column}" for column in columns if column not in key)
     return (
         f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
