@@ -439,6 +439,90 @@ async def test_concurrent_commits_share_write_transactions_and_fail_alone(databa
         await driver.close()
 
 
+async def test_commits_of_other_connections_wake_subscribers(database: Path) -> None:
+    """Subscribers hear ("*": any queue) of commits made through another connection to the file, and
+    the watcher stops when the last one unsubscribes and when the driver closes."""
+    watcher, writer = sqlite_storage(database), sqlite_storage(database)
+    await watcher.start()
+    await writer.start()
+    try:
+        heard: list[str] = []
+        unsubscribe = watcher.subscribe_wake_hints(heard.append)
+        watcher.publish_wake_hint("emails")  # nothing to send: never raises
+        await asyncio.sleep(watcher.wake_poll_interval * 4)
+        assert heard == []  # no commit yet
+        await create(writer, record(StorageRecordKey("items", "a"), {"n": 1}))
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while not heard:
+            assert asyncio.get_running_loop().time() < deadline, "no hint after another connection committed"
+            await asyncio.sleep(0.005)
+        assert set(heard) == {"*"}
+        thread = watcher._watcher[0] if watcher._watcher else None
+        assert thread is not None and thread.is_alive()
+        unsubscribe()
+        assert not thread.is_alive()
+        watcher.subscribe_wake_hints(heard.append)
+        thread = watcher._watcher[0] if watcher._watcher else None
+        assert thread is not None and thread.is_alive()
+    finally:
+        await writer.close()
+        await watcher.close()
+    assert not thread.is_alive()
+
+
+def test_a_trigger_in_another_process_wakes_an_idle_poll_worker(tmp_path: Path) -> None:
+    """An idle poll worker with a long poll delay starts a run another process triggered within
+    moments, woken by the commit itself."""
+    from runlane import WorkerMode, create_runlane, queue, task
+
+    wake = queue("wake", default=True)
+    started: list[float] = []
+
+    @task("wake.echo", queue=wake)
+    async def echo(payload: dict) -> None:
+        started.append(time.monotonic())
+
+    script = tmp_path / "producer.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio
+            from runlane import create_runlane, queue, task
+            from runlane_local import sqlite_lane
+
+            wake = queue("wake", default=True)
+
+            @task("wake.echo", queue=wake)
+            async def echo(payload: dict) -> None:
+                return None
+
+            async def main():
+                async with create_runlane(lane=sqlite_lane({str(tmp_path / "runlane.db")!r}), queues=[wake], tasks=[echo]) as runtime:
+                    await runtime.trigger(echo, {{}})
+
+            asyncio.run(main())
+            """
+        )
+    )
+
+    async def body() -> float:
+        runtime = create_runlane(lane=sqlite_lane(tmp_path / "runlane.db"), queues=[wake], tasks=[echo])
+        async with runtime:
+            worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="60s")
+            await asyncio.sleep(0.2)  # the worker has scanned once and waits
+            producer = await asyncio.create_subprocess_exec(sys.executable, str(script))
+            assert await asyncio.wait_for(producer.wait(), WAIT) == 0
+            triggered = time.monotonic()
+            deadline = triggered + WAIT
+            while not started:
+                assert time.monotonic() < deadline, "the idle worker never started the run"
+                await asyncio.sleep(0.005)
+            await worker.stop()
+            return started[0] - triggered
+
+    assert asyncio.run(body()) < 5.0  # far below the 60 s poll delay
+
+
 async def test_a_separate_process_writes_and_this_one_reads(database: Path, child: Path) -> None:
     driver = sqlite_storage(database)
     await driver.start()  # created here, before the child writes

@@ -40,6 +40,11 @@ Mechanics:
   commit validates versions. So hold transactions commit without a sync of their own
   (``synchronous=NORMAL`` for them): the next durable commit syncs the log with them, and losing
   them to a power failure loses nothing.
+* **Wake hints.** Every commit to the file is the hint: while an idle poll worker of this process
+  is subscribed, a watcher thread with a connection of its own reads ``PRAGMA data_version`` (a
+  read of SQLite's shared memory, no disk I/O) every ``wake_poll_interval`` seconds, and when
+  another connection has committed it calls the subscribers with the queue ``"*"`` (any queue).
+  A trigger in another process thus starts within milliseconds instead of ``empty_poll_delay``.
 * **Busy file.** SQLite's busy handler waits in short slices; between slices the driver's thread
   is released and the retry sleeps with jitter on the event loop, until ``busy_timeout`` has passed
   and the operation fails with a retryable ``storage_unavailable``.
@@ -521,6 +526,9 @@ class SqliteStorageDriver(ClientClock):
         # Per event loop (a batcher's futures belong to one loop); closed loops are dropped.
         self._committers: dict[asyncio.AbstractEventLoop, Batcher[_Commit, bool]] = {}
         self._committers_lock = threading.Lock()
+        self._subscribers: dict[object, Callable[[str], None]] = {}  # wake hint callbacks
+        self._watcher: tuple[threading.Thread, threading.Event] | None = None
+        self._watch_lock = threading.Lock()
         self.busy_timeout = _seconds(busy_timeout, "busy_timeout")
         self.hold_timeout = _seconds(hold_timeout, "hold_timeout")
         self.max_transaction_attempts = attempts
@@ -562,6 +570,7 @@ class SqliteStorageDriver(ClientClock):
 
     async def close(self) -> None:
         """Close the connection after the operations already queued; later calls fail until ``start()``."""
+        self._stop_watcher()
         executor = self._executor
         if executor is None:
             return
@@ -1009,6 +1018,73 @@ class SqliteStorageDriver(ClientClock):
 
     async def _flush_commits(self, attempts: list[_Commit]) -> list[bool | RunlaneError]:
         return await self._call(self._commit_batch, attempts)
+
+    # -- wake hints (StorageWakeHints) ---------------------------------------------------------
+
+    #: Seconds between two looks at the file's commit counter while a worker waits for hints.
+    wake_poll_interval: float = 0.005
+
+    def publish_wake_hint(self, queue: str) -> None:
+        """Nothing to send: the commit itself is what subscribers in other processes notice."""
+
+    def subscribe_wake_hints(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback("*")``, from the watcher thread, soon after any other connection commits to
+        the file. Returns an unsubscribe; the watcher runs while anyone is subscribed."""
+        token = object()
+        with self._watch_lock:
+            self._subscribers[token] = callback
+            running = self._watcher is not None and self._watcher[0].is_alive()
+            if not running and self._executor is not None and self._pid == os.getpid():
+                stop = threading.Event()
+                thread = threading.Thread(
+                    target=self._watch, args=(stop,), name=f"runlane-{self.name}-hints", daemon=True
+                )
+                self._watcher = (thread, stop)
+                thread.start()
+
+        def unsubscribe() -> None:
+            with self._watch_lock:
+                self._subscribers.pop(token, None)
+                idle = not self._subscribers
+            if idle:
+                self._stop_watcher()
+
+        return unsubscribe
+
+    def _stop_watcher(self) -> None:
+        with self._watch_lock:
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            thread, stop = watcher
+            stop.set()
+            if thread is not threading.current_thread():
+                thread.join(timeout=1.0)
+
+    def _watch(self, stop: threading.Event) -> None:
+        """The watcher thread: look at ``data_version`` until stopped; any failure ends the hints
+        (workers still poll)."""
+        try:
+            connection = sqlite3.connect(str(self.path), timeout=_BUSY_SLICE, isolation_level=None)
+        except sqlite3.Error:
+            return
+        try:
+            seen = connection.execute("PRAGMA data_version").fetchone()[0]
+            while not stop.wait(self.wake_poll_interval):
+                version = connection.execute("PRAGMA data_version").fetchone()[0]
+                if version == seen:
+                    continue
+                seen = version
+                with self._watch_lock:
+                    callbacks = list(self._subscribers.values())
+                for callback in callbacks:
+                    try:
+                        callback("*")
+                    except Exception:  # noqa: BLE001 - one subscriber's failure never stops the others
+                        pass
+        except sqlite3.Error:
+            pass
+        finally:
+            connection.close()
 
     # -- StorageDriver -----------------------------------------------------------------------------
 
