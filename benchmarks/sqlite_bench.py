@@ -2,10 +2,13 @@
 
 Creates a fresh database file in a temporary directory (removed afterwards), triggers N no-op runs
 (sequentially from one producer, then concurrently from P producers), drains them with a drain
-worker of C slots, and prints runs/second with the journal and synchronous settings in use.
+worker of C slots, and prints runs/second with the journal and synchronous settings in use. Then
+the trigger-to-start latency across processes: an idle poll worker in another process (default
+``empty_poll_delay``), woken by the commit itself, and runs triggered here one at a time, 20 ms
+apart; prints p50/p99 from just before ``trigger()`` to the handler's first line.
 
     .venv/bin/python benchmarks/sqlite_bench.py [--runs 3000] [--producers 8] [--concurrency 8]
-        [--synchronous full|normal]
+        [--synchronous full|normal] [--latency-samples 200]
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ import asyncio
 import os
 import platform
 import sqlite3
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 from runlane_local import sqlite_lane
 
@@ -60,18 +67,77 @@ async def measure(path: str, runs: int, producers: int, concurrency: int, synchr
     return {"sequential": sequential, "concurrent": concurrent, "drain": drained}
 
 
+@task("bench.latency", queue=bench_queue)
+async def record_start(payload: dict) -> None:
+    started = time.time()
+    with open(payload["log"], "a") as log:
+        log.write(f"{payload['i']} {started - payload['sent']:.6f}\n")
+
+
+async def _latency_worker(path: str, synchronous: str) -> None:
+    lane = sqlite_lane(path, synchronous=synchronous)
+    runtime = create_runlane(lane=lane, queues=[bench_queue], tasks=[noop, record_start])
+    async with runtime:
+        worker = runtime.worker(mode=WorkerMode.POLL)
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # until told to stop
+        await worker.stop()
+
+
+def latency(path: str, samples: int, synchronous: str, log: Path) -> tuple[float, float]:
+    """(p50, p99) ms from just before ``trigger()`` here to the handler's first line in the worker process."""
+    command = [sys.executable, __file__, "--role", "worker", "--path", path, "--synchronous", synchronous]
+    worker = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        if worker.stdout.readline().strip() != "ready":
+            raise RuntimeError("the latency worker process did not start")
+        time.sleep(0.3)  # it has scanned once and waits
+
+        async def produce() -> None:
+            lane = sqlite_lane(path, synchronous=synchronous)
+            async with create_runlane(lane=lane, queues=[bench_queue], tasks=[noop, record_start]) as runtime:
+                for index in range(samples):
+                    await runtime.trigger(record_start, {"i": index, "sent": time.time(), "log": str(log)})
+                    deadline = time.monotonic() + 10
+                    while sum(1 for _ in open(log)) <= index:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"latency sample {index} never started")
+                        await asyncio.sleep(0.0005)
+                    await asyncio.sleep(0.02)
+
+        log.touch()
+        asyncio.run(produce())
+        worker.stdin.write("stop\n")
+        worker.stdin.flush()
+        worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(timeout=30)
+    delays = sorted(float(line.split()[1]) * 1000 for line in log.read_text().splitlines())
+    return statistics.median(delays), delays[max(0, int(len(delays) * 0.99) - 1)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3000)
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--synchronous", default="full", choices=["full", "normal"])
+    parser.add_argument("--latency-samples", type=int, default=200)
+    parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
+    parser.add_argument("--path", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.role == "worker":
+        asyncio.run(_latency_worker(args.path, args.synchronous))
+        return
     with tempfile.TemporaryDirectory(prefix="runlane-sqlite-bench-") as directory:
         path = os.path.join(directory, "runlane.db")
         figures = asyncio.run(measure(path, args.runs, args.producers, args.concurrency, args.synchronous))
         with sqlite3.connect(path) as connection:
             journal = connection.execute("PRAGMA journal_mode").fetchone()[0]
+        p50, p99 = latency(path, args.latency_samples, args.synchronous, Path(directory, "latency.log"))
     print(
         f"runtime on the SQLite lane ({platform.python_implementation()} {platform.python_version()}, "
         f"SQLite {sqlite3.sqlite_version}, journal_mode={journal}, synchronous={args.synchronous}, {os.cpu_count()} CPUs)"
@@ -79,6 +145,10 @@ def main() -> None:
     print(f"  trigger, 1 producer:          {figures['sequential']:8,.0f} runs/s  ({args.runs:,} runs)")
     print(f"  trigger, {args.producers} producers:         {figures['concurrent']:8,.0f} runs/s  ({args.runs:,} runs)")
     print(f"  drain, {args.concurrency} slots:               {figures['drain']:8,.0f} runs/s  ({2 * args.runs:,} runs)")
+    print(
+        f"  trigger-to-start, idle poll worker in another process: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
+        f"({args.latency_samples} samples, 20 ms apart, default empty_poll_delay)"
+    )
 
 
 if __name__ == "__main__":

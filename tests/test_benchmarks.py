@@ -20,7 +20,7 @@ CASES = {
     "reducer_bench.py": (["--runs", "200", "--repeat", "1"], "events"),
     "runtime_bench.py": (["--runs", "100", "--latency-samples", "5"], "end to end"),
     "tick_bench.py": (["--runs", "100"], "runs"),
-    "sqlite_bench.py": (["--runs", "40", "--producers", "2", "--concurrency", "2"], "drain, 2 slots"),
+    "sqlite_bench.py": (["--runs", "40", "--producers", "2", "--concurrency", "2", "--latency-samples", "5"], "trigger-to-start"),
     "postgres_bench.py": (
         ["--runs", "60", "--processes", "1", "--concurrency", "4", "--producers", "2", "--triggers", "30", "--latency-samples", "5"],
         "trigger-to-start",
