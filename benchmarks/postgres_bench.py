@@ -395,14 +395,13 @@ def _idle_round_trip(url: str, pause: float, samples: int = 50) -> float:
 
 def _finished(log: Path, index: int, timeout: float = 30.0) -> None:
     """Wait until the worker logged run ``index`` as finished (it is idle again)."""
-    marker = f"done {index}\n"
+    marker = f"\ndone {index}\n"
     deadline = time.monotonic() + timeout
-    seen = 0
+    text = "\n"  # every line, each after a newline
     with open(log) as lines:
         while True:
-            chunk = lines.read()
-            seen += marker in chunk
-            if seen:
+            text += lines.read()
+            if marker in text:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"latency sample {index} did not finish within {timeout:.0f} s")
