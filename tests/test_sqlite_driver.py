@@ -470,6 +470,24 @@ async def test_commits_of_other_connections_wake_subscribers(database: Path) -> 
     assert not thread.is_alive()
 
 
+async def test_an_empty_exclusive_selection_takes_no_write_lock(database: Path) -> None:
+    """An idle worker's scan that finds no row at all is a plain read: a long write transaction of
+    another process does not hold it up (a scan that finds rows still holds them in one)."""
+    idle = sqlite_storage(database, busy_timeout=0.5)
+    await idle.start()
+    try:
+        with sqlite3.connect(database, isolation_level=None) as writer:
+            writer.execute("BEGIN IMMEDIATE")  # the file's write lock, held meanwhile
+            try:
+                assert await select_exclusive(idle, 3) == []
+            finally:
+                writer.execute("ROLLBACK")
+        await create(idle, record(StorageRecordKey("items", "0"), {"n": 0}, "0"))
+        assert await select_exclusive(idle, 3) == [("0",)]
+    finally:
+        await idle.close()
+
+
 def test_a_trigger_in_another_process_wakes_an_idle_poll_worker(tmp_path: Path) -> None:
     """An idle poll worker with a long poll delay starts a run another process triggered within
     moments, woken by the commit itself."""

@@ -458,6 +458,7 @@ class _SqliteTransaction(StorageAttempt):
         self._driver = driver
         self._seen: dict[str, StorageRecord | None] = {}
         self.owner: str | None = None  # set by the first exclusive selection
+        self.holding = False  # some selection recorded holds (to release unless the commit did)
 
     async def _fetch(self, keys: list[StorageRecordKey]) -> list[StorageRecord | None]:
         seen = self._seen
@@ -473,7 +474,9 @@ class _SqliteTransaction(StorageAttempt):
             return await self._driver._query(query)
         if self.owner is None:
             self.owner = _new_owner()
-        return await self._driver._select_exclusive(query, self.owner)
+        result = await self._driver._select_exclusive(query, self.owner)
+        self.holding = self.holding or bool(result.items)
+        return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -816,13 +819,22 @@ class SqliteStorageDriver(ClientClock):
     async def _select_exclusive(self, query: StorageQuery, owner: str) -> StorageQueryResult:
         after = decode_storage_query_cursor(query)
         sql, params = _index_query(query, after, query.limit, owner)
-        rows = await self._call(self._hold_rows, sql, params, owner)
+        probe = _index_query(query, after, 1, None)
+        rows = await self._call(self._hold_rows, sql, params, owner, probe)
         return page_index_rows(query, iter(rows), look_ahead=False)
 
     def _hold_rows(
-        self, connection: sqlite3.Connection, sql: str, params: list[Any], owner: str
+        self,
+        connection: sqlite3.Connection,
+        sql: str,
+        params: list[Any],
+        owner: str,
+        probe: tuple[str, list[Any]],
     ) -> list[tuple[str, str]]:
-        """Select free rows and hold them for ``owner``, in one write transaction."""
+        """Select free rows and hold them for ``owner``, in one write transaction; none is needed when
+        ``probe`` (the same page, held rows included) finds no row at all, as an idle worker's scan."""
+        if not connection.execute(*probe).fetchone():
+            return []
         now = time.time()
         pid = os.getpid()
         host = _host_identity(pid)
@@ -1125,7 +1137,7 @@ class SqliteStorageDriver(ClientClock):
             finally:
                 attempt.end()
                 if attempt.owner is not None:
-                    if released:
+                    if released or not attempt.holding:
                         _end_owner(attempt.owner)
                     else:
                         await self._release(attempt.owner)
