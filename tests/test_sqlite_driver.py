@@ -42,6 +42,7 @@ from runlane.storage import (
 from runlane.storage.operator_sql import OPERATOR_EVENT_COLUMNS, OPERATOR_RUN_COLUMNS
 from runlane.testing import ControlledClock
 from runlane_local import SqliteStorageDriver, sqlite_lane, sqlite_storage
+from runlane_local import sqlite as sqlite_driver
 from runlane_local.sqlite import SCHEMA_VERSION
 
 from cli_support import cli, write
@@ -439,9 +440,17 @@ async def test_concurrent_commits_share_write_transactions_and_fail_alone(databa
         await driver.close()
 
 
-async def test_commits_of_other_connections_wake_subscribers(database: Path) -> None:
+@pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
+async def test_commits_of_other_connections_wake_subscribers(
+    database: Path, inotify: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Subscribers hear ("*": any queue) of commits made through another connection to the file, and
-    the watcher stops when the last one unsubscribes and when the driver closes."""
+    the watcher stops when the last one unsubscribes and when the driver closes. Where inotify is
+    missing, the watcher polls."""
+    if not inotify:
+        monkeypatch.setattr(sqlite_driver, "_directory_writes", lambda directory: None)
+    elif sqlite_driver._directory_writes(database.parent) is None:
+        pytest.skip("no inotify here")
     watcher, writer = sqlite_storage(database), sqlite_storage(database)
     await watcher.start()
     await writer.start()

@@ -42,9 +42,11 @@ Mechanics:
   them to a power failure loses nothing.
 * **Wake hints.** Every commit to the file is the hint: while an idle poll worker of this process
   is subscribed, a watcher thread with a connection of its own reads ``PRAGMA data_version`` (a
-  read of SQLite's shared memory, no disk I/O) every ``wake_poll_interval`` seconds, and when
-  another connection has committed it calls the subscribers with the queue ``"*"`` (any queue).
-  A trigger in another process thus starts within milliseconds instead of ``empty_poll_delay``.
+  read of SQLite's shared memory, no disk I/O) when the file's directory reports a write (Linux
+  inotify: a commit appends to the ``-wal`` file), at most once per ``wake_poll_interval``, or
+  every ``wake_poll_interval`` where inotify is missing. When another connection has committed it
+  calls the subscribers with the queue ``"*"`` (any queue). A trigger in another process thus
+  starts within milliseconds instead of ``empty_poll_delay``, and an idle watcher costs nothing.
 * **Busy file.** SQLite's busy handler waits in short slices; between slices the driver's thread
   is released and the retry sleeps with jitter on the event loop, until ``busy_timeout`` has passed
   and the operation fails with a retryable ``storage_unavailable``.
@@ -60,13 +62,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import ctypes
 import functools
 import itertools
 import logging
 import os
 import random
+import select
 import socket
 import sqlite3
+import sys
 import threading
 import time
 import uuid
@@ -1073,15 +1079,32 @@ class SqliteStorageDriver(ClientClock):
                 thread.join(timeout=1.0)
 
     def _watch(self, stop: threading.Event) -> None:
-        """The watcher thread: look at ``data_version`` until stopped; any failure ends the hints
-        (workers still poll)."""
+        """The watcher thread: look at ``data_version`` until stopped, each time the file's directory
+        reports a write (Linux inotify), else every ``wake_poll_interval``; any failure ends the
+        hints (workers still poll)."""
         try:
             connection = sqlite3.connect(str(self.path), timeout=_BUSY_SLICE, isolation_level=None)
         except sqlite3.Error:
             return
+        events = _directory_writes(self.path.parent)
         try:
             seen = connection.execute("PRAGMA data_version").fetchone()[0]
-            while not stop.wait(self.wake_poll_interval):
+            written = 0.0  # when the directory last reported a write
+            while not stop.is_set():
+                if events is None:
+                    if stop.wait(self.wake_poll_interval):
+                        break
+                else:
+                    # Until a file in the directory is written (a commit appends to the -wal file),
+                    # or a while has passed anyway. A commit becomes visible only after its last
+                    # write (and the log sync), with no event of its own: for a while after a
+                    # write, look again every millisecond.
+                    recent = time.monotonic() - written < _WATCH_SETTLE
+                    if select.select([events], [], [], _WATCH_SOON if recent else _WATCH_IDLE_CHECK)[0]:
+                        with contextlib.suppress(BlockingIOError):
+                            while os.read(events, 4096):
+                                pass
+                        written = time.monotonic()
                 version = connection.execute("PRAGMA data_version").fetchone()[0]
                 if version == seen:
                     continue
@@ -1093,10 +1116,14 @@ class SqliteStorageDriver(ClientClock):
                         callback("*")
                     except Exception:  # noqa: BLE001 - one subscriber's failure never stops the others
                         pass
+                if events is not None and stop.wait(self.wake_poll_interval):
+                    break  # at most one wake-up per interval: a busy file costs no more than polling
         except sqlite3.Error:
             pass
         finally:
             connection.close()
+            if events is not None:
+                os.close(events)
 
     # -- StorageDriver -----------------------------------------------------------------------------
 
@@ -1180,6 +1207,30 @@ class SqliteStorageDriver(ClientClock):
 
 # ---------------------------------------------------------------------------------------------
 # Statements run on the driver's thread
+
+
+_WATCH_IDLE_CHECK = 0.25  # seconds between two looks at the file when inotify reports nothing
+_WATCH_SOON = 0.001  # seconds between two looks for a while after a write
+_WATCH_SETTLE = 0.02  # how long after a write a commit may still become visible (the log sync)
+_IN_MODIFY, _IN_CREATE, _IN_MOVED_TO = 0x2, 0x100, 0x80
+
+
+def _directory_writes(directory: Path) -> int | None:
+    """A nonblocking inotify descriptor that becomes readable when a file in ``directory`` is written
+    or created; ``None`` where inotify is not available (then the watcher polls)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd < 0:
+            return None
+        if libc.inotify_add_watch(fd, os.fsencode(directory), _IN_MODIFY | _IN_CREATE | _IN_MOVED_TO) < 0:
+            os.close(fd)
+            return None
+        return fd
+    except (OSError, AttributeError):
+        return None
 
 
 def _fetch_all(connection: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
