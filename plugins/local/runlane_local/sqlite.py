@@ -536,7 +536,8 @@ class SqliteStorageDriver(ClientClock):
         self._committers: dict[asyncio.AbstractEventLoop, Batcher[_Commit, bool]] = {}
         self._committers_lock = threading.Lock()
         self._subscribers: dict[object, Callable[[str], None]] = {}  # wake hint callbacks
-        self._watcher: tuple[threading.Thread, threading.Event] | None = None
+        # The watcher thread, its stop flag and the pipe end that wakes it from select().
+        self._watcher: tuple[threading.Thread, threading.Event, int] | None = None
         self._watch_lock = threading.Lock()
         self.busy_timeout = _seconds(busy_timeout, "busy_timeout")
         self.hold_timeout = _seconds(hold_timeout, "hold_timeout")
@@ -1054,10 +1055,11 @@ class SqliteStorageDriver(ClientClock):
             running = self._watcher is not None and self._watcher[0].is_alive()
             if not running and self._executor is not None and self._pid == os.getpid():
                 stop = threading.Event()
+                wake_read, wake_write = os.pipe()
                 thread = threading.Thread(
-                    target=self._watch, args=(stop,), name=f"runlane-{self.name}-hints", daemon=True
+                    target=self._watch, args=(stop, wake_read), name=f"runlane-{self.name}-hints", daemon=True
                 )
-                self._watcher = (thread, stop)
+                self._watcher = (thread, stop, wake_write)
                 thread.start()
 
         def unsubscribe() -> None:
@@ -1073,18 +1075,22 @@ class SqliteStorageDriver(ClientClock):
         with self._watch_lock:
             watcher, self._watcher = self._watcher, None
         if watcher is not None:
-            thread, stop = watcher
+            thread, stop, wake = watcher
             stop.set()
+            with contextlib.suppress(OSError):  # the thread may have ended already
+                os.write(wake, b"x")
             if thread is not threading.current_thread():
                 thread.join(timeout=1.0)
+            os.close(wake)
 
-    def _watch(self, stop: threading.Event) -> None:
+    def _watch(self, stop: threading.Event, wake: int) -> None:
         """The watcher thread: look at ``data_version`` until stopped, each time the file's directory
         reports a write (Linux inotify), else every ``wake_poll_interval``; any failure ends the
         hints (workers still poll)."""
         try:
             connection = sqlite3.connect(str(self.path), timeout=_BUSY_SLICE, isolation_level=None)
         except sqlite3.Error:
+            os.close(wake)
             return
         events = _directory_writes(self.path.parent)
         try:
@@ -1100,7 +1106,10 @@ class SqliteStorageDriver(ClientClock):
                     # write (and the log sync), with no event of its own: for a while after a
                     # write, look again every millisecond.
                     recent = time.monotonic() - written < _WATCH_SETTLE
-                    if select.select([events], [], [], _WATCH_SOON if recent else _WATCH_IDLE_CHECK)[0]:
+                    ready = select.select([events, wake], [], [], _WATCH_SOON if recent else _WATCH_IDLE_CHECK)[0]
+                    if stop.is_set():
+                        break
+                    if ready:
                         with contextlib.suppress(BlockingIOError):
                             while os.read(events, 4096):
                                 pass
@@ -1122,6 +1131,7 @@ class SqliteStorageDriver(ClientClock):
             pass
         finally:
             connection.close()
+            os.close(wake)
             if events is not None:
                 os.close(events)
 
