@@ -1054,6 +1054,8 @@ class SqliteStorageDriver(ClientClock):
             self._subscribers[token] = callback
             running = self._watcher is not None and self._watcher[0].is_alive()
             if not running and self._executor is not None and self._pid == os.getpid():
+                if self._watcher is not None:  # it ended on an error: replace it
+                    os.close(self._watcher[2])
                 stop = threading.Event()
                 wake_read, wake_write = os.pipe()
                 thread = threading.Thread(
