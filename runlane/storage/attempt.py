@@ -16,8 +16,10 @@ validate and commit (``check_committable()`` first), and calls ``end()`` whateve
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
@@ -52,6 +54,7 @@ __all__ = [
     "contract_violation",
     "enforce_storage_limit",
     "page_index_rows",
+    "pause_before_replay",
 ]
 
 IndexRow = tuple[str, str]  # (encoded sort value, encoded record key)
@@ -365,3 +368,10 @@ class WrittenDocuments:
         """The kept document of ``encoded_key`` when its text is exactly ``text``."""
         known = self._documents.get(encoded_key)
         return known if known is not None and known.text == text else None
+
+
+async def pause_before_replay(replay: int) -> None:
+    """Let the winner of a conflict make progress before a transaction callback runs again: one
+    event-loop turn after the first conflict, then a random pause growing with each replay (up to
+    50 ms), so attempts that keep colliding spread out instead of colliding again in lockstep."""
+    await asyncio.sleep(0 if replay == 0 else random.uniform(0, min(0.001 * 2**replay, 0.05)))

@@ -84,6 +84,7 @@ from runlane.storage.attempt import (
     contract_violation,
     enforce_storage_limit,
     page_index_rows,
+    pause_before_replay,
 )
 from runlane.storage.streams import storage_append_rows
 from runlane.storage.tables import (
@@ -1202,7 +1203,7 @@ class LocalStorageDriver(ClientClock):
         return page_index_rows(query, _scan(rows, query), look_ahead=True, trusted=True)
 
     async def with_transaction(self, callback: Callable[[StorageTransaction], Awaitable[T]]) -> T:
-        for _ in range(self.max_transaction_attempts):
+        for number in range(self.max_transaction_attempts):
             attempt = _LocalTransaction(self.store, self._snapshot(), self.profile.limits, self._clock)
             try:
                 result = await callback(attempt)
@@ -1211,7 +1212,7 @@ class LocalStorageDriver(ClientClock):
                 attempt.end()
             if committed:
                 return result
-            await asyncio.sleep(0)  # let the winner of the conflict make progress before replaying
+            await pause_before_replay(number)
         raise create_storage_conflict_error(
             StorageConflictKind.TRANSACTION,
             f"The transaction lost optimistic validation {self.max_transaction_attempts} times; retry the operation.",

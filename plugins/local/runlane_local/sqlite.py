@@ -120,6 +120,7 @@ from runlane.storage.attempt import (
     contract_violation,
     enforce_storage_limit,
     page_index_rows,
+    pause_before_replay,
 )
 from runlane.storage.batching import Batcher
 from runlane.storage.operator_sql import (
@@ -1182,8 +1183,7 @@ class SqliteStorageDriver(ClientClock):
                         await self._release(attempt.owner)
             if committed:
                 return result
-            # Let the winner of the conflict make progress before replaying (a little longer each time).
-            await asyncio.sleep(0 if number == 0 else random.uniform(0, min(0.001 * 2**number, 0.05)))
+            await pause_before_replay(number)
         raise create_storage_conflict_error(
             StorageConflictKind.TRANSACTION,
             f"The transaction lost optimistic validation {self.max_transaction_attempts} times; retry the operation.",

@@ -122,6 +122,7 @@ from runlane.storage.attempt import (
     contract_violation,
     enforce_storage_limit,
     page_index_rows,
+    pause_before_replay,
 )
 from runlane.storage.clock import ClientClock, Clock, SystemClock, checked_clock
 from runlane.storage.operator_sql import (
@@ -1730,7 +1731,7 @@ class PostgresStorageDriver(ClientClock):
 
     async def with_transaction(self, callback: Callable[[StorageTransaction], Awaitable[T]]) -> T:
         reconnected = False
-        for _ in range(self.max_transaction_attempts):
+        for number in range(self.max_transaction_attempts):
             attempt = _PostgresAttempt(self, self._clock)
             try:
                 try:
@@ -1750,7 +1751,7 @@ class PostgresStorageDriver(ClientClock):
                     raise attempt.lost_connection
                 reconnected = True
                 await self._recover()
-            await asyncio.sleep(0)  # let the winner of the conflict make progress before replaying
+            await pause_before_replay(number)
         raise create_storage_conflict_error(
             StorageConflictKind.TRANSACTION,
             f"The transaction lost validation {self.max_transaction_attempts} times; retry the operation.",
