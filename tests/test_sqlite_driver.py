@@ -933,3 +933,45 @@ def test_sqlite_lane_through_runlane_toml_shares_runs_between_processes(tmp_path
     unknown = cli(project, "--json", "-c", str(bad), "runs", "list")
     assert unknown.returncode == 1
     assert "'mode'" in json.loads(unknown.stderr)["error"]["message"]
+
+
+async def test_projection_rows_of_commits_match_the_stored_documents(database: Path) -> None:
+    """The rows a commit writes come from fields core remembered on its documents (runs in every
+    state, terminal ones included, and their history); rebuilt from the stored text they are equal."""
+    from runlane import Retry, create_runlane, queue, task
+    from runlane.storage.operator_sql import operator_event_row, operator_run_row
+
+    rows_queue = queue("rows", default=True)
+
+    @task("rows.ok", queue=rows_queue)
+    async def ok(payload: dict) -> dict:
+        return {"n": payload["n"]}
+
+    @task("rows.failing", queue=rows_queue, retry=Retry(max_attempts=2))
+    async def failing(payload: dict) -> None:
+        raise RuntimeError("no")
+
+    async with create_runlane(lane=sqlite_lane(database), queues=[rows_queue], tasks=[ok, failing]) as runtime:
+        for n in range(3):
+            await runtime.trigger(ok, {"n": n})
+        await runtime.trigger(failing, {"n": 9}, idempotency_key="fail-once")
+        cancelled = await runtime.trigger(ok, {"n": 10}, singleton_key="one")
+        await runtime.runs.cancel(cancelled.run.id)
+        for _ in range(4):
+            await runtime.execute_next()
+    with sqlite3.connect(database) as connection:
+        records = connection.execute("SELECT key, document, byte_size FROM runlane_records").fetchall()
+        runs = {row[2]: row for row in connection.execute("SELECT * FROM runlane_operator_runs")}
+        events = {row[3]: row for row in connection.execute("SELECT * FROM runlane_operator_events")}
+    expected_runs, expected_events = {}, {}
+    for encoded, text, byte_size in records:
+        key = StorageRecordKey.decode(encoded)
+        document = StorageDocument(text, byte_size)  # nothing remembered: built from the text
+        if key.collection == "runs":
+            expected_runs[encoded] = operator_run_row(key, document)
+        elif key.collection == "run_events":
+            expected_events[encoded] = operator_event_row(key, document)
+    assert len(expected_runs) == 5 and len(expected_events) > 10
+    assert {row[4] for row in runs.values()} >= {"succeeded", "cancelled", "retrying"}
+    assert runs == expected_runs
+    assert events == expected_events

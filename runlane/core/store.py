@@ -100,6 +100,7 @@ from ..storage import (
     encode_storage_tuple_prefix_upper_bound,
     encode_storage_unsigned_integer,
 )
+from ..storage.operator_sql import remember_event_row, remember_run_row
 from ..storage.tables import (
     RUN_EVENTS_COLLECTION,
     RUNS_COLLECTION,
@@ -434,13 +435,14 @@ def encode_run_document_fast(run: RunRecord, children: RunChildCounts) -> Storag
 
     The document remembers its run, so the next transition reads it back without parsing, unless
     the run is terminal: finished runs are rarely read again, and a document without a remembered
-    value lets a driver keep it compact (the in-memory driver packs it out of the garbage
-    collector's sight). Reading one decodes the text.
+    run lets a driver keep it compact (the in-memory driver packs it out of the garbage collector's
+    sight). Reading one decodes the text. A terminal run's document remembers only the fields of
+    its operator projection row, for the commit that writes it (``remember_run_row``).
     """
     counts = children.to_json()
     document = _value_document({"run": run_record_document_value(run), "children": counts}, _run_json, run, counts)
     if run.status in _TERMINAL:
-        return document
+        return remember_run_row(document, run)  # only the commit's projection row reads it
     return remember_run_document(document, run, children)
 
 
@@ -552,12 +554,19 @@ def _event_records(
         position_hex = position.encode("ascii").hex()
         stored = NewStorageRecord._trusted(
             StorageRecordKey._trusted(RUN_EVENTS_COLLECTION, (env, run_id, position), key_prefix + position_hex),
-            _value_document(
-                run_event_record_document_value(event_id, sequence, event),
-                run_event_record_json,
-                event_id,
+            remember_event_row(
+                _value_document(
+                    run_event_record_document_value(event_id, sequence, event),
+                    run_event_record_json,
+                    event_id,
+                    sequence,
+                    event,
+                ),
+                env,
+                run_id,
                 sequence,
-                event,
+                event.type._value_,
+                event.occurred_at,
             ),
             (StorageIndexEntry._trusted(by_run, partition, (position,), encoded_partition, position_hex),),
         )

@@ -55,6 +55,7 @@ from .operator import (
     run_sort_value,
 )
 from .tables import (
+    OPERATOR_ROW_CODECS,
     RUN_EVENTS_COLLECTION,
     RUN_TOMBSTONES_COLLECTION,
     RUNS_COLLECTION,
@@ -74,6 +75,8 @@ __all__ = [
     "is_operator_run_key",
     "operator_event_row",
     "operator_run_row",
+    "remember_event_row",
+    "remember_run_row",
     "run_event_list_query",
     "run_list_query",
 ]
@@ -149,20 +152,44 @@ def _json_value(document: StorageDocument) -> Any:
     return orjson.loads(document.text)["value"]
 
 
+# What a commit needs of a document core wrote, remembered on the document by the code that encoded
+# it when nothing else is remembered there (finished runs, history rows): the projection row's
+# fields, all immutable, so building the row needs no parse. A store that keeps documents for long
+# drops these (``compact_decoded``): only the commit that writes the document reads them.
+_RUN_ROW_CODEC = OPERATOR_ROW_CODECS[0]
+_EVENT_ROW_CODEC = OPERATOR_ROW_CODECS[1]
+
+
+def _fields_of_run(run: RunRecord) -> tuple[Any, ...]:
+    source = run.source
+    return (
+        environment_key(run.environment), run.id, run.status.value, run.task_id, run.queue,
+        run.idempotency_key, run.singleton_key, None if source is None else source.source_run_id,
+        run.created_at, run.updated_at, run.run_at, get_run_runnable_available_at(run),
+    )  # fmt: skip
+
+
+def remember_run_row(document: StorageDocument, run: RunRecord) -> StorageDocument:
+    """Remember the projection fields of the run ``document`` was encoded from (see above)."""
+    return document.remember_decoded((_RUN_ROW_CODEC, _fields_of_run(run)))
+
+
+def remember_event_row(
+    document: StorageDocument, environment: str, run_id: str, sequence: int, event_type: str, occurred_at: datetime
+) -> StorageDocument:
+    """Remember the projection fields of the run event ``document`` was encoded from (see above)."""
+    return document.remember_decoded((_EVENT_ROW_CODEC, (environment, run_id, sequence, event_type, occurred_at)))
+
+
 def _run_fields(document: StorageDocument) -> tuple[Any, ...] | None:
     """(environment, id, status, task, queue, idempotency, singleton, source run, created, updated,
     run_at, availability) of a run document, or ``None`` when it is not shaped like one."""
     remembered = document.decoded
     if remembered is not None:
+        if type(remembered) is tuple and remembered[0] == _RUN_ROW_CODEC:
+            return remembered[1]
         run = peek_run_document(document)
-        if run is None:
-            return None
-        source = run.source
-        return (
-            environment_key(run.environment), run.id, run.status.value, run.task_id, run.queue,
-            run.idempotency_key, run.singleton_key, None if source is None else source.source_run_id,
-            run.created_at, run.updated_at, run.run_at, get_run_runnable_available_at(run),
-        )  # fmt: skip
+        return None if run is None else _fields_of_run(run)
     try:
         run = _json_value(document)["run"]
         status = RunStatus(_text(run["status"]))
@@ -219,7 +246,10 @@ def operator_run_row(key: StorageRecordKey, document: StorageDocument) -> tuple[
 def operator_event_row(key: StorageRecordKey, document: StorageDocument) -> tuple[Any, ...] | None:
     """The projection row of a run event record, or ``None`` when it is not one or disagrees with its key."""
     try:
-        if document.decoded is not None:
+        remembered = document.decoded
+        if type(remembered) is tuple and remembered[0] == _EVENT_ROW_CODEC:
+            fields = remembered[1]
+        elif remembered is not None:
             record = peek_run_event_document(document)
             if record is None:
                 return None

@@ -35,6 +35,7 @@ __all__ = [
     "RUN_EVENTS_COLLECTION",
     "RUN_TOMBSTONES_COLLECTION",
     "RunChildCounts",
+    "OPERATOR_ROW_CODECS",
     "compact_decoded",
     "decode_run_document",
     "decode_run_event_document",
@@ -86,6 +87,8 @@ def encode_run_document(run: RunRecord, children: RunChildCounts | None = None) 
 
 
 _RUN_CODEC = "run"
+# The codecs of ``operator_sql``'s remembered projection row fields (runs, then run events).
+OPERATOR_ROW_CODECS = ("run/operator_row", "run_event/operator_row")
 
 
 def _copy_json(value: Any) -> Any:
@@ -446,8 +449,11 @@ def compact_decoded(decoded: Any) -> Any:
 
     The remembered run of a run document becomes its compact form (see above), which
     ``decode_run_document`` and ``peek_run_document`` read like the run itself; any other value, and a
-    run without a compact form, is returned unchanged.
+    run without a compact form, is returned unchanged, except projection row fields remembered for a
+    commit (``operator_sql.remember_run_row``), which give ``None``: nothing worth keeping.
     """
+    if type(decoded) is tuple and decoded[0] in OPERATOR_ROW_CODECS:
+        return None
     if type(decoded) is tuple and len(decoded) == 3 and decoded[0] == _RUN_CODEC:
         children = decoded[2]
         frozen = _freeze_run(decoded[1])

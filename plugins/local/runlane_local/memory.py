@@ -746,9 +746,11 @@ def _pack(key: StorageRecordKey, version: str, record: NewStorageRecord) -> Stor
             flat += (entry.name._value_, entry.encoded_partition, entry.encoded_sort)
         rows = tuple(flat)
     decoded = document._decoded
+    if decoded is not None:
+        decoded = compact_decoded(decoded)
     if decoded is None:
         return (key.encoded, version, document._text, document._byte_size, rows)
-    return (key.encoded, version, document._text, document._byte_size, rows, compact_decoded(decoded))
+    return (key.encoded, version, document._text, document._byte_size, rows, decoded)
 
 
 def _version(stored: Stored) -> str:
