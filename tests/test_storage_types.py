@@ -351,3 +351,30 @@ def test_storage_limit_error():
     assert error.meta == {"storage_limit": "max_transaction_records", "limit": 100, "actual": 101}
     assert (error.limit, error.allowed, error.actual) == ("max_transaction_records", 100, 101)
     json.dumps(error.to_json())
+
+
+def test_written_documents_are_recalled_by_exact_text_and_bounded():
+    from runlane.storage import NewStorageRecord, StorageRecordKey
+    from runlane.storage.attempt import StagedWrite, WrittenDocuments
+
+    def write(name: str, value: int) -> StagedWrite:
+        key = StorageRecordKey("things", name)
+        return StagedWrite(key, None, NewStorageRecord(key, StorageDocument.encode({"v": value}), ()))
+
+    written = WrittenDocuments(limit=8)
+    first = write("a", 1)
+    written.remember([first])
+    assert written.recall(first.key.encoded, first.record.document.text) is first.record.document
+    assert written.recall(first.key.encoded, '{"schemaVersion":1,"value":{"v":2}}') is None  # another text
+
+    written.remember([StagedWrite(first.key, "1", None)])  # a delete forgets it
+    assert written.recall(first.key.encoded, first.record.document.text) is None
+
+    writes = [write(f"k{n}", n) for n in range(40)]
+    for staged in writes:
+        written.remember([staged])
+        written.remember([writes[0]])  # written again and again: never the oldest
+    kept = [staged for staged in writes if written.recall(staged.key.encoded, staged.record.document.text)]
+    assert writes[0] in kept and writes[-1] in kept
+    assert 8 <= len(kept) <= 10  # the limit, plus at most a quarter more before the oldest go
+    assert writes[1] not in kept

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import itertools
 import random
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import NamedTuple, NoReturn
@@ -347,7 +346,10 @@ class WrittenDocuments:
     __slots__ = ("_documents", "_limit")
 
     def __init__(self, limit: int = 4096) -> None:
-        self._documents: OrderedDict[str, StorageDocument] = OrderedDict()
+        # A plain dict keeps insertion order: a key written again is moved to the end by popping it
+        # first, so the oldest entries are at the front. It may grow to 1.25 x ``limit`` before
+        # the oldest are dropped in one go.
+        self._documents: dict[str, StorageDocument] = {}
         self._limit = limit
 
     def remember(self, writes: Iterable[StagedWrite]) -> None:
@@ -355,14 +357,17 @@ class WrittenDocuments:
         documents = self._documents
         for key, _, record in writes:
             encoded = key.encoded
-            if record is None:
-                documents.pop(encoded, None)
-            else:
+            documents.pop(encoded, None)
+            if record is not None:
                 documents[encoded] = record.document
-                documents.move_to_end(encoded)  # the oldest entries are evicted first
-        with contextlib.suppress(KeyError):  # another thread may evict concurrently
-            while len(documents) > self._limit:
-                documents.popitem(last=False)
+        excess = len(documents) - self._limit
+        if excess > self._limit >> 2:
+            try:
+                oldest = list(itertools.islice(documents, excess))
+            except RuntimeError:  # another thread changed it meanwhile: trim on a later call
+                return
+            for encoded in oldest:
+                documents.pop(encoded, None)
 
     def recall(self, encoded_key: str, text: object) -> StorageDocument | None:
         """The kept document of ``encoded_key`` when its text is exactly ``text``."""

@@ -216,6 +216,19 @@ def _run_fields(document: StorageDocument) -> tuple[Any, ...] | None:
         return None
 
 
+# A run's key and its tombstone's key differ only in their collection: the rest of the encoding is shared.
+_RUN_KEY_PREFIX = encode_storage_tuple((RUNS_COLLECTION,)) + "/"
+_TOMBSTONE_KEY_PREFIX = encode_storage_tuple((RUN_TOMBSTONES_COLLECTION,)) + "/"
+
+
+def _tombstone_key(run_key: StorageRecordKey) -> str:
+    """``run_tombstone_key(*run_key.parts).encoded``."""
+    encoded = run_key.encoded
+    if encoded.startswith(_RUN_KEY_PREFIX):
+        return _TOMBSTONE_KEY_PREFIX + encoded[len(_RUN_KEY_PREFIX) :]
+    return run_tombstone_key(*run_key.parts).encoded
+
+
 def operator_run_row(key: StorageRecordKey, document: StorageDocument) -> tuple[Any, ...] | None:
     """The projection row of a run record, or ``None`` when it is not a run or disagrees with its key."""
     fields = _run_fields(document)
@@ -228,7 +241,7 @@ def operator_run_row(key: StorageRecordKey, document: StorageDocument) -> tuple[
         environment,
         run_id,
         key.encoded,
-        run_tombstone_key(environment, run_id).encoded,
+        _tombstone_key(key),
         status,
         task_id,
         queue,

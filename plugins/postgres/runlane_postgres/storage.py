@@ -135,6 +135,7 @@ from runlane.storage.operator_sql import (
     run_event_list_query,
     run_list_query,
 )
+from runlane.storage.streams import storage_append_rows
 from runlane.storage.tables import peek_run_document, run_key, run_tombstone_key
 from runlane.vocabulary import SortDirection
 
@@ -430,16 +431,16 @@ _PROBE_B = 17777777777777777777
 def _split_append(command: StorageAppendCommand) -> list[tuple[str, str, int]]:
     """For each value: the canonical record text before and after its position digits, and the
     byte size of the record's document without the digits (what ``materialize_storage_append`` builds)."""
-    second = materialize_storage_append(command, _PROBE_B).records
+    _, _, second = storage_append_rows(command, _PROBE_B)
     pieces = []
-    for offset, record in enumerate(second):
+    for offset, (_, _, text, byte_size) in enumerate(second):
         # Only the position's digits depend on the position: when the probe's quoted digits occur
         # exactly once, they are the position and the rest is the same at every position.
-        text, digits = record.document.text, f'"{_PROBE_B + offset}"'
+        digits = f'"{_PROBE_B + offset}"'
         at = text.find(digits)
         if at < 0 or text.find(digits, at + 1) >= 0:
             return _split_append_compared(command)
-        pieces.append((text[: at + 1], text[at + 21 :], record.document.byte_size - 20))
+        pieces.append((text[: at + 1], text[at + 21 :], byte_size - 20))
     return pieces
 
 
