@@ -562,11 +562,8 @@ def _event_records(
                     sequence,
                     event,
                 ),
-                env,
-                run_id,
                 sequence,
-                event.type._value_,
-                event.occurred_at,
+                event,
             ),
             (StorageIndexEntry._trusted(by_run, partition, (position,), encoded_partition, position_hex),),
         )

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from ..errors import RunlaneError
-from ..models import Page, RunEventRecord, RunRecord, RunSummary, environment_key
+from ..models import Page, RunEvent, RunEventRecord, RunRecord, RunSummary, environment_key
 from ..run_scans import get_run_runnable_available_at
 from ..vocabulary import PaginationCursorKind, RunEventSortField, RunEventType, RunSortField, RunStatus, SortDirection
 from .codecs import (
@@ -153,9 +153,10 @@ def _json_value(document: StorageDocument) -> Any:
 
 
 # What a commit needs of a document core wrote, remembered on the document by the code that encoded
-# it when nothing else is remembered there (finished runs, history rows): the projection row's
-# fields, all immutable, so building the row needs no parse. A store that keeps documents for long
-# drops these (``compact_decoded``): only the commit that writes the document reads them.
+# it when nothing else is remembered there (finished runs, history rows): the model it was encoded
+# from, of which building the projection row reads only immutable fields, so it needs no parse. A
+# store that keeps documents for long drops these (``compact_decoded``): only the commit that
+# writes the document reads them.
 _RUN_ROW_CODEC = OPERATOR_ROW_CODECS[0]
 _EVENT_ROW_CODEC = OPERATOR_ROW_CODECS[1]
 
@@ -170,15 +171,13 @@ def _fields_of_run(run: RunRecord) -> tuple[Any, ...]:
 
 
 def remember_run_row(document: StorageDocument, run: RunRecord) -> StorageDocument:
-    """Remember the projection fields of the run ``document`` was encoded from (see above)."""
-    return document.remember_decoded((_RUN_ROW_CODEC, _fields_of_run(run)))
+    """Remember the run ``document`` was encoded from, for its projection row (see above)."""
+    return document.remember_decoded((_RUN_ROW_CODEC, run))
 
 
-def remember_event_row(
-    document: StorageDocument, environment: str, run_id: str, sequence: int, event_type: str, occurred_at: datetime
-) -> StorageDocument:
-    """Remember the projection fields of the run event ``document`` was encoded from (see above)."""
-    return document.remember_decoded((_EVENT_ROW_CODEC, (environment, run_id, sequence, event_type, occurred_at)))
+def remember_event_row(document: StorageDocument, sequence: int, event: RunEvent) -> StorageDocument:
+    """Remember the run event ``document`` was encoded from (at ``sequence``), for its projection row."""
+    return document.remember_decoded((_EVENT_ROW_CODEC, sequence, event))
 
 
 def _run_fields(document: StorageDocument) -> tuple[Any, ...] | None:
@@ -187,7 +186,7 @@ def _run_fields(document: StorageDocument) -> tuple[Any, ...] | None:
     remembered = document.decoded
     if remembered is not None:
         if type(remembered) is tuple and remembered[0] == _RUN_ROW_CODEC:
-            return remembered[1]
+            return _fields_of_run(remembered[1])
         run = peek_run_document(document)
         return None if run is None else _fields_of_run(run)
     try:
@@ -261,7 +260,10 @@ def operator_event_row(key: StorageRecordKey, document: StorageDocument) -> tupl
     try:
         remembered = document.decoded
         if type(remembered) is tuple and remembered[0] == _EVENT_ROW_CODEC:
-            fields = remembered[1]
+            _, sequence_number, event = remembered
+            fields = (
+                environment_key(event.environment), event.run_id, sequence_number, event.type.value, event.occurred_at
+            )
         elif remembered is not None:
             record = peek_run_event_document(document)
             if record is None:
