@@ -96,19 +96,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--latency-samples", type=int, default=500)
+    parser.add_argument("--latency-samples", type=int, default=500, help="0 skips the latency measurement")
     parser.add_argument("--pauses", default="0,0.02", help="seconds to pause between latency samples, comma-separated")
     args = parser.parse_args()
-    pauses = [float(value) for value in args.pauses.split(",") if value.strip()]
+    pauses = [float(value) for value in args.pauses.split(",") if value.strip()] if args.latency_samples > 0 else []
     total, trigger_rate, drain_rate = asyncio.run(burn_down(args.runs, args.concurrency))
     latencies = [(pause, asyncio.run(latency(args.latency_samples, pause))) for pause in pauses]
     print(f"runtime on the in-memory lane ({platform.python_implementation()} {platform.python_version()})")
     print(f"  end to end: {total:10,.0f} runs/s  ({args.runs:,} no-op runs, drain worker with {args.concurrency} slots)")
     print(f"    trigger:  {trigger_rate:10,.0f} runs/s")
     print(f"    drain:    {drain_rate:10,.0f} runs/s")
-    print(
-        f"  trigger-to-start latency, idle poll worker (1 slot, default empty_poll_delay, {args.latency_samples} samples each):"
-    )
+    if latencies:
+        print(
+            f"  trigger-to-start latency, idle poll worker (1 slot, default empty_poll_delay, {args.latency_samples} samples each):"
+        )
     for pause, measured in latencies:
         label = "back to back" if not pause else f"after {pause * 1000:g} ms idle"
         print(

@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--synchronous", default="full", choices=["full", "normal"])
-    parser.add_argument("--latency-samples", type=int, default=200)
+    parser.add_argument("--latency-samples", type=int, default=200, help="0 skips the latency measurement")
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
     parser.add_argument("--path", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -137,7 +137,9 @@ def main() -> None:
         figures = asyncio.run(measure(path, args.runs, args.producers, args.concurrency, args.synchronous))
         with sqlite3.connect(path) as connection:
             journal = connection.execute("PRAGMA journal_mode").fetchone()[0]
-        p50, p99 = latency(path, args.latency_samples, args.synchronous, Path(directory, "latency.log"))
+        measured = None
+        if args.latency_samples > 0:
+            measured = latency(path, args.latency_samples, args.synchronous, Path(directory, "latency.log"))
     print(
         f"runtime on the SQLite lane ({platform.python_implementation()} {platform.python_version()}, "
         f"SQLite {sqlite3.sqlite_version}, journal_mode={journal}, synchronous={args.synchronous}, {os.cpu_count()} CPUs)"
@@ -145,10 +147,12 @@ def main() -> None:
     print(f"  trigger, 1 producer:          {figures['sequential']:8,.0f} runs/s  ({args.runs:,} runs)")
     print(f"  trigger, {args.producers} producers:         {figures['concurrent']:8,.0f} runs/s  ({args.runs:,} runs)")
     print(f"  drain, {args.concurrency} slots:               {figures['drain']:8,.0f} runs/s  ({2 * args.runs:,} runs)")
-    print(
-        f"  trigger-to-start, idle poll worker in another process: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
-        f"({args.latency_samples} samples, 20 ms apart, default empty_poll_delay)"
-    )
+    if measured is not None:
+        p50, p99 = measured
+        print(
+            f"  trigger-to-start, idle poll worker in another process: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
+            f"({args.latency_samples} samples, 20 ms apart, default empty_poll_delay)"
+        )
 
 
 if __name__ == "__main__":

@@ -44,3 +44,22 @@ def test_benchmark_runs_and_prints_its_figures(script: str) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert expected in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("script", "arguments"),
+    [
+        ("runtime_bench.py", ["--runs", "50", "--latency-samples", "0"]),
+        ("sqlite_bench.py", ["--runs", "20", "--producers", "2", "--concurrency", "2", "--latency-samples", "0"]),
+    ],
+)
+def test_no_latency_samples_skips_the_latency_measurement(script: str, arguments: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=BENCHMARKS.parent,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "runs/s" in result.stdout and "trigger-to-start" not in result.stdout, result.stdout
