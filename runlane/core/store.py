@@ -436,8 +436,9 @@ def encode_run_document_fast(run: RunRecord, children: RunChildCounts) -> Storag
     The document remembers its run, so the next transition reads it back without parsing, unless
     the run is terminal: finished runs are rarely read again, and a document without a remembered
     run lets a driver keep it compact (the in-memory driver packs it out of the garbage collector's
-    sight). Reading one decodes the text. A terminal run's document remembers only the fields of
-    its operator projection row, for the commit that writes it (``remember_run_row``).
+    sight). Reading one decodes the text. A terminal run's document remembers its run only as the
+    source of its operator projection row, for the commit that writes it (``remember_run_row``),
+    which such a driver drops.
     """
     counts = children.to_json()
     document = _value_document({"run": run_record_document_value(run), "children": counts}, _run_json, run, counts)

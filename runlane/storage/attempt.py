@@ -17,7 +17,6 @@ validate and commit (``check_committable()`` first), and calls ``end()`` whateve
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence

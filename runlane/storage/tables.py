@@ -87,7 +87,7 @@ def encode_run_document(run: RunRecord, children: RunChildCounts | None = None) 
 
 
 _RUN_CODEC = "run"
-# The codecs of ``operator_sql``'s remembered projection row fields (runs, then run events).
+# The codecs of the models ``operator_sql`` remembers as a commit's projection row sources (runs, then run events).
 OPERATOR_ROW_CODECS = ("run/operator_row", "run_event/operator_row")
 
 
@@ -449,7 +449,7 @@ def compact_decoded(decoded: Any) -> Any:
 
     The remembered run of a run document becomes its compact form (see above), which
     ``decode_run_document`` and ``peek_run_document`` read like the run itself; any other value, and a
-    run without a compact form, is returned unchanged, except projection row fields remembered for a
+    run without a compact form, is returned unchanged, except projection row sources remembered for a
     commit (``operator_sql.remember_run_row``), which give ``None``: nothing worth keeping.
     """
     if type(decoded) is tuple and decoded[0] in OPERATOR_ROW_CODECS:

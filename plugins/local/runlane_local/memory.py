@@ -88,7 +88,6 @@ from runlane.storage.attempt import (
 )
 from runlane.storage.streams import storage_append_rows
 from runlane.storage.tables import (
-    OPERATOR_ROW_CODECS,
     RUN_EVENTS_COLLECTION,
     RUNS_COLLECTION,
     compact_decoded,
@@ -748,8 +747,7 @@ def _pack(key: StorageRecordKey, version: str, record: NewStorageRecord) -> Stor
         rows = tuple(flat)
     decoded = document._decoded
     if decoded is not None:
-        # A commit's projection row source is dropped (see ``compact_decoded``), without the call.
-        decoded = None if type(decoded) is tuple and decoded[0] in OPERATOR_ROW_CODECS else compact_decoded(decoded)
+        decoded = compact_decoded(decoded)  # ``None`` for what only a commit reads
     if decoded is None:
         return (key.encoded, version, document._text, document._byte_size, rows)
     return (key.encoded, version, document._text, document._byte_size, rows, decoded)
