@@ -975,3 +975,29 @@ async def test_projection_rows_of_commits_match_the_stored_documents(database: P
     assert {row[4] for row in runs.values()} >= {"succeeded", "cancelled", "retrying"}
     assert runs == expected_runs
     assert events == expected_events
+
+
+@pytest.mark.parametrize("direction", ["asc", "desc"])
+def test_the_run_at_list_reads_the_availability_index_and_older_files_gain_it(database: Path, direction: str) -> None:
+    """Each availability group of the run_at order is read in index order (SQLite sorts only the
+    page-sized results); a file created before the index existed gets it when a driver opens it."""
+    from runlane.storage.operator_sql import run_list_query
+    from runlane.vocabulary import RunSortField, SortDirection
+
+    asyncio.run(_start_and_close(sqlite_storage(database)))
+    with sqlite3.connect(database) as connection:
+        connection.execute("DROP INDEX runlane_operator_runs_by_availability")
+    asyncio.run(_start_and_close(sqlite_storage(database)))  # an older file: the index comes back
+    query = run_list_query(
+        RunFilter(environment=Environment(name="default"), sort_by=RunSortField.RUN_AT, sort_direction=SortDirection(direction)),
+        PaginationParams(limit=20),
+        runs_table="runlane_operator_runs",
+        records_table="runlane_records",
+        placeholder="?",
+    )
+    with sqlite3.connect(database) as connection:
+        plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {query.text}", query.params)]
+    searches = [step for step in plan if "runlane_operator_runs_by_availability" in step]
+    assert len(searches) == 2, plan  # one search per availability group
+    # The only sort left is the one over both groups' limited rows (the outer query's).
+    assert sum("USE TEMP B-TREE FOR ORDER BY" in step for step in plan) <= 1, plan

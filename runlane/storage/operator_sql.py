@@ -26,7 +26,7 @@ Indexes the queries are written for (drivers create them in their schema):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -359,34 +359,16 @@ class _Builder:
         )
 
 
-def _run_order(filter: RunFilter) -> tuple[list[str], list[str], Callable[[tuple[str, ...]], tuple[Any, ...]]]:
-    """(row expressions compared with the cursor, ORDER BY terms, cursor value -> comparable values)."""
-    descending = filter.sort_direction is SortDirection.DESC
-    direction = "DESC" if descending else "ASC"
-    if filter.sort_by is RunSortField.RUN_AT:
-        # run_sort_value: (has/missing flag, availability or '', id); ASC puts "0" = has first,
-        # DESC sorts "1" = has first. The flag column is ``available_missing`` (ASC) or its complement.
-        flag = "(1 - o.available_missing)" if descending else "o.available_missing"
-        expressions = [flag, "o.available_at", "o.run_id"]
-        return expressions, [f"{term} {direction}" for term in expressions], lambda last: (int(last[0]), *last[1:])
+def _run_order(filter: RunFilter) -> tuple[list[str], list[str]]:
+    """(row expressions compared with the cursor, ORDER BY terms) of the created_at and updated_at orders."""
+    direction = "DESC" if filter.sort_direction is SortDirection.DESC else "ASC"
     column = "o.created_at" if filter.sort_by is RunSortField.CREATED_AT else "o.updated_at"
     expressions = [column, "o.run_id"]
-    return expressions, [f"{term} {direction}" for term in expressions], tuple
+    return expressions, [f"{term} {direction}" for term in expressions]
 
 
-def run_list_query(
-    filter: RunFilter,
-    pagination: PaginationParams,
-    *,
-    runs_table: str,
-    records_table: str,
-    placeholder: str,
-) -> OperatorSql:
-    """The ``list_runs`` page query over the projection (table names already quoted/qualified)."""
-    limit = clamp_page_limit(pagination.limit)
-    after = decode_operator_cursor(pagination.cursor, PaginationCursorKind.RUN_LIST, filter)
-    query = _Builder(placeholder)
-    environment = environment_key(filter.environment)
+def _run_filter(query: _Builder, filter: RunFilter, environment: str, records_table: str) -> None:
+    """The conditions of ``filter`` on projection row ``o`` (and that its run has no tombstone)."""
     query.equals("o.environment", environment)
     query.where.append(query.not_tombstoned(records_table, environment))
     query.among("o.status", None if filter.statuses is None else [status.value for status in filter.statuses])
@@ -402,14 +384,78 @@ def run_list_query(
     ):
         if value is not None:
             query.equals(column, value)
-    expressions, order, comparable = _run_order(filter)
+
+
+def run_list_query(
+    filter: RunFilter,
+    pagination: PaginationParams,
+    *,
+    runs_table: str,
+    records_table: str,
+    placeholder: str,
+) -> OperatorSql:
+    """The ``list_runs`` page query over the projection (table names already quoted/qualified)."""
+    limit = clamp_page_limit(pagination.limit)
+    after = decode_operator_cursor(pagination.cursor, PaginationCursorKind.RUN_LIST, filter)
+    environment = environment_key(filter.environment)
+    source = f"FROM {runs_table} o JOIN {records_table} r ON r.key = o.record_key"
+    if filter.sort_by is RunSortField.RUN_AT:
+        return _run_at_list_query(filter, after, limit, environment, source, records_table, placeholder)
+    query = _Builder(placeholder)
+    _run_filter(query, filter, environment, records_table)
+    expressions, order = _run_order(filter)
     if after is not None:
-        query.after(expressions, comparable(after), filter.sort_direction is SortDirection.DESC)
+        query.after(expressions, after, filter.sort_direction is SortDirection.DESC)
     text = (
-        f"SELECT r.document, r.byte_size FROM {runs_table} o JOIN {records_table} r ON r.key = o.record_key "
-        f"WHERE {' AND '.join(query.where)} ORDER BY {', '.join(order)} LIMIT {limit + 1}"
+        f"SELECT r.document, r.byte_size {source} WHERE {' AND '.join(query.where)} "
+        f"ORDER BY {', '.join(order)} LIMIT {limit + 1}"
     )
     return OperatorSql(text, tuple(query.params), limit)
+
+
+def _run_at_list_query(
+    filter: RunFilter,
+    after: tuple[str, ...] | None,
+    limit: int,
+    environment: str,
+    source: str,
+    records_table: str,
+    placeholder: str,
+) -> OperatorSql:
+    """The run_at order (``run_sort_value``): runs with an availability first in either direction,
+    ordered by it and their id, then the runs without one (``available_missing = 1``, availability
+    ``''``) by id. The two groups are read separately, each in the order of the projection's
+    ``(environment, available_missing, available_at, run_id)`` index, forwards or backwards, and only
+    the at most 2 x (page + 1) rows they return are sorted together. The cursor is
+    ``(flag, availability, id)`` where the flag is ``available_missing`` ascending and its
+    complement descending."""
+    descending = filter.sort_direction is SortDirection.DESC
+    direction = "DESC" if descending else "ASC"
+    cursor_missing = None
+    if after is not None:
+        flag = int(after[0])
+        cursor_missing = 1 - flag if descending else flag
+    branches: list[str] = []
+    params: list[Any] = []
+    for missing in (0, 1):
+        if cursor_missing is not None and missing < cursor_missing:
+            continue  # every run of this group came before the cursor
+        query = _Builder(placeholder)
+        _run_filter(query, filter, environment, records_table)
+        query.where.append(f"o.available_missing = {missing}")
+        if after is not None and missing == cursor_missing:
+            query.after(["o.available_at", "o.run_id"], after[1:], descending)
+        branches.append(
+            f"SELECT * FROM (SELECT {missing} AS m, o.available_at AS a, o.run_id AS i, r.document, r.byte_size "
+            f"{source} WHERE {' AND '.join(query.where)} "
+            f"ORDER BY o.available_at {direction}, o.run_id {direction} LIMIT {limit + 1}) AS g{missing}"
+        )
+        params.extend(query.params)
+    text = (
+        f"SELECT document, byte_size FROM ({' UNION ALL '.join(branches)}) AS u "
+        f"ORDER BY m, a {direction}, i {direction} LIMIT {limit + 1}"
+    )
+    return OperatorSql(text, tuple(params), limit)
 
 
 def run_event_list_query(

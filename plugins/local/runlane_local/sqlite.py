@@ -221,6 +221,9 @@ _SCHEMA = (
     "(environment, created_at, run_id)",
     f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_updated ON {_OPERATOR_RUNS} "
     "(environment, updated_at, run_id)",
+    # The run_at order reads the runs with and without an availability apart, each in this order.
+    f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_availability ON {_OPERATOR_RUNS} "
+    "(environment, available_missing, available_at, run_id)",
     f"CREATE TABLE IF NOT EXISTS {_OPERATOR_EVENTS} ({_columns(_OPERATOR_EVENT_TYPES)}, "
     "PRIMARY KEY (environment, run_id, sequence)) WITHOUT ROWID",
     f"CREATE INDEX IF NOT EXISTS runlane_operator_events_by_time ON {_OPERATOR_EVENTS} "
@@ -689,6 +692,9 @@ class SqliteStorageDriver(ClientClock):
                 f"SQLite storage {path!r} has an incomplete Runlane schema (missing {what}).",
                 meta={"path": path, "missing": missing},
             )
+        for statement in _SCHEMA:  # indexes added since the file was created (derived data only)
+            if statement.startswith("CREATE INDEX IF NOT EXISTS"):
+                connection.execute(statement)
         connection.execute("COMMIT")
 
     def _close_connection(self) -> None:

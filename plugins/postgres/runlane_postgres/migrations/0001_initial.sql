@@ -60,6 +60,9 @@ CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_updated
 -- A status filter reads its own runs in created order instead of scanning past the other statuses.
 CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_status
     ON "public".runlane_operator_runs (environment, status, created_at, run_id);
+-- The run_at order reads the runs with and without an availability apart, each in this order.
+CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_availability
+    ON "public".runlane_operator_runs (environment, available_missing, available_at, run_id);
 
 -- Operator read projection of run event records (OPERATOR_EVENT_COLUMNS).
 CREATE TABLE IF NOT EXISTS "public".runlane_operator_events (
