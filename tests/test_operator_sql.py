@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from runlane import Retry, RunEventSortField, RunEventType, RunSortField, RunStatus, SortDirection, TimeRange, task
+from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import Environment
 from runlane.storage import (
     PaginationParams,
@@ -238,3 +239,52 @@ def test_rows_are_built_without_decoding_and_refuse_mismatched_keys() -> None:
                 assert operator_event_row(wrong, plain) is None
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("sort", "last"),
+    [
+        ({"sort_by": RunSortField.RUN_AT}, ("7", "2026-01-01T00:00:00.000Z", "run_x")),  # no such group flag
+        ({"sort_by": RunSortField.RUN_AT}, ("0", "run_x")),
+        ({"sort_by": RunSortField.CREATED_AT}, ("2026-01-01T00:00:00.000Z",)),
+        ({"sort_by": RunSortField.UPDATED_AT}, ("a", "b", "c")),
+    ],
+)
+def test_a_cursor_of_the_wrong_shape_is_rejected_by_every_driver(tmp_path: Any, sort: dict, last: tuple) -> None:
+    """A cursor in the right scope whose position is not a sort value of that order is
+    ``validation_failed`` on the in-memory and the SQLite driver alike, never a query error."""
+    from runlane.storage.operator import encode_operator_cursor
+    from runlane.vocabulary import PaginationCursorKind
+    from runlane_local import sqlite_storage
+
+    flt = RunFilter(environment=ENV, **sort)
+    cursor = encode_operator_cursor(PaginationCursorKind.RUN_LIST, flt, last)
+
+    async def main() -> None:
+        runtime, _ = await _populate()
+        sqlite = sqlite_storage(tmp_path / "runlane.db")
+        await sqlite.start()
+        try:
+            for driver in (runtime.lane.storage, sqlite):
+                with pytest.raises(RunlaneError) as info:
+                    await driver.list_runs(flt, PaginationParams(limit=5, cursor=cursor))
+                assert info.value.code is ErrorCode.VALIDATION_FAILED
+        finally:
+            await sqlite.close()
+
+    asyncio.run(main())
+
+
+def test_a_run_event_cursor_of_the_wrong_shape_is_rejected() -> None:
+    from runlane.storage.operator import decode_operator_cursor, encode_operator_cursor
+    from runlane.vocabulary import PaginationCursorKind
+
+    for sort, last in (
+        ({"sort_by": RunEventSortField.OCCURRED_AT}, ("2026-01-01T00:00:00.000Z",)),
+        ({"sort_by": RunEventSortField.SEQUENCE, "run_id": "run_a"}, ("1", "2")),
+    ):
+        flt = RunEventFilter(environment=ENV, **sort)
+        cursor = encode_operator_cursor(PaginationCursorKind.RUN_EVENT_LIST, flt, last)
+        with pytest.raises(RunlaneError) as info:
+            decode_operator_cursor(cursor, PaginationCursorKind.RUN_EVENT_LIST, flt)
+        assert info.value.code is ErrorCode.VALIDATION_FAILED

@@ -192,6 +192,18 @@ def decode_operator_cursor(cursor: str | None, kind: PaginationCursorKind, filte
             meta={"field": "cursor"},
         )
     last = payload["last"]
-    if not all(isinstance(item, str) for item in last):
+    if not all(isinstance(item, str) for item in last) or not _fits(last, filter):
         raise RunlaneError(ErrorCode.VALIDATION_FAILED, "Malformed cursor position.", meta={"field": "cursor"})
     return tuple(last)
+
+
+def _fits(last: list[str], filter: RunlaneModel | dict[str, Any]) -> bool:
+    """``last`` has the shape of a sort value of the filter's order (``run_sort_value`` /
+    ``run_event_sort_value``); other scopes are not checked."""
+    if isinstance(filter, RunFilter):
+        if filter.sort_by is RunSortField.RUN_AT:
+            return len(last) == 3 and last[0] in ("0", "1")
+        return len(last) == 2
+    if isinstance(filter, RunEventFilter):
+        return len(last) == (1 if filter.sort_by is RunEventSortField.SEQUENCE else 3)
+    return True
