@@ -792,6 +792,61 @@ async def test_wake_hints_reach_subscribers_of_other_instances(schemas: Schemas,
     publisher.publish_wake_hint("after-close")  # a closed driver drops hints silently
 
 
+async def test_hint_senders_and_listeners_of_a_loop_that_stopped_are_replaced(
+    schemas: Schemas, shared_schema: str
+) -> None:
+    """The sender of held-back hints runs on the loop that held the first one back, and the listener
+    on the loop that subscribed first. When that loop stops meanwhile (a loop closed with its tasks
+    pending, say), the next hint held back, or the next subscription, on a live loop starts one
+    there instead of waiting forever behind the dead one."""
+    import threading
+
+    publisher = postgres_storage(schemas.url, schema=shared_schema, min_size=0)
+    listener = postgres_storage(schemas.url, schema=shared_schema, min_size=0)
+    await publisher.start()
+    await listener.start()
+    try:
+        received: asyncio.Queue[str] = asyncio.Queue()
+        unsubscribe = listener.subscribe_wake_hints(received.put_nowait)
+
+        def other_loop() -> None:
+            async def hold_back() -> None:
+                publisher.subscribe_wake_hints(lambda queue: None)  # its listener dies with this loop
+                publisher.publish_wake_hint("first")  # goes out at once
+                publisher.publish_wake_hint("held")  # within the interval: its sender waits...
+                await asyncio.sleep(0)  # ...and the loop stops before it sends
+
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(hold_back())
+            finally:
+                loop.close()
+
+        thread = threading.Thread(target=other_loop)
+        thread.start()
+        await asyncio.to_thread(thread.join, 10)
+        deadline = asyncio.get_running_loop().time() + 10
+        got: set[str] = set()
+        while "late" not in got:  # the listener may still be connecting: publish until heard
+            assert asyncio.get_running_loop().time() < deadline, f"the held-back hint never went out (got {got})"
+            publisher.publish_wake_hint("late")
+            with contextlib.suppress(TimeoutError):
+                got.add(await asyncio.wait_for(received.get(), 0.2))
+        unsubscribe()
+        heard: asyncio.Queue[str] = asyncio.Queue()
+        stop_hearing = publisher.subscribe_wake_hints(heard.put_nowait)  # a listener on this loop
+        while True:
+            assert asyncio.get_running_loop().time() < deadline, "the new subscription never heard a hint"
+            listener.publish_wake_hint("heard")
+            with contextlib.suppress(TimeoutError):
+                if await asyncio.wait_for(heard.get(), 0.2) == "heard":
+                    break
+        stop_hearing()
+    finally:
+        await publisher.close()
+        await listener.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Lane and plugin
 

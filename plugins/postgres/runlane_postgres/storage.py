@@ -1393,18 +1393,24 @@ class PostgresStorageDriver(ClientClock):
                 self._hints_task = self._listener = self._hints_conn = None
                 self._hints_pending.clear()
                 return
+            current = asyncio.get_running_loop()
             for task in (self._hints_task, self._listener):
-                if task is not None and not task.done():
+                if task is None or task.done():
+                    continue
+                if task.get_loop() is current:
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
+                elif task.get_loop().is_running():  # another live loop's: cancelled there
+                    with contextlib.suppress(RuntimeError):
+                        task.get_loop().call_soon_threadsafe(task.cancel)
+                # else its loop stopped: the task can never run again
             self._hints_task = self._listener = None
             self._hints_pending.clear()
             hints_conn, self._hints_conn = self._hints_conn, None
             if hints_conn is not None:
                 with contextlib.suppress(Exception):
                     await hints_conn.close()
-            current = asyncio.get_running_loop()
             for state in states:
                 await self._close_pool(state, current)
 
@@ -1448,7 +1454,10 @@ class PostgresStorageDriver(ClientClock):
         if not queues:
             return
         self._hints_pending.update(queues)
-        if self._hints_task is None or self._hints_task.done():
+        sender = self._hints_task
+        # A sender on a loop that has stopped (a facade loop shut down, a loop closed with its tasks
+        # pending) never sends: start one on this loop instead.
+        if sender is None or sender.done() or not sender.get_loop().is_running():
             self._hints_task = asyncio.get_running_loop().create_task(self._send_hints())
 
     def _take_due_hints(self) -> set[str]:
@@ -1509,7 +1518,10 @@ class PostgresStorageDriver(ClientClock):
         token = object()
         try:
             self._subscribers[token] = callback
-            if self._pool is not None and (self._listener is None or self._listener.done()):
+            listener = self._listener
+            # None yet, or one on a loop that has stopped (it never hears anything again).
+            stale = listener is None or listener.done() or not listener.get_loop().is_running()
+            if self._pool is not None and stale:
                 self._listener = asyncio.get_running_loop().create_task(self._listen())
         except Exception:  # noqa: BLE001 - without a loop there are no hints, only polling
             pass
@@ -1518,8 +1530,8 @@ class PostgresStorageDriver(ClientClock):
             self._subscribers.pop(token, None)
             listener = self._listener
             if not self._subscribers and listener is not None and not listener.done():
-                with contextlib.suppress(Exception):
-                    listener.cancel()
+                with contextlib.suppress(Exception):  # from any thread: cancelled on its own loop
+                    listener.get_loop().call_soon_threadsafe(listener.cancel)
 
         return unsubscribe
 
