@@ -1455,8 +1455,7 @@ class PostgresStorageDriver(ClientClock):
             return
         self._hints_pending.update(queues)
         sender = self._hints_task
-        # A sender on a loop that has stopped (a facade loop shut down, a loop closed with its tasks
-        # pending) never sends: start one on this loop instead.
+        # A sender on a loop that stopped or closed with it pending never sends: start one here.
         if sender is None or sender.done() or not sender.get_loop().is_running():
             self._hints_task = asyncio.get_running_loop().create_task(self._send_hints())
 
