@@ -229,6 +229,9 @@ def test_rows_are_built_without_decoding_and_refuse_mismatched_keys() -> None:
                 assert row[3] == run_tombstone_key(*record.key.parts).encoded
                 other = StorageRecordKey("runs", "default", "run_other")
                 assert operator_run_row(other, plain) is None
+                elsewhere = StorageRecordKey("not_runs", *record.key.parts)  # same parts, another collection
+                assert operator_run_row(elsewhere, plain) is None
+                assert operator_run_row(elsewhere, record.document) is None
             if is_operator_event_key(record.key):
                 plain = StorageDocument(record.document.text, record.document.byte_size)
                 decoded = StorageDocument(record.document.text, record.document.byte_size)

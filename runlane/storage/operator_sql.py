@@ -19,7 +19,8 @@ keys are ASCII, so byte-order collation (SQLite's ``BINARY``, Postgres' ``COLLAT
 
 Indexes the queries are written for (drivers create them in their schema):
 
-* runs: ``(environment, created_at, run_id)``, ``(environment, updated_at, run_id)``, ``(record_key)``;
+* runs: ``(environment, created_at, run_id)``, ``(environment, updated_at, run_id)``,
+  ``(environment, available_missing, available_at, run_id)`` (the run_at order), ``(record_key)``;
 * events: ``(environment, run_id, sequence)`` (also the primary key), ``(environment, occurred_at,
   run_id, sequence)``.
 """
@@ -61,7 +62,6 @@ from .tables import (
     RUNS_COLLECTION,
     peek_run_document,
     peek_run_event_document,
-    run_tombstone_key,
 )
 from .types import StorageDocument, StorageRecordKey
 
@@ -221,15 +221,14 @@ _TOMBSTONE_KEY_PREFIX = encode_storage_tuple((RUN_TOMBSTONES_COLLECTION,)) + "/"
 
 
 def _tombstone_key(run_key: StorageRecordKey) -> str:
-    """``run_tombstone_key(*run_key.parts).encoded``."""
-    encoded = run_key.encoded
-    if encoded.startswith(_RUN_KEY_PREFIX):
-        return _TOMBSTONE_KEY_PREFIX + encoded[len(_RUN_KEY_PREFIX) :]
-    return run_tombstone_key(*run_key.parts).encoded
+    """``run_tombstone_key(*run_key.parts).encoded`` of a run key (``is_operator_run_key``)."""
+    return _TOMBSTONE_KEY_PREFIX + run_key.encoded[len(_RUN_KEY_PREFIX) :]
 
 
 def operator_run_row(key: StorageRecordKey, document: StorageDocument) -> tuple[Any, ...] | None:
     """The projection row of a run record, or ``None`` when it is not a run or disagrees with its key."""
+    if not is_operator_run_key(key):
+        return None
     fields = _run_fields(document)
     if fields is None:
         return None
@@ -259,18 +258,16 @@ def operator_event_row(key: StorageRecordKey, document: StorageDocument) -> tupl
     """The projection row of a run event record, or ``None`` when it is not one or disagrees with its key."""
     try:
         remembered = document.decoded
-        if type(remembered) is tuple and remembered[0] == _EVENT_ROW_CODEC:
-            _, sequence_number, event = remembered
+        if remembered is not None:
+            if type(remembered) is tuple and remembered[0] == _EVENT_ROW_CODEC:
+                _, sequence_number, event = remembered
+            else:
+                record = peek_run_event_document(document)
+                if record is None:
+                    return None
+                sequence_number, event = record.sequence, record.event
             fields = (
                 environment_key(event.environment), event.run_id, sequence_number, event.type.value, event.occurred_at
-            )
-        elif remembered is not None:
-            record = peek_run_event_document(document)
-            if record is None:
-                return None
-            event = record.event
-            fields = (
-                environment_key(event.environment), event.run_id, record.sequence, event.type.value, event.occurred_at
             )
         else:
             value = _json_value(document)
