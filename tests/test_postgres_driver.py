@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import uuid
@@ -59,6 +60,7 @@ from runlane.storage import (
     StorageStreamName,
     storage_stream_layouts,
 )
+from runlane.storage.key_order import KEY_ORDERED_INDEXES
 from runlane.storage.operator import PaginationParams, RunFilter
 from runlane.testing import ControlledClock
 
@@ -228,6 +230,17 @@ def test_shipped_migration_file_is_the_default_sql() -> None:
     assert shipped_migration_sql() == postgres_migration_sql()
 
 
+def test_the_version_2_cleanup_names_every_index_whose_entries_restate_their_key() -> None:
+    text = postgres_migration_sql()
+    cleanup = text[text.index("-- Version 2:") :]
+    names = re.findall(r"WHEN '(\w+)' THEN '(\w+)'", cleanup) + re.findall(r"ELSE '(\w+)' END", cleanup)
+    listed = re.search(r"x.index_name IN \(([^)]*)\)", cleanup).group(1)
+    assert [name.strip(" '") for name in listed.split(",")] == [index.value for index in KEY_ORDERED_INDEXES]
+    assert dict(names[:-1]) | {listed.split(",")[-1].strip(" '"): names[-1]} == {
+        index.value: collection for index, collection in KEY_ORDERED_INDEXES.items()
+    }
+
+
 def test_migration_sql_quotes_and_qualifies_the_schema() -> None:
     text = postgres_migration_sql("Tenant_7")
     assert 'CREATE SCHEMA IF NOT EXISTS "Tenant_7";' in text
@@ -241,9 +254,9 @@ def test_migration_sql_quotes_and_qualifies_the_schema() -> None:
 async def test_migration_is_idempotent_and_reports_what_it_did(schemas: Schemas) -> None:
     schema = schemas.name()
     first = await apply_postgres_migrations(f"{schemas.url}?schema={schema}")
-    assert (first.schema, first.previous_version, first.version, first.changed) == (schema, 0, 1, True)
+    assert (first.schema, first.previous_version, first.version, first.changed) == (schema, 0, 2, True)
     again = await apply_postgres_migrations(schemas.url, schema)
-    assert (again.previous_version, again.version, again.changed) == (1, 1, False)
+    assert (again.previous_version, again.version, again.changed) == (2, 2, False)
     assert again.to_json()["changed"] is False
     rows = schemas.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY 1", (schema,)
@@ -276,6 +289,60 @@ async def test_start_fails_fast_on_an_unmigrated_schema(schemas: Schemas) -> Non
         error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
         assert "runlane postgres migrate" in error.message
         await expect_error(driver.get([StorageRecordKey("c", "k")]), ErrorCode.STORAGE_UNAVAILABLE)
+
+
+async def test_a_version_1_schema_fails_fast_and_migrate_drops_rows_of_entries_restating_their_key(
+    schemas: Schemas,
+) -> None:
+    schema = await schemas.migrated()
+    env, by_run = f"env-{uuid.uuid4().hex[:8]}", StorageIndexName.RUN_EVENTS_BY_RUN
+    events = [StorageRecordKey("run_events", env, "run_1", position) for position in ("01", "02")]
+    elsewhere = StorageRecordKey("other", env, "x")
+    entries = {key: StorageIndexEntry(by_run, (env, "run_1"), (key.parts[-1],)) for key in events}
+    entries[elsewhere] = StorageIndexEntry(by_run, (env, "run_1"), ("01",))
+    driver = postgres_storage(schemas.url, schema=schema, min_size=0)
+    await driver.start()
+    try:
+
+        async def write(tx: Any) -> None:
+            for key, entry in entries.items():
+                tx.create(NewStorageRecord(key, StorageDocument.encode({}), (entry,)))
+
+        await driver.with_transaction(write)
+    finally:
+        await driver.close()
+    rows = sql.SQL("SELECT key FROM {}.runlane_index_rows WHERE index_name = %s ORDER BY key").format(
+        sql.Identifier(schema)
+    )
+    assert schemas.execute(rows, (by_run.value,)) == [(elsewhere.encoded,)]
+    # What version 1 stored: a row for every entry, and no version 2.
+    for key in events:
+        entry = entries[key]
+        schemas.execute(
+            sql.SQL("INSERT INTO {}.runlane_index_rows VALUES (%s, %s, %s, %s)").format(sql.Identifier(schema)),
+            (by_run.value, entry.encoded_partition, entry.encoded_sort, key.encoded),
+        )
+    schemas.execute(
+        sql.SQL("DELETE FROM {}.runlane_schema_migrations WHERE version = 2").format(sql.Identifier(schema))
+    )
+    stale = postgres_storage(schemas.url, schema=schema, min_size=0)
+    error = await expect_error(stale.start(), ErrorCode.CONFIGURATION_INVALID)
+    assert "version 1" in error.message and "runlane postgres migrate" in error.message
+
+    upgraded = await apply_postgres_migrations(schemas.url, schema)
+    assert (upgraded.previous_version, upgraded.version, upgraded.changed) == (1, 2, True)
+    assert schemas.execute(rows, (by_run.value,)) == [(elsewhere.encoded,)]
+    driver = postgres_storage(schemas.url, schema=schema, min_size=0)
+    await driver.start()
+    try:
+        page = await driver.query(StorageQuery(by_run, (env, "run_1"), limit=10))
+    finally:
+        await driver.close()
+    assert [(item.key, item.sort) for item in page.items] == [  # ties by encoded key: "other" first
+        (elsewhere, ("01",)),
+        (events[0], ("01",)),
+        (events[1], ("02",)),
+    ]
 
 
 async def test_start_on_a_missing_database_is_configuration_invalid(schemas: Schemas) -> None:
@@ -996,14 +1063,14 @@ def test_cli_migrate_with_url_and_with_the_configured_lane(tmp_path: Path, schem
     url = f"{schemas.url}?schema={schema}"
     first = cli(tmp_path, "postgres", "migrate", "--url", url)
     assert first.returncode == 0, first.stderr
-    assert f"migrated schema '{schema}'" in first.stdout and "version 1" in first.stdout
+    assert f"migrated schema '{schema}'" in first.stdout and "version 2" in first.stdout
     again = cli(tmp_path, "--json", "postgres", "migrate", "--url", url)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout) == {
         "schema": schema,
         "database": resolve_postgres_connection(url).display,
-        "previous_version": 1,
-        "version": 1,
+        "previous_version": 2,
+        "version": 2,
         "changed": False,
     }
 

@@ -34,7 +34,7 @@ from runlane_postgres.storage import PostgresStorageDriver, _PostgresAttempt
 
 from runlane import ErrorCode, Retry, RunlaneError, TaskContext, create_lane, create_runlane, queue, task
 from runlane.core.lanes import LaneDelivery
-from runlane.models import Environment
+from runlane.models import Environment, environment_key
 from runlane.storage import StorageCandidateMode, StorageIndexName, StorageQuery, StorageQueryResult
 from runlane.storage.operator import PaginationParams, RunEventFilter, RunFilter
 from runlane.testing import ControlledClock, RecordingTransport
@@ -444,7 +444,8 @@ async def test_the_schema_holds_50000_distinct_readable_runs(dataset: Dataset) -
     assert counts["runlane_operator_runs"] == RUNS
     assert counts["runlane_operator_events"] > 4 * RUNS
     assert counts["runlane_records"] > counts["runlane_operator_runs"] + counts["runlane_operator_events"]
-    assert counts["runlane_index_rows"] > counts["runlane_operator_events"]
+    # Every run has index rows (runnable, recovery, terminal); its events' entries restate their keys: none.
+    assert RUNS < counts["runlane_index_rows"] < counts["runlane_operator_events"]
     hundred = PaginationParams(limit=100)
     async with _driver(dataset) as driver:
         page = await driver.list_runs(RunFilter(environment=ENVIRONMENT), hundred)
@@ -561,6 +562,29 @@ async def test_every_other_index_query_of_a_poll_and_a_tick_reads_in_index_order
     assert StorageIndexName.RUNS_NEEDING_TIMEOUT_FINALIZATION.value in others
     for name in sorted(others):
         await _assert_core_scan(dataset, StorageIndexName(name))
+
+
+async def test_reads_of_entries_restating_their_key_take_one_page_from_each_primary_key(dataset: Dataset) -> None:
+    """Events by run have no index rows (runlane.storage.key_order): a page merges the index rows of
+    other entries with a key range of the records, each read in key order and cut to the page."""
+    env = environment_key(ENVIRONMENT)
+    events = StorageQuery(StorageIndexName.RUN_EVENTS_BY_RUN, (env, dataset.run_id), limit=2)
+    queries = [events, StorageQuery(events.index, events.partition, direction=SortDirection.DESC, limit=2)]
+    queries.append(StorageQuery(StorageIndexName.OBSERVATION_STREAM, (env,), limit=50))
+    async with _driver(dataset) as driver:
+        for query in queries:
+            for plan in await _plans(driver, query):
+                shown = _describe(plan)
+                assert _index_nodes(plan, _PRIMARY_KEY) and _index_nodes(plan, "runlane_records_pkey"), shown
+                assert not [
+                    node
+                    for node in _nodes(plan["Plan"])
+                    if node["Node Type"] == "Seq Scan" and node.get("Relation Name") in _BIG_TABLES
+                ], f"a sequential scan of a Runlane table:\n{shown}"
+            analyzed = await driver.explain(query, analyze=True)
+            (records,) = _index_nodes(analyzed, "runlane_records_pkey")
+            assert records["Actual Rows"] == query.limit + 1, _describe(analyzed)  # more rows than a page
+            assert (await driver.query(query)).next_cursor is not None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -370,6 +370,46 @@ async def test_a_file_with_the_earlier_records_layout_is_read_and_written(databa
         await reopened.close()
 
 
+async def test_a_version_1_file_drops_the_rows_of_entries_that_restate_their_key(database: Path) -> None:
+    """Version 1 kept an index row for every entry; version 2 reads entries that restate their key
+    from the records' key range, so opening a version 1 file drops those rows (and nothing else)."""
+    by_run = StorageIndexName.RUN_EVENTS_BY_RUN
+    events = [StorageRecordKey("run_events", "env", "run_1", position) for position in ("01", "02")]
+    elsewhere = StorageRecordKey("other", "env", "x")
+    entries = {key: StorageIndexEntry(by_run, ("env", "run_1"), (key.parts[-1],)) for key in events}
+    entries[elsewhere] = StorageIndexEntry(by_run, ("env", "run_1"), ("01",))
+    driver = sqlite_storage(database)
+    await driver.start()
+    await create(driver, *(NewStorageRecord(key, StorageDocument.encode({}), (entry,)) for key, entry in entries.items()))
+    await driver.close()
+    rows = "SELECT key FROM runlane_index_rows WHERE index_name = 'run_events_by_run' ORDER BY key"
+    with sqlite3.connect(database) as connection:
+        assert connection.execute(rows).fetchall() == [(elsewhere.encoded,)]
+        for key in events:  # what version 1 stored
+            entry = entries[key]
+            connection.execute(
+                "INSERT INTO runlane_index_rows VALUES (?, ?, ?, ?)",
+                (by_run.value, entry.encoded_partition, entry.encoded_sort, key.encoded),
+            )
+        connection.execute("UPDATE runlane_meta SET value = '1' WHERE name = 'schema_version'")
+
+    reopened = sqlite_storage(database)
+    await reopened.start()
+    try:
+        page = await reopened.query(StorageQuery(by_run, ("env", "run_1"), limit=10))
+    finally:
+        await reopened.close()
+    assert [(item.key, item.sort) for item in page.items] == [  # ties by encoded key: "other" first
+        (elsewhere, ("01",)),
+        (events[0], ("01",)),
+        (events[1], ("02",)),
+    ]
+    with sqlite3.connect(database) as connection:
+        assert connection.execute(rows).fetchall() == [(elsewhere.encoded,)]
+        version = connection.execute("SELECT value FROM runlane_meta WHERE name = 'schema_version'").fetchone()
+    assert version == (str(SCHEMA_VERSION),) == ("2",)
+
+
 async def sqlite_storage_get(database: Path, *keys: StorageRecordKey) -> list[Any]:
     """Read through a fresh driver (nothing it holds was written by it)."""
     reader = sqlite_storage(database)
@@ -1001,3 +1041,18 @@ def test_the_run_at_list_reads_the_availability_index_and_older_files_gain_it(da
     assert len(searches) == 2, plan  # one search per availability group
     # The only sort left is the one over both groups' limited rows (the outer query's).
     assert sum("USE TEMP B-TREE FOR ORDER BY" in step for step in plan) <= 1, plan
+
+
+@pytest.mark.parametrize("holder", [None, "owner"], ids=["query", "exclusive"])
+def test_pages_of_entries_restating_their_key_search_both_primary_keys(database: Path, holder: str | None) -> None:
+    """A page of events by run reads a range of the index rows' and of the records' primary keys
+    (each cut to the page); only the page-sized union is sorted."""
+    asyncio.run(_start_and_close(sqlite_storage(database)))
+    query = StorageQuery(StorageIndexName.RUN_EVENTS_BY_RUN, ("env", "run_1"), limit=10)
+    text, params = sqlite_driver._index_query(query, None, 11, holder)
+    with sqlite3.connect(database) as connection:
+        plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {text}", params)]
+    assert any(step.startswith("SEARCH i USING PRIMARY KEY (index_name=? AND partition=?)") for step in plan), plan
+    assert any(step.startswith("SEARCH r USING INDEX sqlite_autoindex_runlane_records_1 (key>? AND key<?)") for step in plan), plan
+    assert not [step for step in plan if step.startswith(("SCAN i", "SCAN r"))], plan
+    assert sum("USE TEMP B-TREE FOR ORDER BY" in step for step in plan) == 1, plan

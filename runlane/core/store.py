@@ -103,6 +103,7 @@ from ..storage import (
 from ..storage.operator_sql import remember_event_row, remember_run_row
 from ..storage.tables import (
     RUN_EVENTS_COLLECTION,
+    RUN_STEPS_COLLECTION,
     RUNS_COLLECTION,
     RunChildCounts,
     decode_run_document,
@@ -164,7 +165,6 @@ __all__ = [
 IDEMPOTENCY_OWNERS_COLLECTION: Final = "idempotency_owners"
 SINGLETON_OWNERS_COLLECTION: Final = "singleton_owners"
 QUEUE_CAPACITY_COLLECTION: Final = "queue_capacity"
-RUN_STEPS_COLLECTION: Final = "run_steps"
 RUN_COMPLETION_WAITS_COLLECTION: Final = "run_completion_waits"
 OUTBOX_MESSAGES_COLLECTION: Final = "outbox_messages"
 

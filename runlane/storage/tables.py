@@ -52,6 +52,7 @@ __all__ = [
 
 RUNS_COLLECTION = "runs"
 RUN_EVENTS_COLLECTION = "run_events"
+RUN_STEPS_COLLECTION = "run_steps"
 RUN_TOMBSTONES_COLLECTION = "run_tombstones"
 
 

@@ -89,6 +89,7 @@ from ..storage import (
     storage_stream_layouts,
     supports_operator_reads,
 )
+from ..storage.key_order import KEY_ORDERED_INDEXES
 from ..storage.tables import (
     RunChildCounts,
     encode_run_document,
@@ -2136,6 +2137,88 @@ class StorageDriverConformance:
             assert _refs(await driver.query(StorageQuery(_INDEX, p, limit=limit))) == [(kept, ("a",))]
             assert _refs(await driver.query(StorageQuery(_OTHER_INDEX, p, limit=limit))) == []
             assert _refs(await driver.query(StorageQuery(_THIRD_INDEX, p, limit=limit))) == []
+
+        self.run_async(body, driver)
+
+    def test_entries_that_restate_their_key_page_together_with_every_other_entry(self, driver: StorageDriver) -> None:
+        """Under the index names whose entries usually restate the record key (events and steps by run,
+        stream records), records whose entry does, whose entry does not, whose key lies in the same key
+        range without the entry, and records of other collections all page in the contract's order;
+        replacing and deleting them moves their entries like any other."""
+
+        async def body() -> None:
+            scope = _Scope()
+            env = f"conformance-{scope.token}"
+            partition = (env, "r")
+            limit = self._page_limit(driver)
+            for index, collection in KEY_ORDERED_INDEXES.items():
+
+                def key(*parts: str, collection: str = collection) -> StorageRecordKey:
+                    return StorageRecordKey(collection, *parts)
+
+                def entry(*sort: str, partition: tuple[str, ...] = partition, index: StorageIndexName = index) -> StorageIndexEntry:
+                    return StorageIndexEntry(index, partition, sort)
+
+                restating = [key(*partition, *sort) for sort in (("01",), ("02",), ("03",), ("04", "x"), ("05",))]
+                written = [(k, k.parts[len(partition) :]) for k in restating]
+                written += [
+                    (key(*partition, "06"), ("03",)),  # same collection and range, another sort: ties with 03
+                    (scope.key(index.value, "elsewhere"), ("02",)),  # another collection
+                    (key(*partition, "04", "x", "y"), ("04", "x", "y")),  # restating, one component longer
+                ]
+                await _create(
+                    driver,
+                    *(_record(k, {"n": n}, entry(*sort)) for n, (k, sort) in enumerate(written)),
+                    _record(key(*partition, "07"), {}),  # in the key range, no entry
+                    _record(key(*partition, "08"), {}, StorageIndexEntry(_INDEX, partition, ("08",))),
+                    _record(key(env, "r1", "02"), {}, entry("02", partition=(env, "r1"))),  # neighbouring partition
+                    _record(key(env, "r", "09"), {}, entry("09", index=_OTHER_INDEX)),  # another index name
+                )
+
+                async def check(what: str, expected_rows: list[tuple[StorageRecordKey, tuple[str, ...]]]) -> None:
+                    for direction in (_ASC, _DESC):
+                        expected = _ordered(expected_rows, direction)
+                        for page in (1, 2, limit):
+                            query = StorageQuery(index, partition, direction=direction, limit=page)
+                            got = await _query_all(driver, query)
+                            assert got == expected, (
+                                f"{index} {what} {direction} in pages of {page}:\n"
+                                f" got      {_describe(got)}\n expected {_describe(expected)}"
+                            )
+                        low, high = encode_storage_tuple(("02",)), encode_storage_tuple(("04", "x"))
+                        bounded = StorageQuery(
+                            index, partition, range=StorageRange(gt=low, lte=high), direction=direction, limit=2
+                        )
+                        got = await _query_all(driver, bounded)
+                        wanted = [item for item in expected if low < encode_storage_tuple(item[1]) <= high]
+                        assert got == wanted, f"{index} {what} {direction} in (02, 04/x]: {_describe(got)}"
+                    if self.supports_exclusive_candidates:
+                        held = await self._select_exclusive(driver, StorageQuery(index, partition, limit=3))
+                        first = [k for k, _ in _ordered(expected_rows)[:3]]
+                        assert held == first, f"{index} {what}: an exclusive page got {held}, expected {first}"
+
+                await check("as written", written)
+
+                async def rewrite(tx: Any) -> None:
+                    current = await tx.get([restating[1], restating[2], written[5][0]])
+                    # The 02 record's entry stops restating its key, the 03 record loses it, and the
+                    # record that did not restate its key now does.
+                    tx.replace(current[0], _record(restating[1], {}, entry("00")))
+                    tx.replace(current[1], _record(restating[2], {}))
+                    tx.replace(current[2], _record(written[5][0], {}, entry("06")))
+
+                await driver.with_transaction(rewrite)
+                rows = [(restating[1], ("00",)), (written[5][0], ("06",))]
+                rows += [item for item in written if item[0] not in (restating[1], restating[2], written[5][0])]
+                await check("after replacing", rows)
+
+                async def delete(tx: Any) -> None:
+                    for current in await tx.get([restating[0], restating[1], written[5][0]]):
+                        tx.delete(current)
+
+                await driver.with_transaction(delete)
+                rows = [item for item in rows if item[0] not in (restating[0], restating[1], written[5][0])]
+                await check("after deleting", rows)
 
         self.run_async(body, driver)
 

@@ -7,10 +7,11 @@ must live on a local disk: SQLite's locking is not reliable over network file sy
 Mechanics:
 
 * **Schema.** ``start()`` creates the tables in a new file and records ``schema_version`` in
-  ``runlane_meta``; a file with another version is refused (``configuration_invalid``). Tables:
-  ``runlane_records`` (key, version, canonical document, byte size, the record's index entries),
-  ``runlane_index_rows`` (index name, encoded partition, encoded sort, key), a one-row version
-  counter, ``runlane_holds`` (exclusive candidates) and the two operator projection tables of
+  ``runlane_meta``; a file of version 1 is upgraded in place, one with another version is refused
+  (``configuration_invalid``). Tables: ``runlane_records`` (key, version, canonical document, byte
+  size, the record's index entries), ``runlane_index_rows`` (index name, encoded partition, encoded
+  sort, key; none for an entry that restates its record's key, see ``runlane.storage.key_order``:
+  those pages read the records' key range), a one-row version counter, ``runlane_holds`` (exclusive candidates) and the two operator projection tables of
   ``runlane.storage.operator_sql``. Encoded keys and sort values are ASCII hex and ``/``, so
   SQLite's ``BINARY`` collation gives exactly the contract's byte order.
 * **One thread per driver.** Every sqlite3 call runs on the driver's own worker thread (a
@@ -135,6 +136,7 @@ from runlane.storage.operator_sql import (
     run_event_list_query,
     run_list_query,
 )
+from runlane.storage.key_order import KEY_ORDERED_COLLECTION_PREFIXES, key_ordered_prefix, repeats_key
 from runlane.storage.tables import peek_run_document
 from runlane.vocabulary import SortDirection
 
@@ -148,7 +150,7 @@ R = TypeVar("R")
 logger = logging.getLogger(__name__)
 
 #: The layout version this driver writes and reads; a file recording another one is refused.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SYNCHRONOUS = {"full": "FULL", "extra": "EXTRA", "normal": "NORMAL"}
 _BUSY_SLICE = 0.1  # seconds SQLite's own busy handler waits before the driver's thread is released
@@ -407,25 +409,55 @@ def _index_query(
     query: StorageQuery, after: StorageQueryPosition | None, limit: int, holder: str | None
 ) -> tuple[str, list[Any]]:
     """The SELECT of one page of index rows in query order, strictly after ``after``; with ``holder``,
-    rows held by any other owner are skipped."""
-    clauses = ["index_name = ?", "partition = ?"]
-    params: list[Any] = [query.index.value, query.encoded_partition]
-    bounds = query.range
-    for operator, value in ((">", bounds.gt), (">=", bounds.gte), ("<", bounds.lt), ("<=", bounds.lte)):
-        if value is not None:
-            clauses.append(f"sort {operator} ?")
-            params.append(value)
+    rows held by any other owner are skipped.
+
+    For a key-ordered index name (``runlane.storage.key_order``) the page merges the index rows of
+    entries that do not restate their record's key with the key range of the records whose keys do
+    (each checked to list the entry), each cut to the page first."""
     descending = query.direction is SortDirection.DESC
+    order = "DESC" if descending else "ASC"
+    bounds = query.range
+    present = [
+        (operator, value)
+        for operator, value in ((">", bounds.gt), (">=", bounds.gte), ("<", bounds.lt), ("<=", bounds.lte))
+        if value is not None
+    ]
+    clauses = ["index_name = ?", "partition = ?", *(f"sort {operator} ?" for operator, _ in present)]
+    params: list[Any] = [query.index.value, query.encoded_partition, *(value for _, value in present)]
     if after is not None:
         clauses.append(f"(sort, key) {'<' if descending else '>'} (?, ?)")
         params.extend((after.sort, after.key))
     if holder is not None:
         clauses.append(f"NOT EXISTS (SELECT 1 FROM {_HOLDS} h WHERE h.key = i.key AND h.owner != ?)")
         params.append(holder)
-    order = "DESC" if descending else "ASC"
     params.append(limit)
-    sql = (
+    rows = (
         f"SELECT sort, key FROM {_INDEX_ROWS} i WHERE {' AND '.join(clauses)} "
+        f"ORDER BY sort {order}, key {order} LIMIT ?"
+    )
+    prefix = key_ordered_prefix(query.index, query.encoded_partition)
+    if prefix is None:
+        return rows, params
+    start = len(prefix) + 1  # where the sort begins in a key (1-based)
+    # prefix <= key < prefix with its final "/" raised to "0"; a sort bound is the prefix + bound.
+    keyed = ["r.key >= ?", "r.key < ?", *(f"r.key {operator} ?" for operator, _ in present)]
+    params.extend((start, prefix, prefix[:-1] + "0", *(prefix + value for _, value in present)))
+    if after is not None:
+        keyed.append(
+            f"r.key {'<=' if descending else '>='} ? AND (substr(r.key, ?), r.key) {'<' if descending else '>'} (?, ?)"
+        )
+        params.extend((prefix + after.sort, start, after.sort, after.key))
+    if holder is not None:
+        keyed.append(f"NOT EXISTS (SELECT 1 FROM {_HOLDS} h WHERE h.key = r.key AND h.owner != ?)")
+        params.append(holder)
+    keyed.append("instr(r.indexes, ? || substr(r.key, ?) || '\"]') > 0")  # the entry in _dump_indexes' form
+    params.extend((orjson.dumps([query.index.value, query.encoded_partition, ""]).decode()[:-2], start, limit, limit))
+    by_key = (
+        f"SELECT substr(r.key, ?) AS sort, r.key AS key FROM {_RECORDS} r WHERE {' AND '.join(keyed)} "
+        f"ORDER BY r.key {order} LIMIT ?"
+    )
+    sql = (
+        f"SELECT sort, key FROM (SELECT * FROM ({rows}) UNION ALL SELECT * FROM ({by_key})) "
         f"ORDER BY sort {order}, key {order} LIMIT ?"
     )
     return sql, params
@@ -677,6 +709,16 @@ class SqliteStorageDriver(ClientClock):
             return
         row = connection.execute("SELECT value FROM runlane_meta WHERE name = 'schema_version'").fetchone()
         found = None if row is None else row[0]
+        if found == "1":  # version 2 keeps no index row for an entry that restates its record's key
+            for name, collection in KEY_ORDERED_COLLECTION_PREFIXES.items():
+                connection.execute(
+                    f"DELETE FROM {_INDEX_ROWS} WHERE index_name = ? AND key = ? || partition || '/' || sort",
+                    (name, collection),
+                )
+            connection.execute(
+                "UPDATE runlane_meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),)
+            )
+            found = str(SCHEMA_VERSION)
         if found != str(SCHEMA_VERSION):
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
@@ -985,17 +1027,23 @@ class SqliteStorageDriver(ClientClock):
 
         def put(encoded: str, old: tuple[Any, ...] | None, record: Any) -> None:
             nonlocal version
+            # Entries that restate the key have no row: the key range of the records serves them.
             if old is not None:
-                removed.extend((name, part, sort, encoded) for name, part, sort in _load_indexes(encoded, old[1]))
+                removed.extend(
+                    (name, part, sort, encoded)
+                    for name, part, sort in _load_indexes(encoded, old[1])
+                    if not repeats_key(name, part, sort, encoded)
+                )
             if record is None:
                 deleted.append((encoded,))
                 return
             version += 1
             document = record.document
             stored.append((encoded, version, document.text, document.byte_size, _dump_indexes(record.indexes)))
-            added.extend(
-                (entry.name.value, entry.encoded_partition, entry.encoded_sort, encoded) for entry in record.indexes
-            )
+            for entry in record.indexes:
+                row = (entry.name.value, entry.encoded_partition, entry.encoded_sort, encoded)
+                if not repeats_key(*row):
+                    added.append(row)
 
         for write in writes:
             put(write.key.encoded, current.get(write.key.encoded), write.record)

@@ -13,7 +13,9 @@ contract's encoded order):
   (exact text, so the document read back is byte-for-byte what was written), its size, and the
   record's index entries (``name,partition,sort`` joined by spaces) so a point read needs no join;
 * ``runlane_index_rows``: one row per index entry; its primary key ``(index_name, partition, sort,
-  key)`` is the single btree behind every index name's plan;
+  key)`` is the single btree behind every index name's plan. An entry that restates its record's key
+  (``runlane.storage.key_order``: events and steps by run, ordered-append records) has no row: the
+  records' primary key already holds those entries in index order (schema version 2);
 * ``runlane_operator_runs`` / ``runlane_operator_events``: the operator read projection
   (``runlane.storage.operator_sql``), updated in the same commit as the records it describes;
 * ``runlane_schema_migrations``: applied versions, checked by the driver's start-up probe.
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 DEFAULT_SCHEMA = "public"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATION_FILE = "migrations/0001_initial.sql"
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")

@@ -125,6 +125,7 @@ from runlane.storage.attempt import (
     pause_before_replay,
 )
 from runlane.storage.clock import ClientClock, Clock, SystemClock, checked_clock
+from runlane.storage.key_order import key_ordered_prefix, repeats_key
 from runlane.storage.operator_sql import (
     finish_event_page,
     finish_run_page,
@@ -684,16 +685,19 @@ def _text(value: bytes | None) -> str | None:
 
 
 @functools.lru_cache(maxsize=128)
-def _query_sql(index_rows: str, shape: tuple[bool, bool, bool, bool, bool, bool, bool]) -> str:
+def _query_sql(index_rows: str, shape: tuple[bool, ...]) -> str:
     """One index page query: equality on (index, partition), the range bounds present, the cursor.
+
+    For a key-ordered index name (``runlane.storage.key_order``) the page merges two ordered reads:
+    the index rows of entries that do not restate their record's key, and the key range of the
+    records whose keys do (each record checked to list the entry), both cut to the page size.
 
     The exclusive form also returns each held candidate's record (version, document, index entries;
     NULLs when it is absent), read by key in the same statement: the attempt reads them next."""
-    gt, gte, lt, lte, has_cursor, descending, exclusive = shape
+    gt, gte, lt, lte, has_cursor, descending, exclusive, key_ordered = shape
+    bounds = ((gt, ">"), (gte, ">="), (lt, "<"), (lte, "<="))
     where = ["x.index_name = %s", "x.partition = %s"]
-    for present, operator in ((gt, ">"), (gte, ">="), (lt, "<"), (lte, "<=")):
-        if present:
-            where.append(f"x.sort {operator} %s")
+    where += [f"x.sort {operator} %s" for present, operator in bounds if present]
     if has_cursor:
         where.append(f"(x.sort, x.key) {'<' if descending else '>'} (%s, %s)")
     direction = "DESC" if descending else "ASC"
@@ -701,6 +705,26 @@ def _query_sql(index_rows: str, shape: tuple[bool, bool, bool, bool, bool, bool,
         f"SELECT x.sort, x.key FROM {index_rows} AS x WHERE {' AND '.join(where)} "
         f"ORDER BY x.sort {direction}, x.key {direction}"
     )
+    records = index_rows.rsplit(".", 1)[0] + ".runlane_records"
+    if key_ordered:
+        # prefix <= key < prefix with its final "/" raised to "0"; a sort bound is the prefix + bound.
+        keyed = ["r.key >= %s", "r.key < %s"]
+        keyed += [f"r.key {operator} %s" for present, operator in bounds if present]
+        if has_cursor:
+            keyed.append(
+                f"r.key {'<=' if descending else '>='} %s AND (substr(r.key, %s), r.key) "
+                f"{'<' if descending else '>'} (%s, %s)"
+            )
+        keyed.append("strpos(' ' || r.indexes || ' ', %s || substr(r.key, %s) || ' ') > 0")
+        by_key = (
+            f"SELECT substr(r.key, %s) AS sort, r.key FROM {records} AS r WHERE {' AND '.join(keyed)} "
+            f"ORDER BY r.key {direction}"
+        )
+        cut = "" if exclusive else " LIMIT %s"
+        inner = (
+            f"SELECT u.sort, u.key FROM (({inner}{cut}) UNION ALL ({by_key}{cut})) AS u "
+            f"ORDER BY u.sort {direction}, u.key {direction}"
+        )
     if not exclusive:
         return f"{inner} LIMIT %s"
     # Rows are tried in query order (OFFSET 0 keeps the ordered subquery intact, and the volatile lock
@@ -713,7 +737,6 @@ def _query_sql(index_rows: str, shape: tuple[bool, bool, bool, bool, bool, bool,
     # The records table is beside the index rows table. Each held row's record is looked up by key in
     # a lateral subquery (OFFSET 0 keeps it one): a nested loop over the held rows, which keeps their
     # order and probes the records' primary key once per row whatever the tables' sizes.
-    records = index_rows.rsplit(".", 1)[0] + ".runlane_records"
     return (
         f"SELECT h.sort, h.key, d.version, d.document, d.indexes FROM ({held}) AS h "
         f"LEFT JOIN LATERAL (SELECT r.version, r.document, r.indexes FROM {records} AS r "
@@ -722,7 +745,7 @@ def _query_sql(index_rows: str, shape: tuple[bool, bool, bool, bool, bool, bool,
 
 
 @functools.lru_cache(maxsize=128)
-def _query_statement(index_rows: str, shape: tuple[bool, bool, bool, bool, bool, bool, bool]) -> _Statement:
+def _query_statement(index_rows: str, shape: tuple[bool, ...]) -> _Statement:
     """``_query_sql`` with numbered placeholders, as a statement prepared per connection."""
     numbers = iter(range(1, 64))
     text = re.sub("%s", lambda _: f"${next(numbers)}", _query_sql(index_rows, shape)).encode("utf-8")
@@ -740,15 +763,17 @@ def _index_rows(result: Any) -> Iterator[tuple[str, str]]:
         yield value(row, 0).decode("utf-8"), value(row, 1).decode("utf-8")
 
 
-def _query_params(query: StorageQuery) -> tuple[tuple[bool, ...], list[Any]]:
+def _query_params(query: StorageQuery, *, exclusive: bool, hold_space: int) -> tuple[tuple[bool, ...], list[Any]]:
+    """The ``_query_sql`` shape of ``query`` and its parameters, in the statement's order."""
     bounds = query.range
-    params: list[Any] = [query.index.value, query.encoded_partition]
-    for bound in (bounds.gt, bounds.gte, bounds.lt, bounds.lte):
-        if bound is not None:
-            params.append(bound)
+    name = query.index.value
+    partition = query.encoded_partition
+    present = [bound for bound in (bounds.gt, bounds.gte, bounds.lt, bounds.lte) if bound is not None]
+    params: list[Any] = [name, partition, *present]
     after = decode_storage_query_cursor(query)
     if after is not None:
         params.extend((after.sort, after.key))
+    prefix = key_ordered_prefix(name, partition)
     shape = (
         bounds.gt is not None,
         bounds.gte is not None,
@@ -756,7 +781,22 @@ def _query_params(query: StorageQuery) -> tuple[tuple[bool, ...], list[Any]]:
         bounds.lte is not None,
         after is not None,
         query.direction is SortDirection.DESC,
+        exclusive,
+        prefix is not None,
     )
+    page = query.limit + 1  # one more than the page: whether another page follows
+    if prefix is not None:
+        start = len(prefix) + 1  # where the sort begins in a key (1-based)
+        if not exclusive:
+            params.append(page)
+        params.extend((start, prefix, prefix[:-1] + "0"))
+        params.extend(prefix + bound for bound in present)
+        if after is not None:
+            params.extend((prefix + after.sort, start, after.sort, after.key))
+        params.extend((f" {name},{partition},", start))
+        if not exclusive:
+            params.append(page)
+    params.extend((hold_space, query.limit) if exclusive else (page,))
     return shape, params
 
 
@@ -838,15 +878,10 @@ class _PostgresAttempt(StorageAttempt):
 
     async def _candidates(self, query: StorageQuery, mode: StorageCandidateMode) -> StorageQueryResult:
         conn = await self._connection()
-        shape, params = _query_params(query)
         exclusive = mode is StorageCandidateMode.EXCLUSIVE
-        index_rows = self._driver._sql.index_rows
+        shape, params = _query_params(query, exclusive=exclusive, hold_space=self._driver._hold_space)
         try:
-            if exclusive:
-                params.extend((self._driver._hold_space, query.limit))
-            else:
-                params.append(query.limit + 1)
-            statement = _query_statement(index_rows, (*shape, exclusive))
+            statement = _query_statement(self._driver._sql.index_rows, shape)
             if exclusive and not self._in_transaction:
                 # BEGIN and the first query in one round trip; the holds last until the attempt ends.
                 self._in_transaction = True
@@ -1008,10 +1043,19 @@ class _PostgresAttempt(StorageAttempt):
                 stored = (encoded, document.text, document.byte_size, _encode_entries(new_rows))
                 (creates if expected is None else replaces).append(stored)
             if old_rows or new_rows:
+                # Entries that restate the key have no row: the key range of the records serves them.
                 old = {(e.name.value, e.encoded_partition, e.encoded_sort) for e in old_rows}
                 new = {(e.name.value, e.encoded_partition, e.encoded_sort) for e in new_rows}
-                unindex.extend((name, partition, sort, encoded) for name, partition, sort in old - new)
-                index.extend((name, partition, sort, encoded) for name, partition, sort in new - old)
+                unindex.extend(
+                    (name, partition, sort, encoded)
+                    for name, partition, sort in old - new
+                    if not repeats_key(name, partition, sort, encoded)
+                )
+                index.extend(
+                    (name, partition, sort, encoded)
+                    for name, partition, sort in new - old
+                    if not repeats_key(name, partition, sort, encoded)
+                )
             if is_operator_run_key(key):
                 row = None if record is None else operator_run_row(key, record.document)
                 if row is not None:
@@ -1731,9 +1775,8 @@ class PostgresStorageDriver(ClientClock):
         if not isinstance(query, StorageQuery):
             raise contract_violation("query() takes a StorageQuery.")
         enforce_storage_limit(self.profile.limits, "max_query_results", query.limit)
-        shape, params = _query_params(query)
-        params.append(query.limit + 1)
-        statement = _query_statement(self._sql.index_rows, (*shape, False))
+        shape, params = _query_params(query, exclusive=False, hold_space=self._hold_space)
+        statement = _query_statement(self._sql.index_rows, shape)
         encoded = _encode_params(params)
 
         async def body(conn: psycopg.AsyncConnection[Any]) -> Any:
@@ -1849,10 +1892,10 @@ class PostgresStorageDriver(ClientClock):
         sql = self._sql
         if isinstance(read, StorageQuery):
             enforce_storage_limit(self.profile.limits, "max_query_results", read.limit)
-            shape, params = _query_params(read)
-            exclusive = mode is StorageCandidateMode.EXCLUSIVE
-            params.extend((self._hold_space, read.limit) if exclusive else (read.limit + 1,))
-            text = _query_sql(sql.index_rows, (*shape, exclusive))
+            shape, params = _query_params(
+                read, exclusive=mode is StorageCandidateMode.EXCLUSIVE, hold_space=self._hold_space
+            )
+            text = _query_sql(sql.index_rows, shape)
         elif isinstance(read, RunFilter):
             listing = run_list_query(
                 read,

@@ -1,4 +1,4 @@
--- Runlane storage schema, version 1 (PostgreSQL 13 or newer).
+-- Runlane storage schema, version 2 (PostgreSQL 13 or newer).
 -- Written for the schema "public"; runlane_postgres.postgres_migration_sql(schema) gives it for any schema.
 -- Apply it with `runlane postgres migrate` or through your own migration tool. Every statement is idempotent.
 
@@ -89,7 +89,8 @@ CREATE INDEX IF NOT EXISTS runlane_operator_events_by_occurred
 --   n: wake hints [channel, [queue, ...]]: pg_notify(channel, queue) each, delivered at commit
 --   a: ordered append {h: head key, l: head lock, n: index name, p: encoded partition,
 --      k: record key prefix, v: [[text before the position digits, text after them, byte size
---      without them], ...]}
+--      without them], ...]}; the appended records' index entries restate their keys, so they get
+--      no index rows (see version 2 below)
 -- Returns commit_status 0 (committed) or 1 (a read or expected version changed: nothing was written,
 -- replay the attempt). A stream head that cannot be appended to raises SQLSTATE RL002 (corrupt head),
 -- RL003 (positions exhausted) or RL004 (records already exist past the head), with the head's text
@@ -266,12 +267,6 @@ BEGIN
         RAISE EXCEPTION 'runlane: the stream already holds records past its head' USING ERRCODE = 'RL004',
             DETAIL = coalesce(head_text, '');
     END IF;
-    INSERT INTO "public".runlane_index_rows (index_name, partition, sort, key)
-    SELECT appended ->> 'n', appended ->> 'p', v.sort_hex, (appended ->> 'k') || v.sort_hex
-    FROM (
-        SELECT encode(convert_to(lpad((first_position + g - 1)::text, 20, '0'), 'UTF8'), 'hex') AS sort_hex
-        FROM generate_series(1, value_count) AS g
-    ) AS v;
     head_text := '{"schemaVersion":1,"value":{"next_position":"' || (first_position + value_count)::text || '"}}';
     INSERT INTO "public".runlane_records AS r (key, version, document, byte_size, indexes)
     VALUES (appended ->> 'h', nextval('"public".runlane_record_versions'), head_text::json,
@@ -318,4 +313,19 @@ $runlane$;
 
 INSERT INTO "public".runlane_schema_migrations (version, name)
 VALUES (1, '0001_initial')
+ON CONFLICT (version) DO NOTHING;
+
+-- Version 2: an index entry that restates its record's key (runlane.storage.key_order: a run's events
+-- by run, its steps by run, the ordered-append records of a stream) has no index row; the records' own
+-- key order serves that part of the index. Rows written for such entries before are dropped.
+DELETE FROM "public".runlane_index_rows AS x
+WHERE x.index_name IN ('run_events_by_run', 'run_steps_by_run', 'observation_stream')
+  AND x.key = encode(convert_to(CASE x.index_name WHEN 'run_events_by_run' THEN 'run_events'
+                                                  WHEN 'run_steps_by_run' THEN 'run_steps'
+                                                  ELSE 'observation_records' END, 'UTF8'), 'hex')
+              || '/' || x.partition || '/' || x.sort
+  AND NOT EXISTS (SELECT FROM "public".runlane_schema_migrations AS m WHERE m.version = 2);
+
+INSERT INTO "public".runlane_schema_migrations (version, name)
+VALUES (2, '0002_key_ordered_indexes')
 ON CONFLICT (version) DO NOTHING;
