@@ -159,7 +159,7 @@ class LaneScenarios:
             async with runtime:
                 chosen = (await runtime.trigger(collide, {"n": 1}, run_id="run_chosen")).run
                 with monkeypatch.context() as patch:
-                    patch.setattr("runlane.core.runtime.random_uuid4_hex", lambda: "0" * 32)
+                    patch.setattr("runlane.core.runtime.time_ordered_uuid_hex", lambda: "0" * 32)
                     drawn = (await runtime.trigger(collide, {"n": 2})).run
                     assert drawn.id == f"run_{'0' * 32}"
                     attempts = [

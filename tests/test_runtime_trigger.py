@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
+import time
+import uuid
+
 import pytest
 from pydantic import BaseModel
 
@@ -20,6 +25,7 @@ from runlane import (
     schedule,
     task,
 )
+from runlane.ids import time_ordered_uuid_hex
 from runlane.testing import ControlledClock
 from runlane_local import local_lane
 
@@ -175,6 +181,27 @@ async def test_trigger_on_an_unbounded_queue_creates_and_requests_delivery():
         assert run.id.startswith("run_")
         assert await event_types(runtime, run.id) == ["run.created", "run.delivery_requested"]
         assert await runtime.runs.get(run.id) == run
+
+
+async def test_generated_run_ids_are_version_7_uuids_in_trigger_order():
+    """``run_`` + a version-7 UUID: its first 48 bits are the Unix milliseconds when it was drawn, so
+    runs triggered later sort after earlier ones (storage indexes keyed by run grow at one end)."""
+    runtime, _ = make_runtime(welcome, queues=[emails])
+    async with runtime:
+        ids, drawn_at = [], []
+        for n in range(3):
+            before = time.time_ns() // 1_000_000
+            ids.append((await runtime.trigger(welcome, {"user_id": f"user_{n}"})).run.id)
+            drawn_at.append((before, time.time_ns() // 1_000_000))
+            await asyncio.sleep(0.002)
+    assert ids == sorted(ids) and len(set(ids)) == 3
+    for run_id, (before, after) in zip(ids, drawn_at):
+        assert re.fullmatch(r"run_[0-9a-f]{32}", run_id), run_id
+        drawn = uuid.UUID(run_id.removeprefix("run_"))
+        assert drawn.version == 7 and drawn.variant == uuid.RFC_4122
+        assert before <= drawn.int >> 80 <= after
+    many = {time_ordered_uuid_hex() for _ in range(20_000)}  # random bits keep ids of one millisecond apart
+    assert len(many) == 20_000
 
 
 async def test_trigger_on_a_bounded_queue_only_creates():

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms, format_duration
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, is_storage_conflict
-from ..ids import random_uuid4_hex, validate_id
+from ..ids import random_uuid4_hex, time_ordered_uuid_hex, validate_id
 from ..json_values import canonical_json, ensure_json_object
 from ..model_build import build_validated
 from ..models import (
@@ -870,7 +870,7 @@ class Runlane:
         if meta is not None:
             meta_value = _copy_json_object(meta, "meta")
         carrier = _trace_carrier(trace_carrier)
-        new_run_id = f"run_{random_uuid4_hex()}" if run_id is None else validate_id(run_id, "run id")
+        new_run_id = f"run_{time_ordered_uuid_hex()}" if run_id is None else validate_id(run_id, "run id")
         return _CreateInput(
             definition=definition,
             queue=selected,
