@@ -1,4 +1,4 @@
-"""Index entries that repeat their record's key, for drivers that keep index rows in a table.
+"""Index entries that restate their record's key, for drivers that keep index rows in a table.
 
 Core writes a few index names whose entries restate the record key: a run event ``(environment,
 run_id, position)`` carries ``run_events_by_run`` with partition ``(environment, run_id)`` and sort
@@ -6,7 +6,7 @@ run_id, position)`` carries ``run_events_by_run`` with partition ``(environment,
 its stream's index. For such an entry the encoded key is ``enc((collection,)) + "/" + partition + "/"
 + sort``, so the records' own key order already is the index order within the partition. A SQL driver
 may keep no index row for it and read that part of the index as a key range of the records (checking
-that each record lists the entry), merged with the rows of entries that do not repeat their key.
+that each record lists the entry), merged with the rows of entries that do not restate their key.
 
 The decision is per entry and exact, so a record of any other shape under the same index name (a
 conformance test's, or one in another collection) is indexed by a row as usual.
@@ -37,7 +37,6 @@ KEY_ORDERED_INDEXES: Mapping[StorageIndexName, str] = MappingProxyType(
 KEY_ORDERED_COLLECTION_PREFIXES: Mapping[str, str] = MappingProxyType(
     {name.value: encode_storage_tuple((collection,)) + "/" for name, collection in KEY_ORDERED_INDEXES.items()}
 )
-_COLLECTION_PREFIXES = KEY_ORDERED_COLLECTION_PREFIXES
 
 
 def key_ordered_prefix(index: StorageIndexName | str, encoded_partition: str) -> str | None:
@@ -45,11 +44,11 @@ def key_ordered_prefix(index: StorageIndexName | str, encoded_partition: str) ->
     (``None`` when ``index`` is not key-ordered). Such a key is this prefix followed by the entry's
     encoded sort; every key that starts with it sorts between the prefix and the prefix with its
     final ``/`` replaced by ``0``."""
-    collection = _COLLECTION_PREFIXES.get(index)
+    collection = KEY_ORDERED_COLLECTION_PREFIXES.get(index)
     return None if collection is None else f"{collection}{encoded_partition}/"
 
 
 def repeats_key(index: str, encoded_partition: str, encoded_sort: str, encoded_key: str) -> bool:
     """Whether an entry (index name value and encodings) of the record at ``encoded_key`` restates the key."""
-    collection = _COLLECTION_PREFIXES.get(index)
+    collection = KEY_ORDERED_COLLECTION_PREFIXES.get(index)
     return collection is not None and encoded_key == f"{collection}{encoded_partition}/{encoded_sort}"
