@@ -129,16 +129,15 @@ BEGIN
     END IF;
 
     IF p ? 'd' THEN
-        FOR entry IN SELECT e.value FROM jsonb_array_elements(p -> 'd') AS e LOOP
-            SELECT r.version INTO current_version FROM "public".runlane_records AS r WHERE r.key = entry ->> 0;
-            IF NOT FOUND THEN
-                current_version := NULL;
-            END IF;
-            IF current_version IS DISTINCT FROM (entry ->> 1)::bigint THEN
-                commit_status := 1;
-                RETURN;
-            END IF;
-        END LOOP;
+        -- One statement for every dependency: each key is looked up by a subquery on the primary key.
+        IF EXISTS (
+            SELECT FROM jsonb_array_elements(p -> 'd') AS e
+            WHERE (SELECT r.version FROM "public".runlane_records AS r WHERE r.key = e ->> 0)
+                  IS DISTINCT FROM (e ->> 1)::bigint
+        ) THEN
+            commit_status := 1;
+            RETURN;
+        END IF;
     END IF;
 
     IF p ? 'n' THEN
