@@ -393,21 +393,33 @@ async def test_a_version_1_file_drops_the_rows_of_entries_that_restate_their_key
             )
         connection.execute("UPDATE runlane_meta SET value = '1' WHERE name = 'schema_version'")
 
+    expected = [(elsewhere, ("01",)), (events[0], ("01",)), (events[1], ("02",))]  # ties by key: "other" first
     reopened = sqlite_storage(database)
     await reopened.start()
     try:
         page = await reopened.query(StorageQuery(by_run, ("env", "run_1"), limit=10))
+        assert [(item.key, item.sort) for item in page.items] == expected
+        with sqlite3.connect(database) as connection:
+            assert connection.execute(rows).fetchall() == [(elsewhere.encoded,)]
+            version = connection.execute("SELECT value FROM runlane_meta WHERE name = 'schema_version'").fetchone()
+            assert version == (str(SCHEMA_VERSION),) == ("2",)
+            # A process that opened the file before the upgrade writes such a row again: not read twice.
+            entry = entries[events[1]]
+            connection.execute(
+                "INSERT INTO runlane_index_rows VALUES (?, ?, ?, ?)",
+                (by_run.value, entry.encoded_partition, entry.encoded_sort, events[1].encoded),
+            )
+        for limit in (1, 10):
+            got = []
+            cursor = None
+            while True:
+                page = await reopened.query(StorageQuery(by_run, ("env", "run_1"), limit=limit, cursor=cursor))
+                got += [(item.key, item.sort) for item in page.items]
+                if (cursor := page.next_cursor) is None:
+                    break
+            assert got == expected, limit
     finally:
         await reopened.close()
-    assert [(item.key, item.sort) for item in page.items] == [  # ties by encoded key: "other" first
-        (elsewhere, ("01",)),
-        (events[0], ("01",)),
-        (events[1], ("02",)),
-    ]
-    with sqlite3.connect(database) as connection:
-        assert connection.execute(rows).fetchall() == [(elsewhere.encoded,)]
-        version = connection.execute("SELECT value FROM runlane_meta WHERE name = 'schema_version'").fetchone()
-    assert version == (str(SCHEMA_VERSION),) == ("2",)
 
 
 async def sqlite_storage_get(database: Path, *keys: StorageRecordKey) -> list[Any]:

@@ -430,12 +430,17 @@ def _index_query(
     if holder is not None:
         clauses.append(f"NOT EXISTS (SELECT 1 FROM {_HOLDS} h WHERE h.key = i.key AND h.owner != ?)")
         params.append(holder)
+    prefix = key_ordered_prefix(query.index, query.encoded_partition)
+    if prefix is not None:
+        # A row that restates its key (left by a process running an earlier version) is read from
+        # the records instead: skip it here, or it would be returned twice.
+        clauses.append("key <> ? || sort")
+        params.append(prefix)
     params.append(limit)
     rows = (
         f"SELECT sort, key FROM {_INDEX_ROWS} i WHERE {' AND '.join(clauses)} "
         f"ORDER BY sort {order}, key {order} LIMIT ?"
     )
-    prefix = key_ordered_prefix(query.index, query.encoded_partition)
     if prefix is None:
         return rows, params
     start = len(prefix) + 1  # where the sort begins in a key (1-based)

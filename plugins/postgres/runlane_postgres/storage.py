@@ -700,6 +700,10 @@ def _query_sql(index_rows: str, shape: tuple[bool, ...]) -> str:
     where += [f"x.sort {operator} %s" for present, operator in bounds if present]
     if has_cursor:
         where.append(f"(x.sort, x.key) {'<' if descending else '>'} (%s, %s)")
+    if key_ordered:
+        # A row that restates its key (left by a process running an earlier version) is read from
+        # the records instead: skip it here, or it would be returned twice.
+        where.append("x.key <> %s || x.sort")
     direction = "DESC" if descending else "ASC"
     inner = (
         f"SELECT x.sort, x.key FROM {index_rows} AS x WHERE {' AND '.join(where)} "
@@ -787,6 +791,7 @@ def _query_params(query: StorageQuery, *, exclusive: bool, hold_space: int) -> t
     page = query.limit + 1  # one more than the page: whether another page follows
     if prefix is not None:
         start = len(prefix) + 1  # where the sort begins in a key (1-based)
+        params.append(prefix)
         if not exclusive:
             params.append(page)
         params.extend((start, prefix, prefix[:-1] + "0"))
