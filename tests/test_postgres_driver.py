@@ -1085,6 +1085,11 @@ def test_cli_migrate_with_url_and_with_the_configured_lane(tmp_path: Path, schem
         "version": 2,
         "changed": False,
     }
+    # A schema an earlier version created is upgraded, and says so.
+    schemas.execute(sql.SQL("DELETE FROM {}.runlane_schema_migrations WHERE version = 2").format(sql.Identifier(schema)))
+    upgraded = cli(tmp_path, "postgres", "migrate", "--url", url)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert f"upgraded schema '{schema}'" in upgraded.stdout and "from version 1 to version 2" in upgraded.stdout
 
     configured = schemas.name()
     write(tmp_path / "app" / "__init__.py", "")

@@ -191,7 +191,12 @@ def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = No
     if output.json:
         output.emit_json(result.to_json())
         return
-    if result.changed:
+    if result.changed and result.previous_version:
+        message = (
+            f"upgraded schema {result.schema!r} in {result.database} from version {result.previous_version} "
+            f"to version {result.version}"
+        )
+    elif result.changed:
         message = f"migrated schema {result.schema!r} in {result.database} to version {result.version}"
     else:
         message = f"schema {result.schema!r} in {result.database} is already at version {result.version}; nothing to do"
