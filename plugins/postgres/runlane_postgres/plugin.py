@@ -171,8 +171,9 @@ def _configured_connection(ctx: typer.Context) -> tuple[str, str | None]:
 
 @postgres_cli.command("migrate")
 def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = None) -> None:
-    """Apply the Runlane migration to the configured lane's database (or --url): it creates the schema or
-    upgrades one an earlier version created. Safe to repeat."""
+    """Apply the Runlane migration to the configured lane's database (or --url).
+
+    It creates the schema, or upgrades one an earlier version created. Safe to repeat."""
     from runlane.cli.main import guard, invoke, state_of
 
     from .migration import apply_postgres_migrations
