@@ -350,3 +350,28 @@ def test_unsigned_integer_encoders_reject_values_out_of_range(value):
 )
 def test_sortable_unsigned_integer_decoding_rejects_malformed_text(encoded):
     rejected(decode_storage_unsigned_integer, encoded)
+
+
+def test_the_key_range_of_entries_that_restate_their_key_holds_exactly_their_partition() -> None:
+    from runlane.storage import StorageIndexEntry, StorageIndexName, encode_storage_unsigned_integer
+    from runlane.storage.key_order import key_ordered_range, repeats_key
+    from runlane.storage.tables import run_event_key
+
+    def entry(run_id: str, sequence: int) -> StorageIndexEntry:
+        return StorageIndexEntry(
+            StorageIndexName.RUN_EVENTS_BY_RUN, ("env", run_id), (encode_storage_unsigned_integer(sequence),)
+        )
+
+    found = key_ordered_range(StorageIndexName.RUN_EVENTS_BY_RUN, entry("r", 1).encoded_partition)
+    assert found is not None
+    for sequence in (1, 2, 10**12):
+        key = run_event_key("env", "r", sequence).encoded
+        restating = entry("r", sequence)
+        assert repeats_key(restating.name.value, restating.encoded_partition, restating.encoded_sort, key)
+        assert key == found.prefix + restating.encoded_sort and key[found.start - 1 :] == restating.encoded_sort
+        assert found.prefix <= key < found.upper
+    # Runs whose id extends "r", or sorts right after it, lie outside the range.
+    for neighbour in ("r0", "r1", "r/", "s", "q"):
+        key = run_event_key("env", neighbour, 1).encoded
+        assert not found.prefix <= key < found.upper, neighbour
+    assert key_ordered_range(StorageIndexName.RUNS_RUNNABLE, entry("r", 1).encoded_partition) is None

@@ -15,6 +15,7 @@ conformance test's, or one in another collection) is indexed by a row as usual.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from .codecs import encode_storage_tuple
@@ -22,7 +23,13 @@ from .indexes import StorageIndexName
 from .streams import storage_stream_layouts
 from .tables import RUN_EVENTS_COLLECTION, RUN_STEPS_COLLECTION
 
-__all__ = ["KEY_ORDERED_COLLECTION_PREFIXES", "KEY_ORDERED_INDEXES", "key_ordered_prefix", "repeats_key"]
+__all__ = [
+    "KEY_ORDERED_COLLECTION_PREFIXES",
+    "KEY_ORDERED_INDEXES",
+    "KeyOrderedRange",
+    "key_ordered_range",
+    "repeats_key",
+]
 
 # Index name -> the collection whose records' keys restate that index's entries.
 KEY_ORDERED_INDEXES: Mapping[StorageIndexName, str] = MappingProxyType(
@@ -39,13 +46,28 @@ KEY_ORDERED_COLLECTION_PREFIXES: Mapping[str, str] = MappingProxyType(
 )
 
 
-def key_ordered_prefix(index: StorageIndexName | str, encoded_partition: str) -> str | None:
-    """The encoded key prefix of the records whose keys restate ``index`` entries of one partition
-    (``None`` when ``index`` is not key-ordered). Such a key is this prefix followed by the entry's
-    encoded sort; every key that starts with it sorts between the prefix and the prefix with its
-    final ``/`` replaced by ``0``."""
+@dataclass(frozen=True, slots=True)
+class KeyOrderedRange:
+    """Where the records whose keys restate the entries of one key-ordered index partition lie.
+
+    Such a key is ``prefix`` followed by the entry's encoded sort, so every one sorts in
+    ``prefix <= key < upper`` (``upper`` is the prefix with its final ``/`` raised to ``0``), a sort
+    bound ``b`` is the key bound ``prefix + b``, and the sort is the key from (1-based) ``start`` on.
+    """
+
+    prefix: str
+    upper: str
+    start: int
+
+
+def key_ordered_range(index: StorageIndexName | str, encoded_partition: str) -> KeyOrderedRange | None:
+    """The key range of the records restating ``index`` entries of one partition, or ``None`` when
+    ``index`` is not key-ordered."""
     collection = KEY_ORDERED_COLLECTION_PREFIXES.get(index)
-    return None if collection is None else f"{collection}{encoded_partition}/"
+    if collection is None:
+        return None
+    prefix = f"{collection}{encoded_partition}/"
+    return KeyOrderedRange(prefix, prefix[:-1] + "0", len(prefix) + 1)
 
 
 def repeats_key(index: str, encoded_partition: str, encoded_sort: str, encoded_key: str) -> bool:

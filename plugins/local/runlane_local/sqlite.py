@@ -11,9 +11,10 @@ Mechanics:
   (``configuration_invalid``). Tables: ``runlane_records`` (key, version, canonical document, byte
   size, the record's index entries), ``runlane_index_rows`` (index name, encoded partition, encoded
   sort, key; none for an entry that restates its record's key, see ``runlane.storage.key_order``:
-  those pages read the records' key range), a one-row version counter, ``runlane_holds`` (exclusive candidates) and the two operator projection tables of
-  ``runlane.storage.operator_sql``. Encoded keys and sort values are ASCII hex and ``/``, so
-  SQLite's ``BINARY`` collation gives exactly the contract's byte order.
+  those pages read the records' key range), a one-row version counter, ``runlane_holds``
+  (exclusive candidates) and the two operator projection tables of ``runlane.storage.operator_sql``.
+  Encoded keys and sort values are ASCII hex and ``/``, so SQLite's ``BINARY`` collation gives
+  exactly the contract's byte order.
 * **One thread per driver.** Every sqlite3 call runs on the driver's own worker thread (a
   single-worker executor owning one connection), so a commit waiting for the file's write lock,
   held by another process, never blocks the event loop.
@@ -124,6 +125,7 @@ from runlane.storage.attempt import (
     pause_before_replay,
 )
 from runlane.storage.batching import Batcher
+from runlane.storage.key_order import KEY_ORDERED_COLLECTION_PREFIXES, key_ordered_range, repeats_key
 from runlane.storage.operator_sql import (
     OPERATOR_EVENT_COLUMNS,
     OPERATOR_RUN_COLUMNS,
@@ -136,7 +138,6 @@ from runlane.storage.operator_sql import (
     run_event_list_query,
     run_list_query,
 )
-from runlane.storage.key_order import KEY_ORDERED_COLLECTION_PREFIXES, key_ordered_prefix, repeats_key
 from runlane.storage.tables import peek_run_document
 from runlane.vocabulary import SortDirection
 
@@ -430,23 +431,23 @@ def _index_query(
     if holder is not None:
         clauses.append(f"NOT EXISTS (SELECT 1 FROM {_HOLDS} h WHERE h.key = i.key AND h.owner != ?)")
         params.append(holder)
-    prefix = key_ordered_prefix(query.index, query.encoded_partition)
-    if prefix is not None:
+    keyed_range = key_ordered_range(query.index, query.encoded_partition)
+    if keyed_range is not None:
         # A row that restates its key (left by a process running an earlier version) is read from
         # the records instead: skip it here, or it would be returned twice.
         clauses.append("key <> ? || sort")
-        params.append(prefix)
+        params.append(keyed_range.prefix)
     params.append(limit)
     rows = (
         f"SELECT sort, key FROM {_INDEX_ROWS} i WHERE {' AND '.join(clauses)} "
         f"ORDER BY sort {order}, key {order} LIMIT ?"
     )
-    if prefix is None:
+    if keyed_range is None:
         return rows, params
-    start = len(prefix) + 1  # where the sort begins in a key (1-based)
-    # prefix <= key < prefix with its final "/" raised to "0"; a sort bound is the prefix + bound.
+    prefix, start = keyed_range.prefix, keyed_range.start
+    # The records' key range (KeyOrderedRange); a sort bound is the prefix + bound.
     keyed = ["r.key >= ?", "r.key < ?", *(f"r.key {operator} ?" for operator, _ in present)]
-    params.extend((start, prefix, prefix[:-1] + "0", *(prefix + value for _, value in present)))
+    params.extend((start, prefix, keyed_range.upper, *(prefix + value for _, value in present)))
     if after is not None:
         keyed.append(
             f"r.key {'<=' if descending else '>='} ? AND (substr(r.key, ?), r.key) {'<' if descending else '>'} (?, ?)"

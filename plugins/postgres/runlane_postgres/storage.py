@@ -125,7 +125,7 @@ from runlane.storage.attempt import (
     pause_before_replay,
 )
 from runlane.storage.clock import ClientClock, Clock, SystemClock, checked_clock
-from runlane.storage.key_order import key_ordered_prefix, repeats_key
+from runlane.storage.key_order import key_ordered_range, repeats_key
 from runlane.storage.operator_sql import (
     finish_event_page,
     finish_run_page,
@@ -711,7 +711,7 @@ def _query_sql(index_rows: str, shape: tuple[bool, ...]) -> str:
     )
     records = index_rows.rsplit(".", 1)[0] + ".runlane_records"
     if key_ordered:
-        # prefix <= key < prefix with its final "/" raised to "0"; a sort bound is the prefix + bound.
+        # The records' key range (KeyOrderedRange); a sort bound is the prefix + bound.
         keyed = ["r.key >= %s", "r.key < %s"]
         keyed += [f"r.key {operator} %s" for present, operator in bounds if present]
         if has_cursor:
@@ -777,7 +777,7 @@ def _query_params(query: StorageQuery, *, exclusive: bool, hold_space: int) -> t
     after = decode_storage_query_cursor(query)
     if after is not None:
         params.extend((after.sort, after.key))
-    prefix = key_ordered_prefix(name, partition)
+    keyed = key_ordered_range(name, partition)
     shape = (
         bounds.gt is not None,
         bounds.gte is not None,
@@ -786,15 +786,15 @@ def _query_params(query: StorageQuery, *, exclusive: bool, hold_space: int) -> t
         after is not None,
         query.direction is SortDirection.DESC,
         exclusive,
-        prefix is not None,
+        keyed is not None,
     )
     page = query.limit + 1  # one more than the page: whether another page follows
-    if prefix is not None:
-        start = len(prefix) + 1  # where the sort begins in a key (1-based)
+    if keyed is not None:
+        prefix, start = keyed.prefix, keyed.start
         params.append(prefix)
         if not exclusive:
             params.append(page)
-        params.extend((start, prefix, prefix[:-1] + "0"))
+        params.extend((start, prefix, keyed.upper))
         params.extend(prefix + bound for bound in present)
         if after is not None:
             params.extend((prefix + after.sort, start, after.sort, after.key))
