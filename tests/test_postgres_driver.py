@@ -534,6 +534,68 @@ async def test_corrupt_index_entries_are_an_invariant_violation(schemas: Schemas
         await driver.close()
 
 
+_HEAD_PREFIX = '{"schemaVersion":1,"value":{"next_position":'
+
+
+@pytest.mark.parametrize(
+    ("head", "appended_at"),
+    [
+        (_HEAD_PREFIX + '"7"}}', 7),
+        (_HEAD_PREFIX + '"10000000000000000000"}}', 10000000000000000000),
+        ("{}", None),
+        ('{"a":"' + "9" * 60 + '"}', None),
+        (_HEAD_PREFIX + '""}}', None),
+        (_HEAD_PREFIX + '"0"}}', None),
+        (_HEAD_PREFIX + '"07"}}', None),
+        (_HEAD_PREFIX + '"1a"}}', None),
+        (_HEAD_PREFIX + '"-1"}}', None),
+        (_HEAD_PREFIX + '"\u0661"}}', None),  # ARABIC-INDIC DIGIT ONE: a digit, but not 0-9
+        (_HEAD_PREFIX + '"' + "1" * 21 + '"}}', None),
+        (_HEAD_PREFIX + "7}}", None),
+        (_HEAD_PREFIX + '"7"}} ', None),
+        ('{"schemaVersion":1, "value":{"next_position":"7"}}', None),
+        ('{"schemaVersion":2,"value":{"next_position":"7"}}', None),
+    ],
+)
+async def test_appends_read_only_a_canonical_stream_head(
+    schemas: Schemas, shared_schema: str, head: str, appended_at: int | None
+) -> None:
+    """The commit function takes the next position from a head of exactly the shape it writes (1 to
+    20 digits, no leading zero); any other head is corrupt: the append fails and changes nothing."""
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=0)
+    await driver.start()
+    try:
+        stream = f"head-{uuid.uuid4().hex}"
+        layout = storage_stream_layouts[StorageStreamName.OBSERVATIONS]
+        head_key = layout.head_key(stream)
+
+        async def append(tx: Any) -> None:
+            tx.append(StorageAppendCommand(StorageStreamName.OBSERVATIONS, stream, [{"n": 1}]))
+
+        await driver.with_transaction(append)
+        _corrupt(schemas, shared_schema, head_key, "document", head)
+        if appended_at is None:
+            await expect_error(driver.with_transaction(append), ErrorCode.INVARIANT_VIOLATION)
+            assert schemas.execute(
+                sql.SQL("SELECT document::text FROM {}.runlane_records WHERE key = %s").format(
+                    sql.Identifier(shared_schema)
+                ),
+                (head_key.encoded,),
+            ) == [(head,)], "a corrupt head is left as it was"
+            positions = [1]
+        else:
+            await driver.with_transaction(append)
+            (stored,) = await driver.get([head_key])
+            assert stored is not None and stored.document.value == {"next_position": str(appended_at + 1)}
+            positions = [1, appended_at]
+        page = await driver.query(
+            StorageQuery(StorageIndexName.OBSERVATION_STREAM, (stream,), StorageRange(), limit=10)
+        )
+        assert [int(item.sort[0]) for item in page.items] == positions
+    finally:
+        await driver.close()
+
+
 async def test_a_corrupt_run_record_fails_operator_reads(schemas: Schemas) -> None:
     schema = await schemas.migrated()
     runtime = _runtime(schemas.url, schema)

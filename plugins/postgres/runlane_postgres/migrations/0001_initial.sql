@@ -238,10 +238,13 @@ BEGIN
     IF NOT FOUND THEN
         first_position := 1;
     ELSE
-        head_digits := substring(
-            head_text FROM '^\{"schemaVersion":1,"value":\{"next_position":"([1-9][0-9]{0,19})"\}\}$'
-        );
-        IF head_digits IS NULL THEN
+        -- The head is exactly '{"schemaVersion":1,"value":{"next_position":"N"}}' with N in 1..20 digits,
+        -- no leading zero. Plain string tests, not a regular expression: this runs on every commit
+        -- that appends, and a regular expression with a bounded repeat costs tens of microseconds.
+        head_digits := substr(head_text, 46, greatest(length(head_text) - 48, 0));
+        IF left(head_text, 45) <> '{"schemaVersion":1,"value":{"next_position":"' OR right(head_text, 3) <> '"}}'
+           OR length(head_digits) NOT BETWEEN 1 AND 20 OR left(head_digits, 1) = '0'
+           OR translate(head_digits, '0123456789', '') <> '' THEN
             RAISE EXCEPTION 'runlane: the stream head is corrupt' USING ERRCODE = 'RL002', DETAIL = head_text;
         END IF;
         first_position := head_digits::numeric;
