@@ -44,7 +44,7 @@ from runlane.storage import (
     storage_stream_layouts,
 )
 from runlane.storage.attempt import page_index_rows
-from runlane.storage.streams import storage_append_rows
+from runlane.storage.streams import storage_append_rows, storage_append_templates
 from runlane.storage.tables import (
     RunChildCounts,
     compact_decoded,
@@ -150,6 +150,36 @@ def test_observation_documents_materialize_like_the_stream_layout_writes_them() 
     prefix, partition, rows = storage_append_rows(command, 41)
     assert [prefix + row[1] for row in rows] == [record.key.encoded for record in appended.records]
     assert partition == encode_storage_tuple(("tests",))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [{}],
+        [{"a": 1}, {"environment": {"name": 'é "q"'}, "id": "obs_1", "n": [1, 2.5, None]}],
+        [{"source_kind": "run_event", "observation": {"stream_position": "7"}}],
+        [{"a": 1}, {"z": 1}],  # "z" sorts after the position field: that value is rebuilt
+    ],
+)
+def test_append_templates_rebuild_every_row_at_any_position(values: list[dict[str, Any]]) -> None:
+    """``before + digits + after`` of each template is the text ``storage_append_rows`` writes at that
+    position, and the size without the digits plus theirs is its byte size; a value whose text is
+    rebuilt at each position has no template."""
+    command = StorageAppendCommand(
+        StorageStreamName.OBSERVATIONS, "tests", [encode_storage_append_value(value) for value in values]
+    )
+    templates = storage_append_templates(command)
+    if any(key > "stream_position" for value in values for key in value):
+        assert templates is None
+        return
+    assert templates is not None and len(templates) == len(values)
+    for start in (1, 41, 10**19, 2**64 - 1 - len(values)):
+        _, _, rows = storage_append_rows(command, start)
+        materialized = materialize_storage_append(command, start).records
+        for offset, ((before, after, size), row, record) in enumerate(zip(templates, rows, materialized, strict=True)):
+            digits = str(start + offset)
+            assert before + digits + after == row[2] == record.document.text
+            assert size + len(digits) == row[3] == record.document.byte_size
 
 
 # ---------------------------------------------------------------------------------------------

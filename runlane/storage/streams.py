@@ -49,6 +49,7 @@ __all__ = [
     "measure_storage_append",
     "read_storage_stream_position",
     "storage_append_rows",
+    "storage_append_templates",
     "storage_stream_layouts",
 ]
 
@@ -224,12 +225,11 @@ def storage_append_rows(
         # Every position is in range (checked above), so plain decimal text is its canonical form.
         digits = str(position)
         position += 1
-        shape = document.decoded
-        if type(shape) is AppendValueShape and (shape.last_key is None or shape.last_key < field):
-            # The field sorts after every key: the canonical text gains it as the value's last member.
-            added = f'{"" if shape.last_key is None else ","}{member}"{digits}"'
-            text = f"{document.text[:-2]}{added}}}}}"
-            size = document.byte_size + len(added)  # ASCII
+        spliced = _splice(document, field, member)
+        if spliced is not None:
+            before, size = spliced
+            text = f'{before}{digits}"}}}}'
+            size += len(digits)
         else:
             value = json.loads(document.text)["value"]
             layout._check_value(value)
@@ -242,6 +242,35 @@ def storage_append_rows(
 
 
 @functools.lru_cache(maxsize=256)
+def storage_append_templates(command: StorageAppendCommand) -> list[tuple[str, str, int]] | None:
+    """For each value of ``command``: its record's document text before and after the position
+    digits, and the document's byte size without them, so that ``before + digits + after`` is the
+    text ``storage_append_rows`` writes at any position (for drivers that allocate positions where
+    the records are stored). ``None`` when some value's text is rebuilt at each position instead."""
+    field = storage_stream_layouts[command.stream].position_field
+    member = _field_member_prefix(field)
+    templates = []
+    for document in command.values:
+        spliced = _splice(document, field, member)
+        if spliced is None:
+            return None
+        before, size = spliced
+        templates.append((before, '"}}', size))
+    return templates
+
+
+def _splice(document: StorageDocument, field: str, member: str) -> tuple[str, int] | None:
+    """When the position ``field`` sorts after every key of the value (the shape remembered by
+    ``encode_storage_append_value``), the canonical text gains it as the value's last member: the
+    text up to the position digits, and the byte size without them. ``None`` otherwise."""
+    shape = document.decoded
+    if type(shape) is not AppendValueShape or not (shape.last_key is None or shape.last_key < field):
+        return None
+    added = f'{"" if shape.last_key is None else ","}{member}"'
+    # ASCII; the closing quote after the digits is new, the closing braces were counted already
+    return f"{document.text[:-2]}{added}", document.byte_size + len(added) + 1
+
+
 def _record_prefixes(collection: str, partition: str) -> tuple[str, str]:
     """The encoded ``(collection, partition)`` key prefix (with its separator) and encoded index partition."""
     return encode_storage_tuple((collection, partition)) + "/", encode_storage_tuple((partition,))

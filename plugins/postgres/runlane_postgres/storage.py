@@ -136,7 +136,7 @@ from runlane.storage.operator_sql import (
     run_event_list_query,
     run_list_query,
 )
-from runlane.storage.streams import storage_append_rows
+from runlane.storage.streams import storage_append_rows, storage_append_templates
 from runlane.storage.tables import peek_run_document, run_key, run_tombstone_key
 from runlane.vocabulary import SortDirection
 
@@ -388,7 +388,7 @@ def _entries(key: str, text: Any) -> tuple[StorageIndexEntry, ...]:
 
 
 def _encode_entries(entries: Iterable[StorageIndexEntry]) -> str:
-    return " ".join(f"{entry.name.value},{entry.encoded_partition},{entry.encoded_sort}" for entry in entries)
+    return " ".join([f"{entry.name._value_},{entry.encoded_partition},{entry.encoded_sort}" for entry in entries])
 
 
 def _record(key: StorageRecordKey, version: Any, text: Any, indexes: Any, written: WrittenDocuments) -> StorageRecord:
@@ -432,6 +432,9 @@ _PROBE_B = 17777777777777777777
 def _split_append(command: StorageAppendCommand) -> list[tuple[str, str, int]]:
     """For each value: the canonical record text before and after its position digits, and the
     byte size of the record's document without the digits (what ``materialize_storage_append`` builds)."""
+    templates = storage_append_templates(command)
+    if templates is not None:
+        return templates
     _, _, second = storage_append_rows(command, _PROBE_B)
     pieces = []
     for offset, (_, _, text, byte_size) in enumerate(second):
@@ -1049,8 +1052,8 @@ class _PostgresAttempt(StorageAttempt):
                 (creates if expected is None else replaces).append(stored)
             if old_rows or new_rows:
                 # Entries that restate the key have no row: the key range of the records serves them.
-                old = {(e.name.value, e.encoded_partition, e.encoded_sort) for e in old_rows}
-                new = {(e.name.value, e.encoded_partition, e.encoded_sort) for e in new_rows}
+                old = {(e.name._value_, e.encoded_partition, e.encoded_sort) for e in old_rows}
+                new = {(e.name._value_, e.encoded_partition, e.encoded_sort) for e in new_rows}
                 unindex.extend(
                     (name, partition, sort, encoded)
                     for name, partition, sort in old - new
