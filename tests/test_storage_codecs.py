@@ -113,6 +113,9 @@ def test_tuple_encoding_rejects_non_tuples_and_non_unicode(components):
         "6G",  # not hex
         "6A",  # uppercase hex is not canonical
         "61 /62",
+        " 61",  # spaces and tabs that bytes.fromhex would skip
+        "61 ",
+        "6\t1",
         "61//6",
         "ff",  # not UTF-8
         "c0af",  # overlong encoding of '/'

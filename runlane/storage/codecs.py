@@ -34,7 +34,6 @@ StorageTuple = tuple[str, ...]
 MAX_UNSIGNED_64 = 2**64 - 1
 UNSIGNED_64_WIDTH = 20  # len(str(MAX_UNSIGNED_64))
 _SEPARATOR = "/"
-_HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 def _contract(message: str) -> RunlaneError:
@@ -62,10 +61,15 @@ def decode_storage_tuple(encoded: str) -> StorageTuple:
         raise _contract("An encoded storage tuple must be a string.")
     components = []
     for part in encoded.split(_SEPARATOR):
-        if len(part) % 2 or not set(part) <= _HEX_DIGITS:
+        # ``fromhex`` also takes upper case and spaces: only text it gives back exactly is canonical.
+        try:
+            raw = bytes.fromhex(part)
+        except ValueError:
+            raw = None
+        if raw is None or raw.hex() != part:
             raise _contract(f"Malformed storage tuple encoding {encoded!r}.")
         try:
-            components.append(bytes.fromhex(part).decode("utf-8"))
+            components.append(raw.decode("utf-8"))
         except UnicodeDecodeError:
             raise _contract(f"Malformed storage tuple encoding {encoded!r}: not UTF-8.") from None
     return tuple(components)

@@ -108,9 +108,10 @@ class StorageRecordKey:
     @classmethod
     def decode(cls, encoded: str) -> StorageRecordKey:
         components = decode_storage_tuple(encoded)
-        if len(components) < 2:
+        if len(components) < 2 or not components[0]:
             raise _contract(f"Malformed storage record key {encoded!r}.")
-        return cls(components[0], *components[1:])
+        # A canonical encoding decodes to parts that encode back to it exactly.
+        return cls._trusted(components[0], components[1:], encoded)
 
     def __repr__(self) -> str:
         return f"StorageRecordKey({self.collection!r}, {', '.join(repr(p) for p in self.parts)})"
