@@ -241,7 +241,6 @@ def storage_append_rows(
     return key_prefix, encoded_partition, rows
 
 
-@functools.lru_cache(maxsize=256)
 def storage_append_templates(command: StorageAppendCommand) -> list[tuple[str, str, int]] | None:
     """For each value of ``command``: its record's document text before and after the position
     digits, and the document's byte size without them, so that ``before + digits + after`` is the
@@ -271,6 +270,7 @@ def _splice(document: StorageDocument, field: str, member: str) -> tuple[str, in
     return f"{document.text[:-2]}{added}", document.byte_size + len(added) + 1
 
 
+@functools.lru_cache(maxsize=256)
 def _record_prefixes(collection: str, partition: str) -> tuple[str, str]:
     """The encoded ``(collection, partition)`` key prefix (with its separator) and encoded index partition."""
     return encode_storage_tuple((collection, partition)) + "/", encode_storage_tuple((partition,))
