@@ -43,7 +43,8 @@ from runlane.storage import (
     materialize_storage_append,
     storage_stream_layouts,
 )
-from runlane.storage.attempt import page_index_rows
+from runlane.storage.attempt import StagedWrite, WrittenDocuments, page_index_rows
+from runlane.storage.operator_sql import remember_run_row
 from runlane.storage.streams import storage_append_rows, storage_append_templates
 from runlane.storage.tables import (
     RunChildCounts,
@@ -53,6 +54,7 @@ from runlane.storage.tables import (
     remember_run_document,
 )
 from runlane.storage.types import StorageAppendCommand
+from runlane.vocabulary import RunStatus
 from runlane_local import LocalStorageStore, local_storage_driver
 from runlane_local import memory
 
@@ -231,6 +233,40 @@ def test_values_other_than_remembered_runs_are_kept_as_they_are() -> None:
     shape = encode_storage_append_value({"a": 1}).decoded
     assert compact_decoded(shape) is shape
     assert compact_decoded(None) is None
+
+
+def test_documents_a_sql_driver_keeps_hold_compact_runs_and_no_commit_only_values() -> None:
+    """``WrittenDocuments`` keeps the text a driver wrote, with a remembered run compacted (read back
+    equal to the run) and nothing for a value only the commit needed (a terminal run's projection
+    source); the document the caller committed keeps its full run."""
+    active = next(run for run in all_runs() if run.status not in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED))
+    active_key = StorageRecordKey("runs", "env", "active")
+    active_document = StorageDocument.encode({"run": active.model_dump(mode="json")})
+    remember_run_document(active_document, active, RunChildCounts(events=3))
+    finished_key = StorageRecordKey("runs", "env", "finished")
+    finished_document = remember_run_row(StorageDocument.encode({"run": {}}), active)
+    plain_key = StorageRecordKey("things", "plain")
+    plain_document = StorageDocument.encode({"v": 1})
+    written = WrittenDocuments()
+    written.remember(
+        [
+            StagedWrite(key, None, NewStorageRecord(key, document, ()))
+            for key, document in (
+                (active_key, active_document),
+                (finished_key, finished_document),
+                (plain_key, plain_document),
+            )
+        ]
+    )
+
+    kept = written.recall(active_key.encoded, active_document.text)
+    assert kept is not None and kept.text == active_document.text and kept.byte_size == active_document.byte_size
+    assert kept.decoded[0] == "run/compact"
+    assert decode_run_document(kept) == (active, RunChildCounts(events=3))
+    assert active_document.decoded[0] == "run" and active_document.decoded[1] == active
+    kept_finished = written.recall(finished_key.encoded, finished_document.text)
+    assert kept_finished is not None and kept_finished.decoded is None
+    assert written.recall(plain_key.encoded, plain_document.text) is plain_document
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from .clock import Clock
 from .cursor import StorageQueryPosition, encode_storage_query_cursor
 from .codecs import decode_storage_tuple
 from .streams import measure_storage_append, storage_stream_layouts
+from .tables import compact_decoded
 from .types import (
     NewStorageRecord,
     StorageAppendCommand,
@@ -340,6 +341,11 @@ class WrittenDocuments:
     ``recall`` hands out a kept document only when the stored text is exactly the one written;
     anything else (another process wrote since, or the row is corrupt) is parsed as usual. Safe to
     share between threads: one driver may serve several event loops, or read on a thread of its own.
+
+    A kept document holds its remembered value in the compact form (``tables.compact_decoded``): a
+    run as one tuple of plain values instead of a model with nested models, dicts and sets, and
+    nothing for values only a commit needed. Thousands of kept runs are then not tens of thousands
+    of objects for every garbage collection of the process to walk.
     """
 
     __slots__ = ("_documents", "_limit")
@@ -358,7 +364,7 @@ class WrittenDocuments:
             encoded = key.encoded
             documents.pop(encoded, None)
             if record is not None:
-                documents[encoded] = record.document
+                documents[encoded] = _kept(record.document)
         excess = len(documents) - self._limit
         if excess > self._limit >> 2:
             try:
@@ -372,6 +378,17 @@ class WrittenDocuments:
         """The kept document of ``encoded_key`` when its text is exactly ``text``."""
         known = self._documents.get(encoded_key)
         return known if known is not None and known.text == text else None
+
+
+def _kept(document: StorageDocument) -> StorageDocument:
+    """``document`` as ``WrittenDocuments`` keeps it: the same text, its remembered value compacted."""
+    decoded = document.decoded
+    if decoded is None:
+        return document
+    compact = compact_decoded(decoded)
+    if compact is decoded:
+        return document
+    return StorageDocument(document.text, document.byte_size).remember_decoded(compact)
 
 
 async def pause_before_replay(replay: int) -> None:

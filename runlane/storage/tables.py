@@ -154,14 +154,14 @@ def _corrupt(what: str, error: Exception | None = None) -> RunlaneError:
 # ---------------------------------------------------------------------------------------------
 # The compact remembered run
 #
-# A store that keeps records for a long time (the in-memory driver) keeps the remembered run of each
-# active run's document. As a model, a run is several objects the garbage collector tracks (the
-# instance, its field dict and set, nested models), so a store holding many active runs makes every
-# full collection of the process slower. ``compact_decoded`` turns the remembered run into one tuple
-# of plain values (strings, numbers, datetimes, enum values, frozen JSON values), which the collector
-# stops tracking; ``decode_run_document`` rebuilds an equal run from it, with fresh JSON values and
-# nested models (counters, immutable and few, are shared per distinct value, as ``_detached`` shares
-# nested models).
+# A store that keeps records for a long time (the in-memory driver, and the documents a SQL driver
+# wrote last: ``attempt.WrittenDocuments``) keeps the remembered run of each active run's document. As
+# a model, a run is several objects the garbage collector tracks (the instance, its field dict and
+# set, nested models), so a store holding many active runs makes every full collection of the process
+# slower. ``compact_decoded`` turns the remembered run into one tuple of plain values (strings,
+# numbers, datetimes, enum values, frozen JSON values), which the collector stops tracking;
+# ``decode_run_document`` rebuilds an equal run from it, with fresh JSON values and nested models
+# (counters, immutable and few, are shared per distinct value, as ``_detached`` shares nested models).
 
 _COMPACT_CODEC = "run/compact"
 _ATOMIC = frozenset({str, int, bool, type(None), datetime})
