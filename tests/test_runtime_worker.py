@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -18,6 +19,7 @@ from runlane import (
     task,
 )
 
+import runlane.core.store as core_store
 from runtime_support import DEFAULT_QUEUE, make_runtime
 
 executed: list[int] = []
@@ -48,6 +50,45 @@ async def test_drain_executes_due_work_and_exits():
         assert all(run.status is RunStatus.SUCCEEDED for run in seen)
         # An empty drain returns at once.
         await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN).closed, 1)
+
+
+async def _trigger_due_before_the_backlog(runtime, clock) -> None:
+    """Two runs due now, the first executed (the next scans of the queue start at it), then one run
+    due a minute earlier, as a producer whose clock is behind would trigger it."""
+    for n in (1, 2):
+        await runtime.trigger(count, {"n": n})
+        clock.advance(timedelta(milliseconds=1))
+    assert (await runtime.execute_next()).payload == {"n": 1}
+    now = clock.now()
+    clock.set(now - timedelta(minutes=1))
+    await runtime.trigger(count, {"n": 0})
+    clock.set(now)
+
+
+async def test_a_run_due_before_the_scanned_backlog_is_executed_before_the_queue_is_idle():
+    runtime, clock = make_runtime(count)
+    async with runtime:
+        await _trigger_due_before_the_backlog(runtime, clock)
+        assert (await runtime.execute_next()).payload == {"n": 2}
+        # Nothing is left at or after where the scans start: the queue is read from its start.
+        assert (await runtime.execute_next()).payload == {"n": 0}
+        assert await runtime.execute_next() is None
+
+        await _trigger_due_before_the_backlog(runtime, clock)
+        worker = runtime.worker(mode=WorkerMode.DRAIN)
+        await asyncio.wait_for(worker.closed, 5)
+        assert worker.executed == 2 and executed == [1, 2, 0, 1, 2, 0]
+
+
+async def test_scans_read_the_whole_queue_again_after_a_second(monkeypatch):
+    runtime, clock = make_runtime(count)
+    seconds = [1000.0]
+    monkeypatch.setattr(core_store.time, "monotonic", lambda: seconds[0])
+    async with runtime:
+        await _trigger_due_before_the_backlog(runtime, clock)
+        seconds[0] += 1.0
+        assert (await runtime.execute_next()).payload == {"n": 0}  # the oldest due run first again
+        assert (await runtime.execute_next()).payload == {"n": 2}
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])
