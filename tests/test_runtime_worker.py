@@ -80,6 +80,21 @@ async def test_a_run_due_before_the_scanned_backlog_is_executed_before_the_queue
         assert worker.executed == 2 and executed == [1, 2, 0, 1, 2, 0]
 
 
+async def test_after_an_idle_scan_scans_start_a_second_before_it():
+    runtime, clock = make_runtime(count)
+    async with runtime:
+        assert await runtime.execute_next() is None  # the whole queue read: nothing due
+        now = clock.now()
+        clock.set(now - timedelta(milliseconds=900))  # a producer's clock a little behind: still in order
+        await runtime.trigger(count, {"n": 1})
+        clock.set(now - timedelta(minutes=1))  # one far behind: below where the scans start
+        await runtime.trigger(count, {"n": 0})
+        clock.set(now)
+        await runtime.trigger(count, {"n": 2})
+        assert [(await runtime.execute_next()).payload["n"] for _ in range(3)] == [1, 2, 0]
+        assert await runtime.execute_next() is None
+
+
 async def test_scans_read_the_whole_queue_again_after_a_second(monkeypatch):
     runtime, clock = make_runtime(count)
     seconds = [1000.0]

@@ -1224,7 +1224,9 @@ class _RunnableFloors:
     queue's rows steps over every run claimed since, the more the longer the backlog or the time
     since the last vacuum (draining 20,000 queued runs, a scan took three times as long on average
     as draining 2,000). So a scan starts at the oldest candidate the previous scan of the queue
-    found (the rows before it were gone, not yet committed, or held by other claimers).
+    found (the rows before it were gone, not yet committed, or held by other claimers), or, when a
+    full scan found none, a second before the time that scan read up to: a worker woken for one new
+    run does not step over every run the queue had since the last vacuum.
 
     A due run can still sit below that floor: a running run whose lease expired, or a retrying,
     released or scheduled run that came due, at a time before the floor; a run triggered by a
@@ -1235,6 +1237,7 @@ class _RunnableFloors:
     """
 
     FULL_SCAN_AFTER = 1.0  # seconds
+    IDLE_MARGIN = timedelta(seconds=1)
 
     __slots__ = ("_floors",)
 
@@ -1248,11 +1251,17 @@ class _RunnableFloors:
             return None
         return known[0]
 
-    def found(self, queue: str, first: tuple[str, ...] | None, *, full: bool) -> None:
-        """Record a scan of ``queue``: the sort of the first candidate it held (``None``: none)."""
+    def found(self, queue: str, first: tuple[str, ...] | None, *, full: bool, now: datetime) -> None:
+        """Record a scan of ``queue`` for runs due at ``now``: the sort of the first candidate it held
+        (``None``: none). A full scan that held none leaves the floor ``IDLE_MARGIN`` before ``now``
+        (runs triggered meanwhile by a process whose clock is a little behind still sort above it)."""
         known = self._floors.get(queue)
         scanned_at = time.monotonic() if full or known is None else known[1]
-        self._floors[queue] = (None if first is None else encode_storage_tuple(first), scanned_at)
+        if first is not None:
+            floor: str | None = encode_storage_tuple(first)
+        else:
+            floor = encode_storage_tuple((encode_iso_date(now - self.IDLE_MARGIN),)) if full else None
+        self._floors[queue] = (floor, scanned_at)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1696,7 +1705,7 @@ class CoreStore:
                     if found.items or floor is None:
                         break
                     floor = None  # nothing at or above the floor: look below it before calling the queue idle
-                floors.found(queue, found.items[0].sort if found.items else None, full=floor is None)
+                floors.found(queue, found.items[0].sort if found.items else None, full=floor is None, now=now)
                 rows.extend((item.sort[0], item.sort[1]) for item in found.items)
             if len(request.queues) > 1:
                 rows.sort()
