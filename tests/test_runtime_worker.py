@@ -97,13 +97,39 @@ async def test_after_an_idle_scan_scans_start_a_second_before_it():
 
 async def test_scans_read_the_whole_queue_again_after_a_second(monkeypatch):
     runtime, clock = make_runtime(count)
-    seconds = [1000.0]
-    monkeypatch.setattr(core_store.time, "monotonic", lambda: seconds[0])
     async with runtime:
         await _trigger_due_before_the_backlog(runtime, clock)
-        seconds[0] += 1.0
+        monkeypatch.setattr(core_store._RunnableFloors, "FULL_SCAN_AFTER", 0.0)  # the second has passed
         assert (await runtime.execute_next()).payload == {"n": 0}  # the oldest due run first again
         assert (await runtime.execute_next()).payload == {"n": 2}
+
+
+async def _until(condition, timeout: float = 5.0) -> None:
+    deadline = time.perf_counter() + timeout
+    while not condition():
+        assert time.perf_counter() < deadline, "timed out waiting"
+        await asyncio.sleep(0.002)
+
+
+async def test_an_idle_poll_worker_reads_the_whole_queue_once_a_second(monkeypatch):
+    """An idle poll worker looks at its queue from where its last scan found a run (every look at the
+    whole queue would step over every claimed row not yet vacuumed); a run due before that point is
+    found by the full scan a second after the last one."""
+    monkeypatch.setattr(core_store._RunnableFloors, "FULL_SCAN_AFTER", 3600.0)
+    runtime, clock = make_runtime(count)
+    async with runtime:
+        worker = runtime.worker(empty_poll_delay="5ms")
+        await runtime.trigger(count, {"n": 1})
+        await _until(lambda: executed == [1])
+        now = clock.now()
+        clock.set(now - timedelta(minutes=1))
+        await runtime.trigger(count, {"n": 0})
+        clock.set(now)
+        await asyncio.sleep(0.05)  # about ten looks, each from the floor
+        assert executed == [1]
+        monkeypatch.setattr(core_store._RunnableFloors, "FULL_SCAN_AFTER", 0.0)
+        await _until(lambda: executed == [1, 0])
+        await asyncio.wait_for(worker.stop(), 2)
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])

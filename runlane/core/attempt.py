@@ -114,6 +114,9 @@ class ExecutionOptions:
     max_attempt_ms: int | None
     signal: CancellationSignal | None
     worker_id: str
+    # Whether "no due run" must come from reading the whole queue (see ``NextClaimRequest``); a
+    # poll worker, which looks again soon anyway, takes it from a scan that starts at the floor.
+    confirm_idle: bool = True
 
 
 @dataclass(frozen=True, slots=True)

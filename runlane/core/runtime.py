@@ -20,6 +20,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import os
@@ -1221,7 +1222,9 @@ class Runlane:
     ) -> tuple[RunRecord | None, str]:
         """``execute_one`` over a driver with exclusive candidates: scan and claim in one transaction
         that other processes' scans skip, so workers of several processes never race for one run."""
-        request = NextClaimRequest(tuple(queues), options.worker_id, options.lease_ms, options.max_attempt_ms)
+        request = NextClaimRequest(
+            tuple(queues), options.worker_id, options.lease_ms, options.max_attempt_ms, options.confirm_idle
+        )
         claim = await self.loop_state().next_claims.submit(request)
         if claim is None:
             return None, "idle"
@@ -1279,6 +1282,8 @@ class Runlane:
         if on_run_executed is not None and not callable(on_run_executed):
             raise _invalid(f"on_run_executed must be a function, got {on_run_executed!r}.", field="on_run_executed")
         options = self.execution_options(lease_duration, heartbeat_interval, max_attempt_duration, signal, worker_id)
+        if worker_mode is WorkerMode.POLL:
+            options = dataclasses.replace(options, confirm_idle=False)  # it looks again soon anyway
         try:
             asyncio.get_running_loop()
         except RuntimeError:

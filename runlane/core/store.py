@@ -685,12 +685,16 @@ class NextClaimRequest:
     """Claim the oldest due run of ``queues`` that no other caller is claiming (``claim_next``).
 
     ``attempt_deadline_ms`` is an explicit attempt budget; without one, the run's task decides
-    (``claim_next``'s ``task_deadline``)."""
+    (``claim_next``'s ``task_deadline``). With ``confirm_idle`` (the default), no run is claimed only
+    when a scan of the whole queue found nothing; without it, a scan that starts where the previous
+    one found its oldest candidate may say so, and a run due below that point waits for the next
+    full scan, at most a second later (``_RunnableFloors``)."""
 
     queues: tuple[str, ...]
     worker_id: str
     lease_ms: int
     attempt_deadline_ms: int | None = None
+    confirm_idle: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -1232,8 +1236,10 @@ class _RunnableFloors:
     released or scheduled run that came due, at a time before the floor; a run triggered by a
     process whose clock is behind; one another claimer held and let go. Such a run is found by the
     next full scan: the first scan of a queue, a scan ``FULL_SCAN_AFTER`` seconds or more after the
-    queue's last full scan, and the rescan of any floor scan that found nothing, so a queue is only
-    ever idle when the whole of it was read.
+    queue's last full scan, and the rescan of a floor scan that found nothing, so a queue is only
+    idle when the whole of it was read. Poll workers skip that rescan (``confirm_idle``): they look
+    again within ``empty_poll_delay`` or at a wake-up, and an idle one would otherwise read the whole
+    queue on every look.
     """
 
     FULL_SCAN_AFTER = 1.0  # seconds
@@ -1256,11 +1262,14 @@ class _RunnableFloors:
         (``None``: none). A full scan that held none leaves the floor ``IDLE_MARGIN`` before ``now``
         (runs triggered meanwhile by a process whose clock is a little behind still sort above it)."""
         known = self._floors.get(queue)
-        scanned_at = time.monotonic() if full or known is None else known[1]
-        if first is not None:
-            floor: str | None = encode_storage_tuple(first)
-        else:
-            floor = encode_storage_tuple((encode_iso_date(now - self.IDLE_MARGIN),)) if full else None
+        if known is None or full:
+            scanned_at = time.monotonic()
+            floor = None if first is None else encode_storage_tuple(first)
+            if floor is None:
+                floor = encode_storage_tuple((encode_iso_date(now - self.IDLE_MARGIN),))
+        else:  # a scan from the floor: an empty one leaves the floor where it was
+            scanned_at = known[1]
+            floor = known[0] if first is None else encode_storage_tuple(first)
         self._floors[queue] = (floor, scanned_at)
 
 
@@ -1662,7 +1671,7 @@ class CoreStore:
         results: list[ClaimResult | None] = [None] * len(requests)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for index, request in enumerate(requests):
-            group = (request.queues, request.worker_id, request.lease_ms, request.attempt_deadline_ms)
+            group = (request.queues, request.worker_id, request.lease_ms, request.attempt_deadline_ms, request.confirm_idle)
             groups.setdefault(group, []).append(index)
 
         def claim_group(chunk: Sequence[NextClaimRequest]) -> Awaitable[list[ClaimResult | None]]:
@@ -1702,7 +1711,7 @@ class CoreStore:
                     scanned = StorageRange(lt=upper) if floor is None else StorageRange(gte=floor, lt=upper)
                     query = StorageQuery(StorageIndexName.RUNS_RUNNABLE, (env, queue), scanned, limit=limit)
                     found = await tx.query_candidates(query, mode=StorageCandidateMode.EXCLUSIVE)
-                    if found.items or floor is None:
+                    if found.items or floor is None or not request.confirm_idle:
                         break
                     floor = None  # nothing at or above the floor: look below it before calling the queue idle
                 floors.found(queue, found.items[0].sort if found.items else None, full=floor is None, now=now)
