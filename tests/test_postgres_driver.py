@@ -61,6 +61,7 @@ from runlane.storage import (
     storage_stream_layouts,
 )
 from runlane.storage.key_order import KEY_ORDERED_INDEXES
+from runlane.testing.storage_conformance import _query_all as query_all  # the suite's pager
 from runlane.storage.operator import PaginationParams, RunFilter
 from runlane.testing import ControlledClock
 
@@ -345,14 +346,7 @@ async def test_a_version_1_schema_fails_fast_and_migrate_drops_rows_of_entries_r
             (by_run.value, entry.encoded_partition, entry.encoded_sort, events[1].encoded),
         )
         for limit in (1, 10):
-            got = []
-            cursor = None
-            while True:
-                page = await driver.query(StorageQuery(by_run, (env, "run_1"), limit=limit, cursor=cursor))
-                got += [(item.key, item.sort) for item in page.items]
-                if (cursor := page.next_cursor) is None:
-                    break
-            assert got == expected, limit
+            assert await query_all(driver, StorageQuery(by_run, (env, "run_1"), limit=limit)) == expected, limit
     finally:
         await driver.close()
 

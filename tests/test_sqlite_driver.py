@@ -41,6 +41,7 @@ from runlane.storage import (
 )
 from runlane.storage.operator_sql import OPERATOR_EVENT_COLUMNS, OPERATOR_RUN_COLUMNS
 from runlane.testing import ControlledClock
+from runlane.testing.storage_conformance import _query_all as query_all  # the suite's pager
 from runlane_local import SqliteStorageDriver, sqlite_lane, sqlite_storage
 from runlane_local import sqlite as sqlite_driver
 from runlane_local.sqlite import SCHEMA_VERSION
@@ -410,14 +411,7 @@ async def test_a_version_1_file_drops_the_rows_of_entries_that_restate_their_key
                 (by_run.value, entry.encoded_partition, entry.encoded_sort, events[1].encoded),
             )
         for limit in (1, 10):
-            got = []
-            cursor = None
-            while True:
-                page = await reopened.query(StorageQuery(by_run, ("env", "run_1"), limit=limit, cursor=cursor))
-                got += [(item.key, item.sort) for item in page.items]
-                if (cursor := page.next_cursor) is None:
-                    break
-            assert got == expected, limit
+            assert await query_all(reopened, StorageQuery(by_run, ("env", "run_1"), limit=limit)) == expected, limit
     finally:
         await reopened.close()
 
