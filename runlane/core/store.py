@@ -1248,7 +1248,7 @@ class _RunnableFloors:
     __slots__ = ("_floors",)
 
     def __init__(self) -> None:
-        self._floors: dict[str, tuple[str | None, float]] = {}  # queue -> (floor, last full scan)
+        self._floors: dict[str, tuple[str, float]] = {}  # queue -> (floor, last full scan)
 
     def start(self, queue: str) -> str | None:
         """The encoded sort a scan of ``queue`` starts at, or ``None`` for a full scan."""
@@ -1262,15 +1262,14 @@ class _RunnableFloors:
         (``None``: none). A full scan that held none leaves the floor ``IDLE_MARGIN`` before ``now``
         (runs triggered meanwhile by a process whose clock is a little behind still sort above it)."""
         known = self._floors.get(queue)
-        if known is None or full:
-            scanned_at = time.monotonic()
-            floor = None if first is None else encode_storage_tuple(first)
-            if floor is None:
-                floor = encode_storage_tuple((encode_iso_date(now - self.IDLE_MARGIN),))
-        else:  # a scan from the floor: an empty one leaves the floor where it was
-            scanned_at = known[1]
-            floor = known[0] if first is None else encode_storage_tuple(first)
-        self._floors[queue] = (floor, scanned_at)
+        full = full or known is None
+        if first is not None:
+            floor = encode_storage_tuple(first)
+        elif full:
+            floor = encode_storage_tuple((encode_iso_date(now - self.IDLE_MARGIN),))
+        else:  # an empty scan from the floor leaves it where it was
+            floor = known[0]
+        self._floors[queue] = (floor, time.monotonic() if full else known[1])
 
 
 # ---------------------------------------------------------------------------------------------
