@@ -61,7 +61,6 @@ from runlane.storage import (
     storage_stream_layouts,
 )
 from runlane.storage.key_order import KEY_ORDERED_INDEXES
-from runlane.testing.storage_conformance import _query_all as query_all  # the suite's pager
 from runlane.storage.operator import PaginationParams, RunFilter
 from runlane.testing import ControlledClock
 
@@ -345,6 +344,8 @@ async def test_a_version_1_schema_fails_fast_and_migrate_drops_rows_of_entries_r
             sql.SQL("INSERT INTO {}.runlane_index_rows VALUES (%s, %s, %s, %s)").format(sql.Identifier(schema)),
             (by_run.value, entry.encoded_partition, entry.encoded_sort, events[1].encoded),
         )
+        from runlane.testing.storage_conformance import _query_all as query_all  # the suite's pager
+
         for limit in (1, 10):
             assert await query_all(driver, StorageQuery(by_run, (env, "run_1"), limit=limit)) == expected, limit
     finally:

@@ -41,7 +41,6 @@ from runlane.storage import (
 )
 from runlane.storage.operator_sql import OPERATOR_EVENT_COLUMNS, OPERATOR_RUN_COLUMNS
 from runlane.testing import ControlledClock
-from runlane.testing.storage_conformance import _query_all as query_all  # the suite's pager
 from runlane_local import SqliteStorageDriver, sqlite_lane, sqlite_storage
 from runlane_local import sqlite as sqlite_driver
 from runlane_local.sqlite import SCHEMA_VERSION
@@ -410,6 +409,8 @@ async def test_a_version_1_file_drops_the_rows_of_entries_that_restate_their_key
                 "INSERT INTO runlane_index_rows VALUES (?, ?, ?, ?)",
                 (by_run.value, entry.encoded_partition, entry.encoded_sort, events[1].encoded),
             )
+        from runlane.testing.storage_conformance import _query_all as query_all  # the suite's pager
+
         for limit in (1, 10):
             assert await query_all(reopened, StorageQuery(by_run, ("env", "run_1"), limit=limit)) == expected, limit
     finally:
