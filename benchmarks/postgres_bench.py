@@ -52,6 +52,9 @@ from runlane import WorkerMode, create_runlane, queue, task
 
 bench_queue = queue("bench", default=True)
 _latency_log: list[str] = []
+# A latency worker's log lines not written yet: the hint and the handler's start are kept in memory
+# and written once the run has finished, so no file is opened inside the measured path.
+_unwritten: list[str] = []
 
 WORKER_TIMEOUT = 900.0  # seconds any one worker process may take, start-up included
 READY_TIMEOUT = 60.0
@@ -61,8 +64,7 @@ READY_TIMEOUT = 60.0
 async def noop(payload: dict) -> None:
     if "sent" in payload:
         started = time.time()
-        with open(_latency_log[0], "a") as log:
-            log.write(f"start {payload['i']} {started - payload['sent']:.6f} {started:.6f}\n")
+        _unwritten.append(f"start {payload['i']} {started - payload['sent']:.6f} {started:.6f}\n")
     return None
 
 
@@ -205,7 +207,7 @@ async def _worker_process(url: str, mode: str, concurrency: int) -> None:
         # Warm the pool before the barrier so connection setup is not measured.
         await runtime.runs.list(limit=1)
         if _latency_log:
-            _record_hints(runtime, _latency_log[0])
+            _record_hints(runtime)
         print("ready", flush=True)
         loop = asyncio.get_running_loop()
         if await loop.run_in_executor(None, sys.stdin.readline) == "":  # the barrier
@@ -227,7 +229,7 @@ async def _worker_process(url: str, mode: str, concurrency: int) -> None:
         print(json.dumps(result), flush=True)
 
 
-def _record_hints(runtime: Any, path: str) -> None:
+def _record_hints(runtime: Any) -> None:
     """Log when each wake hint reaches this process (the latency breakdown's middle part)."""
     driver = runtime.lane.storage
     subscribe = getattr(driver, "subscribe_wake_hints", None)
@@ -235,18 +237,20 @@ def _record_hints(runtime: Any, path: str) -> None:
         return
 
     def on_hint(_queue: str) -> None:
-        with open(path, "a") as log:
-            log.write(f"hint {time.time():.6f}\n")
+        _unwritten.append(f"hint {time.time():.6f}\n")
 
     subscribe(on_hint)
 
 
 def _record_finished(path: str) -> Callable[[Any], None]:
-    """Log each latency sample's run as it finishes (the producer waits for it before the next one)."""
+    """Write the log lines kept so far as each latency sample's run finishes, then tell the producer
+    (it waits for that line on this process's stdout before it triggers the next run)."""
 
     def on_run_executed(run: Any) -> None:
         with open(path, "a") as log:
-            log.write(f"done {run.payload['i']}\n")
+            log.write("".join(_unwritten))
+        _unwritten.clear()
+        print(f"done {run.payload['i']}", flush=True)
 
     return on_run_executed
 
@@ -393,19 +397,11 @@ def _idle_round_trip(url: str, pause: float, samples: int = 50) -> float:
     return asyncio.run(measure())
 
 
-def _finished(log: Path, index: int, timeout: float = 30.0) -> None:
-    """Wait until the worker logged run ``index`` as finished (it is idle again)."""
-    marker = f"\ndone {index}\n"
-    deadline = time.monotonic() + timeout
-    text = "\n"  # every line, each after a newline
-    with open(log) as lines:
-        while True:
-            text += lines.read()
-            if marker in text:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"latency sample {index} did not finish within {timeout:.0f} s")
-            time.sleep(0.0002)
+def _finished(worker: Worker, index: int, timeout: float = 30.0) -> None:
+    """Wait (blocked, not polling) until the worker reports run ``index`` finished: it is idle again."""
+    line = worker.read_line(timeout).strip()
+    if line != f"done {index}":
+        raise worker.failure(f"reported {line!r} instead of finishing latency sample {index}")
 
 
 def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path) -> None:
@@ -426,7 +422,7 @@ def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path
                     sent = time.time()
                     await runtime.trigger(noop, {"sent": sent, "i": index})
                     returned.append((sent, time.time()))
-                    await asyncio.get_running_loop().run_in_executor(None, _finished, log, index)
+                    await asyncio.get_running_loop().run_in_executor(None, _finished, worker, index)
                     pause = pauses[index // samples]
                     if pause:
                         await asyncio.sleep(pause)

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import os
 import platform
+import selectors
 import sqlite3
 import statistics
 import subprocess
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from runlane_local import sqlite_lane
 
@@ -72,6 +74,7 @@ async def record_start(payload: dict) -> None:
     started = time.time()
     with open(payload["log"], "a") as log:
         log.write(f"{payload['i']} {started - payload['sent']:.6f}\n")
+    print(f"started {payload['i']}", flush=True)  # the producer waits for this line, blocked
 
 
 async def _latency_worker(path: str, synchronous: str) -> None:
@@ -82,6 +85,15 @@ async def _latency_worker(path: str, synchronous: str) -> None:
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # until told to stop
         await worker.stop()
+
+
+def _read_line(stream: Any, timeout: float) -> str:
+    """The next line of a child's stdout, waiting at most ``timeout`` seconds ("" when none came)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            return ""
+    return stream.readline()
 
 
 def latency(path: str, samples: int, synchronous: str, log: Path) -> tuple[float, float]:
@@ -99,11 +111,9 @@ def latency(path: str, samples: int, synchronous: str, log: Path) -> tuple[float
             async with create_runlane(lane=lane, queues=[bench_queue], tasks=[noop, record_start]) as runtime:
                 for index in range(samples):
                     await runtime.trigger(record_start, {"i": index, "sent": time.time(), "log": str(log)})
-                    deadline = time.monotonic() + 10
-                    while sum(1 for _ in open(log)) <= index:
-                        if time.monotonic() > deadline:
-                            raise RuntimeError(f"latency sample {index} never started")
-                        await asyncio.sleep(0.0005)
+                    line = await asyncio.get_running_loop().run_in_executor(None, _read_line, worker.stdout, 10.0)
+                    if line.strip() != f"started {index}":
+                        raise RuntimeError(f"latency sample {index} never started (the worker said {line!r})")
                     await asyncio.sleep(0.02)
 
         log.touch()
