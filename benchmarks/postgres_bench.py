@@ -22,10 +22,14 @@ PostgreSQL CPU (server processes, when the server runs on this machine and its p
 readable), and the server's transaction commits and WAL syncs (``pg_stat_database`` / ``pg_stat_wal``).
 The load average is printed before each measurement: other work on the machine skews every figure.
 
+``--statements`` adds where the server's execution time goes per run, statement by statement,
+including those the commit functions run (``pg_stat_statements``: the throwaway server preloads it;
+a server named by ``RUNLANE_POSTGRES_BENCH_URL`` must have it in ``shared_preload_libraries``).
+
     .venv/bin/python benchmarks/postgres_bench.py [--runs 20000] [--processes 2] [--concurrency 16]
         [--producers 1,4,8] [--triggers 2000] [--latency-samples 300] [--pauses 0,0.02]
         [--only burn,trigger,latency]
-        [--setting name=value ...]
+        [--setting name=value ...] [--statements]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import selectors
 import statistics
 import subprocess
@@ -110,6 +115,13 @@ def _server_cpu(postmaster: int | None) -> float | None:
     return total
 
 
+# ``pg_stat_statements`` by (query id, top level): (text, calls, execution milliseconds so far).
+Statements = dict[tuple[int, bool], tuple[str, int, float]]
+
+# What the throwaway server needs for ``--statements``: every statement, nested ones included.
+STATEMENT_SETTINGS = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
+
+
 @dataclass
 class Counters:
     server_cpu: float | None
@@ -117,14 +129,16 @@ class Counters:
     rollbacks: int
     wal_syncs: int | None
     wal_bytes: int | None
+    statements: Statements | None = None
 
 
 class Meter:
     """Server-side counters sampled around a measurement."""
 
-    def __init__(self, url: str, postmaster: int | None) -> None:
+    def __init__(self, url: str, postmaster: int | None, *, statements: bool = False) -> None:
         self.url = url
         self.postmaster = postmaster
+        self.statements = statements
 
     def sample(self) -> Counters:
         import psycopg
@@ -137,7 +151,10 @@ class Meter:
                 syncs, size = connection.execute("SELECT wal_sync, wal_bytes FROM pg_stat_wal").fetchone()
             except psycopg.Error:
                 syncs = size = None
-        return Counters(_server_cpu(self.postmaster), commits, rollbacks, syncs, None if size is None else int(size))
+            statements = _statements(connection) if self.statements else None
+        return Counters(
+            _server_cpu(self.postmaster), commits, rollbacks, syncs, None if size is None else int(size), statements
+        )
 
     def settle(self) -> Counters:
         # Backends report their statistics when they exit or go idle (at most about once a second).
@@ -166,6 +183,55 @@ def _cost(
     if before.wal_bytes is not None and after.wal_bytes is not None:
         parts.append(f"{(after.wal_bytes - before.wal_bytes) / count / 1024:.1f} KiB WAL")
     return "per run: " + ", ".join(parts)
+
+
+def enable_statements(url: str) -> None:
+    """Create the ``pg_stat_statements`` view in the benchmark database; a server that does not load
+    the module fails here with what to change."""
+    import psycopg
+
+    with psycopg.connect(url, connect_timeout=10, autocommit=True) as connection:
+        try:
+            connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            connection.execute("SELECT count(*) FROM pg_stat_statements")
+        except psycopg.Error as error:
+            raise SystemExit(
+                "--statements needs pg_stat_statements: add it to shared_preload_libraries (and set "
+                f"pg_stat_statements.track = all) on the server, or use the throwaway server. ({error})"
+            ) from None
+
+
+def _statements(connection: Any) -> Statements:
+    rows = connection.execute(
+        "SELECT queryid, toplevel, query, calls, total_exec_time FROM pg_stat_statements"
+        " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    ).fetchall()
+    return {(queryid, toplevel): (query, calls, total) for queryid, toplevel, query, calls, total in rows}
+
+
+def _label(query: str, width: int = 96) -> str:
+    """A statement's text on one line, without schema names, cut to ``width``."""
+    text = " ".join(query.split())
+    text = re.sub(r'"[^"]+"\.', "", text)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def statement_costs(count: int, before: Counters, after: Counters, shown: int = 10) -> list[str]:
+    """The statements that took the most server execution time since ``before``, per run. A top-level
+    statement's time includes the statements it ran (the commit functions'), which are indented."""
+    if before.statements is None or after.statements is None:
+        return []
+    spent = []
+    for key, (query, calls, total) in after.statements.items():
+        _, calls_before, total_before = before.statements.get(key, (query, 0, 0.0))
+        if calls > calls_before and "pg_stat" not in query and "runlane_bench_floor" not in query:
+            spent.append((total - total_before, calls - calls_before, key[1], query))
+    spent.sort(key=lambda item: item[0], reverse=True)
+    lines = ["server execution time per run, by statement (pg_stat_statements; indented: run by a statement above):"]
+    for total, calls, toplevel, query in spent[:shown]:
+        indent = "" if toplevel else "  "
+        lines.append(f"  {total * 1000 / count:7.1f} us {calls / count:6.2f} calls  {indent}{_label(query)}")
+    return lines
 
 
 def commit_floor(url: str, commits: int = 100) -> str:
@@ -340,6 +406,7 @@ def burn_down(url: str, meter: Meter, runs: int, processes: int, concurrency: in
     trigger_rate, cpu = asyncio.run(_trigger(url, runs, 8))
     after = meter.settle()
     print(f"    pre-trigger, 8 producers: {trigger_rate:,.0f} triggers/s; {_cost(runs, before, after, cpu)}")
+    _print_statements(runs, before, after)
     workers = [Worker(url, "drain", concurrency) for _ in range(processes)]
     try:
         _await_ready(workers)
@@ -362,6 +429,7 @@ def burn_down(url: str, meter: Meter, runs: int, processes: int, concurrency: in
         f"{rate:,.0f} runs/s"
     )
     print(f"    {_cost(runs, before, after, python_cpu)}")
+    _print_statements(runs, before, after)
 
 
 def trigger_throughput(url: str, meter: Meter, runs: int, producers: int) -> None:
@@ -373,6 +441,12 @@ def trigger_throughput(url: str, meter: Meter, runs: int, producers: int) -> Non
         f"  trigger, {producers} producer(s), {runs:,} runs ({_load()}; {floor}): {rate:,.0f} triggers/s; "
         f"{_cost(runs, before, after, cpu)}"
     )
+    _print_statements(runs, before, after)
+
+
+def _print_statements(count: int, before: Counters, after: Counters) -> None:
+    for line in statement_costs(count, before, after):
+        print("    " + line)
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -537,6 +611,9 @@ def main() -> None:
     parser.add_argument(
         "--setting", action="append", default=[], metavar="NAME=VALUE", help="extra throwaway-server setting"
     )
+    parser.add_argument(
+        "--statements", action="store_true", help="print server execution time per run by statement (pg_stat_statements)"
+    )
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
     parser.add_argument("--url", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="drain", help=argparse.SUPPRESS)
@@ -558,6 +635,8 @@ def main() -> None:
         from runlane_postgres.testing import PostgresTestServer
 
         settings = dict(setting.split("=", 1) for setting in args.setting)
+        if args.statements:
+            settings = {**STATEMENT_SETTINGS, **settings}
         server = PostgresTestServer(settings=settings)
         server.start()
         url = server.url
@@ -565,7 +644,9 @@ def main() -> None:
         parser.error("--setting applies only to the throwaway server (RUNLANE_POSTGRES_BENCH_URL is set)")
     try:
         settings = asyncio.run(_settings(url))
-        meter = Meter(url, _postmaster(url))
+        if args.statements:
+            enable_statements(url)
+        meter = Meter(url, _postmaster(url), statements=args.statements)
         print(f"postgres_bench: Python {platform.python_version()}, {os.cpu_count()} CPUs, {_load()}")
         print("  PostgreSQL: " + ", ".join(f"{name}={value}" for name, value in settings.items()))
         if meter.postmaster is None:
