@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -294,25 +295,34 @@ async def test_records_survive_close_and_reopen(database: Path) -> None:
 
 
 async def test_documents_written_here_are_recognized_and_others_are_read(database: Path) -> None:
-    """A record read back by the driver that committed it is that very document (its decoded value is
-    kept); a newer text written by another driver is read as stored, never mistaken for the old one."""
+    """A record read back by the driver that replaced it is that very document (its decoded value is
+    kept); one it only created is read as stored, and so is a newer text written by another driver,
+    never mistaken for the old one."""
     here, elsewhere = sqlite_storage(database), sqlite_storage(database)
     await here.start()
     await elsewhere.start()
     try:
         key = StorageRecordKey("recognized", "a")
-        written = record(key, {"n": 1}, "1")
-        await create(here, written)
+        created = record(key, {"n": 1}, "1")
+        await create(here, created)
         (read,) = await here.get([key])
-        assert read is not None and read.document is written.document and read.indexes == written.indexes
+        assert read is not None and read.document == created.document and read.document is not created.document
 
-        async def replace(tx: Any) -> None:
-            (current,) = await tx.get([key])
-            tx.replace(current, record(key, {"n": 2}, "1"))
+        def replace(new: NewStorageRecord) -> Callable[[Any], Awaitable[None]]:
+            async def body(tx: Any) -> None:
+                (current,) = await tx.get([key])
+                tx.replace(current, new)
 
-        await elsewhere.with_transaction(replace)
+            return body
+
+        replaced = record(key, {"n": 2}, "1")
+        await here.with_transaction(replace(replaced))
+        (read,) = await here.get([key])
+        assert read is not None and read.document is replaced.document and read.indexes == replaced.indexes
+
+        await elsewhere.with_transaction(replace(record(key, {"n": 3}, "1")))
         (again,) = await here.get([key])
-        assert again is not None and again.document.value == {"n": 2} and again.version != read.version
+        assert again is not None and again.document.value == {"n": 3} and again.version != read.version
     finally:
         await here.close()
         await elsewhere.close()

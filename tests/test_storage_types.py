@@ -357,11 +357,15 @@ def test_written_documents_are_recalled_by_exact_text_and_bounded():
     from runlane.storage import NewStorageRecord, StorageRecordKey
     from runlane.storage.attempt import StagedWrite, WrittenDocuments
 
-    def write(name: str, value: int) -> StagedWrite:
+    def write(name: str, value: int, expected: str | None = "1") -> StagedWrite:
         key = StorageRecordKey("things", name)
-        return StagedWrite(key, None, NewStorageRecord(key, StorageDocument.encode({"v": value}), ()))
+        return StagedWrite(key, expected, NewStorageRecord(key, StorageDocument.encode({"v": value}), ()))
 
     written = WrittenDocuments(limit=8)
+    created = write("new", 1, expected=None)
+    written.remember([created])
+    assert written.recall(created.key.encoded, created.record.document.text) is None  # creates are not kept
+
     first = write("a", 1)
     written.remember([first])
     assert written.recall(first.key.encoded, first.record.document.text) is first.record.document

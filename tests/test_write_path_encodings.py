@@ -236,7 +236,7 @@ def test_values_other_than_remembered_runs_are_kept_as_they_are() -> None:
 
 
 def test_documents_a_sql_driver_keeps_hold_compact_runs_and_no_commit_only_values() -> None:
-    """``WrittenDocuments`` keeps the text a driver wrote, with a remembered run compacted (read back
+    """``WrittenDocuments`` keeps the text a driver replaced, with a remembered run compacted (read back
     equal to the run) and nothing for a value only the commit needed (a terminal run's projection
     source); the document the caller committed keeps its full run."""
     active = next(run for run in all_runs() if run.status not in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED))
@@ -250,7 +250,7 @@ def test_documents_a_sql_driver_keeps_hold_compact_runs_and_no_commit_only_value
     written = WrittenDocuments()
     written.remember(
         [
-            StagedWrite(key, None, NewStorageRecord(key, document, ()))
+            StagedWrite(key, "1", NewStorageRecord(key, document, ()))  # replacements: what is kept
             for key, document in (
                 (active_key, active_document),
                 (finished_key, finished_document),

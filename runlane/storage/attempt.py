@@ -335,8 +335,13 @@ class StorageAttempt:
 
 
 class WrittenDocuments:
-    """The documents a driver committed most recently, by encoded key, so that reading one back
+    """The documents a driver replaced most recently, by encoded key, so that reading one back
     costs no parse: a run claimed and completed by one process is decoded once.
+
+    Only replacements are kept: a process reads back the records it read and rewrote (the claim of a
+    run, then its heartbeats and completion), while what it creates (a triggered run, history rows)
+    is most often read by another process, a worker, if at all. Keeping creates cost a producer CPU
+    on every trigger, to save one parse only when the same process also claims the run.
 
     ``recall`` hands out a kept document only when the stored text is exactly the one written;
     anything else (another process wrote since, or the row is corrupt) is parsed as usual. Safe to
@@ -358,9 +363,11 @@ class WrittenDocuments:
         self._limit = limit
 
     def remember(self, writes: Iterable[StagedWrite]) -> None:
-        """Keep the documents of a committed attempt's writes (and forget its deletes)."""
+        """Keep the documents of a committed attempt's replacements (and forget its deletes)."""
         documents = self._documents
-        for key, _, record in writes:
+        for key, expected, record in writes:
+            if expected is None:
+                continue  # a create (see above); recall still compares the text it finds
             encoded = key.encoded
             documents.pop(encoded, None)
             if record is not None:

@@ -155,7 +155,7 @@ def _corrupt(what: str, error: Exception | None = None) -> RunlaneError:
 # The compact remembered run
 #
 # A store that keeps records for a long time (the in-memory driver, and the documents a SQL driver
-# wrote last: ``attempt.WrittenDocuments``) keeps the remembered run of each active run's document. As
+# replaced last: ``attempt.WrittenDocuments``) keeps the remembered run of each active run's document. As
 # a model, a run is several objects the garbage collector tracks (the instance, its field dict and
 # set, nested models), so a store holding many active runs makes every full collection of the process
 # slower. ``compact_decoded`` turns the remembered run into one tuple of plain values (strings,

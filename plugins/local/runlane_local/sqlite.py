@@ -573,7 +573,7 @@ class SqliteStorageDriver(ClientClock):
         self.path = Path(raw).expanduser().absolute()
         self.synchronous = synchronous.lower()
         self._lowered = False  # the connection runs below the configured durability (``_unsynced``)
-        self._written = WrittenDocuments()  # documents this driver committed, recognized when read back
+        self._written = WrittenDocuments()  # documents this driver replaced, recognized when read back
         # Per event loop (a batcher's futures belong to one loop); closed loops are dropped.
         self._committers: dict[asyncio.AbstractEventLoop, Batcher[_Commit, bool]] = {}
         self._committers_lock = threading.Lock()

@@ -1300,7 +1300,7 @@ class PostgresStorageDriver(ClientClock):
         self._hinted_at: dict[str, float] = {}  # queue -> monotonic time its last hint went out
         self._hints_task: asyncio.Task[None] | None = None
         self._hints_conn: psycopg.AsyncConnection[Any] | None = None
-        # Documents this driver committed, recognized when read back.
+        # Documents this driver replaced, recognized when read back.
         self._written = WrittenDocuments()
         self._subscribers: dict[object, Callable[[str], None]] = {}
         self._listener: asyncio.Task[None] | None = None
