@@ -16,7 +16,7 @@ import re
 import signal
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from runlane_postgres import (
 )
 from runlane_postgres.migration import shipped_migration_sql
 from runlane_postgres.plugin import PostgresPollingLaneOptions
+from sql_driver_support import check_replaced_documents_are_recognized
 
 from runlane import create_runlane, queue, task
 from runlane.errors import ErrorCode, RunlaneError, is_storage_conflict
@@ -821,35 +822,13 @@ async def test_commits_find_rows_by_key_however_the_tables_grew(schemas: Schemas
 
 
 async def test_documents_written_here_are_recognized_and_others_are_read(schemas: Schemas, shared_schema: str) -> None:
-    """A record read back by the driver that replaced it is that very document (its decoded value is
-    kept); one it only created is read as stored, and so is a newer text written by another driver,
-    never mistaken for the old one."""
     here = postgres_storage(schemas.url, schema=shared_schema, min_size=0, max_size=2)
     elsewhere = postgres_storage(schemas.url, schema=shared_schema, min_size=0, max_size=2)
     await here.start()
     await elsewhere.start()
     try:
         key = StorageRecordKey("recognized", uuid.uuid4().hex)
-        created = record(key, {"n": 1})
-        await create(here, created)
-        (read,) = await here.get([key])
-        assert read is not None and read.document == created.document and read.document is not created.document
-
-        def replace(new: NewStorageRecord) -> Callable[[Any], Awaitable[None]]:
-            async def body(tx: Any) -> None:
-                (current,) = await tx.get([key])
-                tx.replace(current, new)
-
-            return body
-
-        replaced = record(key, {"n": 2})
-        await here.with_transaction(replace(replaced))
-        (read,) = await here.get([key])
-        assert read is not None and read.document is replaced.document
-
-        await elsewhere.with_transaction(replace(record(key, {"n": 3})))
-        (again,) = await here.get([key])
-        assert again is not None and again.document.value == {"n": 3} and again.version != read.version
+        await check_replaced_documents_are_recognized(here, elsewhere, key, record)
 
         async def delete(tx: Any) -> None:
             (current,) = await tx.get([key])

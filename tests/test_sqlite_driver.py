@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,7 @@ from runlane_local import sqlite as sqlite_driver
 from runlane_local.sqlite import SCHEMA_VERSION
 
 from cli_support import cli, write
+from sql_driver_support import check_replaced_documents_are_recognized
 
 INDEX = StorageIndexName.OUTBOX_DUE
 PARTITION = ("sqlite-tests", "p")
@@ -295,34 +295,12 @@ async def test_records_survive_close_and_reopen(database: Path) -> None:
 
 
 async def test_documents_written_here_are_recognized_and_others_are_read(database: Path) -> None:
-    """A record read back by the driver that replaced it is that very document (its decoded value is
-    kept); one it only created is read as stored, and so is a newer text written by another driver,
-    never mistaken for the old one."""
     here, elsewhere = sqlite_storage(database), sqlite_storage(database)
     await here.start()
     await elsewhere.start()
     try:
         key = StorageRecordKey("recognized", "a")
-        created = record(key, {"n": 1}, "1")
-        await create(here, created)
-        (read,) = await here.get([key])
-        assert read is not None and read.document == created.document and read.document is not created.document
-
-        def replace(new: NewStorageRecord) -> Callable[[Any], Awaitable[None]]:
-            async def body(tx: Any) -> None:
-                (current,) = await tx.get([key])
-                tx.replace(current, new)
-
-            return body
-
-        replaced = record(key, {"n": 2}, "1")
-        await here.with_transaction(replace(replaced))
-        (read,) = await here.get([key])
-        assert read is not None and read.document is replaced.document and read.indexes == replaced.indexes
-
-        await elsewhere.with_transaction(replace(record(key, {"n": 3}, "1")))
-        (again,) = await here.get([key])
-        assert again is not None and again.document.value == {"n": 3} and again.version != read.version
+        await check_replaced_documents_are_recognized(here, elsewhere, key, lambda key, value: record(key, value, "1"))
     finally:
         await here.close()
         await elsewhere.close()
