@@ -478,6 +478,28 @@ def _finished(worker: Worker, index: int, timeout: float = 30.0) -> None:
         raise worker.failure(f"reported {line!r} instead of finishing latency sample {index}")
 
 
+def latency_parts(
+    returned: list[tuple[float, float]], handlers: list[float], hints: list[float]
+) -> tuple[list[float], list[float], list[float]]:
+    """Where each sample's time went (ms): ``trigger()`` itself (its commit), from its return to the
+    wake hint, and from the hint to the handler's first line (the worker's scan and claim).
+
+    ``returned`` holds each sample's (trigger() called, trigger() returned) and ``handlers`` its
+    handler's start, all ``time.time()``; ``hints`` (sorted) is when each hint reached the worker.
+    A sample's hint is the first one after its ``trigger()`` was called: it may arrive just before
+    ``trigger()`` returns, and any earlier one belongs to an earlier sample. A sample with no hint
+    before its handler started (a debounced or lost hint: the worker polled) has only a commit part.
+    """
+    commits, delivery, claims = [], [], []
+    for (sent, done), handler in zip(returned, handlers, strict=True):
+        position = bisect.bisect_left(hints, sent)
+        commits.append((done - sent) * 1000)
+        if position < len(hints) and hints[position] <= handler:
+            delivery.append((hints[position] - done) * 1000)
+            claims.append((handler - hints[position]) * 1000)
+    return commits, delivery, claims
+
+
 def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path) -> None:
     print(f"  trigger-to-start with an idle poll worker ({_load()}; {commit_floor(meter.url)}):")
     log.touch()
@@ -523,18 +545,8 @@ def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path
             f"    {label}, {samples} samples: trigger() to the handler's first line p50 "
             f"{statistics.median(totals):.2f} ms, p99 {_percentile(totals, 0.99):.2f} ms, max {totals[-1]:.2f} ms"
         )
-        # Where the time goes: trigger() (its commit), then the first hint after trigger() returned,
-        # then the worker's scan and claim up to the handler. A sample without a hint in between (a
-        # debounced or lost hint: the worker polled) counts only in the totals.
-        commits, delivery, claims = [], [], []
-        for index in indexes:
-            sent, done = returned[index]
-            handler = starts[index][1]
-            position = bisect.bisect_left(hints, done - 0.005)
-            commits.append((done - sent) * 1000)
-            if position < len(hints) and hints[position] <= handler:
-                delivery.append((hints[position] - done) * 1000)
-                claims.append((handler - hints[position]) * 1000)
+        handlers = [starts[index][1] for index in indexes]
+        commits, delivery, claims = latency_parts([returned[index] for index in indexes], handlers, hints)
         for part, values in (
             ("trigger() (read + commit)", commits),
             ("trigger() returned to wake hint received", delivery),

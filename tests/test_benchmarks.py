@@ -1,7 +1,8 @@
 """Every benchmark script still runs end to end (tiny sizes) and prints its figures.
 
 The figures themselves are not asserted (speed targets live in the scripts' output, not in tests);
-this keeps the scripts from rotting as the runtime changes. The Postgres benchmark starts its own
+this keeps the scripts from rotting as the runtime changes. How the Postgres latency breakdown pairs
+wake hints with samples is checked on its own, with made-up times. The Postgres benchmark starts its own
 throwaway server (unless ``RUNLANE_POSTGRES_BENCH_URL`` names a database), like the Postgres tests.
 """
 
@@ -67,3 +68,24 @@ def test_benchmark_runs_and_prints_its_figures(script: str) -> None:
 def test_no_latency_samples_skips_the_latency_measurement(script: str, arguments: list[str]) -> None:
     output = _run(script, arguments)
     assert "runs/s" in output and "trigger-to-start" not in output, output
+
+
+def test_the_latency_breakdown_pairs_each_sample_with_the_hint_its_trigger_sent() -> None:
+    """Back-to-back samples are a few milliseconds apart: the previous sample's hint, or a hint that
+    arrives just before ``trigger()`` returns, must not be mistaken for another sample's."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from postgres_bench import latency_parts
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    returned = [(10.000, 10.0015), (10.004, 10.0055), (10.020, 10.0215)]  # (trigger() called, returned)
+    handlers = [10.0035, 10.0075, 10.0240]
+    hints = [10.0014, 10.0056, 10.0230]  # the first before its trigger() returned
+    commits, delivery, claims = latency_parts(returned, handlers, hints)
+    assert [round(value, 3) for value in commits] == [1.5, 1.5, 1.5]
+    assert [round(value, 3) for value in delivery] == [-0.1, 0.1, 1.5]
+    assert [round(value, 3) for value in claims] == [2.1, 1.9, 1.0]
+
+    # A sample whose hint was lost (the worker polled) has only its commit part.
+    commits, delivery, claims = latency_parts(returned, handlers, [10.0014, 10.0230])
+    assert len(commits) == 3 and [round(value, 3) for value in claims] == [2.1, 1.0]
