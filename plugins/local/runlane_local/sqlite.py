@@ -367,7 +367,7 @@ def _stored_record(
     written: WrittenDocuments | None = None,
 ) -> StorageRecord:
     """A ``StorageRecord`` from a stored row; anything but a canonical row raises ``invariant_violation``.
-    A document whose text is exactly one this driver committed under that key (``written``) is that
+    A document whose text is exactly one this driver replaced under that key (``written``) is that
     document, already holding its decoded value."""
     checked_version = _stored_version(encoded_key, version)
     if not isinstance(text, str):

@@ -392,9 +392,9 @@ def _encode_entries(entries: Iterable[StorageIndexEntry]) -> str:
 
 
 def _record(key: StorageRecordKey, version: Any, text: Any, indexes: Any, written: WrittenDocuments) -> StorageRecord:
-    """A stored row as a record. A document whose text is exactly one this driver wrote under that key
-    (``written``) is that document, already holding its decoded value: a run claimed and completed by
-    one process is decoded once."""
+    """A stored row as a record. A document whose text is exactly one this driver replaced under that
+    key (``written``) is that document, already holding its decoded value: a run claimed and completed
+    by one process is decoded once."""
     encoded = key.encoded
     if type(version) is not int or version < 1:
         raise _corrupt(encoded, "its version is not a positive integer")
