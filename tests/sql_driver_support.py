@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runlane.storage import NewStorageRecord, StorageDriver, StorageRecord, StorageRecordKey
+from runlane.storage import NewStorageRecord, StorageDriver, StorageRecordKey
 
 
 async def check_replaced_documents_are_recognized(
@@ -14,13 +14,13 @@ async def check_replaced_documents_are_recognized(
     elsewhere: StorageDriver,
     key: StorageRecordKey,
     record: Callable[[StorageRecordKey, dict[str, Any]], NewStorageRecord],
-) -> StorageRecord:
+) -> None:
     """``here`` and ``elsewhere`` are started drivers over one store, ``key`` is absent and
     ``record(key, value)`` builds a record of ``key``.
 
     A record read back by the driver that replaced it is that very document (its decoded value is
     kept); one it only created is read as stored, and so is a newer text written by the other driver,
-    never mistaken for the old one. Returns that newer record, as ``here`` reads it."""
+    never mistaken for the old one."""
     # Imported here: at module level it would load the suite before pytest rewrites its asserts.
     from runlane.testing.storage_conformance import _create
 
@@ -44,4 +44,3 @@ async def check_replaced_documents_are_recognized(
     await replace(elsewhere, record(key, {"n": 3}))
     (again,) = await here.get([key])
     assert again is not None and again.document.value == {"n": 3} and again.version != read.version
-    return again
