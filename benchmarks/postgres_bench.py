@@ -624,7 +624,9 @@ def main() -> None:
         "--setting", action="append", default=[], metavar="NAME=VALUE", help="extra throwaway-server setting"
     )
     parser.add_argument(
-        "--statements", action="store_true", help="print server execution time per run by statement (pg_stat_statements)"
+        "--statements",
+        action="store_true",
+        help="print server execution time per run by statement (pg_stat_statements)",
     )
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
     parser.add_argument("--url", default=None, help=argparse.SUPPRESS)

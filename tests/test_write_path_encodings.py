@@ -14,6 +14,7 @@ import gc
 import random
 import threading
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from test_model_json import ENV, all_events, all_runs
@@ -239,7 +240,8 @@ def test_documents_a_sql_driver_keeps_hold_compact_runs_and_no_commit_only_value
     """``WrittenDocuments`` keeps the text a driver replaced, with a remembered run compacted (read back
     equal to the run) and nothing for a value only the commit needed (a terminal run's projection
     source); the document the caller committed keeps its full run."""
-    active = next(run for run in all_runs() if run.status not in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED))
+    finished = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+    active = next(run for run in all_runs() if run.status not in finished)
     active_key = StorageRecordKey("runs", "env", "active")
     active_document = StorageDocument.encode({"run": active.model_dump(mode="json")})
     remember_run_document(active_document, active, RunChildCounts(events=3))

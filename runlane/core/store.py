@@ -1670,7 +1670,9 @@ class CoreStore:
         results: list[ClaimResult | None] = [None] * len(requests)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for index, request in enumerate(requests):
-            group = (request.queues, request.worker_id, request.lease_ms, request.attempt_deadline_ms, request.confirm_idle)
+            group = (
+                request.queues, request.worker_id, request.lease_ms, request.attempt_deadline_ms, request.confirm_idle
+            )
             groups.setdefault(group, []).append(index)
 
         def claim_group(chunk: Sequence[NextClaimRequest]) -> Awaitable[list[ClaimResult | None]]:

@@ -115,7 +115,6 @@ from runlane.storage import (
     storage_stream_layouts,
 )
 from runlane.storage.attempt import (
-    StagedWrite,
     StorageAttempt,
     WrittenDocuments,
     check_storage_keys,
