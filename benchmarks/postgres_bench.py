@@ -549,7 +549,7 @@ def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path
         commits, delivery, claims = latency_parts([returned[index] for index in indexes], handlers, hints)
         for part, values in (
             ("trigger() (read + commit)", commits),
-            ("trigger() returned to wake hint received", delivery),
+            ("wake hint received, after trigger() returned (negative: before it)", delivery),
             ("hint received to handler start (scan + claim)", claims),
         ):
             if values:
@@ -558,7 +558,8 @@ def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path
                     f"      {part}: p50 {statistics.median(values):.2f} ms, "
                     f"p99 {_percentile(values, 0.99):.2f} ms ({len(values)} samples)"
                 )
-        print(f"      floor here: SELECT 1 on a connection idle as long, p50 {_idle_round_trip(meter.url, pause):.2f} ms")
+        floor = _idle_round_trip(meter.url, pause)
+        print(f"      floor here: SELECT 1 on a connection idle as long, p50 {floor:.2f} ms")
 
 
 # ---------------------------------------------------------------------------------------------
