@@ -821,7 +821,7 @@ async def test_commits_find_rows_by_key_however_the_tables_grew(schemas: Schemas
     assert [row[0] for row in rows] == [entry(11).encoded_sort]
 
 
-async def test_documents_written_here_are_recognized_and_others_are_read(schemas: Schemas, shared_schema: str) -> None:
+async def test_documents_replaced_here_are_recognized_and_others_are_read(schemas: Schemas, shared_schema: str) -> None:
     here = postgres_storage(schemas.url, schema=shared_schema, min_size=0, max_size=2)
     elsewhere = postgres_storage(schemas.url, schema=shared_schema, min_size=0, max_size=2)
     await here.start()

@@ -294,7 +294,7 @@ async def test_records_survive_close_and_reopen(database: Path) -> None:
         await driver.close()
 
 
-async def test_documents_written_here_are_recognized_and_others_are_read(database: Path) -> None:
+async def test_documents_replaced_here_are_recognized_and_others_are_read(database: Path) -> None:
     here, elsewhere = sqlite_storage(database), sqlite_storage(database)
     await here.start()
     await elsewhere.start()
