@@ -341,6 +341,22 @@ def test_trigger_rejects_non_object_meta(shared: Shared) -> None:
     assert result.stderr.startswith("error[configuration_invalid]: --meta must be a JSON object")
 
 
+def test_json_after_the_command_is_the_global_option_unless_it_follows_a_double_dash(shared: Shared) -> None:
+    after = shared("trigger", "emails.welcome", '{"user_id": "u5"}', "--json")
+    assert after.exit_code == 0, after.stderr
+    run_id = json.loads(after.stdout)["run"]["id"]
+    listed = shared("runs", "list", "--json")
+    assert listed.exit_code == 0, listed.stderr
+    assert [run["id"] for run in json.loads(listed.stdout)["data"]] == [run_id]
+    failed = shared("runs", "get", "run_does_not_exist", "--json")
+    assert failed.exit_code == 1
+    assert json.loads(failed.stderr)["error"]["code"] == "run_not_found"
+
+    literal = shared("trigger", "emails.welcome", "--", "--json")  # after "--" it is the payload argument
+    assert literal.exit_code == 1
+    assert literal.stderr.startswith("error[configuration_invalid]: PAYLOAD_JSON is not valid JSON")
+
+
 def test_runs_list_get_attempts_after_dev_once(shared: Shared) -> None:
     run_id = shared.json("trigger", "emails.welcome", '{"user_id": "u4"}')["run"]["id"]
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel, ConfigDict, ValidationError
+from typer.core import TyperGroup
 
 from .. import __version__
 from ..config import LoadedConfig, build_runtime, load_config
@@ -250,7 +251,10 @@ def _root(
                      metavar="PATH", dir_okay=False),
     ] = None,
     json_output: Annotated[
-        bool, typer.Option("--json", help="Results and errors as JSON (long-running output as NDJSON).")
+        bool,
+        typer.Option(
+            "--json", help="Results and errors as JSON (long-running output as NDJSON); also accepted after the command."
+        ),
     ] = False,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
@@ -260,11 +264,26 @@ def _root(
     ctx.obj = CliState(config_path=config, output=Output(json_mode=json_output))
 
 
+class _RootGroup(TyperGroup):
+    """The root command; ``--json`` also works after the command (``runlane runs list --json``).
+
+    Global options belong before the command, but ``--json`` is a flag no command defines, so
+    wherever it appears before ``--`` it can only mean the global option, and it is moved there.
+    """
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        end = args.index("--") if "--" in args else len(args)
+        if "--json" in args[1:end]:
+            args = ["--json", *[arg for arg in args[:end] if arg != "--json"], *args[end:]]
+        return super().parse_args(ctx, args)
+
+
 def build_app() -> typer.Typer:
     """The root app with every built-in command group and every plugin's commands."""
     from . import actions, dev, init, plugins, runs, signal, tick, trigger, work
 
     root = typer.Typer(
+        cls=_RootGroup,
         name="runlane",
         no_args_is_help=True,
         add_completion=False,
