@@ -234,6 +234,65 @@ def test_prune_rejects_ambiguous_dates_before_loading_a_runtime(tmp_path: Path) 
     assert "05/01/2026" in error["message"]
 
 
+FAILING_TASKS = """
+from runlane import Retry, queue, task
+
+jobs = queue("jobs", default=True)
+
+
+@task("jobs.flaky", queue=jobs, retry=Retry(2, backoff="1ms"))
+def flaky(payload: dict) -> None:
+    raise RuntimeError("smtp is down")
+"""
+
+
+def test_worker_commands_print_failed_attempts_with_their_traceback(tmp_path: Path) -> None:
+    project = make_project(tmp_path, FAILING_TASKS, lane="sqlite")
+    run_id = json.loads(cli(project, "--json", "trigger", "jobs.flaky", "{}").stdout)["run"]["id"]
+
+    # The retry is due 1 ms later, so the same drain runs both attempts.
+    human = cli(project, "dev", "--once")
+    assert human.returncode == 0, human.stderr
+    assert f"run retrying {run_id}" in human.stdout and f"run failed {run_id}" in human.stdout
+    prefix = rf"^\S+Z (warning|error) Run {run_id} \(task jobs.flaky\): attempt "
+    lines = re.findall(prefix + r"(\d) failed with task_failed \(Task failed\.\); (.*)$", human.stderr, re.MULTILINE)
+    assert [(level, attempt) for level, attempt, _ in lines] == [("warning", "1"), ("error", "2")], human.stderr
+    assert re.fullmatch(r"retry at \S+Z\.", lines[0][2]) and lines[1][2] == "the run has failed."
+    assert human.stderr.count("Traceback (most recent call last):") == 2
+    assert human.stderr.count("RuntimeError: smtp is down") == 2
+
+    other = json.loads(cli(project, "--json", "trigger", "jobs.flaky", "{}").stdout)["run"]["id"]
+    as_json = cli(project, "--json", "dev", "--once")
+    assert as_json.returncode == 0, as_json.stderr
+    assert [record["run"]["status"] for record in ndjson(as_json.stdout) if record["type"] == "run"] == [
+        "retrying", "failed"
+    ]
+    logs = ndjson(as_json.stderr)
+    assert [(log["type"], log["level"], log["logger"]) for log in logs] == [
+        ("log", "warning", "runlane.task"), ("log", "error", "runlane.task")
+    ]
+    assert [(log["run_id"], log["task_id"], log["attempt"], log["error_code"]) for log in logs] == [
+        (other, "jobs.flaky", 1, "task_failed"), (other, "jobs.flaky", 2, "task_failed")
+    ]
+    assert logs[1]["message"].endswith("attempt 2 failed with task_failed (Task failed.); the run has failed.")
+    assert all(log["exception"].endswith("RuntimeError: smtp is down") for log in logs)
+
+    # History keeps the sanitized failure only.
+    shown = json.loads(cli(project, "--json", "runs", "get", run_id, "--events").stdout)
+    assert shown["run"]["failure"]["message"] == "Task failed." and "smtp is down" not in json.dumps(shown)
+
+
+def test_worker_commands_leave_logs_to_an_application_that_configured_logging(tmp_path: Path) -> None:
+    tasks = "import logging\nlogging.basicConfig(format='APP %(name)s %(levelname)s %(message)s')\n" + FAILING_TASKS
+    project = make_project(tmp_path, tasks, lane="sqlite")
+    assert cli(project, "trigger", "jobs.flaky", "{}").returncode == 0
+    result = cli(project, "dev", "--once")
+    assert result.returncode == 0, result.stderr
+    app_format = r"^APP runlane.task WARNING Run run_\w+ \(task jobs.flaky\): attempt 1 failed"
+    assert re.search(app_format, result.stderr, re.MULTILINE), result.stderr
+    assert " warning Run " not in result.stderr
+
+
 def test_usage_errors_exit_2(project: Path) -> None:
     assert cli(project, "trigger").returncode == 2
     assert cli(project, "runs", "list", "--status", "bogus").returncode == 2

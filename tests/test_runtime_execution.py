@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import threading
 
 import pytest
@@ -127,6 +129,63 @@ async def test_failures_are_mapped_to_task_facing_failures(raised, code, message
         assert "secret" not in run.failure.message
         if message is not None:
             assert run.failure.message == message
+
+
+async def test_failed_attempts_are_logged_with_their_exception_while_history_stays_sanitized(caplog):
+    @task("flaky", retry=Retry(3, backoff="1s"))
+    async def flaky() -> None:
+        raise RuntimeError("secret detail")
+
+    @task("bad.output.logged")
+    async def bad_output() -> object:
+        return object()
+
+    @task("fine")
+    async def fine() -> None:
+        return None
+
+    runtime, clock = make_runtime(flaky, bad_output, fine)
+    caplog.set_level(logging.INFO, logger="runlane")
+    async with runtime:
+        flaky_id = (await runtime.trigger(flaky)).run.id
+        first = await runtime.execute_next()
+        assert first.status is RunStatus.RETRYING and first.failure.message == "Task failed."
+        [retrying] = caplog.records
+        assert (retrying.name, retrying.levelno) == ("runlane.task", logging.WARNING)
+        assert retrying.getMessage() == (
+            f"Run {flaky_id} (task flaky): attempt 1 failed with task_failed (Task failed.); "
+            f"retry at {first.run_at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}."
+        )
+        assert (retrying.run_id, retrying.task_id, retrying.attempt, retrying.error_code) == (
+            flaky_id, "flaky", 1, "task_failed"
+        )
+        assert isinstance(retrying.exc_info[1], RuntimeError) and str(retrying.exc_info[1]) == "secret detail"
+
+        caplog.clear()
+        await runtime.trigger(bad_output)
+        assert (await runtime.execute_next()).status is RunStatus.FAILED
+        [invalid] = caplog.records
+        assert invalid.levelno == logging.ERROR and invalid.exc_info is None
+        assert "failed with task_output_invalid (Task output is not JSON-compatible.); the run has failed." in (
+            invalid.getMessage()
+        )
+
+        caplog.clear()
+        await runtime.trigger(fine)
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        assert caplog.records == []
+
+        for attempt in (2, 3):
+            clock.advance("1s")
+            await runtime.tick()
+            caplog.clear()
+            run = await runtime.execute_next()
+            [record] = caplog.records
+            assert record.attempt == attempt and "secret detail" not in record.getMessage()
+        assert run.status is RunStatus.FAILED and record.levelno == logging.ERROR
+        assert record.getMessage().endswith("attempt 3 failed with task_failed (Task failed.); the run has failed.")
+        history = await runtime.runs.events(flaky_id)
+        assert "secret detail" not in json.dumps([item.to_json() for item in history.data])
 
 
 @pytest.mark.parametrize(

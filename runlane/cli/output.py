@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,7 +25,7 @@ from rich.text import Text
 
 from ..errors import RunlaneError
 
-__all__ = ["Output", "to_json_value"]
+__all__ = ["Output", "forward_runtime_logs", "to_json_value"]
 
 
 def to_json_value(value: Any) -> Any:
@@ -119,6 +121,29 @@ class Output:
     def warn(self, text: str) -> None:
         """A diagnostic for humans; always stderr, never part of a result."""
         self.stderr.print(Text(text, style="yellow"))
+
+    def log(self, record: logging.LogRecord) -> None:
+        """One log record of the runtime (a failed attempt, a storage outage): stderr, as a timestamped
+        line with its traceback below, or one JSON object with ``--json``."""
+        at = _iso(datetime.fromtimestamp(record.created, UTC)) or ""
+        message = record.getMessage()
+        trace = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
+        if self.json:
+            value: dict[str, Any] = {
+                "at": at, "type": "log", "level": record.levelname.lower(), "logger": record.name, "message": message,
+            }  # fmt: skip
+            value.update({name: getattr(record, name) for name in _LOG_FIELDS if hasattr(record, name)})
+            if trace is not None:
+                value["exception"] = trace
+            self._err.write(_dumps(value) + "\n")
+            self._err.flush()
+            return
+        line = Text(f"{at} ", style="dim")
+        style = "red" if record.levelno >= logging.ERROR else "yellow"
+        line.append(f"{record.levelname.lower()} {message}", style=style)
+        self.stderr.print(line)
+        if trace is not None:
+            self.stderr.print(Text(trace, style="dim"))
 
     def error(self, error: RunlaneError) -> None:
         if self.json:
@@ -358,6 +383,44 @@ class Output:
         counts = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
         text = "tick " + " ".join(f"{_camel(name)}={value}" for name, value in counts.items())
         self.record("tick", text, tick=counts)
+
+
+# Structured fields runtime log records carry (``extra=``) that a JSON log line repeats.
+_LOG_FIELDS = ("run_id", "task_id", "attempt", "error_code", "worker_id")
+
+
+class _OutputHandler(logging.Handler):
+    def __init__(self, output: Output) -> None:
+        super().__init__(logging.INFO)
+        self.output = output
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.output.log(record)
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def forward_runtime_logs(output: Output) -> Iterator[None]:
+    """Print the ``runlane`` loggers' records (info and up) through ``output`` while the block runs,
+    unless the application configured logging itself (a handler on the root or ``runlane`` logger):
+    then its own handlers get them, as they would anywhere else."""
+    logger = logging.getLogger("runlane")
+    if logging.getLogger().handlers or logger.handlers:
+        yield
+        return
+    handler = _OutputHandler(output)
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _width(stream: Any) -> int | None:

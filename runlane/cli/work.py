@@ -26,7 +26,7 @@ from .options import (
     QueuesOption,
     WorkerIdOption,
 )
-from .output import Output
+from .output import Output, forward_runtime_logs
 
 __all__ = ["StopOnSignals", "app", "run_worker"]
 
@@ -110,16 +110,18 @@ async def run_worker(
         executed += 1
         output.run_executed(run)
 
-    handle = runtime.worker(mode=mode, on_run_executed=on_run_executed, **options)
-    queues = options.get("queues") or []
-    output.record(
-        "worker_started",
-        f"worker started mode={mode.value} queues={','.join(queues) or '*'} concurrency={options.get('concurrency', 1)}",
-        mode=mode.value,
-        queues=list(queues),
-        concurrency=options.get("concurrency", 1),
-    )
-    await wait_for_worker(handle, stop.stopping)
+    with forward_runtime_logs(output):
+        handle = runtime.worker(mode=mode, on_run_executed=on_run_executed, **options)
+        queues = options.get("queues") or []
+        concurrency = options.get("concurrency", 1)
+        output.record(
+            "worker_started",
+            f"worker started mode={mode.value} queues={','.join(queues) or '*'} concurrency={concurrency}",
+            mode=mode.value,
+            queues=list(queues),
+            concurrency=concurrency,
+        )
+        await wait_for_worker(handle, stop.stopping)
     output.record("worker_stopped", f"worker stopped runs={executed}", runs=executed)
     return executed
 

@@ -17,6 +17,10 @@ Outcome rules (the reducer enforces the lifecycle; this module picks the event):
   code, meta and retryability with a task-facing message;
 * a lost lease (heartbeat or completion) abandons the attempt: nothing is persisted for it.
 
+History keeps only the sanitized failure. The process's own log gets the detail: an attempt that
+ends in ``retrying`` or ``failed`` is logged to the ``runlane.task`` logger (a warning while retries
+are left, an error once the run failed) with the exception and its traceback.
+
 This module never touches a storage driver directly; it writes through the runtime's store and
 batchers.
 """
@@ -28,6 +32,7 @@ import contextvars
 import hashlib
 import inspect
 import json
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -80,6 +85,8 @@ __all__ = [
 
 _CANCELLATION_REQUESTED = RunStatus.CANCELLATION_REQUESTED
 _ATTEMPT_OWNERS = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED})
+
+_task_log = logging.getLogger("runlane.task")
 
 # Abort reasons the runtime gives ``TaskContext.signal``.
 REASON_CANCELLATION_REQUESTED = "cancellation_requested"
@@ -258,6 +265,7 @@ class _Outcome:
     has_output: bool = False
     release: TaskRelease | None = None
     failure: RunFailure | None = None
+    error: BaseException | None = None  # what the handler raised, for the process log only
 
 
 _VOID_SUCCESS = _Outcome(_SUCCESS)
@@ -288,6 +296,33 @@ def _outcome_for_result(result: Any) -> _Outcome:
             ),
         )
     return _Outcome(_SUCCESS, output=result, has_output=True)
+
+
+def _log_failed_attempt(run: RunRecord, outcome: _Outcome) -> None:
+    """Log an attempt whose stored outcome is ``retrying`` or ``failed``, with the handler's exception
+    when that is what the stored failure came from (not a timeout or cancellation that overtook it)."""
+    status = run.status
+    if status is RunStatus.RETRYING:
+        retry_at = run.run_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        level, then = logging.WARNING, f"retry at {retry_at}"
+    elif status is RunStatus.FAILED:
+        level, then = logging.ERROR, "the run has failed"
+    else:
+        return
+    failure = run.failure
+    if failure is None or not _task_log.isEnabledFor(level):
+        return
+    error = outcome.error
+    if outcome.failure is None or outcome.failure.code is not failure.code:
+        error = None
+    _task_log.log(
+        level,
+        "Run %s (task %s): attempt %d failed with %s (%s); %s.",
+        run.id, run.task_id, run.counters.attempts, failure.code.value, failure.message, then,
+        exc_info=error,
+        extra={"run_id": run.id, "task_id": run.task_id, "attempt": run.counters.attempts,
+               "error_code": failure.code.value},
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -738,7 +773,7 @@ class _Attempt:
                 # A local abort (worker stop, caller signal) is not a durable cancellation: the
                 # failure follows the task's retry policy like any other.
                 failure = failure.model_copy(update={"retryable": True})
-            return _Outcome(_FAILURE, failure=failure)
+            return _Outcome(_FAILURE, failure=failure, error=error)
         return _outcome_for_result(result)
 
     # -- completion ------------------------------------------------------------------------------
@@ -814,6 +849,7 @@ class _Attempt:
             return AttemptResult(None, True, error)
         assert isinstance(result, AppendResult)
         await runtime.after_append(result)
+        _log_failed_attempt(result.run, outcome)
         return AttemptResult(result.run)
 
     async def complete_step(self, step_key: str, token: str, stored: Any) -> None:
