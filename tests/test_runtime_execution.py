@@ -514,12 +514,13 @@ async def test_execute_delivery_ignored_reasons():
         assert done.run.status is RunStatus.CANCELLED
 
 
-async def test_execute_delivery_abandons_an_attempt_that_lost_its_lease():
+async def test_execute_delivery_abandons_an_attempt_that_lost_its_lease(caplog):
     @task("slow")
     async def slow(payload: dict, ctx: TaskContext) -> None:
         await ctx.signal.wait()
 
     runtime, clock = make_runtime(slow)
+    caplog.set_level(logging.INFO, logger="runlane")
     async with runtime:
         run = (await runtime.trigger(slow, {})).run
         pending = asyncio.ensure_future(
@@ -530,6 +531,9 @@ async def test_execute_delivery_abandons_an_attempt_that_lost_its_lease():
         assert (await runtime.store.claim([ClaimRequest(run.id, None, "thief", "tok", 60_000)]))[0].claimed
         result = await asyncio.wait_for(pending, 2)
         assert (result.status, result.reason) == (ExecuteDeliveryStatus.IGNORED, ExecuteDeliveryIgnoredReason.ABANDONED)
+        [abandoned] = caplog.records
+        assert (abandoned.levelno, abandoned.run_id, abandoned.attempt) == (logging.WARNING, run.id, 1)
+        assert abandoned.getMessage().startswith(f"Run {run.id} (task slow): attempt 1 lost its lease;")
 
 
 async def test_execute_delivery_persists_a_failure_for_an_unregistered_task_or_queue():

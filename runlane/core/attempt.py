@@ -19,7 +19,8 @@ Outcome rules (the reducer enforces the lifecycle; this module picks the event):
 
 History keeps only the sanitized failure. The process's own log gets the detail: an attempt that
 ends in ``retrying`` or ``failed`` is logged to the ``runlane.task`` logger (a warning while retries
-are left, an error once the run failed) with the exception and its traceback.
+are left, an error once the run failed) with the exception and its traceback, and an abandoned
+attempt as a warning.
 
 This module never touches a storage driver directly; it writes through the runtime's store and
 batchers.
@@ -846,11 +847,22 @@ class _Attempt:
             stored = await runtime.store.get_run(self.run_id)
             if stored is not None and stored.status is RunStatus.CANCELLED and self.cancel_observed:
                 return AttemptResult(stored)
-            return AttemptResult(None, True, error)
+            return self.abandon(error)
         assert isinstance(result, AppendResult)
         await runtime.after_append(result)
         _log_failed_attempt(result.run, outcome)
         return AttemptResult(result.run)
+
+    def abandon(self, conflict: RunlaneError) -> AttemptResult:
+        """The attempt lost its lease: nothing of it is persisted (another owner may be running the run)."""
+        run = self.run
+        _task_log.warning(
+            "Run %s (task %s): attempt %d lost its lease; its outcome is not recorded (%s).",
+            run.id, run.task_id, run.counters.attempts, conflict.message,
+            extra={"run_id": run.id, "task_id": run.task_id, "attempt": run.counters.attempts,
+                   "error_code": conflict.code.value},
+        )  # fmt: skip
+        return AttemptResult(None, True, conflict)
 
     async def complete_step(self, step_key: str, token: str, stored: Any) -> None:
         runtime = self.runtime
@@ -920,7 +932,7 @@ async def execute_claimed_run(
         registry.unregister(attempt)
         attempt.controller.unlink()
     if attempt.lost is not None:
-        return AttemptResult(None, True, attempt.lost)
+        return attempt.abandon(attempt.lost)
     if attempt.heartbeat_error is not None:
         raise attempt.heartbeat_error
     return await attempt.complete(outcome)
