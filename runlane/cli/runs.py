@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..core.store import run_not_found
 from ..errors import ErrorCode, RunlaneError
 from ..storage.operator import TimeRange
 from ..vocabulary import RunEventSortField, RunSortField, RunStatus, SortDirection
@@ -86,15 +87,11 @@ class RunsGetParams(OperationParams):
     limit: int | None = None
 
 
-def _not_found(run_id: str) -> RunlaneError:
-    return RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {run_id!r} was not found.", meta={"run_id": run_id})
-
-
 @operation("runs get", RunsGetParams, lambda output, params, result: output.run_detail(*result))
 async def _get(runtime: Any, params: RunsGetParams) -> tuple[Any, Any]:
     run = await runtime.runs.get(params.run_id)
     if run is None:
-        raise _not_found(params.run_id)
+        raise run_not_found(params.run_id)
     page = None
     if params.events:
         page = await runtime.runs.events(
@@ -116,7 +113,7 @@ class RunsAttemptsParams(OperationParams):
 )
 async def _attempts(runtime: Any, params: RunsAttemptsParams) -> Any:
     if await runtime.runs.get(params.run_id) is None:
-        raise _not_found(params.run_id)
+        raise run_not_found(params.run_id)
     return await runtime.runs.attempts(params.run_id)
 
 

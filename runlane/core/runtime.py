@@ -135,6 +135,7 @@ from .store import (
     NextClaimRequest,
     OutboxMark,
     ReserveRequest,
+    run_not_found,
 )
 
 if TYPE_CHECKING:
@@ -1742,7 +1743,7 @@ class RunsApi:
             raise RunlaneError(ErrorCode.VALIDATION_FAILED, f"Invalid run event options: {error}") from None
         await runtime._ready()
         if await runtime._store.get_visible_run(checked) is None:
-            raise RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {checked} does not exist.", meta={"run_id": checked})
+            raise run_not_found(checked)
         return await driver.list_run_events(event_filter, pagination)
 
     async def attempts(self, run_id: str) -> list[RunAttemptSummary]:
@@ -1844,7 +1845,7 @@ class RunsApi:
         await runtime._ready()
         source = await runtime._store.get_visible_run(checked)
         if source is None:
-            raise RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {checked} does not exist.", meta={"run_id": checked})
+            raise run_not_found(checked)
         if kind is RunSourceType.MANUAL_RETRY and source.status is not RunStatus.FAILED:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
@@ -1916,7 +1917,7 @@ class RunsApi:
         if isinstance(result, RunlaneError):
             if result.code is ErrorCode.VALIDATION_FAILED and await runtime._store.get_visible_run(checked) is None:
                 # A pruned run is terminal (the build refused it) and, for operators, gone.
-                raise RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {checked} does not exist.", meta={"run_id": checked})
+                raise run_not_found(checked)
             raise result
         run = result.run
         if run.status is RunStatus.CANCELLATION_REQUESTED and run.lease is not None:

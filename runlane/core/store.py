@@ -818,7 +818,8 @@ def _lease_conflict(run_id: str, why: str) -> RunlaneError:
     )
 
 
-def _run_not_found(run_id: str) -> RunlaneError:
+def run_not_found(run_id: str) -> RunlaneError:
+    """``run_not_found`` for ``run_id``, worded the same by every path that reports it."""
     return RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {run_id} does not exist.", meta={"run_id": run_id})
 
 
@@ -2133,7 +2134,7 @@ class CoreStore:
         if token is not None:
             _check_lease(request.run_id, None if slot is None else slot.run, token)
         if slot is None:
-            raise _run_not_found(request.run_id)
+            raise run_not_found(request.run_id)
         events = list(request.build(slot.run, now))
         if not events:
             return AppendResult(slot.run)
