@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 from datetime import timedelta
 
@@ -164,6 +166,27 @@ async def test_slots_run_attempts_concurrently():
             await runtime.trigger(overlap, {})
         await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN, concurrency=4).closed, 5)
         assert peak == 4
+
+
+async def test_every_slot_runs_a_sync_handler_at_once_beyond_the_default_executor_size():
+    # The loop's default executor stops at min(32, CPUs + 4) threads: 6 on a 2-core machine.
+    slots = (os.cpu_count() or 1) + 8
+    together = threading.Barrier(slots, timeout=5)
+    threads: set[str] = set()
+
+    @task("sync.together")
+    def meet(payload: dict) -> None:
+        threads.add(threading.current_thread().name)
+        together.wait()  # breaks (and the run fails) unless every slot's handler runs at the same time
+
+    runtime, _ = make_runtime(meet)
+    async with runtime:
+        for _ in range(slots):
+            await runtime.trigger(meet, {})
+        await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN, concurrency=slots).closed, 10)
+        runs = (await runtime.runs.list(limit=100)).data
+        assert [run.status for run in runs] == [RunStatus.SUCCEEDED] * slots
+    assert len(threads) == slots and all(name.startswith("runlane-handler") for name in threads)
 
 
 async def test_poll_worker_is_woken_by_a_trigger_in_this_process():

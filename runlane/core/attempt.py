@@ -2,7 +2,8 @@
 
 After a lease is claimed (``execute_next``, workers, ``execute_delivery``) or created with the run
 (``run_now``), ``execute_claimed_run`` does the same thing: re-validate the persisted payload, build
-the ``TaskContext``, run the handler (``async def`` on the event loop, ``def`` in the loop's executor),
+the ``TaskContext``, run the handler (``async def`` on the event loop, ``def`` on a thread of the
+runtime's ``handler_threads``, one per handler running),
 heartbeat every ``heartbeat_interval``, abort the context signal at the fixed attempt deadline, on a
 same-process cancellation request or when the worker stops, and persist exactly one outcome fenced
 by the lease: succeeded, failed, retry scheduled, released or cancelled.
@@ -760,7 +761,9 @@ class _Attempt:
                 result = await definition.handler(*args)
             else:
                 context = contextvars.copy_context()
-                result = await self.loop.run_in_executor(None, context.run, definition.handler, *args)
+                result = await self.loop.run_in_executor(
+                    self.runtime.handler_threads, context.run, definition.handler, *args
+                )
                 if inspect.isawaitable(result):
                     result = await result
         except Exception as error:

@@ -20,6 +20,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import inspect
 import json
@@ -263,6 +264,11 @@ class _SystemClock:
 # Per-event-loop state
 
 
+# Threads for ``def`` handlers are started on demand, one per handler running at that moment; the cap only
+# guards against a runaway caller (worker slots and direct calls bound the attempts in flight).
+_MAX_HANDLER_THREADS = 4096
+
+
 class _LoopState:
     """The group-commit batchers of one event loop (the runtime can serve several loops, for example
     an application loop and the ``runlane.sync`` facade's own loop). Heartbeats and other appends share
@@ -466,6 +472,7 @@ class Runlane:
         self.idempotency_keys = IdempotencyKeysApi(self)
         self.observations = ObservationsApi(self)
         self._sync: SyncRunlane | None = None
+        self._handler_threads: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("started" if self._started else "new")
@@ -568,6 +575,8 @@ class Runlane:
             await self._lane.close()
         if self._sync is not None:
             self._sync.shutdown_loop()
+        if self._handler_threads is not None:
+            self._handler_threads.shutdown(wait=False)  # workers waited for their attempts above
 
     async def __aenter__(self) -> Runlane:
         await self.start()
@@ -608,6 +617,23 @@ class Runlane:
                 self._loop_states[loop] = state
         self._last = (loop, state)
         return state
+
+    @property
+    def handler_threads(self) -> concurrent.futures.Executor:
+        """Where ``def`` handlers run: one pool for the runtime, which starts a thread whenever every
+        thread it has is busy, so as many sync handlers run at once as attempts are in flight (worker
+        slots plus direct callers). The event loop's default executor would stop at ``min(32, CPUs + 4)``
+        threads: a worker's other slots would hold leases for runs whose handlers wait for a thread, and
+        the wait would count against their attempt deadlines."""
+        threads = self._handler_threads
+        if threads is None:
+            with self._state_lock:
+                threads = self._handler_threads
+                if threads is None:
+                    threads = self._handler_threads = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=_MAX_HANDLER_THREADS, thread_name_prefix="runlane-handler"
+                    )
+        return threads
 
     def task_for(self, task_id: str) -> TaskDefinition | None:
         return self._tasks_by_id.get(task_id)
