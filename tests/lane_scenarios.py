@@ -97,6 +97,34 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_data_too_large_for_the_lane_is_refused_or_fails_the_attempt(self, lanes: LaneFactory) -> None:
+        blob = {"size": 0}
+
+        @task("oversized")
+        async def oversized(payload: dict) -> dict:
+            return {"blob": "o" * blob["size"]}
+
+        async def body() -> None:
+            lane = lanes.new()
+            blob["size"] = lane.storage.profile.limits.max_record_bytes + 1
+            runtime, _ = self.runtime(lane, oversized)
+            async with runtime:
+                with pytest.raises(RunlaneError) as raised:
+                    await runtime.trigger(oversized, {"blob": "p" * blob["size"]})
+                assert raised.value.code is ErrorCode.VALIDATION_FAILED
+                assert raised.value.message.startswith("Run of task 'oversized' is too large to store: ")
+                assert (await runtime.runs.list(limit=10)).data == []  # nothing was written
+
+                created = await runtime.trigger(oversized, {})
+                done = await runtime.execute_next()
+                assert done is not None and done.id == created.run.id and done.status is RunStatus.FAILED
+                assert done.failure.code is ErrorCode.TASK_OUTPUT_INVALID
+                assert done.failure.message.startswith("Task output is too large to store: ")
+                events = (await runtime.runs.events(done.id, sort_by="sequence")).data
+                assert [record.event.type.value for record in events][-1] == "run.failed"
+
+        self.run(body)
+
     def test_trigger_execute_and_read_back_history(self, lanes: LaneFactory) -> None:
         @task("greet")
         async def greet(payload: dict) -> dict:

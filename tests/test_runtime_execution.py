@@ -206,6 +206,80 @@ async def test_invalid_output_fails_with_task_output_invalid(output):
         assert not run.has_output
 
 
+def _over_the_record_limit(runtime) -> str:
+    return "x" * (runtime.lane.storage.profile.limits.max_record_bytes + 1)
+
+
+async def test_output_too_large_for_the_lane_fails_the_attempt_and_follows_the_retry_policy():
+    @task("big.output", retry=Retry(2, backoff="1s"))
+    async def big_output() -> dict:
+        return {"blob": _over_the_record_limit(runtime)}
+
+    runtime, clock = make_runtime(big_output)
+    async with runtime:
+        run_id = (await runtime.trigger(big_output)).run.id
+        first = await runtime.execute_next()
+        assert (first.id, first.status) == (run_id, RunStatus.RETRYING)  # not left running until its lease expires
+        assert first.failure.code is ErrorCode.TASK_OUTPUT_INVALID and first.failure.retryable
+        assert first.failure.message.startswith("Task output is too large to store: ")
+        assert first.failure.meta["storage_limit"] == "max_record_bytes"
+        assert first.failure.meta["actual"] > first.failure.meta["limit"]
+        clock.advance("1s")
+        await runtime.tick()
+        second = await runtime.execute_next()
+        assert second.status is RunStatus.FAILED and not second.has_output
+        assert second.counters.attempts == 2
+
+
+async def test_failure_meta_too_large_for_the_lane_is_dropped_and_the_failure_kept():
+    @task("big.meta")
+    async def big_meta() -> None:
+        raise RunlaneError(ErrorCode.VALIDATION_FAILED, "bad invoice", meta={"dump": _over_the_record_limit(runtime)})
+
+    runtime, _ = make_runtime(big_meta)
+    async with runtime:
+        await runtime.trigger(big_meta)
+        run = await runtime.execute_next()
+        assert run.status is RunStatus.FAILED
+        assert (run.failure.code, run.failure.retryable) == (ErrorCode.VALIDATION_FAILED, False)
+        assert run.failure.meta["meta_dropped"] == "too large to store"
+        assert "dump" not in run.failure.meta
+
+
+async def test_step_output_too_large_for_the_lane_is_task_output_invalid_in_the_handler():
+    caught: list[RunlaneError] = []
+
+    @task("big.step")
+    async def big_step(payload: dict, ctx: TaskContext) -> str:
+        try:
+            await ctx.step.run("fetch", lambda token: {"blob": _over_the_record_limit(runtime)})
+        except RunlaneError as error:
+            caught.append(error)
+            return "recovered"
+        return "stored"
+
+    runtime, _ = make_runtime(big_step)
+    async with runtime:
+        await runtime.trigger(big_step, {})
+        run = await runtime.execute_next()
+        assert (run.status, run.output) == (RunStatus.SUCCEEDED, "recovered")
+        [error] = caught
+        assert (error.code, error.retryable) == (ErrorCode.TASK_OUTPUT_INVALID, True)
+        assert error.message.startswith("Step 'fetch' output is too large to store: ")
+        assert error.meta["step_key"] == "fetch"
+
+
+async def test_trigger_with_a_payload_too_large_for_the_lane_writes_nothing():
+    runtime, _ = make_runtime(echo)
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(echo, {"blob": _over_the_record_limit(runtime)})
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        assert raised.value.message.startswith("Run of task 'echo' is too large to store: ")
+        assert "pass a reference to large data" in raised.value.message
+        assert (await runtime.runs.list()).data == []
+
+
 async def test_task_context_describes_the_attempt():
     seen: list[TaskContext] = []
     facts: dict = {}

@@ -65,6 +65,7 @@ from ..models import (
     RunSucceededEvent,
     environment_key,
 )
+from ..storage.types import StorageLimitError
 from ..vocabulary import ActorType, RunSourceType, RunStatus, RunWaitConditionType
 from .authoring import RetryPolicy, TaskDefinition, TaskRelease, build_run_wait, build_signal_wait, build_time_release
 from .cancellation import CancellationController, CancellationSignal, link_signals
@@ -298,6 +299,25 @@ def _outcome_for_result(result: Any) -> _Outcome:
             ),
         )
     return _Outcome(_SUCCESS, output=result, has_output=True)
+
+
+def _oversized_outcome_failure(outcome: _Outcome, error: StorageLimitError) -> RunFailure:
+    """The failure stored for an outcome whose records exceed a storage limit of the lane: the same
+    failure without its meta when that is what was large, else ``task_output_invalid``."""
+    limit = {"storage_limit": error.limit, "limit": error.allowed, "actual": error.actual}
+    failure = outcome.failure
+    if failure is not None and failure.meta:
+        return failure.model_copy(update={"meta": {"meta_dropped": "too large to store", **limit}})
+    what = "Task output" if outcome.kind == _SUCCESS else "The attempt's outcome"
+    return RunFailure(
+        code=ErrorCode.TASK_OUTPUT_INVALID,
+        message=(
+            f"{what} is too large to store: {error.actual:,} bytes against the lane's {error.limit} of "
+            f"{error.allowed:,}. Store large data elsewhere and return a reference to it."
+        ),
+        retryable=True,
+        meta=limit,
+    )
 
 
 def _log_failed_attempt(run: RunRecord, outcome: _Outcome) -> None:
@@ -842,7 +862,15 @@ class _Attempt:
         runtime = self.runtime
         request = CompletionRequest(self.run_id, self.outcome_build(outcome), self.token, self.run)
         try:
-            result = await runtime.loop_state().completions.submit(request)
+            try:
+                result = await runtime.loop_state().completions.submit(request)
+            except StorageLimitError as error:
+                # The outcome does not fit the lane (a large output, failure meta or release): the
+                # attempt fails with a small failure instead of leaving the run running until its
+                # lease expires and the next attempt does the same.
+                outcome = _Outcome(_FAILURE, failure=_oversized_outcome_failure(outcome, error))
+                request = CompletionRequest(self.run_id, self.outcome_build(outcome), self.token, self.run)
+                result = await runtime.loop_state().completions.submit(request)
         except RunlaneError as error:
             if not is_storage_conflict(error, StorageConflictKind.LEASE_OWNERSHIP):
                 raise
@@ -869,7 +897,18 @@ class _Attempt:
 
     async def complete_step(self, step_key: str, token: str, stored: Any) -> None:
         runtime = self.runtime
-        step, created = await runtime.store.complete_step(self.run_id, step_key, token, self.token, self.attempt_number, stored)
+        try:
+            step, created = await runtime.store.complete_step(
+                self.run_id, step_key, token, self.token, self.attempt_number, stored
+            )
+        except StorageLimitError as error:
+            raise RunlaneError(
+                ErrorCode.TASK_OUTPUT_INVALID,
+                f"Step {step_key!r} output is too large to store: {error.actual:,} bytes against the lane's "
+                f"{error.limit} of {error.allowed:,}. Store large data elsewhere and return a reference to it.",
+                retryable=True,
+                meta={"step_key": step_key, **error.meta},
+            ) from None
         if created:
             await runtime.observe_step(step, self.run)
 

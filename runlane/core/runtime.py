@@ -81,6 +81,7 @@ from ..storage import (
     RunFilter,
     StorageClockAuthority,
     StorageIndexName,
+    StorageLimitError,
     TimeRange,
     supports_wake_hints,
 )
@@ -1006,7 +1007,17 @@ class Runlane:
                 )
             follow_up = (requested,)
         hint = spec.queue.name if self._wake_hints is not None else None
-        result = await self._store.create_run(CreateRunPlan(created, follow_up, spec.generated_run_id, hint))
+        try:
+            result = await self._store.create_run(CreateRunPlan(created, follow_up, spec.generated_run_id, hint))
+        except StorageLimitError as error:
+            raise StorageLimitError(
+                error.limit,
+                error.allowed,
+                error.actual,
+                f"Run of task '{spec.definition.id}' is too large to store: {error.actual:,} bytes against the lane's "
+                f"{error.limit} of {error.allowed:,}. Nothing was written; pass a reference to large data (an id "
+                "or a URL) in the payload instead of the data.",
+            ) from None
         if result.created:
             if self._observers:
                 await self.observe(result.observations)
