@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import threading
 
 import pytest
@@ -22,6 +23,7 @@ from runlane import (
     RunStatus,
     StorageConflictKind,
     TaskContext,
+    WorkerMode,
     create_runlane,
     get_storage_conflict_kind,
     queue,
@@ -204,6 +206,47 @@ async def test_invalid_output_fails_with_task_output_invalid(output):
         assert run.status is RunStatus.FAILED
         assert run.failure.code is ErrorCode.TASK_OUTPUT_INVALID
         assert not run.has_output
+
+
+async def test_a_handler_that_raises_cancelled_error_or_calls_sys_exit_fails_without_stopping_the_worker():
+    @task("escapes.cancellation")
+    async def escapes(payload: dict) -> None:
+        inner = asyncio.ensure_future(asyncio.sleep(10))
+        inner.cancel()
+        await inner  # re-raises the inner task's CancelledError in the handler
+
+    @task("calls.exit")
+    def exits(payload: dict) -> None:
+        sys.exit(3)
+
+    runtime, _ = make_runtime(escapes, exits, echo)
+    async with runtime:
+        ids = [(await runtime.trigger(item, {})).run.id for item in (escapes, exits, echo, echo)]
+        await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN, concurrency=2).closed, 5)
+        runs = [await runtime.runs.get(run_id) for run_id in ids]
+        assert [run.status for run in runs] == [
+            RunStatus.FAILED, RunStatus.FAILED, RunStatus.SUCCEEDED, RunStatus.SUCCEEDED
+        ]
+        assert [run.failure.code for run in runs[:2]] == [ErrorCode.TASK_FAILED, ErrorCode.TASK_FAILED]
+
+
+async def test_cancelling_the_task_that_runs_an_attempt_is_not_recorded_as_its_outcome():
+    entered = asyncio.Event()
+
+    @task("waits")
+    async def waits(payload: dict) -> None:
+        entered.set()
+        await asyncio.sleep(10)
+
+    runtime, _ = make_runtime(waits)
+    async with runtime:
+        run_id = (await runtime.trigger(waits, {})).run.id
+        attempt = asyncio.ensure_future(runtime.execute_next())
+        await asyncio.wait_for(entered.wait(), 2)
+        attempt.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+        assert (await runtime.runs.get(run_id)).status is RunStatus.RUNNING  # left to lease recovery
 
 
 def _over_the_record_limit(runtime) -> str:

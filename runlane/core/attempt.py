@@ -301,6 +301,18 @@ def _outcome_for_result(result: Any) -> _Outcome:
     return _Outcome(_SUCCESS, output=result, has_output=True)
 
 
+class HandlerExit(Exception):
+    """A ``def`` handler called ``sys.exit()``: on a handler thread that ends only the call, so it fails
+    the attempt like any other exception instead of stopping the worker's event loop."""
+
+
+def _call_in_thread(handler: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    try:
+        return handler(*args)
+    except SystemExit as error:
+        raise HandlerExit(f"The handler called sys.exit({error.code!r}).") from error
+
+
 def _oversized_outcome_failure(outcome: _Outcome, error: StorageLimitError) -> RunFailure:
     """The failure stored for an outcome whose records exceed a storage limit of the lane: the same
     failure without its meta when that is what was large, else ``task_output_invalid``."""
@@ -782,10 +794,17 @@ class _Attempt:
             else:
                 context = contextvars.copy_context()
                 result = await self.loop.run_in_executor(
-                    self.runtime.handler_threads, context.run, definition.handler, *args
+                    self.runtime.handler_threads, context.run, _call_in_thread, definition.handler, args
                 )
                 if inspect.isawaitable(result):
                     result = await result
+        except asyncio.CancelledError as error:
+            current = asyncio.current_task()
+            if current is None or current.cancelling():
+                raise  # this attempt's task is being cancelled: not the handler's outcome to record
+            # The handler let a cancellation of something it awaited escape: a failure of this
+            # attempt, not a reason to stop the worker and leave the run running until its lease expires.
+            return _Outcome(_FAILURE, failure=failure_from_exception(error), error=error)
         except Exception as error:
             failure = failure_from_exception(error)
             if (
