@@ -3,10 +3,10 @@
 After a lease is claimed (``execute_next``, workers, ``execute_delivery``) or created with the run
 (``run_now``), ``execute_claimed_run`` does the same thing: re-validate the persisted payload, build
 the ``TaskContext``, run the handler (``async def`` on the event loop, ``def`` on a thread of the
-runtime's ``handler_threads``, one per handler running),
-heartbeat every ``heartbeat_interval``, abort the context signal at the fixed attempt deadline, on a
-same-process cancellation request or when the worker stops, and persist exactly one outcome fenced
-by the lease: succeeded, failed, retry scheduled, released or cancelled.
+runtime's ``handler_threads``, one per running handler), heartbeat every ``heartbeat_interval``, abort
+the context signal at the fixed attempt deadline, on a same-process cancellation request or when the
+worker stops, and persist exactly one outcome fenced by the lease: succeeded, failed, retry
+scheduled, released or cancelled.
 
 Outcome rules (the reducer enforces the lifecycle; this module picks the event):
 
