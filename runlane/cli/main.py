@@ -253,7 +253,8 @@ def _root(
     json_output: Annotated[
         bool,
         typer.Option(
-            "--json", help="Results and errors as JSON (long-running output as NDJSON); also accepted after the command."
+            "--json",
+            help="Results and errors as JSON (long-running output as NDJSON); also accepted after the command.",
         ),
     ] = False,
     version: Annotated[
