@@ -10,7 +10,15 @@ import orjson
 
 from .errors import ErrorCode, RunlaneError
 
-__all__ = ["JsonObject", "JsonValue", "canonical_json", "ensure_json_object", "ensure_json_value", "is_json_value"]
+__all__ = [
+    "JsonObject",
+    "JsonValue",
+    "canonical_json",
+    "ensure_json_object",
+    "ensure_json_value",
+    "is_json_value",
+    "non_finite_float_path",
+]
 
 JsonValue = Any  # None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]
 JsonObject = dict[str, Any]
@@ -77,6 +85,37 @@ def _validate(value: Any) -> None:
         _check(value, "$", set())
     except RecursionError:
         raise _InvalidJson("$", "the value is nested too deeply") from None
+
+
+def non_finite_float_path(value: Any) -> str | None:
+    """Where the first NaN or infinite float inside a validated Python value is (``$.a[0]``), or ``None``.
+
+    pydantic's JSON mode turns such a float under an untyped field (``dict``, ``Any``) into ``null``
+    without a word; callers check first so that data is refused rather than changed. Looks inside
+    dicts, lists, tuples, sets and pydantic models; anything else is left to the JSON dump.
+    """
+    stack: list[tuple[Any, str]] = [(value, "$")]
+    seen: set[int] = set()
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return path
+            continue
+        if isinstance(item, (str, int)) or item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            stack.extend((child, f"{path}.{key}") for key, child in item.items())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, f"{path}[{index}]") for index, child in enumerate(item))
+        elif isinstance(item, (set, frozenset)):
+            stack.extend((child, f"{path}[]") for child in item)
+        elif (fields := getattr(type(item), "__pydantic_fields__", None)) is not None:
+            stack.extend((getattr(item, name, None), f"{path}.{name}") for name in fields)
+            extra = getattr(item, "__pydantic_extra__", None) or {}
+            stack.extend((child, f"{path}.{key}") for key, child in extra.items())
+    return None
 
 
 def is_json_value(value: Any) -> bool:

@@ -68,6 +68,38 @@ async def test_invalid_payloads_fail_validation_before_any_write(payload):
         assert await all_runs(runtime) == []
 
 
+class Reading(BaseModel):
+    sensor: str
+    values: dict
+    scale: float = 1.0
+
+
+@task("readings.store")
+async def store_reading(payload: Reading) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    "task_, payload, path",
+    [
+        (keyed, {"key": "k1", "ratio": float("nan")}, "$.ratio"),
+        (keyed, {"key": "k2", "series": [1.0, {"peak": float("inf")}]}, "$.series[1].peak"),
+        (store_reading, {"sensor": "s1", "values": {"t": float("-inf")}}, "$.values.t"),
+        (store_reading, Reading(sensor="s1", values={}, scale=float("nan")), "$.scale"),
+    ],
+)
+async def test_nan_or_infinity_in_a_payload_is_refused_not_turned_into_null(task_, payload, path):
+    # pydantic's JSON mode writes these as null under untyped fields; storing that would change the data.
+    runtime, _ = make_runtime(keyed, store_reading)
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(task_, payload)
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        assert raised.value.meta["path"] == path
+        assert "NaN or infinite" in raised.value.message
+        assert await all_runs(runtime) == []
+
+
 async def test_unknown_tasks_are_not_found():
     runtime, _ = _runtime()
     async with runtime:

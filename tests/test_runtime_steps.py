@@ -170,3 +170,24 @@ async def test_first_step_completion_is_observed_once():
     assert steps[0].step_key == "s" and steps[0].attempt == 1 and steps[0].run_id == run.id
     assert steps[0].step_token == step_token(runtime.environment, run.id, "s")
     assert "do-not-leak" not in steps[0].model_dump_json()
+
+
+@pytest.mark.parametrize("output", [None, dict])
+async def test_a_step_output_with_nan_is_task_output_invalid_not_stored_as_null(output):
+    caught: list[RunlaneError] = []
+
+    @task("steps.nan")
+    async def nan_step(payload: dict, ctx: TaskContext) -> str:
+        try:
+            await ctx.step.run("measure", lambda token: {"ratio": float("nan")}, output=output)
+        except RunlaneError as error:
+            caught.append(error)
+        return "done"
+
+    runtime, _ = make_runtime(nan_step)
+    async with runtime:
+        await runtime.trigger(nan_step, {})
+        run = await runtime.execute_next()
+        assert run.status is RunStatus.SUCCEEDED
+        [error] = caught
+        assert error.code is ErrorCode.TASK_OUTPUT_INVALID and error.meta["step_key"] == "measure"

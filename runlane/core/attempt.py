@@ -47,7 +47,7 @@ from pydantic_core import PydanticSerializationError
 from ..durations import Duration, format_duration
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error, is_storage_conflict
 from ..ids import validate_id
-from ..json_values import canonical_json, is_json_value
+from ..json_values import canonical_json, is_json_value, non_finite_float_path
 from ..model_build import build_validated, worker_actor
 from ..models import (
     Actor,
@@ -414,6 +414,14 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
         return stored, stored
     try:
         parsed = adapter.validate_python(value)
+        path = non_finite_float_path(parsed)
+        if path is not None:
+            raise RunlaneError(
+                ErrorCode.TASK_OUTPUT_INVALID,
+                f"Step {step_key!r} returned a NaN or infinite number at {path}, which JSON cannot hold.",
+                retryable=True,
+                meta={"step_key": step_key, "path": path},
+            )
         stored = adapter.dump_python(parsed, mode="json")
     except (ValidationError, PydanticSerializationError) as error:
         raise RunlaneError(

@@ -26,7 +26,13 @@ from ..defaults import contract_defaults
 from ..durations import MAX_SAFE_INTEGER, Duration, duration_ms
 from ..errors import ErrorCode, RunlaneError
 from ..ids import validate_id
-from ..json_values import canonical_json, canonical_json_of_checked, ensure_json_object, ensure_json_value
+from ..json_values import (
+    canonical_json,
+    canonical_json_of_checked,
+    ensure_json_object,
+    ensure_json_value,
+    non_finite_float_path,
+)
 from ..models import RunCompletionWaitCondition, SignalWaitCondition
 from ..vocabulary import RetryBackoffType, RunWaitConditionType, ScheduleType, TaskReleaseType
 
@@ -408,6 +414,14 @@ class TaskDefinition:
         """The JSON value to persist for a validated payload (``None`` for a task without payload)."""
         if self._adapter is None:
             return None
+        path = non_finite_float_path(validated)
+        if path is not None:
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"Invalid payload for task {self.id!r}: the number at {path} is NaN or infinite, which JSON "
+                "cannot hold. Send null, a string or a finite number instead.",
+                meta={"task_id": self.id, "path": path},
+            )
         try:
             dumped = self._adapter.dump_python(validated, mode="json")
         except PydanticSerializationError as error:
