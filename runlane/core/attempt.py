@@ -323,10 +323,7 @@ def _oversized_outcome_failure(outcome: _Outcome, error: StorageLimitError) -> R
     what = "Task output" if outcome.kind == _SUCCESS else "The attempt's outcome"
     return RunFailure(
         code=ErrorCode.TASK_OUTPUT_INVALID,
-        message=(
-            f"{what} is too large to store: {error.actual:,} bytes against the lane's {error.limit} of "
-            f"{error.allowed:,}. Store large data elsewhere and return a reference to it."
-        ),
+        message=error.too_large(what) + " Store large data elsewhere and return a reference to it.",
         retryable=True,
         meta=limit,
     )
@@ -931,8 +928,8 @@ class _Attempt:
         except StorageLimitError as error:
             raise RunlaneError(
                 ErrorCode.TASK_OUTPUT_INVALID,
-                f"Step {step_key!r} output is too large to store: {error.actual:,} bytes against the lane's "
-                f"{error.limit} of {error.allowed:,}. Store large data elsewhere and return a reference to it.",
+                error.too_large(f"Step {step_key!r} output")
+                + " Store large data elsewhere and return a reference to it.",
                 retryable=True,
                 meta={"step_key": step_key, **error.meta},
             ) from None

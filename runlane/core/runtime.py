@@ -1014,9 +1014,8 @@ class Runlane:
                 error.limit,
                 error.allowed,
                 error.actual,
-                f"Run of task '{spec.definition.id}' is too large to store: {error.actual:,} bytes against the lane's "
-                f"{error.limit} of {error.allowed:,}. Nothing was written; pass a reference to large data (an id "
-                "or a URL) in the payload instead of the data.",
+                error.too_large(f"Run of task '{spec.definition.id}'")
+                + " Nothing was written; pass a reference to large data (an id or a URL) in the payload instead.",
             ) from None
         if result.created:
             if self._observers:

@@ -582,6 +582,11 @@ class StorageLimitError(RunlaneError):
         self.allowed = allowed
         self.actual = actual
 
+    def too_large(self, what: str) -> str:
+        """``"<what> is too large to store: N bytes against the lane's <limit> of M."``"""
+        limit = f"the lane's {self.limit} of {self.allowed:,}"
+        return f"{what} is too large to store: {self.actual:,} bytes against {limit}."
+
 
 def create_storage_limit_error(limit: str, allowed: int, actual: int) -> StorageLimitError:
     return StorageLimitError(limit, allowed, actual)
