@@ -329,6 +329,11 @@ def _oversized_outcome_failure(outcome: _Outcome, error: StorageLimitError) -> R
     )
 
 
+def _log_fields(run: RunRecord, code: ErrorCode) -> dict[str, Any]:
+    """The structured fields of an attempt's log record (``extra=``), for handlers that keep them."""
+    return {"run_id": run.id, "task_id": run.task_id, "attempt": run.counters.attempts, "error_code": code.value}
+
+
 def _log_failed_attempt(run: RunRecord, outcome: _Outcome) -> None:
     """Log an attempt whose stored outcome is ``retrying`` or ``failed``, with the handler's exception
     when that is what the stored failure came from (not a timeout or cancellation that overtook it)."""
@@ -351,8 +356,7 @@ def _log_failed_attempt(run: RunRecord, outcome: _Outcome) -> None:
         "Run %s (task %s): attempt %d failed with %s (%s); %s.",
         run.id, run.task_id, run.counters.attempts, failure.code.value, failure.message, then,
         exc_info=error,
-        extra={"run_id": run.id, "task_id": run.task_id, "attempt": run.counters.attempts,
-               "error_code": failure.code.value},
+        extra=_log_fields(run, failure.code),
     )  # fmt: skip
 
 
@@ -914,8 +918,7 @@ class _Attempt:
         _task_log.warning(
             "Run %s (task %s): attempt %d lost its lease; its outcome is not recorded (%s).",
             run.id, run.task_id, run.counters.attempts, conflict.message,
-            extra={"run_id": run.id, "task_id": run.task_id, "attempt": run.counters.attempts,
-                   "error_code": conflict.code.value},
+            extra=_log_fields(run, conflict.code),
         )  # fmt: skip
         return AttemptResult(None, True, conflict)
 
