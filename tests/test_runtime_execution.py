@@ -101,6 +101,24 @@ async def test_output_and_void_success():
         assert "output" not in run.to_json()
 
 
+async def test_the_returned_run_holds_the_output_as_stored_not_the_handlers_object():
+    kept = {"pair": (1, 2), "status": RunStatus.QUEUED, "count": 1}
+
+    @task("shared.output")
+    async def shared_output() -> dict:
+        return kept
+
+    runtime, _ = make_runtime(shared_output)
+    async with runtime:
+        await runtime.trigger(shared_output)
+        done = await runtime.execute_next()
+        kept["count"] = 99  # the handler's object changes after it returned
+        stored = await runtime.runs.get(done.id)
+        assert done.output == {"pair": [1, 2], "status": "queued", "count": 1}
+        assert type(done.output["status"]) is str
+        assert done == stored
+
+
 @pytest.mark.parametrize(
     "raised, code, message, retryable, meta",
     [

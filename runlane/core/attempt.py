@@ -47,7 +47,7 @@ from pydantic_core import PydanticSerializationError
 from ..durations import Duration, format_duration
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error, is_storage_conflict
 from ..ids import validate_id
-from ..json_values import canonical_json, is_json_value, non_finite_float_path
+from ..json_values import canonical_json, canonical_json_of_checked, is_json_value, non_finite_float_path
 from ..model_build import build_validated, worker_actor
 from ..models import (
     Actor,
@@ -298,7 +298,9 @@ def _outcome_for_result(result: Any) -> _Outcome:
                 meta={"output_type": type(result).__name__},
             ),
         )
-    return _Outcome(_SUCCESS, output=result, has_output=True)
+    # Stored and returned in its JSON form (tuples as lists, str enums as str), and never shared with
+    # the handler: the run an execution path returns must equal the run stored.
+    return _Outcome(_SUCCESS, output=json.loads(canonical_json_of_checked(result)), has_output=True)
 
 
 class HandlerExit(Exception):
