@@ -15,6 +15,8 @@ def test_demo_prints_the_quick_start_result_then_the_worker_tour() -> None:
     assert lines[:3] == ["queued", "succeeded", '["user_123"]']
     out = completed.stdout
     assert "after the first drain: invoice retrying, report released" in out
+    assert "log runlane.task warning: Run run_" in out and "(task invoices.sync): attempt 1 failed" in out
+    assert "Traceback" not in completed.stderr
     assert "signal resumed 1 run; tick requested 1 delivery" in out
     assert "invoices.sync: succeeded, attempts=2 failures=1 releases=0" in out
     assert "reports.publish: succeeded, attempts=2 failures=0 releases=1" in out

@@ -3,8 +3,9 @@
     ./dev demo
 
 Part 1 is the smallest durable program (it prints ``queued``, ``succeeded``, ``["user_123"]``).
-Part 2 drains a backlog with a worker: one task retries once before succeeding, one releases the run
-to wait for a signal, and the event history of each run is printed from the operator API.
+Part 2 drains a backlog with a worker: one task retries once before succeeding (its failed attempt
+shows as a ``runlane.task`` log line), one releases the run to wait for a signal, and the event history
+of each run is printed from the operator API.
 Part 3 does it from the command line in a temporary directory: ``runlane init config`` (a durable
 SQLite lane by default), ``runlane trigger``, then ``runlane dev --once``, which materializes the
 scheduled run and executes both, and ``runlane runs list`` from yet another process.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shlex
 import subprocess
 import sys
@@ -85,7 +87,24 @@ async def publish_report(payload: Report, ctx) -> dict | None:
     return {"published": payload.report_id}
 
 
+class _OneLineLog(logging.Handler):
+    """The runtime's log records as one line each (an application configures logging its own way)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"  log {record.name} {record.levelname.lower()}: {record.getMessage()}")
+
+
 async def tour() -> None:
+    log = logging.getLogger("runlane")
+    handler = _OneLineLog()
+    log.addHandler(handler)
+    try:
+        await _tour()
+    finally:
+        log.removeHandler(handler)
+
+
+async def _tour() -> None:
     clock = ControlledClock()
     runlane = create_runlane(lane=local_lane(), queues=[reports], tasks=[sync_invoice, publish_report], clock=clock)
     async with runlane:
