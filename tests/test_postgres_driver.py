@@ -164,6 +164,39 @@ def test_schema_resolution_explicit_then_url_then_public() -> None:
     assert same_twice.schema == "s" and same_twice.conninfo == "postgresql://db/app"
 
 
+def test_a_url_without_a_host_keeps_its_slashes_and_names_its_socket() -> None:
+    # urlunsplit would turn postgresql:///app into postgresql:/app, which libpq cannot parse.
+    socket = resolve_postgres_connection("postgresql:///app?host=/run/postgresql&schema=tenant_1&sslmode=disable")
+    assert socket.conninfo == "postgresql:///app?host=/run/postgresql&sslmode=disable"
+    assert (socket.schema, socket.display) == ("tenant_1", "socket /run/postgresql, database app")
+    encoded = resolve_postgres_connection("postgres://%2Frun%2Fpostgresql/app")
+    assert encoded.display == "socket /run/postgresql, database app"
+    assert resolve_postgres_connection("postgresql:///app").display == "localhost/app"
+
+
+async def test_a_lane_over_the_unix_socket_of_the_server_works(schemas: Schemas) -> None:
+    from postgres_support import postgres_server
+
+    server = postgres_server()
+    if server is None:
+        pytest.skip("RUNLANE_POSTGRES_TEST_DATABASE_URL is set: its socket directory is unknown")
+    schema = schemas.name()
+    url = f"postgresql:///{server.database}?host={server.socket_dir}&port={server.port}&user={server.user}"
+    migrated = await apply_postgres_migrations(url, schema)
+    assert migrated.database == f"socket {server.socket_dir}, database {server.database}"
+    echo_queue = queue("socket", default=True)
+
+    @task("socket.echo", queue=echo_queue)
+    async def echo(payload: dict) -> dict:
+        return payload
+
+    runtime = create_runlane(lane=postgres_polling_lane(url, schema=schema), queues=[echo_queue], tasks=[echo])
+    async with runtime:
+        await runtime.trigger(echo, {"over": "socket"})
+        done = await runtime.execute_next()
+        assert done is not None and done.output == {"over": "socket"}
+
+
 @pytest.mark.parametrize(
     "schema", ["", "1starts_with_digit", "has-dash", "semi;colon", "x" * 64, 'quote"d', "space d"]
 )

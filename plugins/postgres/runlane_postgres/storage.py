@@ -78,7 +78,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import orjson
 import psycopg
@@ -220,9 +220,19 @@ def resolve_postgres_connection(connection_string: object, schema: object | None
         resolved = validate_schema_name(from_url[0])
     else:
         resolved = DEFAULT_SCHEMA
-    conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(kept), parts.fragment))
-    host = parts.netloc.rsplit("@", 1)[-1] or "localhost"
-    display = f"{host}{parts.path or '/'}"
+    # Rebuilt by hand: urlunsplit drops the "//" of a URL without a host (postgresql:///app?host=/run/pg,
+    # a Unix socket), which libpq then cannot parse.
+    conninfo = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    if kept:
+        conninfo += "?" + "&".join(kept)
+    host = unquote(parts.netloc.rsplit("@", 1)[-1])
+    if not host:
+        hosts = [value for name, value in parse_qsl(parts.query) if name == "host"]
+        host = hosts[0] if hosts else "localhost"
+    if host.startswith("/"):  # a Unix socket directory
+        display = f"socket {host}, database {parts.path.lstrip('/') or '(default)'}"
+    else:
+        display = f"{host}{parts.path or '/'}"
     return PostgresConnectionTarget(conninfo, resolved, frozenset(names), display)
 
 
