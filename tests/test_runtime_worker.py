@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -187,6 +188,32 @@ async def test_every_slot_runs_a_sync_handler_at_once_beyond_the_default_executo
         runs = (await runtime.runs.list(limit=100)).data
         assert [run.status for run in runs] == [RunStatus.SUCCEEDED] * slots
     assert len(threads) == slots and all(name.startswith("runlane-handler") for name in threads)
+
+
+async def test_a_handler_that_blocks_the_event_loop_is_reported(caplog):
+    @task("blocks.loop")
+    async def blocks(payload: dict) -> None:
+        time.sleep(0.15)  # a blocking call in an async handler: nothing else on the loop runs meanwhile
+        await asyncio.sleep(0)
+
+    @task("awaits")
+    async def awaits(payload: dict) -> None:
+        await asyncio.sleep(0.15)  # the same wait, but the loop keeps running
+
+    runtime, _ = make_runtime(blocks, awaits)
+    caplog.set_level(logging.WARNING, logger="runlane")
+    async with runtime:
+        blocked = (await runtime.trigger(blocks, {})).run.id
+        await runtime.execute_next(heartbeat_interval="60ms")  # so a heartbeat 30 ms late is reported
+        [record] = [item for item in caplog.records if item.name == "runlane.worker"]
+        assert record.run_id == blocked and record.blocked_seconds >= 0.06
+        assert record.getMessage().startswith("The event loop was blocked for about ")
+        assert "asyncio.to_thread()" in record.getMessage()
+
+        caplog.clear()
+        await runtime.trigger(awaits, {})
+        await runtime.execute_next(heartbeat_interval="60ms")
+        assert [item for item in caplog.records if item.name == "runlane.worker"] == []
 
 
 async def test_poll_worker_is_woken_by_a_trigger_in_this_process():

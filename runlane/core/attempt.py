@@ -90,6 +90,11 @@ _CANCELLATION_REQUESTED = RunStatus.CANCELLATION_REQUESTED
 _ATTEMPT_OWNERS = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED})
 
 _task_log = logging.getLogger("runlane.task")
+_worker_log = logging.getLogger("runlane.worker")
+# A heartbeat this late (or half its interval, if that is shorter, but not less than ordinary scheduling
+# jitter) means something blocked the loop.
+_BLOCKED_LOOP_WARNING_S = 1.0
+_LOOP_JITTER_S = 0.05
 
 # Abort reasons the runtime gives ``TaskContext.signal``.
 REASON_CANCELLATION_REQUESTED = "cancellation_requested"
@@ -331,9 +336,12 @@ def _oversized_outcome_failure(outcome: _Outcome, error: StorageLimitError) -> R
     )
 
 
-def _log_fields(run: RunRecord, code: ErrorCode) -> dict[str, Any]:
+def _log_fields(run: RunRecord, code: ErrorCode | None = None) -> dict[str, Any]:
     """The structured fields of an attempt's log record (``extra=``), for handlers that keep them."""
-    return {"run_id": run.id, "task_id": run.task_id, "attempt": run.counters.attempts, "error_code": code.value}
+    fields: dict[str, Any] = {"run_id": run.id, "task_id": run.task_id, "attempt": run.counters.attempts}
+    if code is not None:
+        fields["error_code"] = code.value
+    return fields
 
 
 def _log_failed_attempt(run: RunRecord, outcome: _Outcome) -> None:
@@ -634,6 +642,7 @@ class _Attempt:
         "lost",
         "heartbeat_error",
         "_heartbeat_handle",
+        "_heartbeat_due_at",
         "_heartbeat_task",
         "_deadline_handle",
         "_finished",
@@ -660,6 +669,7 @@ class _Attempt:
         self.lost: RunlaneError | None = None
         self.heartbeat_error: BaseException | None = None
         self._heartbeat_handle: asyncio.TimerHandle | None = None
+        self._heartbeat_due_at = 0.0  # loop time the next heartbeat is due
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._deadline_handle: asyncio.TimerHandle | None = None
         self._finished = False
@@ -695,7 +705,12 @@ class _Attempt:
                 self._deadline_reached()
             else:
                 self._deadline_handle = loop.call_later(remaining, self._deadline_reached)
-        self._heartbeat_handle = loop.call_later(self.options.heartbeat_ms / 1000, self._heartbeat_due)
+        self._schedule_heartbeat()
+
+    def _schedule_heartbeat(self) -> None:
+        interval = self.options.heartbeat_ms / 1000
+        self._heartbeat_due_at = self.loop.time() + interval
+        self._heartbeat_handle = self.loop.call_later(interval, self._heartbeat_due)
 
     async def stop_timers(self) -> None:
         self._finished = True
@@ -705,6 +720,7 @@ class _Attempt:
         if self._heartbeat_handle is not None:
             self._heartbeat_handle.cancel()
             self._heartbeat_handle = None
+            self._warn_if_the_loop_was_blocked()  # the handler may have blocked the loop to its very end
         task = self._heartbeat_task
         if task is not None and not task.done():
             # Let an in-flight heartbeat land so the completion is ordered after it.
@@ -719,7 +735,22 @@ class _Attempt:
         self._heartbeat_handle = None
         if self._finished:
             return
+        self._warn_if_the_loop_was_blocked()
         self._heartbeat_task = self.loop.create_task(self._heartbeat())
+
+    def _warn_if_the_loop_was_blocked(self) -> None:
+        """Log when the heartbeat timer is overdue by a second (or half its interval): something held the loop."""
+        late = self.loop.time() - self._heartbeat_due_at
+        if late < min(_BLOCKED_LOOP_WARNING_S, max(_LOOP_JITTER_S, self.options.heartbeat_ms / 2000)):
+            return
+        run = self.run
+        _worker_log.warning(
+            "The event loop was blocked for about %.1f s: the heartbeat of run %s (task %s) was due that long "
+            "ago, and its lease lasts %s. A blocking call in an async def handler stops every attempt of the "
+            "process; run it with asyncio.to_thread() or write the handler as a def.",
+            late, run.id, run.task_id, format_duration(self.options.lease_ms),
+            extra=_log_fields(run) | {"blocked_seconds": round(late, 3)},
+        )  # fmt: skip
 
     async def _heartbeat(self) -> None:
         worker_id = self.worker_id
@@ -772,7 +803,7 @@ class _Attempt:
             self.observe_cancellation()
             return
         if not self._finished:
-            self._heartbeat_handle = self.loop.call_later(self.options.heartbeat_ms / 1000, self._heartbeat_due)
+            self._schedule_heartbeat()
 
     # -- handler ---------------------------------------------------------------------------------
 
