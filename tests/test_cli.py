@@ -520,6 +520,46 @@ def test_plugin_commands_are_registered_on_the_root_app() -> None:
     assert result.stdout == "hello from a plugin\n"
 
 
+def test_tick_every_is_a_maintenance_loop_that_stops_after_its_pass_on_sigterm(tmp_path: Path) -> None:
+    import signal
+
+    project = make_project(tmp_path, lane="sqlite")  # the default tasks carry a one-time schedule
+    assert RUNLANE is not None
+    process = subprocess.Popen(
+        [RUNLANE, "--json", "tick", "--every", "100ms"],
+        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+    )
+    try:
+        assert process.stdout is not None
+        seen: list[dict[str, Any]] = []
+        for line in process.stdout:
+            seen.append(json.loads(line))
+            if sum(record["type"] == "tick" for record in seen) >= 3:
+                break
+        process.send_signal(signal.SIGTERM)
+        rest, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    records = seen + ndjson(rest)
+    assert process.returncode == 0, stderr
+    assert records[0]["type"] == "tick_loop_started" and records[0]["every_seconds"] == 0.1
+    ticks = [record["tick"] for record in records if record["type"] == "tick"]
+    assert [tick["materialized"] for tick in ticks[:3]] == [1, 0, 0]  # the schedule's one run, once
+    assert [record["type"] for record in records[-2:]] == ["stopping", "tick_loop_stopped"]
+    assert records[-1]["passes"] == len(ticks)
+    listed = json.loads(cli(project, "--json", "runs", "list").stdout)["data"]
+    assert [run["source"]["type"] for run in listed] == ["schedule"]
+
+
+def test_tick_every_refuses_a_bad_interval_and_a_process_local_lane(tmp_path: Path) -> None:
+    bad = cli(make_project(tmp_path / "sqlite", lane="sqlite"), "tick", "--every", "forever")
+    assert bad.returncode == 1 and bad.stderr.startswith("error[configuration_invalid]: Invalid --every 'forever'")
+    local = cli(make_project(tmp_path / "local"), "tick", "--every", "1s")
+    assert local.returncode == 1
+    assert "`runlane dev` already ticks that lane" in local.stderr
+
+
 def test_dev_loop_ticks_executes_and_stops_cooperatively_on_sigint(project: Path) -> None:
     import signal
 

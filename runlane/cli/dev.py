@@ -35,6 +35,7 @@ from .options import (
     TimeoutFinalizationLimit,
     WorkerIdOption,
 )
+from .tick import tick_until_stopped
 from .work import StopOnSignals, run_worker
 
 __all__ = ["app"]
@@ -118,18 +119,9 @@ def dev(
         exporter_tasks = [_start_exporter(output, configured, exporter, exporting) for configured, exporter in loops]
         worker = asyncio.ensure_future(run_worker(runtime, output, stop, mode=WorkerMode.POLL, **options))
         try:
-            while not stop.stopping.is_set() and not worker.done() and not any(t.done() for t in exporter_tasks):
-                try:
-                    output.tick_record(await runtime.tick(**limits))
-                except RunlaneError as error:
-                    if not error.retryable:
-                        raise
-                    output.error(error)  # a transient storage problem: report it and tick again later
-                sleeper = asyncio.ensure_future(stop.stopping.wait())
-                await asyncio.wait(
-                    {sleeper, worker, *exporter_tasks}, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED
-                )
-                sleeper.cancel()
+            await tick_until_stopped(
+                runtime, output, limits, interval_s, stop.stopping, alongside=[worker, *exporter_tasks]
+            )
         finally:
             stop.stopping.set()
             exporting.abort("runlane dev is stopping")

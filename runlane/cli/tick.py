@@ -1,12 +1,23 @@
-"""``runlane tick``: one bounded maintenance pass through ``runlane.tick()``."""
+"""``runlane tick``: one bounded maintenance pass through ``runlane.tick()``, or one every ``--every D``.
+
+``--every`` is the maintenance process of a deployment on a shared lane: it ticks until SIGINT/SIGTERM
+(the pass in progress finishes first), prints one lifecycle line per pass, and rides out storage
+outages (a retryable failure is reported and the next pass goes on). ``runlane dev`` runs the same
+loop next to its worker.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 import typer
 
-from .main import OperationParams, operation, run_operation
+from ..durations import duration_ms
+from ..errors import ErrorCode, RunlaneError
+from .main import OperationParams, guard, operation, run_operation, state_of, with_runtime
+from .output import Output, forward_runtime_logs
 from .options import (
     CancellationFinalizationLimit,
     DeliveryRequestLimit,
@@ -16,7 +27,7 @@ from .options import (
     TimeoutFinalizationLimit,
 )
 
-__all__ = ["app"]
+__all__ = ["app", "tick_until_stopped"]
 
 app = typer.Typer()
 
@@ -34,20 +45,87 @@ async def _tick(runtime: Any, params: TickParams) -> Any:
     return await runtime.tick(**params.model_dump(exclude_none=True))
 
 
+async def tick_until_stopped(
+    runtime: Any,
+    output: Output,
+    limits: TickLimits,
+    interval_s: float,
+    stopping: asyncio.Event,
+    *,
+    alongside: Iterable[asyncio.Future[Any]] = (),
+) -> int:
+    """Tick every ``interval_s`` until ``stopping`` is set or one of ``alongside`` finishes; returns the
+    passes that completed.
+
+    A retryable failure (a storage outage) is reported and the next pass goes on; any other raises.
+    """
+    others = set(alongside)
+    passes = 0
+    while not stopping.is_set() and not any(other.done() for other in others):
+        try:
+            output.tick_record(await runtime.tick(**limits))
+            passes += 1
+        except RunlaneError as error:
+            if not error.retryable:
+                raise
+            output.error(error)
+        sleeper = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({sleeper, *others}, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+    return passes
+
+
 @app.command("tick")
 def tick(
     ctx: typer.Context,
+    every: str | None = typer.Option(
+        None, "--every", metavar="D", help="Run a pass every D (such as 5s) until stopped, instead of once."
+    ),
     schedule_materialization_limit: ScheduleMaterializationLimit = None,
     delivery_request_limit: DeliveryRequestLimit = None,
     cancellation_finalization_limit: CancellationFinalizationLimit = None,
     timeout_finalization_limit: TimeoutFinalizationLimit = None,
     outbox_claim_limit: OutboxClaimLimit = None,
 ) -> None:
-    """Run one maintenance pass: schedules, recovery, cancellations, timeouts, outbox."""
-    run_operation(ctx, "tick", **TickLimits.of(
+    """Run one maintenance pass: schedules, recovery, cancellations, timeouts, outbox.
+
+    With --every D, run one every D until SIGINT/SIGTERM: the maintenance process of a deployment.
+    """
+    limits = TickLimits.of(
         schedule_materialization_limit,
         delivery_request_limit,
         cancellation_finalization_limit,
         timeout_finalization_limit,
         outbox_claim_limit,
-    ))
+    )
+    if every is None:
+        run_operation(ctx, "tick", **limits)
+        return
+    interval_s = guard(ctx, lambda: duration_ms(every, "--every")) / 1000
+    output = state_of(ctx).output
+
+    async def body(runtime: Any) -> None:
+        from .work import StopOnSignals
+
+        lane = runtime.lane
+        if lane.capabilities.process_local:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"The {lane.name!r} lane keeps its runs in one process, so a separate maintenance loop would "
+                "tick an empty store; `runlane dev` already ticks that lane. Use --every with a shared lane "
+                "(sqlite, postgres-polling).",
+            )
+        output.record(
+            "tick_loop_started",
+            f"maintenance started lane={lane.name} environment={runtime.environment.name} every={every}",
+            lane=lane.name,
+            environment=runtime.environment.name,
+            every_seconds=interval_s,
+        )
+        with StopOnSignals(output, finishing="the current pass") as stop, forward_runtime_logs(output):
+            passes = await tick_until_stopped(runtime, output, limits, interval_s, stop.stopping)
+        output.record("tick_loop_stopped", f"maintenance stopped passes={passes}", passes=passes)
+
+    with_runtime(ctx, body)

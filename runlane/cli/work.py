@@ -38,8 +38,9 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class StopOnSignals:
     """Turns the first SIGINT/SIGTERM into ``stopping`` (an event) and the second into an immediate exit."""
 
-    def __init__(self, output: Output) -> None:
+    def __init__(self, output: Output, finishing: str = "current runs") -> None:
         self.output = output
+        self.finishing = finishing  # what a first signal lets finish, for the stopping line
         self.stopping = asyncio.Event()
         self._received = 0
         self._installed: list[signal.Signals] = []
@@ -63,7 +64,7 @@ class StopOnSignals:
         self._received += 1
         name = signal.Signals(signum).name
         if self._received == 1:
-            self.output.record("stopping", f"received {name}; stopping after current runs (send again to exit now)",
+            self.output.record("stopping", f"received {name}; stopping after {self.finishing} (send again to exit now)",
                                signal=name)
             self.stopping.set()
             return
