@@ -26,6 +26,7 @@ from .options import (
     TickLimits,
     TimeoutFinalizationLimit,
 )
+from .work import StopOnSignals
 
 __all__ = ["app", "tick_until_stopped"]
 
@@ -107,8 +108,6 @@ def tick(
     output = state_of(ctx).output
 
     async def body(runtime: Any) -> None:
-        from .work import StopOnSignals
-
         lane = runtime.lane
         if lane.capabilities.process_local:
             raise RunlaneError(
