@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -68,6 +69,31 @@ def cli(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProce
 
 def ndjson(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def run_json_until(
+    cwd: Path, args: list[str], until: Callable[[list[dict[str, Any]]], bool], stop: int = signal.SIGINT
+) -> tuple[list[dict[str, Any]], int, str]:
+    """Start ``runlane --json ARGS``, read its NDJSON lines until ``until(records so far)`` holds, send it
+    ``stop`` and wait for it to exit: (every record, exit status, stderr). The process is killed if it
+    is still running at the end."""
+    assert RUNLANE is not None
+    process = subprocess.Popen(
+        [RUNLANE, "--json", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env()
+    )
+    try:
+        assert process.stdout is not None
+        seen: list[dict[str, Any]] = []
+        for line in process.stdout:
+            seen.append(json.loads(line))
+            if until(seen):
+                break
+        process.send_signal(stop)
+        rest, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return seen + ndjson(rest), process.returncode, stderr
 
 
 def make_project(root: Path, tasks: str = TASKS_MODULE, lane: str = "local") -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import RUNLANE, cli, cli_env, make_project, ndjson, write
+from cli_support import cli, make_project, ndjson, run_json_until, write
 from typer.testing import CliRunner
 
 from runlane.cli.main import app
@@ -521,28 +522,11 @@ def test_plugin_commands_are_registered_on_the_root_app() -> None:
 
 
 def test_tick_every_is_a_maintenance_loop_that_stops_after_its_pass_on_sigterm(tmp_path: Path) -> None:
-    import signal
-
     project = make_project(tmp_path, lane="sqlite")  # the default tasks carry a one-time schedule
-    assert RUNLANE is not None
-    process = subprocess.Popen(
-        [RUNLANE, "--json", "tick", "--every", "100ms"],
-        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+    records, status, stderr = run_json_until(
+        project, ["tick", "--every", "100ms"], lambda seen: sum(r["type"] == "tick" for r in seen) >= 3, signal.SIGTERM
     )
-    try:
-        assert process.stdout is not None
-        seen: list[dict[str, Any]] = []
-        for line in process.stdout:
-            seen.append(json.loads(line))
-            if sum(record["type"] == "tick" for record in seen) >= 3:
-                break
-        process.send_signal(signal.SIGTERM)
-        rest, stderr = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    records = seen + ndjson(rest)
-    assert process.returncode == 0, stderr
+    assert status == 0, stderr
     assert records[0]["type"] == "tick_loop_started" and records[0]["every_seconds"] == 0.1
     ticks = [record["tick"] for record in records if record["type"] == "tick"]
     assert [tick["materialized"] for tick in ticks[:3]] == [1, 0, 0]  # the schedule's one run, once
@@ -561,27 +545,12 @@ def test_tick_every_refuses_a_bad_interval_and_a_process_local_lane(tmp_path: Pa
 
 
 def test_dev_loop_ticks_executes_and_stops_cooperatively_on_sigint(project: Path) -> None:
-    import signal
-
-    assert RUNLANE is not None
-    process = subprocess.Popen(
-        [RUNLANE, "--json", "dev", "--tick-interval", "100ms"],
-        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+    records, status, stderr = run_json_until(
+        project,
+        ["dev", "--tick-interval", "100ms"],
+        lambda seen: sum(r["type"] == "tick" for r in seen) >= 2 and any(r["type"] == "run" for r in seen),
     )
-    try:
-        assert process.stdout is not None
-        seen: list[dict[str, Any]] = []
-        for line in process.stdout:
-            seen.append(json.loads(line))
-            if sum(record["type"] == "tick" for record in seen) >= 2 and any(r["type"] == "run" for r in seen):
-                break
-        process.send_signal(signal.SIGINT)
-        rest, stderr = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    records = seen + ndjson(rest)
-    assert process.returncode == 0, stderr
+    assert status == 0, stderr
     assert records[0]["type"] == "dev_started" and records[0]["process_local"] is True
     assert [r["run"]["status"] for r in records if r["type"] == "run"] == ["succeeded"]
     assert [r["type"] for r in records[-2:]] == ["stopping", "worker_stopped"]

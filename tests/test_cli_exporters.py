@@ -8,14 +8,12 @@ validated before anything starts.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import RUNLANE, cli, cli_env, make_project, ndjson
+from cli_support import cli, make_project, ndjson, run_json_until
 
 from runlane.core.observations import observation_record_id
 
@@ -137,25 +135,12 @@ def test_misspelt_exporter_option_is_rejected_by_name(project: Path) -> None:
 
 def test_dev_loop_runs_exporters_beside_the_worker_and_stops_them_on_sigint(project: Path) -> None:
     add_exporter(project)
-    assert RUNLANE is not None
-    process = subprocess.Popen(
-        [RUNLANE, "--json", "dev", "--tick-interval", "100ms"],
-        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+    records, status, stderr = run_json_until(
+        project,
+        ["dev", "--tick-interval", "100ms"],
+        lambda seen: any(is_observation(r) and r["observation"]["event_type"] == "run.succeeded" for r in seen),
     )
-    try:
-        assert process.stdout is not None
-        seen: list[dict[str, Any]] = []
-        for line in process.stdout:
-            seen.append(json.loads(line))
-            if any(is_observation(r) and r["observation"]["event_type"] == "run.succeeded" for r in seen):
-                break
-        process.send_signal(signal.SIGINT)
-        rest, stderr = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    records = seen + ndjson(rest)
-    assert process.returncode == 0, stderr
+    assert status == 0, stderr
     lifecycle = [r for r in records if not is_observation(r)]
     observations = [r for r in records if is_observation(r)]
     types = [r["type"] for r in lifecycle]
