@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from runlane import (
@@ -68,18 +70,28 @@ async def test_observer_failures_are_reported_and_never_change_run_state():
     assert calls[-1] == "run.succeeded"
 
 
-async def test_observer_errors_without_a_handler_are_ignored_and_a_failing_handler_too():
+async def test_observer_errors_without_a_handler_or_with_a_failing_one_are_logged_not_raised(caplog):
     def broken(observation):
         raise RuntimeError("observer bug")
 
     def broken_handler(error, observation):
         raise RuntimeError("handler bug")
 
-    for options in ({"observers": [broken]}, {"observers": [broken], "on_observer_error": broken_handler}):
+    caplog.set_level(logging.WARNING, logger="runlane.observers")
+    expected = [(logging.WARNING, "observer bug"), (logging.ERROR, "handler bug")]
+    for options, (level, raised) in zip(
+        ({"observers": [broken]}, {"observers": [broken], "on_observer_error": broken_handler}), expected
+    ):
+        caplog.clear()
         runtime, _ = make_runtime(observed, **options)
         async with runtime:
-            await runtime.trigger(observed, {})
+            run_id = (await runtime.trigger(observed, {})).run.id
             assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        # one record per observation: created, delivery requested, lease claimed, started, succeeded
+        assert len(caplog.records) == 5
+        first = caplog.records[0]
+        assert first.levelno == level and str(first.exc_info[1]) == raised
+        assert f"on run.created of run {run_id}" in first.getMessage()
 
 
 async def test_rejected_writes_are_not_observed():

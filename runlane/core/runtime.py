@@ -24,6 +24,7 @@ import concurrent.futures
 import dataclasses
 import inspect
 import json
+import logging
 import os
 import threading
 import uuid
@@ -264,6 +265,8 @@ class _SystemClock:
 # ---------------------------------------------------------------------------------------------
 # Per-event-loop state
 
+
+_observer_log = logging.getLogger("runlane.observers")
 
 # Threads for ``def`` handlers are started on demand, one per handler running at that moment; the cap only
 # guards against a runaway caller (worker slots and direct calls bound the attempts in flight).
@@ -672,18 +675,32 @@ class Runlane:
                 if inspect.isawaitable(result):
                     await result
             except Exception as error:
-                await self._report_observer_error(error, observation)
+                await self._report_observer_error(observer, error, observation)
 
-    async def _report_observer_error(self, error: BaseException, observation: RunlaneObservation) -> None:
+    async def _report_observer_error(
+        self, observer: Any, error: BaseException, observation: RunlaneObservation
+    ) -> None:
+        """Hand an observer's failure to ``on_observer_error``, or log it when there is none (or when
+        that fails too). Run state is already durable either way."""
+        what = observation.event_type or observation.type
         handler = self._on_observer_error
         if handler is None:
+            _observer_log.warning(
+                "Observer %r raised on %s of run %s; the run is unaffected. Pass on_observer_error= to "
+                "create_runlane() to handle observer failures yourself.",
+                observer, what, observation.run_id, exc_info=error,
+            )  # fmt: skip
             return
         try:
             result = handler(error, observation)
             if inspect.isawaitable(result):
                 await result
-        except Exception:
-            pass  # the error handler itself failed; run state is already durable either way
+        except Exception as handler_error:
+            _observer_log.error(
+                "on_observer_error raised while handling the failure of observer %r on %s of run %s "
+                "(the observer raised %s: %s).",
+                observer, what, observation.run_id, type(error).__name__, error, exc_info=handler_error,
+            )  # fmt: skip
 
     # -- write helpers ---------------------------------------------------------------------------
 
