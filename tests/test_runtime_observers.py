@@ -92,6 +92,7 @@ async def test_observer_errors_without_a_handler_or_with_a_failing_one_are_logge
         first = caplog.records[0]
         assert first.levelno == level and str(first.exc_info[1]) == raised
         assert f"on run.created of run {run_id}" in first.getMessage()
+        assert (first.run_id, first.task_id) == (run_id, "observed")
 
 
 async def test_rejected_writes_are_not_observed():

@@ -386,7 +386,7 @@ class Output:
 
 
 # Structured fields runtime log records carry (``extra=``) that a JSON log line repeats.
-_LOG_FIELDS = ("run_id", "task_id", "attempt", "error_code", "worker_id")
+_LOG_FIELDS = ("run_id", "task_id", "attempt", "error_code", "worker_id", "blocked_seconds")
 
 
 class _OutputHandler(logging.Handler):

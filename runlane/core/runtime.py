@@ -683,12 +683,13 @@ class Runlane:
         """Hand an observer's failure to ``on_observer_error``, or log it when there is none (or when
         that fails too). Run state is already durable either way."""
         what = observation.event_type or observation.type
+        fields = {"run_id": observation.run_id, "task_id": observation.task_id}
         handler = self._on_observer_error
         if handler is None:
             _observer_log.warning(
                 "Observer %r raised on %s of run %s; the run is unaffected. Pass on_observer_error= to "
                 "create_runlane() to handle observer failures yourself.",
-                observer, what, observation.run_id, exc_info=error,
+                observer, what, observation.run_id, exc_info=error, extra=fields,
             )  # fmt: skip
             return
         try:
@@ -700,6 +701,7 @@ class Runlane:
                 "on_observer_error raised while handling the failure of observer %r on %s of run %s "
                 "(the observer raised %s: %s).",
                 observer, what, observation.run_id, type(error).__name__, error, exc_info=handler_error,
+                extra=fields,
             )  # fmt: skip
 
     # -- write helpers ---------------------------------------------------------------------------
