@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -72,15 +73,21 @@ def ndjson(text: str) -> list[dict[str, Any]]:
 
 
 def run_json_until(
-    cwd: Path, args: list[str], until: Callable[[list[dict[str, Any]]], bool], stop: int = signal.SIGINT
+    cwd: Path,
+    args: list[str],
+    until: Callable[[list[dict[str, Any]]], bool],
+    stop: int = signal.SIGINT,
+    timeout: float = 60,
 ) -> tuple[list[dict[str, Any]], int, str]:
     """Start ``runlane --json ARGS``, read its NDJSON lines until ``until(records so far)`` holds, send it
-    ``stop`` and wait for it to exit: (every record, exit status, stderr). The process is killed if it
-    is still running at the end."""
+    ``stop`` and wait for it to exit: (every record, exit status, stderr). After ``timeout`` seconds the
+    process is killed, so a condition that never comes fails the test instead of hanging it."""
     assert RUNLANE is not None
     process = subprocess.Popen(
         [RUNLANE, "--json", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env()
     )
+    watchdog = threading.Timer(timeout, process.kill)
+    watchdog.start()
     try:
         assert process.stdout is not None
         seen: list[dict[str, Any]] = []
@@ -88,9 +95,12 @@ def run_json_until(
             seen.append(json.loads(line))
             if until(seen):
                 break
+        else:
+            raise AssertionError(f"runlane {' '.join(args)} ended (or was killed) before the awaited output: {seen}")
         process.send_signal(stop)
         rest, stderr = process.communicate(timeout=30)
     finally:
+        watchdog.cancel()
         if process.poll() is None:
             process.kill()
     return seen + ndjson(rest), process.returncode, stderr

@@ -8,6 +8,7 @@ validated before anything starts.
 from __future__ import annotations
 
 import json
+import signal
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -157,3 +158,46 @@ def test_dev_loop_runs_exporters_beside_the_worker_and_stops_them_on_sigint(proj
     assert_run_observations(observations, runs[0])
     stopped = next(r for r in lifecycle if r["type"] == "exporter_stopped")
     assert stopped["exported"] == len(observations) and stopped["consumer"] == "local_console"
+
+
+def test_export_once_exports_what_is_pending_on_a_shared_lane_and_only_once(tmp_path: Path) -> None:
+    project = make_project(tmp_path, lane="sqlite")
+    add_exporter(project)
+    assert cli(project, "tick").returncode == 0  # materializes the scheduled run
+    assert cli(project, "work", "--drain").returncode == 0
+    run = json.loads(cli(project, "--json", "runs", "list").stdout)["data"][0]
+    run = json.loads(cli(project, "--json", "runs", "get", run["id"]).stdout)["run"]
+
+    first = cli(project, "--json", "export", "--once")
+    assert first.returncode == 0, first.stderr
+    records = ndjson(first.stdout)
+    observations = [r for r in records if is_observation(r)]
+    assert_run_observations(observations, run)
+    assert [r["type"] for r in records if not is_observation(r)] == ["exported"]
+    assert records[-1]["exported"] == len(observations)
+
+    again = cli(project, "--json", "export", "--once")  # the consumer's checkpoint moved past them
+    assert again.returncode == 0, again.stderr
+    assert ndjson(again.stdout) == [{**records[-1], "at": ndjson(again.stdout)[0]["at"], "exported": 0}]
+
+
+def test_export_runs_until_sigterm_and_stops_its_exporters(tmp_path: Path) -> None:
+    project = make_project(tmp_path, lane="sqlite")
+    add_exporter(project)
+    assert cli(project, "tick").returncode == 0 and cli(project, "work", "--drain").returncode == 0
+    records, status, stderr = run_json_until(
+        project, ["export"], lambda seen: sum(is_observation(r) for r in seen) >= 5, signal.SIGTERM
+    )
+    assert status == 0, stderr
+    lifecycle = [r["type"] for r in records if not is_observation(r)]
+    assert lifecycle == ["exporter_started", "stopping", "exporter_stopped"]
+    stopped = [r for r in records if r.get("type") == "exporter_stopped"][0]
+    assert stopped["exported"] == sum(is_observation(r) for r in records)
+
+
+def test_export_needs_exporters_and_a_shared_lane(project: Path, tmp_path: Path) -> None:
+    none = cli(make_project(tmp_path / "bare", lane="sqlite"), "export")
+    assert none.returncode == 1 and none.stderr.startswith("error[configuration_invalid]: No [[exporters]]")
+    add_exporter(project)  # the in-memory lane: only runlane dev holds its records
+    local = cli(project, "export", "--once")
+    assert local.returncode == 1 and "`runlane dev` runs the [[exporters]] of that lane" in local.stderr

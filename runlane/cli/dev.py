@@ -19,9 +19,8 @@ import typer
 from ..core.cancellation import CancellationController
 from ..durations import duration_ms
 from ..errors import ErrorCode, RunlaneError
-from ..vocabulary import RunlaneObservationExporterTickStatus, WorkerMode
-from .main import ConfiguredExporter, configured_exporters, guard, load_cli_config, state_of, with_runtime
-from .output import Output
+from ..vocabulary import WorkerMode
+from .main import configured_exporters, guard, load_cli_config, state_of, with_runtime
 from .options import (
     CancellationFinalizationLimit,
     ConcurrencyOption,
@@ -35,6 +34,7 @@ from .options import (
     TimeoutFinalizationLimit,
     WorkerIdOption,
 )
+from .export import export_pending, start_exporter, stop_exporters
 from .tick import tick_until_stopped
 from .work import StopOnSignals, run_worker
 
@@ -91,7 +91,7 @@ def dev(
         output.tick_record(await runtime.tick(**limits))
         await run_worker(runtime, output, stop, mode=WorkerMode.DRAIN, **worker_options)
         for configured in exporters:
-            await _export_once(runtime, output, configured)
+            await export_pending(runtime, output, configured)
 
     async def _loop(runtime: Any, stop: StopOnSignals, limits: TickLimits, interval_s: float, **options: Any) -> None:
         lane = runtime.lane
@@ -116,7 +116,7 @@ def dev(
             )
         exporting = CancellationController()
         loops = [(c, runtime.observation_exporter(c.consumer, c.sink)) for c in exporters]  # all built, then started
-        exporter_tasks = [_start_exporter(output, configured, exporter, exporting) for configured, exporter in loops]
+        exporter_tasks = [start_exporter(output, configured, exporter, exporting) for configured, exporter in loops]
         worker = asyncio.ensure_future(run_worker(runtime, output, stop, mode=WorkerMode.POLL, **options))
         try:
             await tick_until_stopped(
@@ -129,65 +129,9 @@ def dev(
                 await worker
             finally:
                 try:
-                    await _stop_exporters(exporter_tasks)
+                    await stop_exporters(exporter_tasks)
                 finally:
                     if bridge is not None:
                         await bridge.close()
 
     with_runtime(ctx, body)
-
-
-async def _export_once(runtime: Any, output: Output, configured: ConfiguredExporter) -> None:
-    """One export for ``dev --once``: the sink writes the records, then one lifecycle line reports the count."""
-    exporter = runtime.observation_exporter(configured.consumer, configured.sink)
-    tick = await exporter.export_once()
-    if tick.status is RunlaneObservationExporterTickStatus.FAILED:
-        error = tick.error
-        if isinstance(error, RunlaneError):
-            raise error
-        raise RunlaneError(
-            ErrorCode.OBSERVATION_EXPORT_FAILED,
-            f"Exporter {configured.use!r} (consumer {configured.consumer!r}) failed: {error!r}.",
-        ) from error
-    output.record(
-        "exported",
-        f"exported {tick.exported} observation(s) exporter={configured.use} consumer={configured.consumer}",
-        exporter=configured.use,
-        consumer=configured.consumer,
-        exported=tick.exported,
-    )
-
-
-def _start_exporter(
-    output: Output, configured: ConfiguredExporter, exporter: Any, controller: CancellationController
-) -> asyncio.Future[None]:
-    """One exporter loop beside the worker, stopped by aborting ``controller``'s signal."""
-    output.record(
-        "exporter_started",
-        f"exporter started exporter={configured.use} consumer={configured.consumer}",
-        exporter=configured.use,
-        consumer=configured.consumer,
-    )
-
-    async def loop() -> None:
-        try:
-            await exporter.run(signal=controller.signal)
-        finally:
-            output.record(
-                "exporter_stopped",
-                f"exporter stopped exporter={configured.use} consumer={configured.consumer} "
-                f"exported={exporter.stats.exported}",
-                exporter=configured.use,
-                consumer=configured.consumer,
-                exported=exporter.stats.exported,
-            )
-
-    return asyncio.ensure_future(loop())
-
-
-async def _stop_exporters(tasks: list[asyncio.Future[None]]) -> None:
-    """Wait for every exporter loop (their signal is already aborted); the first failure is raised."""
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-            raise result

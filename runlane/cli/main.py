@@ -281,7 +281,7 @@ class _RootGroup(TyperGroup):
 
 def build_app() -> typer.Typer:
     """The root app with every built-in command group and every plugin's commands."""
-    from . import actions, dev, init, plugins, runs, signal, tick, trigger, work
+    from . import actions, dev, export, init, plugins, runs, signal, tick, trigger, work
 
     root = typer.Typer(
         cls=_RootGroup,
@@ -298,7 +298,7 @@ def build_app() -> typer.Typer:
     root.add_typer(signal.app, name="signal")
     root.add_typer(plugins.app, name="plugins")
     # Single-command groups merge into the root: `runlane trigger`, not `runlane trigger trigger`.
-    for module in (dev, work, tick, trigger, actions):
+    for module in (dev, work, tick, export, trigger, actions):
         root.add_typer(module.app)
     load_plugins()
     pm.hook.register_commands(app=root)

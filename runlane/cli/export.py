@@ -1,0 +1,137 @@
+"""``runlane export``: move durable observation records to the ``[[exporters]]`` of ``runlane.toml``.
+
+The long-running form is the exporter process of a deployment on a shared lane: one loop per
+configured exporter, each keeping its own checkpoint, until SIGINT/SIGTERM. ``--once`` exports what is
+pending, once per exporter, and exits. ``runlane dev`` runs the same exporters next to its worker
+(and is the only place for them on a process-local lane), with the helpers below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import typer
+
+from ..core.cancellation import CancellationController
+from ..errors import ErrorCode, RunlaneError
+from ..vocabulary import RunlaneObservationExporterTickStatus
+from .main import ConfiguredExporter, configured_exporters, guard, load_cli_config, state_of, with_runtime
+from .output import Output, forward_runtime_logs
+from .work import StopOnSignals
+
+__all__ = ["app", "export_pending", "start_exporter", "stop_exporters"]
+
+app = typer.Typer()
+
+
+@app.command("export")
+def export(
+    ctx: typer.Context,
+    once: bool = typer.Option(False, "--once", help="Export what is pending, once per exporter, then exit."),
+) -> None:
+    """Move observation records to the configured [[exporters]] until stopped (or once with --once)."""
+    output = state_of(ctx).output
+
+    def configured() -> list[ConfiguredExporter]:
+        config = load_cli_config(ctx)
+        exporters = configured_exporters(config)
+        if not exporters:
+            table = config.source.table_name("exporters")
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"No [[{table}]] in {config.path.name}; add one, such as "
+                '[[exporters]] use = "console" consumer = "local_console".',
+            )
+        return exporters
+
+    # Unknown exporter names and invalid options fail here, before a runtime starts.
+    exporters = guard(ctx, configured)
+
+    async def body(runtime: Any) -> None:
+        lane = runtime.lane
+        if lane.capabilities.process_local:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"The {lane.name!r} lane keeps its records in one process, so a separate exporter would "
+                "read an empty store; `runlane dev` runs the [[exporters]] of that lane. Use runlane export "
+                "with a shared lane (sqlite, postgres-polling).",
+            )
+        if once:
+            for item in exporters:
+                await export_pending(runtime, output, item)
+            return
+        controller = CancellationController()
+        loops = [(item, runtime.observation_exporter(item.consumer, item.sink)) for item in exporters]
+        with StopOnSignals(output, finishing="the current batch") as stop, forward_runtime_logs(output):
+            tasks = [start_exporter(output, item, exporter, controller) for item, exporter in loops]
+            stopping = asyncio.ensure_future(stop.stopping.wait())
+            try:
+                await asyncio.wait({stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+                controller.abort("runlane export is stopping")
+                await stop_exporters(tasks)
+
+    with_runtime(ctx, body)
+
+
+async def export_pending(runtime: Any, output: Output, configured: ConfiguredExporter) -> None:
+    """Export batches until none is pending, then one lifecycle line reports the count."""
+    exporter = runtime.observation_exporter(configured.consumer, configured.sink)
+    exported = 0
+    while True:
+        tick = await exporter.export_once()
+        if tick.status is RunlaneObservationExporterTickStatus.FAILED:
+            error = tick.error
+            if isinstance(error, RunlaneError):
+                raise error
+            raise RunlaneError(
+                ErrorCode.OBSERVATION_EXPORT_FAILED,
+                f"Exporter {configured.use!r} (consumer {configured.consumer!r}) failed: {error!r}.",
+            ) from error
+        exported += tick.exported
+        if tick.status is not RunlaneObservationExporterTickStatus.EXPORTED:
+            break
+    output.record(
+        "exported",
+        f"exported {exported} observation(s) exporter={configured.use} consumer={configured.consumer}",
+        exporter=configured.use,
+        consumer=configured.consumer,
+        exported=exported,
+    )
+
+
+def start_exporter(
+    output: Output, configured: ConfiguredExporter, exporter: Any, controller: CancellationController
+) -> asyncio.Future[None]:
+    """One exporter loop, stopped by aborting ``controller``'s signal."""
+    output.record(
+        "exporter_started",
+        f"exporter started exporter={configured.use} consumer={configured.consumer}",
+        exporter=configured.use,
+        consumer=configured.consumer,
+    )
+
+    async def loop() -> None:
+        try:
+            await exporter.run(signal=controller.signal)
+        finally:
+            output.record(
+                "exporter_stopped",
+                f"exporter stopped exporter={configured.use} consumer={configured.consumer} "
+                f"exported={exporter.stats.exported}",
+                exporter=configured.use,
+                consumer=configured.consumer,
+                exported=exporter.stats.exported,
+            )
+
+    return asyncio.ensure_future(loop())
+
+
+async def stop_exporters(tasks: list[asyncio.Future[None]]) -> None:
+    """Wait for every exporter loop (their signal is already aborted); the first failure is raised."""
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            raise result
