@@ -16,7 +16,15 @@ import typer
 from ..core.cancellation import CancellationController
 from ..errors import ErrorCode, RunlaneError
 from ..vocabulary import RunlaneObservationExporterTickStatus
-from .main import ConfiguredExporter, configured_exporters, guard, load_cli_config, state_of, with_runtime
+from .main import (
+    ConfiguredExporter,
+    configured_exporters,
+    guard,
+    load_cli_config,
+    require_shared_lane,
+    state_of,
+    with_runtime,
+)
 from .output import Output, forward_runtime_logs
 from .work import StopOnSignals
 
@@ -49,14 +57,12 @@ def export(
     exporters = guard(ctx, configured)
 
     async def body(runtime: Any) -> None:
-        lane = runtime.lane
-        if lane.capabilities.process_local:
-            raise RunlaneError(
-                ErrorCode.CONFIGURATION_INVALID,
-                f"The {lane.name!r} lane keeps its records in one process, so a separate exporter would "
-                "read an empty store; `runlane dev` runs the [[exporters]] of that lane. Use runlane export "
-                "with a shared lane (sqlite, postgres-polling).",
-            )
+        require_shared_lane(
+            runtime,
+            separately="a separate exporter would read an empty store",
+            dev_does="runs the [[exporters]] of that lane",
+            command="runlane export",
+        )
         if once:
             for item in exporters:
                 await export_pending(runtime, output, item)

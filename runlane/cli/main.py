@@ -39,6 +39,7 @@ __all__ = [
     "invoke",
     "open_runtime",
     "operation",
+    "require_shared_lane",
     "run",
     "run_operation",
     "state_of",
@@ -226,6 +227,18 @@ def run_operation(ctx: typer.Context, name: str, **values: Any) -> None:
     proxied, result = invoke(ctx, main)
     if not proxied:
         op.render(state.output, params, result)
+
+
+def require_shared_lane(runtime: Runlane, *, separately: str, dev_does: str, command: str) -> None:
+    """Refuse a process-local lane for a long-running command other than ``runlane dev``: in a process
+    of its own it would only see an empty store."""
+    lane = runtime.lane
+    if lane.capabilities.process_local:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The {lane.name!r} lane keeps its state in one process, so {separately}; `runlane dev` {dev_does}. "
+            f"Use {command} with a shared lane (sqlite, postgres-polling).",
+        )
 
 
 def guard(ctx: typer.Context, check: Callable[[], T]) -> T:

@@ -15,8 +15,8 @@ from typing import Any
 import typer
 
 from ..durations import duration_ms
-from ..errors import ErrorCode, RunlaneError
-from .main import OperationParams, guard, operation, run_operation, state_of, with_runtime
+from ..errors import RunlaneError
+from .main import OperationParams, guard, operation, require_shared_lane, run_operation, state_of, with_runtime
 from .output import Output, forward_runtime_logs
 from .options import (
     CancellationFinalizationLimit,
@@ -108,14 +108,13 @@ def tick(
     output = state_of(ctx).output
 
     async def body(runtime: Any) -> None:
+        require_shared_lane(
+            runtime,
+            separately="a separate maintenance loop would tick an empty store",
+            dev_does="already ticks that lane",
+            command="runlane tick --every",
+        )
         lane = runtime.lane
-        if lane.capabilities.process_local:
-            raise RunlaneError(
-                ErrorCode.CONFIGURATION_INVALID,
-                f"The {lane.name!r} lane keeps its runs in one process, so a separate maintenance loop would "
-                "tick an empty store; `runlane dev` already ticks that lane. Use --every with a shared lane "
-                "(sqlite, postgres-polling).",
-            )
         output.record(
             "tick_loop_started",
             f"maintenance started lane={lane.name} environment={runtime.environment.name} every={every}",
