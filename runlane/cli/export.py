@@ -48,8 +48,8 @@ def export(
             table = config.source.table_name("exporters")
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
-                f"No [[{table}]] in {config.path.name}; add one, such as "
-                '[[exporters]] use = "console" consumer = "local_console".',
+                f"No [[{table}]] in {config.path.name}; add a [[{table}]] table, for example with "
+                'use = "console" and consumer = "local_console".',
             )
         return exporters
 
