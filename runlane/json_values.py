@@ -92,30 +92,81 @@ def non_finite_float_path(value: Any) -> str | None:
 
     pydantic's JSON mode turns such a float under an untyped field (``dict``, ``Any``) into ``null``
     without a word; callers check first so that data is refused rather than changed. Looks inside
-    dicts, lists, tuples, sets and pydantic models; anything else is left to the JSON dump.
+    dicts, lists, tuples, sets and pydantic models; anything else is left to the JSON dump. Runs on
+    every trigger: a recursive check settles the common case (plain JSON-like values, all finite);
+    only a value it cannot clear is walked again, keeping the way to each item for the path.
     """
-    stack: list[tuple[Any, str]] = [(value, "$")]
+    try:
+        if _all_finite(value):
+            return None
+    except RecursionError:
+        pass  # nested too deeply for the quick check: the walk below has no depth limit
+    stack: list[tuple[Any, int, Any]] = [(value, -1, None)]  # (item, index of its parent in visited, key)
+    visited: list[tuple[int, Any]] = []  # (parent index, key) of every container and hit, for the path
     seen: set[int] = set()
     while stack:
-        item, path = stack.pop()
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                return path
+        item, parent, key = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
             continue
-        if isinstance(item, (str, int)) or item is None or id(item) in seen:
+        if isinstance(item, float):
+            if math.isfinite(item):
+                continue
+            visited.append((parent, key))
+            return _path_of(visited, len(visited) - 1)
+        if id(item) in seen:
             continue
         seen.add(id(item))
+        here = len(visited)
+        visited.append((parent, key))
         if isinstance(item, dict):
-            stack.extend((child, f"{path}.{key}") for key, child in item.items())
+            stack.extend((child, here, name) for name, child in item.items())
         elif isinstance(item, (list, tuple)):
-            stack.extend((child, f"{path}[{index}]") for index, child in enumerate(item))
+            stack.extend((child, here, index) for index, child in enumerate(item))
         elif isinstance(item, (set, frozenset)):
-            stack.extend((child, f"{path}[]") for child in item)
+            stack.extend((child, here, _MEMBER) for child in item)
         elif (fields := getattr(type(item), "__pydantic_fields__", None)) is not None:
-            stack.extend((getattr(item, name, None), f"{path}.{name}") for name in fields)
+            stack.extend((getattr(item, name, None), here, name) for name in fields)
             extra = getattr(item, "__pydantic_extra__", None) or {}
-            stack.extend((child, f"{path}.{key}") for key, child in extra.items())
+            stack.extend((child, here, name) for name, child in extra.items())
     return None
+
+
+_MEMBER: Any = object()  # the key of a set member in a path: ``[]``
+
+
+def _all_finite(value: Any) -> bool:
+    """``True`` when ``value`` surely holds no NaN or infinity; ``False`` for a hit or anything it does
+    not look into (sets, other types), which the full walk then settles."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is dict:
+        children: Any = value.values()
+    elif kind is list or kind is tuple:
+        children = value
+    elif getattr(kind, "__pydantic_fields__", None) is not None and kind.__pydantic_root_model__ is False:
+        children = value.__dict__.values()
+        extra = value.__pydantic_extra__
+        if extra and not all(_all_finite(child) for child in extra.values()):
+            return False
+    else:
+        return False
+    for child in children:
+        if not _all_finite(child):
+            return False
+    return True
+
+
+def _path_of(visited: list[tuple[int, Any]], at: int) -> str:
+    parts = []
+    while at > 0:  # entry 0 is the value itself: ``$``
+        parent, key = visited[at]
+        parts.append("[]" if key is _MEMBER else f"[{key}]" if isinstance(key, int) else f".{key}")
+        at = parent
+    return "$" + "".join(reversed(parts))
 
 
 def is_json_value(value: Any) -> bool:

@@ -7,6 +7,7 @@ import json
 import math
 from datetime import UTC, datetime, timedelta, timezone
 
+import pydantic
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -59,6 +60,7 @@ from runlane import (
     validate_id,
 )
 from runlane.ids import MAX_ID_LENGTH, validate_optional_id
+from runlane.json_values import non_finite_float_path
 from runlane.testing.clock import ControlledClock
 
 PROPERTY = settings(max_examples=300, deadline=None)
@@ -284,6 +286,51 @@ def test_json_validation_uses_the_given_code_and_survives_deep_nesting():
 def test_shared_references_are_not_cycles():
     shared = [1, 2]
     assert is_json_value({"a": shared, "b": [shared, shared]})
+
+
+class _Reading(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow")
+    values: dict
+    scale: float = 1.0
+
+
+def _deep_with(leaf: object, depth: int = 5_000) -> dict:
+    top: dict = {}
+    current = top
+    for _ in range(depth):
+        current["x"] = {}
+        current = current["x"]
+    current["v"] = leaf
+    return top
+
+
+@pytest.mark.parametrize(
+    "value, path",
+    [
+        ({"ok": [1, 1.5, "x", True, None]}, None),
+        ({"a": [1, {"b": math.nan}]}, "$.a[1].b"),
+        ((1.0, math.inf), "$[1]"),
+        ({"tags": {1.0, -math.inf}}, "$.tags[]"),
+        (_Reading(values={"t": math.inf}), "$.values.t"),
+        (_Reading(values={}, scale=math.nan), "$.scale"),
+        (_Reading(values={}, extra_field=math.nan), "$.extra_field"),
+        (_Reading(values={"t": 2.5}), None),
+        (pydantic.RootModel[list[float]]([1.0, math.nan]), "$.root[1]"),
+        (math.nan, "$"),
+        (_deep_with(1.0), None),
+        (_deep_with(math.nan), "$" + ".x" * 5_000 + ".v"),
+    ],
+)
+def test_non_finite_float_path_finds_the_first_nan_or_infinity(value: object, path: str | None) -> None:
+    assert non_finite_float_path(value) == path
+
+
+def test_non_finite_float_path_survives_cycles() -> None:
+    cycle: list = [1.0]
+    cycle.append(cycle)
+    assert non_finite_float_path(cycle) is None
+    cycle.append(math.nan)
+    assert non_finite_float_path(cycle) == "$[2]"
 
 
 def test_json_objects():

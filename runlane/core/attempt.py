@@ -320,6 +320,9 @@ def _call_in_thread(handler: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         raise HandlerExit(f"The handler called sys.exit({error.code!r}).") from error
 
 
+_STORE_LARGE_DATA_ELSEWHERE = " Store large data elsewhere and return a reference to it."
+
+
 def _oversized_outcome_failure(outcome: _Outcome, error: StorageLimitError) -> RunFailure:
     """The failure stored for an outcome whose records exceed a storage limit of the lane: the same
     failure without its meta when that is what was large, else ``task_output_invalid``."""
@@ -330,7 +333,7 @@ def _oversized_outcome_failure(outcome: _Outcome, error: StorageLimitError) -> R
     what = "Task output" if outcome.kind == _SUCCESS else "The attempt's outcome"
     return RunFailure(
         code=ErrorCode.TASK_OUTPUT_INVALID,
-        message=error.too_large(what) + " Store large data elsewhere and return a reference to it.",
+        message=error.too_large(what) + _STORE_LARGE_DATA_ELSEWHERE,
         retryable=True,
         meta=limit,
     )
@@ -964,8 +967,7 @@ class _Attempt:
         except StorageLimitError as error:
             raise RunlaneError(
                 ErrorCode.TASK_OUTPUT_INVALID,
-                error.too_large(f"Step {step_key!r} output")
-                + " Store large data elsewhere and return a reference to it.",
+                error.too_large(f"Step {step_key!r} output") + _STORE_LARGE_DATA_ELSEWHERE,
                 retryable=True,
                 meta={"step_key": step_key, **error.meta},
             ) from None
