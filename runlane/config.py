@@ -20,6 +20,8 @@ import inspect
 import os
 import re
 import sys
+import sysconfig
+import traceback
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -705,13 +707,48 @@ def _import_module(source: ConfigSource, name: str, key: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except Exception as error:
+        location = _application_frame(error)
         raise _invalid(
             f"{where}: [{source.table_name('runlane')}] {key}: cannot import module {name!r}: "
-            f"{type(error).__name__}: {error}",
+            f"{type(error).__name__}: {error}" + (f" ({location[0]}, line {location[1]})" if location else ""),
             path=str(source.path),
             module=name,
             cause=error,
+            **({"file": location[0], "line": location[1]} if location else {}),
         ) from error
+
+
+def _library_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib") if name in paths}
+    roots.add(str(Path(__file__).resolve().parent))  # runlane itself, also when installed in editable mode
+    return tuple(str(Path(root).resolve()) + os.sep for root in roots)
+
+
+def _application_frame(error: BaseException) -> tuple[str, int] | None:
+    """The innermost frame of the application's own code in ``error``'s traceback: the line to fix.
+
+    Import machinery, the standard library, installed packages and Runlane are skipped, so a
+    ``task(...)`` call with a bad argument points at the call, not at the check that refused it. A
+    ``SyntaxError`` already names its file and line in its message.
+    """
+    if isinstance(error, SyntaxError):
+        return None
+    roots = _library_roots()
+    found: tuple[str, int] | None = None
+    for frame, line in traceback.walk_tb(error.__traceback__):
+        filename = frame.f_code.co_filename
+        if filename.startswith("<") or str(Path(filename).resolve()).startswith(roots):
+            continue
+        found = (_display_path(filename), line)
+    return found
+
+
+def _display_path(filename: str) -> str:
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return filename
 
 
 def _import_attribute(source: ConfigSource, module_name: str, attribute: str) -> Any:

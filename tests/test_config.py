@@ -595,6 +595,21 @@ def test_module_raising_on_import_names_the_underlying_error(tmp_path: Path) -> 
     assert isinstance(caught.value.__cause__, RuntimeError)
 
 
+def test_import_error_points_at_the_line_of_application_code_to_fix(tmp_path: Path) -> None:
+    module = unique("badqueue")
+    write(
+        tmp_path / f"{module}.py",
+        "from runlane import queue\n\nreports = queue('reports', concurrency_limit=0)\n",
+    )
+    loaded = load(tmp_path, f'[runlane]\ntasks = ["{module}"]\n[lane]\nuse = "local"\n')
+    with pytest.raises(RunlaneError) as caught:
+        load_runtime(loaded, lane_factory=RecordingLaneFactory())
+    # The check that refused the value lives in runlane; the line to fix is the caller's.
+    assert caught.value.message.endswith(f"{module}.py, line 3)"), caught.value.message
+    assert "expected a positive whole number, got 0" in caught.value.message
+    assert caught.value.meta["line"] == 3 and caught.value.meta["file"].endswith(f"{module}.py")
+
+
 def test_module_with_syntax_error_is_invalid(tmp_path: Path) -> None:
     module = unique("syntax")
     write(tmp_path / f"{module}.py", "def broken(:\n")
