@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import traceback
 import sys
 import threading
 
@@ -206,6 +207,33 @@ async def test_failed_attempts_are_logged_with_their_exception_while_history_sta
         assert record.getMessage().endswith("attempt 3 failed with task_failed (Task failed.); the run has failed.")
         history = await runtime.runs.events(flaky_id)
         assert "secret detail" not in json.dumps([item.to_json() for item in history.data])
+
+
+async def test_a_logged_failure_traceback_starts_at_the_handler_and_keeps_what_it_called(caplog):
+    def parse(text: str) -> int:
+        return int(text)
+
+    @task("sync.parse")
+    def sync_parse(payload: dict) -> int:
+        return parse(payload["text"])
+
+    @task("async.parse")
+    async def async_parse(payload: dict) -> int:
+        return parse(payload["text"])
+
+    runtime, _ = make_runtime(sync_parse, async_parse)
+    caplog.set_level(logging.INFO, logger="runlane")
+    async with runtime:
+        for definition in (sync_parse, async_parse):
+            caplog.clear()
+            await runtime.trigger(definition, {"text": "twelve"})
+            assert (await runtime.execute_next()).status is RunStatus.FAILED
+            [record] = caplog.records
+            frames = traceback.extract_tb(record.exc_info[2])
+            # The runtime's own frames (the attempt path, the handler thread pool) are left out; the
+            # handler and everything below it stay.
+            assert [frame.name for frame in frames] == [definition.handler.__name__, "parse"]
+            assert "ValueError: invalid literal for int()" in caplog.text
 
 
 @pytest.mark.parametrize(

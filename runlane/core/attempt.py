@@ -35,10 +35,12 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -347,6 +349,25 @@ def _log_fields(run: RunRecord, code: ErrorCode | None = None) -> dict[str, Any]
     return fields
 
 
+_RUNTIME_FRAMES = (
+    str(Path(__file__).resolve().parent.parent) + os.sep,  # runlane: the attempt path that called the handler
+    str(Path(threading.__file__).resolve().parent / "concurrent") + os.sep,  # the handler thread pool
+)
+
+
+def _from_the_handler(error: BaseException | None) -> tuple[type[BaseException], BaseException, Any] | None:
+    """``exc_info`` for ``error`` with the runtime's own frames above the handler left out, so a logged
+    traceback starts at the handler's line (frames below it, in any library, are all kept)."""
+    if error is None:
+        return None
+    frames = error.__traceback__
+    while frames is not None and frames.tb_next is not None:
+        if not str(Path(frames.tb_frame.f_code.co_filename).resolve()).startswith(_RUNTIME_FRAMES):
+            break
+        frames = frames.tb_next
+    return type(error), error, frames
+
+
 def _log_failed_attempt(run: RunRecord, outcome: _Outcome) -> None:
     """Log an attempt whose stored outcome is ``retrying`` or ``failed``, with the handler's exception
     when that is what the stored failure came from (not a timeout or cancellation that overtook it)."""
@@ -368,7 +389,7 @@ def _log_failed_attempt(run: RunRecord, outcome: _Outcome) -> None:
         level,
         "Run %s (task %s): attempt %d failed with %s (%s); %s.",
         run.id, run.task_id, run.counters.attempts, failure.code.value, failure.message, then,
-        exc_info=error,
+        exc_info=_from_the_handler(error),
         extra=_log_fields(run, failure.code),
     )  # fmt: skip
 
