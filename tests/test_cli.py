@@ -395,6 +395,20 @@ def test_trigger_human_card_and_options(shared: Shared) -> None:
     assert created["actor"] == {"type": "operator", "id": "ops@example.com"}
 
 
+def test_trigger_without_a_payload_says_how_to_pass_one(shared: Shared) -> None:
+    result = shared("trigger", "emails.welcome")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error[validation_failed]: Invalid payload for task 'emails.welcome'")
+    assert result.stderr.rstrip().endswith(
+        "The payload was null: pass it as JSON after the task id, as in: "
+        "runlane trigger emails.welcome '{\"key\": \"value\"}'."
+    )
+    # A payload that was given but is wrong keeps the plain message.
+    wrong = shared("trigger", "emails.welcome", '{"user": 1}')
+    assert wrong.exit_code == 1 and "The payload was null" not in wrong.stderr
+    assert shared.json("runs", "list")["data"] == []
+
+
 def test_trigger_rejects_non_object_meta(shared: Shared) -> None:
     result = shared("trigger", "emails.welcome", '{"user_id": "u3"}', "--meta", "[1]")
     assert result.exit_code == 1

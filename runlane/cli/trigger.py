@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..errors import ErrorCode, RunlaneError
 from ..models import Actor
 from ..vocabulary import ActorType
 from .main import OperationParams, guard, operation, run_operation
@@ -17,6 +18,8 @@ from .options import ActorIdOption, QueueOption, RunIdOption, parse_json
 __all__ = ["app"]
 
 app = typer.Typer()
+
+_SEND_MATCHING = " Send a payload that matches the task's schema."
 
 
 class TriggerParams(OperationParams):
@@ -34,6 +37,22 @@ class TriggerParams(OperationParams):
 
 @operation("trigger", TriggerParams, lambda output, params, result: output.trigger_result(result))
 async def _trigger(runtime: Any, params: TriggerParams) -> Any:
+    try:
+        return await _create(runtime, params)
+    except RunlaneError as error:
+        if params.payload is None and error.code is ErrorCode.VALIDATION_FAILED and "errors" in error.meta:
+            # The usual cause: the payload argument was left out. Say so, with the shape of the fix.
+            raise RunlaneError(
+                error.code,
+                f"{error.message.removesuffix(_SEND_MATCHING)} The payload was null: pass it as JSON after the task id, "
+                f"as in: runlane trigger {params.task_id} '{{\"key\": \"value\"}}'.",
+                retryable=error.retryable,
+                meta=error.meta,
+            ) from None
+        raise
+
+
+async def _create(runtime: Any, params: TriggerParams) -> Any:
     return await runtime.trigger(
         params.task_id,
         params.payload,
