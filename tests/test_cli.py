@@ -235,6 +235,20 @@ def test_prune_rejects_ambiguous_dates_before_loading_a_runtime(tmp_path: Path) 
     assert "05/01/2026" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("cutoff", "message"),
+    [
+        ("0s", "Invalid --older-than '0s': it must be positive."),
+        ("30 d", "Invalid --older-than '30 d': use a number with a unit, such as"),
+        ("last week", "--older-than 'last week' is neither a duration (30d, 12h) nor an ISO 8601 date-time"),
+    ],
+)
+def test_prune_says_what_is_wrong_with_a_cutoff_meant_as_a_duration(shared: Shared, cutoff: str, message: str) -> None:
+    result = shared("prune", "--older-than", cutoff)
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error[configuration_invalid]: {message}")
+
+
 FAILING_TASKS = """
 from runlane import Retry, queue, task
 

@@ -151,6 +151,9 @@ def parse_iso_datetime(text: str, what: str) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+_NUMBER_FIRST = re.compile(r"[-+]?\.?\d")
+
+
 def parse_cutoff(text: str) -> str | datetime:
     """``--older-than``: a Runlane duration (kept as text for the runtime) or an ISO 8601 cutoff."""
     candidate = text.strip()
@@ -159,6 +162,8 @@ def parse_cutoff(text: str) -> str | datetime:
     try:
         parse_duration(candidate, "--older-than")
     except RunlaneError:
+        if _NUMBER_FIRST.match(candidate):
+            raise  # meant as a duration ('0s', '30 d'): its own message says what is wrong with it
         raise _invalid(
             f"--older-than {text!r} is neither a duration (30d, 12h) nor an ISO 8601 date-time (2026-05-01T00:00:00Z).",
             argument="--older-than",
