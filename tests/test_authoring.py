@@ -657,10 +657,12 @@ def test_idempotency_key_ttl_is_active_or_milliseconds():
     assert welcome_task(idempotency_key="k", idempotency_key_ttl="7d").idempotency_key_ttl == 7 * 86_400_000
     assert welcome_task(idempotency_key="k").idempotency_key_ttl is None
     assert parse_idempotency_key_ttl(timedelta(hours=1)) == 3_600_000
-    with invalid():
+    with invalid() as caught:
         welcome_task(idempotency_key="k", idempotency_key_ttl="forever")
-    with invalid():
+    assert caught.value.message.endswith("'forever': use 'active' or a duration such as '1h' or '7d'.")
+    with invalid() as caught:
         parse_idempotency_key_ttl("0s")
+    assert caught.value.message.endswith("it must be positive.")
 
 
 # ---------------------------------------------------------------------------------------------

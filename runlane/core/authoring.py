@@ -515,7 +515,15 @@ def parse_idempotency_key_ttl(value: object, what: str = "idempotency_key_ttl") 
     """``"active"`` or a duration resolved to whole milliseconds."""
     if value == "active":
         return "active"
-    return duration_ms(value, what)
+    try:
+        return duration_ms(value, what)
+    except RunlaneError as error:
+        if not isinstance(value, str) or value[:1].isdigit():
+            raise
+        # A word that is not 'active' ('forever', 'Active'): name both forms the option takes.
+        raise RunlaneError(
+            error.code, f"Invalid {what} {value!r}: use 'active' or a duration such as '1h' or '7d'.", meta=error.meta
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
