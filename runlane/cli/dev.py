@@ -6,7 +6,8 @@ and one exporter loop per ``[[exporters]]`` entry, and stops all of them coopera
 Exporter sinks are built (and their options validated) before anything starts. A sink's records are
 JSON objects without ``type``/``at``, so they stay distinguishable from dev's own lifecycle lines. On a
 process-local lane it also serves the loopback control bridge (``bridge``), so stateful commands from
-another terminal run against this process's in-memory state.
+another terminal run against this process's in-memory state. ``--reload`` runs all of this in a child
+process and restarts it when the project's code or config changes (``reload``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import typer
 
 from ..core.cancellation import CancellationController
 from ..durations import duration_ms
+from ..config import LoadedConfig
 from ..errors import ErrorCode, RunlaneError
 from ..vocabulary import WorkerMode
-from .main import configured_exporters, guard, load_cli_config, state_of, with_runtime
+from .main import COMMAND_LINE, configured_exporters, guard, load_cli_config, state_of, with_runtime
 from .options import (
     CancellationFinalizationLimit,
     ConcurrencyOption,
@@ -35,6 +37,7 @@ from .options import (
     WorkerIdOption,
 )
 from .export import export_pending, start_exporter, stop_exporters
+from .reload import Reloader, child_command
 from .tick import tick_until_stopped
 from .work import StopOnSignals, run_worker
 
@@ -60,9 +63,14 @@ def dev(
     timeout_finalization_limit: TimeoutFinalizationLimit = None,
     outbox_claim_limit: OutboxClaimLimit = None,
     worker_id: WorkerIdOption = None,
+    reload: bool = typer.Option(
+        False, "--reload", help="Restart when a *.py file under the config's directory or the config changes."
+    ),
 ) -> None:
     """Run a worker and the maintenance loop for local development."""
     output = state_of(ctx).output
+    if reload:
+        _reload(ctx, once)
     limits = TickLimits.of(
         schedule_materialization_limit,
         delivery_request_limit,
@@ -135,3 +143,22 @@ def dev(
                         await bridge.close()
 
     with_runtime(ctx, body)
+
+
+def _reload(ctx: typer.Context, once: bool) -> None:
+    """Supervise ``runlane dev`` without ``--reload`` in a child process; never returns."""
+
+    def check() -> LoadedConfig:
+        if once:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--reload applies only without --once.")
+        return load_cli_config(ctx)
+
+    config = guard(ctx, check)
+    output = state_of(ctx).output
+    if config.config.lane is not None and config.config.lane.use == "local":
+        output.warn(
+            "The local lane keeps runs in memory: each restart starts with none. Use the sqlite lane to keep them."
+        )
+    command = child_command(ctx.find_root().meta.get(COMMAND_LINE, ["dev"]))
+    raise typer.Exit(Reloader(output, command, config.base_dir, config.path).run())
+

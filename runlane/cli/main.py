@@ -278,6 +278,9 @@ def _root(
     ctx.obj = CliState(config_path=config, output=Output(json_mode=json_output))
 
 
+COMMAND_LINE = "runlane.command_line"
+
+
 class _RootGroup(TyperGroup):
     """The root command; ``--json`` also works after the command (``runlane runs list --json``).
 
@@ -286,6 +289,7 @@ class _RootGroup(TyperGroup):
     """
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        ctx.meta[COMMAND_LINE] = list(args)  # as given, for a command that restarts itself (dev --reload)
         end = args.index("--") if "--" in args else len(args)
         if "--json" in args[1:end]:
             args = ["--json", *[arg for arg in args[:end] if arg != "--json"], *args[end:]]
