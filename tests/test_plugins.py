@@ -274,10 +274,18 @@ def test_unknown_lane_lists_installed_lanes():
 
 
 def test_unknown_first_party_lane_says_what_to_install():
+    fresh = new_manager()
+    fresh.register(lane_plugin("local"), name="local")  # runlane-postgres is not installed here
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(fresh).lanes.get("postgres-polling")
+    assert raised.value.message.endswith("Install runlane-postgres to get it.")
+    assert raised.value.meta["installed"] == ["local"]
+
+
+def test_a_lane_no_distribution_provides_yet_is_not_promised_by_an_install_hint():
     with pytest.raises(RunlaneError) as raised:
         get_registries().lanes.get("postgres-sqs")
-    assert "runlane-sqs" in raised.value.message
-    assert "local" in raised.value.meta["installed"]
+    assert "Install" not in raised.value.message
 
 
 def test_misspelt_option_key_names_key_table_and_plugin():

@@ -56,7 +56,7 @@ def render_config(*, tasks: list[str], runtime: str | None, lane: str) -> str:
             "[lane]",
             '# Any lane a plugin provides: "sqlite" (a durable file, shared by the processes of this machine),',
             '# "local" (in-memory, this process only: `runlane dev` then serves the other commands),',
-            '# "postgres-polling", "postgres-sqs", or a third-party lane. Its options follow `use`.',
+            '# "postgres-polling", or a third-party lane. Its options follow `use`.',
             f"use = {_toml_string(lane)}",
             *_lane_options(lane),
             "",
