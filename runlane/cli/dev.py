@@ -142,7 +142,7 @@ def dev(
                     if bridge is not None:
                         await bridge.close()
 
-    with_runtime(ctx, body)
+    with_runtime(ctx, body, wait_for_storage=not once)
 
 
 def _reload(ctx: typer.Context, once: bool) -> None:

@@ -79,7 +79,7 @@ def export(
                 controller.abort("runlane export is stopping")
                 await stop_exporters(tasks)
 
-    with_runtime(ctx, body)
+    with_runtime(ctx, body, wait_for_storage=not once)
 
 
 async def export_pending(runtime: Any, output: Output, configured: ConfiguredExporter) -> None:

@@ -9,6 +9,7 @@ and plugin command registration. Commands live one group per module; rendering l
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -118,11 +119,13 @@ def configured_exporters(config: LoadedConfig, registries: Registries | None = N
 
 
 @asynccontextmanager
-async def open_runtime(ctx: typer.Context) -> AsyncIterator[Runlane]:
+async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) -> AsyncIterator[Runlane]:
     """A started runtime for the configured lane, closed when the block ends.
 
     Every runtime-backed command goes through here; when a process-local lane has a live ``runlane dev``
     session, this is where the command will be proxied instead of building a fresh (empty) runtime.
+    With ``wait_for_storage`` (the long-running commands) a lane that cannot start for a retryable
+    reason, a database that is not up yet, is retried until it starts or the process is told to stop.
     """
     config = load_cli_config(ctx)
     registries = get_registries()
@@ -132,11 +135,61 @@ async def open_runtime(ctx: typer.Context) -> AsyncIterator[Runlane]:
         task_modules=[contribution.value for contribution in registries.task_modules],
         observers=[contribution.value for contribution in registries.observers],
     )
-    await runtime.start()
     try:
+        if wait_for_storage:
+            await _start_when_storage_answers(runtime, state_of(ctx).output)
+        else:
+            await runtime.start()
         yield runtime
     finally:
         await runtime.close()
+
+
+_FIRST_RETRY_S = 0.5
+_MAX_RETRY_S = 10.0
+
+
+async def _start_when_storage_answers(runtime: Runlane, output: Output) -> None:
+    """``runtime.start()``, retried with backoff while it fails retryably; a SIGINT/SIGTERM meanwhile
+    ends the command with status 0, as it would once started. A non-retryable failure raises at once."""
+    delay = _FIRST_RETRY_S
+    waiting = False
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    try:
+        while True:
+            try:
+                await runtime.start()
+                break
+            except RunlaneError as error:
+                if not error.retryable:
+                    raise
+                if not waiting:
+                    waiting = True
+                    for signum in (signal.SIGINT, signal.SIGTERM):
+                        try:
+                            loop.add_signal_handler(signum, stop.set)
+                        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals
+                            continue
+                        installed.append(signum)
+                    output.record(
+                        "storage_waiting",
+                        f"waiting for storage: {error.message} Retrying until it answers (Ctrl-C to give up).",
+                        error=error.to_json(),
+                    )
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except TimeoutError:
+                delay = min(delay * 2, _MAX_RETRY_S)
+                continue
+            output.record("stopped", "stopped before storage answered")
+            raise typer.Exit(0)
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+    if waiting:
+        output.record("storage_available", "storage answered; starting")
 
 
 def invoke(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
@@ -149,11 +202,13 @@ def invoke(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(1) from None
 
 
-def with_runtime(ctx: typer.Context, body: Callable[[Runlane], Awaitable[T]]) -> T:
-    """``invoke`` a body that needs a started runtime."""
+def with_runtime(
+    ctx: typer.Context, body: Callable[[Runlane], Awaitable[T]], *, wait_for_storage: bool = False
+) -> T:
+    """``invoke`` a body that needs a started runtime (see ``open_runtime`` for ``wait_for_storage``)."""
 
     async def main() -> T:
-        async with open_runtime(ctx) as runtime:
+        async with open_runtime(ctx, wait_for_storage=wait_for_storage) as runtime:
             return await body(runtime)
 
     return invoke(ctx, main)

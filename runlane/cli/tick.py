@@ -126,4 +126,4 @@ def tick(
             passes = await tick_until_stopped(runtime, output, limits, interval_s, stop.stopping)
         output.record("tick_loop_stopped", f"maintenance stopped passes={passes}", passes=passes)
 
-    with_runtime(ctx, body)
+    with_runtime(ctx, body, wait_for_storage=every is not None)

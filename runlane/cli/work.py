@@ -162,4 +162,4 @@ def work(
                 worker_id=worker_id,
             )
 
-    with_runtime(ctx, body)
+    with_runtime(ctx, body, wait_for_storage=not drain)
