@@ -269,6 +269,9 @@ def test_worker_commands_print_failed_attempts_with_their_traceback(tmp_path: Pa
     human = cli(project, "dev", "--once")
     assert human.returncode == 0, human.stderr
     assert f"run retrying {run_id}" in human.stdout and f"run failed {run_id}" in human.stdout
+    # The run's line says why and what next, so the stdout alone tells the story.
+    assert re.search(rf"run retrying {run_id} .* attempts=1 error=task_failed retry_at=\S+Z$", human.stdout, re.M)
+    assert re.search(rf"run failed {run_id} .* attempts=2 error=task_failed$", human.stdout, re.M)
     prefix = rf"^\S+Z (warning|error) Run {run_id} \(task jobs.flaky\): attempt "
     lines = re.findall(prefix + r"(\d) failed with task_failed \(Task failed\.\); (.*)$", human.stderr, re.MULTILINE)
     assert [(level, attempt) for level, attempt, _ in lines] == [("warning", "1"), ("error", "2")], human.stderr

@@ -62,6 +62,27 @@ def _compact(value: Any) -> str:
     return json.dumps(to_json_value(value), ensure_ascii=False, separators=(",", ":"))
 
 
+def _what_next(run: Any) -> str:
+    """What a run's line adds after an attempt: why it failed, when it is retried, what it waits for."""
+    parts = []
+    if run.failure is not None and _value(run.status) in ("retrying", "failed"):
+        parts.append(f"error={_value(run.failure.code)}")
+    if _value(run.status) == "retrying":
+        parts.append(f"retry_at={_iso(run.run_at)}")
+    wait = run.wait
+    if wait is not None:
+        kind = _value(wait.type)
+        if kind == "signal":
+            parts.append(f"waiting_for=signal:{wait.signal_key}")
+        elif kind == "run_completion":
+            parts.append(f"waiting_for=run:{wait.run_id}")
+        else:
+            parts.append(f"resume_at={_iso(wait.resume_at)}")
+        if getattr(wait, "timeout_at", None) is not None:
+            parts.append(f"timeout_at={_iso(wait.timeout_at)}")
+    return "".join(f" {part}" for part in parts)
+
+
 def _value(value: Any) -> str:
     if isinstance(value, enum.Enum):
         return str(value.value)
@@ -377,7 +398,7 @@ class Output:
         text = (
             f"run {_value(run.status)} {run.id} task={run.task_id} queue={run.queue} attempts={run.counters.attempts}"
         )
-        self.record("run", text, run=run)
+        self.record("run", text + _what_next(run), run=run)
 
     def tick_record(self, result: Any) -> None:
         counts = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
