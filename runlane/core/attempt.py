@@ -30,6 +30,7 @@ batchers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import hashlib
 import inspect
@@ -187,6 +188,16 @@ class CancellationRegistry:
         for attempt in matches:
             attempt.observe_cancellation()
         return bool(matches)
+
+    def check_now(self, run_id: str) -> bool:
+        """Heartbeat this process's attempts of ``run_id`` now instead of at their next interval: another
+        process requested cancellation of the run, and a heartbeat is how an attempt observes that from
+        storage (the request itself is not trusted). ``True`` when there was one. From any thread."""
+        with self._lock:
+            attempts = list(self._attempts.get(run_id, ()))
+        for attempt in attempts:
+            attempt.heartbeat_soon()
+        return bool(attempts)
 
     def __len__(self) -> int:
         with self._lock:
@@ -754,6 +765,20 @@ class _Attempt:
                 pass
 
     # -- heartbeats ------------------------------------------------------------------------------
+
+    def heartbeat_soon(self) -> None:
+        """Heartbeat now rather than at the next interval (from any thread); a no-op once the attempt
+        has finished or while a heartbeat is in flight (it reads the run's current state anyway)."""
+        with contextlib.suppress(RuntimeError):  # the attempt's loop has closed: nothing left to check
+            self.loop.call_soon_threadsafe(self._heartbeat_now)
+
+    def _heartbeat_now(self) -> None:
+        if self._finished or (self._heartbeat_task is not None and not self._heartbeat_task.done()):
+            return
+        if self._heartbeat_handle is not None:
+            self._heartbeat_handle.cancel()
+        self._heartbeat_due_at = self.loop.time()
+        self._heartbeat_due()
 
     def _heartbeat_due(self) -> None:
         self._heartbeat_handle = None

@@ -163,6 +163,10 @@ T = TypeVar("T")
 
 _TERMINAL = run_status_values.terminal
 _DIRECTLY_CANCELLABLE = run_status_values.directly_cancellable
+
+#: A wake hint that is not a queue name: ``cancel:<run id>`` asks the process whose attempt holds the
+#: run's lease to heartbeat now. ``:`` is reserved in ids, so no queue is ever called this.
+CANCELLATION_HINT = "cancel:"
 _SYSTEM_ACTOR = contract_defaults.actor.system
 _OPERATOR_ACTOR = contract_defaults.actor.operator
 _DEFAULT_LEASE_MS = duration_ms(contract_defaults.lease.duration)
@@ -714,12 +718,27 @@ class Runlane:
         if self._wake_hints is not None and not hinted:
             self._wake_hints.publish_wake_hint(queue)
 
+    def hint_cancellation(self, run_id: str) -> None:
+        """Tell other processes, through the driver's wake hints if it has them, that ``run_id`` has a
+        cancellation request its attempt should observe now."""
+        if self._wake_hints is not None:
+            self._wake_hints.publish_wake_hint(CANCELLATION_HINT + run_id)
+
     def subscribe_wake_hints(self) -> Callable[[], None] | None:
-        """Let other processes' hints wake this process's idle poll slots (``None``: no hints)."""
+        """Let other processes' hints wake this process's idle poll slots, and make its attempts of a run
+        whose cancellation another process requested heartbeat at once (``None``: no hints)."""
         if self._wake_hints is None:
             return None
         notify = self.work_signal.notify
-        return self._wake_hints.subscribe_wake_hints(lambda queue: notify())
+        check_now = self.registry.check_now
+
+        def on_hint(hint: str) -> None:
+            if hint.startswith(CANCELLATION_HINT):
+                check_now(hint[len(CANCELLATION_HINT) :])
+            else:
+                notify()
+
+        return self._wake_hints.subscribe_wake_hints(on_hint)
 
     async def after_append(self, result: AppendResult) -> None:
         """Everything that follows a committed append: observers, completion waiters, wake-ups."""
@@ -1976,7 +1995,10 @@ class RunsApi:
             raise result
         run = result.run
         if run.status is RunStatus.CANCELLATION_REQUESTED and run.lease is not None:
-            runtime.registry.notify_cancellation(run.id, run.lease.worker_id, run.lease.token)
+            if not runtime.registry.notify_cancellation(run.id, run.lease.worker_id, run.lease.token):
+                # Its attempt runs in another process: ask that one to heartbeat now, which observes the
+                # request, instead of at its next interval (half the lease: minutes by default).
+                runtime.hint_cancellation(run.id)
         return run
 
     async def prune(

@@ -107,6 +107,12 @@ class StorageWakeHints(Protocol):
     ``empty_poll_delay`` ends. Hints carry no state and may be lost, merged or duplicated: workers
     still poll, and every claim is decided by storage. Neither method may block or raise.
 
+    A hint is an opaque string to the driver, which delivers it unchanged: a queue name, or
+    ``cancel:<run id>`` (``:`` never occurs in a queue name), which asks the process running that
+    run's attempt to heartbeat now so it observes a cancellation requested elsewhere. A driver
+    whose transport cannot carry a string may deliver any hint as ``"*"``: every subscriber then
+    polls, and a cancellation is observed at the next heartbeat as without hints.
+
     A driver's transaction objects may also offer ``wake_hint(queue) -> bool``: core calls it from a
     write path (a trigger) before the commit, and ``True`` means the hint goes out with that commit
     (delivered when it commits, dropped when it does not), so core does not publish it again.

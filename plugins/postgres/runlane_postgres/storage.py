@@ -543,6 +543,8 @@ class _Sql:
         )
 
 
+_MAX_REMEMBERED_HINTS = 1024
+_HINT_FLUSH_TIMEOUT_S = 1.0
 _NOTIFY = _Statement(b"runlane_notify", b"SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q")
 
 
@@ -1445,6 +1447,12 @@ class PostgresStorageDriver(ClientClock):
             raise map_postgres_error(error, f"probe the Runlane schema {self.schema!r}") from None
 
     async def close(self) -> None:
+        sender = self._hints_task
+        if sender is not None and not sender.done() and sender.get_loop() is asyncio.get_running_loop():
+            # Hints still held back (a cancellation requested just before close, by `runlane cancel`
+            # for instance) go out first; a database that does not answer only delays close by this.
+            with contextlib.suppress(Exception):  # hints may be lost: workers still heartbeat and poll
+                await asyncio.wait_for(asyncio.shield(sender), _HINT_FLUSH_TIMEOUT_S)
         async with self._lock:
             with self._loops_lock:
                 self._pool = None
@@ -1535,8 +1543,14 @@ class PostgresStorageDriver(ClientClock):
 
     def _hinted(self, queues: Iterable[str]) -> None:
         now = time.monotonic()
+        hinted_at = self._hinted_at
         for queue in queues:
-            self._hinted_at[queue] = now
+            hinted_at[queue] = now
+        if len(hinted_at) > _MAX_REMEMBERED_HINTS:
+            # Hints are per queue, and also per run for cancellations: forget the ones past their
+            # interval, which is all the debounce needs, so the table does not grow with the runs.
+            for hint in [hint for hint, at in hinted_at.items() if now - at >= self.wake_hint_interval]:
+                del hinted_at[hint]
 
     async def _send_hints(self) -> None:
         # One connection of its own (outside the pool): a hint never waits for, or holds, a
