@@ -104,6 +104,8 @@ REASON_CANCELLATION_REQUESTED = "cancellation_requested"
 REASON_ATTEMPT_TIMED_OUT = "attempt_timed_out"
 REASON_LEASE_LOST = "lease_lost"
 REASON_HEARTBEAT_FAILED = "heartbeat_failed"
+# How often an attempt reads its run when a driver's hints say only that another process committed.
+_CANCELLATION_CHECK_S = 1.0
 
 # Persisted failures carry task-facing text, never the raw exception message (it may hold secrets).
 _TASK_FACING_MESSAGES: dict[ErrorCode, str] = {
@@ -198,6 +200,14 @@ class CancellationRegistry:
         for attempt in attempts:
             attempt.heartbeat_soon()
         return bool(attempts)
+
+    def check_all_soon(self) -> None:
+        """Another process committed something, and the driver's hints cannot say what: each running
+        attempt reads its run (at most once a second) to see whether cancellation was requested."""
+        with self._lock:
+            attempts = [attempt for entries in self._attempts.values() for attempt in entries]
+        for attempt in attempts:
+            attempt.check_cancellation_soon()
 
     def __len__(self) -> int:
         with self._lock:
@@ -681,6 +691,9 @@ class _Attempt:
         "_heartbeat_task",
         "_deadline_handle",
         "_finished",
+        "_cancellation_checked_at",
+        "_cancellation_check",
+        "_cancellation_check_deferred",
     )
 
     def __init__(self, runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions) -> None:
@@ -708,6 +721,9 @@ class _Attempt:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._deadline_handle: asyncio.TimerHandle | None = None
         self._finished = False
+        self._cancellation_checked_at = -_CANCELLATION_CHECK_S
+        self._cancellation_check: asyncio.Task[None] | None = None  # held so the task is not collected
+        self._cancellation_check_deferred = False
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -771,6 +787,36 @@ class _Attempt:
         has finished or while a heartbeat is in flight (it reads the run's current state anyway)."""
         with contextlib.suppress(RuntimeError):  # the attempt's loop has closed: nothing left to check
             self.loop.call_soon_threadsafe(self._heartbeat_now)
+
+    def check_cancellation_soon(self) -> None:
+        """Read the run to see whether cancellation was requested, unless that was done within the last
+        second (from any thread). A read, not a heartbeat: it may come on every commit of other processes."""
+        with contextlib.suppress(RuntimeError):  # the attempt's loop has closed: nothing left to check
+            self.loop.call_soon_threadsafe(self._check_cancellation)
+
+    def _check_cancellation(self) -> None:
+        if self._finished or self.cancel_observed or self._cancellation_check_deferred:
+            return
+        wait = self._cancellation_checked_at + _CANCELLATION_CHECK_S - self.loop.time()
+        if wait > 0:  # checked within the second: check once more when it is over, so no commit is missed
+            self._cancellation_check_deferred = True
+            self.loop.call_later(wait, self._deferred_cancellation_check)
+            return
+        self._cancellation_checked_at = self.loop.time()
+        self._cancellation_check = self.loop.create_task(self._read_cancellation())
+
+    def _deferred_cancellation_check(self) -> None:
+        self._cancellation_check_deferred = False
+        self._check_cancellation()
+
+    async def _read_cancellation(self) -> None:
+        try:
+            run = await self.runtime._store.get_run(self.run_id)
+        except Exception:  # noqa: BLE001 - the next heartbeat reads it again
+            return
+        lease = run.lease if run is not None else None
+        if run is not None and run.status is _CANCELLATION_REQUESTED and lease is not None and lease.token == self.token:
+            self.observe_cancellation()
 
     def _heartbeat_now(self) -> None:
         if self._finished or (self._heartbeat_task is not None and not self._heartbeat_task.done()):

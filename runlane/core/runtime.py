@@ -167,6 +167,8 @@ _DIRECTLY_CANCELLABLE = run_status_values.directly_cancellable
 #: A wake hint that is not a queue name: ``cancel:<run id>`` asks the process whose attempt holds the
 #: run's lease to heartbeat now. ``:`` is reserved in ids, so no queue is ever called this.
 CANCELLATION_HINT = "cancel:"
+#: The hint of a driver that cannot carry one (SQLite: "another connection committed").
+ANY_COMMIT_HINT = "*"
 _SYSTEM_ACTOR = contract_defaults.actor.system
 _OPERATOR_ACTOR = contract_defaults.actor.operator
 _DEFAULT_LEASE_MS = duration_ms(contract_defaults.lease.duration)
@@ -730,13 +732,15 @@ class Runlane:
         if self._wake_hints is None:
             return None
         notify = self.work_signal.notify
-        check_now = self.registry.check_now
+        registry = self.registry
 
         def on_hint(hint: str) -> None:
             if hint.startswith(CANCELLATION_HINT):
-                check_now(hint[len(CANCELLATION_HINT) :])
-            else:
-                notify()
+                registry.check_now(hint[len(CANCELLATION_HINT) :])
+                return
+            notify()
+            if hint == ANY_COMMIT_HINT:  # a driver that cannot say what changed: maybe a cancellation
+                registry.check_all_soon()
 
         return self._wake_hints.subscribe_wake_hints(on_hint)
 

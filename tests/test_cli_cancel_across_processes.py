@@ -1,7 +1,8 @@
-"""``runlane cancel`` of a run whose attempt is running in a ``runlane work`` process on Postgres.
+"""``runlane cancel`` of a run whose attempt is running in a ``runlane work`` process.
 
-The worker heartbeats every five minutes here (a ten-minute lease), so only the cancellation hint the
-cancelling process sends through ``NOTIFY`` can make it observe the request within the test's wait.
+The worker heartbeats every five minutes here (a ten-minute lease), so only a hint can make it observe
+the request within the test's wait: on Postgres the cancelling process's ``NOTIFY`` naming the run, on
+SQLite the worker noticing another connection's commit and reading its running runs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from cli_support import RUNLANE, cli, cli_env, make_project, wait_for, write
 
@@ -31,14 +34,19 @@ async def waits_for_cancel(payload: dict, ctx: TaskContext) -> dict:
 """
 
 
-def test_cancel_from_another_process_reaches_the_running_attempt_at_once(tmp_path: Path, postgres_url: str) -> None:
-    from runlane_postgres import apply_postgres_migrations
-
-    schema = f"cancel_{uuid.uuid4().hex[:10]}"
-    asyncio.run(apply_postgres_migrations(postgres_url, schema=schema))
+@pytest.mark.parametrize("lane", ["sqlite", "postgres"])
+def test_cancel_from_another_process_reaches_the_running_attempt_at_once(
+    tmp_path: Path, request: pytest.FixtureRequest, lane: str
+) -> None:
     root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
-    write(root / "runlane.toml", f'[runlane]\ntasks = ["app.tasks"]\n\n[lane]\nuse = "postgres-polling"\n'
-                                 f'connection_string = "{postgres_url}"\nschema = "{schema}"\n')  # fmt: skip
+    if lane == "postgres":
+        from runlane_postgres import apply_postgres_migrations
+
+        url = request.getfixturevalue("postgres_url")
+        schema = f"cancel_{uuid.uuid4().hex[:10]}"
+        asyncio.run(apply_postgres_migrations(url, schema=schema))
+        write(root / "runlane.toml", f'[runlane]\ntasks = ["app.tasks"]\n\n[lane]\nuse = "postgres-polling"\n'
+                                     f'connection_string = "{url}"\nschema = "{schema}"\n')  # fmt: skip
     log = tmp_path / "work.log"
     assert RUNLANE is not None
     with log.open("w") as out:
