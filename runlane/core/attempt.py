@@ -814,8 +814,9 @@ class _Attempt:
             run = await self.runtime._store.get_run(self.run_id)
         except Exception:  # noqa: BLE001 - the next heartbeat reads it again
             return
-        lease = run.lease if run is not None else None
-        if run is not None and run.status is _CANCELLATION_REQUESTED and lease is not None and lease.token == self.token:
+        if run is None or run.status is not _CANCELLATION_REQUESTED:
+            return
+        if run.lease is not None and run.lease.token == self.token:  # this attempt's request, not a later one's
             self.observe_cancellation()
 
     def _heartbeat_now(self) -> None:
