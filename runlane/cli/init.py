@@ -134,7 +134,8 @@ def init_config(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     except OSError as error:
-        guard(ctx, lambda: _raise(RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"Cannot write {path}: {error}")))
+        failure = RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"Cannot write {path}: {error}")
+        guard(ctx, lambda: _raise(failure))
     output.file_written(str(path), overwritten=existed)
 
 
