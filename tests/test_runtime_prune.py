@@ -141,6 +141,17 @@ async def test_prune_removes_old_terminal_runs_and_keeps_active_and_recent_ones(
         assert (await runtime.runs.get(active)).status is RunStatus.QUEUED
 
 
+async def test_each_prune_call_deletes_the_records_of_every_run_it_pruned():
+    # 300 runs of four events each are more child records than the cleanup budget for an older
+    # backlog (1,000): the call still deletes all of them, so paging through cursors leaves nothing.
+    runtime, clock, _ = make()
+    async with runtime:
+        run_ids = [await finish(runtime, ok, {"key": f"k{i}"}) for i in range(300)]
+        clock.advance("2d")
+        assert (await runtime.runs.prune(older_than="1d", limit=300)).pruned == 300
+        assert [run_id for run_id in run_ids if await runtime.store.get_run(run_id) is not None] == []
+
+
 async def test_a_pruned_run_is_invisible_from_its_tombstoning_commit_even_before_cleanup():
     runtime, clock, probe = make()
     async with runtime:

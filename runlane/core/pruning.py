@@ -544,6 +544,7 @@ class RunPruner:
         env = self.env_key
         examined = pruned = 0
         more = False
+        tombstoned_children: list[int] = []  # per tombstoned run, its child records still to delete
         while examined < wanted:
             bounds = StorageRange(gt=None if last is None else encode_storage_tuple(last), lt=upper)
             size = min(wanted - examined, self._limits.max_query_results)
@@ -564,7 +565,7 @@ class RunPruner:
             for start in range(0, len(run_ids), batch):
                 chunk = run_ids[start : start + batch]
                 pruned += await self._split(
-                    chunk, lambda items: self._tombstone(items, cutoff, chosen, actor, pruned_at)
+                    chunk, lambda items: self._tombstone(items, cutoff, chosen, actor, pruned_at, tombstoned_children)
                 )
             examined += len(page.items)
             last = page.items[-1].sort
@@ -573,7 +574,9 @@ class RunPruner:
                 break
 
         if self.cleanup_budget:
-            await self.cleanup(budget=self.cleanup_budget)
+            # At least what this call tombstoned, so cleanup keeps pace with pruning (a caller paging
+            # through every cursor leaves no backlog behind), plus the budget for an older backlog.
+            await self.cleanup(budget=self.cleanup_budget + sum(tombstoned_children))
         next_cursor = (
             encode_operator_cursor(PaginationCursorKind.RUN_PRUNE, scope, last)
             if more and examined >= wanted and last is not None
@@ -588,14 +591,16 @@ class RunPruner:
         statuses: frozenset[RunStatus],
         actor: Actor,
         pruned_at: datetime,
+        tombstoned_children: list[int],
     ) -> int:
-        """Tombstone the eligible runs of ``run_ids`` in one commit; returns how many were tombstoned."""
+        """Tombstone the eligible runs of ``run_ids`` in one commit; returns how many were tombstoned and
+        appends each one's child record count to ``tombstoned_children`` once it has committed."""
         env = self.env_key
         keys = [run_key(env, run_id) for run_id in run_ids]
         keys.extend(run_tombstone_key(env, run_id) for run_id in run_ids)
         count = len(run_ids)
 
-        async def body(tx: StorageTransaction) -> int:
+        async def body(tx: StorageTransaction) -> list[int]:
             found = await tx.get(keys)
             eligible: list[tuple[StorageRecord, RunRecord, RunChildCounts]] = []
             owner_keys: dict[str, StorageRecordKey] = {}
@@ -625,9 +630,11 @@ class RunPruner:
                 owner_run = owner.document.value.get("run_id")
                 if isinstance(owner_run, str) and owner_run in pruned_ids:
                     tx.delete(owner)
-            return len(eligible)
+            return [children.events + children.steps + children.outbox for _, _, children in eligible]
 
-        return await self.driver.with_transaction(body)
+        committed = await self.driver.with_transaction(body)
+        tombstoned_children.extend(committed)
+        return len(committed)
 
     def _eligible(
         self, record: StorageRecord, cutoff: datetime, statuses: frozenset[RunStatus]
