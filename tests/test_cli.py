@@ -531,6 +531,20 @@ def test_retry_rerun_cancel_prune_and_signal(shared: Shared) -> None:
     assert signalled == {"signal_key": "nobody.waits", "resumed": [], "runs": []}
 
 
+def test_prune_all_follows_every_cursor_and_leaves_none(shared: Shared) -> None:
+    for n in range(7):
+        shared.json("trigger", "emails.welcome", f'{{"user_id": "all{n}"}}')
+    shared.ndjson("dev", "--once")
+    one_page = shared.json("prune", "--older-than", "2999-01-01T00:00:00Z", "--limit", "2")
+    assert one_page["pruned"] == 2 and one_page["next_cursor"] is not None
+
+    every_page = shared.json("prune", "--older-than", "1ms", "--limit", "2", "--all")
+    assert every_page == {"pruned": 5, "next_cursor": None}
+    assert shared.json("runs", "list")["data"] == []
+    human = shared("prune", "--older-than", "1ms", "--all")
+    assert human.exit_code == 0 and human.stdout.strip() == "✓ pruned 0 runs"
+
+
 def test_plugin_commands_are_registered_on_the_root_app() -> None:
     from runlane.cli.main import build_app
     from runlane.plugins import hookimpl

@@ -5,10 +5,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
 
+from ..core.pruning import PruneResult
+from ..durations import duration_ms
 from ..models import Actor
 from ..vocabulary import ActorType, RunStatus
 from .main import OperationParams, guard, operation, run_operation
@@ -63,17 +66,29 @@ class PruneParams(OperationParams):
     limit: int | None = None
     cursor: str | None = None
     actor_id: str | None = None
+    all_pages: bool = False
 
 
 @operation("prune", PruneParams, lambda output, params, result: output.prune_result(result))
 async def _prune(runtime: Any, params: PruneParams) -> Any:
-    return await runtime.runs.prune(
-        older_than=parse_cutoff(params.older_than),
-        statuses=params.status or None,
-        limit=params.limit,
-        cursor=params.cursor,
-        actor=_actor(params.actor_id),
-    )
+    older_than = parse_cutoff(params.older_than)
+    if params.all_pages and isinstance(older_than, str):
+        # One cutoff for every page: a duration would otherwise move with the clock between calls.
+        older_than = runtime.now() - timedelta(milliseconds=duration_ms(older_than, "--older-than"))
+    pruned = 0
+    cursor = params.cursor
+    while True:
+        result = await runtime.runs.prune(
+            older_than=older_than,
+            statuses=params.status or None,
+            limit=params.limit,
+            cursor=cursor,
+            actor=_actor(params.actor_id),
+        )
+        pruned += result.pruned
+        cursor = result.next_cursor
+        if not params.all_pages or cursor is None:
+            return PruneResult(pruned=pruned, next_cursor=cursor)
 
 
 @app.command("retry")
@@ -123,9 +138,20 @@ def prune(
     limit: LimitOption = None,
     cursor: CursorOption = None,
     actor_id: ActorIdOption = None,
+    all_pages: Annotated[
+        bool,
+        typer.Option("--all", help="Follow each next cursor until every run before the cutoff is pruned."),
+    ] = False,
 ) -> None:
     """Delete old terminal run history."""
     guard(ctx, lambda: parse_cutoff(older_than))  # a bad cutoff fails before any runtime is loaded
     run_operation(
-        ctx, "prune", older_than=older_than, status=status or None, limit=limit, cursor=cursor, actor_id=actor_id
+        ctx,
+        "prune",
+        older_than=older_than,
+        status=status or None,
+        limit=limit,
+        cursor=cursor,
+        actor_id=actor_id,
+        all_pages=all_pages,
     )
