@@ -659,29 +659,40 @@ class RunPruner:
 
     async def cleanup(self, *, budget: int | None = None) -> CleanupResult:
         """Delete the children of the oldest tombstones, at most ``budget`` child records, and remove
-        every finished run and tombstone. Visits at most one page of tombstones."""
+        every finished run and tombstone. Goes on to the next page of tombstones while every one of a
+        full page finished and budget is left."""
         allowed = self.cleanup_budget if budget is None else budget
         if isinstance(allowed, bool) or not isinstance(allowed, int) or allowed < 0:
             raise _invalid(f"budget must be a whole number >= 0, got {allowed!r}.", field="budget")
         if allowed == 0:
             return CleanupResult()
         env = self.env_key
-        page = await self.driver.query(
-            StorageQuery(StorageIndexName.RUN_TOMBSTONES, (env,), limit=min(allowed, self._limits.max_query_results))
-        )
         deleted = finished = pending = 0
-        for ref in page.items:
-            if deleted >= allowed:
+        seen: set[str] = set()
+        while deleted < allowed:
+            size = min(allowed - deleted, self._limits.max_query_results)
+            page = await self.driver.query(StorageQuery(StorageIndexName.RUN_TOMBSTONES, (env,), limit=size))
+            if not {ref.key.encoded for ref in page.items} - seen:
+                break  # an eventual index still lists tombstones already finished: leave them to a later call
+            seen.update(ref.key.encoded for ref in page.items)
+            page_finished = 0
+            for ref in page.items:
+                if deleted >= allowed:
+                    break
+                key = ref.key
+                if key.collection != RUN_TOMBSTONES_COLLECTION or len(key.parts) != 2 or key.parts[0] != env:
+                    continue
+                removed, done = await self._clean_run(key.parts[1], allowed - deleted)
+                deleted += removed
+                if done:
+                    page_finished += 1
+                else:
+                    pending += 1
+            finished += page_finished
+            # Finished tombstones left the index, so the next query starts after them; a pending one
+            # would be visited again, so stop there (as on a short page: nothing more to clean).
+            if pending or len(page.items) < size or page_finished == 0:
                 break
-            key = ref.key
-            if key.collection != RUN_TOMBSTONES_COLLECTION or len(key.parts) != 2 or key.parts[0] != env:
-                continue
-            removed, done = await self._clean_run(key.parts[1], allowed - deleted)
-            deleted += removed
-            if done:
-                finished += 1
-            else:
-                pending += 1
         return CleanupResult(deleted=deleted, finished=finished, pending=pending)
 
     async def _clean_run(self, run_id: str, budget: int) -> tuple[int, bool]:
