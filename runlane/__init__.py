@@ -15,7 +15,13 @@ from .core.authoring import (
 )
 from .core.cancellation import CancellationController, CancellationSignal, link_signals
 from .core.lanes import Lane, LaneCapabilities, LaneDelivery, TransportAdapter, create_lane
-from .core.observations import ConsoleObservationSink, ObservationExporter, ObservationPage, ObservationSink
+from .core.observations import (
+    ConsoleObservationSink,
+    ObservationExporter,
+    ObservationPage,
+    ObservationSink,
+    ObservationTrimResult,
+)
 from .core.pruning import PruneResult
 from .core.runtime import ExecuteDeliveryResult, Runlane, TickResult, TriggerRunResult, create_runlane
 from .core.sync import SyncRunlane, SyncWorkerHandle
@@ -122,7 +128,7 @@ __all__ = [
     "hookimpl",
     "Actor", "ActorType", "Backoff", "CancellationController", "CancellationSignal", "ConsoleObservationSink",
     "ExecuteDeliveryResult", "Lane", "LaneCapabilities", "LaneDelivery", "ObservationExporter", "ObservationPage",
-    "ObservationSink", "PruneResult", "QueueDefinition", "Retry", "RetryPolicy", "Runlane",
+    "ObservationSink", "ObservationTrimResult", "PruneResult", "QueueDefinition", "Retry", "RetryPolicy", "Runlane",
     "ScheduleDefinition", "StepRunner", "SyncRunlane", "SyncWorkerHandle", "TaskContext", "TaskDefinition",
     "TaskRelease", "TickResult", "TransportAdapter", "TriggerRunResult", "WorkerHandle", "create_lane",
     "create_runlane", "link_signals", "queue", "schedule", "task", "DeliveryIntent", "DeliveryMessage", "Duration", "DurationUnit", "Environment",

@@ -360,6 +360,52 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_observation_trim_keeps_what_a_consumer_has_not_exported_and_the_stream_goes_on(
+        self, lanes: LaneFactory
+    ) -> None:
+        @task("observed")
+        async def observed(payload: Any) -> None:
+            return None
+
+        class Collect:
+            def __init__(self) -> None:
+                self.positions: list[int] = []
+
+            async def export(self, records: Any) -> None:
+                self.positions.extend(int(record.stream_position) for record in records)
+
+        async def body() -> None:
+            runtime, clock = self.runtime(lanes.new(), observed)
+            async with runtime:
+                for _ in range(3):
+                    await runtime.run_now(observed, {})  # four records each: positions 1-12
+                sink = Collect()
+                exporter = runtime.observation_exporter("audit", sink, batch_size=5)
+                await exporter.export_once()  # the consumer has exported positions 1-5
+                clock.advance("2d")
+                await runtime.run_now(observed, {})  # positions 13-16, recent
+
+                kept_for_audit = await runtime.observations.trim(older_than="1d", consumers=["audit"])
+                assert (kept_for_audit.deleted, kept_for_audit.more) == (5, False)
+                # A consumer with no checkpoint yet keeps everything.
+                none_for_new = await runtime.observations.trim(older_than="1d", consumers=["audit", "new"])
+                assert (none_for_new.deleted, none_for_new.more) == (0, False)
+                by_limit = await runtime.observations.trim(older_than="1d", limit=4)
+                assert (by_limit.deleted, by_limit.more) == (4, True)
+                rest = await runtime.observations.trim(older_than="1d")
+                assert (rest.deleted, rest.more) == (3, False)  # the recent run's records stay
+                page = await runtime.observations.scan()
+                assert [int(record.stream_position) for record in page.records] == [13, 14, 15, 16]
+
+                # The exporter resumes after its checkpoint (position 5) with what is left; new records
+                # continue the positions.
+                await runtime.run_now(observed, {})
+                while (await exporter.export_once()).exported:
+                    pass
+                assert sink.positions == [1, 2, 3, 4, 5, *range(13, 21)]
+
+        self.run(body)
+
     def test_drain_worker_with_concurrent_slots_runs_each_run_once(self, lanes: LaneFactory) -> None:
         executed: list[int] = []
 

@@ -201,3 +201,24 @@ def test_export_needs_exporters_and_a_shared_lane(project: Path, tmp_path: Path)
     add_exporter(project)  # the in-memory lane: only runlane dev holds its records
     local = cli(project, "export", "--once")
     assert local.returncode == 1 and "`runlane dev` runs the [[exporters]] of that lane" in local.stderr
+
+
+def test_observations_trim_keeps_what_a_configured_exporter_has_not_exported(tmp_path: Path) -> None:
+    project = make_project(tmp_path, lane="sqlite")
+    add_exporter(project)
+    assert cli(project, "tick").returncode == 0 and cli(project, "work", "--drain").returncode == 0
+
+    def trim(*args: str) -> dict[str, Any]:
+        result = cli(project, "--json", "observations", "trim", "--older-than", "1ms", *args)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    assert trim("--all") == {"deleted": 0, "more": False}  # local_console has exported nothing yet
+    exported = ndjson(cli(project, "--json", "export", "--once").stdout)[-1]["exported"]
+    assert exported > 1
+    assert trim("--limit", "1") == {"deleted": 1, "more": True}
+    assert trim("--all") == {"deleted": exported - 1, "more": False}
+    assert json.loads(cli(project, "--json", "runs", "list").stdout)["data"] != []  # run history is untouched
+
+    human = cli(project, "observations", "trim", "--older-than", "soon")
+    assert human.returncode == 1 and human.stderr.startswith("error[configuration_invalid]: --older-than 'soon'")

@@ -291,3 +291,6 @@ def test_the_sync_facade_prunes_and_scans_too():
         assert sync.runs.prune(older_than="1d") == PruneResult(pruned=1, next_cursor=None)
         assert sync.runs.get(run.id) is None
         assert sync.observations.checkpoint("nobody") is None
+        trimmed = sync.observations.trim(older_than="1d")
+        assert (trimmed.deleted, trimmed.more) == (4, False)
+        assert sync.observations.scan(limit=100).records == []

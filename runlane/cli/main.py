@@ -353,7 +353,7 @@ class _RootGroup(TyperGroup):
 
 def build_app() -> typer.Typer:
     """The root app with every built-in command group and every plugin's commands."""
-    from . import actions, dev, export, init, plugins, runs, signal, tick, trigger, work
+    from . import actions, dev, export, init, observations, plugins, runs, signal, tick, trigger, work
 
     root = typer.Typer(
         cls=_RootGroup,
@@ -368,6 +368,7 @@ def build_app() -> typer.Typer:
     root.add_typer(init.app, name="init")
     root.add_typer(runs.app, name="runs")
     root.add_typer(signal.app, name="signal")
+    root.add_typer(observations.app, name="observations")
     root.add_typer(plugins.app, name="plugins")
     # Single-command groups merge into the root: `runlane trigger`, not `runlane trigger trigger`.
     for module in (dev, work, tick, export, trigger, actions):

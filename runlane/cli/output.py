@@ -349,6 +349,15 @@ class Output:
             self.line(Text.assemble(("next cursor", "bold cyan"), f"  {result.next_cursor}"))
             self.line(Text("  pass it back with --cursor and the same --older-than and --status", style="dim"))
 
+    def trim_result(self, result: Any) -> None:
+        if self.json:
+            self.emit_json({"deleted": result.deleted, "more": result.more})
+            return
+        plural = "s" if result.deleted != 1 else ""
+        self.line(Text(f"✓ trimmed {result.deleted} observation record{plural}", style="bold green"))
+        if result.more:
+            self.line(Text("  older records remain: run it again, or pass --all", style="dim"))
+
     def signal_result(self, signal_key: str, runs: Sequence[Any]) -> None:
         if self.json:
             self.emit_json({"signal_key": signal_key, "resumed": [run.id for run in runs], "runs": list(runs)})

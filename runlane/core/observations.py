@@ -94,6 +94,7 @@ __all__ = [
     "ObservationExporterStats",
     "ObservationPage",
     "ObservationSink",
+    "ObservationTrimResult",
     "advance_observation_checkpoint",
     "event_observation_documents",
     "event_observation_values",
@@ -110,6 +111,7 @@ __all__ = [
     "stage_observation_documents",
     "stage_observations",
     "step_observation_value",
+    "trim_observation_records",
 ]
 
 _logger = logging.getLogger("runlane")
@@ -732,6 +734,87 @@ async def advance_observation_checkpoint(
             tx.replace(current, record)
 
     await driver.with_transaction(attempt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Retention
+
+
+@dataclass(frozen=True, slots=True)
+class ObservationTrimResult:
+    """What one ``trim`` call deleted; ``more`` when records it may delete remain (call it again)."""
+
+    deleted: int
+    more: bool
+
+
+async def trim_observation_records(
+    driver: StorageDriver,
+    environment: Environment | str,
+    *,
+    recorded_before: datetime,
+    consumers: Sequence[str] = (),
+    limit: int = 1000,
+) -> ObservationTrimResult:
+    """Delete the oldest observation records of ``environment``, in stream order, while they were
+    recorded before ``recorded_before`` and every consumer of ``consumers`` has checkpointed past them;
+    at most ``limit`` records, in bounded transactions. The stream head is kept, so positions never
+    repeat. A consumer without a checkpoint keeps everything: records it has not exported are never
+    deleted for it. Consumers not named are not consulted: a record they have not exported yet may go.
+    """
+    env = environment_key(_environment(environment))
+    names = [_consumer(name) for name in consumers]
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise RunlaneError(ErrorCode.VALIDATION_FAILED, f"limit must be a positive integer, got {limit!r}.")
+    if not _is_utc(recorded_before):
+        raise RunlaneError(ErrorCode.VALIDATION_FAILED, "recorded_before must be an aware datetime.")
+    keep_from: int | None = None  # the first position a named consumer has not exported
+    if names:
+        found = await driver.get([StorageRecordKey(OBSERVATION_CHECKPOINTS_COLLECTION, env, name) for name in names])
+        keep_from = min(_checkpoint_position(record, env)[1] for record in found) + 1
+    limits = driver.profile.limits
+    batch = max(1, min(limits.max_query_results, limits.max_point_reads, limits.max_transaction_records))
+    deleted = 0
+    while deleted < limit:
+        upper = None if keep_from is None else encode_storage_tuple([encode_storage_unsigned_integer(keep_from)])
+        page = await driver.query(
+            StorageQuery(
+                StorageIndexName.OBSERVATION_STREAM, (env,), StorageRange(lt=upper), limit=min(batch, limit - deleted)
+            )
+        )
+        keys = [ref.key for ref in page.items if ref.key.collection == _LAYOUT.record_collection]
+        if not keys:
+            return ObservationTrimResult(deleted, more=False)
+
+        async def body(tx: StorageTransaction, keys: list[StorageRecordKey] = keys) -> tuple[int, bool]:
+            doomed: list[StorageRecord] = []
+            reached = False  # a record recorded at or after the cutoff: everything after it is newer
+            for record in await tx.get(keys):
+                if record is None:
+                    continue  # another trim deleted it
+                if _recorded_at(record, env) >= recorded_before:
+                    reached = True
+                    break
+                doomed.append(record)
+            await tx.now()
+            for record in doomed:
+                tx.delete(record)
+            return len(doomed), reached
+
+        removed, reached = await driver.with_transaction(body)
+        deleted += removed
+        if reached:
+            return ObservationTrimResult(deleted, more=False)
+        if not removed:  # the index still lists records another trim deleted: leave them to a later call
+            return ObservationTrimResult(deleted, more=True)
+    return ObservationTrimResult(deleted, more=True)
+
+
+def _recorded_at(record: StorageRecord, env: str) -> datetime:
+    try:
+        return datetime.fromisoformat(record.document.value["recorded_at"])
+    except (KeyError, TypeError, ValueError):
+        raise _invariant(f"Observation record {record.key!r} of {env!r} has no valid recorded_at.") from None
 
 
 # ---------------------------------------------------------------------------------------------

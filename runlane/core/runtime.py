@@ -121,9 +121,11 @@ from .observations import (
     ObservationExporter,
     ObservationPage,
     ObservationSink,
+    ObservationTrimResult,
     get_observation_checkpoint,
     observation_for_step,
     scan_observation_records,
+    trim_observation_records,
 )
 from .pruning import PruneResult, RunPruner, resolve_prune_request
 from .schedules import ScheduleMaterializer
@@ -2098,6 +2100,37 @@ class ObservationsApi:
         runtime._check_open()
         await runtime._ready()
         return await get_observation_checkpoint(runtime._store.driver, runtime._environment, consumer)
+
+    async def trim(
+        self,
+        *,
+        older_than: Duration | timedelta | datetime,
+        consumers: Sequence[str] = (),
+        limit: int | None = None,
+    ) -> ObservationTrimResult:
+        """Delete observation records recorded before ``older_than`` (a duration before now, such as
+        ``"7d"``, or an aware ``datetime``), oldest first, at most ``limit`` (1,000 by default) per call;
+        call again while ``more``. Records a consumer named in ``consumers`` has not exported yet are
+        kept. Run history is not touched (``runs.prune`` is its retention): this is the stream's.
+        """
+        runtime = self._runtime
+        runtime._check_open()
+        if isinstance(older_than, datetime):
+            if older_than.tzinfo is None:
+                raise RunlaneError(ErrorCode.VALIDATION_FAILED, "older_than must be an aware datetime or a duration.")
+            cutoff = older_than
+        else:
+            cutoff = runtime.now() - timedelta(milliseconds=duration_ms(older_than, "older_than"))
+        if isinstance(consumers, str):
+            consumers = [consumers]
+        await runtime._ready()
+        return await trim_observation_records(
+            runtime._store.driver,
+            runtime._environment,
+            recorded_before=cutoff,
+            consumers=list(consumers),
+            limit=1000 if limit is None else limit,
+        )
 
 
 class _ReadyStorage:

@@ -23,7 +23,7 @@ from ..models import Environment, Page, RunAttemptSummary, RunEventRecord, RunRe
 if TYPE_CHECKING:
     from .authoring import QueueDefinition, TaskDefinition
     from .lanes import Lane
-    from .observations import ObservationPage
+    from .observations import ObservationPage, ObservationTrimResult
     from .pruning import PruneResult
     from .runtime import ExecuteDeliveryResult, Registry, Runlane, TickResult, TriggerRunResult
     from .worker import WorkerHandle
@@ -262,3 +262,6 @@ class SyncObservations:
 
     def checkpoint(self, consumer: str) -> str | None:
         return self._facade.call(self._facade._runtime.observations.checkpoint, consumer)
+
+    def trim(self, **options: Any) -> ObservationTrimResult:
+        return self._facade.call(self._facade._runtime.observations.trim, **options)

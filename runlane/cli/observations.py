@@ -1,0 +1,68 @@
+"""``runlane observations trim``: retention for the durable observation stream (``runlane.observations.trim``).
+
+``runs.prune`` deletes old run history but keeps the observation records, so exporters can catch up
+after it; this command is their retention. Records an exporter of ``runlane.toml`` has not exported yet
+are always kept, and so are those of every ``--consumer`` named.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any
+
+import typer
+
+from ..core.observations import ObservationTrimResult
+from ..durations import duration_ms
+from .main import OperationParams, guard, load_cli_config, operation, run_operation
+from .options import parse_cutoff
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Manage the durable observation stream.", no_args_is_help=True)
+
+
+class ObservationTrimParams(OperationParams):
+    older_than: str
+    consumers: list[str] = []
+    limit: int | None = None
+    all_pages: bool = False
+
+
+@operation("observations trim", ObservationTrimParams, lambda output, params, result: output.trim_result(result))
+async def _trim(runtime: Any, params: ObservationTrimParams) -> Any:
+    older_than = parse_cutoff(params.older_than)
+    if isinstance(older_than, str):  # one cutoff for every call
+        older_than = runtime.now() - timedelta(milliseconds=duration_ms(older_than, "--older-than"))
+    deleted = 0
+    while True:
+        result = await runtime.observations.trim(older_than=older_than, consumers=params.consumers, limit=params.limit)
+        deleted += result.deleted
+        if not params.all_pages or not result.more:
+            return ObservationTrimResult(deleted=deleted, more=result.more)
+
+
+@app.command("trim")
+def trim(
+    ctx: typer.Context,
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="A duration (7d) or ISO 8601 cutoff.", metavar="DURATION_OR_ISO")
+    ],
+    consumer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--consumer", help="Also keep what this consumer has not exported (repeat for more).", metavar="C"
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Records to delete per call (default 1000).", metavar="N")
+    ] = None,
+    all_pages: Annotated[bool, typer.Option("--all", help="Call again until nothing old is left.")] = False,
+) -> None:
+    """Delete observation records recorded before a cutoff that every exporter has exported."""
+    guard(ctx, lambda: parse_cutoff(older_than))  # a bad cutoff fails before any runtime is loaded
+    configured = guard(ctx, lambda: [entry.consumer for entry in load_cli_config(ctx).exporters])
+    consumers = list(dict.fromkeys([*configured, *(consumer or [])]))
+    run_operation(
+        ctx, "observations trim", older_than=older_than, consumers=consumers, limit=limit, all_pages=all_pages
+    )
