@@ -791,6 +791,8 @@ class _Attempt:
     def check_cancellation_soon(self) -> None:
         """Read the run to see whether cancellation was requested, unless that was done within the last
         second (from any thread). A read, not a heartbeat: it may come on every commit of other processes."""
+        if self._finished or self.cancel_observed or self._cancellation_check_deferred:
+            return  # read off the loop: at worst one call too many, and busy lanes send many hints
         with contextlib.suppress(RuntimeError):  # the attempt's loop has closed: nothing left to check
             self.loop.call_soon_threadsafe(self._check_cancellation)
 
