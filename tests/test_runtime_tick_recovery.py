@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import fields
 from datetime import timedelta
 
@@ -159,6 +160,32 @@ async def test_the_attempt_deadline_aborts_the_signal_and_times_out():
         assert done.failure.message == "Task timed out."
         claimed = (await runtime.runs.events(run.id, types=["run.lease_claimed"])).data[0].event
         assert claimed.attempt_deadline_at == claimed.occurred_at + timedelta(milliseconds=5)
+
+
+async def test_an_async_handler_that_ignores_its_deadline_is_cancelled_after_the_grace(monkeypatch, caplog):
+    from runlane.core import attempt
+
+    monkeypatch.setattr(attempt, "TIMEOUT_GRACE_S", 0.05)
+    steps: list[str] = []
+
+    @task("ignores.deadline", retry=Retry(2, backoff="1m"))
+    async def ignores(payload: dict) -> str:
+        try:
+            await asyncio.Event().wait()  # a hung call with no timeout of its own, blind to ctx.signal
+        finally:
+            steps.append("cleanup ran")
+        return "never"
+
+    runtime, _ = make_runtime(ignores)
+    caplog.set_level(logging.WARNING, logger="runlane")
+    async with runtime:
+        await runtime.trigger(ignores, {})
+        done = await asyncio.wait_for(runtime.execute_next(max_attempt_duration="5ms"), 5)
+        assert done.status is RunStatus.RETRYING and done.failure.code is ErrorCode.TASK_TIMED_OUT
+        assert steps == ["cleanup ran"]
+        [logged] = [record for record in caplog.records if record.name == "runlane.task"]
+        assert "failed with task_timed_out (Task timed out.)" in logged.getMessage()
+        assert logged.exc_info is None  # the cancellation is the runtime's own doing, not the handler's error
 
 
 async def test_finishing_past_the_deadline_on_the_runtime_clock_times_out():

@@ -106,6 +106,9 @@ REASON_LEASE_LOST = "lease_lost"
 REASON_HEARTBEAT_FAILED = "heartbeat_failed"
 # How often an attempt reads its run when a driver's hints say only that another process committed.
 _CANCELLATION_CHECK_S = 1.0
+#: How long an ``async def`` handler may go on after its attempt deadline aborted ``ctx.signal`` before
+#: it is cancelled: time for a cooperative handler to return and for cleanup on the signal.
+TIMEOUT_GRACE_S = 1.0
 
 # Persisted failures carry task-facing text, never the raw exception message (it may hold secrets).
 _TASK_FACING_MESSAGES: dict[ErrorCode, str] = {
@@ -216,6 +219,11 @@ class CancellationRegistry:
 
 # ---------------------------------------------------------------------------------------------
 # Outcome events (pure functions of the stored run and the transaction time)
+
+
+def timed_out_failure() -> RunFailure:
+    """The failure of an attempt that passed its ``max_attempt_duration`` deadline."""
+    return RunFailure(code=ErrorCode.TASK_TIMED_OUT, message="Task timed out.", retryable=True)
 
 
 def failure_from_exception(error: BaseException) -> RunFailure:
@@ -694,6 +702,8 @@ class _Attempt:
         "_cancellation_checked_at",
         "_cancellation_check",
         "_cancellation_check_deferred",
+        "_handler_task",
+        "_handler_cancelled",
     )
 
     def __init__(self, runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions) -> None:
@@ -724,6 +734,8 @@ class _Attempt:
         self._cancellation_checked_at = -_CANCELLATION_CHECK_S
         self._cancellation_check: asyncio.Task[None] | None = None  # held so the task is not collected
         self._cancellation_check_deferred = False
+        self._handler_task: asyncio.Future[Any] | None = None  # an async def handler's, to cancel at its deadline
+        self._handler_cancelled = False
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -746,6 +758,16 @@ class _Attempt:
             return
         self.timed_out = True
         self.controller.abort(REASON_ATTEMPT_TIMED_OUT)
+        # An async def handler still running a moment later is cancelled at the await it is stuck in,
+        # so the attempt ends and frees its slot; a def handler's thread cannot be interrupted.
+        self._deadline_handle = self.loop.call_later(TIMEOUT_GRACE_S, self._cancel_handler)
+
+    def _cancel_handler(self) -> None:
+        self._deadline_handle = None
+        task = self._handler_task
+        if task is not None and not task.done() and not self._finished:
+            self._handler_cancelled = True
+            task.cancel(f"The attempt of run {self.run_id} passed its max_attempt_duration deadline.")
 
     def start_timers(self) -> None:
         loop = self.loop
@@ -930,7 +952,8 @@ class _Attempt:
             args = ()
         try:
             if definition.is_async:
-                result = await definition.handler(*args)
+                self._handler_task = asyncio.ensure_future(definition.handler(*args))
+                result = await self._handler_task
             else:
                 context = contextvars.copy_context()
                 result = await self.loop.run_in_executor(
@@ -942,6 +965,8 @@ class _Attempt:
             current = asyncio.current_task()
             if current is None or current.cancelling():
                 raise  # this attempt's task is being cancelled: not the handler's outcome to record
+            if self._handler_cancelled:  # cancelled here, past its deadline: the timeout is the outcome
+                return _Outcome(_FAILURE, failure=timed_out_failure())
             # The handler let a cancellation of something it awaited escape: a failure of this
             # attempt, not a reason to stop the worker and leave the run running until its lease expires.
             return _Outcome(_FAILURE, failure=failure_from_exception(error), error=error)
@@ -981,7 +1006,7 @@ class _Attempt:
                 ]
             deadline = run.attempt_deadline_at
             if timed_out_flag or (deadline is not None and at >= deadline):
-                failure = RunFailure(code=ErrorCode.TASK_TIMED_OUT, message="Task timed out.", retryable=True)
+                failure = timed_out_failure()
                 return failure_outcome_events(run, at, failure, retry, actor, allow_retry=True)
             if kind == _SUCCESS:
                 attempt = run.counters.attempts

@@ -112,6 +112,7 @@ from .attempt import (
     ExecutionOptions,
     execute_claimed_run,
     failure_outcome_events,
+    timed_out_failure,
 )
 from .authoring import QueueDefinition, ScheduleDefinition, TaskDefinition, parse_idempotency_key_ttl
 from ..storage.batching import Batcher
@@ -1702,7 +1703,7 @@ class Runlane:
                 available = get_run_attempt_timeout_finalization_available_at(run)
                 if available is None or available > at or available > now:
                     return []
-                failure = RunFailure(code=ErrorCode.TASK_TIMED_OUT, message="Task timed out.", retryable=True)
+                failure = timed_out_failure()
                 definition = tasks.get(run.task_id)
                 return failure_outcome_events(
                     run, at, failure, None if definition is None else definition.retry, _SYSTEM_ACTOR, allow_retry=True
