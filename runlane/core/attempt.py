@@ -952,8 +952,11 @@ class _Attempt:
             args = ()
         try:
             if definition.is_async:
-                self._handler_task = asyncio.ensure_future(definition.handler(*args))
-                result = await self._handler_task
+                if self.run.attempt_deadline_at is None:
+                    result = await definition.handler(*args)
+                else:  # its own task, so the deadline can cancel it (see _cancel_handler)
+                    self._handler_task = asyncio.ensure_future(definition.handler(*args))
+                    result = await self._handler_task
             else:
                 context = contextvars.copy_context()
                 result = await self.loop.run_in_executor(
