@@ -115,6 +115,31 @@ def test_init_config_with_runtime_and_path(tmp_path: Path) -> None:
     assert loaded.lane is None
 
 
+def test_init_config_with_a_runtime_leaves_the_environment_to_it(tmp_path: Path) -> None:
+    write(
+        tmp_path / "app_runtime_env.py",
+        """
+        from runlane import create_runlane, queue, task
+        from runlane_local import sqlite_lane
+
+        default = queue("default", default=True)
+
+
+        @task("hello")
+        def hello(payload: dict) -> dict:
+            return payload
+
+
+        def make():
+            return create_runlane(lane=sqlite_lane("app.db"), queues=[default], tasks=[hello], environment="prod")
+        """,
+    )
+    assert cli(tmp_path, "init", "config", "--runtime", "app_runtime_env:make").returncode == 0
+    triggered = cli(tmp_path, "--json", "trigger", "hello", "{}")
+    assert triggered.returncode == 0, triggered.stderr  # no environment written to contradict the runtime's
+    assert json.loads(triggered.stdout)["run"]["environment"] == {"name": "prod"}
+
+
 def test_init_config_rejects_conflicting_or_malformed_targets(tmp_path: Path) -> None:
     both = cli(tmp_path, "--json", "init", "config", "--runtime", "app.runtime:make", "--tasks", "app.tasks")
     assert both.returncode == 1

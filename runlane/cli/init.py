@@ -34,9 +34,15 @@ def render_config(*, tasks: list[str], runtime: str | None, lane: str) -> str:
         "",
         "[runlane]",
         "# Durable namespace for runs, schedules, idempotency and singleton keys.",
-        'environment = "development"',
-        "",
     ]
+    if runtime is not None:
+        lines += [
+            "# Your runtime sets its own (create_runlane(environment=...)); one written here must match it.",
+            '# environment = "development"',
+            "",
+        ]
+    else:
+        lines += ['environment = "development"', ""]
     if runtime is not None:
         lines += [
             "# Your own runtime: a Runlane object or a factory (sync or async) returning one.",
