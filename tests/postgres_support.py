@@ -56,3 +56,26 @@ def stop_postgres_server() -> None:
         server, _server = _server, None
     if server is not None:
         server.stop()
+
+
+def migrated_schema(url: str, prefix: str) -> str:
+    """A fresh schema named ``<prefix>_<random>`` with the migration applied in the database of ``url``."""
+    import asyncio
+    import uuid
+
+    from runlane_postgres import apply_postgres_migrations
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    asyncio.run(apply_postgres_migrations(url, schema=schema))
+    return schema
+
+
+def restartable_postgres_server(prefix: str) -> tuple[PostgresTestServer, str]:
+    """The session's managed server and a freshly migrated schema in it, for a test that stops or
+    restarts the server; the test is skipped when an external database is configured instead."""
+    import pytest
+
+    server = postgres_server()
+    if server is None:
+        pytest.skip("RUNLANE_POSTGRES_TEST_DATABASE_URL is set: the tests cannot stop or restart that server")
+    return server, migrated_schema(server.url, prefix)

@@ -7,11 +7,9 @@ SQLite the worker noticing another connection's commit and reading its running r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +38,10 @@ def test_cancel_from_another_process_reaches_the_running_attempt_at_once(
 ) -> None:
     root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
     if lane == "postgres":
-        from runlane_postgres import apply_postgres_migrations
+        from postgres_support import migrated_schema
 
         url = request.getfixturevalue("postgres_url")
-        schema = f"cancel_{uuid.uuid4().hex[:10]}"
-        asyncio.run(apply_postgres_migrations(url, schema=schema))
+        schema = migrated_schema(url, "cancel")
         write(root / "runlane.toml", f'[runlane]\ntasks = ["app.tasks"]\n\n[lane]\nuse = "postgres-polling"\n'
                                      f'connection_string = "{url}"\nschema = "{schema}"\n')  # fmt: skip
     log = tmp_path / "work.log"

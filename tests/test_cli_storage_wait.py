@@ -6,16 +6,13 @@ and the session's throwaway server, stopped before the worker starts and started
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import socket
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cli_support import RUNLANE, cli, cli_env, make_project, run_json_until, wait_for, write
 
 TASKS = """
@@ -62,14 +59,9 @@ def test_long_running_commands_wait_for_storage_and_one_shot_commands_fail_fast(
 
 
 def test_a_worker_started_before_postgres_runs_once_it_is_up(tmp_path: Path) -> None:
-    from postgres_support import postgres_server
-    from runlane_postgres import apply_postgres_migrations
+    from postgres_support import restartable_postgres_server
 
-    server = postgres_server()
-    if server is None:
-        pytest.skip("RUNLANE_POSTGRES_TEST_DATABASE_URL is set: the tests cannot stop that server")
-    schema = f"wait_{uuid.uuid4().hex[:10]}"
-    asyncio.run(apply_postgres_migrations(server.url, schema=schema))
+    server, schema = restartable_postgres_server("wait")
     root = postgres_project(tmp_path / "project", f"{server.url}?schema={schema}")
     log = tmp_path / "work.log"
     server.stop_server(mode="fast")

@@ -233,15 +233,9 @@ def test_kill_9_of_a_worker_mid_attempt_loses_no_run_and_records_no_outcome_twic
 
 
 def test_a_postgres_restart_during_a_worker_loop_is_survived(tmp_path: Path) -> None:
-    from postgres_support import postgres_server
+    from postgres_support import restartable_postgres_server
 
-    server = postgres_server()
-    if server is None:
-        pytest.skip("RUNLANE_POSTGRES_TEST_DATABASE_URL is set: the tests cannot restart that server")
-    from runlane_postgres import apply_postgres_migrations
-
-    schema = f"restart_{uuid.uuid4().hex[:10]}"
-    asyncio.run(apply_postgres_migrations(server.url, schema=schema))
+    server, schema = restartable_postgres_server("restart")
     lane = DurableLane(f"postgres:{server.url}?schema={schema}", "postgres")
     workers = Workers(lane, tmp_path / "attempts.log")
     try:
