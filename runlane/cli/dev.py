@@ -28,6 +28,7 @@ from .options import (
     ConcurrencyOption,
     DeliveryRequestLimit,
     EmptyPollDelayOption,
+    HealthFileOption,
     MaxRunsOption,
     OutboxClaimLimit,
     QueuesOption,
@@ -66,6 +67,7 @@ def dev(
     reload: bool = typer.Option(
         False, "--reload", help="Restart when a *.py file under the config's directory or the config changes."
     ),
+    health_file: HealthFileOption = None,
 ) -> None:
     """Run a worker and the maintenance loop for local development."""
     output = state_of(ctx).output
@@ -142,7 +144,7 @@ def dev(
                     if bridge is not None:
                         await bridge.close()
 
-    with_runtime(ctx, body, wait_for_storage=not once)
+    with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
 
 
 def _reload(ctx: typer.Context, once: bool) -> None:

@@ -25,6 +25,7 @@ from .main import (
     state_of,
     with_runtime,
 )
+from .options import HealthFileOption
 from .output import Output, forward_runtime_logs
 from .work import StopOnSignals
 
@@ -37,6 +38,7 @@ app = typer.Typer()
 def export(
     ctx: typer.Context,
     once: bool = typer.Option(False, "--once", help="Export what is pending, once per exporter, then exit."),
+    health_file: HealthFileOption = None,
 ) -> None:
     """Move observation records to the configured [[exporters]] until stopped (or once with --once)."""
     output = state_of(ctx).output
@@ -79,7 +81,7 @@ def export(
                 controller.abort("runlane export is stopping")
                 await stop_exporters(tasks)
 
-    with_runtime(ctx, body, wait_for_storage=not once)
+    with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
 
 
 async def export_pending(runtime: Any, output: Output, configured: ConfiguredExporter) -> None:

@@ -9,6 +9,8 @@ and plugin command registration. Commands live one group per module; rendering l
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -203,15 +205,67 @@ def invoke(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
 
 
 def with_runtime(
-    ctx: typer.Context, body: Callable[[Runlane], Awaitable[T]], *, wait_for_storage: bool = False
+    ctx: typer.Context,
+    body: Callable[[Runlane], Awaitable[T]],
+    *,
+    wait_for_storage: bool = False,
+    health_file: Path | None = None,
 ) -> T:
-    """``invoke`` a body that needs a started runtime (see ``open_runtime`` for ``wait_for_storage``)."""
+    """``invoke`` a body that needs a started runtime (see ``open_runtime`` for ``wait_for_storage``),
+    touching ``health_file`` while the body runs (see ``touching``)."""
 
     async def main() -> T:
-        async with open_runtime(ctx, wait_for_storage=wait_for_storage) as runtime:
+        async with open_runtime(ctx, wait_for_storage=wait_for_storage) as runtime, touching(health_file):
             return await body(runtime)
 
     return invoke(ctx, main)
+
+
+HEALTH_FILE_INTERVAL_S = 2.0
+
+
+@asynccontextmanager
+async def touching(path: Path | None) -> AsyncIterator[None]:
+    """Touch ``path`` now and every ``HEALTH_FILE_INTERVAL_S`` until the block ends, then remove it.
+
+    For liveness and readiness probes: the file appears once the runtime has started (storage
+    answered), and it stays fresh only while this process's event loop runs, so a process whose loop
+    is blocked or wedged lets it go stale. A file that cannot be written at the start is
+    ``configuration_invalid``; a later failure to touch it only lets it go stale.
+    """
+    if path is None:
+        yield
+        return
+    try:
+        _touch(path)
+    except OSError as error:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Cannot write the health file {path}: {error.strerror or error}. Pick a writable path.",
+            meta={"path": str(path)},
+        ) from None
+
+    async def keep_touching() -> None:
+        while True:
+            await asyncio.sleep(HEALTH_FILE_INTERVAL_S)
+            with contextlib.suppress(OSError):
+                _touch(path)
+
+    toucher = asyncio.ensure_future(keep_touching())
+    try:
+        yield
+    finally:
+        toucher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await toucher
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _touch(path: Path) -> None:
+    with open(path, "a", encoding="utf-8"):
+        pass
+    os.utime(path)
 
 
 class OperationParams(BaseModel):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -64,6 +65,15 @@ HeartbeatIntervalOption = Annotated[
 ]
 WorkerIdOption = Annotated[
     str | None, typer.Option("--worker-id", help="Worker identity recorded on leases (diagnostics).", metavar="ID")
+]
+HealthFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--health-file",
+        help="Touch this file every 2 s while running (for liveness probes); removed on exit.",
+        metavar="PATH",
+        dir_okay=False,
+    ),
 ]
 
 ScheduleMaterializationLimit = Annotated[

@@ -21,6 +21,7 @@ from .output import Output, forward_runtime_logs
 from .options import (
     CancellationFinalizationLimit,
     DeliveryRequestLimit,
+    HealthFileOption,
     OutboxClaimLimit,
     ScheduleMaterializationLimit,
     TickLimits,
@@ -89,6 +90,7 @@ def tick(
     cancellation_finalization_limit: CancellationFinalizationLimit = None,
     timeout_finalization_limit: TimeoutFinalizationLimit = None,
     outbox_claim_limit: OutboxClaimLimit = None,
+    health_file: HealthFileOption = None,
 ) -> None:
     """Run one maintenance pass: schedules, recovery, cancellations, timeouts, outbox.
 
@@ -126,4 +128,4 @@ def tick(
             passes = await tick_until_stopped(runtime, output, limits, interval_s, stop.stopping)
         output.record("tick_loop_stopped", f"maintenance stopped passes={passes}", passes=passes)
 
-    with_runtime(ctx, body, wait_for_storage=every is not None)
+    with_runtime(ctx, body, wait_for_storage=every is not None, health_file=health_file)

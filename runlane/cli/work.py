@@ -20,6 +20,7 @@ from .main import state_of, with_runtime
 from .options import (
     ConcurrencyOption,
     EmptyPollDelayOption,
+    HealthFileOption,
     HeartbeatIntervalOption,
     LeaseDurationOption,
     MaxRunsOption,
@@ -138,6 +139,7 @@ def work(
     lease_duration: LeaseDurationOption = None,
     heartbeat_interval: HeartbeatIntervalOption = None,
     worker_id: WorkerIdOption = None,
+    health_file: HealthFileOption = None,
 ) -> None:
     """Run a storage-polling worker (until stopped), or drain due work with --drain."""
     output = state_of(ctx).output
@@ -162,4 +164,4 @@ def work(
                 worker_id=worker_id,
             )
 
-    with_runtime(ctx, body, wait_for_storage=not drain)
+    with_runtime(ctx, body, wait_for_storage=not drain, health_file=health_file)
