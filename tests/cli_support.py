@@ -131,6 +131,45 @@ def wait_for(check: Callable[[], T | None], *, timeout: float = 20.0, what: str 
         time.sleep(0.05)
 
 
+class Background:
+    """A ``runlane --json ...`` process started by ``background()``; its NDJSON output is read from a log."""
+
+    def __init__(self, process: subprocess.Popen[str], log: Path) -> None:
+        self.process = process
+        self.log = log
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+
+    def first(self, kind: str) -> dict[str, Any] | None:
+        """The first record of type ``kind`` so far (``None`` before it is printed)."""
+        return next((record for record in self.records() if record.get("type") == kind), None)
+
+    def wait_for(self, kind: str, *, timeout: float = 30) -> dict[str, Any]:
+        return wait_for(lambda: self.first(kind), timeout=timeout, what=f"a {kind} record in {self.log}")
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, then its exit status."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+
+@contextmanager
+def background(cwd: Path, *args: str, log: Path) -> Iterator[Background]:
+    """``runlane --json ARGS`` in ``cwd``, its stdout and stderr in ``log``; killed on exit if still running."""
+    assert RUNLANE is not None, "the runlane console script is not installed; run pip install -e ."
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [RUNLANE, "--json", *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True, env=cli_env()
+        )
+    try:
+        yield Background(process, log)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
 class Project:
     """A project directory whose ``runlane`` invocations share ``tmpdir`` as ``TMPDIR``."""
 

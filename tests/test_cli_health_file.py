@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
 from pathlib import Path
 
-from cli_support import RUNLANE, cli, cli_env, make_project, wait_for
+from cli_support import background, cli, make_project, wait_for
 
 TASKS = """
 from runlane import queue, task
@@ -25,24 +22,14 @@ def noop(payload: dict) -> None:
 def test_a_worker_keeps_its_health_file_fresh_and_removes_it_when_it_stops(tmp_path: Path) -> None:
     root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
     health = tmp_path / "alive"
-    log = tmp_path / "work.log"
-    assert RUNLANE is not None
-    with log.open("w") as out:
-        worker = subprocess.Popen([RUNLANE, "--json", "work", "--health-file", str(health)], cwd=root, stdout=out,
-                                  stderr=subprocess.STDOUT, text=True, env=cli_env())  # fmt: skip
-    try:
+    with background(root, "work", "--health-file", str(health), log=tmp_path / "work.log") as worker:
         wait_for(lambda: health.exists(), timeout=30, what="the health file")
         first = health.stat().st_mtime_ns
         os.utime(health, ns=(first - 60_000_000_000, first - 60_000_000_000))  # as a probe would find it, stale
         wait_for(lambda: health.stat().st_mtime_ns > first, timeout=10, what="the health file to be touched again")
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(timeout=10)
-    assert not health.exists()
-    assert [json.loads(line)["type"] for line in log.read_text().splitlines()][-1] == "worker_stopped"
+        assert worker.stop() == 0
+        assert not health.exists()
+        assert worker.records()[-1]["type"] == "worker_stopped"
 
 
 def test_a_health_file_that_cannot_be_written_is_refused_before_work_starts(tmp_path: Path) -> None:

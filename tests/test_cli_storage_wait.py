@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 from pathlib import Path
-from typing import Any
 
-from cli_support import RUNLANE, cli, cli_env, make_project, run_json_until, wait_for, write
+from cli_support import background, cli, make_project, run_json_until, write
 
 TASKS = """
 from runlane import queue, task
@@ -63,35 +61,20 @@ def test_a_worker_started_before_postgres_runs_once_it_is_up(tmp_path: Path) -> 
 
     server, schema = restartable_postgres_server("wait")
     root = postgres_project(tmp_path / "project", f"{server.url}?schema={schema}")
-    log = tmp_path / "work.log"
     server.stop_server(mode="fast")
-    assert RUNLANE is not None
-    with log.open("w") as out:
-        worker = subprocess.Popen([RUNLANE, "--json", "work"], cwd=root, stdout=out, stderr=subprocess.STDOUT,
-                                  text=True, env=cli_env())  # fmt: skip
-
-    def records() -> list[dict[str, Any]]:
-        return [json.loads(line) for line in log.read_text().splitlines()]
-
-    def seen(kind: str) -> dict[str, Any] | None:
-        return next((r for r in records() if r.get("type") == kind), None)
-
     try:
-        wait_for(lambda: seen("storage_waiting"), timeout=30, what="the worker to report it is waiting")
-        server.start_server()
-        wait_for(lambda: seen("worker_started"), timeout=60, what="the worker to start once Postgres is up")
-        triggered = cli(root, "--json", "trigger", "ping", "{}")
-        assert triggered.returncode == 0, triggered.stderr
-        run_id = json.loads(triggered.stdout)["run"]["id"]
-        executed = wait_for(lambda: seen("run"), timeout=30, what="the run to execute")
-        assert executed["run"]["id"] == run_id and executed["run"]["status"] == "succeeded"
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0
+        with background(root, "work", log=tmp_path / "work.log") as worker:
+            worker.wait_for("storage_waiting")
+            server.start_server()
+            worker.wait_for("worker_started", timeout=60)
+            triggered = cli(root, "--json", "trigger", "ping", "{}")
+            assert triggered.returncode == 0, triggered.stderr
+            run_id = json.loads(triggered.stdout)["run"]["id"]
+            executed = worker.wait_for("run")
+            assert executed["run"]["id"] == run_id and executed["run"]["status"] == "succeeded"
+            assert worker.stop() == 0
+            kinds = [record.get("type") for record in worker.records()]
     finally:
         if not server.running:
             server.start_server()
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(timeout=10)
-    kinds = [r.get("type") for r in records()]
     assert kinds[:3] == ["storage_waiting", "storage_available", "worker_started"], kinds
