@@ -5,13 +5,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
 
 from ..core.pruning import PruneResult
-from ..durations import duration_ms
 from ..models import Actor
 from ..vocabulary import ActorType, RunStatus
 from .main import OperationParams, guard, operation, run_operation
@@ -71,10 +69,7 @@ class PruneParams(OperationParams):
 
 @operation("prune", PruneParams, lambda output, params, result: output.prune_result(result))
 async def _prune(runtime: Any, params: PruneParams) -> Any:
-    older_than = parse_cutoff(params.older_than)
-    if params.all_pages and isinstance(older_than, str):
-        # One cutoff for every page: a duration would otherwise move with the clock between calls.
-        older_than = runtime.now() - timedelta(milliseconds=duration_ms(older_than, "--older-than"))
+    older_than = parse_cutoff(params.older_than)  # each cursor keeps the cutoff of the first page
     pruned = 0
     cursor = params.cursor
     while True:

@@ -7,13 +7,12 @@ are always kept, and so are those of every ``--consumer`` named.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
 
 from ..core.observations import ObservationTrimResult
-from ..durations import duration_ms
+from ..core.pruning import resolve_older_than
 from .main import OperationParams, guard, load_cli_config, operation, run_operation
 from .options import parse_cutoff
 
@@ -31,9 +30,7 @@ class ObservationTrimParams(OperationParams):
 
 @operation("observations trim", ObservationTrimParams, lambda output, params, result: output.trim_result(result))
 async def _trim(runtime: Any, params: ObservationTrimParams) -> Any:
-    older_than = parse_cutoff(params.older_than)
-    if isinstance(older_than, str):  # one cutoff for every call
-        older_than = runtime.now() - timedelta(milliseconds=duration_ms(older_than, "--older-than"))
+    older_than = resolve_older_than(parse_cutoff(params.older_than), runtime.now())  # one cutoff for every call
     deleted = 0
     while True:
         result = await runtime.observations.trim(older_than=older_than, consumers=params.consumers, limit=params.limit)

@@ -77,6 +77,7 @@ __all__ = [
     "RunTombstone",
     "decode_run_tombstone",
     "prune_cursor_scope",
+    "resolve_older_than",
     "resolve_prune_request",
     "run_tombstone_record",
 ]
@@ -370,6 +371,31 @@ def _peek_cursor_scope(cursor: object) -> _CursorScope:
     return _CursorScope(environment, cutoff, values)
 
 
+def _older_than(older_than: object) -> tuple[datetime | None, timedelta | None]:
+    """``(explicit cutoff, None)`` for an aware datetime, ``(None, duration)`` for a duration."""
+    if isinstance(older_than, datetime):
+        return _aware(older_than, "older_than"), None
+    if isinstance(older_than, (str, timedelta)):
+        return None, timedelta(milliseconds=duration_ms(older_than, "older_than", code=ErrorCode.VALIDATION_FAILED))
+    raise _invalid(
+        f"older_than must be a duration such as '30d', a timedelta or an aware datetime, got {older_than!r}.",
+        field="older_than",
+    )
+
+
+def resolve_older_than(older_than: str | timedelta | datetime, now: datetime) -> datetime:
+    """The cutoff an ``older_than`` names at ``now``: an aware datetime as it is (in UTC), or ``now``
+    minus a duration (``"30d"`` or a ``timedelta``); anything else is ``validation_failed``."""
+    explicit, duration = _older_than(older_than)
+    if explicit is not None:
+        return explicit
+    assert duration is not None
+    try:
+        return _aware(now, "now") - duration
+    except OverflowError:
+        raise _invalid(f"older_than {older_than!r} reaches before year 1.", field="older_than") from None
+
+
 def resolve_prune_request(
     *,
     older_than: str | timedelta | datetime,
@@ -392,25 +418,9 @@ def resolve_prune_request(
     current = _aware(now, "now")
     chosen = _statuses(statuses)
     wanted = _limit(limit)
-    explicit: datetime | None = None
-    duration: timedelta | None = None
-    if isinstance(older_than, datetime):
-        explicit = _aware(older_than, "older_than")
-    elif isinstance(older_than, (str, timedelta)):
-        duration = timedelta(milliseconds=duration_ms(older_than, "older_than", code=ErrorCode.VALIDATION_FAILED))
-    else:
-        raise _invalid(
-            f"older_than must be a duration such as '30d', a timedelta or an aware datetime, got {older_than!r}.",
-            field="older_than",
-        )
+    explicit = _older_than(older_than)[0]  # validated here, before the cursor is read
     if cursor is None:
-        if explicit is not None:
-            return explicit, chosen, wanted
-        assert duration is not None
-        try:
-            return current - duration, chosen, wanted
-        except OverflowError:
-            raise _invalid(f"older_than {older_than!r} reaches before year 1.", field="older_than") from None
+        return resolve_older_than(older_than, current), chosen, wanted
 
     scope = _peek_cursor_scope(cursor)
     if environment is not None:
@@ -429,14 +439,9 @@ def resolve_prune_request(
                 "older_than instead of a new date."
             )
         return scope.cutoff, chosen, wanted
-    assert duration is not None
     # The frozen cutoff wins over the duration; it can only be at or before ``now - duration`` for a
     # cursor this duration issued earlier, so a later one means another scope or a tampered cursor.
-    try:
-        allowed = current - duration
-    except OverflowError:
-        raise _invalid(f"older_than {older_than!r} reaches before year 1.", field="older_than") from None
-    if scope.cutoff > allowed:
+    if scope.cutoff > resolve_older_than(older_than, current):
         raise _bad_cursor(
             f"This prune cursor is frozen at cutoff {encode_iso_date(scope.cutoff)}, later than older_than allows now; "
             "continue with the same older_than, or restart without a cursor."

@@ -128,7 +128,7 @@ from .observations import (
     scan_observation_records,
     trim_observation_records,
 )
-from .pruning import PruneResult, RunPruner, resolve_prune_request
+from .pruning import PruneResult, RunPruner, resolve_older_than, resolve_prune_request
 from .schedules import ScheduleMaterializer
 from .transport import PublishWakeupsCommand, WakeupPublishAttempt, parse_publish_wakeups_result
 from .store import (
@@ -2116,12 +2116,7 @@ class ObservationsApi:
         """
         runtime = self._runtime
         runtime._check_open()
-        if isinstance(older_than, datetime):
-            if older_than.tzinfo is None:
-                raise RunlaneError(ErrorCode.VALIDATION_FAILED, "older_than must be an aware datetime or a duration.")
-            cutoff = older_than
-        else:
-            cutoff = runtime.now() - timedelta(milliseconds=duration_ms(older_than, "older_than"))
+        cutoff = resolve_older_than(older_than, runtime.now())
         if isinstance(consumers, str):
             consumers = [consumers]
         await runtime._ready()
