@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,44 +154,58 @@ _MAX_RETRY_S = 10.0
 async def _start_when_storage_answers(runtime: Runlane, output: Output) -> None:
     """``runtime.start()``, retried with backoff while it fails retryably; a SIGINT/SIGTERM meanwhile
     ends the command with status 0, as it would once started. A non-retryable failure raises at once."""
-    delay = _FIRST_RETRY_S
-    waiting = False
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed = []
     try:
+        await runtime.start()
+        return
+    except RunlaneError as error:
+        if not error.retryable:
+            raise
+        first = error
+    stop = asyncio.Event()
+    delay = _FIRST_RETRY_S
+    with on_stop_signals(lambda signum: stop.set()):
+        # Said once the signals are ours, so whoever reads it may stop us at once.
+        output.record(
+            "storage_waiting",
+            f"waiting for storage: {first.message} Retrying until it answers (Ctrl-C to give up).",
+            error=first.to_json(),
+        )
         while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            if stop.is_set():
+                output.record("stopped", "stopped before storage answered")
+                raise typer.Exit(0)
+            delay = min(delay * 2, _MAX_RETRY_S)
             try:
                 await runtime.start()
                 break
             except RunlaneError as error:
                 if not error.retryable:
                     raise
-                if not waiting:
-                    waiting = True
-                    for signum in (signal.SIGINT, signal.SIGTERM):
-                        try:
-                            loop.add_signal_handler(signum, stop.set)
-                        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals
-                            continue
-                        installed.append(signum)
-                    output.record(
-                        "storage_waiting",
-                        f"waiting for storage: {error.message} Retrying until it answers (Ctrl-C to give up).",
-                        error=error.to_json(),
-                    )
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=delay)
-            except TimeoutError:
-                delay = min(delay * 2, _MAX_RETRY_S)
-                continue
-            output.record("stopped", "stopped before storage answered")
-            raise typer.Exit(0)
+    output.record("storage_available", "storage answered; starting")
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def on_stop_signals(handler: Callable[[signal.Signals], object]) -> Iterator[None]:
+    """Call ``handler(signum)`` on the running loop for SIGINT/SIGTERM while the block runs, where the
+    loop can take signals (the main thread, on a platform with them); the previous handling after."""
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for signum in STOP_SIGNALS:
+        try:
+            loop.add_signal_handler(signum, handler, signum)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals: nothing to stop us
+            continue
+        installed.append(signum)
+    try:
+        yield
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
-    if waiting:
-        output.record("storage_available", "storage answered; starting")
 
 
 def invoke(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:

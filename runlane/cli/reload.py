@@ -30,12 +30,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from .main import STOP_SIGNALS
 from .output import Output
 
 __all__ = ["Reloader", "watched_files"]
 
 _SKIPPED_DIRECTORIES = frozenset({"__pycache__", "node_modules", "site-packages"})
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -95,7 +95,7 @@ class Reloader:
 
     def run(self) -> int:
         """Until SIGINT/SIGTERM: the child's exit status then (0 when no child was running)."""
-        previous = {signum: signal.signal(signum, self._on_signal) for signum in _STOP_SIGNALS}
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
         try:
             files = self._snapshot()
             self.output.record(

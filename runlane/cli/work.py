@@ -16,7 +16,7 @@ import typer
 
 from ..errors import ErrorCode, RunlaneError
 from ..vocabulary import WorkerMode
-from .main import state_of, with_runtime
+from .main import on_stop_signals, state_of, with_runtime
 from .options import (
     ConcurrencyOption,
     EmptyPollDelayOption,
@@ -33,9 +33,6 @@ __all__ = ["StopOnSignals", "app", "run_worker"]
 
 app = typer.Typer()
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 class StopOnSignals:
     """Turns the first SIGINT/SIGTERM into ``stopping`` (an event) and the second into an immediate exit."""
 
@@ -44,22 +41,14 @@ class StopOnSignals:
         self.finishing = finishing  # what a first signal lets finish, for the stopping line
         self.stopping = asyncio.Event()
         self._received = 0
-        self._installed: list[signal.Signals] = []
+        self._handlers = on_stop_signals(self._on_signal)
 
     def __enter__(self) -> StopOnSignals:
-        loop = asyncio.get_running_loop()
-        for signum in _STOP_SIGNALS:
-            try:
-                loop.add_signal_handler(signum, self._on_signal, signum)
-            except (NotImplementedError, RuntimeError):  # not the main thread, or no signal support
-                continue
-            self._installed.append(signum)
+        self._handlers.__enter__()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        loop = asyncio.get_running_loop()
-        for signum in self._installed:
-            loop.remove_signal_handler(signum)
+        self._handlers.__exit__(None, None, None)
 
     def _on_signal(self, signum: signal.Signals) -> None:
         self._received += 1
