@@ -14,7 +14,7 @@ from .core.authoring import (
     task,
 )
 from .core.cancellation import CancellationController, CancellationSignal, link_signals
-from .core.lanes import Lane, LaneCapabilities, LaneDelivery, TransportAdapter, create_lane
+from .core.lanes import Lane, LaneCapabilities, LaneDelivery, TransportAdapter, TransportCapabilities, create_lane
 from .core.observations import (
     ConsoleObservationSink,
     ObservationExporter,
@@ -130,7 +130,7 @@ __all__ = [
     "ExecuteDeliveryResult", "Lane", "LaneCapabilities", "LaneDelivery", "ObservationExporter", "ObservationPage",
     "ObservationSink", "ObservationTrimResult", "PruneResult", "QueueDefinition", "Retry", "RetryPolicy", "Runlane",
     "ScheduleDefinition", "StepRunner", "SyncRunlane", "SyncWorkerHandle", "TaskContext", "TaskDefinition",
-    "TaskRelease", "TickResult", "TransportAdapter", "TriggerRunResult", "WorkerHandle", "create_lane",
+    "TaskRelease", "TickResult", "TransportAdapter", "TransportCapabilities", "TriggerRunResult", "WorkerHandle", "create_lane",
     "create_runlane", "link_signals", "queue", "schedule", "task", "DeliveryIntent", "DeliveryMessage", "Duration", "DurationUnit", "Environment",
     "ErrorCode", "ExecuteDeliveryIgnoredReason", "ExecuteDeliveryStatus", "LaneDeliveryMode", "OutboxClaim",
     "OutboxFailureRecord", "OutboxMessage", "OutboxMessageStatus", "Page", "PaginationCursorKind",

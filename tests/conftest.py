@@ -24,6 +24,21 @@ def postgres_url() -> Iterator[str]:
         stop_postgres_server()
 
 
+@pytest.fixture(scope="session")
+def sqs_server() -> Iterator[object]:
+    """An SQS-compatible server (moto's server mode) on a loopback port for the session.
+
+    Tests create queues with unique names, so they never see each other's messages.
+    """
+    from runlane_sqs.testing import SqsTestServer
+
+    server = SqsTestServer()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Also covers a server started through postgres_support without the fixture.
     support = sys.modules.get("postgres_support")

@@ -128,7 +128,7 @@ def test_hook_register_transports():
     pm.register(Plugin(), name="test-transports")
     try:
         registries = get_registries()
-        assert registries.transports.names() == ["test-transport"]
+        assert registries.transports.names() == ["sqs", "test-transport"]
         assert registries.transports.get("test-transport").plugin == "test-transports"
     finally:
         pm.unregister(name="test-transports")
@@ -282,10 +282,11 @@ def test_unknown_first_party_lane_says_what_to_install():
     assert raised.value.meta["installed"] == ["local"]
 
 
-def test_a_lane_no_distribution_provides_yet_is_not_promised_by_an_install_hint():
-    with pytest.raises(RunlaneError) as raised:
-        get_registries().lanes.get("postgres-sqs")
-    assert "Install" not in raised.value.message
+def test_first_party_plugins_provide_their_lanes_and_transport():
+    registries = get_registries()
+    assert {"local", "sqlite", "postgres-polling", "postgres-sqs"} <= set(registries.lanes.names())
+    assert registries.lanes.get("postgres-sqs").plugin == "sqs"
+    assert registries.transports.get("sqs").plugin == "sqs"
 
 
 def test_misspelt_option_key_names_key_table_and_plugin():

@@ -19,7 +19,7 @@ from ..errors import ErrorCode, RunlaneError
 from ..storage import StorageDriver, StorageDurability, StorageProfile, supports_operator_reads
 from ..vocabulary import LaneDeliveryMode
 
-__all__ = ["Lane", "LaneCapabilities", "LaneDelivery", "TransportAdapter", "create_lane"]
+__all__ = ["Lane", "LaneCapabilities", "LaneDelivery", "TransportAdapter", "TransportCapabilities", "create_lane"]
 
 _STORAGE_METHODS = ("get", "query", "with_transaction")
 _DELIVERY_FORMS = (
@@ -28,12 +28,29 @@ _DELIVERY_FORMS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class TransportCapabilities:
+    """What a transport's provider promises about the wakeups it accepted.
+
+    ``durable_delivery``: accepted wakeups survive the adapter's process until delivered or redriven.
+    ``message_grouping``: wakeups are grouped for provider FIFO semantics. ``native_delay``: the
+    provider can hold future wakeups (Runlane keeps due times in storage either way).
+    ``ordered_delivery``: provider order is kept for the configured queue set.
+    """
+
+    durable_delivery: bool = False
+    message_grouping: bool = False
+    native_delay: bool = False
+    ordered_delivery: bool = False
+
+
 @runtime_checkable
 class TransportAdapter(Protocol):
     """Publishes wakeups for claimed outbox rows; never owns durable run state.
 
     Optional hooks, called by the lane when present (plain or ``async``): ``start()`` and ``close()``.
-    A transport may also expose ``queues`` (its provider bindings) for the runtime to check.
+    A transport may also expose ``queues`` (the queue definitions or names it binds; the runtime
+    checks them against its registry) and ``capabilities`` (a ``TransportCapabilities``).
     """
 
     name: str

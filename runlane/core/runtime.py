@@ -2215,6 +2215,7 @@ def create_runlane(
             default_queue = item
     if not queue_map:
         raise _invalid("create_runlane() needs at least one queue: queues=[queue('default', default=True)].", field="queues")
+    _check_transport_bindings(lane, queue_map)
 
     task_map: dict[str, TaskDefinition] = {}
     if isinstance(tasks, Mapping):
@@ -2339,6 +2340,42 @@ def _check_registered_queue(queues: Mapping[str, QueueDefinition], queue: QueueD
             "use one queue(...) object everywhere.",
             field="queues",
             queue=queue.name,
+        )
+
+
+def _check_transport_bindings(lane: Lane, queues: Mapping[str, QueueDefinition]) -> None:
+    """A transport that exposes ``queues`` (its provider bindings) binds exactly the registered queues.
+
+    A binding is a ``QueueDefinition`` (checked for policy drift like a task's queue) or a queue name.
+    Every registered queue needs one, or its wakeups would have nowhere to go.
+    """
+    transport = lane.delivery.transport
+    bound = getattr(transport, "queues", None) if transport is not None else None
+    if bound is None:
+        return
+    owner = f"Transport {transport.name!r}"  # type: ignore[union-attr]
+    names: set[str] = set()
+    for binding in bound:
+        if isinstance(binding, QueueDefinition):
+            _check_registered_queue(queues, binding, f"{owner} binding")
+            names.add(binding.name)
+        elif isinstance(binding, str) and binding in queues:
+            names.add(binding)
+        else:
+            raise _invalid(
+                f"{owner} binds queue {binding!r}, which is not registered; "
+                "add it to create_runlane(queues=...) or remove the binding.",
+                field="queues",
+                queue=str(binding),
+            )
+    missing = [name for name in queues if name not in names]
+    if missing:
+        raise _invalid(
+            f"{owner} has no binding for queue{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(repr(name) for name in missing)}; its wakeups would have nowhere to go. "
+            "Bind every registered queue.",
+            field="queues",
+            queues=missing,
         )
 
 

@@ -103,6 +103,8 @@ _FIRST_PARTY_HINTS: dict[tuple[str, str], str] = {
     ("lane", "local"): "runlane-local",
     ("lane", "sqlite"): "runlane-local",
     ("lane", "postgres-polling"): "runlane-postgres",
+    ("lane", "postgres-sqs"): "runlane-sqs",
+    ("transport", "sqs"): "runlane-sqs",
     ("storage driver", "local"): "runlane-local",
     ("storage driver", "sqlite"): "runlane-local",
     ("storage driver", "postgres"): "runlane-postgres",

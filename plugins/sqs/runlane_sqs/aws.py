@@ -1,0 +1,168 @@
+"""Calling an SQS client from the event loop, and turning what it raises into ``RunlaneError``.
+
+A client is a boto3 SQS client (``boto3.client("sqs")``), whose calls block and so run in a worker
+thread, or any object with the same methods; methods defined ``async def`` (aiobotocore) are awaited
+directly. Errors are classified by what the caller can do about them:
+
+- a throttle, a 5xx answer or a network failure is ``retryable``: the provider may answer later;
+- a queue that does not exist, missing credentials or region: ``configuration_invalid``;
+- any other refusal (access denied, an invalid parameter): not retryable.
+
+Raw provider text stays out of public messages; the provider's code, HTTP status and request id go
+in ``meta``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+from runlane.errors import ErrorCode, RunlaneError
+
+__all__ = ["call_sqs", "classify_provider_error", "client_error_details", "is_retryable_provider_code"]
+
+_RETRYABLE_CODES = frozenset(
+    {
+        "AWS.SimpleQueueService.RequestThrottled",
+        "InternalError",
+        "InternalFailure",
+        "KmsThrottled",
+        "RequestThrottled",
+        "RequestTimeout",
+        "ServiceUnavailable",
+        "Throttling",
+        "ThrottlingException",
+    }
+)
+_MISSING_QUEUE_CODES = frozenset(
+    {"AWS.SimpleQueueService.NonExistentQueue", "NonExistentQueue", "QueueDoesNotExist"}
+)
+# botocore's failures to reach the endpoint at all; matched by class name so this module needs no botocore.
+_CONNECTION_ERRORS = frozenset(
+    {
+        "ConnectionClosedError",
+        "ConnectTimeoutError",
+        "EndpointConnectionError",
+        "HTTPClientError",
+        "ProxyConnectionError",
+        "ReadTimeoutError",
+    }
+)
+_SETUP_ERRORS = frozenset({"NoCredentialsError", "NoRegionError", "PartialCredentialsError"})
+
+
+def is_retryable_provider_code(code: str | None, status: int | None = None) -> bool:
+    """Whether a provider error code (or HTTP status) means "try again later"."""
+    return code in _RETRYABLE_CODES or (status is not None and (status >= 500 or status == 429))
+
+
+async def call_sqs(client: Any, operation: str, /, **params: Any) -> Any:
+    """``client.<operation>(**params)`` without blocking the event loop."""
+    method = getattr(client, operation, None)
+    if not callable(method):
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The SQS client {type(client).__name__} has no {operation}() method; pass boto3.client('sqs').",
+            meta={"operation": operation},
+        )
+    if inspect.iscoroutinefunction(method):
+        return await method(**params)
+    result = await asyncio.to_thread(method, **params)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def client_error_details(error: BaseException) -> tuple[str | None, int | None, str | None]:
+    """``(code, http_status, request_id)`` of a botocore ``ClientError``; all ``None`` otherwise."""
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return None, None, None
+    details = response.get("Error") or {}
+    metadata = response.get("ResponseMetadata") or {}
+    code = details.get("Code") if isinstance(details, dict) else None
+    status = metadata.get("HTTPStatusCode") if isinstance(metadata, dict) else None
+    request_id = metadata.get("RequestId") if isinstance(metadata, dict) else None
+    return (
+        code if isinstance(code, str) else None,
+        status if isinstance(status, int) else None,
+        request_id if isinstance(request_id, str) else None,
+    )
+
+
+def classify_provider_error(
+    error: BaseException,
+    *,
+    operation: str,
+    queue_url: str | None = None,
+    refused: ErrorCode = ErrorCode.TRANSPORT_PUBLISH_FAILED,
+    unavailable: ErrorCode = ErrorCode.TRANSPORT_UNAVAILABLE,
+) -> RunlaneError:
+    """The ``RunlaneError`` for ``error`` raised by the SQS ``operation`` (on ``queue_url``)."""
+    if isinstance(error, RunlaneError):
+        return error
+    kind = type(error).__name__
+    where = f" on {queue_url}" if queue_url else ""
+    meta: dict[str, Any] = {"operation": operation, "provider_error": kind}
+    if queue_url is not None:
+        meta["queue_url"] = queue_url
+    code, status, request_id = client_error_details(error)
+    if code is not None or status is not None:
+        meta.update({"provider_code": code, "http_status": status, "request_id": request_id})
+        meta = {key: value for key, value in meta.items() if value is not None}
+        if code in _MISSING_QUEUE_CODES:
+            return RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"SQS {operation}{where}: the queue does not exist. Check the queue URL or name of the binding "
+                "(and the region and account it is resolved in).",
+                meta=meta,
+                cause=error,
+            )
+        if is_retryable_provider_code(code, status):
+            return RunlaneError(
+                unavailable,
+                f"SQS {operation}{where} failed with {code or f'HTTP {status}'}; the provider is throttling or "
+                "unavailable, so the call will be retried.",
+                retryable=True,
+                meta=meta,
+                cause=error,
+            )
+        return RunlaneError(
+            refused,
+            f"SQS refused {operation}{where} with {code or f'HTTP {status}'}. Check the queue's permissions and "
+            "settings (for a FIFO queue without content-based deduplication, use deduplication='outbox').",
+            retryable=False,
+            meta=meta,
+            cause=error,
+        )
+    if kind in _SETUP_ERRORS:
+        return RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"SQS {operation}{where}: the client has no {'region' if kind == 'NoRegionError' else 'credentials'}. "
+            "Configure them the AWS way (AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or a role).",
+            meta=meta,
+            cause=error,
+        )
+    if kind in _CONNECTION_ERRORS or isinstance(error, (OSError, asyncio.TimeoutError)):
+        return RunlaneError(
+            unavailable,
+            f"SQS {operation}{where}: the endpoint could not be reached ({kind}); the call will be retried.",
+            retryable=True,
+            meta=meta,
+            cause=error,
+        )
+    if any(base.__name__ == "BotoCoreError" for base in type(error).__mro__):
+        return RunlaneError(
+            unavailable,
+            f"SQS {operation}{where} failed in the client ({kind}); the call will be retried.",
+            retryable=True,
+            meta=meta,
+            cause=error,
+        )
+    return RunlaneError(
+        ErrorCode.INTERNAL_ERROR,
+        f"SQS {operation}{where} raised {kind}: {error}",
+        meta=meta,
+        cause=error,
+    )

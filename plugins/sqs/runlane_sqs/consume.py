@@ -1,0 +1,148 @@
+"""What ``runlane sqs consume`` runs: one ``SqsDeliveryConsumer`` per bound SQS queue, supervised.
+
+Each executed run prints the same line as ``runlane work``; an ignored (stale) wakeup and a message
+left unacknowledged print a line of their own. A consumer that loses SQS for a retryable reason
+(network, throttling, a 5xx) is started again after a backoff; any other failure (a queue that does
+not exist, access denied) stops the command with that error. The first SIGINT/SIGTERM stops receiving
+and lets the deliveries in flight finish; a second one exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from runlane.cli.output import Output, forward_runtime_logs
+from runlane.cli.work import StopOnSignals
+from runlane.errors import ErrorCode, RunlaneError
+from runlane.vocabulary import ExecuteDeliveryStatus
+
+from .consumer import create_sqs_delivery_consumer
+from .delivery import SqsDeliveryFailure
+from .transport import SqsTransport
+
+__all__ = ["consume_wakeups"]
+
+
+async def consume_wakeups(
+    runtime: Any,
+    output: Output,
+    *,
+    queues: list[str],
+    delivery_options: dict[str, Any],
+    max_number_of_messages: int,
+    wait_time_seconds: int,
+    visibility_timeout_seconds: int | None,
+    restart_delay: tuple[float, float],
+) -> int:
+    """Consume until stopped; returns the number of runs executed."""
+    transport = runtime.lane.delivery.transport
+    if not isinstance(transport, SqsTransport):
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The configured lane {runtime.lane.name!r} publishes no SQS wakeups; `runlane sqs consume` needs a "
+            "postgres-sqs lane. For a polling lane, run `runlane work`.",
+            meta={"lane": runtime.lane.name},
+        )
+    # Bad durations or worker ids fail here, once, rather than on every message.
+    runtime.execution_options(
+        delivery_options.get("lease_duration"), delivery_options.get("heartbeat_interval"), None, None,
+        delivery_options.get("worker_id"),
+    )
+    by_url: dict[str, list[str]] = {}
+    fifo: dict[str, bool] = {}
+    for name in dict.fromkeys(queues or [binding.queue_name for binding in transport.bindings]):
+        binding = transport.binding(name)
+        url = await transport.queue_url(name)
+        by_url.setdefault(url, []).append(name)
+        fifo[url] = binding.is_fifo
+
+    executed = 0
+
+    async def execute(message: Any, **options: Any) -> Any:
+        nonlocal executed
+        result = await runtime.execute_delivery(message, **options)
+        if result.status is ExecuteDeliveryStatus.EXECUTED and result.run is not None:
+            executed += 1
+            output.run_executed(result.run)
+        else:
+            reason = result.reason.value if result.reason is not None else "unknown"
+            output.record(
+                "delivery_ignored",
+                f"wakeup ignored run={message.run_id} queue={message.queue} reason={reason}",
+                run_id=message.run_id,
+                queue=message.queue,
+                reason=reason,
+            )
+        return result
+
+    def on_failure(failure: SqsDeliveryFailure) -> None:
+        cause = failure.cause
+        code = cause.code.value if isinstance(cause, RunlaneError) else type(cause).__name__
+        text = cause.message if isinstance(cause, RunlaneError) else str(cause)
+        output.record(
+            "delivery_failed",
+            f"message {failure.provider_message_id} left on the queue phase={failure.phase.value} error={code}: {text}",
+            message_id=failure.provider_message_id,
+            phase=failure.phase.value,
+            error_code=code,
+            queue_url=failure.queue_url,
+        )
+
+    async def supervise(url: str, stopping: asyncio.Event) -> None:
+        delay, max_delay = restart_delay
+        while not stopping.is_set():
+            consumer = create_sqs_delivery_consumer(
+                client=transport.client,
+                queue_url=url,
+                execute_delivery=execute,
+                delivery_options=delivery_options,
+                fifo=fifo[url],
+                max_number_of_messages=max_number_of_messages,
+                wait_time_seconds=wait_time_seconds,
+                visibility_timeout_seconds=visibility_timeout_seconds,
+                on_delivery_failure=on_failure,
+            )
+            await consumer.start()
+            output.record(
+                "consumer_started",
+                f"consumer started queues={','.join(by_url[url])} url={url}",
+                queues=by_url[url],
+                queue_url=url,
+            )
+            stop_requested = asyncio.ensure_future(stopping.wait())
+            try:
+                await asyncio.wait([consumer.closed, stop_requested], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop_requested.cancel()
+                if consumer.running:
+                    await consumer.stop()
+            error = consumer.closed.exception()
+            if error is None:
+                return
+            if not (isinstance(error, RunlaneError) and error.retryable):
+                raise error
+            output.record(
+                "consumer_failed",
+                f"consumer of {url} lost SQS ({error.code.value}): {error.message} Restarting in {delay:g}s.",
+                queue_url=url,
+                error_code=error.code.value,
+                retry_in_seconds=delay,
+            )
+            try:
+                await asyncio.wait_for(stopping.wait(), delay)
+            except TimeoutError:
+                delay = min(delay * 2, max_delay)
+
+    with StopOnSignals(output, "current deliveries") as stop, forward_runtime_logs(output):
+        tasks = [asyncio.ensure_future(supervise(url, stop.stopping)) for url in by_url]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # the first consumer that failed for good stops the command with its error
+        finally:
+            for task in tasks:
+                task.cancel()  # each supervisor stops its consumer on the way out
+            await asyncio.gather(*tasks, return_exceptions=True)
+    output.record("consumer_stopped", f"consumer stopped runs={executed}", runs=executed)
+    return executed

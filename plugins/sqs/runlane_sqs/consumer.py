@@ -1,0 +1,402 @@
+"""``create_sqs_delivery_consumer()``: a long-running SQS receive loop for one queue URL.
+
+The loop long-polls ``ReceiveMessage``, parses each body as a Runlane wakeup, calls
+``execute_delivery(message, **delivery_options)`` and deletes (``DeleteMessageBatch``) exactly the
+messages whose delivery resolved. A message whose shape, body or delivery failed is left alone: the
+queue's visibility timeout and redrive policy deliver it again or move it to the dead-letter queue.
+It never scans storage; that is what a polling worker does.
+
+Messages of one receive are delivered concurrently on a standard queue. On a FIFO queue
+(``fifo=True``) they are delivered in order, and the first failure leaves the rest of the batch
+undelivered, so SQS keeps their order.
+
+``stop()`` (or the ``signal`` passed in) ends the loop: the receive in flight is abandoned at once
+(messages it still returns are made visible again), the signal every delivery got is aborted so
+cooperative task code can stop, and ``stop()`` returns when the deliveries in flight have resolved
+and their messages are deleted. A receive or delete call that fails as a whole, or an
+``on_delivery_failure`` that raises, ends the loop with that error: ``await consumer.closed`` raises
+it. A consumer is single-start; create a new one to receive again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from runlane.core.cancellation import CancellationSignal, link_signals
+from runlane.errors import ErrorCode, RunlaneError
+from runlane.models import DeliveryMessage
+
+from .aws import call_sqs, classify_provider_error
+from .bindings import FIFO_SUFFIX, invalid
+from .delivery import (
+    ExecuteDelivery,
+    FailureObserver,
+    SqsDeliveryFailure,
+    SqsDeliveryFailurePhase,
+    call,
+    check_callable,
+    check_delivery_options,
+)
+from .envelope import parse_sqs_wakeup_body
+from .transport import SQS_MAX_BATCH_SIZE, _check_client, check_count
+
+__all__ = ["SqsConsumerCounts", "SqsDeliveryConsumer", "create_sqs_delivery_consumer"]
+
+SQS_MAX_WAIT_TIME_SECONDS = 20
+SQS_MAX_VISIBILITY_TIMEOUT_SECONDS = 12 * 60 * 60
+
+
+@dataclass(slots=True)
+class SqsConsumerCounts:
+    """What a consumer has done so far."""
+
+    received: int = 0
+    delivered: int = 0
+    deleted: int = 0
+    failed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Received:
+    message_id: str | None
+    receipt_handle: str | None
+    body: object
+
+
+class SqsDeliveryConsumer:
+    """The receive loop of one SQS queue URL. Build it with ``create_sqs_delivery_consumer()``."""
+
+    def __init__(
+        self,
+        *,
+        client: Any,
+        queue_url: str,
+        execute_delivery: ExecuteDelivery,
+        delivery_options: dict[str, Any],
+        fifo: bool,
+        max_number_of_messages: int,
+        wait_time_seconds: int,
+        visibility_timeout_seconds: int | None,
+        signal: CancellationSignal | None,
+        on_delivery_failure: FailureObserver | None,
+    ) -> None:
+        self.client = client
+        self.queue_url = queue_url
+        self.execute_delivery = execute_delivery
+        self.fifo = fifo
+        self.max_number_of_messages = max_number_of_messages
+        self.wait_time_seconds = wait_time_seconds
+        self.visibility_timeout_seconds = visibility_timeout_seconds
+        self.on_delivery_failure = on_delivery_failure
+        self.counts = SqsConsumerCounts()
+        self._controller = link_signals(signal, delivery_options.get("signal"))
+        self._delivery_options = {**delivery_options, "signal": self._controller.signal}
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        state = "new" if self._task is None else ("closed" if self._task.done() else "running")
+        return f"SqsDeliveryConsumer(queue_url={self.queue_url!r}, {state})"
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def closed(self) -> asyncio.Task[None]:
+        """Awaitable that completes when the loop ends; it raises the error that ended it, if any."""
+        if self._task is None:
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "The SQS consumer has not been started; call start().")
+        return self._task
+
+    async def start(self) -> None:
+        """Start the receive loop (a no-op while it runs; a stopped consumer cannot start again)."""
+        if self._task is not None:
+            if self._task.done():
+                raise RunlaneError(
+                    ErrorCode.CONFIGURATION_INVALID,
+                    "This SQS consumer has stopped; create a new one with create_sqs_delivery_consumer().",
+                )
+            return
+        self._task = asyncio.create_task(self._run(), name=f"runlane-sqs-consumer {self.queue_url}")
+
+    async def stop(self) -> None:
+        """Stop receiving, abort the deliveries' signal and wait for the deliveries in flight."""
+        self._controller.abort("The SQS consumer is stopping.")
+        if self._task is not None:
+            await asyncio.wait([self._task])
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        signal = self._controller.signal
+        try:
+            while not signal.aborted:
+                received = await self._receive()
+                if not received:
+                    continue
+                if signal.aborted:
+                    await self._release(received)
+                    break
+                self.counts.received += len(received)
+                if self.fifo:
+                    handled = []
+                    for message in received:
+                        if not await self._deliver(message):
+                            break
+                        handled.append(message)
+                else:
+                    outcomes = await asyncio.gather(*(self._deliver(message) for message in received))
+                    handled = [message for message, ok in zip(received, outcomes) if ok]
+                await self._delete(handled)
+        finally:
+            self._controller.abort("The SQS consumer stopped.")
+
+    def _receive_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "QueueUrl": self.queue_url,
+            "MaxNumberOfMessages": self.max_number_of_messages,
+            "WaitTimeSeconds": self.wait_time_seconds,
+        }
+        if self.visibility_timeout_seconds is not None:
+            params["VisibilityTimeout"] = self.visibility_timeout_seconds
+        return params
+
+    async def _receive(self) -> list[_Received]:
+        """One long poll, abandoned as soon as the consumer stops."""
+        method = getattr(self.client, "receive_message")
+        signal = self._controller.signal
+        if inspect.iscoroutinefunction(method):
+            call_future: asyncio.Future[Any] = asyncio.ensure_future(method(**self._receive_params()))
+        else:
+            call_future = self._receive_in_thread(method)
+        stopped = asyncio.ensure_future(signal.wait())
+        try:
+            await asyncio.wait([call_future, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if not call_future.done():
+            call_future.cancel()  # a thread's receive releases what it gets once it returns
+            return []
+        try:
+            response = call_future.result()
+        except Exception as error:
+            raise classify_provider_error(
+                error, operation="ReceiveMessage", queue_url=self.queue_url, refused=ErrorCode.CONFIGURATION_INVALID
+            ) from None
+        messages = response.get("Messages") if isinstance(response, dict) else None
+        if not isinstance(messages, list):
+            return []
+        return [
+            _Received(
+                message_id=message.get("MessageId") if isinstance(message, dict) else None,
+                receipt_handle=message.get("ReceiptHandle") if isinstance(message, dict) else None,
+                body=message.get("Body") if isinstance(message, dict) else None,
+            )
+            for message in messages
+        ]
+
+    def _receive_in_thread(self, method: Any) -> asyncio.Future[Any]:
+        # A daemon thread, not the loop's executor: a long poll in flight must not hold up process exit.
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        params = self._receive_params()
+        signal = self._controller.signal
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        def work() -> None:
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = method(**params)
+            except BaseException as raised:  # handed to the loop, which classifies it
+                error = raised
+            if signal.aborted and error is None:
+                self._release_now(result)
+                result = {}
+            try:
+                loop.call_soon_threadsafe(settle, result, error)
+            except RuntimeError:
+                pass  # the loop is closed; the messages were released above
+
+        threading.Thread(target=work, name="runlane-sqs-receive", daemon=True).start()
+        return future
+
+    def _release_now(self, response: Any) -> None:
+        """Make the messages of an abandoned receive visible again (best effort, in the receive thread)."""
+        messages = response.get("Messages") if isinstance(response, dict) else None
+        entries = _visibility_entries(messages)
+        if not entries:
+            return
+        try:
+            self.client.change_message_visibility_batch(QueueUrl=self.queue_url, Entries=entries)
+        except Exception:
+            pass  # they become visible at the end of their visibility timeout instead
+
+    async def _release(self, received: list[_Received]) -> None:
+        entries = [
+            {"Id": str(index), "ReceiptHandle": message.receipt_handle, "VisibilityTimeout": 0}
+            for index, message in enumerate(received)
+            if message.receipt_handle
+        ]
+        if entries:
+            try:
+                await call_sqs(self.client, "change_message_visibility_batch", QueueUrl=self.queue_url, Entries=entries)
+            except Exception:
+                pass  # they become visible at the end of their visibility timeout instead
+
+    async def _deliver(self, received: _Received) -> bool:
+        """Deliver one message; ``True`` when its delivery resolved and it may be deleted."""
+        if not received.message_id or not received.receipt_handle or not isinstance(received.body, str):
+            error = RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                "SQS returned a message without MessageId, ReceiptHandle or a text Body.",
+            )
+            await self._failed(SqsDeliveryFailurePhase.MESSAGE, error, received.message_id)
+            return False
+        try:
+            message = parse_sqs_wakeup_body(received.body)
+        except RunlaneError as error:
+            await self._failed(SqsDeliveryFailurePhase.PARSE, error, received.message_id)
+            return False
+        try:
+            await call(self.execute_delivery, message, **self._delivery_options)
+        except Exception as error:
+            await self._failed(SqsDeliveryFailurePhase.EXECUTE, error, received.message_id, message)
+            return False
+        self.counts.delivered += 1
+        return True
+
+    async def _delete(self, handled: list[_Received]) -> None:
+        for start in range(0, len(handled), SQS_MAX_BATCH_SIZE):
+            chunk = handled[start : start + SQS_MAX_BATCH_SIZE]
+            entries = [{"Id": str(index), "ReceiptHandle": item.receipt_handle} for index, item in enumerate(chunk)]
+            try:
+                response = await call_sqs(
+                    self.client, "delete_message_batch", QueueUrl=self.queue_url, Entries=entries
+                )
+            except Exception as error:
+                raise classify_provider_error(
+                    error,
+                    operation="DeleteMessageBatch",
+                    queue_url=self.queue_url,
+                    refused=ErrorCode.CONFIGURATION_INVALID,
+                ) from None
+            failed = response.get("Failed") if isinstance(response, dict) else None
+            failed_ids = set()
+            for entry in failed if isinstance(failed, list) else []:
+                entry_id = entry.get("Id") if isinstance(entry, dict) else None
+                if not isinstance(entry_id, str) or not entry_id.isdigit() or int(entry_id) >= len(chunk):
+                    continue
+                failed_ids.add(entry_id)
+                code = entry.get("Code")
+                error = RunlaneError(
+                    ErrorCode.TRANSPORT_UNAVAILABLE,
+                    f"SQS did not delete a handled message ({code if isinstance(code, str) else 'no code'}); "
+                    "it will be delivered again and ignored as already handled.",
+                    retryable=True,
+                    meta={"provider_code": code} if isinstance(code, str) else {},
+                )
+                await self._failed(SqsDeliveryFailurePhase.DELETE, error, chunk[int(entry_id)].message_id)
+            self.counts.deleted += len(chunk) - len(failed_ids)
+
+    async def _failed(
+        self,
+        phase: SqsDeliveryFailurePhase,
+        cause: BaseException,
+        message_id: str | None,
+        message: DeliveryMessage | None = None,
+    ) -> None:
+        self.counts.failed += phase is not SqsDeliveryFailurePhase.DELETE
+        if self.on_delivery_failure is not None:
+            failure = SqsDeliveryFailure(
+                phase=phase,
+                cause=cause,
+                provider_message_id=message_id,
+                delivery_message=message,
+                queue_url=self.queue_url,
+            )
+            await call(self.on_delivery_failure, failure)
+
+
+def _visibility_entries(messages: object) -> list[dict[str, Any]]:
+    if not isinstance(messages, list):
+        return []
+    return [
+        {"Id": str(index), "ReceiptHandle": message["ReceiptHandle"], "VisibilityTimeout": 0}
+        for index, message in enumerate(messages)
+        if isinstance(message, dict) and isinstance(message.get("ReceiptHandle"), str)
+    ]
+
+
+def create_sqs_delivery_consumer(
+    *,
+    client: Any,
+    queue_url: str,
+    execute_delivery: ExecuteDelivery,
+    delivery_options: Mapping[str, Any] | None = None,
+    fifo: bool = False,
+    max_number_of_messages: int = SQS_MAX_BATCH_SIZE,
+    wait_time_seconds: int = SQS_MAX_WAIT_TIME_SECONDS,
+    visibility_timeout_seconds: int | None = None,
+    signal: CancellationSignal | None = None,
+    on_delivery_failure: FailureObserver | None = None,
+) -> SqsDeliveryConsumer:
+    """A consumer of the SQS queue at ``queue_url``; ``await consumer.start()`` to run it.
+
+    ``execute_delivery`` is normally ``runlane.execute_delivery``; ``delivery_options``
+    (``lease_duration``, ``heartbeat_interval``, ``max_attempt_duration``, ``signal``, ``worker_id``)
+    are passed to every delivery, with a signal that also aborts on ``stop()`` and on ``signal``.
+    ``fifo`` must be ``True`` exactly for a FIFO queue (its URL ends in ``.fifo``).
+    ``max_number_of_messages`` (1-10), ``wait_time_seconds`` (0-20) and ``visibility_timeout_seconds``
+    (0-43200; default: the queue's) shape each ``ReceiveMessage``; keep the visibility timeout longer
+    than a delivery takes.
+    """
+    _check_client(client, ("receive_message", "delete_message_batch"), "create_sqs_delivery_consumer()")
+    if not isinstance(queue_url, str) or not queue_url.startswith(("http://", "https://")):
+        raise invalid(f"queue_url must be an http(s) SQS queue URL, got {queue_url!r}.", field="queue_url")
+    check_callable(execute_delivery, "execute_delivery")
+    if on_delivery_failure is not None:
+        check_callable(on_delivery_failure, "on_delivery_failure")
+    if not isinstance(fifo, bool):
+        raise invalid(f"fifo must be True or False, got {fifo!r}.", field="fifo")
+    is_fifo_queue = queue_url.rstrip("/").endswith(FIFO_SUFFIX)
+    if fifo != is_fifo_queue:
+        raise invalid(
+            f"{queue_url!r} is a {'FIFO' if is_fifo_queue else 'standard'} queue; "
+            f"pass fifo={is_fifo_queue} so deliveries {'keep' if is_fifo_queue else 'do not wait on'} its order.",
+            field="fifo",
+        )
+    if signal is not None and not isinstance(signal, CancellationSignal):
+        raise invalid(f"signal must be a CancellationSignal, got {signal!r}.", field="signal")
+    options = check_delivery_options(delivery_options)
+    size = check_count(max_number_of_messages, "max_number_of_messages", 1, SQS_MAX_BATCH_SIZE)
+    wait = check_count(wait_time_seconds, "wait_time_seconds", 0, SQS_MAX_WAIT_TIME_SECONDS)
+    visibility = None
+    if visibility_timeout_seconds is not None:
+        visibility = check_count(
+            visibility_timeout_seconds, "visibility_timeout_seconds", 0, SQS_MAX_VISIBILITY_TIMEOUT_SECONDS
+        )
+    return SqsDeliveryConsumer(
+        client=client,
+        queue_url=queue_url,
+        execute_delivery=execute_delivery,
+        delivery_options=options,
+        fifo=fifo,
+        max_number_of_messages=size,
+        wait_time_seconds=wait,
+        visibility_timeout_seconds=visibility,
+        signal=signal,
+        on_delivery_failure=on_delivery_failure,
+    )

@@ -1,0 +1,160 @@
+"""``create_sqs_lambda_handler()``: an AWS Lambda handler for an SQS event source.
+
+It parses each record's body as a Runlane wakeup, calls ``execute_delivery(message, **delivery_options)``
+and answers with Lambda's partial batch failure shape, ``{"batchItemFailures": [{"itemIdentifier":
+message_id}, ...]}``, so only the records that were not handled are delivered again. Enable
+``ReportBatchItemFailures`` on the event source mapping, or Lambda ignores that answer.
+
+A record is acknowledged when its delivery resolves, whatever the run's outcome; a record whose body
+is not a wakeup, or whose delivery raised, is reported as failed. With ``fifo=True`` the handler stops
+at the first failure and reports it together with every later record, so SQS keeps their order.
+
+The Lambda runtime calls the handler synchronously; the handler keeps one event loop for the life of
+the execution environment, so a runtime (and its database pool) created on the first invocation is
+reused by the next ones. Inside a running event loop, ``await handler.handle(event)`` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from runlane.errors import ErrorCode, RunlaneError
+from runlane.models import DeliveryMessage
+
+from .bindings import invalid
+from .delivery import (
+    ExecuteDelivery,
+    FailureObserver,
+    SqsDeliveryFailure,
+    SqsDeliveryFailurePhase,
+    call,
+    check_callable,
+    check_delivery_options,
+)
+from .envelope import parse_sqs_wakeup_body
+
+__all__ = ["SqsLambdaHandler", "create_sqs_lambda_handler"]
+
+
+class SqsLambdaHandler:
+    """The handler ``create_sqs_lambda_handler()`` returns: ``handler(event, context)`` for Lambda,
+    ``await handler.handle(event)`` from async code."""
+
+    def __init__(
+        self,
+        *,
+        execute_delivery: ExecuteDelivery,
+        delivery_options: dict[str, Any],
+        fifo: bool,
+        on_delivery_failure: FailureObserver | None,
+    ) -> None:
+        self.execute_delivery = execute_delivery
+        self.delivery_options = delivery_options
+        self.fifo = fifo
+        self.on_delivery_failure = on_delivery_failure
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                "The SQS Lambda handler was called inside a running event loop; use `await handler.handle(event)`.",
+            )
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(self.handle(event))
+
+    async def handle(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        """Deliver every record of an SQS event; returns ``{"batchItemFailures": [...]}``."""
+        records = event.get("Records") if isinstance(event, Mapping) else None
+        if not isinstance(records, list):
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                "The Lambda event has no Records list; wire this handler to an SQS event source.",
+            )
+        failures: list[dict[str, str]] = []
+        for position, record in enumerate(records):
+            message_id = record.get("messageId") if isinstance(record, Mapping) else None
+            if not isinstance(message_id, str) or not message_id:
+                # Without its id the record cannot be reported on its own: fail the whole batch.
+                raise RunlaneError(
+                    ErrorCode.VALIDATION_FAILED,
+                    f"SQS record {position} has no messageId, so it cannot be reported as a batch item failure; "
+                    "the whole batch will be delivered again.",
+                    meta={"record": position},
+                )
+            if await self._handle_record(record, message_id):
+                continue
+            failures.append({"itemIdentifier": message_id})
+            if self.fifo:
+                for later in records[position + 1 :]:
+                    later_id = later.get("messageId") if isinstance(later, Mapping) else None
+                    if isinstance(later_id, str) and later_id:
+                        failures.append({"itemIdentifier": later_id})
+                break
+        return {"batchItemFailures": failures}
+
+    async def _handle_record(self, record: Mapping[str, Any], message_id: str) -> bool:
+        body = record.get("body")
+        if not isinstance(body, str):
+            error = RunlaneError(ErrorCode.VALIDATION_FAILED, f"SQS record {message_id} has no text body.")
+            await self._report(SqsDeliveryFailurePhase.MESSAGE, error, message_id)
+            return False
+        try:
+            message = parse_sqs_wakeup_body(body)
+        except RunlaneError as error:
+            await self._report(SqsDeliveryFailurePhase.PARSE, error, message_id)
+            return False
+        try:
+            await call(self.execute_delivery, message, **self.delivery_options)
+        except Exception as error:
+            await self._report(SqsDeliveryFailurePhase.EXECUTE, error, message_id, message)
+            return False
+        return True
+
+    async def _report(
+        self,
+        phase: SqsDeliveryFailurePhase,
+        cause: BaseException,
+        message_id: str,
+        message: DeliveryMessage | None = None,
+    ) -> None:
+        if self.on_delivery_failure is not None:
+            failure = SqsDeliveryFailure(
+                phase=phase, cause=cause, provider_message_id=message_id, delivery_message=message
+            )
+            await call(self.on_delivery_failure, failure)
+
+
+def create_sqs_lambda_handler(
+    *,
+    execute_delivery: ExecuteDelivery,
+    delivery_options: Mapping[str, Any] | None = None,
+    fifo: bool = False,
+    on_delivery_failure: FailureObserver | None = None,
+) -> SqsLambdaHandler:
+    """A Lambda handler for SQS records carrying Runlane wakeups.
+
+    ``execute_delivery`` is normally ``runlane.execute_delivery`` (it starts the runtime on first use);
+    ``delivery_options`` (``lease_duration``, ``heartbeat_interval``, ``max_attempt_duration``,
+    ``signal``, ``worker_id``) are passed to every call. ``fifo=True`` keeps FIFO order on failure.
+    ``on_delivery_failure(failure)`` sees each record before it is reported failed; if it raises,
+    the handler raises too.
+    """
+    check_callable(execute_delivery, "execute_delivery")
+    if on_delivery_failure is not None:
+        check_callable(on_delivery_failure, "on_delivery_failure")
+    if not isinstance(fifo, bool):
+        raise invalid(f"fifo must be True or False, got {fifo!r}.", field="fifo")
+    return SqsLambdaHandler(
+        execute_delivery=execute_delivery,
+        delivery_options=check_delivery_options(delivery_options),
+        fifo=fifo,
+        on_delivery_failure=on_delivery_failure,
+    )

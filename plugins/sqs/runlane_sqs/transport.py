@@ -1,0 +1,315 @@
+"""``sqs_transport()``: publishes Runlane wakeups to SQS, one message per claimed outbox row.
+
+Core claims outbox rows and hands them over as one ``PublishWakeupsCommand``. The transport groups
+the attempts by SQS queue, sends ``SendMessageBatch`` chunks of at most ``batch_size`` entries
+(concurrently, each in a worker thread for a blocking boto3 client) and answers with
+``outcomes[index]`` for ``command.attempts[index]``:
+
+- an entry SQS accepted is ``published`` (``provider_message_id`` is the SQS ``MessageId``);
+- an entry SQS rejected is ``failed`` with ``transport_publish_failed``, retryable unless SQS says
+  the sender is at fault; the provider's code and request id go in the failure's ``meta``;
+- a chunk whose call failed as a whole is ``failed`` with that call's error; when no chunk got through
+  at all, the call raises that error instead (``transport_unavailable`` for throttling, 5xx and
+  network failures, ``transport_publish_failed`` for refusals);
+- a queue name that does not resolve raises ``configuration_invalid``;
+- an answer whose entry ids do not match the request raises: its outcomes are not trustworthy.
+
+SQS delay is never used: storage decides when work is due. The transport owns no durable state and
+never reads storage; its client belongs to the caller, who closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from runlane.core.authoring import QueueDefinition
+from runlane.core.lanes import TransportCapabilities
+from runlane.core.transport import (
+    PublishWakeupsCommand,
+    PublishWakeupsResult,
+    WakeupPublishAttempt,
+    validate_publish_wakeups_command,
+)
+from runlane.errors import ErrorCode, RunlaneError
+from runlane.models import OutboxFailureRecord, WakeupPublishOutcome
+from runlane.vocabulary import WakeupPublishOutcomeType
+
+from .aws import call_sqs, classify_provider_error
+from .bindings import SqsFifoDeduplication, SqsFifoMessageGroup, SqsQueueBinding, SqsQueueSourceType, invalid
+from .envelope import encode_sqs_wakeup_body
+
+__all__ = ["SQS_MAX_BATCH_SIZE", "SqsTransport", "sqs_transport"]
+
+SQS_MAX_BATCH_SIZE = 10
+
+
+def _check_client(client: object, methods: Sequence[str], what: str) -> None:
+    missing = [method for method in methods if not callable(getattr(client, method, None))]
+    if client is None or missing:
+        raise invalid(
+            f"{what} needs an SQS client such as boto3.client('sqs'), got {client!r}"
+            + (f" (it has no {', '.join(missing)})." if client is not None else "."),
+            field="client",
+        )
+
+
+def check_count(value: object, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise invalid(f"{what} must be an integer from {low} to {high}, got {value!r}.", field=what)
+    return value
+
+
+def deduplication_id(outbox_message_id: str) -> str:
+    """A provider-safe ``MessageDeduplicationId`` for one outbox row (64 hex characters)."""
+    return hashlib.sha256(outbox_message_id.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    queue_url: str
+    binding: SqsQueueBinding
+    indexes: tuple[int, ...]
+
+
+class SqsTransport:
+    """A ``TransportAdapter`` over SQS. Build it with ``sqs_transport()``.
+
+    ``bindings`` are the ``sqs_queue()`` bindings; ``queues`` the bound queue definitions (or names),
+    which ``create_runlane()`` checks against its registry; ``capabilities`` what SQS promises.
+    """
+
+    def __init__(self, *, client: Any, bindings: tuple[SqsQueueBinding, ...], batch_size: int, name: str) -> None:
+        self.name = name
+        self.client = client
+        self.bindings = bindings
+        self.batch_size = batch_size
+        self.queues: tuple[QueueDefinition | str, ...] = tuple(binding.queue for binding in bindings)
+        every_fifo = all(binding.is_fifo for binding in bindings)
+        self.capabilities = TransportCapabilities(
+            durable_delivery=True, message_grouping=every_fifo, native_delay=False, ordered_delivery=every_fifo
+        )
+        self._by_queue = {binding.queue_name: binding for binding in bindings}
+        self._urls: dict[str, str] = {
+            binding.queue_name: binding.source
+            for binding in bindings
+            if binding.source_type is SqsQueueSourceType.QUEUE_URL
+        }
+
+    def __repr__(self) -> str:
+        return f"SqsTransport(name={self.name!r}, queues={[binding.queue_name for binding in self.bindings]!r})"
+
+    def binding(self, queue: str) -> SqsQueueBinding:
+        """The binding of the Runlane queue named ``queue``; ``configuration_invalid`` when unbound."""
+        found = self._by_queue.get(queue)
+        if found is None:
+            raise invalid(
+                f"Transport {self.name!r} has no SQS binding for queue {queue!r}; "
+                f"it binds {', '.join(repr(name) for name in self._by_queue)}.",
+                queue=queue,
+            )
+        return found
+
+    async def queue_url(self, queue: str) -> str:
+        """The SQS queue URL of the Runlane queue named ``queue`` (a ``queue_name`` binding is resolved
+        with ``GetQueueUrl`` once, then cached)."""
+        known = self._urls.get(queue)
+        if known is not None:
+            return known
+        binding = self.binding(queue)
+        params: dict[str, Any] = {"QueueName": binding.source}
+        if binding.queue_owner_aws_account_id is not None:
+            params["QueueOwnerAWSAccountId"] = binding.queue_owner_aws_account_id
+        try:
+            response = await call_sqs(self.client, "get_queue_url", **params)
+        except Exception as error:
+            raise classify_provider_error(
+                error, operation=f"GetQueueUrl({binding.source})", refused=ErrorCode.CONFIGURATION_INVALID
+            ) from None
+        url = response.get("QueueUrl") if isinstance(response, dict) else None
+        if not isinstance(url, str) or not url:
+            raise invalid(
+                f"SQS GetQueueUrl({binding.source}) answered without a QueueUrl; check the queue name.", queue=queue
+            )
+        self._urls[queue] = url
+        return url
+
+    async def start(self) -> None:
+        """Nothing to probe: queue names resolve on first publish, and storage is the startup check."""
+
+    async def close(self) -> None:
+        """The client belongs to the caller; nothing to release here."""
+
+    async def publish_wakeups(self, command: PublishWakeupsCommand) -> PublishWakeupsResult:
+        """Publish every attempt of ``command``; ``outcomes[i]`` answers ``command.attempts[i]``."""
+        checked = validate_publish_wakeups_command(command)
+        attempts = checked.attempts
+        outcomes: list[WakeupPublishOutcome | None] = [None] * len(attempts)
+        grouped: dict[str, list[int]] = {}
+        for index, attempt in enumerate(attempts):
+            if attempt.message.queue in self._by_queue:
+                grouped.setdefault(attempt.message.queue, []).append(index)
+            else:
+                outcomes[index] = self._unbound(attempt)
+        chunks: list[_Chunk] = []
+        for queue, indexes in grouped.items():
+            url = await self.queue_url(queue)
+            binding = self._by_queue[queue]
+            for start in range(0, len(indexes), self.batch_size):
+                chunks.append(_Chunk(url, binding, tuple(indexes[start : start + self.batch_size])))
+        answers = await asyncio.gather(
+            *(self._send(chunk, attempts) for chunk in chunks), return_exceptions=True
+        )
+        failures: list[RunlaneError] = []
+        for chunk, answer in zip(chunks, answers):
+            if isinstance(answer, RunlaneError) and answer.code in (
+                ErrorCode.TRANSPORT_UNAVAILABLE,
+                ErrorCode.TRANSPORT_PUBLISH_FAILED,
+            ) and not answer.meta.get("untrustworthy"):
+                failures.append(answer)
+                record = OutboxFailureRecord(
+                    code=answer.code,
+                    message=answer.message,
+                    retryable=answer.retryable,
+                    failed_at=datetime.now(UTC),
+                    meta=answer.meta,
+                )
+                for index in chunk.indexes:
+                    outcomes[index] = WakeupPublishOutcome(type=WakeupPublishOutcomeType.FAILED, failure=record)
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                for index, outcome in answer.items():
+                    outcomes[index] = outcome
+        if failures and len(failures) == len(chunks):
+            raise failures[0]  # no call got through: an operation-level failure, as for a single call
+        assert all(outcome is not None for outcome in outcomes)
+        return PublishWakeupsResult(outcome for outcome in outcomes if outcome is not None)
+
+    def _unbound(self, attempt: WakeupPublishAttempt) -> WakeupPublishOutcome:
+        # Possible only for rows written before the queue's binding was removed; retrying cannot help.
+        return WakeupPublishOutcome(
+            type=WakeupPublishOutcomeType.FAILED,
+            failure=OutboxFailureRecord(
+                code=ErrorCode.TRANSPORT_PUBLISH_FAILED,
+                message=f"Transport {self.name!r} has no SQS binding for queue {attempt.message.queue!r}.",
+                retryable=False,
+                failed_at=datetime.now(UTC),
+                meta={"queue": attempt.message.queue, "transport": self.name},
+            ),
+        )
+
+    def _entry(self, index: int, attempt: WakeupPublishAttempt, binding: SqsQueueBinding) -> dict[str, Any]:
+        entry: dict[str, Any] = {"Id": str(index), "MessageBody": encode_sqs_wakeup_body(attempt.message)}
+        fifo = binding.fifo
+        if fifo is not None:
+            run_group = fifo.message_group is SqsFifoMessageGroup.RUN
+            entry["MessageGroupId"] = attempt.message.run_id if run_group else attempt.message.queue
+            if fifo.deduplication is SqsFifoDeduplication.OUTBOX:
+                entry["MessageDeduplicationId"] = deduplication_id(attempt.outbox_message_id)
+        return entry
+
+    async def _send(self, chunk: _Chunk, attempts: tuple[WakeupPublishAttempt, ...]) -> dict[int, WakeupPublishOutcome]:
+        entries = [self._entry(index, attempts[index], chunk.binding) for index in chunk.indexes]
+        try:
+            response = await call_sqs(self.client, "send_message_batch", QueueUrl=chunk.queue_url, Entries=entries)
+        except Exception as error:
+            raise classify_provider_error(error, operation="SendMessageBatch", queue_url=chunk.queue_url) from None
+        return self._outcomes(chunk, response)
+
+    def _outcomes(self, chunk: _Chunk, response: Any) -> dict[int, WakeupPublishOutcome]:
+        expected = {str(index): index for index in chunk.indexes}
+        answered: dict[int, WakeupPublishOutcome] = {}
+        now = datetime.now(UTC)
+        request_id = None
+        if isinstance(response, dict) and isinstance(response.get("ResponseMetadata"), dict):
+            request_id = response["ResponseMetadata"].get("RequestId")
+        successful = response.get("Successful") or [] if isinstance(response, dict) else None
+        failed = response.get("Failed") or [] if isinstance(response, dict) else None
+        if not isinstance(successful, list) or not isinstance(failed, list):
+            raise self._untrustworthy(chunk, "it is not a SendMessageBatch result")
+        for entry, accepted in [(entry, True) for entry in successful] + [(entry, False) for entry in failed]:
+            entry_id = entry.get("Id") if isinstance(entry, dict) else None
+            index = expected.get(entry_id) if isinstance(entry_id, str) else None
+            if index is None:
+                raise self._untrustworthy(chunk, f"it answers entry {entry_id!r}, which was not sent")
+            if index in answered:
+                raise self._untrustworthy(chunk, f"it answers entry {entry_id!r} twice")
+            if accepted:
+                message_id = entry.get("MessageId")
+                answered[index] = WakeupPublishOutcome(
+                    type=WakeupPublishOutcomeType.PUBLISHED,
+                    published_at=now,
+                    provider_message_id=message_id if isinstance(message_id, str) and message_id else None,
+                )
+                continue
+            code = entry.get("Code")
+            sender_fault = entry.get("SenderFault") is True
+            meta = {
+                "provider_code": code if isinstance(code, str) else None,
+                "sender_fault": sender_fault,
+                "request_id": request_id if isinstance(request_id, str) else None,
+                "queue_url": chunk.queue_url,
+                "queue": chunk.binding.queue_name,
+            }
+            answered[index] = WakeupPublishOutcome(
+                type=WakeupPublishOutcomeType.FAILED,
+                failure=OutboxFailureRecord(
+                    code=ErrorCode.TRANSPORT_PUBLISH_FAILED,
+                    message=f"SQS did not accept the wakeup ({code if isinstance(code, str) else 'no code'}).",
+                    retryable=not sender_fault,
+                    failed_at=now,
+                    meta={key: value for key, value in meta.items() if value is not None},
+                ),
+            )
+        missing = [entry_id for entry_id, index in expected.items() if index not in answered]
+        if missing:
+            raise self._untrustworthy(chunk, f"it does not answer entry {missing[0]!r}")
+        return answered
+
+    def _untrustworthy(self, chunk: _Chunk, reason: str) -> RunlaneError:
+        return RunlaneError(
+            ErrorCode.TRANSPORT_PUBLISH_FAILED,
+            f"SQS answered SendMessageBatch on {chunk.queue_url} in a way that cannot be matched to the wakeups "
+            f"sent ({reason}); every wakeup of this call will be published again.",
+            retryable=True,
+            meta={"queue_url": chunk.queue_url, "untrustworthy": True},
+        )
+
+
+def sqs_transport(
+    *,
+    client: Any,
+    queues: Sequence[SqsQueueBinding],
+    batch_size: int = SQS_MAX_BATCH_SIZE,
+    name: str = "sqs",
+) -> SqsTransport:
+    """A transport publishing wakeups through ``client`` (``boto3.client("sqs")``) to the SQS queues
+    bound by ``queues`` (``sqs_queue(...)`` bindings, at least one, one per Runlane queue).
+
+    ``batch_size`` (1-10) is the ``SendMessageBatch`` chunk size.
+    """
+    if not isinstance(name, str) or not name:
+        raise invalid(f"A transport name must be a non-empty string, got {name!r}.", field="name")
+    _check_client(client, ("send_message_batch", "get_queue_url"), f"sqs_transport({name!r})")
+    if isinstance(queues, (str, bytes, SqsQueueBinding)) or not isinstance(queues, Sequence) or not queues:
+        raise invalid(
+            "queues must be a non-empty list of sqs_queue(...) bindings, one per Runlane queue.", field="queues"
+        )
+    seen: set[str] = set()
+    for binding in queues:
+        if not isinstance(binding, SqsQueueBinding):
+            raise invalid(f"Every entry of queues must come from sqs_queue(...), got {binding!r}.", field="queues")
+        if binding.queue_name in seen:
+            raise invalid(
+                f"Queue {binding.queue_name!r} is bound twice; bind each Runlane queue to one SQS queue.",
+                field="queues",
+                queue=binding.queue_name,
+            )
+        seen.add(binding.queue_name)
+    size = check_count(batch_size, "batch_size", 1, SQS_MAX_BATCH_SIZE)
+    return SqsTransport(client=client, bindings=tuple(queues), batch_size=size, name=name)
