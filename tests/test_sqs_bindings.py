@@ -1,0 +1,295 @@
+"""Bad input to runlane-sqs: bindings, transport options, wakeup bodies, runtime drift checks and the
+``postgres-sqs`` options of ``runlane.toml``. Every mistake is a ``RunlaneError`` with a stable code and a
+message that says what to change, raised before anything talks to SQS."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from runlane_local import local_storage_driver
+from runlane_sqs import (
+    SqsFifoDeduplication,
+    SqsFifoMessageGroup,
+    SqsFifoOptions,
+    SqsQueueSourceType,
+    parse_sqs_wakeup_body,
+    postgres_sqs_lane,
+    sqs_queue,
+    sqs_transport,
+)
+from runlane_sqs.testing import SqsTestServer
+
+from runlane import ErrorCode, LaneDelivery, LaneDeliveryMode, RunlaneError, create_lane, create_runlane, queue
+from runlane.plugins.manager import get_registries
+from runlane.plugins.registries import validate_options
+
+URL = "https://sqs.us-east-1.amazonaws.com/123456789012/runlane-default"
+FIFO_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/runlane-ordered.fifo"
+default = queue("default", default=True)
+bounded = queue("bounded", concurrency_limit=2)
+
+
+def client() -> Any:
+    # A real boto3 client; nothing here makes a call, so nothing needs to listen.
+    return SqsTestServer().client()
+
+
+def error_of(call: Any) -> RunlaneError:
+    with pytest.raises(RunlaneError) as raised:
+        call()
+    return raised.value
+
+
+# ---------------------------------------------------------------------------------------------
+# sqs_queue
+
+
+def test_a_binding_by_url_by_name_and_with_fifo_defaults() -> None:
+    by_url = sqs_queue(default, queue_url=URL)
+    assert (by_url.queue, by_url.source_type, by_url.source, by_url.fifo) == (
+        default,
+        SqsQueueSourceType.QUEUE_URL,
+        URL,
+        None,
+    )
+    by_name = sqs_queue("emails", queue_name="runlane-emails", queue_owner_aws_account_id="123456789012")
+    assert (by_name.queue_name, by_name.source_type, by_name.queue_owner_aws_account_id) == (
+        "emails",
+        SqsQueueSourceType.QUEUE_NAME,
+        "123456789012",
+    )
+    fifo = sqs_queue(default, queue_url=FIFO_URL, fifo=True)
+    assert fifo.fifo == SqsFifoOptions(SqsFifoMessageGroup.RUN, SqsFifoDeduplication.OUTBOX)
+    grouped = sqs_queue(default, queue_name="ordered.fifo", fifo={"message_group": "queue"})
+    assert grouped.fifo is not None and grouped.fifo.message_group is SqsFifoMessageGroup.QUEUE
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "says"),
+    [
+        ({}, "queue_url", "exactly one of queue_url or queue_name"),
+        ({"queue_url": URL, "queue_name": "x"}, "queue_url", "exactly one of queue_url or queue_name"),
+        ({"queue_url": "sqs://queue"}, "queue_url", "https://sqs.us-east-1.amazonaws.com/123456789012/my-queue"),
+        ({"queue_url": "https://sqs.us-east-1.amazonaws.com"}, "queue_url", "is not an SQS queue URL"),
+        ({"queue_name": "has space"}, "queue_name", "1-80 letters, digits"),
+        ({"queue_name": "x" * 81}, "queue_name", "1-80 letters, digits"),
+        ({"queue_url": URL, "queue_owner_aws_account_id": "123456789012"}, "queue_owner_aws_account_id", "only"),
+        ({"queue_name": "q", "queue_owner_aws_account_id": "12345"}, "queue_owner_aws_account_id", "12-digit"),
+        ({"queue_url": FIFO_URL}, "fifo", "pass fifo=True"),
+        ({"queue_url": URL, "fifo": True}, "fifo", "is a standard queue"),
+        ({"queue_url": FIFO_URL, "fifo": {"message_group": "tenant"}}, "fifo.message_group", "'run', 'queue'"),
+        ({"queue_url": FIFO_URL, "fifo": {"dedupe": "outbox"}}, "fifo", "Unknown fifo option 'dedupe'"),
+        ({"queue_url": FIFO_URL, "fifo": "yes"}, "fifo", "fifo must be True"),
+    ],
+)
+def test_a_bad_binding_is_refused_with_what_to_change(kwargs: dict[str, Any], field: str, says: str) -> None:
+    error = error_of(lambda: sqs_queue(default, **kwargs))
+    assert error.code is ErrorCode.CONFIGURATION_INVALID
+    assert error.meta["field"] == field
+    assert says in error.message
+
+
+def test_a_binding_needs_a_queue_definition_or_a_valid_queue_name() -> None:
+    assert error_of(lambda: sqs_queue(42, queue_url=URL)).meta["field"] == "queue"  # type: ignore[arg-type]
+    assert "':' is reserved" in error_of(lambda: sqs_queue("a:b", queue_url=URL)).message
+
+
+# ---------------------------------------------------------------------------------------------
+# sqs_transport
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"queues": []}, "non-empty list of sqs_queue(...) bindings"),
+        ({"queues": sqs_queue("default", queue_url=URL)}, "non-empty list of sqs_queue(...) bindings"),
+        ({"queues": [{"queue_url": URL}]}, "must come from sqs_queue(...)"),
+        (
+            {"queues": [sqs_queue("default", queue_url=URL), sqs_queue(default, queue_name="other")]},
+            "Queue 'default' is bound twice",
+        ),
+        ({"queues": [sqs_queue("default", queue_url=URL)], "batch_size": 11}, "from 1 to 10"),
+        ({"queues": [sqs_queue("default", queue_url=URL)], "batch_size": 0}, "from 1 to 10"),
+        ({"queues": [sqs_queue("default", queue_url=URL)], "name": ""}, "non-empty string"),
+    ],
+)
+def test_bad_transport_options_are_refused(kwargs: dict[str, Any], says: str) -> None:
+    error = error_of(lambda: sqs_transport(client=client(), **kwargs))
+    assert error.code is ErrorCode.CONFIGURATION_INVALID
+    assert says in error.message
+
+
+def test_a_transport_needs_an_sqs_client() -> None:
+    error = error_of(lambda: sqs_transport(client=object(), queues=[sqs_queue("default", queue_url=URL)]))
+    assert error.code is ErrorCode.CONFIGURATION_INVALID
+    assert "boto3.client('sqs')" in error.message and "send_message_batch" in error.message
+
+
+def test_capabilities_claim_fifo_order_only_when_every_queue_is_fifo() -> None:
+    mixed = sqs_transport(
+        client=client(),
+        queues=[sqs_queue("default", queue_url=URL), sqs_queue("ordered", queue_url=FIFO_URL, fifo=True)],
+    )
+    assert mixed.capabilities.durable_delivery and not mixed.capabilities.native_delay
+    assert not mixed.capabilities.message_grouping and not mixed.capabilities.ordered_delivery
+    fifo = sqs_transport(client=client(), queues=[sqs_queue("ordered", queue_url=FIFO_URL, fifo=True)])
+    assert fifo.capabilities.message_grouping and fifo.capabilities.ordered_delivery
+
+
+# ---------------------------------------------------------------------------------------------
+# create_runlane checks the bindings against its registry
+
+
+def transport_lane(*bindings: Any) -> Any:
+    transport = sqs_transport(client=client(), queues=list(bindings))
+    return create_lane(
+        storage=local_storage_driver(), delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport)
+    )
+
+
+def test_every_registered_queue_needs_a_binding() -> None:
+    lane = transport_lane(sqs_queue(default, queue_url=URL))
+    error = error_of(lambda: create_runlane(lane=lane, queues=[default, bounded]))
+    assert error.code is ErrorCode.CONFIGURATION_INVALID
+    assert "no binding for queue 'bounded'" in error.message
+    assert error.meta["queues"] == ["bounded"]
+
+
+def test_a_binding_for_an_unregistered_queue_is_refused() -> None:
+    lane = transport_lane(sqs_queue(default, queue_url=URL), sqs_queue("retired", queue_name="old"))
+    error = error_of(lambda: create_runlane(lane=lane, queues=[default]))
+    assert "binds queue 'retired', which is not registered" in error.message
+
+
+def test_a_binding_whose_queue_policy_drifted_is_refused() -> None:
+    drifted = queue("bounded", concurrency_limit=5)
+    lane = transport_lane(sqs_queue(default, queue_url=URL), sqs_queue(drifted, queue_name="bounded"))
+    error = error_of(lambda: create_runlane(lane=lane, queues=[default, bounded]))
+    assert "differs from the registered definition (drift)" in error.message
+
+
+def test_bindings_by_definition_or_by_name_both_satisfy_the_registry() -> None:
+    lane = transport_lane(sqs_queue(default, queue_url=URL), sqs_queue("bounded", queue_name="bounded"))
+    runtime = create_runlane(lane=lane, queues=[default, bounded])
+    assert runtime.lane.delivery.transport.queues == (default, "bounded")
+
+
+# ---------------------------------------------------------------------------------------------
+# Wakeup bodies
+
+
+GOOD = {
+    "type": "runlane.wakeup",
+    "version": 1,
+    "message": {
+        "environment": {"name": "p"},
+        "run_id": "run_1",
+        "queue": "default",
+        "requested_at": "2026-11-30T08:00:00Z",
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("not json", "the body is not JSON"),
+        ("[]", "not a JSON object"),
+        (json.dumps({**GOOD, "type": "other"}), "its type is 'other'"),
+        (json.dumps({**GOOD, "version": 2}), "its version is 2; this Runlane reads version 1"),
+        (json.dumps({**GOOD, "version": True}), "its version is True"),
+        (json.dumps({**GOOD, "payload": {}}), "unknown key 'payload'"),
+        (json.dumps({**GOOD, "message": {**GOOD["message"], "run_id": ""}}), "message.run_id"),
+        (json.dumps({**GOOD, "message": {**GOOD["message"], "requested_at": "yesterday"}}), "message.requested_at"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "message"}), "message: Input should be"),
+        (b"\xff\xfe", "not UTF-8"),
+        (None, "the body is NoneType"),
+        ("x" * 70_000, "more than any wakeup"),
+    ],
+)
+def test_a_body_that_is_not_a_wakeup_is_refused_with_the_reason(body: Any, says: str) -> None:
+    error = error_of(lambda: parse_sqs_wakeup_body(body))
+    assert error.code is ErrorCode.VALIDATION_FAILED
+    assert says in error.message
+    assert "redrive" in error.message
+
+
+def test_a_good_body_parses_to_an_aware_delivery_message() -> None:
+    message = parse_sqs_wakeup_body(json.dumps(GOOD))
+    assert message.run_id == "run_1" and message.requested_at.tzinfo is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# postgres_sqs_lane and runlane.toml
+
+
+def test_postgres_sqs_lane_refuses_unknown_and_missing_nested_options() -> None:
+    sqs = {"client": client(), "queues": [sqs_queue("default", queue_url=URL)]}
+    unknown = error_of(lambda: postgres_sqs_lane(postgres={"connection_string": "postgres://x/y", "nope": 1}, sqs=sqs))
+    assert "Unknown postgres option 'nope'" in unknown.message and unknown.meta["field"] == "postgres.nope"
+    missing = error_of(lambda: postgres_sqs_lane(postgres={"connection_string": "postgres://x/y"}, sqs={"client": 1}))
+    assert missing.meta["field"] == "sqs.queues"
+    not_a_table = error_of(lambda: postgres_sqs_lane(postgres="postgres://x/y", sqs=sqs))  # type: ignore[arg-type]
+    assert "postgres={...}" in not_a_table.message
+
+
+def test_postgres_sqs_lane_composes_a_durable_transport_lane() -> None:
+    lane = postgres_sqs_lane(
+        postgres={"connection_string": "postgresql://runlane@127.0.0.1:9/runlane", "schema": "jobs"},
+        sqs={"client": client(), "queues": [sqs_queue(default, queue_url=URL)]},
+    )
+    assert lane.name == "postgres-sqs"
+    assert lane.delivery.mode is LaneDeliveryMode.TRANSPORT
+    assert lane.capabilities.production_durable and lane.capabilities.operator_reads
+
+
+def lane_options(**sqs: Any) -> dict[str, Any]:
+    return {
+        "postgres": {"connection_string": "postgresql://runlane@127.0.0.1:9/runlane"},
+        "sqs": {"region": "us-east-1", "queues": {"default": {"queue_url": URL}}, **sqs},
+    }
+
+
+def test_the_toml_options_build_bindings_and_a_client() -> None:
+    provider = get_registries().lanes.get("postgres-sqs")
+    options = validate_options(
+        provider,
+        lane_options(
+            endpoint_url="",  # "${VAR:-}" left unset
+            queues={
+                "default": {"queue_url": URL},
+                "ordered": {"queue_name": "ordered.fifo", "fifo": {"message_group": "queue"}},
+            },
+        ),
+    )
+    lane = provider.create(options, None)
+    transport = lane.delivery.transport
+    assert [binding.queue_name for binding in transport.bindings] == ["default", "ordered"]
+    assert transport.bindings[1].fifo == SqsFifoOptions(SqsFifoMessageGroup.QUEUE)
+    assert transport.client.meta.region_name == "us-east-1"
+    assert transport.client.meta.endpoint_url == "https://sqs.us-east-1.amazonaws.com"
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (lane_options(queue={}), "unknown key 'sqs.queue'"),
+        (lane_options(queues={}), "sqs.queues"),
+        (lane_options(queues={"default": {"url": URL}}), "unknown key 'sqs.queues.default.url'"),
+        (lane_options(batch_size=20), "sqs.batch_size"),
+    ],
+)
+def test_bad_toml_options_name_the_key(options: dict[str, Any], says: str) -> None:
+    provider = get_registries().lanes.get("postgres-sqs")
+    error = error_of(lambda: validate_options(provider, options))
+    assert error.code is ErrorCode.CONFIGURATION_INVALID
+    assert says in error.message
+
+
+def test_a_toml_binding_mistake_is_reported_when_the_lane_is_built() -> None:
+    provider = get_registries().lanes.get("postgres-sqs")
+    options = validate_options(provider, lane_options(queues={"default": {"queue_url": FIFO_URL}}))
+    error = error_of(lambda: provider.create(options, None))
+    assert "pass fifo=True" in error.message
