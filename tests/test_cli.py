@@ -64,6 +64,21 @@ def test_init_config_writes_a_loadable_commented_config(tmp_path: Path) -> None:
     assert loaded.dev.tick_interval == "5s"
 
 
+@pytest.mark.parametrize("lane", ["postgres-polling", "postgres-sqs"])
+def test_init_config_for_a_production_lane_writes_options_its_plugin_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lane: str
+) -> None:
+    from runlane.plugins.manager import get_registries
+    from runlane.plugins.registries import validate_options
+
+    result = cli(tmp_path, "init", "config", "--tasks", "app.tasks", "--lane", lane)
+    assert result.returncode == 0, result.stderr
+    monkeypatch.setenv("RUNLANE_DEFAULT_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/default")
+    loaded = load_config(cwd=tmp_path)
+    assert loaded is not None and loaded.lane is not None and loaded.lane.use == lane
+    validate_options(get_registries().lanes.get(lane), loaded.lane.options)
+
+
 def test_init_config_then_trigger_then_dev_once_executes_the_run(tmp_path: Path) -> None:
     """The first steps of a new project, each a separate process sharing the SQLite file."""
     write(tmp_path / "app" / "__init__.py", "")

@@ -1,4 +1,4 @@
-"""The examples of ``docs/tasks.md`` run and print what the guide shows under them.
+"""The examples of ``docs/tasks.md`` and ``docs/sqs.md`` run and print what the guides show under them.
 
 A ``python`` block followed by "prints:" and a ``text`` block is run as a program in an empty
 directory and its standard output must equal the text. A block that defines ``test_`` functions is
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "tasks.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+GUIDE = DOCS / "tasks.md"
 
 _BLOCK = re.compile(r"```(\w+)\n(.*?)\n```", re.DOTALL)
 
@@ -44,15 +45,21 @@ def _examples(text: str) -> list[Example]:
 
 
 EXAMPLES = _examples(GUIDE.read_text(encoding="utf-8"))
+SQS_EXAMPLES = _examples((DOCS / "sqs.md").read_text(encoding="utf-8"))
 
 
-def test_the_guide_has_examples_that_show_their_output() -> None:
+def test_the_guides_have_examples_that_show_their_output() -> None:
     assert sum(example.prints is not None for example in EXAMPLES) >= 8
+    assert any(example.prints is not None for example in SQS_EXAMPLES)
     assert any("def test_" in example.code for example in EXAMPLES)
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[f"line{example.line}" for example in EXAMPLES])
-def test_example(example: Example, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("guide", "example"),
+    [("tasks.md", example) for example in EXAMPLES] + [("sqs.md", example) for example in SQS_EXAMPLES],
+    ids=[f"tasks.md:{e.line}" for e in EXAMPLES] + [f"sqs.md:{e.line}" for e in SQS_EXAMPLES],
+)
+def test_example(guide: str, example: Example, tmp_path: Path) -> None:
     if example.prints is not None:
         program = tmp_path / "example.py"
         program.write_text(example.code + "\n", encoding="utf-8")
@@ -60,7 +67,7 @@ def test_example(example: Example, tmp_path: Path) -> None:
             [sys.executable, str(program)], cwd=tmp_path, capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 0, result.stderr
-        assert result.stdout.rstrip("\n") == example.prints, f"docs/tasks.md line {example.line}"
+        assert result.stdout.rstrip("\n") == example.prints, f"docs/{guide} line {example.line}"
     elif "def test_" in example.code:
         module = tmp_path / "test_example.py"
         module.write_text(example.code + "\n", encoding="utf-8")
@@ -74,4 +81,4 @@ def test_example(example: Example, tmp_path: Path) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
         assert "1 passed" in result.stdout
     else:
-        compile(example.code, f"docs/tasks.md:{example.line}", "exec")
+        compile(example.code, f"docs/{guide}:{example.line}", "exec")

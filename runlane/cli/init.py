@@ -62,7 +62,7 @@ def render_config(*, tasks: list[str], runtime: str | None, lane: str) -> str:
             "[lane]",
             '# Any lane a plugin provides: "sqlite" (a durable file, shared by the processes of this machine),',
             '# "local" (in-memory, this process only: `runlane dev` then serves the other commands),',
-            '# "postgres-polling", or a third-party lane. Its options follow `use`.',
+            '# "postgres-polling", "postgres-sqs", or a third-party lane. Its options follow `use`.',
             f"use = {_toml_string(lane)}",
             *_lane_options(lane),
             "",
@@ -90,6 +90,23 @@ def _lane_options(lane: str) -> list[str]:
             "# Apply the schema first with `runlane postgres migrate`.",
             'connection_string = "${DATABASE_URL:-postgresql://localhost:5432/app}"',
             '# schema = "public"',
+        ]
+    if lane == "postgres-sqs":
+        return [
+            "# Apply the schema first with `runlane postgres migrate`; consume with `runlane sqs consume`.",
+            "[lane.postgres]",
+            'connection_string = "${DATABASE_URL:-postgresql://localhost:5432/app}"',
+            '# schema = "public"',
+            "",
+            "# The SQS client: region, credentials and endpoint come from the AWS environment when left out.",
+            "[lane.sqs]",
+            '# region = "us-east-1"',
+            '# endpoint_url = "http://localhost:4566"   # an SQS-compatible server for local runs',
+            "",
+            "# One table per queue your tasks register: queue_url, or queue_name (resolved once).",
+            "[lane.sqs.queues.default]",
+            'queue_url = "${RUNLANE_DEFAULT_QUEUE_URL}"',
+            "# fifo = true                               # for a queue whose name ends in .fifo",
         ]
     return []
 

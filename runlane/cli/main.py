@@ -360,7 +360,7 @@ def require_shared_lane(runtime: Runlane, *, separately: str, dev_does: str, com
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             f"The {lane.name!r} lane keeps its state in one process, so {separately}; `runlane dev` {dev_does}. "
-            f"Use {command} with a shared lane (sqlite, postgres-polling).",
+            f"Use {command} with a shared lane (sqlite, postgres-polling, postgres-sqs).",
         )
 
 
