@@ -206,6 +206,29 @@ async def test_bounded_queue_rows_are_written_by_dispatch_and_published_by_tick(
         assert await outbox_count(runtime, run.id) == 1
 
 
+class AdvancingClock(ControlledClock):
+    """Moves one millisecond on every read, as a real clock does between the phases of a tick."""
+
+    def now(self):
+        self.advance(timedelta(milliseconds=1))
+        return super().now()
+
+
+async def test_the_tick_that_reserves_a_bounded_run_publishes_its_row_under_a_moving_clock():
+    clock = AdvancingClock()
+    transport = RecordingTransport(clock=clock)
+    lane = create_lane(
+        storage=local_storage_driver(clock=clock),
+        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
+    )
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE, LIMITED], tasks=[limited_work], clock=clock)
+    async with runtime:
+        run = (await runtime.trigger(limited_work, {})).run
+        result = await runtime.tick()
+        assert result.dispatch_reserved == 1 and result.outbox_published == 1
+        assert [message.run_id for message in transport.published] == [run.id]
+
+
 async def test_signal_resume_writes_an_outbox_row():
     runtime, transport, _ = transport_runtime()
     async with runtime:

@@ -1468,7 +1468,8 @@ class Runlane:
 
         Reads the runtime clock once, then runs schedule materialization, cancellation finalization,
         timeout finalization, bounded-queue dispatch, delivery recovery and (on transport lanes)
-        outbox publishing in that order. Materialization is durable per
+        outbox publishing in that order; publishing reads the clock again, so the rows the earlier
+        phases wrote go out in the same pass. Materialization is durable per
         occurrence: when a schedule fails, the occurrences materialized before it stay materialized,
         the error propagates and the later phases do not run in this call.
         """
@@ -1494,7 +1495,9 @@ class Runlane:
         delivered = await self._recover_deliveries(now, delivery_limit)
         published = failed = dead = 0
         if self._store.outbox:
-            published, failed, dead = await self._flush_outbox(now, outbox_limit)
+            # The clock is read again: the rows this pass wrote (dispatch reservations, recovered
+            # deliveries) are stamped by their commits, after ``now``, and are due in this pass.
+            published, failed, dead = await self._flush_outbox(self.now(), outbox_limit)
         return TickResult(
             materialized=materialized,
             delivery_requested=delivered,
