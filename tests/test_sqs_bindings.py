@@ -277,7 +277,19 @@ def test_the_toml_options_build_bindings_and_a_client() -> None:
     [
         (lane_options(queue={}), "unknown key 'sqs.queue'"),
         (lane_options(queues={}), "sqs.queues"),
-        (lane_options(queues={"default": {"url": URL}}), "unknown key 'sqs.queues.default.url'"),
+        (
+            lane_options(queues={"default": {"url": URL}}),
+            "unknown key 'sqs.queues.default.url' (allowed there: fifo, queue_name, queue_owner_aws_account_id, "
+            "queue_url)",
+        ),
+        (
+            lane_options(regoin="us-east-1"),
+            "unknown key 'sqs.regoin' (allowed there: batch_size, endpoint_url, name, profile, queues, region)",
+        ),
+        (
+            lane_options(queues={"default": {"queue_url": FIFO_URL, "fifo": {"group": "run"}}}),
+            "unknown key 'sqs.queues.default.fifo.group' (allowed there: deduplication, message_group)",
+        ),
         (lane_options(batch_size=20), "sqs.batch_size"),
     ],
 )

@@ -101,6 +101,15 @@ async def run_worker(
         executed += 1
         output.run_executed(run)
 
+    transport = runtime.lane.delivery.transport
+    if transport is not None:
+        output.record(
+            "transport_lane",
+            f"the {runtime.lane.name!r} lane publishes wakeups through {transport.name!r}: this worker polls storage "
+            "and never acknowledges those messages; run the transport's consumer (runlane sqs consume) instead",
+            lane=runtime.lane.name,
+            transport=transport.name,
+        )
     with forward_runtime_logs(output):
         handle = runtime.worker(mode=mode, on_run_executed=on_run_executed, **options)
         queues = options.get("queues") or []

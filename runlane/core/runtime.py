@@ -2375,8 +2375,9 @@ def _check_transport_bindings(lane: Lane, queues: Mapping[str, QueueDefinition])
     if missing:
         raise _invalid(
             f"{owner} has no binding for queue{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(repr(name) for name in missing)}; its wakeups would have nowhere to go. "
-            "Bind every registered queue.",
+            f"{', '.join(repr(name) for name in missing)}; its wakeups would have nowhere to go. Bind every "
+            f"registered queue (with runlane-sqs: a [lane.sqs.queues.{missing[0]}] table in runlane.toml, or "
+            "sqs_queue(...)).",
             field="queues",
             queues=missing,
         )

@@ -9,7 +9,8 @@ It never loads entry points (that is ``runlane.plugins.manager``) and never read
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -312,6 +313,35 @@ def _call_per_plugin(
 # Options
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The options model an annotation holds: itself, or inside ``X | None`` / ``dict[str, X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def _fields_at(model: type[BaseModel], loc: Sequence[Any]) -> list[str] | None:
+    """The keys a nested table at ``loc`` accepts (``None`` when ``loc`` leads to no options model)."""
+    current: type[BaseModel] | None = model
+    pending_mapping_key = False
+    for part in loc:
+        if current is None:
+            return None
+        if pending_mapping_key:  # the user's key in a dict[str, Model] table
+            pending_mapping_key = False
+            continue
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        pending_mapping_key = typing.get_origin(field.annotation) is dict
+        current = _model_in(field.annotation)
+    return None if current is None or pending_mapping_key else list(current.model_fields)
+
+
 def validate_options(provider: _Provider, options: Mapping[str, Any], *, table: str | None = None) -> BaseModel:
     """Validate ``options`` (the table's keys without ``use``) with the provider's options model.
 
@@ -328,7 +358,9 @@ def validate_options(provider: _Provider, options: Mapping[str, Any], *, table: 
             key = ".".join(str(part) for part in detail["loc"]) or "(table)"
             keys.append(key)
             if detail["type"] == "extra_forbidden":
-                problems.append(f"unknown key {key!r}")
+                nested = _fields_at(provider.options_model, detail["loc"][:-1]) if len(detail["loc"]) > 1 else None
+                there = f" (allowed there: {', '.join(sorted(nested))})" if nested else ""
+                problems.append(f"unknown key {key!r}{there}")
             else:
                 problems.append(f"key {key!r}: {detail['msg']}")
         allowed = ", ".join(sorted(provider.options_model.model_fields)) or "none"

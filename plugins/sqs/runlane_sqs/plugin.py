@@ -85,12 +85,20 @@ class SqsQueueTableOptions(BaseModel):
     queue_url: str | None = None
     queue_name: str | None = None
     queue_owner_aws_account_id: str | None = None
-    fifo: bool | SqsFifoTableOptions = False
+    fifo: SqsFifoTableOptions | None = None
+    """``true`` for the defaults, or a table of FIFO options."""
 
     @field_validator("queue_url", "queue_name", "queue_owner_aws_account_id", mode="before")
     @classmethod
     def _blank(cls, value: Any) -> Any:
         return _blank_is_none(value)
+
+    @field_validator("fifo", mode="before")
+    @classmethod
+    def _fifo_flag(cls, value: Any) -> Any:
+        if value is True:
+            return {}
+        return None if value is False else value
 
 
 class SqsTransportOptions(BaseModel):
@@ -147,11 +155,7 @@ def create_sqs_transport(options: SqsTransportOptions, context: ProviderContext 
 
     bindings = []
     for queue, table in options.queues.items():
-        fifo: SqsFifoOptions | None = None
-        if isinstance(table.fifo, SqsFifoTableOptions):
-            fifo = SqsFifoOptions(table.fifo.message_group, table.fifo.deduplication)
-        elif table.fifo:
-            fifo = SqsFifoOptions()
+        fifo = None if table.fifo is None else SqsFifoOptions(table.fifo.message_group, table.fifo.deduplication)
         bindings.append(
             sqs_queue(
                 queue,

@@ -1,0 +1,150 @@
+"""``runlane sqs consume`` and the ``postgres-sqs`` lane of ``runlane.toml``, through real ``runlane`` processes.
+
+Each project gets a freshly migrated schema on the session's PostgreSQL server and an SQS queue with a
+unique name on the session's SQS-compatible server (moto). The child processes find the server's dummy
+AWS credentials in their environment (``cli_support`` passes this process's environment on).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli_support import background, cli, make_project, write
+
+TASKS = """
+from runlane import queue, task
+
+default = queue("default", default=True)
+
+
+@task("ping")
+def ping(payload: dict) -> dict:
+    return {"pong": True}
+"""
+
+EMAILS_TASK = """
+
+emails = queue("emails")
+
+
+@task("emails.send", queue=emails)
+def send(payload: dict) -> dict:
+    return {"sent": True}
+"""
+
+
+def sqs_config(url: str, schema: str, endpoint_url: str, queues: dict[str, str], *, extra_sqs: str = "") -> str:
+    tables = "".join(f'\n[lane.sqs.queues.{name}]\nqueue_url = "{queue_url}"\n' for name, queue_url in queues.items())
+    return (
+        f'[runlane]\ntasks = ["app_tasks"]\n\n[lane]\nuse = "postgres-sqs"\n\n'
+        f'[lane.postgres]\nconnection_string = "{url}"\nschema = "{schema}"\n\n'
+        f'[lane.sqs]\nregion = "us-east-1"\nendpoint_url = "{endpoint_url}"\n{extra_sqs}{tables}'
+    )
+
+
+class SqsProject:
+    """A project directory configured for the postgres-sqs lane, with its bound SQS queue."""
+
+    def __init__(self, root: Path, postgres_url: str, schema: str, sqs_server: Any) -> None:
+        self.root = root
+        self.postgres_url = postgres_url
+        self.schema = schema
+        self.sqs_server = sqs_server
+        self.queue_url = sqs_server.create_queue(f"runlane-cli-{uuid.uuid4().hex[:16]}")
+        write(root / "app_tasks.py", TASKS)
+        self.configure()
+
+    def configure(self, *, extra_sqs: str = "") -> None:
+        config = sqs_config(
+            self.postgres_url, self.schema, self.sqs_server.endpoint_url, {"default": self.queue_url},
+            extra_sqs=extra_sqs,
+        )  # fmt: skip
+        write(self.root / "runlane.toml", config)
+
+    def messages(self) -> int:
+        """Messages on the queue, visible or in flight."""
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        attributes = self.sqs_server.client().get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=names)
+        return sum(int(attributes["Attributes"][name]) for name in names)
+
+
+@pytest.fixture
+def project(tmp_path: Path, postgres_url: str, sqs_server: Any, monkeypatch: pytest.MonkeyPatch) -> SqsProject:
+    from postgres_support import migrated_schema
+
+    for name, value in sqs_server.environment().items():
+        monkeypatch.setenv(name, value)  # cli_support hands this process's environment to every runlane it starts
+    return SqsProject(tmp_path / "project", postgres_url, migrated_schema(postgres_url, "sqs_cli"), sqs_server)
+
+
+def assert_clean_configuration_error(result: Any, *fragments: str) -> None:
+    """Exit status 1, one ``configuration_invalid`` line naming every fragment, no traceback."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert result.stderr.startswith("error[configuration_invalid]: "), result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_sqs_consume_executes_a_triggered_run_and_exits_cleanly_on_sigterm(project: SqsProject, tmp_path: Path) -> None:
+    triggered = cli(project.root, "--json", "trigger", "ping", "{}")
+    assert triggered.returncode == 0, triggered.stderr
+    run = json.loads(triggered.stdout)["run"]
+    assert run["status"] == "queued"
+    assert project.messages() == 1  # the trigger published its wakeup
+
+    with background(project.root, "sqs", "consume", "--wait-time", "1", log=tmp_path / "consume.log") as consumer:
+        started = consumer.wait_for("consumer_started")
+        assert started["queues"] == ["default"] and started["queue_url"] == project.queue_url
+        executed = consumer.wait_for("run")
+        assert executed["run"]["id"] == run["id"]
+        assert executed["run"]["status"] == "succeeded" and executed["run"]["output"] == {"pong": True}
+        assert consumer.stop() == 0
+        records = consumer.records()
+    assert [record["type"] for record in records][-2:] == ["stopping", "consumer_stopped"], records
+    assert records[-1]["runs"] == 1
+    assert project.messages() == 0  # deleted once its delivery resolved
+
+    stored = cli(project.root, "--json", "runs", "get", run["id"])
+    assert stored.returncode == 0, stored.stderr
+    assert json.loads(stored.stdout)["run"]["status"] == "succeeded"
+
+
+def test_sqs_consume_on_a_polling_lane_points_at_runlane_work(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
+    result = cli(root, "sqs", "consume", "--wait-time", "1")
+    assert_clean_configuration_error(result, "postgres-sqs", "`runlane work`")
+
+
+def test_a_registered_queue_without_an_sqs_binding_is_a_configuration_error_naming_it(project: SqsProject) -> None:
+    write(project.root / "app_tasks.py", TASKS + EMAILS_TASK)
+    for command in (["sqs", "consume", "--wait-time", "1"], ["trigger", "ping", "{}"]):
+        assert_clean_configuration_error(cli(project.root, *command), "'emails'")
+    assert project.messages() == 0
+
+
+def test_an_unknown_key_in_lane_sqs_is_reported_by_name(project: SqsProject) -> None:
+    project.configure(extra_sqs='regoin = "eu-west-1"\n')
+    assert_clean_configuration_error(cli(project.root, "sqs", "consume"), "regoin")
+
+
+def test_sqs_consume_of_an_unbound_queue_names_it(project: SqsProject) -> None:
+    result = cli(project.root, "sqs", "consume", "--queue", "nope", "--wait-time", "1")
+    assert_clean_configuration_error(result, "'nope'", "'default'")
+
+
+def test_a_polling_worker_on_the_sqs_lane_says_it_leaves_the_messages_alone(project: SqsProject) -> None:
+    triggered = cli(project.root, "--json", "trigger", "ping", "{}")
+    assert triggered.returncode == 0, triggered.stderr
+
+    drained = cli(project.root, "work", "--drain")
+
+    assert drained.returncode == 0, drained.stderr
+    assert "never acknowledges those messages; run the transport's consumer (runlane sqs consume)" in drained.stdout
+    assert "run succeeded" in drained.stdout
+    assert project.messages() == 1  # executed from Postgres; the SQS message is left for its redrive policy

@@ -1,0 +1,308 @@
+"""``postgres_sqs_lane()`` against a real PostgreSQL server and a real SQS-compatible server (moto).
+
+Every test works in a freshly migrated schema and on SQS queues with unique names, so tests never see
+each other's runs or messages. Waits are bounded by deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from runlane import ErrorCode, RunlaneError, RunStatus, create_runlane, queue, task
+from runlane.testing.clock import ControlledClock
+from runlane.vocabulary import ExecuteDeliveryStatus, LaneDeliveryMode, OutboxMessageStatus
+from runlane_sqs import (
+    SqsQueueBinding,
+    create_sqs_delivery_consumer,
+    parse_sqs_wakeup_body,
+    postgres_sqs_lane,
+    sqs_queue,
+)
+from runlane_sqs.testing import SqsTestServer
+
+DEFAULT = queue("default", default=True)
+BOUNDED = queue("b", concurrency_limit=1)
+
+
+@task("sqs.echo", queue=DEFAULT)
+async def echo(payload: dict) -> dict:
+    return {"echo": payload.get("value")}
+
+
+@task("sqs.bounded", queue=BOUNDED)
+async def bounded(payload: dict) -> dict:
+    return {"bounded": True}
+
+
+@pytest.fixture
+def schema(postgres_url: str) -> str:
+    from postgres_support import migrated_schema
+
+    return migrated_schema(postgres_url, "sqs_lane")
+
+
+def unique_queue_name(prefix: str = "runlane") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def lane_for(url: str, schema: str, client: Any, bindings: list[SqsQueueBinding], **options: Any) -> Any:
+    return postgres_sqs_lane(
+        postgres={"connection_string": url, "schema": schema}, sqs={"client": client, "queues": bindings}, **options
+    )
+
+
+def visible_messages(client: Any, queue_url: str) -> int:
+    attributes = client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages"])
+    return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
+
+
+def in_flight_messages(client: Any, queue_url: str) -> int:
+    attributes = client.get_queue_attributes(
+        QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
+    )
+    return int(attributes["Attributes"]["ApproximateNumberOfMessagesNotVisible"])
+
+
+def peek_bodies(client: Any, queue_url: str) -> list[str]:
+    """The bodies of the visible messages, left visible (a zero visibility timeout)."""
+    response = client.receive_message(
+        QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0, VisibilityTimeout=0
+    )
+    return [message["Body"] for message in response.get("Messages", [])]
+
+
+async def eventually(check: Callable[[], bool], *, timeout: float = 20.0, what: str) -> None:
+    """Yield to the event loop until ``check()`` holds, failing after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+# -- construction ---------------------------------------------------------------------------------
+
+
+def test_the_lane_reports_its_name_durability_and_sqs_capabilities(postgres_url: str, sqs_server: Any) -> None:
+    client = sqs_server.client()
+    standard = sqs_queue(DEFAULT, queue_url=sqs_server.create_queue(unique_queue_name()))
+    lane = lane_for(postgres_url, "public", client, [standard])
+    assert lane.name == "postgres-sqs"
+    assert lane.capabilities.production_durable is True
+    assert lane.capabilities.operator_reads is True
+    assert lane.delivery.mode is LaneDeliveryMode.TRANSPORT
+    capabilities = lane.delivery.transport.capabilities
+    assert capabilities.durable_delivery is True and capabilities.native_delay is False
+    assert capabilities.message_grouping is False and capabilities.ordered_delivery is False
+
+    fifo_url = sqs_server.create_queue(unique_queue_name() + ".fifo", fifo=True)
+    fifo_lane = lane_for(postgres_url, "public", client, [sqs_queue(DEFAULT, queue_url=fifo_url, fifo=True)])
+    fifo_capabilities = fifo_lane.delivery.transport.capabilities
+    assert fifo_capabilities.message_grouping is True and fifo_capabilities.ordered_delivery is True
+
+    mixed = lane_for(
+        postgres_url,
+        "public",
+        client,
+        [standard, sqs_queue(BOUNDED, queue_url=fifo_url, fifo=True)],
+        name="orders-production",
+    )
+    assert mixed.name == "orders-production"
+    assert mixed.delivery.transport.capabilities.message_grouping is False
+
+
+def test_unknown_nested_options_and_missing_sqs_keys_are_configuration_errors_naming_the_key(
+    postgres_url: str, sqs_server: Any
+) -> None:
+    client = sqs_server.client()
+    binding = sqs_queue(DEFAULT, queue_url=sqs_server.create_queue(unique_queue_name()))
+    sqs = {"client": client, "queues": [binding]}
+
+    with pytest.raises(RunlaneError) as unknown_postgres:
+        postgres_sqs_lane(postgres={"connection_string": postgres_url, "nope": 1}, sqs=sqs)
+    assert unknown_postgres.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "'nope'" in unknown_postgres.value.message
+
+    with pytest.raises(RunlaneError) as unknown_sqs:
+        postgres_sqs_lane(postgres={"connection_string": postgres_url}, sqs={**sqs, "region": "us-east-1"})
+    assert unknown_sqs.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "'region'" in unknown_sqs.value.message
+
+    for missing in ("client", "queues"):
+        options = {key: value for key, value in sqs.items() if key != missing}
+        with pytest.raises(RunlaneError) as error:
+            postgres_sqs_lane(postgres={"connection_string": postgres_url}, sqs=options)
+        assert error.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert repr(missing) in error.value.message, error.value.message
+
+    with pytest.raises(RunlaneError) as no_connection_string:
+        postgres_sqs_lane(postgres={"schema": "runlane"}, sqs=sqs)
+    assert no_connection_string.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "'connection_string'" in no_connection_string.value.message
+
+
+def test_create_runlane_requires_the_transport_to_bind_exactly_the_registered_queues(
+    postgres_url: str, sqs_server: Any
+) -> None:
+    client = sqs_server.client()
+    default_binding = sqs_queue(DEFAULT, queue_url=sqs_server.create_queue(unique_queue_name()))
+
+    missing = lane_for(postgres_url, "public", client, [default_binding])
+    with pytest.raises(RunlaneError) as unbound:
+        create_runlane(lane=missing, queues=[DEFAULT, BOUNDED], tasks=[echo, bounded])
+    assert unbound.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "'b'" in unbound.value.message, unbound.value.message
+
+    extra = sqs_queue("emails", queue_url=sqs_server.create_queue(unique_queue_name()))
+    too_many = lane_for(postgres_url, "public", client, [default_binding, extra])
+    with pytest.raises(RunlaneError) as unregistered:
+        create_runlane(lane=too_many, queues=[DEFAULT], tasks=[echo])
+    assert unregistered.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "'emails'" in unregistered.value.message, unregistered.value.message
+
+
+# -- publishing and consuming ---------------------------------------------------------------------
+
+
+def two_queue_runtime(postgres_url: str, schema: str, sqs_server: Any, **options: Any) -> tuple[Any, Any, str, str]:
+    """A runtime over the default and the bounded queue, each bound to a new SQS queue: (runtime, client,
+    default queue URL, bounded queue URL)."""
+    client = sqs_server.client()
+    default_url = sqs_server.create_queue(unique_queue_name())
+    bounded_url = sqs_server.create_queue(unique_queue_name())
+    lane = lane_for(
+        postgres_url,
+        schema,
+        client,
+        [sqs_queue(DEFAULT, queue_url=default_url), sqs_queue(BOUNDED, queue_url=bounded_url)],
+    )
+    runtime = create_runlane(lane=lane, queues=[DEFAULT, BOUNDED], tasks=[echo, bounded], **options)
+    return runtime, client, default_url, bounded_url
+
+
+async def test_a_trigger_publishes_one_wakeup_that_a_consumer_executes_and_deletes(
+    postgres_url: str, schema: str, sqs_server: Any
+) -> None:
+    runtime, client, default_url, bounded_url = two_queue_runtime(postgres_url, schema, sqs_server)
+    async with runtime:
+        triggered = await runtime.trigger(echo, {"value": 7}, idempotency_key="once")
+        run = triggered.run
+        assert run.status is RunStatus.QUEUED
+        assert visible_messages(client, default_url) == 1 and visible_messages(client, bounded_url) == 0
+        (body,) = peek_bodies(client, default_url)
+        message = parse_sqs_wakeup_body(body)
+        assert message.run_id == run.id and message.queue == "default"
+        (row,) = await runtime.store.list_run_outbox(run.id)
+        assert row.status is OutboxMessageStatus.PUBLISHED and row.provider_message_id
+
+        # The idempotency owner is returned; no second wakeup is published for it.
+        duplicate = await runtime.trigger(echo, {"value": 7}, idempotency_key="once")
+        assert duplicate.run.id == run.id
+        assert visible_messages(client, default_url) == 1
+        assert len(await runtime.store.list_run_outbox(run.id)) == 1
+
+        delivered: list[Any] = []
+
+        async def execute(delivery: Any, **options: Any) -> Any:
+            result = await runtime.execute_delivery(delivery, **options)
+            delivered.append(result)
+            return result
+
+        consumer = create_sqs_delivery_consumer(
+            client=client, queue_url=default_url, execute_delivery=execute, wait_time_seconds=1
+        )
+        await consumer.start()
+        try:
+            await eventually(lambda: consumer.counts.deleted >= 1, what="the message's deletion")
+        finally:
+            await consumer.stop()
+        await consumer.closed
+        assert [result.status for result in delivered] == [ExecuteDeliveryStatus.EXECUTED]
+        finished = await runtime.runs.get(run.id)
+        assert finished is not None and finished.status is RunStatus.SUCCEEDED
+        assert finished.output == {"echo": 7}
+        assert consumer.counts.received == 1 and consumer.counts.failed == 0
+        assert visible_messages(client, default_url) == 0 and in_flight_messages(client, default_url) == 0
+
+
+async def test_a_bounded_queue_publishes_nothing_on_trigger_and_tick_publishes_its_wakeup(
+    postgres_url: str, schema: str, sqs_server: Any
+) -> None:
+    # A frozen clock: the pass that reserves capacity sees the row it wrote as due (see the next test).
+    clock = ControlledClock(datetime.now(UTC))
+    runtime, client, default_url, bounded_url = two_queue_runtime(postgres_url, schema, sqs_server, clock=clock)
+    async with runtime:
+        run = (await runtime.trigger(bounded, {})).run
+        assert run.queue == "b" and run.status is RunStatus.QUEUED
+        assert await runtime.store.list_run_outbox(run.id) == []
+        assert visible_messages(client, bounded_url) == 0
+
+        result = await runtime.tick()
+        assert result.dispatch_reserved == 1 and result.outbox_published == 1
+        assert visible_messages(client, bounded_url) == 1 and visible_messages(client, default_url) == 0
+        (body,) = peek_bodies(client, bounded_url)
+        message = parse_sqs_wakeup_body(body)
+        assert message.run_id == run.id and message.queue == "b"
+
+        # Nothing is left for the next pass: the capacity is taken and the row was published once.
+        again = await runtime.tick()
+        assert again.outbox_published == 0 and again.dispatch_reserved == 0
+        assert visible_messages(client, bounded_url) == 1
+
+
+async def test_the_tick_that_reserves_a_bounded_run_publishes_its_wakeup_under_a_running_clock(
+    postgres_url: str, schema: str, sqs_server: Any
+) -> None:
+    runtime, client, _, bounded_url = two_queue_runtime(postgres_url, schema, sqs_server)
+    async with runtime:
+        await runtime.trigger(bounded, {})
+        result = await runtime.tick()
+        assert result.dispatch_reserved == 1
+        assert result.outbox_published == 1 and visible_messages(client, bounded_url) == 1
+
+
+async def test_a_trigger_while_sqs_is_down_keeps_the_run_and_tick_publishes_it_once_sqs_is_back(
+    postgres_url: str, schema: str
+) -> None:
+    server = SqsTestServer()
+    server.start()
+    try:
+        name = unique_queue_name()
+        queue_url = server.create_queue(name)
+        client = server.client()
+        clock = ControlledClock(datetime.now(UTC))
+        lane = lane_for(postgres_url, schema, client, [sqs_queue(DEFAULT, queue_url=queue_url)])
+        runtime = create_runlane(lane=lane, queues=[DEFAULT], tasks=[echo], clock=clock)
+        async with runtime:
+            server.stop()
+            run = (await runtime.trigger(echo, {"value": 1})).run
+            assert run.status is RunStatus.QUEUED
+            assert (await runtime.runs.get(run.id)) is not None
+            (row,) = await runtime.store.list_run_outbox(run.id)
+            assert row.status is OutboxMessageStatus.FAILED and row.attempts == 1
+            assert row.last_failure is not None and row.last_failure.code is ErrorCode.TRANSPORT_UNAVAILABLE
+            assert row.last_failure.retryable is True and row.available_at > clock.now()
+
+            server.start()  # the same port; moto keeps queues in memory, so the queue is created again
+            assert server.create_queue(name) == queue_url
+            early = await runtime.tick()
+            assert early.outbox_published == 0 and early.outbox_failed == 0  # still inside the retry delay
+            assert visible_messages(client, queue_url) == 0
+
+            clock.advance(timedelta(seconds=2))
+            result = await runtime.tick()
+            assert result.outbox_published == 1 and result.outbox_failed == 0
+            assert visible_messages(client, queue_url) == 1
+            (body,) = peek_bodies(client, queue_url)
+            assert parse_sqs_wakeup_body(body).run_id == run.id
+            (row,) = await runtime.store.list_run_outbox(run.id)
+            assert row.status is OutboxMessageStatus.PUBLISHED and row.attempts == 2
+    finally:
+        server.stop()
