@@ -143,6 +143,7 @@ class SqsDeliveryConsumer:
                     await self._release(received)
                     break
                 self.counts.received += len(received)
+                error: BaseException | None = None
                 if self.fifo:
                     handled = []
                     for message in received:
@@ -150,9 +151,16 @@ class SqsDeliveryConsumer:
                             break
                         handled.append(message)
                 else:
-                    outcomes = await asyncio.gather(*(self._deliver(message) for message in received))
-                    handled = [message for message, ok in zip(received, outcomes) if ok]
+                    # Every delivery of the batch settles before an observer's error ends the loop, so none
+                    # is left running after ``closed`` and the ones that resolved are still deleted.
+                    outcomes = await asyncio.gather(
+                        *(self._deliver(message) for message in received), return_exceptions=True
+                    )
+                    handled = [message for message, ok in zip(received, outcomes) if ok is True]
+                    error = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
                 await self._delete(handled)
+                if error is not None:
+                    raise error
         finally:
             self._controller.abort("The SQS consumer stopped.")
 

@@ -78,25 +78,26 @@ class SqsLambdaHandler:
                 ErrorCode.VALIDATION_FAILED,
                 "The Lambda event has no Records list; wire this handler to an SQS event source.",
             )
-        failures: list[dict[str, str]] = []
+        message_ids: list[str] = []
         for position, record in enumerate(records):
             message_id = record.get("messageId") if isinstance(record, Mapping) else None
             if not isinstance(message_id, str) or not message_id:
-                # Without its id the record cannot be reported on its own: fail the whole batch.
+                # Without its id the record cannot be reported on its own: fail the whole batch, before
+                # any record is delivered (a FIFO batch may otherwise leave it undelivered yet acknowledged).
                 raise RunlaneError(
                     ErrorCode.VALIDATION_FAILED,
                     f"SQS record {position} has no messageId, so it cannot be reported as a batch item failure; "
                     "the whole batch will be delivered again.",
                     meta={"record": position},
                 )
+            message_ids.append(message_id)
+        failures: list[dict[str, str]] = []
+        for position, (record, message_id) in enumerate(zip(records, message_ids)):
             if await self._handle_record(record, message_id):
                 continue
             failures.append({"itemIdentifier": message_id})
             if self.fifo:
-                for later in records[position + 1 :]:
-                    later_id = later.get("messageId") if isinstance(later, Mapping) else None
-                    if isinstance(later_id, str) and later_id:
-                        failures.append({"itemIdentifier": later_id})
+                failures.extend({"itemIdentifier": later_id} for later_id in message_ids[position + 1 :])
                 break
         return {"batchItemFailures": failures}
 

@@ -50,7 +50,7 @@ class SqsTestServer:
         self.startup_timeout = startup_timeout
         self.region = TEST_REGION
         self._process: subprocess.Popen[bytes] | None = None
-        self._log = Path(tempfile.mkstemp(prefix="runlane-sqs-server-", suffix=".log")[1])
+        self._log = Path(tempfile.gettempdir()) / f"runlane-sqs-server-{os.getpid()}-{self.port}.log"
 
     @property
     def endpoint_url(self) -> str:
@@ -82,23 +82,26 @@ class SqsTestServer:
         client = self.client()
         while True:
             if self._process.poll() is not None:
-                raise RuntimeError(f"The SQS test server exited with {self._process.returncode}:\n{self.log_tail()}")
+                status, tail = self._process.returncode, self.log_tail()
+                self.stop()
+                raise RuntimeError(f"The SQS test server exited with status {status}:\n{tail}")
             try:
                 client.list_queues()
                 return self
             except Exception as error:  # not listening yet
                 if time.monotonic() > deadline:
+                    tail = self.log_tail()
                     self.stop()
                     raise RuntimeError(
-                        f"The SQS test server did not answer within {self.startup_timeout:g}s ({error!r}):\n"
-                        f"{self.log_tail()}"
+                        f"The SQS test server did not answer within {self.startup_timeout:g}s ({error!r}):\n{tail}"
                     ) from None
                 time.sleep(0.1)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout`` seconds) and remove its log."""
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
+            self._log.unlink(missing_ok=True)
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -108,6 +111,7 @@ class SqsTestServer:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout)
+        self._log.unlink(missing_ok=True)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

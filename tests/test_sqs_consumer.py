@@ -1,0 +1,501 @@
+"""The long-running SQS consumer (``create_sqs_delivery_consumer``) against a real SQS-compatible server.
+
+Wakeups are published by a transport-mode runtime over in-memory storage, received by the consumer and
+executed through ``runtime.execute_delivery``; what stays on the queue is read back from the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from runlane import (
+    CancellationController,
+    DeliveryMessage,
+    ErrorCode,
+    ExecuteDeliveryIgnoredReason,
+    ExecuteDeliveryStatus,
+    LaneDelivery,
+    LaneDeliveryMode,
+    Retry,
+    Runlane,
+    RunlaneError,
+    RunStatus,
+    TaskContext,
+    create_lane,
+    create_runlane,
+    queue,
+    task,
+)
+from runlane_local import local_storage_driver
+from runlane_sqs import (
+    SqsDeliveryConsumer,
+    SqsDeliveryFailure,
+    SqsDeliveryFailurePhase,
+    create_sqs_delivery_consumer,
+    encode_sqs_wakeup_body,
+    sqs_queue,
+    sqs_transport,
+)
+from runlane_sqs.testing import TEST_CREDENTIALS, TEST_REGION
+
+DEFAULT_QUEUE = queue("default", default=True)
+WAIT = 15.0  # upper bound of every wait for something the consumer does
+
+
+@task("sqs_consumer.echo")
+async def echo(payload: dict) -> dict:
+    return payload
+
+
+@task("sqs_consumer.slow")
+async def slow(payload: dict) -> dict:
+    await asyncio.sleep(payload["seconds"])
+    return payload
+
+
+@task("sqs_consumer.broken", retry=Retry(1))
+async def broken(payload: dict) -> None:
+    raise ValueError("the task itself failed")
+
+
+_STARTED: dict[str, asyncio.Event] = {}
+
+
+@task("sqs_consumer.cooperative")
+async def cooperative(payload: dict, ctx: TaskContext) -> str | None:
+    """Waits for its signal and returns the abort reason."""
+    _STARTED[payload["started"]].set()
+    await asyncio.wait_for(ctx.signal.wait(), timeout=WAIT)
+    return ctx.signal.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _queue_name(prefix: str = "runlane-consumer") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def _runtime(client: Any, url: str, *, fifo: object = None) -> Runlane:
+    transport = sqs_transport(client=client, queues=[sqs_queue(DEFAULT_QUEUE, queue_url=url, fifo=fifo)])
+    lane = create_lane(
+        storage=local_storage_driver(), delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport)
+    )
+    return create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[echo, slow, broken, cooperative])
+
+
+async def _depth(client: Any, url: str) -> int:
+    """Messages on the queue, visible or in flight."""
+    response = await asyncio.to_thread(
+        client.get_queue_attributes,
+        QueueUrl=url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )
+    attributes = response["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+
+async def _eventually(check: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    """Poll ``check`` (sync or async) until it returns something truthy, for at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def _status(runtime: Runlane, run_id: str) -> RunStatus:
+    run = await runtime.runs.get(run_id)
+    assert run is not None
+    return run.status
+
+
+def _failing_with(error: BaseException) -> Callable[..., Any]:
+    async def execute_delivery(message: DeliveryMessage, **options: Any) -> None:
+        raise error
+
+    return execute_delivery
+
+
+def _unused_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+async def consumers() -> AsyncIterator[list[SqsDeliveryConsumer]]:
+    """Consumers a test started; stopped at teardown even when the test failed half-way."""
+    started: list[SqsDeliveryConsumer] = []
+    yield started
+    for consumer in started:
+        await asyncio.wait_for(consumer.stop(), timeout=WAIT)
+
+
+async def _start(consumers: list[SqsDeliveryConsumer], **options: Any) -> SqsDeliveryConsumer:
+    consumer = create_sqs_delivery_consumer(**{"wait_time_seconds": 1, **options})
+    consumers.append(consumer)
+    await consumer.start()
+    return consumer
+
+
+# ---------------------------------------------------------------------------------------------
+# delivery and acknowledgement
+
+
+async def test_a_triggered_run_is_executed_and_its_message_deleted(sqs_server, consumers):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    async with _runtime(client, url) as runtime:
+        run_id = (await runtime.trigger(echo, {"a": 1})).run.id
+        assert await _depth(client, url) == 1  # eager dispatch published one wakeup
+        consumer = await _start(consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery)
+
+        await _eventually(lambda: consumer.counts.deleted == 1, "the message to be deleted")
+        assert await _status(runtime, run_id) is RunStatus.SUCCEEDED
+        assert (await runtime.runs.get(run_id)).output == {"a": 1}
+        assert await _depth(client, url) == 0
+        assert (consumer.counts.received, consumer.counts.delivered, consumer.counts.failed) == (1, 1, 0)
+
+
+async def test_a_message_whose_body_is_not_a_wakeup_stays_on_the_queue(sqs_server, consumers):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name(), VisibilityTimeout="1")
+    sent = await asyncio.to_thread(client.send_message, QueueUrl=url, MessageBody='{"hello": "not a wakeup"}')
+    failures: list[SqsDeliveryFailure] = []
+    executed: list[DeliveryMessage] = []
+    consumer = await _start(
+        consumers,
+        client=client,
+        queue_url=url,
+        execute_delivery=lambda message, **options: executed.append(message),
+        on_delivery_failure=failures.append,
+    )
+
+    # Not deleted: the visibility timeout hands the same message back, and it fails the same way again.
+    await _eventually(lambda: len(failures) >= 2, "the junk message to be received twice")
+    await consumer.stop()
+    for failure in failures:
+        assert failure.phase is SqsDeliveryFailurePhase.PARSE
+        assert failure.provider_message_id == sent["MessageId"]
+        assert failure.queue_url == url
+        assert failure.delivery_message is None
+        assert isinstance(failure.cause, RunlaneError) and failure.cause.code is ErrorCode.VALIDATION_FAILED
+    assert executed == []
+    assert consumer.counts.deleted == 0
+    assert await _depth(client, url) == 1
+
+
+async def test_a_delivery_whose_execution_raises_is_not_deleted_and_reported_as_execute(sqs_server, consumers):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name(), VisibilityTimeout="1")
+    async with _runtime(client, url) as runtime:
+        run_id = (await runtime.trigger(echo, {"a": 1})).run.id
+        outage = RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "The database is down.", retryable=True)
+        failures: list[SqsDeliveryFailure] = []
+        consumer = await _start(
+            consumers,
+            client=client,
+            queue_url=url,
+            execute_delivery=_failing_with(outage),
+            on_delivery_failure=failures.append,
+        )
+        await _eventually(lambda: len(failures) >= 2, "the failed delivery to be received twice")
+        await consumer.stop()
+        for failure in failures:
+            assert failure.phase is SqsDeliveryFailurePhase.EXECUTE
+            assert failure.cause is outage
+            assert failure.delivery_message is not None and failure.delivery_message.run_id == run_id
+            assert failure.provider_message_id == failures[0].provider_message_id
+        assert consumer.counts.deleted == 0
+        assert await _depth(client, url) == 1
+
+        # The wakeup is still there for a consumer whose storage is back.
+        recovered = await _start(consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery)
+        await _eventually(lambda: recovered.counts.deleted == 1, "the recovered consumer to delete the message")
+        assert await _status(runtime, run_id) is RunStatus.SUCCEEDED
+        assert await _depth(client, url) == 0
+
+
+async def test_a_task_that_fails_still_has_its_message_deleted(sqs_server, consumers):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    async with _runtime(client, url) as runtime:
+        run_id = (await runtime.trigger(broken, {"a": 1})).run.id
+        failures: list[SqsDeliveryFailure] = []
+        consumer = await _start(
+            consumers,
+            client=client,
+            queue_url=url,
+            execute_delivery=runtime.execute_delivery,
+            on_delivery_failure=failures.append,
+        )
+        await _eventually(lambda: consumer.counts.deleted == 1, "the failed run's message to be deleted")
+        assert await _status(runtime, run_id) is RunStatus.FAILED
+        assert failures == []
+        assert await _depth(client, url) == 0
+
+
+async def test_a_stale_wakeup_for_a_finished_run_is_ignored_and_deleted(sqs_server, consumers):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    async with _runtime(client, url) as runtime:
+        results = []
+
+        async def recording(message: DeliveryMessage, **options: Any) -> Any:
+            result = await runtime.execute_delivery(message, **options)
+            results.append(result)
+            return result
+
+        run = (await runtime.trigger(echo, {"a": 1})).run
+        consumer = await _start(consumers, client=client, queue_url=url, execute_delivery=recording)
+        await _eventually(lambda: consumer.counts.deleted == 1, "the first wakeup to be handled")
+        assert await _status(runtime, run.id) is RunStatus.SUCCEEDED
+
+        again = DeliveryMessage(
+            environment=run.environment, run_id=run.id, queue=run.queue, requested_at=run.created_at
+        )
+        await asyncio.to_thread(client.send_message, QueueUrl=url, MessageBody=encode_sqs_wakeup_body(again))
+        await _eventually(lambda: consumer.counts.deleted == 2, "the stale wakeup to be deleted")
+        assert [result.status for result in results] == [ExecuteDeliveryStatus.EXECUTED, ExecuteDeliveryStatus.IGNORED]
+        assert results[1].reason is ExecuteDeliveryIgnoredReason.TERMINAL
+        assert await _status(runtime, run.id) is RunStatus.SUCCEEDED
+        assert await _depth(client, url) == 0
+
+
+async def test_a_fifo_consumer_delivers_in_order_and_leaves_the_rest_of_the_batch_after_a_failure(
+    sqs_server, consumers
+):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name() + ".fifo", fifo=True)
+    async with _runtime(client, url, fifo={"message_group": "queue"}) as runtime:
+        run_ids = [(await runtime.trigger(echo, {"n": n})).run.id for n in range(5)]
+        assert await _depth(client, url) == 5
+        calls: list[str] = []
+        stop = CancellationController()
+        failures: list[SqsDeliveryFailure] = []
+        received_at_failure: list[int] = []
+
+        async def third_fails(message: DeliveryMessage, **options: Any) -> Any:
+            calls.append(message.run_id)
+            if message.run_id == run_ids[2]:
+                raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "The database is down.", retryable=True)
+            return await runtime.execute_delivery(message, **options)
+
+        def observe(failure: SqsDeliveryFailure) -> None:
+            failures.append(failure)
+            received_at_failure.append(consumer.counts.received)
+            stop.abort("seen the failure")  # the loop finishes this batch, then ends
+
+        consumer = await _start(
+            consumers,
+            client=client,
+            queue_url=url,
+            fifo=True,
+            execute_delivery=third_fails,
+            signal=stop.signal,
+            on_delivery_failure=observe,
+        )
+        await asyncio.wait_for(consumer.closed, timeout=WAIT)
+
+        assert received_at_failure == [5]  # all five came in the one batch
+        assert calls == run_ids[:3]  # in order, and nothing after the failure
+        assert [failure.phase for failure in failures] == [SqsDeliveryFailurePhase.EXECUTE]
+        assert [await _status(runtime, run_id) for run_id in run_ids] == [RunStatus.SUCCEEDED] * 2 + [
+            RunStatus.QUEUED
+        ] * 3
+        assert consumer.counts.deleted == 2
+        assert await _depth(client, url) == 3  # the failed message and the two after it
+
+
+# ---------------------------------------------------------------------------------------------
+# lifecycle
+
+
+async def test_stop_during_a_long_poll_returns_without_waiting_for_the_poll(sqs_server, consumers):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    consumer = await _start(
+        consumers, client=client, queue_url=url, execute_delivery=_failing_with(AssertionError), wait_time_seconds=20
+    )
+    await asyncio.sleep(0.3)  # the 20-second receive is in flight
+    assert consumer.running
+
+    started = time.monotonic()
+    await asyncio.wait_for(consumer.stop(), timeout=WAIT)
+    assert time.monotonic() - started < 10
+    assert await consumer.closed is None
+    assert not consumer.running
+
+
+async def test_start_twice_is_a_no_op_and_start_after_stop_is_refused(sqs_server, consumers):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    consumer = create_sqs_delivery_consumer(
+        client=client, queue_url=url, execute_delivery=_failing_with(AssertionError), wait_time_seconds=1
+    )
+    consumers.append(consumer)
+    with pytest.raises(RunlaneError) as not_started:
+        consumer.closed
+    assert not_started.value.code is ErrorCode.CONFIGURATION_INVALID
+
+    await consumer.start()
+    loop = consumer.closed
+    await consumer.start()
+    assert consumer.closed is loop
+    assert consumer.running
+
+    await consumer.stop()
+    with pytest.raises(RunlaneError) as restarted:
+        await consumer.start()
+    assert restarted.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "create a new one" in restarted.value.message
+    assert consumer.closed is loop and not consumer.running
+
+
+async def test_a_receive_that_fails_as_a_whole_ends_the_loop_with_transport_unavailable():
+    port = _unused_port()  # nothing listens there
+    client = boto3.client(
+        "sqs",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region_name=TEST_REGION,
+        aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}),
+    )
+    executed: list[DeliveryMessage] = []
+    consumer = create_sqs_delivery_consumer(
+        client=client,
+        queue_url=f"http://127.0.0.1:{port}/123456789012/{_queue_name()}",
+        execute_delivery=lambda message, **options: executed.append(message),
+        wait_time_seconds=1,
+    )
+    await consumer.start()
+
+    with pytest.raises(RunlaneError) as ended:
+        await asyncio.wait_for(consumer.closed, timeout=WAIT)
+    assert ended.value.code is ErrorCode.TRANSPORT_UNAVAILABLE
+    assert ended.value.retryable is True
+    assert ended.value.meta["operation"] == "ReceiveMessage"
+    assert not consumer.running
+    assert executed == []
+    await consumer.stop()  # stopping a consumer that already ended is harmless
+
+
+async def test_an_on_delivery_failure_that_raises_ends_the_loop_with_that_error(sqs_server, consumers):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    async with _runtime(client, url) as runtime:
+        # One batch: a junk message, and a wakeup whose run is still executing when the junk fails.
+        run_id = (await runtime.trigger(slow, {"seconds": 0.5})).run.id
+        await asyncio.to_thread(client.send_message, QueueUrl=url, MessageBody="not json")
+
+        class ObserverBroke(Exception):
+            pass
+
+        def observe(failure: SqsDeliveryFailure) -> None:
+            raise ObserverBroke(failure.phase)
+
+        consumer = await _start(
+            consumers,
+            client=client,
+            queue_url=url,
+            execute_delivery=runtime.execute_delivery,
+            on_delivery_failure=observe,
+        )
+        with pytest.raises(ObserverBroke) as ended:
+            await asyncio.wait_for(consumer.closed, timeout=WAIT)
+        assert ended.value.args == (SqsDeliveryFailurePhase.PARSE,)
+        assert not consumer.running
+        assert consumer.counts.received == 2
+        # The loop ended only once the other delivery of its batch had resolved, and acknowledged it.
+        assert await _status(runtime, run_id) is RunStatus.SUCCEEDED
+        assert consumer.counts.deleted == 1
+        assert await _depth(client, url) == 1  # the junk message
+
+
+@pytest.mark.parametrize("stopped_by", ["stop()", "the consumer signal", "the delivery_options signal"])
+async def test_stopping_the_consumer_aborts_the_signal_the_task_sees(sqs_server, consumers, stopped_by):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    async with _runtime(client, url) as runtime:
+        key = uuid.uuid4().hex
+        _STARTED[key] = asyncio.Event()
+        run_id = (await runtime.trigger(cooperative, {"started": key})).run.id
+        controller = CancellationController()
+        options: dict[str, Any] = {}
+        if stopped_by == "the consumer signal":
+            options["signal"] = controller.signal
+        elif stopped_by == "the delivery_options signal":
+            options["delivery_options"] = {"signal": controller.signal, "lease_duration": "1m"}
+        consumer = await _start(
+            consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery, **options
+        )
+        await asyncio.wait_for(_STARTED[key].wait(), timeout=WAIT)
+        assert await _status(runtime, run_id) is RunStatus.RUNNING
+
+        if stopped_by == "stop()":
+            await asyncio.wait_for(consumer.stop(), timeout=WAIT)
+        else:
+            controller.abort("shutting down")
+            await asyncio.wait_for(consumer.closed, timeout=WAIT)
+        # The handler returned once its signal aborted; its outcome is persisted and the message deleted.
+        run = await runtime.runs.get(run_id)
+        assert run.status is RunStatus.SUCCEEDED
+        assert run.output == ("The SQS consumer is stopping." if stopped_by == "stop()" else "shutting down")
+        assert not consumer.running
+        assert consumer.counts.deleted == 1
+        assert await _depth(client, url) == 0
+        del _STARTED[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# options
+
+
+def _noop(message: DeliveryMessage, **options: Any) -> None:
+    raise AssertionError("nothing may be delivered by a consumer that was refused")
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        pytest.param({"fifo": False, "fifo_queue": True}, "fifo", id="standard-consumer-on-a-fifo-queue"),
+        pytest.param({"fifo": True}, "fifo", id="fifo-consumer-on-a-standard-queue"),
+        pytest.param({"max_number_of_messages": 11}, "max_number_of_messages", id="eleven-messages"),
+        pytest.param({"max_number_of_messages": 0}, "max_number_of_messages", id="zero-messages"),
+        pytest.param({"wait_time_seconds": 21}, "wait_time_seconds", id="wait-21-seconds"),
+        pytest.param({"visibility_timeout_seconds": 43201}, "visibility_timeout_seconds", id="visibility-over-12h"),
+        pytest.param({"delivery_options": {"lease": "1m"}}, "delivery_options", id="unknown-delivery-option"),
+        pytest.param({"execute_delivery": "runtime.execute_delivery"}, "execute_delivery", id="not-callable"),
+        pytest.param({"on_delivery_failure": 42}, "on_delivery_failure", id="observer-not-callable"),
+        pytest.param({"queue_url": "sqs://queue"}, "queue_url", id="not-an-http-url"),
+    ],
+)
+async def test_invalid_consumer_options_are_refused_when_the_consumer_is_created(sqs_server, options, field):
+    client = sqs_server.client()
+    options = dict(options)
+    name = _queue_name() + (".fifo" if options.pop("fifo_queue", False) else "")
+    url = sqs_server.create_queue(name, fifo=name.endswith(".fifo"))
+    arguments = {"client": client, "queue_url": url, "execute_delivery": _noop, **options}
+
+    with pytest.raises(RunlaneError) as refused:
+        create_sqs_delivery_consumer(**arguments)
+    assert refused.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert refused.value.meta.get("field") == field
