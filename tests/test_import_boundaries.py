@@ -64,3 +64,21 @@ def test_cli_loads_no_textual_until_the_dashboard_runs():
     modules = imported_modules("import runlane.cli.main")
     assert "typer" in modules  # the probe really imported the CLI
     assert leaked(modules, ("textual",)) == []
+
+
+def test_only_the_dashboard_package_imports_textual():
+    import re
+
+    pattern = re.compile(r"^\s*(from|import)\s+textual\b", re.MULTILINE)
+    sources = [*(REPO_ROOT / "runlane").rglob("*.py"), *(REPO_ROOT / "plugins").rglob("*.py")]
+    importing = sorted(
+        str(path.relative_to(REPO_ROOT)) for path in sources if pattern.search(path.read_text(encoding="utf-8"))
+    )
+    assert importing, "the dashboard imports textual: the check must see it"
+    assert [path for path in importing if not path.startswith("runlane/tui/")] == []
+
+
+def test_the_runtime_does_not_load_the_dashboard():
+    modules = imported_modules("import runlane, runlane.config, runlane_local, runlane_postgres, runlane_sqs")
+    assert leaked(modules, ("textual",)) == []
+    assert [name for name in modules if name.startswith("runlane.tui")] == []

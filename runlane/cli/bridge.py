@@ -40,7 +40,9 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "BridgeServer",
     "Session",
+    "exchange",
     "proxy",
+    "render_operation",
     "read_session",
     "session_dir",
     "session_path",
@@ -323,16 +325,30 @@ class BridgeServer:
         except RunlaneError as error:
             raise _Reject(400, error.code, error.message) from None
         shape = request["output"]
-        stdout, stderr = io.StringIO(), io.StringIO()
-        output = Output(
-            json_mode=shape["json"], stdout=stdout, stderr=stderr, width=shape["width"], color=shape["color"] or None
-        )
         try:
-            result = await op.call(self.runtime, params)
+            stdout, stderr = await render_operation(
+                self.runtime, op, params, json_mode=shape["json"], width=shape["width"], color=shape["color"] or None
+            )
         except RunlaneError as error:
             return {"error": error.to_json()}
-        op.render(output, params, result)
-        return {"stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+        return {"stdout": stdout, "stderr": stderr}
+
+
+async def render_operation(
+    runtime: Any,
+    op: Operation,
+    params: OperationParams,
+    *,
+    json_mode: bool = True,
+    width: int | None = None,
+    color: bool | None = None,
+) -> tuple[str, str]:
+    """Run ``op`` on ``runtime`` and return what it renders (stdout, stderr); its ``RunlaneError`` propagates."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    output = Output(json_mode=json_mode, stdout=stdout, stderr=stderr, width=width, color=color)
+    result = await op.call(runtime, params)
+    op.render(output, params, result)
+    return stdout.getvalue(), stderr.getvalue()
 
 
 def _error_body(code: ErrorCode, message: str) -> dict[str, Any]:
@@ -440,18 +456,30 @@ async def proxy(config_path: Path | str, op: Operation, params: OperationParams,
     if not pid_alive(session.pid):
         _ignore_stale(session, f"its process {session.pid} is not running")
         return False
+    rendered = await exchange(session, op, params, output)
+    if rendered is None:
+        return False
+    output.write_rendered(*rendered)
+    return True
+
+
+async def exchange(
+    session: Session, op: Operation, params: OperationParams, output: Output
+) -> tuple[str, str] | None:
+    """Run ``op`` in the dev process of ``session``, rendered for ``output``: its (stdout, stderr), or
+    ``None`` (after removing the session file) when the session turned out to be stale. A command
+    error raised in the dev process is raised here as the same ``RunlaneError``."""
     try:
         status, document = await _post(session, _request_body(op, params, output))
     except _Stale:
         _ignore_stale(session, "it did not answer as a runlane dev bridge")
-        return False
+        return None
     if status == 401:
         _ignore_stale(session, "it rejected the recorded token")
-        return False
+        return None
     error = document.get("error") if isinstance(document, dict) else None
     if status == 200 and isinstance(document, dict) and error is None:
-        output.write_rendered(str(document.get("stdout", "")), str(document.get("stderr", "")))
-        return True
+        return str(document.get("stdout", "")), str(document.get("stderr", ""))
     if isinstance(error, dict):
         try:
             code = ErrorCode(error.get("code"))

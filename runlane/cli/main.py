@@ -421,7 +421,7 @@ class _RootGroup(TyperGroup):
 
 def build_app() -> typer.Typer:
     """The root app with every built-in command group and every plugin's commands."""
-    from . import actions, dev, export, init, observations, plugins, runs, signal, tick, trigger, work
+    from . import actions, dev, export, init, observations, plugins, queues, runs, signal, tick, trigger, tui, work
 
     root = typer.Typer(
         cls=_RootGroup,
@@ -439,7 +439,7 @@ def build_app() -> typer.Typer:
     root.add_typer(observations.app, name="observations")
     root.add_typer(plugins.app, name="plugins")
     # Single-command groups merge into the root: `runlane trigger`, not `runlane trigger trigger`.
-    for module in (dev, work, tick, export, trigger, actions):
+    for module in (dev, work, tick, export, trigger, actions, queues, tui):
         root.add_typer(module.app)
     load_plugins()
     pm.hook.register_commands(app=root)

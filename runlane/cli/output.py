@@ -25,7 +25,7 @@ from rich.text import Text
 
 from ..errors import RunlaneError
 
-__all__ = ["Output", "forward_runtime_logs", "to_json_value"]
+__all__ = ["Output", "display_value", "event_detail", "forward_runtime_logs", "iso", "run_rows", "to_json_value"]
 
 
 def to_json_value(value: Any) -> Any:
@@ -47,7 +47,7 @@ def _dumps(value: Any) -> str:
     return json.dumps(to_json_value(value), ensure_ascii=False, separators=(",", ":"))
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso(value: datetime | None) -> str | None:
     if value is None:
         return None
     text = value.astimezone(UTC).isoformat(timespec="milliseconds")
@@ -55,7 +55,7 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def _now() -> str:
-    return _iso(datetime.now(UTC)) or ""
+    return iso(datetime.now(UTC)) or ""
 
 
 def _compact(value: Any) -> str:
@@ -65,30 +65,70 @@ def _compact(value: Any) -> str:
 def _what_next(run: Any) -> str:
     """What a run's line adds after an attempt: why it failed, when it is retried, what it waits for."""
     parts = []
-    if run.failure is not None and _value(run.status) in ("retrying", "failed"):
-        parts.append(f"error={_value(run.failure.code)}")
-    if _value(run.status) == "retrying":
-        parts.append(f"retry_at={_iso(run.run_at)}")
+    if run.failure is not None and display_value(run.status) in ("retrying", "failed"):
+        parts.append(f"error={display_value(run.failure.code)}")
+    if display_value(run.status) == "retrying":
+        parts.append(f"retry_at={iso(run.run_at)}")
     wait = run.wait
     if wait is not None:
-        kind = _value(wait.type)
+        kind = display_value(wait.type)
         if kind == "signal":
             parts.append(f"waiting_for=signal:{wait.signal_key}")
         elif kind == "run_completion":
             parts.append(f"waiting_for=run:{wait.run_id}")
         else:
-            parts.append(f"resume_at={_iso(wait.resume_at)}")
+            parts.append(f"resume_at={iso(wait.resume_at)}")
         if getattr(wait, "timeout_at", None) is not None:
-            parts.append(f"timeout_at={_iso(wait.timeout_at)}")
+            parts.append(f"timeout_at={iso(wait.timeout_at)}")
     return "".join(f" {part}" for part in parts)
 
 
-def _value(value: Any) -> str:
+def display_value(value: Any) -> str:
+    """How the CLI shows a value: enums by their value, times as ISO 8601 UTC with milliseconds."""
     if isinstance(value, enum.Enum):
         return str(value.value)
     if isinstance(value, datetime):
-        return _iso(value) or ""
+        return iso(value) or ""
     return str(value)
+
+
+def run_rows(run: Any, *, full: bool = True) -> list[tuple[str, Any]]:
+    """The labelled fields of a run card (``runs get``, the dashboard); callers skip ``None`` values."""
+    rows: list[tuple[str, Any]] = [
+        ("status", run.status),
+        ("task", run.task_id),
+        ("queue", run.queue),
+        ("environment", run.environment.name),
+        ("event sequence", run.event_sequence),
+        ("created", run.created_at),
+        ("updated", run.updated_at),
+        ("run at", run.run_at),
+        ("started", run.started_at),
+        ("finished", run.finished_at),
+        ("attempts", run.counters.attempts),
+        ("failures", run.counters.failures),
+        ("releases", run.counters.releases),
+        ("retries", run.counters.retries),
+        ("idempotency key", run.idempotency_key),
+        ("singleton key", run.singleton_key),
+        ("concurrency key", run.concurrency_key),
+    ]
+    if run.source is not None:
+        source = f"{display_value(run.source.type)}"
+        source_run = run.source.source_run_id or run.source.schedule_id
+        rows.append(("source", f"{source} {source_run}" if source_run else source))
+    if run.wait is not None:
+        rows.append(("waiting for", _compact(run.wait)))
+    if run.failure is not None:
+        rows.append(("failure", f"{display_value(run.failure.code)}: {run.failure.message}"))
+    if full:
+        if run.payload is not None:
+            rows.append(("payload", _compact(run.payload)))
+        if run.has_output:
+            rows.append(("output", _compact(run.output)))
+        if run.meta:
+            rows.append(("meta", _compact(run.meta)))
+    return rows
 
 
 class Output:
@@ -146,7 +186,7 @@ class Output:
     def log(self, record: logging.LogRecord) -> None:
         """One log record of the runtime (a failed attempt, a storage outage): stderr, as a timestamped
         line with its traceback below, or one JSON object with ``--json``."""
-        at = _iso(datetime.fromtimestamp(record.created, UTC)) or ""
+        at = iso(datetime.fromtimestamp(record.created, UTC)) or ""
         message = record.getMessage()
         trace = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
         if self.json:
@@ -184,49 +224,12 @@ class Output:
             line = Text(" " * indent)
             line.append(label.ljust(width), style="dim")
             line.append("  ")
-            line.append(_value(value))
+            line.append(display_value(value))
             self.stdout.print(line)
-
-    def _run_rows(self, run: Any, *, full: bool = True) -> list[tuple[str, Any]]:
-        rows: list[tuple[str, Any]] = [
-            ("status", run.status),
-            ("task", run.task_id),
-            ("queue", run.queue),
-            ("environment", run.environment.name),
-            ("event sequence", run.event_sequence),
-            ("created", run.created_at),
-            ("updated", run.updated_at),
-            ("run at", run.run_at),
-            ("started", run.started_at),
-            ("finished", run.finished_at),
-            ("attempts", run.counters.attempts),
-            ("failures", run.counters.failures),
-            ("releases", run.counters.releases),
-            ("retries", run.counters.retries),
-            ("idempotency key", run.idempotency_key),
-            ("singleton key", run.singleton_key),
-            ("concurrency key", run.concurrency_key),
-        ]
-        if run.source is not None:
-            source = f"{_value(run.source.type)}"
-            source_run = run.source.source_run_id or run.source.schedule_id
-            rows.append(("source", f"{source} {source_run}" if source_run else source))
-        if run.wait is not None:
-            rows.append(("waiting for", _compact(run.wait)))
-        if run.failure is not None:
-            rows.append(("failure", f"{_value(run.failure.code)}: {run.failure.message}"))
-        if full:
-            if run.payload is not None:
-                rows.append(("payload", _compact(run.payload)))
-            if run.has_output:
-                rows.append(("output", _compact(run.output)))
-            if run.meta:
-                rows.append(("meta", _compact(run.meta)))
-        return rows
 
     def run_card(self, run: Any, *, heading: Text | None = None) -> None:
         self.stdout.print(heading if heading is not None else Text(run.id, style="bold"))
-        self._card(self._run_rows(run))
+        self._card(run_rows(run))
 
     # -- command results -----------------------------------------------------------------------
 
@@ -235,7 +238,7 @@ class Output:
             self.emit_json({"run": result.run, "outcome": result.outcome})
             return
         run = result.run
-        if _value(result.outcome) == "created":
+        if display_value(result.outcome) == "created":
             self.run_card(run, heading=Text.assemble(("✓ created ", "bold green"), (run.id, "bold")))
         else:
             heading = Text.assemble(("⊝ returned existing ", "bold yellow"), (run.id, "bold"), " (idempotency)")
@@ -268,9 +271,9 @@ class Output:
             event = record.event
             line = Text("  ")
             line.append(f"{record.sequence:>4}  ", style="dim")
-            line.append(f"{_iso(event.occurred_at)}  ")
-            line.append(_value(event.type), style="cyan")
-            detail = _event_detail(event)
+            line.append(f"{iso(event.occurred_at)}  ")
+            line.append(display_value(event.type), style="cyan")
+            detail = event_detail(event)
             if detail:
                 line.append(f"  {detail}")
             self.line(line)
@@ -293,18 +296,40 @@ class Output:
                 counters = getattr(run, "counters", None)
                 table.add_row(
                     run.id,
-                    _value(run.status),
+                    display_value(run.status),
                     run.task_id,
                     run.queue,
                     str(counters.attempts) if counters is not None else "",
-                    _iso(getattr(run, "run_at", None)) or "",
-                    _iso(run.created_at) or "",
-                    _iso(run.updated_at) or "",
+                    iso(getattr(run, "run_at", None)) or "",
+                    iso(run.created_at) or "",
+                    iso(run.updated_at) or "",
                 )
             self.stdout.print(table)
         if page.next_cursor:
             self.line()
             self.line(Text.assemble(("next cursor", "bold cyan"), f"  {page.next_cursor}"))
+
+    def queues_table(self, queues: Sequence[Any]) -> None:
+        """``runlane queues``: each queue's policy and its active runs by status."""
+        if self.json:
+            self.emit_json({"queues": [queue.to_json() for queue in queues]})
+            return
+        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+        table.add_column("queue", no_wrap=True)
+        table.add_column("limit", justify="right")
+        statuses = list(queues[0].to_json()["counts"]) if queues else []
+        for status in statuses:
+            table.add_column(status.replace("_", " "), justify="right")
+        for queue in queues:
+            document = queue.to_json()
+            more = "+" if document["more"] else ""
+            name = Text(document["name"])
+            if document["default"]:
+                name.append(" (default)", style="dim")
+            limit = document["concurrency_limit"]
+            cells = [f"{count}{more}" if count else Text("0", style="dim") for count in document["counts"].values()]
+            table.add_row(name, "-" if limit is None else str(limit), *cells)
+        self.stdout.print(table)
 
     def attempts_table(self, run_id: str, attempts: Sequence[Any]) -> None:
         if self.json:
@@ -319,16 +344,16 @@ class Output:
         for attempt in attempts:
             detail = ""
             if attempt.failure is not None:
-                detail = f"{_value(attempt.failure.code)}: {attempt.failure.message}"
+                detail = f"{display_value(attempt.failure.code)}: {attempt.failure.message}"
             elif attempt.retry_at is not None:
-                detail = f"retry at {_iso(attempt.retry_at)}"
+                detail = f"retry at {iso(attempt.retry_at)}"
             elif attempt.release_reason:
                 detail = f"released: {attempt.release_reason}"
             table.add_row(
                 str(attempt.attempt),
-                _value(attempt.status),
-                _iso(attempt.started_at) or "",
-                _iso(attempt.completed_at) or "",
+                display_value(attempt.status),
+                iso(attempt.started_at) or "",
+                iso(attempt.completed_at) or "",
                 detail,
             )
         self.stdout.print(table)
@@ -364,7 +389,7 @@ class Output:
             return
         self.line(Text(f"✓ signal {signal_key} resumed {len(runs)} run{'s' if len(runs) != 1 else ''}", style="bold green"))
         for run in runs:
-            self.line(f"  {run.id}  {run.task_id}  {_value(run.status)}")
+            self.line(f"  {run.id}  {run.task_id}  {display_value(run.status)}")
 
     def plugins_table(self, plugins: Sequence[Any], failures: Sequence[Any] = ()) -> None:
         if self.json:
@@ -405,7 +430,8 @@ class Output:
 
     def run_executed(self, run: Any) -> None:
         text = (
-            f"run {_value(run.status)} {run.id} task={run.task_id} queue={run.queue} attempts={run.counters.attempts}"
+            f"run {display_value(run.status)} {run.id} task={run.task_id} queue={run.queue} "
+            f"attempts={run.counters.attempts}"
         )
         self.record("run", text + _what_next(run), run=run)
 
@@ -466,16 +492,17 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-def _event_detail(event: Any) -> str:
+def event_detail(event: Any) -> str:
+    """One event's notable fields on a line: attempt, reason, times, failure, actor."""
     parts: list[str] = []
     for name in ("attempt", "reason", "retry_at", "resume_at", "run_at"):
         value = getattr(event, name, None)
         if value is not None and not isinstance(value, BaseModel):
-            parts.append(f"{name}={_value(value)}")
+            parts.append(f"{name}={display_value(value)}")
     failure = getattr(event, "failure", None)
     if failure is not None:
-        parts.append(f"failure={_value(failure.code)}: {failure.message}")
+        parts.append(f"failure={display_value(failure.code)}: {failure.message}")
     actor = getattr(event, "actor", None)
     if actor is not None:
-        parts.append(f"actor={_value(actor.type)}" + (f":{actor.id}" if actor.id else ""))
+        parts.append(f"actor={display_value(actor.type)}" + (f":{actor.id}" if actor.id else ""))
     return " ".join(parts)

@@ -1,0 +1,83 @@
+"""``runlane tui``: the Textual dashboard (``runlane.tui``) for the configured runtime.
+
+On a shared lane the dashboard opens its own runtime; on a process-local lane it reads the live
+``runlane dev`` session for the same config, as the other stateful commands do. Textual is imported
+only when the command runs (install it with ``pip install 'runlane[tui]'``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..durations import duration_ms
+from ..errors import ErrorCode, RunlaneError
+from .main import guard, invoke, load_cli_config, open_runtime
+
+__all__ = ["app"]
+
+app = typer.Typer()
+
+_MIN_REFRESH_MS = 250
+
+
+def _refresh_seconds(text: str) -> float:
+    milliseconds = duration_ms(text, "--refresh")
+    if milliseconds < _MIN_REFRESH_MS:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID, f"--refresh must be at least {_MIN_REFRESH_MS}ms, got {text!r}."
+        )
+    return milliseconds / 1000
+
+
+def _dashboard_module() -> object:
+    try:
+        import runlane.tui as dashboard
+    except ImportError as error:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The dashboard needs Textual ({error.name} is missing); install it with: pip install 'runlane[tui]'",
+        ) from None
+    return dashboard
+
+
+@app.command("tui")
+def tui(
+    ctx: typer.Context,
+    refresh: Annotated[
+        str, typer.Option("--refresh", help="How often the open screen reloads (at least 250ms).", metavar="D")
+    ] = "2s",
+) -> None:
+    """Open the dashboard: queues, the newest runs and run details, live; cancel, retry and rerun runs."""
+    interval = guard(ctx, lambda: _refresh_seconds(refresh))
+    dashboard = guard(ctx, _dashboard_module)
+
+    async def main() -> None:
+        from .bridge import pid_alive, read_session
+
+        client_type = dashboard.DashboardClient  # type: ignore[attr-defined]
+        app_type = dashboard.RunlaneDashboard  # type: ignore[attr-defined]
+        config = load_cli_config(ctx)
+        session = read_session(config.path)
+        if session is not None and pid_alive(session.pid):
+            lane = config.lane.use if config.lane is not None else "runtime"
+            client = client_type.bridged(session, lane=lane, environment=config.environment)
+            try:
+                await client.queues()  # a session that no longer answers is discarded here
+            except RunlaneError as error:
+                if error.code is not ErrorCode.STORAGE_UNAVAILABLE:
+                    raise
+            else:
+                await app_type(client, refresh_interval=interval).run_async()
+                return
+        async with open_runtime(ctx) as runtime:
+            if runtime.lane.capabilities.process_local:
+                raise RunlaneError(
+                    ErrorCode.CONFIGURATION_INVALID,
+                    f"The {runtime.lane.name!r} lane keeps its runs in the `runlane dev` process; start "
+                    "`runlane dev` for this config, then open the dashboard again.",
+                )
+            await app_type(client_type.local(runtime), refresh_interval=interval).run_async()
+
+    invoke(ctx, main)

@@ -1,0 +1,42 @@
+"""``RunlaneDashboard``: the Textual app behind ``runlane tui``."""
+
+from __future__ import annotations
+
+from textual.app import App
+from textual.binding import Binding
+
+from .client import DashboardClient
+from .messages import RunChanged
+from .screens.runs import RunsScreen
+
+__all__ = ["RunlaneDashboard"]
+
+
+class RunlaneDashboard(App[None]):
+    """Runs, queues and run details of one configured runtime, refreshed every ``refresh_interval`` seconds
+    (0 turns the live refresh off; ``r`` refreshes on demand)."""
+
+    CSS_PATH = "dashboard.tcss"
+    TITLE = "Runlane"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("r", "refresh", "Refresh"),
+    ]
+
+    def __init__(self, client: DashboardClient, *, refresh_interval: float = 2.0) -> None:
+        super().__init__()
+        self.client = client
+        self.refresh_interval = refresh_interval
+
+    def on_mount(self) -> None:
+        self.sub_title = f"{self.client.environment} · lane {self.client.lane} · via {self.client.where}"
+        self.push_screen(RunsScreen())
+
+    def action_refresh(self) -> None:
+        reload = getattr(self.screen, "reload", None)
+        if callable(reload):
+            reload()
+
+    def on_run_changed(self, message: RunChanged) -> None:
+        # A screen underneath (the runs table) shows the change when it is resumed; nothing to do here.
+        message.stop()

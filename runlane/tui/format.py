@@ -1,0 +1,33 @@
+"""How the dashboard shows statuses and times (Rich text, no Textual)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from rich.text import Text
+
+__all__ = ["STATUS_STYLES", "short_time", "status_text"]
+
+STATUS_STYLES = {
+    "scheduled": "cyan",
+    "queued": "blue",
+    "running": "bold yellow",
+    "retrying": "yellow",
+    "released": "magenta",
+    "cancellation_requested": "red",
+    "succeeded": "green",
+    "failed": "bold red",
+    "cancelled": "dim",
+}
+
+
+def status_text(status: object) -> Text:
+    value = str(getattr(status, "value", status))
+    return Text(value.replace("_", " "), style=STATUS_STYLES.get(value, ""))
+
+
+def short_time(value: datetime | None) -> str:
+    """``2026-11-30 08:00:01`` in UTC (the dashboard's one time zone), or an empty string."""
+    if value is None:
+        return ""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,159 @@
+"""``RunsScreen``: the queue overview above the newest runs, refreshed live.
+
+``/`` filters the rows by text (run id, task, queue); ``s`` cycles the status filter (asked of storage);
+Enter on a queue filters the runs by that queue (Enter again clears it); Enter on a run opens it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input, Label, Static
+
+from ...errors import RunlaneError
+from ...models import RunSummary
+from ..client import QueueRow
+from ..messages import RunChanged
+from ..widgets.queue_table import QueueTable
+from ..widgets.runs_table import RunsTable
+from .run_detail import RunDetailScreen
+
+if TYPE_CHECKING:
+    from ..app import RunlaneDashboard
+
+__all__ = ["STATUS_FILTERS", "RunsScreen"]
+
+STATUS_FILTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("all", ()),
+    ("active", ("scheduled", "queued", "running", "retrying", "released", "cancellation_requested")),
+    ("failed", ("failed",)),
+    ("running", ("running",)),
+    ("queued", ("queued",)),
+    ("waiting", ("released",)),
+    ("retrying", ("retrying",)),
+    ("succeeded", ("succeeded",)),
+    ("cancelled", ("cancellation_requested", "cancelled")),
+)
+
+
+class RunsScreen(Screen[None]):
+    BINDINGS = [
+        Binding("slash", "focus_filter", "Filter"),
+        Binding("s", "next_status", "Status"),
+        Binding("escape", "clear_filters", "Clear filters"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.status_index = 0
+        self.queue_filter: str | None = None
+        self.text_filter = ""
+        self.queues: list[QueueRow] = []
+        self.runs: list[RunSummary] = []
+
+    @property
+    def dashboard(self) -> RunlaneDashboard:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Label("Queues", classes="section")
+        yield QueueTable(id="queues")
+        with Horizontal(id="filters"):
+            yield Label("Runs", classes="section")
+            yield Input(placeholder="/ to filter by run id, task or queue", id="filter")
+            yield Label("", id="status-filter")
+        yield RunsTable(id="runs")
+        yield Static("", id="status-line")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._show_filters()
+        self.query_one("#runs", RunsTable).focus()
+        self.reload()
+        if self.dashboard.refresh_interval > 0:
+            self.set_interval(self.dashboard.refresh_interval, self.reload)
+
+    def on_screen_resume(self) -> None:
+        self.reload()
+
+    # -- data -----------------------------------------------------------------------------------
+
+    @work(exclusive=True, group="runs")
+    async def reload(self) -> None:
+        client = self.dashboard.client
+        statuses = STATUS_FILTERS[self.status_index][1]
+        try:
+            queues = await client.queues()
+            page = await client.runs(statuses=statuses, queues=[self.queue_filter] if self.queue_filter else ())
+        except RunlaneError as error:
+            self.query_one("#status-line", Static).update(f"[red]{error.code.value}[/]: {error.message}")
+            return
+        self.queues, self.runs = queues, page.runs
+        self._render_tables(more=page.next_cursor is not None)
+
+    def _render_tables(self, *, more: bool = False) -> None:
+        self.query_one("#queues", QueueTable).show(self.queues, self.queue_filter)
+        needle = self.text_filter.lower()
+        shown = [
+            run
+            for run in self.runs
+            if not needle or any(needle in field.lower() for field in (run.id, run.task_id, run.queue))
+        ]
+        self.query_one("#runs", RunsTable).show(shown)
+        count = f"{len(shown)} of the newest {len(self.runs)} runs" if needle else f"{len(shown)} newest runs"
+        note = " (more in storage: narrow the filters)" if more else ""
+        self.query_one("#status-line", Static).update(f"{count}{note}")
+
+    def _show_filters(self) -> None:
+        name = STATUS_FILTERS[self.status_index][0]
+        queue = f"  queue: {self.queue_filter}" if self.queue_filter else ""
+        self.query_one("#status-filter", Label).update(f"status: {name}{queue}")
+
+    # -- events ---------------------------------------------------------------------------------
+
+    @on(DataTable.RowSelected, "#runs")
+    def _open_run(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value is not None:
+            self.app.push_screen(RunDetailScreen(event.row_key.value))
+
+    @on(DataTable.RowSelected, "#queues")
+    def _filter_queue(self, event: DataTable.RowSelected) -> None:
+        chosen = event.row_key.value
+        self.queue_filter = None if chosen == self.queue_filter else chosen
+        self._show_filters()
+        self.reload()
+
+    @on(Input.Changed, "#filter")
+    def _filter_text(self, event: Input.Changed) -> None:
+        self.text_filter = event.value.strip()
+        self._render_tables()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self) -> None:
+        self.query_one("#runs", RunsTable).focus()
+
+    def on_run_changed(self, message: RunChanged) -> None:
+        self.reload()
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def action_focus_filter(self) -> None:
+        self.query_one("#filter", Input).focus()
+
+    def action_next_status(self) -> None:
+        self.status_index = (self.status_index + 1) % len(STATUS_FILTERS)
+        self._show_filters()
+        self.reload()
+
+    def action_clear_filters(self) -> None:
+        self.status_index, self.queue_filter = 0, None
+        self.query_one("#filter", Input).value = ""
+        self._show_filters()
+        self.query_one("#runs", RunsTable).focus()
+        self.reload()

@@ -1,0 +1,43 @@
+"""``QueueTable``: every registered queue with its active runs by status (``runlane queues``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from ..client import QueueRow
+from ..format import STATUS_STYLES
+from .keyed_table import KeyedTable
+
+__all__ = ["QueueTable"]
+
+_STATUSES = ("scheduled", "queued", "running", "retrying", "released", "cancellation_requested")
+_HEADINGS = ("scheduled", "queued", "running", "retrying", "released", "cancelling")
+
+
+class QueueTable(KeyedTable):
+    """One row per queue, keyed by queue name; the selected row filters the runs table."""
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.add_column("queue", key="queue")
+        self.add_column("limit", key="limit")
+        for status, heading in zip(_STATUSES, _HEADINGS):
+            self.add_column(heading, key=status)
+
+    def show(self, rows: Sequence[QueueRow], selected: str | None) -> None:
+        """Replace the rows, keeping the cursor on the same queue; ``selected`` is the queue filter."""
+        with self.replacing_rows():
+            for row in rows:
+                name = Text(row.name, style="bold" if row.name == selected else "")
+                if row.default:
+                    name.append(" (default)", style="dim")
+                if row.name == selected:
+                    name.append(" ◂ filter", style="cyan")
+                cells: list[Text | str] = [name, "-" if row.concurrency_limit is None else str(row.concurrency_limit)]
+                for status in _STATUSES:
+                    count = row.counts.get(status, 0)
+                    label = f"{count}{'+' if row.more else ''}"
+                    cells.append(Text(label, style=STATUS_STYLES[status] if count else "dim"))
+                self.add_row(*cells, key=row.name)

@@ -1,0 +1,62 @@
+"""``RunsTable``: the newest runs, one row each, keyed by run id."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from ...models import RunSummary
+from ..format import short_time, status_text
+from .keyed_table import KeyedTable
+
+__all__ = ["RunsTable"]
+
+
+class RunsTable(KeyedTable):
+    """Runs as rows; ``show()`` keeps the cursor on the same run across refreshes."""
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        for label, key in (
+            ("run", "id"),
+            ("status", "status"),
+            ("task", "task"),
+            ("queue", "queue"),
+            ("attempts", "attempts"),
+            ("updated", "updated"),
+            ("detail", "detail"),
+        ):
+            self.add_column(label, key=key)
+
+    def show(self, runs: Sequence[RunSummary]) -> None:
+        """Replace the rows, keeping the cursor on the same run."""
+        with self.replacing_rows():
+            for run in runs:
+                self.add_row(
+                    run.id,
+                    status_text(run.status),
+                    run.task_id,
+                    run.queue,
+                    str(run.counters.attempts),
+                    short_time(run.updated_at),
+                    _detail(run),
+                    key=run.id,
+                )
+
+
+def _detail(run: RunSummary) -> Text:
+    """Why a run is where it is: its failure, what it waits for, or when it runs."""
+    if run.failure is not None:
+        return Text(f"{run.failure.code.value}: {run.failure.message}", style="red")
+    wait = run.wait
+    if wait is not None:
+        kind = str(getattr(wait.type, "value", wait.type))
+        if kind == "signal":
+            return Text(f"waiting for signal {getattr(wait, 'signal_key', '')}", style="magenta")
+        if kind == "run_completion":
+            return Text(f"waiting for run {getattr(wait, 'run_id', '')}", style="magenta")
+        return Text(f"resumes {short_time(getattr(wait, 'resume_at', None))}", style="magenta")
+    if run.status.value in ("scheduled", "retrying") and run.run_at is not None:
+        return Text(f"runs at {short_time(run.run_at)}", style="dim")
+    return Text("")

@@ -1,0 +1,445 @@
+"""The dashboard (``runlane tui``), driven with Textual's pilot over a real in-memory runtime.
+
+Every test builds the app over ``DashboardClient.local(runtime)``: the same operations and JSON as the
+``runlane`` commands. Times come from a ``ControlledClock`` and run ids are fixed, so the SVG snapshots
+of the main screens are stable; behaviour tests assert on the widgets and on the runtime itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runlane_local import local_lane
+
+from runlane import ErrorCode, Retry, RunlaneError, RunStatus, TaskContext, create_runlane, queue, task
+from runlane.testing import ControlledClock
+from runlane.tui import DashboardClient, RunlaneDashboard
+from runlane.tui.screens.confirm import ConfirmScreen
+from runlane.tui.screens.run_detail import RunDetailScreen
+from runlane.tui.screens.runs import RunsScreen
+
+T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+SIZE = (140, 36)
+
+default = queue("default", default=True)
+reports = queue("reports", concurrency_limit=2)
+
+
+@task("emails.send")
+async def send(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"sent": payload["to"]}
+
+
+@task("imports.run", retry=Retry(max_attempts=1))
+async def import_file(payload: dict[str, Any]) -> None:
+    raise RuntimeError("the file is gone")
+
+
+@task("approvals.wait")
+async def wait_for_approval(payload: dict[str, Any], ctx: TaskContext) -> Any:
+    return ctx.wait_for_signal(f"approved.{payload['id']}")
+
+
+@task("reports.build", queue=reports)
+async def build_report(payload: dict[str, Any]) -> None:
+    return None
+
+
+def make_runtime() -> Any:
+    clock = ControlledClock(T0)
+    return create_runlane(
+        lane=local_lane(),
+        queues=[default, reports],
+        tasks=[send, import_file, wait_for_approval, build_report],
+        clock=clock,
+        worker_id="worker_tui_test",
+    )
+
+
+async def seed(runtime: Any) -> None:
+    """Two sent emails, a failed import, a run waiting for a signal, and a report waiting for capacity,
+    created a second apart in that order."""
+    for task_definition, payload, run_id in (
+        (send, {"to": "ada"}, "run_email_ada"),
+        (send, {"to": "bob"}, "run_email_bob"),
+        (import_file, {"file": "q3.csv"}, "run_import_q3"),
+        (wait_for_approval, {"id": "po-7"}, "run_approval_po7"),
+    ):
+        await runtime.trigger(task_definition, payload, run_id=run_id)
+        runtime.clock.advance(timedelta(seconds=1))
+    for _ in range(4):
+        await runtime.execute_next()
+    await runtime.trigger(build_report, {"month": "11"}, run_id="run_report_nov")
+
+
+async def settle(pilot: Any) -> None:
+    """Let the screen's loading workers finish and the screen repaint."""
+    await pilot.pause()
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def rows(app: Any, table: str) -> list[list[str]]:
+    widget = app.screen.query_one(f"#{table}")
+    return [[str(cell) for cell in widget.get_row_at(index)] for index in range(widget.row_count)]
+
+
+def run_ids(app: Any) -> list[str]:
+    return [row[0] for row in rows(app, "runs")]
+
+
+def status_line(app: Any) -> str:
+    return str(app.screen.query_one("#status-line").render())
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs screen
+
+
+async def test_the_runs_screen_shows_the_newest_runs_and_the_queue_overview() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            assert isinstance(app.screen, RunsScreen)
+            assert run_ids(app) == [
+                "run_report_nov", "run_approval_po7", "run_import_q3", "run_email_bob", "run_email_ada"
+            ]  # fmt: skip
+            statuses = {row[0]: row[1] for row in rows(app, "runs")}
+            assert statuses == {
+                "run_report_nov": "queued",
+                "run_approval_po7": "released",
+                "run_import_q3": "failed",
+                "run_email_bob": "succeeded",
+                "run_email_ada": "succeeded",
+            }
+            details = {row[0]: row[6] for row in rows(app, "runs")}
+            assert details["run_import_q3"] == "task_failed: Task failed."
+            assert details["run_approval_po7"] == "waiting for signal approved.po-7"
+            queues = {row[0]: row for row in rows(app, "queues")}
+            assert queues["default (default)"][1:] == ["-", "0", "0", "0", "0", "1", "0"]
+            assert queues["reports"][1:] == ["2", "0", "1", "0", "0", "0", "0"]
+            assert app.sub_title == "default · lane local · via this process"
+
+
+async def test_text_status_and_queue_filters_narrow_the_runs() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await pilot.press("slash", *"email")
+            await settle(pilot)
+            assert run_ids(app) == ["run_email_bob", "run_email_ada"]
+            assert status_line(app) == "2 of the newest 5 runs"
+
+            await pilot.press("enter", "s")  # back to the table, then status: active
+            await settle(pilot)
+            assert run_ids(app) == []  # active runs whose id, task or queue contains "email": none
+            await pilot.press("escape")
+            await settle(pilot)
+            assert len(run_ids(app)) == 5
+
+            await pilot.press("s", "s")  # status: failed
+            await settle(pilot)
+            assert run_ids(app) == ["run_import_q3"]
+            assert "status: failed" in str(app.screen.query_one("#status-filter").render())
+            await pilot.press("escape")
+
+            app.screen.query_one("#queues").focus()
+            await pilot.press("down", "enter")  # the second queue row: reports
+            await settle(pilot)
+            assert run_ids(app) == ["run_report_nov"]
+            assert "queue: reports" in str(app.screen.query_one("#status-filter").render())
+            await pilot.press("enter")  # the same queue again clears the queue filter
+            await settle(pilot)
+            assert len(run_ids(app)) == 5
+
+
+async def test_the_runs_table_refreshes_itself_and_keeps_the_cursor_on_its_run() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0.05)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await pilot.press("down", "down")
+            table = app.screen.query_one("#runs")
+            assert table.cursor_key == "run_import_q3"
+            runtime.clock.advance(timedelta(seconds=1))
+            await runtime.trigger(send, {"to": "cy"}, run_id="run_email_cy")
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if "run_email_cy" in run_ids(app):
+                    break
+            assert run_ids(app)[0] == "run_email_cy"
+            assert table.cursor_key == "run_import_q3"
+
+
+# ---------------------------------------------------------------------------------------------
+# A run's detail and the operator actions
+
+
+async def open_run(pilot: Any, run_id: str) -> None:
+    await settle(pilot)
+    table = pilot.app.screen.query_one("#runs")
+    table.move_cursor(row=table.get_row_index(run_id))
+    await pilot.press("enter")
+    await settle(pilot)
+
+
+async def test_enter_opens_the_run_with_its_attempts_and_event_timeline() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await open_run(pilot, "run_import_q3")
+            assert isinstance(app.screen, RunDetailScreen) and app.screen.run_id == "run_import_q3"
+            events = [row[2] for row in rows(app, "events")]
+            assert events == [
+                "run.created", "run.delivery_requested", "run.lease_claimed", "run.started", "run.failed"
+            ]  # fmt: skip
+            (attempt,) = rows(app, "attempts")
+            assert attempt[:2] == ["1", "failed"] and attempt[4] == "task_failed: Task failed."
+            assert status_line(app) == "1 attempts, 5 events"
+            await pilot.press("escape")
+            await settle(pilot)
+            assert isinstance(app.screen, RunsScreen)
+
+
+async def test_cancel_asks_first_and_keeping_the_run_changes_nothing() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await open_run(pilot, "run_approval_po7")
+            await pilot.press("c")
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmScreen)
+            assert "Cancel run run_approval_po7?" in str(app.screen.query_one("#question").render())
+            await pilot.press("n")
+            await settle(pilot)
+            assert isinstance(app.screen, RunDetailScreen)
+            assert (await runtime.runs.get("run_approval_po7")).status is RunStatus.RELEASED
+
+            await pilot.press("c", "y")
+            await settle(pilot)
+            assert (await runtime.runs.get("run_approval_po7")).status is RunStatus.CANCELLED
+            assert app.screen.detail.run.status is RunStatus.CANCELLED  # the screen reloaded the run
+            assert any("Cancel recorded for run_approval_po7" in n.message for n in app._notifications)
+            events = await runtime.runs.events("run_approval_po7")
+            assert events.data[-1].event.actor.id == "dashboard"
+
+
+async def test_retry_creates_a_new_run_and_opens_it() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await open_run(pilot, "run_import_q3")
+            await pilot.press("t", "y")
+            await settle(pilot)
+            assert isinstance(app.screen, RunDetailScreen)
+            created = app.screen.run_id
+            assert created != "run_import_q3"
+            run = await runtime.runs.get(created)
+            assert run.source.source_run_id == "run_import_q3" and run.payload == {"file": "q3.csv"}
+            await pilot.press("escape")
+            await settle(pilot)
+            assert created in run_ids(app)
+
+
+async def test_a_refused_action_shows_its_error_and_changes_nothing() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await open_run(pilot, "run_email_ada")
+            await pilot.press("t", "y")  # retry needs a failed run
+            await settle(pilot)
+            assert isinstance(app.screen, RunDetailScreen) and app.screen.run_id == "run_email_ada"
+            (notification,) = app._notifications
+            assert notification.severity == "error"
+            assert notification.title == "retry refused: validation_failed"
+            assert "manual retry needs a failed run" in notification.message
+            page = await runtime.runs.list()
+            assert len(page.data) == 5
+
+
+async def test_a_storage_failure_is_shown_and_the_last_rows_stay() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        client = DashboardClient.local(runtime)
+        app = RunlaneDashboard(client, refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+
+            async def unavailable(name: str, params: dict[str, Any]) -> str:
+                raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "The database is restarting.", retryable=True)
+
+            client._call = unavailable
+            await pilot.press("r")
+            await settle(pilot)
+            assert status_line(app) == "storage_unavailable: The database is restarting."
+            assert len(run_ids(app)) == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshots of the main screens
+
+
+def snapshot_app() -> tuple[RunlaneDashboard, Any]:
+    runtime = make_runtime()
+    return RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0), runtime
+
+
+async def seed_and_show(pilot: Any, runtime: Any) -> None:
+    """Seed inside the app's event loop (the runtime lives on it), then reload the runs screen."""
+    await seed(runtime)
+    pilot.app.screen.reload()
+    await settle(pilot)
+
+
+def test_snapshot_of_the_runs_screen(snap_compare: Any) -> None:
+    app, runtime = snapshot_app()
+
+    async def before(pilot: Any) -> None:
+        await seed_and_show(pilot, runtime)
+
+    try:
+        assert snap_compare(app, terminal_size=SIZE, run_before=before)
+    finally:
+        asyncio.run(runtime.close())
+
+
+def test_snapshot_of_a_failed_run(snap_compare: Any) -> None:
+    app, runtime = snapshot_app()
+
+    async def before(pilot: Any) -> None:
+        await seed_and_show(pilot, runtime)
+        await open_run(pilot, "run_import_q3")
+
+    try:
+        assert snap_compare(app, terminal_size=SIZE, run_before=before)
+    finally:
+        asyncio.run(runtime.close())
+
+
+def test_snapshot_of_the_cancel_question(snap_compare: Any) -> None:
+    app, runtime = snapshot_app()
+
+    async def before(pilot: Any) -> None:
+        await seed_and_show(pilot, runtime)
+        await open_run(pilot, "run_approval_po7")
+
+    try:
+        assert snap_compare(app, press=["c"], terminal_size=SIZE, run_before=before)
+    finally:
+        asyncio.run(runtime.close())
+
+
+# ---------------------------------------------------------------------------------------------
+# Through a live `runlane dev` session, and the command itself
+
+BRIDGE_TASKS = """
+from runlane import queue, task
+
+default = queue("default", default=True)
+parked = queue("parked")
+
+
+@task("ping")
+def ping(payload: dict) -> dict:
+    return {"pong": True}
+
+
+@task("later", queue=parked)
+def later(payload: dict) -> None:
+    return None
+"""
+
+
+@pytest.fixture
+def dev_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from cli_support import Project, make_project
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))  # this process computes the same session paths
+    return Project(make_project(tmp_path / "proj", BRIDGE_TASKS), tmpdir)
+
+
+async def test_on_a_process_local_lane_the_dashboard_reads_the_runlane_dev_process(dev_project: Any) -> None:
+    from cli_support import running_dev
+
+    from runlane.cli.bridge import read_session
+
+    with running_dev(dev_project, "--queue", "default", "--tick-interval", "1s"):
+        executed = dev_project.json("trigger", "ping", "{}")["run"]["id"]
+        parked = dev_project.json("trigger", "later", "{}")["run"]["id"]  # nobody polls its queue
+        session = read_session(dev_project.config)
+        client = DashboardClient.bridged(session, lane="local", environment="development")
+        assert client.where == f"runlane dev (pid {session.pid})"
+
+        app = RunlaneDashboard(client, refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            for _ in range(100):  # the dev worker executes the ping run shortly
+                await settle(pilot)
+                if {row[0]: row[1] for row in rows(app, "runs")}.get(executed) == "succeeded":
+                    break
+                app.screen.reload()
+            assert {row[0]: row[1] for row in rows(app, "runs")} == {executed: "succeeded", parked: "queued"}
+            queues = {row[0]: row[1:] for row in rows(app, "queues")}
+            assert queues["parked"][2] == "1"  # queued
+
+            await open_run(pilot, parked)
+            await pilot.press("c", "y")
+            await settle(pilot)
+        assert dev_project.json("runs", "get", parked)["run"]["status"] == "cancelled"
+
+
+def test_runlane_tui_refuses_a_process_local_lane_without_runlane_dev(dev_project: Any) -> None:
+    result = dev_project.cli("tui")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error[configuration_invalid]: ")
+    assert "start `runlane dev` for this config" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_runlane_tui_refuses_a_refresh_interval_it_cannot_keep(dev_project: Any) -> None:
+    result = dev_project.cli("tui", "--refresh", "10ms")
+    assert result.returncode == 1
+    assert "--refresh must be at least 250ms" in result.stderr
+
+
+def test_runlane_queues_counts_the_active_runs_of_each_queue(tmp_path: Path) -> None:
+    from cli_support import cli, make_project
+
+    root = make_project(tmp_path / "proj", BRIDGE_TASKS, lane="sqlite")
+    for task_id in ("ping", "ping", "later"):
+        assert cli(root, "trigger", task_id, "{}").returncode == 0
+    result = cli(root, "--json", "queues")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    counts = {queue["name"]: queue["counts"] for queue in document["queues"]}
+    assert counts["default"]["queued"] == 2 and counts["parked"]["queued"] == 1
+    assert [queue["default"] for queue in document["queues"]] == [True, False]
+
+    limited = json.loads(cli(root, "--json", "queues", "--limit", "1").stdout)
+    assert limited["queues"][0]["counts"]["queued"] == 1 and limited["queues"][0]["more"] is True
+    text = cli(root, "queues").stdout
+    assert "default (default)" in text and "2+" not in text and "queued" in text
