@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -98,91 +100,88 @@ def status_line(app: Any) -> str:
     return str(app.screen.query_one("#status-line").render())
 
 
+@asynccontextmanager
+async def dashboard(*, refresh_interval: float = 0) -> AsyncIterator[tuple[Any, Any, Any]]:
+    """A seeded runtime and the dashboard over it, running under the pilot: ``(app, pilot, runtime)``."""
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=refresh_interval)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            yield app, pilot, runtime
+
+
 # ---------------------------------------------------------------------------------------------
 # The runs screen
 
 
 async def test_the_runs_screen_shows_the_newest_runs_and_the_queue_overview() -> None:
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
-        async with app.run_test(size=SIZE) as pilot:
-            await settle(pilot)
-            assert isinstance(app.screen, RunsScreen)
-            assert run_ids(app) == [
-                "run_report_nov", "run_approval_po7", "run_import_q3", "run_email_bob", "run_email_ada"
-            ]  # fmt: skip
-            statuses = {row[0]: row[1] for row in rows(app, "runs")}
-            assert statuses == {
-                "run_report_nov": "queued",
-                "run_approval_po7": "released",
-                "run_import_q3": "failed",
-                "run_email_bob": "succeeded",
-                "run_email_ada": "succeeded",
-            }
-            details = {row[0]: row[6] for row in rows(app, "runs")}
-            assert details["run_import_q3"] == "task_failed: Task failed."
-            assert details["run_approval_po7"] == "waiting for signal approved.po-7"
-            queues = {row[0]: row for row in rows(app, "queues")}
-            assert queues["default (default)"][1:] == ["-", "0", "0", "0", "0", "1", "0"]
-            assert queues["reports"][1:] == ["2", "0", "1", "0", "0", "0", "0"]
-            assert app.sub_title == "default · lane local · via this process"
+    async with dashboard() as (app, pilot, runtime):
+        assert isinstance(app.screen, RunsScreen)
+        assert run_ids(app) == [
+            "run_report_nov", "run_approval_po7", "run_import_q3", "run_email_bob", "run_email_ada"
+        ]  # fmt: skip
+        statuses = {row[0]: row[1] for row in rows(app, "runs")}
+        assert statuses == {
+            "run_report_nov": "queued",
+            "run_approval_po7": "released",
+            "run_import_q3": "failed",
+            "run_email_bob": "succeeded",
+            "run_email_ada": "succeeded",
+        }
+        details = {row[0]: row[6] for row in rows(app, "runs")}
+        assert details["run_import_q3"] == "task_failed: Task failed."
+        assert details["run_approval_po7"] == "waiting for signal approved.po-7"
+        queues = {row[0]: row for row in rows(app, "queues")}
+        assert queues["default (default)"][1:] == ["-", "0", "0", "0", "0", "1", "0"]
+        assert queues["reports"][1:] == ["2", "0", "1", "0", "0", "0", "0"]
+        assert app.sub_title == "default · lane local · via this process"
 
 
 async def test_text_status_and_queue_filters_narrow_the_runs() -> None:
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
-        async with app.run_test(size=SIZE) as pilot:
-            await settle(pilot)
-            await pilot.press("slash", *"email")
-            await settle(pilot)
-            assert run_ids(app) == ["run_email_bob", "run_email_ada"]
-            assert status_line(app) == "2 of the newest 5 runs"
+    async with dashboard() as (app, pilot, runtime):
+        await pilot.press("slash", *"email")
+        await settle(pilot)
+        assert run_ids(app) == ["run_email_bob", "run_email_ada"]
+        assert status_line(app) == "2 of the newest 5 runs"
 
-            await pilot.press("enter", "s")  # back to the table, then status: active
-            await settle(pilot)
-            assert run_ids(app) == []  # active runs whose id, task or queue contains "email": none
-            await pilot.press("escape")
-            await settle(pilot)
-            assert len(run_ids(app)) == 5
+        await pilot.press("enter", "s")  # back to the table, then status: active
+        await settle(pilot)
+        assert run_ids(app) == []  # active runs whose id, task or queue contains "email": none
+        await pilot.press("escape")
+        await settle(pilot)
+        assert len(run_ids(app)) == 5
 
-            await pilot.press("s", "s")  # status: failed
-            await settle(pilot)
-            assert run_ids(app) == ["run_import_q3"]
-            assert "status: failed" in str(app.screen.query_one("#status-filter").render())
-            await pilot.press("escape")
+        await pilot.press("s", "s")  # status: failed
+        await settle(pilot)
+        assert run_ids(app) == ["run_import_q3"]
+        assert "status: failed" in str(app.screen.query_one("#status-filter").render())
+        await pilot.press("escape")
 
-            app.screen.query_one("#queues").focus()
-            await pilot.press("down", "enter")  # the second queue row: reports
-            await settle(pilot)
-            assert run_ids(app) == ["run_report_nov"]
-            assert "queue: reports" in str(app.screen.query_one("#status-filter").render())
-            await pilot.press("enter")  # the same queue again clears the queue filter
-            await settle(pilot)
-            assert len(run_ids(app)) == 5
+        app.screen.query_one("#queues").focus()
+        await pilot.press("down", "enter")  # the second queue row: reports
+        await settle(pilot)
+        assert run_ids(app) == ["run_report_nov"]
+        assert "queue: reports" in str(app.screen.query_one("#status-filter").render())
+        await pilot.press("enter")  # the same queue again clears the queue filter
+        await settle(pilot)
+        assert len(run_ids(app)) == 5
 
 
 async def test_the_runs_table_refreshes_itself_and_keeps_the_cursor_on_its_run() -> None:
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0.05)
-        async with app.run_test(size=SIZE) as pilot:
-            await settle(pilot)
-            await pilot.press("down", "down")
-            table = app.screen.query_one("#runs")
-            assert table.cursor_key == "run_import_q3"
-            runtime.clock.advance(timedelta(seconds=1))
-            await runtime.trigger(send, {"to": "cy"}, run_id="run_email_cy")
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if "run_email_cy" in run_ids(app):
-                    break
-            assert run_ids(app)[0] == "run_email_cy"
-            assert table.cursor_key == "run_import_q3"
+    async with dashboard(refresh_interval=0.05) as (app, pilot, runtime):
+        await pilot.press("down", "down")
+        table = app.screen.query_one("#runs")
+        assert table.cursor_key == "run_import_q3"
+        runtime.clock.advance(timedelta(seconds=1))
+        await runtime.trigger(send, {"to": "cy"}, run_id="run_email_cy")
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if "run_email_cy" in run_ids(app):
+                break
+        assert run_ids(app)[0] == "run_email_cy"
+        assert table.cursor_key == "run_import_q3"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,158 +197,116 @@ async def open_run(pilot: Any, run_id: str) -> None:
 
 
 async def test_enter_opens_the_run_with_its_attempts_and_event_timeline() -> None:
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
-        async with app.run_test(size=SIZE) as pilot:
-            await open_run(pilot, "run_import_q3")
-            assert isinstance(app.screen, RunDetailScreen) and app.screen.run_id == "run_import_q3"
-            events = [row[2] for row in rows(app, "events")]
-            assert events == [
-                "run.created", "run.delivery_requested", "run.lease_claimed", "run.started", "run.failed"
-            ]  # fmt: skip
-            (attempt,) = rows(app, "attempts")
-            assert attempt[:2] == ["1", "failed"] and attempt[4] == "task_failed: Task failed."
-            assert status_line(app) == "1 attempts, 5 events"
-            await pilot.press("escape")
-            await settle(pilot)
-            assert isinstance(app.screen, RunsScreen)
+    async with dashboard() as (app, pilot, runtime):
+        await open_run(pilot, "run_import_q3")
+        assert isinstance(app.screen, RunDetailScreen) and app.screen.run_id == "run_import_q3"
+        events = [row[2] for row in rows(app, "events")]
+        assert events == [
+            "run.created", "run.delivery_requested", "run.lease_claimed", "run.started", "run.failed"
+        ]  # fmt: skip
+        (attempt,) = rows(app, "attempts")
+        assert attempt[:2] == ["1", "failed"] and attempt[4] == "task_failed: Task failed."
+        assert status_line(app) == "1 attempts, 5 events"
+        await pilot.press("escape")
+        await settle(pilot)
+        assert isinstance(app.screen, RunsScreen)
 
 
 async def test_cancel_asks_first_and_keeping_the_run_changes_nothing() -> None:
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
-        async with app.run_test(size=SIZE) as pilot:
-            await open_run(pilot, "run_approval_po7")
-            await pilot.press("c")
-            await pilot.pause()
-            assert isinstance(app.screen, ConfirmScreen)
-            assert "Cancel run run_approval_po7?" in str(app.screen.query_one("#question").render())
-            await pilot.press("n")
-            await settle(pilot)
-            assert isinstance(app.screen, RunDetailScreen)
-            assert (await runtime.runs.get("run_approval_po7")).status is RunStatus.RELEASED
+    async with dashboard() as (app, pilot, runtime):
+        await open_run(pilot, "run_approval_po7")
+        await pilot.press("c")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "Cancel run run_approval_po7?" in str(app.screen.query_one("#question").render())
+        await pilot.press("n")
+        await settle(pilot)
+        assert isinstance(app.screen, RunDetailScreen)
+        assert (await runtime.runs.get("run_approval_po7")).status is RunStatus.RELEASED
 
-            await pilot.press("c", "y")
-            await settle(pilot)
-            assert (await runtime.runs.get("run_approval_po7")).status is RunStatus.CANCELLED
-            assert app.screen.detail.run.status is RunStatus.CANCELLED  # the screen reloaded the run
-            assert any("Cancel recorded for run_approval_po7" in n.message for n in app._notifications)
-            events = await runtime.runs.events("run_approval_po7")
-            assert events.data[-1].event.actor.id == "dashboard"
+        await pilot.press("c", "y")
+        await settle(pilot)
+        assert (await runtime.runs.get("run_approval_po7")).status is RunStatus.CANCELLED
+        assert app.screen.detail.run.status is RunStatus.CANCELLED  # the screen reloaded the run
+        assert any("Cancel recorded for run_approval_po7" in n.message for n in app._notifications)
+        events = await runtime.runs.events("run_approval_po7")
+        assert events.data[-1].event.actor.id == "dashboard"
 
 
 async def test_retry_creates_a_new_run_and_opens_it() -> None:
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
-        async with app.run_test(size=SIZE) as pilot:
-            await open_run(pilot, "run_import_q3")
-            await pilot.press("t", "y")
-            await settle(pilot)
-            assert isinstance(app.screen, RunDetailScreen)
-            created = app.screen.run_id
-            assert created != "run_import_q3"
-            run = await runtime.runs.get(created)
-            assert run.source.source_run_id == "run_import_q3" and run.payload == {"file": "q3.csv"}
-            await pilot.press("escape")
-            await settle(pilot)
-            assert created in run_ids(app)
+    async with dashboard() as (app, pilot, runtime):
+        await open_run(pilot, "run_import_q3")
+        await pilot.press("t", "y")
+        await settle(pilot)
+        assert isinstance(app.screen, RunDetailScreen)
+        created = app.screen.run_id
+        assert created != "run_import_q3"
+        run = await runtime.runs.get(created)
+        assert run.source.source_run_id == "run_import_q3" and run.payload == {"file": "q3.csv"}
+        await pilot.press("escape")
+        await settle(pilot)
+        assert created in run_ids(app)
 
 
 async def test_a_refused_action_shows_its_error_and_changes_nothing() -> None:
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
-        async with app.run_test(size=SIZE) as pilot:
-            await open_run(pilot, "run_email_ada")
-            await pilot.press("t", "y")  # retry needs a failed run
-            await settle(pilot)
-            assert isinstance(app.screen, RunDetailScreen) and app.screen.run_id == "run_email_ada"
-            (notification,) = app._notifications
-            assert notification.severity == "error"
-            assert notification.title == "retry refused: validation_failed"
-            assert "manual retry needs a failed run" in notification.message
-            page = await runtime.runs.list()
-            assert len(page.data) == 5
+    async with dashboard() as (app, pilot, runtime):
+        await open_run(pilot, "run_email_ada")
+        await pilot.press("t", "y")  # retry needs a failed run
+        await settle(pilot)
+        assert isinstance(app.screen, RunDetailScreen) and app.screen.run_id == "run_email_ada"
+        (notification,) = app._notifications
+        assert notification.severity == "error"
+        assert notification.title == "retry refused: validation_failed"
+        assert "manual retry needs a failed run" in notification.message
+        page = await runtime.runs.list()
+        assert len(page.data) == 5
 
 
 async def test_a_storage_failure_is_shown_and_the_last_rows_stay() -> None:
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        client = DashboardClient.local(runtime)
-        app = RunlaneDashboard(client, refresh_interval=0)
-        async with app.run_test(size=SIZE) as pilot:
-            await settle(pilot)
+    async with dashboard() as (app, pilot, _):
 
-            async def unavailable(name: str, params: dict[str, Any]) -> str:
-                raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "The database is restarting.", retryable=True)
+        async def unavailable(name: str, params: dict[str, Any]) -> str:
+            raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "The database is restarting.", retryable=True)
 
-            client._call = unavailable
-            await pilot.press("r")
-            await settle(pilot)
-            assert status_line(app) == "storage_unavailable: The database is restarting."
-            assert len(run_ids(app)) == 5
+        app.client._call = unavailable
+        await pilot.press("r")
+        await settle(pilot)
+        assert status_line(app) == "storage_unavailable: The database is restarting."
+        assert len(run_ids(app)) == 5
 
 
 # ---------------------------------------------------------------------------------------------
 # Snapshots of the main screens
 
 
-def snapshot_app() -> tuple[RunlaneDashboard, Any]:
+def snapshot(snap_compare: Any, *, run_id: str | None = None, press: tuple[str, ...] = ()) -> bool:
+    """Seed inside the app's event loop (the runtime lives on it), open ``run_id`` if given, press ``press``."""
     runtime = make_runtime()
-    return RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0), runtime
+    app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
 
+    async def before(pilot: Any) -> None:
+        await seed(runtime)
+        pilot.app.screen.reload()
+        await settle(pilot)
+        if run_id is not None:
+            await open_run(pilot, run_id)
 
-async def seed_and_show(pilot: Any, runtime: Any) -> None:
-    """Seed inside the app's event loop (the runtime lives on it), then reload the runs screen."""
-    await seed(runtime)
-    pilot.app.screen.reload()
-    await settle(pilot)
+    try:
+        return bool(snap_compare(app, press=press, terminal_size=SIZE, run_before=before))
+    finally:
+        asyncio.run(runtime.close())
 
 
 def test_snapshot_of_the_runs_screen(snap_compare: Any) -> None:
-    app, runtime = snapshot_app()
-
-    async def before(pilot: Any) -> None:
-        await seed_and_show(pilot, runtime)
-
-    try:
-        assert snap_compare(app, terminal_size=SIZE, run_before=before)
-    finally:
-        asyncio.run(runtime.close())
+    assert snapshot(snap_compare)
 
 
 def test_snapshot_of_a_failed_run(snap_compare: Any) -> None:
-    app, runtime = snapshot_app()
-
-    async def before(pilot: Any) -> None:
-        await seed_and_show(pilot, runtime)
-        await open_run(pilot, "run_import_q3")
-
-    try:
-        assert snap_compare(app, terminal_size=SIZE, run_before=before)
-    finally:
-        asyncio.run(runtime.close())
+    assert snapshot(snap_compare, run_id="run_import_q3")
 
 
 def test_snapshot_of_the_cancel_question(snap_compare: Any) -> None:
-    app, runtime = snapshot_app()
-
-    async def before(pilot: Any) -> None:
-        await seed_and_show(pilot, runtime)
-        await open_run(pilot, "run_approval_po7")
-
-    try:
-        assert snap_compare(app, press=["c"], terminal_size=SIZE, run_before=before)
-    finally:
-        asyncio.run(runtime.close())
+    assert snapshot(snap_compare, run_id="run_approval_po7", press=("c",))
 
 
 # ---------------------------------------------------------------------------------------------

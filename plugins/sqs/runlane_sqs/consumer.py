@@ -41,8 +41,8 @@ from .delivery import (
     call,
     check_callable,
     check_delivery_options,
+    deliver_body,
 )
-from .envelope import parse_sqs_wakeup_body
 from .transport import SQS_MAX_BATCH_SIZE, _check_client, check_count
 
 __all__ = ["SqsConsumerCounts", "SqsDeliveryConsumer", "create_sqs_delivery_consumer"]
@@ -266,25 +266,21 @@ class SqsDeliveryConsumer:
 
     async def _deliver(self, received: _Received) -> bool:
         """Deliver one message; ``True`` when its delivery resolved and it may be deleted."""
-        if not received.message_id or not received.receipt_handle or not isinstance(received.body, str):
+
+        async def report(
+            phase: SqsDeliveryFailurePhase, cause: BaseException, message: DeliveryMessage | None
+        ) -> None:
+            await self._failed(phase, cause, received.message_id, message)
+
+        if not received.message_id or not received.receipt_handle:
             error = RunlaneError(
-                ErrorCode.VALIDATION_FAILED,
-                "SQS returned a message without MessageId, ReceiptHandle or a text Body.",
+                ErrorCode.VALIDATION_FAILED, "SQS returned a message without MessageId or ReceiptHandle."
             )
-            await self._failed(SqsDeliveryFailurePhase.MESSAGE, error, received.message_id)
+            await report(SqsDeliveryFailurePhase.MESSAGE, error, None)
             return False
-        try:
-            message = parse_sqs_wakeup_body(received.body)
-        except RunlaneError as error:
-            await self._failed(SqsDeliveryFailurePhase.PARSE, error, received.message_id)
-            return False
-        try:
-            await call(self.execute_delivery, message, **self._delivery_options)
-        except Exception as error:
-            await self._failed(SqsDeliveryFailurePhase.EXECUTE, error, received.message_id, message)
-            return False
-        self.counts.delivered += 1
-        return True
+        delivered = await deliver_body(received.body, self.execute_delivery, self._delivery_options, report)
+        self.counts.delivered += delivered
+        return delivered
 
     async def _delete(self, handled: list[_Received]) -> None:
         for start in range(0, len(handled), SQS_MAX_BATCH_SIZE):

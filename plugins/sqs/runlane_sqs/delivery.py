@@ -12,21 +12,30 @@ from __future__ import annotations
 
 import enum
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from runlane.core.cancellation import CancellationSignal
+from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import DeliveryMessage
 
 from .bindings import invalid
+from .envelope import parse_sqs_wakeup_body
 
-__all__ = ["DELIVERY_OPTION_NAMES", "SqsDeliveryFailure", "SqsDeliveryFailurePhase", "check_delivery_options"]
+__all__ = [
+    "DELIVERY_OPTION_NAMES",
+    "SqsDeliveryFailure",
+    "SqsDeliveryFailurePhase",
+    "check_delivery_options",
+    "deliver_body",
+]
 
 DELIVERY_OPTION_NAMES = ("lease_duration", "heartbeat_interval", "max_attempt_duration", "signal", "worker_id")
 
 ExecuteDelivery = Callable[..., Any]
 FailureObserver = Callable[["SqsDeliveryFailure"], Any]
+Report = Callable[["SqsDeliveryFailurePhase", BaseException, "DeliveryMessage | None"], Awaitable[None]]
 
 
 class SqsDeliveryFailurePhase(enum.StrEnum):
@@ -85,3 +94,28 @@ async def call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+async def deliver_body(
+    body: object, execute_delivery: ExecuteDelivery, options: Mapping[str, Any], report: Report
+) -> bool:
+    """Parse ``body`` and call ``execute_delivery``; ``True`` when the delivery resolved (acknowledge the
+    message). A body that is not text, not a wakeup, or whose delivery raised is passed to ``report``."""
+    if not isinstance(body, str):
+        await report(
+            SqsDeliveryFailurePhase.MESSAGE,
+            RunlaneError(ErrorCode.VALIDATION_FAILED, "The SQS message has no text body."),
+            None,
+        )
+        return False
+    try:
+        message = parse_sqs_wakeup_body(body)
+    except RunlaneError as error:
+        await report(SqsDeliveryFailurePhase.PARSE, error, None)
+        return False
+    try:
+        await call(execute_delivery, message, **options)
+    except Exception as error:
+        await report(SqsDeliveryFailurePhase.EXECUTE, error, message)
+        return False
+    return True

@@ -32,8 +32,8 @@ from .delivery import (
     call,
     check_callable,
     check_delivery_options,
+    deliver_body,
 )
-from .envelope import parse_sqs_wakeup_body
 
 __all__ = ["SqsLambdaHandler", "create_sqs_lambda_handler"]
 
@@ -102,35 +102,16 @@ class SqsLambdaHandler:
         return {"batchItemFailures": failures}
 
     async def _handle_record(self, record: Mapping[str, Any], message_id: str) -> bool:
-        body = record.get("body")
-        if not isinstance(body, str):
-            error = RunlaneError(ErrorCode.VALIDATION_FAILED, f"SQS record {message_id} has no text body.")
-            await self._report(SqsDeliveryFailurePhase.MESSAGE, error, message_id)
-            return False
-        try:
-            message = parse_sqs_wakeup_body(body)
-        except RunlaneError as error:
-            await self._report(SqsDeliveryFailurePhase.PARSE, error, message_id)
-            return False
-        try:
-            await call(self.execute_delivery, message, **self.delivery_options)
-        except Exception as error:
-            await self._report(SqsDeliveryFailurePhase.EXECUTE, error, message_id, message)
-            return False
-        return True
+        async def report(
+            phase: SqsDeliveryFailurePhase, cause: BaseException, message: DeliveryMessage | None
+        ) -> None:
+            if self.on_delivery_failure is not None:
+                failure = SqsDeliveryFailure(
+                    phase=phase, cause=cause, provider_message_id=message_id, delivery_message=message
+                )
+                await call(self.on_delivery_failure, failure)
 
-    async def _report(
-        self,
-        phase: SqsDeliveryFailurePhase,
-        cause: BaseException,
-        message_id: str,
-        message: DeliveryMessage | None = None,
-    ) -> None:
-        if self.on_delivery_failure is not None:
-            failure = SqsDeliveryFailure(
-                phase=phase, cause=cause, provider_message_id=message_id, delivery_message=message
-            )
-            await call(self.on_delivery_failure, failure)
+        return await deliver_body(record.get("body"), self.execute_delivery, self.delivery_options, report)
 
 
 def create_sqs_lambda_handler(
