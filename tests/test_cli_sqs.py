@@ -148,3 +148,53 @@ def test_a_polling_worker_on_the_sqs_lane_says_it_leaves_the_messages_alone(proj
     assert "never acknowledges those messages; run the transport's consumer (runlane sqs consume)" in drained.stdout
     assert "run succeeded" in drained.stdout
     assert project.messages() == 1  # executed from Postgres; the SQS message is left for its redrive policy
+
+
+def test_sqs_consume_started_before_sqs_answers_waits_for_it(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from postgres_support import migrated_schema
+    from runlane_sqs.testing import SqsTestServer
+
+    server = SqsTestServer()  # its port is chosen now; the server starts later
+    for name, value in server.environment().items():
+        monkeypatch.setenv(name, value)
+    root = tmp_path / "project"
+    write(root / "app_tasks.py", TASKS)
+    queue_name = f"runlane-late-{uuid.uuid4().hex[:12]}"
+    config = sqs_config(postgres_url, migrated_schema(postgres_url, "sqs_late"), server.endpoint_url, {})
+    write(root / "runlane.toml", config + f'\n[lane.sqs.queues.default]\nqueue_name = "{queue_name}"\n')
+    try:
+        with background(root, "sqs", "consume", "--wait-time", "1", log=tmp_path / "late.log") as consumer:
+            waiting = consumer.wait_for("sqs_waiting")
+            assert waiting["error_code"] == "transport_unavailable"
+            server.start()
+            url = server.create_queue(queue_name)
+            started = consumer.wait_for("consumer_started")
+            assert started["queue_url"] == url
+            triggered = cli(root, "--json", "trigger", "ping", "{}")
+            assert triggered.returncode == 0, triggered.stderr
+            executed = consumer.wait_for("run")
+            assert executed["run"]["status"] == "succeeded"
+            assert consumer.stop() == 0
+    finally:
+        server.stop()
+
+
+def test_sqs_consume_stopped_while_waiting_for_sqs_exits_cleanly(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from postgres_support import migrated_schema
+    from runlane_sqs.testing import SqsTestServer
+
+    server = SqsTestServer()  # never started
+    for name, value in server.environment().items():
+        monkeypatch.setenv(name, value)
+    root = tmp_path / "project"
+    write(root / "app_tasks.py", TASKS)
+    config = sqs_config(postgres_url, migrated_schema(postgres_url, "sqs_stop"), server.endpoint_url, {})
+    write(root / "runlane.toml", config + '\n[lane.sqs.queues.default]\nqueue_name = "never-there"\n')
+    with background(root, "sqs", "consume", log=tmp_path / "stop.log") as consumer:
+        consumer.wait_for("sqs_waiting")
+        assert consumer.stop() == 0
+        assert [record["type"] for record in consumer.records()][-1] == "consumer_stopped"

@@ -49,13 +49,10 @@ async def consume_wakeups(
         delivery_options.get("lease_duration"), delivery_options.get("heartbeat_interval"), None, None,
         delivery_options.get("worker_id"),
     )
+    names = list(dict.fromkeys(queues or [binding.queue_name for binding in transport.bindings]))
+    bindings = {name: transport.binding(name) for name in names}  # an unbound queue fails here, at once
     by_url: dict[str, list[str]] = {}
     fifo: dict[str, bool] = {}
-    for name in dict.fromkeys(queues or [binding.queue_name for binding in transport.bindings]):
-        binding = transport.binding(name)
-        url = await transport.queue_url(name)
-        by_url.setdefault(url, []).append(name)
-        fifo[url] = binding.is_fifo
 
     executed = 0
 
@@ -135,14 +132,50 @@ async def consume_wakeups(
                 delay = min(delay * 2, max_delay)
 
     with StopOnSignals(output, "current deliveries") as stop, forward_runtime_logs(output):
+        urls = await _resolve_urls(transport, names, output, stop.stopping, restart_delay)
+        for name, url in (urls or {}).items():
+            by_url.setdefault(url, []).append(name)
+            fifo[url] = bindings[name].is_fifo
         tasks = [asyncio.ensure_future(supervise(url, stop.stopping)) for url in by_url]
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()  # the first consumer that failed for good stops the command with its error
+            if tasks:  # none when told to stop while waiting for SQS
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()  # the first consumer that failed for good stops the command with its error
         finally:
             for task in tasks:
                 task.cancel()  # each supervisor stops its consumer on the way out
             await asyncio.gather(*tasks, return_exceptions=True)
     output.record("consumer_stopped", f"consumer stopped runs={executed}", runs=executed)
     return executed
+
+
+async def _resolve_urls(
+    transport: SqsTransport,
+    names: list[str],
+    output: Output,
+    stopping: asyncio.Event,
+    delay: tuple[float, float],
+) -> dict[str, str] | None:
+    """The queue URL of every named queue (``queue_name`` bindings ask SQS). While SQS cannot be reached
+    the command says so and tries again with backoff; ``None`` when it is told to stop meanwhile."""
+    wait, max_wait = delay
+    said = False
+    while True:
+        try:
+            return {name: await transport.queue_url(name) for name in names}
+        except RunlaneError as error:
+            if not error.retryable:
+                raise
+            if not said:
+                output.record(
+                    "sqs_waiting",
+                    f"waiting for SQS: {error.message} Retrying until it answers (Ctrl-C to give up).",
+                    error_code=error.code.value,
+                )
+                said = True
+        try:
+            await asyncio.wait_for(stopping.wait(), wait)
+            return None
+        except TimeoutError:
+            wait = min(wait * 2, max_wait)
