@@ -203,7 +203,7 @@ def sqs_queue(
     if is_fifo_queue and fifo_options is None:
         raise invalid(
             f"SQS binding of queue {label!r}: {provider_name!r} is a FIFO queue; pass fifo=True "
-            "(or fifo options) so wakeups carry a message group and deduplication id.",
+            "(fifo = true in runlane.toml, or fifo options) so wakeups carry a message group and deduplication id.",
             field="fifo",
             queue=label,
         )
