@@ -13,7 +13,10 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-FORBIDDEN_IN_CORE = ("typer", "rich", "textual", "psycopg", "psycopg2", "boto3", "botocore", "runlane_local", "runlane_postgres", "runlane_sqs")
+FORBIDDEN_IN_CORE = (
+    "typer", "rich", "textual", "psycopg", "psycopg2", "boto3", "botocore", "opentelemetry",
+    "runlane_local", "runlane_postgres", "runlane_sqs", "runlane_otlp",
+)
 
 
 def imported_modules(code: str) -> list[str]:
@@ -82,3 +85,10 @@ def test_the_runtime_does_not_load_the_dashboard():
     modules = imported_modules("import runlane, runlane.config, runlane_local, runlane_postgres, runlane_sqs")
     assert leaked(modules, ("textual",)) == []
     assert [name for name in modules if name.startswith("runlane.tui")] == []
+
+
+def test_loading_the_plugins_imports_no_provider_sdk():
+    # Every `runlane` command loads every plugin: SDKs load only when a lane or exporter is created.
+    modules = imported_modules("from runlane.plugins.manager import get_registries; get_registries()")
+    assert "runlane_otlp.plugin" in modules and "runlane_sqs.plugin" in modules
+    assert leaked(modules, ("opentelemetry", "boto3", "botocore", "psycopg", "textual")) == []

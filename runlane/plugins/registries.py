@@ -106,6 +106,7 @@ _FIRST_PARTY_HINTS: dict[tuple[str, str], str] = {
     ("lane", "postgres-polling"): "runlane-postgres",
     ("lane", "postgres-sqs"): "runlane-sqs",
     ("transport", "sqs"): "runlane-sqs",
+    ("exporter", "otlp"): "runlane-otlp",
     ("storage driver", "local"): "runlane-local",
     ("storage driver", "sqlite"): "runlane-local",
     ("storage driver", "postgres"): "runlane-postgres",

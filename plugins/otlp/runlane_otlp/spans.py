@@ -1,0 +1,189 @@
+"""``AttemptSpans``: observation records in, finished OpenTelemetry spans out.
+
+A span covers one attempt: it starts at the attempt's ``run.started`` and ends at the event that
+ended the attempt. Its parent is the ``traceparent`` the run was triggered with (the observation of
+``run.created`` carries it), so the attempt shows up under the request or job that triggered it;
+without one, every attempt of a run shares a trace derived from the run id. Steps completed during
+the attempt are span events.
+
+Ids are derived, not random: the trace id from the run (when no parent gives one), the span id from
+the id of the record that ended the attempt. A batch exported twice (the stream is at least once)
+yields the same spans, which tracing backends store once.
+
+State is kept in memory between batches, bounded (``max_runs``): the trace context of recent runs, and
+the start and steps of open attempts. An exporter that restarts while an attempt is open still emits
+its span, starting at its end (``runlane.start_unknown`` is set) and without the steps it missed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from runlane import __version__
+from runlane.models import RunlaneObservation, RunlaneObservationRecord
+from runlane.vocabulary import RunEventType, RunlaneObservationType
+
+__all__ = ["ATTEMPT_ENDS", "AttemptSpans"]
+
+ATTEMPT_ENDS: dict[RunEventType, str] = {
+    RunEventType.SUCCEEDED: "succeeded",
+    RunEventType.FAILED: "failed",
+    RunEventType.RETRY_SCHEDULED: "retry_scheduled",
+    RunEventType.RELEASED: "released",
+    RunEventType.CANCELLED: "cancelled",
+}
+"""The events that end an attempt, and the ``runlane.outcome`` each gives its span."""
+
+_ERROR_OUTCOMES = frozenset({"failed", "retry_scheduled"})
+_SCOPE = InstrumentationScope("runlane", __version__)
+
+
+@dataclass(slots=True)
+class _Run:
+    parent: SpanContext | None = None
+    open_attempts: dict[int, _Attempt] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Attempt:
+    started_at: datetime
+    steps: list[tuple[str, datetime]] = field(default_factory=list)
+
+
+def _nanos(value: datetime) -> int:
+    return int(value.timestamp() * 1_000_000) * 1_000
+
+
+def _derived(size: int, *parts: str) -> int:
+    digest = hashlib.sha256("\x1f".join(parts).encode("utf-8")).digest()
+    return int.from_bytes(digest[:size], "big") or 1  # an all-zero id is invalid
+
+
+def _parent(carrier: dict[str, str] | None) -> SpanContext | None:
+    """The remote parent in a W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``), if valid."""
+    value = (carrier or {}).get("traceparent")
+    if not isinstance(value, str):
+        return None
+    parts = value.strip().split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16 or len(parts[3]) != 2:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 0x01))
+
+
+class AttemptSpans:
+    """Turns observation records, in stream order, into the spans of the attempts they end."""
+
+    def __init__(self, *, service_name: str = "runlane", max_runs: int = 10_000) -> None:
+        self.resource = Resource.create({"service.name": service_name})
+        self.max_runs = max_runs
+        self._runs: OrderedDict[tuple[str, str], _Run] = OrderedDict()
+
+    def feed(self, records: Iterable[RunlaneObservationRecord]) -> list[ReadableSpan]:
+        """The spans of the attempts ``records`` end (records that end nothing only update the state)."""
+        spans = []
+        for record in records:
+            span = self._one(record)
+            if span is not None:
+                spans.append(span)
+        return spans
+
+    def _run(self, observation: RunlaneObservation) -> _Run:
+        key = (observation.environment.name, observation.run_id)
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = _Run()
+            while len(self._runs) > self.max_runs:
+                self._runs.popitem(last=False)
+        else:
+            self._runs.move_to_end(key)
+        return run
+
+    def _one(self, record: RunlaneObservationRecord) -> ReadableSpan | None:
+        observation = record.observation
+        run = self._run(observation)
+        if observation.type is RunlaneObservationType.RUN_STEP:
+            attempt = run.open_attempts.get(observation.attempt or 0)
+            if attempt is not None and observation.step_key is not None:
+                attempt.steps.append((observation.step_key, observation.occurred_at))
+            return None
+        if observation.trace_carrier and run.parent is None:
+            run.parent = _parent(observation.trace_carrier)
+        if observation.event_type is RunEventType.STARTED and observation.attempt is not None:
+            run.open_attempts[observation.attempt] = _Attempt(observation.occurred_at)
+            return None
+        outcome = ATTEMPT_ENDS.get(observation.event_type) if observation.event_type is not None else None
+        if outcome is None:
+            return None
+        number = observation.attempt
+        if number is None:  # a cancellation finalized by maintenance: the attempt still open, if any
+            if not run.open_attempts:
+                return None
+            number = max(run.open_attempts)
+        return self._span(record, run, number, run.open_attempts.pop(number, None), outcome)
+
+    def _span(
+        self, record: RunlaneObservationRecord, run: _Run, number: int, attempt: _Attempt | None, outcome: str
+    ) -> ReadableSpan:
+        observation = record.observation
+        environment = observation.environment.name
+        trace_id = run.parent.trace_id if run.parent is not None else _derived(16, environment, observation.run_id)
+        context = SpanContext(
+            trace_id, _derived(8, environment, record.id), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+        )
+        attributes: dict[str, Any] = {
+            "runlane.environment": environment,
+            "runlane.run_id": observation.run_id,
+            "runlane.task_id": observation.task_id or "",
+            "runlane.queue": observation.queue or "",
+            "runlane.attempt": number,
+            "runlane.outcome": outcome,
+            "messaging.system": "runlane",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": observation.queue or "",
+        }
+        if observation.failure_code is not None:
+            attributes["runlane.failure_code"] = observation.failure_code.value
+        if attempt is None:
+            attributes["runlane.start_unknown"] = True
+        end = _nanos(observation.occurred_at)
+        start = _nanos(attempt.started_at) if attempt is not None else end
+        if outcome in _ERROR_OUTCOMES:
+            status = Status(StatusCode.ERROR, observation.failure_code.value if observation.failure_code else outcome)
+        elif outcome == "succeeded":
+            status = Status(StatusCode.OK)
+        else:
+            status = Status(StatusCode.UNSET)
+        events: Sequence[Event] = [
+            Event("runlane.step", {"runlane.step_key": key}, timestamp=_nanos(at))
+            for key, at in (attempt.steps if attempt is not None else ())
+        ]
+        return ReadableSpan(
+            name=observation.task_id or "runlane.attempt",
+            context=context,
+            parent=run.parent,
+            resource=self.resource,
+            attributes=attributes,
+            events=events,
+            kind=SpanKind.CONSUMER,
+            status=status,
+            start_time=start,
+            end_time=max(end, start),
+            instrumentation_scope=_SCOPE,
+        )

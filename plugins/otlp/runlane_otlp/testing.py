@@ -1,0 +1,146 @@
+"""``OtlpTestReceiver``: an OTLP/HTTP traces endpoint on a loopback port, for tests.
+
+It accepts ``POST /v1/traces`` with a protobuf ``ExportTraceServiceRequest`` (what OpenTelemetry's
+OTLP/HTTP exporters send), decodes it with OpenTelemetry's own protobuf classes and keeps the spans.
+``fail_next(count, status=503)`` answers the next requests with an error status, as an overloaded
+collector would::
+
+    with OtlpTestReceiver() as receiver:
+        sink = otlp_sink(endpoint=receiver.endpoint)
+        ...
+        receiver.spans  # [ReceivedSpan(name=..., trace_id=..., attributes={...}), ...]
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+__all__ = ["OtlpTestReceiver", "ReceivedSpan"]
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedSpan:
+    """One span as the endpoint received it (ids as lowercase hex, times in Unix nanoseconds)."""
+
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    kind: int
+    start_time: int
+    end_time: int
+    status_code: int
+    status_message: str
+    attributes: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+    resource: dict[str, Any] = field(default_factory=dict)
+
+
+def _value(any_value: Any) -> Any:
+    kind = any_value.WhichOneof("value")
+    return None if kind is None else getattr(any_value, kind)
+
+
+def _attributes(pairs: Any) -> dict[str, Any]:
+    return {pair.key: _value(pair.value) for pair in pairs}
+
+
+class OtlpTestReceiver:
+    """An OTLP/HTTP traces receiver on ``host`` and a free port; ``endpoint`` is its traces URL."""
+
+    def __init__(self, *, host: str = "127.0.0.1") -> None:
+        self.spans: list[ReceivedSpan] = []
+        self.requests = 0
+        self._failures: list[int] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server naming
+                receiver._handle(self)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._server = ThreadingHTTPServer((host, 0), Handler)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1/traces"
+
+    def __enter__(self) -> OtlpTestReceiver:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-test-receiver", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def fail_next(self, count: int = 1, status: int = 503) -> None:
+        """Answer the next ``count`` requests with ``status`` and keep nothing from them."""
+        with self._lock:
+            self._failures.extend([status] * count)
+
+    def _handle(self, request: BaseHTTPRequestHandler) -> None:
+        length = int(request.headers.get("Content-Length") or 0)
+        if request.path != "/v1/traces" or not 0 < length <= MAX_BODY_BYTES:
+            request.send_error(404 if request.path != "/v1/traces" else 400)
+            return
+        body = request.rfile.read(length)
+        with self._lock:
+            self.requests += 1
+            failure = self._failures.pop(0) if self._failures else None
+        if failure is not None:
+            request.send_response(failure)
+            request.send_header("Content-Length", "0")
+            request.end_headers()
+            return
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(body)
+        received = []
+        for resource_spans in message.resource_spans:
+            resource = _attributes(resource_spans.resource.attributes)
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    received.append(
+                        ReceivedSpan(
+                            name=span.name,
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_span_id=span.parent_span_id.hex(),
+                            kind=span.kind,
+                            start_time=span.start_time_unix_nano,
+                            end_time=span.end_time_unix_nano,
+                            status_code=span.status.code,
+                            status_message=span.status.message,
+                            attributes=_attributes(span.attributes),
+                            events=[
+                                (event.name, event.time_unix_nano, _attributes(event.attributes))
+                                for event in span.events
+                            ],
+                            resource=resource,
+                        )
+                    )
+        with self._lock:
+            self.spans.extend(received)
+        answer = ExportTraceServiceResponse().SerializeToString()
+        request.send_response(200)
+        request.send_header("Content-Type", "application/x-protobuf")
+        request.send_header("Content-Length", str(len(answer)))
+        request.end_headers()
+        request.wfile.write(answer)

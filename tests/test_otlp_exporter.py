@@ -1,0 +1,170 @@
+"""The ``otlp`` exporter: attempts exported as spans through OpenTelemetry's OTLP/HTTP exporter to a real
+HTTP endpoint on loopback, which decodes the protobuf requests (``runlane_otlp.testing``)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runlane_local import local_lane
+from runlane_otlp import otlp_sink
+from runlane_otlp.testing import OtlpTestReceiver
+
+from runlane import ErrorCode, Retry, RunlaneError, TaskContext, create_runlane, queue, task
+from runlane.testing import ControlledClock
+from runlane.vocabulary import RunlaneObservationExporterTickStatus as Tick
+
+T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"
+
+default = queue("default", default=True)
+attempts: dict[str, int] = {}
+
+
+@task("reports.build", retry=Retry(max_attempts=2))
+async def build(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    await ctx.step.run("fetch", lambda step: {"rows": 3})
+    attempts[ctx.run_id] = attempts.get(ctx.run_id, 0) + 1
+    if attempts[ctx.run_id] == 1:
+        raise RuntimeError("the warehouse timed out")
+    return {"rows": 3}
+
+
+@task("emails.send")
+async def send(payload: dict[str, Any]) -> None:
+    return None
+
+
+def runtime_and_clock() -> tuple[Any, ControlledClock]:
+    clock = ControlledClock(T0)
+    return create_runlane(lane=local_lane(), queues=[default], tasks=[build, send], clock=clock), clock
+
+
+async def drain_exporter(exporter: Any) -> list[Any]:
+    ticks = []
+    for _ in range(20):
+        tick = await exporter.export_once()
+        ticks.append(tick.status)
+        if tick.status is not Tick.EXPORTED:
+            break
+    return ticks
+
+
+async def test_each_attempt_is_a_span_under_the_trace_that_triggered_the_run() -> None:
+    runtime, clock = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        sink = otlp_sink(endpoint=receiver.endpoint, service_name="billing-workers")
+        async with runtime:
+            run = (await runtime.trigger(build, {}, trace_carrier={"traceparent": TRACEPARENT})).run
+            clock.advance(timedelta(seconds=1))
+            await runtime.execute_next()  # attempt 1 fails, a retry is scheduled
+            clock.advance(timedelta(minutes=5))
+            await runtime.tick()
+            await runtime.execute_next()  # attempt 2 succeeds
+            assert await drain_exporter(runtime.observation_exporter("tracing", sink)) == [Tick.EXPORTED, Tick.IDLE]
+
+    first, second = sorted(receiver.spans, key=lambda span: span.attributes["runlane.attempt"])
+    for span in (first, second):
+        assert span.name == "reports.build"
+        assert (span.trace_id, span.parent_span_id) == (TRACE_ID, PARENT_SPAN_ID)
+        assert span.kind == 5  # SPAN_KIND_CONSUMER
+        assert span.resource["service.name"] == "billing-workers"
+        assert span.attributes["runlane.run_id"] == run.id and span.attributes["messaging.system"] == "runlane"
+    assert first.attributes["runlane.outcome"] == "retry_scheduled"
+    assert first.attributes["runlane.failure_code"] == "task_failed"
+    assert (first.status_code, first.status_message) == (2, "task_failed")  # STATUS_CODE_ERROR
+    # The step ran in attempt 1; attempt 2 replayed its stored output, so only the first span shows it.
+    assert [(name, attributes) for name, _, attributes in first.events] == [
+        ("runlane.step", {"runlane.step_key": "fetch"})
+    ]
+    assert second.events == []
+    assert second.attributes["runlane.outcome"] == "succeeded" and second.status_code == 1  # STATUS_CODE_OK
+    assert second.start_time == int((T0 + timedelta(minutes=5, seconds=1)).timestamp() * 1e9)
+    assert first.span_id != second.span_id
+
+
+async def test_without_a_traceparent_the_attempts_of_a_run_share_a_trace_of_their_own() -> None:
+    runtime, clock = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        async with runtime:
+            runs = [(await runtime.trigger(send, {"n": n})).run for n in range(2)]
+            await runtime.execute_next()
+            await runtime.execute_next()
+            await drain_exporter(runtime.observation_exporter("tracing", otlp_sink(endpoint=receiver.endpoint)))
+    by_run = {span.attributes["runlane.run_id"]: span for span in receiver.spans}
+    assert set(by_run) == {run.id for run in runs}
+    assert all(span.parent_span_id == "" for span in by_run.values())
+    assert len({span.trace_id for span in by_run.values()}) == 2
+
+
+async def test_a_refused_batch_keeps_the_checkpoint_and_is_sent_again_with_the_same_span_ids() -> None:
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        sink = otlp_sink(endpoint=receiver.endpoint, timeout=2)
+        async with runtime:
+            await runtime.trigger(send, {})
+            await runtime.execute_next()
+            exporter = runtime.observation_exporter("tracing", sink)
+            receiver.fail_next(1, status=400)  # a status the OTLP exporter does not retry by itself
+            tick = await exporter.export_once()
+            assert tick.status is Tick.FAILED
+            assert isinstance(tick.error, RunlaneError) and tick.error.code is ErrorCode.OBSERVATION_EXPORT_FAILED
+            assert tick.error.retryable
+            assert receiver.spans == [] and await runtime.observations.checkpoint("tracing") is None
+
+            assert await drain_exporter(exporter) == [Tick.EXPORTED, Tick.IDLE]
+            (span,) = receiver.spans
+            # The stream is at least once: sending the same records again gives the same span.
+            again = otlp_sink(endpoint=receiver.endpoint)
+            page = await runtime.observations.scan()
+            await again.export(page.records)
+    assert [s.span_id for s in receiver.spans] == [span.span_id, span.span_id]
+
+
+def test_bad_sink_options_are_refused() -> None:
+    with pytest.raises(RunlaneError) as raised:
+        otlp_sink(endpoint="localhost:4318")
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and "http(s) URL" in raised.value.message
+    with pytest.raises(RunlaneError):
+        otlp_sink(timeout=0)
+
+
+PING_TASKS = """
+from runlane import queue, task
+
+default = queue("default", default=True)
+
+
+@task("ping")
+def ping(payload: dict) -> None:
+    return None
+"""
+
+
+def test_runlane_export_sends_spans_to_the_configured_endpoint(tmp_path: Path) -> None:
+    from cli_support import background, cli, make_project, wait_for, write
+
+    tasks = PING_TASKS
+    root = make_project(tmp_path / "proj", tasks, lane="sqlite")
+    with OtlpTestReceiver() as receiver:
+        config = (root / "runlane.toml").read_text().replace(
+            '# [[exporters]]\n# use = "console"\n# consumer = "local_console"',
+            f'[[exporters]]\nuse = "otlp"\nconsumer = "tracing"\nendpoint = "{receiver.endpoint}"\n'
+            'service_name = "cli-test"',
+        )
+        write(root / "runlane.toml", config)
+        assert cli(root, "trigger", "ping", "{}").returncode == 0
+        assert cli(root, "work", "--drain").returncode == 0
+        with background(root, "export", log=tmp_path / "export.log") as exporter:
+            wait_for(lambda: receiver.spans, what="the exported span")
+            assert exporter.stop() == 0
+        (span,) = receiver.spans
+        assert span.name == "ping" and span.resource["service.name"] == "cli-test"
+        assert span.attributes["runlane.outcome"] == "succeeded"
+    plugins = json.loads(cli(root, "--json", "plugins", "list").stdout)
+    assert any(plugin.get("distribution") == "runlane-otlp" for plugin in plugins["plugins"])
