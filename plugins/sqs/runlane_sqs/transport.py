@@ -69,6 +69,13 @@ def deduplication_id(outbox_message_id: str) -> str:
     return hashlib.sha256(outbox_message_id.encode("utf-8")).hexdigest()
 
 
+class _CallFailed(RunlaneError):
+    """A ``SendMessageBatch`` call that failed as a whole: its attempts get this failure as their outcome."""
+
+    def __init__(self, failure: RunlaneError) -> None:
+        super().__init__(failure.code, failure.message, retryable=failure.retryable, meta=failure.meta)
+
+
 @dataclass(frozen=True, slots=True)
 class _Chunk:
     queue_url: str
@@ -166,10 +173,7 @@ class SqsTransport:
         )
         failures: list[RunlaneError] = []
         for chunk, answer in zip(chunks, answers):
-            if isinstance(answer, RunlaneError) and answer.code in (
-                ErrorCode.TRANSPORT_UNAVAILABLE,
-                ErrorCode.TRANSPORT_PUBLISH_FAILED,
-            ) and not answer.meta.get("untrustworthy"):
+            if isinstance(answer, _CallFailed):
                 failures.append(answer)
                 record = OutboxFailureRecord(
                     code=answer.code,
@@ -218,7 +222,10 @@ class SqsTransport:
         try:
             response = await call_sqs(self.client, "send_message_batch", QueueUrl=chunk.queue_url, Entries=entries)
         except Exception as error:
-            raise classify_provider_error(error, operation="SendMessageBatch", queue_url=chunk.queue_url) from None
+            failure = classify_provider_error(error, operation="SendMessageBatch", queue_url=chunk.queue_url)
+            if failure.code in (ErrorCode.TRANSPORT_UNAVAILABLE, ErrorCode.TRANSPORT_PUBLISH_FAILED):
+                raise _CallFailed(failure) from None
+            raise failure from None
         return self._outcomes(chunk, response)
 
     def _outcomes(self, chunk: _Chunk, response: Any) -> dict[int, WakeupPublishOutcome]:
@@ -277,7 +284,7 @@ class SqsTransport:
             f"SQS answered SendMessageBatch on {chunk.queue_url} in a way that cannot be matched to the wakeups "
             f"sent ({reason}); every wakeup of this call will be published again.",
             retryable=True,
-            meta={"queue_url": chunk.queue_url, "untrustworthy": True},
+            meta={"queue_url": chunk.queue_url},
         )
 
 
