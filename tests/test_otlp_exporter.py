@@ -84,6 +84,8 @@ async def test_each_attempt_is_a_span_under_the_trace_that_triggered_the_run() -
     ]
     assert second.events == []
     assert second.attributes["runlane.outcome"] == "succeeded" and second.status_code == 1  # STATUS_CODE_OK
+    # Triggered at T0, started 1 s later; the retry was requested by the tick and started at once.
+    assert [first.attributes["runlane.queue_wait_ms"], second.attributes["runlane.queue_wait_ms"]] == [1000, 0]
     assert second.start_time == int((T0 + timedelta(minutes=5, seconds=1)).timestamp() * 1e9)
     assert first.span_id != second.span_id
 

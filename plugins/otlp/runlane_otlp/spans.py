@@ -11,7 +11,8 @@ the id of the record that ended the attempt. A batch exported twice (the stream 
 yields the same spans, which tracing backends store once.
 
 State is kept in memory between batches, bounded (``max_runs``): the trace context of recent runs, and
-the start and steps of open attempts. An exporter that restarts while an attempt is open still emits
+the start and steps of open attempts. ``runlane.queue_wait_ms`` is how long an attempt waited between
+its run's latest ``run.delivery_requested`` and its start, when the exporter saw both. An exporter that restarts while an attempt is open still emits
 its span, starting at its end (``runlane.start_unknown`` is set) and without the steps it missed.
 """
 
@@ -52,12 +53,14 @@ _SCOPE = InstrumentationScope("runlane", __version__)
 @dataclass(slots=True)
 class _Run:
     parent: SpanContext | None = None
+    requested_at: datetime | None = None
     open_attempts: dict[int, _Attempt] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class _Attempt:
     started_at: datetime
+    requested_at: datetime | None = None
     steps: list[tuple[str, datetime]] = field(default_factory=list)
 
 
@@ -125,8 +128,11 @@ class AttemptSpans:
             return None
         if observation.trace_carrier and run.parent is None:
             run.parent = _parent(observation.trace_carrier)
+        if observation.event_type is RunEventType.DELIVERY_REQUESTED:
+            run.requested_at = observation.occurred_at
+            return None
         if observation.event_type is RunEventType.STARTED and observation.attempt is not None:
-            run.open_attempts[observation.attempt] = _Attempt(observation.occurred_at)
+            run.open_attempts[observation.attempt] = _Attempt(observation.occurred_at, run.requested_at)
             return None
         outcome = ATTEMPT_ENDS.get(observation.event_type) if observation.event_type is not None else None
         if outcome is None:
@@ -162,6 +168,9 @@ class AttemptSpans:
             attributes["runlane.failure_code"] = observation.failure_code.value
         if attempt is None:
             attributes["runlane.start_unknown"] = True
+        elif attempt.requested_at is not None:
+            waited = attempt.started_at - attempt.requested_at
+            attributes["runlane.queue_wait_ms"] = max(0, round(waited.total_seconds() * 1000))
         end = _nanos(observation.occurred_at)
         start = _nanos(attempt.started_at) if attempt is not None else end
         if outcome in _ERROR_OUTCOMES:
