@@ -11,9 +11,11 @@ the id of the record that ended the attempt. A batch exported twice (the stream 
 yields the same spans, which tracing backends store once.
 
 State is kept in memory between batches, bounded (``max_runs``): the trace context of recent runs, and
-the start and steps of open attempts. ``runlane.queue_wait_ms`` is how long an attempt waited between
-its run's latest ``run.delivery_requested`` and its start, when the exporter saw both. An exporter that restarts while an attempt is open still emits
+the start and steps of open attempts. An exporter that restarts while an attempt is open still emits
 its span, starting at its end (``runlane.start_unknown`` is set) and without the steps it missed.
+
+``runlane.queue_wait_ms`` is how long an attempt waited between its run's latest
+``run.delivery_requested`` and its start, when the exporter saw both.
 """
 
 from __future__ import annotations
