@@ -169,6 +169,33 @@ async def test_text_status_and_queue_filters_narrow_the_runs() -> None:
         assert len(run_ids(app)) == 5
 
 
+async def test_brackets_page_through_older_and_newer_runs() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0, page_size=2)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            assert run_ids(app) == ["run_report_nov", "run_approval_po7"]
+            assert status_line(app) == "the newest 2 runs  (] older)"
+            await pilot.press("right_square_bracket")
+            await settle(pilot)
+            assert run_ids(app) == ["run_import_q3", "run_email_bob"]
+            assert status_line(app) == "2 runs on page 2  (] older, [ newer)"
+            await pilot.press("right_square_bracket")
+            await settle(pilot)
+            assert run_ids(app) == ["run_email_ada"]
+            await pilot.press("right_square_bracket")  # no older page: stays
+            await settle(pilot)
+            assert status_line(app) == "1 run on page 3  ([ newer)"
+            await pilot.press("left_square_bracket")
+            await settle(pilot)
+            assert run_ids(app) == ["run_import_q3", "run_email_bob"]
+            await pilot.press("s")  # a new filter starts from the newest page again
+            await settle(pilot)
+            assert run_ids(app) == ["run_report_nov", "run_approval_po7"]
+
+
 async def test_the_runs_table_refreshes_itself_and_keeps_the_cursor_on_its_run() -> None:
     async with dashboard(refresh_interval=0.05) as (app, pilot, runtime):
         await pilot.press("down", "down")

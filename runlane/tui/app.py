@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.app import App
 from textual.binding import Binding
 
-from .client import DashboardClient
+from .client import RUNS_PAGE, DashboardClient
 from .messages import RunChanged
 from .screens.runs import RunsScreen
 
@@ -14,7 +14,7 @@ __all__ = ["RunlaneDashboard"]
 
 class RunlaneDashboard(App[None]):
     """Runs, queues and run details of one configured runtime, refreshed every ``refresh_interval`` seconds
-    (0 turns the live refresh off; ``r`` refreshes on demand)."""
+    (0 turns the live refresh off; ``r`` refreshes on demand); the runs table pages ``page_size`` runs."""
 
     CSS_PATH = "dashboard.tcss"
     TITLE = "Runlane"
@@ -23,10 +23,13 @@ class RunlaneDashboard(App[None]):
         Binding("r", "refresh", "Refresh"),
     ]
 
-    def __init__(self, client: DashboardClient, *, refresh_interval: float = 2.0) -> None:
+    def __init__(
+        self, client: DashboardClient, *, refresh_interval: float = 2.0, page_size: int = RUNS_PAGE
+    ) -> None:
         super().__init__()
         self.client = client
         self.refresh_interval = refresh_interval
+        self.page_size = page_size
 
     def on_mount(self) -> None:
         self.sub_title = f"{self.client.environment} · lane {self.client.lane} · via {self.client.where}"

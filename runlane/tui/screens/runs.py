@@ -2,6 +2,7 @@
 
 ``/`` filters the rows by text (run id, task, queue); ``s`` cycles the status filter (asked of storage);
 Enter on a queue filters the runs by that queue (Enter again clears it); Enter on a run opens it.
+``]`` and ``[`` page through older and newer runs; changing a filter goes back to the newest page.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class RunsScreen(Screen[None]):
         Binding("slash", "focus_filter", "Filter"),
         Binding("s", "next_status", "Status"),
         Binding("escape", "clear_filters", "Clear filters"),
+        Binding("right_square_bracket", "older", "Older"),
+        Binding("left_square_bracket", "newer", "Newer"),
     ]
 
     def __init__(self) -> None:
@@ -55,6 +58,8 @@ class RunsScreen(Screen[None]):
         self.text_filter = ""
         self.queues: list[QueueRow] = []
         self.runs: list[RunSummary] = []
+        self.page_cursors: list[str | None] = [None]  # the cursor of each page from the newest one
+        self.next_cursor: str | None = None
 
     @property
     def dashboard(self) -> RunlaneDashboard:
@@ -90,14 +95,19 @@ class RunsScreen(Screen[None]):
         statuses = STATUS_FILTERS[self.status_index][1]
         try:
             queues = await client.queues()
-            page = await client.runs(statuses=statuses, queues=[self.queue_filter] if self.queue_filter else ())
+            page = await client.runs(
+                statuses=statuses,
+                queues=[self.queue_filter] if self.queue_filter else (),
+                cursor=self.page_cursors[-1],
+                limit=self.dashboard.page_size,
+            )
         except RunlaneError as error:
             self.query_one("#status-line", Static).update(f"[red]{error.code.value}[/]: {error.message}")
             return
-        self.queues, self.runs = queues, page.runs
-        self._render_tables(more=page.next_cursor is not None)
+        self.queues, self.runs, self.next_cursor = queues, page.runs, page.next_cursor
+        self._render_tables()
 
-    def _render_tables(self, *, more: bool = False) -> None:
+    def _render_tables(self) -> None:
         self.query_one("#queues", QueueTable).show(self.queues, self.queue_filter)
         needle = self.text_filter.lower()
         shown = [
@@ -106,9 +116,12 @@ class RunsScreen(Screen[None]):
             if not needle or any(needle in field.lower() for field in (run.id, run.task_id, run.queue))
         ]
         self.query_one("#runs", RunsTable).show(shown)
-        count = f"{len(shown)} of the newest {len(self.runs)} runs" if needle else f"{len(shown)} newest runs"
-        note = " (more in storage: narrow the filters)" if more else ""
-        self.query_one("#status-line", Static).update(f"{count}{note}")
+        page = len(self.page_cursors)
+        listed = f"{len(self.runs)} run{'' if len(self.runs) == 1 else 's'}"
+        runs = f"the newest {listed}" if page == 1 else f"{listed} on page {page}"
+        count = f"{len(shown)} of {runs}" if needle else runs
+        keys = [key for key, shown_if in (("] older", self.next_cursor), ("[ newer", page > 1)) if shown_if]
+        self.query_one("#status-line", Static).update(count + (f"  ({', '.join(keys)})" if keys else ""))
 
     def _show_filters(self) -> None:
         name = STATUS_FILTERS[self.status_index][0]
@@ -127,7 +140,7 @@ class RunsScreen(Screen[None]):
         chosen = event.row_key.value
         self.queue_filter = None if chosen == self.queue_filter else chosen
         self._show_filters()
-        self.reload()
+        self._first_page()
 
     @on(Input.Changed, "#filter")
     def _filter_text(self, event: Input.Changed) -> None:
@@ -149,11 +162,25 @@ class RunsScreen(Screen[None]):
     def action_next_status(self) -> None:
         self.status_index = (self.status_index + 1) % len(STATUS_FILTERS)
         self._show_filters()
-        self.reload()
+        self._first_page()
 
     def action_clear_filters(self) -> None:
         self.status_index, self.queue_filter = 0, None
         self.query_one("#filter", Input).value = ""
         self._show_filters()
         self.query_one("#runs", RunsTable).focus()
+        self._first_page()
+
+    def action_older(self) -> None:
+        if self.next_cursor is not None:
+            self.page_cursors.append(self.next_cursor)
+            self.reload()
+
+    def action_newer(self) -> None:
+        if len(self.page_cursors) > 1:
+            self.page_cursors.pop()
+            self.reload()
+
+    def _first_page(self) -> None:
+        self.page_cursors = [None]
         self.reload()
