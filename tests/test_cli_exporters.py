@@ -222,3 +222,45 @@ def test_observations_trim_keeps_what_a_configured_exporter_has_not_exported(tmp
 
     human = cli(project, "observations", "trim", "--older-than", "soon")
     assert human.returncode == 1 and human.stderr.startswith("error[configuration_invalid]: --older-than 'soon'")
+
+
+def test_export_and_dev_close_the_sinks_they_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import BaseModel, ConfigDict
+    from typer.testing import CliRunner
+
+    from runlane.cli.main import app
+    from runlane.plugins import hookimpl
+    from runlane.plugins.manager import pm
+    from runlane.plugins.registries import ExporterProvider
+
+    events: list[str] = []
+
+    class Sink:
+        async def export(self, records: Any) -> None:
+            events.append(f"export {len(records)}")
+
+        async def close(self) -> None:
+            events.append("close")
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    class Plugin:
+        @hookimpl
+        def register_exporters(self, register: Any) -> None:
+            register(ExporterProvider("closing", Options, lambda options, context: Sink()))
+
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    add_exporter(root, '\n[[exporters]]\nuse = "closing"\nconsumer = "closing"\n')
+    assert cli(root, "trigger", "emails.welcome", '{"user_id": "u1"}').returncode == 0
+    monkeypatch.chdir(root)
+    pm.register(Plugin(), name="test-closing-exporter")
+    try:
+        exported = CliRunner().invoke(app, ["export", "--once"])
+        developed = CliRunner().invoke(app, ["dev", "--once"])
+    finally:
+        pm.unregister(name="test-closing-exporter")
+    assert exported.exit_code == 0, exported.output
+    assert developed.exit_code == 0, developed.output
+    assert events[0].startswith("export ") and events[1] == "close"
+    assert events[-1] == "close" and events.count("close") == 2

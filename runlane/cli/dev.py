@@ -37,7 +37,7 @@ from .options import (
     TimeoutFinalizationLimit,
     WorkerIdOption,
 )
-from .export import export_pending, start_exporter, stop_exporters
+from .export import close_sinks, export_pending, start_exporter, stop_exporters
 from .reload import Reloader, child_command
 from .tick import tick_until_stopped
 from .work import StopOnSignals, run_worker
@@ -91,11 +91,14 @@ def dev(
         interval = tick_interval or load_cli_config(ctx).dev.tick_interval
         interval_s = duration_ms(interval, "--tick-interval") / 1000
         worker_options: dict[str, Any] = {"queues": queue or None, "concurrency": concurrency, "worker_id": worker_id}
-        with StopOnSignals(output) as stop:
-            if once:
-                await _once(runtime, stop, limits, max_runs=max_runs, **worker_options)
-            else:
-                await _loop(runtime, stop, limits, interval_s, empty_poll_delay=empty_poll_delay, **worker_options)
+        try:
+            with StopOnSignals(output) as stop:
+                if once:
+                    await _once(runtime, stop, limits, max_runs=max_runs, **worker_options)
+                else:
+                    await _loop(runtime, stop, limits, interval_s, empty_poll_delay=empty_poll_delay, **worker_options)
+        finally:
+            await close_sinks(exporters)
 
     async def _once(runtime: Any, stop: StopOnSignals, limits: TickLimits, **worker_options: Any) -> None:
         output.tick_record(await runtime.tick(**limits))

@@ -9,6 +9,9 @@ pending, once per exporter, and exits. ``runlane dev`` runs the same exporters n
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 import typer
@@ -29,9 +32,11 @@ from .options import HealthFileOption
 from .output import Output, forward_runtime_logs
 from .work import StopOnSignals
 
-__all__ = ["app", "export_pending", "start_exporter", "stop_exporters"]
+__all__ = ["app", "close_sinks", "export_pending", "start_exporter", "stop_exporters"]
 
 app = typer.Typer()
+
+_logger = logging.getLogger("runlane.export")
 
 
 @app.command("export")
@@ -65,6 +70,12 @@ def export(
             dev_does="runs the [[exporters]] of that lane",
             command="runlane export",
         )
+        try:
+            await run_exporters(runtime)
+        finally:
+            await close_sinks(exporters)
+
+    async def run_exporters(runtime: Any) -> None:
         if once:
             for item in exporters:
                 await export_pending(runtime, output, item)
@@ -82,6 +93,25 @@ def export(
                 await stop_exporters(tasks)
 
     with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
+
+
+async def close_sinks(exporters: Sequence[ConfiguredExporter]) -> None:
+    """Let each sink with a ``close()`` (plain or async) release what it holds (connections, files).
+
+    A sink that fails to close is logged and the others are still closed.
+    """
+    for configured in exporters:
+        close = getattr(configured.sink, "close", None)
+        if not callable(close):
+            continue
+        try:
+            result = close()
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            _logger.warning(
+                "Closing exporter %r (consumer %r) failed.", configured.use, configured.consumer, exc_info=True
+            )
 
 
 async def export_pending(runtime: Any, output: Output, configured: ConfiguredExporter) -> None:

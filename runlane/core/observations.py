@@ -826,7 +826,8 @@ class ObservationSink(Protocol):
     """Receives batches of observation records; returning means the batch was accepted.
 
     Delivery is at least once: a batch can be delivered again after a crash or a failed checkpoint
-    advance, so sinks that need exactly-once effects dedupe by ``record.id``.
+    advance, so sinks that need exactly-once effects dedupe by ``record.id``. A sink may also have a
+    ``close()`` (plain or async); ``runlane export`` and ``runlane dev`` call it when they stop.
     """
 
     async def export(self, records: Sequence[RunlaneObservationRecord]) -> None: ...
