@@ -25,7 +25,7 @@ from rich.text import Text
 
 from ..errors import RunlaneError
 
-__all__ = ["Output", "display_value", "event_detail", "forward_runtime_logs", "iso", "run_rows", "to_json_value"]
+__all__ = ["Output", "attempt_detail", "display_value", "event_detail", "forward_runtime_logs", "iso", "run_rows", "to_json_value"]
 
 
 def to_json_value(value: Any) -> Any:
@@ -342,19 +342,12 @@ class Output:
         for column in ("attempt", "status", "started", "completed", "detail"):
             table.add_column(column, no_wrap=True)
         for attempt in attempts:
-            detail = ""
-            if attempt.failure is not None:
-                detail = f"{display_value(attempt.failure.code)}: {attempt.failure.message}"
-            elif attempt.retry_at is not None:
-                detail = f"retry at {iso(attempt.retry_at)}"
-            elif attempt.release_reason:
-                detail = f"released: {attempt.release_reason}"
             table.add_row(
                 str(attempt.attempt),
                 display_value(attempt.status),
                 iso(attempt.started_at) or "",
                 iso(attempt.completed_at) or "",
-                detail,
+                attempt_detail(attempt),
             )
         self.stdout.print(table)
 
@@ -490,6 +483,19 @@ _PIPED_WIDTH = 400
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
+
+
+def attempt_detail(attempt: Any) -> str:
+    """What an attempt ended with: its failure, when it is retried, why it released, or its output."""
+    if attempt.failure is not None:
+        return f"{display_value(attempt.failure.code)}: {attempt.failure.message}"
+    if attempt.retry_at is not None:
+        return f"retry at {iso(attempt.retry_at)}"
+    if attempt.release_reason:
+        return f"released: {attempt.release_reason}"
+    if attempt.has_output:
+        return f"output {_compact(attempt.output)}"
+    return ""
 
 
 def event_detail(event: Any) -> str:

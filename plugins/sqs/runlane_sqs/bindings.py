@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,6 +36,24 @@ FIFO_SUFFIX = ".fifo"
 
 def invalid(message: str, **meta: Any) -> RunlaneError:
     return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta=meta)
+
+
+def check_client(client: object, methods: Sequence[str], what: str) -> None:
+    """``client`` has every method in ``methods`` (a boto3 SQS client or the same surface)."""
+    missing = [method for method in methods if not callable(getattr(client, method, None))]
+    if client is None or missing:
+        raise invalid(
+            f"{what} needs an SQS client such as boto3.client('sqs'), got {client!r}"
+            + (f" (it has no {', '.join(missing)})." if client is not None else "."),
+            field="client",
+        )
+
+
+def check_count(value: object, what: str, low: int, high: int) -> int:
+    """``value`` as an integer from ``low`` to ``high``, else ``configuration_invalid`` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise invalid(f"{what} must be an integer from {low} to {high}, got {value!r}.", field=what)
+    return value
 
 
 class SqsFifoMessageGroup(enum.StrEnum):

@@ -126,10 +126,9 @@ async def consume_wakeups(
                 error_code=error.code.value,
                 retry_in_seconds=delay,
             )
-            try:
-                await asyncio.wait_for(stopping.wait(), delay)
-            except TimeoutError:
-                delay = min(delay * 2, max_delay)
+            if await _stopped_within(stopping, delay):
+                return
+            delay = min(delay * 2, max_delay)
 
     with StopOnSignals(output, "current deliveries") as stop, forward_runtime_logs(output):
         urls = await _resolve_urls(transport, names, output, stop.stopping, restart_delay)
@@ -174,8 +173,15 @@ async def _resolve_urls(
                     error_code=error.code.value,
                 )
                 said = True
-        try:
-            await asyncio.wait_for(stopping.wait(), wait)
+        if await _stopped_within(stopping, wait):
             return None
-        except TimeoutError:
-            wait = min(wait * 2, max_wait)
+        wait = min(wait * 2, max_wait)
+
+
+async def _stopped_within(stopping: asyncio.Event, seconds: float) -> bool:
+    """Wait up to ``seconds``; ``True`` as soon as a stop is requested."""
+    try:
+        await asyncio.wait_for(stopping.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True

@@ -32,7 +32,7 @@ from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import DeliveryMessage
 
 from .aws import call_sqs, classify_provider_error
-from .bindings import FIFO_SUFFIX, invalid
+from .bindings import FIFO_SUFFIX, check_client, check_count, invalid
 from .delivery import (
     ExecuteDelivery,
     FailureObserver,
@@ -43,7 +43,7 @@ from .delivery import (
     check_delivery_options,
     deliver_body,
 )
-from .transport import SQS_MAX_BATCH_SIZE, _check_client, check_count
+from .transport import SQS_MAX_BATCH_SIZE
 
 __all__ = ["SqsConsumerCounts", "SqsDeliveryConsumer", "create_sqs_delivery_consumer"]
 
@@ -244,7 +244,8 @@ class SqsDeliveryConsumer:
     def _release_now(self, response: Any) -> None:
         """Make the messages of an abandoned receive visible again (best effort, in the receive thread)."""
         messages = response.get("Messages") if isinstance(response, dict) else None
-        entries = _visibility_entries(messages)
+        listed = messages if isinstance(messages, list) else []
+        entries = _visibility_entries([message.get("ReceiptHandle") for message in listed if isinstance(message, dict)])
         if not entries:
             return
         try:
@@ -253,11 +254,7 @@ class SqsDeliveryConsumer:
             pass  # they become visible at the end of their visibility timeout instead
 
     async def _release(self, received: list[_Received]) -> None:
-        entries = [
-            {"Id": str(index), "ReceiptHandle": message.receipt_handle, "VisibilityTimeout": 0}
-            for index, message in enumerate(received)
-            if message.receipt_handle
-        ]
+        entries = _visibility_entries([message.receipt_handle for message in received])
         if entries:
             try:
                 await call_sqs(self.client, "change_message_visibility_batch", QueueUrl=self.queue_url, Entries=entries)
@@ -334,13 +331,12 @@ class SqsDeliveryConsumer:
             await call(self.on_delivery_failure, failure)
 
 
-def _visibility_entries(messages: object) -> list[dict[str, Any]]:
-    if not isinstance(messages, list):
-        return []
+def _visibility_entries(receipt_handles: list[Any]) -> list[dict[str, Any]]:
+    """``ChangeMessageVisibilityBatch`` entries that make these messages visible again at once."""
     return [
-        {"Id": str(index), "ReceiptHandle": message["ReceiptHandle"], "VisibilityTimeout": 0}
-        for index, message in enumerate(messages)
-        if isinstance(message, dict) and isinstance(message.get("ReceiptHandle"), str)
+        {"Id": str(index), "ReceiptHandle": handle, "VisibilityTimeout": 0}
+        for index, handle in enumerate(receipt_handles)
+        if isinstance(handle, str) and handle
     ]
 
 
@@ -367,7 +363,7 @@ def create_sqs_delivery_consumer(
     (0-43200; default: the queue's) shape each ``ReceiveMessage``; keep the visibility timeout longer
     than a delivery takes.
     """
-    _check_client(client, ("receive_message", "delete_message_batch"), "create_sqs_delivery_consumer()")
+    check_client(client, ("receive_message", "delete_message_batch"), "create_sqs_delivery_consumer()")
     if not isinstance(queue_url, str) or not queue_url.startswith(("http://", "https://")):
         raise invalid(f"queue_url must be an http(s) SQS queue URL, got {queue_url!r}.", field="queue_url")
     check_callable(execute_delivery, "execute_delivery")

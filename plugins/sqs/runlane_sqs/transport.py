@@ -40,28 +40,20 @@ from runlane.models import OutboxFailureRecord, WakeupPublishOutcome
 from runlane.vocabulary import WakeupPublishOutcomeType
 
 from .aws import call_sqs, classify_provider_error
-from .bindings import SqsFifoDeduplication, SqsFifoMessageGroup, SqsQueueBinding, SqsQueueSourceType, invalid
+from .bindings import (
+    SqsFifoDeduplication,
+    SqsFifoMessageGroup,
+    SqsQueueBinding,
+    SqsQueueSourceType,
+    check_client,
+    check_count,
+    invalid,
+)
 from .envelope import encode_sqs_wakeup_body
 
 __all__ = ["SQS_MAX_BATCH_SIZE", "SqsTransport", "sqs_transport"]
 
 SQS_MAX_BATCH_SIZE = 10
-
-
-def _check_client(client: object, methods: Sequence[str], what: str) -> None:
-    missing = [method for method in methods if not callable(getattr(client, method, None))]
-    if client is None or missing:
-        raise invalid(
-            f"{what} needs an SQS client such as boto3.client('sqs'), got {client!r}"
-            + (f" (it has no {', '.join(missing)})." if client is not None else "."),
-            field="client",
-        )
-
-
-def check_count(value: object, what: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise invalid(f"{what} must be an integer from {low} to {high}, got {value!r}.", field=what)
-    return value
 
 
 def deduplication_id(outbox_message_id: str) -> str:
@@ -302,7 +294,7 @@ def sqs_transport(
     """
     if not isinstance(name, str) or not name:
         raise invalid(f"A transport name must be a non-empty string, got {name!r}.", field="name")
-    _check_client(client, ("send_message_batch", "get_queue_url"), f"sqs_transport({name!r})")
+    check_client(client, ("send_message_batch", "get_queue_url"), f"sqs_transport({name!r})")
     if isinstance(queues, (str, bytes, SqsQueueBinding)) or not isinstance(queues, Sequence) or not queues:
         raise invalid(
             "queues must be a non-empty list of sqs_queue(...) bindings, one per Runlane queue.", field="queues"

@@ -17,7 +17,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
-from ...cli.output import display_value, event_detail
+from ...cli.output import attempt_detail, display_value, event_detail
 from ...errors import RunlaneError
 from ..client import RunDetail
 from ..format import short_time, status_text
@@ -96,7 +96,7 @@ class RunDetailScreen(Screen[None]):
                 status_text(attempt.status),
                 short_time(attempt.started_at),
                 short_time(attempt.completed_at),
-                _attempt_detail(attempt),
+                attempt_detail(attempt),
             )
         events = self.query_one("#events", DataTable)
         events.clear()
@@ -140,16 +140,3 @@ class RunDetailScreen(Screen[None]):
         self.notify(f"Created {run.id} from {self.run_id}.", title=kind)
         self.post_message(RunChanged(self.run_id, created_run_id=run.id))
         self.app.switch_screen(RunDetailScreen(run.id))
-
-
-def _attempt_detail(attempt: object) -> str:
-    failure = getattr(attempt, "failure", None)
-    if failure is not None:
-        return f"{display_value(failure.code)}: {failure.message}"
-    if getattr(attempt, "retry_at", None) is not None:
-        return f"retry at {short_time(attempt.retry_at)}"  # type: ignore[attr-defined]
-    if getattr(attempt, "release_reason", None):
-        return f"released: {attempt.release_reason}"  # type: ignore[attr-defined]
-    if getattr(attempt, "has_output", False):
-        return f"output {display_value(attempt.output)}"  # type: ignore[attr-defined]
-    return ""

@@ -16,6 +16,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Label, Static
 
+from ...cli.queues import ACTIVE_STATUSES
 from ...errors import RunlaneError
 from ...models import RunSummary
 from ..client import QueueRow
@@ -31,7 +32,7 @@ __all__ = ["STATUS_FILTERS", "RunsScreen"]
 
 STATUS_FILTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("all", ()),
-    ("active", ("scheduled", "queued", "running", "retrying", "released", "cancellation_requested")),
+    ("active", tuple(status.value for status in ACTIVE_STATUSES)),
     ("failed", ("failed",)),
     ("running", ("running",)),
     ("queued", ("queued",)),

@@ -6,14 +6,15 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
+from ...cli.queues import ACTIVE_STATUSES
 from ..client import QueueRow
 from ..format import STATUS_STYLES
 from .keyed_table import KeyedTable
 
 __all__ = ["QueueTable"]
 
-_STATUSES = ("scheduled", "queued", "running", "retrying", "released", "cancellation_requested")
-_HEADINGS = ("scheduled", "queued", "running", "retrying", "released", "cancelling")
+_STATUSES = tuple(status.value for status in ACTIVE_STATUSES)
+_HEADINGS = tuple("cancelling" if status == "cancellation_requested" else status for status in _STATUSES)
 
 
 class QueueTable(KeyedTable):
