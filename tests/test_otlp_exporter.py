@@ -1,5 +1,6 @@
-"""The ``otlp`` exporter: attempts exported as spans through OpenTelemetry's OTLP/HTTP exporter to a real
-HTTP endpoint on loopback, which decodes the protobuf requests (``runlane_otlp.testing``)."""
+"""The ``otlp`` and ``otlp-traces`` exporters: observation records exported as log records, and attempts
+as spans, through OpenTelemetry's OTLP/HTTP exporters to a real HTTP endpoint on loopback, which decodes
+the protobuf requests (``runlane_otlp.testing``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 import pytest
 from runlane_local import local_lane
-from runlane_otlp import otlp_sink
+from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+from runlane_otlp import opentelemetry_sink, otlp_sink, otlp_trace_sink
 from runlane_otlp.testing import OtlpTestReceiver
 
 from runlane import ErrorCode, Retry, RunlaneError, TaskContext, create_runlane, queue, task
@@ -58,7 +60,7 @@ async def drain_exporter(exporter: Any) -> list[Any]:
 async def test_each_attempt_is_a_span_under_the_trace_that_triggered_the_run() -> None:
     runtime, clock = runtime_and_clock()
     with OtlpTestReceiver() as receiver:
-        sink = otlp_sink(endpoint=receiver.endpoint, service_name="billing-workers")
+        sink = otlp_trace_sink(endpoint=receiver.traces_endpoint, service_name="billing-workers")
         async with runtime:
             run = (await runtime.trigger(build, {}, trace_carrier={"traceparent": TRACEPARENT})).run
             clock.advance(timedelta(seconds=1))
@@ -97,7 +99,7 @@ async def test_without_a_traceparent_the_attempts_of_a_run_share_a_trace_of_thei
             runs = [(await runtime.trigger(send, {"n": n})).run for n in range(2)]
             await runtime.execute_next()
             await runtime.execute_next()
-            await drain_exporter(runtime.observation_exporter("tracing", otlp_sink(endpoint=receiver.endpoint)))
+            await drain_exporter(runtime.observation_exporter("tracing", otlp_trace_sink(endpoint=receiver.traces_endpoint)))
     by_run = {span.attributes["runlane.run_id"]: span for span in receiver.spans}
     assert set(by_run) == {run.id for run in runs}
     assert all(span.parent_span_id == "" for span in by_run.values())
@@ -107,7 +109,7 @@ async def test_without_a_traceparent_the_attempts_of_a_run_share_a_trace_of_thei
 async def test_a_refused_batch_keeps_the_checkpoint_and_is_sent_again_with_the_same_span_ids() -> None:
     runtime, _ = runtime_and_clock()
     with OtlpTestReceiver() as receiver:
-        sink = otlp_sink(endpoint=receiver.endpoint, timeout=2)
+        sink = otlp_trace_sink(endpoint=receiver.traces_endpoint, timeout=2)
         async with runtime:
             await runtime.trigger(send, {})
             await runtime.execute_next()
@@ -122,18 +124,128 @@ async def test_a_refused_batch_keeps_the_checkpoint_and_is_sent_again_with_the_s
             assert await drain_exporter(exporter) == [Tick.EXPORTED, Tick.IDLE]
             (span,) = receiver.spans
             # The stream is at least once: sending the same records again gives the same span.
-            again = otlp_sink(endpoint=receiver.endpoint)
+            again = otlp_trace_sink(endpoint=receiver.traces_endpoint)
             page = await runtime.observations.scan()
             await again.export(page.records)
     assert [s.span_id for s in receiver.spans] == [span.span_id, span.span_id]
 
 
+SECRET = "card 4111-1111-1111-1111"
+
+
+async def test_every_observation_record_is_a_log_record_in_the_trace_that_triggered_the_run() -> None:
+    runtime, clock = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        sink = otlp_sink(
+            endpoint=receiver.logs_endpoint,
+            service_name="billing-workers",
+            resource_attributes={"service.namespace": "jobs"},
+        )
+        async with runtime:
+            traced = (await runtime.trigger(build, {"note": SECRET}, trace_carrier={"traceparent": TRACEPARENT})).run
+            plain = (await runtime.trigger(send, {"note": SECRET})).run
+            clock.advance(timedelta(seconds=1))
+            await runtime.execute_next()  # traced, attempt 1: the step completes, then a retry is scheduled
+            await runtime.execute_next()  # plain succeeds
+            clock.advance(timedelta(minutes=5))
+            await runtime.tick()
+            await runtime.execute_next()  # traced, attempt 2 succeeds
+            records = (await runtime.observations.scan(limit=1000)).records
+            assert await drain_exporter(runtime.observation_exporter("otel", sink)) == [Tick.EXPORTED, Tick.IDLE]
+
+    logs = receiver.logs
+    assert [log.attributes["runlane.observation_id"] for log in logs] == [record.id for record in records]
+    traced_logs = [log for log in logs if log.attributes["runlane.run_id"] == traced.id]
+    assert [log.body for log in traced_logs] == [
+        "run.created",
+        "run.delivery_requested",
+        "run.lease_claimed",
+        "run.started",
+        "step.completed",
+        "run.retry_scheduled",
+        "run.delivery_requested",
+        "run.lease_claimed",
+        "run.started",
+        "run.succeeded",
+    ]
+    assert [log.event_name for log in traced_logs[3:5]] == ["runlane.run.started", "runlane.step.completed"]
+    # The carrier came with run.created only; every later record of the run stays in its trace.
+    assert {(log.trace_id, log.span_id) for log in traced_logs} == {(TRACE_ID, PARENT_SPAN_ID)}
+    assert {(log.trace_id, log.span_id) for log in logs if log.attributes["runlane.run_id"] == plain.id} == {("", "")}
+
+    retry = traced_logs[5]
+    assert (retry.severity_number, retry.severity_text) == (13, "WARN")
+    assert retry.attributes["runlane.failure_code"] == "task_failed" and retry.attributes["runlane.attempt"] == 1
+    assert {log.severity_text for log in logs if log is not retry} == {"INFO"}
+    step = traced_logs[4]
+    assert step.attributes["runlane.step_key"] == "fetch" and step.attributes["runlane.source_kind"] == "run_step"
+    created = traced_logs[0]
+    assert created.attributes["runlane.task_id"] == "reports.build" and created.attributes["runlane.queue"] == "default"
+    assert created.attributes["runlane.event_sequence"] == 1 and created.attributes["runlane.status"] == "queued"
+    assert created.time == int(T0.timestamp() * 1e9)
+    assert created.observed_time == int(records[0].recorded_at.timestamp() * 1e9)
+    assert created.resource["service.name"] == "billing-workers"
+    assert created.resource["service.namespace"] == "jobs" and created.scope == "runlane"
+    # Observations are sanitized: no payload, output or failure detail reaches the endpoint.
+    sent = repr([(log.body, log.attributes) for log in logs])
+    assert SECRET not in sent and "warehouse" not in sent and "rows" not in sent
+
+
+async def test_a_refused_log_batch_keeps_the_checkpoint_and_is_sent_again_with_the_same_record_ids() -> None:
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        async with runtime:
+            await runtime.trigger(send, {})
+            await runtime.execute_next()
+            exporter = runtime.observation_exporter("otel", otlp_sink(endpoint=receiver.logs_endpoint, timeout=2))
+            receiver.fail_next(1, status=400)  # a status the OTLP exporter does not retry by itself
+            tick = await exporter.export_once()
+            assert tick.status is Tick.FAILED
+            assert isinstance(tick.error, RunlaneError) and tick.error.code is ErrorCode.OBSERVATION_EXPORT_FAILED
+            assert tick.error.retryable and "did not accept 5 log records" in tick.error.message
+            assert receiver.logs == [] and await runtime.observations.checkpoint("otel") is None
+
+            assert await drain_exporter(exporter) == [Tick.EXPORTED, Tick.IDLE]
+            first = [log.attributes["runlane.observation_id"] for log in receiver.logs]
+            again = otlp_sink(endpoint=receiver.logs_endpoint)
+            await again.export((await runtime.observations.scan()).records)
+    assert len(first) == 5 and [log.attributes["runlane.observation_id"] for log in receiver.logs] == first * 2
+
+
+async def test_an_exporter_configured_by_hand_sends_the_same_log_records() -> None:
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        exporter = OTLPLogExporter(endpoint=receiver.logs_endpoint, headers={"x-api-key": "k"}, timeout=5)
+        sink = opentelemetry_sink(exporter=exporter, resource_attributes={"deployment.environment": "test"})
+        async with runtime:
+            run = (await runtime.trigger(send, {})).run
+            await runtime.execute_next()
+            assert await drain_exporter(runtime.observation_exporter("otel", sink)) == [Tick.EXPORTED, Tick.IDLE]
+        sink.close()
+    assert [log.body for log in receiver.logs] == [
+        "run.created",
+        "run.delivery_requested",
+        "run.lease_claimed",
+        "run.started",
+        "run.succeeded",
+    ]
+    assert {log.attributes["runlane.run_id"] for log in receiver.logs} == {run.id}
+    assert receiver.logs[0].resource["deployment.environment"] == "test"
+
+
 def test_bad_sink_options_are_refused() -> None:
+    for make in (otlp_sink, otlp_trace_sink):
+        with pytest.raises(RunlaneError) as raised:
+            make(endpoint="localhost:4318")
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and "http(s) URL" in raised.value.message
+        for bad in ({"timeout": 0}, {"service_name": ""}, {"resource_attributes": {"service.namespace": 3}}):
+            with pytest.raises(RunlaneError) as raised:
+                make(**bad)
+            assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+            assert raised.value.meta["field"] == next(iter(bad))
     with pytest.raises(RunlaneError) as raised:
-        otlp_sink(endpoint="localhost:4318")
-    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and "http(s) URL" in raised.value.message
-    with pytest.raises(RunlaneError):
-        otlp_sink(timeout=0)
+        opentelemetry_sink(exporter="http://localhost:4318/v1/logs")
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and "log record exporter" in raised.value.message
 
 
 PING_TASKS = """
@@ -148,7 +260,7 @@ def ping(payload: dict) -> None:
 """
 
 
-def test_runlane_export_sends_spans_to_the_configured_endpoint(tmp_path: Path) -> None:
+def test_runlane_export_sends_log_records_and_spans_to_the_configured_endpoints(tmp_path: Path) -> None:
     from cli_support import background, cli, make_project, wait_for, write
 
     tasks = PING_TASKS
@@ -156,17 +268,26 @@ def test_runlane_export_sends_spans_to_the_configured_endpoint(tmp_path: Path) -
     with OtlpTestReceiver() as receiver:
         config = (root / "runlane.toml").read_text().replace(
             '# [[exporters]]\n# use = "console"\n# consumer = "local_console"',
-            f'[[exporters]]\nuse = "otlp"\nconsumer = "tracing"\nendpoint = "{receiver.endpoint}"\n'
+            f'[[exporters]]\nuse = "otlp"\nconsumer = "otel_logs"\nendpoint = "{receiver.logs_endpoint}"\n'
+            'resource_attributes = { "service.namespace" = "jobs" }\n\n'
+            f'[[exporters]]\nuse = "otlp-traces"\nconsumer = "otel_traces"\nendpoint = "{receiver.traces_endpoint}"\n'
             'service_name = "cli-test"',
         )
         write(root / "runlane.toml", config)
         assert cli(root, "trigger", "ping", "{}").returncode == 0
         assert cli(root, "work", "--drain").returncode == 0
         with background(root, "export", log=tmp_path / "export.log") as exporter:
-            wait_for(lambda: receiver.spans, what="the exported span")
+            wait_for(lambda: receiver.spans and len(receiver.logs) == 5, what="the exported spans and log records")
             assert exporter.stop() == 0
         (span,) = receiver.spans
         assert span.name == "ping" and span.resource["service.name"] == "cli-test"
         assert span.attributes["runlane.outcome"] == "succeeded"
+        assert [log.body for log in receiver.logs][-1] == "run.succeeded"
+        assert receiver.logs[0].resource["service.namespace"] == "jobs"
+        bad = config.replace('consumer = "otel_logs"', 'consumer = "otel_logs"\nendpiont = "x"')
+        write(root / "runlane.toml", bad)
+        refused = cli(root, "export", "--once")
+        assert refused.returncode == 1 and "endpiont" in refused.stderr and "Traceback" not in refused.stderr
+    write(root / "runlane.toml", config)
     plugins = json.loads(cli(root, "--json", "plugins", "list").stdout)
     assert any(plugin.get("distribution") == "runlane-otlp" for plugin in plugins["plugins"])

@@ -1,14 +1,15 @@
-"""runlane-otlp: Runlane's durable observation stream as OpenTelemetry traces, over OTLP/HTTP.
+"""runlane-otlp: Runlane's durable observation stream as OpenTelemetry logs and traces, over OTLP/HTTP.
 
-* ``otlp_sink(endpoint=..., headers=..., service_name=...)``: an ``ObservationSink`` for
-  ``runlane.observation_exporter(...)``; ``[[exporters]] use = "otlp"`` in ``runlane.toml``;
-* ``AttemptSpans``: how observation records become spans, usable with any span exporter.
+* ``otlp_sink(endpoint=..., headers=..., resource_attributes=...)``: every observation record as an
+  OpenTelemetry log record, sent to a Collector's ``/v1/logs``; ``[[exporters]] use = "otlp"``;
+* ``opentelemetry_sink(exporter=...)``: the same log records through an OpenTelemetry log record
+  exporter you configured yourself;
+* ``otlp_trace_sink(...)``: each finished attempt as a span, under the trace that triggered its run;
+  ``[[exporters]] use = "otlp-traces"``;
+* ``ObservationLogs`` and ``AttemptSpans``: the two mappings, usable with any exporter.
 
-Each task attempt becomes one span, from ``run.started`` to the event that ended the attempt
-(succeeded, failed, retry scheduled, released, cancelled), in the trace of the code that triggered the
-run when the trigger carried a W3C ``traceparent``. Durable steps completed during the attempt are
-span events. Export is at least once: span ids are derived from the records, so a batch exported
-again produces the same spans.
+Export is at least once: log records carry the observation record's stable id and span ids are
+derived from the records, so a batch exported again can be recognised.
 """
 
 from __future__ import annotations
@@ -17,13 +18,28 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .sink import OtlpObservationSink, otlp_sink
+    from .logs import ObservationLogs
+    from .sink import OtlpObservationSink, opentelemetry_sink, otlp_sink, otlp_trace_sink
     from .spans import AttemptSpans
 
-__all__ = ["AttemptSpans", "OtlpObservationSink", "otlp_sink"]
+__all__ = [
+    "AttemptSpans",
+    "ObservationLogs",
+    "OtlpObservationSink",
+    "opentelemetry_sink",
+    "otlp_sink",
+    "otlp_trace_sink",
+]
 
 # Imported on first use, so loading the plugin (every `runlane` command does) does not import OpenTelemetry.
-_EXPORTS = {"AttemptSpans": "spans", "OtlpObservationSink": "sink", "otlp_sink": "sink"}
+_EXPORTS = {
+    "AttemptSpans": "spans",
+    "ObservationLogs": "logs",
+    "OtlpObservationSink": "sink",
+    "opentelemetry_sink": "sink",
+    "otlp_sink": "sink",
+    "otlp_trace_sink": "sink",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -29,13 +29,13 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
-from runlane import __version__
 from runlane.models import RunlaneObservation, RunlaneObservationRecord
 from runlane.vocabulary import RunEventType, RunlaneObservationType
+
+from ._otel import SCOPE, nanos, observation_resource, parent_context
 
 __all__ = ["ATTEMPT_ENDS", "AttemptSpans"]
 
@@ -49,7 +49,6 @@ ATTEMPT_ENDS: dict[RunEventType, str] = {
 """The events that end an attempt, and the ``runlane.outcome`` each gives its span."""
 
 _ERROR_OUTCOMES = frozenset({"failed", "retry_scheduled"})
-_SCOPE = InstrumentationScope("runlane", __version__)
 
 
 @dataclass(slots=True)
@@ -66,37 +65,16 @@ class _Attempt:
     steps: list[tuple[str, datetime]] = field(default_factory=list)
 
 
-def _nanos(value: datetime) -> int:
-    return int(value.timestamp() * 1_000_000) * 1_000
-
-
 def _derived(size: int, *parts: str) -> int:
     digest = hashlib.sha256("\x1f".join(parts).encode("utf-8")).digest()
     return int.from_bytes(digest[:size], "big") or 1  # an all-zero id is invalid
 
 
-def _parent(carrier: dict[str, str] | None) -> SpanContext | None:
-    """The remote parent in a W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``), if valid."""
-    value = (carrier or {}).get("traceparent")
-    if not isinstance(value, str):
-        return None
-    parts = value.strip().split("-")
-    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16 or len(parts[3]) != 2:
-        return None
-    try:
-        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
-    except ValueError:
-        return None
-    if not trace_id or not span_id:
-        return None
-    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 0x01))
-
-
 class AttemptSpans:
     """Turns observation records, in stream order, into the spans of the attempts they end."""
 
-    def __init__(self, *, service_name: str = "runlane", max_runs: int = 10_000) -> None:
-        self.resource = Resource.create({"service.name": service_name})
+    def __init__(self, *, resource: Resource | None = None, max_runs: int = 10_000) -> None:
+        self.resource = resource if resource is not None else observation_resource()
         self.max_runs = max_runs
         self._runs: OrderedDict[tuple[str, str], _Run] = OrderedDict()
 
@@ -129,7 +107,7 @@ class AttemptSpans:
                 attempt.steps.append((observation.step_key, observation.occurred_at))
             return None
         if observation.trace_carrier and run.parent is None:
-            run.parent = _parent(observation.trace_carrier)
+            run.parent = parent_context(observation.trace_carrier)
         if observation.event_type is RunEventType.DELIVERY_REQUESTED:
             run.requested_at = observation.occurred_at
             return None
@@ -173,8 +151,8 @@ class AttemptSpans:
         elif attempt.requested_at is not None:
             waited = attempt.started_at - attempt.requested_at
             attributes["runlane.queue_wait_ms"] = max(0, round(waited.total_seconds() * 1000))
-        end = _nanos(observation.occurred_at)
-        start = _nanos(attempt.started_at) if attempt is not None else end
+        end = nanos(observation.occurred_at)
+        start = nanos(attempt.started_at) if attempt is not None else end
         if outcome in _ERROR_OUTCOMES:
             status = Status(StatusCode.ERROR, observation.failure_code.value if observation.failure_code else outcome)
         elif outcome == "succeeded":
@@ -182,7 +160,7 @@ class AttemptSpans:
         else:
             status = Status(StatusCode.UNSET)
         events: Sequence[Event] = [
-            Event("runlane.step", {"runlane.step_key": key}, timestamp=_nanos(at))
+            Event("runlane.step", {"runlane.step_key": key}, timestamp=nanos(at))
             for key, at in (attempt.steps if attempt is not None else ())
         ]
         return ReadableSpan(
@@ -196,5 +174,5 @@ class AttemptSpans:
             status=status,
             start_time=start,
             end_time=max(end, start),
-            instrumentation_scope=_SCOPE,
+            instrumentation_scope=SCOPE,
         )

@@ -1,14 +1,14 @@
-"""``OtlpTestReceiver``: an OTLP/HTTP traces endpoint on a loopback port, for tests.
+"""``OtlpTestReceiver``: an OTLP/HTTP logs and traces endpoint on a loopback port, for tests.
 
-It accepts ``POST /v1/traces`` with a protobuf ``ExportTraceServiceRequest`` (what OpenTelemetry's
-OTLP/HTTP exporters send), decodes it with OpenTelemetry's own protobuf classes and keeps the spans.
-``fail_next(count, status=503)`` answers the next requests with an error status, as an overloaded
-collector would::
+It accepts ``POST /v1/logs`` and ``POST /v1/traces`` with the protobuf ``ExportLogsServiceRequest`` /
+``ExportTraceServiceRequest`` OpenTelemetry's OTLP/HTTP exporters send, decodes them with
+OpenTelemetry's own protobuf classes and keeps the log records and spans. ``fail_next(count,
+status=503)`` answers the next requests with an error status, as an overloaded collector would::
 
     with OtlpTestReceiver() as receiver:
-        sink = otlp_sink(endpoint=receiver.endpoint)
+        sink = otlp_sink(endpoint=receiver.logs_endpoint)
         ...
-        receiver.spans  # [ReceivedSpan(name=..., trace_id=..., attributes={...}), ...]
+        receiver.logs  # [ReceivedLogRecord(body="run.created", attributes={...}), ...]
 """
 
 from __future__ import annotations
@@ -18,12 +18,16 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
-__all__ = ["OtlpTestReceiver", "ReceivedSpan"]
+__all__ = ["OtlpTestReceiver", "ReceivedLogRecord", "ReceivedSpan"]
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -46,6 +50,24 @@ class ReceivedSpan:
     resource: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class ReceivedLogRecord:
+    """One log record as the endpoint received it (ids as lowercase hex, "" when absent; times in Unix
+    nanoseconds)."""
+
+    body: Any
+    event_name: str
+    severity_number: int
+    severity_text: str
+    time: int
+    observed_time: int
+    trace_id: str
+    span_id: str
+    attributes: dict[str, Any] = field(default_factory=dict)
+    resource: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
+
+
 def _value(any_value: Any) -> Any:
     kind = any_value.WhichOneof("value")
     return None if kind is None else getattr(any_value, kind)
@@ -56,9 +78,11 @@ def _attributes(pairs: Any) -> dict[str, Any]:
 
 
 class OtlpTestReceiver:
-    """An OTLP/HTTP traces receiver on ``host`` and a free port; ``endpoint`` is its traces URL."""
+    """An OTLP/HTTP receiver on ``host`` and a free port: ``logs_endpoint`` and ``traces_endpoint`` are
+    its URLs; ``logs`` and ``spans`` what it accepted."""
 
     def __init__(self, *, host: str = "127.0.0.1") -> None:
+        self.logs: list[ReceivedLogRecord] = []
         self.spans: list[ReceivedSpan] = []
         self.requests = 0
         self._failures: list[int] = []
@@ -76,7 +100,12 @@ class OtlpTestReceiver:
         self._thread: threading.Thread | None = None
 
     @property
-    def endpoint(self) -> str:
+    def logs_endpoint(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1/logs"
+
+    @property
+    def traces_endpoint(self) -> str:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/v1/traces"
 
@@ -98,8 +127,9 @@ class OtlpTestReceiver:
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
         length = int(request.headers.get("Content-Length") or 0)
-        if request.path != "/v1/traces" or not 0 < length <= MAX_BODY_BYTES:
-            request.send_error(404 if request.path != "/v1/traces" else 400)
+        decode = {"/v1/logs": self._logs, "/v1/traces": self._spans}.get(request.path)
+        if decode is None or not 0 < length <= MAX_BODY_BYTES:
+            request.send_error(404 if decode is None else 400)
             return
         body = request.rfile.read(length)
         with self._lock:
@@ -110,6 +140,39 @@ class OtlpTestReceiver:
             request.send_header("Content-Length", "0")
             request.end_headers()
             return
+        answer = decode(body)
+        request.send_response(200)
+        request.send_header("Content-Type", "application/x-protobuf")
+        request.send_header("Content-Length", str(len(answer)))
+        request.end_headers()
+        request.wfile.write(answer)
+
+    def _logs(self, body: bytes) -> bytes:
+        message = ExportLogsServiceRequest()
+        message.ParseFromString(body)
+        received = [
+            ReceivedLogRecord(
+                body=_value(record.body),
+                event_name=record.event_name,
+                severity_number=record.severity_number,
+                severity_text=record.severity_text,
+                time=record.time_unix_nano,
+                observed_time=record.observed_time_unix_nano,
+                trace_id=record.trace_id.hex(),
+                span_id=record.span_id.hex(),
+                attributes=_attributes(record.attributes),
+                resource=_attributes(resource_logs.resource.attributes),
+                scope=scope_logs.scope.name,
+            )
+            for resource_logs in message.resource_logs
+            for scope_logs in resource_logs.scope_logs
+            for record in scope_logs.log_records
+        ]
+        with self._lock:
+            self.logs.extend(received)
+        return ExportLogsServiceResponse().SerializeToString()
+
+    def _spans(self, body: bytes) -> bytes:
         message = ExportTraceServiceRequest()
         message.ParseFromString(body)
         received = []
@@ -138,9 +201,4 @@ class OtlpTestReceiver:
                     )
         with self._lock:
             self.spans.extend(received)
-        answer = ExportTraceServiceResponse().SerializeToString()
-        request.send_response(200)
-        request.send_header("Content-Type", "application/x-protobuf")
-        request.send_header("Content-Length", str(len(answer)))
-        request.end_headers()
-        request.wfile.write(answer)
+        return ExportTraceServiceResponse().SerializeToString()

@@ -1,0 +1,44 @@
+"""What the span and the log mappings share: the instrumentation scope, the resource, timestamps and
+the W3C ``traceparent`` of a run's trigger."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from runlane import __version__
+
+__all__ = ["SCOPE", "nanos", "observation_resource", "parent_context"]
+
+SCOPE = InstrumentationScope("runlane", __version__)
+
+
+def observation_resource(service_name: str = "runlane", attributes: Mapping[str, str] | None = None) -> Resource:
+    """The resource telemetry is sent under: ``service.name`` plus ``attributes`` (and, as in every
+    OpenTelemetry SDK, what ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` add)."""
+    return Resource.create({"service.name": service_name, **dict(attributes or {})})
+
+
+def nanos(value: datetime) -> int:
+    return int(value.timestamp() * 1_000_000) * 1_000
+
+
+def parent_context(carrier: Mapping[str, str] | None) -> SpanContext | None:
+    """The remote parent in a W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``), if valid."""
+    value = (carrier or {}).get("traceparent")
+    if not isinstance(value, str):
+        return None
+    parts = value.strip().split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16 or len(parts[3]) != 2:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 0x01))
