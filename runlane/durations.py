@@ -6,12 +6,12 @@ A duration resolves to a positive whole number of milliseconds no larger than 2*
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 from .errors import ErrorCode, RunlaneError
 
-__all__ = ["Duration", "duration_ms", "format_duration", "parse_duration"]
+__all__ = ["MAX_INSTANT", "Duration", "duration_ms", "format_duration", "later", "parse_duration"]
 
 Duration = str | timedelta
 
@@ -60,6 +60,22 @@ def duration_ms(value: object, what: str = "duration", *, code: ErrorCode = Erro
     if ms > MAX_SAFE_INTEGER:
         raise RunlaneError(code, f"Invalid {what}: it is too large.", meta={"field": what})
     return ms
+
+
+MAX_INSTANT = datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC)
+"""The latest instant a run can be due at: ``datetime`` ends with the year 9999."""
+
+
+def later(at: datetime, milliseconds: int) -> datetime:
+    """``at`` plus ``milliseconds``, or ``MAX_INSTANT`` when that lies beyond it.
+
+    A valid duration reaches 2**53 - 1 ms (285,000 years), past what ``datetime`` can hold; a retry
+    delay, release or lease that long means "not before the end of time", which ``MAX_INSTANT`` says.
+    """
+    try:
+        return min(at + timedelta(milliseconds=milliseconds), MAX_INSTANT)
+    except OverflowError:
+        return MAX_INSTANT
 
 
 def parse_duration(value: object, what: str = "duration", *, code: ErrorCode = ErrorCode.CONFIGURATION_INVALID) -> timedelta:

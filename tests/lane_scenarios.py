@@ -34,6 +34,7 @@ from runlane import (
     task,
 )
 from runlane.core.lanes import Lane
+from runlane.durations import MAX_INSTANT
 from runlane.testing import ControlledClock
 
 DEFAULT = queue("default", default=True)
@@ -229,6 +230,44 @@ class LaneScenarios:
                 assert done.status is RunStatus.SUCCEEDED and done.output == 3
                 attempts = await runtime.runs.attempts(run.id)
                 assert [attempt.attempt for attempt in attempts] == [1, 2, 3]
+
+        self.run(body)
+
+    def test_delays_past_the_year_9999_wait_until_the_last_instant_and_the_worker_goes_on(
+        self, lanes: LaneFactory
+    ) -> None:
+        # A valid duration reaches 2**53 - 1 ms (285,000 years); datetime ends with the year 9999.
+        forever = "3000000d"
+
+        @task("retry.forever", retry=Retry(2, backoff=forever))
+        async def retry_forever(payload: dict) -> None:
+            raise RuntimeError("down")
+
+        @task("release.forever")
+        async def release_forever(payload: dict, ctx: TaskContext) -> Any:
+            return ctx.release(forever, reason="later")
+
+        @task("wait.forever")
+        async def wait_forever(payload: dict, ctx: TaskContext) -> Any:
+            return ctx.wait_for_signal("approval", timeout=forever)
+
+        @task("plain")
+        async def plain(payload: dict) -> str:
+            return "done"
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), retry_forever, release_forever, wait_forever, plain)
+            async with runtime:
+                waiting = [(await runtime.trigger(t, {})).run.id for t in (retry_forever, release_forever, wait_forever)]
+                after = (await runtime.trigger(plain, {})).run.id
+                worker = runtime.worker(mode=WorkerMode.DRAIN, concurrency=2)
+                await worker.closed
+                runs = [await runtime.runs.get(run_id) for run_id in waiting]
+                assert [run.status for run in runs] == [RunStatus.RETRYING, RunStatus.RELEASED, RunStatus.RELEASED]
+                assert {run.run_at for run in runs} == {MAX_INSTANT} and all(run.lease is None for run in runs)
+                assert runs[1].wait.resume_at == MAX_INSTANT and runs[2].wait.timeout_at == MAX_INSTANT
+                assert (await runtime.runs.get(after)).status is RunStatus.SUCCEEDED
+                assert (await runtime.tick()).delivery_requested == 0
 
         self.run(body)
 

@@ -40,14 +40,14 @@ import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ..durations import Duration, format_duration
+from ..durations import Duration, format_duration, later
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error, is_storage_conflict
 from ..ids import validate_id
 from ..json_values import canonical_json, canonical_json_of_checked, is_json_value, non_finite_float_path
@@ -270,7 +270,7 @@ def failure_outcome_events(
                 attempt=attempt,
                 failure=failure,
                 delay=format_duration(delay_ms),
-                retry_at=at + timedelta(milliseconds=delay_ms),
+                retry_at=later(at, delay_ms),
             )
         ]
     return [RunFailedEvent(run_id=run.id, environment=run.environment, occurred_at=at, actor=actor, attempt=attempt, failure=failure)]
@@ -285,7 +285,7 @@ def _release_events(run: RunRecord, at: datetime, release: TaskRelease, actor: A
         assert release.delay_ms is not None
         return [
             RunReleasedEvent(
-                **common, delay=format_duration(release.delay_ms), resume_at=at + timedelta(milliseconds=release.delay_ms)
+                **common, delay=format_duration(release.delay_ms), resume_at=later(at, release.delay_ms)
             )
         ]
     return [RunReleasedEvent(**common, wait=release.wait_condition(at))]
@@ -898,7 +898,7 @@ class _Attempt:
                         worker_id=worker_id,
                         token=token,
                         claimed_at=lease.claimed_at,
-                        expires_at=at + timedelta(milliseconds=lease_ms),
+                        expires_at=later(at, lease_ms),
                     ),
                 )
             ]

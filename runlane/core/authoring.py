@@ -15,7 +15,7 @@ import inspect
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, TypeAlias
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -23,7 +23,7 @@ from pydantic import PydanticUserError, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ..defaults import contract_defaults
-from ..durations import MAX_SAFE_INTEGER, Duration, duration_ms
+from ..durations import Duration, duration_ms, later, MAX_SAFE_INTEGER
 from ..errors import ErrorCode, RunlaneError
 from ..ids import validate_id
 from ..json_values import (
@@ -780,7 +780,7 @@ class TaskRelease:
 
     def wait_condition(self, now: datetime) -> SignalWaitCondition | RunCompletionWaitCondition | None:
         """The durable wait condition for a release recorded at ``now`` (``None`` for a time release)."""
-        timeout_at = None if self.timeout_ms is None else now + timedelta(milliseconds=self.timeout_ms)
+        timeout_at = None if self.timeout_ms is None else later(now, self.timeout_ms)
         if self.wait_type is RunWaitConditionType.SIGNAL:
             return SignalWaitCondition(signal_key=self.signal_key, timeout_at=timeout_at)
         if self.wait_type is RunWaitConditionType.RUN_COMPLETION:

@@ -35,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..defaults import contract_defaults
-from ..durations import Duration, duration_ms, format_duration
+from ..durations import Duration, duration_ms, format_duration, later
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, is_storage_conflict
 from ..ids import random_uuid4_hex, time_ordered_uuid_hex, validate_id
 from ..json_values import canonical_json, ensure_json_object
@@ -1151,7 +1151,7 @@ class Runlane:
             worker_id=options.worker_id,
             token=random_uuid4_hex(),
             claimed_at=now,
-            expires_at=now + timedelta(milliseconds=options.lease_ms),
+            expires_at=later(now, options.lease_ms),
         )
         follow_up: tuple[RunEvent, ...] = (
             RunLeaseClaimedEvent(
@@ -1160,7 +1160,7 @@ class Runlane:
                 occurred_at=now,
                 actor=worker_actor,
                 lease=lease,
-                attempt_deadline_at=None if deadline_ms is None else now + timedelta(milliseconds=deadline_ms),
+                attempt_deadline_at=None if deadline_ms is None else later(now, deadline_ms),
             ),
             RunStartedEvent(run_id=spec.run_id, environment=self._environment, occurred_at=now, actor=worker_actor, attempt=1),
         )
@@ -1626,7 +1626,7 @@ class Runlane:
             message.id,
             OutboxMessageStatus.FAILED,
             failure=failure,
-            next_available_at=self.now() + timedelta(milliseconds=delay_ms),
+            next_available_at=later(self.now(), delay_ms),
         )
 
     async def _materialize_schedules(self, now: datetime, limit: int) -> int:

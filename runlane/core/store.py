@@ -40,7 +40,7 @@ from typing import Any, Final, TypeVar
 import orjson
 
 from ..defaults import contract_defaults
-from ..durations import duration_ms
+from ..durations import duration_ms, later
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
 from ..ids import is_valid_id, random_bits_128, random_uuid4_hex
 from ..json_values import canonical_json, canonical_json_of_checked, ensure_json_value
@@ -1153,7 +1153,7 @@ class _Attempt:
                         ttl_ms = (
                             ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else _DEFAULT_IDEMPOTENCY_TTL_MS
                         )
-                        expires_at = encode_iso_date(new.finished_at + timedelta(milliseconds=ttl_ms))
+                        expires_at = encode_iso_date(later(new.finished_at, ttl_ms))
                         retained = {"run_id": run_id, "ttl": ttl_ms, "expires_at": expires_at}
                         effects.append(lambda key=idempotency: self.set_owner(key, retained))
             if singleton is not None:
@@ -1840,9 +1840,9 @@ class CoreStore:
         if not attempt.free_slots(run):
             return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST)
         deadline = (
-            None if request.attempt_deadline_ms is None else now + timedelta(milliseconds=request.attempt_deadline_ms)
+            None if request.attempt_deadline_ms is None else later(now, request.attempt_deadline_ms)
         )
-        expires_at = now + timedelta(milliseconds=request.lease_ms)
+        expires_at = later(now, request.lease_ms)
         worker_id, token = request.worker_id, request.lease_token
         events: list[RunEvent]
         if is_valid_id(worker_id) and type(token) is str and token and type(now) is datetime and now.tzinfo is UTC:
@@ -1944,7 +1944,7 @@ class CoreStore:
                 queue=run.queue,
                 requested_at=now,
                 available_at=now,
-                dispatch_expires_at=now + timedelta(milliseconds=request.dispatch_timeout_ms),
+                dispatch_expires_at=later(now, request.dispatch_timeout_ms),
             ),
         )
         try:
@@ -2025,7 +2025,7 @@ class CoreStore:
                             token=claim_token,
                             worker_id=worker_id,
                             claimed_at=now,
-                            expires_at=now + timedelta(milliseconds=claim_ms),
+                            expires_at=later(now, claim_ms),
                         ),
                         "updated_at": now,
                     }
@@ -2191,7 +2191,7 @@ class CoreStore:
                 worker_id=request.worker_id,
                 token=request.lease_token,
                 claimed_at=run.lease.claimed_at,
-                expires_at=now + timedelta(milliseconds=request.lease_ms),
+                expires_at=later(now, request.lease_ms),
             ),
         )
         return attempt.apply(slot, [event], ids).run
