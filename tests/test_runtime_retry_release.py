@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -148,3 +149,37 @@ async def test_invalid_release_values_fail_the_attempt_with_configuration_invali
         run = await runtime.execute_next()
         assert run.status is RunStatus.FAILED
         assert run.failure.code is ErrorCode.CONFIGURATION_INVALID
+
+
+async def test_a_handler_giving_up_with_a_non_retryable_operation_cancelled_fails_without_retry():
+    @task("gives.up", retry=Retry(max_attempts=3, backoff="1s"))
+    async def gives_up(payload: dict, ctx: TaskContext) -> None:
+        raise RunlaneError(ErrorCode.OPERATION_CANCELLED, "the export was withdrawn", retryable=False)
+
+    runtime, _ = make_runtime(gives_up)
+    async with runtime:
+        run = (await runtime.trigger(gives_up, {})).run
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.FAILED and done.counters.retries == 0
+        assert done.failure.code is ErrorCode.OPERATION_CANCELLED and done.failure.retryable is False
+        assert (await event_types(runtime, run.id))[-1] == "run.failed"
+
+
+async def test_an_operation_cancelled_after_a_worker_stop_follows_the_retry_policy():
+    started = asyncio.Event()
+
+    @task("stopped", retry=Retry(max_attempts=3, backoff="1s"))
+    async def stopped(payload: dict, ctx: TaskContext) -> None:
+        started.set()
+        await ctx.signal.wait()
+        ctx.signal.raise_if_aborted()
+
+    runtime, _ = make_runtime(stopped)
+    async with runtime:
+        run = (await runtime.trigger(stopped, {})).run
+        worker = runtime.worker(empty_poll_delay="1s")
+        await asyncio.wait_for(started.wait(), 2)
+        await asyncio.wait_for(worker.stop(), 2)
+        done = await runtime.runs.get(run.id)
+        assert done.status is RunStatus.RETRYING and done.failure.code is ErrorCode.OPERATION_CANCELLED
+        assert done.failure.retryable is True

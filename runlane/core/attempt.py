@@ -978,11 +978,13 @@ class _Attempt:
             if (
                 failure.code is ErrorCode.OPERATION_CANCELLED
                 and not failure.retryable
+                and self.controller.signal.aborted
                 and not self.cancel_observed
                 and not self.timed_out
             ):
-                # A local abort (worker stop, caller signal) is not a durable cancellation: the
-                # failure follows the task's retry policy like any other.
+                # A local abort (worker stop, caller signal, lost lease) is not a durable cancellation:
+                # the failure follows the task's retry policy like any other. Without one, the handler
+                # chose to give up, and its non-retryable error stands.
                 failure = failure.model_copy(update={"retryable": True})
             return _Outcome(_FAILURE, failure=failure, error=error)
         return _outcome_for_result(result)
