@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -191,3 +192,50 @@ async def test_a_step_output_with_nan_is_task_output_invalid_not_stored_as_null(
         assert run.status is RunStatus.SUCCEEDED
         [error] = caught
         assert error.code is ErrorCode.TASK_OUTPUT_INVALID and error.meta["step_key"] == "measure"
+
+
+async def test_a_transforming_output_schema_returns_the_same_parsed_value_on_every_attempt():
+    from datetime import UTC, datetime
+    from typing import Annotated
+
+    from pydantic import AfterValidator
+
+    Normalized = Annotated[str, AfterValidator(str.lower)]  # idempotent: lowering twice changes nothing
+    seen: list[tuple[int, Any]] = []
+
+    @task("steps.normalize", retry=Retry(max_attempts=2, backoff="1s"))
+    async def normalize(payload: dict, ctx: TaskContext) -> None:
+        name = await ctx.step.run("name", lambda token: "Export-42", output=Normalized)
+        at = await ctx.step.run("at", lambda token: "2026-11-30T08:00:00Z", output=datetime)
+        seen.append((ctx.attempt, (name, at)))
+        if ctx.attempt == 1:
+            raise RuntimeError("poll again")
+
+    runtime, clock = make_runtime(normalize)
+    async with runtime:
+        await runtime.trigger(normalize, {})
+        assert (await runtime.execute_next()).status is RunStatus.RETRYING
+        clock.advance("1s")
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+    expected = ("export-42", datetime(2026, 11, 30, 8, tzinfo=UTC))
+    assert seen == [(1, expected), (2, expected)]
+
+
+async def test_an_output_schema_that_changes_its_own_output_is_refused_before_anything_is_stored():
+    from typing import Annotated
+
+    from pydantic import AfterValidator
+
+    Doubled = Annotated[int, AfterValidator(lambda value: value * 2)]  # 5 -> 10, and 10 would give 20
+
+    @task("steps.doubled")
+    async def doubled(payload: dict, ctx: TaskContext) -> int:
+        return await ctx.step.run("count", lambda token: 5, output=Doubled)
+
+    runtime, _ = make_runtime(doubled)
+    async with runtime:
+        run = (await runtime.trigger(doubled, {})).run
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.FAILED and done.failure.code is ErrorCode.CONFIGURATION_INVALID
+        assert done.failure.meta == {"step_key": "count"}
+        assert await runtime.store.get_step(run.id, "count") is None

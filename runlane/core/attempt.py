@@ -501,6 +501,20 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
             retryable=True,
             meta={"step_key": step_key},
         )
+    # Later attempts parse the stored output again: a schema whose transform changes its own output
+    # (``AfterValidator(lambda v: v * 2)``) would hand them another value than this attempt got.
+    try:
+        stable = adapter.dump_python(adapter.validate_json(canonical_json(stored)), mode="json") == stored
+    except (ValidationError, PydanticSerializationError):
+        stable = False
+    if not stable:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The output schema of step {step_key!r} does not give back its own output: parsing the stored "
+            f"{canonical_json(stored)[:200]} gives another value, so later attempts would not see what this one "
+            "did. Make the schema's transforms idempotent, or apply a one-way transform after step.run().",
+            meta={"step_key": step_key},
+        )
     return parsed, stored
 
 
