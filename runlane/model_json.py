@@ -349,7 +349,7 @@ _OBSERVATION_OPTIONAL: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("queue", _same),
     ("event_id", _same),
     ("event_type", _enum),
-    ("sequence", _same),
+    ("event_sequence", _same),
     ("status", _enum),
     ("attempt", _same),
     ("failure_code", _enum),
@@ -415,7 +415,7 @@ _WRITTEN: dict[type[BaseModel], tuple[str, ...]] = {
     RunCancellationRequestedEvent: (*_BASE, "reason"),
     RunCancelledEvent: (*_BASE, "reason", "attempt"),
     RunlaneObservation: (
-        "type", "environment", "run_id", "task_id", "queue", "occurred_at", "event_id", "event_type", "sequence",
+        "type", "environment", "run_id", "task_id", "queue", "occurred_at", "event_id", "event_type", "event_sequence",
         "status", "attempt", "failure_code", "step_key", "step_token", "trace_carrier",
     ),
 }

@@ -561,7 +561,11 @@ class ScheduleOccurrence(RunlaneModel):
 
 
 class RunlaneObservation(RunlaneModel):
-    """A sanitized observation: no payload, output, step output, failure detail or release metadata."""
+    """A sanitized observation: no payload, output, step output, failure detail or release metadata.
+
+    ``status`` is the run's status right after the observed event (``run.created`` observes ``queued``
+    even when the same commit went on to claim the run).
+    """
 
     type: RunlaneObservationType
     environment: Environment
@@ -571,13 +575,21 @@ class RunlaneObservation(RunlaneModel):
     occurred_at: UtcDateTime
     event_id: str | None = None
     event_type: RunEventType | None = None
-    sequence: int | None = None
+    event_sequence: int | None = None
     status: RunStatus | None = None
     attempt: int | None = None
     failure_code: ErrorCode | None = None
     step_key: Key | None = None
     step_token: str | None = None
     trace_carrier: TraceCarrier | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_before_event_sequence(cls, data: Any) -> Any:
+        # Records stored before the field took the spec's name ``event_sequence`` call it ``sequence``.
+        if isinstance(data, dict) and "sequence" in data and "event_sequence" not in data:
+            data = {("event_sequence" if key == "sequence" else key): value for key, value in data.items()}
+        return data
 
 
 class RunlaneObservationRecord(RunlaneModel):

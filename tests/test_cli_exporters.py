@@ -46,7 +46,7 @@ def assert_run_observations(observations: list[dict[str, Any]], run: dict[str, A
     assert len(observations) == run["event_sequence"]
     assert all(o["source_kind"] == "run_event" for o in observations)
     assert all(o["observation"]["run_id"] == run["id"] for o in observations)
-    assert [o["observation"]["sequence"] for o in observations] == list(range(1, run["event_sequence"] + 1))
+    assert [o["observation"]["event_sequence"] for o in observations] == list(range(1, run["event_sequence"] + 1))
     types = [o["observation"]["event_type"] for o in observations]
     assert types[0] == "run.created" and types[-1] == "run.succeeded"
     positions = [int(o["stream_position"]) for o in observations]

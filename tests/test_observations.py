@@ -228,7 +228,7 @@ def test_event_observation_carries_identity_and_no_customer_data():
         assert (observation.environment, observation.run_id, observation.task_id, observation.queue) == (
             ENV, "run_1", "send_email", "emails",
         )
-        assert (observation.event_id, observation.sequence, observation.event_type) == (
+        assert (observation.event_id, observation.event_sequence, observation.event_type) == (
             record.id, record.sequence, record.event.type,
         )
         assert observation.occurred_at == record.event.occurred_at

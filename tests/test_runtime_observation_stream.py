@@ -118,7 +118,7 @@ def check_stream_matches(records: list[RunlaneObservationRecord], history: dict[
     assert by_run == {run_id: [event.id for event in events] for run_id, events in history.items()}
     for run_id, events in history.items():
         observed = [r.observation for r in records if r.source_kind is RunlaneObservationSourceKind.RUN_EVENT and r.observation.run_id == run_id]
-        assert [(o.sequence, o.event_type) for o in observed] == [(e.sequence, e.event.type) for e in events]
+        assert [(o.event_sequence, o.event_type) for o in observed] == [(e.sequence, e.event.type) for e in events]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ async def test_every_persisted_event_and_first_step_completion_is_in_the_stream_
         # Live observers saw exactly the stored observations, in commit order (the direct store claim
         # above is the only write that did not go through the runtime).
         stored = [record.observation for record in records]
-        direct = [o for o in stored if o.run_id == abandoned.id and o.sequence in (3, 4)]  # claimed, started
+        direct = [o for o in stored if o.run_id == abandoned.id and o.event_sequence in (3, 4)]  # claimed, started
         assert len(direct) == 2
         assert live == [o for o in stored if not any(o is d for d in direct)]
 

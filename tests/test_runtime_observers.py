@@ -36,7 +36,7 @@ async def test_every_persisted_event_is_observed_once_in_order_without_private_d
         await runtime.execute_next()
         events = (await runtime.runs.events(run.id, sort_by="sequence")).data
     assert [o.type for o in seen] == [RunlaneObservationType.RUN_EVENT] * len(events)
-    assert [(o.event_id, o.sequence, o.event_type) for o in seen] == [
+    assert [(o.event_id, o.event_sequence, o.event_type) for o in seen] == [
         (record.id, record.sequence, record.event.type) for record in events
     ]
     assert all(o.run_id == run.id and o.task_id == "observed" and o.queue == "default" for o in seen)
@@ -44,6 +44,32 @@ async def test_every_persisted_event_is_observed_once_in_order_without_private_d
     assert seen[-1].status is RunStatus.SUCCEEDED and seen[-1].attempt == 1
     text = "".join(o.model_dump_json() for o in seen)
     assert "p4ss" not in text and "s3cr3t" not in text
+
+
+async def test_each_observation_carries_the_status_its_own_event_left_the_run_in():
+    seen: list[RunlaneObservation] = []
+    runtime, _ = make_runtime(observed, observers=[seen.append])
+    async with runtime:
+        run = await runtime.run_now(observed, {})  # created, lease_claimed, started in one commit
+        queued = (await runtime.trigger(observed, {})).run  # created + delivery_requested
+        stored = (await runtime.observations.scan(limit=100)).records
+    live = [(o.run_id, o.event_type.value, o.status) for o in seen]
+    assert live == [
+        (run.id, "run.created", RunStatus.QUEUED),
+        (run.id, "run.lease_claimed", RunStatus.RUNNING),
+        (run.id, "run.started", RunStatus.RUNNING),
+        (run.id, "run.succeeded", RunStatus.SUCCEEDED),
+        (queued.id, "run.created", RunStatus.QUEUED),
+        (queued.id, "run.delivery_requested", RunStatus.QUEUED),
+    ]
+    assert [(r.observation.run_id, r.observation.event_type.value, r.observation.status) for r in stored] == live
+
+
+def test_an_observation_stored_with_the_field_sequence_reads_as_event_sequence():
+    stored = {"type": "run_event", "environment": {"name": "e"}, "run_id": "run_1", "sequence": 3,
+              "occurred_at": "2026-11-30T08:00:00.000Z", "event_type": "run.started", "status": "running"}
+    observation = RunlaneObservation.model_validate(stored)
+    assert observation.event_sequence == 3 and "sequence" not in observation.to_json()
 
 
 async def test_observer_failures_are_reported_and_never_change_run_state():

@@ -98,6 +98,7 @@ __all__ = [
     "advance_observation_checkpoint",
     "event_observation_documents",
     "event_observation_values",
+    "event_statuses",
     "get_observation_checkpoint",
     "observation_checkpoint_key",
     "observation_cursor",
@@ -148,8 +149,44 @@ def _invariant(message: str, error: Exception | None = None) -> RunlaneError:
 # Sanitized observations and stored record values
 
 
-def observation_for_event(record: RunEventRecord, run: RunRecord) -> RunlaneObservation:
-    """The sanitized observation of one committed run event; ``run`` is the run as projected by its commit.
+# The status an event leaves its run in, where the event alone decides it. A heartbeat leaves the
+# status as it was; a delivery request makes the run scheduled or queued (``_status_after``).
+_STATUS_AFTER: dict[RunEventType, RunStatus] = {
+    RunEventType.CREATED: RunStatus.QUEUED,
+    RunEventType.LEASE_CLAIMED: RunStatus.RUNNING,
+    RunEventType.STARTED: RunStatus.RUNNING,
+    RunEventType.SUCCEEDED: RunStatus.SUCCEEDED,
+    RunEventType.FAILED: RunStatus.FAILED,
+    RunEventType.RETRY_SCHEDULED: RunStatus.RETRYING,
+    RunEventType.RELEASED: RunStatus.RELEASED,
+    RunEventType.CANCELLATION_REQUESTED: RunStatus.CANCELLATION_REQUESTED,
+    RunEventType.CANCELLED: RunStatus.CANCELLED,
+}
+
+
+def event_statuses(run: RunRecord, records: Sequence[RunEventRecord]) -> list[RunStatus]:
+    """The run's status right after each of the events one commit appended (``run`` as projected by the
+    commit, which gives the last one): ``run_now`` commits created, lease_claimed and started at once,
+    and its ``run.created`` left the run queued."""
+    statuses = [_status_after(record.event, run.status) for record in records[:-1]]
+    if records:
+        statuses.append(run.status)
+    return statuses
+
+
+def _status_after(event: Any, current: RunStatus) -> RunStatus:
+    kind = event.type
+    if kind is RunEventType.DELIVERY_REQUESTED:
+        return RunStatus.SCHEDULED if event.delivery.available_at > event.occurred_at else RunStatus.QUEUED
+    return _STATUS_AFTER.get(kind, current)
+
+
+def observation_for_event(
+    record: RunEventRecord, run: RunRecord, status: RunStatus | None = None
+) -> RunlaneObservation:
+    """The sanitized observation of one committed run event; ``run`` is the run as projected by its
+    commit, ``status`` the run's status right after this event (``event_statuses``; the run's own when
+    not given).
 
     Carries identity, type, sequence, status, attempt, the failure *code* and the trace carrier; never
     the payload, output, failure message or metadata, release reason or wait detail.
@@ -169,8 +206,8 @@ def observation_for_event(record: RunEventRecord, run: RunRecord) -> RunlaneObse
         "occurred_at": event.occurred_at,
         "event_id": record.id,
         "event_type": event.type,
-        "sequence": record.sequence,
-        "status": run.status,
+        "event_sequence": record.sequence,
+        "status": run.status if status is None else status,
         "attempt": fields.get("attempt"),
         "failure_code": None if failure is None else failure.code,
         "trace_carrier": None if event.trace_carrier is None else dict(event.trace_carrier),
@@ -251,8 +288,8 @@ def event_observation_values(run: RunRecord, events: Sequence[RunEventRecord]) -
     """Stored values for the events one commit appends to ``run`` (``run`` as projected by that commit)."""
     kind = RunlaneObservationSourceKind.RUN_EVENT
     return [
-        observation_record_value(observation_for_event(record, run), kind, record.id, record.event.occurred_at)
-        for record in events
+        observation_record_value(observation_for_event(record, run, status), kind, record.id, record.event.occurred_at)
+        for record, status in zip(events, event_statuses(run, events))
     ]
 
 
@@ -293,8 +330,8 @@ def event_observation_documents(run: RunRecord, records: Sequence[RunEventRecord
     try:
         env_json = _env_json(env)
         run_json = _dumps(run.id).decode("utf-8")
-        tail = f',"queue":{_dumps(run.queue).decode("utf-8")},"run_id":{run_json},"sequence":'
-        status_json = f',"status":"{status._value_}","task_id":{_dumps(run.task_id).decode("utf-8")},'
+        tail = f',"queue":{_dumps(run.queue).decode("utf-8")},"run_id":{run_json},"status":"'
+        task_json = f'","task_id":{_dumps(run.task_id).decode("utf-8")},'
     except (orjson.JSONEncodeError, TypeError):
         return _slow_event_documents(run, records)
     # The parts every document of this run shares, around the per-event values.
@@ -304,7 +341,8 @@ def event_observation_documents(run: RunRecord, records: Sequence[RunEventRecord
     sha256 = hashlib.sha256
     run_id = run.id
     documents = []
-    for record in records:
+    last = len(records) - 1
+    for index, record in enumerate(records):
         event = record.event
         occurred = event.occurred_at
         sequence = record.sequence
@@ -350,11 +388,12 @@ def event_observation_documents(run: RunRecord, records: Sequence[RunEventRecord
             except (orjson.JSONEncodeError, TypeError):
                 return _slow_event_documents(run, records)
         at = datetime_json(occurred)
+        after = status if index == last else _status_after(event, status)
         text = (
-            f'{head}{digest}","observation":{{{attempt_json}{environment_json}{event_json},'
-            f'"event_type":"{event_type._value_}",{failure_json}"occurred_at":"{at}"{tail}{sequence}{status_json}'
-            f'{carrier_json}"type":"{_RUN_EVENT_OBSERVATION}"}},"recorded_at":"{at}","source_id":{event_json},'
-            f'"source_kind":"{_EVENT_SOURCE_VALUE}"}}}}'
+            f'{head}{digest}","observation":{{{attempt_json}{environment_json}{event_json},"event_sequence":'
+            f'{sequence},"event_type":"{event_type._value_}",{failure_json}"occurred_at":"{at}"{tail}'
+            f'{after._value_}{task_json}{carrier_json}"type":"{_RUN_EVENT_OBSERVATION}"}},"recorded_at":"{at}",'
+            f'"source_id":{event_json},"source_kind":"{_EVENT_SOURCE_VALUE}"}}}}'
         )
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
         documents.append(StorageDocument(text, size).remember_decoded(_EVENT_VALUE_SHAPE))

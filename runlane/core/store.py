@@ -124,6 +124,7 @@ from ..vocabulary import (
 from .observations import (
     HEAD_NOT_READ,
     event_observation_documents,
+    event_statuses,
     observation_for_event,
     observation_head_reads,
     stage_observation_documents,
@@ -839,7 +840,13 @@ def _event_observations(
     """The observations of the events one commit appends to ``run`` (as projected by that commit) and
     their stream documents: exactly ``event_observation_values(run, records)``, encoded. The
     observation objects are built only when the runtime has live observers (``store.observing``)."""
-    observations = tuple([observation_for_event(record, run) for record in records]) if store.observing else ()
+    observations = (
+        tuple([
+            observation_for_event(record, run, status) for record, status in zip(records, event_statuses(run, records))
+        ])
+        if store.observing
+        else ()
+    )
     return observations, event_observation_documents(run, records)
 
 

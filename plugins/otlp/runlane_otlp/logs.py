@@ -91,7 +91,7 @@ class ObservationLogs:
             "runlane.queue": observation.queue,
             "runlane.event_id": observation.event_id,
             "runlane.event_type": observation.event_type.value if observation.event_type is not None else None,
-            "runlane.event_sequence": observation.sequence,
+            "runlane.event_sequence": observation.event_sequence,
             "runlane.status": observation.status.value if observation.status is not None else None,
             "runlane.attempt": observation.attempt,
             "runlane.failure_code": observation.failure_code.value if observation.failure_code is not None else None,
