@@ -1528,3 +1528,40 @@ async def test_rerun_of_a_task_without_payload():
         child = await runtime.runs.rerun(source.id)
         assert child.payload is None and child.source.type is RunSourceType.RERUN
         assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+
+
+async def test_a_lane_without_operator_reads_refuses_every_operator_read_and_read_backed_action():
+    from runlane import LaneDelivery, LaneDeliveryMode, create_lane, create_runlane, queue, task
+    from runlane_local import local_storage_driver
+
+    default = queue("default", default=True)
+
+    @task("no.reads", queue=default)
+    async def no_reads(payload: dict) -> str:
+        return "done"
+
+    lane = create_lane(
+        storage=local_storage_driver(), delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING), operator_reads=False
+    )
+    runtime = create_runlane(lane=lane, queues=[default], tasks=[no_reads])
+    async with runtime:
+        waiting = (await runtime.trigger(no_reads, {}, idempotency_key="k", singleton_key="s")).run
+        calls = {
+            "get": lambda: runtime.runs.get(waiting.id),
+            "list": lambda: runtime.runs.list(),
+            "events": lambda: runtime.runs.events(waiting.id),
+            "attempts": lambda: runtime.runs.attempts(waiting.id),
+            "find_active": lambda: runtime.runs.find_active(task=no_reads, singleton_key="s"),
+            "find_current": lambda: runtime.runs.find_current(task=no_reads, idempotency_key="k"),
+            "cancel": lambda: runtime.runs.cancel(waiting.id),
+            "rerun": lambda: runtime.runs.rerun(waiting.id),
+            "retry": lambda: runtime.runs.retry(waiting.id),
+        }
+        for name, call in calls.items():
+            with pytest.raises(RunlaneError) as raised:
+                await call()
+            assert raised.value.code is ErrorCode.CAPABILITY_UNSUPPORTED, name
+            assert "operator_reads=True" in raised.value.message
+        # The refused cancel changed nothing: the run still executes.
+        done = await runtime.execute_next()
+        assert done.id == waiting.id and done.status is RunStatus.SUCCEEDED

@@ -1743,6 +1743,7 @@ class RunsApi:
         """The run, or ``None`` when it does not exist or was pruned (hidden from the tombstoning commit)."""
         runtime = self._runtime
         runtime._check_open()
+        self._operator_reads()
         checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
         await runtime._ready()
         return await runtime._store.get_visible_run(checked)
@@ -1752,7 +1753,9 @@ class RunsApi:
         if not runtime._lane.capabilities.operator_reads:
             raise RunlaneError(
                 ErrorCode.CAPABILITY_UNSUPPORTED,
-                f"Lane {runtime._lane.name!r} has no operator reads; use a lane created with operator_reads=True.",
+                f"Lane {runtime._lane.name!r} has no operator reads, which runs.get/list/events/attempts/"
+                "find_active/find_current and the cancel/rerun/retry actions need; use a lane created with "
+                "operator_reads=True.",
             )
         return runtime._lane.storage
 
@@ -1850,6 +1853,7 @@ class RunsApi:
         """Advisory lookup of an active run for a task by idempotency or singleton key."""
         runtime = self._runtime
         runtime._check_open()
+        self._operator_reads()
         definition = runtime.resolve_task(task)
         if idempotency_key is None and singleton_key is None:
             raise _invalid("find_active() needs idempotency_key or singleton_key.", field="idempotency_key")
@@ -1871,6 +1875,7 @@ class RunsApi:
         """The active or retained terminal owner of one idempotency key."""
         runtime = self._runtime
         runtime._check_open()
+        self._operator_reads()
         definition = runtime.resolve_task(task)
         key = validate_id(idempotency_key, "idempotency key")
         await runtime._ready()
@@ -1925,6 +1930,7 @@ class RunsApi:
     ) -> RunRecord:
         runtime = self._runtime
         runtime._check_open()
+        self._operator_reads()
         checked = validate_id(source_run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
         await runtime._ready()
         source = await runtime._store.get_visible_run(checked)
@@ -1968,6 +1974,7 @@ class RunsApi:
         """Cancel a waiting run now, or request cooperative cancellation of a running one."""
         runtime = self._runtime
         runtime._check_open()
+        self._operator_reads()
         checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
         if actor is None:
             actor = _OPERATOR_ACTOR
