@@ -66,6 +66,7 @@ from runlane_local import local_lane, local_storage_driver
 DEFAULT = queue("default", default=True)
 PARKED = queue("parked")  # never executed here: its runs stay active
 OPERATOR = Actor(type=ActorType.OPERATOR, id="ops@example.com")
+DAY_MS = 86_400_000
 TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
 
 
@@ -396,7 +397,8 @@ async def test_continuations_keep_the_frozen_cutoff_across_calls():
             )
             cutoffs.append(cutoff)
             result = await pruner.prune(
-                older_than=cutoff, statuses=statuses, limit=limit, cursor=cursor, actor=OPERATOR, now=clock.now()
+                older_than=cutoff, statuses=statuses, limit=limit, cursor=cursor, actor=OPERATOR, now=clock.now(),
+                older_than_ms=DAY_MS,
             )
             calls += 1
             pruned += result.pruned
@@ -428,7 +430,8 @@ async def test_cursor_skips_past_runs_of_other_statuses_and_ends_without_a_curso
                 older_than="1d", statuses=["succeeded"], limit=2, cursor=cursor, now=clock.now()
             )
             result = await pruner.prune(
-                older_than=cutoff, statuses=statuses, limit=limit, cursor=cursor, actor=OPERATOR, now=clock.now()
+                older_than=cutoff, statuses=statuses, limit=limit, cursor=cursor, actor=OPERATOR, now=clock.now(),
+                older_than_ms=DAY_MS,
             )
             results.append(result.pruned)
             if result.next_cursor is None:
@@ -449,12 +452,18 @@ async def test_foreign_and_tampered_cursors_are_rejected():
         pruner = RunPruner(driver, runtime.environment, cleanup_budget=0)
         now = clock.now()
         cutoff, statuses, _ = resolve_prune_request(older_than="1d", statuses=["succeeded"], now=now)
-        first = await pruner.prune(older_than=cutoff, statuses=statuses, limit=1, cursor=None, actor=OPERATOR, now=now)
+        first = await pruner.prune(
+            older_than=cutoff, statuses=statuses, limit=1, cursor=None, actor=OPERATOR, now=now, older_than_ms=DAY_MS
+        )
         cursor = first.next_cursor
         assert first.pruned == 1 and cursor is not None
 
-        # The same scope continues (explicit datetime equal to the frozen cutoff is fine too).
-        assert resolve_prune_request(older_than=cutoff, statuses=["succeeded"], cursor=cursor, now=now)[0] == cutoff
+        # The same scope continues; another duration, or a date, does not.
+        assert resolve_prune_request(older_than="24h", statuses=["succeeded"], cursor=cursor, now=now)[0] == cutoff
+        for other in ("23h", "2d", cutoff):
+            with _Raises(ErrorCode.VALIDATION_FAILED) as caught:
+                resolve_prune_request(older_than=other, statuses=["succeeded"], cursor=cursor, now=now)
+            assert "older_than 1d" in caught.error.message or "frozen" in caught.error.message
 
         # Another environment.
         with _Raises(ErrorCode.VALIDATION_FAILED):
@@ -486,7 +495,7 @@ async def test_foreign_and_tampered_cursors_are_rejected():
                 now=now,
             )
         # A cursor of another kind with the same scope.
-        scope = prune_cursor_scope(runtime.environment, cutoff, statuses)
+        scope = prune_cursor_scope(runtime.environment, cutoff, statuses, DAY_MS)
         listing = encode_operator_cursor(PaginationCursorKind.RUN_LIST, scope, ("x", "y"))
         with _Raises(ErrorCode.VALIDATION_FAILED):
             resolve_prune_request(older_than="1d", statuses=["succeeded"], cursor=listing, now=now)
@@ -517,6 +526,12 @@ async def test_foreign_and_tampered_cursors_are_rejected():
             resolve_prune_request(older_than="1d", statuses=["succeeded"], cursor=bad_payload, now=now)
         # Nothing above pruned anything more.
         assert len(await visible_ids(runtime)) == 2
+        # A cursor issued for a date continues with that date only.
+        dated = await pruner.prune(older_than=cutoff, statuses=statuses, limit=1, cursor=None, actor=OPERATOR, now=now)
+        assert resolve_prune_request(older_than=cutoff, statuses=["succeeded"], cursor=dated.next_cursor, now=now)[0] == cutoff
+        with _Raises(ErrorCode.VALIDATION_FAILED) as caught:
+            resolve_prune_request(older_than="1d", statuses=["succeeded"], cursor=dated.next_cursor, now=now)
+        assert "issued for the cutoff" in caught.error.message
 
 
 # ---------------------------------------------------------------------------------------------

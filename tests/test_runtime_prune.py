@@ -227,9 +227,16 @@ async def test_continuations_keep_their_frozen_scope():
         # A run finishing later, and a clock that moves on, do not widen the continuation.
         later = await finish(runtime, ok, {"key": "later"})
         clock.advance("3d")
-        for wrong in ({"statuses": ["succeeded", "failed"]}, {"statuses": None}):
+        for wrong in (
+            {"statuses": ["succeeded", "failed"]},
+            {"statuses": None},
+            {"older_than": "12h"},  # another duration: the spec rejects a continuation with another olderThan
+            {"older_than": "30d"},
+            {"older_than": T0},
+        ):
+            options = {"older_than": "1d", "statuses": ["succeeded"], **wrong}
             with pytest.raises(RunlaneError) as caught:
-                await runtime.runs.prune(older_than="1d", limit=2, cursor=first.next_cursor, **wrong)
+                await runtime.runs.prune(limit=2, cursor=first.next_cursor, **options)
             assert caught.value.code is ErrorCode.VALIDATION_FAILED
         pruned = first.pruned
         cursor = first.next_cursor

@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
 from ..defaults import contract_defaults
-from ..durations import duration_ms
+from ..durations import duration_ms, format_duration
 from ..errors import ErrorCode, RunlaneError
 from ..models import Actor, Environment, RunRecord, environment_key
 from ..storage import (
@@ -77,6 +77,7 @@ __all__ = [
     "RunTombstone",
     "decode_run_tombstone",
     "prune_cursor_scope",
+    "older_than_ms",
     "resolve_older_than",
     "resolve_prune_request",
     "run_tombstone_record",
@@ -326,15 +327,22 @@ def _sorted_status_values(statuses: Iterable[RunStatus]) -> list[str]:
 
 
 def prune_cursor_scope(
-    environment: Environment | str, cutoff: datetime, statuses: Iterable[RunStatus]
+    environment: Environment | str,
+    cutoff: datetime,
+    statuses: Iterable[RunStatus],
+    older_than_ms: int | None = None,
 ) -> dict[str, Any]:
-    """The retention scope a public prune cursor is bound to (with kind ``run_prune``)."""
+    """The retention scope a public prune cursor is bound to (with kind ``run_prune``): the cutoff it
+    froze and, when ``older_than`` was a duration, that duration (``older_than_ms``)."""
     env = environment if isinstance(environment, str) else environment_key(environment)
-    return {
+    scope: dict[str, Any] = {
         "environment": env,
         "older_than": encode_iso_date(_aware(cutoff, "older_than")),
         "statuses": _sorted_status_values(statuses),
     }
+    if older_than_ms is not None:
+        scope["older_than_ms"] = older_than_ms
+    return scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +350,7 @@ class _CursorScope:
     environment: str
     cutoff: datetime
     statuses: frozenset[RunStatus]
+    older_than_ms: int | None
 
 
 def _peek_cursor_scope(cursor: object) -> _CursorScope:
@@ -356,10 +365,13 @@ def _peek_cursor_scope(cursor: object) -> _CursorScope:
     if not isinstance(scope, dict) or scope.get("kind") != PaginationCursorKind.RUN_PRUNE.value:
         raise _bad_cursor("This cursor is not a prune cursor; restart the prune without a cursor.")
     scoped = scope.get("filter")
-    if not isinstance(scoped, dict) or set(scoped) != {"environment", "older_than", "statuses"}:
+    if not isinstance(scoped, dict) or set(scoped) - {"older_than_ms"} != {"environment", "older_than", "statuses"}:
         raise _bad_cursor()
     environment, older_than, statuses = scoped["environment"], scoped["older_than"], scoped["statuses"]
     if not isinstance(environment, str) or not isinstance(older_than, str) or not isinstance(statuses, list):
+        raise _bad_cursor()
+    duration = scoped.get("older_than_ms")
+    if duration is not None and (type(duration) is not int or duration < 1):
         raise _bad_cursor()
     try:
         cutoff = decode_iso_date(older_than)
@@ -368,7 +380,7 @@ def _peek_cursor_scope(cursor: object) -> _CursorScope:
         raise _bad_cursor() from None
     if not values or not values <= _TERMINAL or _sorted_status_values(values) != statuses:
         raise _bad_cursor()
-    return _CursorScope(environment, cutoff, values)
+    return _CursorScope(environment, cutoff, values, duration)
 
 
 def _older_than(older_than: object) -> tuple[datetime | None, timedelta | None]:
@@ -381,6 +393,12 @@ def _older_than(older_than: object) -> tuple[datetime | None, timedelta | None]:
         f"older_than must be a duration such as '30d', a timedelta or an aware datetime, got {older_than!r}.",
         field="older_than",
     )
+
+
+def older_than_ms(older_than: str | timedelta | datetime) -> int | None:
+    """The duration an ``older_than`` names, in milliseconds, or ``None`` for a datetime cutoff."""
+    duration = _older_than(older_than)[1]
+    return None if duration is None else duration // timedelta(milliseconds=1)
 
 
 def resolve_older_than(older_than: str | timedelta | datetime, now: datetime) -> datetime:
@@ -412,13 +430,13 @@ def resolve_prune_request(
     * ``statuses``: terminal statuses only; omitted means every terminal status.
     * ``limit``: a positive whole number (default ``contract_defaults.pruning.batch_limit``).
     * ``cursor``: its frozen cutoff wins over a duration, so continuations never drift. A cursor of
-      another environment (when ``environment`` is given), with other statuses, with a different
-      explicit datetime, or with a cutoff later than ``older_than`` allows at ``now`` is rejected.
+      another environment (when ``environment`` is given), with other statuses, or issued for another
+      ``older_than`` (another duration, another datetime, a datetime for a duration) is rejected.
     """
     current = _aware(now, "now")
     chosen = _statuses(statuses)
     wanted = _limit(limit)
-    explicit = _older_than(older_than)[0]  # validated here, before the cursor is read
+    explicit, duration = _older_than(older_than)  # validated here, before the cursor is read
     if cursor is None:
         return resolve_older_than(older_than, current), chosen, wanted
 
@@ -433,18 +451,30 @@ def resolve_prune_request(
             f"{', '.join(_sorted_status_values(scope.statuses))}; continue with the same statuses."
         )
     if explicit is not None:
-        if explicit != scope.cutoff:
+        if explicit != scope.cutoff or scope.older_than_ms is not None:
             raise _bad_cursor(
                 f"This prune cursor is frozen at cutoff {encode_iso_date(scope.cutoff)}; continue with the same "
                 "older_than instead of a new date."
             )
         return scope.cutoff, chosen, wanted
+    assert duration is not None
+    given_ms = duration // timedelta(milliseconds=1)
+    if scope.older_than_ms != given_ms:
+        issued = (
+            f"older_than {format_duration(scope.older_than_ms)}"
+            if scope.older_than_ms is not None
+            else f"the cutoff {encode_iso_date(scope.cutoff)}"
+        )
+        raise _bad_cursor(
+            f"This prune cursor was issued for {issued}; continue with the same older_than, or restart without "
+            "a cursor."
+        )
     # The frozen cutoff wins over the duration; it can only be at or before ``now - duration`` for a
-    # cursor this duration issued earlier, so a later one means another scope or a tampered cursor.
+    # cursor this duration issued earlier, so a later one means a tampered cursor.
     if scope.cutoff > resolve_older_than(older_than, current):
         raise _bad_cursor(
             f"This prune cursor is frozen at cutoff {encode_iso_date(scope.cutoff)}, later than older_than allows now; "
-            "continue with the same older_than, or restart without a cursor."
+            "restart without a cursor."
         )
     return scope.cutoff, chosen, wanted
 
@@ -522,11 +552,13 @@ class RunPruner:
         cursor: str | None,
         actor: Actor,
         now: datetime,
+        older_than_ms: int | None = None,
     ) -> PruneResult:
         """Tombstone up to ``limit`` candidates older than ``older_than``, then clean up a bounded amount.
 
-        ``older_than`` and ``statuses`` are the resolved scope (see ``resolve_prune_request``);
-        ``now`` is the prune time recorded on each tombstone and ``actor`` who pruned.
+        ``older_than`` and ``statuses`` are the resolved scope (see ``resolve_prune_request``),
+        ``older_than_ms`` the duration the caller named, if any (cursors are bound to it); ``now`` is
+        the prune time recorded on each tombstone and ``actor`` who pruned.
         """
         cutoff = _aware(older_than, "older_than")
         pruned_at = _aware(now, "now")
@@ -534,7 +566,7 @@ class RunPruner:
         wanted = _limit(limit)
         if not isinstance(actor, Actor):
             raise _invalid(f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.", field="actor")
-        scope = prune_cursor_scope(self.env_key, cutoff, chosen)
+        scope = prune_cursor_scope(self.env_key, cutoff, chosen, older_than_ms)
         last = decode_operator_cursor(cursor, PaginationCursorKind.RUN_PRUNE, scope)
         if last is not None:
             try:

@@ -128,7 +128,7 @@ from .observations import (
     scan_observation_records,
     trim_observation_records,
 )
-from .pruning import PruneResult, RunPruner, resolve_older_than, resolve_prune_request
+from .pruning import PruneResult, RunPruner, older_than_ms, resolve_older_than, resolve_prune_request
 from .schedules import ScheduleMaterializer
 from .transport import PublishWakeupsCommand, WakeupPublishAttempt, parse_publish_wakeups_result
 from .store import (
@@ -2053,7 +2053,15 @@ class RunsApi:
         )
         await runtime._ready()
         pruner = RunPruner(runtime._store.driver, runtime._environment)
-        return await pruner.prune(older_than=cutoff, statuses=chosen, limit=wanted, cursor=cursor, actor=actor, now=now)
+        return await pruner.prune(
+            older_than=cutoff,
+            statuses=chosen,
+            limit=wanted,
+            cursor=cursor,
+            actor=actor,
+            now=now,
+            older_than_ms=older_than_ms(older_than),
+        )
 
 
 class SignalsApi:
