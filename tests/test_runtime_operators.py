@@ -1307,6 +1307,20 @@ async def test_linked_children_still_respect_singleton_keys():
         assert (await runtime.runs.find_active(task=keyed, singleton_key="acct_a")).id == child.id
 
 
+async def test_linked_children_keep_a_singleton_key_the_source_was_triggered_with():
+    runtime, _ = make()
+    async with runtime:
+        source = await runtime.run_now(work, {"mode": "fail"}, singleton_key="export_7")
+        assert source.status is RunStatus.FAILED and source.singleton_key == "export_7"
+        holder = (await runtime.trigger(work, {"mode": "ok"}, singleton_key="export_7")).run
+        for linked in (runtime.runs.rerun, runtime.runs.retry):
+            error = await rejects(ErrorCode.STORAGE_CONFLICT, linked(source.id))
+            assert get_storage_conflict_kind(error) is StorageConflictKind.SINGLETON_KEY
+        await runtime.runs.cancel(holder.id)
+        child = await runtime.runs.rerun(source.id)
+        assert child.singleton_key == "export_7"
+
+
 # ---------------------------------------------------------------------------------------------
 # idempotency_keys.reset
 

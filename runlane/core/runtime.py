@@ -1956,6 +1956,9 @@ class RunsApi:
             queue=source.queue if queue is None else queue,
             run_id=run_id,
             trace_carrier=source.trace_carrier if trace_carrier is None else trace_carrier,
+            # The source's keys protect the same resource as before: a child must not overlap active
+            # work holding its singleton key, and stays in its concurrency partition.
+            singleton_key=source.singleton_key,
             concurrency_key=source.concurrency_key if queue is None else None,
             source=RunSource(type=kind, source_run_id=source.id),
             stored=True,
