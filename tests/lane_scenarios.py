@@ -176,8 +176,9 @@ class LaneScenarios:
         self, lanes: LaneFactory, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """An explicit ``run_id`` of an existing run is a stale event sequence conflict, and nothing is
-        written. So is a drawn id that collides with an existing run: its first attempt creates the run
-        without reading it, loses commit validation, and the replay reads the run and refuses."""
+        written; retrying cannot help, so it is not retryable. So is a drawn id that collides with an
+        existing run: its first attempt creates the run without reading it, loses commit validation, and
+        the replay reads the run and refuses (retryable: the next call draws another id)."""
 
         @task("collide")
         async def collide(payload: dict) -> None:
@@ -192,15 +193,19 @@ class LaneScenarios:
                     drawn = (await runtime.trigger(collide, {"n": 2})).run
                     assert drawn.id == f"run_{'0' * 32}"
                     attempts = [
-                        runtime.trigger(collide, {"n": 3}, run_id=chosen.id),
-                        runtime.trigger(collide, {"n": 4}, run_id=drawn.id),
-                        runtime.trigger(collide, {"n": 5}),
+                        (runtime.trigger(collide, {"n": 3}, run_id=chosen.id), False),
+                        (runtime.trigger(collide, {"n": 4}, run_id=drawn.id), False),
+                        (runtime.trigger(collide, {"n": 5}), True),
                     ]
-                    for attempt in attempts:
+                    for attempt, retryable in attempts:
                         with pytest.raises(RunlaneError) as raised:
                             await attempt
-                        assert raised.value.code is ErrorCode.STORAGE_CONFLICT and raised.value.retryable
+                        assert raised.value.code is ErrorCode.STORAGE_CONFLICT
+                        assert raised.value.retryable is retryable
                         assert get_storage_conflict_kind(raised.value) is StorageConflictKind.EVENT_SEQUENCE
+                        assert raised.value.message.startswith("Run id run_") and "is taken by an existing" in (
+                            raised.value.message
+                        )
                 for run in (chosen, drawn):
                     assert await runtime.runs.get(run.id) == run
                     events = (await runtime.runs.events(run.id, sort_by="sequence")).data

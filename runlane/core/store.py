@@ -1601,7 +1601,23 @@ class CoreStore:
                     if existing is not None and (expires_at is None or expires_at > attempt.now_iso):
                         return CreateRunResult(existing.run, TriggerOutcomeType.RETURNED_EXISTING)
             current = None if create_blind else attempt.slot(created.run_id)
-            run = project_run_events(None if current is None else current.run, _NEW_SEQUENCE, events)
+            if current is not None:
+                existing_run = current.run
+                raise create_storage_conflict_error(
+                    StorageConflictKind.EVENT_SEQUENCE,
+                    f"Run id {existing_run.id} is taken by an existing {existing_run.status.value} run of task "
+                    f"{existing_run.task_id!r}; nothing was written. "
+                    + (
+                        "Trigger again to draw another id."
+                        if plan.generated_run_id
+                        else "Choose another run id, or omit it to have one drawn."
+                    ),
+                    # A drawn id is drawn again by the next call; a chosen one stays taken.
+                    retryable=plan.generated_run_id,
+                    meta={"run_id": existing_run.id, "expected_sequence": _NEW_SEQUENCE,
+                          "current_sequence": existing_run.event_sequence},
+                )
+            run = project_run_events(None, _NEW_SEQUENCE, events)
             if singleton is not None:
                 owner = attempt.owner(singleton)
                 if owner is not None:
