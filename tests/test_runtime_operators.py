@@ -1579,3 +1579,18 @@ async def test_a_lane_without_operator_reads_refuses_every_operator_read_and_rea
         # The refused cancel changed nothing: the run still executes.
         done = await runtime.execute_next()
         assert done.id == waiting.id and done.status is RunStatus.SUCCEEDED
+
+
+async def test_bad_list_and_event_options_name_the_option_and_what_it_must_be():
+    runtime, _ = make()
+    async with runtime:
+        run = await runtime.run_now(work, {"mode": "ok"})
+        cases = [
+            (runtime.runs.list(limit=0), "Invalid run list options: limit must be greater than or equal to 1 (got 0)."),
+            (runtime.runs.list(sort_by="name"), "sort_by must be 'created_at', 'run_at' or 'updated_at' (got 'name')"),
+            (runtime.runs.events(run.id, limit=-1), "Invalid run event options: limit must be greater than or equal to 1"),
+        ]
+        for call, expected in cases:
+            error = await rejects(ErrorCode.VALIDATION_FAILED, call)
+            assert expected in error.message
+            assert "pydantic" not in error.message and "validation error for" not in error.message

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from pydantic import ValidationError
+
 from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms, format_duration, later
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, is_storage_conflict
@@ -1729,6 +1731,25 @@ class Runlane:
         return await self._scan_and_append(StorageIndexName.RUNS_NEEDING_DELIVERY, now, limit, build_for)
 
 
+def _options_error(subject: str, error: ValueError) -> RunlaneError:
+    """``validation_failed`` naming each bad option, what it must be and what it got (pydantic's own
+    text would add the model's name and a documentation link)."""
+    if not isinstance(error, ValidationError):
+        return RunlaneError(ErrorCode.VALIDATION_FAILED, f"Invalid {subject} options: {error}")
+    parts = []
+    fields = []
+    for item in error.errors(include_url=False):
+        field = ".".join(str(part) for part in item["loc"]) or "options"
+        fields.append(field)
+        message = item["msg"]
+        rule = message.removeprefix("Input should be ")
+        said = f"{field} must be {rule}" if rule != message else f"{field}: {message}"
+        parts.append(f"{said} (got {item.get('input')!r})")
+    return RunlaneError(
+        ErrorCode.VALIDATION_FAILED, f"Invalid {subject} options: {'; '.join(parts)}.", meta={"fields": fields}
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Namespaces
 
@@ -1797,7 +1818,7 @@ class RunsApi:
             )
             pagination = PaginationParams(limit=limit, cursor=cursor)
         except ValueError as error:
-            raise RunlaneError(ErrorCode.VALIDATION_FAILED, f"Invalid run list options: {error}") from None
+            raise _options_error("run list", error) from None
         await runtime._ready()
         return await driver.list_runs(run_filter, pagination)
 
@@ -1827,7 +1848,7 @@ class RunsApi:
             )
             pagination = PaginationParams(limit=limit, cursor=cursor)
         except ValueError as error:
-            raise RunlaneError(ErrorCode.VALIDATION_FAILED, f"Invalid run event options: {error}") from None
+            raise _options_error("run event", error) from None
         await runtime._ready()
         if await runtime._store.get_visible_run(checked) is None:
             raise run_not_found(checked)
