@@ -6,7 +6,7 @@ import asyncio
 import collections
 from datetime import datetime, timedelta
 
-from runlane import RunStatus, TaskContext, WorkerMode, queue, task
+from runlane import Retry, RunStatus, TaskContext, WorkerMode, queue, task
 from runlane.core.store import ClaimRequest
 from runlane.storage import StorageIndexName
 from runlane.vocabulary import ExecuteDeliveryIgnoredReason
@@ -246,3 +246,79 @@ async def test_capacity_is_never_exceeded_under_racing_ticks_and_workers():
     assert max(peaks.values()) <= 2
     for runtime in runtimes:
         await runtime.close()
+
+
+async def test_a_due_retry_or_release_on_a_full_bounded_queue_waits_for_a_reservation():
+    single = queue("single", concurrency_limit=1, dispatch_timeout="30s")
+    gate = asyncio.Event()
+    attempts: collections.Counter = collections.Counter()
+
+    @task("dispatch.blocker", queue=single)
+    async def blocker(payload: dict) -> None:
+        await gate.wait()
+
+    @task("dispatch.comeback", queue=single, retry=Retry(2, backoff="1m"))
+    async def comeback(payload: dict, ctx: TaskContext):
+        attempts[payload["mode"]] += 1
+        if attempts[payload["mode"]] > 1:
+            return None
+        if payload["mode"] == "retry":
+            raise RuntimeError("again in a minute")
+        return ctx.release("1m")
+
+    (runtime,), clock = shared_runtimes([blocker, comeback], queues=[DEFAULT_QUEUE, single])
+    async with runtime:
+        waiting = []
+        for mode in ("retry", "release"):
+            run = await runtime.run_now(comeback, {"mode": mode})
+            assert run.status in (RunStatus.RETRYING, RunStatus.RELEASED)
+            waiting.append(run.id)
+        pending = asyncio.ensure_future(runtime.run_now(blocker, {}))
+        await asyncio.sleep(0.01)  # the blocker holds the only slot
+        clock.advance("1m")
+        tick = await runtime.tick()
+        # Due, but the partition is full: no bare delivery request, no reservation.
+        assert (tick.delivery_requested, tick.dispatch_reserved) == (0, 0)
+        for run_id in waiting:
+            assert (await event_types(runtime, run_id))[-1] in ("run.retry_scheduled", "run.released")
+        gate.set()
+        assert (await asyncio.wait_for(pending, 2)).status is RunStatus.SUCCEEDED
+        assert (await runtime.tick()).dispatch_reserved == 1  # one slot, one reservation
+        runs = [await runtime.runs.get(run_id) for run_id in waiting]
+        (reserved,) = [run for run in runs if run.status is RunStatus.QUEUED]
+        assert reserved.dispatch_expires_at == clock.now() + timedelta(seconds=30)
+        assert [run.status for run in runs].count(RunStatus.QUEUED) == 1
+
+
+async def test_a_run_recorded_before_its_queue_became_bounded_is_recovered_through_a_reservation():
+    from runlane import create_lane, create_runlane
+    from runlane.core.lanes import LaneDelivery, LaneDeliveryMode
+    from runlane.testing import ControlledClock
+    from runlane_local import LocalStorageStore, local_storage_driver
+
+    store, clock = LocalStorageStore(), ControlledClock()
+
+    def runtime_with(work_queue):
+        @task("dispatch.upgraded", queue=work_queue, retry=Retry(2, backoff="1m"))
+        async def upgraded(payload: dict, ctx: TaskContext) -> None:
+            if ctx.attempt == 1:
+                raise RuntimeError("again in a minute")
+
+        lane = create_lane(
+            storage=local_storage_driver(store=store, clock=clock),
+            delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING),
+        )
+        return create_runlane(lane=lane, queues=[DEFAULT_QUEUE, work_queue], tasks=[upgraded], clock=clock), upgraded
+
+    before, upgraded = runtime_with(queue("work"))
+    async with before:
+        run = await before.run_now(upgraded, {})  # retrying, recorded as a plain delivery-recovery candidate
+        assert run.status is RunStatus.RETRYING
+    after, _ = runtime_with(queue("work", concurrency_limit=1, dispatch_timeout="30s"))
+    async with after:
+        clock.advance("1m")
+        tick = await after.tick()
+        assert (tick.delivery_requested, tick.dispatch_reserved) == (1, 0)
+        recovered = await after.runs.get(run.id)
+        assert recovered.status is RunStatus.QUEUED
+        assert recovered.dispatch_expires_at == clock.now() + timedelta(seconds=30)

@@ -1521,7 +1521,7 @@ class Runlane:
         for queue in self._queues.values():
             if queue.concurrency_limit is None or count >= limit:
                 continue
-            timeout_ms = queue.dispatch_timeout_ms if queue.dispatch_timeout_ms is not None else _DEFAULT_LEASE_MS
+            timeout_ms = _dispatch_timeout_ms(queue)
             run_ids = await self._store.query_index(
                 StorageIndexName.RUNS_NEEDING_DISPATCH, (queue.name,), until=now, limit=limit - count
             )
@@ -1719,16 +1719,37 @@ class Runlane:
         return await self._scan_and_append(StorageIndexName.RUNS_NEEDING_TIMEOUT_FINALIZATION, now, limit, build_for)
 
     async def _recover_deliveries(self, now: datetime, limit: int) -> int:
+        bounded: dict[str, QueueDefinition] = {}  # run id -> its bounded queue
+
         def build_for() -> Callable[[RunRecord, datetime], list[RunEvent]]:
             def build(run: RunRecord, at: datetime) -> list[RunEvent]:
                 available = get_run_delivery_recovery_available_at(run)
                 if available is None or available > at or available > now:
                     return []
+                queue = self._queues.get(run.queue)
+                if queue is not None and queue.concurrency_limit is not None:
+                    # Written before bounded runs were dispatch candidates: wake it through a
+                    # reservation, like the dispatch phase, not with a bare delivery request.
+                    bounded[run.id] = queue
+                    return []
                 return [_delivery_event(run, at, _SYSTEM_ACTOR)]
 
             return build
 
-        return await self._scan_and_append(StorageIndexName.RUNS_NEEDING_DELIVERY, now, limit, build_for)
+        count = await self._scan_and_append(StorageIndexName.RUNS_NEEDING_DELIVERY, now, limit, build_for)
+        if bounded:
+            requests = [ReserveRequest(run_id, _dispatch_timeout_ms(queue)) for run_id, queue in bounded.items()]
+            for result in await self._store.reserve_dispatch(requests):
+                if result.reserved:
+                    count += 1
+                    if self._observers:
+                        await self.observe(result.observations)
+                    self.wake(result.run.queue)
+        return count
+
+
+def _dispatch_timeout_ms(queue: QueueDefinition) -> int:
+    return queue.dispatch_timeout_ms if queue.dispatch_timeout_ms is not None else _DEFAULT_LEASE_MS
 
 
 def _options_error(subject: str, error: ValueError) -> RunlaneError:

@@ -314,7 +314,9 @@ def run_index_entries(run: RunRecord, bounded: Collection[str] = ()) -> tuple[St
 
     A queued run of a bounded queue (one named in ``bounded``) is a dispatch candidate: without a
     reservation at its runnable time, with one at ``dispatch_expires_at`` (so an expired reservation
-    is found again).
+    is found again). So is a bounded queue's run due for delivery recovery (a due retry or release, an
+    expired lease): maintenance wakes it through a capacity reservation, never with a bare delivery
+    request, so it is a dispatch candidate instead of a delivery-recovery one.
     """
     env = environment_key(run.environment)
     run_id = run.id
@@ -340,9 +342,16 @@ def run_index_entries(run: RunRecord, bounded: Collection[str] = ()) -> tuple[St
                     # Every recovery candidate is a runnable candidate at the same time (scheduled,
                     # retrying, released: run_at; running: lease expiry), so the encoding is shared.
                     recovery_iso = runnable_iso if recovery_at == runnable_at else encode_iso_date(recovery_at)
-                    entries.append(
-                        _index_entry(StorageIndexName.RUNS_NEEDING_DELIVERY, (env,), (recovery_iso, run_id))
-                    )
+                    if bounded and run.queue in bounded:
+                        entries.append(
+                            _index_entry(
+                                StorageIndexName.RUNS_NEEDING_DISPATCH, (env, run.queue), (recovery_iso, run_id)
+                            )
+                        )
+                    else:
+                        entries.append(
+                            _index_entry(StorageIndexName.RUNS_NEEDING_DELIVERY, (env,), (recovery_iso, run_id))
+                        )
                 if status is RunStatus.QUEUED and bounded and run.queue in bounded:
                     reserved = run.dispatch_expires_at
                     dispatch_iso = runnable_iso if reserved is None else encode_iso_date(reserved)
@@ -1915,7 +1924,8 @@ class CoreStore:
         """Reserve bounded-queue capacity for queued runs, each with its ``run.delivery_requested``.
 
         Per run, in one commit with its capacity partition: the run must still be a queued run of a
-        bounded queue that is due and holds no active reservation, and its partition must have a free
+        bounded queue that is due and holds no active reservation (or a run of a bounded queue due for
+        delivery recovery: a due retry or release, an expired lease), and its partition must have a free
         slot (running and cancellation-requested leases plus unexpired reservations). The reservation
         occupies the slot until ``dispatch_expires_at``; on a transport lane the outbox row is written
         in the same commit. A run that is no longer dispatchable or whose partition is full is skipped.
@@ -1946,11 +1956,14 @@ class CoreStore:
             return ReserveResult(run_id, None)
         run = slot.run
         now = attempt.now
-        if run.status is not RunStatus.QUEUED or run.queue not in self.queue_limits:
+        if run.queue not in self.queue_limits:
             return ReserveResult(run_id, None)
-        if run.dispatch_expires_at is not None and run.dispatch_expires_at > now:
-            return ReserveResult(run_id, None)  # already reserved
-        available = get_run_runnable_available_at(run)
+        if run.status is RunStatus.QUEUED:
+            if run.dispatch_expires_at is not None and run.dispatch_expires_at > now:
+                return ReserveResult(run_id, None)  # already reserved
+            available = get_run_runnable_available_at(run)
+        else:  # a due retry or release, an expired lease: delivery recovery through the dispatch path
+            available = get_run_delivery_recovery_available_at(run)
         if available is None or available > now:
             return ReserveResult(run_id, None)
         if not attempt.free_slots(run):
