@@ -178,9 +178,24 @@ def test_cron_during_the_repeated_hour_sees_first_pass_times_already_past():
     # At 01:15 EST (second pass) the first-pass 01:50 EDT has already happened.
     definition = schedule("late", cron="50 1 * * *", time_zone=NEW_YORK)
     assert latest_due_fire_time(definition, ny(2026, 11, 1, 1, 15, fold=1)) == at(2026, 11, 1, 5, 50)
+
+
+def test_a_wildcard_cron_fires_through_the_repeated_hour_at_both_passes():
+    # Like cron: a job whose minute or hour field is a wildcard does not pause while the clocks repeat.
     hourly = schedule("hourly", cron="0 * * * *", time_zone=NEW_YORK)
-    assert latest_due_fire_time(hourly, at(2026, 11, 1, 6, 30)) == at(2026, 11, 1, 5)  # 01:00 EDT only
+    assert latest_due_fire_time(hourly, at(2026, 11, 1, 5, 30)) == at(2026, 11, 1, 5)  # 01:00 EDT
+    assert latest_due_fire_time(hourly, at(2026, 11, 1, 6, 30)) == at(2026, 11, 1, 6)  # 01:00 EST, again
     assert latest_due_fire_time(hourly, at(2026, 11, 1, 7)) == at(2026, 11, 1, 7)  # 02:00 EST
+    assert latest_due_fire_time(schedule("macro", cron="@hourly", time_zone=NEW_YORK), at(2026, 11, 1, 6, 30)) == (
+        at(2026, 11, 1, 6)
+    )
+    quarterly = schedule("quarterly", cron="*/15 * * * *", time_zone=NEW_YORK)
+    fired = {latest_due_fire_time(quarterly, at(2026, 11, 1, 4) + timedelta(minutes=5 * step)) for step in range(48)}
+    assert sorted(fired) == [at(2026, 11, 1, 4) + timedelta(minutes=15 * step) for step in range(16)]  # no gap
+    # On a second-pass minute the first pass's later minutes are already past.
+    assert latest_due_fire_time(quarterly, ny(2026, 11, 1, 1, 20, fold=1)) == at(2026, 11, 1, 6, 15)
+    # Fixed times still fire once (above), and spring forward still skips what never happened.
+    assert latest_due_fire_time(hourly, at(2026, 3, 8, 7, 30)) == at(2026, 3, 8, 7)  # 03:00 EDT follows 01:00 EST
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,17 +28,18 @@ fire time is an instant at which the zone's clock actually shows a matching wall
 
 * a wall time skipped by a spring-forward transition never appears on the clock, so it does not fire
   that day (``30 2 * * *`` in America/New_York has no fire on the spring-forward day);
-* a wall time repeated by a fall-back transition is one matching wall time; it fires once, at its
-  first occurrence (``30 1 * * *`` fires at 01:30 EDT, not again at 01:30 EST). Every fire time is
-  an occurrence identity, so firing the repeated wall time twice would create two runs for one
-  logical daily slot.
+* a wall time repeated by a fall-back transition fires once, at its first occurrence, when the cron
+  names fixed times (``30 1 * * *`` fires at 01:30 EDT, not again at 01:30 EST): every fire time is
+  an occurrence identity, so firing it twice would create two runs for one logical daily slot;
+* a cron whose minute or hour field is a wildcard (``*/15 * * * *``, ``0 * * * *``, ``* 1 * * *``)
+  fires through the repeated hour like through any other, at both passes (Vixie cron's rule), so a
+  quarter-hourly job does not pause for an hour when the clocks go back.
 
 croniter's own handling of aware datetimes differs on both points (it shifts the skipped 02:30 to
 03:00 and yields the repeated 01:30 twice), so croniter only enumerates *naive wall times* here and
 this module maps them to instants with ``fold=0`` (the earlier instant) after dropping wall times the
-zone skips. The rule applies to every field uniformly: a sub-hourly cron in a DST zone also skips the
-repeated hour's second pass. Use ``every=`` (elapsed time, independent of time zones) for a strict
-cadence.
+zone skips, and to the later instant (``fold=1``) as well for wildcard crons. Use ``every=`` (elapsed
+time, independent of time zones) for a strict cadence.
 
 Only standard five-field expressions and the ``@yearly``/``@annually``/``@monthly``/``@weekly``/
 ``@daily``/``@midnight``/``@hourly`` macros are accepted: six- and seven-field forms disagree between
@@ -258,10 +259,31 @@ def _latest_interval_boundary(definition: ScheduleDefinition, now: datetime) -> 
     return anchor + every * ((horizon - anchor) // every)
 
 
+# The macros as five fields, for ``_fires_through_repeated_hours``.
+_MACRO_FIELDS: Final = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+
+def _fires_through_repeated_hours(expression: str) -> bool:
+    """Whether the expression's minute or hour field is a wildcard (``*``, ``*/15``): such a cron fires
+    through the repeated hour of a fall-back transition as through any other hour, while one at fixed
+    times fires once, at the first occurrence of its wall time (the rule of Vixie cron)."""
+    minute, hour = _MACRO_FIELDS.get(expression, expression).split()[:2]
+    return minute.startswith("*") or hour.startswith("*")
+
+
 def _latest_cron_fire(expression: str, zone: tzinfo, now: datetime) -> datetime | None:
     local_now = now.astimezone(zone)
     wall = local_now.replace(tzinfo=None)
-    if local_now.fold:
+    both_passes = _fires_through_repeated_hours(expression)
+    if local_now.fold and not both_passes:
         # The second pass through a repeated wall-clock hour: every first-pass (fold=0) wall time in it,
         # up to the end of the repeat, is already in the past. Searching from ``wall + shift`` covers
         # them; candidates past ``now`` are rejected below.
@@ -281,6 +303,10 @@ def _latest_cron_fire(expression: str, zone: tzinfo, now: datetime) -> datetime 
         instant = candidate.replace(tzinfo=zone, fold=0).astimezone(UTC)
         if instant.astimezone(zone).replace(tzinfo=None) != candidate:
             continue  # skipped by a spring-forward transition: this wall time never happened
+        if both_passes:
+            again = candidate.replace(tzinfo=zone, fold=1).astimezone(UTC)  # its second pass, if repeated
+            if again != instant and again <= now:
+                return again
         if instant <= now:
             return instant
     raise RunlaneError(
