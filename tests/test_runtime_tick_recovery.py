@@ -201,6 +201,30 @@ async def test_finishing_past_the_deadline_on_the_runtime_clock_times_out():
         assert done.status is RunStatus.RETRYING and done.failure.code is ErrorCode.TASK_TIMED_OUT
 
 
+async def test_moving_a_controlled_clock_past_the_deadline_aborts_the_attempt_at_once():
+    started = asyncio.Event()
+    reasons: list[str | None] = []
+
+    @task("waits.for.abort", max_attempt_duration="10m", retry=Retry(2, backoff="1m"))
+    async def waits(payload: dict, ctx: TaskContext) -> None:
+        started.set()
+        await ctx.signal.wait()  # only the deadline ends this attempt
+        reasons.append(ctx.signal.reason)
+
+    runtime, clock = make_runtime(waits)
+    async with runtime:
+        await runtime.trigger(waits, {})
+        pending = asyncio.ensure_future(runtime.execute_next())
+        await asyncio.wait_for(started.wait(), 2)
+        clock.advance("9m")
+        await asyncio.sleep(0.02)
+        assert not pending.done()  # not due yet
+        clock.advance("1m")  # the deadline, ten minutes after the claim on the runtime's clock
+        done = await asyncio.wait_for(pending, 2)
+        assert done.status is RunStatus.RETRYING and done.failure.code is ErrorCode.TASK_TIMED_OUT
+        assert reasons == ["attempt_timed_out"]
+
+
 async def test_heartbeats_extend_the_lease_but_not_the_deadline():
     @task("long")
     async def long(payload: dict, ctx: TaskContext) -> None:

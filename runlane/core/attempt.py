@@ -718,6 +718,7 @@ class _Attempt:
         "_cancellation_check_deferred",
         "_handler_task",
         "_handler_cancelled",
+        "_unwatch_clock",
     )
 
     def __init__(self, runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions) -> None:
@@ -750,6 +751,7 @@ class _Attempt:
         self._cancellation_check_deferred = False
         self._handler_task: asyncio.Future[Any] | None = None  # an async def handler's, to cancel at its deadline
         self._handler_cancelled = False
+        self._unwatch_clock: Callable[[], None] | None = None
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -768,7 +770,7 @@ class _Attempt:
 
     def _deadline_reached(self) -> None:
         self._deadline_handle = None
-        if self._finished:
+        if self._finished or self.timed_out:
             return
         self.timed_out = True
         self.controller.abort(REASON_ATTEMPT_TIMED_OUT)
@@ -792,7 +794,17 @@ class _Attempt:
                 self._deadline_reached()
             else:
                 self._deadline_handle = loop.call_later(remaining, self._deadline_reached)
+                # A clock moved by hand (``ControlledClock``) reaches the deadline when it is moved.
+                watch = getattr(self.runtime.clock, "watch", None)
+                if callable(watch):
+                    self._unwatch_clock = watch(self._clock_moved)
         self._schedule_heartbeat()
+
+    def _clock_moved(self, now: datetime) -> None:
+        deadline = self.run.attempt_deadline_at
+        if deadline is not None and now >= deadline and not self._finished:
+            with contextlib.suppress(RuntimeError):  # the attempt's loop has closed
+                self.loop.call_soon_threadsafe(self._deadline_reached)
 
     def _schedule_heartbeat(self) -> None:
         interval = self.options.heartbeat_ms / 1000
@@ -801,6 +813,9 @@ class _Attempt:
 
     async def stop_timers(self) -> None:
         self._finished = True
+        if self._unwatch_clock is not None:
+            self._unwatch_clock()
+            self._unwatch_clock = None
         if self._deadline_handle is not None:
             self._deadline_handle.cancel()
             self._deadline_handle = None
