@@ -91,7 +91,7 @@ def test_create_runlane_registers_tasks_by_id_or_by_catalog_name():
         ([queue("other")], [welcome], "not registered"),
         ([queue("emails", default=True, concurrency_limit=3)], [welcome], "differs"),
         ([], [], "at least one queue"),
-        ([queue("other")], [task("loose")(lambda: None)], "no registered queue is marked default"),
+        ([queue("other")], [task("loose", schedule=schedule("loose.every", every="1m"))(lambda: None)], "no queue to run on"),
         ([emails, queue("other")], [task("s", schedule=schedule("s.every", every="1m", queue=queue("nope")))(lambda: None)], "not registered"),
     ],
 )
@@ -100,6 +100,27 @@ def test_create_runlane_rejects_queue_drift(queues, tasks, fragment):
         create_runlane(lane=local_lane(), queues=queues, tasks=tasks)
     assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
     assert fragment in raised.value.message
+
+
+async def test_without_a_default_queue_a_task_without_a_queue_runs_where_each_call_says():
+    billing = queue("billing")
+
+    @task("invoices.sync")
+    async def sync(payload: dict) -> str:
+        return "synced"
+
+    runtime = create_runlane(lane=local_lane(), queues=[billing], tasks=[sync])
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(sync, {})
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and "pass queue= to this call" in raised.value.message
+        with pytest.raises(RunlaneError):
+            await runtime.run_now(sync, {})
+        assert (await runtime.runs.list()).data == []  # nothing was written
+        run = (await runtime.trigger(sync, {}, queue=billing)).run
+        assert run.queue == "billing"
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        assert (await runtime.run_now(sync, {}, queue="billing")).output == "synced"
 
 
 def test_create_runlane_rejects_duplicate_task_ids_and_bad_options():

@@ -903,8 +903,13 @@ class Runlane:
             selected = self.resolve_queue(definition.queue)
         elif self._default_queue is not None:
             selected = self._default_queue
-        else:  # pragma: no cover - create_runlane rejects a task without queue when no default exists
-            raise _invalid(f"Task {definition.id!r} has no queue and the runtime has no default queue.")
+        else:
+            raise _invalid(
+                f"Task {definition.id!r} has no queue and no registered queue is marked default; pass queue= "
+                "to this call (or to the task), or mark one queue default=True.",
+                field="queue",
+                task_id=definition.id,
+            )
 
         if actor is None:
             actor = _SYSTEM_ACTOR
@@ -2308,13 +2313,8 @@ def create_runlane(
                     field="concurrency_key",
                     task_id=item.id,
                 )
-        elif default_queue is None:
-            raise _invalid(
-                f"Task {item.id!r} has no queue and no registered queue is marked default; "
-                "pass queue= to the task or mark one queue default=True.",
-                field="queues",
-                task_id=item.id,
-            )
+    # A task without a queue in a runtime without a default queue is fine as long as every run of it
+    # names a queue (trigger(queue=...)); a schedule of it must name one itself, since nothing else will.
     schedule_owners: dict[str, str] = {}
     for item in by_id.values():
         for entry in item.schedules:
@@ -2328,6 +2328,15 @@ def create_runlane(
                     schedule_id=entry.id,
                 )
             schedule_owners[entry.id] = item.id
+            if entry.queue is None and item.queue is None and default_queue is None:
+                raise _invalid(
+                    f"Schedule {entry.id!r} of task {item.id!r} has no queue to run on: neither the schedule nor "
+                    "the task names one and no registered queue is marked default; pass queue= to the schedule "
+                    "or the task, or mark one queue default=True.",
+                    field="queue",
+                    task_id=item.id,
+                    schedule_id=entry.id,
+                )
             if entry.queue is not None:
                 _check_registered_queue(queue_map, entry.queue, f"Schedule {entry.id!r} of task {item.id!r}")
                 if item.concurrency_key is not None and not entry.queue.is_bounded:
