@@ -447,6 +447,70 @@ async def test_poll_worker_rides_out_storage_outage_and_continues(caplog):
         await worker.stop()
 
 
+async def test_an_outage_during_an_attempt_neither_aborts_it_nor_loses_its_outcome(caplog):
+    # Storage goes away while the handler runs (heartbeats fail) and is still away when it returns
+    # (the outcome write fails). The worker's attempt keeps going and writes its outcome once storage
+    # is back, within its lease: the handler ran once and its result is recorded.
+    started = asyncio.Event()
+    finish = asyncio.Event()
+    calls: list[str | None] = []
+
+    @task("outlives.outage")
+    async def outlives(payload: dict, ctx: TaskContext) -> str:
+        started.set()
+        await finish.wait()
+        calls.append(ctx.signal.reason)
+        return "done"
+
+    runtime, _ = make_runtime(outlives)
+    async with runtime:
+        run = (await runtime.trigger(outlives, {})).run
+        worker = runtime.worker(mode=WorkerMode.POLL, heartbeat_interval="10ms", lease_duration="1m")
+        await asyncio.wait_for(started.wait(), 2)
+        storage = runtime.lane.storage
+        with caplog.at_level("WARNING", logger="runlane.worker"):
+            await storage.close()  # every storage call now fails with storage_unavailable
+            await asyncio.sleep(0.1)  # several heartbeats fail meanwhile
+            finish.set()
+            await asyncio.sleep(0.1)  # the outcome write fails too
+            await storage.start()
+            for _ in range(300):
+                done = await runtime.runs.get(run.id)
+                if done.status is RunStatus.SUCCEEDED:
+                    break
+                await asyncio.sleep(0.01)
+        assert done.status is RunStatus.SUCCEEDED and done.output == "done"
+        assert calls == [None]  # never aborted, and executed once
+        assert worker.executed == 1
+        messages = [record.getMessage() for record in caplog.records]
+        assert any("writing the heartbeat of attempt 1; retrying while its lease holds" in m for m in messages)
+        assert any("the outcome of attempt 1 was written" in m for m in messages)
+        await worker.stop()
+
+
+async def test_execute_next_still_reports_an_outage_to_its_caller():
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    @task("reports.outage")
+    async def reports(payload: dict) -> str:
+        started.set()
+        await finish.wait()
+        return "done"
+
+    runtime, _ = make_runtime(reports)
+    async with runtime:
+        await runtime.trigger(reports, {})
+        pending = asyncio.ensure_future(runtime.execute_next(heartbeat_interval="1h", lease_duration="2h"))
+        await asyncio.wait_for(started.wait(), 2)
+        await runtime.lane.storage.close()
+        finish.set()
+        with pytest.raises(RunlaneError) as raised:
+            await asyncio.wait_for(pending, 2)
+        assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
+        await runtime.lane.storage.start()
+
+
 async def test_poll_worker_still_stops_on_a_non_transient_error():
     runtime, _ = make_runtime(count)
     async with runtime:

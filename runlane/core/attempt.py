@@ -109,6 +109,10 @@ _CANCELLATION_CHECK_S = 1.0
 #: How long an ``async def`` handler may go on after its attempt deadline aborted ``ctx.signal`` before
 #: it is cancelled: time for a cooperative handler to return and for cleanup on the signal.
 TIMEOUT_GRACE_S = 1.0
+# A worker's attempt retries a heartbeat or its outcome write that storage could not take
+# (storage_unavailable) after these delays, doubling, while its lease still holds.
+_STORAGE_RETRY_START_S = 0.05
+_STORAGE_RETRY_MAX_S = 2.0
 
 # Persisted failures carry task-facing text, never the raw exception message (it may hold secrets).
 _TASK_FACING_MESSAGES: dict[ErrorCode, str] = {
@@ -140,6 +144,10 @@ class ExecutionOptions:
     # Whether "no due run" must come from reading the whole queue (see ``NextClaimRequest``); a
     # poll worker, which looks again soon anyway, takes it from a scan that starts at the floor.
     confirm_idle: bool = True
+    # A worker rides out storage outages: its attempts retry a heartbeat or outcome write that failed
+    # with storage_unavailable while their lease holds. execute_next, execute_delivery and run_now
+    # report the failure to their caller instead.
+    ride_out_outages: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -719,6 +727,9 @@ class _Attempt:
         "_handler_task",
         "_handler_cancelled",
         "_unwatch_clock",
+        "_lease_expires_at",
+        "_lease_renewed_at",
+        "_storage_retry_s",
     )
 
     def __init__(self, runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions) -> None:
@@ -752,6 +763,10 @@ class _Attempt:
         self._handler_task: asyncio.Future[Any] | None = None  # an async def handler's, to cancel at its deadline
         self._handler_cancelled = False
         self._unwatch_clock: Callable[[], None] | None = None
+        # The lease as last written: its expiry on the runtime clock, and when (loop time) it was written.
+        self._lease_expires_at = lease.expires_at
+        self._lease_renewed_at = self.loop.time()
+        self._storage_retry_s = 0.0  # the delay of the current run of storage retries; 0 when none
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -830,6 +845,45 @@ class _Attempt:
                 await asyncio.shield(task)
             except Exception:
                 pass
+
+    # -- storage outages --------------------------------------------------------------------------
+
+    def _retry_storage(self, error: RunlaneError, what: str) -> bool:
+        """Whether to retry ``what`` (a heartbeat, the outcome) after ``self._storage_retry_s``: only in a
+        worker, only for ``storage_unavailable``, and only while the lease will still hold by then (on the
+        runtime clock and in elapsed time), so no other worker can have claimed the run meanwhile."""
+        if not self.options.ride_out_outages or error.code is not ErrorCode.STORAGE_UNAVAILABLE:
+            return False
+        stop = self.options.signal
+        if stop is not None and stop.aborted:
+            return False  # the worker is stopping: recovery re-delivers the run once the lease expires
+        delay = min(max(self._storage_retry_s * 2, _STORAGE_RETRY_START_S), _STORAGE_RETRY_MAX_S)
+        margin = 2 * delay
+        left = min(
+            (self._lease_expires_at - self.runtime.now()).total_seconds(),
+            self._lease_renewed_at + self.options.lease_ms / 1000 - self.loop.time(),
+        )
+        if left <= margin:
+            return False
+        if not self._storage_retry_s:
+            run = self.run
+            _worker_log.warning(
+                "Run %s (task %s): storage failed (%s) writing the %s of attempt %d; retrying while its lease "
+                "holds (%.1f s).",
+                run.id, run.task_id, error.code.value, what, self.attempt_number, left,
+                extra=_log_fields(run, error.code),
+            )  # fmt: skip
+        self._storage_retry_s = delay
+        return True
+
+    def _storage_recovered(self, what: str) -> None:
+        if self._storage_retry_s:
+            self._storage_retry_s = 0.0
+            run = self.run
+            _worker_log.warning(
+                "Run %s (task %s): storage is reachable again; the %s of attempt %d was written.",
+                run.id, run.task_id, what, self.attempt_number, extra=_log_fields(run),
+            )  # fmt: skip
 
     # -- heartbeats ------------------------------------------------------------------------------
 
@@ -938,6 +992,10 @@ class _Attempt:
             if is_storage_conflict(error, StorageConflictKind.LEASE_OWNERSHIP):
                 self.lost = error
                 self.controller.abort(REASON_LEASE_LOST)
+            elif not self._finished and self._retry_storage(error, "heartbeat"):
+                # Heartbeat again shortly: the handler goes on while the lease still holds.
+                self._heartbeat_handle = self.loop.call_later(self._storage_retry_s, self._heartbeat_due)
+                self._heartbeat_due_at = self.loop.time() + self._storage_retry_s
             else:
                 self.heartbeat_error = error
                 self.controller.abort(REASON_HEARTBEAT_FAILED)
@@ -946,6 +1004,11 @@ class _Attempt:
             self.heartbeat_error = error
             self.controller.abort(REASON_HEARTBEAT_FAILED)
             return
+        lease = result.run.lease
+        if lease is not None and lease.token == token:
+            self._lease_expires_at = lease.expires_at
+            self._lease_renewed_at = self.loop.time()
+        self._storage_recovered("heartbeat")
         if result.events:
             await self.runtime.after_append(result)
         if result.run.status is _CANCELLATION_REQUESTED:
@@ -1081,14 +1144,14 @@ class _Attempt:
         request = CompletionRequest(self.run_id, self.outcome_build(outcome), self.token, self.run)
         try:
             try:
-                result = await runtime.loop_state().completions.submit(request)
+                result = await self._submit_outcome(request)
             except StorageLimitError as error:
                 # The outcome does not fit the lane (a large output, failure meta or release): the
                 # attempt fails with a small failure instead of leaving the run running until its
                 # lease expires and the next attempt does the same.
                 outcome = _Outcome(_FAILURE, failure=_oversized_outcome_failure(outcome, error))
                 request = CompletionRequest(self.run_id, self.outcome_build(outcome), self.token, self.run)
-                result = await runtime.loop_state().completions.submit(request)
+                result = await self._submit_outcome(request)
         except RunlaneError as error:
             if not is_storage_conflict(error, StorageConflictKind.LEASE_OWNERSHIP):
                 raise
@@ -1101,6 +1164,21 @@ class _Attempt:
         await runtime.after_append(result)
         _log_failed_attempt(result.run, outcome)
         return AttemptResult(result.run)
+
+    async def _submit_outcome(self, request: CompletionRequest) -> Any:
+        self._storage_retry_s = 0.0  # a heartbeat's retries are over: the timers have stopped
+        while True:
+            try:
+                result = await self.runtime.loop_state().completions.submit(request)
+            except StorageLimitError:
+                raise
+            except RunlaneError as error:
+                if not self._retry_storage(error, "outcome"):
+                    raise
+                await asyncio.sleep(self._storage_retry_s)
+                continue
+            self._storage_recovered("outcome")
+            return result
 
     def abandon(self, conflict: RunlaneError) -> AttemptResult:
         """The attempt lost its lease: nothing of it is persisted (another owner may be running the run)."""

@@ -1371,8 +1371,9 @@ class Runlane:
         if on_run_executed is not None and not callable(on_run_executed):
             raise _invalid(f"on_run_executed must be a function, got {on_run_executed!r}.", field="on_run_executed")
         options = self.execution_options(lease_duration, heartbeat_interval, max_attempt_duration, signal, worker_id)
-        if worker_mode is WorkerMode.POLL:
-            options = dataclasses.replace(options, confirm_idle=False)  # it looks again soon anyway
+        # A worker rides out storage outages (its attempts retry heartbeats and outcome writes while
+        # their lease holds); a poll worker looks again soon anyway, so "idle" needs no full rescan.
+        options = dataclasses.replace(options, ride_out_outages=True, confirm_idle=worker_mode is not WorkerMode.POLL)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
