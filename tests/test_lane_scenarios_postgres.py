@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 from runlane_postgres import postgres_migration_sql, postgres_polling_lane
+
+from runlane.testing import LaneCompositionConformance
 
 from lane_scenarios import LaneFactory, LaneScenarios
 
@@ -33,3 +36,16 @@ class TestPostgresLaneScenarios(LaneScenarios):
             with psycopg.connect(postgres_url, autocommit=True, connect_timeout=10) as connection:
                 for schema in schemas:
                     connection.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+class TestPostgresPollingLaneComposition(LaneCompositionConformance):
+    @pytest.fixture
+    def lane(self, postgres_url: str) -> Iterator[Any]:
+        from postgres_support import migrated_schema
+
+        schema = migrated_schema(postgres_url, "lane_conformance")
+        try:
+            yield postgres_polling_lane(postgres_url, schema=schema)
+        finally:
+            with psycopg.connect(postgres_url, autocommit=True, connect_timeout=10) as connection:
+                connection.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -2,14 +2,16 @@
 
 import dataclasses
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from runlane import ErrorCode, LaneDeliveryMode, RunlaneError
 from runlane.core.lanes import Lane, LaneCapabilities, LaneDelivery, TransportAdapter, create_lane
 from runlane.storage import StorageClockAuthority, StorageDurability, StorageIndexConsistency, StorageProfile
-from runlane.testing import ControlledClock
-from runlane_local import local_lane
+from runlane.testing import ControlledClock, LaneCompositionConformance
+from runlane.testing import RecordingTransport as RecordingWakeups
+from runlane_local import local_lane, local_storage_driver, sqlite_lane
 
 PROCESS_LOCAL = StorageProfile(
     durability=StorageDurability.PROCESS,
@@ -386,3 +388,56 @@ async def test_closed_local_lane_refuses_storage_work():
     with pytest.raises(RunlaneError) as caught:
         await lane.storage.get([])
     assert caught.value.code is ErrorCode.STORAGE_UNAVAILABLE
+
+
+# ---------------------------------------------------------------------------------------------
+# Lane composition conformance: the local lanes and a transport lane composed by hand
+
+
+class TestLocalLaneComposition(LaneCompositionConformance):
+    @pytest.fixture
+    def lane(self) -> Lane:
+        return local_lane()
+
+
+class TestSqliteLaneComposition(LaneCompositionConformance):
+    @pytest.fixture
+    def lane(self, tmp_path: Path) -> Lane:
+        return sqlite_lane(tmp_path / "conformance.db")
+
+
+class TestRecordingTransportLaneComposition(LaneCompositionConformance):
+    @pytest.fixture
+    def lane(self) -> Lane:
+        return create_lane(
+            storage=local_storage_driver(),
+            delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=RecordingWakeups()),
+            name="recording",
+        )
+
+
+class _Dishonest(LaneCompositionConformance):
+    """A lane whose capabilities do not expose its storage profile: the suite must catch it."""
+
+    @pytest.fixture
+    def lane(self) -> Lane:
+        honest = local_lane()
+        wrong = dataclasses.replace(honest.capabilities, storage=dataclasses.replace(honest.capabilities.storage))
+        return dataclasses.replace(honest, capabilities=wrong)
+
+
+def test_lane_composition_conformance_can_fail() -> None:
+    suite = _Dishonest()
+    lane = suite.lane.__wrapped__(suite)  # the fixture function itself
+    with pytest.raises(AssertionError, match="storage driver's own profile"):
+        suite.test_capabilities_are_honest(lane)
+
+
+def test_lane_composition_conformance_catches_a_transport_that_does_not_publish() -> None:
+    transport = RecordingWakeups()
+    transport.fail_next(1)
+    lane = create_lane(
+        storage=local_storage_driver(), delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport)
+    )
+    with pytest.raises(AssertionError, match="did not take the wakeup"):
+        LaneCompositionConformance().test_a_triggered_run_is_woken_by_the_lane_delivery_mode_and_executes(lane)

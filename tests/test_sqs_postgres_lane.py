@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from runlane import ErrorCode, RunlaneError, RunStatus, create_runlane, queue, task
+from runlane.testing import LaneCompositionConformance
 from runlane.testing.clock import ControlledClock
 from runlane.vocabulary import ExecuteDeliveryStatus, LaneDeliveryMode, OutboxMessageStatus
 from runlane_sqs import (
@@ -306,3 +307,28 @@ async def test_a_trigger_while_sqs_is_down_keeps_the_run_and_tick_publishes_it_o
             assert row.status is OutboxMessageStatus.PUBLISHED and row.attempts == 2
     finally:
         server.stop()
+
+
+class TestPostgresSqsLaneComposition(LaneCompositionConformance):
+    """The lane composition contract over a real PostgreSQL schema and a real SQS queue: the wakeup
+    tick() publishes must arrive on the queue."""
+
+    @pytest.fixture
+    def lane(self, postgres_url: str, sqs_server: SqsTestServer) -> Any:
+        from postgres_support import migrated_schema
+
+        client = sqs_server.client()
+        queue_url = sqs_server.create_queue(unique_queue_name("lane-conformance"))
+        self.received = (client, queue_url)
+        return lane_for(
+            postgres_url,
+            migrated_schema(postgres_url, "sqs_lane_conformance"),
+            client,
+            [sqs_queue(self.queue_name, queue_url=queue_url)],
+        )
+
+    def test_a_triggered_run_is_woken_by_the_lane_delivery_mode_and_executes(self, lane: Any) -> None:
+        super().test_a_triggered_run_is_woken_by_the_lane_delivery_mode_and_executes(lane)
+        client, queue_url = self.received
+        (body,) = peek_bodies(client, queue_url)
+        assert parse_sqs_wakeup_body(body).queue == self.queue_name

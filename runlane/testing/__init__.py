@@ -1,6 +1,7 @@
 """Runlane test helpers and conformance suites.
 
-``StorageDriverConformance`` is imported lazily because it needs pytest, while ``ControlledClock``
+The conformance suites (``StorageDriverConformance``, ``TransportConformance``,
+``LaneCompositionConformance``) are imported lazily because they need pytest, while ``ControlledClock``
 works in any test runner. Importing it through this package registers the suite module for pytest's
 assertion rewriting, so a failing conformance check reports the compared values.
 """
@@ -13,25 +14,32 @@ from .clock import ControlledClock
 from .transport import RecordingTransport
 
 if TYPE_CHECKING:
+    from .lane_conformance import LaneCompositionConformance
     from .storage_conformance import StorageDriverConformance
     from .transport_conformance import TransportConformance
 
-__all__ = ["ControlledClock", "RecordingTransport", "StorageDriverConformance", "TransportConformance"]
+__all__ = [
+    "ControlledClock",
+    "LaneCompositionConformance",
+    "RecordingTransport",
+    "StorageDriverConformance",
+    "TransportConformance",
+]
+
+_SUITES = {
+    "LaneCompositionConformance": "lane_conformance",
+    "StorageDriverConformance": "storage_conformance",
+    "TransportConformance": "transport_conformance",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "StorageDriverConformance":
-        import pytest
+    module = _SUITES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        pytest.register_assert_rewrite(f"{__name__}.storage_conformance")
-        from .storage_conformance import StorageDriverConformance
+    import pytest
 
-        return StorageDriverConformance
-    if name == "TransportConformance":
-        import pytest
-
-        pytest.register_assert_rewrite(f"{__name__}.transport_conformance")
-        from .transport_conformance import TransportConformance
-
-        return TransportConformance
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    pytest.register_assert_rewrite(f"{__name__}.{module}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
