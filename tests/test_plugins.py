@@ -450,3 +450,52 @@ def test_every_hook_is_documented_with_its_exact_signature():
         signature = f"{name}({', '.join(inspect.signature(function).parameters)})"
         assert signature in headings, f"docs/plugin-hooks.md has no heading `{signature}`"
         assert function.__doc__ and ":param" in function.__doc__, f"{name} needs a docstring with :param: lines"
+
+
+def test_an_installed_plugin_whose_registration_fails_is_reported_and_skipped(capsys):
+    class Failing:
+        @hookimpl
+        def register_lanes(self, register):
+            raise RuntimeError("the plugin's own bug")
+
+        @hookimpl
+        def register_commands(self, app):
+            app.command("never")(lambda: None)
+
+    pm.register(Failing(), name="failing-plugin")
+    try:
+        registries = get_registries()
+        assert registries.lanes.get("local").plugin == "local"  # everything else still works
+        assert not pm.has_plugin("failing-plugin")  # skipped entirely, commands included
+        err = capsys.readouterr().err
+        assert "skipped plugin 'failing-plugin'" in err and "the plugin's own bug" in err
+        assert any(failure.name == "failing-plugin" for failure in manager.get_plugin_failures())
+        assert all(info.name != "failing-plugin" for info in get_plugins())
+    finally:
+        if pm.has_plugin("failing-plugin"):
+            pm.unregister(name="failing-plugin")
+
+
+def test_a_name_two_installed_plugins_register_fails_only_where_it_is_used():
+    pm.register(lane_plugin("shared"), name="first")
+    pm.register(lane_plugin("shared"), name="second")
+    try:
+        registries = get_registries()
+        assert registries.lanes.get("local").plugin == "local"
+        with pytest.raises(RunlaneError) as raised:
+            registries.lanes.get("shared")
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert sorted(raised.value.meta["plugins"]) == ["first", "second"]
+        assert sorted(registries.lanes.collisions["shared"]) == ["first", "second"]
+        provides = {info.name: info.provides for info in get_plugins()}
+        assert provides["first"] == provides["second"] == {"lanes": ["shared"]}
+    finally:
+        pm.unregister(name="first")
+        pm.unregister(name="second")
+
+
+def test_a_plugin_that_exits_while_importing_is_skipped(capsys):
+    fresh = new_manager()
+    entry_points = [FakeEntryPoint("exits", error=SystemExit(3)), FakeEntryPoint("healthy", lane_plugin("healthy"))]
+    assert load_entry_point_plugins(fresh, entry_points) == ["healthy"]
+    assert "skipped plugin 'exits'" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import pluggy
 
+from ..errors import RunlaneError
 from . import hookspecs
 from .registries import Registries, collect_registries
 
@@ -150,7 +151,7 @@ def load_entry_point_plugins(
         try:
             plugin = entry_point.load()
             manager.register(plugin, name=name)
-        except Exception as error:  # a broken plugin must never take the host down
+        except (Exception, SystemExit) as error:  # a broken plugin must never take the host down
             described = f"{type(error).__name__}: {error}"
             from_dist = f" from {origin.distribution}" if origin.distribution else ""
             print(
@@ -180,19 +181,42 @@ def get_plugin_failures() -> list[PluginLoadFailure]:
 
 
 def get_registries(manager: pluggy.PluginManager | None = None) -> Registries:
-    """Load plugins (for the default manager) and collect everything they register."""
-    if manager is None:
-        load_plugins()
-        manager = pm
-    return collect_registries(manager)
+    """Load plugins (for the default manager) and collect everything they register.
+
+    For the default manager an installed plugin whose registration fails (a hook that raises, a
+    provider with a bad options model) is reported on stderr once, unregistered and skipped, like one
+    that fails to import; a name two plugins register fails only where it is used. A failure of core's
+    own plugins is raised. A ``manager`` passed in is collected strictly.
+    """
+    if manager is not None:
+        return collect_registries(manager)
+    load_plugins()
+    while True:
+        try:
+            return collect_registries(pm, keep_collisions=True)
+        except RunlaneError as error:
+            plugin = (error.meta or {}).get("plugin")
+            if not isinstance(plugin, str) or plugin in DEFAULT_PLUGINS or not pm.has_plugin(plugin):
+                raise
+            _skip_registered(plugin, error)
+
+
+def _skip_registered(name: str, error: RunlaneError, stderr: IO[str] | None = None) -> None:
+    origin = _origins.get(name, _Origin(None, None))
+    from_dist = f" from {origin.distribution}" if origin.distribution else ""
+    stream = sys.stderr if stderr is None else stderr
+    print(f"runlane: skipped plugin {name!r}{from_dist}: {error.message}", file=stream)
+    _failures.append(PluginLoadFailure(name, origin.distribution, error.message))
+    pm.unregister(name=name)
 
 
 def get_plugins(manager: pluggy.PluginManager | None = None) -> list[PluginInfo]:
     """Every registered plugin with its distribution, version, implemented hooks and provided names."""
     if manager is None:
-        load_plugins()
+        registries = get_registries()
         manager = pm
-    registries = collect_registries(manager)
+    else:
+        registries = collect_registries(manager)
     infos = []
     for name, plugin in manager.list_name_plugin():
         if plugin is None:  # blocked

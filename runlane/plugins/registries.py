@@ -118,9 +118,13 @@ P = TypeVar("P", bound=_Provider)
 class ProviderRegistry(Generic[P]):
     """Providers of one kind by name, each stamped with the plugin that registered it."""
 
-    def __init__(self, provider_type: type[P]) -> None:
+    def __init__(self, provider_type: type[P], *, keep_collisions: bool = False) -> None:
         self.provider_type = provider_type
         self._providers: dict[str, P] = {}
+        # With ``keep_collisions``, a name two plugins register is kept as ambiguous: ``get()`` of it
+        # fails naming both, and every other name still works.
+        self._keep_collisions = keep_collisions
+        self._collisions: dict[str, list[str]] = {}
 
     @property
     def kind(self) -> str:
@@ -143,20 +147,36 @@ class ProviderRegistry(Generic[P]):
                 plugin=plugin,
             )
         existing = self._providers.get(provider.name)
-        if existing is not None:
-            raise _invalid(
-                f"The {self.kind} {provider.name!r} is registered by both plugin {existing.plugin!r} and "
-                f"plugin {plugin!r}; uninstall one of them or limit plugins with RUNLANE_LOAD_PLUGINS.",
-                kind=self.kind,
-                name=provider.name,
-                plugins=[existing.plugin, plugin],
-            )
         stamped = dataclasses.replace(provider, plugin=plugin)
+        if existing is not None:
+            plugins = self._collisions.setdefault(provider.name, [existing.plugin])
+            plugins.append(plugin)
+            if not self._keep_collisions:
+                raise self._collision(provider.name)
+            return stamped
         self._providers[provider.name] = stamped
         return stamped
 
+    def _collision(self, name: str) -> RunlaneError:
+        plugins = self._collisions[name]
+        return _invalid(
+            f"The {self.kind} {name!r} is registered by {' and '.join(f'plugin {p!r}' for p in plugins)}; "
+            "uninstall one of them or limit plugins with RUNLANE_LOAD_PLUGINS.",
+            kind=self.kind,
+            name=name,
+            plugins=list(plugins),
+        )
+
+    @property
+    def collisions(self) -> dict[str, list[str]]:
+        """Names more than one plugin registered, with those plugins (kept only with ``keep_collisions``)."""
+        return {name: list(plugins) for name, plugins in self._collisions.items()}
+
     def get(self, name: str) -> P:
-        """The provider registered as ``name``; an unknown name lists the installed ones."""
+        """The provider registered as ``name``; an unknown name lists the installed ones, and a name two
+        plugins registered names both."""
+        if name in self._collisions:
+            raise self._collision(name)
         provider = self._providers.get(name)
         if provider is not None:
             return provider
@@ -174,7 +194,10 @@ class ProviderRegistry(Generic[P]):
         return sorted(self._providers)
 
     def by_plugin(self, plugin: str) -> list[str]:
-        return sorted(n for n, p in self._providers.items() if p.plugin == plugin)
+        return sorted(
+            {n for n, p in self._providers.items() if p.plugin == plugin}
+            | {n for n, plugins in self._collisions.items() if plugin in plugins}
+        )
 
     def __contains__(self, name: object) -> bool:
         return name in self._providers
@@ -245,13 +268,19 @@ def _observer_name(observer: Any) -> str:
 # Collection
 
 
-def collect_registries(manager: pluggy.PluginManager) -> Registries:
+def collect_registries(manager: pluggy.PluginManager, *, keep_collisions: bool = False) -> Registries:
     """Call every registration hook of ``manager`` once per plugin and return the filled registries.
 
     Each plugin gets its own ``register`` callback, so every entry records which plugin provided it.
-    A collision, a wrong provider type or a failing hook raises ``configuration_invalid`` naming the plugin.
+    A wrong provider type or a failing hook raises ``configuration_invalid`` naming the plugin (in
+    ``meta["plugin"]``). So does a name two plugins register, unless ``keep_collisions``: then the name
+    is ambiguous (looking it up fails naming both plugins) and everything else is usable.
     """
     registries = Registries()
+    if keep_collisions:
+        kinds = (registries.lanes, registries.storage_drivers, registries.transports, registries.exporters)
+        for registry in kinds:
+            registry._keep_collisions = True
     provider_hooks: tuple[tuple[str, ProviderRegistry[Any]], ...] = (
         ("register_lanes", registries.lanes),
         ("register_storage_drivers", registries.storage_drivers),
