@@ -149,6 +149,24 @@ def test_only_postgres_urls_are_accepted(url: Any) -> None:
         postgres_storage(url)
 
 
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("postgres://user@localhost:notaport/db", "port to 'notaport'; it must be a whole number"),
+        ("postgres://user@localhost/db?sslmode=strict", "sslmode to 'strict'; use one of allow, disable"),
+        ("postgres://user@localhost/db?connect_timeout=5s", "connect_timeout to '5s'"),
+        ("postgres://user@localhost/db?bogus=1", 'invalid URI query parameter: "bogus"'),
+    ],
+)
+def test_options_libpq_would_refuse_on_every_connect_are_refused_up_front(url: str, says: str) -> None:
+    with pytest.raises(RunlaneError) as info:
+        postgres_storage(url)
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID and not info.value.retryable
+    assert says in info.value.message
+    # Multiple hosts with their ports, and the options libpq knows, are fine.
+    postgres_storage("postgres://user@a:5432,b:5433/db?sslmode=require&connect_timeout=5&target_session_attrs=any")
+
+
 def test_schema_resolution_explicit_then_url_then_public() -> None:
     plain = resolve_postgres_connection("postgresql://user:secret@db.example:5432/app")
     assert (plain.schema, plain.conninfo) == ("public", "postgresql://user:secret@db.example:5432/app")
@@ -898,11 +916,24 @@ async def test_pooled_connections_recover_after_a_server_restart(schemas: Schema
         assert await driver.with_transaction(bump) == 1, "a read-phase disconnect replays on a fresh connection"
         assert (await driver.get([key]))[0].document.value == {"n": 1}
 
+        # A transaction whose first statement is its commit (a blind create) on pooled connections the
+        # restart closed: a closed one is never used, so the outcome is never left unknown.
+        await asyncio.to_thread(server.restart)
+        created = StorageRecordKey("restart", uuid.uuid4().hex)
+        await create(driver, record(created, {"blind": True}))
+        assert (await driver.get([created]))[0].document.value == {"blind": True}
+
         await asyncio.to_thread(server.stop_server)
         try:
             loop = asyncio.get_running_loop()
             started = loop.time()
-            for call in (lambda: driver.get([key]), lambda: driver.with_transaction(bump)):
+            blind = StorageRecordKey("restart", uuid.uuid4().hex)
+            calls = (
+                lambda: create(driver, record(blind, {"n": 0})),  # its first statement is the commit
+                lambda: driver.get([key]),
+                lambda: driver.with_transaction(bump),
+            )
+            for call in calls:
                 error = await expect_error(call(), ErrorCode.STORAGE_UNAVAILABLE)
                 assert error.retryable
             assert loop.time() - started < 10, "a server that is down fails calls fast, not after pool_timeout"

@@ -72,6 +72,7 @@ import functools
 import hashlib
 import os
 import re
+import select
 import threading
 import time
 import weakref
@@ -82,7 +83,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import orjson
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg.types.string import TextBinaryLoader, TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -225,6 +227,7 @@ def resolve_postgres_connection(connection_string: object, schema: object | None
     conninfo = f"{parts.scheme}://{parts.netloc}{parts.path}"
     if kept:
         conninfo += "?" + "&".join(kept)
+    _check_conninfo(conninfo)
     host = unquote(parts.netloc.rsplit("@", 1)[-1])
     if not host:
         hosts = [value for name, value in parse_qsl(parts.query) if name == "host"]
@@ -234,6 +237,43 @@ def resolve_postgres_connection(connection_string: object, schema: object | None
     else:
         display = f"{host}{parts.path or '/'}"
     return PostgresConnectionTarget(conninfo, resolved, frozenset(names), display)
+
+
+# Options libpq reads as whole numbers (comma-separated, one per host, for ``port``), and the choices
+# of the enumerated ones: checked when the driver is built, since libpq checks them only on connect.
+_INTEGER_OPTIONS = frozenset(
+    {"port", "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+     "tcp_user_timeout"}
+)  # fmt: skip
+_CHOICE_OPTIONS = {
+    "sslmode": frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"}),
+    "target_session_attrs": frozenset({"any", "read-write", "read-only", "primary", "standby", "prefer-standby"}),
+    "gssencmode": frozenset({"disable", "prefer", "require"}),
+    "load_balance_hosts": frozenset({"disable", "random"}),
+}
+
+
+def _check_conninfo(conninfo: str) -> None:
+    """Refuse what libpq would refuse on every connect (an unknown option, a port that is not a
+    number, an unknown sslmode), so a typo is ``configuration_invalid`` up front, not an outage."""
+    try:
+        options = conninfo_to_dict(conninfo)
+    except psycopg.Error as error:
+        detail = str(error).strip().rstrip(".")
+        raise _invalid(f"The Postgres connection string is not valid: {detail}.", field="connection_string") from None
+    for name, value in options.items():
+        text = str(value)
+        if name in _INTEGER_OPTIONS and not all(part.strip().isdigit() for part in text.split(",") if part.strip()):
+            raise _invalid(
+                f"The Postgres connection string sets {name} to {text!r}; it must be a whole number.",
+                field="connection_string",
+            )
+        choices = _CHOICE_OPTIONS.get(name)
+        if choices is not None and text not in choices:
+            raise _invalid(
+                f"The Postgres connection string sets {name} to {text!r}; use one of {', '.join(sorted(choices))}.",
+                field="connection_string",
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,6 +311,21 @@ def _sqlstate(error: BaseException) -> str | None:
             if pattern.search(text):
                 return candidate
     return state
+
+
+def _alive(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a pooled connection looks usable, without a round trip. An idle connection receives
+    nothing, so anything readable on its socket (a termination notice, the end of the stream) means
+    the server closed it or is about to; it is dropped rather than risked on a commit."""
+    pgconn = conn.pgconn
+    if pgconn.status != _CONNECTION_OK:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN | select.POLLERR | select.POLLHUP)
+        return not poller.poll(0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
 
 
 def _is_conflict(error: BaseException) -> bool:
@@ -824,6 +879,7 @@ def _query_params(query: StorageQuery, *, exclusive: bool, hold_space: int) -> t
 
 
 _IDLE = TransactionStatus.IDLE
+_CONNECTION_OK = ConnStatus.OK
 
 
 class _PostgresAttempt(StorageAttempt):
@@ -1726,12 +1782,27 @@ class PostgresStorageDriver(ClientClock):
         if self._unreachable:
             # The server was down at the last look: fail fast instead of waiting out pool_timeout.
             await self._reachable()
-        try:
-            return await pool.getconn()
-        except Exception as error:  # noqa: BLE001 - mapped
-            raise map_postgres_error(error, f"get a connection to {self._target.display}") from None
+        for _ in range(self.max_size + 2):
+            try:
+                conn = await pool.getconn()
+            except Exception as error:  # noqa: BLE001 - mapped
+                raise map_postgres_error(error, f"get a connection to {self._target.display}") from None
+            if _alive(conn):
+                return conn
+            # The server closed it while it sat in the pool (a restart, an idle timeout): drop it,
+            # and fail at once when the server is down rather than waiting out pool_timeout.
+            await self._return(conn, broken=True)
+            await self._reachable()
+        raise RunlaneError(
+            ErrorCode.STORAGE_UNAVAILABLE,
+            f"Could not get a live connection to {self._target.display}: every pooled one was closed by the server.",
+            retryable=True,
+        )
 
     async def _return(self, conn: psycopg.AsyncConnection[Any], *, broken: bool = False) -> None:
+        if broken:
+            # A connection that died may mean the server did: the next acquire checks that first.
+            self._unreachable = True
         state = self._loops.get(asyncio.get_running_loop())  # the pool the connection came from
         pool = None if state is None else state.pool
         try:
