@@ -200,6 +200,27 @@ class _MissingVariable(Exception):
         self.problem = problem
 
 
+def _closing_brace(value: str, start: int) -> int:
+    """The index of the ``}`` closing the reference whose body starts at ``start`` (nested ``${...}``
+    included), or -1."""
+    depth = 0
+    index = start
+    while index < len(value):
+        if value.startswith("$$", index):
+            index += 2
+            continue
+        if value.startswith("${", index):
+            depth += 1
+            index += 2
+            continue
+        if value[index] == "}":
+            if depth == 0:
+                return index
+            depth -= 1
+        index += 1
+    return -1
+
+
 def _expand_string(value: str, environ: Mapping[str, str]) -> str:
     out: list[str] = []
     index = 0
@@ -219,7 +240,7 @@ def _expand_string(value: str, environ: Mapping[str, str]) -> str:
             out.append("$")
             index += 1
             continue
-        end = value.find("}", index + 2)
+        end = _closing_brace(value, index + 2)
         if end == -1:
             raise _MissingVariable(value[index:], "has no closing '}'; write $$ for a literal '$'")
         body = value[index + 2 : end]
@@ -230,7 +251,8 @@ def _expand_string(value: str, environ: Mapping[str, str]) -> str:
             )
         current = environ.get(name)
         if separator:
-            out.append(current if current else default)
+            # A default may hold references of its own (${A:-${B}}), expanded only when it is used.
+            out.append(current if current else _expand_string(default, environ))
         elif current is None:
             raise _MissingVariable(name, "is not set")
         else:

@@ -253,6 +253,26 @@ def test_default_applies_to_empty_values_and_set_values_win(tmp_path: Path) -> N
     assert loaded.lane.options == {"a": "fallback", "b": "real", "c": ""}
 
 
+def test_a_default_may_hold_references_of_its_own(tmp_path: Path) -> None:
+    loaded = load(
+        tmp_path,
+        """
+        [lane]
+        use = "local"
+        a = "${UNSET:-${SET}}"
+        b = "${UNSET:-${ALSO_UNSET:-${SET}/deep}}"
+        c = "${SET:-${NEVER_READ}}"
+        d = "${UNSET:-x}}"
+        """,
+        environ={"SET": "real"},
+    )
+    assert loaded.lane is not None
+    assert loaded.lane.options == {"a": "real", "b": "real/deep", "c": "real", "d": "x}"}
+    with pytest.raises(RunlaneError) as raised:
+        load(tmp_path, '[lane]\nuse = "local"\na = "${UNSET:-${MISSING}}"\n', environ={})
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and "MISSING" in raised.value.message
+
+
 def test_double_dollar_is_a_literal_dollar(tmp_path: Path) -> None:
     loaded = load(
         tmp_path,
