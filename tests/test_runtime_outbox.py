@@ -113,15 +113,29 @@ async def test_retryable_failure_is_retried_after_a_delay():
         assert await outbox_count(runtime, run.id) == 1
 
 
-async def test_non_retryable_failure_dead_letters_the_row():
+async def test_non_retryable_failure_dead_letters_the_row(caplog):
     runtime, transport, _ = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
     async with runtime:
         run = (await runtime.trigger(work, {})).run
         transport.fail_next(1, retryable=False)
-        assert (await runtime.tick()).outbox_dead_lettered == 1
+        with caplog.at_level("WARNING", logger="runlane.transport"):
+            assert (await runtime.tick()).outbox_dead_lettered == 1
         (row,) = await runtime.store.list_run_outbox(run.id)
         assert row.status is OutboxMessageStatus.DEAD_LETTERED and row.last_failure.retryable is False
         assert (await runtime.tick()).outbox_dead_lettered == 0
+    [logged] = [record for record in caplog.records if record.name == "runlane.transport"]
+    assert f"The wakeup of run {run.id} (queue default) was dead-lettered after 1 attempt(s)" in logged.getMessage()
+    assert "cancel and rerun it" in logged.getMessage() and logged.run_id == run.id
+
+
+async def test_an_eager_trigger_whose_wakeup_is_dead_lettered_says_so(caplog):
+    runtime, transport, _ = transport_runtime()
+    async with runtime:
+        transport.fail_next(1, retryable=False)
+        with caplog.at_level("WARNING", logger="runlane.transport"):
+            run = (await runtime.trigger(work, {})).run  # the run is durable; its wakeup is not
+        assert run.status is RunStatus.QUEUED
+    assert any(run.id in record.getMessage() and "dead-lettered" in record.getMessage() for record in caplog.records)
 
 
 async def test_too_many_failed_attempts_dead_letter_the_row():

@@ -252,14 +252,39 @@ async def test_a_queue_name_is_resolved_once_and_cached(sqs_server: SqsTestServe
     assert len(drain(client, url)) == 2
 
 
-async def test_a_queue_name_that_does_not_exist_is_a_configuration_error(sqs_server: SqsTestServer) -> None:
+async def test_a_queue_name_that_does_not_exist_fails_its_wakeups_retryably(sqs_server: SqsTestServer) -> None:
     transport = sqs_transport(client=sqs_server.client(), queues=[sqs_queue("default", queue_name=unique("nowhere"))])
 
     with pytest.raises(RunlaneError) as raised:
         await transport.publish_wakeups(command(wakeup("run_1")))
 
-    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+    # Nothing got through: an operation-level failure core records on each row and retries with backoff.
+    assert raised.value.code is ErrorCode.TRANSPORT_PUBLISH_FAILED and raised.value.retryable
     assert "does not exist" in raised.value.message
+    assert raised.value.meta["cause_code"] == "configuration_invalid"
+
+
+@pytest.mark.parametrize("missing_by", ["queue_url", "queue_name"])
+async def test_a_missing_queue_fails_only_its_own_wakeups(sqs_server: SqsTestServer, missing_by: str) -> None:
+    client = sqs_server.client()
+    healthy = sqs_server.create_queue(unique("healthy"))
+    missing = (
+        {"queue_url": f"{sqs_server.endpoint_url}/123456789012/{unique('gone')}"}
+        if missing_by == "queue_url"
+        else {"queue_name": unique("gone")}
+    )
+    transport = sqs_transport(
+        client=client, queues=[sqs_queue("default", **missing), sqs_queue("other", queue_url=healthy)]
+    )
+
+    result = await transport.publish_wakeups(command(wakeup("run_1"), wakeup("run_2", "other")))
+
+    lost, sent = result.outcomes
+    assert lost.type is WakeupPublishOutcomeType.FAILED
+    assert lost.failure.code is ErrorCode.TRANSPORT_PUBLISH_FAILED and lost.failure.retryable
+    assert "does not exist" in lost.failure.message
+    assert sent.type is WakeupPublishOutcomeType.PUBLISHED
+    assert [parse_sqs_wakeup_body(m["Body"]).run_id for m in drain(client, healthy)] == ["run_2"]
 
 
 async def test_an_unreachable_endpoint_is_a_retryable_transport_outage() -> None:

@@ -278,6 +278,7 @@ class _SystemClock:
 
 
 _observer_log = logging.getLogger("runlane.observers")
+_transport_log = logging.getLogger("runlane.transport")
 
 # Threads for ``def`` handlers are started on demand, one per handler running at that moment; the cap only
 # guards against a runaway caller (worker slots and direct calls bound the attempts in flight).
@@ -1623,6 +1624,18 @@ class Runlane:
         published = sum(1 for mark in marks if mark.status is OutboxMessageStatus.PUBLISHED)
         failed = sum(1 for mark in marks if mark.status is OutboxMessageStatus.FAILED)
         dead = sum(1 for mark in marks if mark.status is OutboxMessageStatus.DEAD_LETTERED)
+        if dead:
+            runs = {message.id: message for message in claimed}
+            for mark in marks:
+                if mark.status is OutboxMessageStatus.DEAD_LETTERED and mark.failure is not None:
+                    message = runs[mark.outbox_message_id]
+                    _transport_log.warning(
+                        "The wakeup of run %s (queue %s) was dead-lettered after %d attempt(s): %s (%s). The run "
+                        "stays queued without a wakeup: fix the cause, then cancel and rerun it.",
+                        message.run_id, message.queue, message.attempts + 1, mark.failure.code.value,
+                        mark.failure.message,
+                        extra={"run_id": message.run_id, "queue": message.queue, "error_code": mark.failure.code.value},
+                    )  # fmt: skip
         return published, failed, dead
 
     def _failure_mark(self, message: OutboxMessage, failure: OutboxFailureRecord) -> OutboxMark:

@@ -11,7 +11,10 @@ the attempts by SQS queue, sends ``SendMessageBatch`` chunks of at most ``batch_
 - a chunk whose call failed as a whole is ``failed`` with that call's error; when no chunk got through
   at all, the call raises that error instead (``transport_unavailable`` for throttling, 5xx and
   network failures, ``transport_publish_failed`` for refusals);
-- a queue name that does not resolve raises ``configuration_invalid``;
+- a queue that does not exist (a bound URL, or a name that does not resolve) fails the attempts of
+  that queue only, with a retryable ``transport_publish_failed`` naming the binding to fix: the other
+  queues' wakeups go out, and the rows are retried with backoff (a queue created meanwhile gets them)
+  until the outbox dead-letters them;
 - an answer whose entry ids do not match the request raises: its outcomes are not trustworthy.
 
 SQS delay is never used: storage decides when work is due. The transport owns no durable state and
@@ -59,6 +62,20 @@ SQS_MAX_BATCH_SIZE = 10
 def deduplication_id(outbox_message_id: str) -> str:
     """A provider-safe ``MessageDeduplicationId`` for one outbox row (64 hex characters)."""
     return hashlib.sha256(outbox_message_id.encode("utf-8")).hexdigest()
+
+
+def _publish_failure(error: RunlaneError) -> RunlaneError:
+    """``error`` as a publish failure: a queue that does not exist, or a client without a region or
+    credentials, is a retryable ``transport_publish_failed`` (its message says what to fix), so the
+    outbox retries it with backoff instead of the whole publish call failing."""
+    if error.code in (ErrorCode.TRANSPORT_UNAVAILABLE, ErrorCode.TRANSPORT_PUBLISH_FAILED):
+        return error
+    return RunlaneError(
+        ErrorCode.TRANSPORT_PUBLISH_FAILED,
+        error.message,
+        retryable=True,
+        meta={**(error.meta or {}), "cause_code": error.code.value},
+    )
 
 
 class _CallFailed(RunlaneError):
@@ -155,36 +172,46 @@ class SqsTransport:
             else:
                 outcomes[index] = self._unbound(attempt)
         chunks: list[_Chunk] = []
+        failures: list[RunlaneError] = []
         for queue, indexes in grouped.items():
-            url = await self.queue_url(queue)
+            try:
+                url = await self.queue_url(queue)
+            except RunlaneError as error:  # this queue's wakeups fail; the other queues' still go out
+                failures.append(self._failed(_publish_failure(error), indexes, outcomes))
+                continue
             binding = self._by_queue[queue]
             for start in range(0, len(indexes), self.batch_size):
                 chunks.append(_Chunk(url, binding, tuple(indexes[start : start + self.batch_size])))
         answers = await asyncio.gather(
             *(self._send(chunk, attempts) for chunk in chunks), return_exceptions=True
         )
-        failures: list[RunlaneError] = []
         for chunk, answer in zip(chunks, answers):
             if isinstance(answer, _CallFailed):
-                failures.append(answer)
-                record = OutboxFailureRecord(
-                    code=answer.code,
-                    message=answer.message,
-                    retryable=answer.retryable,
-                    failed_at=datetime.now(UTC),
-                    meta=answer.meta,
-                )
-                for index in chunk.indexes:
-                    outcomes[index] = WakeupPublishOutcome(type=WakeupPublishOutcomeType.FAILED, failure=record)
+                failures.append(self._failed(answer, chunk.indexes, outcomes))
             elif isinstance(answer, BaseException):
                 raise answer
             else:
                 for index, outcome in answer.items():
                     outcomes[index] = outcome
-        if failures and len(failures) == len(chunks):
-            raise failures[0]  # no call got through: an operation-level failure, as for a single call
+        if failures and all(outcome is not None and outcome.failure is not None for outcome in outcomes):
+            raise failures[0]  # nothing got through: an operation-level failure, as for a single call
         assert all(outcome is not None for outcome in outcomes)
         return PublishWakeupsResult(outcome for outcome in outcomes if outcome is not None)
+
+    @staticmethod
+    def _failed(
+        failure: RunlaneError, indexes: Sequence[int], outcomes: list[WakeupPublishOutcome | None]
+    ) -> RunlaneError:
+        record = OutboxFailureRecord(
+            code=failure.code,
+            message=failure.message,
+            retryable=failure.retryable,
+            failed_at=datetime.now(UTC),
+            meta=failure.meta,
+        )
+        for index in indexes:
+            outcomes[index] = WakeupPublishOutcome(type=WakeupPublishOutcomeType.FAILED, failure=record)
+        return failure
 
     def _unbound(self, attempt: WakeupPublishAttempt) -> WakeupPublishOutcome:
         # Possible only for rows written before the queue's binding was removed; retrying cannot help.
@@ -215,9 +242,7 @@ class SqsTransport:
             response = await call_sqs(self.client, "send_message_batch", QueueUrl=chunk.queue_url, Entries=entries)
         except Exception as error:
             failure = classify_provider_error(error, operation="SendMessageBatch", queue_url=chunk.queue_url)
-            if failure.code in (ErrorCode.TRANSPORT_UNAVAILABLE, ErrorCode.TRANSPORT_PUBLISH_FAILED):
-                raise _CallFailed(failure) from None
-            raise failure from None
+            raise _CallFailed(_publish_failure(failure)) from None
         return self._outcomes(chunk, response)
 
     def _outcomes(self, chunk: _Chunk, response: Any) -> dict[int, WakeupPublishOutcome]:
