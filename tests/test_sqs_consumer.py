@@ -43,6 +43,7 @@ from runlane_sqs import (
     SqsDeliveryFailurePhase,
     create_sqs_delivery_consumer,
     encode_sqs_wakeup_body,
+    parse_sqs_wakeup_body,
     sqs_queue,
     sqs_transport,
 )
@@ -324,6 +325,38 @@ async def test_a_fifo_consumer_delivers_in_order_and_leaves_the_rest_of_the_batc
         assert await _depth(client, url) == 3  # the failed message and the two after it
 
 
+async def test_stopping_a_fifo_consumer_hands_the_rest_of_its_batch_back_in_order(sqs_server, consumers):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name() + ".fifo", fifo=True, VisibilityTimeout="300")
+    async with _runtime(client, url, fifo={"message_group": "queue"}) as runtime:
+        key = uuid.uuid4().hex
+        _STARTED[key] = asyncio.Event()
+        first = (await runtime.trigger(cooperative, {"started": key})).run.id
+        rest = [(await runtime.trigger(echo, {"n": n})).run.id for n in range(2)]
+        failures: list[SqsDeliveryFailure] = []
+        consumer = await _start(
+            consumers,
+            client=client,
+            queue_url=url,
+            fifo=True,
+            execute_delivery=runtime.execute_delivery,
+            on_delivery_failure=failures.append,
+        )
+        await asyncio.wait_for(_STARTED[key].wait(), timeout=WAIT)
+        await asyncio.wait_for(consumer.stop(), timeout=WAIT)
+        del _STARTED[key]
+
+        assert failures == []  # the rest were not run under the aborted signal
+        assert await _status(runtime, first) is RunStatus.SUCCEEDED
+        assert [await _status(runtime, run_id) for run_id in rest] == [RunStatus.QUEUED] * 2
+        # Visible again at once (not after the 300 s visibility timeout), still in order.
+        response = await asyncio.to_thread(
+            client.receive_message, QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+        )
+        bodies = [parse_sqs_wakeup_body(message["Body"]).run_id for message in response.get("Messages", [])]
+        assert bodies == rest
+
+
 # ---------------------------------------------------------------------------------------------
 # lifecycle
 
@@ -483,6 +516,13 @@ def _noop(message: DeliveryMessage, **options: Any) -> None:
         pytest.param({"wait_time_seconds": 21}, "wait_time_seconds", id="wait-21-seconds"),
         pytest.param({"visibility_timeout_seconds": 43201}, "visibility_timeout_seconds", id="visibility-over-12h"),
         pytest.param({"delivery_options": {"lease": "1m"}}, "delivery_options", id="unknown-delivery-option"),
+        pytest.param({"delivery_options": {"lease_duration": "bogus"}}, "lease_duration", id="bad-lease-duration"),
+        pytest.param(
+            {"delivery_options": {"lease_duration": "1m", "heartbeat_interval": "2m"}},
+            "heartbeat_interval",
+            id="heartbeat-longer-than-the-lease",
+        ),
+        pytest.param({"delivery_options": {"worker_id": "a:b"}}, "worker id", id="bad-worker-id"),
         pytest.param({"execute_delivery": "runtime.execute_delivery"}, "execute_delivery", id="not-callable"),
         pytest.param({"on_delivery_failure": 42}, "on_delivery_failure", id="observer-not-callable"),
         pytest.param({"queue_url": "sqs://queue"}, "queue_url", id="not-an-http-url"),

@@ -1195,24 +1195,9 @@ class Runlane:
         signal: CancellationSignal | None,
         worker_id: str | None,
     ) -> ExecutionOptions:
-        lease_ms = _DEFAULT_LEASE_MS if lease_duration is None else duration_ms(lease_duration, "lease_duration")
-        if heartbeat_interval is None:
-            heartbeat_ms = max(1, lease_ms // 2)
-        else:
-            heartbeat_ms = duration_ms(heartbeat_interval, "heartbeat_interval")
-            if heartbeat_ms >= lease_ms:
-                raise _invalid(
-                    f"heartbeat_interval ({format_duration(heartbeat_ms)}) must be shorter than lease_duration "
-                    f"({format_duration(lease_ms)}); otherwise the lease expires between heartbeats.",
-                    field="heartbeat_interval",
-                )
-        attempt_ms = None if max_attempt_duration is None else duration_ms(max_attempt_duration, "max_attempt_duration")
-        if signal is not None and not isinstance(signal, CancellationSignal):
-            raise _invalid(
-                f"signal must be a CancellationSignal (CancellationController().signal), got {signal!r}.", field="signal"
-            )
-        owner = self._worker_id if worker_id is None else validate_id(worker_id, "worker id")
-        return ExecutionOptions(lease_ms=lease_ms, heartbeat_ms=heartbeat_ms, max_attempt_ms=attempt_ms, signal=signal, worker_id=owner)
+        return resolve_execution_options(
+            lease_duration, heartbeat_interval, max_attempt_duration, signal, worker_id, default_worker_id=self._worker_id
+        )
 
     async def execute_next(
         self,
@@ -1765,6 +1750,39 @@ class Runlane:
                         await self.observe(result.observations)
                     self.wake(result.run.queue)
         return count
+
+
+def resolve_execution_options(
+    lease_duration: Duration | None,
+    heartbeat_interval: Duration | None,
+    max_attempt_duration: Duration | None,
+    signal: CancellationSignal | None,
+    worker_id: str | None,
+    *,
+    default_worker_id: str,
+) -> ExecutionOptions:
+    """The execution options of ``execute_next`` / ``execute_delivery`` / ``run_now`` / ``worker``,
+    validated (``configuration_invalid``); a transport consumer checks its options with it up front."""
+    lease_ms = _DEFAULT_LEASE_MS if lease_duration is None else duration_ms(lease_duration, "lease_duration")
+    if heartbeat_interval is None:
+        heartbeat_ms = max(1, lease_ms // 2)
+    else:
+        heartbeat_ms = duration_ms(heartbeat_interval, "heartbeat_interval")
+        if heartbeat_ms >= lease_ms:
+            raise _invalid(
+                f"heartbeat_interval ({format_duration(heartbeat_ms)}) must be shorter than lease_duration "
+                f"({format_duration(lease_ms)}); otherwise the lease expires between heartbeats.",
+                field="heartbeat_interval",
+            )
+    attempt_ms = None if max_attempt_duration is None else duration_ms(max_attempt_duration, "max_attempt_duration")
+    if signal is not None and not isinstance(signal, CancellationSignal):
+        raise _invalid(
+            f"signal must be a CancellationSignal (CancellationController().signal), got {signal!r}.", field="signal"
+        )
+    owner = default_worker_id if worker_id is None else validate_id(worker_id, "worker id")
+    return ExecutionOptions(
+        lease_ms=lease_ms, heartbeat_ms=heartbeat_ms, max_attempt_ms=attempt_ms, signal=signal, worker_id=owner
+    )
 
 
 def _dispatch_timeout_ms(queue: QueueDefinition) -> int:

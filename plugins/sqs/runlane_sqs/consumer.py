@@ -146,7 +146,12 @@ class SqsDeliveryConsumer:
                 error: BaseException | None = None
                 if self.fifo:
                     handled = []
-                    for message in received:
+                    for position, message in enumerate(received):
+                        if signal.aborted:
+                            # Stopping: hand the rest of the batch back, in order, for the next consumer
+                            # instead of running it under an aborted signal.
+                            await self._release(received[position:])
+                            break
                         if not await self._deliver(message):
                             break
                         handled.append(message)

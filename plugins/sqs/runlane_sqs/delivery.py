@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runlane.core.cancellation import CancellationSignal
+from runlane.core.runtime import resolve_execution_options
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import DeliveryMessage
 
@@ -80,6 +81,15 @@ def check_delivery_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     signal = options.get("signal")
     if signal is not None and not isinstance(signal, CancellationSignal):
         raise invalid(f"delivery_options signal must be a CancellationSignal, got {signal!r}.", field="signal")
+    # Bad values fail here, once, rather than on every message (which would drain the queue into its DLQ).
+    resolve_execution_options(
+        options.get("lease_duration"),
+        options.get("heartbeat_interval"),
+        options.get("max_attempt_duration"),
+        None,
+        options.get("worker_id"),
+        default_worker_id="sqs",
+    )
     return dict(options)
 
 
