@@ -150,8 +150,9 @@ def test_a_polling_worker_on_the_sqs_lane_says_it_leaves_the_messages_alone(proj
     assert project.messages() == 1  # executed from Postgres; the SQS message is left for its redrive policy
 
 
+@pytest.mark.parametrize("bound_by", ["queue_name", "queue_url"])
 def test_sqs_consume_started_before_sqs_answers_waits_for_it(
-    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch, bound_by: str
 ) -> None:
     from postgres_support import migrated_schema
     from runlane_sqs.testing import SqsTestServer
@@ -162,8 +163,9 @@ def test_sqs_consume_started_before_sqs_answers_waits_for_it(
     root = tmp_path / "project"
     write(root / "app_tasks.py", TASKS)
     queue_name = f"runlane-late-{uuid.uuid4().hex[:12]}"
+    binding = queue_name if bound_by == "queue_name" else f"{server.endpoint_url}/123456789012/{queue_name}"
     config = sqs_config(postgres_url, migrated_schema(postgres_url, "sqs_late"), server.endpoint_url, {})
-    write(root / "runlane.toml", config + f'\n[lane.sqs.queues.default]\nqueue_name = "{queue_name}"\n')
+    write(root / "runlane.toml", config + f'\n[lane.sqs.queues.default]\n{bound_by} = "{binding}"\n')
     try:
         with background(root, "sqs", "consume", "--wait-time", "1", log=tmp_path / "late.log") as consumer:
             waiting = consumer.wait_for("sqs_waiting")
@@ -179,6 +181,14 @@ def test_sqs_consume_started_before_sqs_answers_waits_for_it(
             assert consumer.stop() == 0
     finally:
         server.stop()
+
+
+def test_sqs_consume_of_a_queue_url_that_does_not_exist_fails_at_start(project: SqsProject) -> None:
+    missing = project.queue_url.rsplit("/", 1)[0] + f"/runlane-gone-{uuid.uuid4().hex[:12]}"
+    text = (project.root / "runlane.toml").read_text().replace(project.queue_url, missing)
+    write(project.root / "runlane.toml", text)
+    result = cli(project.root, "sqs", "consume", "--wait-time", "1")
+    assert_clean_configuration_error(result, "does not exist", missing)
 
 
 def test_sqs_consume_stopped_while_waiting_for_sqs_exits_cleanly(

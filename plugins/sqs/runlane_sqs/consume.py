@@ -17,8 +17,9 @@ from runlane.cli.work import StopOnSignals
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.vocabulary import ExecuteDeliveryStatus
 
+from .aws import call_sqs, classify_provider_error
 from .consumer import create_sqs_delivery_consumer
-from .delivery import SqsDeliveryFailure
+from .delivery import SqsDeliveryFailure, check_delivery_options
 from .transport import SqsTransport
 
 __all__ = ["consume_wakeups"]
@@ -44,11 +45,7 @@ async def consume_wakeups(
             "postgres-sqs lane. For a polling lane, run `runlane work`.",
             meta={"lane": runtime.lane.name},
         )
-    # Bad durations or worker ids fail here, once, rather than on every message.
-    runtime.execution_options(
-        delivery_options.get("lease_duration"), delivery_options.get("heartbeat_interval"), None, None,
-        delivery_options.get("worker_id"),
-    )
+    check_delivery_options(delivery_options)  # bad durations or worker ids fail here, before any consumer starts
     names = list(dict.fromkeys(queues or [binding.queue_name for binding in transport.bindings]))
     bindings = {name: transport.binding(name) for name in names}  # an unbound queue fails here, at once
     by_url: dict[str, list[str]] = {}
@@ -156,13 +153,17 @@ async def _resolve_urls(
     stopping: asyncio.Event,
     delay: tuple[float, float],
 ) -> dict[str, str] | None:
-    """The queue URL of every named queue (``queue_name`` bindings ask SQS). While SQS cannot be reached
-    the command says so and tries again with backoff; ``None`` when it is told to stop meanwhile."""
+    """The queue URL of every named queue (``queue_name`` bindings ask SQS), each checked to answer.
+    While SQS cannot be reached the command says so and tries again with backoff; ``None`` when it is
+    told to stop meanwhile. A queue that does not exist is ``configuration_invalid`` at once."""
     wait, max_wait = delay
     said = False
     while True:
         try:
-            return {name: await transport.queue_url(name) for name in names}
+            urls = {name: await transport.queue_url(name) for name in names}
+            for url in dict.fromkeys(urls.values()):
+                await _probe(transport, url)
+            return urls
         except RunlaneError as error:
             if not error.retryable:
                 raise
@@ -176,6 +177,19 @@ async def _resolve_urls(
         if await _stopped_within(stopping, wait):
             return None
         wait = min(wait * 2, max_wait)
+
+
+async def _probe(transport: SqsTransport, url: str) -> None:
+    """Ask SQS about the queue at ``url``: unreachable is retryable, a missing queue is not; any other
+    answer (access denied included) shows SQS is up, and the consumer's receives report the rest."""
+    try:
+        await call_sqs(transport.client, "get_queue_attributes", QueueUrl=url, AttributeNames=["QueueArn"])
+    except Exception as error:
+        failure = classify_provider_error(
+            error, operation="GetQueueAttributes", queue_url=url, refused=ErrorCode.TRANSPORT_PUBLISH_FAILED
+        )
+        if failure.retryable or failure.code is ErrorCode.CONFIGURATION_INVALID:
+            raise failure from None
 
 
 async def _stopped_within(stopping: asyncio.Event, seconds: float) -> bool:
