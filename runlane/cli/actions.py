@@ -13,7 +13,16 @@ from ..core.pruning import PruneResult
 from ..models import Actor
 from ..vocabulary import ActorType, RunStatus
 from .main import OperationParams, guard, operation, run_operation
-from .options import ActorIdOption, CursorOption, LimitOption, QueueOption, RunIdOption, parse_cutoff
+from .options import (
+    MULTI_VALUE,
+    ActorIdOption,
+    CursorOption,
+    LimitOption,
+    MultiValueCommand,
+    QueueOption,
+    RunIdOption,
+    parse_cutoff,
+)
 
 __all__ = ["app"]
 
@@ -121,14 +130,15 @@ def cancel(
     run_operation(ctx, "cancel", run_id=run_id, reason=reason, actor_id=actor_id)
 
 
-@app.command("prune")
+@app.command("prune", cls=MultiValueCommand)
 def prune(
     ctx: typer.Context,
     older_than: Annotated[
         str, typer.Option("--older-than", help="A duration (30d) or ISO 8601 cutoff.", metavar="DURATION_OR_ISO")
     ],
     status: Annotated[
-        list[RunStatus] | None, typer.Option("--status", help="Terminal status to prune (repeat for more).", metavar="S")
+        list[RunStatus] | None,
+        typer.Option("--status", help=f"Terminal status to prune; {MULTI_VALUE}.", metavar="S..."),
     ] = None,
     limit: LimitOption = None,
     cursor: CursorOption = None,

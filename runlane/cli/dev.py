@@ -30,6 +30,7 @@ from .options import (
     EmptyPollDelayOption,
     HealthFileOption,
     MaxRunsOption,
+    MultiValueCommand,
     OutboxClaimLimit,
     QueuesOption,
     ScheduleMaterializationLimit,
@@ -47,7 +48,7 @@ __all__ = ["app"]
 app = typer.Typer()
 
 
-@app.command("dev")
+@app.command("dev", cls=MultiValueCommand)
 def dev(
     ctx: typer.Context,
     once: bool = typer.Option(False, "--once", help="One maintenance tick, drain due work, exit."),

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from ..config import RunlaneSection
 from ..errors import ErrorCode, RunlaneError
 from .main import guard, state_of
+from .options import MULTI_VALUE, MultiValueCommand
 
 __all__ = ["app", "render_config"]
 
@@ -111,14 +112,15 @@ def _lane_options(lane: str) -> list[str]:
     return []
 
 
-@app.command("config")
+@app.command("config", cls=MultiValueCommand)
 def init_config(
     ctx: typer.Context,
     path: Annotated[Path, typer.Option("--path", help="Where to write the config.", metavar="PATH")] = Path(
         "runlane.toml"
     ),
     tasks: Annotated[
-        list[str] | None, typer.Option("--tasks", help="Task module to import (repeat for more).", metavar="MODULE")
+        list[str] | None,
+        typer.Option("--tasks", help=f"Task module to import; {MULTI_VALUE}.", metavar="MODULE..."),
     ] = None,
     runtime: Annotated[
         str | None, typer.Option("--runtime", help="Your runtime or factory as module:attribute.", metavar="MODULE:ATTR")

@@ -14,7 +14,7 @@ import typer
 from ..core.observations import ObservationTrimResult
 from ..core.pruning import resolve_older_than
 from .main import OperationParams, guard, load_cli_config, operation, run_operation
-from .options import parse_cutoff
+from .options import MULTI_VALUE, MultiValueCommand, parse_cutoff
 
 __all__ = ["app"]
 
@@ -39,7 +39,7 @@ async def _trim(runtime: Any, params: ObservationTrimParams) -> Any:
             return ObservationTrimResult(deleted=deleted, more=result.more)
 
 
-@app.command("trim")
+@app.command("trim", cls=MultiValueCommand)
 def trim(
     ctx: typer.Context,
     older_than: Annotated[
@@ -48,7 +48,7 @@ def trim(
     consumer: Annotated[
         list[str] | None,
         typer.Option(
-            "--consumer", help="Also keep what this consumer has not exported (repeat for more).", metavar="C"
+            "--consumer", help=f"Also keep what this consumer has not exported; {MULTI_VALUE}.", metavar="C..."
         ),
     ] = None,
     limit: Annotated[

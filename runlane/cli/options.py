@@ -1,8 +1,9 @@
 """Options shared by several commands, defined once as ``Annotated`` types so every command spells them alike.
 
-Also the small parsers that turn option text into runtime arguments (JSON objects, ISO dates,
-``--older-than``). They raise ``configuration_invalid`` before any runtime is loaded, so bad input
-never costs a lane start. Nothing here prints or touches the runtime.
+Also ``MultiValueCommand``, the command class that lets a repeatable option take several values after
+one flag (``--status succeeded cancelled``), and the small parsers that turn option text into runtime
+arguments (JSON objects, ISO dates, ``--older-than``). They raise ``configuration_invalid`` before any
+runtime is loaded, so bad input never costs a lane start. Nothing here prints or touches the runtime.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from ..durations import parse_duration
 from ..errors import ErrorCode, RunlaneError
 
 __all__ = [
+    "MULTI_VALUE",
     "ActorIdOption",
     "ConcurrencyOption",
     "CursorOption",
@@ -27,6 +30,7 @@ __all__ = [
     "LeaseDurationOption",
     "LimitOption",
     "MaxRunsOption",
+    "MultiValueCommand",
     "QueueOption",
     "QueuesOption",
     "RunIdOption",
@@ -37,11 +41,66 @@ __all__ = [
     "parse_json",
 ]
 
+# -- options with several values -------------------------------------------------------------------
+
+MULTI_VALUE = "takes one or more values"
+"""How a repeatable option's help text says it takes several values (``MultiValueCommand``)."""
+
+
+class MultiValueCommand(TyperCommand):
+    """A command whose repeatable options (``list[...]`` options) take one or more values after one flag.
+
+    ``--status succeeded cancelled`` means the same as ``--status succeeded --status cancelled``; both
+    forms mix freely. After the flag's first value, the parser keeps taking the following tokens as
+    further values until one looks like an option (``-x``, ``--name``) or is ``--``. That is only
+    unambiguous for a command without positional arguments, so such a command cannot use this class.
+    Pass it as ``@app.command(cls=MultiValueCommand)`` to every command with a repeatable option.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        arguments = [param.name for param in self.params if param.param_type_name == "argument"]
+        if arguments:
+            raise TypeError(
+                f"{self.name}: options with several values would swallow the positional arguments {arguments}; "
+                "use the plain command class"
+            )
+
+    def make_parser(self, ctx: typer.Context) -> Any:
+        parser = super().make_parser(ctx)
+        repeatable = {
+            param
+            for param in self.get_params(ctx)
+            if param.param_type_name == "option" and getattr(param, "multiple", False) and not param.is_flag
+        }
+        options = {**parser._long_opt, **parser._short_opt}  # Click's parser has no public per-option hook
+        for option in options.values():
+            if option.obj in repeatable and not getattr(option, "_takes_several", False):
+                option.process = _taking_several(option.process)
+                option._takes_several = True
+        return parser
+
+
+def _taking_several(process: Any) -> Any:
+    """``process`` for one value, then for each following token that is not an option or ``--``."""
+
+    def process_all(value: Any, state: Any) -> None:
+        process(value, state)
+        while state.rargs and not _is_option_like(state.rargs[0]):
+            process(state.rargs.pop(0), state)
+
+    return process_all
+
+
+def _is_option_like(token: str) -> bool:
+    return token == "--" or (token.startswith("-") and len(token) > 1)
+
+
 # -- shared option types ---------------------------------------------------------------------------
 
 QueueOption = Annotated[str | None, typer.Option("--queue", help="Override the queue.", metavar="Q")]
 QueuesOption = Annotated[
-    list[str] | None, typer.Option("--queue", help="Limit to this queue (repeat for more).", metavar="Q")
+    list[str] | None, typer.Option("--queue", help=f"Limit to this queue; {MULTI_VALUE}.", metavar="Q...")
 ]
 RunIdOption = Annotated[str | None, typer.Option("--run-id", help="Supply the new run's id.", metavar="ID")]
 ActorIdOption = Annotated[

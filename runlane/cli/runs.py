@@ -15,7 +15,7 @@ from ..errors import ErrorCode, RunlaneError
 from ..storage.operator import TimeRange
 from ..vocabulary import RunEventSortField, RunSortField, RunStatus, SortDirection
 from .main import OperationParams, guard, operation, run_operation
-from .options import CursorOption, LimitOption, QueuesOption, parse_iso_datetime
+from .options import MULTI_VALUE, CursorOption, LimitOption, MultiValueCommand, QueuesOption, parse_iso_datetime
 
 __all__ = ["app"]
 
@@ -117,16 +117,17 @@ async def _attempts(runtime: Any, params: RunsAttemptsParams) -> Any:
     return await runtime.runs.attempts(params.run_id)
 
 
-@app.command("list")
+@app.command("list", cls=MultiValueCommand)
 def list_runs(
     ctx: typer.Context,
     cursor: CursorOption = None,
     limit: LimitOption = None,
     status: Annotated[
-        list[RunStatus] | None, typer.Option("--status", help="Filter by status (repeat for more).", metavar="S")
+        list[RunStatus] | None,
+        typer.Option("--status", help=f"Filter by status; {MULTI_VALUE}.", metavar="S..."),
     ] = None,
     task: Annotated[
-        list[str] | None, typer.Option("--task", help="Filter by task id (repeat for more).", metavar="T")
+        list[str] | None, typer.Option("--task", help=f"Filter by task id; {MULTI_VALUE}.", metavar="T...")
     ] = None,
     queue: QueuesOption = None,
     source_run: Annotated[

@@ -24,6 +24,7 @@ from .options import (
     HeartbeatIntervalOption,
     LeaseDurationOption,
     MaxRunsOption,
+    MultiValueCommand,
     QueuesOption,
     WorkerIdOption,
 )
@@ -126,7 +127,7 @@ async def run_worker(
     return executed
 
 
-@app.command("work")
+@app.command("work", cls=MultiValueCommand)
 def work(
     ctx: typer.Context,
     drain: bool = typer.Option(False, "--drain", help="Process currently due work, then exit."),

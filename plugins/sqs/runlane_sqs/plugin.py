@@ -36,6 +36,7 @@ from runlane.cli.options import (
     HealthFileOption,
     HeartbeatIntervalOption,
     LeaseDurationOption,
+    MultiValueCommand,
     QueuesOption,
     WorkerIdOption,
 )
@@ -221,7 +222,7 @@ _RESTART_DELAY_S = 1.0
 _MAX_RESTART_DELAY_S = 30.0
 
 
-@sqs_cli.command("consume")
+@sqs_cli.command("consume", cls=MultiValueCommand)
 def consume(
     ctx: typer.Context,
     queue: QueuesOption = None,

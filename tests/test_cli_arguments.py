@@ -1,0 +1,111 @@
+"""How the ``runlane`` command line reads its arguments: options with several values, malformed values.
+
+Each test runs the installed console script in a temporary SQLite project, so commands share state.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from cli_support import cli, make_project, ndjson
+
+from runlane.cli.main import build_app
+from runlane.cli.options import MultiValueCommand
+
+TWO_QUEUES = """
+from runlane import Retry, queue, task
+
+mail = queue("mail", default=True)
+reports = queue("reports")
+
+
+@task("mail.send", queue=mail)
+def send(payload: dict) -> dict:
+    return {"sent": True}
+
+
+@task("reports.build", queue=reports, retry=Retry(max_attempts=1))
+def build(payload: dict) -> None:
+    raise RuntimeError("no data")
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path, TWO_QUEUES, lane="sqlite")
+
+
+def _ids(result: object) -> set[str]:
+    assert result.returncode == 0, result.stderr  # type: ignore[attr-defined]
+    return {run["id"] for run in json.loads(result.stdout)["data"]}  # type: ignore[attr-defined]
+
+
+def test_list_options_take_several_values_after_one_flag(project: Path) -> None:
+    sent = json.loads(cli(project, "--json", "trigger", "mail.send", "{}").stdout)["run"]["id"]
+    built = json.loads(cli(project, "--json", "trigger", "reports.build", "{}").stdout)["run"]["id"]
+
+    # work, and dev --once, take the queues after one --queue.
+    worked = cli(project, "--json", "work", "--drain", "--queue", "mail", "reports", "--concurrency", "1")
+    assert worked.returncode == 0, worked.stderr
+    started = ndjson(worked.stdout)[0]
+    assert started["type"] == "worker_started" and started["queues"] == ["mail", "reports"]
+    assert {(record["run"]["id"], record["run"]["status"]) for record in ndjson(worked.stdout)[1:-1]} == {
+        (sent, "succeeded"), (built, "failed")
+    }
+    once = cli(project, "--json", "dev", "--once", "--queue", "mail", "reports")
+    assert once.returncode == 0, once.stderr
+
+    both = {sent, built}
+    assert _ids(cli(project, "--json", "runs", "list", "--status", "succeeded", "failed")) == both
+    assert _ids(cli(project, "--json", "runs", "list", "--status", "succeeded", "--status", "failed")) == both
+    assert _ids(cli(project, "--json", "runs", "list", "--status", "queued", "--status", "succeeded", "failed")) == both
+    assert _ids(cli(project, "--json", "runs", "list", "--task", "mail.send", "reports.build")) == both
+    assert _ids(cli(project, "--json", "runs", "list", "--queue", "mail", "reports", "--limit", "10")) == both
+    # The values end at the next option.
+    assert _ids(cli(project, "--json", "runs", "list", "--status", "failed", "--task", "mail.send", "x")) == set()
+    assert _ids(cli(project, "runs", "list", "--queue", "reports", "--json")) == {built}
+
+    # The spec's own example.
+    pruned = cli(project, "--json", "prune", "--older-than", "2999-01-01", "--status", "succeeded", "cancelled",
+                 "--limit", "500")  # fmt: skip
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout)["pruned"] == 1
+    assert _ids(cli(project, "--json", "runs", "list")) == {built}
+
+
+def test_a_multi_value_option_still_needs_a_value_and_checks_each(project: Path) -> None:
+    missing = cli(project, "runs", "list", "--status")
+    assert missing.returncode == 2 and "Option '--status' requires an argument" in missing.stderr
+    bogus = cli(project, "runs", "list", "--status", "failed", "bogus")
+    assert bogus.returncode == 2 and "Invalid value for '--status'" in bogus.stderr
+
+
+def test_init_config_takes_several_task_modules_after_one_flag(tmp_path: Path) -> None:
+    result = cli(tmp_path, "init", "config", "--tasks", "app.tasks", "app.more", "--lane", "sqlite")
+    assert result.returncode == 0, result.stderr
+    assert 'tasks = ["app.tasks", "app.more"]' in (tmp_path / "runlane.toml").read_text()
+
+
+def test_every_repeatable_option_takes_several_values_and_says_so() -> None:
+    """A command with a list option uses MultiValueCommand (and so has no positional arguments)."""
+    root = typer.main.get_command(build_app())
+
+    def commands(group: object, path: str) -> list[tuple[str, object]]:
+        found = []
+        for name, command in getattr(group, "commands", {}).items():
+            found.append((f"{path} {name}", command))
+            found.extend(commands(command, f"{path} {name}"))
+        return found
+
+    checked = []
+    for path, command in commands(root, "runlane"):
+        for param in getattr(command, "params", []):
+            if param.param_type_name == "option" and param.multiple and not param.is_flag:
+                assert isinstance(command, MultiValueCommand), f"{path} {param.opts[0]}"
+                assert "one or more values" in (param.help or ""), f"{path} {param.opts[0]}"
+                checked.append(f"{path} {param.opts[0]}")
+    assert {"runlane runs list --status", "runlane prune --status", "runlane work --queue", "runlane dev --queue",
+            "runlane runs list --task", "runlane runs list --queue"} <= set(checked)  # fmt: skip
