@@ -196,8 +196,11 @@ class Project:
 
 
 @contextmanager
-def running_dev(project: Project, *args: str, log_name: str = "dev.log") -> Iterator[subprocess.Popen[str]]:
-    """A background ``runlane --json dev *args`` for ``project``, yielded once its session file names it.
+def running_dev(
+    project: Project, *args: str, log_name: str = "dev.log", json_mode: bool = True
+) -> Iterator[subprocess.Popen[str]]:
+    """A background ``runlane --json dev *args`` (human output without ``json_mode``) for ``project``,
+    yielded once its session file names it.
 
     Its output goes to ``<tmpdir>/<log_name>``; the process is killed (if still running) on exit. This
     process must use ``project.tmpdir`` as its temporary directory too (``tempfile.tempdir``), so it
@@ -209,7 +212,7 @@ def running_dev(project: Project, *args: str, log_name: str = "dev.log") -> Iter
     log_path = project.tmpdir / log_name
     log = log_path.open("w")
     process = subprocess.Popen(
-        [RUNLANE, "--json", "dev", *args],
+        [RUNLANE, *(["--json"] if json_mode else []), "dev", *args],
         cwd=project.root,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -8,7 +8,9 @@ temporary directory (``TMPDIR``), so tests never see each other's sessions.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import signal
 import socket
 import stat
@@ -194,3 +196,47 @@ def test_the_latest_dev_for_a_config_path_wins(project: Project, dev: subprocess
         assert read_session(project.config) == latest
         run_id = project.json("trigger", "slow.report", "{}")["run"]["id"]
         assert [row["id"] for row in project.json("runs", "list")["data"]] == [run_id]
+
+
+def test_dev_prints_each_command_it_runs_for_another_terminal(project: Project) -> None:
+    at = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+    with running_dev(project, "--tick-interval", "1s", log_name="human.log", json_mode=False) as process:
+        run_id = project.json("trigger", "emails.welcome", '{"user_id": "u1"}')["run"]["id"]
+        assert project.cli("runs", "list").returncode == 0
+        assert project.cli("cancel", "run_missing").returncode == 1
+        log = project.tmpdir / "human.log"
+        wait_for(lambda: "command cancel" in log.read_text(), what="the cancel command line")
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+    lines = (project.tmpdir / "human.log").read_text().splitlines()
+    commands = [line for line in lines if " command " in line]
+    assert len(commands) == 3, lines
+    assert re.fullmatch(rf"{at} command trigger ✓ created {run_id}", commands[0])
+    assert re.fullmatch(rf"{at} command runs list ✓ \d+ runs?", commands[1])
+    assert re.fullmatch(rf"{at} command cancel ✗ run_not_found: .*run_missing.*", commands[2])
+
+    with running_dev(project, "--tick-interval", "1s", log_name="json.log") as process:
+        run_id = project.json("trigger", "emails.welcome", '{"user_id": "u2"}')["run"]["id"]
+        assert project.cli("runs", "get", "run_missing").returncode == 1
+        log = project.tmpdir / "json.log"
+        wait_for(lambda: '"command":"runs get"' in log.read_text(), what="the runs get command record")
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    commands = [record for record in records if record["type"] == "command"]
+    assert [(record["command"], record["ok"]) for record in commands] == [("trigger", True), ("runs get", False)]
+    assert commands[0]["summary"] == f"✓ created {run_id}" and re.fullmatch(at, commands[0]["at"])
+    assert commands[1]["error"]["code"] == "run_not_found"
+
+
+def test_dashboard_reads_are_not_printed_by_dev(project: Project, dev: subprocess.Popen[str]) -> None:
+    from runlane.cli.main import OPERATIONS, parse_params
+    from runlane.cli.output import Output
+
+    session = read_session(project.config)
+    assert session is not None
+    op = OPERATIONS["queues"]
+    quiet = asyncio.run(bridge.exchange(session, op, parse_params(op, {}), Output(json_mode=True), quiet=True))
+    loud = asyncio.run(bridge.exchange(session, op, parse_params(op, {}), Output(json_mode=True)))
+    assert quiet is not None and loud is not None and quiet[0] == loud[0]
+    log = project.tmpdir / "dev.log"
+    wait_for(lambda: '"command":"queues"' in log.read_text(), what="the queues command record")
+    assert log.read_text().count('"command":"queues"') == 1

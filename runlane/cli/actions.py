@@ -13,6 +13,7 @@ from ..core.pruning import PruneResult
 from ..models import Actor
 from ..vocabulary import ActorType, RunStatus
 from .main import OperationParams, guard, operation, run_operation
+from .output import display_value, plural
 from .options import (
     MULTI_VALUE,
     ActorIdOption,
@@ -42,14 +43,24 @@ class ChildRunParams(OperationParams):
     actor_id: str | None = None
 
 
-@operation("retry", ChildRunParams, lambda output, params, run: output.run_result(run, verb="created retry"))
+@operation(
+    "retry",
+    ChildRunParams,
+    lambda output, params, run: output.run_result(run, verb="created retry"),
+    summary=lambda params, run: f"✓ created retry {run.id} of {params.source_run_id}",
+)
 async def _retry(runtime: Any, params: ChildRunParams) -> Any:
     return await runtime.runs.retry(
         params.source_run_id, actor=_actor(params.actor_id), queue=params.queue, run_id=params.run_id
     )
 
 
-@operation("rerun", ChildRunParams, lambda output, params, run: output.run_result(run, verb="created rerun"))
+@operation(
+    "rerun",
+    ChildRunParams,
+    lambda output, params, run: output.run_result(run, verb="created rerun"),
+    summary=lambda params, run: f"✓ created rerun {run.id} of {params.source_run_id}",
+)
 async def _rerun(runtime: Any, params: ChildRunParams) -> Any:
     return await runtime.runs.rerun(
         params.source_run_id, actor=_actor(params.actor_id), queue=params.queue, run_id=params.run_id
@@ -62,7 +73,12 @@ class CancelParams(OperationParams):
     actor_id: str | None = None
 
 
-@operation("cancel", CancelParams, lambda output, params, run: output.run_result(run, verb="cancel recorded for"))
+@operation(
+    "cancel",
+    CancelParams,
+    lambda output, params, run: output.run_result(run, verb="cancel recorded for"),
+    summary=lambda params, run: f"✓ cancel recorded for {run.id} status={display_value(run.status)}",
+)
 async def _cancel(runtime: Any, params: CancelParams) -> Any:
     return await runtime.runs.cancel(params.run_id, actor=_actor(params.actor_id), reason=params.reason)
 
@@ -76,7 +92,13 @@ class PruneParams(OperationParams):
     all_pages: bool = False
 
 
-@operation("prune", PruneParams, lambda output, params, result: output.prune_result(result))
+@operation(
+    "prune",
+    PruneParams,
+    lambda output, params, result: output.prune_result(result),
+    summary=lambda params, result: f"✓ pruned {plural(result.pruned, 'run')}"
+    + (" (more remain)" if result.next_cursor else ""),
+)
 async def _prune(runtime: Any, params: PruneParams) -> Any:
     older_than = parse_cutoff(params.older_than)  # each cursor keeps the cutoff of the first page
     pruned = 0

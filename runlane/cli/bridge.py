@@ -7,7 +7,9 @@ constant time) and writes a session file (mode 0600, written atomically) under
 ``<tempdir>/runlane-dev/``, keyed by a hash of the resolved config path. Stateful commands look for a
 live session for their config path first and, when one answers, send their validated arguments there;
 the dev process runs the same registered operation (``main.OPERATIONS``: the same public runtime calls
-and the same rendering) and returns the rendered text. A stale session file (dead pid, refused
+and the same rendering), returns the rendered text and prints a timestamped ``command`` line (or NDJSON
+record) saying what it ran and how it ended, beside its ``run`` and ``tick`` lines; a request marked
+``quiet`` (the dashboard's periodic reads) is not printed. A stale session file (dead pid, refused
 connection, rejected token, garbled file) is removed and the command runs on its own runtime.
 
 The bridge is a development aid, not a transport: it serves exactly the stateful commands, one JSON
@@ -320,18 +322,28 @@ class BridgeServer:
 
     async def _execute(self, request: dict[str, Any]) -> dict[str, Any]:
         op = OPERATIONS[request["command"]]
+        log = self.output if self.output is not None and not request.get("quiet", False) else None
         try:
             params = parse_params(op, request["params"])
         except RunlaneError as error:
+            if log is not None:
+                log.command_record(op.name, error=error)
             raise _Reject(400, error.code, error.message) from None
         shape = request["output"]
+        stdout, stderr = io.StringIO(), io.StringIO()
+        output = Output(
+            json_mode=shape["json"], stdout=stdout, stderr=stderr, width=shape["width"], color=shape["color"] or None
+        )
         try:
-            stdout, stderr = await render_operation(
-                self.runtime, op, params, json_mode=shape["json"], width=shape["width"], color=shape["color"] or None
-            )
+            result = await op.call(self.runtime, params)
         except RunlaneError as error:
+            if log is not None:
+                log.command_record(op.name, error=error)
             return {"error": error.to_json()}
-        return {"stdout": stdout, "stderr": stderr}
+        op.render(output, params, result)
+        if log is not None:
+            log.command_record(op.name, summary=op.summary(params, result))
+        return {"stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
 
 
 async def render_operation(
@@ -355,12 +367,17 @@ def _error_body(code: ErrorCode, message: str) -> dict[str, Any]:
     return {"error": {"code": code.value, "message": message}}
 
 
+_REQUEST_KEYS = {"command", "params", "output", "quiet"}
+
+
 def _validate_request(document: Any) -> dict[str, Any]:
     def bad(message: str) -> _Reject:
         return _Reject(400, ErrorCode.CONFIGURATION_INVALID, message)
 
-    if not isinstance(document, dict) or set(document) != {"command", "params", "output"}:
-        raise bad('The request must be an object with exactly "command", "params" and "output".')
+    if not isinstance(document, dict) or not {"command", "params", "output"} <= set(document) <= _REQUEST_KEYS:
+        raise bad('The request must be an object with "command", "params" and "output", and optionally "quiet".')
+    if not isinstance(document.get("quiet", False), bool):
+        raise bad('"quiet" must be a boolean.')
     command = document["command"]
     if not isinstance(command, str) or command not in OPERATIONS:
         raise bad(f"Unknown command {command!r}; the dev bridge serves: {', '.join(sorted(OPERATIONS))}.")
@@ -427,13 +444,15 @@ async def _post(session: Session, body: bytes, *, token: str | None = None) -> t
     return int(parts[1]), document
 
 
-def _request_body(op: Operation, params: OperationParams, output: Output) -> bytes:
+def _request_body(op: Operation, params: OperationParams, output: Output, *, quiet: bool = False) -> bytes:
     width, color = output.terminal()
-    document = {
+    document: dict[str, Any] = {
         "command": op.name,
         "params": to_json_value(params.model_dump(mode="json", exclude_unset=False)),
         "output": {"json": output.json, "width": width, "color": color},
     }
+    if quiet:
+        document["quiet"] = True
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
@@ -464,13 +483,14 @@ async def proxy(config_path: Path | str, op: Operation, params: OperationParams,
 
 
 async def exchange(
-    session: Session, op: Operation, params: OperationParams, output: Output
+    session: Session, op: Operation, params: OperationParams, output: Output, *, quiet: bool = False
 ) -> tuple[str, str] | None:
     """Run ``op`` in the dev process of ``session``, rendered for ``output``: its (stdout, stderr), or
     ``None`` (after removing the session file) when the session turned out to be stale. A command
-    error raised in the dev process is raised here as the same ``RunlaneError``."""
+    error raised in the dev process is raised here as the same ``RunlaneError``. A ``quiet`` command
+    is not printed in the dev process's output (for reads a client repeats on a timer)."""
     try:
-        status, document = await _post(session, _request_body(op, params, output))
+        status, document = await _post(session, _request_body(op, params, output, quiet=quiet))
     except _Stale:
         _ignore_stale(session, "it did not answer as a runlane dev bridge")
         return None

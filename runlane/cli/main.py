@@ -295,12 +295,15 @@ class Operation:
     ``call`` gets a started runtime and the validated params and calls the public runtime API; ``render``
     hands the result to the output layer. A local command runs both in this process; a command proxied
     into ``runlane dev`` runs both there, with an ``Output`` that renders for the calling terminal.
+    ``summary`` is the result in a few words (``✓ created run_123``), for the ``command`` line a
+    ``runlane dev`` process prints for each command it runs for another terminal.
     """
 
     name: str
     params: type[OperationParams]
     call: Callable[[Runlane, Any], Awaitable[Any]]
     render: Callable[[Output, Any, Any], None]
+    summary: Callable[[Any, Any], str]
 
 
 OPERATIONS: dict[str, Operation] = {}
@@ -308,12 +311,16 @@ OPERATIONS: dict[str, Operation] = {}
 
 
 def operation(
-    name: str, params: type[OperationParams], render: Callable[[Output, Any, Any], None]
+    name: str,
+    params: type[OperationParams],
+    render: Callable[[Output, Any, Any], None],
+    *,
+    summary: Callable[[Any, Any], str],
 ) -> Callable[[Callable[[Runlane, Any], Awaitable[Any]]], Callable[[Runlane, Any], Awaitable[Any]]]:
-    """Register ``call`` as the stateful command ``name``."""
+    """Register ``call`` as the stateful command ``name`` (see ``Operation`` for ``render`` and ``summary``)."""
 
     def register(call: Callable[[Runlane, Any], Awaitable[Any]]) -> Callable[[Runlane, Any], Awaitable[Any]]:
-        OPERATIONS[name] = Operation(name=name, params=params, call=call, render=render)
+        OPERATIONS[name] = Operation(name=name, params=params, call=call, render=render, summary=summary)
         return call
 
     return register

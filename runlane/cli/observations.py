@@ -15,6 +15,7 @@ from ..core.observations import ObservationTrimResult
 from ..core.pruning import resolve_older_than
 from .main import OperationParams, guard, load_cli_config, operation, run_operation
 from .options import MULTI_VALUE, MultiValueCommand, parse_cutoff
+from .output import plural
 
 __all__ = ["app"]
 
@@ -28,7 +29,12 @@ class ObservationTrimParams(OperationParams):
     all_pages: bool = False
 
 
-@operation("observations trim", ObservationTrimParams, lambda output, params, result: output.trim_result(result))
+@operation(
+    "observations trim",
+    ObservationTrimParams,
+    lambda output, params, result: output.trim_result(result),
+    summary=lambda params, result: f"✓ trimmed {plural(result.deleted, 'observation record')}",
+)
 async def _trim(runtime: Any, params: ObservationTrimParams) -> Any:
     older_than = resolve_older_than(parse_cutoff(params.older_than), runtime.now())  # one cutoff for every call
     deleted = 0

@@ -25,7 +25,19 @@ from rich.text import Text
 
 from ..errors import RunlaneError
 
-__all__ = ["Output", "attempt_detail", "display_value", "event_detail", "forward_runtime_logs", "iso", "run_rows", "to_json_value"]
+__all__ = [
+    "Output",
+    "attempt_detail",
+    "display_value",
+    "event_detail",
+    "forward_runtime_logs",
+    "iso",
+    "plural",
+    "run_rows",
+    "tick_counts",
+    "to_json_value",
+    "trigger_summary",
+]
 
 
 def to_json_value(value: Any) -> Any:
@@ -81,6 +93,23 @@ def _what_next(run: Any) -> str:
         if getattr(wait, "timeout_at", None) is not None:
             parts.append(f"timeout_at={iso(wait.timeout_at)}")
     return "".join(f" {part}" for part in parts)
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def trigger_summary(result: Any) -> str:
+    """A trigger result on one line, marked as its card's heading is."""
+    if display_value(result.outcome) == "created":
+        return f"✓ created {result.run.id}"
+    return f"⊝ returned existing {result.run.id} (idempotency)"
+
+
+def tick_counts(result: Any) -> str:
+    """A tick's counts as ``name=value`` pairs, in the spec's camelCase (``deliveryRequested=2``)."""
+    return "tick " + " ".join(f"{_camel(f.name)}={getattr(result, f.name)}" for f in dataclasses.fields(result))
 
 
 def display_value(value: Any) -> str:
@@ -430,8 +459,17 @@ class Output:
 
     def tick_record(self, result: Any) -> None:
         counts = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
-        text = "tick " + " ".join(f"{_camel(name)}={value}" for name, value in counts.items())
-        self.record("tick", text, tick=counts)
+        self.record("tick", tick_counts(result), tick=counts)
+
+    def command_record(self, command: str, *, summary: str | None = None, error: RunlaneError | None = None) -> None:
+        """A command ``runlane dev`` ran for another terminal: its result in a few words, or its error."""
+        if error is not None:
+            self.record(
+                "command", f"command {command} ✗ {error.code.value}: {error.message}",
+                command=command, ok=False, error=error.to_json(),
+            )  # fmt: skip
+            return
+        self.record("command", f"command {command} {summary}", command=command, ok=True, summary=summary)
 
 
 # Structured fields runtime log records carry (``extra=``) that a JSON log line repeats.

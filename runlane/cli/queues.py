@@ -15,6 +15,7 @@ import typer
 
 from ..vocabulary import RunStatus
 from .main import OperationParams, operation, run_operation
+from .output import plural
 
 __all__ = ["ACTIVE_STATUSES", "QueueOverview", "app"]
 
@@ -84,7 +85,12 @@ async def queue_overview(runtime: Any, limit: int = DEFAULT_COUNT_LIMIT) -> list
     return overview
 
 
-@operation("queues", QueuesParams, lambda output, params, result: output.queues_table(result))
+@operation(
+    "queues",
+    QueuesParams,
+    lambda output, params, result: output.queues_table(result),
+    summary=lambda params, queues: f"✓ {plural(len(queues), 'queue')}",
+)
 async def _queues(runtime: Any, params: QueuesParams) -> list[QueueOverview]:
     return await queue_overview(runtime, params.limit)
 

@@ -15,6 +15,7 @@ from ..errors import ErrorCode, RunlaneError
 from ..storage.operator import TimeRange
 from ..vocabulary import RunEventSortField, RunSortField, RunStatus, SortDirection
 from .main import OperationParams, guard, operation, run_operation
+from .output import display_value, plural
 from .options import MULTI_VALUE, CursorOption, LimitOption, MultiValueCommand, QueuesOption, parse_iso_datetime
 
 __all__ = ["app"]
@@ -65,7 +66,12 @@ def _ranges(params: RunsListParams) -> dict[str, TimeRange | None]:
     }
 
 
-@operation("runs list", RunsListParams, lambda output, params, result: output.runs_table(result))
+@operation(
+    "runs list",
+    RunsListParams,
+    lambda output, params, result: output.runs_table(result),
+    summary=lambda params, page: f"✓ {plural(len(page.data), 'run')}" + (" (more pages)" if page.next_cursor else ""),
+)
 async def _list(runtime: Any, params: RunsListParams) -> Any:
     return await runtime.runs.list(
         cursor=params.cursor,
@@ -87,7 +93,13 @@ class RunsGetParams(OperationParams):
     limit: int | None = None
 
 
-@operation("runs get", RunsGetParams, lambda output, params, result: output.run_detail(*result))
+@operation(
+    "runs get",
+    RunsGetParams,
+    lambda output, params, result: output.run_detail(*result),
+    summary=lambda params, result: f"✓ {result[0].id} status={display_value(result[0].status)}"
+    + (f" events={len(result[1].data)}" if result[1] is not None else ""),
+)
 async def _get(runtime: Any, params: RunsGetParams) -> tuple[Any, Any]:
     run = await runtime.runs.get(params.run_id)
     if run is None:
@@ -109,7 +121,10 @@ class RunsAttemptsParams(OperationParams):
 
 
 @operation(
-    "runs attempts", RunsAttemptsParams, lambda output, params, result: output.attempts_table(params.run_id, result)
+    "runs attempts",
+    RunsAttemptsParams,
+    lambda output, params, result: output.attempts_table(params.run_id, result),
+    summary=lambda params, attempts: f"✓ {params.run_id} {plural(len(attempts), 'attempt')}",
 )
 async def _attempts(runtime: Any, params: RunsAttemptsParams) -> Any:
     if await runtime.runs.get(params.run_id) is None:

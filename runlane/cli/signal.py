@@ -8,6 +8,7 @@ import typer
 
 from .main import OperationParams, operation, run_operation
 from .options import LimitOption
+from .output import plural
 
 __all__ = ["app"]
 
@@ -19,7 +20,12 @@ class SignalSendParams(OperationParams):
     limit: int | None = None
 
 
-@operation("signal send", SignalSendParams, lambda output, params, result: output.signal_result(params.signal_key, result))
+@operation(
+    "signal send",
+    SignalSendParams,
+    lambda output, params, result: output.signal_result(params.signal_key, result),
+    summary=lambda params, runs: f"✓ signal {params.signal_key} resumed {plural(len(runs), 'run')}",
+)
 async def _send(runtime: Any, params: SignalSendParams) -> Any:
     return await runtime.signals.send(params.signal_key, limit=params.limit)
 

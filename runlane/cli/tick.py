@@ -17,7 +17,7 @@ import typer
 from ..durations import duration_ms
 from ..errors import RunlaneError
 from .main import OperationParams, guard, operation, require_shared_lane, run_operation, state_of, with_runtime
-from .output import Output, forward_runtime_logs
+from .output import Output, forward_runtime_logs, tick_counts
 from .options import (
     CancellationFinalizationLimit,
     DeliveryRequestLimit,
@@ -42,7 +42,12 @@ class TickParams(OperationParams):
     outbox_claim_limit: int | None = None
 
 
-@operation("tick", TickParams, lambda output, params, result: output.tick_result(result))
+@operation(
+    "tick",
+    TickParams,
+    lambda output, params, result: output.tick_result(result),
+    summary=lambda params, result: f"✓ {tick_counts(result)}",
+)
 async def _tick(runtime: Any, params: TickParams) -> Any:
     return await runtime.tick(**params.model_dump(exclude_none=True))
 

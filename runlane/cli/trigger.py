@@ -13,6 +13,7 @@ from ..errors import ErrorCode, RunlaneError
 from ..models import Actor
 from ..vocabulary import ActorType
 from .main import OperationParams, guard, operation, run_operation
+from .output import trigger_summary
 from .options import ActorIdOption, QueueOption, RunIdOption, parse_json
 
 __all__ = ["app"]
@@ -35,7 +36,12 @@ class TriggerParams(OperationParams):
     actor_id: str | None = None
 
 
-@operation("trigger", TriggerParams, lambda output, params, result: output.trigger_result(result))
+@operation(
+    "trigger",
+    TriggerParams,
+    lambda output, params, result: output.trigger_result(result),
+    summary=lambda params, result: trigger_summary(result),
+)
 async def _trigger(runtime: Any, params: TriggerParams) -> Any:
     try:
         return await _create(runtime, params)

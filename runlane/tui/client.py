@@ -32,6 +32,8 @@ ACTOR_ID = "dashboard"
 
 Call = Callable[[str, dict[str, Any]], Awaitable[str]]
 
+_READS = frozenset({"queues", "runs list", "runs get", "runs attempts"})
+
 
 @dataclass(frozen=True, slots=True)
 class QueueRow:
@@ -87,7 +89,9 @@ class DashboardClient:
 
         async def call(name: str, params: dict[str, Any]) -> str:
             op = OPERATIONS[name]
-            rendered = await exchange(session, op, parse_params(op, params), Output(json_mode=True))
+            # The screen's periodic reads stay out of the dev process's output; its actions are printed there.
+            quiet = name in _READS
+            rendered = await exchange(session, op, parse_params(op, params), Output(json_mode=True), quiet=quiet)
             if rendered is None:
                 raise RunlaneError(
                     ErrorCode.STORAGE_UNAVAILABLE,
