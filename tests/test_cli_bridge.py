@@ -240,3 +240,13 @@ def test_dashboard_reads_are_not_printed_by_dev(project: Project, dev: subproces
     log = project.tmpdir / "dev.log"
     wait_for(lambda: '"command":"queues"' in log.read_text(), what="the queues command record")
     assert log.read_text().count('"command":"queues"') == 1
+
+
+@pytest.mark.parametrize("once", [True, False], ids=["once", "long-running"])
+def test_dev_rejects_an_unknown_queue_before_it_ticks_or_serves(project: Project, once: bool) -> None:
+    result = project.cli("--json", "dev", *(["--once"] if once else []), "--queue", "emails", "nosuch", timeout=30)
+    assert result.returncode == 1
+    assert result.stdout == ""  # no tick, no dev_started or bridge_started record
+    error = json.loads(result.stderr)["error"]
+    assert error["code"] == "configuration_invalid" and "'nosuch' is not registered" in error["message"]
+    assert not list((project.tmpdir / "runlane-dev").glob("*.json"))

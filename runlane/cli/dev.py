@@ -81,18 +81,26 @@ def dev(
         timeout_finalization_limit,
         outbox_claim_limit,
     )
-    # Unknown exporter names and invalid exporter options fail here, before a runtime or loop starts.
-    exporters = guard(ctx, lambda: configured_exporters(load_cli_config(ctx)))
 
-    async def body(runtime: Any) -> None:
+    def check_options() -> float:
         if once and empty_poll_delay is not None:
             raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--empty-poll-delay applies only without --once.")
         if not once and max_runs is not None:
             raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--max-runs applies only with --once.")
+        if empty_poll_delay is not None:
+            duration_ms(empty_poll_delay, "--empty-poll-delay")
         interval = tick_interval or load_cli_config(ctx).dev.tick_interval
-        interval_s = duration_ms(interval, "--tick-interval") / 1000
-        worker_options: dict[str, Any] = {"queues": queue or None, "concurrency": concurrency, "worker_id": worker_id}
+        return duration_ms(interval, "--tick-interval") / 1000
+
+    interval_s = guard(ctx, check_options)  # before any runtime, sink or loop exists
+    worker_options: dict[str, Any] = {"queues": queue or None, "concurrency": concurrency, "worker_id": worker_id}
+    # Unknown exporter names and invalid exporter options fail here, before a runtime or loop starts.
+    exporters = guard(ctx, lambda: configured_exporters(load_cli_config(ctx)))
+
+    async def body(runtime: Any) -> None:
         try:
+            # What the worker would reject fails before the first tick, the bridge or an exporter.
+            _check_worker_options(runtime, **worker_options)
             with StopOnSignals(output) as stop:
                 if once:
                     await _once(runtime, stop, limits, max_runs=max_runs, **worker_options)
@@ -149,6 +157,13 @@ def dev(
                         await bridge.close()
 
     with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
+
+
+def _check_worker_options(runtime: Any, *, queues: list[str] | None, concurrency: int, worker_id: str | None) -> None:
+    """Reject what ``runtime.worker()`` would reject about the runtime (an unregistered queue, a bad worker
+    id) before dev ticks, opens its bridge or starts exporters: the worker itself starts only after those."""
+    runtime.resolve_queues(queues)
+    runtime.execution_options(None, None, None, None, worker_id)
 
 
 def _reload(ctx: typer.Context, once: bool) -> None:
