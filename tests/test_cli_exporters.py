@@ -134,6 +134,31 @@ def test_misspelt_exporter_option_is_rejected_by_name(project: Path) -> None:
     assert "unknown key 'streem'" in lines[0] and "Allowed keys: stream" in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (CONSOLE_EXPORTER + 'streem = "stderr"\n', "Invalid options in [[exporters]] #1 for exporter 'console'"),
+        (CONSOLE_EXPORTER.replace('"console"', '"consol"'), "Unknown exporter 'consol'; installed exporters: "),
+    ],
+    ids=["misspelt-key", "unknown-use"],
+)
+def test_every_command_that_loads_the_config_rejects_a_broken_exporter_entry(
+    tmp_path: Path, entry: str, message: str
+) -> None:
+    project = make_project(tmp_path, lane="sqlite")
+    add_exporter(project, entry)
+    commands = [
+        ("runs", "list"), ("tick",), ("trigger", "emails.welcome", '{"user_id": "u1"}'), ("work", "--drain"),
+        ("queues",), ("prune", "--older-than", "30d"), ("observations", "trim", "--older-than", "7d"),
+    ]  # fmt: skip
+    for args in commands:
+        result = cli(project, *args, timeout=30)
+        assert result.returncode == 1, args
+        assert result.stdout == "", args
+        assert result.stderr.startswith(f"error[configuration_invalid]: {message}"), (args, result.stderr)
+    assert not (project / "runlane.db").exists()  # rejected before any lane was opened
+
+
 def test_dev_loop_runs_exporters_beside_the_worker_and_stops_them_on_sigint(project: Path) -> None:
     add_exporter(project)
     records, status, stderr = run_json_until(
@@ -245,22 +270,29 @@ def test_export_and_dev_close_the_sinks_they_created(tmp_path: Path, monkeypatch
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
+    def create(options: Any, context: Any) -> Sink:
+        events.append("create")
+        return Sink()
+
     class Plugin:
         @hookimpl
         def register_exporters(self, register: Any) -> None:
-            register(ExporterProvider("closing", Options, lambda options, context: Sink()))
+            register(ExporterProvider("closing", Options, create))
 
     root = make_project(tmp_path / "proj", lane="sqlite")
-    add_exporter(root, '\n[[exporters]]\nuse = "closing"\nconsumer = "closing"\n')
     assert cli(root, "trigger", "emails.welcome", '{"user_id": "u1"}').returncode == 0
+    add_exporter(root, '\n[[exporters]]\nuse = "closing"\nconsumer = "closing"\n')  # known in this process only
     monkeypatch.chdir(root)
     pm.register(Plugin(), name="test-closing-exporter")
     try:
+        listed = CliRunner().invoke(app, ["runs", "list"])
         exported = CliRunner().invoke(app, ["export", "--once"])
         developed = CliRunner().invoke(app, ["dev", "--once"])
     finally:
         pm.unregister(name="test-closing-exporter")
+    assert listed.exit_code == 0, listed.output
     assert exported.exit_code == 0, exported.output
     assert developed.exit_code == 0, developed.output
-    assert events[0].startswith("export ") and events[1] == "close"
-    assert events[-1] == "close" and events.count("close") == 2
+    # Commands that do not export check the entry's options but never build its sink.
+    assert events[0] == "create" and events[1].startswith("export "), events
+    assert events.count("create") == 2 and events.count("close") == 2 and events[-1] == "close"

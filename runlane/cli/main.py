@@ -69,7 +69,11 @@ def state_of(ctx: typer.Context) -> CliState:
 
 
 def load_cli_config(ctx: typer.Context) -> LoadedConfig:
-    """The configuration named by ``-c/--config`` or found in the working directory."""
+    """The configuration named by ``-c/--config`` or found in the working directory.
+
+    Its ``[[exporters]]`` entries are checked too (provider names and options, no sink is built), so a
+    mistake there fails every command that loads the config, not only the ones that export.
+    """
     state = state_of(ctx)
     config = load_config(state.config_path)
     if config is None:
@@ -78,6 +82,7 @@ def load_cli_config(ctx: typer.Context) -> LoadedConfig:
             f"No runlane.toml (or [tool.runlane] in pyproject.toml) in {Path.cwd()}; "
             "run `runlane init config` or pass -c/--config PATH.",
         )
+    _exporter_options(config, get_registries())
     return config
 
 
@@ -107,17 +112,23 @@ def configured_exporters(config: LoadedConfig, registries: Registries | None = N
     exporters or the offending key) before any sink is created.
     """
     registries = registries if registries is not None else get_registries()
+    resolved = _exporter_options(config, registries)
+    context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
+    return [
+        ConfiguredExporter(entry.use, entry.consumer, provider.create(options, context))
+        for entry, provider, options in resolved
+    ]
+
+
+def _exporter_options(config: LoadedConfig, registries: Registries) -> list[tuple[Any, Any, BaseModel]]:
+    """Each ``[[exporters]]`` entry with its provider and validated options; nothing is created."""
     table = config.source.table_name("exporters")
     resolved = []
     for index, entry in enumerate(config.exporters):
         provider = registries.exporters.get(entry.use)
         options = validate_options(provider, entry.options, table=f"[[{table}]] #{index + 1}")
         resolved.append((entry, provider, options))
-    context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
-    return [
-        ConfiguredExporter(entry.use, entry.consumer, provider.create(options, context))
-        for entry, provider, options in resolved
-    ]
+    return resolved
 
 
 @asynccontextmanager
