@@ -157,11 +157,11 @@ def test_init_config_with_a_runtime_leaves_the_environment_to_it(tmp_path: Path)
 
 def test_init_config_rejects_conflicting_or_malformed_targets(tmp_path: Path) -> None:
     both = cli(tmp_path, "--json", "init", "config", "--runtime", "app.runtime:make", "--tasks", "app.tasks")
-    assert both.returncode == 1
-    assert json.loads(both.stderr)["error"]["code"] == "configuration_invalid"
+    assert both.returncode == 2
+    assert "Error: --runtime and --tasks exclude each other" in both.stderr
     malformed = cli(tmp_path, "init", "config", "--runtime", "app.runtime")
-    assert malformed.returncode == 1
-    assert "module:attribute" in malformed.stderr
+    assert malformed.returncode == 2
+    assert "Invalid value for '--runtime': 'app.runtime' must be written as 'module:attribute'" in malformed.stderr
     assert not (tmp_path / "runlane.toml").exists()
 
 
@@ -209,8 +209,8 @@ def test_dev_once_human_output_is_timestamped_lines(project: Path) -> None:
 
 def test_dev_once_rejects_empty_poll_delay(project: Path) -> None:
     result = cli(project, "dev", "--once", "--empty-poll-delay", "1s")
-    assert result.returncode == 1
-    assert result.stderr.startswith("error[configuration_invalid]: --empty-poll-delay applies only without --once")
+    assert result.returncode == 2
+    assert result.stderr.endswith("Error: --empty-poll-delay applies only without --once.\n")
 
 
 def test_tick_json_and_card(project: Path) -> None:
@@ -233,22 +233,21 @@ def test_work_drain_json_on_an_empty_local_lane(project: Path) -> None:
 
 def test_work_max_runs_needs_drain(project: Path) -> None:
     result = cli(project, "work", "--max-runs", "3")
-    assert result.returncode == 1
-    assert "error[configuration_invalid]: --max-runs applies only with --drain" in result.stderr
+    assert result.returncode == 2
+    assert "Error: --max-runs applies only with --drain." in result.stderr
 
 
 def test_trigger_invalid_payload_json_is_a_clear_error(project: Path) -> None:
     result = cli(project, "trigger", "emails.welcome", "{bad")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stdout == ""
-    assert result.stderr.startswith("error[configuration_invalid]: PAYLOAD_JSON is not valid JSON")
+    assert "Error: Invalid value for 'PAYLOAD_JSON': not valid JSON (" in result.stderr
+    assert "quote it for the shell" in result.stderr
     assert "Traceback" not in result.stderr
 
+    # A usage error is the parser's text in --json mode too, as for an unknown option.
     as_json = cli(project, "--json", "trigger", "emails.welcome", "{bad")
-    assert as_json.returncode == 1
-    error = json.loads(as_json.stderr)["error"]
-    assert error["code"] == "configuration_invalid"
-    assert error["meta"] == {"argument": "PAYLOAD_JSON"}
+    assert (as_json.returncode, as_json.stderr) == (2, result.stderr)
 
 
 def test_unknown_task_is_reported_with_its_code(project: Path) -> None:
@@ -269,24 +268,22 @@ def test_missing_config_is_an_error_not_a_traceback(tmp_path: Path) -> None:
 def test_prune_rejects_ambiguous_dates_before_loading_a_runtime(tmp_path: Path) -> None:
     # No config exists here: the date is rejected first, so the error is about the date.
     result = cli(tmp_path, "--json", "prune", "--older-than", "05/01/2026")
-    assert result.returncode == 1
-    error = json.loads(result.stderr)["error"]
-    assert error["code"] == "configuration_invalid"
-    assert "05/01/2026" in error["message"]
+    assert result.returncode == 2
+    assert "Error: Invalid value for '--older-than': '05/01/2026'" in result.stderr
 
 
 @pytest.mark.parametrize(
     ("cutoff", "message"),
     [
-        ("0s", "Invalid --older-than '0s': it must be positive."),
-        ("30 d", "Invalid --older-than '30 d': use a number with a unit, such as"),
-        ("last week", "--older-than 'last week' is neither a duration (30d, 12h) nor an ISO 8601 date-time"),
+        ("0s", "'0s' is not valid: it must be positive."),
+        ("30 d", "'30 d' is not valid: use a number with a unit, such as"),
+        ("last week", "'last week' is neither a duration (30d, 12h) nor an ISO 8601 date-time"),
     ],
 )
 def test_prune_says_what_is_wrong_with_a_cutoff_meant_as_a_duration(shared: Shared, cutoff: str, message: str) -> None:
     result = shared("prune", "--older-than", cutoff)
-    assert result.exit_code == 1
-    assert result.stderr.startswith(f"error[configuration_invalid]: {message}")
+    assert result.exit_code == 2
+    assert f"Error: Invalid value for '--older-than': {message}" in result.stderr
 
 
 FAILING_TASKS = """
@@ -468,8 +465,8 @@ def test_trigger_without_a_payload_says_how_to_pass_one(shared: Shared) -> None:
 
 def test_trigger_rejects_non_object_meta(shared: Shared) -> None:
     result = shared("trigger", "emails.welcome", '{"user_id": "u3"}', "--meta", "[1]")
-    assert result.exit_code == 1
-    assert result.stderr.startswith("error[configuration_invalid]: --meta must be a JSON object")
+    assert result.exit_code == 2
+    assert "Error: Invalid value for '--meta': must be a JSON object" in result.stderr
 
 
 def test_json_after_the_command_is_the_global_option_unless_it_follows_a_double_dash(shared: Shared) -> None:
@@ -484,8 +481,8 @@ def test_json_after_the_command_is_the_global_option_unless_it_follows_a_double_
     assert json.loads(failed.stderr)["error"]["code"] == "run_not_found"
 
     literal = shared("trigger", "emails.welcome", "--", "--json")  # after "--" it is the payload argument
-    assert literal.exit_code == 1
-    assert literal.stderr.startswith("error[configuration_invalid]: PAYLOAD_JSON is not valid JSON")
+    assert literal.exit_code == 2
+    assert "Error: Invalid value for 'PAYLOAD_JSON': not valid JSON" in literal.stderr
 
 
 def test_runs_list_get_attempts_after_dev_once(shared: Shared) -> None:
@@ -539,8 +536,8 @@ def test_runs_get_missing_run_is_run_not_found(shared: Shared) -> None:
 
 def test_runs_list_rejects_ambiguous_dates(shared: Shared) -> None:
     result = shared("runs", "list", "--created-from", "05/01/2026")
-    assert result.exit_code == 1
-    assert "is not an ISO 8601 date" in result.stderr
+    assert result.exit_code == 2
+    assert "Error: Invalid value for '--created-from': '05/01/2026' is not an ISO 8601 date" in result.stderr
 
 
 def test_retry_rerun_cancel_prune_and_signal(shared: Shared) -> None:
@@ -623,7 +620,7 @@ def test_tick_every_is_a_maintenance_loop_that_stops_after_its_pass_on_sigterm(t
 
 def test_tick_every_refuses_a_bad_interval_and_a_process_local_lane(tmp_path: Path) -> None:
     bad = cli(make_project(tmp_path / "sqlite", lane="sqlite"), "tick", "--every", "forever")
-    assert bad.returncode == 1 and bad.stderr.startswith("error[configuration_invalid]: Invalid --every 'forever'")
+    assert bad.returncode == 2 and "Error: Invalid value for '--every': 'forever' is not valid" in bad.stderr
     local = cli(make_project(tmp_path / "local"), "tick", "--every", "1s")
     assert local.returncode == 1
     assert "`runlane dev` already ticks that lane" in local.stderr

@@ -109,3 +109,56 @@ def test_every_repeatable_option_takes_several_values_and_says_so() -> None:
                 checked.append(f"{path} {param.opts[0]}")
     assert {"runlane runs list --status", "runlane prune --status", "runlane work --queue", "runlane dev --queue",
             "runlane runs list --task", "runlane runs list --queue"} <= set(checked)  # fmt: skip
+
+
+MALFORMED = [
+    (("runs", "list", "--created-from", "05/01/2026"), "--created-from", "'05/01/2026' is not an ISO 8601 date"),
+    (("runs", "list", "--run-at-to", "yesterday"), "--run-at-to", "'yesterday' is not an ISO 8601 date"),
+    (("runs", "list", "--limit", "abc"), "--limit", "valid integer"),
+    (("runs", "list", "--sort-by", "bogus"), "--sort-by", "'bogus'"),
+    (("prune", "--older-than", "30x"), "--older-than", "'30x' is not valid: use a number with a unit"),
+    (("observations", "trim", "--older-than", "0s"), "--older-than", "'0s' is not valid: it must be positive"),
+    (("trigger", "mail.send", "not-json"), "PAYLOAD_JSON", "not valid JSON"),
+    (("trigger", "mail.send", "{}", "--meta", "[1]"), "--meta", "must be a JSON object"),
+    (("trigger", "mail.send", "{}", "--idempotency-key-ttl", "forever"), "--idempotency-key-ttl", "use 'active' or"),
+    (("tick", "--every", "5x"), "--every", "'5x' is not valid"),
+    (("work", "--lease-duration", "soon"), "--lease-duration", "'soon' is not valid"),
+    (("work", "--empty-poll-delay", "-1s"), "--empty-poll-delay", "'-1s' is not valid"),
+    (("dev", "--tick-interval", "fast"), "--tick-interval", "'fast' is not valid"),
+]
+
+
+@pytest.mark.parametrize(("args", "flag", "problem"), MALFORMED, ids=[" ".join(case[0]) for case in MALFORMED])
+def test_a_malformed_value_is_a_usage_error_naming_its_option(
+    project: Path, args: tuple[str, ...], flag: str, problem: str
+) -> None:
+    for json_mode in (False, True):
+        result = cli(project, *(["--json"] if json_mode else []), *args, timeout=30)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stdout == ""
+        assert f"Try 'runlane {args[0]}" in result.stderr  # Click's usage hint, as for an unknown option
+        assert f"Error: Invalid value for '{flag}': " in result.stderr and problem in result.stderr, result.stderr
+        assert "error[" not in result.stderr and "Traceback" not in result.stderr
+
+
+COMBINATIONS = [
+    (("work", "--max-runs", "3"), "--max-runs applies only with --drain."),
+    (("work", "--drain", "--empty-poll-delay", "1s"), "--empty-poll-delay applies only without --drain."),
+    (("dev", "--max-runs", "3"), "--max-runs applies only with --once."),
+    (("dev", "--once", "--empty-poll-delay", "1s"), "--empty-poll-delay applies only without --once."),
+    (("runs", "list", "--created-from", "2026-05-02", "--created-to", "2026-05-01"), "--created-from is after"),
+]
+
+
+@pytest.mark.parametrize(("args", "problem"), COMBINATIONS, ids=[" ".join(case[0]) for case in COMBINATIONS])
+def test_options_that_do_not_go_together_are_a_usage_error(project: Path, args: tuple[str, ...], problem: str) -> None:
+    result = cli(project, *args, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and f"Error: {problem}" in result.stderr
+
+
+def test_errors_found_by_the_runtime_keep_exit_status_1(project: Path) -> None:
+    missing = cli(project, "--json", "runs", "get", "run_missing")
+    assert missing.returncode == 1 and json.loads(missing.stderr)["error"]["code"] == "run_not_found"
+    unknown = cli(project, "work", "--drain", "--queue", "nosuch")
+    assert unknown.returncode == 1 and unknown.stderr.startswith("error[configuration_invalid]: Queue 'nosuch'")

@@ -148,5 +148,5 @@ def test_dev_reload_child_stops_when_the_supervisor_is_killed(tmp_path: Path) ->
 def test_dev_reload_refuses_once(tmp_path: Path) -> None:
     root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
     result = cli(root, "dev", "--reload", "--once")
-    assert result.returncode == 1
-    assert result.stderr.startswith("error[configuration_invalid]: --reload applies only without --once.")
+    assert result.returncode == 2
+    assert result.stderr.endswith("Error: --reload applies only without --once.\n")

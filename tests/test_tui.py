@@ -406,8 +406,8 @@ def test_runlane_tui_refuses_a_process_local_lane_without_runlane_dev(dev_projec
 
 def test_runlane_tui_refuses_a_refresh_interval_it_cannot_keep(dev_project: Any) -> None:
     result = dev_project.cli("tui", "--refresh", "10ms")
-    assert result.returncode == 1
-    assert "--refresh must be at least 250ms" in result.stderr
+    assert result.returncode == 2
+    assert "Invalid value for '--refresh': must be at least 250ms, got '10ms'." in result.stderr
 
 
 def test_runlane_queues_counts_the_active_runs_of_each_queue(tmp_path: Path) -> None:

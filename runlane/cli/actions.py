@@ -1,6 +1,6 @@
 """Operator actions on runs: ``runlane retry``, ``rerun``, ``cancel`` and ``prune``.
 
-``prune --older-than`` is checked (a duration or ISO 8601 only) before the runtime is loaded.
+``prune --older-than`` is checked (a duration or ISO 8601 only) while the command line is parsed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import typer
 from ..core.pruning import PruneResult
 from ..models import Actor
 from ..vocabulary import ActorType, RunStatus
-from .main import OperationParams, guard, operation, run_operation
+from .main import OperationParams, operation, run_operation
 from .output import display_value, plural
 from .options import (
     MULTI_VALUE,
@@ -22,6 +22,7 @@ from .options import (
     MultiValueCommand,
     QueueOption,
     RunIdOption,
+    checked,
     parse_cutoff,
 )
 
@@ -156,7 +157,13 @@ def cancel(
 def prune(
     ctx: typer.Context,
     older_than: Annotated[
-        str, typer.Option("--older-than", help="A duration (30d) or ISO 8601 cutoff.", metavar="DURATION_OR_ISO")
+        str,
+        typer.Option(
+            "--older-than",
+            help="A duration (30d) or ISO 8601 cutoff.",
+            metavar="DURATION_OR_ISO",
+            callback=checked(lambda text, name: parse_cutoff(text)),
+        ),
     ],
     status: Annotated[
         list[RunStatus] | None,
@@ -171,7 +178,6 @@ def prune(
     ] = False,
 ) -> None:
     """Delete old terminal run history."""
-    guard(ctx, lambda: parse_cutoff(older_than))  # a bad cutoff fails before any runtime is loaded
     run_operation(
         ctx,
         "prune",

@@ -19,11 +19,10 @@ import typer
 
 from ..core.cancellation import CancellationController
 from ..durations import duration_ms
-from ..config import LoadedConfig
-from ..errors import ErrorCode, RunlaneError
 from ..vocabulary import WorkerMode
 from .main import COMMAND_LINE, configured_exporters, guard, load_cli_config, state_of, with_runtime
 from .options import (
+    DURATION,
     CancellationFinalizationLimit,
     ConcurrencyOption,
     DeliveryRequestLimit,
@@ -57,7 +56,11 @@ def dev(
     max_runs: MaxRunsOption = None,
     empty_poll_delay: EmptyPollDelayOption = None,
     tick_interval: str | None = typer.Option(
-        None, "--tick-interval", help="Maintenance interval (default [dev] tick_interval).", metavar="D"
+        None,
+        "--tick-interval",
+        help="Maintenance interval (default [dev] tick_interval).",
+        metavar="D",
+        callback=DURATION,
     ),
     schedule_materialization_limit: ScheduleMaterializationLimit = None,
     delivery_request_limit: DeliveryRequestLimit = None,
@@ -82,17 +85,13 @@ def dev(
         outbox_claim_limit,
     )
 
-    def check_options() -> float:
-        if once and empty_poll_delay is not None:
-            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--empty-poll-delay applies only without --once.")
-        if not once and max_runs is not None:
-            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--max-runs applies only with --once.")
-        if empty_poll_delay is not None:
-            duration_ms(empty_poll_delay, "--empty-poll-delay")
-        interval = tick_interval or load_cli_config(ctx).dev.tick_interval
-        return duration_ms(interval, "--tick-interval") / 1000
-
-    interval_s = guard(ctx, check_options)  # before any runtime, sink or loop exists
+    if once and empty_poll_delay is not None:
+        ctx.fail("--empty-poll-delay applies only without --once.")
+    if not once and max_runs is not None:
+        ctx.fail("--max-runs applies only with --once.")
+    # --tick-interval is checked by its callback, [dev] tick_interval by the config loader.
+    interval = tick_interval or guard(ctx, lambda: load_cli_config(ctx)).dev.tick_interval
+    interval_s = duration_ms(interval, "--tick-interval") / 1000
     worker_options: dict[str, Any] = {"queues": queue or None, "concurrency": concurrency, "worker_id": worker_id}
     # Unknown exporter names and invalid exporter options fail here, before a runtime or loop starts.
     exporters = guard(ctx, lambda: configured_exporters(load_cli_config(ctx)))
@@ -169,12 +168,9 @@ def _check_worker_options(runtime: Any, *, queues: list[str] | None, concurrency
 def _reload(ctx: typer.Context, once: bool) -> None:
     """Supervise ``runlane dev`` without ``--reload`` in a child process; never returns."""
 
-    def check() -> LoadedConfig:
-        if once:
-            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--reload applies only without --once.")
-        return load_cli_config(ctx)
-
-    config = guard(ctx, check)
+    if once:
+        ctx.fail("--reload applies only without --once.")
+    config = guard(ctx, lambda: load_cli_config(ctx))
     output = state_of(ctx).output
     if config.config.lane is not None and config.config.lane.use == "local":
         output.warn(

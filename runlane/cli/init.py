@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from ..config import RunlaneSection
 from ..errors import ErrorCode, RunlaneError
 from .main import guard, state_of
-from .options import MULTI_VALUE, MultiValueCommand
+from .options import MULTI_VALUE, MultiValueCommand, checked
 
 __all__ = ["app", "render_config"]
 
@@ -120,10 +120,21 @@ def init_config(
     ),
     tasks: Annotated[
         list[str] | None,
-        typer.Option("--tasks", help=f"Task module to import; {MULTI_VALUE}.", metavar="MODULE..."),
+        typer.Option(
+            "--tasks",
+            help=f"Task module to import; {MULTI_VALUE}.",
+            metavar="MODULE...",
+            callback=checked(lambda names, name: _check_section(tasks=list(names))),
+        ),
     ] = None,
     runtime: Annotated[
-        str | None, typer.Option("--runtime", help="Your runtime or factory as module:attribute.", metavar="MODULE:ATTR")
+        str | None,
+        typer.Option(
+            "--runtime",
+            help="Your runtime or factory as module:attribute.",
+            metavar="MODULE:ATTR",
+            callback=checked(lambda target, name: _check_section(runtime=target)),
+        ),
     ] = None,
     lane: Annotated[
         str,
@@ -134,17 +145,10 @@ def init_config(
     """Write a commented runlane.toml."""
     output = state_of(ctx).output
 
+    if runtime is not None and tasks:
+        ctx.fail("--runtime and --tasks exclude each other: the runtime factory registers its own tasks; pass one.")
+
     def prepare() -> str:
-        if runtime is not None and tasks:
-            raise RunlaneError(
-                ErrorCode.CONFIGURATION_INVALID,
-                "--runtime and --tasks exclude each other: the runtime factory registers its own tasks; pass one.",
-            )
-        try:
-            RunlaneSection(tasks=list(tasks or []), runtime=runtime)
-        except ValidationError as error:
-            problems = "; ".join(str(detail["msg"]).removeprefix("Value error, ") for detail in error.errors())
-            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"{problems}.") from None
         if path.exists() and not overwrite:
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
@@ -166,3 +170,12 @@ def init_config(
 
 def _raise(error: RunlaneError) -> None:
     raise error
+
+
+def _check_section(**fields: object) -> None:
+    """``[runlane]`` would accept these values (module names, a ``module:attribute`` runtime)."""
+    try:
+        RunlaneSection.model_validate(fields)
+    except ValidationError as error:
+        problems = "; ".join(str(detail["msg"]).removeprefix("Value error, ") for detail in error.errors())
+        raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"{problems}.") from None

@@ -46,6 +46,8 @@ __all__ = [
     "run",
     "run_operation",
     "state_of",
+    "usage_error",
+    "usage_guard",
     "with_runtime",
 ]
 
@@ -383,12 +385,27 @@ def require_shared_lane(runtime: Runlane, *, separately: str, dev_does: str, com
 
 
 def guard(ctx: typer.Context, check: Callable[[], T]) -> T:
-    """Run an argument check before any runtime exists; its ``RunlaneError`` exits 1 like any other."""
+    """Run a check of the configuration before any runtime exists; its ``RunlaneError`` exits 1 like any other."""
     try:
         return check()
     except RunlaneError as error:
         state_of(ctx).output.error(error)
         raise typer.Exit(1) from None
+
+
+def usage_guard(ctx: typer.Context, check: Callable[[], T]) -> T:
+    """Run a check of the command line alone (options that do not go together); its ``RunlaneError`` is a
+    usage error (exit 2), reported by Click like an unknown option. A malformed value of one option is
+    checked by its callback instead (``options.checked``), so Click names the option."""
+    try:
+        return check()
+    except RunlaneError as error:
+        ctx.fail(error.message)
+
+
+def usage_error(message: str) -> RunlaneError:
+    """A problem of the command line for ``usage_guard`` to report."""
+    return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message)
 
 
 def _version(value: bool) -> None:
@@ -408,7 +425,7 @@ def _root(
         bool,
         typer.Option(
             "--json",
-            help="Results and errors as JSON (long-running output as NDJSON); also accepted after the command.",
+            help="Results and Runlane errors as JSON (long-running output as NDJSON); also accepted after the command.",
         ),
     ] = False,
     version: Annotated[
@@ -420,6 +437,13 @@ def _root(
 
 
 COMMAND_LINE = "runlane.command_line"
+
+EXIT_STATUS = (
+    "Exit status: 0 success; 1 a Runlane error, printed with its code (error[run_not_found]: ..., or "
+    "{\"error\": ...} with --json); 2 a usage error: an unknown command or option, a missing or malformed "
+    "value (a date, duration or JSON the command line reads), or options that do not go together, "
+    "printed as text by the command line parser (also with --json)."
+)
 
 
 class _RootGroup(TyperGroup):
@@ -449,6 +473,7 @@ def build_app() -> typer.Typer:
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
         context_settings={"help_option_names": ["-h", "--help"]},
+        epilog=EXIT_STATUS,
     )
     root.callback()(_root)
     root.add_typer(init.app, name="init")

@@ -14,7 +14,7 @@ import typer
 from ..core.observations import ObservationTrimResult
 from ..core.pruning import resolve_older_than
 from .main import OperationParams, guard, load_cli_config, operation, run_operation
-from .options import MULTI_VALUE, MultiValueCommand, parse_cutoff
+from .options import MULTI_VALUE, MultiValueCommand, checked, parse_cutoff
 from .output import plural
 
 __all__ = ["app"]
@@ -49,7 +49,13 @@ async def _trim(runtime: Any, params: ObservationTrimParams) -> Any:
 def trim(
     ctx: typer.Context,
     older_than: Annotated[
-        str, typer.Option("--older-than", help="A duration (7d) or ISO 8601 cutoff.", metavar="DURATION_OR_ISO")
+        str,
+        typer.Option(
+            "--older-than",
+            help="A duration (7d) or ISO 8601 cutoff.",
+            metavar="DURATION_OR_ISO",
+            callback=checked(lambda text, name: parse_cutoff(text)),
+        ),
     ],
     consumer: Annotated[
         list[str] | None,
@@ -63,7 +69,6 @@ def trim(
     all_pages: Annotated[bool, typer.Option("--all", help="Call again until nothing old is left.")] = False,
 ) -> None:
     """Delete observation records recorded before a cutoff that every exporter has exported."""
-    guard(ctx, lambda: parse_cutoff(older_than))  # a bad cutoff fails before any runtime is loaded
     configured = guard(ctx, lambda: [entry.consumer for entry in load_cli_config(ctx).exporters])
     consumers = list(dict.fromkeys([*configured, *(consumer or [])]))
     run_operation(

@@ -2,14 +2,17 @@
 
 Also ``MultiValueCommand``, the command class that lets a repeatable option take several values after
 one flag (``--status succeeded cancelled``), and the small parsers that turn option text into runtime
-arguments (JSON objects, ISO dates, ``--older-than``). They raise ``configuration_invalid`` before any
-runtime is loaded, so bad input never costs a lane start. Nothing here prints or touches the runtime.
+arguments (JSON objects, ISO dates, durations, ``--older-than``). The parsers raise
+``configuration_invalid``; ``checked(parser)`` makes one an option callback, so a malformed value is a
+usage error (exit 2) reported as Click reports any bad value, before any runtime is loaded. Nothing
+here prints or touches the runtime.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,10 +20,12 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from ..durations import parse_duration
+from ..core.authoring import parse_idempotency_key_ttl
+from ..durations import duration_ms, parse_duration
 from ..errors import ErrorCode, RunlaneError
 
 __all__ = [
+    "DURATION",
     "MULTI_VALUE",
     "ActorIdOption",
     "ConcurrencyOption",
@@ -36,6 +41,9 @@ __all__ = [
     "RunIdOption",
     "TickLimits",
     "WorkerIdOption",
+    "check_duration",
+    "check_idempotency_key_ttl",
+    "checked",
     "parse_cutoff",
     "parse_iso_datetime",
     "parse_json",
@@ -96,6 +104,54 @@ def _is_option_like(token: str) -> bool:
     return token == "--" or (token.startswith("-") and len(token) > 1)
 
 
+# -- values checked while the command line is parsed ---------------------------------------------
+
+
+def checked(parse: Callable[[Any, str], object]) -> Callable[[Any, Any, Any], Any]:
+    """An option (or argument) callback: the value must pass ``parse(value, name)``.
+
+    A ``RunlaneError`` from ``parse`` becomes Click's bad-parameter usage error (exit 2): ``Invalid value
+    for '--older-than': '30x': use a number with a unit, ...``, in human and ``--json`` mode alike, as
+    for an out-of-range ``--limit``. The value is passed on unchanged; the command parses it where it uses
+    it (possibly in a ``runlane dev`` process).
+    """
+
+    def callback(ctx: Any, param: Any, value: Any) -> Any:
+        if value is None or ctx.resilient_parsing:
+            return value
+        name = param.opts[0] if param.param_type_name == "option" else str(param.name).upper()
+        try:
+            parse(value, name)
+        except RunlaneError as error:
+            problem = _about_the_value(error.message, name, value)
+            raise typer.BadParameter(problem, ctx=ctx, param_hint=f"'{name}'") from None
+        return value
+
+    return callback
+
+
+def _about_the_value(message: str, name: str, value: Any) -> str:
+    """A parser's message without the option name it starts with, which Click's ``for '--flag'`` names:
+    ``Invalid --every '5x': use ...`` becomes ``'5x' is not valid: use ...``."""
+    for prefix in (f"Invalid {name}: ", f"Invalid {name} ", f"{name} is ", f"{name} "):
+        if message.startswith(prefix):
+            message = message.removeprefix(prefix)
+            break
+    quoted = f"{value!r}: "
+    if message.startswith(quoted):
+        message = f"{value!r} is not valid: {message.removeprefix(quoted)}"
+    return message
+
+
+def check_duration(text: str, name: str) -> None:
+    """A Runlane duration such as ``500ms``, ``30s`` or ``7d``."""
+    duration_ms(text, name)
+
+
+DURATION = checked(check_duration)
+"""The callback of an option that takes a Runlane duration."""
+
+
 # -- shared option types ---------------------------------------------------------------------------
 
 QueueOption = Annotated[str | None, typer.Option("--queue", help="Override the queue.", metavar="Q")]
@@ -114,13 +170,17 @@ MaxRunsOption = Annotated[
 ]
 EmptyPollDelayOption = Annotated[
     str | None,
-    typer.Option("--empty-poll-delay", help="Poll sleep when no work is due (default 100ms).", metavar="D"),
+    typer.Option(
+        "--empty-poll-delay", help="Poll sleep when no work is due (default 100ms).", metavar="D", callback=DURATION
+    ),
 ]
 LeaseDurationOption = Annotated[
-    str | None, typer.Option("--lease-duration", help="Override the run lease duration.", metavar="D")
+    str | None,
+    typer.Option("--lease-duration", help="Override the run lease duration.", metavar="D", callback=DURATION),
 ]
 HeartbeatIntervalOption = Annotated[
-    str | None, typer.Option("--heartbeat-interval", help="Override the lease heartbeat interval.", metavar="D")
+    str | None,
+    typer.Option("--heartbeat-interval", help="Override the lease heartbeat interval.", metavar="D", callback=DURATION),
 ]
 WorkerIdOption = Annotated[
     str | None, typer.Option("--worker-id", help="Worker identity recorded on leases (diagnostics).", metavar="ID")
@@ -221,6 +281,11 @@ def parse_iso_datetime(text: str, what: str) -> datetime:
 
 
 _NUMBER_FIRST = re.compile(r"[-+]?\.?\d")
+
+
+def check_idempotency_key_ttl(text: str, name: str) -> None:
+    """``active`` or a Runlane duration."""
+    parse_idempotency_key_ttl(text, name)
 
 
 def parse_cutoff(text: str) -> str | datetime:

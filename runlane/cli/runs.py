@@ -1,6 +1,6 @@
 """``runlane runs list|get|attempts``: operator reads through ``runlane.runs``.
 
-Dates are parsed (ISO 8601 only) before the runtime is loaded.
+Dates are parsed (ISO 8601 only) while the command line is, so a malformed one is a usage error.
 """
 
 from __future__ import annotations
@@ -14,9 +14,17 @@ from ..core.store import run_not_found
 from ..errors import ErrorCode, RunlaneError
 from ..storage.operator import TimeRange
 from ..vocabulary import RunEventSortField, RunSortField, RunStatus, SortDirection
-from .main import OperationParams, guard, operation, run_operation
+from .main import OperationParams, operation, run_operation, usage_guard
 from .output import display_value, plural
-from .options import MULTI_VALUE, CursorOption, LimitOption, MultiValueCommand, QueuesOption, parse_iso_datetime
+from .options import (
+    MULTI_VALUE,
+    CursorOption,
+    LimitOption,
+    MultiValueCommand,
+    QueuesOption,
+    checked,
+    parse_iso_datetime,
+)
 
 __all__ = ["app"]
 
@@ -26,7 +34,7 @@ RunIdArgument = Annotated[str, typer.Argument(help="The run id.", metavar="RUN_I
 
 
 def _date_option(flag: str, help_text: str) -> Any:
-    return typer.Option(flag, help=help_text, metavar="DATE")
+    return typer.Option(flag, help=help_text, metavar="DATE", callback=checked(parse_iso_datetime))
 
 
 def _range(start: str | None, end: str | None, start_flag: str, end_flag: str) -> TimeRange | None:
@@ -176,7 +184,7 @@ def list_runs(
         "sort_by": sort_by,
         "sort_direction": sort_direction,
     }
-    guard(ctx, lambda: _ranges(RunsListParams.model_validate(values)))  # bad dates fail before any runtime
+    usage_guard(ctx, lambda: _ranges(RunsListParams.model_validate(values)))  # a range ending before it starts
     run_operation(ctx, "runs list", **values)
 
 

@@ -16,9 +16,10 @@ import typer
 
 from ..durations import duration_ms
 from ..errors import RunlaneError
-from .main import OperationParams, guard, operation, require_shared_lane, run_operation, state_of, with_runtime
+from .main import OperationParams, operation, require_shared_lane, run_operation, state_of, with_runtime
 from .output import Output, forward_runtime_logs, tick_counts
 from .options import (
+    DURATION,
     CancellationFinalizationLimit,
     DeliveryRequestLimit,
     HealthFileOption,
@@ -88,7 +89,11 @@ async def tick_until_stopped(
 def tick(
     ctx: typer.Context,
     every: str | None = typer.Option(
-        None, "--every", metavar="D", help="Run a pass every D (such as 5s) until stopped, instead of once."
+        None,
+        "--every",
+        metavar="D",
+        help="Run a pass every D (such as 5s) until stopped, instead of once.",
+        callback=DURATION,
     ),
     schedule_materialization_limit: ScheduleMaterializationLimit = None,
     delivery_request_limit: DeliveryRequestLimit = None,
@@ -111,7 +116,7 @@ def tick(
     if every is None:
         run_operation(ctx, "tick", **limits)
         return
-    interval_s = guard(ctx, lambda: duration_ms(every, "--every")) / 1000
+    interval_s = duration_ms(every, "--every") / 1000  # checked by its callback already
     output = state_of(ctx).output
 
     async def body(runtime: Any) -> None:

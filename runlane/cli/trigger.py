@@ -12,9 +12,9 @@ import typer
 from ..errors import ErrorCode, RunlaneError
 from ..models import Actor
 from ..vocabulary import ActorType
-from .main import OperationParams, guard, operation, run_operation
+from .main import OperationParams, operation, run_operation
 from .output import trigger_summary
-from .options import ActorIdOption, QueueOption, RunIdOption, parse_json
+from .options import ActorIdOption, QueueOption, RunIdOption, check_idempotency_key_ttl, checked, parse_json
 
 __all__ = ["app"]
 
@@ -78,7 +78,12 @@ def trigger(
     ctx: typer.Context,
     task_id: Annotated[str, typer.Argument(help="Task id registered in the runtime.", metavar="TASK_ID")],
     payload_json: Annotated[
-        str | None, typer.Argument(help="Payload as JSON (omit when the task takes none).", metavar="[PAYLOAD_JSON]")
+        str | None,
+        typer.Argument(
+            help="Payload as JSON (omit when the task takes none).",
+            metavar="[PAYLOAD_JSON]",
+            callback=checked(parse_json),
+        ),
     ] = None,
     queue: QueueOption = None,
     run_id: RunIdOption = None,
@@ -87,7 +92,12 @@ def trigger(
     ] = None,
     idempotency_key_ttl: Annotated[
         str | None,
-        typer.Option("--idempotency-key-ttl", help="Terminal owner retention: a duration or 'active'.", metavar="D"),
+        typer.Option(
+            "--idempotency-key-ttl",
+            help="Terminal owner retention: a duration or 'active'.",
+            metavar="D",
+            callback=checked(check_idempotency_key_ttl),
+        ),
     ] = None,
     singleton_key: Annotated[
         str | None, typer.Option("--singleton-key", help="Prevent overlapping active runs.", metavar="K")
@@ -96,13 +106,19 @@ def trigger(
         str | None, typer.Option("--concurrency-key", help="Partition bounded queue capacity.", metavar="K")
     ] = None,
     meta: Annotated[
-        str | None, typer.Option("--meta", help="JSON object stored on the creation event.", metavar="JSON")
+        str | None,
+        typer.Option(
+            "--meta",
+            help="JSON object stored on the creation event.",
+            metavar="JSON",
+            callback=checked(lambda text, name: parse_json(text, name, require_object=True)),
+        ),
     ] = None,
     actor_id: ActorIdOption = None,
 ) -> None:
     """Create one durable run for TASK_ID."""
-    payload: Any = guard(ctx, lambda: parse_json(payload_json, "PAYLOAD_JSON"))
-    meta_value = guard(ctx, lambda: parse_json(meta, "--meta", require_object=True))
+    payload: Any = parse_json(payload_json, "PAYLOAD_JSON")  # both checked by their callbacks already
+    meta_value = parse_json(meta, "--meta", require_object=True)
     run_operation(
         ctx,
         "trigger",

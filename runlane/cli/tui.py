@@ -14,6 +14,7 @@ import typer
 from ..durations import duration_ms
 from ..errors import ErrorCode, RunlaneError
 from .main import guard, invoke, load_cli_config, open_runtime
+from .options import checked
 
 __all__ = ["app"]
 
@@ -46,11 +47,17 @@ def _dashboard_module() -> object:
 def tui(
     ctx: typer.Context,
     refresh: Annotated[
-        str, typer.Option("--refresh", help="How often the open screen reloads (at least 250ms).", metavar="D")
+        str,
+        typer.Option(
+            "--refresh",
+            help="How often the open screen reloads (at least 250ms).",
+            metavar="D",
+            callback=checked(lambda text, name: _refresh_seconds(text)),
+        ),
     ] = "2s",
 ) -> None:
     """Open the dashboard: queues, the newest runs and run details, live; cancel, retry and rerun runs."""
-    interval = guard(ctx, lambda: _refresh_seconds(refresh))
+    interval = _refresh_seconds(refresh)  # checked by its callback already
     dashboard = guard(ctx, _dashboard_module)
 
     async def main() -> None:

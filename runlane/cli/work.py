@@ -14,7 +14,6 @@ from typing import Any
 
 import typer
 
-from ..errors import ErrorCode, RunlaneError
 from ..vocabulary import WorkerMode
 from .main import on_stop_signals, state_of, with_runtime
 from .options import (
@@ -142,12 +141,12 @@ def work(
 ) -> None:
     """Run a storage-polling worker (until stopped), or drain due work with --drain."""
     output = state_of(ctx).output
+    if max_runs is not None and not drain:
+        ctx.fail("--max-runs applies only with --drain.")
+    if empty_poll_delay is not None and drain:
+        ctx.fail("--empty-poll-delay applies only without --drain.")
 
     async def body(runtime: Any) -> int:
-        if max_runs is not None and not drain:
-            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--max-runs applies only with --drain.")
-        if empty_poll_delay is not None and drain:
-            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "--empty-poll-delay applies only without --drain.")
         with StopOnSignals(output) as stop:
             return await run_worker(
                 runtime,
