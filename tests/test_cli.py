@@ -2,8 +2,7 @@
 
 End-to-end flows run the installed console script in a subprocess inside a temporary project. Flows
 that need state shared between commands (trigger, then list, execute, inspect) run the real app with
-Typer's ``CliRunner`` in this process, over a config whose runtime factory reuses one in-memory lane:
-a ``local`` lane in a separate process would start empty every time.
+Typer's ``CliRunner`` in this process, over a config whose runtime factory opens one SQLite file.
 """
 
 from __future__ import annotations
@@ -253,7 +252,8 @@ def test_trigger_invalid_payload_json_is_a_clear_error(project: Path) -> None:
 def test_unknown_task_is_reported_with_its_code(project: Path) -> None:
     result = cli(project, "--json", "trigger", "nope.task")
     assert result.returncode == 1
-    assert json.loads(result.stderr)["error"]["code"] == "task_not_found"
+    # The last stderr line is the error; the local lane without `runlane dev` is warned about before it.
+    assert json.loads(result.stderr.splitlines()[-1])["error"]["code"] == "task_not_found"
 
 
 def test_missing_config_is_an_error_not_a_traceback(tmp_path: Path) -> None:
@@ -356,13 +356,13 @@ def test_usage_errors_exit_2(project: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# In process: one shared in-memory lane behind a runtime factory
+# In process: one SQLite file behind a runtime factory
 
 RUNTIME_MODULE = """
 from runlane import Retry, create_runlane, queue, task
-from runlane_local import local_lane
+from runlane_local import sqlite_lane
 
-LANE = local_lane()
+DATABASE = {database!r}
 emails = queue("emails", default=True)
 other = queue("other", concurrency_limit=2)
 
@@ -378,17 +378,18 @@ def broken(payload: dict) -> None:
 
 
 def make_runtime():
-    return create_runlane(lane=LANE, queues=[emails, other], tasks=[send_welcome, broken], environment="test")
+    lane = sqlite_lane(DATABASE)
+    return create_runlane(lane=lane, queues=[emails, other], tasks=[send_welcome, broken], environment="test")
 """
 
 
 class Shared:
-    """Invoke the app in process against a project whose runtime factory shares one lane."""
+    """Invoke the app in process against a project whose runtime factory opens one SQLite file."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.module = f"cli_shared_{uuid.uuid4().hex}"
-        write(root / f"{self.module}.py", RUNTIME_MODULE)
+        write(root / f"{self.module}.py", RUNTIME_MODULE.replace("{database!r}", repr(str(root / "runlane.db"))))
         write(root / "runlane.toml", f'[runlane]\nruntime = "{self.module}:make_runtime"\n')
         self.runner = CliRunner()
 

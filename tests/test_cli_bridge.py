@@ -25,7 +25,7 @@ import pytest
 from runlane.cli import bridge
 from runlane.cli.bridge import COMMAND_PATH, MAX_REQUEST_BYTES, read_session, session_path
 
-from cli_support import Project, command, make_project, post, running_dev, wait_for
+from cli_support import Project, cli, command, make_project, post, running_dev, wait_for
 
 
 TASKS = """
@@ -127,7 +127,8 @@ def test_kill_9_leaves_a_stale_session_that_the_next_command_removes(
 
     missing = project.cli("--json", "runs", "get", "run_anything")
     assert missing.returncode == 1
-    assert json.loads(missing.stderr)["error"]["code"] == "run_not_found"
+    warning, error = [json.loads(line) for line in missing.stderr.splitlines()]
+    assert warning["warning"]["code"] == "process_local_lane" and error["error"]["code"] == "run_not_found"
     assert "Traceback" not in missing.stderr
 
 
@@ -250,3 +251,26 @@ def test_dev_rejects_an_unknown_queue_before_it_ticks_or_serves(project: Project
     error = json.loads(result.stderr)["error"]
     assert error["code"] == "configuration_invalid" and "'nosuch' is not registered" in error["message"]
     assert not list((project.tmpdir / "runlane-dev").glob("*.json"))
+
+
+def test_stateful_commands_warn_when_a_process_local_lane_has_no_dev_session(project: Project) -> None:
+    triggered = project.cli("trigger", "emails.welcome", '{"user_id": "u1"}')
+    assert triggered.returncode == 0 and "✓ created run_" in triggered.stdout
+    warning = triggered.stderr.strip()
+    assert warning.startswith("warning: the 'local' lane keeps runs in this process only and no `runlane dev` is ")
+    assert "Start `runlane dev` in another terminal" in warning and "sqlite lane" in warning
+
+    listed = project.cli("--json", "runs", "list")
+    assert listed.returncode == 0 and json.loads(listed.stdout)["data"] == []
+    assert json.loads(listed.stderr)["warning"]["code"] == "process_local_lane"
+
+    # Proxied into a live dev session, the same commands share its state and say nothing of the kind.
+    with running_dev(project, "--tick-interval", "1s"):
+        proxied = project.cli("trigger", "emails.welcome", '{"user_id": "u2"}')
+        assert proxied.returncode == 0 and proxied.stderr == ""
+
+
+def test_a_shared_lane_gets_no_process_local_warning(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "proj", TASKS, lane="sqlite")
+    result = cli(root, "trigger", "emails.welcome", '{"user_id": "u1"}')
+    assert result.returncode == 0 and result.stderr == ""

@@ -365,11 +365,21 @@ def run_operation(ctx: typer.Context, name: str, **values: Any) -> None:
         if await proxy(config.path, op, params, state.output):
             return True, None
         async with open_runtime(ctx) as runtime:
+            if runtime.lane.capabilities.process_local:
+                state.output.warning("process_local_lane", _alone_on_a_process_local_lane(runtime, config))
             return False, await op.call(runtime, params)
 
     proxied, result = invoke(ctx, main)
     if not proxied:
         op.render(state.output, params, result)
+
+
+def _alone_on_a_process_local_lane(runtime: Runlane, config: LoadedConfig) -> str:
+    return (
+        f"the {runtime.lane.name!r} lane keeps runs in this process only and no `runlane dev` is running for "
+        f"{config.path.name}: this command ran on an empty lane that is gone when it exits. Start `runlane dev` "
+        "in another terminal so commands share its state, or use the sqlite lane."
+    )
 
 
 def require_shared_lane(runtime: Runlane, *, separately: str, dev_does: str, command: str) -> None:

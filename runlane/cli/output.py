@@ -212,6 +212,15 @@ class Output:
         """A diagnostic for humans; always stderr, never part of a result."""
         self.stderr.print(Text(text, style="yellow"))
 
+    def warning(self, code: str, text: str) -> None:
+        """A warning about how the command ran (not its result): ``warning: ...`` on stderr, or with
+        ``--json`` one ``{"warning": {"code", "message"}}`` line there, beside any error document."""
+        if self.json:
+            self._err.write(_dumps({"warning": {"code": code, "message": text}}) + "\n")
+            self._err.flush()
+            return
+        self.stderr.print(Text(f"warning: {text}", style="yellow"))
+
     def log(self, record: logging.LogRecord) -> None:
         """One log record of the runtime (a failed attempt, a storage outage): stderr, as a timestamped
         line with its traceback below, or one JSON object with ``--json``."""
