@@ -277,7 +277,7 @@ def test_prune_rejects_ambiguous_dates_before_loading_a_runtime(tmp_path: Path) 
     [
         ("0s", "'0s' is not valid: it must be positive."),
         ("30 d", "'30 d' is not valid: use a number with a unit, such as"),
-        ("last week", "'last week' is neither a duration (30d, 12h) nor an ISO 8601 date-time"),
+        ("last week", "'last week' is neither a duration (30d, 12h) nor an ISO 8601 date or date-time"),
     ],
 )
 def test_prune_says_what_is_wrong_with_a_cutoff_meant_as_a_duration(shared: Shared, cutoff: str, message: str) -> None:

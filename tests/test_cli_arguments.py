@@ -162,3 +162,33 @@ def test_errors_found_by_the_runtime_keep_exit_status_1(project: Path) -> None:
     assert missing.returncode == 1 and json.loads(missing.stderr)["error"]["code"] == "run_not_found"
     unknown = cli(project, "work", "--drain", "--queue", "nosuch")
     assert unknown.returncode == 1 and unknown.stderr.startswith("error[configuration_invalid]: Queue 'nosuch'")
+
+
+def test_older_than_names_both_forms_it_takes_for_a_value_that_is_neither(project: Path) -> None:
+    result = cli(project, "prune", "--older-than", "05/01/2026")
+    assert result.returncode == 2
+    assert (
+        "Error: Invalid value for '--older-than': '05/01/2026' is neither a duration (30d, 12h) "
+        "nor an ISO 8601 date or date-time (2026-05-01, 2026-05-01T00:00:00Z)."
+    ) in result.stderr
+    # A value meant as a duration still hears what is wrong with it as one.
+    assert "'30x' is not valid: use a number with a unit" in cli(project, "prune", "--older-than", "30x").stderr
+
+
+def test_runs_get_pages_events_only_with_events(project: Path) -> None:
+    run_id = json.loads(cli(project, "--json", "trigger", "mail.send", "{}").stdout)["run"]["id"]
+    for args in (("--cursor", "abc"), ("--limit", "5")):
+        result = cli(project, "runs", "get", run_id, *args)
+        assert result.returncode == 2 and result.stdout == ""
+        assert "Error: --cursor and --limit page the event history: pass them with --events." in result.stderr
+    paged = cli(project, "--json", "runs", "get", run_id, "--events", "--limit", "1")
+    assert paged.returncode == 0, paged.stderr
+    assert len(json.loads(paged.stdout)["events"]["data"]) == 1
+
+
+def test_init_config_accepts_only_an_installed_lane(tmp_path: Path) -> None:
+    result = cli(tmp_path, "init", "config", "--lane", "nosuch")
+    assert result.returncode == 2
+    assert "Error: Invalid value for '--lane': Unknown lane 'nosuch'; installed lanes: " in result.stderr
+    assert "local (plugin " in result.stderr and "sqlite (plugin " in result.stderr
+    assert not (tmp_path / "runlane.toml").exists()

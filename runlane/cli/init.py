@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from ..config import RunlaneSection
 from ..errors import ErrorCode, RunlaneError
+from ..plugins.manager import get_registries
 from .main import guard, state_of
 from .options import MULTI_VALUE, MultiValueCommand, checked
 
@@ -138,7 +139,12 @@ def init_config(
     ] = None,
     lane: Annotated[
         str,
-        typer.Option("--lane", help="Lane provider name (sqlite: durable single-machine default).", metavar="NAME"),
+        typer.Option(
+            "--lane",
+            help="Lane provider name, one a plugin installed here provides (sqlite: durable single-machine default).",
+            metavar="NAME",
+            callback=checked(lambda name, flag: get_registries().lanes.get(name)),
+        ),
     ] = "sqlite",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing file.")] = False,
 ) -> None:

@@ -280,7 +280,8 @@ def parse_iso_datetime(text: str, what: str) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-_NUMBER_FIRST = re.compile(r"[-+]?\.?\d")
+# A number with or without a unit ('30x', '0s', '30 d'): a duration with something wrong in it.
+_DURATION_LIKE = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)\s*[a-z]*", re.IGNORECASE)
 
 
 def check_idempotency_key_ttl(text: str, name: str) -> None:
@@ -296,10 +297,11 @@ def parse_cutoff(text: str) -> str | datetime:
     try:
         parse_duration(candidate, "--older-than")
     except RunlaneError:
-        if _NUMBER_FIRST.match(candidate):
+        if _DURATION_LIKE.fullmatch(candidate):
             raise  # meant as a duration ('0s', '30 d'): its own message says what is wrong with it
         raise _invalid(
-            f"--older-than {text!r} is neither a duration (30d, 12h) nor an ISO 8601 date-time (2026-05-01T00:00:00Z).",
+            f"--older-than {text!r} is neither a duration (30d, 12h) nor an ISO 8601 date or date-time "
+            "(2026-05-01, 2026-05-01T00:00:00Z).",
             argument="--older-than",
         ) from None
     return candidate

@@ -193,10 +193,16 @@ def get_run(
     ctx: typer.Context,
     run_id: RunIdArgument,
     events: Annotated[bool, typer.Option("--events", help="Include the run's event history.")] = False,
-    cursor: CursorOption = None,
-    limit: LimitOption = None,
+    cursor: Annotated[
+        str | None, typer.Option("--cursor", help="Continue a previous page of events (with --events).", metavar="C")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Bound the number of events (with --events).", metavar="N")
+    ] = None,
 ) -> None:
     """Show one run (and its event history with --events)."""
+    if not events and (cursor is not None or limit is not None):
+        ctx.fail("--cursor and --limit page the event history: pass them with --events.")
     run_operation(ctx, "runs get", run_id=run_id, events=events, cursor=cursor, limit=limit)
 
 
