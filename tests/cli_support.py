@@ -63,9 +63,13 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def cli(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(
+    cwd: Path, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``runlane`` in ``cwd``; ``env`` adds to (or overrides) the environment."""
     assert RUNLANE is not None, "the runlane console script is not installed; run pip install -e ."
-    return subprocess.run([RUNLANE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=cli_env())
+    environment = {**cli_env(), **(env or {})}
+    return subprocess.run([RUNLANE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=environment)
 
 
 def ndjson(text: str) -> list[dict[str, Any]]:

@@ -172,13 +172,73 @@ def test_plugins_list_json(tmp_path: Path) -> None:
     assert by_name["local"]["provides"]["lanes"] == ["local", "sqlite"]
     assert by_name["local"]["distribution"] == "runlane-local"
     assert by_name["runlane.plugins.defaults"]["version"] == "0.1.0"
-    assert document["failures"] == []
+    # The commands a plugin adds are listed with what it provides.
+    assert by_name["postgres"]["provides"]["commands"] == ["postgres"]
+    assert by_name["sqs"]["provides"]["commands"] == ["sqs"]
+    assert document["failures"] == [] and document["collisions"] == []
 
 
 def test_plugins_list_human(tmp_path: Path) -> None:
     result = cli(tmp_path, "plugins", "list")
     assert result.returncode == 0, result.stderr
     assert "runlane-local" in result.stdout and "lanes: local" in result.stdout
+    assert "commands: postgres" in result.stdout
+
+
+def test_plugins_list_survives_a_plugin_that_fails_to_register_and_a_name_two_plugins_register(
+    tmp_path: Path,
+) -> None:
+    site = tmp_path / "site"
+    write(
+        site / "clash_plugins.py",
+        """
+from pydantic import BaseModel, ConfigDict
+from runlane.plugins import hookimpl
+from runlane.plugins.registries import LaneProvider
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Clash:
+    @hookimpl
+    def register_lanes(self, register):
+        register(LaneProvider("sqlite", Options, lambda options, context: None))
+
+
+class Broken:
+    @hookimpl
+    def register_lanes(self, register):
+        raise RuntimeError("the plugin's own bug")
+
+
+clash = Clash()
+broken = Broken()
+""",
+    )
+    write(
+        site / "clash_tasks.py",
+        "from runlane import queue\n\ndefault = queue('default', default=True)\n",
+    )
+    dist = site / "clash_plugins-1.0.dist-info"
+    write(dist / "METADATA", "Metadata-Version: 2.1\nName: clash-plugins\nVersion: 1.0\n")
+    write(dist / "entry_points.txt", "[runlane]\nclash = clash_plugins:clash\nbroken = clash_plugins:broken\n")
+    env = {"PYTHONPATH": str(site)}
+    listed = cli(tmp_path, "--json", "plugins", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    document = json.loads(listed.stdout)
+    assert [failure["name"] for failure in document["failures"]] == ["broken"]
+    assert document["collisions"] == [
+        "the lane 'sqlite' is registered by plugins 'local' and 'clash'; selecting it fails"
+    ]
+    # A configuration that does not select the ambiguous name still works; one that does names both plugins.
+    write(tmp_path / "runlane.toml", '[runlane]\ntasks = ["clash_tasks"]\n\n[lane]\nuse = "local"\n')
+    assert cli(tmp_path, "runs", "list", env=env).returncode == 0
+    write(tmp_path / "runlane.toml", '[runlane]\ntasks = ["clash_tasks"]\n\n[lane]\nuse = "sqlite"\npath = "x.db"\n')
+    chosen = cli(tmp_path, "runs", "list", env=env)
+    assert chosen.returncode == 1 and "plugin 'local' and plugin 'clash'" in chosen.stderr
+    assert "Traceback" not in chosen.stderr
 
 
 def test_dev_once_materializes_and_executes_a_scheduled_run(project: Path) -> None:

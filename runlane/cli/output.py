@@ -422,12 +422,15 @@ class Output:
         for run in runs:
             self.line(f"  {run.id}  {run.task_id}  {display_value(run.status)}")
 
-    def plugins_table(self, plugins: Sequence[Any], failures: Sequence[Any] = ()) -> None:
+    def plugins_table(
+        self, plugins: Sequence[Any], failures: Sequence[Any] = (), collisions: Sequence[str] = ()
+    ) -> None:
         if self.json:
             self.emit_json(
                 {
                     "plugins": [plugin.to_json() for plugin in plugins],
                     "failures": [dataclasses.asdict(failure) for failure in failures],
+                    "collisions": list(collisions),
                 }
             )
             return
@@ -440,6 +443,8 @@ class Output:
         self.stdout.print(table)
         for failure in failures:
             self.warn(f"skipped plugin {failure.name!r}: {failure.error}")
+        for collision in collisions:
+            self.warn(collision)
 
     def file_written(self, path: str, *, overwritten: bool) -> None:
         if self.json:

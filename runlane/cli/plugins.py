@@ -1,10 +1,14 @@
-"""``runlane plugins list``: installed plugins, their versions and what each provides. Loads no runtime."""
+"""``runlane plugins list``: installed plugins, their versions and what each provides (lanes, drivers,
+transports, exporters, task modules, observers and CLI commands). Loads no runtime."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import typer
 
-from ..plugins.manager import get_plugin_failures, get_plugins
+from ..plugins.manager import get_plugin_failures, get_plugins, get_registries, pm
 from .main import invoke, state_of
 
 __all__ = ["app"]
@@ -20,4 +24,44 @@ def list_plugins(ctx: typer.Context) -> None:
         return get_plugins()
 
     plugins = invoke(ctx, main)
-    state_of(ctx).output.plugins_table(plugins, get_plugin_failures())
+    commands = _commands_by_plugin()
+    plugins = [
+        dataclasses.replace(plugin, provides={**plugin.provides, "commands": commands[plugin.name]})
+        if commands.get(plugin.name)
+        else plugin
+        for plugin in plugins
+    ]
+    state_of(ctx).output.plugins_table(plugins, get_plugin_failures(), _collisions())
+
+
+def _commands_by_plugin() -> dict[str, list[str]]:
+    """The commands and command groups each plugin adds through ``register_commands``, found by letting
+    it register them on a scratch app."""
+    found: dict[str, list[str]] = {}
+    for impl in pm.hook.register_commands.get_hookimpls():
+        scratch = typer.Typer()
+        try:
+            impl.function(*(scratch for _ in impl.argnames))
+        except Exception:  # noqa: BLE001 - the real registration reports it; listing must not fail
+            continue
+        names = [_command_name(info) for info in scratch.registered_commands]
+        names += [info.name or getattr(info.typer_instance.info, "name", None) for info in scratch.registered_groups]
+        found[impl.plugin_name] = sorted(name for name in names if isinstance(name, str) and name)
+    return found
+
+
+def _command_name(info: Any) -> str | None:
+    if info.name:
+        return str(info.name)
+    callback = info.callback
+    return None if callback is None else callback.__name__.replace("_", "-")
+
+
+def _collisions() -> list[str]:
+    registries = get_registries()
+    notes = []
+    for registry in (registries.lanes, registries.storage_drivers, registries.transports, registries.exporters):
+        for name, plugins in sorted(registry.collisions.items()):
+            owners = " and ".join(repr(plugin) for plugin in plugins)
+            notes.append(f"the {registry.kind} {name!r} is registered by plugins {owners}; selecting it fails")
+    return notes
