@@ -697,3 +697,29 @@ def test_dev_loop_ticks_executes_and_stops_cooperatively_on_sigint(project: Path
     assert records[0]["type"] == "dev_started" and records[0]["process_local"] is True
     assert [r["run"]["status"] for r in records if r["type"] == "run"] == ["succeeded"]
     assert [r["type"] for r in records[-2:]] == ["stopping", "worker_stopped"]
+
+
+BOUNDED_TASKS = """
+from runlane import queue, task
+
+default = queue("default", default=True)
+gateway = queue("gateway", concurrency_limit=3)
+
+
+@task("gateway.call", queue=gateway)
+def call(payload: dict) -> None:
+    return None
+"""
+
+
+def test_tick_dispatch_reservation_limit_bounds_the_reservations_of_one_pass(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "proj", BOUNDED_TASKS, lane="sqlite")
+    for n in range(3):
+        assert cli(root, "trigger", "gateway.call", json.dumps({"n": n})).returncode == 0
+    limited = cli(root, "--json", "tick", "--dispatch-reservation-limit", "1")
+    assert limited.returncode == 0, limited.stderr
+    assert json.loads(limited.stdout)["tick"]["dispatch_reserved"] == 1
+    rest = cli(root, "--json", "tick")
+    assert json.loads(rest.stdout)["tick"]["dispatch_reserved"] == 2
+    refused = cli(root, "tick", "--dispatch-reservation-limit", "0")
+    assert refused.returncode == 2 and "--dispatch-reservation-limit" in refused.stderr

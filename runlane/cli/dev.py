@@ -26,6 +26,7 @@ from .options import (
     CancellationFinalizationLimit,
     ConcurrencyOption,
     DeliveryRequestLimit,
+    DispatchReservationLimit,
     EmptyPollDelayOption,
     HealthFileOption,
     MaxRunsOption,
@@ -67,6 +68,7 @@ def dev(
     cancellation_finalization_limit: CancellationFinalizationLimit = None,
     timeout_finalization_limit: TimeoutFinalizationLimit = None,
     outbox_claim_limit: OutboxClaimLimit = None,
+    dispatch_reservation_limit: DispatchReservationLimit = None,
     worker_id: WorkerIdOption = None,
     reload: bool = typer.Option(
         False, "--reload", help="Restart when a *.py file under the config's directory or the config changes."
@@ -83,6 +85,7 @@ def dev(
         cancellation_finalization_limit,
         timeout_finalization_limit,
         outbox_claim_limit,
+        dispatch_reservation_limit,
     )
 
     if once and empty_poll_delay is not None:

@@ -213,6 +213,12 @@ TimeoutFinalizationLimit = Annotated[
 OutboxClaimLimit = Annotated[
     int | None, typer.Option("--outbox-claim-limit", min=1, help="Bound outbox rows claimed.", metavar="N")
 ]
+DispatchReservationLimit = Annotated[
+    int | None,
+    typer.Option(
+        "--dispatch-reservation-limit", min=1, help="Bound bounded-queue capacity reservations.", metavar="N"
+    ),
+]
 
 
 class TickLimits(dict[str, int]):
@@ -226,6 +232,7 @@ class TickLimits(dict[str, int]):
         cancellation_finalization_limit: int | None,
         timeout_finalization_limit: int | None,
         outbox_claim_limit: int | None,
+        dispatch_reservation_limit: int | None = None,
     ) -> TickLimits:
         given = {
             "schedule_materialization_limit": schedule_materialization_limit,
@@ -233,6 +240,7 @@ class TickLimits(dict[str, int]):
             "cancellation_finalization_limit": cancellation_finalization_limit,
             "timeout_finalization_limit": timeout_finalization_limit,
             "outbox_claim_limit": outbox_claim_limit,
+            "dispatch_reservation_limit": dispatch_reservation_limit,
         }
         return cls({name: value for name, value in given.items() if value is not None})
 

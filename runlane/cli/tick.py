@@ -22,6 +22,7 @@ from .options import (
     DURATION,
     CancellationFinalizationLimit,
     DeliveryRequestLimit,
+    DispatchReservationLimit,
     HealthFileOption,
     OutboxClaimLimit,
     ScheduleMaterializationLimit,
@@ -41,6 +42,7 @@ class TickParams(OperationParams):
     cancellation_finalization_limit: int | None = None
     timeout_finalization_limit: int | None = None
     outbox_claim_limit: int | None = None
+    dispatch_reservation_limit: int | None = None
 
 
 @operation(
@@ -100,6 +102,7 @@ def tick(
     cancellation_finalization_limit: CancellationFinalizationLimit = None,
     timeout_finalization_limit: TimeoutFinalizationLimit = None,
     outbox_claim_limit: OutboxClaimLimit = None,
+    dispatch_reservation_limit: DispatchReservationLimit = None,
     health_file: HealthFileOption = None,
 ) -> None:
     """Run one maintenance pass: schedules, recovery, cancellations, timeouts, outbox.
@@ -112,6 +115,7 @@ def tick(
         cancellation_finalization_limit,
         timeout_finalization_limit,
         outbox_claim_limit,
+        dispatch_reservation_limit,
     )
     if every is None:
         run_operation(ctx, "tick", **limits)
