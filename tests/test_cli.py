@@ -723,3 +723,17 @@ def test_tick_dispatch_reservation_limit_bounds_the_reservations_of_one_pass(tmp
     assert json.loads(rest.stdout)["tick"]["dispatch_reserved"] == 2
     refused = cli(root, "tick", "--dispatch-reservation-limit", "0")
     assert refused.returncode == 2 and "--dispatch-reservation-limit" in refused.stderr
+
+
+def test_a_lane_option_mistake_in_pyproject_names_the_tool_runlane_table(tmp_path: Path) -> None:
+    write(tmp_path / "app_tasks.py", "from runlane import queue\n\ndefault = queue('default', default=True)\n")
+    write(
+        tmp_path / "pyproject.toml",
+        '[project]\nname = "app"\n\n[tool.runlane.runlane]\ntasks = ["app_tasks"]\n\n'
+        '[tool.runlane.lane]\nuse = "sqlite"\npth = "runlane.db"\n',
+    )
+    result = cli(tmp_path, "--json", "runs", "list")
+    assert result.returncode == 1
+    error = json.loads(result.stderr)["error"]
+    assert error["code"] == "configuration_invalid" and error["meta"]["table"] == "[tool.runlane.lane]"
+    assert "Invalid options in [tool.runlane.lane] for lane 'sqlite'" in error["message"] and "'pth'" in error["message"]

@@ -91,7 +91,7 @@ def load_cli_config(ctx: typer.Context) -> LoadedConfig:
 def _lane_factory(config: LoadedConfig, registries: Registries) -> Callable[[str, dict[str, Any]], Any]:
     def create(use: str, options: dict[str, Any]) -> Any:
         provider = registries.lanes.get(use)
-        validated = validate_options(provider, options)
+        validated = validate_options(provider, options, table=f"[{config.source.table_name('lane')}]")
         context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
         return provider.create(validated, context)
 
