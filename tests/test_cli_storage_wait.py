@@ -11,7 +11,7 @@ import signal
 import socket
 from pathlib import Path
 
-from cli_support import background, cli, make_project, run_json_until, write
+from cli_support import background, cli, make_project, run_json_until, wait_for, write
 
 TASKS = """
 from runlane import queue, task
@@ -78,3 +78,25 @@ def test_a_worker_started_before_postgres_runs_once_it_is_up(tmp_path: Path) -> 
         if not server.running:
             server.start_server()
     assert kinds[:3] == ["storage_waiting", "storage_available", "worker_started"], kinds
+
+
+def test_a_worker_reports_an_outage_in_its_own_words_only(tmp_path: Path) -> None:
+    from postgres_support import restartable_postgres_server
+
+    server, schema = restartable_postgres_server("quiet")
+    root = postgres_project(tmp_path / "project", f"{server.url}?schema={schema}")
+    log = tmp_path / "work.log"
+    try:
+        with background(root, "work", "--empty-poll-delay", "50ms", log=log) as worker:
+            worker.wait_for("worker_started")
+            server.stop_server(mode="fast")
+            wait_for(lambda: "storage failed (storage_unavailable" in log.read_text(), what="the outage reported")
+            server.start_server()
+            wait_for(lambda: "reachable again" in log.read_text(), timeout=60, what="the recovery reported")
+            assert worker.stop() == 0
+    finally:
+        if not server.running:
+            server.start_server()
+    text = log.read_text()
+    # The connection pool's own warnings (each failed reconnect, each discarded connection) stay out of it.
+    assert "error connecting in" not in text and "discarding" not in text, text

@@ -506,22 +506,30 @@ class _OutputHandler(logging.Handler):
 def forward_runtime_logs(output: Output) -> Iterator[None]:
     """Print the ``runlane`` loggers' records (info and up) through ``output`` while the block runs,
     unless the application configured logging itself (a handler on the root or ``runlane`` logger):
-    then its own handlers get them, as they would anywhere else."""
+    then its own handlers get them, as they would anywhere else.
+
+    The database driver's connection pool logs each failed reconnect and discarded connection as a
+    warning; Runlane reports an outage itself (once, and again when storage answers), so those are
+    kept to errors meanwhile."""
     logger = logging.getLogger("runlane")
     if logging.getLogger().handlers or logger.handlers:
         yield
         return
     handler = _OutputHandler(output)
     level, propagate = logger.level, logger.propagate
+    pool = logging.getLogger("psycopg.pool")
+    pool_level = pool.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+    pool.setLevel(max(pool_level, logging.ERROR))
     try:
         yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
         logger.propagate = propagate
+        pool.setLevel(pool_level)
 
 
 def _width(stream: Any) -> int | None:
