@@ -22,7 +22,7 @@ from .options import (
     MultiValueCommand,
     QueueOption,
     RunIdOption,
-    checked,
+    older_than_option,
     parse_cutoff,
 )
 
@@ -156,15 +156,7 @@ def cancel(
 @app.command("prune", cls=MultiValueCommand)
 def prune(
     ctx: typer.Context,
-    older_than: Annotated[
-        str,
-        typer.Option(
-            "--older-than",
-            help="A duration (30d) or ISO 8601 cutoff.",
-            metavar="DURATION_OR_ISO",
-            callback=checked(lambda text, name: parse_cutoff(text)),
-        ),
-    ],
+    older_than: Annotated[str, older_than_option("30d")],
     status: Annotated[
         list[RunStatus] | None,
         typer.Option("--status", help=f"Terminal status to prune; {MULTI_VALUE}.", metavar="S..."),

@@ -14,7 +14,7 @@ import typer
 from ..core.observations import ObservationTrimResult
 from ..core.pruning import resolve_older_than
 from .main import OperationParams, guard, load_cli_config, operation, run_operation
-from .options import MULTI_VALUE, MultiValueCommand, checked, parse_cutoff
+from .options import MULTI_VALUE, MultiValueCommand, older_than_option, parse_cutoff
 from .output import plural
 
 __all__ = ["app"]
@@ -48,15 +48,7 @@ async def _trim(runtime: Any, params: ObservationTrimParams) -> Any:
 @app.command("trim", cls=MultiValueCommand)
 def trim(
     ctx: typer.Context,
-    older_than: Annotated[
-        str,
-        typer.Option(
-            "--older-than",
-            help="A duration (7d) or ISO 8601 cutoff.",
-            metavar="DURATION_OR_ISO",
-            callback=checked(lambda text, name: parse_cutoff(text)),
-        ),
-    ],
+    older_than: Annotated[str, older_than_option("7d")],
     consumer: Annotated[
         list[str] | None,
         typer.Option(

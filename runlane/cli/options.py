@@ -297,6 +297,16 @@ def check_idempotency_key_ttl(text: str, name: str) -> None:
     parse_idempotency_key_ttl(text, name)
 
 
+def older_than_option(example: str) -> Any:
+    """The ``--older-than`` option of ``prune`` and ``observations trim``, checked while parsing."""
+    return typer.Option(
+        "--older-than",
+        help=f"A duration ({example}) or ISO 8601 cutoff.",
+        metavar="DURATION_OR_ISO",
+        callback=checked(lambda text, name: parse_cutoff(text)),
+    )
+
+
 def parse_cutoff(text: str) -> str | datetime:
     """``--older-than``: a Runlane duration (kept as text for the runtime) or an ISO 8601 cutoff."""
     candidate = text.strip()
