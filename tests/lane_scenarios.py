@@ -263,7 +263,8 @@ class LaneScenarios:
         async def body() -> None:
             runtime, _ = self.runtime(lanes.new(), retry_forever, release_forever, wait_forever, plain)
             async with runtime:
-                waiting = [(await runtime.trigger(t, {})).run.id for t in (retry_forever, release_forever, wait_forever)]
+                tasks = (retry_forever, release_forever, wait_forever)
+                waiting = [(await runtime.trigger(each, {})).run.id for each in tasks]
                 after = (await runtime.trigger(plain, {})).run.id
                 worker = runtime.worker(mode=WorkerMode.DRAIN, concurrency=2)
                 await worker.closed

@@ -99,7 +99,8 @@ async def test_without_a_traceparent_the_attempts_of_a_run_share_a_trace_of_thei
             runs = [(await runtime.trigger(send, {"n": n})).run for n in range(2)]
             await runtime.execute_next()
             await runtime.execute_next()
-            await drain_exporter(runtime.observation_exporter("tracing", otlp_trace_sink(endpoint=receiver.traces_endpoint)))
+            sink = otlp_trace_sink(endpoint=receiver.traces_endpoint)
+            await drain_exporter(runtime.observation_exporter("tracing", sink))
     by_run = {span.attributes["runlane.run_id"]: span for span in receiver.spans}
     assert set(by_run) == {run.id for run in runs}
     assert all(span.parent_span_id == "" for span in by_run.values())

@@ -528,7 +528,8 @@ async def test_foreign_and_tampered_cursors_are_rejected():
         assert len(await visible_ids(runtime)) == 2
         # A cursor issued for a date continues with that date only.
         dated = await pruner.prune(older_than=cutoff, statuses=statuses, limit=1, cursor=None, actor=OPERATOR, now=now)
-        assert resolve_prune_request(older_than=cutoff, statuses=["succeeded"], cursor=dated.next_cursor, now=now)[0] == cutoff
+        continued = resolve_prune_request(older_than=cutoff, statuses=["succeeded"], cursor=dated.next_cursor, now=now)
+        assert continued[0] == cutoff
         with _Raises(ErrorCode.VALIDATION_FAILED) as caught:
             resolve_prune_request(older_than="1d", statuses=["succeeded"], cursor=dated.next_cursor, now=now)
         assert "issued for the cutoff" in caught.error.message

@@ -1555,7 +1555,9 @@ async def test_a_lane_without_operator_reads_refuses_every_operator_read_and_rea
         return "done"
 
     lane = create_lane(
-        storage=local_storage_driver(), delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING), operator_reads=False
+        storage=local_storage_driver(),
+        delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING),
+        operator_reads=False,
     )
     runtime = create_runlane(lane=lane, queues=[default], tasks=[no_reads])
     async with runtime:
@@ -1588,7 +1590,10 @@ async def test_bad_list_and_event_options_name_the_option_and_what_it_must_be():
         cases = [
             (runtime.runs.list(limit=0), "Invalid run list options: limit must be greater than or equal to 1 (got 0)."),
             (runtime.runs.list(sort_by="name"), "sort_by must be 'created_at', 'run_at' or 'updated_at' (got 'name')"),
-            (runtime.runs.events(run.id, limit=-1), "Invalid run event options: limit must be greater than or equal to 1"),
+            (
+                runtime.runs.events(run.id, limit=-1),
+                "Invalid run event options: limit must be greater than or equal to 1",
+            ),
         ]
         for call, expected in cases:
             error = await rejects(ErrorCode.VALIDATION_FAILED, call)

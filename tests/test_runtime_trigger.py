@@ -91,7 +91,11 @@ def test_create_runlane_registers_tasks_by_id_or_by_catalog_name():
         ([queue("other")], [welcome], "not registered"),
         ([queue("emails", default=True, concurrency_limit=3)], [welcome], "differs"),
         ([], [], "at least one queue"),
-        ([queue("other")], [task("loose", schedule=schedule("loose.every", every="1m"))(lambda: None)], "no queue to run on"),
+        (
+            [queue("other")],
+            [task("loose", schedule=schedule("loose.every", every="1m"))(lambda: None)],
+            "no queue to run on",
+        ),
         ([emails, queue("other")], [task("s", schedule=schedule("s.every", every="1m", queue=queue("nope")))(lambda: None)], "not registered"),
     ],
 )
@@ -113,7 +117,8 @@ async def test_without_a_default_queue_a_task_without_a_queue_runs_where_each_ca
     async with runtime:
         with pytest.raises(RunlaneError) as raised:
             await runtime.trigger(sync, {})
-        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and "pass queue= to this call" in raised.value.message
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert "pass queue= to this call" in raised.value.message
         with pytest.raises(RunlaneError):
             await runtime.run_now(sync, {})
         assert (await runtime.runs.list()).data == []  # nothing was written

@@ -1196,7 +1196,12 @@ class Runlane:
         worker_id: str | None,
     ) -> ExecutionOptions:
         return resolve_execution_options(
-            lease_duration, heartbeat_interval, max_attempt_duration, signal, worker_id, default_worker_id=self._worker_id
+            lease_duration,
+            heartbeat_interval,
+            max_attempt_duration,
+            signal,
+            worker_id,
+            default_worker_id=self._worker_id,
         )
 
     async def execute_next(
