@@ -2333,6 +2333,39 @@ class StorageDriverConformance:
 
         self.run_async(body, driver)
 
+    def test_point_reads_count_toward_the_transaction_record_limit(self, driver: StorageDriver) -> None:
+        """The records an attempt read (present or absent) count toward max_transaction_records together
+        with the ones it writes: at the limit it commits, one over it fails and commits nothing."""
+
+        async def body() -> None:
+            scope = _Scope()
+            limits = driver.profile.limits
+            maximum = limits.max_transaction_records
+            reads = max(1, min(limits.max_point_reads, maximum) // 2)
+            read_keys = [scope.key("read", str(n)) for n in range(reads)]
+
+            def attempt(name: str, writes: int) -> Callable[[Any], Awaitable[None]]:
+                async def run(tx: Any) -> None:
+                    await tx.get(read_keys)
+                    for n in range(writes):
+                        tx.create(_record(scope.key(name, str(n)), {}))
+
+                return run
+
+            await driver.with_transaction(attempt("fits", maximum - reads))
+            assert await _get_one(driver, scope.key("fits", "0")) is not None or maximum == reads, (
+                "reads plus writes of exactly max_transaction_records must commit"
+            )
+            await _expect_limit(
+                driver.with_transaction(attempt("over", maximum - reads + 1)),
+                "max_transaction_records",
+                what=f"{reads} reads and {maximum - reads + 1} creates",
+            )
+            found = await _get_many(driver, [scope.key("over", str(n)) for n in range(maximum - reads + 1)])
+            assert all(record is None for record in found), "a transaction over the record limit committed a write"
+
+        self.run_async(body, driver)
+
     def test_transaction_byte_limit(self, driver: StorageDriver) -> None:
         """Records totalling exactly max_transaction_bytes commit; one byte more fails and commits nothing."""
 
