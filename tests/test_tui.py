@@ -239,6 +239,29 @@ async def test_enter_opens_the_run_with_its_attempts_and_event_timeline() -> Non
         assert isinstance(app.screen, RunsScreen)
 
 
+async def test_a_long_history_shows_its_newest_events_and_counts_the_earlier_ones() -> None:
+    @task("polls.export")
+    async def poll(payload: dict[str, Any], ctx: TaskContext) -> Any:
+        return "done" if ctx.attempt == 40 else ctx.release("1s")  # claimed, started, released: 3 events
+
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[poll], clock=ControlledClock(T0))
+    async with runtime:
+        run = (await runtime.trigger(poll, {}, run_id="run_long_poll")).run
+        while (done := await runtime.execute_next()) is not None and done.status is not RunStatus.SUCCEEDED:
+            runtime.clock.advance(timedelta(seconds=1))
+        assert done.status is RunStatus.SUCCEEDED and done.event_sequence == 122
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await open_run(pilot, run.id)
+            shown = rows(app, "events")
+            assert [row[0] for row in shown] == [str(sequence) for sequence in range(23, 123)]
+            assert shown[-1][2] == "run.succeeded"  # the outcome is on screen
+            assert status_line(app) == (
+                "40 attempts, 122 events (the newest 100; the 22 before: runlane runs get run_long_poll --events)"
+            )
+
+
 async def test_cancel_asks_first_and_keeping_the_run_changes_nothing() -> None:
     async with dashboard() as (app, pilot, runtime):
         await open_run(pilot, "run_approval_po7")

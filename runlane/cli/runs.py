@@ -99,6 +99,8 @@ class RunsGetParams(OperationParams):
     events: bool = False
     cursor: str | None = None
     limit: int | None = None
+    # The dashboard reads the newest page of a long history (``desc``); the command pages oldest first.
+    events_direction: SortDirection = SortDirection.ASC
 
 
 @operation(
@@ -119,7 +121,7 @@ async def _get(runtime: Any, params: RunsGetParams) -> tuple[Any, Any]:
             cursor=params.cursor,
             limit=params.limit,
             sort_by=RunEventSortField.SEQUENCE,
-            sort_direction=SortDirection.ASC,
+            sort_direction=params.events_direction,
         )
     return run, page
 

@@ -24,7 +24,8 @@ from ..models import RunAttemptSummary, RunEventRecord, RunRecord, RunSummary
 
 __all__ = ["DashboardClient", "QueueRow", "RunDetail", "RunsPage"]
 
-# One page of events covers nearly every run; the detail screen says when there are more.
+# One page of events covers nearly every run; for a longer history the detail screen shows the newest
+# page, in order, and says how many earlier events there are.
 EVENTS_PAGE = 100
 RUNS_PAGE = 100
 ACTOR_ID = "dashboard"
@@ -56,7 +57,7 @@ class RunsPage:
 class RunDetail:
     run: RunRecord
     events: list[RunEventRecord]
-    more_events: bool
+    earlier_events: int  # events before the first one shown (only the newest page is read)
     attempts: list[RunAttemptSummary]
 
 
@@ -132,13 +133,19 @@ class DashboardClient:
         return RunsPage([RunSummary.model_validate(row) for row in document["data"]], document["next_cursor"])
 
     async def run(self, run_id: str) -> RunDetail:
-        document = await self._json("runs get", run_id=run_id, events=True, limit=EVENTS_PAGE)
+        document = await self._json(
+            "runs get", run_id=run_id, events=True, limit=EVENTS_PAGE, events_direction="desc"
+        )
         attempts = await self._json("runs attempts", run_id=run_id)
         events = document.get("events") or {"data": [], "next_cursor": None}
+        newest = [RunEventRecord.model_validate(row) for row in events["data"]]
+        run = RunRecord.model_validate(document["run"])
+        shown = newest[::-1]  # oldest first, as a timeline reads
+        earlier = shown[0].sequence - 1 if shown and events["next_cursor"] is not None else 0
         return RunDetail(
-            run=RunRecord.model_validate(document["run"]),
-            events=[RunEventRecord.model_validate(row) for row in events["data"]],
-            more_events=events["next_cursor"] is not None,
+            run=run,
+            events=shown,
+            earlier_events=earlier,
             attempts=[RunAttemptSummary.model_validate(row) for row in attempts["attempts"]],
         )
 

@@ -108,10 +108,14 @@ class RunDetailScreen(Screen[None]):
                 Text(display_value(event.type), style="cyan"),
                 event_detail(event),
             )
-        more = "; older events: runlane runs get --events" if detail.more_events else ""
-        self.query_one("#status-line", Static).update(
-            f"{len(detail.attempts)} attempts, {len(detail.events)} events{more}"
+        earlier = detail.earlier_events
+        total = len(detail.events) + earlier
+        more = (
+            f" (the newest {len(detail.events)}; the {earlier} before: runlane runs get {detail.run.id} --events)"
+            if earlier
+            else ""
         )
+        self.query_one("#status-line", Static).update(f"{len(detail.attempts)} attempts, {total} events{more}")
 
     # -- actions --------------------------------------------------------------------------------
 
