@@ -206,6 +206,31 @@ def test_export_once_exports_what_is_pending_on_a_shared_lane_and_only_once(tmp_
     assert ndjson(again.stdout) == [{**records[-1], "at": ndjson(again.stdout)[0]["at"], "exported": 0}]
 
 
+def test_export_once_runs_every_exporter_even_when_one_fails(tmp_path: Path) -> None:
+    project = make_project(tmp_path, lane="sqlite")
+    add_exporter(
+        project,
+        """
+        [[exporters]]
+        use = "otlp"
+        consumer = "collector"
+        endpoint = "http://127.0.0.1:9/v1/logs"
+        timeout = 1
+        """,
+    )
+    add_exporter(project)  # the console exporter, after the failing one
+    assert cli(project, "tick").returncode == 0
+    result = cli(project, "--json", "export", "--once")
+    assert result.returncode == 1
+    records = [r for r in ndjson(result.stdout) if not is_observation(r)]
+    assert [(r["type"], r["consumer"]) for r in records] == [
+        ("exporter_failed", "collector"),
+        ("exported", "local_console"),
+    ]
+    assert records[0]["error_code"] == "observation_export_failed" and records[1]["exported"] > 0
+    assert json.loads(result.stderr.splitlines()[-1])["error"]["code"] == "observation_export_failed"
+
+
 def test_export_runs_until_sigterm_and_stops_its_exporters(tmp_path: Path) -> None:
     project = make_project(tmp_path, lane="sqlite")
     add_exporter(project)

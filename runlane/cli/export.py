@@ -77,8 +77,25 @@ def export(
 
     async def run_exporters(runtime: Any) -> None:
         if once:
+            # Every exporter gets its turn: each has its own checkpoint, so one failing does not hold the
+            # others back. The first failure is raised once all have run (exit status 1).
+            failures: list[RunlaneError] = []
             for item in exporters:
-                await export_pending(runtime, output, item)
+                try:
+                    await export_pending(runtime, output, item)
+                except RunlaneError as error:
+                    failures.append(error)
+                    if len(exporters) > 1:
+                        output.record(
+                            "exporter_failed",
+                            f"exporter={item.use} consumer={item.consumer} failed ({error.code.value}): "
+                            f"{error.message}",
+                            exporter=item.use,
+                            consumer=item.consumer,
+                            error_code=error.code.value,
+                        )
+            if failures:
+                raise failures[0]
             return
         controller = CancellationController()
         loops = [(item, runtime.observation_exporter(item.consumer, item.sink)) for item in exporters]
