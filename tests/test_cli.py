@@ -120,6 +120,15 @@ def test_init_config_never_overwrites_without_the_flag(tmp_path: Path) -> None:
     assert 'use = "sqlite"' in (tmp_path / "runlane.toml").read_text()
 
 
+def test_init_config_refuses_to_write_over_pyproject_toml(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[project]\nname = "app"\n')
+    for path in ("pyproject.toml", "sub/pyproject.toml"):
+        result = cli(tmp_path, "init", "config", "--path", path, "--overwrite")
+        assert result.returncode == 2 and "[tool.runlane]" in result.stderr
+    assert (tmp_path / "pyproject.toml").read_text() == '[project]\nname = "app"\n'
+    assert not (tmp_path / "sub").exists()
+
+
 def test_init_config_with_runtime_and_path(tmp_path: Path) -> None:
     result = cli(tmp_path, "init", "config", "--path", "conf/runlane.toml", "--runtime", "app.runtime:make")
     assert result.returncode == 0, result.stderr

@@ -153,6 +153,12 @@ def init_config(
 
     if runtime is not None and tasks:
         ctx.fail("--runtime and --tasks exclude each other: the runtime factory registers its own tasks; pass one.")
+    if path.name == "pyproject.toml":
+        ctx.fail(
+            "--path pyproject.toml would replace your pyproject.toml with a runlane.toml; write a runlane.toml, "
+            "or copy its tables into pyproject.toml under [tool.runlane] ([tool.runlane.runlane], "
+            "[tool.runlane.lane], ...)."
+        )
 
     def prepare() -> str:
         if path.exists() and not overwrite:
