@@ -86,12 +86,12 @@ def export(
                 except RunlaneError as error:
                     failures.append(error)
                     if len(exporters) > 1:
-                        output.record(
+                        _record(
+                            output,
                             "exporter_failed",
-                            f"exporter={item.use} consumer={item.consumer} failed ({error.code.value}): "
-                            f"{error.message}",
-                            exporter=item.use,
-                            consumer=item.consumer,
+                            item,
+                            "exporter failed",
+                            f" ({error.code.value}): {error.message}",
                             error_code=error.code.value,
                         )
             if failures:
@@ -131,6 +131,14 @@ async def close_sinks(exporters: Sequence[ConfiguredExporter]) -> None:
             )
 
 
+def _record(
+    output: Output, kind: str, configured: ConfiguredExporter, head: str, tail: str = "", **fields: Any
+) -> None:
+    """One lifecycle line about an exporter: ``head``, its name and consumer, then ``tail``."""
+    line = f"{head} exporter={configured.use} consumer={configured.consumer}{tail}"
+    output.record(kind, line, exporter=configured.use, consumer=configured.consumer, **fields)
+
+
 async def export_pending(runtime: Any, output: Output, configured: ConfiguredExporter) -> None:
     """Export batches until none is pending, then one lifecycle line reports the count."""
     exporter = runtime.observation_exporter(configured.consumer, configured.sink)
@@ -148,38 +156,22 @@ async def export_pending(runtime: Any, output: Output, configured: ConfiguredExp
         exported += tick.exported
         if tick.status is not RunlaneObservationExporterTickStatus.EXPORTED:
             break
-    output.record(
-        "exported",
-        f"exported {exported} observation(s) exporter={configured.use} consumer={configured.consumer}",
-        exporter=configured.use,
-        consumer=configured.consumer,
-        exported=exported,
-    )
+    _record(output, "exported", configured, f"exported {exported} observation(s)", exported=exported)
 
 
 def start_exporter(
     output: Output, configured: ConfiguredExporter, exporter: Any, controller: CancellationController
 ) -> asyncio.Future[None]:
     """One exporter loop, stopped by aborting ``controller``'s signal."""
-    output.record(
-        "exporter_started",
-        f"exporter started exporter={configured.use} consumer={configured.consumer}",
-        exporter=configured.use,
-        consumer=configured.consumer,
-    )
+    _record(output, "exporter_started", configured, "exporter started")
 
     async def loop() -> None:
         try:
             await exporter.run(signal=controller.signal)
         finally:
-            output.record(
-                "exporter_stopped",
-                f"exporter stopped exporter={configured.use} consumer={configured.consumer} "
-                f"exported={exporter.stats.exported}",
-                exporter=configured.use,
-                consumer=configured.consumer,
-                exported=exporter.stats.exported,
-            )
+            exported = exporter.stats.exported
+            tail = f" exported={exported}"
+            _record(output, "exporter_stopped", configured, "exporter stopped", tail, exported=exported)
 
     return asyncio.ensure_future(loop())
 
