@@ -6,7 +6,9 @@ import asyncio
 import collections
 from datetime import datetime, timedelta
 
-from runlane import Retry, RunStatus, TaskContext, WorkerMode, queue, task
+from runlane_local import local_lane
+
+from runlane import Retry, RunStatus, TaskContext, WorkerMode, create_runlane, queue, task
 from runlane.core.store import ClaimRequest
 from runlane.storage import StorageIndexName
 from runlane.vocabulary import ExecuteDeliveryIgnoredReason
@@ -322,3 +324,32 @@ async def test_a_run_recorded_before_its_queue_became_bounded_is_recovered_throu
         recovered = await after.runs.get(run.id)
         assert recovered.status is RunStatus.QUEUED
         assert recovered.dispatch_expires_at == clock.now() + timedelta(seconds=30)
+
+
+async def test_a_worker_blocked_by_a_full_partition_claims_the_run_holding_its_reservation():
+    # tick() reserves the only slot for the oldest run, which moves it behind the others in the runnable
+    # order: a worker's scan finds only runs the full partition refuses. It must claim the reserved run
+    # (its reservation becomes the lease) rather than wait for the reservation to expire.
+    single = queue("single", concurrency_limit=1, dispatch_timeout="5m")
+    executed: list[int] = []
+
+    @task("dispatch.ordered", queue=single)
+    async def ordered(payload: dict) -> None:
+        executed.append(payload["n"])
+
+    # The real clock: the reservation is stamped after the runs were created, as in production.
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE, single], tasks=[ordered])
+    async with runtime:
+        ids = [(await runtime.trigger(ordered, {"n": n})).run.id for n in range(40)]
+        assert (await runtime.tick()).dispatch_reserved == 1
+        assert (await runtime.runs.get(ids[0])).dispatch_expires_at is not None
+        worker = runtime.worker(mode=WorkerMode.POLL, queues=["single"], empty_poll_delay="10ms")
+        try:
+            for _ in range(500):
+                if len(executed) >= 5:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await worker.stop()
+        assert executed[:1] == [0], executed  # the reserved run went first
+        assert len(executed) >= 5, f"the queue stalled behind its reservation: {executed}"
