@@ -1531,17 +1531,8 @@ class Runlane:
             run_ids = await self._store.query_index(
                 StorageIndexName.RUNS_NEEDING_DISPATCH, (queue.name,), until=now, limit=limit - count
             )
-            if not run_ids:
-                continue
-            results = await self._store.reserve_dispatch([ReserveRequest(run_id, timeout_ms) for run_id in run_ids])
-            for result in results:
-                if not result.reserved:
-                    continue  # no longer dispatchable, partition full, or unreadable (like the other phases)
-                count += 1
-                if self._observers:
-                    await self.observe(result.observations)
-            if any(result.reserved for result in results):
-                self.wake(queue.name)
+            if run_ids:
+                count += await self._reserve([ReserveRequest(run_id, timeout_ms) for run_id in run_ids])
         return count
 
     # -- outbox publishing -----------------------------------------------------------------------
@@ -1756,14 +1747,21 @@ class Runlane:
 
         count = await self._scan_and_append(StorageIndexName.RUNS_NEEDING_DELIVERY, now, limit, build_for)
         if bounded:
-            requests = [ReserveRequest(run_id, _dispatch_timeout_ms(queue)) for run_id, queue in bounded.items()]
-            for result in await self._store.reserve_dispatch(requests):
-                if result.reserved:
-                    count += 1
-                    if self._observers:
-                        await self.observe(result.observations)
-                    self.wake(result.run.queue)
+            count += await self._reserve(
+                [ReserveRequest(run_id, _dispatch_timeout_ms(queue)) for run_id, queue in bounded.items()]
+            )
         return count
+
+    async def _reserve(self, requests: list[ReserveRequest]) -> int:
+        """Reserve capacity for ``requests``; observe and wake the queues of the runs reserved. Runs no
+        longer dispatchable, in a full partition or unreadable are skipped, like the other phases."""
+        reserved = [result for result in await self._store.reserve_dispatch(requests) if result.reserved]
+        for result in reserved:
+            if self._observers:
+                await self.observe(result.observations)
+        for queue in {result.run.queue for result in reserved if result.run is not None}:
+            self.wake(queue)
+        return len(reserved)
 
 
 def resolve_execution_options(

@@ -276,11 +276,12 @@ def collect_registries(manager: pluggy.PluginManager, *, keep_collisions: bool =
     ``meta["plugin"]``). So does a name two plugins register, unless ``keep_collisions``: then the name
     is ambiguous (looking it up fails naming both plugins) and everything else is usable.
     """
-    registries = Registries()
-    if keep_collisions:
-        kinds = (registries.lanes, registries.storage_drivers, registries.transports, registries.exporters)
-        for registry in kinds:
-            registry._keep_collisions = True
+    registries = Registries(
+        lanes=ProviderRegistry(LaneProvider, keep_collisions=keep_collisions),
+        storage_drivers=ProviderRegistry(StorageDriverProvider, keep_collisions=keep_collisions),
+        transports=ProviderRegistry(TransportProvider, keep_collisions=keep_collisions),
+        exporters=ProviderRegistry(ExporterProvider, keep_collisions=keep_collisions),
+    )
     provider_hooks: tuple[tuple[str, ProviderRegistry[Any]], ...] = (
         ("register_lanes", registries.lanes),
         ("register_storage_drivers", registries.storage_drivers),

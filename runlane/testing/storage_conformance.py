@@ -2353,7 +2353,8 @@ class StorageDriverConformance:
                 return run
 
             await driver.with_transaction(attempt("fits", maximum - reads))
-            assert await _get_one(driver, scope.key("fits", "0")) is not None or maximum == reads, (
+            fitted = await _get_many(driver, [scope.key("fits", str(n)) for n in range(maximum - reads)])
+            assert all(record is not None for record in fitted), (
                 "reads plus writes of exactly max_transaction_records must commit"
             )
             await _expect_limit(
