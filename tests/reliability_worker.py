@@ -18,25 +18,44 @@ import logging
 import os
 import signal
 import sys
+import time
 
-from runlane import TaskContext, WorkerMode, create_runlane, queue, task
+from runlane import Retry, TaskContext, WorkerMode, create_runlane, queue, task
 from runlane.core.lanes import Lane
 
 DEFAULT = queue("default", default=True)
+BOUNDED = queue("bounded", concurrency_limit=2)
 _settings: dict[str, object] = {}
+
+
+def _log(line: str) -> None:
+    descriptor = os.open(str(_settings["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, line.encode())
+    finally:
+        os.close(descriptor)
 
 
 @task("reliable.work")
 async def work(payload: dict, ctx: TaskContext) -> int:
-    line = f"{ctx.run_id} {ctx.attempt} {os.getpid()}\n".encode()
-    descriptor = os.open(str(_settings["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(descriptor, line)
-    finally:
-        os.close(descriptor)
+    _log(f"{ctx.run_id} {ctx.attempt} {os.getpid()}\n")
     delay = float(_settings["sleep"])  # type: ignore[arg-type]
     if delay:
         await asyncio.sleep(delay)
+    return int(payload["n"])
+
+
+@task("reliable.bounded", queue=BOUNDED, concurrency_key=lambda payload: payload["key"], retry=Retry(3, "100ms"))
+async def bounded(payload: dict, ctx: TaskContext) -> int:
+    """Holds its partition for a while; logs ``start``/``end`` with a system-wide monotonic time, so
+    the test can count how many attempts of one partition overlapped. Fails its first attempt when
+    the payload says so, to go through a retry's capacity reservation."""
+    key = payload["key"]
+    _log(f"start {ctx.run_id} {ctx.attempt} {os.getpid()} {key} {time.monotonic():.6f}\n")
+    await asyncio.sleep(float(_settings["sleep"]))  # type: ignore[arg-type]
+    _log(f"end {ctx.run_id} {ctx.attempt} {os.getpid()} {key} {time.monotonic():.6f}\n")
+    if payload.get("fail_first") and ctx.attempt == 1:
+        raise RuntimeError("first attempt fails")
     return int(payload["n"])
 
 
@@ -54,7 +73,12 @@ def make_lane(spec: str) -> Lane:
 
 
 async def main(arguments: argparse.Namespace) -> dict[str, int]:
-    runtime = create_runlane(lane=make_lane(arguments.lane), queues=[DEFAULT], tasks=[work], worker_id=f"worker-{os.getpid()}")
+    runtime = create_runlane(
+        lane=make_lane(arguments.lane),
+        queues=[DEFAULT, BOUNDED],
+        tasks=[work, bounded],
+        worker_id=f"worker-{os.getpid()}",
+    )
     async with runtime:
         options: dict[str, object] = {"mode": WorkerMode(arguments.mode), "concurrency": arguments.concurrency}
         if arguments.lease:

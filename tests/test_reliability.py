@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from reliability_worker import work
+from reliability_worker import BOUNDED, bounded, work
 from runlane import RunStatus, create_runlane, queue
 from runlane.core.lanes import Lane
 
@@ -230,6 +230,66 @@ def test_kill_9_of_a_worker_mid_attempt_loses_no_run_and_records_no_outcome_twic
     for run_id in reclaimed:
         assert found[run_id][0].counters.attempts >= 2
     assert not interrupted or all(found[run_id][0].status is RunStatus.SUCCEEDED for run_id in interrupted)
+
+
+def partition_overlap(log: Path) -> dict[str, int]:
+    """Per concurrency key, the most ``bounded`` attempts that were inside their handler at once."""
+    changes: dict[str, list[tuple[float, int]]] = {}
+    for line in log.read_text().splitlines():
+        kind, _run_id, _attempt, _pid, key, at = line.split()
+        # At equal times an end sorts before a start: touching intervals do not overlap.
+        changes.setdefault(key, []).append((float(at), 1 if kind == "start" else -1))
+    most: dict[str, int] = {}
+    for key, moves in changes.items():
+        inside = 0
+        for _, move in sorted(moves):
+            inside += move
+            most[key] = max(most.get(key, 0), inside)
+    return most
+
+
+def test_bounded_queue_capacity_holds_across_worker_processes_with_maintenance_running(
+    durable: DurableLane, tmp_path: Path
+) -> None:
+    """Three poll worker processes (12 slots) share a queue bounded to 2 runs per concurrency key while
+    the test process runs maintenance (bounded dispatch, due retries) the way ``runlane dev`` does.
+    Every third run fails its first attempt, so its retry goes back through a capacity reservation."""
+    keys = ["a", "b", "c"]
+    log = tmp_path / "attempts.log"
+    workers = Workers(durable, log)
+
+    async def scenario() -> list[str]:
+        runtime = create_runlane(lane=durable.lane(), queues=[DEFAULT, BOUNDED], tasks=[work, bounded])
+        async with runtime:
+            run_ids = [
+                (await runtime.trigger(bounded, {"n": n, "key": keys[n % 3], "fail_first": n % 3 == 0})).run.id
+                for n in range(90)
+            ]
+            workers.start(3, "--mode", "poll", "--concurrency", "4", "--sleep", "0.02")
+            deadline = time.monotonic() + 180
+            while True:
+                await runtime.tick()
+                page = await runtime.runs.list(statuses=[RunStatus.SUCCEEDED], limit=100)
+                if len(page.data) == len(run_ids):
+                    return run_ids
+                assert time.monotonic() < deadline, f"only {len(page.data)} of {len(run_ids)} runs finished"
+                await asyncio.sleep(0.1)
+
+    try:
+        run_ids = asyncio.run(asyncio.wait_for(scenario(), 240))
+        workers.terminate()
+        results = workers.finish(timeout=60)
+    finally:
+        workers.close()
+    assert sum(result["executed"] for result in results) == 90 + 30  # 30 runs took a second attempt
+    assert partition_overlap(log) == {"a": 2, "b": 2, "c": 2}  # full, and never more than the limit
+    starts = [tuple(line.split()[1:3]) for line in log.read_text().splitlines() if line.startswith("start")]
+    assert len(starts) == len(set(starts)) == 120, "an attempt number ran twice"
+    found = asyncio.run(histories(durable, run_ids))
+    for n, run_id in enumerate(run_ids):
+        run, events = found[run_id]
+        assert run.status is RunStatus.SUCCEEDED and run.counters.attempts == (2 if n % 3 == 0 else 1), (run_id, events)
+        assert events.count("run.succeeded") == 1 and events.count("run.retry_scheduled") == (n % 3 == 0)
 
 
 def test_a_postgres_restart_during_a_worker_loop_is_survived(tmp_path: Path) -> None:
