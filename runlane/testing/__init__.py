@@ -2,7 +2,7 @@
 
 The conformance suites (``StorageDriverConformance``, ``TransportConformance``,
 ``LaneCompositionConformance``) are imported lazily because they need pytest, while ``ControlledClock``
-works in any test runner. Importing it through this package registers the suite module for pytest's
+and the waiting helpers (``wait_for_run_status`` and its kin) work in any test runner. Importing it through this package registers the suite module for pytest's
 assertion rewriting, so a failing conformance check reports the compared values.
 """
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .clock import ControlledClock
 from .transport import RecordingTransport
+from .waiting import list_run_event_types, wait_for_condition, wait_for_run_event, wait_for_run_status
 
 if TYPE_CHECKING:
     from .lane_conformance import LaneCompositionConformance
@@ -24,6 +25,10 @@ __all__ = [
     "RecordingTransport",
     "StorageDriverConformance",
     "TransportConformance",
+    "list_run_event_types",
+    "wait_for_condition",
+    "wait_for_run_event",
+    "wait_for_run_status",
 ]
 
 _SUITES = {
