@@ -239,3 +239,35 @@ async def test_an_output_schema_that_changes_its_own_output_is_refused_before_an
         assert done.status is RunStatus.FAILED and done.failure.code is ErrorCode.CONFIGURATION_INVALID
         assert done.failure.meta == {"step_key": "count"}
         assert await runtime.store.get_step(run.id, "count") is None
+
+
+async def test_an_output_model_with_field_aliases_is_stored_by_alias_and_replayed():
+    from pydantic import Field
+
+    class Submission(BaseModel):
+        job_id: str = Field(alias="jobId")
+
+    submitted: list[str] = []
+    seen: list[Submission] = []
+
+    def submit(token: str) -> dict:
+        submitted.append(token)
+        return {"jobId": "J1"}
+
+    @task("steps.aliased", retry=Retry(max_attempts=2, backoff="1s"))
+    async def aliased(payload: dict, ctx: TaskContext) -> str:
+        seen.append(await ctx.step.run("submit", submit, output=Submission))
+        if ctx.attempt == 1:
+            raise RuntimeError("poll again")
+        return seen[-1].job_id
+
+    runtime, clock = make_runtime(aliased)
+    async with runtime:
+        run = (await runtime.trigger(aliased, {})).run
+        assert (await runtime.execute_next()).status is RunStatus.RETRYING
+        clock.advance("1s")
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.SUCCEEDED and done.output == "J1"
+        assert (await runtime.store.get_step(run.id, "submit")).output == {"jobId": "J1"}
+    assert len(submitted) == 1  # the side effect happened once; the retry replayed the checkpoint
+    assert seen == [Submission(jobId="J1"), Submission(jobId="J1")]

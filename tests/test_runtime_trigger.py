@@ -230,6 +230,40 @@ async def test_generated_run_ids_are_version_7_uuids_in_trigger_order():
     assert len(many) == 20_000
 
 
+async def test_a_payload_model_with_field_aliases_is_stored_as_sent_and_runs():
+    from pydantic import ConfigDict, Field
+    from pydantic.alias_generators import to_camel
+
+    class Signup(BaseModel):
+        user_id: str = Field(alias="userId")
+
+    class Invoice(BaseModel):  # camelCase on the wire for every field
+        model_config = ConfigDict(alias_generator=to_camel)
+        invoice_id: str
+        amount_cents: int
+
+    received: list[BaseModel] = []
+
+    @task("signups.aliased", queue=emails, schema=Signup)
+    async def signup(payload: Signup) -> str:
+        received.append(payload)
+        return payload.user_id
+
+    @task("invoices.aliased", queue=emails, schema=Invoice)
+    async def invoice(payload: Invoice) -> None:
+        received.append(payload)
+
+    runtime, _ = make_runtime(signup, invoice, queues=[emails])
+    async with runtime:
+        run = (await runtime.trigger(signup, {"userId": "u1"})).run
+        assert run.payload == {"userId": "u1"}
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.SUCCEEDED and done.output == "u1"
+        now = await runtime.run_now(invoice, {"invoiceId": "in_1", "amountCents": 1200})
+        assert now.status is RunStatus.SUCCEEDED and now.payload == {"invoiceId": "in_1", "amountCents": 1200}
+    assert received == [Signup(userId="u1"), Invoice(invoiceId="in_1", amountCents=1200)]
+
+
 async def test_trigger_on_a_bounded_queue_only_creates():
     runtime, _ = make_runtime(bounded_work, queues=[DEFAULT_QUEUE, bounded])
     async with runtime:

@@ -494,7 +494,7 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
                 retryable=True,
                 meta={"step_key": step_key, "path": path},
             )
-        stored = adapter.dump_python(parsed, mode="json")
+        stored = adapter.dump_python(parsed, mode="json", by_alias=True)  # by alias: what the schema reads back
     except (ValidationError, PydanticSerializationError) as error:
         raise RunlaneError(
             ErrorCode.TASK_OUTPUT_INVALID,
@@ -512,7 +512,8 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
     # Later attempts parse the stored output again: a schema whose transform changes its own output
     # (``AfterValidator(lambda v: v * 2)``) would hand them another value than this attempt got.
     try:
-        stable = adapter.dump_python(adapter.validate_json(canonical_json(stored)), mode="json") == stored
+        again = adapter.validate_json(canonical_json(stored))
+        stable = adapter.dump_python(again, mode="json", by_alias=True) == stored
     except (ValidationError, PydanticSerializationError):
         stable = False
     if not stable:

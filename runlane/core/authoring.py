@@ -423,7 +423,9 @@ class TaskDefinition:
                 meta={"task_id": self.id, "path": path},
             )
         try:
-            dumped = self._adapter.dump_python(validated, mode="json")
+            # By alias: the stored form is what the schema reads back (``Field(alias="userId")``
+            # validates ``userId``, not ``user_id``), as the caller sent it.
+            dumped = self._adapter.dump_python(validated, mode="json", by_alias=True)
         except PydanticSerializationError as error:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
