@@ -198,6 +198,43 @@ def test_a_wildcard_cron_fires_through_the_repeated_hour_at_both_passes():
     assert latest_due_fire_time(hourly, at(2026, 3, 8, 7, 30)) == at(2026, 3, 8, 7)  # 03:00 EDT follows 01:00 EST
 
 
+@pytest.mark.parametrize(
+    ("zone", "transition"),
+    [
+        ("America/New_York", at(2026, 11, 1, 6)),  # 02:00 EDT -> 01:00 EST
+        ("Europe/London", at(2026, 10, 25, 1)),  # 02:00 BST -> 01:00 GMT
+        ("Australia/Lord_Howe", at(2026, 4, 4, 15)),  # 02:00 +11 -> 01:30 +10:30, a half-hour repeat
+    ],
+)
+@pytest.mark.parametrize("expression", ["30 * * * *", "*/15 * * * *", "0 * * * *", "45 1 * * *", "10,40 1-2 * * *"])
+def test_cron_fire_times_across_a_fall_back_match_a_minute_by_minute_reference(
+    zone: str, transition: datetime, expression: str
+) -> None:
+    """Every minute from 2h before to 2h after a fall-back, the latest fire time is the latest instant
+    whose wall time matches: at both passes of a repeated wall time for a cron with a wildcard minute or
+    hour field, only at the first pass for one at fixed times."""
+    import bisect
+
+    from croniter import croniter
+
+    tz = ZoneInfo(zone)
+    minute, hour = expression.split()[:2]
+    both_passes = minute.startswith("*") or hour.startswith("*")
+    fires = []
+    instant = transition - timedelta(hours=30)
+    while instant <= transition + timedelta(hours=2):
+        local = instant.astimezone(tz)
+        if croniter.match(expression, local.replace(tzinfo=None)) and (both_passes or not local.fold):
+            fires.append(instant)
+        instant += timedelta(minutes=1)
+    definition = schedule("dst", cron=expression, time_zone=zone)
+    now = transition - timedelta(hours=2)
+    while now <= transition + timedelta(hours=2):
+        expected = fires[bisect.bisect_right(fires, now) - 1]
+        assert latest_due_fire_time(definition, now) == expected, now.astimezone(tz)
+        now += timedelta(minutes=1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Validation
 

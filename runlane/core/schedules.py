@@ -283,7 +283,7 @@ def _latest_cron_fire(expression: str, zone: tzinfo, now: datetime) -> datetime 
     local_now = now.astimezone(zone)
     wall = local_now.replace(tzinfo=None)
     both_passes = _fires_through_repeated_hours(expression)
-    if local_now.fold and not both_passes:
+    if local_now.fold:
         # The second pass through a repeated wall-clock hour: every first-pass (fold=0) wall time in it,
         # up to the end of the repeat, is already in the past. Searching from ``wall + shift`` covers
         # them; candidates past ``now`` are rejected below.
@@ -295,18 +295,26 @@ def _latest_cron_fire(expression: str, zone: tzinfo, now: datetime) -> datetime 
     # a fire time equal to ``now`` (cron resolution is one minute) is included.
     start = wall.replace(second=0, microsecond=0) + _ONE_MINUTE
     iterator = croniter(expression, start, ret_type=datetime)
+    # Wall times come latest first, and each pass maps them to instants in the same order, but in a
+    # repeated hour a later wall time's first pass can precede an earlier one's second pass (01:45 EDT
+    # is before 01:15 EST). So with both passes, the first first-pass instant that is due is kept
+    # until the first due second-pass instant, and the later of the two wins.
+    first_pass: datetime | None = None
     for _ in range(_MAX_CRON_CANDIDATES):
         try:
             candidate: datetime = iterator.get_prev(datetime)
         except CroniterBadDateError:
-            return None  # nothing matched within croniter's search window
+            return first_pass  # nothing (else) matched within croniter's search window
         instant = candidate.replace(tzinfo=zone, fold=0).astimezone(UTC)
         if instant.astimezone(zone).replace(tzinfo=None) != candidate:
             continue  # skipped by a spring-forward transition: this wall time never happened
         if both_passes:
             again = candidate.replace(tzinfo=zone, fold=1).astimezone(UTC)  # its second pass, if repeated
-            if again != instant and again <= now:
-                return again
+            if again <= now:
+                return again if first_pass is None else max(first_pass, again)
+            if first_pass is None and instant <= now:
+                first_pass = instant
+            continue
         if instant <= now:
             return instant
     raise RunlaneError(
