@@ -496,8 +496,19 @@ def test_schedule_queues_are_checked_against_the_registry():
     async def three() -> None:
         return None
 
-    for definition, field in ((one, "queues"), (two, "queues"), (three, "concurrency_key")):
+    # No queue on the schedule or the task: its runs land on the (unbounded) default queue.
+    @task("sq.keyed_default", concurrency_key="k", schedule=schedule("sq.keyed_default.s", every="1h"))
+    async def four() -> None:
+        return None
+
+    for definition, field in ((one, "queues"), (two, "queues"), (three, "concurrency_key"), (four, "concurrency_key")):
         with pytest.raises(RunlaneError) as caught:
             _runtime_with(definition, queues=[DEFAULT_QUEUE, unbounded, bounded])
         assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
         assert caught.value.meta["field"] == field
+    with pytest.raises(RunlaneError, match="schedule 'sq.keyed_default.s' runs it on queue 'default'"):
+        _runtime_with(four, queues=[DEFAULT_QUEUE])
+    # On a bounded default queue the same task registers and its runs are partitioned by the key.
+    bounded_default = queue("default", default=True, concurrency_limit=1)
+    runtime = _runtime_with(four, queues=[bounded_default])
+    assert runtime is not None

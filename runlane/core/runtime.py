@@ -2383,14 +2383,17 @@ def create_runlane(
                 )
             if entry.queue is not None:
                 _check_registered_queue(queue_map, entry.queue, f"Schedule {entry.id!r} of task {item.id!r}")
-                if item.concurrency_key is not None and not entry.queue.is_bounded:
-                    raise _invalid(
-                        f"Task {item.id!r} sets concurrency_key but schedule {entry.id!r} uses queue "
-                        f"{entry.queue.name!r}, which has no concurrency_limit.",
-                        field="concurrency_key",
-                        task_id=item.id,
-                        schedule_id=entry.id,
-                    )
+            # The queue the schedule's runs land on: the schedule's, else the task's, else the default.
+            lands_on = entry.queue or item.queue or default_queue
+            if item.concurrency_key is not None and lands_on is not None and not lands_on.is_bounded:
+                raise _invalid(
+                    f"Task {item.id!r} sets concurrency_key but schedule {entry.id!r} runs it on queue "
+                    f"{lands_on.name!r}, which has no concurrency_limit; pass a bounded queue to the schedule "
+                    "or set concurrency_limit on that queue.",
+                    field="concurrency_key",
+                    task_id=item.id,
+                    schedule_id=entry.id,
+                )
 
     if isinstance(environment, str):
         try:
