@@ -128,6 +128,45 @@ async def test_release_waits_without_counting_a_failure():
         assert attempts[0].release_reason == "provider_not_ready"
 
 
+async def test_releases_and_wait_timeouts_spend_none_of_the_retry_budget():
+    """A polling task that waits several times, then fails transiently, still has its retries, and
+    its backoff starts from the first failure."""
+
+    @task(
+        "poll.then.fail",
+        retry=Retry(2, backoff=Backoff(type=RetryBackoffType.EXPONENTIAL, delay="10s", max_delay="1h")),
+    )
+    async def poll_then_fail(payload: dict, ctx: TaskContext):
+        if ctx.attempt == 1:
+            return ctx.release("1m")
+        if ctx.attempt == 2:
+            return ctx.wait_for_signal("report_ready", timeout="1m")  # the timeout fallback fires
+        raise RuntimeError("provider down")
+
+    runtime, clock = make_runtime(poll_then_fail)
+    async with runtime:
+        run = (await runtime.trigger(poll_then_fail, {})).run
+        for _ in range(2):
+            assert (await runtime.execute_next()).status is RunStatus.RELEASED
+            clock.advance("1m")
+            assert (await runtime.tick()).delivery_requested == 1
+        retrying = await runtime.execute_next()
+        assert retrying.status is RunStatus.RETRYING, retrying.failure
+        assert retrying.run_at == clock.now() + timedelta(seconds=10)  # the first retry's delay
+        counters = retrying.counters
+        assert (counters.attempts, counters.releases, counters.failures, counters.retries) == (3, 2, 1, 1)
+        clock.advance("10s")
+        failed = await runtime.execute_next()
+        assert failed.status is RunStatus.FAILED and failed.counters.attempts == 4 and failed.counters.retries == 1
+        types = await event_types(runtime, run.id)
+        assert [t for t in types if t in ("run.released", "run.retry_scheduled", "run.failed")] == [
+            "run.released",
+            "run.released",
+            "run.retry_scheduled",
+            "run.failed",
+        ]
+
+
 @pytest.mark.parametrize(
     "make_release",
     [

@@ -258,17 +258,20 @@ def failure_outcome_events(
 ) -> list[RunEvent]:
     """``run.retry_scheduled`` when the failure is retryable and budget is left, else ``run.failed``.
 
-    No retry once cancellation was requested.
+    No retry once cancellation was requested. Attempts that ended in a release (business waiting,
+    wait timeouts included) spend none of the retry budget: ``max_attempts`` and the backoff count the
+    attempts that did not.
     """
     attempt = run.counters.attempts
+    spent = attempt - run.counters.releases
     if (
         allow_retry
         and failure.retryable
         and retry is not None
-        and attempt < retry.max_attempts
+        and spent < retry.max_attempts
         and run.status is not _CANCELLATION_REQUESTED
     ):
-        delay_ms = retry.delay_ms_for(attempt)
+        delay_ms = retry.delay_ms_for(spent)
         return [
             RunRetryScheduledEvent(
                 run_id=run.id,
