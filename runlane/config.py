@@ -700,6 +700,7 @@ def _runtime_steps(
                 f"from {section.runtime!r} uses {value.environment.name!r}; remove one of them.",
                 path=str(source.path),
             )
+        value.attach_observers(observers)  # plugin observers watch every runtime built from configuration
         return value
 
     lane_config = config.lane

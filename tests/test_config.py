@@ -708,6 +708,23 @@ async def test_load_runtime_inside_a_running_loop_points_at_build_runtime(tmp_pa
         load_runtime(loaded, lane_factory=unused_lane_factory)
 
 
+@pytest.mark.parametrize("attribute", ["create_app_runlane", "instance"])
+async def test_plugin_observers_watch_a_runtime_from_a_factory_too(tmp_path: Path, attribute: str) -> None:
+    seen: list[str] = []
+
+    def observer(observation: Any) -> None:
+        seen.append(observation.event_type.value)
+
+    loaded, _ = runtime_config(tmp_path, attribute)
+    runtime = await build_runtime(loaded, lane_factory=unused_lane_factory, observers=[observer])
+    async with runtime:
+        await runtime.trigger("hello")
+        assert seen == ["run.created", "run.delivery_requested"]
+        runtime.attach_observers([observer])  # attaching one again does not make it observe twice
+        await runtime.trigger("hello")
+    assert len(seen) == 4
+
+
 def test_runtime_instance_is_returned_as_is(tmp_path: Path) -> None:
     loaded, module = runtime_config(tmp_path, "instance")
     runtime = load_runtime(loaded, lane_factory=unused_lane_factory)

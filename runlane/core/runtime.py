@@ -666,6 +666,14 @@ class Runlane:
     def has_observers(self) -> bool:
         return bool(self._observers)
 
+    def attach_observers(self, observers: Sequence[Callable[[RunlaneObservation], Any]]) -> None:
+        """Add live observers to a runtime someone else built (plugin observers for a ``runtime =``
+        factory in ``runlane.toml``); one already attached is not added twice."""
+        added = tuple(observer for observer in dict.fromkeys(observers) if observer not in self._observers)
+        if added:
+            self._observers += added
+            self._store.observing = True
+
     async def observe(self, observations: Sequence[RunlaneObservation]) -> None:
         """Tell every observer about ``observations`` of one commit (the same values the commit appended
         to the durable observation stream); failures are isolated."""
