@@ -36,6 +36,7 @@ from .core.runtime import Runlane, create_runlane
 from .defaults import contract_defaults
 from .durations import duration_ms
 from .errors import ErrorCode, RunlaneError
+from .ids import validate_id
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -349,6 +350,14 @@ class ExporterConfig(_Strict):
     def _collect_options(cls, data: Any) -> Any:
         return _split_options(data, ("use", "consumer"))
 
+    @field_validator("consumer")
+    @classmethod
+    def _consumer_id(cls, value: str) -> str:
+        try:
+            return validate_id(value, "consumer")
+        except RunlaneError as error:
+            raise ValueError(error.message) from None
+
 
 class DevConfig(_Strict):
     """``[dev]``: settings of ``runlane dev``."""
@@ -376,6 +385,20 @@ class RunlaneConfig(_Strict):
     lane: LaneConfig | None = None
     dev: DevConfig = Field(default_factory=DevConfig)
     exporters: list[ExporterConfig] = Field(default_factory=list)
+
+    @field_validator("exporters")
+    @classmethod
+    def _one_exporter_per_consumer(cls, value: list[ExporterConfig]) -> list[ExporterConfig]:
+        # One checkpoint per consumer: two loops sharing one would race for it and split the records.
+        first: dict[str, int] = {}
+        for number, entry in enumerate(value, start=1):
+            if entry.consumer in first:
+                raise ValueError(
+                    f"entries #{first[entry.consumer]} and #{number} share consumer {entry.consumer!r}; each "
+                    "exporter needs its own consumer name (it names the checkpoint of what it has exported)"
+                )
+            first[entry.consumer] = number
+        return value
 
 
 # Tables whose unknown keys are rejected by name (``[lane]`` and ``[[exporters]]`` collect theirs as options).
@@ -501,6 +524,8 @@ def _describe_location(source: ConfigSource, path: Sequence[str | int]) -> str:
     if head == "exporters" and rest and isinstance(rest[0], int):
         table = f"[[{source.table_name('exporters')}]] #{rest[0] + 1}"
         rest = rest[1:]
+    elif head == "exporters":
+        table = f"[[{source.table_name('exporters')}]]"
     else:
         table = f"[{source.table_name(str(head))}]"
     return f"{table} {_dotted(rest)}".rstrip() if rest else table
@@ -559,7 +584,7 @@ def _from_validation_error(source: ConfigSource, error: ValidationError) -> Runl
         key_parts = loc[len(table_loc) :]
         location = _describe_location(source, table_loc)
         keys.append(_dotted(loc))
-        message = str(detail["msg"]).removeprefix("Value error, ")
+        message = str(detail["msg"]).removeprefix("Value error, ").rstrip(".")  # one full stop ends them all
         if detail["type"] == "missing" and key_parts:
             problems.append(f"{location} missing key {_dotted(key_parts)!r}")
         elif detail["type"] == "extra_forbidden" and key_parts:

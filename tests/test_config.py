@@ -404,6 +404,17 @@ def test_exporter_without_consumer_is_invalid(tmp_path: Path) -> None:
     assert "[[exporters]] #1 missing key 'consumer'" in error.message
 
 
+def test_exporter_consumers_are_ids_and_unique(tmp_path: Path) -> None:
+    entry = '[[exporters]]\nuse = "console"\nconsumer = "{}"\n'
+    error = invalid(tmp_path, '[lane]\nuse = "local"\n' + entry.format("audit:1"))
+    assert error.message.endswith("[[exporters]] #1 key 'consumer': Invalid consumer 'audit:1': ':' is reserved; "
+                                  "use '.', '_' or a hashed segment instead.")
+    error = invalid(tmp_path, '[lane]\nuse = "local"\n' + entry.format("a") + entry.format("b") + entry.format("a"))
+    assert "[[exporters]]: entries #1 and #3 share consumer 'a'; each exporter needs its own consumer name" in (
+        error.message
+    )
+
+
 def test_exporter_options_are_collected(tmp_path: Path) -> None:
     loaded = load(
         tmp_path,
