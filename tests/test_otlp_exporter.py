@@ -239,11 +239,20 @@ def test_bad_sink_options_are_refused() -> None:
         with pytest.raises(RunlaneError) as raised:
             make(endpoint="localhost:4318")
         assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and "http(s) URL" in raised.value.message
-        for bad in ({"timeout": 0}, {"service_name": ""}, {"resource_attributes": {"service.namespace": 3}}):
+        bad_options = (
+            {"timeout": 0},
+            {"timeout": "soon"},
+            {"timeout": True},
+            {"service_name": ""},
+            {"resource_attributes": {"service.namespace": 3}},
+        )
+        for bad in bad_options:
             with pytest.raises(RunlaneError) as raised:
                 make(**bad)
             assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
             assert raised.value.meta["field"] == next(iter(bad))
+        for timeout in ("1500ms", timedelta(seconds=2), 2.5):  # a duration, or seconds
+            make(timeout=timeout).close()
     with pytest.raises(RunlaneError) as raised:
         opentelemetry_sink(exporter="http://localhost:4318/v1/logs")
     assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and "log record exporter" in raised.value.message
@@ -270,7 +279,7 @@ def test_runlane_export_sends_log_records_and_spans_to_the_configured_endpoints(
         config = (root / "runlane.toml").read_text().replace(
             '# [[exporters]]\n# use = "console"\n# consumer = "local_console"',
             f'[[exporters]]\nuse = "otlp"\nconsumer = "otel_logs"\nendpoint = "{receiver.logs_endpoint}"\n'
-            'resource_attributes = { "service.namespace" = "jobs" }\n\n'
+            'resource_attributes = { "service.namespace" = "jobs" }\ntimeout = "5s"\n\n'
             f'[[exporters]]\nuse = "otlp-traces"\nconsumer = "otel_traces"\nendpoint = "{receiver.traces_endpoint}"\n'
             'service_name = "cli-test"',
         )
@@ -289,6 +298,11 @@ def test_runlane_export_sends_log_records_and_spans_to_the_configured_endpoints(
         write(root / "runlane.toml", bad)
         refused = cli(root, "export", "--once")
         assert refused.returncode == 1 and "endpiont" in refused.stderr and "Traceback" not in refused.stderr
+        # Every command checks the options, before anything runs.
+        no_scheme = config.replace(f'endpoint = "{receiver.logs_endpoint}"', 'endpoint = "localhost:4318"')
+        write(root / "runlane.toml", no_scheme)
+        refused = cli(root, "runs", "list")
+        assert refused.returncode == 1 and "endpoint must be an http(s) URL" in refused.stderr
     write(root / "runlane.toml", config)
     plugins = json.loads(cli(root, "--json", "plugins", "list").stdout)
     assert any(plugin.get("distribution") == "runlane-otlp" for plugin in plugins["plugins"])

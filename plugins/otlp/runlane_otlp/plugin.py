@@ -7,7 +7,7 @@
     # headers = { "x-api-key" = "${TELEMETRY_API_KEY}" }
     # service_name = "billing-workers"
     # resource_attributes = { "service.namespace" = "jobs" }
-    # timeout = 10
+    # timeout = "10s"
 
     [[exporters]]
     use = "otlp-traces"               # every finished attempt as a span
@@ -23,10 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from runlane.errors import RunlaneError
 from runlane.plugins import hookimpl
 from runlane.plugins.registries import ExporterProvider, ProviderContext
+
+from .checks import DEFAULT_LOGS_ENDPOINT, DEFAULT_TRACES_ENDPOINT, check_endpoint, timeout_seconds
 
 if TYPE_CHECKING:
     from .sink import OtlpObservationSink
@@ -39,17 +42,34 @@ class OtlpExporterOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    endpoint: str = "http://localhost:4318/v1/logs"
+    endpoint: str = DEFAULT_LOGS_ENDPOINT
     headers: dict[str, str] = Field(default_factory=dict)
-    timeout: float = Field(default=10.0, gt=0)
+    timeout: float = 10.0  # seconds; runlane.toml may say "10s"
     service_name: str = Field(default="runlane", min_length=1)
     resource_attributes: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        default = cls.model_fields["endpoint"].default
+        try:
+            return check_endpoint(value, default)
+        except RunlaneError as error:
+            raise ValueError(error.message) from None
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: object) -> float:
+        try:
+            return timeout_seconds(value)
+        except RunlaneError as error:
+            raise ValueError(error.message) from None
 
 
 class OtlpTracesExporterOptions(OtlpExporterOptions):
     """Options of ``[[exporters]] use = "otlp-traces"`` (attempt spans)."""
 
-    endpoint: str = "http://localhost:4318/v1/traces"
+    endpoint: str = DEFAULT_TRACES_ENDPOINT
 
 
 def create_otlp_exporter(options: OtlpExporterOptions, context: ProviderContext) -> OtlpObservationSink:

@@ -17,6 +17,7 @@ told apart from new telemetry.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import RunlaneObservationRecord
 
 from ._otel import observation_resource
+from .checks import DEFAULT_LOGS_ENDPOINT, DEFAULT_TRACES_ENDPOINT, check_endpoint, check_resource, timeout_seconds
 from .logs import ObservationLogs
 from .spans import AttemptSpans
 
@@ -39,8 +41,6 @@ __all__ = [
     "otlp_trace_sink",
 ]
 
-DEFAULT_LOGS_ENDPOINT = "http://localhost:4318/v1/logs"
-DEFAULT_TRACES_ENDPOINT = "http://localhost:4318/v1/traces"
 
 
 class _Mapping(Protocol):
@@ -81,54 +81,31 @@ class OtlpObservationSink:
         self.exporter.shutdown()
 
 
-def _check(endpoint: object, default: str, timeout: object, service_name: object, attributes: object) -> None:
-    if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
-        raise RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID,
-            f"endpoint must be an http(s) URL such as {default}, got {endpoint!r}.",
-            meta={"field": "endpoint"},
-        )
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID,
-            f"timeout must be a positive number of seconds, got {timeout!r}.",
-            meta={"field": "timeout"},
-        )
-    _check_resource(service_name, attributes)
-
-
-def _check_resource(service_name: object, attributes: object) -> None:
-    if not isinstance(service_name, str) or not service_name:
-        raise RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID, "service_name must be a non-empty string.", meta={"field": "service_name"}
-        )
-    if attributes is not None and (
-        not isinstance(attributes, Mapping)
-        or not all(isinstance(key, str) and key and isinstance(value, str) for key, value in attributes.items())
-    ):
-        raise RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID,
-            "resource_attributes must map attribute names to strings, such as {'service.namespace': 'jobs'}.",
-            meta={"field": "resource_attributes"},
-        )
+def _check(endpoint: object, default: str, timeout: object, service_name: object, attributes: object) -> float:
+    """Checks the options of an OTLP/HTTP sink; returns the timeout in seconds."""
+    check_endpoint(endpoint, default)
+    seconds = timeout_seconds(timeout)
+    check_resource(service_name, attributes)
+    return seconds
 
 
 def otlp_sink(
     *,
     endpoint: str = DEFAULT_LOGS_ENDPOINT,
     headers: Mapping[str, str] | None = None,
-    timeout: float = 10.0,
+    timeout: float | str | timedelta = 10.0,
     service_name: str = "runlane",
     resource_attributes: Mapping[str, str] | None = None,
 ) -> OtlpObservationSink:
     """A sink sending every observation record as a log record to ``endpoint`` (OTLP/HTTP, protobuf).
 
     ``endpoint`` is the full logs URL (``http://collector:4318/v1/logs``); ``headers`` go with every
-    request (an API key, say); ``timeout`` bounds one export, retries included; ``service_name`` and
+    request (an API key, say); ``timeout`` (a duration such as ``"10s"``, or seconds) bounds one export,
+    retries included; ``service_name`` and
     ``resource_attributes`` describe the resource the records come from.
     """
-    _check(endpoint, DEFAULT_LOGS_ENDPOINT, timeout, service_name, resource_attributes)
-    exporter = OTLPLogExporter(endpoint=endpoint, headers=dict(headers or {}), timeout=timeout)
+    seconds = _check(endpoint, DEFAULT_LOGS_ENDPOINT, timeout, service_name, resource_attributes)
+    exporter = OTLPLogExporter(endpoint=endpoint, headers=dict(headers or {}), timeout=seconds)
     return _log_sink(exporter, endpoint, service_name, resource_attributes)
 
 
@@ -147,7 +124,7 @@ def opentelemetry_sink(
             f"such as OTLPLogExporter(...), got {type(exporter).__name__}.",
             meta={"field": "exporter"},
         )
-    _check_resource(service_name, resource_attributes)
+    check_resource(service_name, resource_attributes)
     endpoint = str(getattr(exporter, "_endpoint", None) or type(exporter).__name__)
     return _log_sink(exporter, endpoint, service_name, resource_attributes)
 
@@ -163,14 +140,14 @@ def otlp_trace_sink(
     *,
     endpoint: str = DEFAULT_TRACES_ENDPOINT,
     headers: Mapping[str, str] | None = None,
-    timeout: float = 10.0,
+    timeout: float | str | timedelta = 10.0,
     service_name: str = "runlane",
     resource_attributes: Mapping[str, str] | None = None,
 ) -> OtlpObservationSink:
     """A sink sending each finished attempt as a span to ``endpoint`` (OTLP/HTTP, protobuf), under the
     trace that triggered its run. Options as for ``otlp_sink()``, with the traces URL
     (``http://collector:4318/v1/traces``)."""
-    _check(endpoint, DEFAULT_TRACES_ENDPOINT, timeout, service_name, resource_attributes)
-    exporter = OTLPSpanExporter(endpoint=endpoint, headers=dict(headers or {}), timeout=timeout)
+    seconds = _check(endpoint, DEFAULT_TRACES_ENDPOINT, timeout, service_name, resource_attributes)
+    exporter = OTLPSpanExporter(endpoint=endpoint, headers=dict(headers or {}), timeout=seconds)
     mapping = AttemptSpans(resource=observation_resource(service_name, resource_attributes))
     return OtlpObservationSink(mapping=mapping, exporter=exporter, endpoint=endpoint, what="spans")
