@@ -195,15 +195,19 @@ def test_export_once_exports_what_is_pending_on_a_shared_lane_and_only_once(tmp_
 
     first = cli(project, "--json", "export", "--once")
     assert first.returncode == 0, first.stderr
-    records = ndjson(first.stdout)
-    observations = [r for r in records if is_observation(r)]
+    # stdout carries the records alone, for whatever reads them; the command's own lines go to stderr.
+    observations = ndjson(first.stdout)
+    assert all(is_observation(r) for r in observations)
     assert_run_observations(observations, run)
-    assert [r["type"] for r in records if not is_observation(r)] == ["exported"]
-    assert records[-1]["exported"] == len(observations)
+    lifecycle = ndjson(first.stderr)
+    assert [r["type"] for r in lifecycle] == ["exported"] and lifecycle[0]["exported"] == len(observations)
 
     again = cli(project, "--json", "export", "--once")  # the consumer's checkpoint moved past them
     assert again.returncode == 0, again.stderr
-    assert ndjson(again.stdout) == [{**records[-1], "at": ndjson(again.stdout)[0]["at"], "exported": 0}]
+    assert again.stdout == ""
+    assert ndjson(again.stderr) == [{**lifecycle[0], "at": ndjson(again.stderr)[0]["at"], "exported": 0}]
+    human = cli(project, "export", "--once")
+    assert human.stdout == "" and "exported 0 observation(s) exporter=console" in human.stderr
 
 
 def test_export_once_runs_every_exporter_even_when_one_fails(tmp_path: Path) -> None:
@@ -222,13 +226,15 @@ def test_export_once_runs_every_exporter_even_when_one_fails(tmp_path: Path) -> 
     assert cli(project, "tick").returncode == 0
     result = cli(project, "--json", "export", "--once")
     assert result.returncode == 1
-    records = [r for r in ndjson(result.stdout) if not is_observation(r)]
+    assert ndjson(result.stdout) and all(is_observation(r) for r in ndjson(result.stdout))
+    # stderr also holds what the OTLP exporter logged about the refused connection.
+    *records, error = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     assert [(r["type"], r["consumer"]) for r in records] == [
         ("exporter_failed", "collector"),
         ("exported", "local_console"),
     ]
     assert records[0]["error_code"] == "observation_export_failed" and records[1]["exported"] > 0
-    assert json.loads(result.stderr.splitlines()[-1])["error"]["code"] == "observation_export_failed"
+    assert error["error"]["code"] == "observation_export_failed"
 
 
 def test_export_runs_until_sigterm_and_stops_its_exporters(tmp_path: Path) -> None:
@@ -239,10 +245,10 @@ def test_export_runs_until_sigterm_and_stops_its_exporters(tmp_path: Path) -> No
         project, ["export"], lambda seen: sum(is_observation(r) for r in seen) >= 5, signal.SIGTERM
     )
     assert status == 0, stderr
-    lifecycle = [r["type"] for r in records if not is_observation(r)]
-    assert lifecycle == ["exporter_started", "stopping", "exporter_stopped"]
-    stopped = [r for r in records if r.get("type") == "exporter_stopped"][0]
-    assert stopped["exported"] == sum(is_observation(r) for r in records)
+    assert all(is_observation(r) for r in records)  # stdout: the records alone
+    lifecycle = ndjson(stderr)
+    assert [r["type"] for r in lifecycle] == ["exporter_started", "stopping", "exporter_stopped"]
+    assert lifecycle[-1]["exported"] == len(records)
 
 
 def test_export_needs_exporters_and_a_shared_lane(project: Path, tmp_path: Path) -> None:
@@ -264,7 +270,7 @@ def test_observations_trim_keeps_what_a_configured_exporter_has_not_exported(tmp
         return json.loads(result.stdout)
 
     assert trim("--all") == {"deleted": 0, "more": False}  # local_console has exported nothing yet
-    exported = ndjson(cli(project, "--json", "export", "--once").stdout)[-1]["exported"]
+    exported = ndjson(cli(project, "--json", "export", "--once").stderr)[-1]["exported"]
     assert exported > 1
     assert trim("--limit", "1") == {"deleted": 1, "more": True}
     assert trim("--all") == {"deleted": exported - 1, "more": False}

@@ -62,6 +62,8 @@ def export(
 
     # Unknown exporter names and invalid options fail here, before a runtime starts.
     exporters = guard(ctx, configured)
+    if any(getattr(item.sink, "writes_to_stdout", False) for item in exporters):
+        output.give_stdout_away()  # stdout carries one JSON record per line, for whatever reads it
 
     async def body(runtime: Any) -> None:
         require_shared_lane(

@@ -186,6 +186,12 @@ class Output:
             file=self._err, soft_wrap=True, highlight=False, width=width or _width(self._err), force_terminal=color
         )
 
+    def give_stdout_away(self) -> None:
+        """Print everything on stderr from now on: something else (a console exporter's records) owns
+        stdout, and a line of ours there would corrupt what reads it."""
+        self._out = self._err
+        self.stdout = self.stderr
+
     # -- primitives ----------------------------------------------------------------------------
 
     def emit_json(self, value: Any) -> None:

@@ -880,6 +880,11 @@ class ConsoleObservationSink:
             raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "stream must be a text stream with a write() method.")
         self._stream = stream
 
+    @property
+    def writes_to_stdout(self) -> bool:
+        """Whether the records go to standard output (where a command's own lines would mix with them)."""
+        return self._stream is None or self._stream is sys.stdout
+
     async def export(self, records: Sequence[RunlaneObservationRecord]) -> None:
         stream = self._stream if self._stream is not None else sys.stdout
         lines = "".join(
