@@ -282,6 +282,20 @@ def test_unknown_first_party_lane_says_what_to_install():
     assert raised.value.meta["installed"] == ["local"]
 
 
+def test_an_installed_plugin_the_allowlist_leaves_out_is_named_as_such(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RUNLANE_LOAD_PLUGINS", "local")
+    fresh = new_manager()
+    fresh.register(lane_plugin("local"), name="local")
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(fresh).lanes.get("postgres-polling")  # runlane-postgres is installed in this venv
+    assert raised.value.message.endswith(
+        "runlane-postgres is installed, but RUNLANE_LOAD_PLUGINS='local' does not load it; add runlane-postgres there."
+    )
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(fresh).exporters.get("nonesuch")
+    assert "installed" in raised.value.message and "RUNLANE_LOAD_PLUGINS" not in raised.value.message
+
+
 def test_first_party_plugins_provide_their_lanes_and_transport():
     registries = get_registries()
     assert {"local", "sqlite", "postgres-polling", "postgres-sqs"} <= set(registries.lanes.names())

@@ -9,6 +9,7 @@ It never loads entry points (that is ``runlane.plugins.manager``) and never read
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,6 +101,27 @@ class ExporterProvider(_Provider):
 
 
 # Names first-party distributions provide, so an unknown name can say what to install.
+def _missing_hint(distribution: str) -> str:
+    """What to do about a first-party name nothing registered: install its distribution, or, when it
+    is installed but ``RUNLANE_LOAD_PLUGINS`` leaves it out, add it there."""
+    import importlib.metadata
+
+    from .manager import LOAD_PLUGINS_ENV, plugin_allowlist
+
+    if plugin_allowlist() is not None:
+        try:
+            importlib.metadata.distribution(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+        else:
+            listed = os.environ.get(LOAD_PLUGINS_ENV, "")
+            return (
+                f" {distribution} is installed, but {LOAD_PLUGINS_ENV}={listed!r} does not load it; "
+                f"add {distribution} there."
+            )
+    return f" Install {distribution} to get it."
+
+
 _FIRST_PARTY_HINTS: dict[tuple[str, str], str] = {
     ("lane", "local"): "runlane-local",
     ("lane", "sqlite"): "runlane-local",
@@ -182,7 +204,7 @@ class ProviderRegistry(Generic[P]):
             return provider
         installed = ", ".join(f"{n} (plugin {p.plugin})" for n, p in sorted(self._providers.items())) or "none"
         hint = _FIRST_PARTY_HINTS.get((self.kind, name))
-        install = f" Install {hint} to get it." if hint else ""
+        install = _missing_hint(hint) if hint else ""
         raise _invalid(
             f"Unknown {self.kind} {name!r}; installed {self.kind}s: {installed}.{install}",
             kind=self.kind,
