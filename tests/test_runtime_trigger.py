@@ -150,6 +150,7 @@ def test_create_runlane_rejects_duplicate_task_ids_and_bad_options():
         with pytest.raises(RunlaneError) as raised:
             create_runlane(**arguments)
         assert raised.value.code is ErrorCode.CONFIGURATION_INVALID, options
+        assert "pydantic" not in raised.value.message and "\n" not in raised.value.message, raised.value.message
 
 
 def test_concurrency_key_on_an_unbounded_task_queue_is_rejected():

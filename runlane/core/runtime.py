@@ -2406,8 +2406,9 @@ def create_runlane(
     if isinstance(environment, str):
         try:
             env = Environment(name=environment)
-        except ValueError as error:
-            raise _invalid(f"Invalid environment {environment!r}: {error}", field="environment") from None
+        except ValidationError as error:
+            reason = error.errors()[0]["msg"].lower()
+            raise _invalid(f"Invalid environment {environment!r}: {reason}.", field="environment") from None
     elif isinstance(environment, Environment):
         env = environment
     else:
