@@ -1594,8 +1594,24 @@ async def test_bad_list_and_event_options_name_the_option_and_what_it_must_be():
                 runtime.runs.events(run.id, limit=-1),
                 "Invalid run event options: limit must be greater than or equal to 1",
             ),
+            (runtime.runs.list(limit=True), "limit must be a whole number, got True."),
+            (runtime.runs.events(run.id, limit="2"), "limit must be a whole number, got '2'."),
+            (runtime.runs.list(idempotency_key="a:b"), "Invalid idempotency key 'a:b': ':' is reserved"),
+            (runtime.runs.list(singleton_key=""), "Invalid singleton key: it must not be empty."),
+            (runtime.runs.list(source_run_id="run:1"), "Invalid source run id 'run:1'"),
         ]
         for call, expected in cases:
             error = await rejects(ErrorCode.VALIDATION_FAILED, call)
             assert expected in error.message
             assert "pydantic" not in error.message and "validation error for" not in error.message
+
+
+async def test_one_bare_string_is_one_filter_value():
+    runtime, _ = make()
+    async with runtime:
+        run = await runtime.run_now(work, {"mode": "ok"})
+        assert [s.id for s in (await runtime.runs.list(task_ids=work.id)).data] == [run.id]
+        assert [s.id for s in (await runtime.runs.list(statuses="succeeded")).data] == [run.id]
+        assert (await runtime.runs.list(statuses="queued")).data == []
+        events = (await runtime.runs.events(run.id, types="run.succeeded")).data
+        assert [record.event.type for record in events] == ["run.succeeded"]

@@ -1809,6 +1809,22 @@ def _dispatch_timeout_ms(queue: QueueDefinition) -> int:
     return queue.dispatch_timeout_ms if queue.dispatch_timeout_ms is not None else _DEFAULT_LEASE_MS
 
 
+def _listed(values: Any) -> tuple[Any, ...] | None:
+    """A filter's values as a tuple; one bare string is one value (``statuses="queued"``), not its letters."""
+    if values is None:
+        return None
+    return (values,) if isinstance(values, str) else tuple(values)
+
+
+def _whole(limit: Any) -> Any:
+    """``limit`` unless it is not a whole number (``True`` or ``"2"`` would pass pydantic as 1 and 2)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise RunlaneError(
+            ErrorCode.VALIDATION_FAILED, f"limit must be a whole number, got {limit!r}.", meta={"fields": ["limit"]}
+        )
+    return limit
+
+
 def _options_error(subject: str, error: ValueError) -> RunlaneError:
     """``validation_failed`` naming each bad option, what it must be and what it got (pydantic's own
     text would add the model's name and a documentation link)."""
@@ -1879,11 +1895,15 @@ class RunsApi:
         runtime._check_open()
         driver = self._operator_reads()
         queue_names = None if queues is None else runtime.resolve_queues(queues)
+        for what, key in (("idempotency key", idempotency_key), ("singleton key", singleton_key),
+                          ("source run id", source_run_id)):  # fmt: skip
+            if key is not None:
+                validate_id(key, what, code=ErrorCode.VALIDATION_FAILED)
         try:
             run_filter = RunFilter(
                 environment=runtime._environment,
-                statuses=None if statuses is None else tuple(statuses),
-                task_ids=None if task_ids is None else tuple(task_ids),
+                statuses=_listed(statuses),
+                task_ids=_listed(task_ids),
                 queues=queue_names,
                 created_at=created_at,
                 updated_at=updated_at,
@@ -1894,7 +1914,7 @@ class RunsApi:
                 sort_by=sort_by,
                 sort_direction=sort_direction,
             )
-            pagination = PaginationParams(limit=limit, cursor=cursor)
+            pagination = PaginationParams(limit=_whole(limit), cursor=cursor)
         except ValueError as error:
             raise _options_error("run list", error) from None
         await runtime._ready()
@@ -1919,12 +1939,12 @@ class RunsApi:
             event_filter = RunEventFilter(
                 environment=runtime._environment,
                 run_id=checked,
-                types=None if types is None else tuple(types),
+                types=_listed(types),
                 occurred_at=occurred_at,
                 sort_by=sort_by,
                 sort_direction=sort_direction,
             )
-            pagination = PaginationParams(limit=limit, cursor=cursor)
+            pagination = PaginationParams(limit=_whole(limit), cursor=cursor)
         except ValueError as error:
             raise _options_error("run event", error) from None
         await runtime._ready()
