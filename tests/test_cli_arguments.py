@@ -117,6 +117,9 @@ MALFORMED = [
     (("runs", "list", "--limit", "abc"), "--limit", "valid integer"),
     (("runs", "list", "--sort-by", "bogus"), "--sort-by", "'bogus'"),
     (("prune", "--older-than", "30x"), "--older-than", "'30x' is not valid: use a number with a unit"),
+    # Only terminal runs can be pruned, so only terminal statuses are offered (in plain words).
+    (("prune", "--status", "queued"), "--status", "Invalid value for '--status': 'queued' is not one of "
+                                                  "'cancelled', 'failed', 'succeeded'."),
     (("observations", "trim", "--older-than", "0s"), "--older-than", "'0s' is not valid: it must be positive"),
     (("trigger", "mail.send", "not-json"), "PAYLOAD_JSON", "not valid JSON"),
     (("trigger", "mail.send", "{}", "--meta", "[1]"), "--meta", "must be a JSON object"),

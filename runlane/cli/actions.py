@@ -5,13 +5,14 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any
 
 import typer
 
 from ..core.pruning import PruneResult
 from ..models import Actor
-from ..vocabulary import ActorType, RunStatus
+from ..vocabulary import ActorType, RunStatus, run_status_values
 from .main import OperationParams, operation, run_operation
 from .output import display_value, plural
 from .options import (
@@ -82,6 +83,12 @@ class CancelParams(OperationParams):
 )
 async def _cancel(runtime: Any, params: CancelParams) -> Any:
     return await runtime.runs.cancel(params.run_id, actor=_actor(params.actor_id), reason=params.reason)
+
+
+# Only terminal runs can be pruned: --status offers (and its usage error lists) those alone.
+TerminalStatus = enum.StrEnum(  # type: ignore[misc]
+    "TerminalStatus", {status.name: status.value for status in RunStatus if run_status_values.is_terminal(status)}
+)
 
 
 class PruneParams(OperationParams):
@@ -158,7 +165,7 @@ def prune(
     ctx: typer.Context,
     older_than: Annotated[str, older_than_option("30d")],
     status: Annotated[
-        list[RunStatus] | None,
+        list[TerminalStatus] | None,
         typer.Option("--status", help=f"Terminal status to prune; {MULTI_VALUE}.", metavar="S..."),
     ] = None,
     limit: LimitOption = None,
@@ -174,7 +181,7 @@ def prune(
         ctx,
         "prune",
         older_than=older_than,
-        status=status or None,
+        status=[RunStatus(value) for value in status] if status else None,
         limit=limit,
         cursor=cursor,
         actor_id=actor_id,

@@ -470,6 +470,14 @@ class _RootGroup(TyperGroup):
             args = ["--json", *[arg for arg in args[:end] if arg != "--json"], *args[end:]]
         return super().parse_args(ctx, args)
 
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except typer.BadParameter as error:
+            # Typer words a value its annotation refuses the way pydantic does ("Value error, ...").
+            error.message = error.message.removeprefix("Value error, ")
+            raise
+
 
 def build_app() -> typer.Typer:
     """The root app with every built-in command group and every plugin's commands."""
