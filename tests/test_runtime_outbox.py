@@ -17,6 +17,7 @@ from runlane import (
     create_runlane,
     get_storage_conflict_kind,
     queue,
+    schedule,
     task,
 )
 from runlane.core.lanes import LaneDelivery
@@ -93,6 +94,25 @@ async def test_deferred_trigger_leaves_publishing_to_tick():
         assert (await runtime.tick(outbox_claim_limit=1)).outbox_published == 1
         assert (await runtime.tick()).outbox_published == 1
         assert {message.run_id for message in transport.published} == {first.id, second.id}
+        assert (await runtime.tick()).outbox_published == 0
+
+
+async def test_the_tick_that_materializes_scheduled_runs_publishes_and_counts_their_wakeups():
+    @task("outbox.scheduled", schedule=[schedule("outbox.every", every="1m"), schedule("outbox.other", every="1m")])
+    async def scheduled() -> None:
+        return None
+
+    clock = ControlledClock()
+    transport = RecordingTransport(clock=clock)
+    lane = create_lane(
+        storage=local_storage_driver(clock=clock),
+        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
+    )
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[scheduled], clock=clock)  # eager dispatch
+    async with runtime:
+        result = await runtime.tick()
+        assert (result.materialized, result.outbox_published) == (2, 2)
+        assert len(transport.published) == 2
         assert (await runtime.tick()).outbox_published == 0
 
 

@@ -1022,10 +1022,14 @@ class Runlane:
             source=spec.source,
         )
 
-    async def create_triggered(self, spec: _CreateInput, *, now: datetime | None = None) -> TriggerRunResult:
+    async def create_triggered(
+        self, spec: _CreateInput, *, now: datetime | None = None, publish: bool = True
+    ) -> TriggerRunResult:
         """Persist a prepared trigger: ``run.created`` (+ ``run.delivery_requested`` on unbounded queues).
 
-        ``now`` is the creation time when the caller already read the clock (a maintenance pass)."""
+        ``now`` is the creation time when the caller already read the clock (a maintenance pass).
+        ``publish=False`` leaves the outbox rows to the caller's own outbox phase even under eager
+        dispatch (a tick publishes and counts them with the rest)."""
         if now is None:
             now = self.now()
         created = self._created_event(spec, now)
@@ -1082,7 +1086,7 @@ class Runlane:
             if self._observers:
                 await self.observe(result.observations)
             self.wake(spec.queue.name, hinted=result.hinted)
-            if result.outbox and self._dispatch is TriggerDispatchMode.EAGER:
+            if result.outbox and publish and self._dispatch is TriggerDispatchMode.EAGER:
                 # Eager dispatch publishes exactly the rows this trigger created; tick() owns the rest.
                 await self.publish_outbox([message.id for message in result.outbox])
         return TriggerRunResult(result.run, result.outcome)
@@ -1666,7 +1670,8 @@ class Runlane:
                 source=RunSource(type=RunSourceType.SCHEDULE, schedule_id=item.id, occurrence_id=occurrence.id),
                 stored=True,
             )
-            return (await self.create_triggered(spec, now=now)).run
+            # The pass's outbox phase publishes its wakeup with the rest, and counts it.
+            return (await self.create_triggered(spec, now=now, publish=False)).run
 
         return await self._materializer.materialize_due(
             self._schedules,
