@@ -121,6 +121,53 @@ async def test_wait_for_run_resumes_when_the_source_run_finishes():
         assert done.id == run.id and done.output == "parent-done"
 
 
+async def test_a_storage_blip_after_the_source_finishes_does_not_strand_its_waiters(caplog, monkeypatch):
+    import runlane.core.runtime as runtime_module
+    from runlane.storage import StorageIndexName
+
+    @task("blip.source")
+    async def source() -> str:
+        return "ok"
+
+    @task("blip.waiter")
+    async def waiter(payload: dict, ctx: TaskContext):
+        if ctx.attempt == 1:
+            return ctx.wait_for_run(payload["source"])
+        return "resumed"
+
+    runtime, _ = make_runtime(source, waiter)
+    async with runtime:
+        storage = runtime.lane.storage
+        query = storage.query
+        failures = {"left": 2}
+
+        async def blipping(command, *args, **kwargs):
+            if command.index is StorageIndexName.RUNS_WAITING_FOR_COMPLETION and failures["left"]:
+                failures["left"] -= 1
+                raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "database restarting", retryable=True)
+            return await query(command, *args, **kwargs)
+
+        monkeypatch.setattr(storage, "query", blipping)
+        first = (await runtime.trigger(source)).run
+        assert (await runtime.run_now(waiter, {"source": first.id})).status is RunStatus.RELEASED
+        finished = await runtime.execute_next()  # the source; resuming its waiter fails twice, then works
+        assert finished.id == first.id and finished.status is RunStatus.SUCCEEDED
+        assert failures["left"] == 0
+        assert (await runtime.execute_next()).output == "resumed"
+
+        # An outage that outlasts the retries is logged, not reported as the source's failure.
+        monkeypatch.setattr(runtime_module, "_WAITER_RESUME_RETRY_S", 0.2)
+        failures["left"] = 1000
+        second = (await runtime.trigger(source)).run
+        stranded = await runtime.run_now(waiter, {"source": second.id})
+        with caplog.at_level("ERROR", logger="runlane.runtime"):
+            assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        assert f"Run {second.id} finished, but the runs waiting for it (wait_for_run) could not be resumed" in (
+            caplog.text
+        )
+        assert (await runtime.runs.get(stranded.id)).status is RunStatus.RELEASED
+
+
 async def test_wait_for_an_already_terminal_run_resumes_in_the_same_commit():
     @task("quick")
     async def quick() -> str:

@@ -278,6 +278,9 @@ class _SystemClock:
 
 
 _observer_log = logging.getLogger("runlane.observers")
+_waiter_log = logging.getLogger("runlane.runtime")
+# How long resuming the waiters of a finished run is retried through a storage outage (seconds).
+_WAITER_RESUME_RETRY_S = 30.0
 _transport_log = logging.getLogger("runlane.transport")
 
 # Threads for ``def`` handlers are started on demand, one per handler running at that moment; the cap only
@@ -770,7 +773,31 @@ class Runlane:
             elif run.queue in self._store.queue_limits and run.status not in _ATTEMPT_OWNERS:
                 self.wake(run.queue)  # bounded-queue capacity was freed
         if result.completion_waiters:
-            await self.resume_completion_waiters(result.run.id)
+            await self._resume_waiters_riding_out(result.run.id)
+
+    async def _resume_waiters_riding_out(self, source_run_id: str) -> None:
+        """``resume_completion_waiters`` after the source's terminal commit, retried through a short
+        storage outage: that commit stands whatever happens here, so an outage must neither strand the
+        waiters at its first failure nor be reported as the failure of a write that succeeded."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _WAITER_RESUME_RETRY_S
+        delay = 0.05
+        while True:
+            try:
+                await self.resume_completion_waiters(source_run_id)
+                return
+            except RunlaneError as error:
+                if not error.retryable or loop.time() + delay > deadline:
+                    _waiter_log.error(
+                        "Run %s finished, but the runs waiting for it (wait_for_run) could not be resumed: "
+                        "%s: %s. They stay released until their wait timeout, if they have one; cancel and "
+                        "rerun them otherwise.",
+                        source_run_id, error.code.value, error.message,
+                        extra={"run_id": source_run_id, "error_code": error.code.value},
+                    )  # fmt: skip
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def append_many(self, requests: Sequence[CompletionRequest]) -> list[AppendResult | RunlaneError]:
         """Batched appends through this loop's completion batcher, each followed by ``after_append``."""
