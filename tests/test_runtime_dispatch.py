@@ -353,3 +353,42 @@ async def test_a_worker_blocked_by_a_full_partition_claims_the_run_holding_its_r
             await worker.stop()
         assert executed[:1] == [0], executed  # the reserved run went first
         assert len(executed) >= 5, f"the queue stalled behind its reservation: {executed}"
+
+
+async def test_one_concurrency_keys_backlog_does_not_hide_another_keys_work():
+    # Tenant A's only slot is taken and 150 of its runs wait behind it, all older than tenant B's one
+    # run. Scans pass over A's full partition: a worker, execute_next() and tick() all reach B.
+    tenants = queue("tenants", concurrency_limit=1)
+    executed: list[str] = []
+    release_a = asyncio.Event()
+
+    @task("dispatch.tenant", queue=tenants, concurrency_key=lambda payload: payload["tenant"])
+    async def tenant_work(payload: dict) -> None:
+        executed.append(payload["tenant"])
+        if payload.get("hold"):
+            await release_a.wait()
+
+    (runtime,), clock = shared_runtimes([tenant_work], queues=[DEFAULT_QUEUE, tenants])
+    async with runtime:
+        await runtime.trigger(tenant_work, {"tenant": "a", "hold": True})
+        holder = asyncio.ensure_future(runtime.execute_next())  # holds tenant A's slot
+        while executed != ["a"]:
+            await asyncio.sleep(0.001)
+        backlog = [(await runtime.trigger(tenant_work, {"tenant": "a", "n": n})).run.id for n in range(150)]
+        clock.advance("1s")
+        b = (await runtime.trigger(tenant_work, {"tenant": "b"})).run
+        # Maintenance reserves B's free slot although 150 rows of the full partition come first.
+        assert (await runtime.tick()).dispatch_reserved == 1
+        assert (await runtime.runs.get(b.id)).dispatch_expires_at is not None
+        assert (await runtime.tick()).dispatch_reserved == 0  # A stays full
+        done = await runtime.execute_next()
+        assert done is not None and done.id == b.id and done.status is RunStatus.SUCCEEDED
+        # Nothing else can run now: A's partition is full, and that is not work for a drain worker.
+        drained = runtime.worker(mode=WorkerMode.DRAIN, concurrency=2)
+        await asyncio.wait_for(drained.closed, 5)
+        assert drained.executed == 0
+        release_a.set()
+        await holder
+        assert (await runtime.runs.get(backlog[0])).status is RunStatus.QUEUED
+        await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN, concurrency=2).closed, 30)
+        assert executed.count("a") == 151 and executed.count("b") == 1

@@ -1567,9 +1567,10 @@ class Runlane:
             if queue.concurrency_limit is None or count >= limit:
                 continue
             timeout_ms = _dispatch_timeout_ms(queue)
-            run_ids = await self._store.query_index(
-                StorageIndexName.RUNS_NEEDING_DISPATCH, (queue.name,), until=now, limit=limit - count
+            rows = await self._store.open_candidates(
+                StorageIndexName.RUNS_NEEDING_DISPATCH, queue.name, now, limit - count
             )
+            run_ids = [run_id for _, run_id in rows]
             if run_ids:
                 count += await self._reserve([ReserveRequest(run_id, timeout_ms) for run_id in run_ids])
         return count

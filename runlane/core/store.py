@@ -178,6 +178,9 @@ _DEFAULT_IDEMPOTENCY_TTL_MS: Final = duration_ms(contract_defaults.idempotency.t
 _SYSTEM_ACTOR: Final = Actor(type=ActorType.SYSTEM)
 _NO_EVENTS: tuple[RunEventRecord, ...] = ()
 _EVENT_ID_MASK: Final = (1 << 128) - 1
+# How many due rows of a bounded queue one candidate scan reads at most, passing over the rows of
+# full capacity partitions to reach another partition's runnable work.
+_CAPACITY_SCAN_ROWS: Final = 500
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -1521,13 +1524,21 @@ class CoreStore:
         return await self.driver.with_transaction(body)
 
     async def list_runnable(self, queues: Sequence[str], now: datetime, limit: int) -> list[RunnableRef]:
-        """Due runnable candidates of ``queues`` (available at or before ``now``), oldest first."""
+        """Due runnable candidates of ``queues`` (available at or before ``now``), oldest first.
+
+        A bounded queue's candidates are those its capacity can take (``open_candidates``): a run
+        whose partition is full is not work this caller can do.
+        """
         if limit < 1 or not queues:
             return []
         upper = encode_storage_tuple_prefix_upper_bound((encode_iso_date(now),))
         page = min(limit, self._limits.max_query_results)
         rows: list[tuple[str, str, str]] = []
         for queue in dict.fromkeys(queues):
+            if queue in self.queue_limits:
+                open_rows = await self.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue, now, limit)
+                rows.extend((at, run_id, queue) for at, run_id in open_rows)
+                continue
             query = StorageQuery(
                 StorageIndexName.RUNS_RUNNABLE, (self.env_key, queue), StorageRange(lt=upper), limit=page
             )
@@ -1535,6 +1546,60 @@ class CoreStore:
             rows.extend((item.sort[0], item.sort[1], queue) for item in result.items)
         rows.sort()
         return [RunnableRef(run_id, queue, decode_iso_date(at)) for at, run_id, queue in rows[:limit]]
+
+    async def open_candidates(
+        self, index: StorageIndexName, queue: str, now: datetime, limit: int
+    ) -> list[tuple[str, str]]:
+        """Due rows ``(sort time, run id)`` of bounded queue ``queue`` in ``index`` (``RUNS_RUNNABLE`` or
+        ``RUNS_NEEDING_DISPATCH``) that its capacity can take, oldest first, at most ``limit``.
+
+        A row is open when its run already holds a slot of its concurrency-key partition (a dispatch
+        reservation) or when that partition has a free slot not yet handed to an earlier row. Rows of
+        full partitions are passed over, page after page (at most ``_CAPACITY_SCAN_ROWS`` rows), so
+        one key's backlog does not hide another key's work, as the storage contract asks of runnable
+        and dispatch scans. Candidates only: the claim or reservation decides again on what it reads.
+        """
+        queue_limit = self.queue_limits[queue]
+        now_iso = encode_iso_date(now)
+        upper = encode_storage_tuple_prefix_upper_bound((now_iso,))
+        page = max(1, min(self._limits.max_query_results, self._limits.max_point_reads))
+        holders: dict[str, set[str]] = {}  # encoded capacity key -> runs holding a live slot
+        free: dict[str, int] = {}  # encoded capacity key -> slots left to hand out
+        kept: list[tuple[str, str]] = []
+        cursor: str | None = None
+        scanned = 0
+        while len(kept) < limit and scanned < _CAPACITY_SCAN_ROWS:
+            query = StorageQuery(index, (self.env_key, queue), StorageRange(lt=upper), limit=page, cursor=cursor)
+            result = await self.driver.query(query)
+            scanned += len(result.items)
+            runs = await self.get_runs([item.key.parts[-1] for item in result.items])
+            partitions = [
+                None if run is None else queue_capacity_key(self.env_key, queue, run.concurrency_key) for run in runs
+            ]
+            unknown = {key.encoded: key for key in partitions if key is not None and key.encoded not in free}
+            if unknown:
+                for encoded, record in zip(unknown, await self.driver.get(list(unknown.values()))):
+                    occupants = None if record is None else record.document.value.get("occupants")
+                    live = {
+                        held for held, until in (occupants.items() if isinstance(occupants, dict) else ())
+                        if isinstance(until, str) and until > now_iso
+                    }  # fmt: skip
+                    holders[encoded] = live
+                    free[encoded] = max(0, queue_limit - len(live))
+            for item, run, key in zip(result.items, runs, partitions):
+                if run is None or key is None:
+                    continue  # pruned meanwhile
+                if run.id in holders[key.encoded]:
+                    kept.append((item.sort[0], item.sort[1]))
+                elif free[key.encoded] > 0:
+                    free[key.encoded] -= 1
+                    kept.append((item.sort[0], item.sort[1]))
+                if len(kept) >= limit:
+                    break
+            cursor = result.next_cursor
+            if cursor is None or not result.items:
+                break
+        return kept
 
     async def query_index(
         self,
