@@ -297,6 +297,9 @@ def test_work_drain_json_on_an_empty_local_lane(project: Path) -> None:
     assert [record["type"] for record in records] == ["worker_started", "worker_stopped"]
     assert records[0]["queues"] == ["emails"] and records[0]["concurrency"] == 2
     assert records[1]["runs"] == 0
+    # A worker of its own on the in-memory lane sees only its own process's runs, and says so.
+    warning = json.loads(result.stderr.splitlines()[0])["warning"]
+    assert warning["code"] == "process_local_lane" and "sees only runs created in it" in warning["message"]
 
 
 def test_work_max_runs_needs_drain(project: Path) -> None:

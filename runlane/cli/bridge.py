@@ -104,17 +104,21 @@ def session_path(config_path: Path | str) -> Path:
 
 def write_session(config_path: Path | str, *, port: int, token: str) -> Session:
     """Atomically (re)write the session file for ``config_path`` with mode 0600."""
-    directory = session_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    target = session_path(config_path)
     session = Session(
         config_path=_resolved(config_path),
         port=port,
         token=token,
         pid=os.getpid(),
         started_at=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        file=target,
+        file=session_path(config_path),
     )
+    _store_session(session)
+    return session
+
+
+def _store_session(session: Session) -> None:
+    directory = session.file.parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     document = {
         "config_path": session.config_path,
         "port": session.port,
@@ -129,12 +133,25 @@ def write_session(config_path: Path | str, *, port: int, token: str) -> Session:
             json.dump(document, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, target)
+        os.replace(temporary, session.file)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    return session
+
+
+def hand_back_session(session: Session, previous: Session | None) -> None:
+    """``session``'s dev is stopping: give the session file back to ``previous`` (the dev it superseded
+    for the same config) when that one still runs, else remove the file (``discard_session``)."""
+    if previous is not None and pid_alive(previous.pid):
+        try:
+            current = json.loads(session.file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            current = None
+        if isinstance(current, dict) and current.get("token") == session.token:
+            _store_session(previous)
+            return
+    discard_session(session)
 
 
 def read_session(config_path: Path | str) -> Session | None:
@@ -211,6 +228,7 @@ class BridgeServer:
         self.token = secrets.token_urlsafe(32)
         self.output = output
         self.session: Session | None = None
+        self.superseded: Session | None = None  # a live dev of the same config this one took over from
         self._server: asyncio.Server | None = None
 
     @property
@@ -220,13 +238,20 @@ class BridgeServer:
 
     async def start(self) -> Session:
         self._server = await asyncio.start_server(self._handle, host="127.0.0.1", port=0, limit=MAX_HEADER_BYTES)
+        previous = read_session(self.config_path)
+        if previous is not None and previous.pid != os.getpid() and pid_alive(previous.pid):
+            self.superseded = previous  # the latest dev wins; that one serves again once this one stops
         self.session = write_session(self.config_path, port=self.port, token=self.token)
         return self.session
 
-    async def close(self) -> None:
+    def hand_back(self) -> None:
+        """Give up the session file (to the dev this one superseded, if it still runs)."""
         if self.session is not None:
-            discard_session(self.session)
+            hand_back_session(self.session, self.superseded)
             self.session = None
+
+    async def close(self) -> None:
+        self.hand_back()
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):

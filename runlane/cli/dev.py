@@ -132,12 +132,19 @@ def dev(
 
             bridge = BridgeServer(runtime, load_cli_config(ctx).path, output=output)
             session = await bridge.start()
+            stop.before_exit.append(bridge.hand_back)  # a second Ctrl-C leaves no session file behind
             output.record(
                 "bridge_started",
                 f"bridge listening on 127.0.0.1:{session.port}; stateful commands for this config run here",
                 port=session.port,
                 session_file=str(session.file),
             )
+            if bridge.superseded is not None:
+                output.warning(
+                    "dev_superseded",
+                    f"another runlane dev (pid {bridge.superseded.pid}) serves this config too; commands go to "
+                    "this one until it stops, then to that one again (each keeps its own runs).",
+                )
         exporting = CancellationController()
         loops = [(c, runtime.observation_exporter(c.consumer, c.sink)) for c in exporters]  # all built, then started
         exporter_tasks = [start_exporter(output, configured, exporter, exporting) for configured, exporter in loops]

@@ -7,15 +7,17 @@ to finish its current attempts and stop; a second one exits at once. This is not
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import typer
 
 from ..vocabulary import WorkerMode
-from .main import on_stop_signals, state_of, with_runtime
+from .main import load_cli_config, on_stop_signals, state_of, with_runtime
 from .options import (
     ConcurrencyOption,
     EmptyPollDelayOption,
@@ -40,6 +42,8 @@ class StopOnSignals:
         self.output = output
         self.finishing = finishing  # what a first signal lets finish, for the stopping line
         self.stopping = asyncio.Event()
+        # Quick, synchronous clean-ups an immediate exit still runs (a dev's session file).
+        self.before_exit: list[Callable[[], None]] = []
         self._received = 0
         self._handlers = on_stop_signals(self._on_signal)
 
@@ -59,9 +63,30 @@ class StopOnSignals:
             self.stopping.set()
             return
         self.output.record("exit", f"received {name} again; exiting now", signal=name)
+        for clean_up in self.before_exit:
+            with contextlib.suppress(Exception):
+                clean_up()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(128 + int(signum))
+
+
+def _alone_with(runtime: Any, config_path: Any) -> str:
+    """What a worker on a process-local lane should know: it sees only runs created in its own process."""
+    from .bridge import pid_alive, read_session
+
+    lane = runtime.lane.name
+    session = read_session(config_path)
+    if session is not None and pid_alive(session.pid):
+        return (
+            f"the {lane!r} lane keeps runs in one process: those of {config_path.name} live in `runlane dev` "
+            f"(pid {session.pid}), which this worker cannot reach. Give that dev more slots "
+            "(`runlane dev --concurrency N`) instead, or use the sqlite lane to share runs between processes."
+        )
+    return (
+        f"the {lane!r} lane keeps runs in this process only: this worker sees only runs created in it. "
+        "Use `runlane dev` for a worker that the other commands reach, or the sqlite lane."
+    )
 
 
 async def wait_for_worker(handle: Any, stopping: asyncio.Event) -> None:
@@ -147,6 +172,8 @@ def work(
         ctx.fail("--empty-poll-delay applies only without --drain.")
 
     async def body(runtime: Any) -> int:
+        if runtime.lane.capabilities.process_local:
+            output.warning("process_local_lane", _alone_with(runtime, load_cli_config(ctx).path))
         with StopOnSignals(output) as stop:
             return await run_worker(
                 runtime,
