@@ -199,6 +199,25 @@ def test_the_latest_dev_for_a_config_path_wins(project: Project, dev: subprocess
         assert [row["id"] for row in project.json("runs", "list")["data"]] == [run_id]
 
 
+def test_when_the_latest_dev_stops_the_one_it_superseded_serves_again(
+    project: Project, dev: subprocess.Popen[str]
+) -> None:
+    first = read_session(project.config)
+    assert first is not None
+    kept = project.json("trigger", "slow.report", "{}")["run"]["id"]  # held by the first dev
+    with running_dev(project, "--tick-interval", "1s", log_name="dev2.log") as second:
+        log = (project.tmpdir / "dev2.log").read_text()
+        assert '"code":"dev_superseded"' in log.replace(" ", "") and f"pid {dev.pid}" in log
+        assert project.json("runs", "list")["data"] == []  # the second dev's own, empty lane
+        second.send_signal(signal.SIGINT)
+        second.send_signal(signal.SIGINT)  # the second signal exits at once
+        second.wait(timeout=20)
+    assert read_session(project.config) == first  # handed back, not deleted
+    listed = project.cli("--json", "runs", "list")
+    assert [row["id"] for row in json.loads(listed.stdout)["data"]] == [kept]
+    assert "warning" not in listed.stderr
+
+
 def test_dev_prints_each_command_it_runs_for_another_terminal(project: Project) -> None:
     at = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
     with running_dev(project, "--tick-interval", "1s", log_name="human.log", json_mode=False) as process:
