@@ -847,6 +847,59 @@ async def test_a_corrupt_run_document_fails_operator_reads(database: Path) -> No
         await driver.close()
 
 
+async def test_operator_reads_name_a_run_or_event_whose_document_holds_something_else(database: Path) -> None:
+    """A well-formed document under the wrong key (restored from elsewhere, edited by hand) is corruption
+    too: listing it is refused, naming the record, instead of showing it under another id or leaving it out."""
+    from runlane import create_runlane, queue, task
+
+    default = queue("default", default=True)
+
+    @task("corrupt.echo")
+    async def echo(payload: dict) -> dict:
+        return payload
+
+    runtime = create_runlane(lane=sqlite_lane(database), queues=[default], tasks=[echo])
+    async with runtime:
+        first = await runtime.run_now(echo, {"n": 1})
+        second = await runtime.run_now(echo, {"n": 2})
+        assert len((await runtime.runs.list()).data) == 2
+
+        def run_key(run_id: str) -> str:
+            return StorageRecordKey("runs", "default", run_id).encoded
+
+        def event_key(run_id: str, sequence: int) -> str:
+            return StorageRecordKey("run_events", "default", run_id, f"{sequence:020d}").encoded
+
+        def text(key: str) -> str:
+            with sqlite3.connect(database) as connection:
+                return connection.execute("SELECT document FROM runlane_records WHERE key = ?", (key,)).fetchone()[0]
+
+        def put(key: str, document: str) -> None:
+            with sqlite3.connect(database) as connection:
+                connection.execute("UPDATE runlane_records SET document = ? WHERE key = ?", (document, key))
+
+        run_text, second_text = text(run_key(first.id)), text(run_key(second.id))
+        put(run_key(first.id), second_text)  # the first run's key now holds the second run
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.list()
+        assert raised.value.code is ErrorCode.INVARIANT_VIOLATION
+        assert f"The stored document of run {first.id} holds run {second.id}: durable corruption" in raised.value.message
+        put(run_key(first.id), run_text)
+
+        two_key, one_text, two_text = event_key(first.id, 2), text(event_key(first.id, 1)), text(event_key(first.id, 2))
+        put(two_key, one_text)  # event 2 of the run now holds event 1
+        with pytest.raises(RunlaneError, match=rf"event 2 of run {first.id} holds event 1 of run {first.id}"):
+            await runtime.runs.events(first.id, sort_by="sequence")
+        put(two_key, '{"schemaVersion":1,"value":{}}')  # an empty event
+        with pytest.raises(RunlaneError, match=rf"event 2 of run {first.id} is not a readable run event"):
+            await runtime.runs.events(first.id, sort_by="sequence")
+        put(two_key, '{"schemaVersion":2,"value":{}}')  # a version this release cannot read
+        with pytest.raises(RunlaneError, match=rf"event 2 of run {first.id} cannot be read \(Unsupported"):
+            await runtime.runs.events(first.id, sort_by="sequence")
+        put(two_key, two_text)
+        assert len((await runtime.runs.events(first.id)).data) == first.event_sequence
+
+
 async def test_a_locked_database_is_storage_unavailable_without_blocking_the_loop(database: Path) -> None:
     driver = sqlite_storage(database, busy_timeout=0.4)
     await driver.start()

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import RunlaneError
+from ..errors import ErrorCode, RunlaneError
 from ..models import Page, RunEvent, RunEventRecord, RunRecord, RunSummary, environment_key
 from ..run_scans import get_run_runnable_available_at
 from ..vocabulary import PaginationCursorKind, RunEventSortField, RunEventType, RunSortField, RunStatus, SortDirection
@@ -404,7 +404,7 @@ def run_list_query(
     if after is not None:
         query.after(expressions, after, filter.sort_direction is SortDirection.DESC)
     text = (
-        f"SELECT r.document, r.byte_size {source} WHERE {' AND '.join(query.where)} "
+        f"SELECT r.document, r.byte_size, o.run_id {source} WHERE {' AND '.join(query.where)} "
         f"ORDER BY {', '.join(order)} LIMIT {limit + 1}"
     )
     return OperatorSql(text, tuple(query.params), limit)
@@ -449,7 +449,7 @@ def _run_at_list_query(
         )
         params.extend(query.params)
     text = (
-        f"SELECT document, byte_size FROM ({' UNION ALL '.join(branches)}) AS u "
+        f"SELECT document, byte_size, i FROM ({' UNION ALL '.join(branches)}) AS u "
         f"ORDER BY m, a {direction}, i {direction} LIMIT {limit + 1}"
     )
     return OperatorSql(text, tuple(params), limit)
@@ -487,7 +487,8 @@ def run_event_list_query(
         query.after(expressions, after, descending)
     order = ", ".join(f"{term} {'DESC' if descending else 'ASC'}" for term in expressions)
     text = (
-        f"SELECT r.document, r.byte_size FROM {events_table} e JOIN {records_table} r ON r.key = e.record_key "
+        f"SELECT r.document, r.byte_size, e.run_id, e.sequence FROM {events_table} e "
+        f"JOIN {records_table} r ON r.key = e.record_key "
         f"WHERE {' AND '.join(query.where)} ORDER BY {order} LIMIT {limit + 1}"
     )
     return OperatorSql(text, tuple(query.params), limit)
@@ -497,18 +498,36 @@ def run_event_list_query(
 # Pages
 
 
-def _documents(rows: Iterable[tuple[str, int]]) -> list[StorageDocument]:
-    return [StorageDocument.parse(text) if not isinstance(text, StorageDocument) else text for text, _ in rows]
+def _document(text: Any, what: str) -> StorageDocument:
+    if isinstance(text, StorageDocument):
+        return text
+    try:
+        return StorageDocument.parse(text)
+    except RunlaneError as error:  # not an envelope this version reads
+        raise _corrupt_row(what, f"cannot be read ({error.message.rstrip('.')})") from None
 
 
-def finish_run_page(query: OperatorSql, filter: RunFilter, rows: Iterable[tuple[str, int]]) -> Page[RunSummary]:
-    """The page of ``rows`` (document text, byte size) fetched with ``query``; stored documents that
-    fail to parse raise ``invariant_violation`` (the projection only ever holds decodable runs)."""
+def _corrupt_row(what: str, problem: str) -> RunlaneError:
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored document of {what} {problem}: durable corruption. Restore the record from a backup, or "
+        "prune or delete the run; nothing reads past it.",
+        meta={"record": what},
+    )
+
+
+def finish_run_page(query: OperatorSql, filter: RunFilter, rows: Iterable[tuple[Any, ...]]) -> Page[RunSummary]:
+    """The page of ``rows`` (document text, byte size, projected run id) fetched with ``query``. A
+    document that does not decode, or holds another run than its projection row, is durable
+    corruption: ``invariant_violation`` naming the run, never a row left out or shown under the wrong id."""
     runs: list[RunRecord] = []
-    for document in _documents(rows):
-        run = peek_run_document(document)
-        if run is not None:
-            runs.append(run)
+    for text, _size, run_id in rows:
+        run = peek_run_document(_document(text, f"run {run_id}"))
+        if run is None:
+            raise _corrupt_row(f"run {run_id}", "is not a readable run")
+        if run.id != run_id:
+            raise _corrupt_row(f"run {run_id}", f"holds run {run.id}")
+        runs.append(run)
     cursor = None
     if len(runs) > query.limit:
         runs = runs[: query.limit]
@@ -517,12 +536,21 @@ def finish_run_page(query: OperatorSql, filter: RunFilter, rows: Iterable[tuple[
     return Page[RunSummary](data=[run.to_summary().model_copy(deep=True) for run in runs], next_cursor=cursor)
 
 
-def finish_event_page(query: OperatorSql, filter: RunEventFilter, rows: Iterable[tuple[str, int]]) -> Page[RunEventRecord]:
+def finish_event_page(
+    query: OperatorSql, filter: RunEventFilter, rows: Iterable[tuple[Any, ...]]
+) -> Page[RunEventRecord]:
+    """The page of ``rows`` (document text, byte size, projected run id and sequence); a document that
+    does not decode or holds another event than its row is ``invariant_violation``, as for runs."""
     events: list[RunEventRecord] = []
-    for document in _documents(rows):
-        event = peek_run_event_document(document)
-        if event is not None:
-            events.append(event)
+    for text, _size, run_id, stored_sequence in rows:
+        sequence = int(stored_sequence)  # a zero-padded sortable text in some drivers
+        what = f"event {sequence} of run {run_id}"
+        event = peek_run_event_document(_document(text, what))
+        if event is None:
+            raise _corrupt_row(what, "is not a readable run event")
+        if (event.event.run_id, event.sequence) != (run_id, sequence):
+            raise _corrupt_row(what, f"holds event {event.sequence} of run {event.event.run_id}")
+        events.append(event)
     cursor = None
     if len(events) > query.limit:
         events = events[: query.limit]
