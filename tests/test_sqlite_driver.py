@@ -883,7 +883,8 @@ async def test_operator_reads_name_a_run_or_event_whose_document_holds_something
         with pytest.raises(RunlaneError) as raised:
             await runtime.runs.list()
         assert raised.value.code is ErrorCode.INVARIANT_VIOLATION
-        assert f"The stored document of run {first.id} holds run {second.id}: durable corruption" in raised.value.message
+        message = raised.value.message
+        assert f"The stored document of run {first.id} holds run {second.id}: durable corruption" in message
         put(run_key(first.id), run_text)
 
         two_key, one_text, two_text = event_key(first.id, 2), text(event_key(first.id, 1)), text(event_key(first.id, 2))
