@@ -447,6 +447,23 @@ async def test_poll_worker_rides_out_storage_outage_and_continues(caplog):
         await worker.stop()
 
 
+async def test_a_drain_worker_fails_once_storage_stays_unavailable(monkeypatch, caplog):
+    import runlane.core.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "DRAIN_OUTAGE_LIMIT_S", 0.3)
+    runtime, _ = make_runtime(count)
+    async with runtime:
+        await runtime.lane.storage.close()  # every storage call now fails with storage_unavailable
+        drain = runtime.worker(mode=WorkerMode.DRAIN)
+        with caplog.at_level("WARNING", logger="runlane.worker"), pytest.raises(RunlaneError) as raised:
+            await asyncio.wait_for(drain.closed, 5)  # a drain is a job meant to end: it does not wait forever
+        assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE and drain.storage_errors > 1
+        assert "a drain gives up after 0.3s without storage" in caplog.text
+        # A poll worker keeps waiting it out (covered above); storage back, a drain works again.
+        await runtime.lane.storage.start()
+        await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN).closed, 5)
+
+
 async def test_an_outage_during_an_attempt_neither_aborts_it_nor_loses_its_outcome(caplog):
     # Storage goes away while the handler runs (heartbeats fail) and is still away when it returns
     # (the outcome write fails). The worker's attempt keeps going and writes its outcome once storage

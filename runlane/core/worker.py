@@ -12,8 +12,9 @@ storage transactions).
 
 Transient storage failures (``storage_unavailable``, ``storage_conflict``) do not stop a worker: it
 logs the first one on the ``runlane.worker`` logger, counts them (``storage_errors``, ``last_error``),
-backs off (50 ms doubling to 2 s, with jitter) and logs again when storage answers. Any other error
-stops the worker and is raised from ``closed``.
+backs off (50 ms doubling to 2 s, with jitter) and logs again when storage answers. A drain worker, a
+job meant to end, gives up once storage has been unavailable for ``DRAIN_OUTAGE_LIMIT_S`` in a row
+and raises that error from ``closed``. Any other error stops the worker and is raised from ``closed``.
 
 ``stop()`` (or the worker's ``signal``) aborts the signal every running attempt's ``TaskContext``
 is linked to, waits for those attempts to finish cooperatively, then settles ``closed``. It is not
@@ -50,6 +51,8 @@ _SCAN_PER_SLOT = 4
 # Transient storage failures a worker rides out with backoff (seconds) instead of stopping.
 _TRANSIENT_CODES = frozenset({ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.STORAGE_CONFLICT})
 _BACKOFF_START = 0.05
+# How long a drain worker waits out unavailable storage before it fails (seconds).
+DRAIN_OUTAGE_LIMIT_S = 30.0
 _BACKOFF_MAX = 2.0
 _log = logging.getLogger("runlane.worker")
 
@@ -85,6 +88,7 @@ class WorkerHandle:
         self._executed = 0
         self._reserved = 0
         self._failures = 0  # consecutive transient storage failures (0: healthy)
+        self._unavailable_since: float | None = None  # loop time storage became unavailable, if it is
         self._storage_errors = 0
         self._last_error: RunlaneError | None = None
         self._error: BaseException | None = None
@@ -155,14 +159,26 @@ class WorkerHandle:
         self._last_error = error
         if self._failures == 0:
             _log.warning(
-                "Worker %s: storage failed (%s: %s); retrying with backoff.",
+                "Worker %s: storage failed (%s: %s); retrying with backoff%s.",
                 self._options.worker_id, error.code.value, error.message,
+                f" (a drain gives up after {DRAIN_OUTAGE_LIMIT_S:g}s without storage)"
+                if self._mode is WorkerMode.DRAIN else "",
             )  # fmt: skip
         self._failures += 1
 
     def _recovered(self) -> None:
         _log.warning("Worker %s: storage is reachable again after %d failures.", self._options.worker_id, self._failures)
         self._failures = 0
+        self._unavailable_since = None
+
+    def _outlasted_drain(self, error: RunlaneError) -> bool:
+        """Whether a drain worker has waited out unavailable storage long enough and should fail."""
+        if self._mode is not WorkerMode.DRAIN or error.code is not ErrorCode.STORAGE_UNAVAILABLE:
+            return False
+        now = self._loop.time()
+        if self._unavailable_since is None:
+            self._unavailable_since = now
+        return now - self._unavailable_since >= DRAIN_OUTAGE_LIMIT_S
 
     def _backoff(self) -> float:
         """Seconds before the next try: doubling from 50 ms, capped at 2 s, with jitter."""
@@ -221,7 +237,7 @@ class WorkerHandle:
             try:
                 run, status = await runtime.execute_one(queues, options, pool)
             except RunlaneError as error:
-                if not _is_transient(error):
+                if not _is_transient(error) or self._outlasted_drain(error):
                     raise
                 # Storage is down or contended: report it, back off, and keep the worker alive. An
                 # attempt whose outcome could not be written keeps its lease; recovery re-delivers it.
