@@ -156,6 +156,10 @@ def test_only_postgres_urls_are_accepted(url: Any) -> None:
         ("postgres://user@localhost/db?sslmode=strict", "sslmode to 'strict'; use one of allow, disable"),
         ("postgres://user@localhost/db?connect_timeout=5s", "connect_timeout to '5s'"),
         ("postgres://user@localhost/db?bogus=1", 'invalid URI query parameter: "bogus"'),
+        ("postgres://user@localhost:99999/db", "port to '99999'; a port is between 1 and 65535"),
+        ("postgres://user@localhost/db?port=0", "port to '0'; a port is between 1 and 65535"),
+        ("postgres://user@localhost/db?channel_binding=bogus", "channel_binding to 'bogus'; use one of disable"),
+        ("postgres://user@localhost/db?ssl_min_protocol_version=TLSv9", "ssl_min_protocol_version to 'TLSv9'"),
     ],
 )
 def test_options_libpq_would_refuse_on_every_connect_are_refused_up_front(url: str, says: str) -> None:
@@ -409,6 +413,20 @@ async def test_start_on_a_missing_database_is_configuration_invalid(schemas: Sch
     driver = postgres_storage(f"{base}/runlane_no_such_database_{uuid.uuid4().hex[:6]}")
     error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
     assert error.meta.get("sqlstate") == "3D000"
+
+
+async def test_a_server_setting_the_connection_options_get_wrong_is_configuration_invalid(schemas: Schemas) -> None:
+    # The server refuses it on every connect: waiting would never help.
+    for options in ("-c%20statement_timeout%3Dabc", "-c%20no_such_setting%3D1"):
+        driver = postgres_storage(f"{schemas.url}?options={options}")
+        error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+        assert not error.retryable and "fix the connection string's options" in error.message
+
+
+def test_timeouts_must_be_finite() -> None:
+    for option in ("pool_timeout", "connect_timeout", "statement_timeout"):
+        with pytest.raises(RunlaneError, match=f"{option} must be a positive number of seconds"):
+            postgres_storage("postgres://user@localhost/db", **{option: float("nan")})
 
 
 async def test_unreachable_server_is_storage_unavailable_within_the_connect_timeout() -> None:

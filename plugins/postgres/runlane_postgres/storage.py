@@ -70,6 +70,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import math
 import os
 import re
 import select
@@ -245,8 +246,12 @@ _INTEGER_OPTIONS = frozenset(
     {"port", "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
      "tcp_user_timeout"}
 )  # fmt: skip
+_TLS_VERSIONS = frozenset({"TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"})
 _CHOICE_OPTIONS = {
     "sslmode": frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"}),
+    "channel_binding": frozenset({"disable", "prefer", "require"}),
+    "ssl_min_protocol_version": _TLS_VERSIONS,
+    "ssl_max_protocol_version": _TLS_VERSIONS,
     "target_session_attrs": frozenset({"any", "read-write", "read-only", "primary", "standby", "prefer-standby"}),
     "gssencmode": frozenset({"disable", "prefer", "require"}),
     "load_balance_hosts": frozenset({"disable", "random"}),
@@ -266,6 +271,11 @@ def _check_conninfo(conninfo: str) -> None:
         if name in _INTEGER_OPTIONS and not all(part.strip().isdigit() for part in text.split(",") if part.strip()):
             raise _invalid(
                 f"The Postgres connection string sets {name} to {text!r}; it must be a whole number.",
+                field="connection_string",
+            )
+        if name == "port" and not all(0 < int(part) < 65536 for part in text.split(",") if part.strip()):
+            raise _invalid(
+                f"The Postgres connection string sets port to {text!r}; a port is between 1 and 65535.",
                 field="connection_string",
             )
         choices = _CHOICE_OPTIONS.get(name)
@@ -300,6 +310,8 @@ _CONNECT_FAILURES = (
     (re.compile(r"FATAL:\s+permission denied for database"), "42501"),
     (re.compile(r"FATAL:\s+(sorry, )?too many clients"), "53300"),
     (re.compile(r"FATAL:\s+the database system is (starting up|shutting down|in recovery mode)"), "57P03"),
+    # A setting in the connection string's ``options`` the server refuses, on every connect.
+    (re.compile(r"FATAL:\s+(invalid value for parameter|unrecognized configuration parameter)"), "22023"),
 )
 
 
@@ -385,6 +397,13 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
         )
     if state is not None and state.startswith("RL"):
         return RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"Could not {doing}: {detail}.", meta=meta)
+    if state == "22023" and isinstance(error, psycopg.OperationalError):
+        return RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Could not {doing}: Postgres refused a setting of the connection [{state}] ({detail}); fix the "
+            "connection string's options.",
+            meta=meta,
+        )
     if state == "42501":
         return RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
@@ -1319,12 +1338,12 @@ class PostgresStorageDriver(ClientClock):
         if not isinstance(name, str) or not name:
             raise _invalid("name must be a non-empty string.")
         for option, seconds in (("connect_timeout", connect_timeout), ("pool_timeout", pool_timeout)):
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
                 raise _invalid(f"{option} must be a positive number of seconds.")
         if statement_timeout is not None and (
             isinstance(statement_timeout, bool)
             or not isinstance(statement_timeout, (int, float))
-            or statement_timeout <= 0
+            or not 0 < statement_timeout < math.inf
         ):
             raise _invalid("statement_timeout must be a positive number of seconds or None.")
         self.name = name
