@@ -901,6 +901,26 @@ async def test_operator_reads_name_a_run_or_event_whose_document_holds_something
         assert len((await runtime.runs.events(first.id)).data) == first.event_sequence
 
 
+async def test_a_lane_starts_and_reads_while_another_process_holds_the_write_lock(database: Path) -> None:
+    first = sqlite_storage(database)
+    await first.start()  # creates the schema
+    key = StorageRecordKey("items", "read-while-locked")
+    await create(first, record(key, {"n": 1}))
+    await first.close()
+    blocker = sqlite3.connect(database, isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")  # a writer elsewhere, mid-transaction
+        reader = sqlite_storage(database, busy_timeout=0.2)
+        await asyncio.wait_for(reader.start(), WAIT)  # a current schema is only read
+        try:
+            assert (await reader.get([key]))[0].document.value == {"n": 1}
+        finally:
+            await reader.close()
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+
+
 async def test_a_locked_database_is_storage_unavailable_without_blocking_the_loop(database: Path) -> None:
     driver = sqlite_storage(database, busy_timeout=0.4)
     await driver.start()

@@ -236,6 +236,9 @@ _SCHEMA = (
 _TABLES = frozenset(
     {"runlane_meta", _RECORDS, _INDEX_ROWS, "runlane_version_counter", _HOLDS, _OPERATOR_RUNS, _OPERATOR_EVENTS}
 )
+_SCHEMA_INDEXES = frozenset(
+    statement.split()[5] for statement in _SCHEMA if statement.startswith("CREATE INDEX IF NOT EXISTS")
+)
 
 
 def _upsert(table: str, columns: Sequence[str], key: Sequence[str]) -> str:
@@ -692,8 +695,12 @@ class SqliteStorageDriver(ClientClock):
     def _ensure_schema(self, connection: sqlite3.Connection) -> None:
         """Create the schema in a file without one; check the version and tables of a file with one.
 
-        Runs in one write transaction, so processes starting together create it once.
+        A file whose schema is already current is only read (starting a lane never waits for a writer
+        of another process); anything to create or upgrade runs in one write transaction, so processes
+        starting together do it once.
         """
+        if self._schema_is_current(connection):
+            return
         path = str(self.path)
         connection.execute("BEGIN IMMEDIATE")
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -744,6 +751,20 @@ class SqliteStorageDriver(ClientClock):
             if statement.startswith("CREATE INDEX IF NOT EXISTS"):
                 connection.execute(statement)
         connection.execute("COMMIT")
+
+    def _schema_is_current(self, connection: sqlite3.Connection) -> bool:
+        """Whether every table, index and the version of this schema are there, in one read transaction."""
+        connection.execute("BEGIN")
+        try:
+            listed = connection.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'index')")
+            names = {row[0] for row in listed}
+            if not (_TABLES | _SCHEMA_INDEXES) <= names or "runlane_meta" not in names:
+                return False
+            row = connection.execute("SELECT value FROM runlane_meta WHERE name = 'schema_version'").fetchone()
+            counter = connection.execute("SELECT last FROM runlane_version_counter WHERE id = 1").fetchone()
+            return row is not None and row[0] == str(SCHEMA_VERSION) and counter is not None
+        finally:
+            connection.execute("COMMIT")
 
     def _close_connection(self) -> None:
         connection, self._connection = self._connection, None
