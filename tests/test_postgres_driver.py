@@ -1172,6 +1172,9 @@ def test_plugin_registers_the_lane_and_the_storage_driver() -> None:
     assert info.value.code is ErrorCode.CONFIGURATION_INVALID and "shema" in info.value.message
     with pytest.raises(RunlaneError):
         validate_options(lane_provider, {"schema": "tenant"})  # no connection string
+    with pytest.raises(RunlaneError) as info:  # both spellings: which one was meant?
+        validate_options(lane_provider, {"url": "postgresql://db/a", "connection_string": "postgresql://db/b"})
+    assert "(plugin 'postgres'): set connection_string or its alias url, not both. Allowed keys" in info.value.message
     lane = lane_provider.create(options, None)
     assert lane.name == "postgres-polling" and lane.storage.schema == "tenant"
     storage_provider = registries.storage_drivers.get("postgres")

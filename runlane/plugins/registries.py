@@ -415,7 +415,8 @@ def validate_options(provider: _Provider, options: Mapping[str, Any], *, table: 
                 there = f" (allowed there: {', '.join(sorted(nested))})" if nested else ""
                 problems.append(f"unknown key {key!r}{there}")
             else:
-                problems.append(f"key {key!r}: {detail['msg']}")
+                message = str(detail["msg"]).removeprefix("Value error, ").rstrip(".")
+                problems.append(f"key {key!r}: {message}" if detail["loc"] else message)
         allowed = ", ".join(sorted(provider.options_model.model_fields)) or "none"
         raise _invalid(
             f"Invalid options in {where} for {provider.kind} {provider.name!r} (plugin {provider.plugin!r}): "

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from rich.text import Text
 
 from runlane.errors import ErrorCode, RunlaneError
@@ -46,12 +46,23 @@ __all__ = [
 
 _CONNECTION_STRING = Field(min_length=1, validation_alias=AliasChoices("connection_string", "url"))
 
+
+class _ConnectionOptions(BaseModel):
+    """``connection_string`` and its alias ``url``: one of them, not both (which one would win?)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "connection_string" in data and "url" in data:
+            raise ValueError("set connection_string or its alias url, not both")
+        return data
+
 # ``schema`` is the documented option name; pydantic only warns that it shadows a deprecated
 # BaseModel method, which these frozen option models never call.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message='Field name "schema"', category=UserWarning)
 
-    class PostgresPollingLaneOptions(BaseModel):
+    class PostgresPollingLaneOptions(_ConnectionOptions):
         """Options of ``[lane] use = "postgres-polling"``.
 
         ``connection_string`` (alias ``url``) is a ``postgres://`` or ``postgresql://`` URL; ``schema``
@@ -67,7 +78,7 @@ with warnings.catch_warnings():
         min_size: int = Field(default=1, ge=0)
         max_size: int = Field(default=10, ge=1)
 
-    class PostgresStorageOptions(BaseModel):
+    class PostgresStorageOptions(_ConnectionOptions):
         """Options of the ``postgres`` storage driver (the same connection keys as the lane)."""
 
         model_config = ConfigDict(extra="forbid", frozen=True)

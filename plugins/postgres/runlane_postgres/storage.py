@@ -445,7 +445,7 @@ def _document(key: str, text: Any) -> StorageDocument:
     try:
         return StorageDocument.parse(text)  # the exact reason, or a valid envelope written by another tool
     except RunlaneError as error:
-        raise _corrupt(key, error.message) from None
+        raise _corrupt(key, error.message.rstrip(".")) from None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -933,9 +933,10 @@ class _PostgresAttempt(StorageAttempt):
         if _is_disconnect(error):
             self._broken = True
             if committing:
+                detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 return RunlaneError(
                     ErrorCode.STORAGE_UNAVAILABLE,
-                    f"Lost the Postgres connection while committing; the transaction's outcome is unknown ({error}).",
+                    f"Lost the Postgres connection while committing; the transaction's outcome is unknown ({detail}).",
                     retryable=True,
                     meta={"sqlstate": _sqlstate(error)} if _sqlstate(error) else {},
                 )
