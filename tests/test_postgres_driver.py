@@ -413,6 +413,15 @@ async def test_start_on_a_missing_database_is_configuration_invalid(schemas: Sch
     driver = postgres_storage(f"{base}/runlane_no_such_database_{uuid.uuid4().hex[:6]}")
     error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
     assert error.meta.get("sqlstate") == "3D000"
+    assert "then run `runlane postgres migrate`" in error.message
+    # Migrating a database that does not exist does not tell the user to migrate it.
+    from runlane_postgres import apply_postgres_migrations
+
+    error = await expect_error(
+        apply_postgres_migrations(f"{base}/runlane_no_such_database_{uuid.uuid4().hex[:6]}"),
+        ErrorCode.CONFIGURATION_INVALID,
+    )
+    assert error.message.endswith("check the connection string's user, password and database.")
 
 
 async def test_a_server_setting_the_connection_options_get_wrong_is_configuration_invalid(schemas: Schemas) -> None:

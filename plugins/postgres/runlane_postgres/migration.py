@@ -131,7 +131,7 @@ async def apply_postgres_migrations(
             target.conninfo, **target.connection_defaults(connect_timeout=connect_timeout)
         )
     except Exception as error:  # noqa: BLE001 - mapped to a RunlaneError
-        raise map_postgres_error(error, f"connect to Postgres at {target.display}") from None
+        raise map_postgres_error(error, f"connect to Postgres at {target.display}", migrating=True) from None
     try:
         async with connection:
             async with connection.transaction():

@@ -385,7 +385,8 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
         return RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             f"Could not {doing}: Postgres rejected the connection [{state}] ({detail}); check the connection "
-            f"string's user, password and database, then {MIGRATE_HINT} Runlane.",
+            "string's user, password and database"
+            + ("." if migrating else f", then {MIGRATE_HINT} Runlane."),
             meta=meta,
         )
     if state is not None and state in _MIGRATION_STATES and not migrating:
