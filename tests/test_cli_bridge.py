@@ -293,3 +293,26 @@ def test_a_shared_lane_gets_no_process_local_warning(tmp_path: Path) -> None:
     root = make_project(tmp_path / "proj", TASKS, lane="sqlite")
     result = cli(root, "trigger", "emails.welcome", '{"user_id": "u1"}')
     assert result.returncode == 0 and result.stderr == ""
+
+
+async def test_a_dev_that_does_not_answer_is_named_while_the_command_waits(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A dev process whose event loop a handler blocks: the connection is accepted, no answer comes.
+    async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the client gives up and closes
+        writer.close()
+
+    server = await asyncio.start_server(never_answers, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setattr(bridge, "SLOW_ANSWER_NOTE_S", 0.1)
+    monkeypatch.setattr(bridge, "RESPONSE_TIMEOUT_S", 0.5)
+    session = bridge.Session("/x/runlane.toml", port, "token", 4242, "2026-01-01T00:00:00.000Z", Path("/nowhere"))
+    try:
+        with pytest.raises(bridge.RunlaneError) as raised:
+            await bridge._post(session, b"{}")
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert raised.value.code.value == "transport_unavailable" and "did not answer in time" in raised.value.message
+    assert "note: waiting for runlane dev (pid 4242) to answer" in capsys.readouterr().err

@@ -58,6 +58,8 @@ MAX_HEADERS = 64
 READ_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 RESPONSE_TIMEOUT_S = 300.0
+# After this long without an answer a proxied command says what it is waiting for (seconds).
+SLOW_ANSWER_NOTE_S = 5.0
 
 _REASONS = {
     200: "OK",
@@ -444,7 +446,11 @@ async def _post(session: Session, body: bytes, *, token: str | None = None) -> t
         )
         writer.write(head.encode("ascii") + body)
         await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), timeout=RESPONSE_TIMEOUT_S)
+        note = asyncio.get_running_loop().call_later(SLOW_ANSWER_NOTE_S, _say_waiting, session)
+        try:
+            raw = await asyncio.wait_for(reader.read(), timeout=RESPONSE_TIMEOUT_S)
+        finally:
+            note.cancel()
     except TimeoutError:
         raise RunlaneError(
             ErrorCode.TRANSPORT_UNAVAILABLE, f"The runlane dev process (pid {session.pid}) did not answer in time."
@@ -467,6 +473,17 @@ async def _post(session: Session, body: bytes, *, token: str | None = None) -> t
     except (UnicodeDecodeError, ValueError):
         raise _Stale("not a runlane dev bridge response") from None
     return int(parts[1]), document
+
+
+def _say_waiting(session: Session) -> None:
+    print(
+        f"note: waiting for runlane dev (pid {session.pid}) to answer; it has been busy for "
+        f"{SLOW_ANSWER_NOTE_S:g}s. A handler blocking its event loop (time.sleep or blocking I/O in an "
+        "async def) holds every command up; gives up after "
+        f"{RESPONSE_TIMEOUT_S:g}s.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _request_body(op: Operation, params: OperationParams, output: Output, *, quiet: bool = False) -> bytes:
