@@ -490,6 +490,58 @@ def test_an_installed_plugin_whose_registration_fails_is_reported_and_skipped(ca
             pm.unregister(name="failing-plugin")
 
 
+def test_plugin_commands_that_break_or_shadow_runlane_commands_are_skipped_and_the_cli_starts(capsys):
+    import typer
+    import typer.main
+
+    from runlane.cli.main import build_app
+
+    class Raising:
+        @hookimpl
+        def register_commands(self, app):
+            raise RuntimeError("command hook exploded")
+
+    class BrokenElsewhere:  # its lanes hook fails: none of its commands may appear either
+        @hookimpl
+        def register_lanes(self, register):
+            raise RuntimeError("lane hook exploded")
+
+        @hookimpl
+        def register_commands(self, app):
+            app.command("ghost")(lambda: None)
+
+    class Shadowing:
+        @hookimpl
+        def register_commands(self, app):
+            fake = typer.Typer()
+            fake.command("list")(lambda: print("shadowed"))
+            app.add_typer(fake, name="runs")
+            app.command("extra-from-shadowing")(lambda: None)
+
+    class Healthy:
+        @hookimpl
+        def register_commands(self, app):
+            app.command("hello")(lambda: print("hi"))
+
+    plugins = {"raising": Raising(), "broken-elsewhere": BrokenElsewhere(), "shadowing": Shadowing(), "healthy": Healthy()}
+    for name, plugin in plugins.items():
+        pm.register(plugin, name=name)
+    try:
+        app = build_app()
+        commands = typer.main.get_group(app).commands
+        assert "hello" in commands and "ghost" not in commands and "extra-from-shadowing" not in commands
+        assert {"get", "list", "attempts"} <= set(commands["runs"].commands)  # still runlane's own runs group
+        err = capsys.readouterr().err
+        assert "skipped plugin 'raising'" in err and "register_commands raised RuntimeError: command hook exploded" in err
+        assert "skipped plugin 'broken-elsewhere'" in err and "lane hook exploded" in err
+        assert "skipped plugin 'shadowing'" in err and "its commands runs are already runlane commands" in err
+        assert [name for name in plugins if pm.has_plugin(name)] == ["healthy"]
+    finally:
+        for name in plugins:
+            if pm.has_plugin(name):
+                pm.unregister(name=name)
+
+
 def test_a_name_two_installed_plugins_register_fails_only_where_it_is_used():
     pm.register(lane_plugin("shared"), name="first")
     pm.register(lane_plugin("shared"), name="second")

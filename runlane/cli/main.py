@@ -26,7 +26,7 @@ from .. import __version__
 from ..config import LoadedConfig, build_runtime, load_config
 from ..core.runtime import Runlane
 from ..errors import ErrorCode, RunlaneError
-from ..plugins.manager import get_registries, load_plugins, pm
+from ..plugins.manager import get_registries, load_plugins, pm, skip_plugin
 from ..plugins.registries import ProviderContext, Registries, validate_options
 from .output import Output
 
@@ -503,8 +503,50 @@ def build_app() -> typer.Typer:
     for module in (dev, work, tick, export, trigger, actions, queues, tui):
         root.add_typer(module.app)
     load_plugins()
-    pm.hook.register_commands(app=root)
+    get_registries()  # a plugin whose registration fails is skipped here, so it adds no command below
+    _register_plugin_commands(root)
     return root
+
+
+def _command_names(app: typer.Typer) -> list[str]:
+    """The top-level command names of ``app`` (a group added without a name contributes its own)."""
+    names = []
+    for command in app.registered_commands:
+        name = command.name if isinstance(command.name, str) else None
+        names.append(name or command.callback.__name__.lower().replace("_", "-"))  # Typer's default
+    for group in app.registered_groups:
+        name = group.name if isinstance(group.name, str) else None
+        own = group.typer_instance.info.name
+        if name is None and isinstance(own, str):
+            name = own
+        names.extend([name] if name else _command_names(group.typer_instance))
+    return names
+
+
+def _register_plugin_commands(root: typer.Typer) -> None:
+    """Each plugin's ``register_commands``, one at a time: a plugin whose hook raises, or that adds a
+    command a runlane command or an earlier plugin already has, is skipped (reported like a plugin
+    that fails to import) and what it added is taken back; the CLI itself always starts."""
+    for hook in reversed(pm.hook.register_commands.get_hookimpls()):  # pluggy calls the last registered first
+        commands, groups = len(root.registered_commands), len(root.registered_groups)
+        taken = set(_command_names(root))
+        try:
+            hook.function(app=root)
+            clashes = sorted(set(_names_added(root, commands, groups)) & taken)
+            problem = f"its commands {', '.join(clashes)} are already runlane commands" if clashes else None
+        except (Exception, SystemExit) as error:  # a broken plugin must never take the CLI down
+            problem = f"register_commands raised {type(error).__name__}: {error}"
+        if problem is not None:
+            del root.registered_commands[commands:], root.registered_groups[groups:]
+            skip_plugin(hook.plugin_name, f"{problem}; its commands are not added.")
+
+
+def _names_added(root: typer.Typer, commands: int, groups: int) -> list[str]:
+    """The names the commands and groups registered after the first ``commands`` / ``groups`` give."""
+    probe = typer.Typer()
+    probe.registered_commands = root.registered_commands[commands:]
+    probe.registered_groups = root.registered_groups[groups:]
+    return _command_names(probe)
 
 
 app = build_app()

@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import pluggy
 
-from ..errors import RunlaneError
+from ..errors import ErrorCode, RunlaneError
 from . import hookspecs
 from .registries import Registries, collect_registries
 
@@ -30,6 +30,7 @@ __all__ = [
     "PluginInfo",
     "PluginLoadFailure",
     "get_plugin_failures",
+    "skip_plugin",
     "get_plugins",
     "get_registries",
     "load_entry_point_plugins",
@@ -199,6 +200,11 @@ def get_registries(manager: pluggy.PluginManager | None = None) -> Registries:
             if not isinstance(plugin, str) or plugin in DEFAULT_PLUGINS or not pm.has_plugin(plugin):
                 raise
             _skip_registered(plugin, error)
+
+
+def skip_plugin(name: str, reason: str) -> None:
+    """Report plugin ``name`` as skipped for ``reason`` (stderr, ``get_plugin_failures``) and unregister it."""
+    _skip_registered(name, RunlaneError(ErrorCode.CONFIGURATION_INVALID, reason))
 
 
 def _skip_registered(name: str, error: RunlaneError, stderr: IO[str] | None = None) -> None:
