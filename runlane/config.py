@@ -604,7 +604,7 @@ def load_runtime(
     config: LoadedConfig,
     *,
     lane_factory: LaneFactory,
-    task_modules: Sequence[str] = (),
+    task_modules: Sequence[str] | Mapping[str, str] = (),
     observers: Sequence[Callable[..., Any]] = (),
 ) -> Runlane:
     """Build the configured runtime from synchronous code.
@@ -630,14 +630,15 @@ async def build_runtime(
     config: LoadedConfig,
     *,
     lane_factory: LaneFactory,
-    task_modules: Sequence[str] = (),
+    task_modules: Sequence[str] | Mapping[str, str] = (),
     observers: Sequence[Callable[..., Any]] = (),
 ) -> Runlane:
     """Build the configured runtime, awaiting async runtime factories and lane factories.
 
     With ``[runlane] runtime = "module:attribute"`` the attribute is a ``Runlane`` or a factory (sync or
     async, no arguments) returning one. Otherwise every ``TaskDefinition`` and ``QueueDefinition`` at
-    module level in ``[runlane] tasks`` (and ``task_modules``, such as plugin contributions) is
+    module level in ``[runlane] tasks`` (and ``task_modules``, such as plugin contributions, given as
+    a mapping of module to plugin name so an import failure names the plugin) is
     registered on ``create_runlane(lane=lane_factory(use, options), ...)``.
     """
     steps = _runtime_steps(config, lane_factory, task_modules, observers)
@@ -679,7 +680,7 @@ _Steps = Generator[Awaitable[Any], Any, Runlane]
 def _runtime_steps(
     config: LoadedConfig,
     lane_factory: LaneFactory,
-    task_modules: Sequence[str],
+    task_modules: Sequence[str] | Mapping[str, str],
     observers: Sequence[Callable[..., Any]],
 ) -> _Steps:
     source = config.source
@@ -731,7 +732,10 @@ def _runtime_steps(
     lane_config = config.lane
     assert lane_config is not None  # parse_config requires [lane] without runtime
     module_names = list(dict.fromkeys([*section.tasks, *task_modules]))
-    queues, tasks = _collect_definitions(source, module_names)
+    owners = {} if not isinstance(task_modules, Mapping) else {
+        module: plugin for module, plugin in task_modules.items() if module not in section.tasks
+    }
+    queues, tasks = _collect_definitions(source, module_names, owners)
     lane = lane_factory(lane_config.use, dict(lane_config.options))
     if inspect.isawaitable(lane):
         lane = yield lane
@@ -750,15 +754,22 @@ def _add_search_path(directory: Path) -> None:
         sys.path.insert(0, entry)
 
 
-def _import_module(source: ConfigSource, name: str, key: str) -> ModuleType:
+def _import_module(source: ConfigSource, name: str, key: str, *, plugin: str | None = None) -> ModuleType:
     where = source.display or str(source.path)
     try:
         return importlib.import_module(name)
     except Exception as error:
         location = _application_frame(error)
+        whose = (
+            f"plugin {plugin!r} registers task module {name!r} (register_task_modules), which cannot be imported"
+            if plugin is not None
+            else f"{where}: [{source.table_name('runlane')}] {key}: cannot import module {name!r}"
+        )
+        hint = "; fix or uninstall the plugin, or leave it out of RUNLANE_LOAD_PLUGINS" if plugin is not None else ""
         raise _invalid(
-            f"{where}: [{source.table_name('runlane')}] {key}: cannot import module {name!r}: "
-            f"{type(error).__name__}: {error}" + (f" ({location[0]}, line {location[1]})" if location else ""),
+            f"{whose}: {type(error).__name__}: {error}"
+            + (f" ({location[0]}, line {location[1]})" if location else "")
+            + hint,
             path=str(source.path),
             module=name,
             cause=error,
@@ -818,9 +829,10 @@ def _import_attribute(source: ConfigSource, module_name: str, attribute: str) ->
 
 
 def _collect_definitions(
-    source: ConfigSource, module_names: Sequence[str]
+    source: ConfigSource, module_names: Sequence[str], owners: Mapping[str, str] | None = None
 ) -> tuple[list[QueueDefinition], list[TaskDefinition]]:
-    """Every module-level task and queue, deduplicated; queues referenced only by a task are included."""
+    """Every module-level task and queue, deduplicated; queues referenced only by a task are included.
+    ``owners`` names the plugin that contributed a module (not listed in ``[runlane] tasks``)."""
     tasks: list[TaskDefinition] = []
     seen_tasks: set[int] = set()
     queues: list[QueueDefinition] = []
@@ -832,7 +844,7 @@ def _collect_definitions(
             queues.append(candidate)
 
     for name in module_names:
-        module = _import_module(source, name, "tasks")
+        module = _import_module(source, name, "tasks", plugin=(owners or {}).get(name))
         for value in list(vars(module).values()):
             if isinstance(value, TaskDefinition) and id(value) not in seen_tasks:
                 seen_tasks.add(id(value))

@@ -543,6 +543,15 @@ def test_extra_task_modules_are_imported_too(tmp_path: Path) -> None:
     assert sorted(runtime.tasks) == ["billing.charge", "emails.welcome"]
 
 
+def test_a_plugin_task_module_that_fails_to_import_names_the_plugin(tmp_path: Path) -> None:
+    loaded = load(tmp_path, '[lane]\nuse = "local"\n')
+    with pytest.raises(RunlaneError) as caught:
+        load_runtime(loaded, lane_factory=RecordingLaneFactory(), task_modules={"no_such_plugin_tasks": "acme"})
+    message = caught.value.message
+    assert message.startswith("plugin 'acme' registers task module 'no_such_plugin_tasks' (register_task_modules)")
+    assert "[runlane] tasks" not in message and "leave it out of RUNLANE_LOAD_PLUGINS" in message
+
+
 def test_lane_options_reach_the_factory_unchanged(tmp_path: Path) -> None:
     module = unique("tasks")
     write(tmp_path / f"{module}.py", TASKS_MODULE)

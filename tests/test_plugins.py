@@ -565,3 +565,36 @@ def test_a_plugin_that_exits_while_importing_is_skipped(capsys):
     entry_points = [FakeEntryPoint("exits", error=SystemExit(3)), FakeEntryPoint("healthy", lane_plugin("healthy"))]
     assert load_entry_point_plugins(fresh, entry_points) == ["healthy"]
     assert "skipped plugin 'exits'" in capsys.readouterr().err
+
+
+def test_a_provider_whose_create_raises_is_a_configuration_error_naming_its_plugin(tmp_path: Path):
+    from runlane.cli.main import _lane_factory, configured_exporters
+    from runlane.config import load_config
+    from runlane.plugins.registries import collect_registries
+
+    def explode(options, context):
+        raise ValueError("no credentials in the environment")
+
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("fragile", NoOptions, explode))
+
+        @hookimpl
+        def register_exporters(self, register):
+            register(ExporterProvider("fragile", NoOptions, explode))
+
+    fresh = new_manager()
+    fresh.register(Plugin(), name="fragile-plugin")
+    registries = collect_registries(fresh)
+    config_file = tmp_path / "runlane.toml"
+    config_file.write_text('[lane]\nuse = "fragile"\n[[exporters]]\nuse = "fragile"\nconsumer = "c"\n')
+    config = load_config(config_file)
+    builds = (lambda: _lane_factory(config, registries)("fragile", {}), lambda: configured_exporters(config, registries))
+    for build in builds:
+        with pytest.raises(RunlaneError) as raised:
+            build()
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert "of plugin 'fragile-plugin' failed to start: ValueError: no credentials in the environment" in (
+            raised.value.message
+        )

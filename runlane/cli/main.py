@@ -93,9 +93,26 @@ def _lane_factory(config: LoadedConfig, registries: Registries) -> Callable[[str
         provider = registries.lanes.get(use)
         validated = validate_options(provider, options, table=f"[{config.source.table_name('lane')}]")
         context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
-        return provider.create(validated, context)
+        return _created(provider, lambda: provider.create(validated, context))
 
     return create
+
+
+def _created(provider: Any, create: Callable[[], T]) -> T:
+    """``create()``, a provider's ``create``: a plain exception from the plugin's code becomes a
+    ``configuration_invalid`` naming the provider and its plugin, not a traceback."""
+    try:
+        return create()
+    except RunlaneError:
+        raise
+    except Exception as error:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The {provider.kind} {provider.name!r} of plugin {provider.plugin!r} failed to start: "
+            f"{type(error).__name__}: {error}. Check its options, or report it to the plugin's authors.",
+            meta={"provider": provider.name, "plugin": provider.plugin},
+            cause=error,
+        ) from error
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +134,7 @@ def configured_exporters(config: LoadedConfig, registries: Registries | None = N
     resolved = _exporter_options(config, registries)
     context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
     return [
-        ConfiguredExporter(entry.use, entry.consumer, provider.create(options, context))
+        ConfiguredExporter(entry.use, entry.consumer, _created(provider, lambda: provider.create(options, context)))
         for entry, provider, options in resolved
     ]
 
@@ -147,7 +164,7 @@ async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) ->
     runtime = await build_runtime(
         config,
         lane_factory=_lane_factory(config, registries),
-        task_modules=[contribution.value for contribution in registries.task_modules],
+        task_modules={contribution.value: contribution.plugin for contribution in registries.task_modules},
         observers=[contribution.value for contribution in registries.observers],
     )
     try:
