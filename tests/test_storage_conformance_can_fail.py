@@ -678,3 +678,13 @@ def test_every_expected_failure_names_a_suite_test() -> None:
     names = {name for names in EXPECTED_FAILURES.values() for name in names}
     suite = {name for name in dir(StorageDriverConformance) if name.startswith("test_")}
     assert names <= suite, names - suite
+
+
+def test_switching_on_exclusive_candidates_without_a_peer_driver_fails_the_profile_check() -> None:
+    class NoPeer(StorageDriverConformance):  # no peer_driver fixture: the cross-instance tests would only skip
+        supports_exclusive_candidates = True
+        timeout_seconds = 20.0
+
+    with pytest.raises(AssertionError, match="needs a `peer_driver` fixture"):
+        NoPeer().test_profile_matches_the_enabled_suites(driver=MiniDriver(MiniStore()))
+    MiniSuite().test_profile_matches_the_enabled_suites(driver=MiniDriver(MiniStore()))
