@@ -116,6 +116,22 @@ async def test_the_tick_that_materializes_scheduled_runs_publishes_and_counts_th
         assert (await runtime.tick()).outbox_published == 0
 
 
+async def test_every_wakeup_of_a_run_carries_the_trace_it_was_triggered_with():
+    # The first delivery request and the ones after it (a signal resume, a recovered delivery) all
+    # carry the trigger's traceparent, so a consumer's attempt joins the trace however it was woken.
+    runtime, transport, clock = transport_runtime()
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with runtime:
+        run = (await runtime.trigger(wait_work, {}, trace_carrier={"traceparent": traceparent})).run
+        assert (await runtime.execute_next()).status is RunStatus.RELEASED
+        await runtime.signals.send("outbox-go")  # resumes it: a second wakeup
+        await runtime.tick()
+        assert [message.run_id for message in transport.published] == [run.id, run.id]
+        assert [message.trace_carrier for message in transport.published] == [{"traceparent": traceparent}] * 2
+        untraced = (await runtime.trigger(work, {})).run
+        assert transport.published[-1].run_id == untraced.id and transport.published[-1].trace_carrier is None
+
+
 async def test_retryable_failure_is_retried_after_a_delay():
     runtime, transport, clock = transport_runtime()
     async with runtime:

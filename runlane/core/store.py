@@ -522,10 +522,14 @@ def _decode_outbox(record: StorageRecord) -> OutboxMessage:
         raise _corrupt("outbox message", record.key, error) from None
 
 
-def _new_outbox_message(record: RunEventRecord, now: datetime) -> OutboxMessage:
-    """The outbox row of one persisted ``run.delivery_requested`` (its id derives from the event id)."""
+def _new_outbox_message(record: RunEventRecord, now: datetime, run_trace: dict[str, str] | None) -> OutboxMessage:
+    """The outbox row of one persisted ``run.delivery_requested`` (its id derives from the event id).
+
+    Its wakeup carries the delivery's trace context, else the event's, else the one the run was
+    triggered with, so a consumer's attempt joins the trace of the trigger however it was woken."""
     event = record.event
     delivery = event.delivery
+    trace = delivery.trace_carrier if delivery.trace_carrier is not None else event.trace_carrier
     return OutboxMessage(
         id=f"obx_{record.id.removeprefix('evt_')}",
         environment=delivery.environment,
@@ -537,7 +541,7 @@ def _new_outbox_message(record: RunEventRecord, now: datetime) -> OutboxMessage:
             run_id=delivery.run_id,
             queue=delivery.queue,
             requested_at=delivery.requested_at,
-            trace_carrier=delivery.trace_carrier if delivery.trace_carrier is not None else event.trace_carrier,
+            trace_carrier=trace if trace is not None else run_trace,
         ),
         available_at=max(delivery.available_at, now),
         attempts=0,
@@ -1054,7 +1058,7 @@ class _Attempt:
         records = self._event_records(new, old.event_sequence, events, ids)
         rows = tuple([record for record, _ in records])
         observations, documents = _event_observations(self.store, new, rows)
-        outbox = self._outbox_rows(rows)
+        outbox = self._outbox_rows(rows, new)
         # Commit the transition into the attempt.
         for apply_effect in effects:
             apply_effect()
@@ -1074,12 +1078,17 @@ class _Attempt:
             waiters = self.owner(self.marker_key(new.id)) is not None
         return AppendResult(new, rows, waiters, observations, outbox)
 
-    def _outbox_rows(self, rows: Sequence[RunEventRecord]) -> tuple[OutboxMessage, ...]:
+    def _outbox_rows(self, rows: Sequence[RunEventRecord], run: RunRecord) -> tuple[OutboxMessage, ...]:
         """One outbox row per ``run.delivery_requested`` in ``rows`` on a transport lane (none otherwise)."""
         if not self.store.outbox:
             return ()
+        trace = run.trace_carrier
         return tuple(
-            [_new_outbox_message(row, self.now) for row in rows if isinstance(row.event, RunDeliveryRequestedEvent)]
+            [
+                _new_outbox_message(row, self.now, trace)
+                for row in rows
+                if isinstance(row.event, RunDeliveryRequestedEvent)
+            ]
         )
 
     def create(
@@ -1089,7 +1098,7 @@ class _Attempt:
         records = self._event_records(run, _NEW_SEQUENCE, events, ids)
         rows = tuple([record for record, _ in records])
         observations, documents = _event_observations(self.store, run, rows)
-        outbox = self._outbox_rows(rows)
+        outbox = self._outbox_rows(rows, run)
         for apply_effect in effects:
             apply_effect()
         self.observed.extend(documents)
