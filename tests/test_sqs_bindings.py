@@ -270,6 +270,10 @@ def test_the_toml_options_build_bindings_and_a_client() -> None:
     assert transport.bindings[1].fifo == SqsFifoOptions(SqsFifoMessageGroup.QUEUE)
     assert transport.client.meta.region_name == "us-east-1"
     assert transport.client.meta.endpoint_url == "https://sqs.us-east-1.amazonaws.com"
+    assert lane.storage.name == "postgres-storage"
+    named = lane_options()
+    named["postgres"]["name"] = "orders-db"  # [lane.postgres] name reaches the storage driver
+    assert provider.create(validate_options(provider, named), None).storage.name == "orders-db"
 
 
 @pytest.mark.parametrize(

@@ -80,11 +80,14 @@ async def consume_wakeups(
             message_id=failure.provider_message_id,
             phase=failure.phase.value,
             error_code=code,
+            error_message=text,
             queue_url=failure.queue_url,
         )
 
     async def supervise(url: str, stopping: asyncio.Event) -> None:
-        delay, max_delay = restart_delay
+        first_delay, max_delay = restart_delay
+        delay = first_delay
+        loop = asyncio.get_running_loop()
         while not stopping.is_set():
             consumer = create_sqs_delivery_consumer(
                 client=transport.client,
@@ -98,6 +101,7 @@ async def consume_wakeups(
                 on_delivery_failure=on_failure,
             )
             await consumer.start()
+            started = loop.time()
             output.record(
                 "consumer_started",
                 f"consumer started queues={','.join(by_url[url])} url={url}",
@@ -116,11 +120,14 @@ async def consume_wakeups(
                 return
             if not (isinstance(error, RunlaneError) and error.retryable):
                 raise error
+            if loop.time() - started >= max_delay:
+                delay = first_delay  # it ran well for a while: this is a new outage, not the same one
             output.record(
                 "consumer_failed",
                 f"consumer of {url} lost SQS ({error.code.value}): {error.message} Restarting in {delay:g}s.",
                 queue_url=url,
                 error_code=error.code.value,
+                error_message=error.message,
                 retry_in_seconds=delay,
             )
             if await _stopped_within(stopping, delay):
@@ -172,6 +179,7 @@ async def _resolve_urls(
                     "sqs_waiting",
                     f"waiting for SQS: {error.message} Retrying until it answers (Ctrl-C to give up).",
                     error_code=error.code.value,
+                    error_message=error.message,
                 )
                 said = True
         if await _stopped_within(stopping, wait):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runlane.core.cancellation import CancellationSignal, link_signals
+from runlane.core.worker import REASON_WORKER_STOPPED
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import DeliveryMessage
 
@@ -126,7 +127,7 @@ class SqsDeliveryConsumer:
 
     async def stop(self) -> None:
         """Stop receiving, abort the deliveries' signal and wait for the deliveries in flight."""
-        self._controller.abort("The SQS consumer is stopping.")
+        self._controller.abort(REASON_WORKER_STOPPED)  # what a worker's stop says, so handlers check one reason
         if self._task is not None:
             await asyncio.wait([self._task])
 

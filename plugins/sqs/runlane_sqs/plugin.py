@@ -179,6 +179,7 @@ def create_postgres_sqs_lane(options: PostgresSqsLaneOptions, context: ProviderC
             "schema": postgres.schema,
             "min_size": postgres.min_size,
             "max_size": postgres.max_size,
+            "name": postgres.name,
         },
         sqs=create_sqs_transport(options.sqs, context),
         name=options.name,
