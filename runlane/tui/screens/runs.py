@@ -72,7 +72,7 @@ class RunsScreen(Screen[None]):
         yield QueueTable(id="queues")
         with Horizontal(id="filters"):
             yield Label("Runs", classes="section")
-            yield Input(placeholder="/ to filter by run id, task or queue", id="filter")
+            yield Input(placeholder="/ to narrow this page by run id, task or queue", id="filter")
             yield Label("", id="status-filter")
         yield RunsTable(id="runs")
         yield Static("", id="status-line")
