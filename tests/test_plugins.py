@@ -566,6 +566,15 @@ def test_a_plugin_that_exits_while_importing_is_skipped(capsys):
     assert load_entry_point_plugins(fresh, entry_points) == ["healthy"]
     assert "skipped plugin 'exits'" in capsys.readouterr().err
 
+    class WrongHookArguments:  # pluggy refuses it with a message of several lines
+        @hookimpl
+        def register_lanes(self, regster):
+            pass
+
+    assert load_entry_point_plugins(fresh, [FakeEntryPoint("wrong", WrongHookArguments())]) == []
+    (line,) = capsys.readouterr().err.splitlines()  # reported in one line
+    assert line.startswith("runlane: skipped plugin 'wrong'") and "PluginValidationError" in line
+
 
 def test_a_provider_whose_create_raises_is_a_configuration_error_naming_its_plugin(tmp_path: Path):
     from runlane.cli.main import _lane_factory, configured_exporters

@@ -153,7 +153,7 @@ def load_entry_point_plugins(
             plugin = entry_point.load()
             manager.register(plugin, name=name)
         except (Exception, SystemExit) as error:  # a broken plugin must never take the host down
-            described = f"{type(error).__name__}: {error}"
+            described = f"{type(error).__name__}: {' '.join(str(error).split())}"  # one line, as promised
             from_dist = f" from {origin.distribution}" if origin.distribution else ""
             print(
                 f"runlane: skipped plugin {name!r}{from_dist} ({entry_point.value}): {described}",
