@@ -121,21 +121,23 @@ async def test_wait_for_run_resumes_when_the_source_run_finishes():
         assert done.id == run.id and done.output == "parent-done"
 
 
+@task("quick")
+async def quick() -> str:
+    return "ok"
+
+
+@task("late.waiter")
+async def late_waiter(payload: dict, ctx: TaskContext):
+    if ctx.attempt == 1:
+        return ctx.wait_for_run(payload["source"])
+    return "resumed"
+
+
 async def test_a_storage_blip_after_the_source_finishes_does_not_strand_its_waiters(caplog, monkeypatch):
     import runlane.core.runtime as runtime_module
     from runlane.storage import StorageIndexName
 
-    @task("blip.source")
-    async def source() -> str:
-        return "ok"
-
-    @task("blip.waiter")
-    async def waiter(payload: dict, ctx: TaskContext):
-        if ctx.attempt == 1:
-            return ctx.wait_for_run(payload["source"])
-        return "resumed"
-
-    runtime, _ = make_runtime(source, waiter)
+    runtime, _ = make_runtime(quick, late_waiter)
     async with runtime:
         storage = runtime.lane.storage
         query = storage.query
@@ -148,8 +150,8 @@ async def test_a_storage_blip_after_the_source_finishes_does_not_strand_its_wait
             return await query(command, *args, **kwargs)
 
         monkeypatch.setattr(storage, "query", blipping)
-        first = (await runtime.trigger(source)).run
-        assert (await runtime.run_now(waiter, {"source": first.id})).status is RunStatus.RELEASED
+        first = (await runtime.trigger(quick)).run
+        assert (await runtime.run_now(late_waiter, {"source": first.id})).status is RunStatus.RELEASED
         finished = await runtime.execute_next()  # the source; resuming its waiter fails twice, then works
         assert finished.id == first.id and finished.status is RunStatus.SUCCEEDED
         assert failures["left"] == 0
@@ -158,8 +160,8 @@ async def test_a_storage_blip_after_the_source_finishes_does_not_strand_its_wait
         # An outage that outlasts the retries is logged, not reported as the source's failure.
         monkeypatch.setattr(runtime_module, "_WAITER_RESUME_RETRY_S", 0.2)
         failures["left"] = 1000
-        second = (await runtime.trigger(source)).run
-        stranded = await runtime.run_now(waiter, {"source": second.id})
+        second = (await runtime.trigger(quick)).run
+        stranded = await runtime.run_now(late_waiter, {"source": second.id})
         with caplog.at_level("ERROR", logger="runlane.runtime"):
             assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
         assert f"Run {second.id} finished, but the runs waiting for it (wait_for_run) could not be resumed" in (
@@ -169,20 +171,10 @@ async def test_a_storage_blip_after_the_source_finishes_does_not_strand_its_wait
 
 
 async def test_wait_for_an_already_terminal_run_resumes_in_the_same_commit():
-    @task("quick")
-    async def quick() -> str:
-        return "ok"
-
-    @task("late.waiter")
-    async def waiter(payload: dict, ctx: TaskContext):
-        if ctx.attempt == 1:
-            return ctx.wait_for_run(payload["source"])
-        return "resumed"
-
-    runtime, _ = make_runtime(quick, waiter)
+    runtime, _ = make_runtime(quick, late_waiter)
     async with runtime:
         source = await runtime.run_now(quick)
-        run = await runtime.run_now(waiter, {"source": source.id})
+        run = await runtime.run_now(late_waiter, {"source": source.id})
         assert run.status is RunStatus.QUEUED
         types = await event_types(runtime, run.id)
         assert types[-2:] == ["run.released", "run.delivery_requested"]
