@@ -2,8 +2,9 @@
 
 The conformance suites (``StorageDriverConformance``, ``TransportConformance``,
 ``LaneCompositionConformance``) are imported lazily because they need pytest, while ``ControlledClock``
-and the waiting helpers (``wait_for_run_status`` and its kin) work in any test runner. Importing it through this package registers the suite module for pytest's
-assertion rewriting, so a failing conformance check reports the compared values.
+and the waiting helpers (``wait_for_run_status`` and its kin) work in any test runner. Importing a
+suite through this package registers its module for pytest's assertion rewriting, so a failing
+conformance check reports the compared values.
 """
 
 from __future__ import annotations
