@@ -296,3 +296,25 @@ async def test_the_synchronous_handler_refuses_to_run_inside_an_event_loop(sqs_s
 
         assert await handler.handle({"Records": records}) == {"batchItemFailures": []}
         assert (await runtime.runs.get(run_id)).status is RunStatus.SUCCEEDED
+
+
+def test_close_closes_the_runtime_and_the_event_loop_the_synchronous_handler_kept(sqs_server):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    store = LocalStorageStore()
+
+    async def produce() -> str:
+        async with _runtime(client, url, store) as producer:
+            return (await producer.trigger(echo, {"n": 1})).run.id
+
+    run_id = asyncio.run(produce())
+    (message,) = _receive(client, url, 1)
+    runtime = _runtime(client, url, store)  # started by the handler's first invocation, on its loop
+    handler = create_sqs_lambda_handler(execute_delivery=runtime.execute_delivery)
+    assert handler({"Records": [_record(message, url)]}, None) == {"batchItemFailures": []}
+    loop = handler._loop
+    assert loop is not None and not runtime.closed
+    handler.close()
+    assert runtime.closed and loop.is_closed()
+    handler.close()  # again (as at interpreter exit): nothing to do
+    assert run_id

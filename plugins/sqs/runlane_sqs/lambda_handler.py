@@ -17,6 +17,8 @@ reused by the next ones. Inside a running event loop, ``await handler.handle(eve
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,7 +70,25 @@ class SqsLambdaHandler:
             )
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
+            atexit.register(self.close)  # a local run ends without tasks left pending on a dead loop
         return self._loop.run_until_complete(self.handle(event))
+
+    def close(self) -> None:
+        """Close the event loop the synchronous handler keeps between invocations, closing first the
+        runtime ``execute_delivery`` belongs to (``runlane.execute_delivery``), whose connections live
+        on that loop. Runs at interpreter exit too; calling it again does nothing."""
+        loop, self._loop = self._loop, None
+        if loop is None or loop.is_closed():
+            return
+        try:
+            runtime = getattr(self.execute_delivery, "__self__", None)
+            close = getattr(runtime, "close", None)
+            if callable(close):
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(close())
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
 
     async def handle(self, event: Mapping[str, Any]) -> dict[str, Any]:
         """Deliver every record of an SQS event; returns ``{"batchItemFailures": [...]}``."""
