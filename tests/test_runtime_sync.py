@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_the_facade_can_serve_a_runtime_an_application_loop_also_uses():
     assert len(results) == 3 and runtime.closed
 
 
-async def test_calling_the_facade_from_its_own_loop_is_refused():
+def test_calling_the_facade_from_its_own_loop_is_refused():
     runtime, _ = make_runtime(echo)
     sync = runtime.sync
 
@@ -91,4 +92,55 @@ async def test_calling_the_facade_from_its_own_loop_is_refused():
 
     with pytest.raises(RunlaneError, match="own event-loop thread"):
         sync.call(inside)
-    await runtime.close()
+    sync.close()
+
+
+async def test_calling_the_facade_from_async_code_is_refused_instead_of_blocking_the_loop():
+    runtime, _ = make_runtime(echo)
+    async with runtime:
+        for call in (lambda: runtime.sync.trigger(echo, {}), runtime.sync.close):
+            with pytest.raises(RunlaneError) as raised:
+                call()
+            assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+            assert "this thread runs an event loop (async code): await the async API" in raised.value.message
+        assert not runtime.closed  # the refused close() did nothing
+
+
+@task("sync.slow")
+def slow(payload: dict) -> str:
+    time.sleep(payload["seconds"])
+    return "done"
+
+
+def test_close_while_a_call_is_running_answers_that_call():
+    runtime, _ = make_runtime(slow)
+    sync = runtime.sync
+    sync.start()
+    answered: list[object] = []
+
+    def request() -> None:
+        try:
+            answered.append(sync.run_now(slow, {"seconds": 0.3}))
+        except RunlaneError as error:
+            answered.append(error)
+
+    thread = threading.Thread(target=request, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not any(s.status is RunStatus.RUNNING for s in sync.runs.list().data):  # the call is under way
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    sync.close()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "the call in flight was never answered"
+    assert len(answered) == 1  # its result, or the error of a closed lane: never silence
+    (answer,) = answered
+    assert isinstance(answer, RunlaneError) or answer.status is RunStatus.SUCCEEDED
+
+
+def test_a_sync_worker_stopped_after_close_does_nothing():
+    runtime, _ = make_runtime(echo)
+    worker = runtime.sync.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms")
+    runtime.sync.close()
+    assert worker.closed.done()
+    worker.stop()  # shutdown code often stops what it started after closing the runtime

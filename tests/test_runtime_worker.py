@@ -539,3 +539,21 @@ async def test_poll_worker_still_stops_on_a_non_transient_error():
         with pytest.raises(RunlaneError) as raised:
             await asyncio.wait_for(worker.closed, 5)
         assert raised.value.code is ErrorCode.INVARIANT_VIOLATION
+
+
+async def test_a_worker_as_the_first_call_starts_the_lane(tmp_path):
+    # On a durable lane nothing else may have started the runtime: the worker must, as every other
+    # call does, instead of retrying against a driver that was never started.
+    from runlane import create_runlane
+    from runlane_local import sqlite_lane
+
+    path = tmp_path / "runlane.db"
+    async with create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[count]) as producer:
+        await producer.trigger(count, {"n": 7})
+    runtime = create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[count])
+    try:
+        worker = runtime.worker(mode=WorkerMode.DRAIN)
+        await asyncio.wait_for(worker.closed, 10)
+        assert worker.executed == 1 and worker.storage_errors == 0 and executed == [7]
+    finally:
+        await runtime.close()

@@ -5,8 +5,10 @@ until it finishes. Calls run on an event loop this facade owns, in a daemon thre
 use, so synchronous code needs no event loop of its own. The runtime keeps per-loop batchers and
 thread-safe signals, so the facade can be used while an application loop serves the same runtime.
 
-Do not call the facade from inside ``async`` code running on its own loop thread: that would
-deadlock, and it raises instead.
+Do not call the facade from ``async`` code (a thread running an event loop): it would block that
+loop, and deadlock when the call waits on it; it raises instead. ``close()`` waits a few seconds for
+calls still running on the facade loop (they fail once the lane is closed), then cancels the rest:
+a caller never waits on a loop that has stopped.
 """
 
 from __future__ import annotations
@@ -31,6 +33,21 @@ if TYPE_CHECKING:
 __all__ = ["SyncRunlane", "SyncWorkerHandle"]
 
 T = TypeVar("T")
+
+# How long ``close()`` lets calls still running on the facade loop finish before it cancels them.
+_CLOSE_GRACE_S = 5.0
+
+
+def _refuse_in_event_loop() -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RunlaneError(
+        ErrorCode.CONFIGURATION_INVALID,
+        "runlane.sync blocks its caller, and this thread runs an event loop (async code): await the async "
+        "API there instead (await runlane.trigger(...), await runlane.close()).",
+    )
 
 
 class SyncRunlane:
@@ -77,17 +94,25 @@ class SyncRunlane:
 
     def call(self, function: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run ``function(*args, **kwargs)`` on the facade loop and block until it returns."""
-        loop = self._ensure_loop()
         if threading.current_thread() is self._thread:
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
                 "runlane.sync was called from its own event-loop thread; use the async API (await runlane...) there.",
             )
+        _refuse_in_event_loop()
+        loop = self._ensure_loop()
 
         async def invoke() -> T:
             return await function(*args, **kwargs)
 
-        return asyncio.run_coroutine_threadsafe(invoke(), loop).result()
+        try:
+            return asyncio.run_coroutine_threadsafe(invoke(), loop).result()
+        except concurrent.futures.CancelledError:
+            raise RunlaneError(
+                ErrorCode.OPERATION_CANCELLED,
+                "runlane.sync was closed while this call was still running; nothing more was done for it.",
+                retryable=False,
+            ) from None
 
     def shutdown_loop(self) -> None:
         """Stop the facade loop thread (called when the runtime closes)."""
@@ -97,6 +122,22 @@ class SyncRunlane:
         with self._lock:
             self._loop = None
             self._thread = None
+
+        async def settle() -> None:
+            # Calls still running (a handler mid-attempt) finish or fail against the closed lane;
+            # what outlasts the grace period is cancelled, so no caller waits on a stopped loop.
+            pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            if pending:
+                _done, late = await asyncio.wait(pending, timeout=_CLOSE_GRACE_S)
+                for task in late:
+                    task.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=1.0)
+
+        try:
+            asyncio.run_coroutine_threadsafe(settle(), loop).result(timeout=_CLOSE_GRACE_S + 2)
+        except (RuntimeError, concurrent.futures.TimeoutError):
+            pass
         try:
             loop.call_soon_threadsafe(loop.stop)
         except RuntimeError:
@@ -128,6 +169,7 @@ class SyncRunlane:
 
     def close(self) -> None:
         """Close the runtime (workers, then the lane) and stop the facade loop."""
+        _refuse_in_event_loop()
         if self._loop is not None:
             self.call(self._runtime.close)
         else:
@@ -198,7 +240,10 @@ class SyncWorkerHandle:
         self._closed.result(timeout)
 
     def stop(self) -> None:
-        """Stop the worker and block until its active attempts finish."""
+        """Stop the worker and block until its active attempts finish (nothing to do once it has closed,
+        after ``runlane.sync.close()`` say)."""
+        if self._closed.done():
+            return
         self._facade.call(self._handle.stop)
 
 

@@ -235,6 +235,7 @@ class WorkerHandle:
                 self._reserved += 1
             generation = work.generation
             try:
+                await runtime._ready()  # a worker is the first call of many programs: it starts the lane
                 run, status = await runtime.execute_one(queues, options, pool)
             except RunlaneError as error:
                 if not _is_transient(error) or self._outlasted_drain(error):
