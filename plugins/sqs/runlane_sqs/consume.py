@@ -88,6 +88,7 @@ async def consume_wakeups(
         first_delay, max_delay = restart_delay
         delay = first_delay
         loop = asyncio.get_running_loop()
+        restarts = 0
         while not stopping.is_set():
             consumer = create_sqs_delivery_consumer(
                 client=transport.client,
@@ -104,10 +105,12 @@ async def consume_wakeups(
             started = loop.time()
             output.record(
                 "consumer_started",
-                f"consumer started queues={','.join(by_url[url])} url={url}",
+                f"consumer {'restarted' if restarts else 'started'} queues={','.join(by_url[url])} url={url}",
                 queues=by_url[url],
                 queue_url=url,
+                restarts=restarts,
             )
+            restarts += 1
             stop_requested = asyncio.ensure_future(stopping.wait())
             try:
                 await asyncio.wait([consumer.closed, stop_requested], return_when=asyncio.FIRST_COMPLETED)
