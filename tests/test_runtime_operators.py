@@ -1599,11 +1599,27 @@ async def test_bad_list_and_event_options_name_the_option_and_what_it_must_be():
             (runtime.runs.list(idempotency_key="a:b"), "Invalid idempotency key 'a:b': ':' is reserved"),
             (runtime.runs.list(singleton_key=""), "Invalid singleton key: it must not be empty."),
             (runtime.runs.list(source_run_id="run:1"), "Invalid source run id 'run:1'"),
+            (runtime.runs.list(task_ids=["emails.send", "a:b"]), "Invalid task id 'a:b'"),
         ]
         for call, expected in cases:
             error = await rejects(ErrorCode.VALIDATION_FAILED, call)
             assert expected in error.message
             assert "pydantic" not in error.message and "validation error for" not in error.message
+
+
+def test_a_time_range_built_with_bad_bounds_is_validation_failed():
+    from datetime import UTC, datetime
+
+    from runlane.storage import TimeRange
+
+    for bounds, says in (
+        ({"start": datetime(2030, 1, 1, tzinfo=UTC), "end": datetime(2020, 1, 1, tzinfo=UTC)}, "must not end before"),
+        ({"start": datetime(2030, 1, 1)}, "start: datetimes must be timezone-aware"),
+    ):
+        with pytest.raises(RunlaneError) as raised:
+            TimeRange(**bounds)
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED and says in raised.value.message
+    assert TimeRange(start=datetime(2030, 1, 1, tzinfo=UTC)).end is None
 
 
 async def test_one_bare_string_is_one_filter_value():

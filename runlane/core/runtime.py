@@ -1932,6 +1932,8 @@ class RunsApi:
                           ("source run id", source_run_id)):  # fmt: skip
             if key is not None:
                 validate_id(key, what, code=ErrorCode.VALIDATION_FAILED)
+        for task_id in _listed(task_ids) or ():
+            validate_id(task_id, "task id", code=ErrorCode.VALIDATION_FAILED)
         try:
             run_filter = RunFilter(
                 environment=runtime._environment,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from ..defaults import contract_defaults
 from ..errors import ErrorCode, RunlaneError
@@ -39,6 +39,21 @@ class TimeRange(RunlaneModel):
 
     start: UtcDateTime | None = None
     end: UtcDateTime | None = None
+
+    def __init__(self, **bounds: Any) -> None:
+        # Built by hand (``TimeRange(start=...)``), bad bounds are the caller's ``validation_failed``;
+        # validated inside a filter, the filter reports them with the option that held them.
+        try:
+            super().__init__(**bounds)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in item['loc']) or 'range'}: "
+                + item["msg"].removeprefix("Value error, ")
+                for item in error.errors(include_url=False)
+            )
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED, f"Invalid time range: {problems}.", meta={"fields": ["start", "end"]}
+            ) from None
 
     @model_validator(mode="after")
     def _ordered(self) -> TimeRange:
