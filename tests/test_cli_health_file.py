@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 from cli_support import background, cli, make_project, wait_for
@@ -39,3 +41,46 @@ def test_a_health_file_that_cannot_be_written_is_refused_before_work_starts(tmp_
     missing = tmp_path / "missing" / "alive"
     assert result.stderr.startswith(f"error[configuration_invalid]: Cannot write the health file {missing}")
     assert "worker started" not in result.stdout
+
+
+SLOW_TASKS = TASKS + '''
+
+@task("slow")
+def slow(payload: dict) -> None:
+    import time
+
+    time.sleep(20)
+'''
+
+
+def test_a_forced_exit_removes_the_health_file_too(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "project", tasks=SLOW_TASKS, lane="sqlite")
+    health = tmp_path / "alive"
+    assert cli(root, "trigger", "slow", "{}").returncode == 0
+    with background(root, "work", "--health-file", str(health), log=tmp_path / "work.log") as worker:
+        wait_for(lambda: health.exists(), timeout=30, what="the health file")
+        time.sleep(0.5)  # the slow run is claimed: a first signal waits for it
+        worker.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: worker.first("stopping") is not None, timeout=10, what="the stopping line")
+        worker.process.send_signal(signal.SIGTERM)  # a second signal exits at once
+        assert worker.process.wait(timeout=10) == 128 + signal.SIGTERM
+    assert not health.exists(), "a probe would find a process that is gone alive"
+
+
+def test_a_health_file_an_earlier_process_left_does_not_pass_while_storage_is_awaited(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once the block ends
+    root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
+    (root / "runlane.toml").write_text(
+        '[runlane]\ntasks = ["app.tasks"]\n\n[lane]\nuse = "postgres-polling"\n'
+        f'connection_string = "postgresql://postgres@127.0.0.1:{port}/app"\n'
+    )
+    health = tmp_path / "alive"
+    health.touch()  # left behind by a process that was killed
+    with background(root, "work", "--health-file", str(health), log=tmp_path / "work.log") as worker:
+        worker.wait_for("storage_waiting")
+        assert not health.exists(), "a worker still waiting for its database looked ready"
+        assert worker.stop() == 0

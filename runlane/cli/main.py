@@ -259,6 +259,9 @@ def with_runtime(
     touching ``health_file`` while the body runs (see ``touching``)."""
 
     async def main() -> T:
+        if health_file is not None:
+            with contextlib.suppress(OSError):
+                health_file.unlink()  # one an earlier, killed process left must not pass a probe while this one waits
         async with open_runtime(ctx, wait_for_storage=wait_for_storage) as runtime, touching(health_file):
             return await body(runtime)
 
@@ -266,6 +269,9 @@ def with_runtime(
 
 
 HEALTH_FILE_INTERVAL_S = 2.0
+
+# Quick, synchronous clean-ups an immediate exit (a second Ctrl-C / SIGTERM) still runs.
+FORCED_EXIT_CLEANUPS: list[Callable[[], None]] = []
 
 
 @asynccontextmanager
@@ -295,15 +301,20 @@ async def touching(path: Path | None) -> AsyncIterator[None]:
             with contextlib.suppress(OSError):
                 _touch(path)
 
+    def remove() -> None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
     toucher = asyncio.ensure_future(keep_touching())
+    FORCED_EXIT_CLEANUPS.append(remove)
     try:
         yield
     finally:
+        FORCED_EXIT_CLEANUPS.remove(remove)
         toucher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await toucher
-        with contextlib.suppress(OSError):
-            path.unlink()
+        remove()
 
 
 def _touch(path: Path) -> None:

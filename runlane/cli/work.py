@@ -17,7 +17,7 @@ from typing import Any
 import typer
 
 from ..vocabulary import WorkerMode
-from .main import load_cli_config, on_stop_signals, state_of, with_runtime
+from .main import FORCED_EXIT_CLEANUPS, load_cli_config, on_stop_signals, state_of, with_runtime
 from .options import (
     ConcurrencyOption,
     EmptyPollDelayOption,
@@ -63,7 +63,7 @@ class StopOnSignals:
             self.stopping.set()
             return
         self.output.record("exit", f"received {name} again; exiting now", signal=name)
-        for clean_up in self.before_exit:
+        for clean_up in [*self.before_exit, *FORCED_EXIT_CLEANUPS]:
             with contextlib.suppress(Exception):
                 clean_up()
         sys.stdout.flush()
