@@ -75,7 +75,7 @@ def dev(
     ),
     health_file: HealthFileOption = None,
 ) -> None:
-    """Run a worker and the maintenance loop for local development."""
+    """Run a worker, the maintenance loop and the [[exporters]] for local development."""
     output = state_of(ctx).output
     if reload:
         _reload(ctx, once)
