@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
 from pathlib import Path
 
 from cli_support import background, cli, make_project, run_json_until, wait_for, write
@@ -100,3 +101,28 @@ def test_a_worker_reports_an_outage_in_its_own_words_only(tmp_path: Path) -> Non
     text = log.read_text()
     # The connection pool's own warnings (each failed reconnect, each discarded connection) stay out of it.
     assert "error connecting in" not in text and "discarding" not in text, text
+
+
+def test_a_maintenance_loop_reports_an_outage_once_and_its_end(tmp_path: Path) -> None:
+    from postgres_support import restartable_postgres_server
+
+    server, schema = restartable_postgres_server("tickout")
+    root = postgres_project(tmp_path / "project", f"{server.url}?schema={schema}")
+    try:
+        with background(root, "tick", "--every", "100ms", log=tmp_path / "tick.log") as loop:
+            loop.wait_for("tick")
+            server.stop_server(mode="fast")
+            failed = loop.wait_for("tick_failed")
+            assert failed["error_code"] == "storage_unavailable"
+            time.sleep(0.5)  # several passes fail meanwhile
+            server.start_server()
+            recovered = loop.wait_for("tick_recovered", timeout=60)
+            assert recovered["failed"] >= 2
+            assert loop.stop() == 0
+            records = loop.records()
+    finally:
+        if not server.running:
+            server.start_server()
+    # One line for the outage and one for its end, not an error per pass.
+    assert [record.get("type") for record in records].count("tick_failed") == 1
+    assert not any("error" in record for record in records)

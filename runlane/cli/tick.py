@@ -67,18 +67,31 @@ async def tick_until_stopped(
     """Tick every ``interval_s`` until ``stopping`` is set or one of ``alongside`` finishes; returns the
     passes that completed.
 
-    A retryable failure (a storage outage) is reported and the next pass goes on; any other raises.
+    A retryable failure (a storage outage) is reported once, the next passes go on, and the pass that
+    works again says so (as a worker does); any other failure raises.
     """
     others = set(alongside)
-    passes = 0
+    passes = failed = 0
     while not stopping.is_set() and not any(other.done() for other in others):
         try:
-            output.tick_record(await runtime.tick(**limits))
-            passes += 1
+            result = await runtime.tick(**limits)
         except RunlaneError as error:
             if not error.retryable:
                 raise
-            output.error(error)
+            if not failed:
+                output.record(
+                    "tick_failed",
+                    f"tick failed ({error.code.value}): {error.message} The next passes go on.",
+                    error_code=error.code.value,
+                    error_message=error.message,
+                )
+            failed += 1
+        else:
+            if failed:
+                output.record("tick_recovered", f"tick works again after {failed} failed passes", failed=failed)
+                failed = 0
+            output.tick_record(result)
+            passes += 1
         sleeper = asyncio.ensure_future(stopping.wait())
         try:
             await asyncio.wait({sleeper, *others}, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
