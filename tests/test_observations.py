@@ -713,10 +713,14 @@ async def test_run_stops_while_idle_and_returns_at_once_for_an_aborted_signal(dr
     await asyncio.wait_for(exporter.run(signal=controller.signal), 5)
 
 
-async def test_run_retries_untyped_and_retryable_failures(driver):
+async def test_run_retries_untyped_and_retryable_failures(driver, caplog):
     await append(driver, values_for("run_1", 2))
     controller = CancellationController()
-    failures = [ValueError("flaky"), RunlaneError(ErrorCode.OBSERVATION_EXPORT_FAILED, retryable=True)]
+    failures = [
+        RunlaneError(ErrorCode.OBSERVATION_EXPORT_FAILED, "collector down", retryable=True),
+        ValueError("flaky"),
+        RunlaneError(ErrorCode.OBSERVATION_EXPORT_FAILED, "collector down", retryable=True),
+    ]
 
     class Flaky(RecordingSink):
         async def export(self, records):
@@ -726,11 +730,20 @@ async def test_run_retries_untyped_and_retryable_failures(driver):
             controller.abort("exported")
 
     sink = Flaky()
-    await asyncio.wait_for(
-        ObservationExporter(driver, ENV, "otel", sink).run(signal=controller.signal, retry_delay="1ms"), 5
-    )
+    with caplog.at_level("WARNING", logger="runlane"):
+        await asyncio.wait_for(
+            ObservationExporter(driver, ENV, "otel", sink).run(signal=controller.signal, retry_delay="1ms"), 5
+        )
     assert failures == [] and len(sink.ids) == 2
     assert await get_observation_checkpoint(driver, ENV, "otel") == observation_cursor(ENV, "2")
+    # One line for the outage (its reason, no traceback for a RunlaneError) and one for its end.
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == [
+        "Observation export for consumer 'otel' in 'production' failed (observation_export_failed: collector down); "
+        "retrying every 0.001s.",
+        "Observation export for consumer 'otel' in 'production' works again after 3 failures.",
+    ]
+    assert caplog.records[0].exc_info is None
 
 
 async def test_run_raises_non_retryable_runlane_errors(driver):

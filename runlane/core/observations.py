@@ -1046,8 +1046,15 @@ class ObservationExporter:
         idle = duration_ms(idle_delay, "idle_delay") / 1000
         retry = duration_ms(retry_delay, "retry_delay") / 1000
         status = RunlaneObservationExporterTickStatus
+        failures = 0  # consecutive failed ticks: the first is logged, then the recovery
         while signal is None or not signal.aborted:
             tick = await self.export_once(signal=signal)
+            if tick.status in (status.EXPORTED, status.IDLE) and failures:
+                _logger.warning(
+                    "Observation export for consumer %r in %r works again after %d failures.",
+                    self.consumer, self.environment.name, failures,
+                )  # fmt: skip
+                failures = 0
             if tick.status is status.EXPORTED:
                 continue
             if tick.status is status.ABORTED:
@@ -1058,13 +1065,15 @@ class ObservationExporter:
             error = tick.error
             if isinstance(error, RunlaneError) and not error.retryable:
                 raise error
-            _logger.warning(
-                "Observation export for consumer %r in %r failed; retrying in %ss.",
-                self.consumer,
-                self.environment.name,
-                retry,
-                exc_info=error,
-            )
+            if not failures:
+                # A RunlaneError says what failed; only an unexpected exception needs its traceback.
+                described = f"{error.code.value}: {error.message}" if isinstance(error, RunlaneError) else "see below"
+                _logger.warning(
+                    "Observation export for consumer %r in %r failed (%s); retrying every %ss.",
+                    self.consumer, self.environment.name, described, retry,
+                    exc_info=None if isinstance(error, RunlaneError) else error,
+                )  # fmt: skip
+            failures += 1
             await _sleep(retry, signal)
 
 
