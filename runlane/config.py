@@ -35,7 +35,7 @@ from .core.lanes import Lane
 from .core.runtime import Runlane, create_runlane
 from .defaults import contract_defaults
 from .durations import duration_ms
-from .errors import ErrorCode, RunlaneError
+from .errors import ErrorCode, RunlaneError, pydantic_message
 from .ids import validate_id
 
 if sys.version_info >= (3, 11):
@@ -584,7 +584,7 @@ def _from_validation_error(source: ConfigSource, error: ValidationError) -> Runl
         key_parts = loc[len(table_loc) :]
         location = _describe_location(source, table_loc)
         keys.append(_dotted(loc))
-        message = str(detail["msg"]).removeprefix("Value error, ").rstrip(".")  # one full stop ends them all
+        message = pydantic_message(detail)
         if detail["type"] == "missing" and key_parts:
             problems.append(f"{location} missing key {_dotted(key_parts)!r}")
         elif detail["type"] == "extra_forbidden" and key_parts:

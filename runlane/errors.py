@@ -131,3 +131,11 @@ def get_storage_conflict_kind(error: BaseException) -> StorageConflictKind | Non
 def is_storage_conflict(error: BaseException, kind: StorageConflictKind | None = None) -> bool:
     found = get_storage_conflict_kind(error)
     return found is not None and (kind is None or found is kind)
+
+
+def pydantic_message(detail: Any) -> str:
+    """The message of one pydantic error (an item of ``ValidationError.errors()``) as a clause of ours:
+    without the ``Value error, `` prefix pydantic adds to a validator's own text, and without its final
+    full stop (the sentence it goes into ends with one)."""
+    return str(detail["msg"]).removeprefix("Value error, ").rstrip(".")
+

@@ -317,4 +317,9 @@ def test_close_closes_the_runtime_and_the_event_loop_the_synchronous_handler_kep
     handler.close()
     assert runtime.closed and loop.is_closed()
     handler.close()  # again (as at interpreter exit): nothing to do
-    assert run_id
+
+    async def status() -> RunStatus:
+        async with _runtime(client, url, store) as reader:
+            return (await reader.runs.get(run_id)).status
+
+    assert asyncio.run(status()) is RunStatus.SUCCEEDED

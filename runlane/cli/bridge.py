@@ -145,15 +145,20 @@ def _store_session(session: Session) -> None:
 def hand_back_session(session: Session, previous: Session | None) -> None:
     """``session``'s dev is stopping: give the session file back to ``previous`` (the dev it superseded
     for the same config) when that one still runs, else remove the file (``discard_session``)."""
-    if previous is not None and pid_alive(previous.pid):
-        try:
-            current = json.loads(session.file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            current = None
-        if isinstance(current, dict) and current.get("token") == session.token:
-            _store_session(previous)
-            return
+    if previous is not None and pid_alive(previous.pid) and _recorded_token(session.file) == session.token:
+        _store_session(previous)
+        return
     discard_session(session)
+
+
+def _recorded_token(file: Path) -> str | None:
+    """The token a session file holds now (``None`` when it is gone or unreadable)."""
+    try:
+        current = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    token = current.get("token") if isinstance(current, dict) else None
+    return token if isinstance(token, str) else None
 
 
 def read_session(config_path: Path | str) -> Session | None:
@@ -186,11 +191,8 @@ def read_session(config_path: Path | str) -> Session | None:
 
 def discard_session(session: Session) -> None:
     """Remove ``session``'s file unless a newer ``runlane dev`` has replaced it since it was read."""
-    try:
-        current = json.loads(session.file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        current = None
-    if isinstance(current, dict) and current.get("token") != session.token:
+    recorded = _recorded_token(session.file)
+    if recorded is not None and recorded != session.token:
         return
     with contextlib.suppress(OSError):
         session.file.unlink()

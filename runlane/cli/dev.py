@@ -13,6 +13,7 @@ process and restarts it when the project's code or config changes (``reload``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import typer
@@ -20,7 +21,15 @@ import typer
 from ..core.cancellation import CancellationController
 from ..durations import duration_ms
 from ..vocabulary import WorkerMode
-from .main import COMMAND_LINE, configured_exporters, guard, load_cli_config, state_of, with_runtime
+from .main import (
+    COMMAND_LINE,
+    configured_exporters,
+    guard,
+    load_cli_config,
+    on_forced_exit,
+    state_of,
+    with_runtime,
+)
 from .options import (
     DURATION,
     CancellationFinalizationLimit,
@@ -127,12 +136,13 @@ def dev(
             process_local=lane.capabilities.process_local,
         )
         bridge: Any = None
+        forced_exit = contextlib.ExitStack()
         if lane.capabilities.process_local:
             from .bridge import BridgeServer
 
             bridge = BridgeServer(runtime, load_cli_config(ctx).path, output=output)
             session = await bridge.start()
-            stop.before_exit.append(bridge.hand_back)  # a second Ctrl-C leaves no session file behind
+            forced_exit.enter_context(on_forced_exit(bridge.hand_back))  # a second Ctrl-C leaves no session file
             output.record(
                 "bridge_started",
                 f"bridge listening on 127.0.0.1:{session.port}; stateful commands for this config run here",
@@ -162,8 +172,9 @@ def dev(
                 try:
                     await stop_exporters(exporter_tasks)
                 finally:
-                    if bridge is not None:
-                        await bridge.close()
+                    with forced_exit:
+                        if bridge is not None:
+                            await bridge.close()
 
     with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
 

@@ -13,7 +13,7 @@ import typer
 from pydantic import ValidationError
 
 from ..config import RunlaneSection
-from ..errors import ErrorCode, RunlaneError
+from ..errors import ErrorCode, RunlaneError, pydantic_message
 from ..plugins.manager import get_registries
 from .main import guard, state_of
 from .options import MULTI_VALUE, MultiValueCommand, checked
@@ -189,5 +189,5 @@ def _check_section(**fields: object) -> None:
     try:
         RunlaneSection.model_validate(fields)
     except ValidationError as error:
-        problems = "; ".join(str(detail["msg"]).removeprefix("Value error, ") for detail in error.errors())
+        problems = "; ".join(pydantic_message(detail) for detail in error.errors())
         raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"{problems}.") from None

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,7 +261,7 @@ def with_runtime(
     async def main() -> T:
         if health_file is not None:
             with contextlib.suppress(OSError):
-                health_file.unlink()  # one an earlier, killed process left must not pass a probe while this one waits
+                health_file.unlink()  # one a killed process left must not pass a probe while this one waits
         async with open_runtime(ctx, wait_for_storage=wait_for_storage) as runtime, touching(health_file):
             return await body(runtime)
 
@@ -272,6 +272,16 @@ HEALTH_FILE_INTERVAL_S = 2.0
 
 # Quick, synchronous clean-ups an immediate exit (a second Ctrl-C / SIGTERM) still runs.
 FORCED_EXIT_CLEANUPS: list[Callable[[], None]] = []
+
+
+@contextlib.contextmanager
+def on_forced_exit(cleanup: Callable[[], None]) -> Iterator[None]:
+    """Run ``cleanup`` at an immediate exit while the block runs (it is the block's own job otherwise)."""
+    FORCED_EXIT_CLEANUPS.append(cleanup)
+    try:
+        yield
+    finally:
+        FORCED_EXIT_CLEANUPS.remove(cleanup)
 
 
 @asynccontextmanager
@@ -306,11 +316,10 @@ async def touching(path: Path | None) -> AsyncIterator[None]:
             path.unlink()
 
     toucher = asyncio.ensure_future(keep_touching())
-    FORCED_EXIT_CLEANUPS.append(remove)
     try:
-        yield
+        with on_forced_exit(remove):
+            yield
     finally:
-        FORCED_EXIT_CLEANUPS.remove(remove)
         toucher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await toucher
@@ -536,18 +545,19 @@ def build_app() -> typer.Typer:
     return root
 
 
-def _command_names(app: typer.Typer) -> list[str]:
-    """The top-level command names of ``app`` (a group added without a name contributes its own)."""
+def _command_names(commands: Sequence[Any], groups: Sequence[Any]) -> list[str]:
+    """The top-level names of Typer's registered ``commands`` and ``groups`` (a group added without a
+    name contributes its own commands)."""
     names = []
-    for command in app.registered_commands:
+    for command in commands:
         name = command.name if isinstance(command.name, str) else None
         names.append(name or command.callback.__name__.lower().replace("_", "-"))  # Typer's default
-    for group in app.registered_groups:
+    for group in groups:
         name = group.name if isinstance(group.name, str) else None
-        own = group.typer_instance.info.name
-        if name is None and isinstance(own, str):
-            name = own
-        names.extend([name] if name else _command_names(group.typer_instance))
+        sub = group.typer_instance
+        if name is None and isinstance(sub.info.name, str):
+            name = sub.info.name
+        names.extend([name] if name else _command_names(sub.registered_commands, sub.registered_groups))
     return names
 
 
@@ -557,24 +567,17 @@ def _register_plugin_commands(root: typer.Typer) -> None:
     that fails to import) and what it added is taken back; the CLI itself always starts."""
     for hook in reversed(pm.hook.register_commands.get_hookimpls()):  # pluggy calls the last registered first
         commands, groups = len(root.registered_commands), len(root.registered_groups)
-        taken = set(_command_names(root))
+        taken = set(_command_names(root.registered_commands, root.registered_groups))
         try:
             hook.function(app=root)
-            clashes = sorted(set(_names_added(root, commands, groups)) & taken)
+            added = _command_names(root.registered_commands[commands:], root.registered_groups[groups:])
+            clashes = sorted(set(added) & taken)
             problem = f"its commands {', '.join(clashes)} are already runlane commands" if clashes else None
         except (Exception, SystemExit) as error:  # a broken plugin must never take the CLI down
             problem = f"register_commands raised {type(error).__name__}: {error}"
         if problem is not None:
             del root.registered_commands[commands:], root.registered_groups[groups:]
             skip_plugin(hook.plugin_name, f"{problem}; its commands are not added.")
-
-
-def _names_added(root: typer.Typer, commands: int, groups: int) -> list[str]:
-    """The names the commands and groups registered after the first ``commands`` / ``groups`` give."""
-    probe = typer.Typer()
-    probe.registered_commands = root.registered_commands[commands:]
-    probe.registered_groups = root.registered_groups[groups:]
-    return _command_names(probe)
 
 
 app = build_app()

@@ -11,7 +11,6 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -42,8 +41,6 @@ class StopOnSignals:
         self.output = output
         self.finishing = finishing  # what a first signal lets finish, for the stopping line
         self.stopping = asyncio.Event()
-        # Quick, synchronous clean-ups an immediate exit still runs (a dev's session file).
-        self.before_exit: list[Callable[[], None]] = []
         self._received = 0
         self._handlers = on_stop_signals(self._on_signal)
 
@@ -63,7 +60,7 @@ class StopOnSignals:
             self.stopping.set()
             return
         self.output.record("exit", f"received {name} again; exiting now", signal=name)
-        for clean_up in [*self.before_exit, *FORCED_EXIT_CLEANUPS]:
+        for clean_up in list(FORCED_EXIT_CLEANUPS):
             with contextlib.suppress(Exception):
                 clean_up()
         sys.stdout.flush()

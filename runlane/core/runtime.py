@@ -1302,15 +1302,6 @@ class Runlane:
                 return None, "lost"
             if status == "blocked":
                 blocked = True
-                # The partition is full. If maintenance reserved its capacity for other runs, those are
-                # what may run there: claim one (its reservation becomes the lease) instead of leaving
-                # the capacity idle until a later scan happens to reach them.
-                for reserved in await self._store.reserved_runs_beside(run_id, self.now()):
-                    if reserved in claiming:
-                        continue
-                    run, status = await self._claim_and_execute(reserved, options)
-                    if status == "executed":
-                        return run, status
             else:
                 lost = True
         if blocked:

@@ -1446,27 +1446,6 @@ class CoreStore:
             return None
         return self._decode_run(record)[0]
 
-    async def reserved_runs_beside(self, run_id: str, now: datetime) -> list[str]:
-        """The queued runs holding an unexpired dispatch reservation in the capacity partition of
-        ``run_id`` (a run whose claim found the partition full): they are what may run there next."""
-        run = await self.get_run(run_id)
-        if run is None or run.queue not in self.queue_limits:
-            return []
-        (record,) = await self.driver.get([queue_capacity_key(self.env_key, run.queue, run.concurrency_key)])
-        occupants = record.document.value.get("occupants") if record is not None else None
-        if not isinstance(occupants, dict):
-            return []
-        now_iso = encode_iso_date(now)
-        holders = [held for held, until in occupants.items() if isinstance(until, str) and until > now_iso]
-        return [
-            found.id
-            for found in await self.get_runs(holders)
-            if found is not None
-            and found.status is RunStatus.QUEUED
-            and found.dispatch_expires_at is not None
-            and found.dispatch_expires_at > now
-        ]
-
     async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
         size = self._limits.max_point_reads
         runs: list[RunRecord | None] = []

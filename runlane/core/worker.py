@@ -51,9 +51,9 @@ _SCAN_PER_SLOT = 4
 # Transient storage failures a worker rides out with backoff (seconds) instead of stopping.
 _TRANSIENT_CODES = frozenset({ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.STORAGE_CONFLICT})
 _BACKOFF_START = 0.05
+_BACKOFF_MAX = 2.0
 # How long a drain worker waits out unavailable storage before it fails (seconds).
 DRAIN_OUTAGE_LIMIT_S = 30.0
-_BACKOFF_MAX = 2.0
 _log = logging.getLogger("runlane.worker")
 
 

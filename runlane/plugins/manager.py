@@ -30,13 +30,13 @@ __all__ = [
     "PluginInfo",
     "PluginLoadFailure",
     "get_plugin_failures",
-    "skip_plugin",
     "get_plugins",
     "get_registries",
     "load_entry_point_plugins",
     "load_plugins",
     "plugin_allowlist",
     "pm",
+    "skip_plugin",
 ]
 
 ENTRY_POINT_GROUP = "runlane"

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import pluggy
 from pydantic import BaseModel, ValidationError
 
-from ..errors import ErrorCode, RunlaneError
+from ..errors import ErrorCode, RunlaneError, pydantic_message
 
 __all__ = [
     "ExporterProvider",
@@ -101,6 +101,19 @@ class ExporterProvider(_Provider):
 
 
 # Names first-party distributions provide, so an unknown name can say what to install.
+_FIRST_PARTY_HINTS: dict[tuple[str, str], str] = {
+    ("lane", "local"): "runlane-local",
+    ("lane", "sqlite"): "runlane-local",
+    ("lane", "postgres-polling"): "runlane-postgres",
+    ("lane", "postgres-sqs"): "runlane-sqs",
+    ("transport", "sqs"): "runlane-sqs",
+    ("exporter", "otlp"): "runlane-otlp",
+    ("storage driver", "local"): "runlane-local",
+    ("storage driver", "sqlite"): "runlane-local",
+    ("storage driver", "postgres"): "runlane-postgres",
+}
+
+
 def _missing_hint(distribution: str) -> str:
     """What to do about a first-party name nothing registered: install its distribution, or, when it
     is installed but ``RUNLANE_LOAD_PLUGINS`` leaves it out, add it there."""
@@ -121,18 +134,6 @@ def _missing_hint(distribution: str) -> str:
             )
     return f" Install {distribution} to get it."
 
-
-_FIRST_PARTY_HINTS: dict[tuple[str, str], str] = {
-    ("lane", "local"): "runlane-local",
-    ("lane", "sqlite"): "runlane-local",
-    ("lane", "postgres-polling"): "runlane-postgres",
-    ("lane", "postgres-sqs"): "runlane-sqs",
-    ("transport", "sqs"): "runlane-sqs",
-    ("exporter", "otlp"): "runlane-otlp",
-    ("storage driver", "local"): "runlane-local",
-    ("storage driver", "sqlite"): "runlane-local",
-    ("storage driver", "postgres"): "runlane-postgres",
-}
 
 P = TypeVar("P", bound=_Provider)
 
@@ -415,7 +416,7 @@ def validate_options(provider: _Provider, options: Mapping[str, Any], *, table: 
                 there = f" (allowed there: {', '.join(sorted(nested))})" if nested else ""
                 problems.append(f"unknown key {key!r}{there}")
             else:
-                message = str(detail["msg"]).removeprefix("Value error, ").rstrip(".")
+                message = pydantic_message(detail)
                 problems.append(f"key {key!r}: {message}" if detail["loc"] else message)
         allowed = ", ".join(sorted(provider.options_model.model_fields)) or "none"
         raise _invalid(

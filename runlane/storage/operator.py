@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from ..defaults import contract_defaults
-from ..errors import ErrorCode, RunlaneError
+from ..errors import ErrorCode, RunlaneError, pydantic_message
 from ..models import Environment, RunEventRecord, RunlaneModel, RunRecord, UtcDateTime
 from ..run_scans import get_run_runnable_available_at
 from ..vocabulary import PaginationCursorKind, RunEventSortField, RunEventType, RunSortField, RunStatus, SortDirection
@@ -47,8 +47,7 @@ class TimeRange(RunlaneModel):
             super().__init__(**bounds)
         except ValidationError as error:
             problems = "; ".join(
-                f"{'.'.join(str(part) for part in item['loc']) or 'range'}: "
-                + item["msg"].removeprefix("Value error, ")
+                f"{'.'.join(str(part) for part in item['loc']) or 'range'}: {pydantic_message(item)}"
                 for item in error.errors(include_url=False)
             )
             raise RunlaneError(

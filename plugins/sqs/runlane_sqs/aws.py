@@ -123,7 +123,7 @@ def classify_provider_error(
             return RunlaneError(
                 unavailable,
                 f"SQS {operation}{where} failed with {code or f'HTTP {status}'}; the provider is throttling or "
-                "unavailable, so the call will be retried.",
+                "unavailable.",
                 retryable=True,
                 meta=meta,
                 cause=error,
@@ -147,7 +147,7 @@ def classify_provider_error(
     if kind in _CONNECTION_ERRORS or isinstance(error, (OSError, asyncio.TimeoutError)):
         return RunlaneError(
             unavailable,
-            f"SQS {operation}{where}: the endpoint could not be reached ({kind}); the call will be retried.",
+            f"SQS {operation}{where}: the endpoint could not be reached ({kind}).",
             retryable=True,
             meta=meta,
             cause=error,
@@ -155,7 +155,7 @@ def classify_provider_error(
     if any(base.__name__ == "BotoCoreError" for base in type(error).__mro__):
         return RunlaneError(
             unavailable,
-            f"SQS {operation}{where} failed in the client ({kind}); the call will be retried.",
+            f"SQS {operation}{where} failed in the client ({kind}).",
             retryable=True,
             meta=meta,
             cause=error,

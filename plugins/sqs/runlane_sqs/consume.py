@@ -180,8 +180,7 @@ async def _resolve_urls(
             if not said:
                 output.record(
                     "sqs_waiting",
-                    f"waiting for SQS: {error.message.removesuffix(' the call will be retried.').rstrip(';.')}. "
-                    "Retrying until it answers (Ctrl-C to give up).",
+                    f"waiting for SQS: {error.message} Retrying until it answers (Ctrl-C to give up).",
                     error_code=error.code.value,
                     error_message=error.message,
                 )
