@@ -214,6 +214,25 @@ async def test_eager_publish_outage_does_not_reject_the_trigger():
         assert row.status is OutboxMessageStatus.FAILED
 
 
+async def test_a_refused_eager_publish_rejects_the_trigger_and_says_the_run_exists():
+    runtime, transport, clock = transport_runtime()
+    async with runtime:
+        transport.fail_operation_next(1, ErrorCode.CONFIGURATION_INVALID, retryable=False)
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(work, {})
+        error = raised.value
+        assert error.code is ErrorCode.CONFIGURATION_INVALID and not error.retryable
+        run_id = error.meta["run_id"]
+        assert f"Run {run_id} was created" in error.message and "tick()" in error.message
+        assert (await runtime.runs.get(run_id)).status is RunStatus.QUEUED
+
+        # The row stays claimed by the refused call until its claim expires; then tick() publishes it.
+        assert (await runtime.tick()).outbox_published == 0
+        clock.advance(timedelta(minutes=5))
+        assert (await runtime.tick()).outbox_published == 1
+        assert [attempt.message.run_id for attempt in transport.commands[-1].attempts] == [run_id]
+
+
 async def test_stale_claim_is_rejected():
     runtime, _, clock = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
     async with runtime:

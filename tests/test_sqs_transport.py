@@ -252,27 +252,27 @@ async def test_a_queue_name_is_resolved_once_and_cached(sqs_server: SqsTestServe
     assert len(drain(client, url)) == 2
 
 
-async def test_a_queue_name_that_does_not_exist_fails_its_wakeups_retryably(sqs_server: SqsTestServer) -> None:
-    transport = sqs_transport(client=sqs_server.client(), queues=[sqs_queue("default", queue_name=unique("nowhere"))])
-
-    with pytest.raises(RunlaneError) as raised:
-        await transport.publish_wakeups(command(wakeup("run_1")))
-
-    # Nothing got through: an operation-level failure core records on each row and retries with backoff.
-    assert raised.value.code is ErrorCode.TRANSPORT_PUBLISH_FAILED and raised.value.retryable
-    assert "does not exist" in raised.value.message
-    assert raised.value.meta["cause_code"] == "configuration_invalid"
-
-
-@pytest.mark.parametrize("missing_by", ["queue_url", "queue_name"])
-async def test_a_missing_queue_fails_only_its_own_wakeups(sqs_server: SqsTestServer, missing_by: str) -> None:
+async def test_a_queue_name_that_does_not_resolve_refuses_the_publish(sqs_server: SqsTestServer) -> None:
     client = sqs_server.client()
     healthy = sqs_server.create_queue(unique("healthy"))
-    missing = (
-        {"queue_url": f"{sqs_server.endpoint_url}/123456789012/{unique('gone')}"}
-        if missing_by == "queue_url"
-        else {"queue_name": unique("gone")}
+    missing = unique("nowhere")
+    transport = sqs_transport(
+        client=client, queues=[sqs_queue("default", queue_name=missing), sqs_queue("other", queue_url=healthy)]
     )
+
+    with pytest.raises(RunlaneError) as raised:
+        await transport.publish_wakeups(command(wakeup("run_1", "other"), wakeup("run_2")))
+
+    # The configuration is wrong: the whole call is refused before anything is sent.
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and not raised.value.retryable
+    assert "does not exist" in raised.value.message and missing in raised.value.message
+    assert drain(client, healthy) == []
+
+
+async def test_a_missing_queue_url_fails_only_its_own_wakeups(sqs_server: SqsTestServer) -> None:
+    client = sqs_server.client()
+    healthy = sqs_server.create_queue(unique("healthy"))
+    missing = {"queue_url": f"{sqs_server.endpoint_url}/123456789012/{unique('gone')}"}
     transport = sqs_transport(
         client=client, queues=[sqs_queue("default", **missing), sqs_queue("other", queue_url=healthy)]
     )

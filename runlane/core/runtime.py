@@ -1115,7 +1115,10 @@ class Runlane:
             self.wake(spec.queue.name, hinted=result.hinted)
             if result.outbox and publish and self._dispatch is TriggerDispatchMode.EAGER:
                 # Eager dispatch publishes exactly the rows this trigger created; tick() owns the rest.
-                await self.publish_outbox([message.id for message in result.outbox])
+                try:
+                    await self.publish_outbox([message.id for message in result.outbox])
+                except RunlaneError as error:
+                    raise _created_but_unpublished(error, result.run) from error
         return TriggerRunResult(result.run, result.outcome)
 
     # -- public: trigger and run_now -------------------------------------------------------------
@@ -1826,6 +1829,18 @@ def resolve_execution_options(
     owner = default_worker_id if worker_id is None else validate_id(worker_id, "worker id")
     return ExecutionOptions(
         lease_ms=lease_ms, heartbeat_ms=heartbeat_ms, max_attempt_ms=attempt_ms, signal=signal, worker_id=owner
+    )
+
+
+def _created_but_unpublished(error: RunlaneError, run: RunRecord) -> RunlaneError:
+    """``error`` of a trigger's eager publish, saying that the run itself was created (the spec has
+    the trigger reject; the caller must not trigger again as if nothing had been written)."""
+    return RunlaneError(
+        error.code,
+        f"{error.message.rstrip('.')}. Run {run.id} was created and stays queued; tick() publishes its wakeup "
+        "once this is fixed.",
+        retryable=error.retryable,
+        meta={**error.meta, "run_id": run.id},
     )
 
 

@@ -11,10 +11,13 @@ the attempts by SQS queue, sends ``SendMessageBatch`` chunks of at most ``batch_
 - a chunk whose call failed as a whole is ``failed`` with that call's error; when no chunk got through
   at all, the call raises that error instead (``transport_unavailable`` for throttling, 5xx and
   network failures, ``transport_publish_failed`` for refusals);
-- a queue that does not exist (a bound URL, or a name that does not resolve) fails the attempts of
-  that queue only, with a retryable ``transport_publish_failed`` naming the binding to fix: the other
-  queues' wakeups go out, and the rows are retried with backoff (a queue created meanwhile gets them)
-  until the outbox dead-letters them;
+- a ``queue_name`` that cannot be resolved (no such queue, no region or credentials) refuses the whole
+  call with ``configuration_invalid`` naming the binding to fix, before anything is sent: a trigger
+  with eager dispatch rejects, and ``tick()`` reports it until the configuration is fixed (the claimed
+  rows are published again once their claim expires);
+- a bound ``queue_url`` that does not exist fails the attempts of that queue only, with a retryable
+  ``transport_publish_failed``: the other queues' wakeups go out, and the rows are retried with
+  backoff (a queue created meanwhile gets them) until the outbox dead-letters them;
 - an answer whose entry ids do not match the request raises: its outcomes are not trustworthy.
 
 SQS delay is never used: storage decides when work is due. The transport owns no durable state and
@@ -65,9 +68,9 @@ def deduplication_id(outbox_message_id: str) -> str:
 
 
 def _publish_failure(error: RunlaneError) -> RunlaneError:
-    """``error`` as a publish failure: a queue that does not exist, or a client without a region or
-    credentials, is a retryable ``transport_publish_failed`` (its message says what to fix), so the
-    outbox retries it with backoff instead of the whole publish call failing."""
+    """``error`` of a ``SendMessageBatch`` call as a publish failure: a bound URL whose queue does not
+    exist, or a client without a region or credentials, is a retryable ``transport_publish_failed``
+    (its message says what to fix), so the outbox retries it with backoff."""
     if error.code in (ErrorCode.TRANSPORT_UNAVAILABLE, ErrorCode.TRANSPORT_PUBLISH_FAILED):
         return error
     return RunlaneError(
@@ -176,8 +179,10 @@ class SqsTransport:
         for queue, indexes in grouped.items():
             try:
                 url = await self.queue_url(queue)
-            except RunlaneError as error:  # this queue's wakeups fail; the other queues' still go out
-                failures.append(self._failed(_publish_failure(error), indexes, outcomes))
+            except RunlaneError as error:
+                if error.code is ErrorCode.CONFIGURATION_INVALID:
+                    raise  # a name that does not resolve: the whole call is refused, nothing is sent
+                failures.append(self._failed(error, indexes, outcomes))  # an outage: the other queues still go out
                 continue
             binding = self._by_queue[queue]
             for start in range(0, len(indexes), self.batch_size):
