@@ -248,6 +248,35 @@ async def test_heartbeats_extend_the_lease_but_not_the_deadline():
             assert lease.expires_at == record.event.occurred_at + timedelta(seconds=30)
 
 
+async def test_a_handler_still_running_keeps_its_lease_while_a_controlled_clock_moves_past_it():
+    started: list[int] = []
+    release = asyncio.Event()
+
+    @task("still.running")
+    async def still_running(payload: dict, ctx: TaskContext) -> str:
+        started.append(ctx.attempt)
+        await release.wait()
+        return "done"
+
+    runtime, clock = make_runtime(still_running)
+    async with runtime:
+        run = (await runtime.trigger(still_running, {})).run
+        pending = asyncio.ensure_future(runtime.execute_next(lease_duration="1m"))  # heartbeats every 30 s
+        while not started:
+            await asyncio.sleep(0.001)
+        for _ in range(3):
+            clock.advance("90s")  # past the lease in one move: the heartbeat is due on the clock, not in real time
+            assert (await runtime.tick()).delivery_requested == 0
+            lease = (await runtime.runs.get(run.id)).lease
+            assert lease is not None and lease.expires_at == clock.now() + timedelta(minutes=1)
+        release.set()
+        done = await asyncio.wait_for(pending, 2)
+        assert done is not None and done.status is RunStatus.SUCCEEDED and done.output == "done"
+        assert started == [1]
+        heartbeats = (await runtime.runs.events(run.id, types=["run.lease_heartbeat"])).data
+        assert len(heartbeats) == 3
+
+
 @pytest.mark.parametrize(
     "options",
     [

@@ -731,6 +731,7 @@ class _Attempt:
         "_handler_task",
         "_handler_cancelled",
         "_unwatch_clock",
+        "_heartbeat_clock_due",
         "_lease_expires_at",
         "_lease_renewed_at",
         "_storage_retry_s",
@@ -767,6 +768,8 @@ class _Attempt:
         self._handler_task: asyncio.Future[Any] | None = None  # an async def handler's, to cancel at its deadline
         self._handler_cancelled = False
         self._unwatch_clock: Callable[[], None] | None = None
+        # On a clock moved by hand: the clock time the next heartbeat is due (see ``_clock_moved``).
+        self._heartbeat_clock_due: datetime | None = None
         # The lease as last written: its expiry on the runtime clock, and when (loop time) it was written.
         self._lease_expires_at = lease.expires_at
         self._lease_renewed_at = self.loop.time()
@@ -813,17 +816,28 @@ class _Attempt:
                 self._deadline_reached()
             else:
                 self._deadline_handle = loop.call_later(remaining, self._deadline_reached)
-                # A clock moved by hand (``ControlledClock``) reaches the deadline when it is moved.
-                watch = getattr(self.runtime.clock, "watch", None)
-                if callable(watch):
-                    self._unwatch_clock = watch(self._clock_moved)
+        # A clock moved by hand (``ControlledClock``) reaches the deadline, and the heartbeats' times,
+        # when it is moved: the lease of a handler still running never lapses in the clock's time.
+        watch = getattr(self.runtime.clock, "watch", None)
+        if callable(watch):
+            self._heartbeat_clock_due = self._next_clock_heartbeat()
+            self._unwatch_clock = watch(self._clock_moved)
         self._schedule_heartbeat()
 
+    def _next_clock_heartbeat(self) -> datetime:
+        return later(self.runtime.now(), self.options.heartbeat_ms)
+
     def _clock_moved(self, now: datetime) -> None:
+        if self._finished:
+            return
         deadline = self.run.attempt_deadline_at
-        if deadline is not None and now >= deadline and not self._finished:
-            with contextlib.suppress(RuntimeError):  # the attempt's loop has closed
+        due = self._heartbeat_clock_due
+        with contextlib.suppress(RuntimeError):  # the attempt's loop has closed
+            if deadline is not None and now >= deadline:
                 self.loop.call_soon_threadsafe(self._deadline_reached)
+            elif due is not None and now >= due:
+                self._heartbeat_clock_due = None  # until that heartbeat has been written
+                self.loop.call_soon_threadsafe(self._heartbeat_now)
 
     def _schedule_heartbeat(self) -> None:
         interval = self.options.heartbeat_ms / 1000
@@ -930,6 +944,19 @@ class _Attempt:
         if run.lease is not None and run.lease.token == self.token:  # this attempt's request, not a later one's
             self.observe_cancellation()
 
+    async def _cancellation_finalized(self) -> bool:
+        """Whether maintenance finalized a cancellation of the run (observed now if it was not yet):
+        the lease is gone, but the attempt was stopped, not lost."""
+        if not self.cancel_observed:
+            try:
+                run = await self.runtime._store.get_run(self.run_id)
+            except Exception:  # noqa: BLE001 - the lease is lost either way
+                return False
+            if run is None or run.status is not RunStatus.CANCELLED:
+                return False
+            self.observe_cancellation()
+        return True
+
     def _heartbeat_now(self) -> None:
         if self._finished or (self._heartbeat_task is not None and not self._heartbeat_task.done()):
             return
@@ -994,6 +1021,8 @@ class _Attempt:
             result = await self.runtime.loop_state().completions.submit(CompletionRequest(self.run_id, build, token, self.run))
         except RunlaneError as error:
             if is_storage_conflict(error, StorageConflictKind.LEASE_OWNERSHIP):
+                if await self._cancellation_finalized():
+                    return  # the completion reports the stored cancellation
                 self.lost = error
                 self.controller.abort(REASON_LEASE_LOST)
             elif not self._finished and self._retry_storage(error, "heartbeat"):
@@ -1012,6 +1041,8 @@ class _Attempt:
         if lease is not None and lease.token == token:
             self._lease_expires_at = lease.expires_at
             self._lease_renewed_at = self.loop.time()
+        if self._unwatch_clock is not None:
+            self._heartbeat_clock_due = self._next_clock_heartbeat()
         self._storage_recovered("heartbeat")
         if result.events:
             await self.runtime.after_append(result)
