@@ -262,7 +262,8 @@ def _builders(_dt_required: Callable[[Any], Any], _enum: Callable[[Any], Any]) -
 
     def _succeeded(event: RunSucceededEvent, data: dict[str, Any]) -> None:
         data["attempt"] = event.attempt
-        data["output"] = _json(event.output)
+        if event.has_output:
+            data["output"] = _json(event.output)
         data["has_output"] = event.has_output
 
     def _failed(event: RunFailedEvent, data: dict[str, Any]) -> None:

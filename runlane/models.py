@@ -268,6 +268,16 @@ class RunStartedEvent(_RunEventBase):
     attempt: int = Field(ge=1)
 
 
+def _void_output_omitted(has_output: bool, data: dict[str, Any]) -> dict[str, Any]:
+    """A dump of a model with ``output``/``has_output``: a void success leaves ``output`` out, an
+    explicit JSON ``null`` output stays visible."""
+    if not has_output:
+        data.pop("output", None)
+    elif "output" not in data:
+        data["output"] = None
+    return data
+
+
 class RunSucceededEvent(_RunEventBase):
     """Success; ``has_output`` is ``False`` for a void success (the handler returned ``None``)."""
 
@@ -281,6 +291,10 @@ class RunSucceededEvent(_RunEventBase):
         if not self.has_output and self.output is not None:
             raise ValueError("a void success (has_output=False) cannot carry output")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_void_output(self, handler: Any) -> dict[str, Any]:
+        return _void_output_omitted(self.has_output, handler(self))
 
 
 class RunFailedEvent(_RunEventBase):
@@ -387,12 +401,7 @@ class RunRecord(RunlaneModel):
 
     @model_serializer(mode="wrap")
     def _omit_void_output(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        if not self.has_output:
-            data.pop("output", None)
-        elif "output" not in data:
-            data["output"] = None  # explicit JSON null output stays visible
-        return data
+        return _void_output_omitted(self.has_output, handler(self))
 
     def to_json(self) -> dict[str, Any]:
         data = self.model_dump(mode="json", exclude_none=True)
@@ -461,13 +470,7 @@ class RunAttemptSummary(RunlaneModel):
 
     @model_serializer(mode="wrap")
     def _omit_void_output(self, handler: Any) -> dict[str, Any]:
-        # Same rule as ``RunRecord``: void success omits ``output``; explicit ``null`` output stays.
-        data = handler(self)
-        if not self.has_output:
-            data.pop("output", None)
-        elif "output" not in data:
-            data["output"] = None
-        return data
+        return _void_output_omitted(self.has_output, handler(self))
 
 
 class Page(BaseModel, Generic[T]):

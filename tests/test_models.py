@@ -256,6 +256,15 @@ def test_attempt_summary_output_follows_the_run_rule():
         assert RunAttemptSummary.model_validate_json(summary.model_dump_json()) == summary
 
 
+def test_succeeded_event_output_follows_the_run_rule():
+    void = RunSucceededEvent(**event_base(), attempt=1)
+    assert "output" not in void.model_dump(mode="json") and "output" not in json.loads(void.model_dump_json())
+    explicit_null = RunSucceededEvent(**event_base(), attempt=1, output=None, has_output=True)
+    assert explicit_null.model_dump(mode="json")["output"] is None
+    for event in (void, explicit_null):
+        assert RunSucceededEvent.model_validate_json(event.model_dump_json()) == event
+
+
 def test_run_summary_is_compact():
     record = run(status=RunStatus.SUCCEEDED, output={"secret": 1}, has_output=True, lease=lease(), meta={"m": 1}, trace_carrier={"t": "1"}, idempotency_key="k")
     summary = record.to_summary()
