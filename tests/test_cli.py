@@ -215,6 +215,16 @@ class Clash:
     def register_lanes(self, register):
         register(LaneProvider("sqlite", Options, lambda options, context: None))
 
+    @hookimpl
+    def register_commands(self, app):
+        app.command("tools")(lambda: print("clash tools"))
+
+
+class Echo:
+    @hookimpl
+    def register_commands(self, app):
+        app.command("tools")(lambda: print("echo tools"))
+
 
 class Broken:
     @hookimpl
@@ -223,6 +233,7 @@ class Broken:
 
 
 clash = Clash()
+echo = Echo()
 broken = Broken()
 """,
     )
@@ -232,14 +243,15 @@ broken = Broken()
     )
     dist = site / "clash_plugins-1.0.dist-info"
     write(dist / "METADATA", "Metadata-Version: 2.1\nName: clash-plugins\nVersion: 1.0\n")
-    write(dist / "entry_points.txt", "[runlane]\nclash = clash_plugins:clash\nbroken = clash_plugins:broken\n")
+    write(dist / "entry_points.txt", "[runlane]\nclash = clash_plugins:clash\necho = clash_plugins:echo\nbroken = clash_plugins:broken\n")
     env = {"PYTHONPATH": str(site)}
     listed = cli(tmp_path, "--json", "plugins", "list", env=env)
     assert listed.returncode == 0, listed.stderr
     document = json.loads(listed.stdout)
     assert [failure["name"] for failure in document["failures"]] == ["broken"]
     assert document["collisions"] == [
-        "the lane 'sqlite' is registered by plugins 'local' and 'clash'; selecting it fails"
+        "the lane 'sqlite' is registered by plugins 'local' and 'clash'; selecting it fails",
+        "the command 'tools' is added by plugins 'clash' and 'echo'; it is added by neither",
     ]
     # A configuration that does not select the ambiguous name still works; one that does names both plugins.
     write(tmp_path / "runlane.toml", '[runlane]\ntasks = ["clash_tasks"]\n\n[lane]\nuse = "local"\n')

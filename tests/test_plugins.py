@@ -548,6 +548,87 @@ def test_plugin_commands_that_break_or_shadow_runlane_commands_are_skipped_and_t
                 pm.unregister(name=name)
 
 
+def test_plugin_commands_typer_cannot_build_skip_their_plugin_and_a_name_two_plugins_add_goes_to_neither(capsys):
+    import click
+    import typer
+    import typer.main
+
+    from runlane.cli.main import build_app
+
+    class Unresolvable:  # an annotation only imported under TYPE_CHECKING, as with `from __future__ import annotations`
+        @hookimpl
+        def register_commands(self, app):
+            def report(out: "NotImported") -> None:  # noqa: F821
+                pass
+
+            app.command("report")(report)
+
+    class ClickGroup:
+        @hookimpl
+        def register_commands(self, app):
+            app.add_typer(click.Group("clicky"), name="clicky")
+
+    def tools(word: str):
+        class Tools:
+            @hookimpl
+            def register_commands(self, app):
+                sub = typer.Typer()
+                sub.command("hello")(lambda: print(word))
+                app.add_typer(sub, name="tools")
+                app.command(f"{word}-only")(lambda: print(word))
+
+        return Tools()
+
+    plugins = {
+        "unresolvable": Unresolvable(),
+        "click-group": ClickGroup(),
+        "alpha": tools("alpha"),
+        "beta": tools("beta"),
+    }
+    for name, plugin in plugins.items():
+        pm.register(plugin, name=name)
+    try:
+        app = build_app()
+        commands = typer.main.get_group(app).commands  # the whole CLI builds
+        assert "report" not in commands and "clicky" not in commands
+        assert "tools" not in commands and {"alpha-only", "beta-only"} <= set(commands)
+        err = capsys.readouterr().err
+        assert "skipped plugin 'unresolvable'" in err and "NotImported" in err
+        assert "skipped plugin 'click-group'" in err
+        assert "the command 'tools' is added by plugins 'alpha' and 'beta'; it is added by neither" in err
+        assert pm.has_plugin("alpha") and pm.has_plugin("beta")  # their other commands and providers stay
+    finally:
+        for name in plugins:
+            if pm.has_plugin(name):
+                pm.unregister(name=name)
+
+
+def test_a_runlane_error_from_a_plugin_command_is_printed_with_its_code(capsys):
+    from typer.testing import CliRunner
+
+    from runlane.cli.main import build_app
+
+    class Failing:
+        @hookimpl
+        def register_commands(self, app):
+            @app.command("fail-politely")
+            def fail() -> None:
+                raise RunlaneError(ErrorCode.VALIDATION_FAILED, "The plugin says no.")
+
+    pm.register(Failing(), name="failing-command")
+    try:
+        app = build_app()
+        plain = CliRunner().invoke(app, ["fail-politely"])
+        assert plain.exit_code == 1 and plain.exception is None or isinstance(plain.exception, SystemExit)
+        assert "error[validation_failed]: The plugin says no." in plain.output
+        as_json = CliRunner().invoke(app, ["--json", "fail-politely"])
+        assert as_json.exit_code == 1 and '"code":"validation_failed"' in as_json.output.replace(" ", "")
+        assert "Traceback" not in plain.output + as_json.output
+    finally:
+        if pm.has_plugin("failing-command"):
+            pm.unregister(name="failing-command")
+
+
 def test_a_name_two_installed_plugins_register_fails_only_where_it_is_used():
     pm.register(lane_plugin("shared"), name="first")
     pm.register(lane_plugin("shared"), name="second")

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -514,6 +515,9 @@ class _RootGroup(TyperGroup):
             # Typer words a value its annotation refuses the way pydantic does ("Value error, ...").
             error.message = error.message.removeprefix("Value error, ")
             raise
+        except RunlaneError as error:  # from a command that does not use ``invoke`` (a plugin's)
+            state_of(ctx).output.error(error)
+            raise typer.Exit(1) from None
 
 
 def build_app() -> typer.Typer:
@@ -562,22 +566,62 @@ def _command_names(commands: Sequence[Any], groups: Sequence[Any]) -> list[str]:
 
 
 def _register_plugin_commands(root: typer.Typer) -> None:
-    """Each plugin's ``register_commands``, one at a time: a plugin whose hook raises, or that adds a
-    command a runlane command or an earlier plugin already has, is skipped (reported like a plugin
-    that fails to import) and what it added is taken back; the CLI itself always starts."""
+    """Each plugin's ``register_commands``, one at a time; the CLI itself always starts.
+
+    A plugin whose hook raises, whose commands Typer cannot build (an annotation that does not
+    resolve, a Click object) or that adds a runlane command's name is skipped (reported like a plugin
+    that fails to import) and what it added is taken back. A name two plugins add is added by
+    neither, as for providers: both plugins stay, and each is reported.
+    """
+    builtin = set(_command_names(root.registered_commands, root.registered_groups))
+    added_by: dict[str, list[str]] = {}  # command name -> the plugins that added it
+    entries: list[tuple[list[Any], list[Any]]] = []  # per plugin: its commands and groups
     for hook in reversed(pm.hook.register_commands.get_hookimpls()):  # pluggy calls the last registered first
         commands, groups = len(root.registered_commands), len(root.registered_groups)
-        taken = set(_command_names(root.registered_commands, root.registered_groups))
         try:
             hook.function(app=root)
-            added = _command_names(root.registered_commands[commands:], root.registered_groups[groups:])
-            clashes = sorted(set(added) & taken)
+            new_commands, new_groups = root.registered_commands[commands:], root.registered_groups[groups:]
+            added = _command_names(new_commands, new_groups)
+            clashes = sorted(set(added) & builtin)
             problem = f"its commands {', '.join(clashes)} are already runlane commands" if clashes else None
         except (Exception, SystemExit) as error:  # a broken plugin must never take the CLI down
             problem = f"register_commands raised {type(error).__name__}: {error}"
+        if problem is None:
+            try:
+                _build(new_commands, new_groups)
+            except (Exception, SystemExit) as error:
+                problem = f"its commands cannot be built ({type(error).__name__}: {error})"
         if problem is not None:
             del root.registered_commands[commands:], root.registered_groups[groups:]
             skip_plugin(hook.plugin_name, f"{problem}; its commands are not added.")
+            continue
+        for name in dict.fromkeys(added):
+            added_by.setdefault(name, []).append(hook.plugin_name)
+        entries.append((new_commands, new_groups))
+    shared = {name: plugins for name, plugins in added_by.items() if len(plugins) > 1}
+    for name, plugins in shared.items():
+        owners = " and ".join(repr(plugin) for plugin in sorted(plugins))
+        print(
+            f"runlane: the command {name!r} is added by plugins {owners}; it is added by neither "
+            "(uninstall one of them or limit plugins with RUNLANE_LOAD_PLUGINS).",
+            file=sys.stderr,
+        )
+    for commands, groups in entries if shared else ():
+        for entry in commands:
+            if set(_command_names([entry], [])) & shared.keys():
+                root.registered_commands.remove(entry)
+        for entry in groups:
+            if set(_command_names([], [entry])) & shared.keys():
+                root.registered_groups.remove(entry)
+
+
+def _build(commands: list[Any], groups: list[Any]) -> None:
+    """Build ``commands`` and ``groups`` as Typer will when the CLI runs, so what cannot be built fails
+    now, for its plugin alone."""
+    scratch = typer.Typer()
+    scratch.registered_commands.extend(commands)
+    scratch.registered_groups.extend(groups)
+    typer.main.get_group(scratch)
 
 
 app = build_app()

@@ -31,7 +31,7 @@ def list_plugins(ctx: typer.Context) -> None:
         else plugin
         for plugin in plugins
     ]
-    state_of(ctx).output.plugins_table(plugins, get_plugin_failures(), _collisions())
+    state_of(ctx).output.plugins_table(plugins, get_plugin_failures(), _collisions(commands))
 
 
 def _commands_by_plugin() -> dict[str, list[str]]:
@@ -57,11 +57,19 @@ def _command_name(info: Any) -> str | None:
     return None if callback is None else callback.__name__.replace("_", "-")
 
 
-def _collisions() -> list[str]:
+def _collisions(commands: dict[str, list[str]]) -> list[str]:
     registries = get_registries()
     notes = []
     for registry in (registries.lanes, registries.storage_drivers, registries.transports, registries.exporters):
         for name, plugins in sorted(registry.collisions.items()):
             owners = " and ".join(repr(plugin) for plugin in plugins)
             notes.append(f"the {registry.kind} {name!r} is registered by plugins {owners}; selecting it fails")
+    adding: dict[str, list[str]] = {}
+    for plugin, names in sorted(commands.items()):
+        for name in names:
+            adding.setdefault(name, []).append(plugin)
+    for name, plugins in sorted(adding.items()):
+        if len(plugins) > 1:
+            owners = " and ".join(repr(plugin) for plugin in plugins)
+            notes.append(f"the command {name!r} is added by plugins {owners}; it is added by neither")
     return notes
