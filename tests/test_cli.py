@@ -8,6 +8,7 @@ Typer's ``CliRunner`` in this process, over a config whose runtime factory opens
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -136,6 +137,36 @@ def test_init_config_with_runtime_and_path(tmp_path: Path) -> None:
     assert loaded is not None
     assert loaded.runlane.runtime == "app.runtime:make"
     assert loaded.lane is None
+
+
+def test_runs_triggered_by_the_applications_own_runtime_are_seen_and_run_by_an_init_config(tmp_path: Path) -> None:
+    """An application that builds its runtime with create_runlane() defaults and a `runlane init config
+    --tasks` for its workers use one environment."""
+    write(tmp_path / "app" / "__init__.py", "")
+    write(
+        tmp_path / "app" / "tasks.py",
+        "from runlane import create_runlane, queue, task\n"
+        "from runlane_local import sqlite_lane\n\n"
+        "default = queue('default', default=True)\n\n"
+        "@task('emails.welcome')\n"
+        "def send_welcome(payload: dict) -> None:\n"
+        "    return None\n\n"
+        "runlane = create_runlane(lane=sqlite_lane('runlane.db'), queues=[default], tasks=[send_welcome])\n",
+    )
+    assert cli(tmp_path, "init", "config", "--tasks", "app.tasks").returncode == 0
+    produced = subprocess.run(
+        [sys.executable, "-c", "from app.tasks import runlane, send_welcome\n"
+         "print(runlane.sync.trigger(send_welcome, {}).run.id)\nrunlane.sync.close()"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    run_id = produced.stdout.strip()
+    listed = cli(tmp_path, "--json", "runs", "list")
+    assert [run["id"] for run in json.loads(listed.stdout)["data"]] == [run_id]
+    drained = cli(tmp_path, "--json", "work", "--drain")
+    assert drained.returncode == 0, drained.stderr
+    shown = json.loads(cli(tmp_path, "--json", "runs", "get", run_id).stdout)
+    assert shown["run"]["status"] == "succeeded"
 
 
 def test_init_config_with_a_runtime_leaves_the_environment_to_it(tmp_path: Path) -> None:

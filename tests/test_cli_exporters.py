@@ -53,7 +53,7 @@ def assert_run_observations(observations: list[dict[str, Any]], run: dict[str, A
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
     for record in observations:
         assert record["source_id"] == record["observation"]["event_id"]
-        assert record["id"] == observation_record_id("development", "run_event", record["source_id"])
+        assert record["id"] == observation_record_id("default", "run_event", record["source_id"])
     assert len({o["id"] for o in observations}) == len(observations)
 
 

@@ -399,7 +399,7 @@ async def test_on_a_process_local_lane_the_dashboard_reads_the_runlane_dev_proce
         executed = dev_project.json("trigger", "ping", "{}")["run"]["id"]
         parked = dev_project.json("trigger", "later", "{}")["run"]["id"]  # nobody polls its queue
         session = read_session(dev_project.config)
-        client = DashboardClient.bridged(session, lane="local", environment="development")
+        client = DashboardClient.bridged(session, lane="local", environment="default")
         assert client.where == f"runlane dev (pid {session.pid})"
 
         app = RunlaneDashboard(client, refresh_interval=0)

@@ -35,16 +35,20 @@ def render_config(*, tasks: list[str], runtime: str | None, lane: str) -> str:
         "# ${VAR} and ${VAR:-default} are expanded from the environment; unknown keys are errors.",
         "",
         "[runlane]",
-        "# Durable namespace for runs, schedules, idempotency and singleton keys.",
+        "# Durable namespace for runs, schedules, idempotency and singleton keys (default: \"default\").",
     ]
     if runtime is not None:
         lines += [
             "# Your runtime sets its own (create_runlane(environment=...)); one written here must match it.",
-            '# environment = "development"',
+            '# environment = "production"',
             "",
         ]
     else:
-        lines += ['environment = "development"', ""]
+        lines += [
+            "# A runtime your code builds with create_runlane() must use the same one to see these runs.",
+            '# environment = "production"',
+            "",
+        ]
     if runtime is not None:
         lines += [
             "# Your own runtime: a Runlane object or a factory (sync or async) returning one.",
