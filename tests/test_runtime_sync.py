@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import threading
 import time
 
@@ -144,3 +147,38 @@ def test_a_sync_worker_stopped_after_close_does_nothing():
     runtime.sync.close()
     assert worker.closed.done()
     worker.stop()  # shutdown code often stops what it started after closing the runtime
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_process_forked_after_the_runtime_started_is_refused_and_the_parent_keeps_working(tmp_path):
+    from runlane import create_runlane, queue
+    from runlane_local import sqlite_lane
+
+    default = queue("default", default=True)
+    runtime = create_runlane(lane=sqlite_lane(tmp_path / "fork.db"), queues=[default], tasks=[echo])
+    runtime.sync.start()  # as an application does at start-up, before its server forks workers
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what its first call did, never run pytest's own teardown
+            outcome = "no error"
+            try:
+                with contextlib.suppress(BaseException):
+                    signal.alarm(20)  # a hang must not outlive the test
+                    try:
+                        runtime.sync.trigger(echo, {"n": 1})
+                    except RunlaneError as error:
+                        outcome = f"{error.code.value}: {error.message}"
+                    runtime.sync.close()  # leaves the parent's connections alone
+            finally:
+                os.write(write, outcome.encode())
+                os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as reader:
+            outcome = reader.read()
+        assert outcome.startswith("configuration_invalid: ") and "forked" in outcome and "after the fork" in outcome
+        assert runtime.sync.trigger(echo, {"n": 2}).outcome is TriggerOutcomeType.CREATED
+        assert runtime.sync.execute_next().status is RunStatus.SUCCEEDED
+    finally:
+        runtime.sync.close()

@@ -475,6 +475,7 @@ class Runlane:
         self._state_lock = threading.Lock()
         self._started = False
         self._closed = False
+        self._forked_from: int | None = None  # in a child forked after the lane started: the parent's pid
         self._start_lock: asyncio.Lock | None = None
         self._workers: set[WorkerHandle] = set()
         self._claiming: set[str] = set()
@@ -575,6 +576,7 @@ class Runlane:
             self._check_open()
             await self._lane.start()
             self._started = True
+            _STARTED_RUNTIMES.add(self)
 
     async def close(self) -> None:
         """Stop this runtime's workers, then close the lane. Later calls raise ``configuration_invalid``."""
@@ -605,11 +607,29 @@ class Runlane:
         await self.close()
 
     def _check_open(self) -> None:
+        if self._forked_from is not None:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"This Runlane runtime was started in process {self._forked_from}, and this process was forked "
+                "from it afterwards: its connections and event loops stay with that process. Create the runtime "
+                "in each process after the fork (gunicorn without --preload, or in a post_fork hook).",
+                meta={"parent_pid": self._forked_from},
+            )
         if self._closed:
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
                 "This Runlane runtime is closed; create a new runtime with create_runlane() to keep working.",
             )
+
+    def _forked(self, parent: int) -> None:
+        """In a child process forked after the lane started: every call is refused, and ``close()``
+        leaves the parent's connections alone."""
+        self._forked_from = parent
+        self._closed = True
+        self._started = False
+        self._workers.clear()
+        if self._sync is not None:
+            self._sync.forked()
 
     async def _ready(self) -> None:
         if self._closed:
@@ -1830,6 +1850,22 @@ def resolve_execution_options(
     return ExecutionOptions(
         lease_ms=lease_ms, heartbeat_ms=heartbeat_ms, max_attempt_ms=attempt_ms, signal=signal, worker_id=owner
     )
+
+
+# Runtimes whose lane is started: a child forked from this process must not use them (see ``_forked``).
+_STARTED_RUNTIMES: weakref.WeakSet[Runlane] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    parent = os.getppid()
+    for runtime in list(_STARTED_RUNTIMES):
+        if runtime._started:
+            runtime._forked(parent)
+    _STARTED_RUNTIMES.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _created_but_unpublished(error: RunlaneError, run: RunRecord) -> RunlaneError:

@@ -114,6 +114,13 @@ class SyncRunlane:
                 retryable=False,
             ) from None
 
+    def forked(self) -> None:
+        """In a forked child: the facade loop's thread stayed with the parent; forget that loop (the
+        runtime refuses every call)."""
+        self._lock = threading.Lock()
+        self._loop = None
+        self._thread = None
+
     def shutdown_loop(self) -> None:
         """Stop the facade loop thread (called when the runtime closes)."""
         loop, thread = self._loop, self._thread
