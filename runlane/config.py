@@ -736,6 +736,13 @@ def _runtime_steps(
         module: plugin for module, plugin in task_modules.items() if module not in section.tasks
     }
     queues, tasks = _collect_definitions(source, module_names, owners)
+    if not queues:
+        raise _invalid(
+            f"{where}: the modules of [{source.table_name('runlane')}] tasks ({', '.join(module_names) or 'none'}) "
+            "define no queue; define one at module level next to your tasks: "
+            "default = queue(\"default\", default=True).",
+            path=str(source.path),
+        )
     lane = lane_factory(lane_config.use, dict(lane_config.options))
     if inspect.isawaitable(lane):
         lane = yield lane

@@ -543,6 +543,19 @@ def test_extra_task_modules_are_imported_too(tmp_path: Path) -> None:
     assert sorted(runtime.tasks) == ["billing.charge", "emails.welcome"]
 
 
+def test_task_modules_without_a_queue_are_named_with_what_to_add(tmp_path: Path) -> None:
+    module = unique("queueless")
+    source = 'from runlane import task\n\n@task("hello.greet")\ndef greet(payload: dict) -> None:\n    pass\n'
+    write(tmp_path / f"{module}.py", source)
+    loaded = load(tmp_path, f'[runlane]\ntasks = ["{module}"]\n[lane]\nuse = "local"\n')
+    with pytest.raises(RunlaneError) as caught:
+        load_runtime(loaded, lane_factory=RecordingLaneFactory())
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    message = caught.value.message
+    assert f"tasks ({module}) define no queue" in message and 'queue("default", default=True)' in message
+    assert "create_runlane()" not in message
+
+
 def test_a_plugin_task_module_that_fails_to_import_names_the_plugin(tmp_path: Path) -> None:
     loaded = load(tmp_path, '[lane]\nuse = "local"\n')
     with pytest.raises(RunlaneError) as caught:
