@@ -10,8 +10,10 @@ against it. Wrappers around the local driver do the same for operator reads and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -381,6 +383,13 @@ class LiveClockDriver(MiniDriver):
     freezes_now = False
 
 
+class StuckClockDriver(MiniDriver):
+    """Reads one fixed time, as a driver caching a database timestamp would."""
+
+    def clock(self) -> datetime:
+        return datetime(2020, 1, 1, tzinfo=UTC)
+
+
 class UnsealedReadsDriver(MiniDriver):
     """Keeps accepting reads after now() and after mutations."""
 
@@ -564,9 +573,12 @@ class LocalSuite(StorageDriverConformance):
 
 
 def run_suite_test(name: str, driver_class: type[Any]) -> None:
-    local = issubclass(driver_class, _LocalWrapper)
-    method = getattr(LocalSuite() if local else MiniSuite(), name)
-    store = LocalStorageStore() if local else MiniStore()
+    run_method(LocalSuite() if issubclass(driver_class, _LocalWrapper) else MiniSuite(), name, driver_class)
+
+
+def run_method(suite: StorageDriverConformance, name: str, driver_class: type[Any]) -> None:
+    method = getattr(suite, name)
+    store = LocalStorageStore() if issubclass(driver_class, _LocalWrapper) else MiniStore()
     arguments: dict[str, Any] = {"driver": driver_class(store)}
     if "peer_driver" in inspect.signature(method).parameters:
         arguments["peer_driver"] = driver_class(store)
@@ -630,6 +642,7 @@ EXPECTED_FAILURES: dict[type[Any], list[str]] = {
         "test_transaction_record_limit",
     ],
     LiveClockDriver: ["test_now_is_frozen_within_an_attempt"],
+    StuckClockDriver: ["test_now_moves_on_between_attempts_and_keeps_to_the_wall_clock"],
     UnsealedReadsDriver: ["test_reads_are_rejected_after_now", "test_reads_are_rejected_after_the_first_mutation"],
     UnlimitedDriver: [
         "test_point_read_limit",
@@ -688,3 +701,37 @@ def test_switching_on_exclusive_candidates_without_a_peer_driver_fails_the_profi
     with pytest.raises(AssertionError, match="needs a `peer_driver` fixture"):
         NoPeer().test_profile_matches_the_enabled_suites(driver=MiniDriver(MiniStore()))
     MiniSuite().test_profile_matches_the_enabled_suites(driver=MiniDriver(MiniStore()))
+
+
+def test_a_profile_advertising_an_optional_part_whose_suite_is_off_fails_the_profile_check() -> None:
+    class AllOff(StorageDriverConformance):
+        timeout_seconds = 20.0
+
+    driver = MiniDriver(MiniStore())  # advertises exclusive candidates
+    assert driver.profile.exclusive_candidates and not driver.profile.ordered_append
+    with pytest.raises(AssertionError, match="switch on supports_exclusive_candidates"):
+        AllOff().test_profile_matches_the_enabled_suites(driver=driver)
+    driver.profile = dataclasses.replace(driver.profile, ordered_append=True)
+    with pytest.raises(AssertionError, match="switch on supports_append"):
+        MiniSuite().test_profile_matches_the_enabled_suites(driver=driver)
+
+
+class BlockingDriver(MiniDriver):
+    """Holds a thread lock of its store across each transaction: a second, concurrent transaction
+    blocks the event loop they share."""
+
+    async def with_transaction(self, callback: Any) -> Any:
+        lock = self.store.__dict__.setdefault("lock", threading.Lock())
+        lock.acquire()
+        try:
+            return await super().with_transaction(callback)
+        finally:
+            lock.release()
+
+
+def test_a_driver_that_blocks_its_event_loop_fails_the_test_instead_of_hanging_it() -> None:
+    class Quick(MiniSuite):
+        timeout_seconds = 1.0
+
+    with pytest.raises(AssertionError, match="holds its event loop"):
+        run_method(Quick(), "test_present_read_conflict_replays_and_only_the_committed_result_escapes", BlockingDriver)

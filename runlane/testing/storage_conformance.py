@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -585,6 +586,10 @@ def _batch(name: str, count: int) -> list[dict[str, Any]]:
 # The suite
 
 
+# How long past ``timeout_seconds`` a test whose event loop is blocked gets before it fails.
+_BLOCKED_GRACE_S = 5.0
+
+
 class StorageDriverConformance:
     """Subclass as ``Test...`` and override the ``driver`` fixture (a fresh, unstarted driver per test).
 
@@ -634,12 +639,28 @@ class StorageDriverConformance:
                 for driver in reversed(started):
                     await driver.close()
 
-        try:
-            asyncio.run(asyncio.wait_for(main(), self.timeout_seconds))
-        except TimeoutError:
-            raise AssertionError(
-                f"the test did not finish within {self.timeout_seconds}s: a transaction, selection or commit is blocked"
-            ) from None
+        # On a thread of its own, so that a driver blocking its event loop (a lock held across an await,
+        # a blocking call) fails the test instead of hanging the run: that thread is left behind.
+        outcome: list[BaseException] = []
+
+        def guarded() -> None:
+            try:
+                asyncio.run(asyncio.wait_for(main(), self.timeout_seconds))
+            except BaseException as error:  # noqa: BLE001 - re-raised on the test's own thread
+                outcome.append(error)
+
+        thread = threading.Thread(target=guarded, name="storage-conformance", daemon=True)
+        thread.start()
+        thread.join(self.timeout_seconds + min(_BLOCKED_GRACE_S, self.timeout_seconds))
+        blocked = (
+            f"the test did not finish within {self.timeout_seconds}s: a transaction, selection or commit is blocked"
+        )
+        if thread.is_alive():
+            raise AssertionError(f"{blocked}, and it holds its event loop (a blocking call or lock in the driver?)")
+        if outcome:
+            if isinstance(outcome[0], TimeoutError):
+                raise AssertionError(blocked) from None
+            raise outcome[0]
 
     def _page_limit(self, driver: StorageDriver, wanted: int = 100) -> int:
         return min(wanted, driver.profile.limits.max_query_results)
@@ -754,6 +775,15 @@ class StorageDriverConformance:
         )
         if self.supports_append:
             assert profile.ordered_append, "supports_append is on, but the profile does not advertise ordered_append"
+        else:
+            assert not profile.ordered_append, (
+                "the profile advertises ordered_append: switch on supports_append, nothing else proves it"
+            )
+        if not self.supports_exclusive_candidates:
+            assert not profile.exclusive_candidates, (
+                "the profile advertises exclusive_candidates: switch on supports_exclusive_candidates (with a "
+                "`peer_driver` fixture), nothing else proves it"
+            )
         if self.supports_exclusive_candidates:
             assert profile.exclusive_candidates, (
                 "supports_exclusive_candidates is on, but the profile does not advertise it"
@@ -1174,6 +1204,25 @@ class StorageDriverConformance:
                     f"now() must return an aware datetime, got {value!r}"
                 )
             assert times[0] == times[1] == times[2], f"now() changed within one attempt: {times}"
+
+        self.run_async(body, driver)
+
+    def test_now_moves_on_between_attempts_and_keeps_to_the_wall_clock(self, driver: StorageDriver) -> None:
+        """Each attempt reads the time anew: a later attempt's now() is later, and close to the real time
+        (a cached or fixed time makes nothing ever due)."""
+
+        async def body() -> None:
+            async def attempt(tx: Any) -> datetime:
+                return await tx.now()
+
+            first = await driver.with_transaction(attempt)
+            await asyncio.sleep(0.05)
+            second = await driver.with_transaction(attempt)
+            assert second > first, f"now() did not move on between attempts 50 ms apart: {first} then {second}"
+            wall = datetime.now(UTC)
+            assert abs(second - wall) < timedelta(minutes=10), (
+                f"now() reads {second}, but the wall clock is {wall}: is a time cached or fixed?"
+            )
 
         self.run_async(body, driver)
 
