@@ -6,6 +6,7 @@ Hook tests register a temporary plugin on the real manager with ``pm.register(..
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import inspect
 import re
@@ -697,3 +698,68 @@ def test_a_provider_whose_create_raises_is_a_configuration_error_naming_its_plug
         assert "of plugin 'fragile-plugin' failed to start: ValueError: no credentials in the environment" in (
             raised.value.message
         )
+
+
+def test_a_provider_whose_create_returns_the_wrong_thing_is_a_configuration_error_naming_its_plugin(tmp_path: Path):
+    from runlane.cli.main import _lane_factory, configured_exporters
+    from runlane.config import load_config
+    from runlane.plugins.registries import collect_registries
+
+    async def not_a_lane_later(options, context):
+        return {"not": "a lane"}
+
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("dict-lane", NoOptions, lambda options, context: {"not": "a lane"}))
+            register(LaneProvider("async-dict-lane", NoOptions, not_a_lane_later))
+
+        @hookimpl
+        def register_exporters(self, register):
+            register(ExporterProvider("no-export", NoOptions, lambda options, context: object()))
+
+    fresh = new_manager()
+    fresh.register(Plugin(), name="sloppy-plugin")
+    registries = collect_registries(fresh)
+    config_file = tmp_path / "runlane.toml"
+    config_file.write_text('[lane]\nuse = "dict-lane"\n[[exporters]]\nuse = "no-export"\nconsumer = "c"\n')
+    config = load_config(config_file)
+    factory = _lane_factory(config, registries)
+    cases = {
+        "returned dict, not a Lane": lambda: factory("dict-lane", {}),
+        "returned dict, not a Lane ": lambda: asyncio.run(factory("async-dict-lane", {})),
+        "returned object, not a sink with export(records)": lambda: configured_exporters(config, registries),
+    }
+    for expected, build in cases.items():
+        with pytest.raises(RunlaneError) as raised:
+            build()
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert "of plugin 'sloppy-plugin' failed to start: its create() " + expected.strip() in raised.value.message
+
+
+def test_a_hook_that_returns_its_providers_instead_of_registering_them_is_reported():
+    from runlane.plugins.registries import collect_registries
+
+    class Returning:
+        @hookimpl
+        def register_lanes(self, register):
+            return [LaneProvider("returned", NoOptions, lambda options, context: None)]
+
+    fresh = new_manager()
+    fresh.register(Returning(), name="returning-plugin")
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(fresh)
+    assert raised.value.meta["plugin"] == "returning-plugin"
+    assert "register_lanes returned" in raised.value.message and "call register(provider)" in raised.value.message
+
+
+def test_an_entry_point_naming_a_plugin_class_asks_for_an_instance(capsys):
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            pass
+
+    fresh = new_manager()
+    assert load_entry_point_plugins(fresh, [FakeEntryPoint("classy", Plugin)]) == []
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("runlane: skipped plugin 'classy'") and "an instance" in line

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import sys
@@ -94,26 +95,60 @@ def _lane_factory(config: LoadedConfig, registries: Registries) -> Callable[[str
         provider = registries.lanes.get(use)
         validated = validate_options(provider, options, table=f"[{config.source.table_name('lane')}]")
         context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
-        return _created(provider, lambda: provider.create(validated, context))
+        return _created(provider, lambda: provider.create(validated, context), _is_lane, "a Lane")
 
     return create
 
 
-def _created(provider: Any, create: Callable[[], T]) -> T:
-    """``create()``, a provider's ``create``: a plain exception from the plugin's code becomes a
-    ``configuration_invalid`` naming the provider and its plugin, not a traceback."""
+def _is_lane(value: Any) -> bool:
+    from ..core.lanes import Lane
+
+    return isinstance(value, Lane)
+
+
+def _is_sink(value: Any) -> bool:
+    return callable(getattr(value, "export", None))
+
+
+def _created(provider: Any, create: Callable[[], Any], valid: Callable[[Any], bool], expected: str) -> Any:
+    """``create()``, a provider's ``create`` (its result awaited when it is awaitable): a plain exception
+    from the plugin's code, or a result that is not ``expected``, becomes a ``configuration_invalid``
+    naming the provider and its plugin, not a traceback."""
     try:
-        return create()
+        created = create()
     except RunlaneError:
         raise
     except Exception as error:
-        raise RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID,
-            f"The {provider.kind} {provider.name!r} of plugin {provider.plugin!r} failed to start: "
-            f"{type(error).__name__}: {error}. Check its options, or report it to the plugin's authors.",
-            meta={"provider": provider.name, "plugin": provider.plugin},
-            cause=error,
-        ) from error
+        raise _provider_failed(provider, f"{type(error).__name__}: {error}", error) from error
+    if inspect.isawaitable(created):
+
+        async def checked() -> Any:
+            try:
+                value = await created
+            except RunlaneError:
+                raise
+            except Exception as error:
+                raise _provider_failed(provider, f"{type(error).__name__}: {error}", error) from error
+            return _valid_creation(provider, value, valid, expected)
+
+        return checked()
+    return _valid_creation(provider, created, valid, expected)
+
+
+def _valid_creation(provider: Any, value: Any, valid: Callable[[Any], bool], expected: str) -> Any:
+    if not valid(value):
+        raise _provider_failed(provider, f"its create() returned {type(value).__name__}, not {expected}", None)
+    return value
+
+
+def _provider_failed(provider: Any, why: str, error: BaseException | None) -> RunlaneError:
+    return RunlaneError(
+        ErrorCode.CONFIGURATION_INVALID,
+        f"The {provider.kind} {provider.name!r} of plugin {provider.plugin!r} failed to start: {why}. "
+        "Check its options, or report it to the plugin's authors.",
+        meta={"provider": provider.name, "plugin": provider.plugin},
+        cause=error,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +170,11 @@ def configured_exporters(config: LoadedConfig, registries: Registries | None = N
     resolved = _exporter_options(config, registries)
     context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
     return [
-        ConfiguredExporter(entry.use, entry.consumer, _created(provider, lambda: provider.create(options, context)))
+        ConfiguredExporter(
+            entry.use,
+            entry.consumer,
+            _created(provider, lambda: provider.create(options, context), _is_sink, "a sink with export(records)"),
+        )
         for entry, provider, options in resolved
     ]
 

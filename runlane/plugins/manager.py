@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import os
 import sys
 import threading
@@ -151,6 +152,11 @@ def load_entry_point_plugins(
             continue
         try:
             plugin = entry_point.load()
+            if inspect.isclass(plugin):
+                raise TypeError(
+                    f"the entry point names the class {plugin.__name__}; name a module or an instance "
+                    f"(plugin = {plugin.__name__}()) instead"
+                )
             manager.register(plugin, name=name)
         except (Exception, SystemExit) as error:  # a broken plugin must never take the host down
             described = f"{type(error).__name__}: {' '.join(str(error).split())}"  # one line, as promised

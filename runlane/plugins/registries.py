@@ -352,7 +352,7 @@ def _call_per_plugin(
         register = make_register(impl.plugin_name)
         arguments = {"register": register}
         try:
-            impl.function(*(arguments[name] for name in impl.argnames))
+            returned = impl.function(*(arguments[name] for name in impl.argnames))
         except RunlaneError:
             raise
         except Exception as error:
@@ -361,6 +361,13 @@ def _call_per_plugin(
                 plugin=impl.plugin_name,
                 hook=hook_name,
             ) from error
+        if returned is not None:
+            raise _invalid(
+                f"Plugin {impl.plugin_name!r}: its {hook_name} returned {type(returned).__name__}, which runlane "
+                "ignores; call register(provider) once per provider instead of returning them.",
+                plugin=impl.plugin_name,
+                hook=hook_name,
+            )
 
 
 # ---------------------------------------------------------------------------------------------
