@@ -735,3 +735,19 @@ def test_a_driver_that_blocks_its_event_loop_fails_the_test_instead_of_hanging_i
 
     with pytest.raises(AssertionError, match="holds its event loop"):
         run_method(Quick(), "test_present_read_conflict_replays_and_only_the_committed_result_escapes", BlockingDriver)
+
+
+class SmallLimitsDriver(MiniDriver):
+    """A correct driver whose limits are smaller than some tests' data."""
+
+    def __init__(self, store: MiniStore | None = None) -> None:
+        super().__init__(store)
+        limits = dataclasses.replace(
+            self.profile.limits, max_point_reads=3, max_transaction_records=4, max_query_results=10
+        )
+        self.profile = dataclasses.replace(self.profile, limits=limits)
+
+
+@pytest.mark.parametrize("name", CORE_AND_EXCLUSIVE_TESTS)
+def test_a_correct_driver_with_small_limits_passes(name: str) -> None:
+    run_suite_test(name, SmallLimitsDriver)
