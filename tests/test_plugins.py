@@ -376,6 +376,30 @@ def test_allowlist_matches_entry_point_or_distribution_names(monkeypatch):
     assert entry_points[2].loads == 0
 
 
+def test_an_allowlist_entry_naming_nothing_installed_is_reported(monkeypatch, capsys):
+    monkeypatch.setenv("RUNLANE_LOAD_PLUGINS", "alpha,alhpa")
+    left_out: list[str] = []
+    entry_points = [FakeEntryPoint("alpha", lane_plugin("a")), FakeEntryPoint("beta", lane_plugin("b"))]
+    loaded = load_entry_point_plugins(
+        new_manager(), entry_points, allowlist=manager.plugin_allowlist(), left_out=left_out
+    )
+    assert loaded == ["alpha"] and left_out == ["beta"]
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("runlane: RUNLANE_LOAD_PLUGINS names 'alhpa', but no installed plugin")
+
+
+def test_a_name_only_a_left_out_plugin_could_provide_names_the_left_out_plugins(monkeypatch):
+    monkeypatch.setenv("RUNLANE_LOAD_PLUGINS", "local")
+    monkeypatch.setattr(manager, "_left_out", ["dictstore"])
+    fresh = new_manager()
+    fresh.register(lane_plugin("local"), name="local")
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(fresh).lanes.get("dict")
+    assert raised.value.message.endswith(
+        "RUNLANE_LOAD_PLUGINS='local' leaves out the installed plugins 'dictstore'; add the one that provides it."
+    )
+
+
 def test_allowlist_set_but_empty_loads_none(monkeypatch):
     monkeypatch.setenv("RUNLANE_LOAD_PLUGINS", "")
     assert manager.plugin_allowlist() == frozenset()

@@ -87,6 +87,7 @@ class PluginInfo:
 
 _origins: dict[str, _Origin] = {}
 _failures: list[PluginLoadFailure] = []
+_left_out: list[str] = []  # installed entry-point plugins RUNLANE_LOAD_PLUGINS left out
 _loaded = False
 _lock = threading.Lock()
 
@@ -133,20 +134,29 @@ def load_entry_point_plugins(
     *,
     allowlist: frozenset[str] | None = None,
     stderr: IO[str] | None = None,
+    left_out: list[str] | None = None,
 ) -> list[str]:
     """Register each allowed entry point's object on ``manager`` under the entry point's name.
 
     Already registered names are skipped, so calling this again is harmless. A plugin that fails to
-    import or register is reported on ``stderr`` (default: ``sys.stderr``) and skipped.
-    Returns the names registered by this call.
+    import or register is reported on ``stderr`` (default: ``sys.stderr``) and skipped, and so is an
+    allowlist entry that names nothing installed. The plugins the allowlist leaves out are appended
+    to ``left_out``. Returns the names registered by this call.
     """
     registered: list[str] = []
+    stream = stderr if stderr is not None else sys.stderr
+    known: set[str] = set()
     for entry_point in entry_points:
         name = entry_point.name
         origin = _distribution_of(entry_point)
+        known.add(_normalize(name))
+        if origin.distribution:
+            known.add(_normalize(origin.distribution))
         if allowlist is not None and not (
             _normalize(name) in allowlist or (origin.distribution and _normalize(origin.distribution) in allowlist)
         ):
+            if left_out is not None and name not in left_out:
+                left_out.append(name)  # for the hint of a name nothing registered
             continue
         if manager.has_plugin(name):
             continue
@@ -161,15 +171,23 @@ def load_entry_point_plugins(
         except (Exception, SystemExit) as error:  # a broken plugin must never take the host down
             described = f"{type(error).__name__}: {' '.join(str(error).split())}"  # one line, as promised
             from_dist = f" from {origin.distribution}" if origin.distribution else ""
-            print(
-                f"runlane: skipped plugin {name!r}{from_dist} ({entry_point.value}): {described}",
-                file=stderr if stderr is not None else sys.stderr,
-            )
+            print(f"runlane: skipped plugin {name!r}{from_dist} ({entry_point.value}): {described}", file=stream)
             _failures.append(PluginLoadFailure(name, origin.distribution, described))
             continue
         _origins[name] = origin
         registered.append(name)
+    for unknown in sorted((allowlist or frozenset()) - known):
+        print(
+            f"runlane: {LOAD_PLUGINS_ENV} names {unknown!r}, but no installed plugin or distribution is called "
+            "that; `runlane plugins list` shows the installed ones.",
+            file=stream,
+        )
     return registered
+
+
+def left_out_plugins() -> list[str]:
+    """Installed entry-point plugins that ``RUNLANE_LOAD_PLUGINS`` does not load."""
+    return list(_left_out)
 
 
 def load_plugins() -> None:
@@ -179,7 +197,7 @@ def load_plugins() -> None:
         if _loaded:
             return
         _loaded = True
-        load_entry_point_plugins(pm, runlane_entry_points(), allowlist=plugin_allowlist())
+        load_entry_point_plugins(pm, runlane_entry_points(), allowlist=plugin_allowlist(), left_out=_left_out)
 
 
 def get_plugin_failures() -> list[PluginLoadFailure]:

@@ -135,6 +135,20 @@ def _missing_hint(distribution: str) -> str:
     return f" Install {distribution} to get it."
 
 
+def _left_out_hint() -> str:
+    """For a name no loaded plugin registered: the installed plugins ``RUNLANE_LOAD_PLUGINS`` leaves out."""
+    from .manager import LOAD_PLUGINS_ENV, left_out_plugins
+
+    left_out = left_out_plugins()
+    if not left_out:
+        return ""
+    listed = os.environ.get(LOAD_PLUGINS_ENV, "")
+    return (
+        f" {LOAD_PLUGINS_ENV}={listed!r} leaves out the installed plugins {', '.join(map(repr, left_out))}; "
+        "add the one that provides it."
+    )
+
+
 P = TypeVar("P", bound=_Provider)
 
 
@@ -205,7 +219,7 @@ class ProviderRegistry(Generic[P]):
             return provider
         installed = ", ".join(f"{n} (plugin {p.plugin})" for n, p in sorted(self._providers.items())) or "none"
         hint = _FIRST_PARTY_HINTS.get((self.kind, name))
-        install = _missing_hint(hint) if hint else ""
+        install = _missing_hint(hint) if hint else _left_out_hint()
         raise _invalid(
             f"Unknown {self.kind} {name!r}; installed {self.kind}s: {installed}.{install}",
             kind=self.kind,
