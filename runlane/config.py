@@ -843,10 +843,25 @@ def _collect_definitions(
     tasks: list[TaskDefinition] = []
     seen_tasks: set[int] = set()
     queues: list[QueueDefinition] = []
+    task_modules: dict[str, str] = {}  # task id -> the module that defines it
+    queue_modules: dict[str, tuple[QueueDefinition, str]] = {}  # queue name -> its first definition and module
+    where = source.display or str(source.path)
 
-    def add_queue(candidate: QueueDefinition) -> None:
+    def described(module: str) -> str:
+        plugin = (owners or {}).get(module)
+        return f"module {module!r}" + (f" (from plugin {plugin!r})" if plugin else "")
+
+    def add_queue(candidate: QueueDefinition, module: str) -> None:
         # Equal queue definitions are the same queue to the runtime; a same-named different one is
-        # left in so create_runlane() reports the conflict.
+        # a conflict, named with both modules.
+        first = queue_modules.setdefault(candidate.name, (candidate, module))
+        if first[0] != candidate:
+            raise _invalid(
+                f"{where}: queue {candidate.name!r} is defined differently in {described(first[1])} and in "
+                f"{described(module)}; define it once and import it where it is used.",
+                path=str(source.path),
+                queue=candidate.name,
+            )
         if candidate not in queues:
             queues.append(candidate)
 
@@ -854,11 +869,19 @@ def _collect_definitions(
         module = _import_module(source, name, "tasks", plugin=(owners or {}).get(name))
         for value in list(vars(module).values()):
             if isinstance(value, TaskDefinition) and id(value) not in seen_tasks:
+                first = task_modules.setdefault(value.id, name)
+                if first != name or any(task.id == value.id for task in tasks):
+                    raise _invalid(
+                        f"{where}: task id {value.id!r} is defined by {described(first)} and again by "
+                        f"{described(name)}; task ids must be unique.",
+                        path=str(source.path),
+                        task_id=value.id,
+                    )
                 seen_tasks.add(id(value))
                 tasks.append(value)
             elif isinstance(value, QueueDefinition):
-                add_queue(value)
+                add_queue(value, name)
     for definition in tasks:
         if definition.queue is not None:
-            add_queue(definition.queue)
+            add_queue(definition.queue, task_modules[definition.id])
     return queues, tasks
