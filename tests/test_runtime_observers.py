@@ -104,8 +104,9 @@ async def test_observer_errors_without_a_handler_or_with_a_failing_one_are_logge
         raise RuntimeError("handler bug")
 
     caplog.set_level(logging.WARNING, logger="runlane.observers")
-    expected = [(logging.WARNING, "observer bug"), (logging.ERROR, "handler bug")]
-    for options, (level, raised) in zip(
+    # Without a handler, one report a minute per observer; a failing handler, once per observation.
+    expected = [(logging.WARNING, "observer bug", 1), (logging.ERROR, "handler bug", 5)]
+    for options, (level, raised, count) in zip(
         ({"observers": [broken]}, {"observers": [broken], "on_observer_error": broken_handler}), expected
     ):
         caplog.clear()
@@ -113,12 +114,46 @@ async def test_observer_errors_without_a_handler_or_with_a_failing_one_are_logge
         async with runtime:
             run_id = (await runtime.trigger(observed, {})).run.id
             assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
-        # one record per observation: created, delivery requested, lease claimed, started, succeeded
-        assert len(caplog.records) == 5
+        # five observations: created, delivery requested, lease claimed, started, succeeded
+        assert len(caplog.records) == count
         first = caplog.records[0]
         assert first.levelno == level and str(first.exc_info[1]) == raised
         assert f"on run.created of run {run_id}" in first.getMessage()
         assert (first.run_id, first.task_id) == (run_id, "observed")
+
+
+async def test_a_failing_observer_is_reported_once_a_minute_with_the_failures_in_between(caplog, monkeypatch):
+    import runlane.core.runtime as runtime_module
+
+    def broken(observation):
+        raise RuntimeError("observer bug")
+
+    caplog.set_level(logging.WARNING, logger="runlane.observers")
+    runtime, _ = make_runtime(observed, observers=[broken])
+    async with runtime:
+        await runtime.trigger(observed, {})
+        await runtime.execute_next()
+        assert len(caplog.records) == 1 and "more time" not in caplog.records[0].getMessage()
+        monkeypatch.setattr(runtime_module, "_OBSERVER_REPORT_INTERVAL_S", 0.0)  # the minute is over
+        await runtime.trigger(observed, {})
+        assert "(and 4 more time(s) in the last minute)" in caplog.records[1].getMessage()
+        assert "Pass on_observer_error= to create_runlane()" in caplog.records[1].getMessage()
+
+
+def test_a_plugin_observer_is_named_with_its_plugin_when_it_fails():
+    from runlane.plugins.registries import Contribution, Registries
+
+    def audit(observation):
+        raise RuntimeError("observer bug")
+
+    registries = Registries()
+    registries.observers.append(Contribution(audit, "audit-plugin"))
+    (wrapped,) = registries.plugin_observers()
+    assert repr(wrapped).endswith("audit of plugin 'audit-plugin'")
+    assert "authors of plugin 'audit-plugin'" in wrapped.failure_hint
+    assert wrapped == registries.plugin_observers()[0]  # collected again, the same observer
+    with pytest.raises(RuntimeError):
+        wrapped(None)
 
 
 async def test_rejected_writes_are_not_observed():

@@ -205,7 +205,7 @@ async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) ->
         config,
         lane_factory=_lane_factory(config, registries),
         task_modules={contribution.value: contribution.plugin for contribution in registries.task_modules},
-        observers=[contribution.value for contribution in registries.observers],
+        observers=registries.plugin_observers(),
     )
     try:
         if wait_for_storage:

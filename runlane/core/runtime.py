@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -184,6 +185,8 @@ _ATTEMPT_OWNERS = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED
 # again after an exponential delay (1 s, 2 s, 4 s ... capped at 5 min); a row that failed this many
 # times is dead-lettered.
 _OUTBOX_CLAIM_MS = _DEFAULT_LEASE_MS
+# How often the failures of one observer are logged (without on_observer_error).
+_OBSERVER_REPORT_INTERVAL_S = 60.0
 _OUTBOX_RETRY_BASE_MS = 1_000
 _OUTBOX_RETRY_MAX_MS = 300_000
 _OUTBOX_MAX_ATTEMPTS = 10
@@ -476,6 +479,8 @@ class Runlane:
         self._started = False
         self._closed = False
         self._forked_from: int | None = None  # in a child forked after the lane started: the parent's pid
+        # Per observer without on_observer_error: when its failure was last logged, and how many since.
+        self._observer_failures: dict[int, tuple[float, int]] = {}
         self._start_lock: asyncio.Lock | None = None
         self._workers: set[WorkerHandle] = set()
         self._claiming: set[str] = set()
@@ -729,10 +734,21 @@ class Runlane:
         fields = {"run_id": observation.run_id, "task_id": observation.task_id}
         handler = self._on_observer_error
         if handler is None:
+            # At most one report per observer per minute: an observer that fails on every event would
+            # otherwise write a traceback for each.
+            now = time.monotonic()
+            logged_at, unreported = self._observer_failures.get(id(observer), (None, 0))
+            if logged_at is not None and now - logged_at < _OBSERVER_REPORT_INTERVAL_S:
+                self._observer_failures[id(observer)] = (logged_at, unreported + 1)
+                return
+            self._observer_failures[id(observer)] = (now, 0)
+            since = f" (and {unreported} more time(s) in the last minute)" if unreported else ""
+            hint = getattr(observer, "failure_hint", None) or (
+                "Pass on_observer_error= to create_runlane() to handle observer failures yourself."
+            )
             _observer_log.warning(
-                "Observer %r raised on %s of run %s; the run is unaffected. Pass on_observer_error= to "
-                "create_runlane() to handle observer failures yourself.",
-                observer, what, observation.run_id, exc_info=error, extra=fields,
+                "Observer %r raised on %s of run %s%s; the run is unaffected. %s",
+                observer, what, observation.run_id, since, hint, exc_info=error, extra=fields,
             )  # fmt: skip
             return
         try:

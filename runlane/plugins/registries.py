@@ -269,6 +269,24 @@ class Contribution:
     plugin: str
 
 
+@dataclass(frozen=True, slots=True)
+class PluginObserver:
+    """A plugin's observer as a runtime calls it: its failures name the plugin (see ``Registries.plugin_observers``)."""
+
+    observer: Callable[[Any], Any]
+    plugin: str
+
+    def __call__(self, observation: Any) -> Any:
+        return self.observer(observation)
+
+    def __repr__(self) -> str:
+        return f"{_observer_name(self.observer)} of plugin {self.plugin!r}"
+
+    @property
+    def failure_hint(self) -> str:
+        return f"Report it to the authors of plugin {self.plugin!r}, or leave the plugin out with RUNLANE_LOAD_PLUGINS."
+
+
 @dataclass(slots=True)
 class Registries:
     """Everything the installed plugins register, collected by ``collect_registries()``."""
@@ -283,6 +301,10 @@ class Registries:
     exporters: ProviderRegistry[ExporterProvider] = field(default_factory=lambda: ProviderRegistry(ExporterProvider))
     task_modules: list[Contribution] = field(default_factory=list)
     observers: list[Contribution] = field(default_factory=list)
+
+    def plugin_observers(self) -> list[PluginObserver]:
+        """Every registered observer, wrapped so that its failures name its plugin."""
+        return [PluginObserver(c.value, c.plugin) for c in self.observers]
 
     def provided_by(self, plugin: str) -> dict[str, list[str]]:
         """What ``plugin`` registered, by hook-facing kind; kinds it registered nothing for are left out."""
