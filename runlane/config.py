@@ -736,6 +736,9 @@ def _runtime_steps(
         module: plugin for module, plugin in task_modules.items() if module not in section.tasks
     }
     queues, tasks = _collect_definitions(source, module_names, owners)
+    lane = lane_factory(lane_config.use, dict(lane_config.options))
+    if inspect.isawaitable(lane):
+        lane = yield lane
     if not queues:
         raise _invalid(
             f"{where}: the modules of [{source.table_name('runlane')}] tasks ({', '.join(module_names) or 'none'}) "
@@ -743,9 +746,6 @@ def _runtime_steps(
             "default = queue(\"default\", default=True).",
             path=str(source.path),
         )
-    lane = lane_factory(lane_config.use, dict(lane_config.options))
-    if inspect.isawaitable(lane):
-        lane = yield lane
     return create_runlane(
         lane=lane,
         queues=queues,
