@@ -60,3 +60,27 @@ async def test_each_executed_run_line_says_why_and_what_next() -> None:
 
 def _at(start: datetime, seconds: int) -> str:
     return (start + timedelta(seconds=seconds)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def test_brackets_in_ids_reasons_and_outputs_are_printed_as_they_are() -> None:
+    """Console output is never read as markup: "[/]" in an id crashed `runlane runs list`."""
+
+    @task("echo.bracketed")
+    async def echo(payload: dict) -> dict:
+        return payload
+
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[echo], clock=ControlledClock())
+    buffer = io.StringIO()
+    output = Output(stdout=buffer, stderr=io.StringIO(), width=300)
+    async with runtime:
+        await runtime.trigger(echo, {"title": "Q3 [draft] [red]v2"}, run_id="imp[/]2026-11")
+        done = await runtime.execute_next()
+        cancelled = (await runtime.trigger(echo, {}, run_id="dup[/]x")).run
+        cancelled = await runtime.runs.cancel(cancelled.id, reason="duplicate of [/]orders [bold]x")
+        output.runs_table(await runtime.runs.list())
+        output.run_detail(done, await runtime.runs.events(done.id))
+        output.run_detail(cancelled, await runtime.runs.events(cancelled.id))
+        output.attempts_table(done.id, await runtime.runs.attempts(done.id))
+    printed = buffer.getvalue()
+    for shown in ("imp[/]2026-11", "dup[/]x", '"Q3 [draft] [red]v2"', "duplicate of [/]orders [bold]x"):
+        assert shown in printed, shown

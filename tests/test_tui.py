@@ -239,6 +239,26 @@ async def test_enter_opens_the_run_with_its_attempts_and_event_timeline() -> Non
         assert isinstance(app.screen, RunsScreen)
 
 
+async def test_brackets_in_ids_outputs_and_reasons_are_shown_as_they_are() -> None:
+    """Ids, outputs and reasons are data: "[/]" or "[red]" in them is shown, never read as markup."""
+    runtime = make_runtime()
+    async with runtime:
+        await runtime.trigger(send, {"to": "q3 [draft] [red]v2"}, run_id="imp[/]2026-11")
+        await runtime.execute_next()
+        cancelled = (await runtime.trigger(send, {"to": "x"}, run_id="dup[/]x")).run
+        await runtime.runs.cancel(cancelled.id, reason="duplicate of [/]orders")
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            assert sorted(run_ids(app)) == ["dup[/]x", "imp[/]2026-11"]
+            await open_run(pilot, "imp[/]2026-11")
+            (attempt,) = rows(app, "attempts")
+            assert attempt[4] == 'output {"sent":"q3 [draft] [red]v2"}'
+            await pilot.press("escape")
+            await open_run(pilot, "dup[/]x")
+            assert any("duplicate of [/]orders" in row[3] for row in rows(app, "events"))
+
+
 async def test_a_long_history_shows_its_newest_events_and_counts_the_earlier_ones() -> None:
     @task("polls.export")
     async def poll(payload: dict[str, Any], ctx: TaskContext) -> Any:

@@ -179,11 +179,22 @@ class Output:
         self._err = stderr if stderr is not None else sys.stderr
         # soft_wrap keeps long ids and JSON on one line; captured or piped output is never cropped to 80
         # columns, so tables stay greppable in logs and CI.
+        # markup=False: ids, reasons and outputs are shown as they are, brackets included ("[/]" is data).
         self.stdout = Console(
-            file=self._out, soft_wrap=True, highlight=False, width=width or _width(self._out), force_terminal=color
+            file=self._out,
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+            width=width or _width(self._out),
+            force_terminal=color,
         )
         self.stderr = Console(
-            file=self._err, soft_wrap=True, highlight=False, width=width or _width(self._err), force_terminal=color
+            file=self._err,
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+            width=width or _width(self._err),
+            force_terminal=color,
         )
 
     def give_stdout_away(self) -> None:

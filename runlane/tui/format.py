@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 
 from rich.text import Text
 
+from ..errors import RunlaneError
+
 __all__ = ["STATUS_STYLES", "short_time", "status_text"]
 
 STATUS_STYLES = {
@@ -19,6 +21,11 @@ STATUS_STYLES = {
     "failed": "bold red",
     "cancelled": "dim",
 }
+
+
+def error_text(error: RunlaneError) -> Text:
+    """``code: message`` with the code in red; the message as it is (never read as markup)."""
+    return Text.assemble((error.code.value, "red"), f": {error.message}")
 
 
 def status_text(status: object) -> Text:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -28,7 +29,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm"):
-            yield Label(self.question, id="question")
+            yield Label(Text(self.question), id="question")
             with Horizontal(id="answers"):
                 yield Button(f"{self.action_label} (y)", variant="error", id="yes")
                 yield Button("Keep (n)", id="no")

@@ -14,13 +14,14 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
 from ...cli.output import attempt_detail, display_value, event_detail
 from ...errors import RunlaneError
 from ..client import RunDetail
-from ..format import short_time, status_text
+from ..format import error_text, short_time, status_text
 from ..messages import RunChanged
 from ..widgets.run_card import RunCard
 from .confirm import ConfirmScreen
@@ -81,10 +82,15 @@ class RunDetailScreen(Screen[None]):
         try:
             detail = await self.dashboard.client.run(self.run_id)
         except RunlaneError as error:
-            self.query_one("#status-line", Static).update(f"[red]{error.code.value}[/]: {error.message}")
-            return
-        self.detail = detail
-        self._show(detail)
+            detail = error
+        try:
+            if isinstance(detail, RunlaneError):
+                self.query_one("#status-line", Static).update(error_text(detail))
+                return
+            self.detail = detail
+            self._show(detail)
+        except NoMatches:
+            return  # the screen was closed while its run was read
 
     def _show(self, detail: RunDetail) -> None:
         self.query_one("#card", RunCard).show(detail.run)
@@ -96,7 +102,7 @@ class RunDetailScreen(Screen[None]):
                 status_text(attempt.status),
                 short_time(attempt.started_at),
                 short_time(attempt.completed_at),
-                attempt_detail(attempt),
+                Text(attempt_detail(attempt)),
             )
         events = self.query_one("#events", DataTable)
         events.clear()
@@ -106,7 +112,7 @@ class RunDetailScreen(Screen[None]):
                 str(record.sequence),
                 short_time(event.occurred_at),
                 Text(display_value(event.type), style="cyan"),
-                event_detail(event),
+                Text(event_detail(event)),
             )
         earlier = detail.earlier_events
         total = len(detail.events) + earlier
@@ -115,7 +121,7 @@ class RunDetailScreen(Screen[None]):
             if earlier
             else ""
         )
-        self.query_one("#status-line", Static).update(f"{len(detail.attempts)} attempts, {total} events{more}")
+        self.query_one("#status-line", Static).update(Text(f"{len(detail.attempts)} attempts, {total} events{more}"))
 
     # -- actions --------------------------------------------------------------------------------
 
@@ -134,13 +140,15 @@ class RunDetailScreen(Screen[None]):
         try:
             run = await getattr(client, kind)(self.run_id)
         except RunlaneError as error:
-            self.notify(error.message, title=f"{kind} refused: {error.code.value}", severity="error", timeout=8)
+            self.notify(
+                error.message, title=f"{kind} refused: {error.code.value}", severity="error", timeout=8, markup=False
+            )
             return
         if kind == "cancel":
-            self.notify(f"Cancel recorded for {run.id}: it is {display_value(run.status)}.", title="cancel")
+            self.notify(f"Cancel recorded for {run.id}: it is {display_value(run.status)}.", title="cancel", markup=False)
             self.post_message(RunChanged(self.run_id))
             self.reload()
             return
-        self.notify(f"Created {run.id} from {self.run_id}.", title=kind)
+        self.notify(f"Created {run.id} from {self.run_id}.", title=kind, markup=False)
         self.post_message(RunChanged(self.run_id, created_run_id=run.id))
         self.app.switch_screen(RunDetailScreen(run.id))

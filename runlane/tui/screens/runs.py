@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -20,6 +21,7 @@ from ...cli.queues import ACTIVE_STATUSES
 from ...errors import RunlaneError
 from ...models import RunSummary
 from ..client import QueueRow
+from ..format import error_text
 from ..messages import RunChanged
 from ..widgets.queue_table import QueueTable
 from ..widgets.runs_table import RunsTable
@@ -103,7 +105,7 @@ class RunsScreen(Screen[None]):
                 limit=self.dashboard.page_size,
             )
         except RunlaneError as error:
-            self.query_one("#status-line", Static).update(f"[red]{error.code.value}[/]: {error.message}")
+            self.query_one("#status-line", Static).update(error_text(error))
             return
         self.queues, self.runs, self.next_cursor = queues, page.runs, page.next_cursor
         self._render_tables()
@@ -122,12 +124,12 @@ class RunsScreen(Screen[None]):
         runs = f"the newest {listed}" if page == 1 else f"{listed} on page {page}"
         count = f"{len(shown)} of {runs}" if needle else runs
         keys = [key for key, shown_if in (("] older", self.next_cursor), ("[ newer", page > 1)) if shown_if]
-        self.query_one("#status-line", Static).update(count + (f"  ({', '.join(keys)})" if keys else ""))
+        self.query_one("#status-line", Static).update(Text(count + (f"  ({', '.join(keys)})" if keys else "")))
 
     def _show_filters(self) -> None:
         name = STATUS_FILTERS[self.status_index][0]
         queue = f"  queue: {self.queue_filter}" if self.queue_filter else ""
-        self.query_one("#status-filter", Label).update(f"status: {name}{queue}")
+        self.query_one("#status-filter", Label).update(Text(f"status: {name}{queue}"))
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -33,11 +33,11 @@ class RunsTable(KeyedTable):
         """Replace the rows, keeping the cursor on the same run."""
         with self.replacing_rows():
             for run in runs:
-                self.add_row(
-                    run.id,
+                self.add_row(  # user strings as Text: a str cell would be read as markup
+                    Text(run.id),
                     status_text(run.status),
-                    run.task_id,
-                    run.queue,
+                    Text(run.task_id),
+                    Text(run.queue),
                     str(run.counters.attempts),
                     short_time(run.updated_at),
                     _detail(run),
