@@ -5,6 +5,7 @@ the protobuf requests (``runlane_otlp.testing``)."""
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -108,27 +109,50 @@ async def test_without_a_traceparent_the_attempts_of_a_run_share_a_trace_of_thei
 
 
 async def test_a_refused_batch_keeps_the_checkpoint_and_is_sent_again_with_the_same_span_ids() -> None:
-    runtime, _ = runtime_and_clock()
+    runtime, clock = runtime_and_clock()
     with OtlpTestReceiver() as receiver:
         sink = otlp_trace_sink(endpoint=receiver.traces_endpoint, timeout=2)
         async with runtime:
-            await runtime.trigger(send, {})
-            await runtime.execute_next()
-            exporter = runtime.observation_exporter("tracing", sink)
-            receiver.fail_next(1, status=400)  # a status the OTLP exporter does not retry by itself
+            await runtime.trigger(build, {})
+            clock.advance(timedelta(seconds=1))
+            exporter = runtime.observation_exporter("tracing", sink, batch_size=4)
+            await runtime.execute_next()  # attempt 1: a step, then a retry
+            # The first batch (created .. started) opens the attempt; the batch that ends it is refused.
+            assert await exporter.export_once() and receiver.spans == []
+            receiver.fail_next(1, status=500)  # a status the OTLP exporter does not retry by itself
             tick = await exporter.export_once()
             assert tick.status is Tick.FAILED
             assert isinstance(tick.error, RunlaneError) and tick.error.code is ErrorCode.OBSERVATION_EXPORT_FAILED
-            assert tick.error.retryable
-            assert receiver.spans == [] and await runtime.observations.checkpoint("tracing") is None
+            assert tick.error.retryable and tick.error.meta["http_status"] == 500
+            assert "HTTP 500" in tick.error.message
 
             assert await drain_exporter(exporter) == [Tick.EXPORTED, Tick.IDLE]
             (span,) = receiver.spans
+            # Sent again, the span is whole: its start, queue wait and step were not lost with the refusal.
+            assert "runlane.start_unknown" not in span.attributes
+            assert span.attributes["runlane.queue_wait_ms"] == 1000
+            assert [name for name, _, _ in span.events] == ["runlane.step"]
             # The stream is at least once: sending the same records again gives the same span.
             again = otlp_trace_sink(endpoint=receiver.traces_endpoint)
             page = await runtime.observations.scan()
             await again.export(page.records)
     assert [s.span_id for s in receiver.spans] == [span.span_id, span.span_id]
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 413])
+async def test_a_batch_the_endpoint_refuses_for_good_stops_the_exporter_naming_the_status(status: int) -> None:
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        sink = otlp_sink(endpoint=receiver.logs_endpoint, timeout=2)
+        async with runtime:
+            await runtime.trigger(send, {})
+            receiver.fail_next(1, status=status)
+            with pytest.raises(RunlaneError) as raised:
+                await runtime.observation_exporter("logs", sink).run(retry_delay="10ms", idle_delay="10ms")
+            assert raised.value.code is ErrorCode.OBSERVATION_EXPORT_FAILED and not raised.value.retryable
+            assert f"with HTTP {status}" in raised.value.message and raised.value.meta["http_status"] == status
+            assert await runtime.observations.checkpoint("logs") is None
+            assert receiver.requests == 1  # not sent again and again
 
 
 SECRET = "card 4111-1111-1111-1111"
@@ -199,11 +223,11 @@ async def test_a_refused_log_batch_keeps_the_checkpoint_and_is_sent_again_with_t
             await runtime.trigger(send, {})
             await runtime.execute_next()
             exporter = runtime.observation_exporter("otel", otlp_sink(endpoint=receiver.logs_endpoint, timeout=2))
-            receiver.fail_next(1, status=400)  # a status the OTLP exporter does not retry by itself
+            receiver.fail_next(1, status=500)  # a status the OTLP exporter does not retry by itself
             tick = await exporter.export_once()
             assert tick.status is Tick.FAILED
             assert isinstance(tick.error, RunlaneError) and tick.error.code is ErrorCode.OBSERVATION_EXPORT_FAILED
-            assert tick.error.retryable and "did not accept 5 log records" in tick.error.message
+            assert tick.error.retryable and "did not accept 5 log records (HTTP 500" in tick.error.message
             assert receiver.logs == [] and await runtime.observations.checkpoint("otel") is None
 
             assert await drain_exporter(exporter) == [Tick.EXPORTED, Tick.IDLE]
@@ -211,6 +235,26 @@ async def test_a_refused_log_batch_keeps_the_checkpoint_and_is_sent_again_with_t
             again = otlp_sink(endpoint=receiver.logs_endpoint)
             await again.export((await runtime.observations.scan()).records)
     assert len(first) == 5 and [log.attributes["runlane.observation_id"] for log in receiver.logs] == first * 2
+
+
+async def test_every_record_of_a_run_is_in_its_trace_even_for_an_exporter_that_did_not_see_it_created() -> None:
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        async with runtime:
+            await runtime.trigger(build, {}, trace_carrier={"traceparent": TRACEPARENT})
+            first = runtime.observation_exporter("otel", otlp_sink(endpoint=receiver.logs_endpoint))
+            await drain_exporter(first)  # run.created and run.delivery_requested
+            await runtime.execute_next()
+            # The next `runlane export --once`: a new process, a new sink, nothing remembered.
+            second = runtime.observation_exporter("otel", otlp_sink(endpoint=receiver.logs_endpoint))
+            await drain_exporter(second)
+            traces = otlp_trace_sink(endpoint=receiver.traces_endpoint)
+            records = (await runtime.observations.scan()).records
+            await traces.export([r for r in records if r.observation.event_sequence not in (1, 2)])
+    assert len(receiver.logs) > 4
+    assert {(log.trace_id, log.span_id) for log in receiver.logs} == {(TRACE_ID, PARENT_SPAN_ID)}
+    (span,) = receiver.spans  # an attempt whose run.created this sink never saw is still under the caller's span
+    assert (span.trace_id, span.parent_span_id) == (TRACE_ID, PARENT_SPAN_ID)
 
 
 async def test_an_exporter_configured_by_hand_sends_the_same_log_records() -> None:
@@ -306,3 +350,31 @@ def test_runlane_export_sends_log_records_and_spans_to_the_configured_endpoints(
     write(root / "runlane.toml", config)
     plugins = json.loads(cli(root, "--json", "plugins", "list").stdout)
     assert any(plugin.get("distribution") == "runlane-otlp" for plugin in plugins["plugins"])
+
+
+async def test_an_attempt_made_due_without_a_delivery_request_has_no_queue_wait() -> None:
+    runtime, clock = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        async with runtime:
+            await runtime.trigger(build, {})
+            await runtime.execute_next()  # attempt 1 fails; the retry is due later
+            clock.advance(timedelta(minutes=5))
+            await runtime.execute_next()  # a polling worker claims the due retry: no run.delivery_requested
+            sink = otlp_trace_sink(endpoint=receiver.traces_endpoint)
+            await drain_exporter(runtime.observation_exporter("tracing", sink))
+    first, second = sorted(receiver.spans, key=lambda span: span.attributes["runlane.attempt"])
+    assert first.attributes["runlane.queue_wait_ms"] == 0
+    assert "runlane.queue_wait_ms" not in second.attributes  # not the time since attempt 1 was requested
+
+
+async def test_a_refused_export_is_reported_by_runlane_alone(caplog: pytest.LogCaptureFixture) -> None:
+    runtime, _ = runtime_and_clock()
+    caplog.set_level(logging.WARNING)
+    with OtlpTestReceiver() as receiver:
+        async with runtime:
+            await runtime.trigger(send, {})
+            receiver.fail_next(2, status=503)  # retried by OpenTelemetry's exporter within the timeout
+            sink = otlp_sink(endpoint=receiver.logs_endpoint, timeout=5)
+            tick = await runtime.observation_exporter("otel", sink).export_once()
+    assert tick.status is Tick.EXPORTED and receiver.requests == 3
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry")] == []

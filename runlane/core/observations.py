@@ -210,7 +210,7 @@ def observation_for_event(
         "status": run.status if status is None else status,
         "attempt": fields.get("attempt"),
         "failure_code": None if failure is None else failure.code,
-        "trace_carrier": None if event.trace_carrier is None else dict(event.trace_carrier),
+        "trace_carrier": _trace_carrier(event, run),
     }
     if type(run) is RunRecord and type(record) is RunEventRecord and _is_utc(event.occurred_at):
         # Every value comes from a validated run and event (every write path observes what it just
@@ -306,6 +306,13 @@ def _event_id_prefix(env: str) -> str:
     return canonical_json_of_checked([env, _EVENT_SOURCE.value, ""])[:-3]
 
 
+def _trace_carrier(event: Any, run: RunRecord) -> dict[str, str] | None:
+    """The trace carrier an event's observation carries: the event's own, else its run's, so that every
+    record of a run triggered in a trace can be put in that trace without remembering earlier records."""
+    carrier = event.trace_carrier if event.trace_carrier is not None else run.trace_carrier
+    return None if carrier is None else dict(carrier)
+
+
 def event_observation_documents(run: RunRecord, records: Sequence[RunEventRecord]) -> list[StorageDocument]:
     """The stream documents of the events one commit appends to ``run`` (``run`` as projected by that
     commit): exactly ``encode_storage_append_value(value, checked=True)`` of each value of
@@ -361,7 +368,7 @@ def event_observation_documents(run: RunRecord, records: Sequence[RunEventRecord
         fields = event.__dict__
         attempt = fields.get("attempt")
         failure = fields.get("failure")
-        carrier = event.trace_carrier
+        carrier = event.trace_carrier if event.trace_carrier is not None else run.trace_carrier
         event_id = record.id
         if type(event_id) is str and event_id.isascii() and event_id.isidentifier():
             # [A-Za-z0-9_]: nothing to escape, in the document or in the id's hashed text

@@ -11,9 +11,10 @@ payload, output or failure detail) as ``runlane.*`` attributes:
   must not count a record twice dedupes by it.
 
 A run triggered with a W3C ``traceparent`` puts the log records of its events in that trace (trace and
-span id of the caller), so a backend shows them beside the request that asked for the work. The carrier
-travels on ``run.created`` only, so the trace context of recent runs is kept in memory, bounded
-(``max_runs``); after an exporter restart, records of a run created before it carry no trace context.
+span id of the caller), so a backend shows them beside the request that asked for the work. Every
+observation of such a run carries its trace carrier; for records written before they did, the trace
+context of recent runs is also kept in memory, bounded (``max_runs``), and ``rollback()`` undoes what
+the last ``feed()`` added to it.
 """
 
 from __future__ import annotations
@@ -53,18 +54,31 @@ class ObservationLogs:
         self.resource = resource if resource is not None else observation_resource()
         self.max_runs = max_runs
         self._traces: OrderedDict[tuple[str, str], Context] = OrderedDict()
+        self._before: dict[tuple[str, str], Context | None] = {}  # what the last feed() changed, as it was
 
     def feed(self, records: Iterable[RunlaneObservationRecord]) -> list[ReadableLogRecord]:
+        self._before = {}
         return [self._one(record) for record in records]
+
+    def rollback(self) -> None:
+        """Undo what the last ``feed()`` changed."""
+        for key, before in self._before.items():
+            if before is None:
+                self._traces.pop(key, None)
+            else:
+                self._traces[key] = before
+        self._before = {}
 
     def _trace(self, record: RunlaneObservationRecord) -> Context:
         observation = record.observation
         key = (observation.environment.name, observation.run_id)
         parent = parent_context(observation.trace_carrier)
         if parent is not None:
+            self._before.setdefault(key, self._traces.get(key))
             self._traces[key] = context = set_span_in_context(NonRecordingSpan(parent), Context())
             while len(self._traces) > self.max_runs:
-                self._traces.popitem(last=False)
+                evicted, value = self._traces.popitem(last=False)
+                self._before.setdefault(evicted, value)
             return context
         context = self._traces.get(key)
         if context is None:

@@ -8,17 +8,23 @@
 
 The exporter runs in a worker thread, so the event loop never waits on the network; OpenTelemetry's
 OTLP/HTTP exporters retry throttling and 5xx answers themselves within ``timeout``. A batch the
-endpoint did not accept raises a retryable ``observation_export_failed``: the exporter loop keeps its
-checkpoint and sends the batch again later. Log records carry the record's stable id
-(``runlane.observation_id``) and span ids are derived from the records, so a batch sent twice can be
-told apart from new telemetry.
+endpoint did not accept raises ``observation_export_failed``: the exporter loop keeps its checkpoint
+and sends the batch again later. It is not retryable when the endpoint refused the request for good
+(a 4xx other than 408 and 429, or 501: a wrong path, a missing API key, a batch too large), so that
+the loop stops instead of sending it forever. The mapping's memory of open attempts and trace
+contexts is rolled back with a batch that was not accepted. Log records carry the record's stable
+id (``runlane.observation_id``) and span ids are derived from the records, so a batch sent twice can
+be told apart from new telemetry. While a sink exports, OpenTelemetry's own per-attempt warnings are
+left out: the exporter loop reports an outage once, and its end.
 """
 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+import logging
+import threading
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any, Protocol
 
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
@@ -46,6 +52,50 @@ __all__ = [
 class _Mapping(Protocol):
     def feed(self, records: Sequence[RunlaneObservationRecord]) -> list[Any]: ...
 
+    def rollback(self) -> None: ...
+
+
+# Answers an endpoint refuses for good: sending the batch again cannot help.
+_PERMANENT = frozenset(range(400, 500)) - {408, 429} | {501}
+
+_exporting = threading.local()  # set on a thread while it runs a sink's export
+
+
+class _WhileExporting(logging.Filter):
+    """Leaves out OpenTelemetry's per-attempt export warnings on a thread a sink exports on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_exporting, "active", False)
+
+
+_QUIET = _WhileExporting()
+
+
+class _Answers:
+    """The HTTP status of the endpoint's last answer to an OTLP/HTTP exporter, which OpenTelemetry keeps
+    to itself (``export()`` says only SUCCESS or FAILURE); ``None`` when not known."""
+
+    def __init__(self, exporter: Any) -> None:
+        self.status: int | None = None
+        self.reason: str | None = None
+        client = getattr(exporter, "_client", None)
+        send = getattr(client, "export", None)
+        if not callable(send):
+            return
+        logger = getattr(client, "_logger", None)
+        if isinstance(logger, logging.Logger) and _QUIET not in logger.filters:
+            logger.addFilter(_QUIET)
+
+        def recorded(data: Any) -> Any:
+            result = send(data)
+            status = getattr(result, "status_code", None)
+            self.status = status if isinstance(status, int) else None
+            reason = getattr(result, "reason", None)
+            self.reason = reason if isinstance(reason, str) else None
+            return result
+
+        client.export = recorded
+
 
 class OtlpObservationSink:
     """Build it with ``otlp_sink()``, ``opentelemetry_sink()`` or ``otlp_trace_sink()``: ``mapping``
@@ -57,6 +107,7 @@ class OtlpObservationSink:
         self.endpoint = endpoint
         self.what = what
         self.exported = 0
+        self._answers = _Answers(exporter)
 
     def __repr__(self) -> str:
         return f"OtlpObservationSink({self.what}, endpoint={self.endpoint!r}, exported={self.exported})"
@@ -65,16 +116,51 @@ class OtlpObservationSink:
         items = self.mapping.feed(records)
         if not items:
             return
-        result = await asyncio.to_thread(self.exporter.export, items)
+        try:
+            result = await asyncio.to_thread(self._export, items)
+        except BaseException:
+            self.mapping.rollback()
+            raise
         if getattr(result, "name", None) != "SUCCESS":  # SpanExportResult / LogRecordExportResult
-            raise RunlaneError(
+            self.mapping.rollback()  # the batch is sent again: its records must map as they did
+            raise self._refused(len(items))
+        self.exported += len(items)
+
+    def _export(self, items: list[Any]) -> Any:
+        self._answers.status = self._answers.reason = None
+        _exporting.active = True
+        try:
+            return self.exporter.export(items)
+        finally:
+            _exporting.active = False
+
+    def _refused(self, count: int) -> RunlaneError:
+        status, reason = self._answers.status, self._answers.reason
+        meta: dict[str, Any] = {"endpoint": self.endpoint, self.what.replace(" ", "_"): count}
+        if status is None:
+            return RunlaneError(
                 ErrorCode.OBSERVATION_EXPORT_FAILED,
-                f"{self.endpoint} did not accept {len(items)} {self.what} (it refused them or did not answer "
+                f"{self.endpoint} did not accept {count} {self.what} (it could not be reached, or did not answer "
                 "in time); the batch is sent again.",
                 retryable=True,
-                meta={"endpoint": self.endpoint, self.what.replace(" ", "_"): len(items)},
+                meta=meta,
             )
-        self.exported += len(items)
+        meta["http_status"] = status
+        answer = f"HTTP {status}" + (f" {reason}" if reason else "")
+        if status in _PERMANENT:
+            return RunlaneError(
+                ErrorCode.OBSERVATION_EXPORT_FAILED,
+                f"{self.endpoint} refused {count} {self.what} with {answer}: sending them again cannot help. "
+                "Check the endpoint's URL and path, its headers (an API key) and its size limits.",
+                retryable=False,
+                meta=meta,
+            )
+        return RunlaneError(
+            ErrorCode.OBSERVATION_EXPORT_FAILED,
+            f"{self.endpoint} did not accept {count} {self.what} ({answer}); the batch is sent again.",
+            retryable=True,
+            meta=meta,
+        )
 
     def close(self) -> None:
         """Shut the exporter down (its HTTP session, for the OTLP/HTTP ones)."""

@@ -11,11 +11,13 @@ the id of the record that ended the attempt. A batch exported twice (the stream 
 yields the same spans, which tracing backends store once.
 
 State is kept in memory between batches, bounded (``max_runs``): the trace context of recent runs, and
-the start and steps of open attempts. An exporter that restarts while an attempt is open still emits
-its span, starting at its end (``runlane.start_unknown`` is set) and without the steps it missed.
+the start and steps of open attempts; ``rollback()`` undoes what the last ``feed()`` changed (its batch
+was not accepted and comes again). An exporter that restarts while an attempt is open still emits its
+span, starting at its end (``runlane.start_unknown`` is set) and without the steps it missed.
 
-``runlane.queue_wait_ms`` is how long an attempt waited between its run's latest
-``run.delivery_requested`` and its start, when the exporter saw both.
+``runlane.queue_wait_ms`` is how long an attempt waited between the ``run.delivery_requested`` that
+made it due and its start, when the exporter saw both. An attempt made due without one (a polling
+worker claiming a due retry) has none: the previous request's time would count the attempt before it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,14 @@ class _Attempt:
     steps: list[tuple[str, datetime]] = field(default_factory=list)
 
 
+def _copy(run: _Run) -> _Run:
+    attempts = {n: _Attempt(a.started_at, a.requested_at, list(a.steps)) for n, a in run.open_attempts.items()}
+    return _Run(run.parent, run.requested_at, attempts)
+
+
+_ABSENT = object()
+
+
 def _derived(size: int, *parts: str) -> int:
     digest = hashlib.sha256("\x1f".join(parts).encode("utf-8")).digest()
     return int.from_bytes(digest[:size], "big") or 1  # an all-zero id is invalid
@@ -77,9 +87,11 @@ class AttemptSpans:
         self.resource = resource if resource is not None else observation_resource()
         self.max_runs = max_runs
         self._runs: OrderedDict[tuple[str, str], _Run] = OrderedDict()
+        self._before: dict[tuple[str, str], Any] = {}  # what the last feed() changed, as it was before
 
     def feed(self, records: Iterable[RunlaneObservationRecord]) -> list[ReadableSpan]:
         """The spans of the attempts ``records`` end (records that end nothing only update the state)."""
+        self._before = {}
         spans = []
         for record in records:
             span = self._one(record)
@@ -87,13 +99,25 @@ class AttemptSpans:
                 spans.append(span)
         return spans
 
+    def rollback(self) -> None:
+        """Undo what the last ``feed()`` changed."""
+        for key, before in self._before.items():
+            if before is _ABSENT:
+                self._runs.pop(key, None)
+            else:
+                self._runs[key] = before
+        self._before = {}
+
     def _run(self, observation: RunlaneObservation) -> _Run:
         key = (observation.environment.name, observation.run_id)
         run = self._runs.get(key)
+        if key not in self._before:
+            self._before[key] = _ABSENT if run is None else _copy(run)
         if run is None:
             run = self._runs[key] = _Run()
             while len(self._runs) > self.max_runs:
-                self._runs.popitem(last=False)
+                evicted, value = self._runs.popitem(last=False)
+                self._before.setdefault(evicted, value)
         else:
             self._runs.move_to_end(key)
         return run
@@ -113,6 +137,7 @@ class AttemptSpans:
             return None
         if observation.event_type is RunEventType.STARTED and observation.attempt is not None:
             run.open_attempts[observation.attempt] = _Attempt(observation.occurred_at, run.requested_at)
+            run.requested_at = None  # the next attempt waits from the next request, if there is one
             return None
         outcome = ATTEMPT_ENDS.get(observation.event_type) if observation.event_type is not None else None
         if outcome is None:
