@@ -543,6 +543,16 @@ def test_extra_task_modules_are_imported_too(tmp_path: Path) -> None:
     assert sorted(runtime.tasks) == ["billing.charge", "emails.welcome"]
 
 
+def runtime_refused(tmp_path: Path, *modules: str) -> str:
+    """The message of the configuration_invalid a runtime over ``modules`` is refused with."""
+    listed = ", ".join(f'"{module}"' for module in modules)
+    loaded = load(tmp_path, f'[runlane]\ntasks = [{listed}]\n[lane]\nuse = "local"\n')
+    with pytest.raises(RunlaneError) as caught:
+        load_runtime(loaded, lane_factory=RecordingLaneFactory())
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    return caught.value.message
+
+
 def test_a_task_id_or_queue_defined_twice_names_both_modules(tmp_path: Path) -> None:
     first, second = unique("first"), unique("second")
     write(tmp_path / f"{first}.py", TASKS_MODULE)
@@ -558,33 +568,21 @@ def test_a_task_id_or_queue_defined_twice_names_both_modules(tmp_path: Path) -> 
             pass
         """,
     )
-    loaded = load(tmp_path, f'[runlane]\ntasks = ["{first}", "{second}"]\n[lane]\nuse = "local"\n')
-    with pytest.raises(RunlaneError) as caught:
-        load_runtime(loaded, lane_factory=RecordingLaneFactory())
-    message = caught.value.message
-    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    message = runtime_refused(tmp_path, first, second)
     assert f"queue 'emails' is defined differently in module {first!r} and in module {second!r}" in message
 
     third = unique("third")
     again = "from runlane import task\n\n@task('emails.welcome')\ndef again(p: dict) -> None:\n    pass\n"
     write(tmp_path / f"{third}.py", again)
-    loaded = load(tmp_path, f'[runlane]\ntasks = ["{first}", "{third}"]\n[lane]\nuse = "local"\n')
-    with pytest.raises(RunlaneError) as caught:
-        load_runtime(loaded, lane_factory=RecordingLaneFactory())
-    assert f"task id 'emails.welcome' is defined by module {first!r} and again by module {third!r}" in (
-        caught.value.message
-    )
+    message = runtime_refused(tmp_path, first, third)
+    assert f"task id 'emails.welcome' is defined by module {first!r} and again by module {third!r}" in message
 
 
 def test_task_modules_without_a_queue_are_named_with_what_to_add(tmp_path: Path) -> None:
     module = unique("queueless")
     source = 'from runlane import task\n\n@task("hello.greet")\ndef greet(payload: dict) -> None:\n    pass\n'
     write(tmp_path / f"{module}.py", source)
-    loaded = load(tmp_path, f'[runlane]\ntasks = ["{module}"]\n[lane]\nuse = "local"\n')
-    with pytest.raises(RunlaneError) as caught:
-        load_runtime(loaded, lane_factory=RecordingLaneFactory())
-    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
-    message = caught.value.message
+    message = runtime_refused(tmp_path, module)
     assert f"tasks ({module}) define no queue" in message and 'queue("default", default=True)' in message
     assert "create_runlane()" not in message
 

@@ -12,6 +12,7 @@ import inspect
 import re
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pluggy
 import pytest
@@ -688,22 +689,43 @@ def test_a_plugin_that_exits_while_importing_is_skipped(capsys):
     assert line.startswith("runlane: skipped plugin 'wrong'") and "PluginValidationError" in line
 
 
-def test_a_provider_whose_create_raises_is_a_configuration_error_naming_its_plugin(tmp_path: Path):
+def _explode(options, context):
+    raise ValueError("no credentials in the environment")
+
+
+async def _not_a_lane_later(options, context):
+    return {"not": "a lane"}
+
+
+@pytest.mark.parametrize(
+    ("lane_create", "sink_create", "lane_says", "sink_says"),
+    [
+        (_explode, _explode, *2 * ["failed to start: ValueError: no credentials in the environment"]),
+        (
+            lambda options, context: {"not": "a lane"},
+            lambda options, context: object(),
+            "failed to start: its create() returned dict, not a Lane",
+            "failed to start: its create() returned object, not a sink with export(records)",
+        ),
+        (_not_a_lane_later, _explode, "failed to start: its create() returned dict, not a Lane", "ValueError"),
+    ],
+    ids=["raises", "wrong-type", "async-wrong-type"],
+)
+def test_a_provider_whose_create_fails_is_a_configuration_error_naming_its_plugin(
+    tmp_path: Path, lane_create: Any, sink_create: Any, lane_says: str, sink_says: str
+):
     from runlane.cli.main import _lane_factory, configured_exporters
     from runlane.config import load_config
     from runlane.plugins.registries import collect_registries
 
-    def explode(options, context):
-        raise ValueError("no credentials in the environment")
-
     class Plugin:
         @hookimpl
         def register_lanes(self, register):
-            register(LaneProvider("fragile", NoOptions, explode))
+            register(LaneProvider("fragile", NoOptions, lane_create))
 
         @hookimpl
         def register_exporters(self, register):
-            register(ExporterProvider("fragile", NoOptions, explode))
+            register(ExporterProvider("fragile", NoOptions, sink_create))
 
     fresh = new_manager()
     fresh.register(Plugin(), name="fragile-plugin")
@@ -711,54 +733,16 @@ def test_a_provider_whose_create_raises_is_a_configuration_error_naming_its_plug
     config_file = tmp_path / "runlane.toml"
     config_file.write_text('[lane]\nuse = "fragile"\n[[exporters]]\nuse = "fragile"\nconsumer = "c"\n')
     config = load_config(config_file)
-    builds = (
-        lambda: _lane_factory(config, registries)("fragile", {}),
-        lambda: configured_exporters(config, registries),
-    )
-    for build in builds:
+
+    def lane() -> Any:
+        created = _lane_factory(config, registries)("fragile", {})
+        return asyncio.run(created) if inspect.isawaitable(created) else created
+
+    for build, says in ((lane, lane_says), (lambda: configured_exporters(config, registries), sink_says)):
         with pytest.raises(RunlaneError) as raised:
             build()
         assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
-        assert "of plugin 'fragile-plugin' failed to start: ValueError: no credentials in the environment" in (
-            raised.value.message
-        )
-
-
-def test_a_provider_whose_create_returns_the_wrong_thing_is_a_configuration_error_naming_its_plugin(tmp_path: Path):
-    from runlane.cli.main import _lane_factory, configured_exporters
-    from runlane.config import load_config
-    from runlane.plugins.registries import collect_registries
-
-    async def not_a_lane_later(options, context):
-        return {"not": "a lane"}
-
-    class Plugin:
-        @hookimpl
-        def register_lanes(self, register):
-            register(LaneProvider("dict-lane", NoOptions, lambda options, context: {"not": "a lane"}))
-            register(LaneProvider("async-dict-lane", NoOptions, not_a_lane_later))
-
-        @hookimpl
-        def register_exporters(self, register):
-            register(ExporterProvider("no-export", NoOptions, lambda options, context: object()))
-
-    fresh = new_manager()
-    fresh.register(Plugin(), name="sloppy-plugin")
-    registries = collect_registries(fresh)
-    config_file = tmp_path / "runlane.toml"
-    config_file.write_text('[lane]\nuse = "dict-lane"\n[[exporters]]\nuse = "no-export"\nconsumer = "c"\n')
-    config = load_config(config_file)
-    factory = _lane_factory(config, registries)
-    cases = {
-        "returned dict, not a Lane": lambda: factory("dict-lane", {}),
-        "returned dict, not a Lane ": lambda: asyncio.run(factory("async-dict-lane", {})),
-        "returned object, not a sink with export(records)": lambda: configured_exporters(config, registries),
-    }
-    for expected, build in cases.items():
-        with pytest.raises(RunlaneError) as raised:
-            build()
-        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
-        assert "of plugin 'sloppy-plugin' failed to start: its create() " + expected.strip() in raised.value.message
+        assert "of plugin 'fragile-plugin' " in raised.value.message and says in raised.value.message
 
 
 def test_a_hook_that_returns_its_providers_instead_of_registering_them_is_reported():

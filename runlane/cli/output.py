@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, Any
 
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
@@ -180,22 +180,13 @@ class Output:
         # soft_wrap keeps long ids and JSON on one line; captured or piped output is never cropped to 80
         # columns, so tables stay greppable in logs and CI.
         # markup=False: ids, reasons and outputs are shown as they are, brackets included ("[/]" is data).
-        self.stdout = Console(
-            file=self._out,
-            soft_wrap=True,
-            highlight=False,
-            markup=False,
-            width=width or _width(self._out),
-            force_terminal=color,
-        )
-        self.stderr = Console(
-            file=self._err,
-            soft_wrap=True,
-            highlight=False,
-            markup=False,
-            width=width or _width(self._err),
-            force_terminal=color,
-        )
+        def console(file: IO[str]) -> Console:
+            return Console(
+                file=file, soft_wrap=True, highlight=False, markup=False, width=width or _width(file), force_terminal=color
+            )
+
+        self.stdout = console(self._out)
+        self.stderr = console(self._err)
 
     def give_stdout_away(self) -> None:
         """Print everything on stderr from now on: something else (a console exporter's records) owns
