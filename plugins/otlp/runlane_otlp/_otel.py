@@ -3,7 +3,7 @@ the W3C ``traceparent`` of a run's trigger."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from datetime import datetime
 
 from opentelemetry.sdk.resources import Resource
@@ -12,9 +12,21 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from runlane import __version__
 
-__all__ = ["SCOPE", "nanos", "observation_resource", "parent_context"]
+__all__ = ["ABSENT", "SCOPE", "nanos", "observation_resource", "parent_context", "restore"]
 
 SCOPE = InstrumentationScope("runlane", __version__)
+
+ABSENT = object()
+"""In a mapping's undo journal: the key was not there before."""
+
+
+def restore(table: MutableMapping[object, object], before: Mapping[object, object]) -> None:
+    """Put back what ``before`` (key -> value as it was, or ``ABSENT``) recorded of ``table``."""
+    for key, value in before.items():
+        if value is ABSENT:
+            table.pop(key, None)
+        else:
+            table[key] = value
 
 
 def observation_resource(service_name: str = "runlane", attributes: Mapping[str, str] | None = None) -> Resource:

@@ -32,7 +32,7 @@ from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, set_span_in_cont
 from runlane.models import RunlaneObservationRecord
 from runlane.vocabulary import RunEventType, RunlaneObservationType
 
-from ._otel import SCOPE, nanos, observation_resource, parent_context
+from ._otel import ABSENT, SCOPE, nanos, observation_resource, parent_context, restore
 
 __all__ = ["SEVERITIES", "ObservationLogs"]
 
@@ -54,7 +54,7 @@ class ObservationLogs:
         self.resource = resource if resource is not None else observation_resource()
         self.max_runs = max_runs
         self._traces: OrderedDict[tuple[str, str], Context] = OrderedDict()
-        self._before: dict[tuple[str, str], Context | None] = {}  # what the last feed() changed, as it was
+        self._before: dict[tuple[str, str], Any] = {}  # what the last feed() changed, as it was
 
     def feed(self, records: Iterable[RunlaneObservationRecord]) -> list[ReadableLogRecord]:
         self._before = {}
@@ -62,11 +62,7 @@ class ObservationLogs:
 
     def rollback(self) -> None:
         """Undo what the last ``feed()`` changed."""
-        for key, before in self._before.items():
-            if before is None:
-                self._traces.pop(key, None)
-            else:
-                self._traces[key] = before
+        restore(self._traces, self._before)
         self._before = {}
 
     def _trace(self, record: RunlaneObservationRecord) -> Context:
@@ -74,7 +70,7 @@ class ObservationLogs:
         key = (observation.environment.name, observation.run_id)
         parent = parent_context(observation.trace_carrier)
         if parent is not None:
-            self._before.setdefault(key, self._traces.get(key))
+            self._before.setdefault(key, self._traces.get(key, ABSENT))
             self._traces[key] = context = set_span_in_context(NonRecordingSpan(parent), Context())
             while len(self._traces) > self.max_runs:
                 evicted, value = self._traces.popitem(last=False)

@@ -37,7 +37,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from runlane.models import RunlaneObservation, RunlaneObservationRecord
 from runlane.vocabulary import RunEventType, RunlaneObservationType
 
-from ._otel import SCOPE, nanos, observation_resource, parent_context
+from ._otel import ABSENT, SCOPE, nanos, observation_resource, parent_context, restore
 
 __all__ = ["ATTEMPT_ENDS", "AttemptSpans"]
 
@@ -72,8 +72,6 @@ def _copy(run: _Run) -> _Run:
     return _Run(run.parent, run.requested_at, attempts)
 
 
-_ABSENT = object()
-
 
 def _derived(size: int, *parts: str) -> int:
     digest = hashlib.sha256("\x1f".join(parts).encode("utf-8")).digest()
@@ -101,18 +99,14 @@ class AttemptSpans:
 
     def rollback(self) -> None:
         """Undo what the last ``feed()`` changed."""
-        for key, before in self._before.items():
-            if before is _ABSENT:
-                self._runs.pop(key, None)
-            else:
-                self._runs[key] = before
+        restore(self._runs, self._before)
         self._before = {}
 
     def _run(self, observation: RunlaneObservation) -> _Run:
         key = (observation.environment.name, observation.run_id)
         run = self._runs.get(key)
         if key not in self._before:
-            self._before[key] = _ABSENT if run is None else _copy(run)
+            self._before[key] = ABSENT if run is None else _copy(run)
         if run is None:
             run = self._runs[key] = _Run()
             while len(self._runs) > self.max_runs:
