@@ -233,6 +233,36 @@ async def test_a_refused_eager_publish_rejects_the_trigger_and_says_the_run_exis
         assert [attempt.message.run_id for attempt in transport.commands[-1].attempts] == [run_id]
 
 
+async def test_a_queue_the_transport_refuses_holds_back_only_its_own_wakeups():
+    class RefusingLimited(RecordingTransport):
+        async def publish_wakeups(self, command):
+            if any(attempt.message.queue == LIMITED.name for attempt in command.attempts):
+                raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "The queue name 'limited' does not resolve.")
+            return await super().publish_wakeups(command)
+
+    clock = ControlledClock()
+    transport = RefusingLimited(clock=clock)
+    lane = create_lane(
+        storage=local_storage_driver(clock=clock),
+        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
+    )
+    runtime = create_runlane(
+        lane=lane, queues=[DEFAULT_QUEUE, LIMITED], tasks=[work, limited_work], clock=clock,
+        dispatch=TriggerDispatchMode.DEFERRED,
+    )  # fmt: skip
+    async with runtime:
+        await runtime.trigger(limited_work, {})
+        healthy = (await runtime.trigger(work, {})).run
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.tick()  # reserves the limited run, then publishes both queues' rows
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        (row,) = await runtime.store.list_run_outbox(healthy.id)
+        assert row.status is OutboxMessageStatus.PUBLISHED  # the other queue's wakeup went out
+        assert [attempt.message.run_id for command in transport.commands for attempt in command.attempts] == [
+            healthy.id
+        ]
+
+
 async def test_stale_claim_is_rejected():
     runtime, _, clock = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
     async with runtime:

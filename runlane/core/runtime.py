@@ -1619,9 +1619,10 @@ class Runlane:
         """Claim the due rows among ``ids``, publish them through the lane's transport and record each
         outcome by index. Returns ``(published, failed, dead_lettered)``.
 
-        An operation-level ``transport_unavailable`` / ``transport_publish_failed`` marks every claimed
-        row failed (or dead-lettered when not retryable); any other error, including a malformed
-        publish result, propagates and leaves the rows claimed until their claim expires.
+        Each queue's rows are published by one call. An operation-level ``transport_unavailable`` /
+        ``transport_publish_failed`` marks that queue's rows failed (or dead-lettered when not
+        retryable); any other error, including a malformed publish result, leaves that queue's rows
+        claimed until their claim expires and is raised once the other queues' outcomes are recorded.
         """
         transport = self._lane.delivery.transport
         if transport is None or not ids:
@@ -1632,40 +1633,25 @@ class Runlane:
         )
         if not claimed:
             return 0, 0, 0
-        command = PublishWakeupsCommand(
-            WakeupPublishAttempt(message.id, token, message.message) for message in claimed
+        # One publish call per queue: a queue whose binding the transport refuses (a queue name that
+        # does not resolve) holds back its own wakeups only, and its error is raised once the other
+        # queues' outcomes are recorded; its rows stay claimed until the claim expires.
+        by_queue: dict[str, list[OutboxMessage]] = {}
+        for message in claimed:
+            by_queue.setdefault(message.queue, []).append(message)
+        answers = await asyncio.gather(
+            *(self._publish_group(transport, token, group) for group in by_queue.values()), return_exceptions=True
         )
+        marks: list[OutboxMark] = []
+        refused: BaseException | None = None
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                refused = refused or answer
+            else:
+                marks.extend(answer)
         try:
-            raw = await transport.publish_wakeups(command)
-        except RunlaneError as error:
-            if error.code not in (ErrorCode.TRANSPORT_UNAVAILABLE, ErrorCode.TRANSPORT_PUBLISH_FAILED):
-                raise
-            failure = OutboxFailureRecord(
-                code=error.code,
-                message=error.message,
-                retryable=error.code is ErrorCode.TRANSPORT_UNAVAILABLE or bool(error.retryable),
-                failed_at=self.now(),
-                meta=_json_meta(error.meta),
-            )
-            marks = [self._failure_mark(message, failure) for message in claimed]
-        else:
-            result = parse_publish_wakeups_result(command, raw)
-            marks = []
-            for message, outcome in zip(claimed, result.outcomes):
-                if outcome.type is WakeupPublishOutcomeType.PUBLISHED:
-                    marks.append(
-                        OutboxMark(
-                            message.id,
-                            OutboxMessageStatus.PUBLISHED,
-                            published_at=outcome.published_at,
-                            provider_message_id=outcome.provider_message_id,
-                        )
-                    )
-                else:
-                    assert outcome.failure is not None
-                    marks.append(self._failure_mark(message, outcome.failure))
-        try:
-            await self._store.mark_outbox(token, marks)
+            if marks:
+                await self._store.mark_outbox(token, marks)
         except RunlaneError as error:
             if not is_storage_conflict(error, StorageConflictKind.OUTBOX_CLAIM):
                 raise
@@ -1681,6 +1667,8 @@ class Runlane:
                     continue
                 kept.append(mark)
             marks = kept
+        if refused is not None:
+            raise refused
         published = sum(1 for mark in marks if mark.status is OutboxMessageStatus.PUBLISHED)
         failed = sum(1 for mark in marks if mark.status is OutboxMessageStatus.FAILED)
         dead = sum(1 for mark in marks if mark.status is OutboxMessageStatus.DEAD_LETTERED)
@@ -1697,6 +1685,40 @@ class Runlane:
                         extra={"run_id": message.run_id, "queue": message.queue, "error_code": mark.failure.code.value},
                     )  # fmt: skip
         return published, failed, dead
+
+    async def _publish_group(self, transport: Any, token: str, group: Sequence[OutboxMessage]) -> list[OutboxMark]:
+        """Publish the claimed rows of one queue; an operation-level ``transport_unavailable`` /
+        ``transport_publish_failed`` marks them all failed, any other error is raised."""
+        command = PublishWakeupsCommand(WakeupPublishAttempt(message.id, token, message.message) for message in group)
+        try:
+            raw = await transport.publish_wakeups(command)
+        except RunlaneError as error:
+            if error.code not in (ErrorCode.TRANSPORT_UNAVAILABLE, ErrorCode.TRANSPORT_PUBLISH_FAILED):
+                raise
+            failure = OutboxFailureRecord(
+                code=error.code,
+                message=error.message,
+                retryable=error.code is ErrorCode.TRANSPORT_UNAVAILABLE or bool(error.retryable),
+                failed_at=self.now(),
+                meta=_json_meta(error.meta),
+            )
+            return [self._failure_mark(message, failure) for message in group]
+        result = parse_publish_wakeups_result(command, raw)
+        marks = []
+        for message, outcome in zip(group, result.outcomes):
+            if outcome.type is WakeupPublishOutcomeType.PUBLISHED:
+                marks.append(
+                    OutboxMark(
+                        message.id,
+                        OutboxMessageStatus.PUBLISHED,
+                        published_at=outcome.published_at,
+                        provider_message_id=outcome.provider_message_id,
+                    )
+                )
+            else:
+                assert outcome.failure is not None
+                marks.append(self._failure_mark(message, outcome.failure))
+        return marks
 
     def _failure_mark(self, message: OutboxMessage, failure: OutboxFailureRecord) -> OutboxMark:
         attempts = message.attempts + 1
