@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from runlane_local import local_storage_driver
 from runlane_sqs import (
     SqsFifoDeduplication,
@@ -288,7 +289,7 @@ def test_the_toml_options_build_bindings_and_a_client() -> None:
         ),
         (
             lane_options(regoin="us-east-1"),
-            "unknown key 'sqs.regoin' (allowed there: batch_size, endpoint_url, name, profile, queues, region)",
+            "unknown key 'sqs.regoin' (allowed there: batch_size, connect_timeout, endpoint_url, name, profile, queues, read_timeout, region)",
         ),
         (
             lane_options(queues={"default": {"queue_url": FIFO_URL, "fifo": {"group": "run"}}}),
@@ -309,3 +310,20 @@ def test_a_toml_binding_mistake_is_reported_when_the_lane_is_built() -> None:
     options = validate_options(provider, lane_options(queues={"default": {"queue_url": FIFO_URL}}))
     error = error_of(lambda: provider.create(options, None))
     assert "pass fifo=True" in error.message
+
+
+def test_lane_sqs_options_bound_the_client_and_a_missing_profile_is_named() -> None:
+    from runlane_sqs.plugin import SqsTransportOptions, sqs_client
+
+    queues = {"default": {"queue_url": URL}}
+    client = sqs_client(SqsTransportOptions(queues=queues, region="us-east-1", connect_timeout="2s", read_timeout=25))
+    assert (client.meta.config.connect_timeout, client.meta.config.read_timeout) == (2.0, 25.0)
+    defaults = SqsTransportOptions(queues=queues)
+    assert (defaults.connect_timeout, defaults.read_timeout) == (5.0, 30.0)
+    with pytest.raises(ValidationError, match="longer than the 20 s long poll"):
+        SqsTransportOptions(queues=queues, read_timeout="10s")
+
+    with pytest.raises(RunlaneError) as raised:
+        sqs_client(SqsTransportOptions(queues=queues, region="us-east-1", profile="no-such-profile-here"))
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "no-such-profile-here" in raised.value.message and "check endpoint_url and profile" in raised.value.message

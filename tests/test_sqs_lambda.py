@@ -298,7 +298,8 @@ async def test_the_synchronous_handler_refuses_to_run_inside_an_event_loop(sqs_s
         assert (await runtime.runs.get(run_id)).status is RunStatus.SUCCEEDED
 
 
-def test_close_closes_the_runtime_and_the_event_loop_the_synchronous_handler_kept(sqs_server):
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bound-method", "wrapper"])
+def test_close_closes_the_runtime_and_the_event_loop_the_synchronous_handler_kept(sqs_server, wrapped):
     client = sqs_server.client()
     url = sqs_server.create_queue(_queue_name())
     store = LocalStorageStore()
@@ -310,7 +311,8 @@ def test_close_closes_the_runtime_and_the_event_loop_the_synchronous_handler_kep
     run_id = asyncio.run(produce())
     (message,) = _receive(client, url, 1)
     runtime = _runtime(client, url, store)  # started by the handler's first invocation, on its loop
-    handler = create_sqs_lambda_handler(execute_delivery=runtime.execute_delivery)
+    execute = (lambda message, **options: runtime.execute_delivery(message, **options)) if wrapped else None
+    handler = create_sqs_lambda_handler(execute_delivery=execute or runtime.execute_delivery)
     assert handler({"Records": [_record(message, url)]}, None) == {"batchItemFailures": []}
     loop = handler._loop
     assert loop is not None and not runtime.closed

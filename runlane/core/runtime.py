@@ -479,6 +479,7 @@ class Runlane:
         self._started = False
         self._closed = False
         self._forked_from: int | None = None  # in a child forked after the lane started: the parent's pid
+        self._started_on: asyncio.AbstractEventLoop | None = None  # the loop the lane was started on
         # Per observer without on_observer_error: when its failure was last logged, and how many since.
         self._observer_failures: dict[int, tuple[float, int]] = {}
         self._start_lock: asyncio.Lock | None = None
@@ -581,6 +582,7 @@ class Runlane:
             self._check_open()
             await self._lane.start()
             self._started = True
+            self._started_on = asyncio.get_running_loop()
             _STARTED_RUNTIMES.add(self)
 
     async def close(self) -> None:
@@ -1892,6 +1894,12 @@ def resolve_execution_options(
 
 # Runtimes whose lane is started: a child forked from this process must not use them (see ``_forked``).
 _STARTED_RUNTIMES: weakref.WeakSet[Runlane] = weakref.WeakSet()
+
+
+def runtimes_started_on(loop: asyncio.AbstractEventLoop) -> list[Runlane]:
+    """The open runtimes whose lane was started on ``loop`` (their connections live there): what a host
+    that owns ``loop`` closes before it closes the loop."""
+    return [runtime for runtime in list(_STARTED_RUNTIMES) if runtime._started and runtime._started_on is loop]
 
 
 def _after_fork_in_child() -> None:

@@ -32,6 +32,7 @@ __all__ = [
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}(\.fifo)?|[A-Za-z0-9_-]{76,80}")
 _ACCOUNT_ID = re.compile(r"[0-9]{12}")
 FIFO_SUFFIX = ".fifo"
+SQS_MAX_WAIT_TIME_SECONDS = 20  # the longest long poll of a ReceiveMessage call
 
 
 def invalid(message: str, **meta: Any) -> RunlaneError:

@@ -33,7 +33,7 @@ from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import DeliveryMessage
 
 from .aws import call_sqs, classify_provider_error
-from .bindings import FIFO_SUFFIX, check_client, check_count, invalid
+from .bindings import FIFO_SUFFIX, SQS_MAX_WAIT_TIME_SECONDS, check_client, check_count, invalid
 from .delivery import (
     ExecuteDelivery,
     FailureObserver,
@@ -48,7 +48,6 @@ from .transport import SQS_MAX_BATCH_SIZE
 
 __all__ = ["SqsConsumerCounts", "SqsDeliveryConsumer", "create_sqs_delivery_consumer"]
 
-SQS_MAX_WAIT_TIME_SECONDS = 20
 SQS_MAX_VISIBILITY_TIMEOUT_SECONDS = 12 * 60 * 60
 
 

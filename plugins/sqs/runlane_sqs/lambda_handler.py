@@ -22,6 +22,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from runlane.core.runtime import runtimes_started_on
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import DeliveryMessage
 
@@ -75,17 +76,15 @@ class SqsLambdaHandler:
 
     def close(self) -> None:
         """Close the event loop the synchronous handler keeps between invocations, closing first the
-        runtime ``execute_delivery`` belongs to (``runlane.execute_delivery``), whose connections live
-        on that loop. Runs at interpreter exit too; calling it again does nothing."""
+        runtimes started on it (the one ``execute_delivery`` delivers to, however it is wrapped), whose
+        connections live on that loop. Runs at interpreter exit too; calling it again does nothing."""
         loop, self._loop = self._loop, None
         if loop is None or loop.is_closed():
             return
         try:
-            runtime = getattr(self.execute_delivery, "__self__", None)
-            close = getattr(runtime, "close", None)
-            if callable(close):
+            for runtime in runtimes_started_on(loop):
                 with contextlib.suppress(Exception):
-                    loop.run_until_complete(close())
+                    loop.run_until_complete(runtime.close())
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()

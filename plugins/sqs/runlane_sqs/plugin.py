@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runlane.cli.options import (
     HealthFileOption,
@@ -40,12 +40,13 @@ from runlane.cli.options import (
     QueuesOption,
     WorkerIdOption,
 )
+from runlane.durations import duration_ms
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.plugins import hookimpl
 from runlane.plugins.registries import LaneProvider, ProviderContext, TransportProvider
 from runlane_postgres.plugin import PostgresStorageOptions
 
-from .bindings import SqsFifoDeduplication, SqsFifoMessageGroup, SqsFifoOptions, sqs_queue
+from .bindings import SQS_MAX_WAIT_TIME_SECONDS, SqsFifoDeduplication, SqsFifoMessageGroup, SqsFifoOptions, sqs_queue
 
 if TYPE_CHECKING:
     from runlane.core.lanes import Lane
@@ -103,7 +104,8 @@ class SqsQueueTableOptions(BaseModel):
 
 
 class SqsTransportOptions(BaseModel):
-    """``[lane.sqs]``: the SQS client (``region``, ``endpoint_url``, ``profile``) and the queue bindings."""
+    """``[lane.sqs]``: the SQS client (``region``, ``endpoint_url``, ``profile``, ``connect_timeout``,
+    ``read_timeout``) and the queue bindings."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -111,6 +113,10 @@ class SqsTransportOptions(BaseModel):
     region: str | None = None
     endpoint_url: str | None = None
     profile: str | None = None
+    # A wakeup publish waits at most about three times these (boto3 tries a call up to three times);
+    # the read timeout must outlast the consumer's 20 s long poll.
+    connect_timeout: float = Field(default="5s", validate_default=True)
+    read_timeout: float = Field(default="30s", validate_default=True)
     batch_size: int = Field(default=10, ge=1, le=10)
     name: str = Field(default="sqs", min_length=1)
 
@@ -118,6 +124,31 @@ class SqsTransportOptions(BaseModel):
     @classmethod
     def _blank(cls, value: Any) -> Any:
         return _blank_is_none(value)
+
+    @field_validator("connect_timeout", "read_timeout", mode="before")
+    @classmethod
+    def _seconds(cls, value: object, info: Any) -> float:
+        return _timeout_seconds(value, info.field_name)
+
+    @model_validator(mode="after")
+    def _outlasts_the_long_poll(self) -> SqsTransportOptions:
+        if self.read_timeout <= SQS_MAX_WAIT_TIME_SECONDS:
+            raise ValueError(
+                f"read_timeout must be longer than the {SQS_MAX_WAIT_TIME_SECONDS} s long poll of a consumer's "
+                f"ReceiveMessage, got {self.read_timeout:g} s"
+            )
+        return self
+
+
+def _timeout_seconds(value: object, name: str) -> float:
+    if isinstance(value, str):
+        try:
+            return duration_ms(value, name) / 1000
+        except RunlaneError as error:
+            raise ValueError(error.message.rstrip(".")) from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a duration such as '10s' or a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 class PostgresSqsLaneOptions(BaseModel):
@@ -139,9 +170,16 @@ def sqs_client(options: SqsTransportOptions) -> Any:
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID, "The SQS transport needs boto3; install runlane-sqs with its dependencies."
         ) from None
-    session = boto3.session.Session(profile_name=options.profile) if options.profile else boto3.session.Session()
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=options.connect_timeout,
+        read_timeout=options.read_timeout,
+        retries={"max_attempts": 3, "mode": "standard"},
+    )
     try:
-        return session.client("sqs", region_name=options.region, endpoint_url=options.endpoint_url)
+        session = boto3.session.Session(profile_name=options.profile) if options.profile else boto3.session.Session()
+        return session.client("sqs", region_name=options.region, endpoint_url=options.endpoint_url, config=config)
     except Exception as error:
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
