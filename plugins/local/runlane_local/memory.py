@@ -570,7 +570,8 @@ class _State:
     """
 
     __slots__ = (
-        "commit", "folded", "folded_rows", "groups", "indexes", "last_version", "pending", "records", "versions",
+        "commit", "folded", "folded_rows", "groups", "indexes", "last_version", "listed", "pending", "records",
+        "versions",
     )  # fmt: skip
 
     def __init__(
@@ -597,6 +598,9 @@ class _State:
         self.last_version = last_version
         self.folded: dict[Any, Any] | None = None
         self.folded_rows: dict[PartitionKey, _SortedRows] | None = None
+        # Operator lists of this state, sorted, by filter (without its cursor): the pages of one listing
+        # are cut from one sort instead of each sorting every run again.
+        self.listed: dict[str, tuple[list[Any], list[Any]]] = {}
 
     def version_of(self, encoded_key: str) -> str | None:
         stored = self.records.get(encoded_key)
@@ -1231,15 +1235,19 @@ class LocalStorageDriver(ClientClock):
         return self._read(lambda state: self._list_runs(state, filter, pagination))
 
     def _list_runs(self, state: _State, filter: RunFilter, pagination: PaginationParams) -> Page[RunSummary]:
-        cache = self.store._decoded
-        environment = environment_key(filter.environment)
-        runs = (
-            run
-            for run_id in state.run_ids(environment)
-            if (run := state.visible_run(environment, run_id, cache)) is not None and run_matches_filter(run, filter)
-        )
-        rows = [(run_sort_value(run, filter.sort_by, filter.sort_direction), run) for run in runs]
-        page, cursor = _operator_page(rows, PaginationCursorKind.RUN_LIST, filter, filter.sort_direction, pagination)
+        def rows() -> list[tuple[tuple[str, ...], Any]]:
+            cache = self.store._decoded
+            environment = environment_key(filter.environment)
+            runs = (
+                run
+                for run_id in state.run_ids(environment)
+                if (run := state.visible_run(environment, run_id, cache)) is not None
+                and run_matches_filter(run, filter)
+            )
+            return [(run_sort_value(run, filter.sort_by, filter.sort_direction), run) for run in runs]
+
+        kind = PaginationCursorKind.RUN_LIST
+        page, cursor = _operator_page(state, rows, kind, filter, filter.sort_direction, pagination)
         return Page[RunSummary](data=[run.to_summary().model_copy(deep=True) for run in page], next_cursor=cursor)
 
     async def list_run_events(self, filter: RunEventFilter, pagination: PaginationParams) -> Page[RunEventRecord]:
@@ -1248,38 +1256,58 @@ class LocalStorageDriver(ClientClock):
     def _list_run_events(
         self, state: _State, filter: RunEventFilter, pagination: PaginationParams
     ) -> Page[RunEventRecord]:
-        cache = self.store._decoded
-        environment = environment_key(filter.environment)
-        run_ids = state.run_ids(environment) if filter.run_id is None else (filter.run_id,)
-        events = (
-            event
-            for run_id in run_ids
-            if state.visible_run(environment, run_id, cache) is not None
-            for event in state.run_events(environment, run_id, cache)
-            if run_event_matches_filter(event, filter)
-        )
-        rows = [(run_event_sort_value(event, filter.sort_by), event) for event in events]
+        def rows() -> list[tuple[tuple[str, ...], Any]]:
+            cache = self.store._decoded
+            environment = environment_key(filter.environment)
+            run_ids = state.run_ids(environment) if filter.run_id is None else (filter.run_id,)
+            events = (
+                event
+                for run_id in run_ids
+                if state.visible_run(environment, run_id, cache) is not None
+                for event in state.run_events(environment, run_id, cache)
+                if run_event_matches_filter(event, filter)
+            )
+            return [(run_event_sort_value(event, filter.sort_by), event) for event in events]
+
         kind = PaginationCursorKind.RUN_EVENT_LIST
-        page, cursor = _operator_page(rows, kind, filter, filter.sort_direction, pagination)
+        page, cursor = _operator_page(state, rows, kind, filter, filter.sort_direction, pagination)
         return Page[RunEventRecord](data=[event.model_copy(deep=True) for event in page], next_cursor=cursor)
 
 
+_LISTINGS_KEPT = 16  # sorted operator lists one state keeps
+
+
 def _operator_page(
-    rows: list[tuple[tuple[str, ...], T]],
+    state: _State,
+    rows: Callable[[], list[tuple[tuple[str, ...], T]]],
     kind: PaginationCursorKind,
     filter: RunFilter | RunEventFilter,
     direction: SortDirection,
     pagination: PaginationParams,
 ) -> tuple[list[T], str | None]:
-    """Sort ``(sort value, item)`` rows, continue strictly after the cursor and cut one page."""
+    """The page after the cursor of the ``(sort value, item)`` rows, sorted once per state and filter."""
     limit = clamp_page_limit(pagination.limit)
     after = decode_operator_cursor(pagination.cursor, kind, filter)
-    descending = direction is SortDirection.DESC
-    rows.sort(key=itemgetter(0), reverse=descending)
-    if after is not None:
-        rows = [row for row in rows if (row[0] < after if descending else row[0] > after)]
-    cursor = encode_operator_cursor(kind, filter, rows[limit - 1][0]) if len(rows) > limit else None
-    return [item for _, item in rows[:limit]], cursor
+    key = f"{kind.value}:{filter.model_dump_json()}"
+    listed = state.listed.get(key)
+    if listed is None:
+        ordered = sorted(rows(), key=itemgetter(0))  # ascending; a descending page reads it backwards
+        listed = ([value for value, _ in ordered], [item for _, item in ordered])
+        if len(state.listed) >= _LISTINGS_KEPT:
+            state.listed.clear()
+        state.listed[key] = listed
+    values, items = listed
+    if direction is SortDirection.DESC:
+        end = len(values) if after is None else bisect_left(values, after)
+        start = max(0, end - limit)
+        page = items[start:end][::-1]
+        cursor = encode_operator_cursor(kind, filter, values[start]) if start > 0 else None
+    else:
+        start = 0 if after is None else bisect_right(values, after)
+        end = start + limit
+        page = items[start:end]
+        cursor = encode_operator_cursor(kind, filter, values[end - 1]) if end < len(values) else None
+    return page, cursor
 
 
 def local_storage_driver(
