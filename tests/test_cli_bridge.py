@@ -24,6 +24,7 @@ import pytest
 
 from runlane.cli import bridge
 from runlane.cli.bridge import COMMAND_PATH, MAX_REQUEST_BYTES, read_session, session_path
+from runlane.cli.output import Output
 
 from cli_support import Project, cli, command, make_project, post, running_dev, wait_for
 
@@ -70,7 +71,7 @@ def test_two_terminal_flow_sees_the_dev_process_state(project: Project, dev: sub
     mode = stat.S_IMODE(session.file.stat().st_mode)
     assert mode == 0o600
     recorded = json.loads(session.file.read_text())
-    assert set(recorded) == {"config_path", "port", "token", "pid", "started_at"}
+    assert set(recorded) == {"config_path", "port", "token", "pid", "started_at", "lane"}
     assert recorded["config_path"] == str(project.config.resolve())
 
     triggered = project.json("trigger", "emails.welcome", '{"user_id": "u1"}')
@@ -289,6 +290,22 @@ def test_stateful_commands_warn_when_a_process_local_lane_has_no_dev_session(pro
         assert proxied.returncode == 0 and proxied.stderr == ""
 
 
+def test_a_dev_started_on_another_lane_than_the_config_now_names_does_not_take_the_command(
+    project: Project, dev: subprocess.Popen[str]
+) -> None:
+    """The config switched from the local lane to sqlite while a dev runs: its runs go to the file."""
+    text = project.config.read_text().replace('use = "local"', 'use = "sqlite"\npath = "app.db"')
+    project.config.write_text(text)
+    result = project.cli("--json", "trigger", "emails.welcome", '{"user_id": "u1"}')
+    assert result.returncode == 0, result.stderr
+    (warning,) = [json.loads(line)["warning"] for line in result.stderr.splitlines()]
+    assert warning["code"] == "dev_config_changed"
+    run_id = json.loads(result.stdout)["run"]["id"]
+    assert (project.root / "app.db").exists()
+    listed = project.json("runs", "list")
+    assert [run["id"] for run in listed["data"]] == [run_id]
+
+
 def test_a_shared_lane_gets_no_process_local_warning(tmp_path: Path) -> None:
     root = make_project(tmp_path / "proj", TASKS, lane="sqlite")
     result = cli(root, "trigger", "emails.welcome", '{"user_id": "u1"}')
@@ -309,10 +326,16 @@ async def test_a_dev_that_does_not_answer_is_named_while_the_command_waits(
     monkeypatch.setattr(bridge, "RESPONSE_TIMEOUT_S", 0.5)
     session = bridge.Session("/x/runlane.toml", port, "token", 4242, "2026-01-01T00:00:00.000Z", Path("/nowhere"))
     try:
-        with pytest.raises(bridge.RunlaneError) as raised:
-            await bridge._post(session, b"{}")
+        for as_json in (False, True):
+            with pytest.raises(bridge.RunlaneError) as raised:
+                await bridge._post(session, b"{}", Output(json_mode=as_json))
+            assert raised.value.code.value == "transport_unavailable" and "did not answer" in raised.value.message
+            err = capsys.readouterr().err
+            if as_json:  # stderr under --json holds JSON documents only
+                (line,) = err.splitlines()
+                assert json.loads(line)["warning"]["code"] == "dev_busy"
+            else:
+                assert "warning: waiting for runlane dev (pid 4242) to answer" in err
     finally:
         server.close()
         await server.wait_closed()
-    assert raised.value.code.value == "transport_unavailable" and "did not answer in time" in raised.value.message
-    assert "note: waiting for runlane dev (pid 4242) to answer" in capsys.readouterr().err

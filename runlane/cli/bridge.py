@@ -26,7 +26,6 @@ import io
 import json
 import os
 import secrets
-import sys
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -88,6 +87,7 @@ class Session:
     pid: int
     started_at: str
     file: Path
+    lane: str | None = None  # ``lane_signature`` of the configuration it was started with
 
 
 def session_dir() -> Path:
@@ -104,7 +104,20 @@ def session_path(config_path: Path | str) -> Path:
     return session_dir() / f"{digest}.json"
 
 
-def write_session(config_path: Path | str, *, port: int, token: str) -> Session:
+def lane_signature(config: Any) -> str:
+    """What decides where a loaded configuration's runs live: its lane with its options, or its runtime
+    factory. A dev session serves a command only while the configuration still says the same."""
+    section = config.config
+    lane = section.lane
+    document = {
+        "runtime": section.runlane.runtime,
+        "lane": None if lane is None else {"use": lane.use, "options": lane.options},
+        "environment": section.runlane.environment,
+    }
+    return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:32]
+
+
+def write_session(config_path: Path | str, *, port: int, token: str, lane: str | None = None) -> Session:
     """Atomically (re)write the session file for ``config_path`` with mode 0600."""
     session = Session(
         config_path=_resolved(config_path),
@@ -113,6 +126,7 @@ def write_session(config_path: Path | str, *, port: int, token: str) -> Session:
         pid=os.getpid(),
         started_at=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         file=session_path(config_path),
+        lane=lane,
     )
     _store_session(session)
     return session
@@ -127,6 +141,7 @@ def _store_session(session: Session) -> None:
         "token": session.token,
         "pid": session.pid,
         "started_at": session.started_at,
+        "lane": session.lane,
     }
     fd, temporary = tempfile.mkstemp(prefix=".session-", suffix=".tmp", dir=directory)  # created 0600
     try:
@@ -179,6 +194,7 @@ def read_session(config_path: Path | str) -> Session | None:
             pid=int(document["pid"]),
             started_at=str(document["started_at"]),
             file=target,
+            lane=document.get("lane") if isinstance(document.get("lane"), str) else None,
         )
     except (ValueError, KeyError, TypeError):
         with contextlib.suppress(OSError):
@@ -226,9 +242,12 @@ class _Reject(Exception):
 class BridgeServer:
     """The loopback control server of one ``runlane dev`` process over its started runtime."""
 
-    def __init__(self, runtime: Any, config_path: Path | str, *, output: Output | None = None) -> None:
+    def __init__(
+        self, runtime: Any, config_path: Path | str, *, output: Output | None = None, lane: str | None = None
+    ) -> None:
         self.runtime = runtime
         self.config_path = config_path
+        self.lane = lane
         self.token = secrets.token_urlsafe(32)
         self.output = output
         self.session: Session | None = None
@@ -245,7 +264,7 @@ class BridgeServer:
         previous = read_session(self.config_path)
         if previous is not None and previous.pid != os.getpid() and pid_alive(previous.pid):
             self.superseded = previous  # the latest dev wins; that one serves again once this one stops
-        self.session = write_session(self.config_path, port=self.port, token=self.token)
+        self.session = write_session(self.config_path, port=self.port, token=self.token, lane=self.lane)
         return self.session
 
     def hand_back(self) -> None:
@@ -430,7 +449,7 @@ class _Stale(Exception):
     """The session did not answer as a live bridge: ignore and remove it."""
 
 
-async def _post(session: Session, body: bytes, *, token: str | None = None) -> tuple[int, Any]:
+async def _post(session: Session, body: bytes, output: Output, *, token: str | None = None) -> tuple[int, Any]:
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection("127.0.0.1", session.port), timeout=CONNECT_TIMEOUT_S
@@ -448,7 +467,7 @@ async def _post(session: Session, body: bytes, *, token: str | None = None) -> t
         )
         writer.write(head.encode("ascii") + body)
         await writer.drain()
-        note = asyncio.get_running_loop().call_later(SLOW_ANSWER_NOTE_S, _say_waiting, session)
+        note = asyncio.get_running_loop().call_later(SLOW_ANSWER_NOTE_S, _say_waiting, session, output)
         try:
             raw = await asyncio.wait_for(reader.read(), timeout=RESPONSE_TIMEOUT_S)
         finally:
@@ -477,14 +496,12 @@ async def _post(session: Session, body: bytes, *, token: str | None = None) -> t
     return int(parts[1]), document
 
 
-def _say_waiting(session: Session) -> None:
-    print(
-        f"note: waiting for runlane dev (pid {session.pid}) to answer; it has been busy for "
+def _say_waiting(session: Session, output: Output) -> None:
+    output.warning(
+        "dev_busy",
+        f"waiting for runlane dev (pid {session.pid}) to answer; it has been busy for "
         f"{SLOW_ANSWER_NOTE_S:g}s. A handler blocking its event loop (time.sleep or blocking I/O in an "
-        "async def) holds every command up; gives up after "
-        f"{RESPONSE_TIMEOUT_S:g}s.",
-        file=sys.stderr,
-        flush=True,
+        f"async def) holds every command up; gives up after {RESPONSE_TIMEOUT_S:g}s.",
     )
 
 
@@ -500,24 +517,37 @@ def _request_body(op: Operation, params: OperationParams, output: Output, *, qui
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def _ignore_stale(session: Session, why: str) -> None:
+def _ignore_stale(session: Session, why: str, output: Output) -> None:
     """Remove a dead session file and say so once on stderr (the command then runs on its own)."""
     discard_session(session)
-    print(f"note: ignored a stale runlane dev session ({why}); running this command on its own runtime.", file=sys.stderr)
+    output.warning(
+        "dev_session_stale", f"ignored a stale runlane dev session ({why}); running this command on its own runtime."
+    )
 
 
-async def proxy(config_path: Path | str, op: Operation, params: OperationParams, output: Output) -> bool:
+async def proxy(
+    config_path: Path | str, op: Operation, params: OperationParams, output: Output, *, lane: str | None = None
+) -> bool:
     """Run ``op`` in the live ``runlane dev`` session for ``config_path`` and print its result.
 
-    Returns ``False`` (after removing a stale session file) when there is no live session, so the
-    caller runs the command on its own runtime. A command error raised inside the dev process is raised
-    here as the same ``RunlaneError``.
+    Returns ``False`` (after removing a stale session file) when there is no live session, or when the
+    session was started with another lane than ``lane`` (``lane_signature`` of the configuration as it
+    is now: its runs live elsewhere), so the caller runs the command on its own runtime. A command
+    error raised inside the dev process is raised here as the same ``RunlaneError``.
     """
     session = read_session(config_path)
     if session is None:
         return False
     if not pid_alive(session.pid):
-        _ignore_stale(session, f"its process {session.pid} is not running")
+        _ignore_stale(session, f"its process {session.pid} is not running", output)
+        return False
+    if lane is not None and session.lane is not None and session.lane != lane:
+        output.warning(
+            "dev_config_changed",
+            f"runlane dev (pid {session.pid}) serves {session.config_path} with the lane it had when it started; "
+            "the file now names another lane, so this command runs on its own runtime. Restart runlane dev "
+            "to serve the new one.",
+        )
         return False
     rendered = await exchange(session, op, params, output)
     if rendered is None:
@@ -534,12 +564,12 @@ async def exchange(
     error raised in the dev process is raised here as the same ``RunlaneError``. A ``quiet`` command
     is not printed in the dev process's output (for reads a client repeats on a timer)."""
     try:
-        status, document = await _post(session, _request_body(op, params, output, quiet=quiet))
+        status, document = await _post(session, _request_body(op, params, output, quiet=quiet), output)
     except _Stale:
-        _ignore_stale(session, "it did not answer as a runlane dev bridge")
+        _ignore_stale(session, "it did not answer as a runlane dev bridge", output)
         return None
     if status == 401:
-        _ignore_stale(session, "it rejected the recorded token")
+        _ignore_stale(session, "it rejected the recorded token", output)
         return None
     error = document.get("error") if isinstance(document, dict) else None
     if status == 200 and isinstance(document, dict) and error is None:

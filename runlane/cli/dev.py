@@ -138,9 +138,10 @@ def dev(
         bridge: Any = None
         forced_exit = contextlib.ExitStack()
         if lane.capabilities.process_local:
-            from .bridge import BridgeServer
+            from .bridge import BridgeServer, lane_signature
 
-            bridge = BridgeServer(runtime, load_cli_config(ctx).path, output=output)
+            config = load_cli_config(ctx)
+            bridge = BridgeServer(runtime, config.path, output=output, lane=lane_signature(config))
             session = await bridge.start()
             forced_exit.enter_context(on_forced_exit(bridge.hand_back))  # a second Ctrl-C leaves no session file
             output.record(
@@ -194,8 +195,9 @@ def _reload(ctx: typer.Context, once: bool) -> None:
     config = guard(ctx, lambda: load_cli_config(ctx))
     output = state_of(ctx).output
     if config.config.lane is not None and config.config.lane.use == "local":
-        output.warn(
-            "The local lane keeps runs in memory: each restart starts with none. Use the sqlite lane to keep them."
+        output.warning(
+            "process_local_lane",
+            "The local lane keeps runs in memory: each restart starts with none. Use the sqlite lane to keep them.",
         )
     command = child_command(ctx.find_root().meta.get(COMMAND_LINE, ["dev"]))
     raise typer.Exit(Reloader(output, command, config.base_dir, config.path).run())

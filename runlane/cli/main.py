@@ -436,10 +436,10 @@ def run_operation(ctx: typer.Context, name: str, **values: Any) -> None:
     params = guard(ctx, lambda: parse_params(op, values))
 
     async def main() -> tuple[bool, Any]:
-        from .bridge import proxy
+        from .bridge import lane_signature, proxy
 
         config = load_cli_config(ctx)
-        if await proxy(config.path, op, params, state.output):
+        if await proxy(config.path, op, params, state.output, lane=lane_signature(config)):
             return True, None
         async with open_runtime(ctx) as runtime:
             if runtime.lane.capabilities.process_local:
