@@ -6,13 +6,22 @@ and the session's throwaway server, stopped before the worker starts and started
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
+import os
 import signal
 import socket
 import time
 from pathlib import Path
 
+import pytest
+import typer
 from cli_support import background, cli, make_project, run_json_until, wait_for, write
+
+from runlane import ErrorCode, RunlaneError
+from runlane.cli import main
+from runlane.cli.output import Output
 
 TASKS = """
 from runlane import queue, task
@@ -126,3 +135,28 @@ def test_a_maintenance_loop_reports_an_outage_once_and_its_end(tmp_path: Path) -
     # One line for the outage and one for its end, not an error per pass.
     assert [record.get("type") for record in records].count("tick_failed") == 1
     assert not any("error" in record for record in records)
+
+
+async def test_a_stop_signal_ends_the_wait_without_waiting_for_the_attempt_in_flight(monkeypatch) -> None:
+    """A database that accepts connections but never answers: the attempt in flight is given up at once."""
+    attempting = asyncio.Event()
+
+    class Runtime:
+        calls = 0
+
+        async def start(self) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "Could not connect.", retryable=True)
+            attempting.set()
+            await asyncio.Event().wait()  # a connection attempt that does not end by itself
+
+    monkeypatch.setattr(main, "_FIRST_RETRY_S", 0.01)
+    stdout = io.StringIO()
+    waiting = asyncio.ensure_future(main._start_when_storage_answers(Runtime(), Output(json_mode=True, stdout=stdout)))
+    await asyncio.wait_for(attempting.wait(), 10)
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(typer.Exit) as exited:
+        await asyncio.wait_for(waiting, 10)
+    assert exited.value.exit_code == 0
+    assert [json.loads(line)["type"] for line in stdout.getvalue().splitlines()] == ["storage_waiting", "stopped"]

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -233,7 +233,16 @@ async def _start_when_storage_answers(runtime: Runlane, output: Output) -> None:
         first = error
     stop = asyncio.Event()
     delay = _FIRST_RETRY_S
-    with on_stop_signals(lambda signum: stop.set()):
+    attempt: asyncio.Future[None] | None = None
+
+    def on_signal(signum: signal.Signals) -> None:
+        if stop.is_set():
+            exit_now(output, signum)  # a second signal: at once
+        stop.set()
+        if attempt is not None:
+            attempt.cancel()  # a connection attempt may take its whole timeout: do not wait for it
+
+    with on_stop_signals(on_signal):
         # Said once the signals are ours, so whoever reads it may stop us at once.
         output.record(
             "storage_waiting",
@@ -243,17 +252,36 @@ async def _start_when_storage_answers(runtime: Runlane, output: Output) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
+            if not stop.is_set():
+                delay = min(delay * 2, _MAX_RETRY_S)
+                attempt = asyncio.ensure_future(runtime.start())
+                try:
+                    await attempt
+                    break
+                except asyncio.CancelledError:
+                    if not stop.is_set():
+                        raise
+                except RunlaneError as error:
+                    if not error.retryable:
+                        raise
+                finally:
+                    attempt = None
             if stop.is_set():
                 output.record("stopped", "stopped before storage answered")
                 raise typer.Exit(0)
-            delay = min(delay * 2, _MAX_RETRY_S)
-            try:
-                await runtime.start()
-                break
-            except RunlaneError as error:
-                if not error.retryable:
-                    raise
     output.record("storage_available", "storage answered; starting")
+
+
+def exit_now(output: Output, signum: signal.Signals) -> NoReturn:
+    """A second SIGINT/SIGTERM: run the quick clean-ups (``on_forced_exit``) and exit at once."""
+    name = signal.Signals(signum).name
+    output.record("exit", f"received {name} again; exiting now", signal=name)
+    for clean_up in list(FORCED_EXIT_CLEANUPS):
+        with contextlib.suppress(Exception):
+            clean_up()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + int(signum))
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

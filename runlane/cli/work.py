@@ -7,16 +7,13 @@ to finish its current attempts and stop; a second one exits at once. This is not
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
-import sys
 from typing import Any
 
 import typer
 
 from ..vocabulary import WorkerMode
-from .main import FORCED_EXIT_CLEANUPS, load_cli_config, on_stop_signals, state_of, with_runtime
+from .main import exit_now, load_cli_config, on_stop_signals, state_of, with_runtime
 from .options import (
     ConcurrencyOption,
     EmptyPollDelayOption,
@@ -59,13 +56,7 @@ class StopOnSignals:
                                signal=name)
             self.stopping.set()
             return
-        self.output.record("exit", f"received {name} again; exiting now", signal=name)
-        for clean_up in list(FORCED_EXIT_CLEANUPS):
-            with contextlib.suppress(Exception):
-                clean_up()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(128 + int(signum))
+        exit_now(self.output, signum)
 
 
 def _alone_with(runtime: Any, config_path: Any) -> str:
