@@ -122,6 +122,9 @@ MALFORMED = [
                                                   "'cancelled', 'failed', 'succeeded'."),
     (("observations", "trim", "--older-than", "0s"), "--older-than", "'0s' is not valid: it must be positive"),
     (("trigger", "mail.send", "not-json"), "PAYLOAD_JSON", "not valid JSON"),
+    (("trigger", "mail.send", "[" * 3000 + "]" * 3000), "PAYLOAD_JSON", "nested too deeply"),
+    (("runs", "list", "--created-from", "0001-01-01T00:00:00+01:00"), "--created-from", "is not a valid date"),
+    (("runs", "list", "--updated-to", "9999-12-31T23:59:59-01:00"), "--updated-to", "is not a valid date"),
     (("trigger", "mail.send", "{}", "--meta", "[1]"), "--meta", "must be a JSON object"),
     (("trigger", "mail.send", "{}", "--idempotency-key-ttl", "forever"), "--idempotency-key-ttl", "use 'active' or"),
     (("tick", "--every", "5x"), "--every", "'5x' is not valid"),
@@ -131,7 +134,7 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize(("args", "flag", "problem"), MALFORMED, ids=[" ".join(case[0]) for case in MALFORMED])
+@pytest.mark.parametrize(("args", "flag", "problem"), MALFORMED, ids=[" ".join(case[0])[:60] for case in MALFORMED])
 def test_a_malformed_value_is_a_usage_error_naming_its_option(
     project: Path, args: tuple[str, ...], flag: str, problem: str
 ) -> None:

@@ -100,6 +100,21 @@ async def test_nan_or_infinity_in_a_payload_is_refused_not_turned_into_null(task
         assert await all_runs(runtime) == []
 
 
+async def test_a_payload_nested_too_deeply_for_json_is_a_validation_error_before_any_write():
+    nested: list = []
+    innermost = nested
+    for _ in range(5000):
+        innermost.append([])
+        innermost = innermost[0]
+    runtime, _ = make_runtime(keyed)
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(keyed, {"key": "k1", "series": nested})
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        assert "cannot be stored as JSON" in raised.value.message
+        assert await all_runs(runtime) == []
+
+
 async def test_unknown_tasks_are_not_found():
     runtime, _ = _runtime()
     async with runtime:

@@ -264,6 +264,8 @@ def parse_json(text: str | None, what: str, *, require_object: bool = False) -> 
             f"quote it for the shell, for example '{{\"user_id\": \"user_123\"}}'.",
             argument=what,
         ) from None
+    except RecursionError:
+        raise _invalid(f"{what} is nested too deeply to be read as JSON.", argument=what) from None
     if require_object and not isinstance(value, dict):
         raise _invalid(f"{what} must be a JSON object, such as '{{\"key\": \"value\"}}'.", argument=what)
     return value
@@ -283,9 +285,9 @@ def parse_iso_datetime(text: str, what: str) -> datetime:
         )
     try:
         value = datetime.fromisoformat(candidate)
-    except ValueError as error:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError) as error:  # OverflowError: year 1 or 9999 moved out of range by its offset
         raise _invalid(f"{what} {text!r} is not a valid date: {error}.", argument=what) from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 # A number with or without a unit ('30x', '0s', '30 d'): a duration with something wrong in it.

@@ -426,7 +426,8 @@ class TaskDefinition:
             # By alias: the stored form is what the schema reads back (``Field(alias="userId")``
             # validates ``userId``, not ``user_id``), as the caller sent it.
             dumped = self._adapter.dump_python(validated, mode="json", by_alias=True)
-        except PydanticSerializationError as error:
+        except (PydanticSerializationError, ValueError, RecursionError) as error:
+            # ValueError: pydantic's "Maximum serialization depth exceeded" for a value nested too deeply.
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
                 f"The payload for task {self.id!r} cannot be stored as JSON: {_first_line(error)}.",
