@@ -447,6 +447,15 @@ def test_runlane_tui_refuses_a_process_local_lane_without_runlane_dev(dev_projec
     assert "Traceback" not in result.stderr
 
 
+def test_runlane_tui_without_a_terminal_refuses_instead_of_drawing_into_a_pipe(tmp_path: Path) -> None:
+    from cli_support import cli, make_project
+
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    result = cli(root, "tui", timeout=30)  # stdin, stdout and stderr are pipes
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("error[configuration_invalid]: The dashboard needs a terminal")
+
+
 def test_runlane_tui_refuses_a_refresh_interval_it_cannot_keep(dev_project: Any) -> None:
     result = dev_project.cli("tui", "--refresh", "10ms")
     assert result.returncode == 2

@@ -7,7 +7,8 @@ only when the command runs (install it with ``pip install 'runlane[tui]'``).
 
 from __future__ import annotations
 
-from typing import Annotated
+import sys
+from typing import Annotated, Any
 
 import typer
 
@@ -61,13 +62,14 @@ def tui(
     dashboard = guard(ctx, _dashboard_module)
 
     async def main() -> None:
-        from .bridge import pid_alive, read_session
+        from .bridge import lane_signature, pid_alive, read_session
 
         client_type = dashboard.DashboardClient  # type: ignore[attr-defined]
         app_type = dashboard.RunlaneDashboard  # type: ignore[attr-defined]
         config = load_cli_config(ctx)
         session = read_session(config.path)
-        if session is not None and pid_alive(session.pid):
+        served = session is not None and session.lane in (None, lane_signature(config))
+        if session is not None and served and pid_alive(session.pid):
             lane = config.lane.use if config.lane is not None else "runtime"
             client = client_type.bridged(session, lane=lane, environment=config.environment)
             try:
@@ -76,7 +78,7 @@ def tui(
                 if error.code is not ErrorCode.STORAGE_UNAVAILABLE:
                     raise
             else:
-                await app_type(client, refresh_interval=interval).run_async()
+                await _run(app_type(client, refresh_interval=interval))
                 return
         async with open_runtime(ctx) as runtime:
             if runtime.lane.capabilities.process_local:
@@ -85,6 +87,16 @@ def tui(
                     f"The {runtime.lane.name!r} lane keeps its runs in the `runlane dev` process; start "
                     "`runlane dev` for this config, then open the dashboard again.",
                 )
-            await app_type(client_type.local(runtime), refresh_interval=interval).run_async()
+            await _run(app_type(client_type.local(runtime), refresh_interval=interval))
 
     invoke(ctx, main)
+
+
+async def _run(app: Any) -> None:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            "The dashboard needs a terminal for its input and output; from a script, read the same with "
+            "`runlane queues` and `runlane runs list --json`.",
+        )
+    await app.run_async()
