@@ -824,7 +824,7 @@ def test_resolve_prune_request_defaults_and_durations():
         ({"statuses": ["cancellation_requested"]}, "terminal statuses only"),
         ({"statuses": ["done"]}, "succeeded, failed, cancelled"),
         ({"statuses": []}, "at least one terminal status"),
-        ({"statuses": "succeeded"}, "list of terminal statuses"),
+        ({"statuses": 7}, "list of terminal statuses"),
         ({"limit": 0}, "limit"),
         ({"limit": -3}, "limit"),
         ({"limit": True}, "limit"),

@@ -127,7 +127,7 @@ async def test_prune_removes_old_terminal_runs_and_keeps_active_and_recent_ones(
         recent = await finish(runtime, ok, {"key": "b"})
         assert (await runtime.runs.get(failed)).status is RunStatus.FAILED
 
-        result = await runtime.runs.prune(older_than="1d", statuses=[RunStatus.SUCCEEDED])
+        result = await runtime.runs.prune(older_than="1d", statuses="succeeded")  # one bare status: one value
         assert result == PruneResult(pruned=1, next_cursor=None)
         assert await runtime.runs.get(succeeded) is None
         assert await runtime.store.get_run(succeeded) is None  # cleanup removed the records too
@@ -202,6 +202,8 @@ async def test_requests_are_validated_before_storage_is_touched():
             {"older_than": "1d", "statuses": ["queued", "succeeded"]},
             {"older_than": "1d", "statuses": []},
             {"older_than": "1d", "statuses": ["nope"]},
+            {"older_than": "1d", "statuses": "running"},
+            {"older_than": "1d", "statuses": 3},
             {"older_than": "soon"},
             {"older_than": datetime(2026, 1, 1)},  # naive
             {"older_than": 30},

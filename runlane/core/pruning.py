@@ -287,7 +287,9 @@ def _aware(value: object, what: str) -> datetime:
 def _statuses(statuses: object) -> frozenset[RunStatus]:
     if statuses is None:
         return _TERMINAL
-    if isinstance(statuses, (str, RunStatus)) or not isinstance(statuses, Iterable):
+    if isinstance(statuses, (str, RunStatus)):
+        statuses = (statuses,)  # one bare status is one value, as in runs.list
+    elif not isinstance(statuses, Iterable):
         raise _invalid(f"statuses must be a list of terminal statuses ({_TERMINAL_NAMES}).", field="statuses")
     resolved: set[RunStatus] = set()
     for item in statuses:
