@@ -183,7 +183,7 @@ def sqs_client(options: SqsTransportOptions) -> Any:
     except Exception as error:
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
-            f"Cannot create the SQS client: {type(error).__name__}: {error}. Set [lane.sqs] region "
+            f"Cannot create the SQS client: {type(error).__name__}: {str(error).rstrip('.')}. Set [lane.sqs] region "
             "(or AWS_REGION) and check endpoint_url and profile.",
             meta={"table": "lane.sqs"},
         ) from None
