@@ -274,7 +274,8 @@ broken = Broken()
     )
     dist = site / "clash_plugins-1.0.dist-info"
     write(dist / "METADATA", "Metadata-Version: 2.1\nName: clash-plugins\nVersion: 1.0\n")
-    write(dist / "entry_points.txt", "[runlane]\nclash = clash_plugins:clash\necho = clash_plugins:echo\nbroken = clash_plugins:broken\n")
+    entry_points = "clash = clash_plugins:clash\necho = clash_plugins:echo\nbroken = clash_plugins:broken\n"
+    write(dist / "entry_points.txt", "[runlane]\n" + entry_points)
     env = {"PYTHONPATH": str(site)}
     listed = cli(tmp_path, "--json", "plugins", "list", env=env)
     assert listed.returncode == 0, listed.stderr

@@ -289,7 +289,8 @@ def test_the_toml_options_build_bindings_and_a_client() -> None:
         ),
         (
             lane_options(regoin="us-east-1"),
-            "unknown key 'sqs.regoin' (allowed there: batch_size, connect_timeout, endpoint_url, name, profile, queues, read_timeout, region)",
+            "unknown key 'sqs.regoin' (allowed there: batch_size, connect_timeout, endpoint_url, name, profile, "
+            "queues, read_timeout, region)",
         ),
         (
             lane_options(queues={"default": {"queue_url": FIFO_URL, "fifo": {"group": "run"}}}),

@@ -182,7 +182,12 @@ class Output:
         # markup=False: ids, reasons and outputs are shown as they are, brackets included ("[/]" is data).
         def console(file: IO[str]) -> Console:
             return Console(
-                file=file, soft_wrap=True, highlight=False, markup=False, width=width or _width(file), force_terminal=color
+                file=file,
+                soft_wrap=True,
+                highlight=False,
+                markup=False,
+                width=width or _width(file),
+                force_terminal=color,
             )
 
         self.stdout = console(self._out)

@@ -145,7 +145,9 @@ class RunDetailScreen(Screen[None]):
             )
             return
         if kind == "cancel":
-            self.notify(f"Cancel recorded for {run.id}: it is {display_value(run.status)}.", title="cancel", markup=False)
+            self.notify(
+                f"Cancel recorded for {run.id}: it is {display_value(run.status)}.", title="cancel", markup=False
+            )
             self.post_message(RunChanged(self.run_id))
             self.reload()
             return
