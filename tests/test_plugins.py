@@ -602,6 +602,10 @@ def test_plugin_commands_typer_cannot_build_skip_their_plugin_and_a_name_two_plu
                 sub.command("hello")(lambda: print(word))
                 app.add_typer(sub, name="tools")
                 app.command(f"{word}-only")(lambda: print(word))
+                nameless = typer.Typer()  # its commands join the root: only the shared one goes
+                nameless.command("greet")(lambda: print(word))
+                nameless.command(f"{word}-greets-too")(lambda: print(word))
+                app.add_typer(nameless)
 
         return Tools()
 
@@ -618,6 +622,7 @@ def test_plugin_commands_typer_cannot_build_skip_their_plugin_and_a_name_two_plu
         commands = typer.main.get_group(app).commands  # the whole CLI builds
         assert "report" not in commands and "clicky" not in commands
         assert "tools" not in commands and {"alpha-only", "beta-only"} <= set(commands)
+        assert "greet" not in commands and {"alpha-greets-too", "beta-greets-too"} <= set(commands)
         err = capsys.readouterr().err
         assert "skipped plugin 'unresolvable'" in err and "NotImported" in err
         assert "skipped plugin 'click-group'" in err

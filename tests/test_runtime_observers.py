@@ -136,7 +136,7 @@ async def test_a_failing_observer_is_reported_once_a_minute_with_the_failures_in
         assert len(caplog.records) == 1 and "more time" not in caplog.records[0].getMessage()
         monkeypatch.setattr(runtime_module, "_OBSERVER_REPORT_INTERVAL_S", 0.0)  # the minute is over
         await runtime.trigger(observed, {})
-        assert "(and 4 more time(s) in the last minute)" in caplog.records[1].getMessage()
+        assert "(and 4 more time(s) since it was last reported)" in caplog.records[1].getMessage()
         assert "Pass on_observer_error= to create_runlane()" in caplog.records[1].getMessage()
 
 

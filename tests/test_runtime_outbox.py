@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -233,7 +234,7 @@ async def test_a_refused_eager_publish_rejects_the_trigger_and_says_the_run_exis
         assert [attempt.message.run_id for attempt in transport.commands[-1].attempts] == [run_id]
 
 
-async def test_a_queue_the_transport_refuses_holds_back_only_its_own_wakeups():
+async def test_a_queue_the_transport_refuses_holds_back_only_its_own_wakeups(caplog):
     class RefusingLimited(RecordingTransport):
         async def publish_wakeups(self, command):
             if any(attempt.message.queue == LIMITED.name for attempt in command.attempts):
@@ -253,14 +254,15 @@ async def test_a_queue_the_transport_refuses_holds_back_only_its_own_wakeups():
     async with runtime:
         await runtime.trigger(limited_work, {})
         healthy = (await runtime.trigger(work, {})).run
-        with pytest.raises(RunlaneError) as raised:
+        other = (await runtime.trigger(work, {})).run
+        transport.fail_next(1, retryable=False)  # one of the other queue's wakeups is refused for good
+        with caplog.at_level(logging.WARNING, logger="runlane.transport"), pytest.raises(RunlaneError) as raised:
             await runtime.tick()  # reserves the limited run, then publishes both queues' rows
         assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
-        (row,) = await runtime.store.list_run_outbox(healthy.id)
-        assert row.status is OutboxMessageStatus.PUBLISHED  # the other queue's wakeup went out
-        assert [attempt.message.run_id for command in transport.commands for attempt in command.attempts] == [
-            healthy.id
-        ]
+        # The other queue's outcomes are recorded, and its dead letter reported, before the error is raised.
+        statuses = [(await runtime.store.list_run_outbox(run.id))[0].status for run in (healthy, other)]
+        assert sorted(statuses) == sorted([OutboxMessageStatus.DEAD_LETTERED, OutboxMessageStatus.PUBLISHED])
+        assert any("was dead-lettered" in record.getMessage() for record in caplog.records)
 
 
 async def test_stale_claim_is_rejected():

@@ -674,12 +674,32 @@ def _register_plugin_commands(root: typer.Typer) -> None:
             file=sys.stderr,
         )
     for commands, groups in entries if shared else ():
-        for entry in commands:
-            if set(_command_names([entry], [])) & shared.keys():
-                root.registered_commands.remove(entry)
-        for entry in groups:
-            if set(_command_names([], [entry])) & shared.keys():
-                root.registered_groups.remove(entry)
+        _drop_names(root.registered_commands, commands, root.registered_groups, groups, shared.keys())
+
+
+def _drop_names(
+    all_commands: list[Any], commands: list[Any], all_groups: list[Any], groups: list[Any], names: Any
+) -> None:
+    """Take the commands named ``names`` out of ``commands`` and ``groups`` (entries of ``all_commands`` /
+    ``all_groups``); a group added without a name keeps its other commands."""
+    for entry in commands:
+        if set(_command_names([entry], [])) & names:
+            all_commands.remove(entry)
+    for entry in groups:
+        if not set(_command_names([], [entry])) & names:
+            continue
+        sub = entry.typer_instance
+        named = entry.name if isinstance(entry.name, str) else sub.info.name if isinstance(sub.info.name, str) else None
+        if named is not None:
+            all_groups.remove(entry)
+            continue
+        # A nameless group contributes its own commands: drop only the shared ones.
+        _drop_names(
+            sub.registered_commands, list(sub.registered_commands), sub.registered_groups,
+            list(sub.registered_groups), names,
+        )  # fmt: skip
+        if not sub.registered_commands and not sub.registered_groups:
+            all_groups.remove(entry)
 
 
 def _build(commands: list[Any], groups: list[Any]) -> None:

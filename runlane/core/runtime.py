@@ -744,7 +744,7 @@ class Runlane:
                 self._observer_failures[id(observer)] = (logged_at, unreported + 1)
                 return
             self._observer_failures[id(observer)] = (now, 0)
-            since = f" (and {unreported} more time(s) in the last minute)" if unreported else ""
+            since = f" (and {unreported} more time(s) since it was last reported)" if unreported else ""
             hint = getattr(observer, "failure_hint", None) or (
                 "Pass on_observer_error= to create_runlane() to handle observer failures yourself."
             )
@@ -1669,8 +1669,6 @@ class Runlane:
                     continue
                 kept.append(mark)
             marks = kept
-        if refused is not None:
-            raise refused
         published = sum(1 for mark in marks if mark.status is OutboxMessageStatus.PUBLISHED)
         failed = sum(1 for mark in marks if mark.status is OutboxMessageStatus.FAILED)
         dead = sum(1 for mark in marks if mark.status is OutboxMessageStatus.DEAD_LETTERED)
@@ -1686,6 +1684,8 @@ class Runlane:
                         mark.failure.message,
                         extra={"run_id": message.run_id, "queue": message.queue, "error_code": mark.failure.code.value},
                     )  # fmt: skip
+        if refused is not None:
+            raise refused  # once the other queues' outcomes are recorded and their dead letters reported
         return published, failed, dead
 
     async def _publish_group(self, transport: Any, token: str, group: Sequence[OutboxMessage]) -> list[OutboxMark]:

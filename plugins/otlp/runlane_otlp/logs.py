@@ -12,9 +12,9 @@ payload, output or failure detail) as ``runlane.*`` attributes:
 
 A run triggered with a W3C ``traceparent`` puts the log records of its events in that trace (trace and
 span id of the caller), so a backend shows them beside the request that asked for the work. Every
-observation of such a run carries its trace carrier; for records written before they did, the trace
-context of recent runs is also kept in memory, bounded (``max_runs``), and ``rollback()`` undoes what
-the last ``feed()`` added to it.
+run event observation of such a run carries its trace carrier. For step records, which carry none,
+the trace context of recent runs is also kept in memory, bounded (``max_runs``); ``rollback()`` undoes
+what the last ``feed()`` added to it.
 """
 
 from __future__ import annotations
