@@ -525,6 +525,20 @@ def _ignore_stale(session: Session, why: str, output: Output) -> None:
     )
 
 
+def serves(session: Session, lane: str, output: Output) -> bool:
+    """Whether ``session``'s dev serves a configuration whose ``lane_signature`` is ``lane``; when it was
+    started with another lane, say so (the command then runs on its own runtime)."""
+    if session.lane is None or session.lane == lane:
+        return True
+    output.warning(
+        "dev_config_changed",
+        f"runlane dev (pid {session.pid}) serves {session.config_path} with the lane it had when it started; "
+        "the file now names another lane, so this command runs on its own runtime. Restart runlane dev "
+        "to serve the new one.",
+    )
+    return False
+
+
 async def proxy(
     config_path: Path | str, op: Operation, params: OperationParams, output: Output, *, lane: str | None = None
 ) -> bool:
@@ -541,13 +555,7 @@ async def proxy(
     if not pid_alive(session.pid):
         _ignore_stale(session, f"its process {session.pid} is not running", output)
         return False
-    if lane is not None and session.lane is not None and session.lane != lane:
-        output.warning(
-            "dev_config_changed",
-            f"runlane dev (pid {session.pid}) serves {session.config_path} with the lane it had when it started; "
-            "the file now names another lane, so this command runs on its own runtime. Restart runlane dev "
-            "to serve the new one.",
-        )
+    if lane is not None and not serves(session, lane, output):
         return False
     rendered = await exchange(session, op, params, output)
     if rendered is None:

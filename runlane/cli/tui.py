@@ -14,7 +14,7 @@ import typer
 
 from ..durations import duration_ms
 from ..errors import ErrorCode, RunlaneError
-from .main import guard, invoke, load_cli_config, open_runtime
+from .main import guard, invoke, load_cli_config, open_runtime, state_of
 from .options import checked
 
 __all__ = ["app"]
@@ -62,14 +62,17 @@ def tui(
     dashboard = guard(ctx, _dashboard_module)
 
     async def main() -> None:
-        from .bridge import lane_signature, pid_alive, read_session
+        from .bridge import lane_signature, pid_alive, read_session, serves
 
         client_type = dashboard.DashboardClient  # type: ignore[attr-defined]
         app_type = dashboard.RunlaneDashboard  # type: ignore[attr-defined]
         config = load_cli_config(ctx)
         session = read_session(config.path)
-        served = session is not None and session.lane in (None, lane_signature(config))
-        if session is not None and served and pid_alive(session.pid):
+        if (
+            session is not None
+            and pid_alive(session.pid)
+            and serves(session, lane_signature(config), state_of(ctx).output)
+        ):
             lane = config.lane.use if config.lane is not None else "runtime"
             client = client_type.bridged(session, lane=lane, environment=config.environment)
             try:
