@@ -50,9 +50,9 @@ async def wait_work(payload: dict, ctx: TaskContext):
     return None
 
 
-def transport_runtime(**options):
+def transport_runtime(transport_type=RecordingTransport, **options):
     clock = ControlledClock()
-    transport = RecordingTransport(clock=clock)
+    transport = transport_type(clock=clock)
     lane = create_lane(
         storage=local_storage_driver(clock=clock),
         delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
@@ -241,16 +241,7 @@ async def test_a_queue_the_transport_refuses_holds_back_only_its_own_wakeups(cap
                 raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "The queue name 'limited' does not resolve.")
             return await super().publish_wakeups(command)
 
-    clock = ControlledClock()
-    transport = RefusingLimited(clock=clock)
-    lane = create_lane(
-        storage=local_storage_driver(clock=clock),
-        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
-    )
-    runtime = create_runlane(
-        lane=lane, queues=[DEFAULT_QUEUE, LIMITED], tasks=[work, limited_work], clock=clock,
-        dispatch=TriggerDispatchMode.DEFERRED,
-    )  # fmt: skip
+    runtime, transport, _ = transport_runtime(RefusingLimited, dispatch=TriggerDispatchMode.DEFERRED)
     async with runtime:
         await runtime.trigger(limited_work, {})
         healthy = (await runtime.trigger(work, {})).run
