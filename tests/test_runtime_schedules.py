@@ -512,3 +512,36 @@ def test_schedule_queues_are_checked_against_the_registry():
     bounded_default = queue("default", default=True, concurrency_limit=1)
     runtime = _runtime_with(four, queues=[bounded_default])
     assert runtime is not None
+
+
+async def test_a_one_off_schedule_blocked_by_its_singleton_key_runs_once_the_key_is_free():
+    at = T0 + timedelta(minutes=1)
+
+    @task("report.once", singleton_key="report", schedule=schedule("report.once", run_at=at, payload={}))
+    async def report(payload: dict) -> None:
+        return None
+
+    runtime, clock = make_runtime(report, clock=ControlledClock(T0))
+    async with runtime:
+        blocker = (await runtime.trigger(report, {})).run  # still queued at the fire time
+        clock.advance("2m")
+        assert (await runtime.tick()).materialized == 0
+        assert (await runtime.execute_next()).id == blocker.id  # the key is free again
+        clock.advance("10m")  # past the occurrence's claim
+        assert (await runtime.tick()).materialized == 1
+        scheduled = [run for run in (await runtime.runs.list()).data if run.id != blocker.id]
+        assert [run.source.schedule_id for run in scheduled] == ["report.once"]
+
+
+async def test_schedules_past_the_materialization_limit_get_their_turn():
+    @task("poll.tenants", schedule=[schedule(f"poll.t{n}", every="1m", payload={"n": n}) for n in range(5)])
+    async def poll(payload: dict) -> None:
+        return None
+
+    runtime, clock = make_runtime(poll, clock=ControlledClock(T0))
+    async with runtime:
+        for _ in range(4):
+            await runtime.tick(schedule_materialization_limit=2)
+            clock.advance("1m")
+        ran = {run.source.schedule_id for run in (await runtime.runs.list(limit=100)).data}
+    assert ran == {f"poll.t{n}" for n in range(5)}

@@ -50,6 +50,7 @@ fields would give different processes different fire times.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -95,6 +96,8 @@ __all__ = [
     "scheduled_run_id",
     "validate_cron",
 ]
+
+_schedule_log = logging.getLogger("runlane.schedules")
 
 SCHEDULE_OCCURRENCES_COLLECTION: Final = "schedule_occurrences"
 
@@ -591,6 +594,9 @@ class ScheduleMaterializer:
         self.occurrences = ScheduleOccurrences(driver, environment)
         self.environment = environment
         self._new_claim_token = new_claim_token
+        # Where the next pass starts in the list of enabled schedules: a pass that stops at its limit
+        # leaves the rest for the next one, so schedules past the limit are not starved.
+        self._next_start = 0
 
     def __repr__(self) -> str:
         return f"ScheduleMaterializer({self.occurrences!r})"
@@ -621,8 +627,13 @@ class ScheduleMaterializer:
         exists under the derived id and the new owner completes the occurrence.
 
         An occurrence whose run ``create_run`` refuses with a ``singleton_key`` conflict (an active run
-        holds the task's singleton key) is completed without a run and not counted: recurring work
-        never overlaps, and the schedule's next fire time materializes normally.
+        holds the task's singleton key) is not counted. A recurring schedule's occurrence is completed
+        without a run: recurring work never overlaps, and its next fire time materializes normally. A
+        one-off (``run_at``) occurrence is left to its claim, so a pass after the claim expires tries it
+        again: its only fire time is not lost.
+
+        A pass that stops at ``limit`` resumes, in the next pass of this materializer, with the schedule
+        after the last one it looked at, so every schedule gets its turn.
         """
         now = _aware(now, "now")
         worker_id = validate_id(worker_id, "worker id")
@@ -631,13 +642,15 @@ class ScheduleMaterializer:
         if limit < 1:
             return 0
         enabled = [(item, task) for item, task in schedules if item.enabled]
+        first = self._next_start % len(enabled) if enabled else 0
+        enabled = enabled[first:] + enabled[:first]
         chunk = max(1, self.occurrences.driver.profile.limits.max_point_reads)
         materialized = 0
         for start in range(0, len(enabled), chunk):
             window = [self._due(item, task, now) for item, task in enabled[start : start + chunk]]
             ids = [due.occurrence_id for due in window if due.occurrence_id is not None]
             known = dict(zip(ids, await self.occurrences.get_many(ids)))
-            for due in window:
+            for offset, due in enumerate(window):
                 if due.error is not None:
                     raise due.error
                 if due.occurrence_id is None or due.fire_at is None:
@@ -648,6 +661,7 @@ class ScheduleMaterializer:
                 if await self._materialize(due, create_run, get_run, worker_id, claim_duration_ms):
                     materialized += 1
                     if materialized >= limit:
+                        self._next_start = first + start + offset + 1
                         return materialized
         return materialized
 
@@ -694,7 +708,16 @@ class ScheduleMaterializer:
                 run = await get_run(run_id)
                 if run is None:
                     if is_storage_conflict(error, StorageConflictKind.SINGLETON_KEY):
-                        await self._complete(occurrence.id, token, [])
+                        once = item.run_at is not None
+                        _schedule_log.info(
+                            "Schedule %s: the run of its fire time %s was not created, because an active run "
+                            "holds the singleton key of task %s; %s",
+                            item.id, encode_iso_date(occurrence.fire_at), task.id,
+                            "it is tried again once its claim expires." if once else "its next fire time runs.",
+                            extra={"schedule_id": item.id, "task_id": task.id},
+                        )  # fmt: skip
+                        if not once:
+                            await self._complete(occurrence.id, token, [])
                         return False
                     raise
         if not isinstance(run, RunRecord) or run.id != run_id:
