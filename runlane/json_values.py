@@ -42,6 +42,18 @@ def _is_unicode_text(text: str) -> bool:
     return True
 
 
+# Integers up to this size always fit Python's int-to-str digit limit (4300 digits by default).
+_MAX_INT_BITS = 4000
+
+
+def _writable(value: int) -> bool:
+    try:
+        str(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _check(value: Any, path: str, active: set[int]) -> None:
     if value is None or isinstance(value, bool):
         return
@@ -50,6 +62,8 @@ def _check(value: Any, path: str, active: set[int]) -> None:
             raise _InvalidJson(path, "strings must be valid Unicode (no lone surrogates)")
         return
     if isinstance(value, int):
+        if value.bit_length() > _MAX_INT_BITS and not _writable(value):
+            raise _InvalidJson(path, "the integer has too many digits to be written as JSON")
         return
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -115,6 +115,16 @@ async def test_a_payload_nested_too_deeply_for_json_is_a_validation_error_before
         assert await all_runs(runtime) == []
 
 
+async def test_an_integer_too_long_for_json_is_a_validation_error_before_any_write():
+    runtime, _ = make_runtime(keyed)
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(keyed, {"key": "k1", "count": 10**5000})
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED and "too many digits" in raised.value.message
+        assert await all_runs(runtime) == []
+        assert (await runtime.trigger(keyed, {"key": "k1", "count": 10**1000})).outcome.value == "created"
+
+
 async def test_unknown_tasks_are_not_found():
     runtime, _ = _runtime()
     async with runtime:

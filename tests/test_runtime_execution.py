@@ -276,6 +276,50 @@ async def test_a_handler_that_raises_cancelled_error_or_calls_sys_exit_fails_wit
         assert [run.failure.code for run in runs[:2]] == [ErrorCode.TASK_FAILED, ErrorCode.TASK_FAILED]
 
 
+class _LibraryStop(BaseException):
+    """A library's BaseException (as gevent's Timeout or a test framework's failure are)."""
+
+
+class _TamperedCode(RunlaneError):
+    def __init__(self) -> None:
+        super().__init__(ErrorCode.VALIDATION_FAILED, "declined")
+        self.code = "validation_failed"  # a plain str where an ErrorCode belongs
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code"),
+    [
+        ("library_base_exception", ErrorCode.TASK_FAILED),
+        ("keyboard_interrupt", ErrorCode.TASK_FAILED),
+        ("str_code", ErrorCode.VALIDATION_FAILED),
+        ("meta_not_an_object", ErrorCode.VALIDATION_FAILED),  # its meta is left out
+        ("integer_too_long_for_json", ErrorCode.TASK_OUTPUT_INVALID),
+    ],
+)
+async def test_an_exotic_handler_outcome_fails_its_attempt_and_the_worker_goes_on(outcome, code):
+    @task("exotic", retry=Retry(1))
+    def exotic(payload: dict) -> object:
+        if outcome == "library_base_exception":
+            raise _LibraryStop()
+        if outcome == "keyboard_interrupt":
+            raise KeyboardInterrupt
+        if outcome == "str_code":
+            raise _TamperedCode()
+        if outcome == "meta_not_an_object":
+            error = RunlaneError(ErrorCode.VALIDATION_FAILED, "declined")
+            error.meta = ["not", "an", "object"]
+            raise error
+        return {"n": 10**5000}
+
+    runtime, _ = make_runtime(exotic, echo)
+    async with runtime:
+        ids = [(await runtime.trigger(item, {})).run.id for item in (exotic, echo, echo)]
+        await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN, concurrency=2).closed, 5)
+        runs = [await runtime.runs.get(run_id) for run_id in ids]
+    assert [run.status for run in runs] == [RunStatus.FAILED, RunStatus.SUCCEEDED, RunStatus.SUCCEEDED]
+    assert runs[0].failure.code is code
+
+
 async def test_cancelling_the_task_that_runs_an_attempt_is_not_recorded_as_its_outcome():
     entered = asyncio.Event()
 

@@ -235,15 +235,20 @@ def timed_out_failure() -> RunFailure:
 
 
 def failure_from_exception(error: BaseException) -> RunFailure:
-    """The persisted failure for an exception raised by task code."""
+    """The persisted failure for an exception raised by task code. A ``RunlaneError`` task code has
+    tampered with (a ``code`` that is no error code, ``meta`` that is no JSON object) is an unknown error."""
     if isinstance(error, RunlaneError):
-        meta = error.meta if is_json_value(error.meta) else {}
-        return RunFailure(
-            code=error.code,
-            message=_task_facing_message(error.code),
-            retryable=error.retryable,
-            meta=json.loads(canonical_json(meta)) if meta else {},
-        )
+        try:
+            code = ErrorCode(error.code)
+            meta = error.meta if isinstance(error.meta, dict) and is_json_value(error.meta) else {}
+            return RunFailure(
+                code=code,
+                message=_task_facing_message(code),
+                retryable=error.retryable is True,
+                meta=json.loads(canonical_json(meta)) if meta else {},
+            )
+        except (ValueError, TypeError, ValidationError):  # noqa: S110 - recorded as an unknown error below
+            pass
     return RunFailure(code=ErrorCode.TASK_FAILED, message="Task failed.", retryable=True)
 
 
@@ -347,7 +352,19 @@ def _outcome_for_result(result: Any) -> _Outcome:
         )
     # Stored and returned in its JSON form (tuples as lists, str enums as str), and never shared with
     # the handler: the run an execution path returns must equal the run stored.
-    return _Outcome(_SUCCESS, output=json.loads(canonical_json_of_checked(result)), has_output=True)
+    try:
+        output = json.loads(canonical_json_of_checked(result))
+    except ValueError:  # an integer past Python's int-to-str digit limit, say
+        return _Outcome(
+            _FAILURE,
+            failure=RunFailure(
+                code=ErrorCode.TASK_OUTPUT_INVALID,
+                message="Task output cannot be written as JSON (a number too large for it?).",
+                retryable=True,
+                meta={"output_type": type(result).__name__},
+            ),
+        )
+    return _Outcome(_SUCCESS, output=output, has_output=True)
 
 
 class HandlerExit(Exception):
@@ -1100,7 +1117,12 @@ class _Attempt:
             # The handler let a cancellation of something it awaited escape: a failure of this
             # attempt, not a reason to stop the worker and leave the run running until its lease expires.
             return _Outcome(_FAILURE, failure=failure_from_exception(error), error=error)
-        except Exception as error:
+        except BaseException as error:
+            # Any exception task code raises, however exotic (a BaseException of a library), is this
+            # attempt's failure: it must not stop the worker and strand the run. A SystemExit of the
+            # worker's own loop still stops it (a def handler's sys.exit() arrives as HandlerExit).
+            if isinstance(error, SystemExit):
+                raise
             failure = failure_from_exception(error)
             if (
                 failure.code is ErrorCode.OPERATION_CANCELLED
