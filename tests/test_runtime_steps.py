@@ -241,6 +241,34 @@ async def test_an_output_schema_that_changes_its_own_output_is_refused_before_an
         assert await runtime.store.get_step(run.id, "count") is None
 
 
+@pytest.mark.parametrize("lossy", ["secret", "excluded"])
+async def test_an_output_schema_that_leaves_a_value_out_of_what_it_stores_is_refused(lossy):
+    from pydantic import Field, SecretStr
+
+    class WithSecret(BaseModel):
+        job_id: str
+        api_token: SecretStr  # stored as '**********': a replay would get that instead of the token
+
+    class WithExcluded(BaseModel):
+        job_id: str
+        status_url: str = Field(default="", exclude=True)  # never stored: a replay would get ''
+
+    schema = WithSecret if lossy == "secret" else WithExcluded
+    value = {"job_id": "j1", "api_token": "real-token", "status_url": "https://p/j1"}
+
+    @task("steps.lossy")
+    async def submit(payload: dict, ctx: TaskContext) -> None:
+        fields = {key: item for key, item in value.items() if key in schema.model_fields}
+        await ctx.step.run("submit", lambda token: fields, output=schema)
+
+    runtime, _ = make_runtime(submit)
+    async with runtime:
+        run = (await runtime.trigger(submit, {})).run
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.FAILED and done.failure.code is ErrorCode.CONFIGURATION_INVALID
+        assert await runtime.store.get_step(run.id, "submit") is None
+
+
 async def test_an_output_model_with_field_aliases_is_stored_by_alias_and_replayed():
     from pydantic import Field
 

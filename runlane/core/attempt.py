@@ -530,10 +530,13 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
             meta={"step_key": step_key},
         )
     # Later attempts parse the stored output again: a schema whose transform changes its own output
-    # (``AfterValidator(lambda v: v * 2)``) would hand them another value than this attempt got.
+    # (``AfterValidator(lambda v: v * 2)``), or that leaves a value out of what it stores (a
+    # ``SecretStr``, a ``Field(exclude=True)``), would hand them another value than this attempt got.
     try:
         again = adapter.validate_json(canonical_json(stored))
         stable = adapter.dump_python(again, mode="json", by_alias=True) == stored
+        if stable and type(parsed).__eq__ is not object.__eq__:  # values that can be compared
+            stable = bool(again == parsed)
     except (ValidationError, PydanticSerializationError):
         stable = False
     if not stable:
