@@ -299,7 +299,7 @@ def test_the_version_2_cleanup_names_every_index_whose_entries_restate_their_key
 
 def test_migration_sql_quotes_and_qualifies_the_schema() -> None:
     text = postgres_migration_sql("Tenant_7")
-    assert 'CREATE SCHEMA IF NOT EXISTS "Tenant_7";' in text
+    assert 'CREATE SCHEMA "Tenant_7";' in text and "to_regnamespace('\"Tenant_7\"')" in text
     assert '"Tenant_7".runlane_records' in text and '"public"' not in text
     # Exactly the default file with the schema identifier swapped: nothing else differs.
     assert text.replace('"Tenant_7"', '"public"') == shipped_migration_sql()
@@ -324,6 +324,31 @@ async def test_migration_is_idempotent_and_reports_what_it_did(schemas: Schemas)
         "runlane_records",
         "runlane_schema_migrations",
     ]
+
+
+async def test_a_role_that_owns_its_schema_migrates_it_without_create_on_the_database(schemas: Schemas) -> None:
+    from urllib.parse import urlsplit, urlunsplit
+
+    role, schema = f"runlane_owner_{uuid.uuid4().hex[:8]}", schemas.name()
+    try:
+        schemas.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    except psycopg.Error:
+        pytest.skip("the test database does not let this role create roles")
+    try:
+        owned = sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(schema), sql.Identifier(role))
+        schemas.execute(owned)
+        parts = urlsplit(schemas.url)
+        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        first = await apply_postgres_migrations(url, schema)  # the role has no CREATE on the database
+        again = await apply_postgres_migrations(url, schema)  # a release step repeated on every deploy
+        assert (first.changed, again.changed, again.version) == (True, False, 2)
+        other = schemas.name()
+        error = await expect_error(apply_postgres_migrations(url, other), ErrorCode.CONFIGURATION_INVALID)
+        assert "grant the role CREATE on the database, or create the schema beforehand" in error.message
+    finally:
+        schemas.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        schemas.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        schemas.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 async def test_migration_against_an_unreachable_server_is_storage_unavailable() -> None:

@@ -406,10 +406,13 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             meta=meta,
         )
     if state == "42501":
+        advice = (
+            "grant the role CREATE on the database, or create the schema beforehand with the role as its owner"
+            if "for database" in detail
+            else "grant the Runlane role access to its schema"
+        )
         return RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID,
-            f"Could not {doing}: permission denied ({detail}); grant the Runlane role access to its schema.",
-            meta=meta,
+            ErrorCode.CONFIGURATION_INVALID, f"Could not {doing}: permission denied ({detail}); {advice}.", meta=meta
         )
     return RunlaneError(ErrorCode.INTERNAL_ERROR, f"Could not {doing}: Postgres error [{state}] ({detail}).", meta=meta)
 

@@ -5,7 +5,15 @@
 -- Serializes concurrent runs of this migration when it is applied in one transaction.
 SELECT pg_advisory_xact_lock(7318952210413375533);
 
-CREATE SCHEMA IF NOT EXISTS "public";
+-- Created only when it does not exist yet: CREATE SCHEMA IF NOT EXISTS would need CREATE on the
+-- database even then, which the owner of an existing schema may not have.
+DO $runlane$
+BEGIN
+    IF to_regnamespace('"public"') IS NULL THEN
+        CREATE SCHEMA "public";
+    END IF;
+END
+$runlane$;
 
 CREATE TABLE IF NOT EXISTS "public".runlane_schema_migrations (
     version integer PRIMARY KEY,
