@@ -753,6 +753,21 @@ def test_postgres_errors_map_to_runlane_errors(error: Exception, code: ErrorCode
         assert "runlane postgres migrate" in mapped.message
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "connection failed: FATAL:  sorry, too many clients already",
+        "connection failed: FATAL:  remaining connection slots are reserved for non-replication superuser connections",
+        "connection failed: FATAL:  remaining connection slots are reserved for roles with the SUPERUSER attribute",
+    ],
+)
+def test_a_full_server_is_named_as_such_at_connect(message: str) -> None:
+    mapped = map_postgres_error(psycopg.OperationalError(message), "connect")
+    assert mapped.code is ErrorCode.STORAGE_UNAVAILABLE and mapped.retryable
+    assert mapped.meta["sqlstate"] == "53300" and "no connection slot left" in mapped.message
+    assert "max_connections" in mapped.message
+
+
 # ---------------------------------------------------------------------------------------------
 # Group commit: concurrent attempts of one driver share one transaction, each rolled back alone
 

@@ -308,7 +308,8 @@ _CONNECT_FAILURES = (
     (re.compile(r"FATAL:\s+\S+ authentication failed"), "28P01"),
     (re.compile(r"FATAL:\s+no pg_hba\.conf entry"), "28000"),
     (re.compile(r"FATAL:\s+permission denied for database"), "42501"),
-    (re.compile(r"FATAL:\s+(sorry, )?too many clients"), "53300"),
+    # The server is full (max_connections; the last slots are kept for superusers, PG 15 and 16 wording).
+    (re.compile(r"FATAL:\s+((sorry, )?too many clients|remaining connection slots are reserved)"), "53300"),
     (re.compile(r"FATAL:\s+the database system is (starting up|shutting down|in recovery mode)"), "57P03"),
     # A setting in the connection string's ``options`` the server refuses, on every connect.
     (re.compile(r"FATAL:\s+(invalid value for parameter|unrecognized configuration parameter)"), "22023"),
@@ -367,6 +368,14 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
     if state is None and isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)):
         return RunlaneError(
             ErrorCode.STORAGE_UNAVAILABLE, f"Could not {doing}: Postgres is unreachable ({detail}).", retryable=True
+        )
+    if state == "53300":
+        return RunlaneError(
+            ErrorCode.STORAGE_UNAVAILABLE,
+            f"Could not {doing}: Postgres has no connection slot left [{state}] ({detail}); lower the pools' "
+            "max_size or the number of processes, or raise the server's max_connections.",
+            retryable=True,
+            meta=meta,
         )
     if state is not None and (state.startswith("08") or state in _UNAVAILABLE_STATES):
         return RunlaneError(
