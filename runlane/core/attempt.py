@@ -352,19 +352,7 @@ def _outcome_for_result(result: Any) -> _Outcome:
         )
     # Stored and returned in its JSON form (tuples as lists, str enums as str), and never shared with
     # the handler: the run an execution path returns must equal the run stored.
-    try:
-        output = json.loads(canonical_json_of_checked(result))
-    except ValueError:  # an integer past Python's int-to-str digit limit, say
-        return _Outcome(
-            _FAILURE,
-            failure=RunFailure(
-                code=ErrorCode.TASK_OUTPUT_INVALID,
-                message="Task output cannot be written as JSON (a number too large for it?).",
-                retryable=True,
-                meta={"output_type": type(result).__name__},
-            ),
-        )
-    return _Outcome(_SUCCESS, output=output, has_output=True)
+    return _Outcome(_SUCCESS, output=json.loads(canonical_json_of_checked(result)), has_output=True)
 
 
 class HandlerExit(Exception):
