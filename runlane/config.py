@@ -869,14 +869,14 @@ def _collect_definitions(
         module = _import_module(source, name, "tasks", plugin=(owners or {}).get(name))
         for value in list(vars(module).values()):
             if isinstance(value, TaskDefinition) and id(value) not in seen_tasks:
-                first = task_modules.setdefault(value.id, name)
-                if first != name or any(task.id == value.id for task in tasks):
+                if value.id in task_modules:  # another definition (the same one is seen once) has the id
                     raise _invalid(
-                        f"{where}: task id {value.id!r} is defined by {described(first)} and again by "
-                        f"{described(name)}; task ids must be unique.",
+                        f"{where}: task id {value.id!r} is defined by {described(task_modules[value.id])} and "
+                        f"again by {described(name)}; task ids must be unique.",
                         path=str(source.path),
                         task_id=value.id,
                     )
+                task_modules[value.id] = name
                 seen_tasks.add(id(value))
                 tasks.append(value)
             elif isinstance(value, QueueDefinition):

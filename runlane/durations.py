@@ -62,6 +62,20 @@ def duration_ms(value: object, what: str = "duration", *, code: ErrorCode = Erro
     return ms
 
 
+def duration_seconds(value: object, what: str = "timeout") -> float:
+    """``value`` as seconds: a duration (``"10s"``, ``"500ms"``, a ``timedelta``) or a positive finite
+    number of seconds (what client libraries take for their timeouts); ``configuration_invalid`` else."""
+    if isinstance(value, (str, timedelta)):
+        return duration_ms(value, what) / 1000
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"{what} must be a duration such as '10s' or a positive number of seconds, got {value!r}.",
+            meta={"field": what},
+        )
+    return float(value)
+
+
 MAX_INSTANT = datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC)
 """The latest instant a run can be due at: ``datetime`` ends with the year 9999."""
 

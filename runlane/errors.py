@@ -138,4 +138,3 @@ def pydantic_message(detail: Any) -> str:
     without the ``Value error, `` prefix pydantic adds to a validator's own text, and without its final
     full stop (the sentence it goes into ends with one)."""
     return str(detail["msg"]).removeprefix("Value error, ").rstrip(".")
-

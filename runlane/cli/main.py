@@ -616,7 +616,7 @@ def build_app() -> typer.Typer:
     return root
 
 
-def _command_names(commands: Sequence[Any], groups: Sequence[Any]) -> list[str]:
+def command_names(commands: Sequence[Any], groups: Sequence[Any]) -> list[str]:
     """The top-level names of Typer's registered ``commands`` and ``groups`` (a group added without a
     name contributes its own commands)."""
     names = []
@@ -624,12 +624,18 @@ def _command_names(commands: Sequence[Any], groups: Sequence[Any]) -> list[str]:
         name = command.name if isinstance(command.name, str) else None
         names.append(name or command.callback.__name__.lower().replace("_", "-"))  # Typer's default
     for group in groups:
-        name = group.name if isinstance(group.name, str) else None
+        name = _group_name(group)
         sub = group.typer_instance
-        if name is None and isinstance(sub.info.name, str):
-            name = sub.info.name
-        names.extend([name] if name else _command_names(sub.registered_commands, sub.registered_groups))
+        names.extend([name] if name else command_names(sub.registered_commands, sub.registered_groups))
     return names
+
+
+def _group_name(group: Any) -> str | None:
+    """The name a registered Typer group is added under: its own, or its sub-app's; ``None`` for none."""
+    if isinstance(group.name, str) and group.name:
+        return group.name
+    name = group.typer_instance.info.name
+    return name if isinstance(name, str) and name else None
 
 
 def _register_plugin_commands(root: typer.Typer) -> None:
@@ -640,7 +646,7 @@ def _register_plugin_commands(root: typer.Typer) -> None:
     that fails to import) and what it added is taken back. A name two plugins add is added by
     neither, as for providers: both plugins stay, and each is reported.
     """
-    builtin = set(_command_names(root.registered_commands, root.registered_groups))
+    builtin = set(command_names(root.registered_commands, root.registered_groups))
     added_by: dict[str, list[str]] = {}  # command name -> the plugins that added it
     entries: list[tuple[list[Any], list[Any]]] = []  # per plugin: its commands and groups
     for hook in reversed(pm.hook.register_commands.get_hookimpls()):  # pluggy calls the last registered first
@@ -648,7 +654,7 @@ def _register_plugin_commands(root: typer.Typer) -> None:
         try:
             hook.function(app=root)
             new_commands, new_groups = root.registered_commands[commands:], root.registered_groups[groups:]
-            added = _command_names(new_commands, new_groups)
+            added = command_names(new_commands, new_groups)
             clashes = sorted(set(added) & builtin)
             problem = f"its commands {', '.join(clashes)} are already runlane commands" if clashes else None
         except (Exception, SystemExit) as error:  # a broken plugin must never take the CLI down
@@ -683,14 +689,13 @@ def _drop_names(
     """Take the commands named ``names`` out of ``commands`` and ``groups`` (entries of ``all_commands`` /
     ``all_groups``); a group added without a name keeps its other commands."""
     for entry in commands:
-        if set(_command_names([entry], [])) & names:
+        if set(command_names([entry], [])) & names:
             all_commands.remove(entry)
     for entry in groups:
-        if not set(_command_names([], [entry])) & names:
+        if not set(command_names([], [entry])) & names:
             continue
         sub = entry.typer_instance
-        named = entry.name if isinstance(entry.name, str) else sub.info.name if isinstance(sub.info.name, str) else None
-        if named is not None:
+        if _group_name(entry) is not None:
             all_groups.remove(entry)
             continue
         # A nameless group contributes its own commands: drop only the shared ones.

@@ -4,12 +4,11 @@ transports, exporters, task modules, observers and CLI commands). Loads no runti
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import typer
 
 from ..plugins.manager import get_plugin_failures, get_plugins, get_registries, pm
-from .main import invoke, state_of
+from .main import command_names, invoke, state_of
 
 __all__ = ["app"]
 
@@ -44,17 +43,12 @@ def _commands_by_plugin() -> dict[str, list[str]]:
             impl.function(*(scratch for _ in impl.argnames))
         except Exception:  # noqa: BLE001 - the real registration reports it; listing must not fail
             continue
-        names = [_command_name(info) for info in scratch.registered_commands]
-        names += [info.name or getattr(info.typer_instance.info, "name", None) for info in scratch.registered_groups]
-        found[impl.plugin_name] = sorted(name for name in names if isinstance(name, str) and name)
+        try:
+            names = command_names(scratch.registered_commands, scratch.registered_groups)
+        except Exception:  # noqa: BLE001 - a malformed registration: the real one reports it
+            continue
+        found[impl.plugin_name] = sorted(set(names))
     return found
-
-
-def _command_name(info: Any) -> str | None:
-    if info.name:
-        return str(info.name)
-    callback = info.callback
-    return None if callback is None else callback.__name__.replace("_", "-")
 
 
 def _collisions(commands: dict[str, list[str]]) -> list[str]:

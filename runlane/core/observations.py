@@ -306,10 +306,14 @@ def _event_id_prefix(env: str) -> str:
     return canonical_json_of_checked([env, _EVENT_SOURCE.value, ""])[:-3]
 
 
-def _trace_carrier(event: Any, run: RunRecord) -> dict[str, str] | None:
+def _carrier_of(event: Any, run: RunRecord) -> Mapping[str, str] | None:
     """The trace carrier an event's observation carries: the event's own, else its run's, so that every
     record of a run triggered in a trace can be put in that trace without remembering earlier records."""
-    carrier = event.trace_carrier if event.trace_carrier is not None else run.trace_carrier
+    return event.trace_carrier if event.trace_carrier is not None else run.trace_carrier
+
+
+def _trace_carrier(event: Any, run: RunRecord) -> dict[str, str] | None:
+    carrier = _carrier_of(event, run)
     return None if carrier is None else dict(carrier)
 
 
@@ -368,7 +372,7 @@ def event_observation_documents(run: RunRecord, records: Sequence[RunEventRecord
         fields = event.__dict__
         attempt = fields.get("attempt")
         failure = fields.get("failure")
-        carrier = event.trace_carrier if event.trace_carrier is not None else run.trace_carrier
+        carrier = _carrier_of(event, run)
         event_id = record.id
         if type(event_id) is str and event_id.isascii() and event_id.isidentifier():
             # [A-Za-z0-9_]: nothing to escape, in the document or in the id's hashed text

@@ -185,11 +185,11 @@ _ATTEMPT_OWNERS = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED
 # again after an exponential delay (1 s, 2 s, 4 s ... capped at 5 min); a row that failed this many
 # times is dead-lettered.
 _OUTBOX_CLAIM_MS = _DEFAULT_LEASE_MS
-# How often the failures of one observer are logged (without on_observer_error).
-_OBSERVER_REPORT_INTERVAL_S = 60.0
 _OUTBOX_RETRY_BASE_MS = 1_000
 _OUTBOX_RETRY_MAX_MS = 300_000
 _OUTBOX_MAX_ATTEMPTS = 10
+# How often the failures of one observer are logged (without on_observer_error).
+_OBSERVER_REPORT_INTERVAL_S = 60.0
 # How many runnable candidates one storage scan asks for beyond what the caller needs, so callers
 # racing in this process pick different runs instead of all claiming the first one.
 _SCAN_HEADROOM = 8

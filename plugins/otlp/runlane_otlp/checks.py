@@ -4,9 +4,8 @@ import, so loading the plugin stays cheap)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
 
-from runlane.durations import duration_ms
+from runlane.durations import duration_seconds
 from runlane.errors import ErrorCode, RunlaneError
 
 __all__ = ["DEFAULT_LOGS_ENDPOINT", "DEFAULT_TRACES_ENDPOINT", "check_endpoint", "check_resource", "timeout_seconds"]
@@ -28,13 +27,7 @@ def check_endpoint(endpoint: object, default: str) -> str:
 def timeout_seconds(timeout: object) -> float:
     """``timeout`` as seconds: a duration (``"10s"``, ``"500ms"``, a ``timedelta``) or a positive number
     of seconds."""
-    if isinstance(timeout, (str, timedelta)):
-        return duration_ms(timeout, "timeout") / 1000
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
-        raise _invalid(
-            f"timeout must be a duration such as '10s' or a positive number of seconds, got {timeout!r}.", "timeout"
-        )
-    return float(timeout)
+    return duration_seconds(timeout, "timeout")
 
 
 def check_resource(service_name: object, attributes: object) -> None:

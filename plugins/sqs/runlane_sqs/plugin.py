@@ -40,7 +40,7 @@ from runlane.cli.options import (
     QueuesOption,
     WorkerIdOption,
 )
-from runlane.durations import duration_ms
+from runlane.durations import duration_seconds
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.plugins import hookimpl
 from runlane.plugins.registries import LaneProvider, ProviderContext, TransportProvider
@@ -128,7 +128,10 @@ class SqsTransportOptions(BaseModel):
     @field_validator("connect_timeout", "read_timeout", mode="before")
     @classmethod
     def _seconds(cls, value: object, info: Any) -> float:
-        return _timeout_seconds(value, info.field_name)
+        try:
+            return duration_seconds(value, info.field_name)
+        except RunlaneError as error:
+            raise ValueError(error.message.rstrip(".")) from None
 
     @model_validator(mode="after")
     def _outlasts_the_long_poll(self) -> SqsTransportOptions:
@@ -138,17 +141,6 @@ class SqsTransportOptions(BaseModel):
                 f"ReceiveMessage, got {self.read_timeout:g} s"
             )
         return self
-
-
-def _timeout_seconds(value: object, name: str) -> float:
-    if isinstance(value, str):
-        try:
-            return duration_ms(value, name) / 1000
-        except RunlaneError as error:
-            raise ValueError(error.message.rstrip(".")) from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-        raise ValueError(f"{name} must be a duration such as '10s' or a positive number of seconds, got {value!r}")
-    return float(value)
 
 
 class PostgresSqsLaneOptions(BaseModel):
