@@ -1,0 +1,32 @@
+"""Mistakes a type checker must catch in code written against Runlane's public API.
+
+Each line that ends in ``# expect: [code]`` must get exactly that mypy error, and no other line any
+error; ``tests/test_typing.py`` checks both. Without the package's type information every one of
+these would pass silently and fail only at run time.
+"""
+
+from __future__ import annotations
+
+from runlane import RunStatus, TaskContext, WorkerMode, create_runlane, queue, task
+from runlane_local import local_lane
+
+jobs = queue("jobs", default=True)
+
+
+@task("jobs.noop", queue=jobs)
+async def noop(payload: int, ctx: TaskContext) -> None:
+    ctx.release(30)  # expect: [arg-type]
+    ctx.wait_for_signal("ready", timeout=1.5)  # expect: [arg-type]
+    print(ctx.run_idd)  # expect: [attr-defined]
+
+
+async def producer() -> None:
+    runlane = create_runlane(lane=local_lane(), queues=jobs)  # expect: [arg-type]
+    result = await runlane.trigger(noop, 1, idempotency_keyy="k")  # expect: [call-arg]
+    print(result.run.statuss)  # expect: [attr-defined]
+    await runlane.worker(mode=WorkerMode.DRAIN, concurrency="8").closed  # expect: [arg-type]
+    run = await runlane.runs.get("run_1")
+    print(run.status)  # expect: [union-attr]
+    await runlane.runs.cancel()  # expect: [call-arg]
+    queue("jobs", default="yes")  # expect: [arg-type]
+    print(RunStatus.DONE)  # expect: [attr-defined]
