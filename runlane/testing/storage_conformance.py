@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -207,6 +207,12 @@ async def _get_one(driver: StorageDriver, key: StorageRecordKey) -> StorageRecor
     return found[0]
 
 
+async def _get_stored(driver: StorageDriver, key: StorageRecordKey) -> StorageRecord:
+    """``_get_one`` of a key the test has written and not deleted; no extra check, so a driver that lost
+    the record fails where the test uses it."""
+    return cast(StorageRecord, await _get_one(driver, key))
+
+
 async def _value_of(driver: StorageDriver, key: StorageRecordKey) -> dict[str, Any] | None:
     return _value(await _get_one(driver, key))
 
@@ -251,7 +257,7 @@ async def _query_all(driver: StorageDriver, query: StorageQuery) -> list[tuple[S
 
 
 def _with(query: StorageQuery, **changes: Any) -> StorageQuery:
-    fields = {
+    fields: dict[str, Any] = {
         "index": query.index,
         "partition": query.partition,
         "range": query.range,
@@ -379,7 +385,7 @@ def _run(environment: Environment, run_id: str, status: RunStatus, created: floa
 def _events(run: RunRecord, occurred: Sequence[float]) -> list[RunEventRecord]:
     """The first ``len(occurred)`` events of a created / delivery_requested / started history."""
     environment, run_id = run.environment, run.id
-    base = {"run_id": run_id, "environment": environment, "actor": _SYSTEM}
+    base: dict[str, Any] = {"run_id": run_id, "environment": environment, "actor": _SYSTEM}
 
     def created(at: datetime) -> Any:
         return RunCreatedEvent(**base, occurred_at=at, task_id=run.task_id, queue=run.queue, payload={"seq": [1]})
@@ -749,7 +755,8 @@ class StorageDriverConformance:
                 raise _Rollback()
 
         task = asyncio.create_task(driver.with_transaction(attempt))
-        await asyncio.wait({task, selected}, timeout=self.race_wait_seconds * 5, return_when=asyncio.FIRST_COMPLETED)
+        watched: set[asyncio.Future[Any]] = {task, selected}
+        await asyncio.wait(watched, timeout=self.race_wait_seconds * 5, return_when=asyncio.FIRST_COMPLETED)
         if not selected.done():
             if task.done():
                 task.result()  # surface the selection's own error
@@ -840,6 +847,7 @@ class StorageDriverConformance:
             found = await _get_many(driver, [a, missing, b, a, other_missing, b])  # one get() within the limits
             assert isinstance(found, list) and len(found) == 6, f"expected 6 positions, got {found!r}"
             assert found[1] is None and found[4] is None, "a missing key reads as None at its own position"
+            versions: dict[int, str] = {}
             for position, expected in ((0, first), (2, second), (3, first), (5, second)):
                 record = found[position]
                 assert isinstance(record, StorageRecord), (
@@ -851,7 +859,8 @@ class StorageDriverConformance:
                 assert record.document == expected.document and record.document.value == expected.document.value
                 assert _entries(record) == _entries(expected), f"position {position} index entries differ"
                 parse_unsigned_64_decimal(record.version)
-            assert found[0].version == found[3].version and found[2].version == found[5].version
+                versions[position] = record.version
+            assert versions[0] == versions[3] and versions[2] == versions[5]
 
         self.run_async(body, driver)
 
@@ -889,10 +898,10 @@ class StorageDriverConformance:
             scope = _Scope()
             key = scope.key("versioned")
             await _create(driver, _record(key, {"n": 0}))
-            seen = [(await _get_one(driver, key)).version]
+            seen = [(await _get_stored(driver, key)).version]
             for n in range(1, 4):
-                await _update(driver, key, lambda value, n=n: {"n": n})
-                seen.append((await _get_one(driver, key)).version)
+                await _update(driver, key, lambda value: {"n": n})  # _update calls it before returning
+                seen.append((await _get_stored(driver, key)).version)
             for version in seen:
                 assert isinstance(version, str), f"versions are strings, got {version!r}"
                 parse_unsigned_64_decimal(version)
@@ -905,7 +914,7 @@ class StorageDriverConformance:
 
             with contextlib.suppress(_Rollback):
                 await driver.with_transaction(abandoned)
-            after = await _get_one(driver, key)
+            after = await _get_stored(driver, key)
             assert after.version == seen[-1] and after.document.value == {"n": 3}, (
                 "a rolled-back attempt changed the record"
             )
@@ -924,7 +933,7 @@ class StorageDriverConformance:
             original = {"nested": {"list": [1, 2, {"deep": "x"}]}, "when": "2026-01-01T00:00:00.000000Z"}
             await _create(driver, _record(key, original, _entry(scope.partition(), "s")))
             found = await driver.get([key, key])
-            value = found[0].document.value
+            value = cast(StorageRecord, found[0]).document.value
             value["nested"]["list"].append("mutated")
             value["nested"]["list"][2]["deep"] = "mutated"
             value["added"] = True
@@ -940,7 +949,7 @@ class StorageDriverConformance:
             await driver.with_transaction(attempt)
             again = await driver.get([key, key])
             assert len(again) == 2 and again[0] is not None, "mutating a returned list changed later reads"
-            assert again[0].document.value == original and again[1].document.value == original, (
+            assert again[0].document.value == original and cast(StorageRecord, again[1]).document.value == original, (
                 f"stored value changed through a returned copy: {again[0].document.value!r}"
             )
             refs = _refs(await driver.query(StorageQuery(_INDEX, scope.partition(), limit=self._page_limit(driver))))
@@ -967,7 +976,7 @@ class StorageDriverConformance:
 
             await driver.with_transaction(attempt)
             value["map"]["b"] = 3
-            found = await driver.get(keys)
+            found = cast(list[StorageRecord], await driver.get(keys))
             assert found[0].document.value == {"list": [1, 2], "map": {"a": 1}}, f"stored {found[0].document.value!r}"
             assert _entries(found[0]) == {_entry(scope.partition(), "s")}, "index entries changed after staging"
             assert found[1].document.value == {"second": True}
@@ -1101,7 +1110,7 @@ class StorageDriverConformance:
             await _create(driver, _record(key, {"v": 1}))
             stale = await _get_one(driver, key)
             await _update(driver, key, lambda value: {"v": 2})
-            current = await _get_one(driver, key)
+            current = await _get_stored(driver, key)
 
             async def unread_replace(tx: Any) -> None:
                 tx.create(_record(companion, {"v": 0}))
@@ -1353,12 +1362,12 @@ class StorageDriverConformance:
                     what="query_candidates() on an ended attempt",
                 )
                 _expect_contract_error(
-                    lambda tx=tx: tx.create(_record(scope.key("late"), {"v": 1})), "create() on an ended attempt"
+                    lambda: tx.create(_record(scope.key("late"), {"v": 1})), "create() on an ended attempt"
                 )
                 _expect_contract_error(
-                    lambda tx=tx: tx.replace(current, _record(key, {"v": 2})), "replace() on an ended attempt"
+                    lambda: tx.replace(current, _record(key, {"v": 2})), "replace() on an ended attempt"
                 )
-                _expect_contract_error(lambda tx=tx: tx.delete(current), "delete() on an ended attempt")
+                _expect_contract_error(lambda: tx.delete(current), "delete() on an ended attempt")
             assert await driver.get([key, scope.key("late")]) == [current, None], "an ended attempt wrote something"
 
         self.run_async(body, driver)
@@ -1701,7 +1710,8 @@ class StorageDriverConformance:
             for source, target, amount in moves:
                 expected[source] -= amount
                 expected[target] += amount
-            balances = [record.document.value["balance"] for record in await driver.get(accounts)]
+            stored = cast(list[StorageRecord], await driver.get(accounts))
+            balances = [record.document.value["balance"] for record in stored]
             assert balances == expected, f"balances {balances} differ from {expected}: a transfer was lost or torn"
 
         self.run_async(body, driver)
@@ -1817,9 +1827,9 @@ class StorageDriverConformance:
             assert failure is not None, (
                 f"every attempt lost its read set, yet the transaction committed (after {attempts} attempts)"
             )
-            error = _check_error(failure, (ErrorCode.STORAGE_CONFLICT,), "an exhausted conflict budget")
-            assert error.retryable, "an exhausted conflict budget must be retryable"
-            assert is_storage_conflict(error), "a storage_conflict carries meta['storage_conflict_kind']"
+            conflict = _check_error(failure, (ErrorCode.STORAGE_CONFLICT,), "an exhausted conflict budget")
+            assert conflict.retryable, "an exhausted conflict budget must be retryable"
+            assert is_storage_conflict(conflict), "a storage_conflict carries meta['storage_conflict_kind']"
             assert attempts >= 2, f"a conflicting attempt must be replayed before giving up (got {attempts} attempt)"
             assert await _get_one(driver, marker) is None, "a losing attempt committed its create"
             assert await _value_of(driver, key) == {"n": bumps}, "a losing attempt's replace was applied"
@@ -2002,7 +2012,9 @@ class StorageDriverConformance:
                 ("\uffff",),
                 ("ab",),
             ]
-            written = [(scope.key(*key_parts), ("tie",)) for key_parts in parts]
+            written: list[tuple[StorageRecordKey, tuple[str, ...]]] = [
+                (scope.key(*key_parts), ("tie",)) for key_parts in parts
+            ]
             written.append((scope.key("m"), ("tia",)))
             written.append((scope.key("0"), ("tie", "")))
             for key, sort in written:  # one commit each, in a non-sorted order
@@ -2177,7 +2189,7 @@ class StorageDriverConformance:
             assert _refs(await driver.query(StorageQuery(_THIRD_INDEX, q, limit=limit))) == [(key, ("y",))], (
                 "an added index entry is missing"
             )
-            stored = await _get_one(driver, key)
+            stored = await _get_stored(driver, key)
             assert _entries(stored) == {_entry(p, "z"), _entry(q, "y", index=_THIRD_INDEX)}, (
                 f"stored entries {stored.indexes!r}"
             )
@@ -2288,7 +2300,10 @@ class StorageDriverConformance:
                     tx.replace(current[2], _record(written[5][0], {}, entry("06")))
 
                 await driver.with_transaction(rewrite)
-                rows = [(restating[1], ("00",)), (written[5][0], ("06",))]
+                rows: list[tuple[StorageRecordKey, tuple[str, ...]]] = [
+                    (restating[1], ("00",)),
+                    (written[5][0], ("06",)),
+                ]
                 rows += [item for item in written if item[0] not in (restating[1], restating[2], written[5][0])]
                 await check("after replacing", rows)
 
@@ -2810,22 +2825,24 @@ class StorageDriverConformance:
             await self._write_operator_data(driver, data)
             env = data.scope.environment
             original = next(r for r in data.runs if r.id == "run-b")
-            run = await reads.get_run(env, "run-b")
+            # The casts restate what _operator_data wrote (run-b has meta and starts with run.created, run-f
+            # has a failure); they check nothing, so a driver that lost a value fails at its lookup.
+            run = cast(RunRecord, await reads.get_run(env, "run-b"))
             run.payload["nested"]["list"].append("mutated")
-            run.meta["m"]["x"] = "mutated"
-            failed = await reads.get_run(env, "run-f")
-            failed.failure.meta["detail"]["a"] = "mutated"
+            cast(dict[str, Any], run.meta)["m"]["x"] = "mutated"
+            failed = cast(RunRecord, await reads.get_run(env, "run-f"))
+            cast(RunFailure, failed.failure).meta["detail"]["a"] = "mutated"
             page = await reads.list_runs(RunFilter(environment=env, statuses=(RunStatus.FAILED,)), PaginationParams())
-            page.data[0].failure.meta["detail"]["b"] = 2
+            cast(RunFailure, page.data[0].failure).meta["detail"]["b"] = 2
             page.data.clear()
             events = await reads.list_run_events(RunEventFilter(environment=env, run_id="run-b"), PaginationParams())
-            events.data[0].event.payload["seq"].append("mutated")
-            events.data[2].event.meta["note"]["depth"].clear()
+            cast(RunCreatedEvent, events.data[0].event).payload["seq"].append("mutated")
+            cast(dict[str, Any], events.data[2].event.meta)["note"]["depth"].clear()
             events.data.reverse()
             assert await reads.get_run(env, "run-b") == original, "a returned run shares nested values with the store"
             assert await reads.get_run(env, "run-f") == next(r for r in data.runs if r.id == "run-f")
             again = await reads.list_runs(RunFilter(environment=env, statuses=(RunStatus.FAILED,)), PaginationParams())
-            assert [s.failure.meta for s in again.data] == [{"detail": {"a": 1}}], (
+            assert [cast(RunFailure, s.failure).meta for s in again.data] == [{"detail": {"a": 1}}], (
                 "a returned summary shares nested values"
             )
             again_events = await reads.list_run_events(

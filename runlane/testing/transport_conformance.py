@@ -107,7 +107,7 @@ class _Scope:
 
 def _forge(cls: type, **fields: Any) -> Any:
     """A value of ``cls`` built around its constructor, the way a buggy caller could hand one over."""
-    value = object.__new__(cls)
+    value: Any = object.__new__(cls)
     for name, field in fields.items():
         object.__setattr__(value, name, field)
     return value

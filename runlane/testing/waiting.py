@@ -14,7 +14,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable, Collection
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..durations import Duration, parse_duration
 from ..errors import ErrorCode, RunlaneError
@@ -36,13 +36,35 @@ def _seconds(value: Duration, what: str) -> float:
     return parse_duration(value, what, code=ErrorCode.VALIDATION_FAILED) / timedelta(seconds=1)
 
 
+# A check returns a falsy value (typically None) until the condition holds; the wait returns the first
+# truthy value, so an Optional result type is narrowed away.
+@overload
 async def wait_for_condition(
-    check: Callable[[], T | Awaitable[T]],
+    check: Callable[[], Awaitable[T | None]],
     *,
     timeout: Duration = DEFAULT_TIMEOUT,
     interval: Duration = DEFAULT_INTERVAL,
     description: str = "the condition",
-) -> T:
+) -> T: ...
+
+
+@overload
+async def wait_for_condition(
+    check: Callable[[], T | None],
+    *,
+    timeout: Duration = DEFAULT_TIMEOUT,
+    interval: Duration = DEFAULT_INTERVAL,
+    description: str = "the condition",
+) -> T: ...
+
+
+async def wait_for_condition(
+    check: Callable[[], Any],
+    *,
+    timeout: Duration = DEFAULT_TIMEOUT,
+    interval: Duration = DEFAULT_INTERVAL,
+    description: str = "the condition",
+) -> Any:
     """Call ``check()`` (a function or a coroutine function) every ``interval`` until it returns a
     truthy value, and return that value. Raises ``TimeoutError`` naming ``description`` when
     ``timeout`` passes first. An exception ``check()`` raises ends the wait at once."""
@@ -54,7 +76,7 @@ async def wait_for_condition(
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"{description} did not happen within {timeout}")
