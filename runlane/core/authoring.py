@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import PydanticUserError, TypeAdapter, ValidationError
@@ -598,7 +598,7 @@ def _annotation_schema(task_id: str, handler: Callable[..., Any], parameter: ins
 
 def _key_resolver(value: object, kind: str, task_id: str) -> KeyResolver | None:
     if value is None or callable(value):
-        return value  # type: ignore[return-value]
+        return value
     if isinstance(value, str):
         return validate_id(value, f"{_KEY_LABELS[kind]} of task {task_id!r}")
     raise _invalid(
@@ -784,10 +784,12 @@ class TaskRelease:
     def wait_condition(self, now: datetime) -> SignalWaitCondition | RunCompletionWaitCondition | None:
         """The durable wait condition for a release recorded at ``now`` (``None`` for a time release)."""
         timeout_at = None if self.timeout_ms is None else later(now, self.timeout_ms)
+        # ``__post_init__`` requires the wait type's target field: signal_key for SIGNAL, run_id for
+        # RUN_COMPLETION.
         if self.wait_type is RunWaitConditionType.SIGNAL:
-            return SignalWaitCondition(signal_key=self.signal_key, timeout_at=timeout_at)
+            return SignalWaitCondition(signal_key=cast(str, self.signal_key), timeout_at=timeout_at)
         if self.wait_type is RunWaitConditionType.RUN_COMPLETION:
-            return RunCompletionWaitCondition(run_id=self.run_id, timeout_at=timeout_at)
+            return RunCompletionWaitCondition(run_id=cast(str, self.run_id), timeout_at=timeout_at)
         return None
 
 

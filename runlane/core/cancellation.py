@@ -196,7 +196,10 @@ def link_signals(*signals: CancellationSignal | None) -> CancellationController:
         # A parent that is already aborted runs the callback right away: the child aborts (and
         # unlinks) before the loop goes on, and later parents are linked to an aborted child only
         # through removal functions that are never needed.
-        remove = parent.add_callback(lambda parent=parent: controller.abort(parent.reason))
+        def follow(parent: CancellationSignal = parent) -> bool:
+            return controller.abort(parent.reason)
+
+        remove = parent.add_callback(follow)
         if controller._unlinks is None:  # aborted (and unlinked) by that parent already
             remove()
         else:

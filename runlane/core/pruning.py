@@ -643,8 +643,8 @@ class RunPruner:
             found = await tx.get(keys)
             eligible: list[tuple[StorageRecord, RunRecord, RunChildCounts]] = []
             owner_keys: dict[str, StorageRecordKey] = {}
-            for record, tombstone in zip(found[:count], found[count:]):
-                if record is None or tombstone is not None:
+            for record, tombstone_record in zip(found[:count], found[count:]):
+                if record is None or tombstone_record is not None:
                     continue  # gone, or already tombstoned
                 decoded = self._eligible(record, cutoff, statuses)
                 if decoded is None:

@@ -20,6 +20,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import asyncio
+import builtins
 import concurrent.futures
 import dataclasses
 import inspect
@@ -33,7 +34,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import ValidationError
 
@@ -84,8 +85,10 @@ from ..storage import (
     RunEventFilter,
     RunFilter,
     StorageClockAuthority,
+    StorageDriver,
     StorageIndexName,
     StorageLimitError,
+    StorageWakeHints,
     TimeRange,
     supports_wake_hints,
 )
@@ -117,7 +120,13 @@ from .attempt import (
     failure_outcome_events,
     timed_out_failure,
 )
-from .authoring import QueueDefinition, ScheduleDefinition, TaskDefinition, parse_idempotency_key_ttl
+from .authoring import (
+    IdempotencyKeyTtl,
+    QueueDefinition,
+    ScheduleDefinition,
+    TaskDefinition,
+    parse_idempotency_key_ttl,
+)
 from ..storage.batching import Batcher
 from .cancellation import CancellationSignal
 from .lanes import Lane
@@ -244,6 +253,8 @@ class Registry(Mapping[str, T], Generic[T]):
     """A read-only mapping by name that also allows attribute access (``runlane.tasks.send_email``)."""
 
     __slots__ = ("_items", "_kind")
+    _items: dict[str, T]
+    _kind: str
 
     def __init__(self, items: Mapping[str, T], kind: str) -> None:
         object.__setattr__(self, "_items", dict(items))
@@ -301,9 +312,9 @@ class _LoopState:
     def __init__(self, store: CoreStore, claim_next: Callable[[list[NextClaimRequest]], Any]) -> None:
         self.claims: Batcher[ClaimRequest, ClaimResult] = Batcher(store.claim, max_batch_size=64)
         self.next_claims: Batcher[NextClaimRequest, ClaimResult | None] = Batcher(claim_next, max_batch_size=64)
-        self.completions: Batcher[CompletionRequest, AppendResult | RunlaneError] = Batcher(
-            store.complete, max_batch_size=64
-        )
+        # ``store.complete`` reports a failed item as a RunlaneError in its place; the batcher raises it
+        # to that item's caller, so ``submit`` returns only AppendResults.
+        self.completions: Batcher[CompletionRequest, AppendResult] = Batcher(store.complete, max_batch_size=64)
 
 
 class _WorkSignal:
@@ -422,7 +433,7 @@ class _CreateInput:
     run_id: str
     concurrency_key: str | None
     idempotency_key: str | None
-    idempotency_key_ttl: int | str | None
+    idempotency_key_ttl: IdempotencyKeyTtl | None
     singleton_key: str | None
     meta: dict[str, Any] | None
     trace_carrier: dict[str, str] | None
@@ -487,7 +498,9 @@ class Runlane:
         self._claiming: set[str] = set()
         self.work_signal = _WorkSignal()
         # Cross-process wake-up hints when the storage driver offers them (see ``wake``).
-        self._wake_hints = lane.storage if supports_wake_hints(lane.storage) else None
+        self._wake_hints: StorageWakeHints | None = (
+            cast(StorageWakeHints, lane.storage) if supports_wake_hints(lane.storage) else None
+        )
         # Drivers with exclusive candidates let a worker of unbounded queues scan and claim in one
         # transaction that other processes' scans skip (``claim_next``); other workers share a plain
         # scan per worker, deep enough to get past bounded-queue runs that wait for capacity.
@@ -563,9 +576,10 @@ class Runlane:
         Run one active exporter per consumer; give independent sinks their own consumer names.
         """
         self._check_open()
-        return ObservationExporter(
-            _ReadyStorage(self), self._environment, consumer, sink, batch_size=batch_size, clock=self._clock
-        )
+        # The exporter only reads and writes through get/query/with_transaction; the runtime keeps
+        # start/close of the driver to itself.
+        storage = cast(StorageDriver, _ReadyStorage(self))
+        return ObservationExporter(storage, self._environment, consumer, sink, batch_size=batch_size, clock=self._clock)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -1010,7 +1024,7 @@ class Runlane:
                 field="concurrency_key",
             )
 
-        ttl: int | str | None = None
+        ttl: IdempotencyKeyTtl | None = None
         if idempotency_key_ttl is not None:
             ttl = parse_idempotency_key_ttl(idempotency_key_ttl)
             if keys["idempotency_key"] is None:
@@ -2034,8 +2048,9 @@ class RunsApi:
                 idempotency_key=idempotency_key,
                 singleton_key=singleton_key,
                 source_run_id=source_run_id,
-                sort_by=sort_by,
-                sort_direction=sort_direction,
+                # The model validates a string and coerces it to the enum (or raises ValidationError).
+                sort_by=cast(RunSortField, sort_by),
+                sort_direction=cast(SortDirection, sort_direction),
             )
             pagination = PaginationParams(limit=_whole(limit), cursor=cursor)
         except ValueError as error:
@@ -2064,8 +2079,9 @@ class RunsApi:
                 run_id=checked,
                 types=_listed(types),
                 occurred_at=occurred_at,
-                sort_by=sort_by,
-                sort_direction=sort_direction,
+                # The model validates a string and coerces it to the enum (or raises ValidationError).
+                sort_by=cast(RunEventSortField, sort_by),
+                sort_direction=cast(SortDirection, sort_direction),
             )
             pagination = PaginationParams(limit=_whole(limit), cursor=cursor)
         except ValueError as error:
@@ -2075,9 +2091,10 @@ class RunsApi:
             raise run_not_found(checked)
         return await driver.list_run_events(event_filter, pagination)
 
-    async def attempts(self, run_id: str) -> list[RunAttemptSummary]:
+    # ``builtins.list``: inside this class, ``list`` names the ``list`` method above.
+    async def attempts(self, run_id: str) -> builtins.list[RunAttemptSummary]:
         """Attempt summaries derived from the run's event history."""
-        records: list[RunEventRecord] = []
+        records: builtins.list[RunEventRecord] = []
         cursor = None
         while True:
             page = await self.events(
@@ -2105,8 +2122,8 @@ class RunsApi:
         # Like a run filter, every key given must match: look the run up by one owner, check the rest.
         if idempotency_key is not None:
             run = await runtime._store.find_idempotent_run(definition.id, idempotency_key)
-        else:
-            run = await runtime._store.find_singleton_run(singleton_key)
+        else:  # no idempotency key, so the singleton key is set (checked above)
+            run = await runtime._store.find_singleton_run(cast(str, singleton_key))
         if run is None or run.status in _TERMINAL or run.task_id != definition.id:
             return None
         if singleton_key is not None and run.singleton_key != singleton_key:
@@ -2239,7 +2256,7 @@ class RunsApi:
                     f"Run {run.id} is already {status.value}; terminal runs cannot be cancelled.",
                     meta={"run_id": run.id, "status": status.value},
                 )
-            common = dict(
+            common: dict[str, Any] = dict(
                 run_id=run.id, environment=run.environment, occurred_at=at, actor=actor, meta=meta_value,
                 trace_carrier=carrier, reason=reason,
             )
@@ -2463,19 +2480,19 @@ def create_runlane(
         raise _invalid("queues must be a list of queue(...) definitions.", field="queues")
     queue_map: dict[str, QueueDefinition] = {}
     default_queue: QueueDefinition | None = None
-    for item in queues:
-        if not isinstance(item, QueueDefinition):
-            raise _invalid(f"Every queue must come from queue(...), got {item!r}.", field="queues")
-        if item.name in queue_map:
-            raise _invalid(f"Queue {item.name!r} is registered twice; queue names must be unique.", field="queues")
-        queue_map[item.name] = item
-        if item.default:
+    for queue_def in queues:
+        if not isinstance(queue_def, QueueDefinition):
+            raise _invalid(f"Every queue must come from queue(...), got {queue_def!r}.", field="queues")
+        if queue_def.name in queue_map:
+            raise _invalid(f"Queue {queue_def.name!r} is registered twice; queue names must be unique.", field="queues")
+        queue_map[queue_def.name] = queue_def
+        if queue_def.default:
             if default_queue is not None:
                 raise _invalid(
-                    f"Queues {default_queue.name!r} and {item.name!r} are both marked default; mark only one.",
+                    f"Queues {default_queue.name!r} and {queue_def.name!r} are both marked default; mark only one.",
                     field="queues",
                 )
-            default_queue = item
+            default_queue = queue_def
     if not queue_map:
         raise _invalid("create_runlane() needs at least one queue: queues=[queue('default', default=True)].", field="queues")
     _check_transport_bindings(lane, queue_map)

@@ -233,7 +233,7 @@ def latest_due_fire_time(definition: ScheduleDefinition, now: datetime) -> datet
     if kind is ScheduleType.INTERVAL:
         return _latest_interval_boundary(definition, now)
     if kind is ScheduleType.CRON:
-        expression = _cron(definition.cron, definition.id)  # type: ignore[arg-type]
+        expression = _cron(definition.cron, definition.id)
         return _latest_cron_fire(expression, _zone(definition.time_zone), now)
     raise _invalid(f"Schedule {definition.id!r} has unknown type {kind!r}.", schedule_id=definition.id)
 
@@ -760,4 +760,4 @@ def _preflight(item: ScheduleDefinition, task: TaskDefinition) -> None:
             errors=error.meta.get("errors"),
         ) from None
     for kind in ("singleton_key", "concurrency_key"):
-        task.resolve_key(kind, payload)  # type: ignore[arg-type]
+        task.resolve_key(kind, payload)

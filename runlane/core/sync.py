@@ -14,6 +14,7 @@ a caller never waits on a loop that has stopped.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable
@@ -267,7 +268,8 @@ class SyncRuns:
     def events(self, run_id: str, **options: Any) -> Page[RunEventRecord]:
         return self._facade.call(self._facade._runtime.runs.events, run_id, **options)
 
-    def attempts(self, run_id: str) -> list[RunAttemptSummary]:
+    # ``builtins.list``: inside this class, ``list`` names the ``list`` method above.
+    def attempts(self, run_id: str) -> builtins.list[RunAttemptSummary]:
         return self._facade.call(self._facade._runtime.runs.attempts, run_id)
 
     def find_active(self, **options: Any) -> RunRecord | None:
