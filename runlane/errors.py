@@ -122,6 +122,8 @@ def get_storage_conflict_kind(error: BaseException) -> StorageConflictKind | Non
     if not isinstance(error, RunlaneError) or error.code is not ErrorCode.STORAGE_CONFLICT:
         return None
     raw = error.meta.get(STORAGE_CONFLICT_KIND_META_KEY)
+    if not isinstance(raw, str):  # no kind (or not one a kind could be)
+        return None
     try:
         return StorageConflictKind(raw)
     except ValueError:

@@ -115,7 +115,15 @@ def _json(value: Any) -> Any:
     return to_jsonable_python(value)
 
 
-def _builders(_dt_required: Callable[[Any], Any], _enum: Callable[[Any], Any]) -> tuple[Callable[..., Any], ...]:
+_Builders = tuple[
+    Callable[[RunRecord], dict[str, Any]],
+    Callable[[Any], dict[str, Any]],
+    Callable[[str, int, Any], dict[str, Any]],
+    dict[type[BaseModel], Callable[[Any, dict[str, Any]], None]],
+]
+
+
+def _builders(_dt_required: Callable[[Any], Any], _enum: Callable[[Any], Any]) -> _Builders:
     """The dump functions over one way of writing datetimes and enums: JSON text and values (the
     ``*_json`` functions), or the values themselves where ``orjson`` writes the same text (the
     ``*_document_value`` functions, see ``document_dumps``)."""
@@ -334,7 +342,7 @@ def _dt_document(value: datetime) -> Any:
     return _dt_required(value)
 
 
-run_record_document_value, _, run_event_record_document_value, _ = _builders(_dt_document, _same)
+run_record_document_value, _event_document_value, run_event_record_document_value, _ = _builders(_dt_document, _same)
 _DOCUMENT_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_UTC_Z
 
 

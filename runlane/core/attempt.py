@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -418,7 +418,8 @@ def _log_failed_attempt(run: RunRecord, outcome: _Outcome) -> None:
     when that is what the stored failure came from (not a timeout or cancellation that overtook it)."""
     status = run.status
     if status is RunStatus.RETRYING:
-        retry_at = run.run_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        # A retrying run is due again at ``run_at``.
+        retry_at = cast(datetime, run.run_at).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         level, then = logging.WARNING, f"retry at {retry_at}"
     elif status is RunStatus.FAILED:
         level, then = logging.ERROR, "the run has failed"

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import IO, Any, Protocol, TypeVar, runtime_checkable
+from typing import IO, Any, Protocol, TypeVar, cast, runtime_checkable
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
@@ -197,7 +197,7 @@ def observation_for_event(
     # Events without these fields would take pydantic's slow missing-attribute path through getattr.
     fields = event.__dict__
     failure = fields.get("failure")
-    values = {
+    values: dict[str, Any] = {
         "type": RunlaneObservationType.RUN_EVENT,
         "environment": run.environment,
         "run_id": run.id,
@@ -223,7 +223,7 @@ def observation_for_step(step: RunStepRecord, run: RunRecord | None = None) -> R
     """The sanitized observation of a first-time durable step completion (never the step output)."""
     if run is not None and (run.id != step.run_id or run.environment != step.environment):
         raise _invariant(f"Step {step.step_key!r} belongs to another run than {run.id!r}; refusing to observe it.")
-    values = {
+    values: dict[str, Any] = {
         "type": RunlaneObservationType.RUN_STEP,
         "environment": step.environment,
         "run_id": step.run_id,
@@ -240,7 +240,7 @@ def observation_for_step(step: RunStepRecord, run: RunRecord | None = None) -> R
 
 
 def _is_utc(value: object) -> bool:
-    return type(value) is datetime and value.tzinfo is UTC  # type: ignore[union-attr]
+    return type(value) is datetime and value.tzinfo is UTC
 
 
 def observation_record_id(
@@ -266,7 +266,7 @@ def observation_record_value(
     if not isinstance(source_id, str) or not source_id:
         raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An observation source id must be a non-empty string.")
     if _is_utc(recorded_at):
-        recorded = datetime_json(recorded_at)  # type: ignore[arg-type]
+        recorded = datetime_json(recorded_at)
     else:
         try:
             recorded = _TIME.dump_python(_TIME.validate_python(recorded_at), mode="json")
@@ -1026,8 +1026,9 @@ class ObservationExporter:
             if not records:
                 return self._tick(status.IDLE, cursor=checkpoint)
             await _unless_aborted(_call_sink(self.sink, records), signal)
+            # A scan that returned records ends at a cursor (``ObservationPage``).
             await advance_observation_checkpoint(
-                self.driver, self.environment, self.consumer, expected_cursor=checkpoint, cursor=cursor
+                self.driver, self.environment, self.consumer, expected_cursor=checkpoint, cursor=cast(str, cursor)
             )
         except _Aborted:
             return self._tick(status.ABORTED, cursor=checkpoint)

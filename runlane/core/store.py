@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import orjson
 
@@ -522,12 +522,14 @@ def _decode_outbox(record: StorageRecord) -> OutboxMessage:
         raise _corrupt("outbox message", record.key, error) from None
 
 
-def _new_outbox_message(record: RunEventRecord, now: datetime, run_trace: dict[str, str] | None) -> OutboxMessage:
-    """The outbox row of one persisted ``run.delivery_requested`` (its id derives from the event id).
+def _new_outbox_message(
+    record: RunEventRecord, event: RunDeliveryRequestedEvent, now: datetime, run_trace: dict[str, str] | None
+) -> OutboxMessage:
+    """The outbox row of one persisted ``run.delivery_requested`` (``event``, the record's own event; its
+    id derives from the event id).
 
     Its wakeup carries the delivery's trace context, else the event's, else the one the run was
     triggered with, so a consumer's attempt joins the trace of the trigger however it was woken."""
-    event = record.event
     delivery = event.delivery
     trace = delivery.trace_carrier if delivery.trace_carrier is not None else event.trace_carrier
     return OutboxMessage(
@@ -1049,7 +1051,7 @@ class _Attempt:
         """
         old = slot.run
         new = project_run_events(old, old.event_sequence, events)
-        effects: list[Callable[[], None]] = []
+        effects: list[Callable[[], object]] = []
         resumed = self._completion_wait(new, effects)
         if resumed is not None:
             events = [*events, resumed]
@@ -1085,9 +1087,9 @@ class _Attempt:
         trace = run.trace_carrier
         return tuple(
             [
-                _new_outbox_message(row, self.now, trace)
+                _new_outbox_message(row, event, self.now, trace)
                 for row in rows
-                if isinstance(row.event, RunDeliveryRequestedEvent)
+                if isinstance(event := row.event, RunDeliveryRequestedEvent)
             ]
         )
 
@@ -1114,7 +1116,7 @@ class _Attempt:
     ) -> list[tuple[RunEventRecord, NewStorageRecord]]:
         return _event_records(self.env, run.id, start, events, ids)
 
-    def _completion_wait(self, new: RunRecord, effects: list[Callable[[], None]]) -> RunEvent | None:
+    def _completion_wait(self, new: RunRecord, effects: list[Callable[[], object]]) -> RunEvent | None:
         """For a release that waits for another run: the ``run.delivery_requested`` that resumes it in
         the same commit when the source is already terminal; otherwise the marker is created (an
         effect) so the source's terminal transition knows to look for waiters."""
@@ -1140,9 +1142,9 @@ class _Attempt:
             effects.append(lambda: self.set_owner(marker, {}))
         return None
 
-    def _owner_effects(self, old: RunRecord | None, new: RunRecord) -> list[Callable[[], None]]:
+    def _owner_effects(self, old: RunRecord | None, new: RunRecord) -> list[Callable[[], object]]:
         """Owner-row changes implied by ``old -> new``, as deferred mutations (validated now)."""
-        effects: list[Callable[[], None]] = []
+        effects: list[Callable[[], object]] = []
         env = self.env
         run_id = new.id
         # Bounded-queue capacity: an occupant while an attempt may be running (until its lease
@@ -1176,18 +1178,18 @@ class _Attempt:
                 if owner is not None and owner.get("run_id") == run_id:
                     ttl = owner.get("ttl")
                     if new.status is RunStatus.FAILED or ttl == "active" or new.finished_at is None:
-                        effects.append(lambda key=idempotency: self.set_owner(key, None))
+                        effects.append(lambda: self.set_owner(idempotency, None))
                     else:
                         ttl_ms = (
                             ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else _DEFAULT_IDEMPOTENCY_TTL_MS
                         )
                         expires_at = encode_iso_date(later(new.finished_at, ttl_ms))
                         retained = {"run_id": run_id, "ttl": ttl_ms, "expires_at": expires_at}
-                        effects.append(lambda key=idempotency: self.set_owner(key, retained))
+                        effects.append(lambda: self.set_owner(idempotency, retained))
             if singleton is not None:
                 owner = self.owner(singleton)
                 if owner is not None and owner.get("run_id") == run_id:
-                    effects.append(lambda key=singleton: self.set_owner(key, None))
+                    effects.append(lambda: self.set_owner(singleton, None))
         return effects
 
     # -- staging ---------------------------------------------------------------------------------
@@ -1297,8 +1299,8 @@ class _RunnableFloors:
         elif full:
             floor = encode_storage_tuple((encode_iso_date(now - self.IDLE_MARGIN),))
         else:  # an empty scan from the floor leaves it where it was
-            floor = known[0]
-        self._floors[queue] = (floor, time.monotonic() if full else known[1])
+            floor = cast(tuple[str, float], known)[0]  # not a full scan: ``known`` is set
+        self._floors[queue] = (floor, time.monotonic() if full else cast(tuple[str, float], known)[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1391,7 +1393,7 @@ class CoreStore:
         while True:
             keys = tuple(extra.values())
             try:
-                return await self.driver.with_transaction(lambda tx, keys=keys: body(tx, keys))
+                return await self.driver.with_transaction(lambda tx: body(tx, keys))  # awaited before ``keys`` changes
             except _NeedKeys as need:
                 added = [key for key in need.keys if key.encoded not in extra]
                 if not added:  # pragma: no cover - an attempt asked for keys it was given
@@ -2357,7 +2359,8 @@ class CoreStore:
             counted = RunChildCounts(
                 events=children.events, outbox=children.outbox, steps=children.steps + 1, links=children.links
             )
-            tx.replace(run_record, _run_record(env, run, counted, self.queue_limits))
+            # ``run`` was decoded from ``run_record``, so the record is there.
+            tx.replace(cast(StorageRecord, run_record), _run_record(env, run, counted, self.queue_limits))
             # Only a first-time completion is observed; a replay above returned before this point.
             self.stage_observations(tx, [value], {key.encoded: record for key, record in zip(reads, found)})
             return step, True

@@ -95,7 +95,7 @@ class Batcher(Generic[RequestT, ResultT]):
         finally:
             # Synchronously, with no await since ``pending`` was seen empty: a submit can never find
             # a finished runner still counted and leave its request without one.
-            self._runners.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._runners.discard(asyncio.current_task())
 
     async def _deliver(self, batch: list[tuple[RequestT, asyncio.Future[ResultT]]]) -> None:
         try:

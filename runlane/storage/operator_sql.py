@@ -196,6 +196,7 @@ def _run_fields(document: StorageDocument) -> tuple[Any, ...] | None:
         lease = run["lease"]
         updated_at = _date(run["updated_at"])
         run_at = _optional_date(run["run_at"])
+        available: datetime | None
         if status is RunStatus.QUEUED:
             available = run_at or updated_at
         elif status in (RunStatus.SCHEDULED, RunStatus.RETRYING, RunStatus.RELEASED):

@@ -6,6 +6,7 @@ anything that does not decode as canonical) to keep its projection in the same c
 
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass
 from datetime import datetime
@@ -171,7 +172,7 @@ _FIELD_SETS: dict[frozenset[str], tuple[str, ...]] = {}
 
 # Nested models: class, its enum fields (field -> enum) and its JSON fields. A model that gains,
 # loses or renames a field no longer matches ``_COMPACT_ENABLED`` and runs are remembered as models.
-_NESTED: tuple[tuple[type[BaseModel], dict[str, type], tuple[str, ...]], ...] = (
+_NESTED: tuple[tuple[type[BaseModel], dict[str, type[enum.Enum]], tuple[str, ...]], ...] = (
     (RunCounters, {}, ()),
     (RunLease, {}, ()),
     (TimeWaitCondition, {"type": RunWaitConditionType}, ()),
@@ -181,7 +182,7 @@ _NESTED: tuple[tuple[type[BaseModel], dict[str, type], tuple[str, ...]], ...] = 
     (RunSource, {"type": RunSourceType}, ()),
 )
 _NESTED_INDEX = {model: index for index, (model, _, _) in enumerate(_NESTED)}
-_NESTED_FIELDS = {
+_NESTED_FIELDS: dict[type[BaseModel], tuple[str, ...]] = {
     RunCounters: ("attempts", "failures", "retries", "releases"),
     RunLease: ("worker_id", "token", "claimed_at", "expires_at"),
     TimeWaitCondition: ("type", "resume_at"),
@@ -196,6 +197,7 @@ _RUN_EXPECTED = (
     "dispatch_expires_at", "wait", "failure", "output", "has_output", "source", "idempotency_key", "singleton_key",
     "concurrency_key", "trace_carrier", "meta",
 )  # fmt: skip
+_COMPACT_MODELS: tuple[type[BaseModel], ...] = (RunRecord, Environment, *_NESTED_FIELDS)
 _COMPACT_ENABLED = (
     _RUN_FIELDS == _RUN_EXPECTED
     and tuple(Environment.model_fields) == ("name",)
@@ -204,7 +206,7 @@ _COMPACT_ENABLED = (
         not model.__private_attributes__
         and model.__pydantic_post_init__ is None
         and model.model_config.get("extra") != "allow"
-        for model in (RunRecord, Environment, *_NESTED_FIELDS)
+        for model in _COMPACT_MODELS
     )
 )
 
