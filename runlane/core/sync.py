@@ -18,22 +18,37 @@ import builtins
 import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ..errors import ErrorCode, RunlaneError
 from ..models import Environment, Page, RunAttemptSummary, RunEventRecord, RunRecord, RunSummary
+from .runtime import RunsApi, Runlane, SignalsApi
 
 if TYPE_CHECKING:
     from .authoring import QueueDefinition, TaskDefinition
     from .lanes import Lane
     from .observations import ObservationPage, ObservationTrimResult
     from .pruning import PruneResult
-    from .runtime import ExecuteDeliveryResult, Registry, Runlane, TickResult, TriggerRunResult
+    from .runtime import ExecuteDeliveryResult, Registry, TickResult, TriggerRunResult
     from .worker import WorkerHandle
 
 __all__ = ["SyncRunlane", "SyncWorkerHandle"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _options_of(
+    counterpart: Callable[Concatenate[Any, P], Any],
+) -> Callable[[Callable[..., T]], Callable[Concatenate[Any, P], T]]:
+    """Give a facade method the parameters of its ``async`` counterpart, for type checkers: a misspelt
+    or mistyped option is reported where it is written, as on ``Runlane``. The method is returned as
+    written; it passes its options through to the counterpart, which checks them."""
+
+    def mirror(method: Callable[..., T]) -> Callable[Concatenate[Any, P], T]:
+        return method
+
+    return mirror
 
 # How long ``close()`` lets calls still running on the facade loop finish before it cancels them.
 _CLOSE_GRACE_S = 5.0
@@ -193,21 +208,27 @@ class SyncRunlane:
 
     # -- runtime methods -------------------------------------------------------------------------
 
+    @_options_of(Runlane.trigger)
     def trigger(self, task: TaskDefinition | str, payload: Any = None, **options: Any) -> TriggerRunResult:
         return self.call(self._runtime.trigger, task, payload, **options)
 
+    @_options_of(Runlane.run_now)
     def run_now(self, task: TaskDefinition | str, payload: Any = None, **options: Any) -> RunRecord:
         return self.call(self._runtime.run_now, task, payload, **options)
 
+    @_options_of(Runlane.execute_next)
     def execute_next(self, **options: Any) -> RunRecord | None:
         return self.call(self._runtime.execute_next, **options)
 
+    @_options_of(Runlane.execute_delivery)
     def execute_delivery(self, message: Any, **options: Any) -> ExecuteDeliveryResult:
         return self.call(self._runtime.execute_delivery, message, **options)
 
+    @_options_of(Runlane.tick)
     def tick(self, **options: Any) -> TickResult:
         return self.call(self._runtime.tick, **options)
 
+    @_options_of(Runlane.worker)
     def worker(self, **options: Any) -> SyncWorkerHandle:
         """Start a worker on the facade loop; returns a handle with blocking ``stop()`` / ``wait()``."""
         runtime = self._runtime
@@ -262,9 +283,11 @@ class SyncRuns:
     def get(self, run_id: str) -> RunRecord | None:
         return self._facade.call(self._facade._runtime.runs.get, run_id)
 
+    @_options_of(RunsApi.list)
     def list(self, **options: Any) -> Page[RunSummary]:
         return self._facade.call(self._facade._runtime.runs.list, **options)
 
+    @_options_of(RunsApi.events)
     def events(self, run_id: str, **options: Any) -> Page[RunEventRecord]:
         return self._facade.call(self._facade._runtime.runs.events, run_id, **options)
 
@@ -272,21 +295,27 @@ class SyncRuns:
     def attempts(self, run_id: str) -> builtins.list[RunAttemptSummary]:
         return self._facade.call(self._facade._runtime.runs.attempts, run_id)
 
+    @_options_of(RunsApi.find_active)
     def find_active(self, **options: Any) -> RunRecord | None:
         return self._facade.call(self._facade._runtime.runs.find_active, **options)
 
+    @_options_of(RunsApi.find_current)
     def find_current(self, **options: Any) -> RunRecord | None:
         return self._facade.call(self._facade._runtime.runs.find_current, **options)
 
+    @_options_of(RunsApi.cancel)
     def cancel(self, run_id: str, **options: Any) -> RunRecord:
         return self._facade.call(self._facade._runtime.runs.cancel, run_id, **options)
 
+    @_options_of(RunsApi.rerun)
     def rerun(self, source_run_id: str, **options: Any) -> RunRecord:
         return self._facade.call(self._facade._runtime.runs.rerun, source_run_id, **options)
 
+    @_options_of(RunsApi.retry)
     def retry(self, source_run_id: str, **options: Any) -> RunRecord:
         return self._facade.call(self._facade._runtime.runs.retry, source_run_id, **options)
 
+    @_options_of(RunsApi.prune)
     def prune(self, **options: Any) -> PruneResult:
         return self._facade.call(self._facade._runtime.runs.prune, **options)
 
@@ -295,6 +324,7 @@ class SyncSignals:
     def __init__(self, facade: SyncRunlane) -> None:
         self._facade = facade
 
+    @_options_of(SignalsApi.send)
     def send(self, signal_key: str, **options: Any) -> list[RunRecord]:
         return self._facade.call(self._facade._runtime.signals.send, signal_key, **options)
 

@@ -30,3 +30,11 @@ async def producer() -> None:
     await runlane.runs.cancel()  # expect: [call-arg]
     queue("jobs", default="yes")  # expect: [arg-type]
     print(RunStatus.DONE)  # expect: [attr-defined]
+
+
+def sync_producer() -> None:
+    runlane = create_runlane(lane=local_lane(), queues=[jobs])
+    runlane.sync.trigger(noop, 1, singleton_kye="k")  # expect: [call-arg]
+    runlane.sync.worker(mode=WorkerMode.DRAIN, max_runs="10")  # expect: [arg-type]
+    runlane.sync.runs.list(limit="10")  # expect: [arg-type]
+    print(runlane.sync.runs.get("run_1").status)  # expect: [union-attr]
