@@ -583,8 +583,9 @@ async def exchange(
     if status == 200 and isinstance(document, dict) and error is None:
         return str(document.get("stdout", "")), str(document.get("stderr", ""))
     if isinstance(error, dict):
+        code_value: Any = error.get("code")  # any JSON value: one that is no error code is an internal error
         try:
-            code = ErrorCode(error.get("code"))
+            code = ErrorCode(code_value)
         except ValueError:
             code = ErrorCode.INTERNAL_ERROR
         raise RunlaneError(

@@ -103,7 +103,7 @@ def export(
         loops = [(item, runtime.observation_exporter(item.consumer, item.sink)) for item in exporters]
         with StopOnSignals(output, finishing="the current batch") as stop, forward_runtime_logs(output):
             tasks = [start_exporter(output, item, exporter, controller) for item, exporter in loops]
-            stopping = asyncio.ensure_future(stop.stopping.wait())
+            stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.stopping.wait())
             try:
                 await asyncio.wait({stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED)
             finally:

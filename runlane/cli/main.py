@@ -679,8 +679,8 @@ def _register_plugin_commands(root: typer.Typer) -> None:
             "(uninstall one of them or limit plugins with RUNLANE_LOAD_PLUGINS).",
             file=sys.stderr,
         )
-    for commands, groups in entries if shared else ():
-        _drop_names(root.registered_commands, commands, root.registered_groups, groups, shared.keys())
+    for plugin_commands, plugin_groups in entries if shared else ():
+        _drop_names(root.registered_commands, plugin_commands, root.registered_groups, plugin_groups, shared.keys())
 
 
 def _drop_names(

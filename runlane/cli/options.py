@@ -15,14 +15,18 @@ import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperOption
 
 from ..core.authoring import parse_idempotency_key_ttl
 from ..durations import duration_ms, parse_duration
 from ..errors import ErrorCode, RunlaneError
+
+if TYPE_CHECKING:
+    # The context Typer's commands are given: its vendored Click's, not ``typer.Context``.
+    from typer._click.core import Context as ClickContext
 
 __all__ = [
     "DURATION",
@@ -74,18 +78,21 @@ class MultiValueCommand(TyperCommand):
                 "use the plain command class"
             )
 
-    def make_parser(self, ctx: typer.Context) -> Any:
+    def make_parser(self, ctx: ClickContext) -> Any:
         parser = super().make_parser(ctx)
         repeatable = {
             param
             for param in self.get_params(ctx)
-            if param.param_type_name == "option" and getattr(param, "multiple", False) and not param.is_flag
+            if param.param_type_name == "option"
+            and getattr(param, "multiple", False)
+            and not cast(TyperOption, param).is_flag
         }
         options = {**parser._long_opt, **parser._short_opt}  # Click's parser has no public per-option hook
         for option in options.values():
             if option.obj in repeatable and not getattr(option, "_takes_several", False):
-                option.process = _taking_several(option.process)
-                option._takes_several = True
+                # Click's private parser option: its ``process`` is replaced, and marked so it is wrapped once.
+                option.process = _taking_several(option.process)  # type: ignore[method-assign]
+                option._takes_several = True  # type: ignore[attr-defined]
         return parser
 
 

@@ -9,12 +9,13 @@ It never loads entry points (that is ``runlane.plugins.manager``) and never read
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import pluggy
 from pydantic import BaseModel, ValidationError
@@ -186,7 +187,8 @@ class ProviderRegistry(Generic[P]):
         existing = self._providers.get(provider.name)
         stamped = dataclasses.replace(provider, plugin=plugin)
         if existing is not None:
-            plugins = self._collisions.setdefault(provider.name, [existing.plugin])
+            # Every provider in ``_providers`` was stamped with its plugin above.
+            plugins = self._collisions.setdefault(provider.name, [cast(str, existing.plugin)])
             plugins.append(plugin)
             if not self._keep_collisions:
                 raise self._collision(provider.name)
@@ -348,10 +350,14 @@ def collect_registries(manager: pluggy.PluginManager, *, keep_collisions: bool =
         ("register_exporters", registries.exporters),
     )
     for hook_name, registry in provider_hooks:
-        _call_per_plugin(manager, hook_name, lambda plugin, r=registry: lambda p: r.add(p, plugin=plugin))
+        _call_per_plugin(manager, hook_name, functools.partial(_provider_adder, registry))
     _call_per_plugin(manager, "register_task_modules", lambda plugin: _module_adder(registries, plugin))
     _call_per_plugin(manager, "register_observers", lambda plugin: _observer_adder(registries, plugin))
     return registries
+
+
+def _provider_adder(registry: ProviderRegistry[Any], plugin: str) -> Callable[[Any], Any]:
+    return lambda provider: registry.add(provider, plugin=plugin)
 
 
 def _module_adder(registries: Registries, plugin: str) -> Callable[[str], None]:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from pydantic import BaseModel
 
@@ -28,6 +29,9 @@ from runlane import Backoff, RetryBackoffType, Retry, RunEventSortField, SortDir
 from runlane.testing import ControlledClock
 
 from .lane import local_lane
+
+if TYPE_CHECKING:
+    from runlane import RunRecord, Runlane
 
 # -- Part 1: the quick start -------------------------------------------------------------------
 
@@ -111,8 +115,8 @@ async def _tour() -> None:
         invoice = (await runlane.trigger(sync_invoice, {"invoice_id": "inv_42"})).run
         report = (await runlane.trigger(publish_report, {"report_id": "r_7"})).run
         await runlane.worker(mode=WorkerMode.DRAIN, concurrency=4).closed
-        print(f"  after the first drain: invoice {(await runlane.runs.get(invoice.id)).status},"
-              f" report {(await runlane.runs.get(report.id)).status}")
+        print(f"  after the first drain: invoice {(await _stored_run(runlane, invoice.id)).status},"
+              f" report {(await _stored_run(runlane, report.id)).status}")
 
         clock.advance("5s")                       # the retry's backoff has passed
         ready_reports.add("r_7")                  # the webhook arrives; its data lives in the app
@@ -122,12 +126,17 @@ async def _tour() -> None:
         print(f"  signal resumed {len(resumed)} run; tick requested {ticked.delivery_requested} delivery")
 
         for run_id in (invoice.id, report.id):
-            run = await runlane.runs.get(run_id)
+            run = await _stored_run(runlane, run_id)
             page = await runlane.runs.events(run_id, sort_by=RunEventSortField.SEQUENCE, sort_direction=SortDirection.ASC)
             print(f"\n  {run.task_id}: {run.status}, attempts={run.counters.attempts}"
                   f" failures={run.counters.failures} releases={run.counters.releases} output={run.output}")
             for record in page.data:
                 print(f"    #{record.sequence:<2} {record.event.occurred_at:%H:%M:%S}  {record.event.type}")
+
+
+async def _stored_run(runlane: Runlane, run_id: str) -> RunRecord:
+    """A run the tour triggered, as stored now (the tour deletes no run)."""
+    return cast("RunRecord", await runlane.runs.get(run_id))
 
 
 # -- Part 3: the same from the command line ---------------------------------------------------

@@ -36,7 +36,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import immutables
 
@@ -168,6 +168,7 @@ class _SortedRows:
         """``remove`` every row of ``removes``, then ``insert`` every row of ``inserts``, copying each
         touched chunk and the chunk directory once (one commit's changes to one partition)."""
         chunks = self._chunks
+        rows: list[Row] | None  # ``None`` only after a ``touched.get`` miss below
         if not chunks:
             if removes:
                 raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "An index row of a stored record is missing.")
@@ -745,7 +746,7 @@ def _pack(key: StorageRecordKey, version: str, record: NewStorageRecord) -> Stor
         entry = indexes[0]
         rows = (entry.name._value_, entry.encoded_partition, entry.encoded_sort)
     else:
-        flat = []
+        flat: list[str] = []
         for entry in indexes:
             flat += (entry.name._value_, entry.encoded_partition, entry.encoded_sort)
         rows = tuple(flat)
@@ -773,6 +774,14 @@ def _decoded_partition(encoded: str) -> tuple[str, ...]:
 def _decoded_sort(encoded: str) -> tuple[str, ...]:
     """``decode_storage_tuple`` of an encoding this driver stored (made by ``encode_storage_tuple``)."""
     return tuple([bytes.fromhex(part).decode("utf-8") for part in encoded.split("/")])
+
+
+@overload
+def _unpack(stored: Stored, key: StorageRecordKey | None = None) -> StorageRecord: ...
+
+
+@overload
+def _unpack(stored: Stored | None, key: StorageRecordKey | None = None) -> StorageRecord | None: ...
 
 
 def _unpack(stored: Stored | None, key: StorageRecordKey | None = None) -> StorageRecord | None:

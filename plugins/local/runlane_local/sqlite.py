@@ -1005,6 +1005,7 @@ class SqliteStorageDriver(ClientClock):
         version = counter[0]
         outcomes: list[bool | RunlaneError] = []
         for attempt, projection in zip(attempts, projections):
+            applied: int | RunlaneError | None
             if alone:
                 applied = self._apply(connection, *attempt, projection, version)
             else:
@@ -1346,7 +1347,7 @@ def _version_of(row: tuple[Any, Any] | None) -> str | None:
 
 def _projection_changes(writes: list[StagedWrite]) -> list[tuple[StorageRecordKey, Any, Any]]:
     """``(key, run row, event row)`` of every staged write to a run or run event record."""
-    changes = []
+    changes: list[tuple[StorageRecordKey, Any, Any]] = []
     for write in writes:
         key, record = write.key, write.record
         if is_operator_run_key(key):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 from datetime import datetime
+from typing import Any, TypeVar
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -19,8 +20,11 @@ SCOPE = InstrumentationScope("runlane", __version__)
 ABSENT = object()
 """In a mapping's undo journal: the key was not there before."""
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
-def restore(table: MutableMapping[object, object], before: Mapping[object, object]) -> None:
+
+def restore(table: MutableMapping[_K, _V], before: Mapping[_K, Any]) -> None:
     """Put back what ``before`` (key -> value as it was, or ``ABSENT``) recorded of ``table``."""
     for key, value in before.items():
         if value is ABSENT:

@@ -76,11 +76,11 @@ class ObservationLogs:
                 evicted, value = self._traces.popitem(last=False)
                 self._before.setdefault(evicted, value)
             return context
-        context = self._traces.get(key)
-        if context is None:
+        traced = self._traces.get(key)
+        if traced is None:
             return _NO_TRACE
         self._traces.move_to_end(key)
-        return context
+        return traced
 
     def _one(self, record: RunlaneObservationRecord) -> ReadableLogRecord:
         observation = record.observation

@@ -78,7 +78,7 @@ class _Answers:
     def __init__(self, exporter: Any) -> None:
         self.status: int | None = None
         self.reason: str | None = None
-        client = getattr(exporter, "_client", None)
+        client: Any = getattr(exporter, "_client", None)
         send = getattr(client, "export", None)
         if not callable(send):
             return

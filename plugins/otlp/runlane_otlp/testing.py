@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
@@ -101,13 +101,17 @@ class OtlpTestReceiver:
 
     @property
     def logs_endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
+        host, port = self._bound_address()
         return f"http://{host}:{port}/v1/logs"
 
     @property
     def traces_endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
+        host, port = self._bound_address()
         return f"http://{host}:{port}/v1/traces"
+
+    def _bound_address(self) -> tuple[str, int]:
+        # The server is bound to an AF_INET(6) socket, whose getsockname() host is always a str.
+        return cast("tuple[str, int]", self._server.server_address[:2])
 
     def __enter__(self) -> OtlpTestReceiver:
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-test-receiver", daemon=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
@@ -73,7 +73,7 @@ with warnings.catch_warnings():
         model_config = ConfigDict(extra="forbid", frozen=True)
 
         connection_string: str = _CONNECTION_STRING
-        schema: str | None = None
+        schema: str | None = None  # type: ignore[assignment]  # the option shadows BaseModel.schema(), as above
         name: str = Field(default="postgres-polling", min_length=1)
         min_size: int = Field(default=1, ge=0)
         max_size: int = Field(default=10, ge=1)
@@ -84,7 +84,7 @@ with warnings.catch_warnings():
         model_config = ConfigDict(extra="forbid", frozen=True)
 
         connection_string: str = _CONNECTION_STRING
-        schema: str | None = None
+        schema: str | None = None  # type: ignore[assignment]  # the option shadows BaseModel.schema(), as above
         name: str = Field(default="postgres-storage", min_length=1)
         min_size: int = Field(default=1, ge=0)
         max_size: int = Field(default=10, ge=1)
@@ -165,8 +165,9 @@ def _configured_connection(ctx: typer.Context) -> tuple[str, str | None]:
         )
     if lane.use == "postgres-polling":
         provider = get_registries().lanes.get(lane.use)
-        options = validate_options(provider, lane.options)
-        return options.connection_string, options.schema  # type: ignore[attr-defined]
+        # This plugin registers postgres-polling (another plugin registering it too fails as a collision).
+        options = cast(PostgresPollingLaneOptions, validate_options(provider, lane.options))
+        return options.connection_string, options.schema
     nested = lane.options.get("postgres")
     if isinstance(nested, dict):
         url = nested.get("connection_string", nested.get("url"))

@@ -79,7 +79,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import orjson
@@ -1104,7 +1104,8 @@ class _PostgresAttempt(StorageAttempt):
                 if reads:
                     changed = int(answers[0].get_value(0, 0))
             elif reads:
-                result = await _call(conn, *validate[0])
+                # The only entry: the validate statement appended above.
+                result = await _call(conn, *cast("tuple[_Statement, Sequence[bytes | None]]", validate[0]))
                 changed = int(result.get_value(0, 0))
         except psycopg.Error as error:
             failure = self._failed(error, "validate the transaction's reads")
@@ -1246,7 +1247,7 @@ class _AttemptFailed(psycopg.DatabaseError):
 
     def __init__(self, sqlstate: str | None, message: str, detail: str | None) -> None:
         super().__init__(message)
-        self.sqlstate = sqlstate  # type: ignore[misc]
+        self.sqlstate = sqlstate
         self.detail = detail
 
 
@@ -1898,10 +1899,10 @@ class PostgresStorageDriver(ClientClock):
                 await self._acquire()  # the same error as any other call on a closed driver
             return []
         wanted = {key.encoded: key for key in checked}
-        statement, keys = self._sql.get, (_key_array(wanted),)
+        statement, params = self._sql.get, (_key_array(wanted),)
 
         async def body(conn: psycopg.AsyncConnection[Any]) -> Any:
-            return await _call(conn, statement, keys)
+            return await _call(conn, statement, params)
 
         found = _found_records(wanted, await self._run("read records", body), self._written)
         return [found.get(key.encoded) for key in checked]
@@ -2063,7 +2064,7 @@ class PostgresStorageDriver(ClientClock):
 
             numbers = iter(range(1, len(params) + 1))
             statement = re.sub("%s", lambda _: f"${next(numbers)}", text)
-            call = pgsql.SQL(f"EXPLAIN ({options}) EXECUTE runlane_explain")
+            call: pgsql.SQL | pgsql.Composed = pgsql.SQL(f"EXPLAIN ({options}) EXECUTE runlane_explain")
             if params:
                 values = pgsql.SQL(", ").join(pgsql.Literal(value) for value in params)
                 call = pgsql.Composed([call, pgsql.SQL("({})").format(values)])

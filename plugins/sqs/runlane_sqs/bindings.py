@@ -91,7 +91,7 @@ class SqsFifoOptions:
         object.__setattr__(self, "deduplication", _member(SqsFifoDeduplication, self.deduplication, "deduplication"))
 
 
-def _member(kind: type[enum.StrEnum], value: object, what: str) -> Any:
+def _member(kind: type[enum.StrEnum], value: Any, what: str) -> Any:
     try:
         return kind(value)
     except ValueError:

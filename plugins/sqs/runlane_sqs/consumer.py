@@ -307,14 +307,14 @@ class SqsDeliveryConsumer:
                     continue
                 failed_ids.add(entry_id)
                 code = entry.get("Code")
-                error = RunlaneError(
+                delete_error = RunlaneError(
                     ErrorCode.TRANSPORT_UNAVAILABLE,
                     f"SQS did not delete a handled message ({code if isinstance(code, str) else 'no code'}); "
                     "it will be delivered again and ignored as already handled.",
                     retryable=True,
                     meta={"provider_code": code} if isinstance(code, str) else {},
                 )
-                await self._failed(SqsDeliveryFailurePhase.DELETE, error, chunk[int(entry_id)].message_id)
+                await self._failed(SqsDeliveryFailurePhase.DELETE, delete_error, chunk[int(entry_id)].message_id)
             self.counts.deleted += len(chunk) - len(failed_ids)
 
     async def _failed(

@@ -79,6 +79,7 @@ class RunDetailScreen(Screen[None]):
 
     @work(exclusive=True, group="detail")
     async def reload(self) -> None:
+        detail: RunDetail | RunlaneError
         try:
             detail = await self.dashboard.client.run(self.run_id)
         except RunlaneError as error:
