@@ -1,6 +1,6 @@
-"""Runlane's type information as users' type checkers see it.
+"""Runlane's type information as users' type checkers see it, and the packages' own type check.
 
-The programs in ``tests/typing/`` are checked with ``mypy --strict`` in a subprocess: the annotated
+The packages (the ``[tool.mypy]`` files of ``pyproject.toml``) must pass mypy. The programs in ``tests/typing/`` are checked with ``mypy --strict`` in a subprocess: the annotated
 application and plugin must pass cleanly, and every mistake in ``misuse.py`` must be reported on its
 line with its error code (so the test fails if the types go missing or turn into ``Any``).
 """
@@ -63,3 +63,14 @@ def test_mistakes_against_the_public_api_are_reported_where_they_are(mypy_cache:
     assert len(expected) >= 10
     result = _mypy(mypy_cache, "--strict", str(source))
     assert _errors(result.stdout) == expected, result.stdout + result.stderr
+
+
+def test_the_packages_pass_their_own_type_check(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), "--no-error-summary"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
