@@ -22,6 +22,11 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import ErrorCode, RunlaneError, pydantic_message
 
+if typing.TYPE_CHECKING:
+    from ..core.lanes import Lane, TransportAdapter
+    from ..core.observations import ObservationSink
+    from ..storage.driver import StorageDriver
+
 __all__ = [
     "ExporterProvider",
     "LaneProvider",
@@ -73,6 +78,8 @@ class _Provider:
 class LaneProvider(_Provider):
     """A lane: ``create(options, context) -> Lane``; selected by ``[lane] use = "<name>"``."""
 
+    create: Callable[[Any, ProviderContext], Lane]
+
     kind: ClassVar[str] = "lane"
     table: ClassVar[str] = "[lane]"
 
@@ -80,6 +87,8 @@ class LaneProvider(_Provider):
 @dataclass(frozen=True, slots=True)
 class StorageDriverProvider(_Provider):
     """A storage driver: ``create(options, context) -> StorageDriver``."""
+
+    create: Callable[[Any, ProviderContext], StorageDriver]
 
     kind: ClassVar[str] = "storage driver"
     table: ClassVar[str] = "[storage]"
@@ -89,6 +98,8 @@ class StorageDriverProvider(_Provider):
 class TransportProvider(_Provider):
     """A wakeup transport: ``create(options, context) -> TransportAdapter``."""
 
+    create: Callable[[Any, ProviderContext], TransportAdapter]
+
     kind: ClassVar[str] = "transport"
     table: ClassVar[str] = "[transport]"
 
@@ -96,6 +107,8 @@ class TransportProvider(_Provider):
 @dataclass(frozen=True, slots=True)
 class ExporterProvider(_Provider):
     """An observation exporter: ``create(options, context) -> ObservationSink``; ``[[exporters]] use = "<name>"``."""
+
+    create: Callable[[Any, ProviderContext], ObservationSink]
 
     kind: ClassVar[str] = "exporter"
     table: ClassVar[str] = "[[exporters]]"

@@ -7,7 +7,12 @@ these would pass silently and fail only at run time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pydantic import BaseModel
+
 from runlane import RunStatus, TaskContext, WorkerMode, create_runlane, queue, task
+from runlane.plugins.registries import LaneProvider, ProviderContext
 from runlane_local import local_lane
 
 jobs = queue("jobs", default=True)
@@ -38,3 +43,11 @@ def sync_producer() -> None:
     runlane.sync.worker(mode=WorkerMode.DRAIN, max_runs="10")  # expect: [arg-type]
     runlane.sync.runs.list(limit="10")  # expect: [arg-type]
     print(runlane.sync.runs.get("run_1").status)  # expect: [union-attr]
+
+
+def create_lane(options: object, context: ProviderContext) -> str:
+    return "not a lane"
+
+
+def register_lanes(register: Callable[[LaneProvider], None]) -> None:
+    register(LaneProvider("broken", BaseModel, create_lane))  # expect: [arg-type]
