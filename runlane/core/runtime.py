@@ -498,9 +498,7 @@ class Runlane:
         self._claiming: set[str] = set()
         self.work_signal = _WorkSignal()
         # Cross-process wake-up hints when the storage driver offers them (see ``wake``).
-        self._wake_hints: StorageWakeHints | None = (
-            cast(StorageWakeHints, lane.storage) if supports_wake_hints(lane.storage) else None
-        )
+        self._wake_hints: StorageWakeHints | None = lane.storage if supports_wake_hints(lane.storage) else None
         # Drivers with exclusive candidates let a worker of unbounded queues scan and claim in one
         # transaction that other processes' scans skip (``claim_next``); other workers share a plain
         # scan per worker, deep enough to get past bounded-queue runs that wait for capacity.

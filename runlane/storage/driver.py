@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from ..models import Environment, Page, RunEventRecord, RunRecord, RunSummary
 from .operator import PaginationParams, RunEventFilter, RunFilter
@@ -125,9 +125,9 @@ class StorageWakeHints(Protocol):
         """Call ``callback(queue)`` (from any thread) for hints from any process; returns an unsubscribe."""
 
 
-def supports_wake_hints(driver: object) -> bool:
+def supports_wake_hints(driver: object) -> TypeGuard[StorageWakeHints]:
     return all(callable(getattr(driver, name, None)) for name in ("publish_wake_hint", "subscribe_wake_hints"))
 
 
-def supports_operator_reads(driver: object) -> bool:
+def supports_operator_reads(driver: object) -> TypeGuard[OperatorReadDriver]:
     return all(callable(getattr(driver, name, None)) for name in ("get_run", "list_runs", "list_run_events"))

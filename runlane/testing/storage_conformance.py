@@ -2504,7 +2504,7 @@ class StorageDriverConformance:
         assert supports_operator_reads(driver), (
             "supports_operator_reads is on, but the driver has no operator read methods"
         )
-        return driver  # type: ignore[return-value]
+        return driver
 
     async def _write_operator_data(self, driver: StorageDriver, data: _OperatorData) -> None:
         records = [_run_record(run) for run in data.runs] + [_event_record(event) for event in data.events]
