@@ -32,6 +32,7 @@ from runlane import (
 )
 
 from runlane.core.store import ClaimRequest
+from runlane.testing import wait_for_run_status
 from runtime_support import DEFAULT_QUEUE, event_types, make_runtime, shared_runtimes
 
 
@@ -733,7 +734,8 @@ async def test_execute_delivery_abandons_an_attempt_that_lost_its_lease(caplog):
         pending = asyncio.ensure_future(
             runtime.execute_delivery(_message(run), lease_duration="1s", heartbeat_interval="5ms")
         )
-        await asyncio.sleep(0.003)
+        # The attempt holds its lease before the clock moves past it (on a busy machine that can take a while).
+        await wait_for_run_status(runtime, run.id, RunStatus.RUNNING, timeout="10s", interval="1ms")
         clock.advance("2s")
         assert (await runtime.store.claim([ClaimRequest(run.id, None, "thief", "tok", 60_000)]))[0].claimed
         result = await asyncio.wait_for(pending, 2)
