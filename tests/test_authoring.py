@@ -563,16 +563,21 @@ def test_stored_payloads_round_trip_through_json_mode_validation():
     validated = record.validate_payload(StrictEvent(at=at))
     stored = record.dump_payload(validated)
     assert stored == {"at": "2026-01-01T09:00:00Z"}
-    # Strict models reject the ISO string as a Python value but accept it as JSON: loading uses JSON mode.
-    with raises(ErrorCode.VALIDATION_FAILED):
-        record.validate_payload(stored)
+    # Strict models reject the ISO string as a Python value but accept it as JSON: loading uses JSON mode,
+    # and so does a caller's payload of plain JSON data (a webhook body, the CLI's argument).
     assert record.load_payload(stored) == StrictEvent(at=at)
+    assert record.validate_payload(stored) == StrictEvent(at=at)
+    with raises(ErrorCode.VALIDATION_FAILED) as caught:
+        record.validate_payload({"at": "next tuesday"})
+    assert caught.value.meta["errors"][0]["loc"] == ["at"]
 
 
 def test_stored_payload_that_no_longer_matches_is_a_validation_failure():
     with raises(ErrorCode.VALIDATION_FAILED) as caught:
         welcome_task().load_payload({"user": "old-shape"})
     assert "stored payload" in caught.value.message
+    # Nobody can send the stored payload again (a retry or rerun takes none): say what can be done instead.
+    assert caught.value.message.endswith("trigger a new run with one that does.")
 
 
 def test_payload_that_cannot_be_stored_as_json_is_a_validation_failure():

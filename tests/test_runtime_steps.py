@@ -194,6 +194,31 @@ async def test_a_step_output_with_nan_is_task_output_invalid_not_stored_as_null(
         assert error.code is ErrorCode.TASK_OUTPUT_INVALID and error.meta["step_key"] == "measure"
 
 
+async def test_a_step_output_that_cannot_be_json_is_task_output_invalid_naming_the_step():
+    class Upload(BaseModel):
+        key: str
+        sha256: bytes  # a raw digest is not UTF-8, so it has no JSON string
+
+    caught: list[RunlaneError] = []
+
+    @task("steps.digest")
+    async def digest(payload: dict, ctx: TaskContext) -> str:
+        try:
+            await ctx.step.run("put", lambda token: Upload(key="k", sha256=hashlib.sha256(b"x").digest()), output=Upload)
+        except RunlaneError as error:
+            caught.append(error)
+        return "done"
+
+    runtime, _ = make_runtime(digest)
+    async with runtime:
+        await runtime.trigger(digest, {})
+        run = await runtime.execute_next()
+        assert run.status is RunStatus.SUCCEEDED
+        [error] = caught
+        assert error.code is ErrorCode.TASK_OUTPUT_INVALID and error.meta["step_key"] == "put"
+        assert "cannot be stored as JSON" in error.message
+
+
 async def test_a_transforming_output_schema_returns_the_same_parsed_value_on_every_attempt():
     from datetime import UTC, datetime
     from typing import Annotated

@@ -6,9 +6,11 @@ import asyncio
 import re
 import time
 import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, model_validator
 
 from runlane import (
     Actor,
@@ -465,3 +467,126 @@ async def test_rerun_and_manual_retry_create_linked_runs_from_terminal_sources()
         with pytest.raises(RunlaneError) as raised:
             await runtime.runs.retry("run_missing")
         assert raised.value.code is ErrorCode.RUN_NOT_FOUND
+
+
+# ---------------------------------------------------------------------------------------------
+# Payloads that do not survive storage
+
+
+class Signup(BaseModel):  # camelCase in, snake_case inside: stored as user_id, which it cannot read
+    user_id: str = Field(validation_alias="userId")
+
+
+class Credentials(BaseModel):
+    account: str
+    api_token: SecretStr  # dumped as "**********"
+
+
+class Job(BaseModel):
+    name: str
+    priority: int = Field(default=0, exclude=True)  # left out of what is stored
+
+
+class Tagged(BaseModel):
+    tags: list[str]
+
+    @model_validator(mode="after")
+    def add_default_tag(self) -> Tagged:  # not idempotent: every validation appends again
+        self.tags.append("runlane")
+        return self
+
+
+class Line(BaseModel):
+    qty: PositiveInt
+
+
+class Refund(BaseModel):
+    model_config = ConfigDict(strict=True)
+    order_id: uuid.UUID
+    requested_at: datetime
+    amount: Decimal
+
+
+class Report(BaseModel):
+    user_id: str = Field(validation_alias="userId")
+
+
+@pytest.mark.parametrize(
+    ("schema", "payload", "detail"),
+    [
+        (Signup, {"userId": "u1"}, "userId: Field required"),
+        (Credentials, {"account": "acme", "api_token": "sk_live_123"}, "gives another value"),
+        (Job, {"name": "x", "priority": 9}, "gives another value"),
+        (Tagged, {"tags": ["a"]}, "gives another value"),
+    ],
+    ids=["validation-alias", "secret", "excluded-field", "non-idempotent-validator"],
+)
+async def test_a_payload_whose_stored_json_does_not_validate_back_is_refused_before_any_write(schema, payload, detail):
+    @task("payloads.lossy", queue=emails, schema=schema)
+    async def lossy(payload) -> None:
+        return None
+
+    runtime, _ = make_runtime(lossy, queues=[emails])
+    async with runtime:
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.trigger(lossy, payload)
+        assert caught.value.code is ErrorCode.VALIDATION_FAILED
+        assert "does not survive storage" in caught.value.message and detail in caught.value.message
+        with pytest.raises(RunlaneError) as inline:
+            await runtime.run_now(lossy, payload)
+        assert inline.value.code is ErrorCode.VALIDATION_FAILED
+        assert await all_runs(runtime) == []
+
+
+async def test_a_model_instance_changed_after_validation_is_refused():
+    @task("payloads.line", queue=emails)
+    async def line(payload: Line) -> None:
+        return None
+
+    changed = Line(qty=1)
+    changed.qty = -5
+    runtime, _ = make_runtime(line, queues=[emails])
+    async with runtime:
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.trigger(line, changed)
+        assert caught.value.code is ErrorCode.VALIDATION_FAILED
+        assert caught.value.meta["errors"][0]["loc"] == ["qty"]
+        assert await all_runs(runtime) == []
+
+
+async def test_a_strict_model_takes_plain_json_data_as_the_worker_reads_it_back():
+    received: list[Refund] = []
+
+    @task("payloads.refund", queue=emails)
+    async def refund(payload: Refund) -> None:
+        received.append(payload)
+
+    body = {"order_id": "12345678-1234-5678-1234-567812345678", "requested_at": "2024-03-01T10:00:00Z", "amount": "1.10"}
+    runtime, _ = make_runtime(refund, queues=[emails])
+    async with runtime:
+        result = await runtime.trigger(refund, body)
+        assert result.run.payload == body
+        run = await runtime.execute_next()
+        assert run.status is RunStatus.SUCCEEDED
+        assert received == [
+            Refund(
+                order_id=uuid.UUID(body["order_id"]),
+                requested_at=datetime(2024, 3, 1, 10, tzinfo=UTC),
+                amount=Decimal("1.10"),
+            )
+        ]
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.trigger(refund, {**body, "amount": "lots"})
+        assert caught.value.code is ErrorCode.VALIDATION_FAILED and caught.value.meta["errors"][0]["loc"] == ["amount"]
+
+
+def test_a_schedule_payload_that_does_not_survive_storage_is_refused_when_the_task_is_defined():
+    with pytest.raises(RunlaneError) as caught:
+
+        @task("payloads.report", schedule=schedule("reports.hourly", every="1h", payload={"userId": "u"}))
+        async def report(payload: Report) -> None:
+            return None
+
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert caught.value.message.startswith("Schedule 'reports.hourly': ")
+    assert caught.value.meta["schedule_id"] == "reports.hourly"

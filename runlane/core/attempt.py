@@ -70,7 +70,15 @@ from ..models import (
 )
 from ..storage.types import StorageLimitError
 from ..vocabulary import ActorType, RunSourceType, RunStatus, RunWaitConditionType
-from .authoring import RetryPolicy, TaskDefinition, TaskRelease, build_run_wait, build_signal_wait, build_time_release
+from .authoring import (
+    RetryPolicy,
+    TaskDefinition,
+    TaskRelease,
+    build_run_wait,
+    build_signal_wait,
+    build_time_release,
+    gives_back,
+)
 from .cancellation import CancellationController, CancellationSignal, link_signals
 from .store import AppendResult, CompletionRequest
 
@@ -511,6 +519,14 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
             retryable=True,
             meta={"step_key": step_key},
         ) from None
+    except (ValueError, RecursionError) as error:
+        # Bytes that are not UTF-8, or pydantic's "Maximum serialization depth exceeded".
+        raise RunlaneError(
+            ErrorCode.TASK_OUTPUT_INVALID,
+            f"Step {step_key!r} returned output that cannot be stored as JSON: {str(error).splitlines()[0]}.",
+            retryable=True,
+            meta={"step_key": step_key},
+        ) from None
     if not is_json_value(stored):
         raise RunlaneError(
             ErrorCode.TASK_OUTPUT_INVALID,
@@ -518,17 +534,8 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
             retryable=True,
             meta={"step_key": step_key},
         )
-    # Later attempts parse the stored output again: a schema whose transform changes its own output
-    # (``AfterValidator(lambda v: v * 2)``), or that leaves a value out of what it stores (a
-    # ``SecretStr``, a ``Field(exclude=True)``), would hand them another value than this attempt got.
-    try:
-        again = adapter.validate_json(canonical_json(stored))
-        stable = adapter.dump_python(again, mode="json", by_alias=True) == stored
-        if stable and type(parsed).__eq__ is not object.__eq__:  # values that can be compared
-            stable = bool(again == parsed)
-    except (ValidationError, PydanticSerializationError):
-        stable = False
-    if not stable:
+    # Later attempts parse the stored output again, and must get what this attempt got.
+    if not gives_back(adapter, parsed, stored):
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             f"The output schema of step {step_key!r} does not give back its own output: parsing the stored "

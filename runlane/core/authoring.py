@@ -31,6 +31,7 @@ from ..json_values import (
     canonical_json_of_checked,
     ensure_json_object,
     ensure_json_value,
+    is_json_value,
     non_finite_float_path,
 )
 from ..models import RunCompletionWaitCondition, SignalWaitCondition
@@ -394,21 +395,39 @@ class TaskDefinition:
     takes_payload: bool
     takes_context: bool
     _adapter: TypeAdapter[Any] | None = field(init=False, repr=False)
+    _plain: bool = field(init=False, repr=False)  # the schema holds JSON values only (see ``gives_back``)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_adapter", _payload_adapter(self.id, self.schema) if self.takes_payload else None)
+        adapter = _payload_adapter(self.id, self.schema) if self.takes_payload else None
+        object.__setattr__(self, "_adapter", adapter)
+        object.__setattr__(self, "_plain", adapter is not None and _plain_json_schema(adapter.core_schema))
 
     def __repr__(self) -> str:
         handler = getattr(self.handler, "__qualname__", repr(self.handler))
         return f"TaskDefinition(id={self.id!r}, handler={handler})"
 
     def validate_payload(self, value: Any) -> Any:
-        """Validate a payload given by a caller (Python values); returns what the handler receives."""
-        return self._validate(value, json_input=False, subject=f"payload for task {self.id!r}")
+        """Validate a payload given by a caller (Python values); returns what the handler receives.
+
+        Plain JSON data the Python rules refuse is validated as JSON, the way every attempt reads the
+        stored payload: a strict model takes ``"2024-03-01T10:00:00Z"`` for a ``datetime`` from a
+        webhook body or the CLI as it does from storage."""
+        subject = f"payload for task {self.id!r}"
+        try:
+            return self._validate(value, json_input=False, subject=subject)
+        except RunlaneError:
+            if self._adapter is None or not is_json_value(value):
+                raise
+        return self._validate(value, json_input=True, subject=subject)
 
     def load_payload(self, stored: Any) -> Any:
         """Validate a stored JSON payload in JSON mode, the exact inverse of ``dump_payload``."""
-        return self._validate(stored, json_input=True, subject=f"stored payload of task {self.id!r}")
+        return self._validate(
+            stored,
+            json_input=True,
+            subject=f"stored payload of task {self.id!r}",
+            hint="The run's payload no longer matches the task's schema; trigger a new run with one that does.",
+        )
 
     def dump_payload(self, validated: Any) -> Any:
         """The JSON value to persist for a validated payload (``None`` for a task without payload)."""
@@ -433,7 +452,34 @@ class TaskDefinition:
                 f"The payload for task {self.id!r} cannot be stored as JSON: {_first_line(error)}.",
                 meta={"task_id": self.id},
             ) from None
-        return ensure_json_value(dumped, f"payload for task {self.id!r}")
+        stored = ensure_json_value(dumped, f"payload for task {self.id!r}")
+        # Every attempt validates the stored JSON again: it must give back what was validated here, or the
+        # handler would see another value than the one triggered, or none at all.
+        if not gives_back(self._adapter, validated, stored, plain=self._plain):
+            raise self._unstorable(stored)
+        return stored
+
+    def _unstorable(self, stored: Any) -> RunlaneError:
+        """The error for a payload whose stored JSON does not validate back to it."""
+        errors: list[dict[str, Any]] = []
+        try:
+            self._adapter.validate_json(canonical_json(stored))  # type: ignore[union-attr]  # a task with payload
+            what = "gives another value"
+        except ValidationError as error:
+            errors, summary = _validation_errors(error)
+            what = f"fails ({summary})"
+        except (ValueError, RecursionError) as error:
+            what = f"fails ({_first_line(error)})"
+        return RunlaneError(
+            ErrorCode.VALIDATION_FAILED,
+            f"The payload for task {self.id!r} does not survive storage: validating the JSON it is stored as {what}, "
+            "so attempts would not see what was triggered. Common causes: Field(validation_alias=...) without a "
+            "matching serialization alias, SecretStr, Field(exclude=True), a computed field on a model that "
+            "forbids extra fields, a validator that is not idempotent, a union such as str | datetime (put "
+            "datetime first), a model instance changed after it was validated, or a datetime or other value that is "
+            "not JSON where the schema is an untyped dict or Any (type the field, or send its JSON form).",
+            meta={"task_id": self.id, "errors": errors},
+        )
 
     def resolve_key(self, kind: TaskKeyKind, payload: Any) -> str | None:
         """The task-level key of ``kind`` for a validated payload, or ``None`` when the task sets none."""
@@ -457,7 +503,9 @@ class TaskDefinition:
             ) from error
         return validate_id(value, f"{label} resolved for task {self.id!r}")
 
-    def _validate(self, value: Any, *, json_input: bool, subject: str) -> Any:
+    def _validate(
+        self, value: Any, *, json_input: bool, subject: str, hint: str = "Send a payload that matches the task's schema."
+    ) -> Any:
         if self._adapter is None:
             if value is not None:
                 raise RunlaneError(
@@ -472,18 +520,66 @@ class TaskDefinition:
                 return self._adapter.validate_json(text)
             return self._adapter.validate_python(value)
         except ValidationError as error:
-            raise _payload_validation_error(self.id, subject, error) from None
+            raise _payload_validation_error(self.id, subject, error, hint) from None
 
 
-def _payload_validation_error(task_id: str, subject: str, error: ValidationError) -> RunlaneError:
-    # Inputs are left out: payloads may carry personal data and this error can be persisted as a failure.
+# Core schema types whose JSON-mode validation gives back the JSON value it is given, and the fields
+# that hold their element schemas.
+_PLAIN_LEAVES = frozenset({"any", "none", "bool", "int", "float", "str"})
+_PLAIN_CHILDREN = {"list": ("items_schema",), "dict": ("keys_schema", "values_schema"), "nullable": ("schema",)}
+
+
+def _plain_json_schema(schema: Any) -> bool:
+    """Whether a pydantic core schema is built only of JSON types with no options (``dict``, ``list[int]``,
+    ``dict[str, Any]``, ``str | None``...): no aliases, validators, constraints or custom types."""
+    kind = schema.get("type")
+    if kind in _PLAIN_LEAVES:
+        return bool(schema.keys() <= {"type", "metadata"})
+    children = _PLAIN_CHILDREN.get(kind)
+    if children is None or not schema.keys() <= {"type", "metadata", *children}:
+        return False
+    return all(child not in schema or _plain_json_schema(schema[child]) for child in children)
+
+
+def gives_back(adapter: TypeAdapter[Any], validated: Any, stored: Any, *, plain: bool = False) -> bool:
+    """Whether validating ``stored``, the JSON dump of ``validated``, gives ``validated`` back (and the same
+    dump): false for a schema whose transform changes its own output (``AfterValidator(lambda v: v * 2)``),
+    that stores less than it holds (a ``SecretStr``, a ``Field(exclude=True)``) or reads another name than
+    it writes (``Field(validation_alias=...)``), and for a value that is not JSON under ``Any``.
+
+    ``plain``: the schema is ``_plain_json_schema``, whose validation of a JSON value gives that value
+    back, so the dump need only equal what was validated."""
+    if plain:
+        return bool(stored == validated)
+    try:
+        again = adapter.validate_json(canonical_json(stored))
+        if adapter.dump_python(again, mode="json", by_alias=True) != stored:
+            return False
+    except (ValidationError, PydanticSerializationError, ValueError, RecursionError):
+        return False
+    if type(validated).__eq__ is object.__eq__:  # a value that cannot be compared: its JSON matched
+        return True
+    try:
+        return bool(again == validated)
+    except Exception:  # a comparison that fails says nothing either
+        return True
+
+
+def _validation_errors(error: ValidationError) -> tuple[list[dict[str, Any]], str]:
+    """The errors of ``error`` as JSON, and a one-line summary of the first few."""
+    # Inputs are left out: payloads may carry personal data and these errors can be persisted as a failure.
     errors = json.loads(error.json(include_url=False, include_input=False))
     summary = "; ".join(f"{_location(item['loc'])}: {item['msg']}" for item in errors[:_MAX_SUMMARISED_ERRORS])
     if len(errors) > _MAX_SUMMARISED_ERRORS:
         summary += f"; and {len(errors) - _MAX_SUMMARISED_ERRORS} more"
+    return errors, summary
+
+
+def _payload_validation_error(task_id: str, subject: str, error: ValidationError, hint: str) -> RunlaneError:
+    errors, summary = _validation_errors(error)
     return RunlaneError(
         ErrorCode.VALIDATION_FAILED,
-        f"Invalid {subject}: {summary}. Send a payload that matches the task's schema.",
+        f"Invalid {subject}: {summary}. {hint}",
         meta={"task_id": task_id, "error_count": len(errors), "errors": errors[:_MAX_REPORTED_ERRORS]},
     )
 
@@ -634,11 +730,13 @@ def _check_schedule_payloads(definition: TaskDefinition) -> None:
     for item in definition.schedules:
         subject = f"payload of schedule {item.id!r} (task {definition.id!r})"
         try:
-            definition._validate(item.payload, json_input=True, subject=subject)
+            definition.dump_payload(definition._validate(item.payload, json_input=True, subject=subject))
         except RunlaneError as error:
+            # A payload that validates but does not survive storage is named by its task: say which schedule.
+            named = error.message if subject in error.message else f"Schedule {item.id!r}: {error.message}"
             hint = "" if item.has_payload else " Pass payload= to schedule()."
             raise _invalid(
-                f"{error.message}{hint}",
+                f"{named}{hint}",
                 task_id=definition.id,
                 schedule_id=item.id,
                 errors=error.meta.get("errors", []),

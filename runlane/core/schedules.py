@@ -751,6 +751,7 @@ def _preflight(item: ScheduleDefinition, task: TaskDefinition) -> None:
     """Validate the static payload again and resolve the task's run keys before claiming."""
     try:
         payload = task.load_payload(item.payload)
+        task.dump_payload(payload)
     except RunlaneError as error:
         hint = "" if item.has_payload else " Pass payload= to schedule()."
         raise _invalid(
