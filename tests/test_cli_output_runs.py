@@ -84,3 +84,29 @@ async def test_brackets_in_ids_reasons_and_outputs_are_printed_as_they_are() -> 
     printed = buffer.getvalue()
     for shown in ("imp[/]2026-11", "dup[/]x", '"Q3 [draft] [red]v2"', "duplicate of [/]orders [bold]x"):
         assert shown in printed, shown
+
+
+async def test_a_validation_failure_shows_which_fields_failed_without_json() -> None:
+    """The stored failure message is the same for every payload; the fields come from ``meta.errors``."""
+    from runlane import ErrorCode, RunlaneError
+
+    @task("orders.import")
+    async def import_order(payload: dict) -> None:
+        raise RunlaneError(
+            ErrorCode.VALIDATION_FAILED,
+            "Order rejected.",
+            meta={"errors": [{"loc": ["items", 0, "sku"], "msg": "Field required"}, {"loc": [], "msg": "Too big"}]},
+        )
+
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[import_order], clock=ControlledClock())
+    buffer = io.StringIO()
+    output = Output(stdout=buffer, stderr=io.StringIO(), width=300)
+    async with runtime:
+        await runtime.trigger(import_order, {})
+        failed = await runtime.execute_next()
+        assert failed is not None and failed.status is RunStatus.FAILED
+        output.run_detail(failed, await runtime.runs.events(failed.id))
+        output.attempts_table(failed.id, await runtime.runs.attempts(failed.id))
+    # Handler messages are normalized when stored; the fields are kept.
+    shown = "validation_failed: Task failed (validation_failed). (items[0].sku: Field required; payload: Too big)"
+    assert buffer.getvalue().count(shown) == 3  # the run's failure, its run.failed event and its attempt

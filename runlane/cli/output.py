@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..core.authoring import error_location
 from ..errors import RunlaneError
 
 __all__ = [
@@ -149,7 +150,7 @@ def run_rows(run: Any, *, full: bool = True) -> list[tuple[str, Any]]:
     if run.wait is not None:
         rows.append(("waiting for", _compact(run.wait)))
     if run.failure is not None:
-        rows.append(("failure", f"{display_value(run.failure.code)}: {run.failure.message}"))
+        rows.append(("failure", failure_text(run.failure)))
     if full:
         if run.payload is not None:
             rows.append(("payload", _compact(run.payload)))
@@ -558,10 +559,22 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
+def failure_text(failure: Any) -> str:
+    """``code: message``, and where validation failed (``meta.errors``, as ``--json`` shows in full): the
+    stored message is the same for every payload, so without this only ``--json`` says which field."""
+    text = f"{display_value(failure.code)}: {failure.message}"
+    errors = failure.meta.get("errors") if isinstance(failure.meta, dict) else None
+    if isinstance(errors, list) and errors and all(isinstance(item, dict) for item in errors):
+        shown = "; ".join(f"{error_location(item.get('loc') or ())}: {item.get('msg', '?')}" for item in errors[:3])
+        more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
+        text += f" ({shown}{more})"
+    return text
+
+
 def attempt_detail(attempt: Any) -> str:
     """What an attempt ended with: its failure, when it is retried, why it released, or its output."""
     if attempt.failure is not None:
-        return f"{display_value(attempt.failure.code)}: {attempt.failure.message}"
+        return failure_text(attempt.failure)
     if attempt.retry_at is not None:
         return f"retry at {iso(attempt.retry_at)}"
     if attempt.release_reason:
@@ -580,7 +593,7 @@ def event_detail(event: Any) -> str:
             parts.append(f"{name}={display_value(value)}")
     failure = getattr(event, "failure", None)
     if failure is not None:
-        parts.append(f"failure={display_value(failure.code)}: {failure.message}")
+        parts.append(f"failure={failure_text(failure)}")
     actor = getattr(event, "actor", None)
     if actor is not None:
         parts.append(f"actor={display_value(actor.type)}" + (f":{actor.id}" if actor.id else ""))

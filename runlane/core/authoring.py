@@ -569,7 +569,7 @@ def _validation_errors(error: ValidationError) -> tuple[list[dict[str, Any]], st
     """The errors of ``error`` as JSON, and a one-line summary of the first few."""
     # Inputs are left out: payloads may carry personal data and these errors can be persisted as a failure.
     errors = json.loads(error.json(include_url=False, include_input=False))
-    summary = "; ".join(f"{_location(item['loc'])}: {item['msg']}" for item in errors[:_MAX_SUMMARISED_ERRORS])
+    summary = "; ".join(f"{error_location(item['loc'])}: {item['msg']}" for item in errors[:_MAX_SUMMARISED_ERRORS])
     if len(errors) > _MAX_SUMMARISED_ERRORS:
         summary += f"; and {len(errors) - _MAX_SUMMARISED_ERRORS} more"
     return errors, summary
@@ -584,7 +584,8 @@ def _payload_validation_error(task_id: str, subject: str, error: ValidationError
     )
 
 
-def _location(loc: Sequence[str | int]) -> str:
+def error_location(loc: Sequence[str | int]) -> str:
+    """Where a validation error is: ``payload`` for the whole, ``items[0].sku`` for a part."""
     if not loc:
         return "payload"
     text = ""
