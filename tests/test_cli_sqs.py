@@ -154,24 +154,34 @@ def test_a_polling_worker_on_the_sqs_lane_says_it_leaves_the_messages_alone(proj
 def test_sqs_consume_started_before_sqs_answers_waits_for_it(
     tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch, bound_by: str
 ) -> None:
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.server import ThreadedMotoServer
+    from moto.sqs.models import sqs_backends
     from postgres_support import migrated_schema
-    from runlane_sqs.testing import SqsTestServer
+    from runlane_sqs.testing import TEST_REGION, SqsTestServer
 
-    server = SqsTestServer()  # its port is chosen now; the server starts later
-    for name, value in server.environment().items():
+    # moto's server in this process, so the queue can exist before the server first answers: created
+    # after the server starts, a consumer retrying at that moment would be told the queue does not exist.
+    endpoint = SqsTestServer()  # only for a free port and the environment that points boto3 at it
+    server = ThreadedMotoServer(ip_address=endpoint.host, port=endpoint.port, verbose=False)
+    for name, value in endpoint.environment().items():
         monkeypatch.setenv(name, value)
     root = tmp_path / "project"
     write(root / "app_tasks.py", TASKS)
     queue_name = f"runlane-late-{uuid.uuid4().hex[:12]}"
-    binding = queue_name if bound_by == "queue_name" else f"{server.endpoint_url}/123456789012/{queue_name}"
-    config = sqs_config(postgres_url, migrated_schema(postgres_url, "sqs_late"), server.endpoint_url, {})
+    url = f"{endpoint.endpoint_url}/{DEFAULT_ACCOUNT_ID}/{queue_name}"
+    binding = queue_name if bound_by == "queue_name" else url
+    config = sqs_config(postgres_url, migrated_schema(postgres_url, "sqs_late"), endpoint.endpoint_url, {})
     write(root / "runlane.toml", config + f'\n[lane.sqs.queues.default]\n{bound_by} = "{binding}"\n')
+    backend = sqs_backends[DEFAULT_ACCOUNT_ID][TEST_REGION]
+    started_server = False
     try:
         with background(root, "sqs", "consume", "--wait-time", "1", log=tmp_path / "late.log") as consumer:
             waiting = consumer.wait_for("sqs_waiting")
             assert waiting["error_code"] == "transport_unavailable"
+            backend.create_queue(queue_name)
             server.start()
-            url = server.create_queue(queue_name)
+            started_server = True
             started = consumer.wait_for("consumer_started")
             assert started["queue_url"] == url
             triggered = cli(root, "--json", "trigger", "ping", "{}")
@@ -180,7 +190,9 @@ def test_sqs_consume_started_before_sqs_answers_waits_for_it(
             assert executed["run"]["status"] == "succeeded"
             assert consumer.stop() == 0
     finally:
-        server.stop()
+        if started_server:
+            server.stop()
+        backend.reset()
 
 
 def test_sqs_consume_of_a_queue_url_that_does_not_exist_fails_at_start(project: SqsProject) -> None:
