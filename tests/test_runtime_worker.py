@@ -448,9 +448,9 @@ async def test_poll_worker_rides_out_storage_outage_and_continues(caplog):
 
 
 async def test_a_drain_worker_fails_once_storage_stays_unavailable(monkeypatch, caplog):
-    import runlane.core.worker as worker_module
+    import runlane.core.runtime as runtime_module
 
-    monkeypatch.setattr(worker_module, "DRAIN_OUTAGE_LIMIT_S", 0.3)
+    monkeypatch.setattr(runtime_module, "DRAIN_OUTAGE_LIMIT_S", 0.3)
     runtime, _ = make_runtime(count)
     async with runtime:
         await runtime.lane.storage.close()  # every storage call now fails with storage_unavailable
@@ -503,6 +503,71 @@ async def test_an_outage_during_an_attempt_neither_aborts_it_nor_loses_its_outco
         assert any("writing the heartbeat of attempt 1; retrying while its lease holds" in m for m in messages)
         assert any("the outcome of attempt 1 was written" in m for m in messages)
         await worker.stop()
+
+
+async def test_a_drain_gives_up_an_outcome_write_after_its_outage_limit_not_after_the_lease(monkeypatch, caplog):
+    # A scheduled drain must end soon after storage goes away, also when that happens mid-attempt: its
+    # outcome write used to be retried for the whole lease (5 minutes by default).
+    import runlane.core.runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "DRAIN_OUTAGE_LIMIT_S", 0.3)
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    @task("drain.outage")
+    async def drained(payload: dict) -> str:
+        started.set()
+        await finish.wait()
+        return "done"
+
+    runtime, _ = make_runtime(drained)
+    async with runtime:
+        run = (await runtime.trigger(drained, {})).run
+        drain = runtime.worker(mode=WorkerMode.DRAIN, lease_duration="1h")
+        await asyncio.wait_for(started.wait(), 2)
+        storage = runtime.lane.storage
+        with caplog.at_level("WARNING", logger="runlane"):
+            await storage.close()  # every storage call now fails with storage_unavailable
+            finish.set()
+            with pytest.raises(RunlaneError) as raised:
+                await asyncio.wait_for(drain.closed, 10)
+        assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
+        gave_up = [r for r in caplog.records if r.name == "runlane.task" and "gave up writing the outcome" in r.getMessage()]
+        assert len(gave_up) == 1 and gave_up[0].run_id == run.id
+        assert "the run stays running until its lease expires" in gave_up[0].getMessage()
+        await storage.start()
+        assert (await runtime.runs.get(run.id)).status is RunStatus.RUNNING  # lease recovery runs it again
+
+
+async def test_a_worker_stopped_during_a_short_outage_still_writes_the_outcome_of_a_finished_handler(caplog):
+    # A rolling deploy stops the worker while storage is briefly away and a handler has just returned:
+    # the outcome is written once storage answers, instead of being dropped and the handler run again.
+    started = asyncio.Event()
+    finish = asyncio.Event()
+    calls: list[str] = []
+
+    @task("stop.outage")
+    async def stopping(payload: dict) -> str:
+        started.set()
+        await finish.wait()
+        calls.append("ran")
+        return "done"
+
+    runtime, _ = make_runtime(stopping)
+    async with runtime:
+        run = (await runtime.trigger(stopping, {})).run
+        worker = runtime.worker(mode=WorkerMode.POLL, heartbeat_interval="10ms", lease_duration="1m")
+        await asyncio.wait_for(started.wait(), 2)
+        storage = runtime.lane.storage
+        await storage.close()
+        finish.set()
+        await asyncio.sleep(0.1)  # the outcome write fails and is retried
+        stopped = asyncio.ensure_future(worker.stop())
+        await asyncio.sleep(0.1)
+        await storage.start()
+        await asyncio.wait_for(stopped, 10)
+        done = await runtime.runs.get(run.id)
+        assert done.status is RunStatus.SUCCEEDED and done.output == "done" and calls == ["ran"]
 
 
 async def test_execute_next_still_reports_an_outage_to_its_caller():

@@ -68,6 +68,7 @@ from ..models import (
     RunSucceededEvent,
     environment_key,
 )
+from ..storage.codecs import encode_iso_date
 from ..storage.types import StorageLimitError
 from ..vocabulary import ActorType, RunSourceType, RunStatus, RunWaitConditionType
 from .authoring import (
@@ -121,6 +122,8 @@ TIMEOUT_GRACE_S = 1.0
 # (storage_unavailable) after these delays, doubling, while its lease still holds.
 _STORAGE_RETRY_START_S = 0.05
 _STORAGE_RETRY_MAX_S = 2.0
+# How long a drain worker, or a worker told to stop, waits out unavailable storage (seconds).
+DRAIN_OUTAGE_LIMIT_S = 30.0
 
 # Persisted failures carry task-facing text, never the raw exception message (it may hold secrets).
 _TASK_FACING_MESSAGES: dict[ErrorCode, str] = {
@@ -156,6 +159,10 @@ class ExecutionOptions:
     # with storage_unavailable while their lease holds. execute_next, execute_delivery and run_now
     # report the failure to their caller instead.
     ride_out_outages: bool = False
+    # How long such an attempt waits out unavailable storage at most (seconds): a drain worker gives up
+    # after DRAIN_OUTAGE_LIMIT_S, as its claim loop does, so a scheduled drain never outlasts an outage
+    # by a whole lease; ``None``: while the lease holds. A stopping worker waits at most that long too.
+    outage_limit_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -751,6 +758,7 @@ class _Attempt:
         "_lease_expires_at",
         "_lease_renewed_at",
         "_storage_retry_s",
+        "_storage_down_since",
     )
 
     def __init__(self, runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions) -> None:
@@ -790,6 +798,7 @@ class _Attempt:
         self._lease_expires_at = lease.expires_at
         self._lease_renewed_at = self.loop.time()
         self._storage_retry_s = 0.0  # the delay of the current run of storage retries; 0 when none
+        self._storage_down_since: float | None = None  # loop time of the first failure of an outage
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -888,16 +897,29 @@ class _Attempt:
         runtime clock and in elapsed time), so no other worker can have claimed the run meanwhile."""
         if not self.options.ride_out_outages or error.code is not ErrorCode.STORAGE_UNAVAILABLE:
             return False
+        now = self.loop.time()
+        if self._storage_down_since is None:
+            self._storage_down_since = now
+        down = now - self._storage_down_since
+        limit = self.options.outage_limit_s
         stop = self.options.signal
-        if stop is not None and stop.aborted:
-            return False  # the worker is stopping: recovery re-delivers the run once the lease expires
+        if stop is not None and stop.aborted:  # the worker is stopping: it waits a bounded time
+            limit = DRAIN_OUTAGE_LIMIT_S if limit is None else min(limit, DRAIN_OUTAGE_LIMIT_S)
         delay = min(max(self._storage_retry_s * 2, _STORAGE_RETRY_START_S), _STORAGE_RETRY_MAX_S)
         margin = 2 * delay
         left = min(
             (self._lease_expires_at - self.runtime.now()).total_seconds(),
-            self._lease_renewed_at + self.options.lease_ms / 1000 - self.loop.time(),
+            self._lease_renewed_at + self.options.lease_ms / 1000 - now,
         )
-        if left <= margin:
+        if left <= margin or (limit is not None and down + delay > limit):
+            if what == "outcome":
+                run = self.run
+                _task_log.warning(
+                    "Run %s (task %s): gave up writing the outcome of attempt %d after %.0f s without storage; "
+                    "the run stays running until its lease expires (%s), then runs again.",
+                    run.id, run.task_id, self.attempt_number, down, encode_iso_date(self._lease_expires_at),
+                    extra=_log_fields(run, error.code),
+                )  # fmt: skip
             return False
         if not self._storage_retry_s:
             run = self.run
@@ -911,6 +933,7 @@ class _Attempt:
         return True
 
     def _storage_recovered(self, what: str) -> None:
+        self._storage_down_since = None
         if self._storage_retry_s:
             self._storage_retry_s = 0.0
             run = self.run

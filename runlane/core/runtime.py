@@ -113,6 +113,7 @@ from ..vocabulary import (
     run_status_values,
 )
 from .attempt import (
+    DRAIN_OUTAGE_LIMIT_S,
     AttemptResult,
     CancellationRegistry,
     ExecutionOptions,
@@ -1456,7 +1457,12 @@ class Runlane:
         options = self.execution_options(lease_duration, heartbeat_interval, max_attempt_duration, signal, worker_id)
         # A worker rides out storage outages (its attempts retry heartbeats and outcome writes while
         # their lease holds); a poll worker looks again soon anyway, so "idle" needs no full rescan.
-        options = dataclasses.replace(options, ride_out_outages=True, confirm_idle=worker_mode is not WorkerMode.POLL)
+        options = dataclasses.replace(
+            options,
+            ride_out_outages=True,
+            confirm_idle=worker_mode is not WorkerMode.POLL,
+            outage_limit_s=DRAIN_OUTAGE_LIMIT_S if worker_mode is WorkerMode.DRAIN else None,
+        )
         try:
             asyncio.get_running_loop()
         except RuntimeError:

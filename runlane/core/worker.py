@@ -13,8 +13,8 @@ storage transactions).
 Transient storage failures (``storage_unavailable``, ``storage_conflict``) do not stop a worker: it
 logs the first one on the ``runlane.worker`` logger, counts them (``storage_errors``, ``last_error``),
 backs off (50 ms doubling to 2 s, with jitter) and logs again when storage answers. A drain worker, a
-job meant to end, gives up once storage has been unavailable for ``DRAIN_OUTAGE_LIMIT_S`` in a row
-and raises that error from ``closed``. Any other error stops the worker and is raised from ``closed``.
+job meant to end, gives up once storage has been unavailable for ``outage_limit_s`` in a row (its
+attempts too: see ``ExecutionOptions``) and raises that error from ``closed``. Any other error stops the worker and is raised from ``closed``.
 
 ``stop()`` (or the worker's ``signal``) aborts the signal every running attempt's ``TaskContext``
 is linked to, waits for those attempts to finish cooperatively, then settles ``closed``. It is not
@@ -52,8 +52,6 @@ _SCAN_PER_SLOT = 4
 _TRANSIENT_CODES = frozenset({ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.STORAGE_CONFLICT})
 _BACKOFF_START = 0.05
 _BACKOFF_MAX = 2.0
-# How long a drain worker waits out unavailable storage before it fails (seconds).
-DRAIN_OUTAGE_LIMIT_S = 30.0
 _log = logging.getLogger("runlane.worker")
 
 
@@ -161,8 +159,8 @@ class WorkerHandle:
             _log.warning(
                 "Worker %s: storage failed (%s: %s); retrying with backoff%s.",
                 self._options.worker_id, error.code.value, error.message,
-                f" (a drain gives up after {DRAIN_OUTAGE_LIMIT_S:g}s without storage)"
-                if self._mode is WorkerMode.DRAIN else "",
+                f" (a drain gives up after {self._options.outage_limit_s:g}s without storage)"
+                if self._options.outage_limit_s is not None else "",
             )  # fmt: skip
         self._failures += 1
 
@@ -173,12 +171,13 @@ class WorkerHandle:
 
     def _outlasted_drain(self, error: RunlaneError) -> bool:
         """Whether a drain worker has waited out unavailable storage long enough and should fail."""
-        if self._mode is not WorkerMode.DRAIN or error.code is not ErrorCode.STORAGE_UNAVAILABLE:
+        limit = self._options.outage_limit_s  # set for drain workers
+        if limit is None or error.code is not ErrorCode.STORAGE_UNAVAILABLE:
             return False
         now = self._loop.time()
         if self._unavailable_since is None:
             self._unavailable_since = now
-        return now - self._unavailable_since >= DRAIN_OUTAGE_LIMIT_S
+        return now - self._unavailable_since >= limit
 
     def _backoff(self) -> float:
         """Seconds before the next try: doubling from 50 ms, capped at 2 s, with jitter."""
