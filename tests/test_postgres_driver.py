@@ -35,7 +35,7 @@ from runlane_postgres import (
     postgres_storage,
     resolve_postgres_connection,
 )
-from runlane_postgres.migration import shipped_migration_sql
+from runlane_postgres.migration import MIGRATION_LOCK_KEY, shipped_migration_sql
 from runlane_postgres.plugin import PostgresPollingLaneOptions
 from sql_driver_support import check_replaced_documents_are_recognized
 
@@ -326,10 +326,19 @@ async def test_migration_is_idempotent_and_reports_what_it_did(schemas: Schemas)
     ]
 
 
+async def test_concurrent_migrations_of_one_schema_all_succeed_and_one_reports_the_change(schemas: Schemas) -> None:
+    # Deploys racing (init containers of several replicas): each waits for the one that got in first.
+    schema = schemas.name()
+    results = await asyncio.gather(*(apply_postgres_migrations(schemas.url, schema) for _ in range(4)))
+    assert sorted(result.previous_version for result in results) == [0, 2, 2, 2]
+    assert [result.changed for result in results].count(True) == 1
+    assert f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY});" in shipped_migration_sql()
+
+
 async def test_a_role_that_owns_its_schema_migrates_it_without_create_on_the_database(schemas: Schemas) -> None:
     from urllib.parse import urlsplit, urlunsplit
 
-    role, schema = f"runlane_owner_{uuid.uuid4().hex[:8]}", schemas.name()
+    role, schema, used = f"runlane_owner_{uuid.uuid4().hex[:8]}", schemas.name(), schemas.name()
     try:
         schemas.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     except psycopg.Error:
@@ -345,8 +354,14 @@ async def test_a_role_that_owns_its_schema_migrates_it_without_create_on_the_dat
         other = schemas.name()
         error = await expect_error(apply_postgres_migrations(url, other), ErrorCode.CONFIGURATION_INVALID)
         assert "grant the role CREATE on the database, or create the schema beforehand" in error.message
+        # A schema the role may use but does not own: the advice is about owning it, not about access.
+        schemas.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(used)))
+        schemas.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(used), sql.Identifier(role)))
+        error = await expect_error(apply_postgres_migrations(url, used), ErrorCode.CONFIGURATION_INVALID)
+        assert "make the migrating role the schema's owner, or grant it CREATE on the schema" in error.message
     finally:
         schemas.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        schemas.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(used)))
         schemas.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         schemas.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 

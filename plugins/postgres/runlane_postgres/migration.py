@@ -52,6 +52,9 @@ __all__ = [
 DEFAULT_SCHEMA = "public"
 SCHEMA_VERSION = 2
 MIGRATION_FILE = "migrations/0001_initial.sql"
+# The transaction-scoped advisory lock the migration SQL takes first, so that concurrent applications
+# (deploys racing) run one after the other; the shipped file names the same key.
+MIGRATION_LOCK_KEY = 7318952210413375533
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 # The shipped file is the migration for the default schema; every schema reference in it is this
@@ -135,6 +138,8 @@ async def apply_postgres_migrations(
     try:
         async with connection:
             async with connection.transaction():
+                # Before reading the version: a concurrent migrate that got in first is then seen as done.
+                await connection.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
                 cursor = await connection.execute("SELECT to_regclass(%s) IS NOT NULL", (migrations,))
                 (exists,) = await cursor.fetchone()  # type: ignore[misc]
                 previous = 0

@@ -219,7 +219,10 @@ def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = No
 
 @postgres_cli.command("sql")
 def sql(ctx: typer.Context, schema: SqlSchemaOption = "public") -> None:
-    """Print the migration SQL for your own migration tool (to a file: runlane postgres sql > runlane.sql)."""
+    """Print the migration SQL for your own migration tool (to a file: runlane postgres sql > runlane.sql).
+
+    Apply it in one transaction (psql --single-transaction -f runlane.sql), so that concurrent deploys
+    wait for each other."""
     from runlane.cli.main import guard, state_of
 
     output = state_of(ctx).output

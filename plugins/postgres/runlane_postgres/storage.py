@@ -415,11 +415,12 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             meta=meta,
         )
     if state == "42501":
-        advice = (
-            "grant the role CREATE on the database, or create the schema beforehand with the role as its owner"
-            if "for database" in detail
-            else "grant the Runlane role access to its schema"
-        )
+        if "for database" in detail:
+            advice = "grant the role CREATE on the database, or create the schema beforehand with the role as its owner"
+        elif migrating:
+            advice = "make the migrating role the schema's owner, or grant it CREATE on the schema"
+        else:
+            advice = "grant the Runlane role access to its schema (see the privileges in docs/lanes.md)"
         return RunlaneError(
             ErrorCode.CONFIGURATION_INVALID, f"Could not {doing}: permission denied ({detail}); {advice}.", meta=meta
         )

@@ -1,8 +1,8 @@
 -- Runlane storage schema, version 2 (PostgreSQL 13 or newer).
 -- Written for the schema "public"; runlane_postgres.postgres_migration_sql(schema) gives it for any schema.
--- Apply it with `runlane postgres migrate` or through your own migration tool. Every statement is idempotent.
-
--- Serializes concurrent runs of this migration when it is applied in one transaction.
+-- Apply it with `runlane postgres migrate` or through your own migration tool, in one transaction
+-- (psql --single-transaction): every statement is idempotent, and the lock below makes concurrent
+-- applications wait for each other, which it can only do for a whole transaction.
 SELECT pg_advisory_xact_lock(7318952210413375533);
 
 -- Created only when it does not exist yet: CREATE SCHEMA IF NOT EXISTS would need CREATE on the
