@@ -561,7 +561,11 @@ async def test_a_strict_model_takes_plain_json_data_as_the_worker_reads_it_back(
     async def refund(payload: Refund) -> None:
         received.append(payload)
 
-    body = {"order_id": "12345678-1234-5678-1234-567812345678", "requested_at": "2024-03-01T10:00:00Z", "amount": "1.10"}
+    body = {
+        "order_id": "12345678-1234-5678-1234-567812345678",
+        "requested_at": "2024-03-01T10:00:00Z",
+        "amount": "1.10",
+    }
     runtime, _ = make_runtime(refund, queues=[emails])
     async with runtime:
         result = await runtime.trigger(refund, body)
@@ -590,3 +594,23 @@ def test_a_schedule_payload_that_does_not_survive_storage_is_refused_when_the_ta
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
     assert caught.value.message.startswith("Schedule 'reports.hourly': ")
     assert caught.value.meta["schedule_id"] == "reports.hourly"
+
+
+async def test_an_untyped_payload_takes_json_arrays_as_tuples_and_refuses_values_json_cannot_hold():
+    received: list[dict] = []
+
+    @task("payloads.untyped", queue=emails)
+    async def untyped(payload: dict) -> None:
+        received.append(payload)
+
+    runtime, _ = make_runtime(untyped, queues=[emails])
+    async with runtime:
+        await runtime.trigger(untyped, {"ids": (1, 2), "nested": [("a", {"b": (3,)})]})
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        assert received == [{"ids": [1, 2], "nested": [["a", {"b": [3]}]]}]  # arrays, as json.dumps writes them
+        for payload in ({"at": datetime(2024, 3, 1, tzinfo=UTC)}, {1: "not a string key"}):
+            with pytest.raises(RunlaneError) as caught:
+                await runtime.trigger(untyped, payload)  # the handler would get a str: type the field instead
+            assert caught.value.code is ErrorCode.VALIDATION_FAILED
+            assert "does not survive storage" in caught.value.message
+        assert len(await all_runs(runtime)) == 1

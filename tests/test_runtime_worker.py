@@ -532,7 +532,11 @@ async def test_a_drain_gives_up_an_outcome_write_after_its_outage_limit_not_afte
             with pytest.raises(RunlaneError) as raised:
                 await asyncio.wait_for(drain.closed, 10)
         assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
-        gave_up = [r for r in caplog.records if r.name == "runlane.task" and "gave up writing the outcome" in r.getMessage()]
+        gave_up = [
+            record
+            for record in caplog.records
+            if record.name == "runlane.task" and "gave up writing the outcome" in record.getMessage()
+        ]
         assert len(gave_up) == 1 and gave_up[0].run_id == run.id
         assert "the run stays running until its lease expires" in gave_up[0].getMessage()
         await storage.start()
