@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import socket
@@ -270,7 +271,7 @@ def test_dev_rejects_an_unknown_queue_before_it_ticks_or_serves(project: Project
     assert result.stdout == ""  # no tick, no dev_started or bridge_started record
     error = json.loads(result.stderr)["error"]
     assert error["code"] == "configuration_invalid" and "'nosuch' is not registered" in error["message"]
-    assert not list((project.tmpdir / "runlane-dev").glob("*.json"))
+    assert not list((project.tmpdir / f"runlane-dev-{os.getuid()}").glob("*.json"))
 
 
 def test_stateful_commands_warn_when_a_process_local_lane_has_no_dev_session(project: Project) -> None:
@@ -339,3 +340,61 @@ async def test_a_dev_that_does_not_answer_is_named_while_the_command_waits(
     finally:
         server.close()
         await server.wait_closed()
+
+
+def _planted_session(project: Project, folder_mode: int) -> socket.socket:
+    """A session file for the project's config in a session folder left open (``folder_mode``), naming a
+    port that listens but is never served: what another local user could plant to receive commands."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    listener.setblocking(False)
+    file = session_path(project.config)
+    file.parent.mkdir(mode=0o700, exist_ok=True)
+    file.parent.chmod(folder_mode)
+    document = {
+        "config_path": str(project.config.resolve()),
+        "port": listener.getsockname()[1],
+        "token": "planted",
+        "pid": 1,
+        "started_at": "2026-01-01T00:00:00.000Z",
+        "lane": None,
+    }
+    file.write_text(json.dumps(document))
+    file.chmod(0o600)
+    return listener
+
+
+@pytest.mark.parametrize("folder_mode", [0o777, 0o755], ids=["writable", "readable"])
+def test_a_session_in_a_folder_others_can_enter_is_never_used(project: Project, folder_mode: int) -> None:
+    listener = _planted_session(project, folder_mode)
+    try:
+        assert read_session(project.config) is None
+        assert project.json("runs", "list")["data"] == []  # ran on its own runtime
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing was sent to the planted port
+        started = project.cli("dev", timeout=30)  # and dev refuses to write its session there
+        assert started.returncode == 1, started.stdout + started.stderr
+        assert "error[configuration_invalid]" in started.stderr and "is not private to you" in started.stderr
+        assert "Traceback" not in started.stderr
+    finally:
+        listener.close()
+
+
+def test_a_session_file_others_can_write_or_a_link_is_never_used(project: Project) -> None:
+    listener = _planted_session(project, 0o700)
+    try:
+        file = session_path(project.config)
+        file.chmod(0o666)
+        assert read_session(project.config) is None
+        file.chmod(0o600)
+        assert read_session(project.config) is not None  # the same file, private: a session
+        elsewhere = file.with_name("elsewhere.json")
+        file.rename(elsewhere)
+        file.symlink_to(elsewhere)
+        assert read_session(project.config) is None
+        assert project.json("runs", "list")["data"] == []
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()

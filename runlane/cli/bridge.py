@@ -4,8 +4,9 @@ A process-local lane keeps its state in the ``runlane dev`` process, so a second
 ``runlane runs list`` would otherwise see an empty store. ``runlane dev`` therefore serves a small
 loopback HTTP/1.1 endpoint (127.0.0.1 only, an ephemeral port, a random bearer token compared in
 constant time) and writes a session file (mode 0600, written atomically) under
-``<tempdir>/runlane-dev/``, keyed by a hash of the resolved config path. Stateful commands look for a
-live session for their config path first and, when one answers, send their validated arguments there;
+``<tempdir>/runlane-dev-<uid>/`` (a folder that must be this user's own, mode 0700), keyed by a hash of
+the resolved config path. Stateful commands look for a live session for their config path first and,
+when one answers, send their validated arguments there;
 the dev process runs the same registered operation (``main.OPERATIONS``: the same public runtime calls
 and the same rendering), returns the rendered text and prints a timestamped ``command`` line (or NDJSON
 record) saying what it ran and how it ended, beside its ``run`` and ``tick`` lines; a request marked
@@ -26,6 +27,7 @@ import io
 import json
 import os
 import secrets
+import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -91,7 +93,43 @@ class Session:
 
 
 def session_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "runlane-dev"
+    """This user's session folder: ``<tempdir>/runlane-dev-<uid>``, mode 0700. Per user, because a
+    folder another user made first could hand them this user's commands (see ``_private_folder``)."""
+    return Path(tempfile.gettempdir()) / f"runlane-dev-{_uid()}"
+
+
+def _uid() -> int | str:
+    getuid = getattr(os, "getuid", None)
+    return getuid() if callable(getuid) else os.environ.get("USERNAME", "user")
+
+
+def _owned_privately(info: os.stat_result) -> bool:
+    """Owned by this user, and nobody else may read, write or enter it."""
+    getuid = getattr(os, "getuid", None)
+    return (not callable(getuid) or info.st_uid == getuid()) and not info.st_mode & 0o077
+
+
+def _private_folder(directory: Path) -> RunlaneError | None:
+    """Why ``directory`` (which exists) cannot hold this user's sessions, or ``None`` when it can: a
+    session file names the port and token commands are sent to, so the folder must be this user's own
+    and closed to everyone else (a real directory, not a link another user could point elsewhere)."""
+    try:
+        info = os.lstat(directory)
+    except OSError as error:
+        return RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The runlane dev session folder {directory} cannot be read ({error.strerror}); remove it, or set "
+            "TMPDIR to a folder of your own.",
+        )
+    if stat.S_ISDIR(info.st_mode) and _owned_privately(info):
+        return None
+    return RunlaneError(
+        ErrorCode.CONFIGURATION_INVALID,
+        f"The runlane dev session folder {directory} is not private to you (owner uid {info.st_uid}, mode "
+        f"{stat.filemode(info.st_mode)}): a session file there could send your commands elsewhere. Remove it, "
+        "or set TMPDIR to a folder of your own.",
+        meta={"path": str(directory)},
+    )
 
 
 def _resolved(config_path: Path | str) -> str:
@@ -134,7 +172,17 @@ def write_session(config_path: Path | str, *, port: int, token: str, lane: str |
 
 def _store_session(session: Session) -> None:
     directory = session.file.parent
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Could not create the runlane dev session folder {directory} ({error.strerror}); set TMPDIR to a "
+            "folder you can write.",
+        ) from None
+    refused = _private_folder(directory)
+    if refused is not None:
+        raise refused
     document = {
         "config_path": session.config_path,
         "port": session.port,
@@ -179,12 +227,21 @@ def _recorded_token(file: Path) -> str | None:
 def read_session(config_path: Path | str) -> Session | None:
     """The recorded session for ``config_path``; a garbled file is removed and counts as none."""
     target = session_path(config_path)
+    if _private_folder(target.parent) is not None:
+        return None  # missing, or not this user's own: nothing in it is trusted
     try:
-        text = target.read_text(encoding="utf-8")
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+        # Not through a link, and only a file of this user's that nobody else can write or read.
+        descriptor = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
+    with os.fdopen(descriptor, encoding="utf-8") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or not _owned_privately(info):
+            return None
+        try:
+            text = handle.read()
+        except (OSError, ValueError):
+            return None
     try:
         document = json.loads(text)
         session = Session(
