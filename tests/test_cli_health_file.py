@@ -84,3 +84,28 @@ def test_a_health_file_an_earlier_process_left_does_not_pass_while_storage_is_aw
         worker.wait_for("storage_waiting")
         assert not health.exists(), "a worker still waiting for its database looked ready"
         assert worker.stop() == 0
+
+
+async def test_the_health_file_is_never_written_through_a_link_or_into_a_fifo(tmp_path: Path) -> None:
+    # Another user who can write the folder could plant a link while the command waits for storage: the
+    # worker's user would then create or keep touching a file of their choosing.
+    import pytest
+
+    from runlane import ErrorCode, RunlaneError
+    from runlane.cli.main import touching
+
+    target = tmp_path / "not-yours"
+    link = tmp_path / "alive"
+    link.symlink_to(target)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # A FIFO is refused at once rather than waited on (no reader: the open itself fails).
+    for path, why in ((link, "it is a symbolic link"), (fifo, f"Cannot write the health file {fifo}")):
+        with pytest.raises(RunlaneError) as caught:
+            async with touching(path):
+                pass
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID and why in caught.value.message
+    assert not target.exists()
+    async with touching(tmp_path / "plain"):
+        assert (tmp_path / "plain").is_file()
+    assert not (tmp_path / "plain").exists()

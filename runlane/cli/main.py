@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import inspect
 import os
 import signal
+import stat
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -395,9 +397,22 @@ async def touching(path: Path | None) -> AsyncIterator[None]:
 
 
 def _touch(path: Path) -> None:
-    with open(path, "a", encoding="utf-8"):
-        pass
-    os.utime(path)
+    """Create ``path`` or update its time, never through a symbolic link (one planted by another user who
+    can write its folder would have this process create or touch a file of their choosing) and never
+    waiting on a FIFO."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        descriptor = os.open(path, flags, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise OSError(error.errno, "it is a symbolic link; name the file itself") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(errno.EINVAL, "it is not a regular file")
+        os.utime(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 class OperationParams(BaseModel):
