@@ -321,16 +321,50 @@ async def test_the_tick_that_reserves_a_bounded_run_publishes_its_row_under_a_mo
         assert [message.run_id for message in transport.published] == [run.id]
 
 
-async def test_signal_resume_writes_an_outbox_row():
-    runtime, transport, _ = transport_runtime()
+@pytest.mark.parametrize("dispatch", [TriggerDispatchMode.EAGER, TriggerDispatchMode.DEFERRED])
+async def test_a_signal_resume_publishes_its_wakeup_as_trigger_does(dispatch):
+    # Resumes are event-driven: under eager dispatch the wakeup goes out with the resume, not a tick later.
+    runtime, transport, _ = transport_runtime(dispatch=dispatch)
     async with runtime:
         run = (await runtime.trigger(wait_work, {})).run
+        await runtime.tick()  # deferred: the trigger's own wakeup
         released = await runtime.execute_next()
         assert released.status is RunStatus.RELEASED
         await runtime.signals.send("outbox-go")
         assert await outbox_count(runtime, run.id) == 2
-        assert (await runtime.tick()).outbox_published == 1
+        eager = dispatch is TriggerDispatchMode.EAGER
+        assert len(transport.published) == (2 if eager else 1)
+        assert (await runtime.tick()).outbox_published == (0 if eager else 1)
         assert [message.run_id for message in transport.published] == [run.id, run.id]
+
+
+async def test_a_run_resumed_by_the_run_it_waited_for_gets_its_wakeup_at_once():
+    @task("outbox.child")
+    async def child(payload: dict) -> int:
+        return 7
+
+    @task("outbox.parent")
+    async def parent(payload: dict, ctx: TaskContext):
+        spawned = (await ctx.trigger(child, {}, idempotency_key=f"{ctx.run_id}.child")).run
+        if spawned.status is not RunStatus.SUCCEEDED:
+            return ctx.wait_for_run(spawned.id, timeout="1h")
+        return spawned.output
+
+    clock = ControlledClock()
+    transport = RecordingTransport(clock=clock)
+    lane = create_lane(
+        storage=local_storage_driver(clock=clock),
+        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
+    )
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[child, parent], clock=clock)
+    async with runtime:
+        waiting = (await runtime.trigger(parent, {})).run
+        assert (await runtime.execute_delivery(transport.published[-1])).run.status is RunStatus.RELEASED
+        assert (await runtime.execute_delivery(transport.published[-1])).run.status is RunStatus.SUCCEEDED
+        assert transport.published[-1].run_id == waiting.id  # published when the child finished
+        finished = await runtime.execute_delivery(transport.published[-1])
+        assert (finished.run.status, finished.run.output) == (RunStatus.SUCCEEDED, 7)
+        assert (await runtime.tick()).outbox_published == 0
 
 
 async def test_prune_removes_a_transport_run_with_its_outbox_rows():
@@ -344,3 +378,31 @@ async def test_prune_removes_a_transport_run_with_its_outbox_rows():
         assert (await runtime.runs.prune(older_than="1d")).pruned == 1
         assert await runtime.store.get_run(run.id) is None
         assert await runtime.store.list_run_outbox(run.id) == []
+
+
+async def test_a_release_waiting_for_a_run_that_already_finished_publishes_its_wakeup_at_once():
+    @task("outbox.done_first")
+    async def done_first(payload: dict) -> None:
+        return None
+
+    @task("outbox.late_waiter")
+    async def late_waiter(payload: dict, ctx: TaskContext):
+        if ctx.attempt == 1:
+            return ctx.wait_for_run(payload["source"])  # already terminal: resumed in the same commit
+        return "resumed"
+
+    clock = ControlledClock()
+    transport = RecordingTransport(clock=clock)
+    lane = create_lane(
+        storage=local_storage_driver(clock=clock),
+        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
+    )
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[done_first, late_waiter], clock=clock)
+    async with runtime:
+        source = (await runtime.trigger(done_first, {})).run
+        assert (await runtime.execute_delivery(transport.published[-1])).run.status is RunStatus.SUCCEEDED
+        waiter = (await runtime.trigger(late_waiter, {"source": source.id})).run
+        released = await runtime.execute_delivery(transport.published[-1])
+        assert released.run.status is RunStatus.QUEUED
+        assert transport.published[-1].run_id == waiter.id and len(transport.published) == 3
+        assert (await runtime.execute_delivery(transport.published[-1])).run.output == "resumed"

@@ -1241,6 +1241,7 @@ class _Attempt:
             return self.abandon(error)
         assert isinstance(result, AppendResult)
         await runtime.after_append(result)
+        await runtime.publish_resumed([result])  # a release whose awaited run had already finished
         _log_failed_attempt(result.run, outcome)
         return AttemptResult(result.run)
 

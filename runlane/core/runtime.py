@@ -867,6 +867,24 @@ class Runlane:
                 raise result
         return results
 
+    async def publish_resumed(self, results: Sequence[AppendResult | RunlaneError]) -> None:
+        """Publish at once the wakeups of runs a signal or a finished run has resumed, on a transport lane
+        with eager dispatch, as ``trigger()`` does for a new run: resumes are event-driven, and waiting
+        for ``tick()`` would delay them by its interval. The resume is committed whatever happens here;
+        a wakeup that cannot be published now stays in the outbox for ``tick()``."""
+        if self._dispatch is not TriggerDispatchMode.EAGER or not self._store.outbox:
+            return
+        ids = [message.id for result in results if isinstance(result, AppendResult) for message in result.outbox]
+        if not ids:
+            return
+        try:
+            await self.publish_outbox(ids)
+        except RunlaneError as error:
+            _transport_log.warning(
+                "Could not publish the wakeups of %d resumed runs now (%s: %s); tick() publishes them.",
+                len(ids), error.code.value, error.message, extra={"error_code": error.code.value},
+            )  # fmt: skip
+
     async def resume_completion_waiters(self, source_run_id: str) -> list[RunRecord]:
         """Append ``run.delivery_requested`` to every run still waiting for ``source_run_id`` to finish."""
         resumed: list[RunRecord] = []
@@ -881,6 +899,7 @@ class Runlane:
                 lambda wait: wait.type is RunWaitConditionType.RUN_COMPLETION and wait.run_id == source_run_id
             )
             results = await self.append_many([CompletionRequest(run_id, build) for run_id in run_ids])
+            await self.publish_resumed(results)
             progressed = False
             for result in results:
                 if isinstance(result, AppendResult) and result.events:
@@ -2352,6 +2371,7 @@ class SignalsApi:
             if not run_ids:
                 break
             results = await runtime.append_many([CompletionRequest(run_id, build) for run_id in run_ids])
+            await runtime.publish_resumed(results)
             progressed = False
             for result in results:
                 if isinstance(result, AppendResult):
