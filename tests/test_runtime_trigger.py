@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 import uuid
@@ -10,7 +11,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, field_validator, model_validator
 
 from runlane import (
     Actor,
@@ -31,7 +32,7 @@ from runlane.ids import time_ordered_uuid_hex
 from runlane.testing import ControlledClock
 from runlane_local import local_lane
 
-from runtime_support import DEFAULT_QUEUE, all_runs, event_types, make_runtime
+from runtime_support import DEFAULT_QUEUE, all_runs, event_types, make_runtime, shared_runtimes
 
 
 class Welcome(BaseModel):
@@ -614,3 +615,43 @@ async def test_an_untyped_payload_takes_json_arrays_as_tuples_and_refuses_values
             assert caught.value.code is ErrorCode.VALIDATION_FAILED
             assert "does not survive storage" in caught.value.message
         assert len(await all_runs(runtime)) == 1
+
+
+class PlainSignup(BaseModel):
+    email: str
+
+
+class CorporateSignup(BaseModel):  # the next deploy's schema: its validator quotes the value it refuses
+    email: str
+
+    @field_validator("email")
+    @classmethod
+    def corporate(cls, value: str) -> str:
+        if not value.endswith("@corp.example"):
+            raise ValueError(f"{value} is not a corporate address")
+        return value
+
+
+async def test_a_persisted_validation_failure_keeps_where_and_what_but_not_the_values():
+    @task("payloads.signup", queue=emails, schema=PlainSignup)
+    async def before(payload) -> None:
+        return None
+
+    @task("payloads.signup", queue=emails, schema=CorporateSignup)
+    async def after(payload) -> None:
+        return None
+
+    (old, new), _ = shared_runtimes([before], [after], queues=[emails])
+    async with old, new:
+        run = (await old.trigger(before, {"email": "alice.private@mail.example"})).run
+        failed = await new.execute_next()
+        assert failed.id == run.id and failed.status is RunStatus.FAILED
+        assert failed.failure.code is ErrorCode.VALIDATION_FAILED
+        assert failed.failure.meta["errors"] == [{"type": "value_error", "loc": ["email"], "msg": "Value error"}]
+        stored = (await new.runs.get(run.id)).model_dump_json() + str((await new.runs.events(run.id)).data)
+        assert "alice.private" not in stored.replace(run.payload["email"], "")  # only in the payload itself
+        # The caller of trigger() still reads the validator's own words in the message.
+        with pytest.raises(RunlaneError) as caught:
+            await new.trigger(after, {"email": "bob@mail.example"})
+        assert "bob@mail.example is not a corporate address" in caught.value.message
+        assert "bob@mail.example" not in json.dumps(caught.value.meta)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from typing import Any, ClassVar, Literal, TypeAlias, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import PydanticUserError, TypeAdapter, ValidationError
-from pydantic_core import PydanticSerializationError
+from pydantic_core import PydanticSerializationError, core_schema
 
 from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms, later, MAX_SAFE_INTEGER
@@ -573,13 +574,34 @@ def gives_back(adapter: TypeAdapter[Any], validated: Any, stored: Any, *, plain:
 
 
 def _validation_errors(error: ValidationError) -> tuple[list[dict[str, Any]], str]:
-    """The errors of ``error`` as JSON, and a one-line summary of the first few."""
-    # Inputs are left out: payloads may carry personal data and these errors can be persisted as a failure.
+    """The errors of ``error`` for ``meta`` (where each is, its type and pydantic's message), and a one-line
+    summary of the first few for the message.
+
+    ``meta`` can be persisted with a failed run, and payloads may carry personal data, so the errors keep
+    neither the input nor the ``ctx`` values, and the message of a validator of the schema's own
+    (``ValueError``, ``assert``, a custom error type), which often quotes the value, is replaced by its
+    kind. The summary, which only the caller sees (persisted failure messages are normalized), keeps it.
+    """
     errors = json.loads(error.json(include_url=False, include_input=False))
     summary = "; ".join(f"{error_location(item['loc'])}: {item['msg']}" for item in errors[:_MAX_SUMMARISED_ERRORS])
     if len(errors) > _MAX_SUMMARISED_ERRORS:
         summary += f"; and {len(errors) - _MAX_SUMMARISED_ERRORS} more"
-    return errors, summary
+    return [_persistable(item) for item in errors], summary
+
+
+# pydantic's own error types, whose messages are written from the schema (limits, expected values).
+_PYDANTIC_ERROR_TYPES = frozenset(typing.get_args(core_schema.ErrorType))
+_OWN_VALIDATOR_MESSAGES = {"value_error": "Value error", "assertion_error": "Assertion failed"}
+
+
+def _persistable(item: dict[str, Any]) -> dict[str, Any]:
+    kind = item.get("type")
+    message = item.get("msg")
+    if kind in _OWN_VALIDATOR_MESSAGES:
+        message = _OWN_VALIDATOR_MESSAGES[kind]
+    elif kind not in _PYDANTIC_ERROR_TYPES:
+        message = f"Invalid ({kind})"
+    return {"type": kind, "loc": item.get("loc", []), "msg": message}
 
 
 def _payload_validation_error(task_id: str, subject: str, error: ValidationError, hint: str) -> RunlaneError:
