@@ -150,3 +150,22 @@ async def test_bad_arguments_are_validation_errors():
         with pytest.raises(RunlaneError) as caught:
             await list_run_event_types(runlane, "run_missing")
         assert caught.value.code is ErrorCode.RUN_NOT_FOUND
+
+
+async def test_the_timeout_also_ends_a_check_that_is_still_running():
+    async def hangs() -> bool:
+        await asyncio.sleep(30)  # a read that never answers
+        return True
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not happen within 100ms"):
+        await wait_for_condition(hangs, timeout="100ms", description="the read")
+    assert time.monotonic() - started < 5
+
+
+async def test_a_call_s_result_instead_of_a_function_is_named():
+    async def check() -> bool:
+        return True
+
+    with pytest.raises(TypeError, match="takes a function to call again and again"):
+        await wait_for_condition(check())  # type: ignore[call-overload]  # the mistake this test is about

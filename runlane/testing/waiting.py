@@ -67,14 +67,25 @@ async def wait_for_condition(
 ) -> Any:
     """Call ``check()`` (a function or a coroutine function) every ``interval`` until it returns a
     truthy value, and return that value. Raises ``TimeoutError`` naming ``description`` when
-    ``timeout`` passes first. An exception ``check()`` raises ends the wait at once."""
+    ``timeout`` passes first, also while an awaited check is still running (a read that hangs). An
+    exception ``check()`` raises ends the wait at once."""
+    if inspect.isawaitable(check) or not callable(check):
+        if inspect.iscoroutine(check):
+            check.close()  # never awaited: closed, so it does not warn as well
+        raise TypeError(
+            f"wait_for_condition() takes a function to call again and again, got {check!r}; "
+            "pass lambda: ... (or the coroutine function itself) instead of a call's result."
+        )
     limit = _seconds(timeout, "timeout")
     pause = _seconds(interval, "interval")
     deadline = time.monotonic() + limit
     while True:
         value = check()
         if inspect.isawaitable(value):
-            value = await value
+            try:
+                value = await asyncio.wait_for(value, max(deadline - time.monotonic(), 0))
+            except TimeoutError:
+                raise TimeoutError(f"{description} did not happen within {timeout} (a check still running)") from None
         if value:
             return value
         left = deadline - time.monotonic()
