@@ -441,3 +441,28 @@ def test_lane_composition_conformance_catches_a_transport_that_does_not_publish(
     )
     with pytest.raises(AssertionError, match="did not take the wakeup"):
         LaneCompositionConformance().test_a_triggered_run_is_woken_by_the_lane_delivery_mode_and_executes(lane)
+
+
+async def test_runtimes_sharing_a_lane_keep_it_open_until_the_last_one_closes():
+    # A producer and a worker runtime over one lane (one process, or one test): the first to close must
+    # not close the lane under the other.
+    from runlane import RunStatus, create_runlane, queue, task
+    from runlane_local import local_lane
+
+    shared_queue = queue("shared", default=True)
+
+    @task("lanes.shared")
+    async def shared(payload: dict) -> int:
+        return payload["n"]
+
+    lane = local_lane()
+    worker_side = create_runlane(lane=lane, queues=[shared_queue], tasks=[shared])
+    async with worker_side:
+        async with create_runlane(lane=lane, queues=[shared_queue], tasks=[shared]) as producer:
+            await producer.trigger(shared, {"n": 1})
+        second = (await worker_side.trigger(shared, {"n": 2})).run  # the lane is still open
+        done = [await worker_side.execute_next(), await worker_side.execute_next()]
+        assert [run.status for run in done] == [RunStatus.SUCCEEDED] * 2 and done[1].id == second.id
+    with pytest.raises(RunlaneError) as caught:
+        await lane.storage.get([])  # the last runtime closed it
+    assert caught.value.code is ErrorCode.STORAGE_UNAVAILABLE

@@ -12,7 +12,7 @@ transport fails to start); ``close()`` closes the transport, then storage.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ErrorCode, RunlaneError
@@ -125,12 +125,27 @@ class Lane:
     storage: StorageDriver
     delivery: LaneDelivery
     capabilities: LaneCapabilities
+    # Runtimes that started this lane and have not closed it yet: several runtimes may share one lane
+    # (a producer and a worker in one process, or in one test), and it closes with the last of them.
+    _holders: int = field(default=0, init=False, repr=False, compare=False)
 
     def __repr__(self) -> str:
         return f"Lane(name={self.name!r}, storage={self.storage.name!r}, delivery={self.delivery.mode.value!r})"
 
     async def start(self) -> None:
-        """Start storage, then the transport; if the transport fails to start, close storage again."""
+        """Start storage, then the transport; if the transport fails to start, close storage again.
+        A lane another runtime has started (and not closed) is already started: it only counts one more."""
+        holders = self._holders
+        object.__setattr__(self, "_holders", holders + 1)
+        if holders:
+            return
+        try:
+            await self._start()
+        except BaseException:
+            object.__setattr__(self, "_holders", self._holders - 1)
+            raise
+
+    async def _start(self) -> None:
         await _call_hook(self.storage, "start")
         transport = self.delivery.transport
         if transport is None:
@@ -145,7 +160,12 @@ class Lane:
             raise
 
     async def close(self) -> None:
-        """Close the transport, then storage (storage is closed even when the transport fails to close)."""
+        """Close the transport, then storage (storage is closed even when the transport fails to close),
+        once every runtime that started the lane has closed it."""
+        if self._holders > 1:
+            object.__setattr__(self, "_holders", self._holders - 1)
+            return
+        object.__setattr__(self, "_holders", 0)
         transport = self.delivery.transport
         try:
             if transport is not None:
