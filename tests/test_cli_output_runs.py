@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
+import re
 from datetime import datetime, timedelta
 
+import pytest
+
 from runlane import Retry, RunStatus, TaskContext, create_runlane, queue, task
-from runlane.cli.output import Output
+from runlane.cli.output import Output, printable
 from runlane.testing import ControlledClock
 from runlane_local import local_lane
 
@@ -110,3 +114,107 @@ async def test_a_validation_failure_shows_which_fields_failed_without_json() -> 
     # Handler messages are normalized when stored; the fields are kept.
     shown = "validation_failed: Task failed (validation_failed). (items[0].sku: Field required; payload: Too big)"
     assert buffer.getvalue().count(shown) == 3  # the run's failure, its run.failed event and its attempt
+
+
+# Clears the screen, sets the window title, turns the rest red, returns to the line's start, forges a log line
+# of its own, and reverses what follows (C1 CSI and a bidi override). No ':' (reserved in ids).
+HOSTILE = "evil\x1b[2J\x1b]0;TITLE\x1b\\\x1b[31mRED\r\n2026-11-30T08 info all good\x9b\u202e"
+ESCAPED = "evil\\x1b[2J\\x1b]0;TITLE\\x1b\\\\x1b[31mRED\\r\\n2026-11-30T08 info all good\\x9b\\u202e"
+UNICODE = "café ✓ 日本"
+RAW = ("\x1b", "\r", "\n2026-11-30T08 info", "\x9b", "\u202e")
+
+
+def test_printable_escapes_control_characters_as_repr_does_and_keeps_unicode() -> None:
+    unprintable = "\x00\x07\x08\t\n\r\x1b[2J\x7f\x85\x9b\u2028\u2029\u202e\u2066\ud800"
+    assert printable(unprintable) == repr(unprintable)[1:-1]
+    assert printable(HOSTILE) == ESCAPED
+    for kept in (UNICODE, "[/] \\x1b 👨‍👩‍👧 שלום", ""):
+        assert printable(kept) == kept
+
+
+bounded = queue("bounded", concurrency_limit=5)
+
+
+@task("echo.hostile", queue=bounded, retry=Retry(1))
+async def echo_hostile(payload: dict, ctx: TaskContext) -> dict:
+    if payload.get("fail"):
+        raise RuntimeError(f"{HOSTILE} {UNICODE}")
+    if payload.get("signal"):
+        return ctx.wait_for_signal(HOSTILE)
+    return payload
+
+
+async def test_control_characters_in_runs_events_attempts_and_log_lines_are_printed_escaped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ids, keys, reasons, actors, outputs and exception text are data: printed raw, an escape sequence in
+    one would act on the operator's terminal and a newline would forge a line."""
+    from runlane import Actor, ActorType
+
+    clock = ControlledClock()
+    runtime = create_runlane(lane=local_lane(), queues=[default, bounded], tasks=[echo_hostile], clock=clock)
+    out, err = io.StringIO(), io.StringIO()
+    output = Output(stdout=out, stderr=err, width=300)
+    async with runtime:
+        created = await runtime.trigger(
+            echo_hostile,
+            {"text": f"{HOSTILE} {UNICODE}"},
+            run_id=f"ok-{HOSTILE}",
+            idempotency_key=HOSTILE,
+            concurrency_key=HOSTILE,
+            meta={"note": HOSTILE},
+        )
+        output.trigger_result(created)
+        output.trigger_result(await runtime.trigger(echo_hostile, {}, idempotency_key=HOSTILE))
+        await runtime.trigger(echo_hostile, {"fail": True}, run_id=f"bad-{HOSTILE}")
+        await runtime.trigger(echo_hostile, {"signal": True}, run_id=f"waits-{HOSTILE}")
+        with caplog.at_level("WARNING", logger="runlane"):
+            while (run := await runtime.execute_next()) is not None:
+                output.run_executed(run)
+        cancelled = (await runtime.trigger(echo_hostile, {}, run_id=f"cancelled-{HOSTILE}", singleton_key=HOSTILE)).run
+        operator = Actor(type=ActorType.OPERATOR, id=HOSTILE)
+        output.run_result(await runtime.runs.cancel(cancelled.id, reason=HOSTILE, actor=operator), verb="cancel")
+        output.runs_table(await runtime.runs.list())
+        for run_id in (f"ok-{HOSTILE}", f"bad-{HOSTILE}", f"waits-{HOSTILE}", cancelled.id):
+            output.run_detail(await runtime.runs.get(run_id), await runtime.runs.events(run_id))
+            output.attempts_table(run_id, await runtime.runs.attempts(run_id))
+        output.signal_result(HOSTILE, [])
+    (failed,) = [record for record in caplog.records if record.exc_info]
+    output.log(failed)
+    printed, logged = out.getvalue(), err.getvalue()
+    for text in (printed, logged):
+        assert not any(raw in text for raw in RAW), [raw for raw in RAW if raw in text]
+    assert printed.count(f"ok-{ESCAPED}") >= 4  # trigger card, runs table, run card, attempts
+    for key in ("idempotency key", "concurrency key", "singleton key"):
+        assert re.search(f"\n  {key} +{re.escape(ESCAPED)}\n", printed), key
+    # Payloads, outputs and meta are compact JSON, which escapes C0 controls its own way; the rest as above.
+    in_json = printable(json.dumps(HOSTILE, ensure_ascii=False)[1:-1])
+    assert printed.count(f'"text":"{in_json} {UNICODE}"') >= 3  # payload, output, the attempt's output
+    assert f'"note":"{in_json}"' in printed
+    assert f"waiting_for=signal:{ESCAPED}" in printed
+    assert f"reason={ESCAPED}" in printed and f"actor=operator:{ESCAPED}" in printed
+    assert f"✓ signal {ESCAPED} resumed 0 runs" in printed
+    # The log line and the exception's own line in its traceback: one line each.
+    assert f"error Run bad-{ESCAPED} (task echo.hostile): attempt 1 failed" in logged
+    assert f"\nRuntimeError: {ESCAPED} {UNICODE}\n" in logged
+    assert logged.splitlines()[-1] == f"RuntimeError: {ESCAPED} {UNICODE}"
+
+
+def test_control_characters_in_errors_warnings_and_lifecycle_records_are_printed_escaped() -> None:
+    from runlane import ErrorCode, RunlaneError
+
+    out, err = io.StringIO(), io.StringIO()
+    output = Output(stdout=out, stderr=err, width=300)
+    output.error(RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {HOSTILE!s} was not found."))
+    output.warning("some_code", HOSTILE)
+    output.warn(HOSTILE)
+    output.record("command", f"command runs get ✗ run_not_found: {HOSTILE}")
+    output.file_written(f"/tmp/{HOSTILE}", overwritten=False)
+    for text in (out.getvalue(), err.getvalue()):
+        assert not any(raw in text for raw in RAW), [raw for raw in RAW if raw in text]
+    assert f"error[run_not_found]: Run {ESCAPED} was not found." in err.getvalue()
+    assert f"warning: {ESCAPED}" in err.getvalue() and f"run_not_found: {ESCAPED}" in out.getvalue()
+
+    json_out = io.StringIO()
+    Output(json_mode=True, stdout=json_out, stderr=json_out).record("command", "x", summary=HOSTILE)
+    assert "\\u001b[2J" in json_out.getvalue()  # JSON escapes control characters its own way, as before

@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 from runlane_local import local_lane
+from textual.geometry import Region
 
 from runlane import ErrorCode, Retry, RunlaneError, RunStatus, TaskContext, create_runlane, queue, task
+from runlane.cli.output import printable
 from runlane.testing import ControlledClock
 from runlane.tui import DashboardClient, RunlaneDashboard
 from runlane.tui.screens.confirm import ConfirmScreen
@@ -257,6 +259,62 @@ async def test_brackets_in_ids_outputs_and_reasons_are_shown_as_they_are() -> No
             await pilot.press("escape")
             await open_run(pilot, "dup[/]x")
             assert any("duplicate of [/]orders" in row[3] for row in rows(app, "events"))
+
+
+# Clears the screen, sets the window title, turns the rest red, forges a line, reverses what follows.
+HOSTILE = "evil\x1b[2J\x1b]0;TITLE\x1b\\\x1b[31mRED\r\n2026-11-30T08 info\x9b\u202e"
+ESCAPED = "evil\\x1b[2J\\x1b]0;TITLE\\x1b\\\\x1b[31mRED\\r\\n2026-11-30T08 info\\x9b\\u202e"
+
+
+def widget_lines(widget: Any) -> list[str]:
+    strips = widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))
+    return ["".join(segment.text for segment in strip).rstrip() for strip in strips]
+
+
+async def test_control_characters_in_ids_outputs_keys_and_reasons_are_shown_escaped() -> None:
+    """Ids, keys, reasons and outputs are data: an escape sequence or a newline in them is shown escaped,
+    never sent to the terminal; other Unicode is shown as it is."""
+    unicode = "café ✓ 日本"
+    runtime = make_runtime()
+    async with runtime:
+        await runtime.trigger(send, {"to": f"{HOSTILE} {unicode}"}, run_id=f"sent-{HOSTILE}", idempotency_key=HOSTILE)
+        await runtime.trigger(wait_for_approval, {"id": HOSTILE}, run_id=f"waits-{HOSTILE}")
+        await runtime.execute_next()
+        await runtime.execute_next()
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            shown = [cell for row in rows(app, "runs") for cell in row]
+            assert f"sent-{ESCAPED}" in shown and f"waiting for signal approved.{ESCAPED}" in shown
+
+            await open_run(pilot, f"sent-{HOSTILE}")
+            (attempt,) = rows(app, "attempts")
+            assert attempt[4] == f'output {{"sent":"{_in_json(HOSTILE)} {unicode}"}}'
+            card = widget_lines(app.screen.query_one("#card"))
+            fields = {label: value.strip() for label, _, value in (line.strip().partition("  ") for line in card)}
+            assert fields["run"] == f"sent-{ESCAPED}" and fields["idempotency key"] == ESCAPED
+            shown += attempt + card + [cell for row in rows(app, "events") for cell in row]
+
+            await pilot.press("escape")
+            await open_run(pilot, f"waits-{HOSTILE}")
+            await pilot.press("c")
+            await pilot.pause()
+            question = widget_lines(app.screen.query_one("#question"))
+            assert str(app.screen.query_one("#question").render()).startswith(f"Cancel run waits-{ESCAPED}?")
+            await pilot.press("y")
+            await settle(pilot)
+            assert (await runtime.runs.get(f"waits-{HOSTILE}")).status is RunStatus.CANCELLED
+            notified = [notification.message for notification in app._notifications]
+            assert f"Cancel recorded for waits-{ESCAPED}: it is cancelled." in notified
+            shown += question + notified + [cell for row in rows(app, "events") for cell in row]
+            shown += widget_lines(app.screen.query_one("#card"))
+    for raw in ("\x1b", "\r", "\n", "\x9b", "\u202e"):
+        assert not any(raw in text for text in shown), raw
+
+
+def _in_json(text: str) -> str:
+    """``text`` as compact JSON shows it, made printable."""
+    return printable(json.dumps(text, ensure_ascii=False)[1:-1])
 
 
 async def test_a_long_history_shows_its_newest_events_and_counts_the_earlier_ones() -> None:

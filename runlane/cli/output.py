@@ -3,6 +3,12 @@
 Results go to stdout, diagnostics and errors to stderr. With ``--json`` a command result is one JSON
 document and long-running lifecycle output is newline-delimited JSON; without it results are Rich
 cards, tables and timelines. Commands never print on their own and this module never calls the runtime.
+
+Ids, keys, reasons, outputs, failure and log messages are data that producers and end users choose, so
+text is made printable (``printable()``) wherever it becomes something printed: ``printable_text()`` for
+Rich text, ``_table()`` for cells and the ``Output`` primitives for the lines they are given. A terminal
+would act on an escape sequence printed raw (clear the screen, set the window title, fake a link) and a
+newline would print a line that looks like one of ours. JSON escapes such characters already.
 """
 
 from __future__ import annotations
@@ -11,10 +17,13 @@ import dataclasses
 import enum
 import json
 import logging
+import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import IO, Any
 
 from pydantic import BaseModel
@@ -34,11 +43,38 @@ __all__ = [
     "forward_runtime_logs",
     "iso",
     "plural",
+    "printable",
+    "printable_text",
     "run_rows",
     "tick_counts",
     "to_json_value",
     "trigger_summary",
 ]
+
+
+# What a terminal acts on instead of showing: the C0 and C1 controls and DEL (ESC starts CSI and OSC
+# sequences, CR returns over what was printed), the line and paragraph separators, and the bidirectional
+# formatting characters, which reorder what is shown after them. A lone surrogate cannot be encoded at all.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+_NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on escaped as ``repr()`` escapes it (``\\x1b``,
+    ``\\n``, ``\\u202e``); everything else, printable Unicode and backslashes included, as it is."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def printable_text(text: str, style: str = "") -> Text:
+    """``Text(text, style=style)`` for text that shows data: made ``printable()`` first (a ``Text`` drops some
+    control characters silently and keeps ESC and newlines)."""
+    return Text(printable(text), style=style)
 
 
 def to_json_value(value: Any) -> Any:
@@ -220,11 +256,12 @@ class Output:
         return self.stdout.width, self.stdout.is_terminal
 
     def line(self, text: str | Text = "") -> None:
-        self.stdout.print(text)
+        """A line of stdout; the data in a ``Text`` is made ``printable()`` by its caller."""
+        self.stdout.print(printable(text) if isinstance(text, str) else text)
 
     def warn(self, text: str) -> None:
         """A diagnostic for humans; always stderr, never part of a result."""
-        self.stderr.print(Text(text, style="yellow"))
+        self.stderr.print(printable_text(text, "yellow"))
 
     def warning(self, code: str, text: str) -> None:
         """A warning about how the command ran (not its result): ``warning: ...`` on stderr, or with
@@ -233,15 +270,15 @@ class Output:
             self._err.write(_dumps({"warning": {"code": code, "message": text}}) + "\n")
             self._err.flush()
             return
-        self.stderr.print(Text(f"warning: {text}", style="yellow"))
+        self.stderr.print(printable_text(f"warning: {text}", "yellow"))
 
     def log(self, record: logging.LogRecord) -> None:
         """One log record of the runtime (a failed attempt, a storage outage): stderr, as a timestamped
         line with its traceback below, or one JSON object with ``--json``."""
         at = iso(datetime.fromtimestamp(record.created, UTC)) or ""
         message = record.getMessage()
-        trace = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
         if self.json:
+            trace = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
             value: dict[str, Any] = {
                 "at": at, "type": "log", "level": record.levelname.lower(), "logger": record.name, "message": message,
             }  # fmt: skip
@@ -253,17 +290,18 @@ class Output:
             return
         line = Text(f"{at} ", style="dim")
         style = "red" if record.levelno >= logging.ERROR else "yellow"
-        line.append(f"{record.levelname.lower()} {message}", style=style)
+        line.append(printable(f"{record.levelname.lower()} {message}"), style=style)
         self.stderr.print(line)
-        if trace is not None:
-            self.stderr.print(Text(trace, style="dim"))
+        if record.exc_info:
+            # Already printable, line by line: the traceback's own line breaks are kept.
+            self.stderr.print(Text(_traceback_text(record.exc_info), style="dim"))
 
     def error(self, error: RunlaneError) -> None:
         if self.json:
             self._err.write(_dumps({"error": error.to_json()}) + "\n")
             self._err.flush()
             return
-        self.stderr.print(Text(f"error[{error.code.value}]: {error.message}", style="bold red"))
+        self.stderr.print(printable_text(f"error[{error.code.value}]: {error.message}", "bold red"))
 
     # -- cards ---------------------------------------------------------------------------------
 
@@ -276,11 +314,11 @@ class Output:
             line = Text(" " * indent)
             line.append(label.ljust(width), style="dim")
             line.append("  ")
-            line.append(display_value(value))
+            line.append(printable(display_value(value)))
             self.stdout.print(line)
 
     def run_card(self, run: Any, *, heading: Text | None = None) -> None:
-        self.stdout.print(heading if heading is not None else Text(run.id, style="bold"))
+        self.stdout.print(heading if heading is not None else printable_text(run.id, "bold"))
         self._card(run_rows(run))
 
     # -- command results -----------------------------------------------------------------------
@@ -291,19 +329,22 @@ class Output:
             return
         run = result.run
         if display_value(result.outcome) == "created":
-            self.run_card(run, heading=Text.assemble(("✓ created ", "bold green"), (run.id, "bold")))
+            self.run_card(run, heading=Text.assemble(("✓ created ", "bold green"), (printable(run.id), "bold")))
         else:
-            heading = Text.assemble(("⊝ returned existing ", "bold yellow"), (run.id, "bold"), " (idempotency)")
+            heading = Text.assemble(
+                ("⊝ returned existing ", "bold yellow"), (printable(run.id), "bold"), " (idempotency)"
+            )
             self.run_card(run, heading=heading)
             self.line()
-            self.line(Text.assemble(("hint", "bold cyan"), f"  use runlane rerun {run.id} to execute this work again"))
+            rerun = f"  use runlane rerun {printable(run.id)} to execute this work again"
+            self.line(Text.assemble(("hint", "bold cyan"), rerun))
 
     def run_result(self, run: Any, *, verb: str) -> None:
         """A run created or changed by an operator command (retry, rerun, cancel)."""
         if self.json:
             self.emit_json({"run": run})
             return
-        self.run_card(run, heading=Text.assemble((f"✓ {verb} ", "bold green"), (run.id, "bold")))
+        self.run_card(run, heading=Text.assemble((f"✓ {verb} ", "bold green"), (printable(run.id), "bold")))
 
     def run_detail(self, run: Any, events: Any | None) -> None:
         if self.json:
@@ -324,14 +365,14 @@ class Output:
             line = Text("  ")
             line.append(f"{record.sequence:>4}  ", style="dim")
             line.append(f"{iso(event.occurred_at)}  ")
-            line.append(display_value(event.type), style="cyan")
+            line.append(printable(display_value(event.type)), style="cyan")
             detail = event_detail(event)
             if detail:
-                line.append(f"  {detail}")
+                line.append(printable(f"  {detail}"))
             self.line(line)
         if events.next_cursor:
             self.line()
-            self.line(Text.assemble(("next cursor", "bold cyan"), f"  {events.next_cursor}"))
+            self.line(Text.assemble(("next cursor", "bold cyan"), printable(f"  {events.next_cursor}")))
 
     def runs_table(self, page: Any) -> None:
         if self.json:
@@ -340,8 +381,8 @@ class Output:
         if not page.data:
             self.line(Text("no runs", style="dim"))
         else:
-            table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-            table.add_column("id", no_wrap=True, min_width=max(len(run.id) for run in page.data))
+            table = _table()
+            table.add_column("id", no_wrap=True, min_width=max(len(printable(run.id)) for run in page.data))
             for column in ("status", "task", "queue", "attempts", "run at", "created", "updated"):
                 table.add_column(column, overflow="fold")
             for run in page.data:
@@ -359,14 +400,14 @@ class Output:
             self.stdout.print(table)
         if page.next_cursor:
             self.line()
-            self.line(Text.assemble(("next cursor", "bold cyan"), f"  {page.next_cursor}"))
+            self.line(Text.assemble(("next cursor", "bold cyan"), printable(f"  {page.next_cursor}")))
 
     def queues_table(self, queues: Sequence[Any]) -> None:
         """``runlane queues``: each queue's policy and its active runs by status."""
         if self.json:
             self.emit_json({"queues": [queue.to_json() for queue in queues]})
             return
-        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+        table = _table()
         table.add_column("queue", no_wrap=True)
         table.add_column("limit", justify="right")
         statuses = list(queues[0].to_json()["counts"]) if queues else []
@@ -375,7 +416,7 @@ class Output:
         for queue in queues:
             document = queue.to_json()
             more = "+" if document["more"] else ""
-            name = Text(document["name"])
+            name = printable_text(document["name"])
             if document["default"]:
                 name.append(" (default)", style="dim")
             limit = document["concurrency_limit"]
@@ -388,9 +429,9 @@ class Output:
             self.emit_json({"run_id": run_id, "attempts": list(attempts)})
             return
         if not attempts:
-            self.line(Text(f"{run_id} has no attempts yet", style="dim"))
+            self.line(printable_text(f"{run_id} has no attempts yet", "dim"))
             return
-        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+        table = _table()
         for column in ("attempt", "status", "started", "completed", "detail"):
             table.add_column(column, no_wrap=True)
         for attempt in attempts:
@@ -416,7 +457,7 @@ class Output:
             return
         self.line(Text(f"✓ pruned {result.pruned} run{'s' if result.pruned != 1 else ''}", style="bold green"))
         if result.next_cursor:
-            self.line(Text.assemble(("next cursor", "bold cyan"), f"  {result.next_cursor}"))
+            self.line(Text.assemble(("next cursor", "bold cyan"), printable(f"  {result.next_cursor}")))
             self.line(Text("  pass it back with --cursor and the same --older-than and --status", style="dim"))
 
     def trim_result(self, result: Any) -> None:
@@ -432,7 +473,8 @@ class Output:
         if self.json:
             self.emit_json({"signal_key": signal_key, "resumed": [run.id for run in runs], "runs": list(runs)})
             return
-        self.line(Text(f"✓ signal {signal_key} resumed {len(runs)} run{'s' if len(runs) != 1 else ''}", style="bold green"))
+        resumed = f"✓ signal {signal_key} resumed {len(runs)} run{'s' if len(runs) != 1 else ''}"
+        self.line(printable_text(resumed, "bold green"))
         for run in runs:
             self.line(f"  {run.id}  {run.task_id}  {display_value(run.status)}")
 
@@ -448,7 +490,7 @@ class Output:
                 }
             )
             return
-        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+        table = _table()
         for column in ("plugin", "distribution", "version", "provides"):
             table.add_column(column)
         for plugin in plugins:
@@ -464,7 +506,7 @@ class Output:
         if self.json:
             self.emit_json({"path": path, "overwritten": overwritten})
             return
-        self.line(Text.assemble(("✓ wrote ", "bold green"), (path, "bold")))
+        self.line(Text.assemble(("✓ wrote ", "bold green"), (printable(path), "bold")))
 
     # -- lifecycle records (work, dev) ---------------------------------------------------------
 
@@ -475,7 +517,7 @@ class Output:
             self.emit_json({"at": at, "type": kind, **fields})
             return
         line = Text(f"{at} ", style="dim")
-        line.append(text)
+        line.append(printable(text))
         self.stdout.print(line)
 
     def run_executed(self, run: Any) -> None:
@@ -544,6 +586,55 @@ def forward_runtime_logs(output: Output) -> Iterator[None]:
         logger.setLevel(level)
         logger.propagate = propagate
         pool.setLevel(pool_level)
+
+
+class _Table(Table):
+    """A result table: its ``str`` cells show data, so they are made ``printable()`` (the data in ``Text``
+    cells is made printable by whoever builds them)."""
+
+    def add_row(self, *renderables: Any, style: Any = None, end_section: bool = False) -> None:
+        cells = (printable(cell) if isinstance(cell, str) else cell for cell in renderables)
+        super().add_row(*cells, style=style, end_section=end_section)
+
+
+def _table() -> Table:
+    return _Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+
+
+_ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+
+
+def _traceback_text(exc_info: _ExcInfo) -> str:
+    """A logged exception's traceback, printable line by line. What each exception in the chain says (its
+    message, its notes) is data and printed on its own line, its line breaks escaped too: a newline in a
+    message would otherwise print a line that looks like a log line of its own."""
+    if exc_info[1] is None:
+        return printable(logging.Formatter().formatException(exc_info))
+    top = traceback.TracebackException(type(exc_info[1]), exc_info[1], exc_info[2])
+    pending, seen = [top], set()
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        # ``format()`` asks each exception of the chain for these lines; only they hold its own text. Notes
+        # are printed a line each, so theirs are escaped before.
+        if isinstance(node.__notes__, Sequence):
+            node.__notes__ = [printable(note) if isinstance(note, str) else note for note in node.__notes__]
+        setattr(node, "format_exception_only", _printable_lines(node.format_exception_only))
+        links = (node.__cause__, node.__context__, *(node.exceptions or ()))
+        pending.extend(link for link in links if link is not None)
+    text = "".join(top.format()).removesuffix("\n")
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def _printable_lines(lines: Callable[..., Iterable[str]]) -> Callable[..., Iterator[str]]:
+    def printable_lines(*args: Any, **kwargs: Any) -> Iterator[str]:
+        for line in lines(*args, **kwargs):
+            body = line.removesuffix("\n")
+            yield printable(body) + line[len(body) :]
+
+    return printable_lines
 
 
 def _width(stream: Any) -> int | None:

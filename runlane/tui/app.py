@@ -6,6 +6,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from .client import RUNS_PAGE, DashboardClient
+from .format import printable
 from .messages import RunChanged
 from .screens.runs import RunsScreen
 
@@ -32,7 +33,7 @@ class RunlaneDashboard(App[None]):
         self.page_size = page_size
 
     def on_mount(self) -> None:
-        self.sub_title = f"{self.client.environment} · lane {self.client.lane} · via {self.client.where}"
+        self.sub_title = printable(f"{self.client.environment} · lane {self.client.lane} · via {self.client.where}")
         self.push_screen(RunsScreen())
 
     def action_refresh(self) -> None:

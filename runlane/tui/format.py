@@ -1,4 +1,9 @@
-"""How the dashboard shows statuses and times (Rich text, no Textual)."""
+"""How the dashboard shows statuses and times (Rich text, no Textual).
+
+Every string the dashboard shows that it does not write itself (ids, keys, reasons, outputs, messages)
+becomes Rich text through ``printable_text()`` and a plain string through ``printable()``, as in the CLI:
+control characters in them are shown escaped, never sent to the terminal.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,10 @@ from datetime import UTC, datetime
 
 from rich.text import Text
 
+from ..cli.output import printable, printable_text
 from ..errors import RunlaneError
 
-__all__ = ["STATUS_STYLES", "short_time", "status_text"]
+__all__ = ["STATUS_STYLES", "error_text", "printable", "printable_text", "short_time", "status_text"]
 
 STATUS_STYLES = {
     "scheduled": "cyan",
@@ -25,12 +31,12 @@ STATUS_STYLES = {
 
 def error_text(error: RunlaneError) -> Text:
     """``code: message`` with the code in red; the message as it is (never read as markup)."""
-    return Text.assemble((error.code.value, "red"), f": {error.message}")
+    return Text.assemble((error.code.value, "red"), printable(f": {error.message}"))
 
 
 def status_text(status: object) -> Text:
     value = str(getattr(status, "value", status))
-    return Text(value.replace("_", " "), style=STATUS_STYLES.get(value, ""))
+    return printable_text(value.replace("_", " "), STATUS_STYLES.get(value, ""))
 
 
 def short_time(value: datetime | None) -> str:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label
+
+from ..format import printable_text
 
 __all__ = ["ConfirmScreen"]
 
@@ -29,7 +30,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm"):
-            yield Label(Text(self.question), id="question")
+            yield Label(printable_text(self.question), id="question")
             with Horizontal(id="answers"):
                 yield Button(f"{self.action_label} (y)", variant="error", id="yes")
                 yield Button("Keep (n)", id="no")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -21,7 +20,7 @@ from textual.widgets import DataTable, Footer, Header, Label, Static
 from ...cli.output import attempt_detail, display_value, event_detail
 from ...errors import RunlaneError
 from ..client import RunDetail
-from ..format import error_text, short_time, status_text
+from ..format import error_text, printable, printable_text, short_time, status_text
 from ..messages import RunChanged
 from ..widgets.run_card import RunCard
 from .confirm import ConfirmScreen
@@ -103,7 +102,7 @@ class RunDetailScreen(Screen[None]):
                 status_text(attempt.status),
                 short_time(attempt.started_at),
                 short_time(attempt.completed_at),
-                Text(attempt_detail(attempt)),
+                printable_text(attempt_detail(attempt)),
             )
         events = self.query_one("#events", DataTable)
         events.clear()
@@ -112,8 +111,8 @@ class RunDetailScreen(Screen[None]):
             events.add_row(
                 str(record.sequence),
                 short_time(event.occurred_at),
-                Text(display_value(event.type), style="cyan"),
-                Text(event_detail(event)),
+                printable_text(display_value(event.type), "cyan"),
+                printable_text(event_detail(event)),
             )
         earlier = detail.earlier_events
         total = len(detail.events) + earlier
@@ -122,7 +121,8 @@ class RunDetailScreen(Screen[None]):
             if earlier
             else ""
         )
-        self.query_one("#status-line", Static).update(Text(f"{len(detail.attempts)} attempts, {total} events{more}"))
+        shown = f"{len(detail.attempts)} attempts, {total} events{more}"
+        self.query_one("#status-line", Static).update(printable_text(shown))
 
     # -- actions --------------------------------------------------------------------------------
 
@@ -142,16 +142,22 @@ class RunDetailScreen(Screen[None]):
             run = await getattr(client, kind)(self.run_id)
         except RunlaneError as error:
             self.notify(
-                error.message, title=f"{kind} refused: {error.code.value}", severity="error", timeout=8, markup=False
+                printable(error.message),
+                title=f"{kind} refused: {error.code.value}",
+                severity="error",
+                timeout=8,
+                markup=False,
             )
             return
         if kind == "cancel":
             self.notify(
-                f"Cancel recorded for {run.id}: it is {display_value(run.status)}.", title="cancel", markup=False
+                printable(f"Cancel recorded for {run.id}: it is {display_value(run.status)}."),
+                title="cancel",
+                markup=False,
             )
             self.post_message(RunChanged(self.run_id))
             self.reload()
             return
-        self.notify(f"Created {run.id} from {self.run_id}.", title=kind, markup=False)
+        self.notify(printable(f"Created {run.id} from {self.run_id}."), title=kind, markup=False)
         self.post_message(RunChanged(self.run_id, created_run_id=run.id))
         self.app.switch_screen(RunDetailScreen(run.id))

@@ -21,7 +21,7 @@ from ...cli.queues import ACTIVE_STATUSES
 from ...errors import RunlaneError
 from ...models import RunSummary
 from ..client import QueueRow
-from ..format import error_text
+from ..format import error_text, printable_text
 from ..messages import RunChanged
 from ..widgets.queue_table import QueueTable
 from ..widgets.runs_table import RunsTable
@@ -129,7 +129,7 @@ class RunsScreen(Screen[None]):
     def _show_filters(self) -> None:
         name = STATUS_FILTERS[self.status_index][0]
         queue = f"  queue: {self.queue_filter}" if self.queue_filter else ""
-        self.query_one("#status-filter", Label).update(Text(f"status: {name}{queue}"))
+        self.query_one("#status-filter", Label).update(printable_text(f"status: {name}{queue}"))
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from ...cli.queues import ACTIVE_STATUSES
 from ..client import QueueRow
-from ..format import STATUS_STYLES
+from ..format import STATUS_STYLES, printable_text
 from .keyed_table import KeyedTable
 
 __all__ = ["QueueTable"]
@@ -31,7 +31,7 @@ class QueueTable(KeyedTable):
         """Replace the rows, keeping the cursor on the same queue; ``selected`` is the queue filter."""
         with self.replacing_rows():
             for row in rows:
-                name = Text(row.name, style="bold" if row.name == selected else "")
+                name = printable_text(row.name, "bold" if row.name == selected else "")
                 if row.default:
                     name.append(" (default)", style="dim")
                 if row.name == selected:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from rich.table import Table
-from rich.text import Text
 from textual.widgets import Static
 
 from ...cli.output import display_value, run_rows
 from ...models import RunRecord
-from ..format import status_text
+from ..format import printable_text, status_text
 
 __all__ = ["RunCard"]
 
@@ -20,9 +19,9 @@ class RunCard(Static):
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column()
-        grid.add_row("run", Text(run.id, style="bold"))
+        grid.add_row("run", printable_text(run.id, "bold"))
         for label, value in run_rows(run):
             if value is None:
                 continue
-            grid.add_row(label, status_text(value) if label == "status" else Text(display_value(value)))
+            grid.add_row(label, status_text(value) if label == "status" else printable_text(display_value(value)))
         self.update(grid)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from ...models import RunSummary
-from ..format import short_time, status_text
+from ..format import printable_text, short_time, status_text
 from .keyed_table import KeyedTable
 
 __all__ = ["RunsTable"]
@@ -34,10 +34,10 @@ class RunsTable(KeyedTable):
         with self.replacing_rows():
             for run in runs:
                 self.add_row(  # user strings as Text: a str cell would be read as markup
-                    Text(run.id),
+                    printable_text(run.id),
                     status_text(run.status),
-                    Text(run.task_id),
-                    Text(run.queue),
+                    printable_text(run.task_id),
+                    printable_text(run.queue),
                     str(run.counters.attempts),
                     short_time(run.updated_at),
                     _detail(run),
@@ -48,14 +48,14 @@ class RunsTable(KeyedTable):
 def _detail(run: RunSummary) -> Text:
     """Why a run is where it is: its failure, what it waits for, or when it runs."""
     if run.failure is not None:
-        return Text(f"{run.failure.code.value}: {run.failure.message}", style="red")
+        return printable_text(f"{run.failure.code.value}: {run.failure.message}", "red")
     wait = run.wait
     if wait is not None:
         kind = str(getattr(wait.type, "value", wait.type))
         if kind == "signal":
-            return Text(f"waiting for signal {getattr(wait, 'signal_key', '')}", style="magenta")
+            return printable_text(f"waiting for signal {getattr(wait, 'signal_key', '')}", "magenta")
         if kind == "run_completion":
-            return Text(f"waiting for run {getattr(wait, 'run_id', '')}", style="magenta")
+            return printable_text(f"waiting for run {getattr(wait, 'run_id', '')}", "magenta")
         return Text(f"resumes {short_time(getattr(wait, 'resume_at', None))}", style="magenta")
     if run.status.value in ("scheduled", "retrying") and run.run_at is not None:
         return Text(f"runs at {short_time(run.run_at)}", style="dim")
