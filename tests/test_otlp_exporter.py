@@ -378,3 +378,48 @@ async def test_a_refused_export_is_reported_by_runlane_alone(caplog: pytest.LogC
             tick = await runtime.observation_exporter("otel", sink).export_once()
     assert tick.status is Tick.EXPORTED and receiver.requests == 3
     assert [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry")] == []
+
+
+async def test_an_endpoint_s_credentials_and_query_values_are_never_shown(caplog: pytest.LogCaptureFixture) -> None:
+    secrets = ("apiuser", "S3CRET", "QS3CRET", "HS3CRET")
+    caplog.set_level(logging.WARNING)  # (urllib3's DEBUG lines show each request's path and query)
+
+    def shown(*texts: object) -> list[str]:
+        return [secret for secret in secrets if any(secret in str(text) for text in texts)]
+
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        async with runtime:
+            await runtime.trigger(send, {})
+            host = receiver.logs_endpoint.removeprefix("http://").removesuffix("/v1/logs")
+            unreachable = otlp_sink(
+                endpoint="http://apiuser:S3CRET@127.0.0.1:1/v1/logs?api_key=QS3CRET",
+                headers={"x-api-key": "HS3CRET"},
+                timeout=1,
+            )
+            assert unreachable.endpoint == "http://***@127.0.0.1:1/v1/logs?api_key=***"
+            tick = await runtime.observation_exporter("unreachable", unreachable).export_once()
+            assert tick.status is Tick.FAILED and isinstance(tick.error, RunlaneError) and tick.error.retryable
+            assert tick.error.meta["endpoint"] == unreachable.endpoint
+            assert tick.error.message.startswith("http://***@127.0.0.1:1/v1/logs?api_key=*** did not accept")
+            assert not shown(tick.error.message, tick.error.meta, repr(tick.error), repr(unreachable))
+            # The receiver answers a path with a query string with HTTP 404: refused for good.
+            refusing = otlp_trace_sink(endpoint=f"http://apiuser:S3CRET@{host}/v1/traces?api_key=QS3CRET&x=1")
+            redacted = f"http://***@{host}/v1/traces?api_key=***&x=***"
+            assert repr(refusing) == f"OtlpObservationSink(spans, endpoint={redacted!r}, exported=0)"
+            await runtime.execute_next()
+            with pytest.raises(RunlaneError) as refused:
+                await refusing.export((await runtime.observations.scan()).records)
+            assert "HTTP 404" in refused.value.message and not refused.value.retryable
+            assert not shown(refused.value.message, refused.value.meta)
+            refusing.close()
+    exporter = OTLPLogExporter(endpoint="https://apiuser:S3CRET@collector/v1/logs?k=QS3CRET")
+    by_hand = opentelemetry_sink(exporter=exporter)
+    assert by_hand.endpoint == "https://***@collector/v1/logs?k=***" and not shown(repr(by_hand))
+    for endpoint in ("apiuser:S3CRET@collector:4318/v1/logs", "ftp://apiuser:S3CRET@collector/v1/logs?k=QS3CRET"):
+        with pytest.raises(RunlaneError) as invalid:
+            otlp_sink(endpoint=endpoint)
+        assert invalid.value.code is ErrorCode.CONFIGURATION_INVALID and "***@collector" in invalid.value.message
+        assert not shown(invalid.value.message)
+    assert not shown(*(record.getMessage() for record in caplog.records))
+    unreachable.close()

@@ -26,6 +26,7 @@ import runlane_postgres.storage as pg_storage
 from cli_support import cli, write
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import PoolTimeout
 from runlane_postgres import (
     apply_postgres_migrations,
@@ -194,6 +195,97 @@ def test_a_url_without_a_host_keeps_its_slashes_and_names_its_socket() -> None:
     encoded = resolve_postgres_connection("postgres://%2Frun%2Fpostgresql/app")
     assert encoded.display == "socket /run/postgresql, database app"
     assert resolve_postgres_connection("postgresql:///app").display == "localhost/app"
+
+
+# Passwords with characters a URL must percent-encode: none of them may reach a message, meta or display.
+@pytest.mark.parametrize(
+    "url, secrets, says",
+    [
+        ("postgresql://app:Ab%9xYzQ@db.internal:5432/app", ["Ab%9xYzQ", "9xYzQ"], "password has a '%'"),
+        ("postgresql://app@db.internal/app?password=S3cr%ZZet", ["S3cr", "ZZet"], "password parameter has a '%'"),
+        ("postgres://app@db/app?sslmode=require&password=S3cr%ZZet", ["S3cr", "ZZet"], "password parameter has"),
+        ("postgresql://app:S3 cret@db.example/app", ["S3 cret", "cret"], "password has a space"),
+        ("postgresql://app:Pa%00Qz9@db.example/app", ["Pa%00Qz9", "Qz9"], "password encodes a zero byte"),
+        # libpq: host "app", port "Kq7", database "Zr9w@db.internal:5432/app"
+        ("postgresql://app:Kq7/Zr9w@db.internal:5432/app", ["Kq7", "Zr9w"], "an '@' after its user name"),
+        # libpq: password "p", host "ssw0rd@127.0.0.1"
+        ("postgresql://app:p@ssw0rd@127.0.0.1:1/app", ["ssw0rd"], "an '@' after its user name"),
+        # libpq: user name "db.internal?password=p", host "ssw0rd"
+        ("postgresql://db.internal?password=p@ssw0rd", ["ssw0rd", "password=p"], "an '@' after a '?'"),
+        # libpq's parse errors that quote the whole URL quote it without credentials.
+        ("postgresql://app:Tr0ub4dor@[::1/app", ["Tr0ub4dor"], '"postgresql://***@[::1/app"'),
+        ("postgresql://app:Tr0ub4dor@[::1]x/app?password=Xyzzy42", ["Tr0ub4dor", "Xyzzy42"], "?password=***"),
+        ("POSTGRES://app:Tr0ub4dor@db.internal/app?bogus=1", ["Tr0ub4dor"], 'invalid URI query parameter: "bogus"'),
+        ("postgresql://app:e@db.internal/app?bogus=1", ["e@"], "it would quote the password"),
+    ],
+)
+def test_a_password_is_never_quoted_when_the_url_is_refused(url: str, secrets: list[str], says: str) -> None:
+    for attempt in (lambda: resolve_postgres_connection(url), lambda: postgres_storage(url)):
+        with pytest.raises(RunlaneError) as info:
+            attempt()
+        error = info.value
+        assert error.code is ErrorCode.CONFIGURATION_INVALID and not error.retryable
+        shown = error.message + json.dumps(error.meta) + repr(error)
+        assert not [secret for secret in secrets if secret in shown], error.message
+        assert says in error.message
+
+
+@pytest.mark.parametrize(
+    "url, password",
+    [
+        ("postgresql://app:Hunter2?Tr0ub4dor@db.internal:5432/app?schema=s1", "Hunter2?Tr0ub4dor"),
+        ("postgresql://app:Hunter2#Tr0ub4dor@db.internal:5432/app?schema=s1", "Hunter2#Tr0ub4dor"),
+        ("postgresql://app:Hu:nt,er2@db.internal:5432/app?schema=s1", "Hu:nt,er2"),
+        ("postgresql://app:p%40ss%2Fw%3Fo%25rd@db.internal:5432/app?schema=s1", "p@ss/w?o%rd"),
+        ("postgresql://app@db.internal:5432/app?password=Hunter2%23Tr0ub4dor&schema=s1", "Hunter2#Tr0ub4dor"),
+    ],
+)
+def test_urls_libpq_accepts_are_split_the_way_libpq_splits_them(url: str, password: str) -> None:
+    # libpq ends the user name and password at the first "@" before any "/"; "?" and "#" do not end them.
+    target = resolve_postgres_connection(url)
+    assert target.display == "db.internal:5432/app" and target.schema == "s1"
+    options = conninfo_to_dict(target.conninfo)
+    assert (options["user"], options["password"], options["host"], options["port"]) == (
+        "app", password, "db.internal", "5432"
+    )  # fmt: skip
+    assert options["dbname"] == "app" and "schema" not in target.conninfo
+    secret = password[:7]
+    assert secret not in repr(target) and secret not in repr(postgres_storage(url))
+    assert secret not in repr(PostgresPollingLaneOptions.model_validate({"url": url}))
+
+
+async def test_the_database_shown_for_a_password_with_a_question_mark_has_no_credentials(
+    tmp_path: Path, schemas: Schemas
+) -> None:
+    found = re.fullmatch(r"(postgres(?:ql)?://)([^:@/]+)@([^/]+)/(\w+)", schemas.url)
+    if found is None:
+        pytest.skip("the test database URL already has a password or options")
+    scheme, user, hosts, database = found.groups()
+    # The test server trusts its clients: the password is sent but not checked.
+    url = f"{scheme}{user}:Hunter2?Tr0ub4dor@{hosts}/{database}"
+    schema = schemas.name()
+    migrated = await apply_postgres_migrations(url, schema)
+    assert migrated.database == f"{hosts}/{database}"
+    text = cli(tmp_path, "postgres", "migrate", "--url", f"{url}?schema={schema}")
+    assert text.returncode == 0, text.stderr
+    assert f"schema '{schema}' in {hosts}/{database} is already at version 2" in text.stdout
+    as_json = cli(tmp_path, "--json", "postgres", "migrate", "--url", url, "--schema", schema)
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["database"] == f"{hosts}/{database}"
+    driver = postgres_storage(f"{url}?schema={schema}")
+    try:
+        await driver.start()
+        assert "Hunter2" not in repr(driver)
+    finally:
+        await driver.close()
+    unreachable_url = f"postgresql://app:Hunter2?Tr0ub4dor@127.0.0.1:{closed_port()}/app"
+    unreachable = postgres_storage(unreachable_url, connect_timeout=2)
+    error = await expect_error(unreachable.start(), ErrorCode.STORAGE_UNAVAILABLE)
+    assert "Hunter2" not in error.message and "127.0.0.1:" in error.message
+    await unreachable.close()
+    for refused in ("postgresql://app:Ab%9xYzQ@db.internal:5432/app", "postgresql://app:p@ssw0rd@127.0.0.1:1/app"):
+        shown = cli(tmp_path, "postgres", "migrate", "--url", refused)
+        assert shown.returncode == 1 and "error[configuration_invalid]" in shown.stderr
+        assert "percent-encode" in shown.stderr and "9xYzQ" not in shown.stderr and "ssw0rd" not in shown.stderr
 
 
 async def test_a_lane_over_the_unix_socket_of_the_server_works(schemas: Schemas) -> None:

@@ -8,7 +8,14 @@ from collections.abc import Mapping
 from runlane.durations import duration_seconds
 from runlane.errors import ErrorCode, RunlaneError
 
-__all__ = ["DEFAULT_LOGS_ENDPOINT", "DEFAULT_TRACES_ENDPOINT", "check_endpoint", "check_resource", "timeout_seconds"]
+__all__ = [
+    "DEFAULT_LOGS_ENDPOINT",
+    "DEFAULT_TRACES_ENDPOINT",
+    "check_endpoint",
+    "check_resource",
+    "redact_endpoint",
+    "timeout_seconds",
+]
 
 DEFAULT_LOGS_ENDPOINT = "http://localhost:4318/v1/logs"
 DEFAULT_TRACES_ENDPOINT = "http://localhost:4318/v1/traces"
@@ -20,8 +27,39 @@ def _invalid(message: str, field: str) -> RunlaneError:
 
 def check_endpoint(endpoint: object, default: str) -> str:
     if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
-        raise _invalid(f"endpoint must be an http(s) URL such as {default}, got {endpoint!r}.", "endpoint")
+        got = repr(redact_endpoint(endpoint)) if isinstance(endpoint, str) else type(endpoint).__name__
+        raise _invalid(f"endpoint must be an http(s) URL such as {default}, got {got}.", "endpoint")
     return endpoint
+
+
+def redact_endpoint(endpoint: str) -> str:
+    """``endpoint`` for messages: its scheme, host, port and path, with the user name and password
+    (``***@``), every query value (``?api_key=***``) and any fragment masked.
+
+    The credentials end at the last ``@`` before the query (the first ``?`` or ``#`` after the first
+    ``/``), so a password with an unencoded ``/``, ``?``, ``#`` or ``@`` is masked whole; an ``@`` in
+    the path is taken for the end of credentials too, masking more than needed rather than less."""
+    scheme, separator, rest = endpoint.partition("://")
+    if not separator:
+        scheme, rest = "", endpoint
+    slash = rest.find("/")
+    if slash < 0:
+        head_end = len(rest)
+    else:
+        head_end = min([len(rest)] + [index for index in (rest.find("?", slash), rest.find("#", slash)) if index >= 0])
+    at = rest.rfind("@", 0, head_end)
+    userinfo = at >= 0
+    if userinfo:
+        rest = rest[at + 1 :]
+    rest, hashed, _ = rest.partition("#")
+    location, questioned, query = rest.partition("?")
+    text = (scheme + separator if separator else "") + ("***@" if userinfo else "") + location
+    if questioned:
+        pieces = [piece.partition("=")[0] + "=***" if "=" in piece else "***" for piece in query.split("&") if piece]
+        text += "?" + "&".join(pieces)
+    if hashed:
+        text += "#***"
+    return text
 
 
 def timeout_seconds(timeout: object) -> float:

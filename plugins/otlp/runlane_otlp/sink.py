@@ -34,7 +34,14 @@ from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import RunlaneObservationRecord
 
 from ._otel import observation_resource
-from .checks import DEFAULT_LOGS_ENDPOINT, DEFAULT_TRACES_ENDPOINT, check_endpoint, check_resource, timeout_seconds
+from .checks import (
+    DEFAULT_LOGS_ENDPOINT,
+    DEFAULT_TRACES_ENDPOINT,
+    check_endpoint,
+    check_resource,
+    redact_endpoint,
+    timeout_seconds,
+)
 from .logs import ObservationLogs
 from .spans import AttemptSpans
 
@@ -46,7 +53,6 @@ __all__ = [
     "otlp_sink",
     "otlp_trace_sink",
 ]
-
 
 
 class _Mapping(Protocol):
@@ -99,12 +105,13 @@ class _Answers:
 
 class OtlpObservationSink:
     """Build it with ``otlp_sink()``, ``opentelemetry_sink()`` or ``otlp_trace_sink()``: ``mapping``
-    turns records into telemetry items (``what`` they are), ``exporter`` sends them."""
+    turns records into telemetry items (``what`` they are), ``exporter`` sends them. ``endpoint`` is
+    the URL for messages, its credentials and query values masked (``redact_endpoint``)."""
 
     def __init__(self, *, mapping: _Mapping, exporter: Any, endpoint: str, what: str) -> None:
         self.mapping = mapping
         self.exporter = exporter
-        self.endpoint = endpoint
+        self.endpoint = redact_endpoint(endpoint)
         self.what = what
         self.exported = 0
         self._answers = _Answers(exporter)

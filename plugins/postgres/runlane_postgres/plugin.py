@@ -44,7 +44,8 @@ __all__ = [
     "register_storage_drivers",
 ]
 
-_CONNECTION_STRING = Field(min_length=1, validation_alias=AliasChoices("connection_string", "url"))
+# Left out of the options' repr: the URL may hold a password.
+_CONNECTION_STRING = Field(min_length=1, validation_alias=AliasChoices("connection_string", "url"), repr=False)
 
 
 class _ConnectionOptions(BaseModel):

@@ -80,7 +80,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote
 
 import orjson
 import psycopg
@@ -169,7 +169,7 @@ def _invalid(message: str, **meta: Any) -> RunlaneError:
 class PostgresConnectionTarget:
     """A connection string with Runlane's ``schema`` parameter resolved and removed."""
 
-    conninfo: str
+    conninfo: str = field(repr=False)  # may hold a password
     schema: str
     parameters: frozenset[str]  # query parameter names the URL sets itself
     display: str  # host/database without credentials, for messages
@@ -187,31 +187,154 @@ class PostgresConnectionTarget:
         return {name: value for name, value in defaults.items() if name not in self.parameters}
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_PERCENT_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _percent_encode_hint(where: str = "the password") -> str:
+    return f"percent-encode special characters such as % / ? # @ and spaces in {where} (% as %25, / as %2F, @ as %40)"
+
+
+@dataclass(frozen=True, slots=True)
+class _UriParts:
+    """A ``postgres://`` URL split the way libpq splits it (``conninfo_uri_parse_options``), which is not
+    RFC 3986's way: the user name and password end at the first ``@`` that comes before any ``/`` (a
+    ``?`` or ``#`` does not end them), the hosts at the first ``/`` or ``?`` outside ``[...]``, and
+    ``#`` is an ordinary character."""
+
+    scheme: str
+    userinfo: str | None
+    hosts: str
+    path: str | None  # the database: after the "/" that ends the hosts, up to "?"
+    query: str | None
+
+    @classmethod
+    def split(cls, scheme: str, rest: str) -> _UriParts:
+        userinfo: str | None = None
+        credentials = re.match(r"[^@/]*@", rest)
+        if credentials is not None:
+            userinfo, rest = rest[: credentials.end() - 1], rest[credentials.end() :]
+        end, bracketed = len(rest), False
+        for index, char in enumerate(rest):
+            if char == "[":
+                bracketed = True
+            elif char == "]":
+                bracketed = False
+            elif char in "/?" and not bracketed:
+                end = index
+                break
+        hosts, rest = rest[:end], rest[end:]
+        if rest.startswith("/"):
+            path, separator, query = rest[1:].partition("?")
+            return cls(scheme, userinfo, hosts, path, query if separator else None)
+        return cls(scheme, userinfo, hosts, None, rest[1:] if rest else None)
+
+    def parameters(self) -> list[tuple[str, str, str]]:
+        """Each query parameter as (raw text, decoded name, decoded value), as libpq splits them."""
+        pieces = []
+        for piece in self.query.split("&") if self.query is not None else ():
+            name, _, value = piece.partition("=")
+            pieces.append((piece, unquote(name), unquote(value)))
+        return pieces
+
+    def passwords(self) -> list[str]:
+        """The password of the user information and of each ``password`` parameter, as written."""
+        found = [piece.partition("=")[2] for piece, name, _ in self.parameters() if name == "password"]
+        if self.userinfo is not None and ":" in self.userinfo:
+            found.insert(0, self.userinfo.split(":", 1)[1])
+        return found
+
+    def secrets(self) -> list[str]:
+        """Text no message may quote: the user information when it holds a password, and every password
+        as written and decoded. (A user name alone is no secret: the server's own messages name it.)"""
+        found = [self.userinfo] if self.userinfo is not None and ":" in self.userinfo else []
+        for password in self.passwords():
+            found.extend(text for text in {password, unquote(password)} if text)
+        return found
+
+    def conninfo(self, kept: Sequence[str]) -> str:
+        # Rebuilt from its parts: urlunsplit would drop the "//" of a URL without a host
+        # (postgresql:///app?host=/run/pg, a Unix socket), which libpq then cannot parse.
+        text = f"{self.scheme}://"
+        if self.userinfo is not None:
+            text += f"{self.userinfo}@"
+        text += self.hosts
+        if self.path is not None:
+            text += f"/{self.path}"
+        if kept:
+            text += "?" + "&".join(kept)
+        return text
+
+
+def _check_credentials(parts: _UriParts) -> None:
+    """Refuse a user name, password or ``password`` parameter libpq would misread or refuse, with a
+    message that quotes none of it (libpq's own parse errors quote the offending text)."""
+
+    tokens: list[tuple[str, str]] = []
+    if parts.userinfo is not None:
+        if "?" in parts.userinfo and "=" in parts.userinfo.split("?", 1)[1]:
+            # "postgresql://db?password=p@ss": libpq reads "db?password=p" as a user name and "ss" as the host.
+            raise _invalid(
+                "The Postgres connection string has an '@' after a '?', which libpq reads as the end of a user "
+                "name and password, not as part of a query parameter: write an '@' in a parameter value as %40, "
+                f"and {_percent_encode_hint()}.",
+                field="connection_string",
+            )
+        tokens.append(("user name", parts.userinfo.partition(":")[0]))
+    passwords = parts.passwords()
+    if parts.userinfo is not None and ":" in parts.userinfo:
+        tokens.append(("password", passwords.pop(0)))
+    tokens.extend(("password parameter", password) for password in passwords)
+    for what, token in tokens:
+        if _PERCENT_ESCAPE.search(token):
+            problem = "has a '%' that does not start a percent-encoded byte (%XX)"
+        elif "%00" in token:
+            problem = "encodes a zero byte (%00), which libpq refuses"
+        elif " " in token:
+            problem = "has a space"
+        else:
+            continue
+        where = "the user name" if what == "user name" else "the password"
+        raise _invalid(
+            f"The Postgres connection string's {what} {problem}: {_percent_encode_hint(where)}.",
+            field="connection_string",
+        )
+    if "@" in parts.hosts or "@" in (parts.path or ""):
+        # A password with "/" (libpq then reads the user name as the host and the password as the port)
+        # or with a second "@" (the rest of the password becomes the host name).
+        raise _invalid(
+            "The Postgres connection string has an '@' after its user name and password (in its host or "
+            "database name), so libpq would read part of the password as the host, port or database: "
+            f"{_percent_encode_hint()}.",
+            field="connection_string",
+        )
+
+
 def resolve_postgres_connection(connection_string: object, schema: object | None = None) -> PostgresConnectionTarget:
     """Check a ``postgres://`` / ``postgresql://`` URL and resolve its schema.
 
     The explicit ``schema`` wins, then a Prisma-style ``?schema=`` query parameter (always removed
     before connecting), then ``public``. The schema must be a plain identifier; it is always quoted.
+    The URL is split the way libpq splits it; no message quotes its user name or password (a password
+    with special characters must be percent-encoded, as libpq requires).
     """
     if not isinstance(connection_string, str) or not connection_string.strip():
         raise _invalid("The Postgres connection string must be a non-empty postgres:// or postgresql:// URL.")
-    try:
-        parts = urlsplit(connection_string.strip())
-    except ValueError as error:
-        raise _invalid(f"The Postgres connection string is not a valid URL: {error}.") from None
-    if parts.scheme.lower() not in ("postgres", "postgresql"):
+    scheme, separator, rest = connection_string.strip().partition("://")
+    if not separator or scheme.lower() not in ("postgres", "postgresql"):
+        got = f"{scheme}://" if separator and _SCHEME.fullmatch(scheme) else "no scheme"
         raise _invalid(
-            "The Postgres connection string must start with postgres:// or postgresql:// "
-            f"(got {parts.scheme + '://' if parts.scheme else 'no scheme'}).",
+            f"The Postgres connection string must start with postgres:// or postgresql:// (got {got}).",
             field="connection_string",
         )
+    parts = _UriParts.split(scheme.lower(), rest)  # libpq recognizes only the lowercase schemes
+    _check_credentials(parts)
     kept: list[str] = []
     names: set[str] = set()
     from_url: list[str] = []
-    for piece in parts.query.split("&") if parts.query else ():
-        name = unquote(piece.split("=", 1)[0].replace("+", " "))
+    for piece, name, value in parts.parameters():
         if name == "schema":
-            from_url.extend(value for _, value in parse_qsl(piece, keep_blank_values=True))
+            from_url.append(value)
             continue
         names.add(name)
         kept.append(piece)
@@ -223,20 +346,16 @@ def resolve_postgres_connection(connection_string: object, schema: object | None
         resolved = validate_schema_name(from_url[0])
     else:
         resolved = DEFAULT_SCHEMA
-    # Rebuilt by hand: urlunsplit drops the "//" of a URL without a host (postgresql:///app?host=/run/pg,
-    # a Unix socket), which libpq then cannot parse.
-    conninfo = f"{parts.scheme}://{parts.netloc}{parts.path}"
-    if kept:
-        conninfo += "?" + "&".join(kept)
-    _check_conninfo(conninfo)
-    host = unquote(parts.netloc.rsplit("@", 1)[-1])
+    conninfo = parts.conninfo(kept)
+    _check_conninfo(conninfo, parts)
+    host = unquote(parts.hosts)
     if not host:
-        hosts = [value for name, value in parse_qsl(parts.query) if name == "host"]
+        hosts = [value for _, name, value in parts.parameters() if name == "host"]
         host = hosts[0] if hosts else "localhost"
     if host.startswith("/"):  # a Unix socket directory
-        display = f"socket {host}, database {parts.path.lstrip('/') or '(default)'}"
+        display = f"socket {host}, database {parts.path or '(default)'}"
     else:
-        display = f"{host}{parts.path or '/'}"
+        display = f"{host}/{parts.path or ''}"
     return PostgresConnectionTarget(conninfo, resolved, frozenset(names), display)
 
 
@@ -258,13 +377,20 @@ _CHOICE_OPTIONS = {
 }
 
 
-def _check_conninfo(conninfo: str) -> None:
+def _check_conninfo(conninfo: str, parts: _UriParts) -> None:
     """Refuse what libpq would refuse on every connect (an unknown option, a port that is not a
     number, an unknown sslmode), so a typo is ``configuration_invalid`` up front, not an outage."""
     try:
         options = conninfo_to_dict(conninfo)
     except psycopg.Error as error:
         detail = str(error).strip().rstrip(".")
+        # Some of libpq's parse errors quote the whole URL; others quote the offending token.
+        detail = detail.replace(conninfo, _redacted(parts))
+        if any(secret in detail for secret in parts.secrets()):
+            detail = (
+                "libpq could not parse it (its message is left out: it would quote the password); if the "
+                f"password has special characters, {_percent_encode_hint()}"
+            )
         raise _invalid(f"The Postgres connection string is not valid: {detail}.", field="connection_string") from None
     for name, value in options.items():
         text = str(value)
@@ -284,6 +410,13 @@ def _check_conninfo(conninfo: str) -> None:
                 f"The Postgres connection string sets {name} to {text!r}; use one of {', '.join(sorted(choices))}.",
                 field="connection_string",
             )
+
+
+def _redacted(parts: _UriParts) -> str:
+    """The URL with its user name, password and ``password`` parameters masked."""
+    query = [f"{piece.partition('=')[0]}=***" if name == "password" else piece for piece, name, _ in parts.parameters()]
+    userinfo = None if parts.userinfo is None else "***"
+    return _UriParts(parts.scheme, userinfo, parts.hosts, parts.path, None).conninfo(query)
 
 
 # ---------------------------------------------------------------------------------------------
