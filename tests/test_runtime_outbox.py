@@ -50,16 +50,14 @@ async def wait_work(payload: dict, ctx: TaskContext):
     return None
 
 
-def transport_runtime(transport_type=RecordingTransport, **options):
+def transport_runtime(transport_type=RecordingTransport, tasks=(work, limited_work, wait_work), **options):
     clock = ControlledClock()
     transport = transport_type(clock=clock)
     lane = create_lane(
         storage=local_storage_driver(clock=clock),
         delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
     )
-    runtime = create_runlane(
-        lane=lane, queues=[DEFAULT_QUEUE, LIMITED], tasks=[work, limited_work, wait_work], clock=clock, **options
-    )
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE, LIMITED], tasks=list(tasks), clock=clock, **options)
     return runtime, transport, clock
 
 
@@ -103,13 +101,7 @@ async def test_the_tick_that_materializes_scheduled_runs_publishes_and_counts_th
     async def scheduled() -> None:
         return None
 
-    clock = ControlledClock()
-    transport = RecordingTransport(clock=clock)
-    lane = create_lane(
-        storage=local_storage_driver(clock=clock),
-        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
-    )
-    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[scheduled], clock=clock)  # eager dispatch
+    runtime, transport, _ = transport_runtime(tasks=[scheduled])  # eager dispatch
     async with runtime:
         result = await runtime.tick()
         assert (result.materialized, result.outbox_published) == (2, 2)
@@ -350,13 +342,7 @@ async def test_a_run_resumed_by_the_run_it_waited_for_gets_its_wakeup_at_once():
             return ctx.wait_for_run(spawned.id, timeout="1h")
         return spawned.output
 
-    clock = ControlledClock()
-    transport = RecordingTransport(clock=clock)
-    lane = create_lane(
-        storage=local_storage_driver(clock=clock),
-        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
-    )
-    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[child, parent], clock=clock)
+    runtime, transport, _ = transport_runtime(tasks=[child, parent])
     async with runtime:
         waiting = (await runtime.trigger(parent, {})).run
         assert (await runtime.execute_delivery(transport.published[-1])).run.status is RunStatus.RELEASED
@@ -391,13 +377,7 @@ async def test_a_release_waiting_for_a_run_that_already_finished_publishes_its_w
             return ctx.wait_for_run(payload["source"])  # already terminal: resumed in the same commit
         return "resumed"
 
-    clock = ControlledClock()
-    transport = RecordingTransport(clock=clock)
-    lane = create_lane(
-        storage=local_storage_driver(clock=clock),
-        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
-    )
-    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[done_first, late_waiter], clock=clock)
+    runtime, transport, _ = transport_runtime(tasks=[done_first, late_waiter])
     async with runtime:
         source = (await runtime.trigger(done_first, {})).run
         assert (await runtime.execute_delivery(transport.published[-1])).run.status is RunStatus.SUCCEEDED

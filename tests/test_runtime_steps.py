@@ -173,50 +173,39 @@ async def test_first_step_completion_is_observed_once():
     assert "do-not-leak" not in steps[0].model_dump_json()
 
 
-@pytest.mark.parametrize("output", [None, dict])
-async def test_a_step_output_with_nan_is_task_output_invalid_not_stored_as_null(output):
+class Upload(BaseModel):
+    key: str
+    sha256: bytes  # a raw digest is not UTF-8, so it has no JSON string
+
+
+@pytest.mark.parametrize(
+    ("returned", "output", "problem"),
+    [
+        (lambda token: {"ratio": float("nan")}, None, "not JSON-compatible"),  # not stored as null
+        (lambda token: {"ratio": float("nan")}, dict, "NaN or infinite"),
+        (lambda token: Upload(key="k", sha256=hashlib.sha256(b"x").digest()), Upload, "cannot be stored as JSON"),
+    ],
+    ids=["nan", "nan-with-schema", "non-utf8-bytes"],
+)
+async def test_a_step_output_json_cannot_hold_is_task_output_invalid_naming_the_step(returned, output, problem):
     caught: list[RunlaneError] = []
 
-    @task("steps.nan")
-    async def nan_step(payload: dict, ctx: TaskContext) -> str:
+    @task("steps.unstorable")
+    async def unstorable(payload: dict, ctx: TaskContext) -> str:
         try:
-            await ctx.step.run("measure", lambda token: {"ratio": float("nan")}, output=output)
+            await ctx.step.run("measure", returned, output=output)
         except RunlaneError as error:
             caught.append(error)
         return "done"
 
-    runtime, _ = make_runtime(nan_step)
+    runtime, _ = make_runtime(unstorable)
     async with runtime:
-        await runtime.trigger(nan_step, {})
+        await runtime.trigger(unstorable, {})
         run = await runtime.execute_next()
         assert run.status is RunStatus.SUCCEEDED
         [error] = caught
         assert error.code is ErrorCode.TASK_OUTPUT_INVALID and error.meta["step_key"] == "measure"
-
-
-async def test_a_step_output_that_cannot_be_json_is_task_output_invalid_naming_the_step():
-    class Upload(BaseModel):
-        key: str
-        sha256: bytes  # a raw digest is not UTF-8, so it has no JSON string
-
-    caught: list[RunlaneError] = []
-
-    @task("steps.digest")
-    async def digest(payload: dict, ctx: TaskContext) -> str:
-        try:
-            await ctx.step.run("put", lambda token: Upload(key="k", sha256=hashlib.sha256(b"x").digest()), output=Upload)
-        except RunlaneError as error:
-            caught.append(error)
-        return "done"
-
-    runtime, _ = make_runtime(digest)
-    async with runtime:
-        await runtime.trigger(digest, {})
-        run = await runtime.execute_next()
-        assert run.status is RunStatus.SUCCEEDED
-        [error] = caught
-        assert error.code is ErrorCode.TASK_OUTPUT_INVALID and error.meta["step_key"] == "put"
-        assert "cannot be stored as JSON" in error.message
+        assert problem in error.message
 
 
 async def test_a_transforming_output_schema_returns_the_same_parsed_value_on_every_attempt():

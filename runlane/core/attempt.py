@@ -519,18 +519,16 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
                 meta={"step_key": step_key, "path": path},
             )
         stored = adapter.dump_python(parsed, mode="json", by_alias=True)  # by alias: what the schema reads back
-    except (ValidationError, PydanticSerializationError) as error:
+    except (ValueError, RecursionError, PydanticSerializationError) as error:
+        # Besides validation: bytes that are not UTF-8, or pydantic's "Maximum serialization depth exceeded".
+        problem = (
+            "does not match its output schema"
+            if isinstance(error, (ValidationError, PydanticSerializationError))
+            else "cannot be stored as JSON"
+        )
         raise RunlaneError(
             ErrorCode.TASK_OUTPUT_INVALID,
-            f"Step {step_key!r} returned output that does not match its output schema: {str(error).splitlines()[0]}.",
-            retryable=True,
-            meta={"step_key": step_key},
-        ) from None
-    except (ValueError, RecursionError) as error:
-        # Bytes that are not UTF-8, or pydantic's "Maximum serialization depth exceeded".
-        raise RunlaneError(
-            ErrorCode.TASK_OUTPUT_INVALID,
-            f"Step {step_key!r} returned output that cannot be stored as JSON: {str(error).splitlines()[0]}.",
+            f"Step {step_key!r} returned output that {problem}: {str(error).splitlines()[0]}.",
             retryable=True,
             meta={"step_key": step_key},
         ) from None
