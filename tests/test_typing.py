@@ -1,8 +1,9 @@
 """Runlane's type information as users' type checkers see it, and the packages' own type check.
 
-The packages (the ``[tool.mypy]`` files of ``pyproject.toml``) must pass mypy. The programs in ``tests/typing/`` are checked with ``mypy --strict`` in a subprocess: the annotated
-application and plugin must pass cleanly, and every mistake in ``misuse.py`` must be reported on its
-line with its error code (so the test fails if the types go missing or turn into ``Any``).
+The packages (the ``[tool.mypy]`` files of ``pyproject.toml``) must pass mypy. The programs in
+``tests/typing/`` are checked with ``mypy --strict`` in a subprocess: the annotated application and
+plugin must pass cleanly, and every mistake in ``misuse.py`` must be reported on its line with its error
+code (so the test fails if the types go missing or turn into ``Any``).
 """
 
 from __future__ import annotations

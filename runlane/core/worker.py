@@ -14,7 +14,8 @@ Transient storage failures (``storage_unavailable``, ``storage_conflict``) do no
 logs the first one on the ``runlane.worker`` logger, counts them (``storage_errors``, ``last_error``),
 backs off (50 ms doubling to 2 s, with jitter) and logs again when storage answers. A drain worker, a
 job meant to end, gives up once storage has been unavailable for ``outage_limit_s`` in a row (its
-attempts too: see ``ExecutionOptions``) and raises that error from ``closed``. Any other error stops the worker and is raised from ``closed``.
+attempts too: see ``ExecutionOptions``) and raises that error from ``closed``. Any other error stops
+the worker and is raised from ``closed``.
 
 ``stop()`` (or the worker's ``signal``) aborts the signal every running attempt's ``TaskContext``
 is linked to, waits for those attempts to finish cooperatively, then settles ``closed``. It is not
