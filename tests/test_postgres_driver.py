@@ -1356,6 +1356,27 @@ def test_cli_sql_prints_the_migration(tmp_path: Path) -> None:
     assert usage.returncode == 2
 
 
+@pytest.mark.parametrize(
+    ("lane", "schema"),
+    [
+        ('use = "postgres-polling"\nconnection_string = "postgresql://db/app"\nschema = "billing"\n', "billing"),
+        ('use = "postgres-polling"\nconnection_string = "postgresql://db/app?schema=orders"\n', "orders"),
+        ('use = "sqlite"\npath = "runlane.db"\n', "public"),
+    ],
+    ids=["schema-option", "schema-in-url", "not-postgres"],
+)
+def test_cli_sql_is_for_the_configured_lane_s_schema_unless_told_otherwise(
+    tmp_path: Path, lane: str, schema: str
+) -> None:
+    # The SQL a DBA generates for their migration tool matches what `runlane postgres migrate` applies.
+    (tmp_path / "runlane.toml").write_text(f"[lane]\n{lane}")
+    result = cli(tmp_path, "--json", "postgres", "sql")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["schema"] == schema
+    told = cli(tmp_path, "--json", "postgres", "sql", "--schema", "elsewhere")
+    assert json.loads(told.stdout)["schema"] == "elsewhere"
+
+
 def test_cli_migrate_with_url_and_with_the_configured_lane(tmp_path: Path, schemas: Schemas) -> None:
     schema = schemas.name()
     url = f"{schemas.url}?schema={schema}"

@@ -25,7 +25,7 @@ from runlane.errors import ErrorCode, RunlaneError
 from runlane.plugins import hookimpl
 from runlane.plugins.registries import LaneProvider, ProviderContext, StorageDriverProvider, validate_options
 
-from .migration import postgres_migration_sql, validate_schema_name
+from .migration import DEFAULT_SCHEMA, postgres_migration_sql, validate_schema_name
 
 if TYPE_CHECKING:
     from runlane.core.lanes import Lane
@@ -147,7 +147,12 @@ SchemaOption = Annotated[
     ),
 ]
 SqlSchemaOption = Annotated[
-    str, typer.Option("--schema", help="Postgres schema the SQL creates and qualifies.", metavar="SCHEMA")
+    str | None,
+    typer.Option(
+        "--schema",
+        help="Postgres schema the SQL creates and qualifies (default: the configured lane's, or public).",
+        metavar="SCHEMA",
+    ),
 ]
 
 
@@ -155,7 +160,6 @@ def _configured_connection(ctx: typer.Context) -> tuple[str, str | None]:
     """The connection string and schema of the configured lane (``postgres-polling``, or any lane
     whose options carry a nested ``postgres`` table, such as ``postgres-sqs``)."""
     from runlane.cli.main import load_cli_config
-    from runlane.plugins.manager import get_registries
 
     config = load_cli_config(ctx)
     lane = config.lane
@@ -164,6 +168,20 @@ def _configured_connection(ctx: typer.Context) -> tuple[str, str | None]:
             ErrorCode.CONFIGURATION_INVALID,
             f"{config.path} configures no [lane] to read a Postgres connection from; pass --url.",
         )
+    found = _postgres_of(lane)
+    if found is None:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The configured lane {lane.use!r} has no Postgres connection string; pass --url.",
+            meta={"lane": lane.use},
+        )
+    return found
+
+
+def _postgres_of(lane: Any) -> tuple[str, str | None] | None:
+    """The connection string and schema a configured lane names, or ``None`` when it is not on Postgres."""
+    from runlane.plugins.manager import get_registries
+
     if lane.use == "postgres-polling":
         provider = get_registries().lanes.get(lane.use)
         # This plugin registers postgres-polling (another plugin registering it too fails as a collision).
@@ -175,11 +193,24 @@ def _configured_connection(ctx: typer.Context) -> tuple[str, str | None]:
         if isinstance(url, str) and url:
             schema = nested.get("schema")
             return url, schema if isinstance(schema, str) else None
-    raise RunlaneError(
-        ErrorCode.CONFIGURATION_INVALID,
-        f"The configured lane {lane.use!r} has no Postgres connection string; pass --url.",
-        meta={"lane": lane.use},
-    )
+    return None
+
+
+def _configured_schema(ctx: typer.Context) -> str:
+    """The schema of the configured Postgres lane (its option, else ``?schema=`` in its URL), so that the
+    SQL matches what ``migrate`` would apply; ``public`` without a configuration or a Postgres lane."""
+    from runlane.cli.main import load_cli_config, state_of
+    from runlane.config import load_config
+
+    from .storage import resolve_postgres_connection
+
+    if load_config(state_of(ctx).config_path) is None:
+        return DEFAULT_SCHEMA
+    lane = load_cli_config(ctx).lane
+    found = None if lane is None else _postgres_of(lane)
+    if found is None:
+        return DEFAULT_SCHEMA
+    return resolve_postgres_connection(*found).schema
 
 
 @postgres_cli.command("migrate")
@@ -219,7 +250,7 @@ def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = No
 
 
 @postgres_cli.command("sql")
-def sql(ctx: typer.Context, schema: SqlSchemaOption = "public") -> None:
+def sql(ctx: typer.Context, schema: SqlSchemaOption = None) -> None:
     """Print the migration SQL for your own migration tool (to a file: runlane postgres sql > runlane.sql).
 
     Apply it in one transaction (psql --single-transaction -f runlane.sql), so that concurrent deploys
@@ -227,7 +258,7 @@ def sql(ctx: typer.Context, schema: SqlSchemaOption = "public") -> None:
     from runlane.cli.main import guard, state_of
 
     output = state_of(ctx).output
-    name = guard(ctx, lambda: validate_schema_name(schema))
+    name = guard(ctx, lambda: validate_schema_name(schema if schema is not None else _configured_schema(ctx)))
     text = postgres_migration_sql(name)
     if output.json:
         output.emit_json({"schema": name, "sql": text})
