@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
@@ -17,6 +18,7 @@ from runlane import (
     RunlaneError,
     RunStatus,
     TaskContext,
+    TaskDefinition,
     WorkerMode,
     queue,
     task,
@@ -464,31 +466,52 @@ async def test_a_drain_worker_fails_once_storage_stays_unavailable(monkeypatch, 
         await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN).closed, 5)
 
 
-async def test_an_outage_during_an_attempt_neither_aborts_it_nor_loses_its_outcome(caplog):
-    # Storage goes away while the handler runs (heartbeats fail) and is still away when it returns
-    # (the outcome write fails). The worker's attempt keeps going and writes its outcome once storage
-    # is back, within its lease: the handler ran once and its result is recorded.
-    started = asyncio.Event()
-    finish = asyncio.Event()
-    calls: list[str | None] = []
+@dataclass
+class Held:
+    """A task whose handler says it ``started``, waits for ``finish``, records ``ctx.signal.reason`` (``None``
+    when it was never aborted) in ``calls`` and returns ``"done"``: an attempt held open while a test
+    takes storage away."""
 
-    @task("outlives.outage")
-    async def outlives(payload: dict, ctx: TaskContext) -> str:
+    task: TaskDefinition
+    started: asyncio.Event
+    finish: asyncio.Event
+    calls: list[str | None]
+
+
+def held_task(task_id: str) -> Held:
+    started, finish, calls = asyncio.Event(), asyncio.Event(), []
+
+    @task(task_id)
+    async def held(payload: dict, ctx: TaskContext) -> str:
         started.set()
         await finish.wait()
         calls.append(ctx.signal.reason)
         return "done"
 
-    runtime, _ = make_runtime(outlives)
+    return Held(held, started, finish, calls)
+
+
+async def start_held(runtime, held: Held, **worker_options):
+    """Trigger ``held``'s task and start a worker; returns the run and the worker once the handler runs."""
+    run = (await runtime.trigger(held.task, {})).run
+    worker = runtime.worker(**worker_options)
+    await asyncio.wait_for(held.started.wait(), 2)
+    return run, worker
+
+
+async def test_an_outage_during_an_attempt_neither_aborts_it_nor_loses_its_outcome(caplog):
+    # Storage goes away while the handler runs (heartbeats fail) and is still away when it returns
+    # (the outcome write fails). The worker's attempt keeps going and writes its outcome once storage
+    # is back, within its lease: the handler ran once and its result is recorded.
+    held = held_task("outlives.outage")
+    runtime, _ = make_runtime(held.task)
     async with runtime:
-        run = (await runtime.trigger(outlives, {})).run
-        worker = runtime.worker(mode=WorkerMode.POLL, heartbeat_interval="10ms", lease_duration="1m")
-        await asyncio.wait_for(started.wait(), 2)
+        run, worker = await start_held(runtime, held, mode=WorkerMode.POLL, heartbeat_interval="10ms", lease_duration="1m")
         storage = runtime.lane.storage
         with caplog.at_level("WARNING", logger="runlane.worker"):
             await storage.close()  # every storage call now fails with storage_unavailable
             await asyncio.sleep(0.1)  # several heartbeats fail meanwhile
-            finish.set()
+            held.finish.set()
             await asyncio.sleep(0.1)  # the outcome write fails too
             await storage.start()
             for _ in range(300):
@@ -497,7 +520,7 @@ async def test_an_outage_during_an_attempt_neither_aborts_it_nor_loses_its_outco
                     break
                 await asyncio.sleep(0.01)
         assert done.status is RunStatus.SUCCEEDED and done.output == "done"
-        assert calls == [None]  # never aborted, and executed once
+        assert held.calls == [None]  # never aborted, and executed once
         assert worker.executed == 1
         messages = [record.getMessage() for record in caplog.records]
         assert any("writing the heartbeat of attempt 1; retrying while its lease holds" in m for m in messages)
@@ -511,24 +534,14 @@ async def test_a_drain_gives_up_an_outcome_write_after_its_outage_limit_not_afte
     import runlane.core.runtime as runtime_module
 
     monkeypatch.setattr(runtime_module, "DRAIN_OUTAGE_LIMIT_S", 0.3)
-    started = asyncio.Event()
-    finish = asyncio.Event()
-
-    @task("drain.outage")
-    async def drained(payload: dict) -> str:
-        started.set()
-        await finish.wait()
-        return "done"
-
-    runtime, _ = make_runtime(drained)
+    held = held_task("drain.outage")
+    runtime, _ = make_runtime(held.task)
     async with runtime:
-        run = (await runtime.trigger(drained, {})).run
-        drain = runtime.worker(mode=WorkerMode.DRAIN, lease_duration="1h")
-        await asyncio.wait_for(started.wait(), 2)
+        run, drain = await start_held(runtime, held, mode=WorkerMode.DRAIN, lease_duration="1h")
         storage = runtime.lane.storage
         with caplog.at_level("WARNING", logger="runlane"):
             await storage.close()  # every storage call now fails with storage_unavailable
-            finish.set()
+            held.finish.set()
             with pytest.raises(RunlaneError) as raised:
                 await asyncio.wait_for(drain.closed, 10)
         assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
@@ -546,51 +559,32 @@ async def test_a_drain_gives_up_an_outcome_write_after_its_outage_limit_not_afte
 async def test_a_worker_stopped_during_a_short_outage_still_writes_the_outcome_of_a_finished_handler(caplog):
     # A rolling deploy stops the worker while storage is briefly away and a handler has just returned:
     # the outcome is written once storage answers, instead of being dropped and the handler run again.
-    started = asyncio.Event()
-    finish = asyncio.Event()
-    calls: list[str] = []
-
-    @task("stop.outage")
-    async def stopping(payload: dict) -> str:
-        started.set()
-        await finish.wait()
-        calls.append("ran")
-        return "done"
-
-    runtime, _ = make_runtime(stopping)
+    held = held_task("stop.outage")
+    runtime, _ = make_runtime(held.task)
     async with runtime:
-        run = (await runtime.trigger(stopping, {})).run
-        worker = runtime.worker(mode=WorkerMode.POLL, heartbeat_interval="10ms", lease_duration="1m")
-        await asyncio.wait_for(started.wait(), 2)
+        run, worker = await start_held(runtime, held, mode=WorkerMode.POLL, heartbeat_interval="10ms", lease_duration="1m")
         storage = runtime.lane.storage
         await storage.close()
-        finish.set()
+        held.finish.set()
         await asyncio.sleep(0.1)  # the outcome write fails and is retried
         stopped = asyncio.ensure_future(worker.stop())
         await asyncio.sleep(0.1)
         await storage.start()
         await asyncio.wait_for(stopped, 10)
         done = await runtime.runs.get(run.id)
-        assert done.status is RunStatus.SUCCEEDED and done.output == "done" and calls == ["ran"]
+        assert done.status is RunStatus.SUCCEEDED and done.output == "done"
+        assert held.calls == [None]  # returned before the stop, and ran once
 
 
 async def test_execute_next_still_reports_an_outage_to_its_caller():
-    started = asyncio.Event()
-    finish = asyncio.Event()
-
-    @task("reports.outage")
-    async def reports(payload: dict) -> str:
-        started.set()
-        await finish.wait()
-        return "done"
-
-    runtime, _ = make_runtime(reports)
+    held = held_task("reports.outage")
+    runtime, _ = make_runtime(held.task)
     async with runtime:
-        await runtime.trigger(reports, {})
+        await runtime.trigger(held.task, {})
         pending = asyncio.ensure_future(runtime.execute_next(heartbeat_interval="1h", lease_duration="2h"))
-        await asyncio.wait_for(started.wait(), 2)
+        await asyncio.wait_for(held.started.wait(), 2)
         await runtime.lane.storage.close()
-        finish.set()
+        held.finish.set()
         with pytest.raises(RunlaneError) as raised:
             await asyncio.wait_for(pending, 2)
         assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE

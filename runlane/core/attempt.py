@@ -1239,7 +1239,8 @@ class _Attempt:
             return self.abandon(error)
         assert isinstance(result, AppendResult)
         await runtime.after_append(result)
-        await runtime.publish_resumed([result])  # a release whose awaited run had already finished
+        if result.outbox:  # a release whose awaited run had already finished: resumed in the same commit
+            await runtime.publish_resumed([result])
         _log_failed_attempt(result.run, outcome)
         return AttemptResult(result.run)
 
