@@ -95,18 +95,20 @@ class Session:
 def session_dir() -> Path:
     """This user's session folder: ``<tempdir>/runlane-dev-<uid>``, mode 0700. Per user, because a
     folder another user made first could hand them this user's commands (see ``_private_folder``)."""
-    return Path(tempfile.gettempdir()) / f"runlane-dev-{_uid()}"
+    uid = _uid()
+    return Path(tempfile.gettempdir()) / f"runlane-dev-{uid if uid is not None else os.environ.get('USERNAME', 'user')}"
 
 
-def _uid() -> int | str:
+def _uid() -> int | None:
+    """This process's user id (``None`` where the platform has none)."""
     getuid = getattr(os, "getuid", None)
-    return getuid() if callable(getuid) else os.environ.get("USERNAME", "user")
+    return getuid() if callable(getuid) else None
 
 
 def _owned_privately(info: os.stat_result) -> bool:
     """Owned by this user, and nobody else may read, write or enter it."""
-    getuid = getattr(os, "getuid", None)
-    return (not callable(getuid) or info.st_uid == getuid()) and not info.st_mode & 0o077
+    uid = _uid()
+    return (uid is None or info.st_uid == uid) and not info.st_mode & 0o077
 
 
 def _private_folder(directory: Path) -> RunlaneError | None:
