@@ -3,7 +3,8 @@
 Subclass ``LaneScenarios`` as ``Test...`` and provide the ``lanes`` fixture: a ``LaneFactory`` whose
 ``new()`` returns a fresh lane over fresh storage and whose ``peer()`` returns another lane over the
 same storage as the last ``new()`` (another process's view). Every scenario goes through the public
-runtime API only, with a controlled clock handed to the storage by ``create_runlane``.
+runtime API, with a controlled clock handed to the storage by ``create_runlane``; one that checks what
+stays stored reads it through the lane's storage driver.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -34,7 +36,9 @@ from runlane import (
     task,
 )
 from runlane.core.lanes import Lane
+from runlane.core.schedules import schedule_occurrence_id, schedule_occurrence_key
 from runlane.durations import MAX_INSTANT
+from runlane.models import environment_key
 from runlane.testing import ControlledClock
 
 DEFAULT = queue("default", default=True)
@@ -401,6 +405,53 @@ class LaneScenarios:
                 clock.advance("2d")
                 result = await runtime.runs.prune(older_than="1d")
                 assert result.pruned == 1
+                assert (await runtime.runs.list()).data == []
+
+        self.run(body)
+
+    def test_a_recurring_schedule_keeps_only_its_latest_occurrence_record(self, lanes: LaneFactory) -> None:
+        start = datetime(2026, 1, 1, tzinfo=UTC)
+        fire_times = [start + timedelta(minutes=n) for n in range(1, 6)]
+
+        @task("metrics.rollup", schedule=schedule("metrics.minutely", every="1m", ends_at=fire_times[-1]))
+        async def rollup(payload: Any) -> None:
+            return None
+
+        async def body() -> None:
+            clock = ControlledClock(start)
+            lane = lanes.new()
+            runtime, _ = self.runtime(lane, rollup, clock=clock)
+            async with runtime:
+                env = environment_key(runtime.environment)
+                keys = [
+                    schedule_occurrence_key(env, schedule_occurrence_id(runtime.environment, "metrics.minutely", fire))
+                    for fire in fire_times
+                ]
+                for _ in fire_times:
+                    clock.advance("1m")
+                    assert (await runtime.tick()).materialized == 1
+                    await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN).closed, 10)
+                stored = await lane.storage.get(keys)
+                assert [record is not None for record in stored] == [False, False, False, False, True]
+                run_ids = {run.id for run in (await runtime.runs.list()).data}
+                assert len(run_ids) == 5
+
+                # A maintenance process whose clock is behind reaches a superseded fire time again: it
+                # finds that fire time's run and creates no other.
+                behind, _ = self.runtime(lanes.peer(), rollup, clock=ControlledClock(fire_times[3]), worker_id="behind")
+                async with behind:
+                    await behind.tick()
+                assert {run.id for run in (await runtime.runs.list()).data} == run_ids
+                (fourth,) = [run for run in (await runtime.runs.list()).data if run.run_at == fire_times[3]]
+                created = await runtime.runs.events(fourth.id, sort_by="sequence")
+                assert [record.event.type.value for record in created.data].count("run.created") == 1
+
+                # The latest occurrence outlives the pruning of its run: the schedule's last fire time
+                # is not materialized again.
+                clock.advance("2d")
+                assert (await runtime.tick()).materialized == 0
+                assert (await runtime.runs.prune(older_than="1d")).pruned == 5
+                assert (await runtime.tick()).materialized == 0
                 assert (await runtime.runs.list()).data == []
 
         self.run(body)

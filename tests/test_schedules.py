@@ -14,6 +14,7 @@ from runlane_local import local_storage_driver
 
 from runlane.core.authoring import ScheduleDefinition, TaskDefinition, schedule, task
 from runlane.core.schedules import (
+    SCHEDULE_LATEST_OCCURRENCES_COLLECTION,
     SCHEDULE_OCCURRENCES_COLLECTION,
     ScheduleMaterializer,
     ScheduleOccurrences,
@@ -439,6 +440,52 @@ async def test_complete_is_fenced_by_the_claim_token():
     # A completed occurrence is never claimed again, even long after.
     clock.advance("30d")
     assert await claim_digest(table, fire, "tok-c", "w3") is None
+
+
+async def test_completing_a_later_occurrence_deletes_the_one_it_supersedes_and_an_older_one_changes_nothing():
+    clock = ControlledClock(at(2026, 1, 1, 9, 30))
+    driver = local_storage_driver(clock=clock)
+    table = ScheduleOccurrences(driver, ENV)
+    nine, ten, eleven = at(2026, 1, 1, 9), at(2026, 1, 1, 10), at(2026, 1, 1, 11)
+
+    async def materialize(fire: datetime, token: str) -> ScheduleOccurrence:
+        claimed = await claim_digest(table, fire, token, "w1")
+        assert claimed is not None
+        return await table.complete(claimed.id, token, [scheduled_run_id(claimed.id)])
+
+    first = await materialize(nine, "tok-9")
+    second = await materialize(ten, "tok-10")
+    assert await table.get(first.id) is None
+    assert await table.get(second.id) == second
+    # A materializer whose clock is behind completes the 09:00 fire time again: it stays, and the
+    # 10:00 occurrence is still the latest.
+    again = await materialize(nine, "tok-9b")
+    assert await table.get(again.id) == again
+    assert await table.get(second.id) == second
+    assert await claim_digest(table, nine, "tok-late", "w2") is None  # completed: never claimed again
+    # The next completion supersedes the latest (10:00) only.
+    third = await materialize(eleven, "tok-11")
+    assert await table.get(second.id) is None
+    assert await table.get(third.id) == third and await table.get(again.id) == again
+
+
+async def test_a_corrupt_latest_occurrence_record_is_reported_not_skipped():
+    clock = ControlledClock(at(2026, 1, 1, 9, 30))
+    driver = local_storage_driver(clock=clock)
+    table = ScheduleOccurrences(driver, ENV)
+    latest = StorageRecordKey(SCHEDULE_LATEST_OCCURRENCES_COLLECTION, ENV.name, "digest")
+
+    async def corrupt(tx: Any) -> None:
+        tx.create(NewStorageRecord(latest, StorageDocument.encode({"occurrence_id": "occ_x", "fire_at": "yesterday"})))
+
+    await driver.with_transaction(corrupt)
+    claimed = await claim_digest(table, at(2026, 1, 1, 9), "tok", "w1")
+    assert claimed is not None
+    with pytest.raises(RunlaneError) as error:
+        await table.complete(claimed.id, "tok", [scheduled_run_id(claimed.id)])
+    assert error.value.code is ErrorCode.INVARIANT_VIOLATION
+    assert "latest schedule occurrence" in error.value.message
+    assert (await table.get(claimed.id)).status is ScheduleOccurrenceStatus.CLAIMED  # nothing written
 
 
 async def test_claim_rejects_bad_arguments():

@@ -13,8 +13,15 @@ the middle part and the pure timing rules in front of it:
   | ---------------------- | ------------------- | -------------------------- |
   | ``schedule_occurrences`` | env, occurrence_id | ``ScheduleOccurrence`` JSON |
 
+  | ``schedule_latest_occurrences`` | env, schedule_id | ``{occurrence_id, fire_at}`` |
+
   A claimed occurrence has one ``SCHEDULE_OCCURRENCES_CLAIMED`` entry, partition ``(env,)`` and
-  sort ``(claim_expires_at, occurrence_id)``; a completed occurrence has none.
+  sort ``(claim_expires_at, occurrence_id)``; a completed occurrence has none. Each schedule keeps
+  its latest completed occurrence (the latest record points at it); completing a later one deletes
+  the one it supersedes, so a recurring schedule keeps one or two occurrence records, not one per
+  fire time. Only the latest fire time is ever materialized again (``latest_due_fire_time``), and a
+  superseded fire time that a materializer reaches again (its clock behind, or the schedule changed)
+  finds its run under the derived run id, unless that run was pruned meanwhile.
 
 * ``ScheduleMaterializer`` - claim, create or recover the scheduled run, complete. It takes the run
   creation and lookup as callables so it does not depend on the runtime.
@@ -76,6 +83,7 @@ from ..storage import (
     StorageRecord,
     StorageRecordKey,
     StorageTransaction,
+    decode_iso_date,
     encode_iso_date,
 )
 from ..vocabulary import ScheduleOccurrenceStatus, ScheduleType
@@ -84,6 +92,7 @@ if TYPE_CHECKING:
     from .authoring import ScheduleDefinition, TaskDefinition
 
 __all__ = [
+    "SCHEDULE_LATEST_OCCURRENCES_COLLECTION",
     "SCHEDULE_OCCURRENCES_COLLECTION",
     "CreateScheduledRun",
     "GetRun",
@@ -100,6 +109,7 @@ __all__ = [
 _schedule_log = logging.getLogger("runlane.schedules")
 
 SCHEDULE_OCCURRENCES_COLLECTION: Final = "schedule_occurrences"
+SCHEDULE_LATEST_OCCURRENCES_COLLECTION: Final = "schedule_latest_occurrences"
 
 UNIX_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -359,6 +369,10 @@ def schedule_occurrence_key(env_key: str, occurrence_id: str) -> StorageRecordKe
     return StorageRecordKey(SCHEDULE_OCCURRENCES_COLLECTION, env_key, occurrence_id)
 
 
+def _latest_key(env_key: str, schedule_id: str) -> StorageRecordKey:
+    return StorageRecordKey(SCHEDULE_LATEST_OCCURRENCES_COLLECTION, env_key, schedule_id)
+
+
 # ---------------------------------------------------------------------------------------------
 # The occurrence table
 
@@ -534,7 +548,6 @@ class ScheduleOccurrences:
 
         async def body(tx: StorageTransaction) -> ScheduleOccurrence:
             (record,) = await tx.get([key])
-            now = _aware(await tx.now(), "storage time")
             if record is None:
                 raise _occurrence_conflict(occurrence_id, "it does not exist")
             current = self._decode(record)
@@ -544,6 +557,8 @@ class ScheduleOccurrences:
                 if current.run_ids == produced:
                     return current
                 raise _occurrence_conflict(occurrence_id, "it was already completed with other runs")
+            supersede = await self._superseding(tx, current)
+            now = _aware(await tx.now(), "storage time")
             completed = ScheduleOccurrence.model_validate(
                 {
                     **current.model_dump(),
@@ -555,9 +570,54 @@ class ScheduleOccurrences:
                 }
             )
             tx.replace(record, self._record(completed))
+            supersede()
             return completed
 
         return await self.driver.with_transaction(body)
+
+    async def _superseding(self, tx: StorageTransaction, occurrence: ScheduleOccurrence) -> Callable[[], None]:
+        """Read what completing ``occurrence`` supersedes; the returned function stages the writes
+        (after the transaction's reads): ``occurrence`` becomes its schedule's latest, and the completed
+        occurrence it replaces as the latest is deleted. An occurrence older than the latest (its
+        materializer's clock is behind) changes nothing."""
+        key = _latest_key(self.env_key, occurrence.schedule_id)
+        (record,) = await tx.get([key])
+        previous: StorageRecord | None = None
+        if record is not None:
+            previous_id, previous_fire_at = self._decode_latest(record)
+            if previous_fire_at >= occurrence.fire_at:
+                return lambda: None
+            (previous,) = await tx.get([self._key(previous_id)])
+            if previous is not None:
+                old = self._decode(previous)
+                if old.status is not ScheduleOccurrenceStatus.COMPLETED or old.fire_at >= occurrence.fire_at:
+                    previous = None
+        document = StorageDocument.encode({"occurrence_id": occurrence.id, "fire_at": encode_iso_date(occurrence.fire_at)})
+
+        def stage() -> None:
+            if previous is not None:
+                tx.delete(previous)
+            if record is None:
+                tx.create(NewStorageRecord(key, document))
+            else:
+                tx.replace(record, NewStorageRecord(key, document))
+
+        return stage
+
+    def _decode_latest(self, record: StorageRecord) -> tuple[str, datetime]:
+        value = record.document.value
+        try:
+            occurrence_id, fire_at = value["occurrence_id"], value["fire_at"]
+            if not isinstance(occurrence_id, str) or not occurrence_id:
+                raise ValueError("no occurrence id")
+            fire = decode_iso_date(fire_at)
+        except (KeyError, TypeError, ValueError, RunlaneError) as error:
+            raise RunlaneError(
+                ErrorCode.INVARIANT_VIOLATION,
+                f"The stored latest schedule occurrence at {record.key!r} is not a valid document.",
+                cause=error,
+            ) from None
+        return occurrence_id, fire
 
 
 # ---------------------------------------------------------------------------------------------
