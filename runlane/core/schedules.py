@@ -592,7 +592,8 @@ class ScheduleOccurrences:
                 old = self._decode(previous)
                 if old.status is not ScheduleOccurrenceStatus.COMPLETED or old.fire_at >= occurrence.fire_at:
                     previous = None
-        document = StorageDocument.encode({"occurrence_id": occurrence.id, "fire_at": encode_iso_date(occurrence.fire_at)})
+        latest = {"occurrence_id": occurrence.id, "fire_at": encode_iso_date(occurrence.fire_at)}
+        document = StorageDocument.encode(latest)
 
         def stage() -> None:
             if previous is not None:
