@@ -817,3 +817,97 @@ async def test_run_events_page_in_sequence_and_time_order_with_cursors():
         attempts = await runtime.runs.attempts(run.id)
         assert [a.status.value for a in attempts] == ["released", "released", "succeeded"]
         assert attempts[-1].output == "done"
+
+
+# ---------------------------------------------------------------------------------------------
+# Attempts that end with no outcome
+
+
+async def _crash_next_attempt(runtime, clock, calls: list[int]) -> None:
+    """Run the next attempt until its handler starts, then drop it as a killed worker would (no outcome,
+    no heartbeat), and let its lease expire."""
+    started = len(calls)
+    attempt = asyncio.ensure_future(runtime.execute_next(lease_duration="30s", heartbeat_interval="20s"))
+    for _ in range(1000):
+        if len(calls) > started or attempt.done():
+            break
+        await asyncio.sleep(0.005)
+    assert len(calls) == started + 1, attempt.result() if attempt.done() else "the attempt never started"
+    attempt.cancel()
+    await asyncio.gather(attempt, return_exceptions=True)
+    clock.advance("31s")
+
+
+@pytest.mark.parametrize(
+    ("retry", "crashes"),
+    [(None, 3), (Retry(2, backoff="1s"), 3), (Retry(5, backoff="1s"), 5)],
+    ids=["no-retry-policy", "small-budget", "large-budget"],
+)
+async def test_a_run_whose_attempts_keep_ending_with_no_outcome_is_failed_once_its_attempts_are_spent(retry, crashes):
+    calls: list[int] = []
+
+    @task("native.crash", retry=retry)
+    async def crashing(payload: dict, ctx: TaskContext) -> None:
+        calls.append(ctx.attempt)
+        await asyncio.sleep(3600)  # stands in for an attempt that takes its worker process down
+
+    runtime, clock = make_runtime(crashing)
+    async with runtime:
+        run = (await runtime.trigger(crashing, {})).run
+        for _ in range(crashes):
+            await _crash_next_attempt(runtime, clock, calls)
+        # Every crashed attempt so far was recovered; this one is failed without calling the handler.
+        done = await asyncio.wait_for(runtime.execute_next(), 10)
+        assert calls == list(range(1, crashes + 1))
+        assert done.id == run.id and done.status is RunStatus.FAILED
+        assert done.failure.code is ErrorCode.TASK_FAILED and not done.failure.retryable
+        assert done.failure.meta == {"abandoned_attempts": crashes, "max_attempts": crashes}
+        assert "ended with no outcome" in done.failure.message
+        assert await runtime.execute_next() is None
+        assert (await runtime.runs.get(run.id)).status is RunStatus.FAILED
+
+
+async def test_failures_spend_the_budget_with_crashed_attempts_and_releases_spend_none():
+    calls: list[int] = []
+
+    @task("native.mixed", retry=Retry(4, backoff="1s"))
+    async def mixed(payload: dict, ctx: TaskContext):
+        calls.append(ctx.attempt)
+        if ctx.attempt == 1:
+            return ctx.release("1s")  # business waiting: spends no attempt
+        if ctx.attempt == 2:
+            raise RuntimeError("transient")
+        await asyncio.sleep(3600)
+
+    runtime, clock = make_runtime(mixed)
+    async with runtime:
+        run = (await runtime.trigger(mixed, {})).run
+        assert (await runtime.execute_next()).status is RunStatus.RELEASED
+        clock.advance("1s")
+        assert (await runtime.execute_next()).status is RunStatus.RETRYING
+        clock.advance("2s")
+        for _ in range(3):  # attempts 3, 4 and 5 crash; with the failure of attempt 2 they spend 4
+            await _crash_next_attempt(runtime, clock, calls)
+        done = await asyncio.wait_for(runtime.execute_next(), 10)
+        assert calls == [1, 2, 3, 4, 5]
+        assert done.id == run.id and done.status is RunStatus.FAILED
+        assert done.failure.meta == {"abandoned_attempts": 3, "max_attempts": 4}
+
+
+async def test_a_crashed_attempt_within_the_budget_runs_again():
+    calls: list[int] = []
+
+    @task("native.once")
+    async def flaky(payload: dict, ctx: TaskContext) -> int:
+        calls.append(ctx.attempt)
+        if ctx.attempt < 3:
+            await asyncio.sleep(3600)
+        return ctx.attempt
+
+    runtime, clock = make_runtime(flaky)
+    async with runtime:
+        await runtime.trigger(flaky, {})
+        await _crash_next_attempt(runtime, clock, calls)
+        await _crash_next_attempt(runtime, clock, calls)
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.SUCCEEDED and done.output == 3 and calls == [1, 2, 3]

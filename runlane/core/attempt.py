@@ -125,6 +125,10 @@ _STORAGE_RETRY_MAX_S = 2.0
 # How long a drain worker, or a worker told to stop, waits out unavailable storage (seconds).
 DRAIN_OUTAGE_LIMIT_S = 30.0
 
+# A run whose attempts keep ending with no outcome (its worker crashed, was killed or lost the lease)
+# is failed instead of run again once that many attempts are spent, or its retry budget if larger.
+ABANDONED_ATTEMPTS_LIMIT = 3
+
 # Persisted failures carry task-facing text, never the raw exception message (it may hold secrets).
 _TASK_FACING_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.TASK_FAILED: "Task failed.",
@@ -1319,18 +1323,55 @@ _CHILD_TRIGGER_OPTIONS = frozenset(
 )
 
 
-async def execute_claimed_run(
-    runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions
-) -> AttemptResult:
-    """Execute one attempt of a run this process just claimed (status ``running``, attempt started)."""
-    attempt = _Attempt(runtime, run, definition, options)
+def abandoned_attempts(run: RunRecord) -> int:
+    """How many of the run's attempts before the current one ended with no outcome: their worker
+    crashed, was killed or lost the lease (every other attempt ended in a failure or a release)."""
+    counters = run.counters
+    return max(0, counters.attempts - 1 - counters.failures - counters.releases)
+
+
+def _not_run_failure(run: RunRecord, definition: TaskDefinition | None) -> RunFailure | None:
+    """The failure an attempt records without calling the handler: its task is not registered, or the
+    run's earlier attempts spent the budget by ending with no outcome (a run that takes its worker
+    down each time it runs would otherwise run again, and take a worker down, at every lease expiry)."""
     if definition is None:
-        failure = RunFailure(
+        return RunFailure(
             code=ErrorCode.TASK_NOT_FOUND,
             message=_task_facing_message(ErrorCode.TASK_NOT_FOUND),
             retryable=False,
             meta={"task_id": run.task_id},
         )
+    abandoned = abandoned_attempts(run)
+    if not abandoned:
+        return None
+    budget = max(ABANDONED_ATTEMPTS_LIMIT, 1 if definition.retry is None else definition.retry.max_attempts)
+    spent = run.counters.attempts - 1 - run.counters.releases
+    if spent < budget:
+        return None
+    _task_log.error(
+        "Run %s of task %s is failed without running it again: %d of its attempts ended with no outcome "
+        "(the worker running them crashed, was killed, or lost the lease), and its %d attempts are spent.",
+        run.id, run.task_id, abandoned, budget,
+        extra={"run_id": run.id, "task_id": run.task_id},
+    )  # fmt: skip
+    return RunFailure(
+        code=ErrorCode.TASK_FAILED,
+        message=(
+            f"Task failed: {abandoned} of its attempts ended with no outcome (the worker running them crashed, "
+            f"was killed, or lost the lease) and its {budget} attempts are spent; it is not run again."
+        ),
+        retryable=False,
+        meta={"abandoned_attempts": abandoned, "max_attempts": budget},
+    )
+
+
+async def execute_claimed_run(
+    runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions
+) -> AttemptResult:
+    """Execute one attempt of a run this process just claimed (status ``running``, attempt started)."""
+    attempt = _Attempt(runtime, run, definition, options)
+    failure = _not_run_failure(run, definition)
+    if failure is not None:
         try:
             return await attempt.complete(_Outcome(_FAILURE, failure=failure))
         finally:
