@@ -1429,6 +1429,53 @@ def test_cli_migrate_with_url_and_with_the_configured_lane(tmp_path: Path, schem
     assert json.loads(wrong_scheme.stderr)["error"]["code"] == "configuration_invalid"
 
 
+def test_cli_migrate_and_sql_use_the_lane_of_a_configured_runtime_factory(tmp_path: Path, schemas: Schemas) -> None:
+    # `runlane init config --runtime app.runtime:create` writes no [lane]: the factory builds it.
+    schema = schemas.name()
+    write(tmp_path / "app" / "__init__.py", "")
+    write(
+        tmp_path / "app" / "runtime.py",
+        f"""
+        from runlane import create_runlane, queue
+        from runlane_postgres import postgres_polling_lane
+
+        default = queue("default", default=True)
+
+
+        def create():
+            return create_runlane(lane=postgres_polling_lane("{schemas.url}", schema="{schema}"), queues=[default])
+        """,
+    )
+    write(tmp_path / "runlane.toml", '[runlane]\nruntime = "app.runtime:create"\n')
+    generated = cli(tmp_path, "--json", "postgres", "sql")
+    assert generated.returncode == 0, generated.stderr
+    assert json.loads(generated.stdout)["schema"] == schema
+    migrated = cli(tmp_path, "postgres", "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert f"migrated schema '{schema}'" in migrated.stdout
+    listed = cli(tmp_path, "--json", "runs", "list")
+    assert listed.returncode == 0, listed.stderr
+
+    # A factory whose lane is not on Postgres: migrate names --url, sql is for public.
+    write(
+        tmp_path / "app" / "runtime.py",
+        """
+        from runlane import create_runlane, queue
+        from runlane_local import sqlite_lane
+
+        default = queue("default", default=True)
+
+
+        def create():
+            return create_runlane(lane=sqlite_lane("runlane.db"), queues=[default])
+        """,
+    )
+    refused = cli(tmp_path, "postgres", "migrate")
+    assert refused.returncode == 1 and "error[configuration_invalid]" in refused.stderr
+    assert "does not keep its runs in Postgres; pass --url" in refused.stderr
+    assert json.loads(cli(tmp_path, "--json", "postgres", "sql").stdout)["schema"] == "public"
+
+
 def test_cli_migrate_needs_a_postgres_lane_or_a_url(tmp_path: Path) -> None:
     no_config = cli(tmp_path, "postgres", "migrate")
     assert no_config.returncode == 1 and "error[configuration_invalid]" in no_config.stderr

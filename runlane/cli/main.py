@@ -44,6 +44,7 @@ __all__ = [
     "build_app",
     "configured_exporters",
     "invoke",
+    "build_configured_runtime",
     "open_runtime",
     "operation",
     "require_shared_lane",
@@ -192,6 +193,18 @@ def _exporter_options(config: LoadedConfig, registries: Registries) -> list[tupl
     return resolved
 
 
+async def build_configured_runtime(ctx: typer.Context) -> Runlane:
+    """The configured runtime, built and not started: its lane is created but connects nowhere yet."""
+    config = load_cli_config(ctx)
+    registries = get_registries()
+    return await build_runtime(
+        config,
+        lane_factory=_lane_factory(config, registries),
+        task_modules={contribution.value: contribution.plugin for contribution in registries.task_modules},
+        observers=registries.plugin_observers(),
+    )
+
+
 @asynccontextmanager
 async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) -> AsyncIterator[Runlane]:
     """A started runtime for the configured lane, closed when the block ends.
@@ -201,14 +214,7 @@ async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) ->
     With ``wait_for_storage`` (the long-running commands) a lane that cannot start for a retryable
     reason, a database that is not up yet, is retried until it starts or the process is told to stop.
     """
-    config = load_cli_config(ctx)
-    registries = get_registries()
-    runtime = await build_runtime(
-        config,
-        lane_factory=_lane_factory(config, registries),
-        task_modules={contribution.value: contribution.plugin for contribution in registries.task_modules},
-        observers=registries.plugin_observers(),
-    )
+    runtime = await build_configured_runtime(ctx)
     try:
         if wait_for_storage:
             await _start_when_storage_answers(runtime, state_of(ctx).output)

@@ -30,6 +30,7 @@ from .migration import DEFAULT_SCHEMA, postgres_migration_sql, validate_schema_n
 if TYPE_CHECKING:
     from runlane.core.lanes import Lane
 
+    from .migration import PostgresMigrationResult
     from .storage import PostgresStorageDriver
 
 # The driver (and psycopg) is imported when a lane, driver or migration is actually created, so
@@ -156,26 +157,45 @@ SqlSchemaOption = Annotated[
 ]
 
 
-def _configured_connection(ctx: typer.Context) -> tuple[str, str | None]:
+async def _configured_connection(ctx: typer.Context) -> tuple[str, str | None]:
     """The connection string and schema of the configured lane (``postgres-polling``, or any lane
-    whose options carry a nested ``postgres`` table, such as ``postgres-sqs``)."""
+    whose options carry a nested ``postgres`` table, such as ``postgres-sqs``), or of the lane the
+    configured ``runtime`` factory builds (built, not started: nothing connects)."""
     from runlane.cli.main import load_cli_config
 
     config = load_cli_config(ctx)
     lane = config.lane
-    if lane is None:
+    if lane is None and config.runlane.runtime is None:
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
-            f"{config.path} configures no [lane] to read a Postgres connection from; pass --url.",
+            f"{config.path} configures no [lane] or runtime to read a Postgres connection from; pass --url.",
         )
-    found = _postgres_of(lane)
+    found, lane_name = await _configured_postgres(ctx)
     if found is None:
+        where = f"The configured lane {lane_name!r}" if lane is not None else f"The lane {lane_name!r} of the runtime"
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
-            f"The configured lane {lane.use!r} has no Postgres connection string; pass --url.",
-            meta={"lane": lane.use},
+            f"{where} does not keep its runs in Postgres; pass --url.",
+            meta={"lane": lane_name},
         )
     return found
+
+
+async def _configured_postgres(ctx: typer.Context) -> tuple[tuple[str, str | None] | None, str]:
+    """The Postgres connection string and schema of the configured lane (``None`` when it is not on
+    Postgres), and the lane's name."""
+    from runlane.cli.main import build_configured_runtime, load_cli_config
+
+    from .storage import PostgresStorageDriver
+
+    lane = load_cli_config(ctx).lane
+    if lane is not None:
+        return _postgres_of(lane), lane.use
+    runtime = await build_configured_runtime(ctx)
+    storage = runtime.lane.storage
+    if not isinstance(storage, PostgresStorageDriver):
+        return None, runtime.lane.name
+    return (storage.connection_string, storage.schema), runtime.lane.name
 
 
 def _postgres_of(lane: Any) -> tuple[str, str | None] | None:
@@ -196,21 +216,19 @@ def _postgres_of(lane: Any) -> tuple[str, str | None] | None:
     return None
 
 
-def _configured_schema(ctx: typer.Context) -> str:
+async def _configured_schema(ctx: typer.Context) -> str:
     """The schema of the configured Postgres lane (its option, else ``?schema=`` in its URL), so that the
     SQL matches what ``migrate`` would apply; ``public`` without a configuration or a Postgres lane."""
-    from runlane.cli.main import load_cli_config, state_of
+    from runlane.cli.main import state_of
     from runlane.config import load_config
 
     from .storage import resolve_postgres_connection
 
-    if load_config(state_of(ctx).config_path) is None:
+    config = load_config(state_of(ctx).config_path)
+    if config is None or (config.lane is None and config.runlane.runtime is None):
         return DEFAULT_SCHEMA
-    lane = load_cli_config(ctx).lane
-    found = None if lane is None else _postgres_of(lane)
-    if found is None:
-        return DEFAULT_SCHEMA
-    return resolve_postgres_connection(*found).schema
+    found, _ = await _configured_postgres(ctx)
+    return DEFAULT_SCHEMA if found is None else resolve_postgres_connection(*found).schema
 
 
 @postgres_cli.command("migrate")
@@ -225,15 +243,16 @@ def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = No
 
     output = state_of(ctx).output
 
-    def target() -> tuple[str, str | None]:
-        if url is not None:
-            resolve_postgres_connection(url, schema)  # reject a bad URL or schema before connecting
-            return url, schema
-        connection_string, configured_schema = _configured_connection(ctx)
-        return connection_string, schema if schema is not None else configured_schema
+    if url is not None:
+        guard(ctx, lambda: resolve_postgres_connection(url, schema))  # a bad URL or schema, before connecting
 
-    connection_string, chosen_schema = guard(ctx, target)
-    result = invoke(ctx, lambda: apply_postgres_migrations(connection_string, chosen_schema))
+    async def main() -> PostgresMigrationResult:
+        if url is not None:
+            return await apply_postgres_migrations(url, schema)
+        connection_string, configured_schema = await _configured_connection(ctx)
+        return await apply_postgres_migrations(connection_string, schema if schema is not None else configured_schema)
+
+    result = invoke(ctx, main)
     if output.json:
         output.emit_json(result.to_json())
         return
@@ -255,10 +274,10 @@ def sql(ctx: typer.Context, schema: SqlSchemaOption = None) -> None:
 
     Apply it in one transaction (psql --single-transaction -f runlane.sql), so that concurrent deploys
     wait for each other."""
-    from runlane.cli.main import guard, state_of
+    from runlane.cli.main import guard, invoke, state_of
 
     output = state_of(ctx).output
-    name = guard(ctx, lambda: validate_schema_name(schema if schema is not None else _configured_schema(ctx)))
+    name = guard(ctx, lambda: validate_schema_name(schema)) if schema is not None else invoke(ctx, lambda: _configured_schema(ctx))
     text = postgres_migration_sql(name)
     if output.json:
         output.emit_json({"schema": name, "sql": text})

@@ -1543,6 +1543,11 @@ class PostgresStorageDriver(ClientClock):
     def __repr__(self) -> str:
         return f"PostgresStorageDriver(name={self.name!r}, target={self._target.display!r}, schema={self.schema!r})"
 
+    @property
+    def connection_string(self) -> str:
+        """The connection string this driver connects with, ``?schema=`` removed (it may hold a password)."""
+        return self._target.conninfo
+
     # -- lifecycle -------------------------------------------------------------------------------
 
     def _connect_kwargs(self) -> dict[str, Any]:
