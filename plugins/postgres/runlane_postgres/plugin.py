@@ -277,7 +277,10 @@ def sql(ctx: typer.Context, schema: SqlSchemaOption = None) -> None:
     from runlane.cli.main import guard, invoke, state_of
 
     output = state_of(ctx).output
-    name = guard(ctx, lambda: validate_schema_name(schema)) if schema is not None else invoke(ctx, lambda: _configured_schema(ctx))
+    if schema is not None:
+        name = guard(ctx, lambda: validate_schema_name(schema))
+    else:
+        name = invoke(ctx, lambda: _configured_schema(ctx))
     text = postgres_migration_sql(name)
     if output.json:
         output.emit_json({"schema": name, "sql": text})
