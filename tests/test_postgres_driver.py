@@ -1483,3 +1483,38 @@ def test_cli_migrate_needs_a_postgres_lane_or_a_url(tmp_path: Path) -> None:
     local = cli(tmp_path, "postgres", "migrate")
     assert local.returncode == 1 and "--url" in local.stderr
 
+
+
+def test_a_sync_producer_that_exits_without_close_closes_its_connections_quietly(
+    tmp_path: Path, schemas: Schemas
+) -> None:
+    # A web app's producer (runlane.sync) rarely has a place to call close(): at exit the runtime the
+    # facade started is closed, so no pooled connection task is dropped with the facade's thread.
+    import subprocess
+    import sys
+
+    schema = asyncio.run(schemas.migrated())
+    script = tmp_path / "producer.py"
+    write(
+        script,
+        f"""
+        from runlane import create_runlane, queue, task
+        from runlane_postgres import postgres_polling_lane
+
+        default = queue("default", default=True)
+
+
+        @task("emails.send")
+        def send(payload: dict) -> None:
+            return None
+
+
+        lane = postgres_polling_lane("{schemas.url}", schema="{schema}")
+        runlane = create_runlane(lane=lane, queues=[default], tasks=[send])
+        print(runlane.sync.trigger(send, {{"to": "a@example.com"}}).outcome.value)
+        """,
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "created"
+    assert done.stderr == ""

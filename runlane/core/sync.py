@@ -8,15 +8,18 @@ thread-safe signals, so the facade can be used while an application loop serves 
 Do not call the facade from ``async`` code (a thread running an event loop): it would block that
 loop, and deadlock when the call waits on it; it raises instead. ``close()`` waits a few seconds for
 calls still running on the facade loop (they fail once the lane is closed), then cancels the rest:
-a caller never waits on a loop that has stopped.
+a caller never waits on a loop that has stopped. A process that exits without ``close()`` closes the
+runtime the facade started (its workers, then the lane) on the way out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import builtins
 import concurrent.futures
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -52,6 +55,8 @@ def _options_of(
 
 # How long ``close()`` lets calls still running on the facade loop finish before it cancels them.
 _CLOSE_GRACE_S = 5.0
+# How long a process that exits without ``close()`` waits for the runtime the facade started to close.
+_EXIT_CLOSE_S = 10.0
 
 
 def _refuse_in_event_loop() -> None:
@@ -64,6 +69,24 @@ def _refuse_in_event_loop() -> None:
         "runlane.sync blocks its caller, and this thread runs an event loop (async code): await the async "
         "API there instead (await runlane.trigger(...), await runlane.close()).",
     )
+
+
+def _close_at_exit(facade_ref: weakref.ref[SyncRunlane]) -> None:
+    """At interpreter exit, close a runtime the facade started and nobody closed (a web app's producer
+    rarely has a place to call ``close()``): its connections close cleanly instead of being dropped
+    with the facade's daemon thread, pending tasks and all."""
+    facade = facade_ref()
+    if facade is None:
+        return
+    loop, runtime = facade._loop, facade._runtime
+    if loop is None or not runtime._started or runtime._started_on is not loop:
+        facade.shutdown_loop()
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(runtime.close(), loop).result(timeout=_EXIT_CLOSE_S)
+    except Exception:  # noqa: BLE001 - the process is exiting; there is nobody left to report to
+        pass
+    facade.shutdown_loop()
 
 
 class SyncRunlane:
@@ -106,6 +129,7 @@ class SyncRunlane:
                 ready.wait()
                 self._thread = thread
                 self._loop = loop
+                atexit.register(_close_at_exit, weakref.ref(self))
             return self._loop
 
     def call(self, function: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
