@@ -116,6 +116,42 @@ async def test_a_validation_failure_shows_which_fields_failed_without_json() -> 
     assert buffer.getvalue().count(shown) == 3  # the run's failure, its run.failed event and its attempt
 
 
+async def test_an_attempt_whose_worker_died_is_shown_as_having_no_outcome() -> None:
+    """A later attempt started, so the earlier ``running`` one will never record an outcome."""
+    import asyncio
+
+    started: list[int] = []
+
+    @task("native.flaky")
+    async def flaky(payload: dict, ctx: TaskContext) -> str:
+        started.append(ctx.attempt)
+        if ctx.attempt == 1:
+            await asyncio.sleep(3600)  # stands in for a worker killed mid-attempt
+        return "done"
+
+    clock = ControlledClock()
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[flaky], clock=clock)
+    buffer = io.StringIO()
+    output = Output(stdout=buffer, stderr=io.StringIO(), width=300)
+    async with runtime:
+        run = (await runtime.trigger(flaky, {})).run
+        killed = asyncio.ensure_future(runtime.execute_next(lease_duration="30s", heartbeat_interval="20s"))
+        while not started:
+            await asyncio.sleep(0.005)
+        killed.cancel()
+        await asyncio.gather(killed, return_exceptions=True)
+        output.attempts_table(run.id, await runtime.runs.attempts(run.id))
+        assert "no outcome" not in buffer.getvalue()  # the only attempt: it may still be running
+        clock.advance("31s")
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        attempts = await runtime.runs.attempts(run.id)
+        assert [str(attempt.status) for attempt in attempts] == ["running", "succeeded"]
+        output.attempts_table(run.id, attempts)
+    rows = [line for line in buffer.getvalue().splitlines() if line.strip().startswith(("1 ", "2 "))]
+    assert "no outcome: its worker stopped (crashed, was killed, or lost the lease)" in rows[-2]
+    assert "no outcome" not in rows[-1]
+
+
 # Clears the screen, sets the window title, turns the rest red, returns to the line's start, forges a log line
 # of its own, and reverses what follows (C1 CSI and a bidi override). No ':' (reserved in ids).
 HOSTILE = "evil\x1b[2J\x1b]0;TITLE\x1b\\\x1b[31mRED\r\n2026-11-30T08 info all good\x9b\u202e"

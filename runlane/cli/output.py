@@ -434,13 +434,14 @@ class Output:
         table = _table()
         for column in ("attempt", "status", "started", "completed", "detail"):
             table.add_column(column, no_wrap=True)
+        last = attempts[-1]
         for attempt in attempts:
             table.add_row(
                 str(attempt.attempt),
                 display_value(attempt.status),
                 iso(attempt.started_at) or "",
                 iso(attempt.completed_at) or "",
-                attempt_detail(attempt),
+                attempt_detail(attempt, superseded=attempt is not last),
             )
         self.stdout.print(table)
 
@@ -662,8 +663,11 @@ def failure_text(failure: Any) -> str:
     return text
 
 
-def attempt_detail(attempt: Any) -> str:
-    """What an attempt ended with: its failure, when it is retried, why it released, or its output."""
+def attempt_detail(attempt: Any, *, superseded: bool = False) -> str:
+    """What an attempt ended with: its failure, when it is retried, why it released, or its output.
+    A ``superseded`` attempt (a later one started) that is still ``running`` recorded no outcome."""
+    if superseded and attempt.status == "running":
+        return "no outcome: its worker stopped (crashed, was killed, or lost the lease)"
     if attempt.failure is not None:
         return failure_text(attempt.failure)
     if attempt.retry_at is not None:
