@@ -152,6 +152,33 @@ async def test_an_attempt_whose_worker_died_is_shown_as_having_no_outcome() -> N
     assert "no outcome" not in rows[-1]
 
 
+async def test_an_attempt_a_stopping_worker_interrupted_says_so() -> None:
+    """Nobody cancelled the run: the failure's reason says its worker was stopping."""
+    import asyncio
+
+    from runlane import WorkerMode
+
+    started = asyncio.Event()
+
+    @task("cooperative.stop", retry=Retry(3, backoff="1s"))
+    async def cooperative(payload: dict, ctx: TaskContext) -> str:
+        started.set()
+        await ctx.signal.wait()
+        ctx.signal.raise_if_aborted()
+        return "done"
+
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[cooperative], clock=ControlledClock())
+    buffer = io.StringIO()
+    output = Output(stdout=buffer, stderr=io.StringIO(), width=300)
+    async with runtime:
+        run = (await runtime.trigger(cooperative, {})).run
+        worker = runtime.worker(mode=WorkerMode.POLL)
+        await asyncio.wait_for(started.wait(), 10)
+        await worker.stop()
+        output.attempts_table(run.id, await runtime.runs.attempts(run.id))
+    assert "operation_cancelled: Task was cancelled. (reason: worker_stopped)" in buffer.getvalue()
+
+
 # Clears the screen, sets the window title, turns the rest red, returns to the line's start, forges a log line
 # of its own, and reverses what follows (C1 CSI and a bidi override). No ':' (reserved in ids).
 HOSTILE = "evil\x1b[2J\x1b]0;TITLE\x1b\\\x1b[31mRED\r\n2026-11-30T08 info all good\x9b\u202e"

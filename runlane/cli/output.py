@@ -660,6 +660,9 @@ def failure_text(failure: Any) -> str:
         shown = "; ".join(f"{error_location(item.get('loc') or ())}: {item.get('msg', '?')}" for item in errors[:3])
         more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
         text += f" ({shown}{more})"
+    reason = failure.meta.get("reason") if isinstance(failure.meta, dict) else None
+    if display_value(failure.code) == "operation_cancelled" and isinstance(reason, str) and reason:
+        text += f" (reason: {reason})"  # worker_stopped: nobody cancelled the run, its worker was stopping
     return text
 
 
