@@ -392,3 +392,40 @@ async def test_one_concurrency_keys_backlog_does_not_hide_another_keys_work():
         assert (await runtime.runs.get(backlog[0])).status is RunStatus.QUEUED
         await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN, concurrency=2).closed, 30)
         assert executed.count("a") == 151 and executed.count("b") == 1
+
+
+async def test_a_backlog_longer_than_one_scan_does_not_starve_another_keys_work():
+    # 1,200 runs of tenant A wait behind its taken slot, more than one capacity scan reads: successive
+    # scans go on where the previous one stopped, so B's run is reached within a few calls.
+    tenants = queue("tenants", concurrency_limit=1)
+    executed: list[str] = []
+    release_a = asyncio.Event()
+
+    @task("dispatch.tenant", queue=tenants, concurrency_key=lambda payload: payload["tenant"])
+    async def tenant_work(payload: dict) -> None:
+        executed.append(payload["tenant"])
+        if payload.get("hold"):
+            await release_a.wait()
+
+    (runtime,), clock = shared_runtimes([tenant_work], queues=[DEFAULT_QUEUE, tenants])
+    async with runtime:
+        await runtime.trigger(tenant_work, {"tenant": "a", "hold": True})
+        holder = asyncio.ensure_future(runtime.execute_next())
+        while executed != ["a"]:
+            await asyncio.sleep(0.001)
+        for n in range(1200):
+            await runtime.trigger(tenant_work, {"tenant": "a", "n": n})
+        clock.advance("1s")
+        b = (await runtime.trigger(tenant_work, {"tenant": "b"})).run
+        ticks = 0
+        while (await runtime.runs.get(b.id)).dispatch_expires_at is None and ticks < 10:
+            await runtime.tick()
+            ticks += 1
+        assert (await runtime.runs.get(b.id)).dispatch_expires_at is not None, f"not reserved after {ticks} ticks"
+        for _ in range(10):
+            done = await runtime.execute_next()
+            if done is not None:
+                break
+        assert done is not None and done.id == b.id and done.status is RunStatus.SUCCEEDED
+        release_a.set()
+        await holder

@@ -1343,6 +1343,9 @@ class CoreStore:
         # driver has no native ordered append.
         self.observation_heads: tuple[StorageRecordKey, ...] = observation_head_reads(driver.profile, environment)
         self._runnable_floors = _RunnableFloors()
+        # Where the next capacity scan of (index, queue) goes on past its window of oldest rows (see
+        # ``open_candidates``); ``None``: right after that window.
+        self._capacity_scan_resume: dict[tuple[StorageIndexName, str], str | None] = {}
 
     def __repr__(self) -> str:
         return f"CoreStore(driver={getattr(self.driver, 'name', self.driver)!r}, environment={self.env_key!r})"
@@ -1545,9 +1548,12 @@ class CoreStore:
 
         A row is open when its run already holds a slot of its concurrency-key partition (a dispatch
         reservation) or when that partition has a free slot not yet handed to an earlier row. Rows of
-        full partitions are passed over, page after page (at most ``_CAPACITY_SCAN_ROWS`` rows), so
-        one key's backlog does not hide another key's work, as the storage contract asks of runnable
-        and dispatch scans. Candidates only: the claim or reservation decides again on what it reads.
+        full partitions are passed over, as the storage contract asks of runnable and dispatch scans,
+        so one key's backlog does not hide another key's work. One call reads at most
+        ``_CAPACITY_SCAN_ROWS`` rows: the oldest half of them, then the other half where the previous
+        call of this store stopped, wrapping around at the newest due row, so that behind a backlog of
+        any length every row is looked at within a bounded number of calls while the oldest rows keep
+        their turn first. Candidates only: the claim or reservation decides again on what it reads.
         """
         queue_limit = self.queue_limits[queue]
         now_iso = encode_iso_date(now)
@@ -1556,39 +1562,59 @@ class CoreStore:
         holders: dict[str, set[str]] = {}  # encoded capacity key -> runs holding a live slot
         free: dict[str, int] = {}  # encoded capacity key -> slots left to hand out
         kept: list[tuple[str, str]] = []
-        cursor: str | None = None
-        scanned = 0
-        while len(kept) < limit and scanned < _CAPACITY_SCAN_ROWS:
-            query = StorageQuery(index, (self.env_key, queue), StorageRange(lt=upper), limit=page, cursor=cursor)
-            result = await self.driver.query(query)
-            scanned += len(result.items)
-            runs = await self.get_runs([item.key.parts[-1] for item in result.items])
-            partitions = [
-                None if run is None else queue_capacity_key(self.env_key, queue, run.concurrency_key) for run in runs
-            ]
-            unknown = {key.encoded: key for key in partitions if key is not None and key.encoded not in free}
-            if unknown:
-                for encoded, record in zip(unknown, await self.driver.get(list(unknown.values()))):
-                    occupants = None if record is None else record.document.value.get("occupants")
-                    live = {
-                        held for held, until in (occupants.items() if isinstance(occupants, dict) else ())
-                        if isinstance(until, str) and until > now_iso
-                    }  # fmt: skip
-                    holders[encoded] = live
-                    free[encoded] = max(0, queue_limit - len(live))
-            for item, run, key in zip(result.items, runs, partitions):
-                if run is None or key is None:
-                    continue  # pruned meanwhile
-                if run.id in holders[key.encoded]:
-                    kept.append((item.sort[0], item.sort[1]))
-                elif free[key.encoded] > 0:
-                    free[key.encoded] -= 1
-                    kept.append((item.sort[0], item.sort[1]))
-                if len(kept) >= limit:
-                    break
-            cursor = result.next_cursor
-            if cursor is None or not result.items:
-                break
+
+        async def scan(after: str | None, budget: int) -> tuple[str | None, bool]:
+            """Open rows past ``after`` (an encoded sort), reading at most ``budget`` rows; returns the
+            encoded sort of the last row read and whether the newest due row was reached."""
+            cursor: str | None = None
+            scanned = 0
+            last = after
+            scanned_range = StorageRange(lt=upper) if after is None else StorageRange(gt=after, lt=upper)
+            while len(kept) < limit and scanned < budget:
+                query = StorageQuery(index, (self.env_key, queue), scanned_range, limit=min(page, budget - scanned),
+                                     cursor=cursor)  # fmt: skip
+                result = await self.driver.query(query)
+                scanned += len(result.items)
+                runs = await self.get_runs([item.key.parts[-1] for item in result.items])
+                partitions = [
+                    None if run is None else queue_capacity_key(self.env_key, queue, run.concurrency_key)
+                    for run in runs
+                ]
+                unknown = {key.encoded: key for key in partitions if key is not None and key.encoded not in free}
+                if unknown:
+                    for encoded, record in zip(unknown, await self.driver.get(list(unknown.values()))):
+                        occupants = None if record is None else record.document.value.get("occupants")
+                        live = {
+                            held for held, until in (occupants.items() if isinstance(occupants, dict) else ())
+                            if isinstance(until, str) and until > now_iso
+                        }  # fmt: skip
+                        holders[encoded] = live
+                        free[encoded] = max(0, queue_limit - len(live))
+                for item, run, key in zip(result.items, runs, partitions):
+                    last = encode_storage_tuple(item.sort)
+                    if run is None or key is None:
+                        continue  # pruned meanwhile
+                    if run.id in holders[key.encoded]:
+                        kept.append((item.sort[0], item.sort[1]))
+                    elif free[key.encoded] > 0:
+                        free[key.encoded] -= 1
+                        kept.append((item.sort[0], item.sort[1]))
+                    if len(kept) >= limit:
+                        return last, False
+                cursor = result.next_cursor
+                if cursor is None or not result.items:
+                    return last, True
+            return last, False
+
+        window = _CAPACITY_SCAN_ROWS // 2
+        front, ended = await scan(None, window)
+        if len(kept) < limit and not ended:
+            resume_key = (index, queue)
+            resume = self._capacity_scan_resume.get(resume_key)
+            if resume is None or front is None or resume <= front:
+                resume = front
+            stopped, ended = await scan(resume, _CAPACITY_SCAN_ROWS - window)
+            self._capacity_scan_resume[resume_key] = None if ended else stopped
         return kept
 
     async def query_index(
