@@ -38,6 +38,7 @@ from runlane import (
 from runlane.core.lanes import Lane
 from runlane.core.schedules import schedule_occurrence_id, schedule_occurrence_key
 from runlane.durations import MAX_INSTANT
+from runlane.ids import MAX_ID_LENGTH
 from runlane.models import environment_key
 from runlane.testing import ControlledClock
 
@@ -127,6 +128,51 @@ class LaneScenarios:
                 assert done.failure.message.startswith("Task output is too large to store: ")
                 events = (await runtime.runs.events(done.id, sort_by="sequence")).data
                 assert [record.event.type.value for record in events][-1] == "run.failed"
+
+        self.run(body)
+
+    def test_a_run_trigger_accepts_can_always_be_claimed_run_and_cancelled(self, lanes: LaneFactory) -> None:
+        # Near the record limit: trigger() keeps room for the lease a claim adds (a worker id of the
+        # maximum length), so what it accepts never fails the workers that claim it.
+        seen: list[int] = []
+
+        @task("near.limit")
+        async def near_limit(payload: dict, ctx: TaskContext) -> None:
+            seen.append(len(payload["pad"]))
+            if payload.get("hold"):
+                await ctx.signal.wait()
+
+        async def body() -> None:
+            lane = lanes.new()
+            limit = lane.storage.profile.limits.max_record_bytes
+            runtime, _ = self.runtime(lane, near_limit)
+            async with runtime:
+                low, high = 0, limit
+                while low < high:  # the longest pad trigger() accepts
+                    size = (low + high + 1) // 2
+                    try:
+                        probe = {"pad": "p" * size}
+                        run = (await runtime.trigger(near_limit, probe, run_id=f"run_probe_{size:07d}")).run
+                    except RunlaneError as error:
+                        assert error.code is ErrorCode.VALIDATION_FAILED and "keeps free" in error.message
+                        high = size - 1
+                    else:
+                        await runtime.runs.cancel(run.id)
+                        low = size
+                assert low > limit - 8192
+                first = (await runtime.trigger(near_limit, {"pad": "p" * low}, run_id=f"run_first_{low:07d}")).run
+                done = await runtime.execute_next(worker_id="w" * MAX_ID_LENGTH)
+                assert done is not None and done.id == first.id and done.status is RunStatus.SUCCEEDED
+                holding = {"pad": "p" * (low - 16), "hold": True}
+                held = (await runtime.trigger(near_limit, holding, run_id="run_held")).run
+                attempt = asyncio.ensure_future(runtime.execute_next(worker_id="\x01" * MAX_ID_LENGTH))
+                while len(seen) < 2:
+                    await asyncio.sleep(0.005)
+                requested = await runtime.runs.cancel(held.id, reason="r" * 200)
+                assert requested.status is RunStatus.CANCELLATION_REQUESTED
+                finished = await asyncio.wait_for(attempt, 10)
+                assert finished is not None and finished.status is RunStatus.CANCELLED
+                assert seen == [low, low - 16]
 
         self.run(body)
 

@@ -1172,13 +1172,7 @@ class Runlane:
         try:
             result = await self._store.create_run(CreateRunPlan(created, follow_up, spec.generated_run_id, hint))
         except StorageLimitError as error:
-            raise StorageLimitError(
-                error.limit,
-                error.allowed,
-                error.actual,
-                error.too_large(f"Run of task '{spec.definition.id}'")
-                + " Nothing was written; pass a reference to large data (an id or a URL) in the payload instead.",
-            ) from None
+            raise _run_too_large(error, spec.definition.id) from None
         if result.created:
             if self._observers:
                 await self.observe(result.observations)
@@ -1284,7 +1278,10 @@ class Runlane:
             ),
             RunStartedEvent(run_id=spec.run_id, environment=self._environment, occurred_at=now, actor=worker_actor, attempt=1),
         )
-        result = await self._store.create_run(CreateRunPlan(created, follow_up))
+        try:
+            result = await self._store.create_run(CreateRunPlan(created, follow_up))
+        except StorageLimitError as error:
+            raise _run_too_large(error, spec.definition.id) from None
         if not result.created:
             return result.run
         if self._observers:
@@ -1949,6 +1946,18 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _run_too_large(error: StorageLimitError, task_id: str) -> StorageLimitError:
+    """``error`` of a run creation that does not fit the lane, saying so and what to do instead."""
+    return StorageLimitError(
+        error.limit,
+        error.allowed,
+        error.actual,
+        error.too_large(f"Run of task '{task_id}'")
+        + " Nothing was written; pass a reference to large data (an id or a URL) in the payload instead.",
+        reserved=error.reserved,
+    )
 
 
 def _created_but_unpublished(error: RunlaneError, run: RunRecord) -> RunlaneError:

@@ -181,6 +181,10 @@ _EVENT_ID_MASK: Final = (1 << 128) - 1
 # How many due rows of a bounded queue one candidate scan reads at most, passing over the rows of
 # full capacity partitions to reach another partition's runnable work.
 _CAPACITY_SCAN_ROWS: Final = 500
+# Bytes of the record limit a new run must leave free for what its lifecycle adds to its record without
+# a check of its own: the lease of a claim (a worker id of up to 512 characters, escaped) and a
+# failure Runlane records itself. Outputs, releases and cancellations are checked when they happen.
+RUN_RECORD_HEADROOM_BYTES: Final = 4096
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -1194,6 +1198,17 @@ class _Attempt:
 
     # -- staging ---------------------------------------------------------------------------------
 
+    def _check_room_to_run(self, stored: NewStorageRecord) -> None:
+        """Refuse a new run whose record leaves less than ``RUN_RECORD_HEADROOM_BYTES`` of the record
+        limit: its claim adds a lease to the record, and a run that could never be claimed would stay
+        the oldest due work of its queue, failing every worker that reaches it."""
+        limit = self.store._limits.max_record_bytes
+        size = stored.document.byte_size
+        if size > limit - RUN_RECORD_HEADROOM_BYTES:
+            raise StorageLimitError(
+                "max_record_bytes", limit - RUN_RECORD_HEADROOM_BYTES, size, reserved=RUN_RECORD_HEADROOM_BYTES
+            )
+
     def stage(self) -> None:
         tx = self.tx
         env = self.env
@@ -1204,6 +1219,7 @@ class _Attempt:
             known_key = None if slot.record is None else slot.record.key
             stored = _run_record(env, slot.run, slot.children, bounded, known_key)
             if slot.record is None:
+                self._check_room_to_run(stored)
                 tx.create(stored)
             else:
                 tx.replace(slot.record, stored)

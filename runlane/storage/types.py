@@ -571,20 +571,27 @@ class StorageProfile:
 class StorageLimitError(RunlaneError):
     """An atomic unit of work exceeded an advertised limit; nothing was committed, so core may split it."""
 
-    def __init__(self, limit: str, allowed: int, actual: int, message: str | None = None) -> None:
+    def __init__(self, limit: str, allowed: int, actual: int, message: str | None = None, *, reserved: int = 0) -> None:
+        """``reserved``: bytes of the limit kept free for later growth, so ``allowed`` is the limit less them."""
         super().__init__(
             ErrorCode.VALIDATION_FAILED,
             message or f"Storage limit {limit} exceeded: {actual} > {allowed}. Nothing was written; split the work.",
             retryable=False,
-            meta={"storage_limit": limit, "limit": allowed, "actual": actual},
+            meta={"storage_limit": limit, "limit": allowed, "actual": actual} | ({"reserved": reserved} if reserved else {}),
         )
         self.limit = limit
         self.allowed = allowed
         self.actual = actual
+        self.reserved = reserved
 
     def too_large(self, what: str) -> str:
         """``"<what> is too large to store: N bytes against the lane's <limit> of M."``"""
         limit = f"the lane's {self.limit} of {self.allowed:,}"
+        if self.reserved:
+            limit = (
+                f"the lane's {self.limit} of {self.allowed + self.reserved:,} less the {self.reserved:,} bytes "
+                "a run keeps free for what it records as it runs"
+            )
         return f"{what} is too large to store: {self.actual:,} bytes against {limit}."
 
 
