@@ -568,6 +568,13 @@ class StorageProfile:
     process_local: bool = False
 
 
+def _limit_meta(limit: str, allowed: int, actual: int, reserved: int) -> dict[str, Any]:
+    meta: dict[str, Any] = {"storage_limit": limit, "limit": allowed, "actual": actual}
+    if reserved:
+        meta["reserved"] = reserved
+    return meta
+
+
 class StorageLimitError(RunlaneError):
     """An atomic unit of work exceeded an advertised limit; nothing was committed, so core may split it."""
 
@@ -577,7 +584,7 @@ class StorageLimitError(RunlaneError):
             ErrorCode.VALIDATION_FAILED,
             message or f"Storage limit {limit} exceeded: {actual} > {allowed}. Nothing was written; split the work.",
             retryable=False,
-            meta={"storage_limit": limit, "limit": allowed, "actual": actual} | ({"reserved": reserved} if reserved else {}),
+            meta=_limit_meta(limit, allowed, actual, reserved),
         )
         self.limit = limit
         self.allowed = allowed
