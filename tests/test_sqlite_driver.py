@@ -1112,6 +1112,43 @@ def test_the_run_at_list_reads_the_availability_index_and_older_files_gain_it(da
     assert sum("USE TEMP B-TREE FOR ORDER BY" in step for step in plan) <= 1, plan
 
 
+def test_one_runs_events_and_a_status_filter_read_their_own_index_rows_not_the_environments(database: Path) -> None:
+    """``runs.events(run_id)`` in its default (time) order and ``runs.list(statuses=...)`` cost as much
+    as the rows they return, not as every event or run of the environment; older files gain the indexes."""
+    from runlane.storage.operator import RunEventFilter
+    from runlane.storage.operator_sql import run_event_list_query, run_list_query
+    from runlane.vocabulary import RunStatus
+
+    asyncio.run(_start_and_close(sqlite_storage(database)))
+    with sqlite3.connect(database) as connection:
+        connection.execute("DROP INDEX runlane_operator_runs_by_status")
+        connection.execute("DROP INDEX runlane_operator_events_of_run_by_time")
+    asyncio.run(_start_and_close(sqlite_storage(database)))  # an older file: the indexes come back
+    environment = Environment(name="default")
+    events = run_event_list_query(
+        RunEventFilter(environment=environment, run_id="run_1"),
+        PaginationParams(limit=20),
+        events_table="runlane_operator_events",
+        runs_table="runlane_operator_runs",
+        records_table="runlane_records",
+        placeholder="?",
+    )
+    runs = run_list_query(
+        RunFilter(environment=environment, statuses=[RunStatus.FAILED]),
+        PaginationParams(limit=20),
+        runs_table="runlane_operator_runs",
+        records_table="runlane_records",
+        placeholder="?",
+    )
+    with sqlite3.connect(database) as connection:
+        event_plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {events.text}", events.params)]
+        run_plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {runs.text}", runs.params)]
+    assert any("runlane_operator_events_of_run_by_time (environment=? AND run_id=?)" in step for step in event_plan)
+    assert not any("TEMP B-TREE" in step for step in event_plan), event_plan
+    assert any("runlane_operator_runs_by_status (environment=? AND status=?)" in step for step in run_plan), run_plan
+    assert not any("TEMP B-TREE" in step for step in run_plan), run_plan
+
+
 @pytest.mark.parametrize("holder", [None, "owner"], ids=["query", "exclusive"])
 def test_pages_of_entries_restating_their_key_search_both_primary_keys(database: Path, holder: str | None) -> None:
     """A page of events by run reads a range of the index rows' and of the records' primary keys

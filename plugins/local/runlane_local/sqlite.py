@@ -224,6 +224,9 @@ _SCHEMA = (
     "(environment, created_at, run_id)",
     f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_updated ON {_OPERATOR_RUNS} "
     "(environment, updated_at, run_id)",
+    # A status filter reads its own runs in created order instead of scanning past the other statuses.
+    f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_status ON {_OPERATOR_RUNS} "
+    "(environment, status, created_at, run_id)",
     # The run_at order reads the runs with and without an availability apart, each in this order.
     f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_availability ON {_OPERATOR_RUNS} "
     "(environment, available_missing, available_at, run_id)",
@@ -231,6 +234,10 @@ _SCHEMA = (
     "PRIMARY KEY (environment, run_id, sequence)) WITHOUT ROWID",
     f"CREATE INDEX IF NOT EXISTS runlane_operator_events_by_time ON {_OPERATOR_EVENTS} "
     "(environment, occurred_at, run_id, sequence)",
+    # One run's events in time order (the default order of runs.events), without reading every event
+    # of the environment through the time index.
+    f"CREATE INDEX IF NOT EXISTS runlane_operator_events_of_run_by_time ON {_OPERATOR_EVENTS} "
+    "(environment, run_id, occurred_at, sequence)",
 )
 
 _TABLES = frozenset(
