@@ -76,6 +76,23 @@ def test_once_run_at_in_another_zone_is_returned_in_utc():
     assert fire.tzinfo is UTC
 
 
+@pytest.mark.parametrize(
+    ("expression", "zone", "minute"),
+    [
+        ("*/15 * * * *", None, at(2026, 3, 1, 12, 15)),
+        ("30 1 * * *", NEW_YORK, at(2026, 11, 1, 5, 30)),  # 01:30 EST: the second pass of a repeated hour
+        ("*/10 * * * *", NEW_YORK, at(2026, 11, 1, 5, 40)),  # the repeated hour fires at both passes
+        ("30 2 * * *", NEW_YORK, at(2026, 3, 8, 7, 30)),  # 03:30 EDT: 02:30 was skipped that day
+    ],
+)
+def test_every_instant_of_a_minute_has_the_fire_time_of_its_first_instant(expression, zone, minute):
+    definition = schedule("minutely", cron=expression, time_zone=zone)
+    expected = latest_due_fire_time(definition, minute)
+    assert expected is not None and expected <= minute
+    for offset in (timedelta(seconds=1), timedelta(seconds=30), timedelta(seconds=59, microseconds=999_999)):
+        assert latest_due_fire_time(definition, minute + offset) == expected
+
+
 # ---------------------------------------------------------------------------------------------
 # Timing: interval
 

@@ -160,6 +160,8 @@ def validate_cron(expression: object, *, schedule_id: str | None = None) -> str:
     return _checked_cron(normalized, owner, schedule_id)
 
 
+# Every tick checks the cron of every schedule again: a valid expression is checked once per owner.
+@lru_cache(maxsize=4096)
 def _checked_cron(normalized: str, owner: str, schedule_id: str | None) -> str:
     example = "'0 9 * * *' (09:00 daily) or '*/15 * * * *' (every 15 minutes)"
     if normalized.startswith("@"):
@@ -293,6 +295,13 @@ def _fires_through_repeated_hours(expression: str) -> bool:
 
 
 def _latest_cron_fire(expression: str, zone: tzinfo, now: datetime) -> datetime | None:
+    # Fire times are whole minutes (time zones are whole minutes off UTC), so every ``now`` within one
+    # UTC minute has the same answer: ticks, which look at every schedule, search once per minute.
+    return _latest_cron_fire_in_minute(expression, zone, now.replace(second=0, microsecond=0))
+
+
+@lru_cache(maxsize=8192)
+def _latest_cron_fire_in_minute(expression: str, zone: tzinfo, now: datetime) -> datetime | None:
     local_now = now.astimezone(zone)
     wall = local_now.replace(tzinfo=None)
     both_passes = _fires_through_repeated_hours(expression)
