@@ -67,6 +67,7 @@ from runlane.storage import (
     decode_storage_query_cursor,
     decode_storage_tuple,
     encode_operator_cursor,
+    encode_storage_tuple,
     encode_storage_unsigned_integer,
     parse_unsigned_64_decimal,
     read_storage_stream_position,
@@ -89,6 +90,7 @@ from runlane.storage.attempt import (
 from runlane.storage.streams import storage_append_rows
 from runlane.storage.tables import (
     RUN_EVENTS_COLLECTION,
+    RUN_TOMBSTONES_COLLECTION,
     RUNS_COLLECTION,
     compact_decoded,
     peek_run_document,
@@ -652,6 +654,17 @@ class _State:
         if encoded is None or run_tombstone_key(environment, run_id).encoded in self.records:
             return None
         return _projected(self.records[encoded], cache, _checked_run)
+
+    def visible_runs(self, environment: str, cache: DecodedCache) -> Iterator[RunRecord]:
+        """Every visible run of ``environment`` (``visible_run`` of each, without building a key per run)."""
+        records = self.records
+        tombstones = encode_storage_tuple((RUN_TOMBSTONES_COLLECTION, environment)) + "/"
+        for run_id, encoded in self.group((RUNS_COLLECTION, environment)).items():
+            if tombstones + run_id.encode("utf-8").hex() in records:
+                continue
+            run = _projected(records[encoded], cache, _checked_run)
+            if run is not None:
+                yield run
 
     def run_events(self, environment: str, run_id: str, cache: DecodedCache) -> Iterable[RunEventRecord]:
         keys = self.group((RUN_EVENTS_COLLECTION, environment, run_id)).values()
@@ -1247,12 +1260,7 @@ class LocalStorageDriver(ClientClock):
         def rows() -> list[tuple[tuple[str, ...], Any]]:
             cache = self.store._decoded
             environment = environment_key(filter.environment)
-            runs = (
-                run
-                for run_id in state.run_ids(environment)
-                if (run := state.visible_run(environment, run_id, cache)) is not None
-                and run_matches_filter(run, filter)
-            )
+            runs = (run for run in state.visible_runs(environment, cache) if run_matches_filter(run, filter))
             return [(run_sort_value(run, filter.sort_by, filter.sort_direction), run) for run in runs]
 
         kind = PaginationCursorKind.RUN_LIST
