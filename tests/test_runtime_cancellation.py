@@ -115,6 +115,20 @@ async def test_repeated_cancel_adds_no_events():
         assert (await event_types(runtime, run.id)).count("run.cancellation_requested") == 1
 
 
+async def test_a_cancellation_too_large_to_store_says_what_to_shorten_and_changes_nothing():
+    runtime, _ = make_runtime(cooperative)
+    async with runtime:
+        run = (await runtime.trigger(cooperative, {})).run
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.cancel(run.id, reason="r" * 10, meta={"note": "m" * 500_000})
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        assert raised.value.message.startswith(f"The cancellation of run {run.id} with its reason and meta is too large")
+        assert "cancel with a shorter reason and smaller meta" in raised.value.message
+        assert (await runtime.runs.get(run.id)).status is RunStatus.QUEUED
+        assert await event_types(runtime, run.id) == ["run.created", "run.delivery_requested"]
+        assert (await runtime.runs.cancel(run.id, reason="operator")).status is RunStatus.CANCELLED
+
+
 async def test_throwing_after_cancellation_fails_without_retry():
     @task("cancel.throws", retry=Retry(5, backoff="1s"))
     async def throws(payload: dict, ctx: TaskContext):

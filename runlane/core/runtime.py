@@ -2299,6 +2299,14 @@ class RunsApi:
             return []  # already cancellation_requested: no duplicate event
 
         (result,) = await runtime.append_many([CompletionRequest(checked, build)])
+        if isinstance(result, StorageLimitError):
+            raise StorageLimitError(
+                result.limit,
+                result.allowed,
+                result.actual,
+                result.too_large(f"The cancellation of run {checked} with its reason and meta")
+                + " Nothing was written; cancel with a shorter reason and smaller meta.",
+            )
         if isinstance(result, RunlaneError):
             if result.code is ErrorCode.VALIDATION_FAILED and await runtime._store.get_visible_run(checked) is None:
                 # A pruned run is terminal (the build refused it) and, for operators, gone.
