@@ -102,13 +102,18 @@ def status_line(app: Any) -> str:
     return str(app.screen.query_one("#status-line").render())
 
 
+REFRESHED = "  ·  refreshed 08:00:04 UTC"  # the seeded runtime's clock, which the dashboard tells the time by
+
+
 @asynccontextmanager
 async def dashboard(*, refresh_interval: float = 0) -> AsyncIterator[tuple[Any, Any, Any]]:
     """A seeded runtime and the dashboard over it, running under the pilot: ``(app, pilot, runtime)``."""
     runtime = make_runtime()
     async with runtime:
         await seed(runtime)
-        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=refresh_interval)
+        app = RunlaneDashboard(
+            DashboardClient.local(runtime), refresh_interval=refresh_interval, now=runtime.clock.now
+        )
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
             yield app, pilot, runtime
@@ -146,7 +151,7 @@ async def test_text_status_and_queue_filters_narrow_the_runs() -> None:
         await pilot.press("slash", *"email")
         await settle(pilot)
         assert run_ids(app) == ["run_email_bob", "run_email_ada"]
-        assert status_line(app) == "2 of the newest 5 runs"
+        assert status_line(app) == "2 of the newest 5 runs" + REFRESHED
 
         await pilot.press("enter", "s")  # back to the table, then status: active
         await settle(pilot)
@@ -175,21 +180,23 @@ async def test_brackets_page_through_older_and_newer_runs() -> None:
     runtime = make_runtime()
     async with runtime:
         await seed(runtime)
-        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0, page_size=2)
+        app = RunlaneDashboard(
+            DashboardClient.local(runtime), refresh_interval=0, page_size=2, now=runtime.clock.now
+        )
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
             assert run_ids(app) == ["run_report_nov", "run_approval_po7"]
-            assert status_line(app) == "the newest 2 runs  (] older)"
+            assert status_line(app) == "the newest 2 runs  (] older)" + REFRESHED
             await pilot.press("right_square_bracket")
             await settle(pilot)
             assert run_ids(app) == ["run_import_q3", "run_email_bob"]
-            assert status_line(app) == "2 runs on page 2  (] older, [ newer)"
+            assert status_line(app) == "2 runs on page 2  (] older, [ newer)" + REFRESHED
             await pilot.press("right_square_bracket")
             await settle(pilot)
             assert run_ids(app) == ["run_email_ada"]
             await pilot.press("right_square_bracket")  # no older page: stays
             await settle(pilot)
-            assert status_line(app) == "1 run on page 3  ([ newer)"
+            assert status_line(app) == "1 run on page 3  ([ newer)" + REFRESHED
             await pilot.press("left_square_bracket")
             await settle(pilot)
             assert run_ids(app) == ["run_import_q3", "run_email_bob"]
@@ -235,7 +242,7 @@ async def test_enter_opens_the_run_with_its_attempts_and_event_timeline() -> Non
         ]  # fmt: skip
         (attempt,) = rows(app, "attempts")
         assert attempt[:2] == ["1", "failed"] and attempt[4] == "task_failed: Task failed."
-        assert status_line(app) == "1 attempts, 5 events"
+        assert status_line(app) == "1 attempts, 5 events" + REFRESHED
         await pilot.press("escape")
         await settle(pilot)
         assert isinstance(app.screen, RunsScreen)
@@ -267,7 +274,7 @@ ESCAPED = "evil\\x1b[2J\\x1b]0;TITLE\\x1b\\\\x1b[31mRED\\r\\n2026-11-30T08 info\
 
 
 def widget_lines(widget: Any) -> list[str]:
-    strips = widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))
+    strips = widget.render_lines(Region(0, 0, widget.outer_size.width, widget.outer_size.height))
     return ["".join(segment.text for segment in strip).rstrip() for strip in strips]
 
 
@@ -312,6 +319,32 @@ async def test_control_characters_in_ids_outputs_keys_and_reasons_are_shown_esca
         assert not any(raw in text for text in shown), raw
 
 
+async def test_the_run_card_shows_a_long_payload_and_output_whole() -> None:
+    @task("orders.sync")
+    async def sync(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"synced": payload["ids"], "cursor": "END-OF-OUTPUT", "note": "x" * 300}
+
+    ids = [f"order-{number}" for number in range(60)]
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[sync], clock=ControlledClock(T0))
+    async with runtime:
+        payload = {"ids": ids, "tail": f"{HOSTILE} END-OF-PAYLOAD"}
+        await runtime.trigger(sync, payload, run_id="run_sync")
+        await runtime.execute_next()
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await open_run(pilot, "run_sync")
+            card = widget_lines(app.screen.query_one("#card"))
+    text = " ".join(line.strip() for line in card)
+    assert "…" not in text
+    assert all(f'"{item}"' in text for item in ids)
+    assert f'"tail": "{_in_json(HOSTILE)} END-OF-PAYLOAD"' in text
+    assert '"cursor": "END-OF-OUTPUT"' in text
+    assert "x" * 300 in "".join(line.strip() for line in card)  # folded over lines, never cut
+    assert max(len(line) for line in card) <= 100
+    for raw in ("\x1b", "\r", "\x9b", "\u202e"):
+        assert not any(raw in line for line in card), raw
+
+
 def _in_json(text: str) -> str:
     """``text`` as compact JSON shows it, made printable."""
     return printable(json.dumps(text, ensure_ascii=False)[1:-1])
@@ -328,7 +361,7 @@ async def test_a_long_history_shows_its_newest_events_and_counts_the_earlier_one
         while (done := await runtime.execute_next()) is not None and done.status is not RunStatus.SUCCEEDED:
             runtime.clock.advance(timedelta(seconds=1))
         assert done.status is RunStatus.SUCCEEDED and done.event_sequence == 122
-        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0, now=runtime.clock.now)
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
             await open_run(pilot, run.id)
@@ -337,6 +370,7 @@ async def test_a_long_history_shows_its_newest_events_and_counts_the_earlier_one
             assert shown[-1][2] == "run.succeeded"  # the outcome is on screen
             assert status_line(app) == (
                 "40 attempts, 122 events (the newest 100; the 22 before: runlane runs get run_long_poll --events)"
+                "  ·  refreshed 08:00:39 UTC"
             )
 
 
@@ -399,8 +433,111 @@ async def test_a_storage_failure_is_shown_and_the_last_rows_stay() -> None:
         app.client._call = unavailable
         await pilot.press("r")
         await settle(pilot)
-        assert status_line(app) == "storage_unavailable: The database is restarting."
+        # The rows on screen stay, and the line says when they were read.
+        assert status_line(app) == "storage_unavailable: The database is restarting." + REFRESHED
         assert len(run_ids(app)) == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Slow and stopped storage
+
+
+class HeldReads:
+    """A client over ``runtime`` whose operations named in ``held`` wait until the test lets them through,
+    one ``asyncio.Event`` each (in ``pending``); ``calls`` lists every operation asked for and ``cancelled``
+    counts the held ones given up before they were let through."""
+
+    def __init__(self, runtime: Any, *held: str) -> None:
+        local = DashboardClient.local(runtime)
+        self.held = set(held)
+        self.calls: list[str] = []
+        self.pending: list[asyncio.Event] = []
+        self.cancelled = 0
+
+        async def call(name: str, params: dict[str, Any]) -> str:
+            self.calls.append(name)
+            if name in self.held:
+                gate = asyncio.Event()
+                self.pending.append(gate)
+                try:
+                    await gate.wait()
+                except asyncio.CancelledError:
+                    self.cancelled += 1
+                    raise
+            return await local._call(name, params)
+
+        self.client = DashboardClient(call, lane=local.lane, environment=local.environment, where=local.where)
+
+
+async def until(check: Any, what: str) -> None:
+    """Let the app run until ``check()`` holds (a few seconds at most)."""
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_a_run_read_slower_than_the_refresh_interval_is_shown_once_read() -> None:
+    """The periodic refresh lets a slow read finish (it used to cancel it at every tick, so a long history
+    was never shown), says meanwhile that it is waiting, and reads the history again only when it grew."""
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        reads = HeldReads(runtime, "runs attempts")
+        app = RunlaneDashboard(reads.client, refresh_interval=0.02, now=runtime.clock.now)
+        async with app.run_test(size=SIZE):
+            await app.push_screen(RunDetailScreen("run_approval_po7"))
+            await until(lambda: "waiting" in status_line(app) or reads.cancelled, "a tick during the read")
+            assert status_line(app) == "refreshing… waiting for storage since 08:00:04 UTC"
+            assert reads.cancelled == 0 and len(reads.pending) == 1
+
+            reads.pending[0].set()  # the read finishes, many refresh intervals after it started
+            await until(lambda: rows(app, "attempts"), "the attempts on screen")
+            assert [row[2] for row in rows(app, "events")][-1] == "run.released"
+            assert status_line(app) == "1 attempts, 5 events" + REFRESHED
+
+            # Unchanged, the run alone is read again; its attempts (the whole history) are not.
+            runs_read = reads.calls.count("runs get")
+            await until(lambda: reads.calls.count("runs get") >= runs_read + 5, "five more refreshes")
+            assert reads.calls.count("runs attempts") == 1
+
+            events = app.screen.query_one("#events")
+            shown = dict(events.rows)
+            reads.held.clear()
+            runtime.clock.advance(timedelta(seconds=10))
+            await runtime.runs.cancel("run_approval_po7", reason="duplicate")
+            await until(lambda: app.screen.detail.run.status is RunStatus.CANCELLED, "the cancelled run")
+            assert reads.calls.count("runs attempts") == 2
+            assert status_line(app) == "1 attempts, 6 events  ·  refreshed 08:00:14 UTC"
+            assert [row[2] for row in rows(app, "events")][-2:] == ["run.released", "run.cancelled"]
+            assert all(events.rows[key] is row for key, row in shown.items())  # the rows shown stay as they are
+
+
+async def test_the_runs_screen_says_how_long_it_has_waited_for_storage_that_stopped_answering() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        reads = HeldReads(runtime)
+        app = RunlaneDashboard(reads.client, refresh_interval=0.02, now=runtime.clock.now)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(lambda: len(run_ids(app)) == 5, "the runs")
+            reads.held.add("queues")  # storage stops answering
+            await until(lambda: "waiting" in status_line(app) or reads.cancelled, "a tick during the read")
+            assert status_line(app) == (
+                "the newest 5 runs" + REFRESHED + "  ·  refreshing… waiting for storage since 08:00:04 UTC"
+            )
+            assert len(run_ids(app)) == 5 and reads.cancelled == 0 and len(reads.pending) == 1
+
+            runtime.clock.advance(timedelta(seconds=10))
+            await runtime.trigger(send, {"to": "cy"}, run_id="run_email_cy")
+            await pilot.press("r")  # asked for, a refresh gives up the read in flight and starts again
+            await until(lambda: len(reads.pending) == 2, "a second read")
+            assert reads.cancelled == 1
+            reads.held.clear()
+            reads.pending[1].set()
+            await until(lambda: "run_email_cy" in run_ids(app), "the new run")
+            assert status_line(app) == "the newest 6 runs  ·  refreshed 08:00:14 UTC"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,7 +547,7 @@ async def test_a_storage_failure_is_shown_and_the_last_rows_stay() -> None:
 def snapshot(snap_compare: Any, *, run_id: str | None = None, press: tuple[str, ...] = ()) -> bool:
     """Seed inside the app's event loop (the runtime lives on it), open ``run_id`` if given, press ``press``."""
     runtime = make_runtime()
-    app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+    app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0, now=runtime.clock.now)
 
     async def before(pilot: Any) -> None:
         await seed(runtime)
@@ -537,3 +674,68 @@ def test_runlane_queues_counts_the_active_runs_of_each_queue(tmp_path: Path) -> 
     assert limited["queues"][0]["counts"]["queued"] == 1 and limited["queues"][0]["more"] is True
     text = cli(root, "queues").stdout
     assert "default (default)" in text and "2+" not in text and "queued" in text
+
+
+APPROVAL_TASKS = """
+from runlane import queue, task
+
+default = queue("default", default=True)
+
+
+@task("approve")
+def approve(payload: dict, ctx) -> object:
+    return ctx.wait_for_signal("approved", timeout="7d")
+
+
+@task("ping")
+def ping(payload: dict) -> None:
+    return None
+"""
+
+
+def test_runlane_queues_counts_each_status_on_its_own_during_a_backlog(tmp_path: Path) -> None:
+    """Newer queued runs beyond the limit do not hide the older runs waiting for a signal: each status is
+    counted up to the limit, and only a status with more runs than that shows a +."""
+    from cli_support import cli, make_project
+
+    root = make_project(tmp_path / "proj", APPROVAL_TASKS, lane="sqlite")
+    for _ in range(2):
+        assert cli(root, "trigger", "approve", "{}").returncode == 0
+    drained = cli(root, "work", "--drain")
+    assert drained.returncode == 0, drained.stderr
+    for _ in range(3):  # then a backlog arrives
+        assert cli(root, "trigger", "ping", "{}").returncode == 0
+
+    (default,) = json.loads(cli(root, "--json", "queues", "--limit", "2").stdout)["queues"]
+    assert default["counts"] == {
+        "scheduled": 0, "queued": 2, "running": 0, "retrying": 0, "released": 2, "cancellation_requested": 0
+    }  # fmt: skip
+    assert default["more"] is True and default["capped"] == ["queued"]  # exactly 2 released runs: not capped
+
+    (default,) = json.loads(cli(root, "--json", "queues").stdout)["queues"]
+    assert default["counts"]["queued"] == 3 and default["counts"]["released"] == 2
+    assert default["more"] is False and default["capped"] == []
+
+    text = cli(root, "queues", "--limit", "2").stdout
+    (row,) = [line.split() for line in text.splitlines() if line.lstrip().startswith("default")]
+    assert row[-6:] == ["0", "2+", "0", "0", "2", "0"]
+
+
+async def test_the_queue_overview_marks_only_the_counts_that_reached_the_limit() -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        for number in range(3):
+            await runtime.trigger(send, {"to": number})  # newer than the run waiting for a signal
+        local = DashboardClient.local(runtime)
+
+        async def counting_two(name: str, params: dict[str, Any]) -> str:
+            return await local._call(name, {**params, "limit": 2} if name == "queues" else params)
+
+        client = DashboardClient(counting_two, lane=local.lane, environment=local.environment, where=local.where)
+        app = RunlaneDashboard(client, refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            queues = {row[0]: row[1:] for row in rows(app, "queues")}
+            assert queues["default (default)"] == ["-", "0", "2+", "0", "0", "1", "0"]
+            assert queues["reports"] == ["2", "0", "1", "0", "0", "0", "0"]

@@ -415,12 +415,15 @@ class Output:
             table.add_column(status.replace("_", " "), justify="right")
         for queue in queues:
             document = queue.to_json()
-            more = "+" if document["more"] else ""
+            capped = set(document["capped"])
             name = printable_text(document["name"])
             if document["default"]:
                 name.append(" (default)", style="dim")
             limit = document["concurrency_limit"]
-            cells = [f"{count}{more}" if count else Text("0", style="dim") for count in document["counts"].values()]
+            cells = [
+                f"{count}{'+' if status in capped else ''}" if count else Text("0", style="dim")
+                for status, count in document["counts"].items()
+            ]
             table.add_row(name, "-" if limit is None else str(limit), *cells)
         self.stdout.print(table)
 

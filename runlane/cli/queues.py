@@ -1,13 +1,13 @@
 """``runlane queues``: every registered queue with its policy and how many of its runs are active.
 
-Counts come from ``runlane.runs.list`` filtered by queue and active status, one bounded page per
-queue: a queue with more active runs than ``--limit`` shows the limit with a ``+``. The dashboard reads
-the same operation.
+Each count comes from ``runlane.runs.list`` filtered by the queue and that one status, read in bounded
+pages up to ``--limit`` runs: a count is exact below the limit, and a status with more runs than the
+limit shows the limit with a ``+`` (listed in ``capped`` in the JSON output). A backlog in one status
+never hides the runs of another. The dashboard reads the same operation.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -36,13 +36,18 @@ DEFAULT_COUNT_LIMIT = 1000
 
 @dataclass(frozen=True, slots=True)
 class QueueOverview:
-    """One queue: its policy, the active runs by status, and whether there were more than were counted."""
+    """One queue: its policy, its active runs by status, and the statuses with more runs than were counted."""
 
     name: str
     default: bool
     concurrency_limit: int | None
     counts: dict[str, int] = field(default_factory=dict)
-    more: bool = False
+    capped: tuple[str, ...] = ()
+
+    @property
+    def more(self) -> bool:
+        """Whether any status had more runs than were counted."""
+        return bool(self.capped)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +56,7 @@ class QueueOverview:
             "concurrency_limit": self.concurrency_limit,
             "counts": {status.value: self.counts.get(status.value, 0) for status in ACTIVE_STATUSES},
             "more": self.more,
+            "capped": list(self.capped),
         }
 
 
@@ -59,30 +65,36 @@ class QueuesParams(OperationParams):
 
 
 async def queue_overview(runtime: Any, limit: int = DEFAULT_COUNT_LIMIT) -> list[QueueOverview]:
-    """Each registered queue, with up to ``limit`` of its active runs counted by status."""
+    """Each registered queue, with its runs of each active status counted up to ``limit``."""
     overview = []
     for definition in runtime.queues.values():
-        counts: Counter[str] = Counter()
-        counted, cursor = 0, None
-        while True:
-            page = await runtime.runs.list(
-                queues=[definition.name], statuses=list(ACTIVE_STATUSES), limit=limit - counted, cursor=cursor
-            )
-            counts.update(run.status.value for run in page.data)
-            counted += len(page.data)
-            cursor = page.next_cursor
-            if cursor is None or counted >= limit:
-                break
+        counts: dict[str, int] = {}
+        capped: list[str] = []
+        for status in ACTIVE_STATUSES:
+            counts[status.value], more = await _count(runtime, definition.name, status, limit)
+            if more:
+                capped.append(status.value)
         overview.append(
             QueueOverview(
                 name=definition.name,
                 default=definition.default,
                 concurrency_limit=definition.concurrency_limit,
-                counts=dict(counts),
-                more=cursor is not None,
+                counts=counts,
+                capped=tuple(capped),
             )
         )
     return overview
+
+
+async def _count(runtime: Any, queue_name: str, status: RunStatus, limit: int) -> tuple[int, bool]:
+    """How many runs of ``queue_name`` have ``status``, up to ``limit``, and whether there are more."""
+    counted, cursor = 0, None
+    while True:
+        page = await runtime.runs.list(queues=[queue_name], statuses=[status], limit=limit - counted, cursor=cursor)
+        counted += len(page.data)
+        cursor = page.next_cursor
+        if cursor is None or counted >= limit:
+            return counted, cursor is not None
 
 
 @operation(
@@ -100,7 +112,13 @@ def queues(
     ctx: typer.Context,
     limit: Annotated[
         int,
-        typer.Option("--limit", min=1, max=10_000, help="Count at most this many active runs per queue.", metavar="N"),
+        typer.Option(
+            "--limit",
+            min=1,
+            max=10_000,
+            help="Count at most N runs of each active status per queue; a status with more shows N+.",
+            metavar="N",
+        ),
     ] = DEFAULT_COUNT_LIMIT,
 ) -> None:
     """List the registered queues with their policy and their active runs by status."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime
+
 from textual.app import App
 from textual.binding import Binding
 
@@ -15,7 +18,8 @@ __all__ = ["RunlaneDashboard"]
 
 class RunlaneDashboard(App[None]):
     """Runs, queues and run details of one configured runtime, refreshed every ``refresh_interval`` seconds
-    (0 turns the live refresh off; ``r`` refreshes on demand); the runs table pages ``page_size`` runs."""
+    (0 turns the live refresh off; ``r`` refreshes on demand); the runs table pages ``page_size`` runs.
+    ``now`` is the wall clock the status lines tell the time of the last refresh by."""
 
     CSS_PATH = "dashboard.tcss"
     TITLE = "Runlane"
@@ -25,12 +29,18 @@ class RunlaneDashboard(App[None]):
     ]
 
     def __init__(
-        self, client: DashboardClient, *, refresh_interval: float = 2.0, page_size: int = RUNS_PAGE
+        self,
+        client: DashboardClient,
+        *,
+        refresh_interval: float = 2.0,
+        page_size: int = RUNS_PAGE,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         super().__init__()
         self.client = client
         self.refresh_interval = refresh_interval
         self.page_size = page_size
+        self.now = now
 
     def on_mount(self) -> None:
         self.sub_title = printable(f"{self.client.environment} · lane {self.client.lane} · via {self.client.where}")

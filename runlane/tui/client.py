@@ -45,6 +45,7 @@ class QueueRow:
     concurrency_limit: int | None
     counts: dict[str, int]
     more: bool
+    capped: tuple[str, ...] = ()  # the statuses with more runs than were counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +118,18 @@ class DashboardClient:
 
     async def queues(self) -> list[QueueRow]:
         document = await self._json("queues")
-        return [QueueRow(**row) for row in document["queues"]]
+        return [
+            QueueRow(
+                name=row["name"],
+                default=row["default"],
+                concurrency_limit=row["concurrency_limit"],
+                counts=row["counts"],
+                more=row["more"],
+                # A runlane dev process of a version without "capped" only says whether any count was capped.
+                capped=tuple(row.get("capped", list(row["counts"]) if row["more"] else ())),
+            )
+            for row in document["queues"]
+        ]
 
     async def runs(
         self,
@@ -132,7 +144,13 @@ class DashboardClient:
         )
         return RunsPage([RunSummary.model_validate(row) for row in document["data"]], document["next_cursor"])
 
+    async def run_record(self, run_id: str) -> RunRecord:
+        """The run alone, without its history: cheap enough to ask whether anything changed."""
+        document = await self._json("runs get", run_id=run_id)
+        return RunRecord.model_validate(document["run"])
+
     async def run(self, run_id: str) -> RunDetail:
+        """The run with its newest page of events and all its attempts."""
         document = await self._json(
             "runs get", run_id=run_id, events=True, limit=EVENTS_PAGE, events_direction="desc"
         )

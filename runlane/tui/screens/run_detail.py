@@ -3,30 +3,34 @@
 ``c`` cancels the run, ``t`` retries a failed run and ``n`` reruns a finished one (each a new run
 with the same payload); each asks first. A retry or rerun opens the new run. The runtime
 decides what is allowed: a refused action is shown with its error code and message.
+
+A refresh reads the run alone first and its attempts and events only when its event sequence or
+status moved: a long history is read again only when it grew. The tables change only the rows that
+changed, so a run with thousands of attempts stays responsive.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.css.query import NoMatches
-from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Label, Static
+from textual.widgets import Footer, Header, Label
 
 from ...cli.output import attempt_detail, display_value, event_detail
 from ...errors import RunlaneError
+from ...models import RunRecord
 from ..client import RunDetail
-from ..format import error_text, printable, printable_text, short_time, status_text
+from ..format import printable, printable_text, short_time, status_text
 from ..messages import RunChanged
+from ..widgets.keyed_table import KeyedTable
 from ..widgets.run_card import RunCard
+from ..widgets.status_line import StatusLine
 from .confirm import ConfirmScreen
-
-if TYPE_CHECKING:
-    from ..app import RunlaneDashboard
+from .live import LiveScreen
 
 __all__ = ["RunDetailScreen"]
 
@@ -37,7 +41,7 @@ _ACTIONS = {
 }
 
 
-class RunDetailScreen(Screen[None]):
+class RunDetailScreen(LiveScreen):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
         Binding("c", "act('cancel')", "Cancel"),
@@ -50,70 +54,86 @@ class RunDetailScreen(Screen[None]):
         self.run_id = run_id
         self.detail: RunDetail | None = None
 
-    @property
-    def dashboard(self) -> RunlaneDashboard:
-        return self.app  # type: ignore[return-value]
-
     def compose(self) -> ComposeResult:
         yield Header()
         with VerticalScroll(id="detail"):
             yield RunCard(id="card")
             yield Label("Attempts", classes="section")
-            yield DataTable(id="attempts", cursor_type="none", zebra_stripes=True)
+            yield KeyedTable(id="attempts", cursor_type="none")
             yield Label("Events", classes="section")
-            yield DataTable(id="events", cursor_type="none", zebra_stripes=True)
-        yield Static("", id="status-line")
+            yield KeyedTable(id="events", cursor_type="none")
+        yield StatusLine()
         yield Footer()
 
     def on_mount(self) -> None:
-        attempts = self.query_one("#attempts", DataTable)
+        attempts = self.query_one("#attempts", KeyedTable)
         for column in ("attempt", "status", "started", "completed", "detail"):
             attempts.add_column(column, key=column)
-        events = self.query_one("#events", DataTable)
+        events = self.query_one("#events", KeyedTable)
         for column in ("seq", "time", "event", "detail"):
             events.add_column(column, key=column)
-        self.reload()
-        if self.dashboard.refresh_interval > 0:
-            self.set_interval(self.dashboard.refresh_interval, self.reload)
+        self.start_refreshing()
+
+    def on_screen_resume(self) -> None:
+        self.refresh_if_idle()  # back from a question or the screen of a run opened from this one
 
     @work(exclusive=True, group="detail")
-    async def reload(self) -> None:
+    async def read(self) -> None:
+        client = self.dashboard.client
+        known = self.detail
         detail: RunDetail | RunlaneError
         try:
-            detail = await self.dashboard.client.run(self.run_id)
+            if known is not None:
+                run = await client.run_record(self.run_id)
+                if not _moved(known.run, run):
+                    detail = replace(known, run=run)
+                    self._show(detail, history=False)
+                    return
+            detail = await client.run(self.run_id)
         except RunlaneError as error:
             detail = error
+        self._show(detail, history=True)
+
+    def _show(self, detail: RunDetail | RunlaneError, *, history: bool) -> None:
+        """``detail`` on screen (with its attempts and events if ``history``), or the error reading it."""
         try:
             if isinstance(detail, RunlaneError):
-                self.query_one("#status-line", Static).update(error_text(detail))
+                self.status_line.failed(detail)
                 return
             self.detail = detail
-            self._show(detail)
+            self.query_one("#card", RunCard).show(detail.run)
+            if history:
+                self._show_history(detail)
+            self.status_line.refreshed(self.dashboard.now())
         except NoMatches:
             return  # the screen was closed while its run was read
 
-    def _show(self, detail: RunDetail) -> None:
-        self.query_one("#card", RunCard).show(detail.run)
-        attempts = self.query_one("#attempts", DataTable)
-        attempts.clear()
-        for attempt in detail.attempts:
-            attempts.add_row(
+    def _show_history(self, detail: RunDetail) -> None:
+        self.query_one("#attempts", KeyedTable).show_rows(
+            (
                 str(attempt.attempt),
-                status_text(attempt.status),
-                short_time(attempt.started_at),
-                short_time(attempt.completed_at),
-                printable_text(attempt_detail(attempt)),
+                (
+                    str(attempt.attempt),
+                    status_text(attempt.status),
+                    short_time(attempt.started_at),
+                    short_time(attempt.completed_at),
+                    printable_text(attempt_detail(attempt)),
+                ),
             )
-        events = self.query_one("#events", DataTable)
-        events.clear()
-        for record in detail.events:
-            event = record.event
-            events.add_row(
+            for attempt in detail.attempts
+        )
+        self.query_one("#events", KeyedTable).show_rows(
+            (
                 str(record.sequence),
-                short_time(event.occurred_at),
-                printable_text(display_value(event.type), "cyan"),
-                printable_text(event_detail(event)),
+                (
+                    str(record.sequence),
+                    short_time(record.event.occurred_at),
+                    printable_text(display_value(record.event.type), "cyan"),
+                    printable_text(event_detail(record.event)),
+                ),
             )
+            for record in detail.events
+        )
         earlier = detail.earlier_events
         total = len(detail.events) + earlier
         more = (
@@ -122,7 +142,7 @@ class RunDetailScreen(Screen[None]):
             else ""
         )
         shown = f"{len(detail.attempts)} attempts, {total} events{more}"
-        self.query_one("#status-line", Static).update(printable_text(shown))
+        self.status_line.show_message(printable_text(shown))
 
     # -- actions --------------------------------------------------------------------------------
 
@@ -161,3 +181,8 @@ class RunDetailScreen(Screen[None]):
         self.notify(printable(f"Created {run.id} from {self.run_id}."), title=kind, markup=False)
         self.post_message(RunChanged(self.run_id, created_run_id=run.id))
         self.app.switch_screen(RunDetailScreen(run.id))
+
+
+def _moved(shown: RunRecord, current: RunRecord) -> bool:
+    """Whether ``current`` has history ``shown`` does not: every change to a run appends an event."""
+    return current.event_sequence != shown.event_sequence or current.status != shown.status

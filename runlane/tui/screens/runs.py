@@ -3,32 +3,29 @@
 ``/`` filters the rows by text (run id, task, queue); ``s`` cycles the status filter (asked of storage);
 Enter on a queue filters the runs by that queue (Enter again clears it); Enter on a run opens it.
 ``]`` and ``[`` page through older and newer runs; changing a filter goes back to the newest page.
+The status line says when the rows were last refreshed.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Input, Label, Static
+from textual.widgets import DataTable, Footer, Header, Input, Label
 
 from ...cli.queues import ACTIVE_STATUSES
 from ...errors import RunlaneError
 from ...models import RunSummary
 from ..client import QueueRow
-from ..format import error_text, printable_text
+from ..format import printable_text
 from ..messages import RunChanged
 from ..widgets.queue_table import QueueTable
 from ..widgets.runs_table import RunsTable
+from ..widgets.status_line import StatusLine
+from .live import LiveScreen
 from .run_detail import RunDetailScreen
-
-if TYPE_CHECKING:
-    from ..app import RunlaneDashboard
 
 __all__ = ["STATUS_FILTERS", "RunsScreen"]
 
@@ -45,7 +42,7 @@ STATUS_FILTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-class RunsScreen(Screen[None]):
+class RunsScreen(LiveScreen):
     BINDINGS = [
         Binding("slash", "focus_filter", "Filter"),
         Binding("s", "next_status", "Status"),
@@ -64,10 +61,6 @@ class RunsScreen(Screen[None]):
         self.page_cursors: list[str | None] = [None]  # the cursor of each page from the newest one
         self.next_cursor: str | None = None
 
-    @property
-    def dashboard(self) -> RunlaneDashboard:
-        return self.app  # type: ignore[return-value]
-
     def compose(self) -> ComposeResult:
         yield Header()
         yield Label("Queues", classes="section")
@@ -77,15 +70,13 @@ class RunsScreen(Screen[None]):
             yield Input(placeholder="/ to narrow this page by run id, task or queue", id="filter")
             yield Label("", id="status-filter")
         yield RunsTable(id="runs")
-        yield Static("", id="status-line")
+        yield StatusLine()
         yield Footer()
 
     def on_mount(self) -> None:
         self._show_filters()
         self.query_one("#runs", RunsTable).focus()
-        self.reload()
-        if self.dashboard.refresh_interval > 0:
-            self.set_interval(self.dashboard.refresh_interval, self.reload)
+        self.start_refreshing()
 
     def on_screen_resume(self) -> None:
         self.reload()
@@ -93,7 +84,7 @@ class RunsScreen(Screen[None]):
     # -- data -----------------------------------------------------------------------------------
 
     @work(exclusive=True, group="runs")
-    async def reload(self) -> None:
+    async def read(self) -> None:
         client = self.dashboard.client
         statuses = STATUS_FILTERS[self.status_index][1]
         try:
@@ -105,10 +96,11 @@ class RunsScreen(Screen[None]):
                 limit=self.dashboard.page_size,
             )
         except RunlaneError as error:
-            self.query_one("#status-line", Static).update(error_text(error))
+            self.status_line.failed(error)
             return
         self.queues, self.runs, self.next_cursor = queues, page.runs, page.next_cursor
         self._render_tables()
+        self.status_line.refreshed(self.dashboard.now())
 
     def _render_tables(self) -> None:
         self.query_one("#queues", QueueTable).show(self.queues, self.queue_filter)
@@ -124,7 +116,7 @@ class RunsScreen(Screen[None]):
         runs = f"the newest {listed}" if page == 1 else f"{listed} on page {page}"
         count = f"{len(shown)} of {runs}" if needle else runs
         keys = [key for key, shown_if in (("] older", self.next_cursor), ("[ newer", page > 1)) if shown_if]
-        self.query_one("#status-line", Static).update(Text(count + (f"  ({', '.join(keys)})" if keys else "")))
+        self.status_line.show_message(Text(count + (f"  ({', '.join(keys)})" if keys else "")))
 
     def _show_filters(self) -> None:
         name = STATUS_FILTERS[self.status_index][0]

@@ -1,22 +1,25 @@
-"""``KeyedTable``: a row-cursor ``DataTable`` whose rows are keyed, so a refresh keeps the cursor's row."""
+"""``KeyedTable``: a ``DataTable`` whose rows are keyed, so a refresh changes only the rows that changed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
+from typing import Self
 
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import CursorType
 
-__all__ = ["KeyedTable"]
+__all__ = ["Cell", "KeyedTable"]
+
+Cell = Text | str
 
 
-class KeyedTable(DataTable[Text | str]):
-    """Subclasses add their columns on mount and fill rows inside ``with self.replacing_rows():``."""
+class KeyedTable(DataTable[Cell]):
+    """Subclasses add their columns on mount and show their rows with ``show_rows()``."""
 
-    def on_mount(self) -> None:
-        self.cursor_type = "row"
-        self.zebra_stripes = True
+    def __init__(self, *, id: str | None = None, cursor_type: CursorType = "row") -> None:
+        super().__init__(id=id, cursor_type=cursor_type, zebra_stripes=True)
+        self._shown: dict[str, tuple[Cell, ...]] = {}
 
     @property
     def cursor_key(self) -> str | None:
@@ -28,11 +31,43 @@ class KeyedTable(DataTable[Text | str]):
         except Exception:  # the cursor sits on no row
             return None
 
-    @contextmanager
-    def replacing_rows(self) -> Iterator[None]:
-        """Clear the rows for the block to add new ones, then put the cursor back on the same key."""
+    def show_rows(self, rows: Iterable[tuple[str, Sequence[Cell]]]) -> None:
+        """Show ``rows`` (key, cells), in order, keeping the cursor on the same key.
+
+        Rows shown already with the same cells are left alone and changed cells are updated in place, so
+        refreshing a long table that barely changed costs little; the table is rebuilt only when a new row
+        goes before one shown already (a ``DataTable`` only appends) or most rows go.
+        """
+        wanted = {key: tuple(cells) for key, cells in rows}
         cursor = self.cursor_key
-        self.clear()
-        yield
+        kept = [key for key in self._shown if key in wanted]
+        added = [key for key in wanted if key not in self._shown]
+        gone = [key for key in self._shown if key not in wanted]
+        shown = self._shown
+        if kept + added != list(wanted) or len(gone) > len(kept):
+            self.clear()
+            kept, added = [], list(wanted)
+        else:
+            for key in gone:
+                self.remove_row(key)
+        columns = list(self.columns)
+        for key in kept:
+            for column, old, new in zip(columns, shown[key], wanted[key]):
+                if _cell_key(old) != _cell_key(new):
+                    self.update_cell(key, column, new, update_width=True)
+        for key in added:
+            self.add_row(*wanted[key], key=key)
+        self._shown = wanted
         if cursor is not None and cursor in self.rows:
             self.move_cursor(row=self.get_row_index(cursor))
+
+    def clear(self, columns: bool = False) -> Self:
+        self._shown = {}
+        return super().clear(columns)
+
+
+def _cell_key(cell: Cell) -> tuple[object, ...]:
+    """What a cell shows: ``Text`` equality ignores its base style (a status's colour, say)."""
+    if isinstance(cell, Text):
+        return (cell.plain, str(cell.style), tuple(cell.spans))
+    return (cell,)

@@ -9,7 +9,7 @@ from rich.text import Text
 from ...cli.queues import ACTIVE_STATUSES
 from ..client import QueueRow
 from ..format import STATUS_STYLES, printable_text
-from .keyed_table import KeyedTable
+from .keyed_table import Cell, KeyedTable
 
 __all__ = ["QueueTable"]
 
@@ -21,24 +21,28 @@ class QueueTable(KeyedTable):
     """One row per queue, keyed by queue name; the selected row filters the runs table."""
 
     def on_mount(self) -> None:
-        super().on_mount()
         self.add_column("queue", key="queue")
         self.add_column("limit", key="limit")
         for status, heading in zip(_STATUSES, _HEADINGS):
             self.add_column(heading, key=status)
 
     def show(self, rows: Sequence[QueueRow], selected: str | None) -> None:
-        """Replace the rows, keeping the cursor on the same queue; ``selected`` is the queue filter."""
-        with self.replacing_rows():
-            for row in rows:
-                name = printable_text(row.name, "bold" if row.name == selected else "")
-                if row.default:
-                    name.append(" (default)", style="dim")
-                if row.name == selected:
-                    name.append(" ◂ filter", style="cyan")
-                cells: list[Text | str] = [name, "-" if row.concurrency_limit is None else str(row.concurrency_limit)]
-                for status in _STATUSES:
-                    count = row.counts.get(status, 0)
-                    label = f"{count}{'+' if row.more else ''}"
-                    cells.append(Text(label, style=STATUS_STYLES[status] if count else "dim"))
-                self.add_row(*cells, key=row.name)
+        """Show ``rows``, keeping the cursor on the same queue; ``selected`` is the queue filter.
+
+        A count is exact unless its status had more runs than were counted: then it shows ``+``.
+        """
+        self.show_rows((row.name, self._cells(row, selected)) for row in rows)
+
+    @staticmethod
+    def _cells(row: QueueRow, selected: str | None) -> list[Cell]:
+        name = printable_text(row.name, "bold" if row.name == selected else "")
+        if row.default:
+            name.append(" (default)", style="dim")
+        if row.name == selected:
+            name.append(" ◂ filter", style="cyan")
+        cells: list[Cell] = [name, "-" if row.concurrency_limit is None else str(row.concurrency_limit)]
+        for status in _STATUSES:
+            count = row.counts.get(status, 0)
+            label = f"{count}{'+' if status in row.capped else ''}"
+            cells.append(Text(label, style=STATUS_STYLES[status] if count else "dim"))
+        return cells

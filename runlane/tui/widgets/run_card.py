@@ -1,15 +1,23 @@
-"""``RunCard``: a run's fields as a labelled card, the same rows ``runlane runs get`` prints."""
+"""``RunCard``: a run's fields as a labelled card, the same rows ``runlane runs get`` prints.
+
+The payload, output and meta are shown whole, as JSON over as many lines as they need, and every
+value wraps instead of being cut at the card's width: the detail screen scrolls vertically.
+"""
 
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 from textual.widgets import Static
 
 from ...cli.output import display_value, run_rows
 from ...models import RunRecord
-from ..format import printable_text, status_text
+from ..format import json_text, printable_text, status_text
 
 __all__ = ["RunCard"]
+
+_JSON_FIELDS = frozenset({"payload", "output", "meta"})
+"""The card rows that are the run attribute of the same name, JSON data ``run_rows`` compacts to one line."""
 
 
 class RunCard(Static):
@@ -18,10 +26,17 @@ class RunCard(Static):
     def show(self, run: RunRecord) -> None:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="dim", no_wrap=True)
-        grid.add_column()
+        grid.add_column(overflow="fold")
         grid.add_row("run", printable_text(run.id, "bold"))
         for label, value in run_rows(run):
             if value is None:
                 continue
-            grid.add_row(label, status_text(value) if label == "status" else printable_text(display_value(value)))
+            cell: Text
+            if label == "status":
+                cell = status_text(value)
+            elif label in _JSON_FIELDS:
+                cell = json_text(getattr(run, label))
+            else:
+                cell = printable_text(display_value(value))
+            grid.add_row(label, cell)
         self.update(grid)

@@ -17,7 +17,6 @@ class RunsTable(KeyedTable):
     """Runs as rows; ``show()`` keeps the cursor on the same run across refreshes."""
 
     def on_mount(self) -> None:
-        super().on_mount()
         for label, key in (
             ("run", "id"),
             ("status", "status"),
@@ -31,9 +30,10 @@ class RunsTable(KeyedTable):
 
     def show(self, runs: Sequence[RunSummary]) -> None:
         """Replace the rows, keeping the cursor on the same run."""
-        with self.replacing_rows():
-            for run in runs:
-                self.add_row(  # user strings as Text: a str cell would be read as markup
+        self.show_rows(
+            (
+                run.id,
+                (  # user strings as Text: a str cell would be read as markup
                     printable_text(run.id),
                     status_text(run.status),
                     printable_text(run.task_id),
@@ -41,8 +41,10 @@ class RunsTable(KeyedTable):
                     str(run.counters.attempts),
                     short_time(run.updated_at),
                     _detail(run),
-                    key=run.id,
-                )
+                ),
+            )
+            for run in runs
+        )
 
 
 def _detail(run: RunSummary) -> Text:
