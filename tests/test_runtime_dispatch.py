@@ -355,77 +355,80 @@ async def test_a_worker_blocked_by_a_full_partition_claims_the_run_holding_its_r
         assert len(executed) >= 5, f"the queue stalled behind its reservation: {executed}"
 
 
+class _Tenants:
+    """A bounded queue with one slot per tenant key, whose tenant A slot a held run takes: the runs
+    triggered next for A wait behind it (``backlog``), older than tenant B's one run."""
+
+    def __init__(self) -> None:
+        self.queue = queue("tenants", concurrency_limit=1)
+        self.executed: list[str] = []
+        self.release_a = asyncio.Event()
+
+        @task("dispatch.tenant", queue=self.queue, concurrency_key=lambda payload: payload["tenant"])
+        async def tenant_work(payload: dict) -> None:
+            self.executed.append(payload["tenant"])
+            if payload.get("hold"):
+                await self.release_a.wait()
+
+        self.task = tenant_work
+        (self.runtime,), self.clock = shared_runtimes([tenant_work], queues=[DEFAULT_QUEUE, self.queue])
+        self.holder: asyncio.Future | None = None
+
+    async def hold_a_then_queue(self, backlog: int) -> tuple[list[str], str]:
+        """Hold A's slot, queue ``backlog`` more A runs, then one B run a second later; their ids."""
+        runtime = self.runtime
+        await runtime.trigger(self.task, {"tenant": "a", "hold": True})
+        self.holder = asyncio.ensure_future(runtime.execute_next())
+        while self.executed != ["a"]:
+            await asyncio.sleep(0.001)
+        waiting = [(await runtime.trigger(self.task, {"tenant": "a", "n": n})).run.id for n in range(backlog)]
+        self.clock.advance("1s")
+        return waiting, (await runtime.trigger(self.task, {"tenant": "b"})).run.id
+
+    async def release(self) -> None:
+        self.release_a.set()
+        assert self.holder is not None
+        await self.holder
+
+
 async def test_one_concurrency_keys_backlog_does_not_hide_another_keys_work():
     # Tenant A's only slot is taken and 150 of its runs wait behind it, all older than tenant B's one
     # run. Scans pass over A's full partition: a worker, execute_next() and tick() all reach B.
-    tenants = queue("tenants", concurrency_limit=1)
-    executed: list[str] = []
-    release_a = asyncio.Event()
-
-    @task("dispatch.tenant", queue=tenants, concurrency_key=lambda payload: payload["tenant"])
-    async def tenant_work(payload: dict) -> None:
-        executed.append(payload["tenant"])
-        if payload.get("hold"):
-            await release_a.wait()
-
-    (runtime,), clock = shared_runtimes([tenant_work], queues=[DEFAULT_QUEUE, tenants])
+    tenants = _Tenants()
+    runtime = tenants.runtime
     async with runtime:
-        await runtime.trigger(tenant_work, {"tenant": "a", "hold": True})
-        holder = asyncio.ensure_future(runtime.execute_next())  # holds tenant A's slot
-        while executed != ["a"]:
-            await asyncio.sleep(0.001)
-        backlog = [(await runtime.trigger(tenant_work, {"tenant": "a", "n": n})).run.id for n in range(150)]
-        clock.advance("1s")
-        b = (await runtime.trigger(tenant_work, {"tenant": "b"})).run
+        backlog, b = await tenants.hold_a_then_queue(150)
         # Maintenance reserves B's free slot although 150 rows of the full partition come first.
         assert (await runtime.tick()).dispatch_reserved == 1
-        assert (await runtime.runs.get(b.id)).dispatch_expires_at is not None
+        assert (await runtime.runs.get(b)).dispatch_expires_at is not None
         assert (await runtime.tick()).dispatch_reserved == 0  # A stays full
         done = await runtime.execute_next()
-        assert done is not None and done.id == b.id and done.status is RunStatus.SUCCEEDED
+        assert done is not None and done.id == b and done.status is RunStatus.SUCCEEDED
         # Nothing else can run now: A's partition is full, and that is not work for a drain worker.
         drained = runtime.worker(mode=WorkerMode.DRAIN, concurrency=2)
         await asyncio.wait_for(drained.closed, 5)
         assert drained.executed == 0
-        release_a.set()
-        await holder
+        await tenants.release()
         assert (await runtime.runs.get(backlog[0])).status is RunStatus.QUEUED
         await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN, concurrency=2).closed, 30)
-        assert executed.count("a") == 151 and executed.count("b") == 1
+        assert tenants.executed.count("a") == 151 and tenants.executed.count("b") == 1
 
 
 async def test_a_backlog_longer_than_one_scan_does_not_starve_another_keys_work():
     # 1,200 runs of tenant A wait behind its taken slot, more than one capacity scan reads: successive
     # scans go on where the previous one stopped, so B's run is reached within a few calls.
-    tenants = queue("tenants", concurrency_limit=1)
-    executed: list[str] = []
-    release_a = asyncio.Event()
-
-    @task("dispatch.tenant", queue=tenants, concurrency_key=lambda payload: payload["tenant"])
-    async def tenant_work(payload: dict) -> None:
-        executed.append(payload["tenant"])
-        if payload.get("hold"):
-            await release_a.wait()
-
-    (runtime,), clock = shared_runtimes([tenant_work], queues=[DEFAULT_QUEUE, tenants])
+    tenants = _Tenants()
+    runtime = tenants.runtime
     async with runtime:
-        await runtime.trigger(tenant_work, {"tenant": "a", "hold": True})
-        holder = asyncio.ensure_future(runtime.execute_next())
-        while executed != ["a"]:
-            await asyncio.sleep(0.001)
-        for n in range(1200):
-            await runtime.trigger(tenant_work, {"tenant": "a", "n": n})
-        clock.advance("1s")
-        b = (await runtime.trigger(tenant_work, {"tenant": "b"})).run
+        _, b = await tenants.hold_a_then_queue(1200)
         ticks = 0
-        while (await runtime.runs.get(b.id)).dispatch_expires_at is None and ticks < 10:
+        while (await runtime.runs.get(b)).dispatch_expires_at is None and ticks < 10:
             await runtime.tick()
             ticks += 1
-        assert (await runtime.runs.get(b.id)).dispatch_expires_at is not None, f"not reserved after {ticks} ticks"
+        assert (await runtime.runs.get(b)).dispatch_expires_at is not None, f"not reserved after {ticks} ticks"
         for _ in range(10):
             done = await runtime.execute_next()
             if done is not None:
                 break
-        assert done is not None and done.id == b.id and done.status is RunStatus.SUCCEEDED
-        release_a.set()
-        await holder
+        assert done is not None and done.id == b and done.status is RunStatus.SUCCEEDED
+        await tenants.release()
