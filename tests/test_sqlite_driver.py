@@ -1086,26 +1086,40 @@ async def test_projection_rows_of_commits_match_the_stored_documents(database: P
     assert events == expected_events
 
 
+def _run_list_sql(filter: RunFilter) -> Any:
+    from runlane.storage.operator_sql import run_list_query
+
+    return run_list_query(
+        filter,
+        PaginationParams(limit=20),
+        runs_table="runlane_operator_runs",
+        records_table="runlane_records",
+        placeholder="?",
+    )
+
+
+def _query_plan(database: Path, query: Any) -> list[str]:
+    """The steps of SQLite's plan for an operator page query (``EXPLAIN QUERY PLAN``)."""
+    with sqlite3.connect(database) as connection:
+        return [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {query.text}", query.params)]
+
+
 @pytest.mark.parametrize("direction", ["asc", "desc"])
 def test_the_run_at_list_reads_the_availability_index_and_older_files_gain_it(database: Path, direction: str) -> None:
     """Each availability group of the run_at order is read in index order (SQLite sorts only the
     page-sized results); a file created before the index existed gets it when a driver opens it."""
-    from runlane.storage.operator_sql import run_list_query
     from runlane.vocabulary import RunSortField, SortDirection
 
     asyncio.run(_start_and_close(sqlite_storage(database)))
     with sqlite3.connect(database) as connection:
         connection.execute("DROP INDEX runlane_operator_runs_by_availability")
     asyncio.run(_start_and_close(sqlite_storage(database)))  # an older file: the index comes back
-    query = run_list_query(
-        RunFilter(environment=Environment(name="default"), sort_by=RunSortField.RUN_AT, sort_direction=SortDirection(direction)),
-        PaginationParams(limit=20),
-        runs_table="runlane_operator_runs",
-        records_table="runlane_records",
-        placeholder="?",
+    plan = _query_plan(
+        database,
+        _run_list_sql(
+            RunFilter(environment=Environment(name="default"), sort_by=RunSortField.RUN_AT, sort_direction=SortDirection(direction))
+        ),
     )
-    with sqlite3.connect(database) as connection:
-        plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {query.text}", query.params)]
     searches = [step for step in plan if "runlane_operator_runs_by_availability" in step]
     assert len(searches) == 2, plan  # one search per availability group
     # The only sort left is the one over both groups' limited rows (the outer query's).
@@ -1116,7 +1130,7 @@ def test_one_runs_events_and_a_status_filter_read_their_own_index_rows_not_the_e
     """``runs.events(run_id)`` in its default (time) order and ``runs.list(statuses=...)`` cost as much
     as the rows they return, not as every event or run of the environment; older files gain the indexes."""
     from runlane.storage.operator import RunEventFilter
-    from runlane.storage.operator_sql import run_event_list_query, run_list_query
+    from runlane.storage.operator_sql import run_event_list_query
     from runlane.vocabulary import RunStatus
 
     asyncio.run(_start_and_close(sqlite_storage(database)))
@@ -1133,16 +1147,8 @@ def test_one_runs_events_and_a_status_filter_read_their_own_index_rows_not_the_e
         records_table="runlane_records",
         placeholder="?",
     )
-    runs = run_list_query(
-        RunFilter(environment=environment, statuses=[RunStatus.FAILED]),
-        PaginationParams(limit=20),
-        runs_table="runlane_operator_runs",
-        records_table="runlane_records",
-        placeholder="?",
-    )
-    with sqlite3.connect(database) as connection:
-        event_plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {events.text}", events.params)]
-        run_plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {runs.text}", runs.params)]
+    event_plan = _query_plan(database, events)
+    run_plan = _query_plan(database, _run_list_sql(RunFilter(environment=environment, statuses=[RunStatus.FAILED])))
     assert any("runlane_operator_events_of_run_by_time (environment=? AND run_id=?)" in step for step in event_plan)
     assert not any("TEMP B-TREE" in step for step in event_plan), event_plan
     assert any("runlane_operator_runs_by_status (environment=? AND status=?)" in step for step in run_plan), run_plan
