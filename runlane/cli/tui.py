@@ -25,10 +25,14 @@ _MIN_REFRESH_MS = 250
 
 
 def _refresh_seconds(text: str) -> float:
+    """Seconds between reloads; ``0`` or ``off``: none (the screen reloads on ``r`` and after actions)."""
+    if text.strip().lower() in ("0", "off"):
+        return 0.0
     milliseconds = duration_ms(text, "--refresh")
     if milliseconds < _MIN_REFRESH_MS:
         raise RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID, f"--refresh must be at least {_MIN_REFRESH_MS}ms, got {text!r}."
+            ErrorCode.CONFIGURATION_INVALID,
+            f"--refresh must be at least {_MIN_REFRESH_MS}ms (or off, to reload only on r), got {text!r}.",
         )
     return milliseconds / 1000
 
@@ -51,7 +55,7 @@ def tui(
         str,
         typer.Option(
             "--refresh",
-            help="How often the open screen reloads (at least 250ms).",
+            help="How often the open screen reloads (at least 250ms); off: only on r and after actions.",
             metavar="D",
             callback=checked(lambda text, name: _refresh_seconds(text)),
         ),
