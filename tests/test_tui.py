@@ -248,6 +248,36 @@ async def test_enter_opens_the_run_with_its_attempts_and_event_timeline() -> Non
         assert isinstance(app.screen, RunsScreen)
 
 
+async def test_an_attempt_whose_worker_died_shows_that_it_recorded_no_outcome() -> None:
+    calls: list[int] = []
+
+    @task("native.flaky")
+    async def flaky(payload: dict[str, Any], ctx: TaskContext) -> str:
+        calls.append(ctx.attempt)
+        if ctx.attempt == 1:
+            await asyncio.sleep(3600)  # stands in for a worker killed mid-attempt
+        return "done"
+
+    clock = ControlledClock(T0)
+    runtime = create_runlane(lane=local_lane(), queues=[default, reports], tasks=[flaky], clock=clock)
+    async with runtime:
+        await runtime.trigger(flaky, {}, run_id="run_flaky")
+        killed = asyncio.ensure_future(runtime.execute_next(lease_duration="30s", heartbeat_interval="20s"))
+        while not calls:
+            await asyncio.sleep(0.005)
+        killed.cancel()
+        await asyncio.gather(killed, return_exceptions=True)
+        clock.advance("31s")
+        assert (await runtime.execute_next()).status == "succeeded"
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0, now=clock.now)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await open_run(pilot, "run_flaky")
+            first, second = rows(app, "attempts")
+            assert first[1] == "running" and first[4].startswith("no outcome: its worker stopped")
+            assert second[1] == "succeeded" and "no outcome" not in second[4]
+
+
 async def test_brackets_in_ids_outputs_and_reasons_are_shown_as_they_are() -> None:
     """Ids, outputs and reasons are data: "[/]" or "[red]" in them is shown, never read as markup."""
     runtime = make_runtime()

@@ -117,7 +117,7 @@ class RunDetailScreen(LiveScreen):
                     status_text(attempt.status),
                     short_time(attempt.started_at),
                     short_time(attempt.completed_at),
-                    printable_text(attempt_detail(attempt)),
+                    printable_text(attempt_detail(attempt, superseded=attempt is not detail.attempts[-1])),
                 ),
             )
             for attempt in detail.attempts
