@@ -378,12 +378,13 @@ async def test_racing_idempotent_creators_produce_exactly_one_run():
     assert [await store.get_run(f"run_{i}") is not None for i in range(12)].count(True) == 1
 
 
-async def test_reset_idempotency_key_lets_the_next_trigger_create():
+async def test_reset_idempotency_key_keeps_an_active_owner_and_clears_a_missing_one():
     store, _, _ = make_store()
+    assert await store.reset_idempotency_key("emails.send", "k") is None  # no owner: nothing to do
     await store.create_run(trigger_plan("run_1", idempotency_key="k"))
-    assert await store.reset_idempotency_key("emails.send", "k") is True
-    assert await store.reset_idempotency_key("emails.send", "k") is False
-    assert (await store.create_run(trigger_plan("run_2", idempotency_key="k"))).created
+    active = await store.reset_idempotency_key("emails.send", "k")
+    assert active is not None and active.id == "run_1"
+    assert not (await store.create_run(trigger_plan("run_2", idempotency_key="k"))).created
 
 
 # ---------------------------------------------------------------------------------------------

@@ -384,6 +384,22 @@ async def test_idempotency_key_reset_clears_only_terminal_owners():
         assert (await runtime.trigger(keyed, {"user_id": "u"})).run.id != first.id
 
 
+async def test_a_reset_racing_a_trigger_never_clears_the_key_of_the_run_that_trigger_created():
+    runtime, _ = make_runtime(keyed, queues=[emails])
+    async with runtime:
+        for n in range(20):
+            key = f"welcome.race{n}"
+            reset, first = await asyncio.gather(
+                runtime.idempotency_keys.reset(keyed, key=key),
+                runtime.trigger(keyed, {"user_id": f"race{n}"}, idempotency_key=key),
+                return_exceptions=True,
+            )
+            assert reset is None or isinstance(reset, RunlaneError)  # ran before the trigger, or refused
+            again = await runtime.trigger(keyed, {"user_id": f"race{n}"}, idempotency_key=key)
+            assert again.outcome == "returned_existing" and again.run.id == first.run.id
+            assert len((await runtime.runs.list(idempotency_key=key)).data) == 1
+
+
 async def test_singleton_conflict_rejects_until_the_holder_is_terminal():
     runtime, _ = make_runtime(singleton, queues=[emails])
     async with runtime:

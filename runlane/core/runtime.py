@@ -2486,15 +2486,14 @@ class IdempotencyKeysApi:
         definition = runtime.resolve_task(task)
         checked = validate_id(key, "idempotency key")
         await runtime._ready()
-        owner = await runtime._store.find_idempotent_run(definition.id, checked)
-        if owner is not None and owner.status not in _TERMINAL:
+        active = await runtime._store.reset_idempotency_key(definition.id, checked)
+        if active is not None:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
-                f"Idempotency key {checked!r} of task {definition.id!r} is owned by active run {owner.id}; "
+                f"Idempotency key {checked!r} of task {definition.id!r} is owned by active run {active.id}; "
                 "reset only clears retained terminal owners.",
-                meta={"run_id": owner.id, "task_id": definition.id, "idempotency_key": checked},
+                meta={"run_id": active.id, "task_id": definition.id, "idempotency_key": checked},
             )
-        await runtime._store.reset_idempotency_key(definition.id, checked)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1518,17 +1518,27 @@ class CoreStore:
         run = await self.get_run(run_id)
         return run if run is not None and run.status not in _TERMINAL else None
 
-    async def reset_idempotency_key(self, task_id: str, key: str) -> bool:
-        """Delete the owner of ``(task_id, key)`` so the next trigger creates a new run; ``True`` if one existed."""
+    async def reset_idempotency_key(self, task_id: str, key: str) -> RunRecord | None:
+        """Delete the owner of ``(task_id, key)`` so the next trigger creates a new run, unless its run is
+        active: then nothing changes and that run is returned. The owner and its run are read, and the
+        owner deleted, in one transaction, so a trigger taking the key meanwhile is never reset."""
         owner_key = idempotency_owner_key(self.env_key, task_id, key)
 
-        async def body(tx: StorageTransaction) -> bool:
+        async def body(tx: StorageTransaction) -> RunRecord | None:
             (record,) = await tx.get([owner_key])
+            run: RunRecord | None = None
+            if record is not None:
+                run_id = record.document.value.get("run_id")
+                if not isinstance(run_id, str):
+                    raise _corrupt("idempotency owner", owner_key)
+                (run_record,) = await tx.get([_run_key(self.env_key, run_id)])
+                run = None if run_record is None else self._decode_run(run_record)[0]
             await tx.now()
-            if record is None:
-                return False
-            tx.delete(record)
-            return True
+            if run is not None and run.status not in _TERMINAL:
+                return run
+            if record is not None:
+                tx.delete(record)
+            return None
 
         return await self.driver.with_transaction(body)
 
