@@ -302,7 +302,7 @@ async def test_schedule_materialization_limit_bounds_one_tick():
 
 
 async def test_a_failing_schedule_stops_the_tick_after_earlier_schedules_committed():
-    broken = {"on": True}
+    broken = {"on": False}  # the resolver works when the task is defined, then its lock service goes away
 
     def lock_key(payload: dict) -> str:
         if broken["on"]:
@@ -335,6 +335,7 @@ async def test_a_failing_schedule_stops_the_tick_after_earlier_schedules_committ
         await runtime.runs.cancel(cancelling)
         # The crashed worker's leases expired: delivery recovery and cancellation finalization are due.
         clock.advance("1m")
+        broken["on"] = True
         with pytest.raises(RunlaneError) as caught:
             await runtime.tick()
         assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
@@ -475,6 +476,34 @@ def test_schedule_ids_must_be_unique_across_the_runtime():
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
     assert "shared.id" in caught.value.message and caught.value.meta["schedule_id"] == "shared.id"
     _runtime_with(a)  # alone it is fine
+
+
+def test_a_key_resolver_that_fails_on_a_schedule_payload_is_refused_when_the_task_is_defined():
+    # Every tick resolves the task's keys for its schedules: a resolver that fails on the static payload
+    # would fail every tick (and stop its other phases), so the task is refused up front.
+    with pytest.raises(RunlaneError) as raised:
+
+        @task(
+            "reports.per_account",
+            singleton_key=lambda payload: f"acct.{payload['account']}",
+            schedule=schedule("reports.nightly", every="1h", payload={}),
+        )
+        async def per_account(payload: dict) -> None:
+            return None
+
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert raised.value.message.startswith("Schedule 'reports.nightly': The singleton key resolver of task")
+    assert raised.value.meta["schedule_id"] == "reports.nightly" and raised.value.meta["field"] == "singleton_key"
+
+    @task(
+        "reports.per_account",
+        concurrency_key=lambda payload: f"acct.{payload['account']}",
+        schedule=schedule("reports.nightly", every="1h", payload={"account": "a1"}),
+    )
+    async def fine(payload: dict) -> None:
+        return None
+
+    assert fine.schedules[0].id == "reports.nightly"
 
 
 def test_schedule_queues_are_checked_against_the_registry():

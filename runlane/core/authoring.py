@@ -760,7 +760,8 @@ def _check_schedule_payloads(definition: TaskDefinition) -> None:
     for item in definition.schedules:
         subject = f"payload of schedule {item.id!r} (task {definition.id!r})"
         try:
-            definition.dump_payload(definition._validate(item.payload, json_input=True, subject=subject))
+            payload = definition._validate(item.payload, json_input=True, subject=subject)
+            definition.dump_payload(payload)
         except RunlaneError as error:
             # A payload that validates but does not survive storage is named by its task: say which schedule.
             named = error.message if subject in error.message else f"Schedule {item.id!r}: {error.message}"
@@ -771,6 +772,15 @@ def _check_schedule_payloads(definition: TaskDefinition) -> None:
                 schedule_id=item.id,
                 errors=error.meta.get("errors", []),
             ) from None
+        # Every tick resolves these keys before it claims the schedule's fire time: a resolver that
+        # fails on the static payload would fail every tick, and stop its other phases, until fixed.
+        for kind in ("singleton_key", "concurrency_key"):
+            try:
+                definition.resolve_key(kind, payload)
+            except RunlaneError as error:
+                raise _invalid(
+                    f"Schedule {item.id!r}: {error.message}", task_id=definition.id, schedule_id=item.id, field=kind
+                ) from None
 
 
 def task(
