@@ -25,7 +25,23 @@ MAX_ID_LENGTH = 512
 
 
 def is_valid_id(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and ":" not in value and "\x00" not in value
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_ID_LENGTH
+        and ":" not in value
+        and "\x00" not in value
+        and (value.isascii() or _is_unicode(value))
+    )
+
+
+def _is_unicode(value: str) -> bool:
+    """Whether ``value`` is valid Unicode text: no lone surrogate (what undecodable bytes become in
+    ``sys.argv`` and ``os.environ``), which no storage can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def validate_id(value: object, what: str = "id", *, code: ErrorCode = ErrorCode.CONFIGURATION_INVALID) -> str:
@@ -50,6 +66,13 @@ def validate_id(value: object, what: str = "id", *, code: ErrorCode = ErrorCode.
     if len(value) > MAX_ID_LENGTH:
         raise RunlaneError(
             code, f"Invalid {what}: it is longer than {MAX_ID_LENGTH} characters; hash long values.", meta={"field": what}
+        )
+    if not value.isascii() and not _is_unicode(value):
+        raise RunlaneError(
+            code,
+            f"Invalid {what} {value!r}: it is not valid Unicode text (a lone surrogate, which is what bytes that "
+            "are not UTF-8 become in a command line or environment variable); pass UTF-8 text.",
+            meta={"field": what},
         )
     return value
 

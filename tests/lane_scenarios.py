@@ -76,7 +76,7 @@ class LaneScenarios:
 
     # -- scenarios -------------------------------------------------------------------------------
 
-    def test_nul_characters_are_rejected_in_keys_and_kept_in_json_values(self, lanes: LaneFactory) -> None:
+    def test_nul_and_lone_surrogates_are_rejected_in_keys_and_nul_kept_in_json_values(self, lanes: LaneFactory) -> None:
         @task("nul")
         async def nul(payload: dict) -> dict:
             return {"echo": payload["text"]}
@@ -91,6 +91,16 @@ class LaneScenarios:
                     assert "NUL" in raised.value.message
                 with pytest.raises(RunlaneError) as raised:
                     await runtime.trigger(nul, {"text": "x"}, run_id="run\x00one")
+                assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+                # A lone surrogate (undecodable bytes in a command line) is not text any storage can keep.
+                surrogates = (("idempotency_key", "k\udcff"), ("singleton_key", "\ud800"), ("run_id", "r\udcff"))
+                for option, value in surrogates:
+                    with pytest.raises(RunlaneError) as raised:
+                        await runtime.trigger(nul, {"text": "x"}, **{option: value})
+                    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+                    assert "not valid Unicode text" in raised.value.message
+                with pytest.raises(RunlaneError) as raised:
+                    await runtime.idempotency_keys.reset(nul, key="k\udcff")
                 assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
                 assert (await runtime.runs.list(limit=10)).data == []  # nothing was written
                 # Inside JSON values (payload, meta, output) a NUL is ordinary text.
