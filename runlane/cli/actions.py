@@ -176,7 +176,10 @@ def prune(
         typer.Option("--all", help="Follow each next cursor until every run before the cutoff is pruned."),
     ] = False,
 ) -> None:
-    """Delete old terminal run history."""
+    """Delete old terminal run history.
+
+    A pruned run takes its events, steps and idempotency key with it (a producer retrying with that
+    key creates a new run): keep --older-than at least as long as your idempotency_key_ttl."""
     run_operation(
         ctx,
         "prune",
