@@ -170,6 +170,38 @@ async def test_a_storage_blip_after_the_source_finishes_does_not_strand_its_wait
         assert (await runtime.runs.get(stranded.id)).status is RunStatus.RELEASED
 
 
+async def test_a_storage_blip_on_the_resume_write_itself_is_retried_too(monkeypatch):
+    from runlane.storage import StorageIndexName
+
+    runtime, _ = make_runtime(quick, late_waiter)
+    async with runtime:
+        storage = runtime.lane.storage
+        query, transact = storage.query, storage.with_transaction
+        armed = {"resume_write": False, "failed": 0}
+
+        async def watching(command, *args, **kwargs):
+            if command.index is StorageIndexName.RUNS_WAITING_FOR_COMPLETION and not armed["failed"]:
+                armed["resume_write"] = True  # the next transaction is the waiter's resume
+            return await query(command, *args, **kwargs)
+
+        async def blipping(callback, *args, **kwargs):
+            if armed["resume_write"]:
+                armed["resume_write"] = False
+                armed["failed"] += 1
+                raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "connection reset", retryable=True)
+            return await transact(callback, *args, **kwargs)
+
+        monkeypatch.setattr(storage, "query", watching)
+        monkeypatch.setattr(storage, "with_transaction", blipping)
+        source = (await runtime.trigger(quick)).run
+        waiter = await runtime.run_now(late_waiter, {"source": source.id})
+        assert waiter.status is RunStatus.RELEASED
+        assert (await runtime.execute_next()).id == source.id
+        assert armed["failed"] == 1
+        assert (await runtime.runs.get(waiter.id)).status is RunStatus.QUEUED
+        assert (await runtime.execute_next()).output == "resumed"
+
+
 async def test_wait_for_an_already_terminal_run_resumes_in_the_same_commit():
     runtime, _ = make_runtime(quick, late_waiter)
     async with runtime:

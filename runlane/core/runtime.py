@@ -888,13 +888,14 @@ class Runlane:
     async def resume_completion_waiters(self, source_run_id: str) -> list[RunRecord]:
         """Append ``run.delivery_requested`` to every run still waiting for ``source_run_id`` to finish."""
         resumed: list[RunRecord] = []
+        failure: RunlaneError | None = None  # the first resume that could not be written, raised at the end
         limit = self._store.driver.profile.limits.max_query_results
         while True:
             run_ids = await self._store.query_index(
                 StorageIndexName.RUNS_WAITING_FOR_COMPLETION, (source_run_id,), limit=limit
             )
             if not run_ids:
-                return resumed
+                break
             build = _resume_build(
                 lambda wait: wait.type is RunWaitConditionType.RUN_COMPLETION and wait.run_id == source_run_id
             )
@@ -905,8 +906,13 @@ class Runlane:
                 if isinstance(result, AppendResult) and result.events:
                     resumed.append(result.run)
                     progressed = True
+                elif isinstance(result, RunlaneError) and failure is None:
+                    failure = result
             if len(run_ids) < limit or not progressed:
-                return resumed
+                break
+        if failure is not None:
+            raise failure  # the waiters left are still in the index: a retry resumes exactly them
+        return resumed
 
     # -- creating runs ---------------------------------------------------------------------------
 
