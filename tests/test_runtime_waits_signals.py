@@ -202,6 +202,22 @@ async def test_a_storage_blip_on_the_resume_write_itself_is_retried_too(monkeypa
         assert (await runtime.execute_next()).output == "resumed"
 
 
+async def test_waiting_for_a_run_that_does_not_exist_fails_the_attempt_instead_of_waiting_for_ever():
+    runtime, clock = make_runtime(quick, late_waiter)
+    async with runtime:
+        pruned = (await runtime.trigger(quick)).run
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        clock.advance("2d")
+        assert (await runtime.runs.prune(older_than="1d")).pruned == 1
+        for source in ("run_mistyped", pruned.id):
+            waiter = (await runtime.trigger(late_waiter, {"source": source})).run
+            done = await runtime.execute_next()
+            assert done.id == waiter.id and done.status is RunStatus.FAILED
+            assert done.failure.code is ErrorCode.RUN_NOT_FOUND and not done.failure.retryable
+            assert done.failure.meta == {"run_id": source}
+            assert f"ctx.wait_for_run({source!r}): no such run in environment 'default'" in done.failure.message
+
+
 async def test_wait_for_an_already_terminal_run_resumes_in_the_same_commit():
     runtime, _ = make_runtime(quick, late_waiter)
     async with runtime:

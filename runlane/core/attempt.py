@@ -1222,6 +1222,7 @@ class _Attempt:
 
     async def complete(self, outcome: _Outcome) -> AttemptResult:
         runtime = self.runtime
+        outcome = await self._checked_wait(outcome)
         request = CompletionRequest(self.run_id, self.outcome_build(outcome), self.token, self.run)
         try:
             try:
@@ -1247,6 +1248,29 @@ class _Attempt:
             await runtime.publish_resumed([result])
         _log_failed_attempt(result.run, outcome)
         return AttemptResult(result.run)
+
+    async def _checked_wait(self, outcome: _Outcome) -> _Outcome:
+        """A ``wait_for_run`` of a run that does not exist (a mistyped or foreign id, or a run already
+        pruned) would wait until its timeout, or for ever: the attempt fails with ``run_not_found``
+        instead, naming the run."""
+        release = outcome.release
+        if release is None or release.wait_type is not RunWaitConditionType.RUN_COMPLETION or release.run_id is None:
+            return outcome
+        if await self.runtime.store.get_run(release.run_id) is not None:
+            return outcome
+        environment = self.run.environment.name
+        return _Outcome(
+            _FAILURE,
+            failure=RunFailure(
+                code=ErrorCode.RUN_NOT_FOUND,
+                message=(
+                    f"ctx.wait_for_run({release.run_id!r}): no such run in environment {environment!r} (a mistyped "
+                    "id, a run of another environment, or one already pruned), so nothing would ever resume this run."
+                ),
+                retryable=False,
+                meta={"run_id": release.run_id},
+            ),
+        )
 
     async def _submit_outcome(self, request: CompletionRequest) -> Any:
         self._storage_retry_s = 0.0  # a heartbeat's retries are over: the timers have stopped
