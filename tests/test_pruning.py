@@ -588,7 +588,7 @@ async def test_batches_split_when_a_transaction_exceeds_storage_limits():
         max_point_reads=20,
         max_query_results=20,
         max_record_bytes=48 * 1024,
-        max_transaction_records=12,
+        max_transaction_records=16,
         max_transaction_bytes=64 * 1024,
     )
     runtime, clock = make(limits=limits)

@@ -17,6 +17,7 @@ from runlane import (
     PruneResult,
     RunlaneError,
     RunStatus,
+    TaskContext,
     TriggerOutcomeType,
     contract_defaults,
     create_lane,
@@ -25,9 +26,10 @@ from runlane import (
     task,
 )
 from runlane.core.pruning import decode_run_tombstone
+from runlane.models import environment_key
 from runlane.storage.tables import run_tombstone_key
 from runlane.testing import ControlledClock
-from runlane_local import LocalStorageStore, local_storage_driver
+from runlane_local import LocalStorageStore, local_lane, local_storage_driver
 
 from runtime_support import DEFAULT_QUEUE
 
@@ -150,6 +152,31 @@ async def test_each_prune_call_deletes_the_records_of_every_run_it_pruned():
         clock.advance("2d")
         assert (await runtime.runs.prune(older_than="1d", limit=300)).pruned == 300
         assert [run_id for run_id in run_ids if await runtime.store.get_run(run_id) is not None] == []
+
+
+@task("work.waits")
+async def waits(payload: dict, ctx: TaskContext) -> str:
+    if ctx.attempt == 1:
+        return ctx.wait_for_run(payload["source"])
+    return "resumed"
+
+
+async def test_pruning_a_run_that_was_waited_for_deletes_its_completion_wait_marker():
+    from runlane.core.store import completion_wait_key
+
+    clock = ControlledClock(T0)
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE, PARKED], tasks=[ok, waits], clock=clock)
+    async with runtime:
+        source = (await runtime.trigger(ok, {"key": "waited"})).run
+        waiter = await runtime.run_now(waits, {"source": source.id})
+        assert waiter.status is RunStatus.RELEASED
+        marker = completion_wait_key(environment_key(runtime.environment), source.id)
+        assert (await runtime.lane.storage.get([marker]))[0] is not None
+        assert (await runtime.execute_next()).id == source.id
+        assert (await runtime.execute_next()).output == "resumed"
+        clock.advance("2d")
+        assert (await runtime.runs.prune(older_than="1d")).pruned == 2
+        assert (await runtime.lane.storage.get([marker]))[0] is None
 
 
 async def test_a_pruned_run_is_invisible_from_its_tombstoning_commit_even_before_cleanup():

@@ -6,15 +6,15 @@ moves with every run transition (idempotency and singleton owners, bounded-queue
 completion-wait markers, exact child counts). The reducer decides lifecycle rules; this module only
 persists what the reducer projects.
 
-| collection               | key parts                              | document                                 |
-| ------------------------ | -------------------------------------- | ---------------------------------------- |
-| ``runs``                 | env, run_id                            | ``{run, children}`` (``tables``)         |
-| ``run_events``           | env, run_id, sequence (20 digits)      | ``RunEventRecord``                       |
-| ``idempotency_owners``   | env, task_id, key                      | ``{run_id, ttl, expires_at}``            |
-| ``singleton_owners``     | env, key                               | ``{run_id}``                             |
-| ``queue_capacity``       | env, queue, concurrency key or ``""``  | ``{occupants: {run_id: lease_expiry}}``  |
-| ``run_steps``            | env, run_id, step_key                  | ``RunStepRecord``                        |
-| ``run_completion_waits`` | env, source_run_id                     | ``{}`` (presence marker, never deleted)  |
+| collection               | key parts                              | document                                      |
+| ------------------------ | -------------------------------------- | --------------------------------------------- |
+| ``runs``                 | env, run_id                            | ``{run, children}`` (``tables``)              |
+| ``run_events``           | env, run_id, sequence (20 digits)      | ``RunEventRecord``                            |
+| ``idempotency_owners``   | env, task_id, key                      | ``{run_id, ttl, expires_at}``                 |
+| ``singleton_owners``     | env, key                               | ``{run_id}``                                  |
+| ``queue_capacity``       | env, queue, concurrency key or ``""``  | ``{occupants: {run_id: lease_expiry}}``       |
+| ``run_steps``            | env, run_id, step_key                  | ``RunStepRecord``                             |
+| ``run_completion_waits`` | env, source_run_id                     | ``{}`` (presence marker; pruned with its run) |
 
 Every write path is one ``driver.with_transaction`` call whose callback point-reads what it needs,
 seals the read set with ``now()``, projects with the reducer and stages all writes. Callbacks do no
