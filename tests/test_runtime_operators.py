@@ -1192,6 +1192,21 @@ async def test_rerun_and_retry_queue_overrides_must_be_registered():
         assert (await runtime.execute_next(queues=[RECOVERY])).id == child.id
 
 
+async def test_rerun_and_retry_keep_the_sources_concurrency_key_on_a_bounded_queue():
+    # The concurrency key names the resource the run uses (a tenant): a linked child stays in that
+    # partition whether its queue is left out or named, and drops it only on an unbounded queue.
+    runtime, _ = make()
+    async with runtime:
+        source = (await runtime.trigger(work, {"mode": "fail"}, queue=BOUNDED, concurrency_key="tenant_a")).run
+        await runtime.tick()
+        failed = await runtime.execute_next(queues=[BOUNDED])
+        assert failed.id == source.id and failed.status is RunStatus.FAILED
+        assert (await runtime.runs.retry(failed.id)).concurrency_key == "tenant_a"
+        assert (await runtime.runs.retry(failed.id, queue=BOUNDED)).concurrency_key == "tenant_a"
+        assert (await runtime.runs.rerun(failed.id, queue="bounded")).concurrency_key == "tenant_a"
+        assert (await runtime.runs.rerun(failed.id, queue=RECOVERY)).concurrency_key is None
+
+
 async def test_rerun_and_retry_use_an_explicit_child_run_id_and_report_duplicates():
     runtime, _ = make()
     async with runtime:

@@ -2245,6 +2245,14 @@ class RunsApi:
                 f"Run {checked} is still {source.status.value}; only terminal runs can be rerun.",
                 meta={"run_id": checked, "status": source.status.value},
             )
+        # The source's keys protect the same resource as before: a child must not overlap active work
+        # holding its singleton key, and stays in its concurrency partition on any bounded queue.
+        target = queue.name if isinstance(queue, QueueDefinition) else queue
+        bounded = target is None or (
+            isinstance(target, str)
+            and (definition := runtime._queues.get(target)) is not None
+            and definition.concurrency_limit is not None
+        )
         spec = runtime.prepare_create(
             source.task_id,
             source.payload,
@@ -2253,10 +2261,8 @@ class RunsApi:
             queue=source.queue if queue is None else queue,
             run_id=run_id,
             trace_carrier=source.trace_carrier if trace_carrier is None else trace_carrier,
-            # The source's keys protect the same resource as before: a child must not overlap active
-            # work holding its singleton key, and stays in its concurrency partition.
             singleton_key=source.singleton_key,
-            concurrency_key=source.concurrency_key if queue is None else None,
+            concurrency_key=source.concurrency_key if bounded else None,
             source=RunSource(type=kind, source_run_id=source.id),
             stored=True,
         )
