@@ -13,7 +13,7 @@ import dataclasses
 import io
 import json
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
