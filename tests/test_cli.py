@@ -682,7 +682,7 @@ def test_retry_rerun_cancel_prune_and_signal(shared: Shared) -> None:
     assert shared("--json", "runs", "get", rerun["id"]).exit_code == 1
 
     signalled = shared.json("signal", "send", "nobody.waits", "--limit", "5")
-    assert signalled == {"signal_key": "nobody.waits", "resumed": [], "runs": []}
+    assert signalled == {"signal_key": "nobody.waits", "resumed": [], "runs": [], "more": False}
 
 
 def test_prune_all_follows_every_cursor_and_leaves_none(shared: Shared) -> None:

@@ -285,7 +285,7 @@ def test_signal_send_resumes_a_run_waiting_in_the_dev_process(dev: Dev) -> None:
     assert sent["signal_key"] == key and sent["resumed"] == [run_id]
     assert [run["id"] for run in sent["runs"]] == [run_id] and sent["runs"][0]["status"] == "queued"
     assert dev.settled(run_id, "succeeded")["output"] == {"resumed_on_attempt": 2}
-    assert dev.json("signal", "send", key) == {"signal_key": key, "resumed": [], "runs": []}
+    assert dev.json("signal", "send", key) == {"signal_key": key, "resumed": [], "runs": [], "more": False}
 
     other_key = f"approval_{uuid4().hex[:12]}"
     other = dev.trigger("ops.waiter", {"key": other_key})

@@ -179,6 +179,25 @@ async def test_an_attempt_a_stopping_worker_interrupted_says_so() -> None:
     assert "operation_cancelled: Task was cancelled. (reason: worker_stopped)" in buffer.getvalue()
 
 
+async def test_a_signal_that_resumed_as_many_runs_as_its_limit_says_more_may_wait() -> None:
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[waits], clock=ControlledClock())
+    human, machine = io.StringIO(), io.StringIO()
+    async with runtime:
+        for _ in range(3):
+            await runtime.trigger(waits, {"kind": "signal"})
+        while await runtime.execute_next() is not None:
+            pass
+        first = await runtime.signals.send("approved.q3", limit=2)
+        Output(stdout=human, stderr=io.StringIO(), width=300).signal_result("approved.q3", first, 2)
+        Output(stdout=machine, stderr=io.StringIO(), json_mode=True).signal_result("approved.q3", first, 2)
+        rest = await runtime.signals.send("approved.q3", limit=2)
+        Output(stdout=human, stderr=io.StringIO(), width=300).signal_result("approved.q3", rest, 2)
+    text = human.getvalue()
+    assert "✓ signal approved.q3 resumed 2 runs" in text and "✓ signal approved.q3 resumed 1 run" in text
+    assert text.count("that is the limit (2): more runs may still wait; send it again") == 1
+    assert json.loads(machine.getvalue())["more"] is True
+
+
 # Clears the screen, sets the window title, turns the rest red, returns to the line's start, forges a log line
 # of its own, and reverses what follows (C1 CSI and a bidi override). No ':' (reserved in ids).
 HOSTILE = "evil\x1b[2J\x1b]0;TITLE\x1b\\\x1b[31mRED\r\n2026-11-30T08 info all good\x9b\u202e"

@@ -50,6 +50,23 @@ async def test_racing_signal_senders_converge_on_one_resume():
         assert (await event_types(runtime, run.id)).count("run.delivery_requested") == 2
 
 
+async def test_a_sender_that_loses_a_race_still_resumes_up_to_its_limit():
+    # 30 runs wait; two senders with a limit of 10 race: each resumes 10 other runs (the loser skips
+    # the runs the winner took instead of stopping), and 10 are left for the next send.
+    runtime, _ = make_runtime(wait_for_report)
+    async with runtime:
+        for _ in range(30):
+            await runtime.trigger(wait_for_report, {"report": "race", "ready_after": 2})
+        while await runtime.execute_next() is not None:
+            pass
+        first, second = await asyncio.gather(
+            runtime.signals.send("report_ready_race", limit=10), runtime.signals.send("report_ready_race", limit=10)
+        )
+        assert len(first) == len(second) == 10
+        assert not {run.id for run in first} & {run.id for run in second}
+        assert len(await runtime.signals.send("report_ready_race")) == 10
+
+
 async def test_signal_send_limit_bounds_one_call():
     runtime, _ = make_runtime(wait_for_report)
     async with runtime:

@@ -473,14 +473,21 @@ class Output:
         if result.more:
             self.line(Text("  older records remain: run it again, or pass --all", style="dim"))
 
-    def signal_result(self, signal_key: str, runs: Sequence[Any]) -> None:
+    def signal_result(self, signal_key: str, runs: Sequence[Any], limit: int | None = None) -> None:
+        """The runs a signal resumed; ``more`` (``--json``) when it resumed ``limit`` runs, the most one
+        send resumes, so others may still wait."""
+        more = limit is not None and len(runs) >= limit
         if self.json:
-            self.emit_json({"signal_key": signal_key, "resumed": [run.id for run in runs], "runs": list(runs)})
+            self.emit_json(
+                {"signal_key": signal_key, "resumed": [run.id for run in runs], "runs": list(runs), "more": more}
+            )
             return
         resumed = f"✓ signal {signal_key} resumed {len(runs)} run{'s' if len(runs) != 1 else ''}"
         self.line(printable_text(resumed, "bold green"))
         for run in runs:
             self.line(f"  {run.id}  {run.task_id}  {display_value(run.status)}")
+        if more:
+            self.line(Text(f"  that is the limit ({limit}): more runs may still wait; send it again", style="dim"))
 
     def plugins_table(
         self, plugins: Sequence[Any], failures: Sequence[Any] = (), collisions: Sequence[str] = ()

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
+from ..defaults import contract_defaults
 from .main import OperationParams, operation, run_operation
-from .options import LimitOption
 from .output import plural
 
 __all__ = ["app"]
@@ -23,18 +23,33 @@ class SignalSendParams(OperationParams):
 @operation(
     "signal send",
     SignalSendParams,
-    lambda output, params, result: output.signal_result(params.signal_key, result),
+    lambda output, params, result: output.signal_result(params.signal_key, result, _limit(params)),
     summary=lambda params, runs: f"✓ signal {params.signal_key} resumed {plural(len(runs), 'run')}",
 )
 async def _send(runtime: Any, params: SignalSendParams) -> Any:
     return await runtime.signals.send(params.signal_key, limit=params.limit)
 
 
+def _limit(params: SignalSendParams) -> int:
+    return contract_defaults.maintenance.delivery_request_limit if params.limit is None else params.limit
+
+
 @app.command("send")
 def send(
     ctx: typer.Context,
     signal_key: Annotated[str, typer.Argument(help="The signal key runs wait on.", metavar="SIGNAL_KEY")],
-    limit: LimitOption = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            min=1,
+            help=(
+                f"Resume at most N runs (default {contract_defaults.maintenance.delivery_request_limit}); "
+                "when N are resumed, more may still wait: send again."
+            ),
+            metavar="N",
+        ),
+    ] = None,
 ) -> None:
     """Resume runs waiting on SIGNAL_KEY."""
 

@@ -2394,23 +2394,27 @@ class SignalsApi:
         build = _resume_build(lambda wait: wait.type is RunWaitConditionType.SIGNAL and wait.signal_key == key)
         page = runtime._store.driver.profile.limits.max_query_results
         resumed: list[RunRecord] = []
+        # Runs another sender resumed first (or that stopped waiting meanwhile) leave the index with
+        # that commit: the next page skips them, so a racing sender still resumes up to its limit.
+        seen: set[str] = set()
         while len(resumed) < wanted:
             asked = min(page, wanted - len(resumed))
-            run_ids = await runtime._store.query_index(StorageIndexName.RUNS_WAITING_FOR_SIGNAL, (key,), limit=asked)
+            requested = min(page, asked + len(seen))
+            found = await runtime._store.query_index(StorageIndexName.RUNS_WAITING_FOR_SIGNAL, (key,), limit=requested)
+            run_ids = [run_id for run_id in found if run_id not in seen][:asked]
             if not run_ids:
                 break
+            seen.update(run_ids)
             results = await runtime.append_many([CompletionRequest(run_id, build) for run_id in run_ids])
             await runtime.publish_resumed(results)
-            progressed = False
             for result in results:
                 if isinstance(result, AppendResult):
                     if result.events:
                         resumed.append(result.run)
-                        progressed = True
                 elif not (is_storage_conflict(result) or result.code is ErrorCode.RUN_NOT_FOUND):
                     raise result
-            if len(run_ids) < asked or not progressed:
-                break
+            if len(found) < requested:
+                break  # the index had no more rows than this page
         return resumed
 
 
