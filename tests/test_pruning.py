@@ -416,7 +416,9 @@ async def test_continuations_keep_the_frozen_cutoff_across_calls():
         assert [await runtime.runs.get(run_id) for run_id in old] == [None] * len(old)
 
 
-async def test_cursor_skips_past_runs_of_other_statuses_and_ends_without_a_cursor():
+async def test_limit_counts_pruned_runs_so_a_status_filter_gets_past_older_runs_of_other_statuses():
+    # The three oldest terminal runs failed; pruning succeeded runs with a limit of 2 reads past them
+    # in the same call (the limit bounds runs pruned, not rows read) and ends without a cursor.
     runtime, clock = make()
     async with runtime:
         failed = [await finish(runtime, boom) for _ in range(3)]
@@ -437,8 +439,24 @@ async def test_cursor_skips_past_runs_of_other_statuses_and_ends_without_a_curso
             if result.next_cursor is None:
                 break
             cursor = result.next_cursor
-        assert results == [0, 1]
+        assert results == [1]
         assert await visible_ids(runtime) == set(failed)
+        assert await runtime.runs.get(succeeded) is None
+
+
+async def test_a_call_reads_a_bounded_number_of_rows_and_continues_with_a_cursor():
+    # 1,050 older failed runs stand before the one succeeded run: a call reads at most 1,000 rows
+    # (ten per run asked for, at least 1,000), returns a cursor, and the next call gets to the run.
+    runtime, clock = make()
+    async with runtime:
+        for _ in range(1050):
+            await finish(runtime, boom)
+        succeeded = await finish(runtime, plain)
+        clock.advance("2d")
+        first = await runtime.runs.prune(older_than="1d", statuses=["succeeded"], limit=1)
+        assert first.pruned == 0 and first.next_cursor is not None
+        second = await runtime.runs.prune(older_than="1d", statuses=["succeeded"], limit=1, cursor=first.next_cursor)
+        assert second.pruned == 1 and second.next_cursor is None
         assert await runtime.runs.get(succeeded) is None
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from ..core.pruning import PruneResult
+from ..defaults import contract_defaults
 from ..models import Actor
 from ..vocabulary import ActorType, RunStatus, run_status_values
 from .main import OperationParams, operation, run_operation
@@ -19,7 +20,6 @@ from .options import (
     MULTI_VALUE,
     ActorIdOption,
     CursorOption,
-    LimitOption,
     MultiValueCommand,
     QueueOption,
     RunIdOption,
@@ -168,7 +168,18 @@ def prune(
         list[TerminalStatus] | None,
         typer.Option("--status", help=f"Terminal status to prune; {MULTI_VALUE}.", metavar="S..."),
     ] = None,
-    limit: LimitOption = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            min=1,
+            help=(
+                f"Prune at most N runs in one call (default {contract_defaults.pruning.batch_limit}); "
+                "a call that stops early prints the cursor to continue with."
+            ),
+            metavar="N",
+        ),
+    ] = None,
     cursor: CursorOption = None,
     actor_id: ActorIdOption = None,
     all_pages: Annotated[

@@ -489,6 +489,12 @@ class _Gone(Exception):
     """The tombstone disappeared between reads (another cleaner finished it)."""
 
 
+# Rows one prune call may read per run it is asked to prune (and at least this many), so a status
+# filter that skips most terminal runs still ends each call in bounded time, with a cursor.
+_PRUNE_SCAN_FACTOR: Final = 10
+_PRUNE_SCAN_MIN: Final = 1_000
+
+
 class RunPruner:
     """Tombstones old terminal runs of one environment and cleans their records up in bounded steps.
 
@@ -585,9 +591,13 @@ class RunPruner:
         examined = pruned = 0
         more = False
         tombstoned_children: list[int] = []  # per tombstoned run, its child records still to delete
-        while examined < wanted:
+        # The scan reads every terminal status in finish order and skips the runs the filter leaves
+        # out, so ``limit`` counts pruned runs and the rows read are bounded separately: a call with a
+        # status filter still prunes what it can behind older runs of other statuses.
+        budget = max(wanted * _PRUNE_SCAN_FACTOR, _PRUNE_SCAN_MIN)
+        while pruned < wanted and examined < budget:
             bounds = StorageRange(gt=None if last is None else encode_storage_tuple(last), lt=upper)
-            size = min(wanted - examined, self._limits.max_query_results)
+            size = min(wanted - pruned, budget - examined, self._limits.max_query_results)
             page = await self.driver.query(
                 StorageQuery(StorageIndexName.RUNS_TERMINAL_BY_FINISHED_AT, (env,), bounds, limit=size)
             )
@@ -618,9 +628,7 @@ class RunPruner:
             # through every cursor leaves no backlog behind), plus the budget for an older backlog.
             await self.cleanup(budget=self.cleanup_budget + sum(tombstoned_children))
         next_cursor = (
-            encode_operator_cursor(PaginationCursorKind.RUN_PRUNE, scope, last)
-            if more and examined >= wanted and last is not None
-            else None
+            encode_operator_cursor(PaginationCursorKind.RUN_PRUNE, scope, last) if more and last is not None else None
         )
         return PruneResult(pruned=pruned, next_cursor=next_cursor)
 
