@@ -198,6 +198,22 @@ async def test_a_signal_that_resumed_as_many_runs_as_its_limit_says_more_may_wai
     assert json.loads(machine.getvalue())["more"] is True
 
 
+@pytest.mark.parametrize("width", [80, 100, 120, 400])
+async def test_runs_list_prints_one_line_per_run_at_any_width_and_a_long_id_hides_no_column(width: int) -> None:
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[fails], clock=ControlledClock())
+    buffer = io.StringIO()
+    async with runtime:
+        await runtime.trigger(fails, {}, run_id="run_" + "x" * 300)
+        ordinary = (await runtime.trigger(fails, {})).run
+        Output(stdout=buffer, stderr=io.StringIO(), width=width).runs_table(await runtime.runs.list())
+    header, *rows = buffer.getvalue().splitlines()
+    assert len(rows) == 2 and all(line.split()[1] == "queued" for line in rows)  # one line each, status kept
+    assert header.split()[:2] == ["id", "status"]
+    if width >= 100:
+        assert any(line.startswith(ordinary.id + " ") for line in rows)  # a generated id is shown whole
+    assert ("created" in header) == (width >= 116)
+
+
 # Clears the screen, sets the window title, turns the rest red, returns to the line's start, forges a log line
 # of its own, and reverses what follows (C1 CSI and a bidi override). No ':' (reserved in ids).
 HOSTILE = "evil\x1b[2J\x1b]0;TITLE\x1b\\\x1b[31mRED\r\n2026-11-30T08 info all good\x9b\u202e"

@@ -103,6 +103,21 @@ def iso(value: datetime | None) -> str | None:
     return text.replace("+00:00", "Z")
 
 
+# ``run_`` and 32 hex digits: a generated run id, shown whole.
+_RUN_ID_WIDTH = 36
+_TIME_WIDTH = len("2026-01-01T00:00:00Z")
+# The rest of a ``runs list`` row at its narrowest: status, short task and queue names, attempts, two
+# times and the gaps between the columns.
+_RUN_ROW_REST = 9 + 8 + 8 + 3 + 2 * _TIME_WIDTH + 6 * 2
+
+
+def _seconds(value: datetime | None) -> str:
+    """``iso`` to the second, for tables (``runs get`` and --json keep the milliseconds)."""
+    if value is None:
+        return ""
+    return value.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 def _now() -> str:
     return iso(datetime.now(UTC)) or ""
 
@@ -381,22 +396,35 @@ class Output:
         if not page.data:
             self.line(Text("no runs", style="dim"))
         else:
+            # One line per run, whatever the terminal's width: no cell wraps. Ids and times keep their
+            # width (to be copied); an id longer than usual, and then the task and queue names, are cut
+            # with an ellipsis first (`runs get` and --json show everything).
             table = _table()
-            table.add_column("id", no_wrap=True, min_width=max(len(printable(run.id)) for run in page.data))
-            for column in ("status", "task", "queue", "attempts", "run at", "created", "updated"):
-                table.add_column(column, overflow="fold")
+            longest = max(len(printable(run.id)) for run in page.data)
+            id_width = min(longest, max(_RUN_ID_WIDTH, self.stdout.width - _RUN_ROW_REST))
+            table.add_column(
+                "id", no_wrap=True, width=id_width, min_width=min(longest, _RUN_ID_WIDTH), overflow="ellipsis"
+            )
+            table.add_column("status", no_wrap=True, min_width=9, overflow="ellipsis")
+            for column in ("task", "queue"):
+                table.add_column(column, no_wrap=True, overflow="ellipsis", ratio=1)
+            # In a narrow terminal the creation time, then the attempts, go first, so whole ids still fit.
+            created = self.stdout.width >= _RUN_ID_WIDTH + _RUN_ROW_REST
+            attempts = self.stdout.width >= _RUN_ID_WIDTH + _RUN_ROW_REST - _TIME_WIDTH
+            if attempts:
+                table.add_column("attempts", no_wrap=True, justify="right", min_width=3)
+            table.add_column("run at", no_wrap=True, min_width=_TIME_WIDTH)
+            if created:
+                table.add_column("created", no_wrap=True, min_width=_TIME_WIDTH)
             for run in page.data:
                 counters = getattr(run, "counters", None)
-                table.add_row(
-                    run.id,
-                    display_value(run.status),
-                    run.task_id,
-                    run.queue,
-                    str(counters.attempts) if counters is not None else "",
-                    iso(getattr(run, "run_at", None)) or "",
-                    iso(run.created_at) or "",
-                    iso(run.updated_at) or "",
-                )
+                cells = [run.id, display_value(run.status), run.task_id, run.queue]
+                if attempts:
+                    cells.append(str(counters.attempts) if counters is not None else "")
+                cells.append(_seconds(getattr(run, "run_at", None)))
+                if created:
+                    cells.append(_seconds(run.created_at))
+                table.add_row(*cells)
             self.stdout.print(table)
         if page.next_cursor:
             self.line()
