@@ -794,3 +794,39 @@ def test_a_lane_option_mistake_in_pyproject_names_the_tool_runlane_table(tmp_pat
     assert error["code"] == "configuration_invalid" and error["meta"]["table"] == "[tool.runlane.lane]"
     assert "Invalid options in [tool.runlane.lane] for lane 'sqlite'" in error["message"]
     assert "'pth'" in error["message"]
+
+
+@pytest.mark.parametrize("json_mode", [False, True], ids=["human", "json"])
+def test_a_reader_that_stops_reading_ends_the_command_like_other_unix_tools(tmp_path: Path, json_mode: bool) -> None:
+    # `runlane runs list | head -1`: the reader is gone before the result is written.
+    from cli_support import RUNLANE, cli_env, make_project
+
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        args = [RUNLANE, *(["--json"] if json_mode else []), "runs", "list"]
+        done = subprocess.run(
+            args, cwd=root, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, env=cli_env()
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and done.stderr == ""
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_result_that_cannot_be_written_says_the_command_finished(tmp_path: Path) -> None:
+    from cli_support import RUNLANE, cli, cli_env, make_project
+
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    with open("/dev/full", "w") as full:
+        args = [RUNLANE, "--json", "trigger", "emails.welcome", '{"user_id": "u1"}']
+        done = subprocess.run(
+            args, cwd=root, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, env=cli_env()
+        )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "the command finished, but its result could not be written to stdout (No space left on device)" in (
+        done.stderr
+    )
+    listed = json.loads(cli(root, "--json", "runs", "list").stdout)["data"]
+    assert len(listed) == 1  # the run was created: only the output was lost

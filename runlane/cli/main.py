@@ -578,7 +578,8 @@ EXIT_STATUS = (
     "Exit status: 0 success; 1 a Runlane error, printed with its code (error[run_not_found]: ..., or "
     "{\"error\": ...} with --json); 2 a usage error: an unknown command or option, a missing or malformed "
     "value (a date, duration or JSON the command line reads), or options that do not go together, "
-    "printed as text by the command line parser (also with --json)."
+    "printed as text by the command line parser (also with --json); 141 the reader of stdout stopped "
+    "reading (runlane runs list | head -1), as for other Unix tools."
 )
 
 
@@ -742,4 +743,21 @@ app = build_app()
 
 def run() -> None:
     """Console-script entry point."""
-    app(prog_name="runlane")
+    from .output import EXIT_BROKEN_PIPE, OutputLost
+
+    if sys.stdout is None:  # started with stdout closed (>&-): the command runs, its result goes nowhere
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's stdout from now on
+    try:
+        app(prog_name="runlane")
+    except OutputLost as lost:
+        sys.stderr.write(
+            f"error: the command finished, but its result could not be written to stdout ({lost}); "
+            "check the runs before running it again.\n"
+        )
+        raise SystemExit(1) from None
+    except SystemExit as exit:
+        # The command line ends a command whose reader closed the pipe (runlane runs list | head -1)
+        # with 1, as if the command had failed, after making stdout ignore the closed pipe.
+        if exit.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            raise SystemExit(EXIT_BROKEN_PIPE) from None
+        raise

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import json
 import logging
+import os
 import re
 import sys
 import traceback
@@ -212,6 +214,56 @@ def run_rows(run: Any, *, full: bool = True) -> list[tuple[str, Any]]:
     return rows
 
 
+class OutputLost(Exception):
+    """Writing the command's result to stdout failed (a full disk, a device error) after the command had
+    done its work: reported as such, never as a traceback that reads like the command failing."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error.strerror or str(error))
+        self.error = error
+
+
+class _GuardedStream:
+    """A text stream whose write errors, other than a closed pipe (a reader such as ``head`` that
+    stopped reading, which the command line handles like other Unix tools), become ``OutputLost``."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as error:
+            raise _lost(error) from error
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as error:
+            raise _lost(error) from error
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _lost(error: OSError) -> BaseException:
+    return error if error.errno == errno.EPIPE else OutputLost(error)
+
+
+# The status a process killed by SIGPIPE reports (128 + 13), as `yes | head -1` gives `yes`.
+EXIT_BROKEN_PIPE = 141
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader of stdout stopped reading (``runlane runs list | head -1``): nothing more is
+        printed, and the command ends as other Unix tools do then, not as if it had failed."""
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(EXIT_BROKEN_PIPE)
+
+
 class Output:
     """Where and how one CLI invocation prints: ``json`` picks JSON over Rich text."""
 
@@ -227,13 +279,13 @@ class Output:
         """``stdout``/``stderr``/``width``/``color`` default to the process streams and terminal; the dev
         bridge passes buffers and the calling terminal's settings to render a proxied command's result."""
         self.json = json_mode
-        self._out = stdout if stdout is not None else sys.stdout
+        self._out = stdout if stdout is not None else _GuardedStream(sys.stdout)
         self._err = stderr if stderr is not None else sys.stderr
         # soft_wrap keeps long ids and JSON on one line; captured or piped output is never cropped to 80
         # columns, so tables stay greppable in logs and CI.
         # markup=False: ids, reasons and outputs are shown as they are, brackets included ("[/]" is data).
-        def console(file: IO[str]) -> Console:
-            return Console(
+        def console(file: Any) -> Console:
+            return _Console(
                 file=file,
                 soft_wrap=True,
                 highlight=False,
