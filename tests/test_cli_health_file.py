@@ -43,6 +43,14 @@ def test_a_health_file_that_cannot_be_written_is_refused_before_work_starts(tmp_
     assert "worker started" not in result.stdout
 
 
+def test_a_single_tick_refuses_a_health_file_it_would_not_keep(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
+    result = cli(root, "tick", "--health-file", str(tmp_path / "alive"))
+    assert result.returncode == 2
+    assert "--health-file needs --every: a single pass has no liveness to report." in result.stderr
+    assert not (tmp_path / "alive").exists()
+
+
 SLOW_TASKS = TASKS + '''
 
 @task("slow")

@@ -131,6 +131,8 @@ def tick(
         dispatch_reservation_limit,
     )
     if every is None:
+        if health_file is not None:
+            ctx.fail("--health-file needs --every: a single pass has no liveness to report.")
         run_operation(ctx, "tick", **limits)
         return
     interval_s = duration_ms(every, "--every") / 1000  # checked by its callback already
