@@ -657,6 +657,13 @@ def test_runs_list_rejects_ambiguous_dates(shared: Shared) -> None:
     assert "Error: Invalid value for '--created-from': '05/01/2026' is not an ISO 8601 date" in result.stderr
 
 
+@pytest.mark.parametrize("written", ["2026-11-30t20:29:58z", "2026-11-30T21:29:58+01", "2026-11-30 21:29:58+0100"])
+def test_runs_list_reads_every_iso_8601_spelling_of_one_instant(shared: Shared, written: str) -> None:
+    # RFC 3339 allows a lower-case t and z; ISO 8601 allows an offset of hours only.
+    canonical = shared.json("runs", "list", "--created-from", "2026-11-30T20:29:58Z")
+    assert shared.json("runs", "list", "--created-from", written) == canonical
+
+
 def test_retry_rerun_cancel_prune_and_signal(shared: Shared) -> None:
     failed_id = shared.json("trigger", "emails.broken", "{}")["run"]["id"]
     ok_id = shared.json("trigger", "emails.welcome", '{"user_id": "u5"}')["run"]["id"]

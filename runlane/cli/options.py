@@ -279,7 +279,7 @@ def parse_json(text: str | None, what: str, *, require_object: bool = False) -> 
 
 
 # ISO 8601 only: a date (2026-05-01) or a date and time with optional fraction and offset.
-_ISO = re.compile(r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?", re.IGNORECASE)
+_ISO = re.compile(r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)?)?", re.IGNORECASE)
 
 
 def parse_iso_datetime(text: str, what: str) -> datetime:
@@ -291,7 +291,7 @@ def parse_iso_datetime(text: str, what: str) -> datetime:
             argument=what,
         )
     try:
-        value = datetime.fromisoformat(candidate)
+        value = datetime.fromisoformat(candidate.upper())  # RFC 3339 allows a lower-case t and z
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     except (ValueError, OverflowError) as error:  # OverflowError: year 1 or 9999 moved out of range by its offset
         raise _invalid(f"{what} {text!r} is not a valid date: {error}.", argument=what) from None
