@@ -316,3 +316,29 @@ def test_control_characters_in_errors_warnings_and_lifecycle_records_are_printed
     json_out = io.StringIO()
     Output(json_mode=True, stdout=json_out, stderr=json_out).record("command", "x", summary=HOSTILE)
     assert "\\u001b[2J" in json_out.getvalue()  # JSON escapes control characters its own way, as before
+
+
+async def test_an_interrupted_prune_all_says_how_many_runs_it_had_already_pruned(capsys) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from runlane.cli.main import build_app
+
+    build_app()  # the command modules, imported in their order
+    from runlane.cli.actions import PruneParams, _prune
+    from runlane.core.pruning import PruneResult
+
+    calls = {"n": 0}
+
+    async def prune(**options):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise asyncio.CancelledError  # Ctrl-C while the third page is pruned
+        return PruneResult(pruned=50, next_cursor=f"cursor-{calls['n']}")
+
+    runtime = SimpleNamespace(runs=SimpleNamespace(prune=prune))
+    params = PruneParams(older_than="30d", all_pages=True)
+    with pytest.raises(asyncio.CancelledError):
+        await _prune(runtime, params)
+    expected = "interrupted: 100 runs pruned before the interruption; continue with --cursor cursor-2\n"
+    assert capsys.readouterr().err == expected

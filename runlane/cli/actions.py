@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -112,13 +114,19 @@ async def _prune(runtime: Any, params: PruneParams) -> Any:
     pruned = 0
     cursor = params.cursor
     while True:
-        result = await runtime.runs.prune(
-            older_than=older_than,
-            statuses=params.status or None,
-            limit=params.limit,
-            cursor=cursor,
-            actor=_actor(params.actor_id),
-        )
+        try:
+            result = await runtime.runs.prune(
+                older_than=older_than,
+                statuses=params.status or None,
+                limit=params.limit,
+                cursor=cursor,
+                actor=_actor(params.actor_id),
+            )
+        except asyncio.CancelledError:
+            if pruned:  # interrupted (Ctrl-C) after earlier pages: say what is already gone for good
+                resume = f"; continue with --cursor {cursor}" if cursor else ""
+                sys.stderr.write(f"interrupted: {plural(pruned, 'run')} pruned before the interruption{resume}\n")
+            raise
         pruned += result.pruned
         cursor = result.next_cursor
         if not params.all_pages or cursor is None:
