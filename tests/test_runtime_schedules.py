@@ -452,6 +452,41 @@ async def test_a_run_created_before_a_lost_completion_is_recovered_without_a_dup
         assert executions == [run_id]
 
 
+async def test_a_fire_time_that_ran_never_runs_again_after_its_run_is_pruned_and_the_schedule_changes():
+    # Hourly runs at 00:00 and 01:00; the 00:00 run is pruned; the schedule is redeployed every 2 hours,
+    # whose latest due fire time is 00:00 again. That fire time already ran: nothing is created.
+    from runlane_local import LocalStorageStore, local_storage_driver
+
+    store = LocalStorageStore()
+    clock = ControlledClock(T0 + timedelta(minutes=30))
+
+    def deployed(every: str) -> Any:
+        @task("reports.tick", schedule=schedule("reports.tick.every", every=every, payload={}))
+        async def tick_report(payload: dict) -> None:
+            return None
+
+        lane = create_lane(
+            storage=local_storage_driver(store=store, clock=clock),
+            delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING),
+        )
+        return create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[tick_report], clock=clock)
+
+    hourly = deployed("1h")
+    async with hourly:
+        assert (await hourly.tick()).materialized == 1  # 00:00
+        await drain(hourly)
+        clock.advance("1h")
+        assert (await hourly.tick()).materialized == 1  # 01:00
+        await drain(hourly)
+        clock.advance("15m")
+        assert (await hourly.runs.prune(older_than="1h")).pruned == 1  # the 00:00 run
+        left = await run_ids(hourly)
+    every_two_hours = deployed("2h")
+    async with every_two_hours:
+        assert (await every_two_hours.tick()).materialized == 0
+        assert await run_ids(every_two_hours) == left
+
+
 # ---------------------------------------------------------------------------------------------
 # Registration checks
 

@@ -19,9 +19,9 @@ the middle part and the pure timing rules in front of it:
   sort ``(claim_expires_at, occurrence_id)``; a completed occurrence has none. Each schedule keeps
   its latest completed occurrence (the latest record points at it); completing a later one deletes
   the one it supersedes, so a recurring schedule keeps one or two occurrence records, not one per
-  fire time. Only the latest fire time is ever materialized again (``latest_due_fire_time``), and a
-  superseded fire time that a materializer reaches again (its clock behind, or the schedule changed)
-  finds its run under the derived run id, unless that run was pruned meanwhile.
+  fire time. The latest record is also the schedule's high-water mark: a fire time at or before it
+  is never claimed again (a materializer whose clock is behind, or a changed definition, would
+  otherwise reach a superseded fire time whose run may have been pruned).
 
 * ``ScheduleMaterializer`` - claim, create or recover the scheduled run, complete. It takes the run
   creation and lookup as callables so it does not depend on the runtime.
@@ -493,9 +493,16 @@ class ScheduleOccurrences:
         key = self._key(occurrence_id)
         claim_for = timedelta(milliseconds=claim_duration_ms)
 
+        latest_key = _latest_key(self.env_key, schedule_id)
+
         async def body(tx: StorageTransaction) -> ScheduleOccurrence | None:
-            (record,) = await tx.get([key])
+            record, latest = await tx.get([key, latest_key])
             now = _aware(await tx.now(), "storage time")
+            if record is None and latest is not None and self._decode_latest(latest)[1] >= fire_at:
+                # A fire time at or before the schedule's latest completed one: its record was deleted
+                # when a later one completed, and it already ran (its run may be pruned since). A
+                # materializer whose clock is behind, or a changed definition, never runs it again.
+                return None
             if record is None:
                 occurrence = ScheduleOccurrence(
                     id=occurrence_id,
