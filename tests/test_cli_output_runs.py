@@ -199,19 +199,23 @@ async def test_a_signal_that_resumed_as_many_runs_as_its_limit_says_more_may_wai
 
 
 @pytest.mark.parametrize("width", [80, 100, 120, 400])
-async def test_runs_list_prints_one_line_per_run_at_any_width_and_a_long_id_hides_no_column(width: int) -> None:
+async def test_runs_list_prints_one_line_per_run_at_any_width_with_generated_ids_whole(width: int) -> None:
     runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[fails], clock=ControlledClock())
     buffer = io.StringIO()
     async with runtime:
-        await runtime.trigger(fails, {}, run_id="run_" + "x" * 300)
-        ordinary = (await runtime.trigger(fails, {})).run
+        long_id = "run_" + "x" * 300
+        await runtime.trigger(fails, {}, run_id=long_id)
+        generated = [(await runtime.trigger(fails, {})).run.id for _ in range(2)]
         Output(stdout=buffer, stderr=io.StringIO(), width=width).runs_table(await runtime.runs.list())
     header, *rows = buffer.getvalue().splitlines()
-    assert len(rows) == 2 and all(line.split()[1] == "queued" for line in rows)  # one line each, status kept
-    assert header.split()[:2] == ["id", "status"]
-    if width >= 100:
-        assert any(line.startswith(ordinary.id + " ") for line in rows)  # a generated id is shown whole
-    assert ("created" in header) == (width >= 116)
+    assert len(rows) == 3 and all(line.split()[1] == "queued" for line in rows)  # one line each, status kept
+    assert header.split()[:4] == ["id", "status", "task", "queue"] and "run at" in header
+    for run_id in generated:  # a generated id is shown whole, to be copied
+        assert any(line.startswith(run_id + " ") for line in rows)
+    assert all(len(line) <= width for line in [header, *rows])
+    long_row = next(line for line in rows if line.startswith("run_xxx"))
+    assert (long_id in long_row) == (width == 400) and ("…" in long_row) == (width < 400)
+    assert ("created" in header) == (width >= 120)
 
 
 # Clears the screen, sets the window title, turns the rest red, returns to the line's start, forges a log line

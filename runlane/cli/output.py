@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.table import Table
+from rich.cells import cell_len
 from rich.text import Text
 
 from ..core.authoring import error_location
@@ -108,9 +109,50 @@ def iso(value: datetime | None) -> str | None:
 # ``run_`` and 32 hex digits: a generated run id, shown whole.
 _RUN_ID_WIDTH = 36
 _TIME_WIDTH = len("2026-01-01T00:00:00Z")
-# The rest of a ``runs list`` row at its narrowest: status, short task and queue names, attempts, two
-# times and the gaps between the columns.
-_RUN_ROW_REST = 9 + 8 + 8 + 3 + 2 * _TIME_WIDTH + 6 * 2
+
+
+def _run_rows(rows: list[dict[str, str]], width: int) -> list[Text]:
+    """``runs list`` laid out in ``width`` columns, one line per run (a header first).
+
+    Ids (whole up to a generated id's length) and times are for copying and keep their width; when the
+    terminal is too narrow the created and attempts columns give way, then the task and queue names,
+    the status and an id longer than a generated one are cut with an ellipsis (`runs get` and --json show
+    everything).
+    """
+    columns = ["id", "status", "task", "queue", "attempts", "run at", "created"]
+    cells = {name: [printable(row[name]) for row in rows] for name in columns}
+    natural = {name: max(cell_len(name), *(cell_len(value) for value in cells[name])) for name in columns}
+    smallest = {"id": _RUN_ID_WIDTH, "status": 9, "task": 4, "queue": 4}
+    floor = {name: min(natural[name], least) for name, least in smallest.items()}
+
+    def total(names: list[str], widths: dict[str, int]) -> int:
+        return sum(widths[name] for name in names) + 2 * (len(names) - 1)
+
+    widths = dict(natural)
+    for optional in ("created", "attempts"):
+        if total(columns, widths) <= width:
+            break
+        if total(columns, {**widths, **floor}) > width:
+            columns.remove(optional)
+    for name in ("id", "task", "queue", "status"):  # what is cut first, down to its floor
+        excess = total(columns, widths) - width
+        if excess > 0:
+            widths[name] = max(floor[name], widths[name] - excess)
+
+    def line(values: dict[str, str], style: str = "") -> Text:
+        text = Text(style=style)
+        for index, name in enumerate(columns):
+            cell = Text(values[name])
+            cell.truncate(widths[name], overflow="ellipsis", pad=index < len(columns) - 1)
+            if name == "attempts":
+                cell = Text(values[name].rjust(widths[name])[-widths[name]:])
+            text.append_text(cell)
+            if index < len(columns) - 1:
+                text.append("  ")
+        return text
+
+    header = line({name: name for name in columns}, "bold")
+    return [header, *(line({name: cells[name][index] for name in columns}) for index in range(len(rows)))]
 
 
 def _seconds(value: datetime | None) -> str:
@@ -448,36 +490,22 @@ class Output:
         if not page.data:
             self.line(Text("no runs", style="dim"))
         else:
-            # One line per run, whatever the terminal's width: no cell wraps. Ids and times keep their
-            # width (to be copied); an id longer than usual, and then the task and queue names, are cut
-            # with an ellipsis first (`runs get` and --json show everything).
-            table = _table()
-            longest = max(len(printable(run.id)) for run in page.data)
-            id_width = min(longest, max(_RUN_ID_WIDTH, self.stdout.width - _RUN_ROW_REST))
-            table.add_column(
-                "id", no_wrap=True, width=id_width, min_width=min(longest, _RUN_ID_WIDTH), overflow="ellipsis"
-            )
-            table.add_column("status", no_wrap=True, min_width=9, overflow="ellipsis")
-            for column in ("task", "queue"):
-                table.add_column(column, no_wrap=True, overflow="ellipsis", ratio=1)
-            # In a narrow terminal the creation time, then the attempts, go first, so whole ids still fit.
-            created = self.stdout.width >= _RUN_ID_WIDTH + _RUN_ROW_REST
-            attempts = self.stdout.width >= _RUN_ID_WIDTH + _RUN_ROW_REST - _TIME_WIDTH
-            if attempts:
-                table.add_column("attempts", no_wrap=True, justify="right", min_width=3)
-            table.add_column("run at", no_wrap=True, min_width=_TIME_WIDTH)
-            if created:
-                table.add_column("created", no_wrap=True, min_width=_TIME_WIDTH)
+            rows = []
             for run in page.data:
                 counters = getattr(run, "counters", None)
-                cells = [run.id, display_value(run.status), run.task_id, run.queue]
-                if attempts:
-                    cells.append(str(counters.attempts) if counters is not None else "")
-                cells.append(_seconds(getattr(run, "run_at", None)))
-                if created:
-                    cells.append(_seconds(run.created_at))
-                table.add_row(*cells)
-            self.stdout.print(table)
+                rows.append(
+                    {
+                        "id": run.id,
+                        "status": display_value(run.status),
+                        "task": run.task_id,
+                        "queue": run.queue,
+                        "attempts": str(counters.attempts) if counters is not None else "",
+                        "run at": _seconds(getattr(run, "run_at", None)),
+                        "created": _seconds(run.created_at),
+                    }
+                )
+            for line in _run_rows(rows, self.stdout.width):
+                self.line(line)
         if page.next_cursor:
             self.line()
             self.line(Text.assemble(("next cursor", "bold cyan"), printable(f"  {page.next_cursor}")))
