@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import shlex
 import subprocess
 import sys
 import uuid
@@ -837,3 +838,32 @@ def test_a_result_that_cannot_be_written_says_the_command_finished(tmp_path: Pat
     )
     listed = json.loads(cli(root, "--json", "runs", "list").stdout)["data"]
     assert len(listed) == 1  # the run was created: only the output was lost
+
+
+SLOW_TASKS = """
+import time
+
+from runlane import queue, task
+
+default = queue("default", default=True)
+
+
+@task("slow")
+def slow(payload: dict) -> None:
+    time.sleep(payload["seconds"])
+"""
+
+
+def test_a_worker_whose_reader_goes_away_stops_as_on_sigterm_and_leaves_no_run_running(tmp_path: Path) -> None:
+    # `runlane work | head -2`: the attempts in flight finish and record their outcomes.
+    from cli_support import RUNLANE, cli, cli_env, make_project
+
+    root = make_project(tmp_path / "proj", tasks=SLOW_TASKS, lane="sqlite")
+    for seconds in (0.1, 1, 1, 1, 1, 1):  # the first line comes while the others are still running
+        assert cli(root, "trigger", "slow", json.dumps({"seconds": seconds})).returncode == 0
+    pipeline = f"set -o pipefail; {shlex.quote(RUNLANE)} work --drain --concurrency 4 | head -2"
+    done = subprocess.run(["bash", "-c", pipeline], cwd=root, capture_output=True, text=True, timeout=60, env=cli_env())
+    assert done.returncode == 141, done.stderr
+    assert "worker started" in done.stdout.splitlines()[0]
+    statuses = {run["status"] for run in json.loads(cli(root, "--json", "runs", "list").stdout)["data"]}
+    assert statuses <= {"succeeded", "queued"} and "succeeded" in statuses, statuses  # no attempt cut short

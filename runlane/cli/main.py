@@ -743,7 +743,7 @@ app = build_app()
 
 def run() -> None:
     """Console-script entry point."""
-    from .output import EXIT_BROKEN_PIPE, OutputLost
+    from .output import EXIT_BROKEN_PIPE, OutputLost, stdout_was_closed
 
     if sys.stdout is None:  # started with stdout closed (>&-): the command runs, its result goes nowhere
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's stdout from now on
@@ -759,5 +759,7 @@ def run() -> None:
         # The command line ends a command whose reader closed the pipe (runlane runs list | head -1)
         # with 1, as if the command had failed, after making stdout ignore the closed pipe.
         if exit.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            raise SystemExit(EXIT_BROKEN_PIPE) from None
+        if exit.code in (0, None) and stdout_was_closed():  # a worker stopped because its reader went away
             raise SystemExit(EXIT_BROKEN_PIPE) from None
         raise

@@ -296,14 +296,34 @@ def _lost(error: OSError) -> BaseException:
 EXIT_BROKEN_PIPE = 141
 
 
+_stdout_closed = False  # the reader of stdout stopped reading, during a command that then went on
+
+
+def stdout_was_closed() -> bool:
+    """Whether a long-running command's stdout reader went away (it then exits with ``EXIT_BROKEN_PIPE``)."""
+    return _stdout_closed
+
+
 class _Console(Console):
+    """A console whose stdout reader may stop reading (``runlane runs list | head -1``): nothing more is
+    printed, and the command ends as other Unix tools do then, not as if it had failed."""
+
+    def __init__(self, *args: Any, owner: Output | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._owner = owner
+
     def on_broken_pipe(self) -> None:
-        """The reader of stdout stopped reading (``runlane runs list | head -1``): nothing more is
-        printed, and the command ends as other Unix tools do then, not as if it had failed."""
+        global _stdout_closed
         self.quiet = True
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        raise SystemExit(EXIT_BROKEN_PIPE)
+        stop = None if self._owner is None else self._owner.on_stdout_closed
+        if stop is None:
+            raise SystemExit(EXIT_BROKEN_PIPE)
+        # A worker or maintenance loop (`runlane work | head`) stops as on SIGTERM, letting the attempts
+        # in flight record their outcomes, instead of dying with them.
+        _stdout_closed = True
+        stop()
 
 
 class Output:
@@ -326,8 +346,12 @@ class Output:
         # soft_wrap keeps long ids and JSON on one line; captured or piped output is never cropped to 80
         # columns, so tables stay greppable in logs and CI.
         # markup=False: ids, reasons and outputs are shown as they are, brackets included ("[/]" is data).
+        # Set by a long-running command: what to do when the reader of stdout goes away.
+        self.on_stdout_closed: Callable[[], None] | None = None
+
         def console(file: Any) -> Console:
             return _Console(
+                owner=self,
                 file=file,
                 soft_wrap=True,
                 highlight=False,

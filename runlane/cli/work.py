@@ -43,9 +43,11 @@ class StopOnSignals:
 
     def __enter__(self) -> StopOnSignals:
         self._handlers.__enter__()
+        self.output.on_stdout_closed = self.stopping.set  # `runlane work | head`: stop as on SIGTERM
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self.output.on_stdout_closed = None
         self._handlers.__exit__(None, None, None)
 
     def _on_signal(self, signum: signal.Signals) -> None:
