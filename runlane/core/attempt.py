@@ -1256,8 +1256,13 @@ class _Attempt:
         release = outcome.release
         if release is None or release.wait_type is not RunWaitConditionType.RUN_COMPLETION or release.run_id is None:
             return outcome
-        if await self.runtime.store.get_run(release.run_id) is not None:
-            return outcome
+        try:
+            if await self.runtime.store.get_run(release.run_id) is not None:
+                return outcome
+        except RunlaneError as error:
+            if not error.retryable:
+                raise
+            return outcome  # storage is away: the release is written as it is (its write rides the outage out)
         environment = self.run.environment.name
         return _Outcome(
             _FAILURE,

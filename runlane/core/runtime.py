@@ -2318,6 +2318,7 @@ class RunsApi:
                 result.actual,
                 result.too_large(f"The cancellation of run {checked} with its reason and meta")
                 + " Nothing was written; cancel with a shorter reason and smaller meta.",
+                reserved=result.reserved,
             )
         if isinstance(result, RunlaneError):
             if result.code is ErrorCode.VALIDATION_FAILED and await runtime._store.get_visible_run(checked) is None:

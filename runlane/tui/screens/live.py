@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ class LiveScreen(Screen[None]):
         super().__init__()
         self._reading: Worker[None] | None = None
         self._read_started: datetime | None = None
+        self._read_since = 0.0
 
     @property
     def dashboard(self) -> RunlaneDashboard:
@@ -49,7 +51,8 @@ class LiveScreen(Screen[None]):
 
     def reload(self) -> None:
         """Read now, superseding a read in flight."""
-        self._read_started = self.dashboard.now()
+        self._read_started = self.dashboard.now()  # shown to the operator
+        self._read_since = time.monotonic()  # measured
         self._reading = self.read()
 
     @property
@@ -65,7 +68,9 @@ class LiveScreen(Screen[None]):
     def _tick(self) -> None:
         if not self.is_current:
             return
-        if self.reading and self._read_started is not None:
-            # The read has run for a whole interval at least: the rows on screen may be old.
-            self.status_line.waiting(self._read_started)
+        started = self._read_started
+        if self.reading and started is not None:
+            if time.monotonic() - self._read_since >= self.dashboard.refresh_interval:
+                # The read has run for a whole interval at least: the rows on screen may be old.
+                self.status_line.waiting(started)
         self.refresh_if_idle()
