@@ -1117,7 +1117,11 @@ def test_the_run_at_list_reads_the_availability_index_and_older_files_gain_it(da
     plan = _query_plan(
         database,
         _run_list_sql(
-            RunFilter(environment=Environment(name="default"), sort_by=RunSortField.RUN_AT, sort_direction=SortDirection(direction))
+            RunFilter(
+                environment=Environment(name="default"),
+                sort_by=RunSortField.RUN_AT,
+                sort_direction=SortDirection(direction),
+            )
         ),
     )
     searches = [step for step in plan if "runlane_operator_runs_by_availability" in step]

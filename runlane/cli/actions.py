@@ -25,6 +25,7 @@ from .options import (
     MultiValueCommand,
     QueueOption,
     RunIdOption,
+    limit_option,
     older_than_option,
     parse_cutoff,
 )
@@ -178,14 +179,9 @@ def prune(
     ] = None,
     limit: Annotated[
         int | None,
-        typer.Option(
-            "--limit",
-            min=1,
-            help=(
-                f"Prune at most N runs in one call (default {contract_defaults.pruning.batch_limit}); "
-                "a call that stops early prints the cursor to continue with."
-            ),
-            metavar="N",
+        limit_option(
+            f"Prune at most N runs in one call (default {contract_defaults.pruning.batch_limit}); "
+            "a call that stops early prints the cursor to continue with."
         ),
     ] = None,
     cursor: CursorOption = None,

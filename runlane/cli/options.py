@@ -170,7 +170,12 @@ ActorIdOption = Annotated[
     str | None, typer.Option("--actor-id", help="Operator actor id recorded on the event.", metavar="ID")
 ]
 CursorOption = Annotated[str | None, typer.Option("--cursor", help="Continue a previous page.", metavar="C")]
-LimitOption = Annotated[int | None, typer.Option("--limit", min=1, help="Bound the number of results.", metavar="N")]
+def limit_option(help: str) -> Any:
+    """A ``--limit N`` option (a whole number, at least 1) saying what it limits."""
+    return typer.Option("--limit", min=1, help=help, metavar="N")
+
+
+LimitOption = Annotated[int | None, limit_option("Bound the number of results.")]
 ConcurrencyOption = Annotated[int, typer.Option("--concurrency", min=1, help="Worker slots.", metavar="N")]
 MaxRunsOption = Annotated[
     int | None, typer.Option("--max-runs", min=1, help="Stop after this many runs (drain / once).", metavar="N")

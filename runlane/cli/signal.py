@@ -8,6 +8,7 @@ import typer
 
 from ..defaults import contract_defaults
 from .main import OperationParams, operation, run_operation
+from .options import limit_option
 from .output import plural
 
 __all__ = ["app"]
@@ -40,14 +41,9 @@ def send(
     signal_key: Annotated[str, typer.Argument(help="The signal key runs wait on.", metavar="SIGNAL_KEY")],
     limit: Annotated[
         int | None,
-        typer.Option(
-            "--limit",
-            min=1,
-            help=(
-                f"Resume at most N runs (default {contract_defaults.maintenance.delivery_request_limit}); "
-                "when N are resumed, more may still wait: send again."
-            ),
-            metavar="N",
+        limit_option(
+            f"Resume at most N runs (default {contract_defaults.maintenance.delivery_request_limit}); "
+            "when N are resumed, more may still wait: send again."
         ),
     ] = None,
 ) -> None:
