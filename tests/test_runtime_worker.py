@@ -25,6 +25,7 @@ from runlane import (
 )
 
 import runlane.core.store as core_store
+from runlane.testing import wait_for_run_status
 from runtime_support import DEFAULT_QUEUE, make_runtime
 
 executed: list[int] = []
@@ -499,6 +500,11 @@ async def start_held(runtime, held: Held, **worker_options):
     return run, worker
 
 
+async def start_held_in_poll_worker(runtime, held: Held):
+    """``start_held`` in a poll worker that heartbeats every 10 ms under a one-minute lease."""
+    return await start_held(runtime, held, mode=WorkerMode.POLL, heartbeat_interval="10ms", lease_duration="1m")
+
+
 async def test_an_outage_during_an_attempt_neither_aborts_it_nor_loses_its_outcome(caplog):
     # Storage goes away while the handler runs (heartbeats fail) and is still away when it returns
     # (the outcome write fails). The worker's attempt keeps going and writes its outcome once storage
@@ -506,7 +512,7 @@ async def test_an_outage_during_an_attempt_neither_aborts_it_nor_loses_its_outco
     held = held_task("outlives.outage")
     runtime, _ = make_runtime(held.task)
     async with runtime:
-        run, worker = await start_held(runtime, held, mode=WorkerMode.POLL, heartbeat_interval="10ms", lease_duration="1m")
+        run, worker = await start_held_in_poll_worker(runtime, held)
         storage = runtime.lane.storage
         with caplog.at_level("WARNING", logger="runlane.worker"):
             await storage.close()  # every storage call now fails with storage_unavailable
@@ -514,12 +520,9 @@ async def test_an_outage_during_an_attempt_neither_aborts_it_nor_loses_its_outco
             held.finish.set()
             await asyncio.sleep(0.1)  # the outcome write fails too
             await storage.start()
-            for _ in range(1000):  # the outcome write's next retry comes within its backoff (at most 2 s)
-                done = await runtime.runs.get(run.id)
-                if done.status is RunStatus.SUCCEEDED:
-                    break
-                await asyncio.sleep(0.01)
-        assert done.status is RunStatus.SUCCEEDED and done.output == "done"
+            # The outcome write's next retry comes within its backoff (at most 2 s).
+            done = await wait_for_run_status(runtime, run.id, RunStatus.SUCCEEDED, timeout="10s")
+        assert done.output == "done"
         assert held.calls == [None]  # never aborted, and executed once
         assert worker.executed == 1
         messages = [record.getMessage() for record in caplog.records]
@@ -562,7 +565,7 @@ async def test_a_worker_stopped_during_a_short_outage_still_writes_the_outcome_o
     held = held_task("stop.outage")
     runtime, _ = make_runtime(held.task)
     async with runtime:
-        run, worker = await start_held(runtime, held, mode=WorkerMode.POLL, heartbeat_interval="10ms", lease_duration="1m")
+        run, worker = await start_held_in_poll_worker(runtime, held)
         storage = runtime.lane.storage
         await storage.close()
         held.finish.set()

@@ -140,16 +140,12 @@ def _run_rows(rows: list[dict[str, str]], width: int) -> list[Text]:
             widths[name] = max(floor[name], widths[name] - excess)
 
     def line(values: dict[str, str], style: str = "") -> Text:
-        text = Text(style=style)
-        for index, name in enumerate(columns):
-            cell = Text(values[name])
-            cell.truncate(widths[name], overflow="ellipsis", pad=index < len(columns) - 1)
-            if name == "attempts":
-                cell = Text(values[name].rjust(widths[name])[-widths[name]:])
-            text.append_text(cell)
-            if index < len(columns) - 1:
-                text.append("  ")
-        return text
+        cells = []
+        for name in columns:  # attempts, never cut, align right
+            cell = Text(values[name].rjust(widths[name]) if name == "attempts" else values[name])
+            cell.truncate(widths[name], overflow="ellipsis", pad=name != columns[-1])
+            cells.append(cell)
+        return Text("  ", style=style).join(cells)
 
     header = line({name: name for name in columns}, "bold")
     return [header, *(line({name: cells[name][index] for name in columns}) for index in range(len(rows)))]

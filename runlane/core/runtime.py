@@ -2247,18 +2247,14 @@ class RunsApi:
             )
         # The source's keys protect the same resource as before: a child must not overlap active work
         # holding its singleton key, and stays in its concurrency partition on any bounded queue.
-        target = queue.name if isinstance(queue, QueueDefinition) else queue
-        bounded = target is None or (
-            isinstance(target, str)
-            and (definition := runtime._queues.get(target)) is not None
-            and definition.concurrency_limit is not None
-        )
+        target = None if queue is None else runtime.resolve_queue(queue)
+        bounded = target is None or target.concurrency_limit is not None
         spec = runtime.prepare_create(
             source.task_id,
             source.payload,
             actor=_OPERATOR_ACTOR if actor is None else actor,
             meta=meta,
-            queue=source.queue if queue is None else queue,
+            queue=source.queue if target is None else target,
             run_id=run_id,
             trace_carrier=source.trace_carrier if trace_carrier is None else trace_carrier,
             singleton_key=source.singleton_key,

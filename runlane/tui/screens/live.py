@@ -42,7 +42,8 @@ class LiveScreen(Screen[None]):
         return self.query_one("#status-line", StatusLine)
 
     def read(self) -> Worker[None]:
-        raise NotImplementedError
+        """Read the screen's data and show it: each screen defines it, as an exclusive ``@work``."""
+        raise NotImplementedError(f"{type(self).__name__} must define read()")
 
     def start_refreshing(self) -> None:
         self.reload()
