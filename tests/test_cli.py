@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import sys
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -663,6 +664,21 @@ def test_runs_list_reads_every_iso_8601_spelling_of_one_instant(shared: Shared, 
     # RFC 3339 allows a lower-case t and z; ISO 8601 allows an offset of hours only.
     canonical = shared.json("runs", "list", "--created-from", "2026-11-30T20:29:58Z")
     assert shared.json("runs", "list", "--created-from", written) == canonical
+
+
+def test_runs_list_date_alone_as_upper_bound_includes_that_whole_day(shared: Shared) -> None:
+    run = shared.json("trigger", "emails.welcome", '{"user_id": "u_day"}')["run"]
+    day = run["created_at"][:10]
+    before = (datetime.fromisoformat(day) - timedelta(days=1)).date().isoformat()
+
+    def listed(*bounds: str) -> list[str]:
+        return [summary["id"] for summary in shared.json("runs", "list", "--limit", "500", *bounds)["data"]]
+
+    assert run["id"] in listed("--created-from", day, "--created-to", day)
+    assert run["id"] in listed("--updated-to", day)
+    assert run["id"] not in listed("--created-to", before)
+    # A date-time bound stays the instant it names.
+    assert run["id"] not in listed("--created-to", f"{day}T00:00:00Z")
 
 
 def test_retry_rerun_cancel_prune_and_signal(shared: Shared) -> None:

@@ -287,8 +287,11 @@ def parse_json(text: str | None, what: str, *, require_object: bool = False) -> 
 _ISO = re.compile(r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)?)?", re.IGNORECASE)
 
 
-def parse_iso_datetime(text: str, what: str) -> datetime:
-    """An ISO 8601 date or date-time; a value without an offset is UTC. Anything else (05/01/2026) is rejected."""
+def parse_iso_datetime(text: str, what: str, *, end_of_day: bool = False) -> datetime:
+    """An ISO 8601 date or date-time; a value without an offset is UTC. Anything else (05/01/2026) is rejected.
+
+    ``end_of_day``: the value is an inclusive upper bound, so a date alone means the last instant of that day
+    (``--created-to 2026-05-01`` includes runs created during May 1st)."""
     candidate = text.strip()
     if not _ISO.fullmatch(candidate):
         raise _invalid(
@@ -297,6 +300,8 @@ def parse_iso_datetime(text: str, what: str) -> datetime:
         )
     try:
         value = datetime.fromisoformat(candidate.upper())  # RFC 3339 allows a lower-case t and z
+        if end_of_day and len(candidate) == len("2026-05-01"):
+            value = value.replace(hour=23, minute=59, second=59, microsecond=999999)
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     except (ValueError, OverflowError) as error:  # OverflowError: year 1 or 9999 moved out of range by its offset
         raise _invalid(f"{what} {text!r} is not a valid date: {error}.", argument=what) from None

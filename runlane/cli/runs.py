@@ -41,7 +41,7 @@ def _range(start: str | None, end: str | None, start_flag: str, end_flag: str) -
     if start is None and end is None:
         return None
     first: datetime | None = parse_iso_datetime(start, start_flag) if start is not None else None
-    last: datetime | None = parse_iso_datetime(end, end_flag) if end is not None else None
+    last: datetime | None = parse_iso_datetime(end, end_flag, end_of_day=True) if end is not None else None
     if first is not None and last is not None and first > last:
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID, f"{start_flag} is after {end_flag}; swap them or widen the range."
@@ -159,11 +159,17 @@ def list_runs(
         str | None, typer.Option("--source-run", help="Filter by linked source run id.", metavar="ID")
     ] = None,
     created_from: Annotated[str | None, _date_option("--created-from", "Created at or after (ISO 8601).")] = None,
-    created_to: Annotated[str | None, _date_option("--created-to", "Created at or before (ISO 8601).")] = None,
+    created_to: Annotated[
+        str | None, _date_option("--created-to", "Created at or before (ISO 8601; a date alone includes that day).")
+    ] = None,
     updated_from: Annotated[str | None, _date_option("--updated-from", "Updated at or after (ISO 8601).")] = None,
-    updated_to: Annotated[str | None, _date_option("--updated-to", "Updated at or before (ISO 8601).")] = None,
+    updated_to: Annotated[
+        str | None, _date_option("--updated-to", "Updated at or before (ISO 8601; a date alone includes that day).")
+    ] = None,
     run_at_from: Annotated[str | None, _date_option("--run-at-from", "Due at or after (ISO 8601).")] = None,
-    run_at_to: Annotated[str | None, _date_option("--run-at-to", "Due at or before (ISO 8601).")] = None,
+    run_at_to: Annotated[
+        str | None, _date_option("--run-at-to", "Due at or before (ISO 8601; a date alone includes that day).")
+    ] = None,
     sort_by: Annotated[RunSortField, typer.Option("--sort-by", help="Sort field.")] = RunSortField.CREATED_AT,
     sort_direction: Annotated[
         SortDirection, typer.Option("--sort-direction", help="Sort direction.")
