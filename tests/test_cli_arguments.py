@@ -131,6 +131,9 @@ MALFORMED = [
     (("work", "--lease-duration", "soon"), "--lease-duration", "'soon' is not valid"),
     (("work", "--empty-poll-delay", "-1s"), "--empty-poll-delay", "'-1s' is not valid"),
     (("dev", "--tick-interval", "fast"), "--tick-interval", "'fast' is not valid"),
+    # An unset shell variable must not record an anonymous operator.
+    (("trigger", "mail.send", "{}", "--actor-id", ""), "--actor-id", "must not be empty; omit it"),
+    (("cancel", "run_1", "--actor-id", " "), "--actor-id", "must not be empty; omit it"),
 ]
 
 

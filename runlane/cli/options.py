@@ -166,8 +166,19 @@ QueuesOption = Annotated[
     list[str] | None, typer.Option("--queue", help=f"Limit to this queue; {MULTI_VALUE}.", metavar="Q...")
 ]
 RunIdOption = Annotated[str | None, typer.Option("--run-id", help="Supply the new run's id.", metavar="ID")]
+
+
+def _check_actor_id(text: str, name: str) -> None:
+    # An empty id (``--actor-id "$USER"`` with the variable unset) would be recorded as an anonymous operator.
+    if not text.strip():
+        raise _invalid(f"{name} must not be empty; omit it to record the default operator.", argument=name)
+
+
 ActorIdOption = Annotated[
-    str | None, typer.Option("--actor-id", help="Operator actor id recorded on the event.", metavar="ID")
+    str | None,
+    typer.Option(
+        "--actor-id", help="Operator actor id recorded on the event.", metavar="ID", callback=checked(_check_actor_id)
+    ),
 ]
 CursorOption = Annotated[str | None, typer.Option("--cursor", help="Continue a previous page.", metavar="C")]
 def limit_option(help: str) -> Any:
