@@ -322,3 +322,36 @@ async def test_a_heartbeat_storage_failure_rejects_the_execution_call():
             await asyncio.wait_for(runtime.execute_next(heartbeat_interval="3ms"), 2)
         assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
         assert reasons == ["heartbeat_failed"]
+
+
+async def test_a_handler_still_running_when_tick_records_its_timeout_reports_that_outcome(caplog):
+    # tick() finalizes an attempt past its deadline even while its worker still runs the handler: the
+    # attempt's caller gets the stored timeout, and the log says the handler came too late, not that a
+    # lease was lost to someone else.
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    @task("stubborn", max_attempt_duration="1m", retry=Retry(2, backoff="1h"))
+    async def stubborn(payload: dict) -> str:
+        started.set()
+        await finish.wait()  # blind to ctx.signal
+        return "too late"
+
+    runtime, clock = make_runtime(stubborn)
+    caplog.set_level(logging.WARNING, logger="runlane")
+    async with runtime:
+        run = (await runtime.trigger(stubborn, {})).run
+        pending = asyncio.ensure_future(runtime.execute_next())
+        await asyncio.wait_for(started.wait(), 2)
+        clock.advance("1m")
+        assert (await runtime.tick()).timeouts_finalized == 1
+        finish.set()  # returns within the grace the deadline gives it, after maintenance wrote the outcome
+        done = await asyncio.wait_for(pending, 5)
+        assert done is not None and done.id == run.id
+        assert done.status is RunStatus.RETRYING and done.failure.code is ErrorCode.TASK_TIMED_OUT
+        assert done.counters.attempts == 1
+        outcome = (await runtime.runs.events(run.id, types=["run.retry_scheduled"])).data[0].event
+        assert outcome.actor.type == "system"
+        messages = [record.getMessage() for record in caplog.records if record.name == "runlane.task"]
+        late = "ran past its max_attempt_duration deadline and maintenance recorded its timeout"
+        assert any(late in message for message in messages)
+        assert not any("lost its lease" in message for message in messages)

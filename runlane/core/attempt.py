@@ -1241,6 +1241,9 @@ class _Attempt:
             stored = await runtime.store.get_run(self.run_id)
             if stored is not None and stored.status is RunStatus.CANCELLED and self.cancel_observed:
                 return AttemptResult(stored)
+            if stored is not None and self._timeout_recorded(stored):
+                self._log_late()
+                return AttemptResult(stored)  # the outcome an attempt past its deadline has
             return self.abandon(error)
         assert isinstance(result, AppendResult)
         await runtime.after_append(result)
@@ -1292,9 +1295,37 @@ class _Attempt:
             self._storage_recovered("outcome")
             return result
 
+    def _past_deadline(self) -> bool:
+        deadline = self.run.attempt_deadline_at
+        return deadline is not None and self.runtime.now() >= deadline
+
+    def _timeout_recorded(self, stored: RunRecord) -> bool:
+        """Whether maintenance recorded this attempt's timeout (``tick()`` finalizes attempts past their
+        deadline, also while their handler still runs), and no later attempt has started since."""
+        failure = stored.failure
+        return (
+            self._past_deadline()
+            and stored.status in (RunStatus.RETRYING, RunStatus.FAILED)
+            and stored.counters.attempts == self.run.counters.attempts
+            and failure is not None
+            and failure.code is ErrorCode.TASK_TIMED_OUT
+        )
+
+    def _log_late(self) -> None:
+        run = self.run
+        _task_log.warning(
+            "Run %s (task %s): attempt %d ran past its max_attempt_duration deadline and maintenance recorded its "
+            "timeout; the handler's own outcome came too late to be recorded.",
+            run.id, run.task_id, run.counters.attempts,
+            extra=_log_fields(run, ErrorCode.TASK_TIMED_OUT),
+        )  # fmt: skip
+
     def abandon(self, conflict: RunlaneError) -> AttemptResult:
         """The attempt lost its lease: nothing of it is persisted (another owner may be running the run)."""
         run = self.run
+        if self._past_deadline():
+            self._log_late()
+            return AttemptResult(None, True, conflict)
         _task_log.warning(
             "Run %s (task %s): attempt %d lost its lease; its outcome is not recorded (%s).",
             run.id, run.task_id, run.counters.attempts, conflict.message,
