@@ -21,6 +21,7 @@ import typer
 from typer.core import TyperCommand, TyperOption
 
 from ..core.authoring import parse_idempotency_key_ttl
+from ..defaults import contract_defaults
 from ..durations import duration_ms, parse_duration
 from ..errors import ErrorCode, RunlaneError
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DURATION",
     "MULTI_VALUE",
+    "PAGE_LIMIT_HELP",
     "ActorIdOption",
     "ConcurrencyOption",
     "CursorOption",
@@ -181,12 +183,16 @@ ActorIdOption = Annotated[
     ),
 ]
 CursorOption = Annotated[str | None, typer.Option("--cursor", help="Continue a previous page.", metavar="C")]
+
+
 def limit_option(help: str) -> Any:
     """A ``--limit N`` option (a whole number, at least 1) saying what it limits."""
     return typer.Option("--limit", min=1, help=help, metavar="N")
 
 
-LimitOption = Annotated[int | None, limit_option("Bound the number of results.")]
+_PAGE = contract_defaults.pagination
+PAGE_LIMIT_HELP = f"per page (default {_PAGE.default_limit}, at most {_PAGE.max_limit}; --cursor continues)."
+LimitOption = Annotated[int | None, limit_option(f"Runs {PAGE_LIMIT_HELP}")]
 ConcurrencyOption = Annotated[int, typer.Option("--concurrency", min=1, help="Worker slots.", metavar="N")]
 MaxRunsOption = Annotated[
     int | None, typer.Option("--max-runs", min=1, help="Stop after this many runs (drain / once).", metavar="N")

@@ -18,6 +18,7 @@ from .main import OperationParams, operation, run_operation, usage_guard
 from .output import display_value, plural
 from .options import (
     MULTI_VALUE,
+    PAGE_LIMIT_HELP,
     CursorOption,
     LimitOption,
     MultiValueCommand,
@@ -205,7 +206,7 @@ def get_run(
         str | None, typer.Option("--cursor", help="Continue a previous page of events (with --events).", metavar="C")
     ] = None,
     limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Bound the number of events (with --events).", metavar="N")
+        int | None, typer.Option("--limit", min=1, help=f"Events (with --events) {PAGE_LIMIT_HELP}", metavar="N")
     ] = None,
 ) -> None:
     """Show one run (and its event history with --events)."""
