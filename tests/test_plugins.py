@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import inspect
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -776,3 +779,46 @@ def test_an_entry_point_naming_a_plugin_class_asks_for_an_instance(capsys):
     assert load_entry_point_plugins(fresh, [FakeEntryPoint("classy", Plugin)]) == []
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("runlane: skipped plugin 'classy'") and "an instance" in line
+
+
+_COMMAND_PLUGIN = '''
+import typer
+
+from runlane.cli.main import with_runtime  # at module top, as docs/plugin-hooks.md shows
+from runlane.plugins import hookimpl
+from runlane.plugins.manager import get_registries
+
+get_registries()  # a plugin may ask for the registries while plugins are still loading
+
+
+@hookimpl
+def register_commands(app: typer.Typer) -> None:
+    @app.command("backlog")
+    def backlog(ctx: typer.Context) -> None:
+        """Count the backlog."""
+        with_runtime(ctx, lambda runtime: None)
+'''
+
+
+def test_a_plugin_importing_the_cli_helpers_at_module_top_loads_without_hanging(tmp_path: Path) -> None:
+    # An installed distribution whose entry point imports runlane.cli.main while plugins load.
+    (tmp_path / "runlane_backlog.py").write_text(_COMMAND_PLUGIN)
+    info = tmp_path / "runlane_backlog-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runlane-backlog\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[runlane]\nbacklog = runlane_backlog\n")
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    environment.pop("RUNLANE_LOAD_PLUGINS", None)
+    script = (
+        "from runlane.plugins.manager import get_plugins, get_registries\n"
+        "get_registries()\n"
+        "print([info.name for info in get_plugins() if info.name == 'backlog'])\n"
+        "from typer.testing import CliRunner\n"
+        "from runlane.cli.main import app\n"
+        "print(CliRunner().invoke(app, ['backlog', '--help']).output.splitlines()[0])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["['backlog']", "Usage: runlane backlog [OPTIONS]"], result.stdout

@@ -738,7 +738,22 @@ def _build(commands: list[Any], groups: list[Any]) -> None:
     typer.main.get_group(scratch)
 
 
-app = build_app()
+app: typer.Typer  # built on first use (``__getattr__``), not on import
+
+
+def _app() -> typer.Typer:
+    built: typer.Typer | None = globals().get("app")
+    if built is None:
+        built = globals()["app"] = build_app()
+    return built
+
+
+def __getattr__(name: str) -> Any:
+    # Importing this module must not load plugins: a plugin imports its helpers (``with_runtime``) from
+    # here, often while plugins are being loaded, and the command line is only needed once it runs.
+    if name == "app":
+        return _app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run() -> None:
@@ -748,7 +763,7 @@ def run() -> None:
     if sys.stdout is None:  # started with stdout closed (>&-): the command runs, its result goes nowhere
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's stdout from now on
     try:
-        app(prog_name="runlane")
+        _app()(prog_name="runlane")
     except OutputLost as lost:
         sys.stderr.write(
             f"error: the command finished, but its result could not be written to stdout ({lost}); "

@@ -89,7 +89,9 @@ _origins: dict[str, _Origin] = {}
 _failures: list[PluginLoadFailure] = []
 _left_out: list[str] = []  # installed entry-point plugins RUNLANE_LOAD_PLUGINS left out
 _loaded = False
-_lock = threading.Lock()
+# Re-entrant: a plugin that a load imports may itself ask for the plugins (``get_registries()`` at import);
+# that inner call finds the load under way and returns instead of waiting on its own thread.
+_lock = threading.RLock()
 
 
 def _runlane_version() -> str | None:
