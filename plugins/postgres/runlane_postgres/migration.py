@@ -18,7 +18,10 @@ contract's encoded order):
   records' primary key already holds those entries in index order (schema version 2);
 * ``runlane_operator_runs`` / ``runlane_operator_events``: the operator read projection
   (``runlane.storage.operator_sql``), updated in the same commit as the records it describes;
-* ``runlane_schema_migrations``: applied versions, checked by the driver's start-up probe.
+* ``runlane_schema_migrations``: applied versions, checked by the driver's start-up probe. A schema a
+  newer release migrated (a version above ``SCHEMA_VERSION``) is refused by both the probe and
+  ``apply_postgres_migrations``, which changes nothing then: this release's SQL would replace the newer
+  release's functions with older ones.
 
 ``runlane_commit(p jsonb)`` applies one transaction attempt in a single statement: it takes
 transaction-scoped advisory locks in the order given, re-checks every read and expected version,
@@ -63,12 +66,22 @@ _DEFAULT_SCHEMA_IDENTIFIER = '"public"'
 
 
 def validate_schema_name(schema: object) -> str:
-    """``schema`` when it is a plain Postgres identifier (letters, digits, ``_``, at most 63 bytes)."""
-    if not isinstance(schema, str) or not _IDENTIFIER.match(schema):
+    """``schema`` when it is a plain Postgres identifier (letters, digits, ``_``, at most 63 bytes) that
+    does not start with ``pg_``."""
+    if not isinstance(schema, str) or not _IDENTIFIER.fullmatch(schema):
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             f"Invalid Postgres schema {schema!r}: use a plain identifier of letters, digits and underscores "
             "that does not start with a digit (at most 63 characters).",
+            meta={"field": "schema"},
+        )
+    # Postgres refuses to create a schema named pg_... (SQLSTATE 42939); any case is refused here, since
+    # an unquoted PG_... is the same reserved name.
+    if schema[:3].lower() == "pg_":
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Invalid Postgres schema {schema!r}: the pg_ prefix is reserved by Postgres for system schemas; "
+            "choose another name, such as 'runlane'.",
             meta={"field": "schema"},
         )
     return schema
@@ -87,6 +100,21 @@ def postgres_migration_sql(schema: str = DEFAULT_SCHEMA) -> str:
 def shipped_migration_sql() -> str:
     """The text of the ``migrations/0001_initial.sql`` file shipped in this package."""
     return resources.files(__package__).joinpath(MIGRATION_FILE).read_text(encoding="utf-8")
+
+
+def newer_schema_error(schema: str, database: str, version: int, *, migrating: bool) -> RunlaneError:
+    """``configuration_invalid`` for a schema a newer release migrated (``version`` > ``SCHEMA_VERSION``)."""
+    advice = (
+        "Nothing was changed: upgrade runlane-postgres to the release that migrated it (or a later one)."
+        if migrating
+        else "Upgrade runlane-postgres in this deployment to the release that migrated it (or a later one)."
+    )
+    return RunlaneError(
+        ErrorCode.CONFIGURATION_INVALID,
+        f"The Runlane schema {schema!r} in {database} is at version {version}, newer than version "
+        f"{SCHEMA_VERSION} that this release of runlane-postgres knows (a newer release migrated it). {advice}",
+        meta={"schema": schema, "version": version, "supported_version": SCHEMA_VERSION},
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +148,8 @@ async def apply_postgres_migrations(
 
     The schema is resolved like ``postgres_storage``: the explicit ``schema``, else a Prisma-style
     ``?schema=`` in the URL, else ``public``. Applying it again changes nothing. Connection and
-    permission problems raise ``RunlaneError`` (``storage_unavailable`` or ``configuration_invalid``).
+    permission problems raise ``RunlaneError`` (``storage_unavailable`` or ``configuration_invalid``);
+    so does a schema a newer release migrated (``configuration_invalid``, and nothing is changed).
     """
     import psycopg
 
@@ -134,7 +163,7 @@ async def apply_postgres_migrations(
             target.conninfo, **target.connection_defaults(connect_timeout=connect_timeout)
         )
     except Exception as error:  # noqa: BLE001 - mapped to a RunlaneError
-        raise map_postgres_error(error, f"connect to Postgres at {target.display}", migrating=True) from None
+        raise map_postgres_error(error, f"connect to Postgres at {target.display}", migrating=True) from error
     try:
         async with connection:
             async with connection.transaction():
@@ -146,9 +175,12 @@ async def apply_postgres_migrations(
                 if exists:
                     cursor = await connection.execute(f"SELECT coalesce(max(version), 0) FROM {migrations}")
                     (previous,) = await cursor.fetchone()  # type: ignore[misc]
+                if previous > SCHEMA_VERSION:
+                    # Raised inside the transaction, which rolls back: the newer release's functions stay.
+                    raise newer_schema_error(target.schema, target.display, int(previous), migrating=True)
                 await connection.execute(sql.encode("utf-8"))  # several statements: the simple protocol
     except RunlaneError:
         raise
     except Exception as error:  # noqa: BLE001 - mapped to a RunlaneError
-        raise map_postgres_error(error, f"apply the Runlane migration to {target.display}", migrating=True) from None
+        raise map_postgres_error(error, f"apply the Runlane migration to {target.display}", migrating=True) from error
     return PostgresMigrationResult(target.schema, target.display, int(previous), max(int(previous), SCHEMA_VERSION))

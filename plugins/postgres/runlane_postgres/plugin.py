@@ -8,6 +8,7 @@ third-party plugin. In ``runlane.toml``::
     use = "postgres-polling"
     connection_string = "${DATABASE_URL}"   # or url = ...; postgres:// or postgresql://
     schema = "runlane"                      # optional: else ?schema= in the URL, else public
+    statement_timeout = "30s"               # optional, like connect_timeout ("10s") and pool_timeout ("30s")
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from rich.text import Text
 
+from runlane.durations import duration_seconds
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.plugins import hookimpl
 from runlane.plugins.registries import LaneProvider, ProviderContext, StorageDriverProvider, validate_options
@@ -69,7 +71,10 @@ with warnings.catch_warnings():
 
         ``connection_string`` (alias ``url``) is a ``postgres://`` or ``postgresql://`` URL; ``schema``
         overrides a Prisma-style ``?schema=`` in it (default ``public``); ``min_size`` / ``max_size``
-        bound the connection pool.
+        bound the connection pool. ``connect_timeout`` (per connection attempt, default ``10s``),
+        ``statement_timeout`` (per statement, set on each pooled connection, default ``30s``) and
+        ``pool_timeout`` (the wait for a free pooled connection, default ``30s``) are durations such as
+        ``"5m"``, or positive numbers of seconds.
         """
 
         model_config = ConfigDict(extra="forbid", frozen=True)
@@ -79,6 +84,17 @@ with warnings.catch_warnings():
         name: str = Field(default="postgres-polling", min_length=1)
         min_size: int = Field(default=1, ge=0)
         max_size: int = Field(default=10, ge=1)
+        connect_timeout: float = 10.0
+        statement_timeout: float = 30.0
+        pool_timeout: float = 30.0
+
+        @field_validator("connect_timeout", "statement_timeout", "pool_timeout", mode="before")
+        @classmethod
+        def _seconds(cls, value: object, info: ValidationInfo) -> float:
+            try:
+                return duration_seconds(value, str(info.field_name))
+            except RunlaneError as error:
+                raise ValueError(error.message.rstrip(".")) from None
 
     class PostgresStorageOptions(_ConnectionOptions):
         """Options of the ``postgres`` storage driver (the same connection keys as the lane)."""
@@ -101,6 +117,9 @@ def create_postgres_polling_lane(options: PostgresPollingLaneOptions, context: P
         name=options.name,
         min_size=options.min_size,
         max_size=options.max_size,
+        connect_timeout=options.connect_timeout,
+        statement_timeout=options.statement_timeout,
+        pool_timeout=options.pool_timeout,
     )
 
 

@@ -61,7 +61,9 @@ Errors: lost connections, SQLSTATE class ``08``, ``57P01``-``57P03``, ``53300``,
 ``55P03``) and a read-only server (``25006``) map to ``storage_unavailable`` (retryable); ``40001`` /
 ``40P01`` past the replay budget to ``storage_conflict``; a missing schema, table or function to
 ``configuration_invalid`` telling the user to run ``runlane postgres migrate``, and so do bad
-credentials (``28xxx``) and a missing database (``3D000``); anything else to ``internal_error``.
+credentials (``28xxx``) and a missing database (``3D000``); a reserved name (``42939``, a ``pg_`` schema)
+is ``configuration_invalid`` too; anything else maps to ``internal_error``. Every mapped error keeps the
+psycopg failure as its ``cause``.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ from runlane.storage.streams import storage_append_rows, storage_append_template
 from runlane.storage.tables import peek_run_document, run_key, run_tombstone_key
 from runlane.vocabulary import SortDirection
 
-from .migration import DEFAULT_SCHEMA, SCHEMA_VERSION, quote_schema, validate_schema_name
+from .migration import DEFAULT_SCHEMA, SCHEMA_VERSION, newer_schema_error, quote_schema, validate_schema_name
 
 __all__ = [
     "PostgresConnectionTarget",
@@ -486,7 +488,11 @@ def _is_disconnect(error: BaseException) -> bool:
 
 
 def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = False) -> RunlaneError:
-    """The ``RunlaneError`` for a psycopg / pool failure while ``doing`` something."""
+    """The ``RunlaneError`` for a psycopg / pool failure while ``doing`` something.
+
+    The failure is kept as the error's ``cause`` (``__cause__``), so a logged traceback shows the driver's
+    whole report (SQLSTATE detail, PL/pgSQL context); ``to_json()`` leaves it out.
+    """
     if isinstance(error, RunlaneError):
         return error
     state = _sqlstate(error)
@@ -497,10 +503,14 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             ErrorCode.STORAGE_UNAVAILABLE,
             f"Could not {doing}: no Postgres connection became available in time ({detail}).",
             retryable=True,
+            cause=error,
         )
     if state is None and isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)):
         return RunlaneError(
-            ErrorCode.STORAGE_UNAVAILABLE, f"Could not {doing}: Postgres is unreachable ({detail}).", retryable=True
+            ErrorCode.STORAGE_UNAVAILABLE,
+            f"Could not {doing}: Postgres is unreachable ({detail}).",
+            retryable=True,
+            cause=error,
         )
     if state == "53300":
         return RunlaneError(
@@ -509,6 +519,7 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             "max_size or the number of processes, or raise the server's max_connections.",
             retryable=True,
             meta=meta,
+            cause=error,
         )
     if state is not None and (state.startswith("08") or state in _UNAVAILABLE_STATES):
         return RunlaneError(
@@ -516,12 +527,14 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             f"Could not {doing}: Postgres is unavailable [{state}] ({detail}).",
             retryable=True,
             meta=meta,
+            cause=error,
         )
     if state is not None and state in _CONFLICT_STATES:
         return create_storage_conflict_error(
             StorageConflictKind.TRANSACTION,
             f"Could not {doing}: a concurrent transaction conflicted [{state}] ({detail}); retry the operation.",
             meta=meta,
+            cause=error,
         )
     if state is not None and (state.startswith("28") or state == "3D000"):
         return RunlaneError(
@@ -530,6 +543,7 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             "string's user, password and database"
             + ("." if migrating else f", then {MIGRATE_HINT} Runlane."),
             meta=meta,
+            cause=error,
         )
     if state is not None and state in _MIGRATION_STATES and not migrating:
         return RunlaneError(
@@ -537,15 +551,17 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             f"Could not {doing}: the Runlane schema is missing or incomplete [{state}] ({detail}); "
             f"{MIGRATE_HINT} Runlane.",
             meta=meta,
+            cause=error,
         )
     if state is not None and state.startswith("RL"):
-        return RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"Could not {doing}: {detail}.", meta=meta)
+        return RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"Could not {doing}: {detail}.", meta=meta, cause=error)
     if state == "22023" and isinstance(error, psycopg.OperationalError):
         return RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             f"Could not {doing}: Postgres refused a setting of the connection [{state}] ({detail}); fix the "
             "connection string's options.",
             meta=meta,
+            cause=error,
         )
     if state == "42501":
         if "for database" in detail:
@@ -555,9 +571,22 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
         else:
             advice = "grant the Runlane role access to its schema (see the privileges in docs/lanes.md)"
         return RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID, f"Could not {doing}: permission denied ({detail}); {advice}.", meta=meta
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Could not {doing}: permission denied ({detail}); {advice}.",
+            meta=meta,
+            cause=error,
         )
-    return RunlaneError(ErrorCode.INTERNAL_ERROR, f"Could not {doing}: Postgres error [{state}] ({detail}).", meta=meta)
+    if state == "42939":
+        return RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Could not {doing}: Postgres reserves that name [{state}] ({detail}); names starting with pg_ are "
+            "reserved for the system, so choose another schema name.",
+            meta=meta,
+            cause=error,
+        )
+    return RunlaneError(
+        ErrorCode.INTERNAL_ERROR, f"Could not {doing}: Postgres error [{state}] ({detail}).", meta=meta, cause=error
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1086,6 +1115,7 @@ class _PostgresAttempt(StorageAttempt):
                     f"Lost the Postgres connection while committing; the transaction's outcome is unknown ({detail}).",
                     retryable=True,
                     meta={"sqlstate": _sqlstate(error)} if _sqlstate(error) else {},
+                    cause=error,
                 )
             self.lost_connection = map_postgres_error(error, doing)
             self._replay = True
@@ -1112,7 +1142,7 @@ class _PostgresAttempt(StorageAttempt):
         try:
             result = await _call(conn, self._driver._sql.get, (_key_array(wanted),))
         except psycopg.Error as error:
-            raise self._failed(error, "read records") from None
+            raise self._failed(error, "read records") from error
         self._statements += 1
         found = _found_records(wanted, result, self._driver._written)
         self._fetched.update(found)
@@ -1132,7 +1162,7 @@ class _PostgresAttempt(StorageAttempt):
                 result = await _call(conn, statement, _encode_params(params))
             rows = list(_index_rows(result))
         except psycopg.Error as error:
-            raise self._failed(error, "query index candidates") from None
+            raise self._failed(error, "query index candidates") from error
         self._statements += 1
         page = page_index_rows(query, iter(rows), look_ahead=not exclusive)
         if exclusive:
@@ -1205,11 +1235,11 @@ class _PostgresAttempt(StorageAttempt):
             state = _sqlstate(error)
             if append is not None and state in _APPEND_FAILURES:
                 detail = error.detail if isinstance(error, _AttemptFailed) else error.diag.message_detail
-                raise _append_failure(append, state, detail) from None
+                raise _append_failure(append, state, detail) from error
             failure = self._failed(error, "commit the transaction", committing=True)
             if isinstance(failure, _Replay):
                 return False
-            raise failure from None
+            raise failure from error
         if status != 0:
             return False  # 1: a dependency changed, nothing was written
         self._driver._written.remember(self.writes)
@@ -1245,7 +1275,7 @@ class _PostgresAttempt(StorageAttempt):
             failure = self._failed(error, "validate the transaction's reads")
             if isinstance(failure, _Replay):
                 return False
-            raise failure from None
+            raise failure from error
         return changed == 0
 
     def _commit_payload(self) -> bytes:
@@ -1582,7 +1612,7 @@ class PostgresStorageDriver(ClientClock):
                 await pool.open(wait=self.min_size > 0, timeout=self.connect_timeout)
             except Exception as error:  # noqa: BLE001 - mapped
                 await pool.close()
-                raise map_postgres_error(error, f"open the connection pool of {self._target.display}") from None
+                raise map_postgres_error(error, f"open the connection pool of {self._target.display}") from error
             loop = asyncio.get_running_loop()
             with self._loops_lock:
                 self._loops[loop] = _LoopState(loop, pool)
@@ -1620,7 +1650,7 @@ class PostgresStorageDriver(ClientClock):
             try:
                 await state.pool.open()  # idempotent
             except Exception as error:  # noqa: BLE001 - mapped
-                raise map_postgres_error(error, f"open a connection pool of {self._target.display}") from None
+                raise map_postgres_error(error, f"open a connection pool of {self._target.display}") from error
         return state
 
     def _forked(self) -> RunlaneError:
@@ -1644,7 +1674,7 @@ class PostgresStorageDriver(ClientClock):
         try:
             conn = await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
         except Exception as error:  # noqa: BLE001 - mapped
-            raise map_postgres_error(error, doing) from None
+            raise map_postgres_error(error, doing) from error
         try:
             async with conn:
                 cursor = await conn.execute("SHOW server_encoding")
@@ -1664,6 +1694,8 @@ class PostgresStorageDriver(ClientClock):
                     )
                 cursor = await conn.execute(f"SELECT coalesce(max(version), 0) FROM {self._sql.migrations}")
                 (version,) = await cursor.fetchone()  # type: ignore[misc]
+                if version > SCHEMA_VERSION:
+                    raise newer_schema_error(self.schema, self._target.display, int(version), migrating=False)
                 if version < SCHEMA_VERSION:
                     raise _invalid(
                         f"The Runlane schema {self.schema!r} is at version {version}, this driver needs "
@@ -1673,7 +1705,7 @@ class PostgresStorageDriver(ClientClock):
         except RunlaneError:
             raise
         except Exception as error:  # noqa: BLE001 - mapped
-            raise map_postgres_error(error, f"probe the Runlane schema {self.schema!r}") from None
+            raise map_postgres_error(error, f"probe the Runlane schema {self.schema!r}") from error
 
     async def close(self) -> None:
         sender = self._hints_task
@@ -1959,7 +1991,7 @@ class PostgresStorageDriver(ClientClock):
             try:
                 conn = await pool.getconn()
             except Exception as error:  # noqa: BLE001 - mapped
-                raise map_postgres_error(error, f"get a connection to {self._target.display}") from None
+                raise map_postgres_error(error, f"get a connection to {self._target.display}") from error
             if _alive(conn):
                 return conn
             # The server closed it while it sat in the pool (a restart, an idle timeout): drop it,
@@ -2007,7 +2039,7 @@ class PostgresStorageDriver(ClientClock):
             conn = await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
         except Exception as error:  # noqa: BLE001 - mapped
             self._unreachable = True
-            raise map_postgres_error(error, f"connect to Postgres at {self._target.display}") from None
+            raise map_postgres_error(error, f"connect to Postgres at {self._target.display}") from error
         self._unreachable = False
         with contextlib.suppress(Exception):
             await conn.close()
@@ -2022,7 +2054,7 @@ class PostgresStorageDriver(ClientClock):
             except psycopg.Error as error:
                 broken = _is_disconnect(error)
                 if not broken or attempt > 0:
-                    raise map_postgres_error(error, doing) from None
+                    raise map_postgres_error(error, doing) from error
             finally:
                 await self._return(conn, broken=broken)
             await self._recover()

@@ -1,0 +1,319 @@
+"""runlane-postgres as an operator runs it: a schema a newer release migrated, the driver failure kept
+behind every mapped error, reserved schema names, and the timeouts of a ``runlane.toml`` lane.
+
+Every test that touches the database works in schemas of its own (``runlane_ops_*``), dropped when the
+module ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from cli_support import cli, write
+from psycopg import errors as pg_errors
+from psycopg import sql
+from runlane_postgres import apply_postgres_migrations, map_postgres_error, postgres_migration_sql, postgres_storage
+from runlane_postgres.migration import SCHEMA_VERSION, validate_schema_name
+
+from runlane.config import load_config
+from runlane.errors import ErrorCode, RunlaneError
+from runlane.plugins.manager import get_registries
+from runlane.plugins.registries import ProviderContext, validate_options
+from runlane.storage import NewStorageRecord, StorageDocument, StorageRecordKey
+
+
+class Schemas:
+    """Fresh schema names for this module; every one is dropped at the end."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.created: list[str] = []
+
+    def name(self) -> str:
+        schema = f"runlane_ops_{uuid.uuid4().hex[:12]}"
+        self.created.append(schema)
+        return schema
+
+    async def migrated(self) -> str:
+        schema = self.name()
+        await apply_postgres_migrations(self.url, schema)
+        return schema
+
+    def execute(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as connection:
+            cursor = connection.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+
+@pytest.fixture(scope="module")
+def schemas(postgres_url: str) -> Iterator[Schemas]:
+    created = Schemas(postgres_url)
+    try:
+        yield created
+    finally:
+        for schema in created.created:
+            created.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+async def expect_error(awaitable: Any, code: ErrorCode) -> RunlaneError:
+    with pytest.raises(RunlaneError) as info:
+        await awaitable
+    assert info.value.code is code, f"expected {code.value}, got {info.value.code.value}: {info.value.message}"
+    return info.value
+
+
+# ---------------------------------------------------------------------------------------------
+# A schema a newer release migrated
+
+MARKER = "migrated by a newer release"
+
+
+def from_the_future(schemas: Schemas, schema: str) -> None:
+    """What a newer release's migration leaves: a later version in the ledger and functions of its own."""
+    name = sql.Identifier(schema)
+    schemas.execute(
+        sql.SQL("INSERT INTO {}.runlane_schema_migrations (version, name) VALUES (%s, '0003_future')").format(name),
+        (SCHEMA_VERSION + 1,),
+    )
+    schemas.execute(
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}.runlane_commit_batch(locks jsonb, attempts jsonb) "
+            "RETURNS TABLE (commit_status integer, commit_state text, commit_message text, commit_detail text) "
+            "LANGUAGE plpgsql AS $body$ BEGIN /* {} */ RETURN; END $body$"
+        ).format(name, sql.SQL(MARKER))
+    )
+
+
+def commit_batch_body(schemas: Schemas, schema: str) -> str:
+    rows = schemas.execute(
+        "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = %s AND p.proname = 'runlane_commit_batch'",
+        (schema,),
+    )
+    assert len(rows) == 1
+    return str(rows[0][0])
+
+
+def versions(schemas: Schemas, schema: str) -> list[int]:
+    query = sql.SQL("SELECT version FROM {}.runlane_schema_migrations ORDER BY version")
+    return [version for (version,) in schemas.execute(query.format(sql.Identifier(schema)))]
+
+
+async def test_migrate_refuses_a_newer_schema_and_changes_nothing(schemas: Schemas) -> None:
+    schema = await schemas.migrated()
+    from_the_future(schemas, schema)
+    newer = SCHEMA_VERSION + 1
+    error = await expect_error(apply_postgres_migrations(schemas.url, schema), ErrorCode.CONFIGURATION_INVALID)
+    assert f"is at version {newer}, newer than version {SCHEMA_VERSION}" in error.message
+    assert "Nothing was changed" in error.message and "upgrade runlane-postgres" in error.message
+    assert error.meta == {"schema": schema, "version": newer, "supported_version": SCHEMA_VERSION}
+    assert not error.retryable
+    # The newer release's function and ledger are what they were.
+    assert MARKER in commit_batch_body(schemas, schema)
+    assert versions(schemas, schema) == [1, 2, newer]
+
+
+async def test_start_refuses_a_newer_schema(schemas: Schemas) -> None:
+    schema = await schemas.migrated()
+    from_the_future(schemas, schema)
+    driver = postgres_storage(schemas.url, schema=schema, min_size=0)
+    error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+    assert f"is at version {SCHEMA_VERSION + 1}, newer than version {SCHEMA_VERSION}" in error.message
+    assert "Upgrade runlane-postgres" in error.message
+    # Not started: nothing was written through the newer release's functions.
+    await expect_error(driver.get([StorageRecordKey("c", "k")]), ErrorCode.STORAGE_UNAVAILABLE)
+
+
+def test_cli_migrate_refuses_a_newer_schema(tmp_path: Path, schemas: Schemas) -> None:
+    schema = schemas.name()
+    url = f"{schemas.url}?schema={schema}"
+    first = cli(tmp_path, "postgres", "migrate", "--url", url)
+    assert first.returncode == 0, first.stderr
+    from_the_future(schemas, schema)
+    refused = cli(tmp_path, "postgres", "migrate", "--url", url)
+    assert refused.returncode == 1, refused.stdout
+    assert "error[configuration_invalid]" in refused.stderr and "Traceback" not in refused.stderr
+    assert f"version {SCHEMA_VERSION + 1}" in refused.stderr and "nothing to do" not in refused.stdout
+    as_json = cli(tmp_path, "--json", "postgres", "migrate", "--url", url)
+    assert as_json.returncode == 1 and json.loads(as_json.stderr)["error"]["code"] == "configuration_invalid"
+    assert MARKER in commit_batch_body(schemas, schema)
+
+
+async def test_concurrent_migrations_of_a_newer_schema_all_refuse_it(schemas: Schemas) -> None:
+    schema = await schemas.migrated()
+    from_the_future(schemas, schema)
+    results = await asyncio.gather(
+        *(apply_postgres_migrations(schemas.url, schema) for _ in range(3)), return_exceptions=True
+    )
+    assert [getattr(result, "code", result) for result in results] == [ErrorCode.CONFIGURATION_INVALID] * 3
+    assert MARKER in commit_batch_body(schemas, schema)
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver's failure stays behind the mapped error
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (pg_errors.AdminShutdown("terminating connection"), ErrorCode.STORAGE_UNAVAILABLE),
+        (pg_errors.SerializationFailure("could not serialize"), ErrorCode.STORAGE_CONFLICT),
+        (pg_errors.UndefinedTable('relation "x" does not exist'), ErrorCode.CONFIGURATION_INVALID),
+        (pg_errors.InsufficientPrivilege("permission denied for schema x"), ErrorCode.CONFIGURATION_INVALID),
+        (pg_errors.DivisionByZero("division by zero"), ErrorCode.INTERNAL_ERROR),
+        (psycopg.OperationalError("connection refused"), ErrorCode.STORAGE_UNAVAILABLE),
+    ],
+)
+def test_every_mapped_error_keeps_the_driver_failure_as_its_cause(error: Exception, code: ErrorCode) -> None:
+    mapped = map_postgres_error(error, "do something")
+    assert mapped.code is code and mapped.__cause__ is error
+    assert "cause" not in mapped.to_json()  # server-side detail only
+
+
+async def test_a_failed_commit_keeps_the_postgres_error_with_its_context(schemas: Schemas) -> None:
+    schema = await schemas.migrated()
+    driver = postgres_storage(schemas.url, schema=schema, min_size=0)
+    await driver.start()
+    try:
+        # A schema broken under a running driver (a function dropped by hand): the commit fails.
+        for function in ("runlane_commit_batch(jsonb, jsonb)", "runlane_commit(jsonb)"):
+            schemas.execute(sql.SQL("DROP FUNCTION {}.{}").format(sql.Identifier(schema), sql.SQL(function)))
+
+        async def stage(tx: Any) -> None:
+            tx.create(NewStorageRecord(StorageRecordKey("c", "k"), StorageDocument.encode({}), ()))
+
+        error = await expect_error(driver.with_transaction(stage), ErrorCode.CONFIGURATION_INVALID)
+        assert "runlane postgres migrate" in error.message
+        assert isinstance(error.__cause__, pg_errors.UndefinedFunction)
+        assert error.__cause__.sqlstate == error.meta["sqlstate"] == "42883"
+    finally:
+        await driver.close()
+
+
+async def test_a_migration_refused_by_the_server_keeps_its_error(schemas: Schemas) -> None:
+    role, schema = f"runlane_ops_{uuid.uuid4().hex[:8]}", schemas.name()
+    try:
+        schemas.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    except psycopg.Error:
+        pytest.skip("the test database does not let this role create roles")
+    try:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(schemas.url)
+        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        # The role may not create the schema: the server's refusal is the cause.
+        error = await expect_error(apply_postgres_migrations(url, schema), ErrorCode.CONFIGURATION_INVALID)
+        assert isinstance(error.__cause__, pg_errors.InsufficientPrivilege)
+        # A role without access to a migrated schema cannot start a driver on it.
+        migrated = await schemas.migrated()
+        driver = postgres_storage(url, schema=migrated, min_size=0)
+        error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+        assert isinstance(error.__cause__, pg_errors.InsufficientPrivilege)
+    finally:
+        schemas.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        schemas.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema names Postgres reserves
+
+
+@pytest.mark.parametrize("schema", ["pg_runlane", "PG_runlane", "Pg_x", "pg_"])
+def test_a_pg_schema_name_is_refused_up_front(tmp_path: Path, schema: str) -> None:
+    with pytest.raises(RunlaneError) as info:
+        validate_schema_name(schema)
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "pg_ prefix is reserved by Postgres" in info.value.message and "choose another name" in info.value.message
+    with pytest.raises(RunlaneError):
+        postgres_migration_sql(schema)
+    with pytest.raises(RunlaneError):
+        postgres_storage(f"postgresql://db/app?schema={schema}")
+    result = cli(tmp_path, "postgres", "migrate", "--url", "postgresql://127.0.0.1:1/db", "--schema", schema)
+    assert result.returncode == 1 and "error[configuration_invalid]" in result.stderr
+    assert "reserved by Postgres" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_names_that_only_contain_pg_are_fine() -> None:
+    for schema in ("runlane_pg_", "pgrunlane", "_pg_x"):
+        assert validate_schema_name(schema) == schema
+
+
+def test_a_reserved_name_the_server_refuses_is_configuration_invalid() -> None:
+    error = pg_errors.ReservedName('unacceptable schema name "pg_x"')
+    mapped = map_postgres_error(error, "apply the Runlane migration", migrating=True)
+    assert mapped.code is ErrorCode.CONFIGURATION_INVALID and mapped.__cause__ is error
+    assert "pg_" in mapped.message and "choose another schema name" in mapped.message
+
+
+# ---------------------------------------------------------------------------------------------
+# Timeouts of a runlane.toml lane
+
+
+def configured_lane(tmp_path: Path, url: str, options: str) -> Any:
+    """The lane ``runlane.toml`` configures, built the way the CLI builds it (not started)."""
+    write(tmp_path / "runlane.toml", f'[lane]\nuse = "postgres-polling"\nconnection_string = "{url}"\n{options}')
+    loaded = load_config(tmp_path / "runlane.toml", environ={})
+    assert loaded is not None and loaded.lane is not None
+    registries = get_registries()
+    provider = registries.lanes.get(loaded.lane.use)
+    context = ProviderContext(environment=loaded.environment, base_dir=loaded.base_dir, registries=registries)
+    return provider.create(validate_options(provider, loaded.lane.options), context)
+
+
+def test_toml_lane_timeouts_reach_the_driver(tmp_path: Path) -> None:
+    lane = configured_lane(
+        tmp_path, "postgresql://db/app", 'statement_timeout = "5m"\npool_timeout = "1500ms"\nconnect_timeout = 3\n'
+    )
+    storage = lane.storage
+    assert (storage.statement_timeout, storage.pool_timeout, storage.connect_timeout) == (300.0, 1.5, 3.0)
+    defaults = configured_lane(tmp_path, "postgresql://db/app", "")
+    assert (defaults.storage.statement_timeout, defaults.storage.pool_timeout) == (30.0, 30.0)
+    assert defaults.storage.connect_timeout == 10.0
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("statement_timeout", '"soon"'),
+        ("statement_timeout", "0"),
+        ("pool_timeout", '"-1s"'),
+        ("pool_timeout", "true"),
+        ("connect_timeout", '"0s"'),
+        ("connect_timeout", "nan"),
+    ],
+)
+def test_invalid_toml_lane_timeouts_are_configuration_invalid(tmp_path: Path, option: str, value: str) -> None:
+    with pytest.raises(RunlaneError) as info:
+        configured_lane(tmp_path, "postgresql://db/app", f"{option} = {value}\n")
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert f"key {option!r}" in info.value.message and info.value.meta["keys"] == [option]
+    assert "unknown key" not in info.value.message
+    # The CLI says the same, without a traceback.
+    result = cli(tmp_path, "runs", "list")
+    assert result.returncode == 1 and "error[configuration_invalid]" in result.stderr
+    assert option in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_the_toml_statement_timeout_is_the_one_pooled_connections_use(tmp_path: Path, schemas: Schemas) -> None:
+    schema = await schemas.migrated()
+    # One set in the URL's options is overridden by the lane's option (docs/lanes.md says so).
+    url = f"{schemas.url}?options=-c%20statement_timeout%3D7min"
+    lane = configured_lane(tmp_path, url, f'schema = "{schema}"\nmin_size = 0\nstatement_timeout = "5m"\n')
+    driver = lane.storage
+    await driver.start()
+    try:
+        conn = await driver._acquire()
+        try:
+            cursor = await conn.execute("SHOW statement_timeout")
+            assert await cursor.fetchone() == ("5min",)
+        finally:
+            await driver._return(conn)
+    finally:
+        await driver.close()
