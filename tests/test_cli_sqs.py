@@ -8,6 +8,8 @@ AWS credentials in their environment (``cli_support`` passes this process's envi
 from __future__ import annotations
 
 import json
+import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -106,13 +108,33 @@ def test_sqs_consume_executes_a_triggered_run_and_exits_cleanly_on_sigterm(proje
         assert executed["run"]["status"] == "succeeded" and executed["run"]["output"] == {"pong": True}
         assert consumer.stop() == 0
         records = consumer.records()
-    assert [record["type"] for record in records][-2:] == ["stopping", "consumer_stopped"], records
+    ending = [record["type"] for record in records if record["type"] != "receive_wait"][-2:]
+    assert ending == ["stopping", "consumer_stopped"], records
     assert records[-1]["runs"] == 1
     assert project.messages() == 0  # deleted once its delivery resolved
 
     stored = cli(project.root, "--json", "runs", "get", run["id"])
     assert stored.returncode == 0, stored.stderr
     assert json.loads(stored.stdout)["run"]["status"] == "succeeded"
+
+
+def test_a_stopping_sqs_consume_hands_back_the_wakeup_its_last_long_poll_receives(
+    project: SqsProject, tmp_path: Path
+) -> None:
+    # SQS hands a wakeup that arrives during a long poll to that poll even when its process has gone: the
+    # command stays until the poll returns and makes the wakeup visible for the next consumer at once.
+    with background(project.root, "sqs", "consume", "--wait-time", "10", log=tmp_path / "consume.log") as consumer:
+        consumer.wait_for("consumer_started")
+        time.sleep(0.5)  # the 10-second receive is in flight
+        consumer.process.send_signal(signal.SIGTERM)
+        waiting = consumer.wait_for("receive_wait")
+        assert (waiting["queue_url"], waiting["wait_seconds"]) == (project.queue_url, 10)
+        project.sqs_server.client().send_message(QueueUrl=project.queue_url, MessageBody="{}")
+        assert consumer.process.wait(timeout=30) == 0
+        assert consumer.records()[-1]["type"] == "consumer_stopped"
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    attributes = project.sqs_server.client().get_queue_attributes(QueueUrl=project.queue_url, AttributeNames=names)
+    assert [attributes["Attributes"][name] for name in names] == ["1", "0"]
 
 
 def test_sqs_consume_on_a_polling_lane_points_at_runlane_work(tmp_path: Path) -> None:

@@ -377,6 +377,40 @@ async def test_stop_during_a_long_poll_returns_without_waiting_for_the_poll(sqs_
     assert not consumer.running
 
 
+async def test_a_wakeup_the_abandoned_long_poll_receives_is_handed_back_once_it_returns(sqs_server, consumers):
+    # SQS hands a message that arrives during a long poll to that poll even after its consumer stopped;
+    # waiting for the poll to return makes the message visible again at once, not after its timeout.
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name(), VisibilityTimeout="60")
+    consumer = await _start(
+        consumers, client=client, queue_url=url, execute_delivery=_failing_with(AssertionError), wait_time_seconds=3
+    )
+    await asyncio.sleep(0.3)  # the receive is in flight
+    await asyncio.wait_for(consumer.stop(), timeout=WAIT)
+    assert not await consumer.wait_for_abandoned_receive(0)  # the poll is still out
+    client.send_message(QueueUrl=url, MessageBody="wakeup sent after the stop")
+    assert await consumer.wait_for_abandoned_receive(timeout=WAIT)
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    counts = client.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
+    assert (counts["ApproximateNumberOfMessages"], counts["ApproximateNumberOfMessagesNotVisible"]) == ("1", "0")
+
+
+async def test_waiting_for_the_abandoned_receive_of_a_consumer_never_started_or_idle_returns_at_once(
+    sqs_server, consumers
+):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    consumer = create_sqs_delivery_consumer(
+        client=client, queue_url=url, execute_delivery=_failing_with(AssertionError), wait_time_seconds=0
+    )
+    assert await consumer.wait_for_abandoned_receive(0)
+    consumers.append(consumer)
+    await consumer.start()
+    await asyncio.sleep(0.2)
+    await consumer.stop()
+    assert await asyncio.wait_for(consumer.wait_for_abandoned_receive(timeout=WAIT), WAIT)
+
+
 async def test_start_twice_is_a_no_op_and_start_after_stop_is_refused(sqs_server, consumers):
     client = sqs_server.client()
     url = sqs_server.create_queue(_queue_name())

@@ -3,8 +3,9 @@
 Each executed run prints the same line as ``runlane work``; an ignored (stale) wakeup and a message
 left unacknowledged print a line of their own. A consumer that loses SQS for a retryable reason
 (network, throttling, a 5xx) is started again after a backoff; any other failure (a queue that does
-not exist, access denied) stops the command with that error. The first SIGINT/SIGTERM stops receiving
-and lets the deliveries in flight finish; a second one exits at once.
+not exist, access denied) stops the command with that error. The first SIGINT/SIGTERM stops receiving,
+lets the deliveries in flight finish and waits for the long poll in flight to return (at most the
+``--wait-time``), handing back what it received; a second one exits at once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from .delivery import SqsDeliveryFailure, check_delivery_options
 from .transport import SqsTransport
 
 __all__ = ["consume_wakeups"]
+
+# How much longer than its --wait-time an abandoned long poll may take to return (a slow network).
+_RECEIVE_RETURN_MARGIN_S = 5.0
 
 
 async def consume_wakeups(
@@ -118,6 +122,8 @@ async def consume_wakeups(
                 stop_requested.cancel()
                 if consumer.running:
                     await consumer.stop()
+                if stopping.is_set():
+                    await _hand_back_abandoned_receive(consumer, output, wait_time_seconds)
             error = consumer.closed.exception()
             if error is None:
                 return
@@ -201,6 +207,22 @@ async def _probe(transport: SqsTransport, url: str) -> None:
         )
         if failure.retryable or failure.code is ErrorCode.CONFIGURATION_INVALID:
             raise failure from None
+
+
+async def _hand_back_abandoned_receive(consumer: Any, output: Output, wait_time_seconds: int) -> None:
+    """Stay until the long poll the stop abandoned has returned: SQS still hands wakeups to a poll whose
+    process has exited, and they would stay invisible to every consumer until their visibility timeout
+    ends. The consumer makes what the poll returns visible again at once."""
+    if await consumer.wait_for_abandoned_receive(0):
+        return
+    output.record(
+        "receive_wait",
+        f"waiting up to {wait_time_seconds}s for the receive in flight to return, so the wakeups it gets "
+        "are handed back at once (send again to exit now)",
+        queue_url=consumer.queue_url,
+        wait_seconds=wait_time_seconds,
+    )
+    await consumer.wait_for_abandoned_receive(wait_time_seconds + _RECEIVE_RETURN_MARGIN_S)
 
 
 async def _stopped_within(stopping: asyncio.Event, seconds: float) -> bool:

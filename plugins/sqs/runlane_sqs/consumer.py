@@ -11,7 +11,8 @@ Messages of one receive are delivered concurrently on a standard queue. On a FIF
 undelivered, so SQS keeps their order.
 
 ``stop()`` (or the ``signal`` passed in) ends the loop: the receive in flight is abandoned at once
-(messages it still returns are made visible again), the signal every delivery got is aborted so
+(messages it still returns are made visible again, if the process lives until it returns:
+``wait_for_abandoned_receive()``), the signal every delivery got is aborted so
 cooperative task code can stop, and ``stop()`` returns when the deliveries in flight have resolved
 and their messages are deleted. A receive or delete call that fails as a whole, or an
 ``on_delivery_failure`` that raises, ends the loop with that error: ``await consumer.closed`` raises
@@ -97,6 +98,9 @@ class SqsDeliveryConsumer:
         self._controller = link_signals(signal, delivery_options.get("signal"))
         self._delivery_options = {**delivery_options, "signal": self._controller.signal}
         self._task: asyncio.Task[None] | None = None
+        # Settles once the thread of the latest receive call has returned and, when the call was
+        # abandoned, handed back what it received (``wait_for_abandoned_receive``).
+        self._receive_returned: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
         state = "new" if self._task is None else ("closed" if self._task.done() else "running")
@@ -129,6 +133,18 @@ class SqsDeliveryConsumer:
         self._controller.abort(REASON_WORKER_STOPPED)  # what a worker's stop says, so handlers check one reason
         if self._task is not None:
             await asyncio.wait([self._task])
+
+    async def wait_for_abandoned_receive(self, timeout: float | None = None) -> bool:
+        """After ``stop()``: wait until the long poll ``stop()`` abandoned has returned and made what it
+        received visible again; ``True`` once it has (or none was in flight), ``False`` after ``timeout``
+        seconds. A process that exits before that strands those wakeups until their visibility timeout
+        ends, because SQS still hands messages to a poll whose caller has gone. The poll returns at the
+        latest ``wait_time_seconds`` after it started."""
+        returned = self._receive_returned
+        if returned is None or returned.done():
+            return True
+        await asyncio.wait([returned], timeout=timeout)
+        return returned.done()
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -217,10 +233,14 @@ class SqsDeliveryConsumer:
         # A daemon thread, not the loop's executor: a long poll in flight must not hold up process exit.
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
+        returned: asyncio.Future[None] = loop.create_future()
+        self._receive_returned = returned
         params = self._receive_params()
         signal = self._controller.signal
 
         def settle(result: Any, error: BaseException | None) -> None:
+            if not returned.done():
+                returned.set_result(None)
             if future.done():
                 return
             if error is not None:
