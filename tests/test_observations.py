@@ -738,6 +738,7 @@ async def test_run_retries_untyped_and_retryable_failures(driver, caplog):
     assert await get_observation_checkpoint(driver, ENV, "otel") == observation_cursor(ENV, "2")
     # One line for the outage (its reason, no traceback for a RunlaneError) and one for its end.
     messages = [record.getMessage() for record in caplog.records]
+    assert {record.name for record in caplog.records} == {"runlane.export"}
     assert messages == [
         "Observation export for consumer 'otel' in 'production' failed (observation_export_failed: collector down); "
         "retrying every 0.001s.",

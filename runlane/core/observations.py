@@ -115,7 +115,7 @@ __all__ = [
     "trim_observation_records",
 ]
 
-_logger = logging.getLogger("runlane")
+_logger = logging.getLogger("runlane.export")
 
 T = TypeVar("T")
 
