@@ -13,6 +13,7 @@ and its watchdog stops it if the test process dies outright.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from runlane_postgres.testing import PostgresTestServer, postgres_test_url
 
@@ -79,3 +80,39 @@ def restartable_postgres_server(prefix: str) -> tuple[PostgresTestServer, str]:
     if server is None:
         pytest.skip("RUNLANE_POSTGRES_TEST_DATABASE_URL is set: the tests cannot stop or restart that server")
     return server, migrated_schema(server.url, prefix)
+
+
+class Schemas:
+    """Fresh schema names for one test module (``<prefix>_<random>``); ``drop_all()`` drops every one."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.created: list[str] = []
+
+    def name(self) -> str:
+        import uuid
+
+        schema = f"{self.prefix}_{uuid.uuid4().hex[:12]}"
+        self.created.append(schema)
+        return schema
+
+    async def migrated(self) -> str:
+        from runlane_postgres import apply_postgres_migrations
+
+        schema = self.name()
+        await apply_postgres_migrations(self.url, schema)
+        return schema
+
+    def execute(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as connection:
+            cursor = connection.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def drop_all(self) -> None:
+        from psycopg import sql
+
+        for schema in self.created:
+            self.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

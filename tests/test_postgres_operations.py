@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from cli_support import cli, write
+from postgres_support import Schemas
 from psycopg import errors as pg_errors
 from psycopg import sql
 from runlane_postgres import apply_postgres_migrations, map_postgres_error, postgres_migration_sql, postgres_storage
@@ -29,37 +30,13 @@ from runlane.plugins.registries import ProviderContext, validate_options
 from runlane.storage import NewStorageRecord, StorageDocument, StorageRecordKey
 
 
-class Schemas:
-    """Fresh schema names for this module; every one is dropped at the end."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.created: list[str] = []
-
-    def name(self) -> str:
-        schema = f"runlane_ops_{uuid.uuid4().hex[:12]}"
-        self.created.append(schema)
-        return schema
-
-    async def migrated(self) -> str:
-        schema = self.name()
-        await apply_postgres_migrations(self.url, schema)
-        return schema
-
-    def execute(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as connection:
-            cursor = connection.execute(statement, params)
-            return cursor.fetchall() if cursor.description else []
-
-
 @pytest.fixture(scope="module")
 def schemas(postgres_url: str) -> Iterator[Schemas]:
-    created = Schemas(postgres_url)
+    created = Schemas(postgres_url, "runlane_ops")
     try:
         yield created
     finally:
-        for schema in created.created:
-            created.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        created.drop_all()
 
 
 async def expect_error(awaitable: Any, code: ErrorCode) -> RunlaneError:
