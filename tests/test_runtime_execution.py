@@ -649,14 +649,14 @@ async def test_run_now_rejects_when_the_inline_lease_is_lost():
     async def lose(payload: dict, ctx: TaskContext) -> None:
         await ctx.signal.wait()
 
-    runtime, clock = make_runtime(lose)
-    async with runtime:
+    (runtime, other), clock = shared_runtimes([lose], [lose])
+    async with runtime, other:
         task_ = asyncio.ensure_future(runtime.run_now(lose, {}, lease_duration="1s", heartbeat_interval="10ms"))
         await asyncio.sleep(0.005)
-        # Another worker recovers the run after its lease expires and claims it.
+        # A worker of another process recovers the run after its lease expires and claims it.
         clock.advance("2s")
         (run,) = (await runtime.runs.list()).data
-        stolen = await runtime.store.claim([ClaimRequest(run.id, None, "thief", "tok", 60_000)])
+        stolen = await other.store.claim([ClaimRequest(run.id, None, "thief", "tok", 60_000)])
         assert stolen[0].claimed
         with pytest.raises(RunlaneError) as raised:
             await asyncio.wait_for(task_, 2)
@@ -727,9 +727,9 @@ async def test_execute_delivery_abandons_an_attempt_that_lost_its_lease(caplog):
     async def slow(payload: dict, ctx: TaskContext) -> None:
         await ctx.signal.wait()
 
-    runtime, clock = make_runtime(slow)
+    (runtime, other), clock = shared_runtimes([slow], [slow])
     caplog.set_level(logging.INFO, logger="runlane")
-    async with runtime:
+    async with runtime, other:
         run = (await runtime.trigger(slow, {})).run
         pending = asyncio.ensure_future(
             runtime.execute_delivery(_message(run), lease_duration="1s", heartbeat_interval="5ms")
@@ -737,7 +737,8 @@ async def test_execute_delivery_abandons_an_attempt_that_lost_its_lease(caplog):
         # The attempt holds its lease before the clock moves past it (on a busy machine that can take a while).
         await wait_for_run_status(runtime, run.id, RunStatus.RUNNING, timeout="10s", interval="1ms")
         clock.advance("2s")
-        assert (await runtime.store.claim([ClaimRequest(run.id, None, "thief", "tok", 60_000)]))[0].claimed
+        # A worker of another process takes the run (this process never takes it from its own live attempt).
+        assert (await other.store.claim([ClaimRequest(run.id, None, "thief", "tok", 60_000)]))[0].claimed
         result = await asyncio.wait_for(pending, 2)
         assert (result.status, result.reason) == (ExecuteDeliveryStatus.IGNORED, ExecuteDeliveryIgnoredReason.ABANDONED)
         [abandoned] = [record for record in caplog.records if record.name == "runlane.task"]

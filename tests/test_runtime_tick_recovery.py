@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import fields
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from runlane_local import local_lane
 
-from runlane import ErrorCode, Retry, RunlaneError, RunStatus, TaskContext, TickResult, task
+from runlane import ErrorCode, Retry, RunlaneError, RunStatus, TaskContext, TickResult, create_runlane, task
 from runlane.core.store import ClaimRequest
-
-from runtime_support import event_types, make_runtime
+from runlane.testing import wait_for_run_status
+from runtime_support import DEFAULT_QUEUE, event_types, make_runtime
 
 
 @task("noop")
@@ -355,3 +356,46 @@ async def test_a_handler_still_running_when_tick_records_its_timeout_reports_tha
         late = "ran past its max_attempt_duration deadline and maintenance recorded its timeout"
         assert any(late in message for message in messages)
         assert not any("lost its lease" in message for message in messages)
+
+
+class SteppingClock:
+    """The wall clock plus an offset that can step, as NTP or a resumed virtual machine steps it (no
+    ``watch()``: the runtime learns of the step only by reading the time)."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+
+async def test_a_clock_step_past_the_lease_never_hands_a_live_attempt_to_its_own_process(caplog):
+    starts: list[int] = []
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    @task("long.running")
+    async def long_running(payload: dict, ctx: TaskContext) -> str:
+        starts.append(ctx.attempt)
+        started.set()
+        await finish.wait()
+        return "done"
+
+    clock = SteppingClock()
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[long_running], clock=clock)
+    caplog.set_level(logging.WARNING, logger="runlane")
+    async with runtime:
+        run = (await runtime.trigger(long_running, {})).run
+        worker = runtime.worker(concurrency=2, empty_poll_delay="10ms", lease_duration="1m")
+        await asyncio.wait_for(started.wait(), 5)
+        clock.offset = timedelta(minutes=2)  # past the lease: to this process's clock the lease has expired
+        await asyncio.sleep(0.2)  # the idle slot polls meanwhile
+        result = await runtime.tick()
+        assert (result.delivery_requested, result.cancellations_finalized) == (0, 0)
+        assert await runtime.execute_next() is None
+        renewed = await runtime.runs.get(run.id)
+        assert renewed.lease is not None and renewed.lease.expires_at > clock.now()  # heartbeat on the new time
+        finish.set()
+        done = await wait_for_run_status(runtime, run.id, RunStatus.SUCCEEDED)
+        await worker.stop()
+    assert starts == [1] and done.counters.attempts == 1
+    assert not [record for record in caplog.records if "lost its lease" in record.getMessage()]

@@ -221,6 +221,17 @@ class CancellationRegistry:
             attempt.observe_cancellation()
         return bool(matches)
 
+    def holds(self, run_id: str, lease_token: str) -> bool:
+        """Whether an attempt of this runtime runs ``run_id`` under ``lease_token``. Such an attempt is
+        alive, so a lease it holds that looks expired means this process's clock stepped forward past
+        the lease: the attempt heartbeats now, renewing the lease on the new time, and no claim or
+        recovery of this process may take the run from it meanwhile. From any thread."""
+        with self._lock:
+            attempts = [attempt for attempt in self._attempts.get(run_id, ()) if attempt.token == lease_token]
+        for attempt in attempts:
+            attempt.heartbeat_soon()
+        return bool(attempts)
+
     def check_now(self, run_id: str) -> bool:
         """Heartbeat this process's attempts of ``run_id`` now instead of at their next interval: another
         process requested cancellation of the run, and a heartbeat is how an attempt observes that from

@@ -505,6 +505,7 @@ class Runlane:
         # scan per worker, deep enough to get past bounded-queue runs that wait for capacity.
         self._exclusive_claims = bool(getattr(lane.storage.profile, "exclusive_candidates", False))
         self.registry = CancellationRegistry()
+        self._store.holds_lease = self.registry.holds
         self.runs = RunsApi(self)
         self.signals = SignalsApi(self)
         self.idempotency_keys = IdempotencyKeysApi(self)
@@ -1870,6 +1871,8 @@ class Runlane:
                 available = get_run_delivery_recovery_available_at(run)
                 if available is None or available > at or available > now:
                     return []
+                if run.status is RunStatus.RUNNING and self._store.lease_held_here(run):
+                    return []  # alive in this process: its clock stepped past the lease
                 queue = self._queues.get(run.queue)
                 if queue is not None and queue.concurrency_limit is not None:
                     # Written before bounded runs were dispatch candidates: wake it through a

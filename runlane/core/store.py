@@ -1362,6 +1362,16 @@ class CoreStore:
         # Where the next capacity scan of (index, queue) goes on past its window of oldest rows (see
         # ``open_candidates``); ``None``: right after that window.
         self._capacity_scan_resume: dict[tuple[StorageIndexName, str], str | None] = {}
+        # ``(run_id, lease_token) -> bool``: whether an attempt of this process holds that lease (the
+        # runtime's ``CancellationRegistry.holds``). A claim never takes a run from such an attempt,
+        # whatever this process's clock says about the lease.
+        self.holds_lease: Callable[[str, str], bool] | None = None
+
+    def lease_held_here(self, run: RunRecord) -> bool:
+        """Whether ``run``'s lease belongs to a live attempt of this process (see ``holds_lease``)."""
+        lease = run.lease
+        holds = self.holds_lease
+        return lease is not None and holds is not None and holds(run.id, lease.token)
 
     def __repr__(self) -> str:
         return f"CoreStore(driver={getattr(self.driver, 'name', self.driver)!r}, environment={self.env_key!r})"
@@ -1997,6 +2007,8 @@ class CoreStore:
                 else ExecuteDeliveryIgnoredReason.NOT_DUE
             )
             return ClaimResult(run_id, None, reason)
+        if status is RunStatus.RUNNING and self.lease_held_here(run):
+            return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.ALREADY_LEASED)
         if not attempt.free_slots(run):
             return ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST)
         deadline = (
