@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,16 @@ from cli_support import cli, write
 from postgres_support import Schemas
 from psycopg import errors as pg_errors
 from psycopg import sql
-from runlane_postgres import apply_postgres_migrations, map_postgres_error, postgres_migration_sql, postgres_storage
+from runlane_postgres import (
+    apply_postgres_migrations,
+    map_postgres_error,
+    postgres_migration_sql,
+    postgres_polling_lane,
+    postgres_storage,
+)
 from runlane_postgres.migration import SCHEMA_VERSION, validate_schema_name
 
+from runlane import create_runlane, queue
 from runlane.config import load_config
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.plugins.manager import get_registries
@@ -294,3 +303,34 @@ async def test_the_toml_statement_timeout_is_the_one_pooled_connections_use(tmp_
             await driver._return(conn)
     finally:
         await driver.close()
+
+
+class _Skewed:
+    def __init__(self, seconds: float) -> None:
+        self.offset = timedelta(seconds=seconds)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+
+@pytest.mark.parametrize(("seconds", "words"), [(30, "30.0 s ahead of"), (-90, "90.0 s behind")])
+async def test_a_process_whose_clock_is_off_the_servers_is_warned_at_start(
+    schemas: Schemas, caplog: pytest.LogCaptureFixture, seconds: float, words: str
+) -> None:
+    schema = await schemas.migrated()
+    caplog.set_level(logging.WARNING, logger="runlane.clock")
+    for clock in (None, _Skewed(seconds)):
+        caplog.clear()
+        runtime = create_runlane(
+            lane=postgres_polling_lane(schemas.url, schema=schema), queues=[queue("default", default=True)], clock=clock
+        )
+        async with runtime:
+            pass
+        warned = [record for record in caplog.records if record.name == "runlane.clock"]
+        if clock is None:
+            assert warned == []  # this machine's clock and the server's are one
+        else:
+            [record] = warned
+            assert f"This process's clock is {words} the Postgres server's" in record.getMessage()
+            assert "synchronize this machine's clock (NTP)" in record.getMessage()
+            assert abs(record.clock_offset_seconds - seconds) < 1

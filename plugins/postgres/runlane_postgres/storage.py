@@ -72,6 +72,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import logging
 import math
 import os
 import re
@@ -146,7 +147,13 @@ from runlane.vocabulary import SortDirection
 
 from .migration import DEFAULT_SCHEMA, SCHEMA_VERSION, newer_schema_error, quote_schema, validate_schema_name
 
+#: A process whose clock is this far off the server's is warned at start (``runlane.clock``).
+CLOCK_SKEW_WARNING_S = 1.0
+
+_clock_log = logging.getLogger("runlane.clock")
+
 __all__ = [
+    "CLOCK_SKEW_WARNING_S",
     "PostgresConnectionTarget",
     "PostgresStorageDriver",
     "map_postgres_error",
@@ -1702,10 +1709,31 @@ class PostgresStorageDriver(ClientClock):
                         f"{SCHEMA_VERSION}; {MIGRATE_HINT} the lane.",
                         schema=self.schema,
                     )
+                await self._compare_clocks(conn)
         except RunlaneError:
             raise
         except Exception as error:  # noqa: BLE001 - mapped
             raise map_postgres_error(error, f"probe the Runlane schema {self.schema!r}") from error
+
+    async def _compare_clocks(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Warn when this process's clock is off the server's by ``CLOCK_SKEW_WARNING_S`` or more. Every
+        process reads its own clock for leases and due times, so processes whose clocks disagree take
+        runs from each other's live attempts (docs/lanes.md, "Clocks"); the server is the one clock they
+        all reach."""
+        sent = self._clock.now()
+        cursor = await conn.execute("SELECT clock_timestamp()")
+        (server,) = await cursor.fetchone()  # type: ignore[misc]
+        received = self._clock.now()
+        offset = (sent + (received - sent) / 2 - server).total_seconds()
+        if abs(offset) >= CLOCK_SKEW_WARNING_S:
+            _clock_log.warning(
+                "This process's clock is %.1f s %s the Postgres server's at %s. Each Runlane process reads "
+                "its own clock for leases and due times, so clocks that disagree by more than a lease's "
+                "heartbeat margin run handlers twice (see 'Clocks' in docs/lanes.md): synchronize this "
+                "machine's clock (NTP).",
+                abs(offset), "ahead of" if offset > 0 else "behind", self._target.display,
+                extra={"clock_offset_seconds": offset},
+            )  # fmt: skip
 
     async def close(self) -> None:
         sender = self._hints_task
