@@ -18,6 +18,15 @@ Pruning runs in two phases over the generic ``StorageDriver`` contract:
    child that does not belong to the run, or a child that remains once the counters say none do is
    ``invariant_violation``; nothing is ever orphaned.
 
+Corrupt data is reported, never skipped silently, and one bad record never stops pruning: a
+candidate run whose document does not decode (or whose child counts are not whole numbers >= 0) is
+not tombstoned, and a tombstone that cannot be cleaned (it does not decode, a child breaks an
+invariant above, or, on a driver with strong index consistency, its counter stays above zero while
+no child of that kind is stored) is left as it is. Each is logged as a warning on ``runlane.prune``
+(once per call and run, with the run id as the ``run_id`` attribute of the record) and the call goes
+on with the other runs; ``RunPruner.cleanup`` also raises the first ``invariant_violation`` it met
+once it has cleaned the others.
+
 Observation stream records are never touched: telemetry retention belongs to the export boundary.
 
 Runs that still hold wait-token links (``children.links``) are not pruned: link cleanup needs the
@@ -27,10 +36,13 @@ wait-token tables, and a tombstone that could never finish would only hide the r
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
+
+from pydantic import ValidationError
 
 from ..defaults import contract_defaults
 from ..durations import duration_ms, format_duration
@@ -41,6 +53,7 @@ from ..storage import (
     StorageCandidateMode,
     StorageDocument,
     StorageDriver,
+    StorageIndexConsistency,
     StorageIndexEntry,
     StorageIndexName,
     StorageLimitError,
@@ -63,6 +76,8 @@ from ..storage.tables import (
     RunChildCounts,
     decode_run_document,
     decode_run_event_document,
+    describe_record_key,
+    record_key_meta,
     run_key,
     run_tombstone_key,
 )
@@ -84,6 +99,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+_log = logging.getLogger("runlane.prune")
 
 _TERMINAL: Final = run_status_values.terminal
 # Terminal statuses in their documented order, for messages.
@@ -110,11 +127,13 @@ class PruneResult:
 @dataclass(frozen=True, slots=True)
 class CleanupResult:
     """``deleted``: child records removed. ``finished``: tombstones whose run and tombstone records
-    were removed. ``pending``: tombstones visited that still have children left."""
+    were removed. ``pending``: tombstones visited that still have children left. ``corrupt``: those of
+    the pending ones left because a record is corrupt (each logged on ``runlane.prune``)."""
 
     deleted: int = 0
     finished: int = 0
     pending: int = 0
+    corrupt: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,6 +153,25 @@ _MALFORMED_CURSOR: Final = "Malformed prune cursor: pass back the whole next_cur
 
 def _bad_cursor(message: str = _MALFORMED_CURSOR) -> RunlaneError:
     return _invalid(message, field="cursor")
+
+
+class _Reports:
+    """The corruption one prune or cleanup call met: each run is logged once per call (a transaction
+    body that is retried, or a tombstone visited twice, does not log it again)."""
+
+    __slots__ = ("_runs", "first")
+
+    def __init__(self) -> None:
+        self._runs: set[str] = set()
+        self.first: RunlaneError | None = None
+
+    def warn(self, run_id: str, message: str, error: RunlaneError | None = None) -> None:
+        if error is not None and self.first is None:
+            self.first = error
+        if run_id in self._runs:
+            return
+        self._runs.add(run_id)
+        _log.warning(message, extra={"run_id": run_id})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,32 +214,64 @@ def run_tombstone_record(env_key: str, tombstone: RunTombstone) -> NewStorageRec
     )
 
 
+_COUNTERS: Final = ("events", "outbox", "steps", "links")
+
+
+def _corrupt_tombstone(key: StorageRecordKey, problem: str, error: Exception | None = None) -> RunlaneError:
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored tombstone of pruned run {key.parts[-1]} (record {describe_record_key(key)}) is not valid: "
+        f"{problem}. This is durable corruption: its run is hidden but not cleaned up; restore the tombstone "
+        "from a backup, or delete the run's records.",
+        meta=record_key_meta(key),
+        cause=error,
+    )
+
+
+def _detail(error: Exception) -> str:
+    if isinstance(error, RunlaneError):
+        return error.message
+    if isinstance(error, ValidationError):
+        first = error.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return f"{where}: {first['msg']}" if where else str(first["msg"])
+    return str(error)
+
+
 def decode_run_tombstone(record: StorageRecord) -> RunTombstone:
     """The tombstone stored in ``record``; anything else (or a record under another key) is corruption."""
     key = record.key
     if key.collection != RUN_TOMBSTONES_COLLECTION or len(key.parts) != 2:
-        raise _invariant(f"{key!r} is not a run tombstone key.")
+        raise _invariant(
+            f"The record {describe_record_key(key)} is not a run tombstone.", **record_key_meta(key)
+        )
     value = record.document.value
+    field = "run_id"
     try:
         run_id = value["run_id"]
+        if not isinstance(run_id, str):
+            raise ValueError(f"{run_id!r} is not a run id")
+        field = "tombstoned_at"
         tombstoned_at = decode_iso_date(value["tombstoned_at"])
+        field = "pruned_by"
         pruned_by = Actor.model_validate(value["pruned_by"])
+        field = "children"
         raw = value["children"]
-        if not isinstance(raw, dict) or set(raw) != {"events", "outbox", "steps", "links"}:
-            raise ValueError("children")
-        for count in raw.values():
+        if not isinstance(raw, dict) or set(raw) != set(_COUNTERS):
+            raise ValueError("it is not an object of exactly the events, outbox, steps and links counts")
+        for name in _COUNTERS:
+            count = raw[name]
             if type(count) is not int or count < 0:
-                raise ValueError("children")
+                field = f"children.{name}"
+                raise ValueError(f"{count!r} is not a whole number >= 0")
         children = RunChildCounts(**raw)
-    except (KeyError, TypeError, ValueError, RunlaneError) as error:
-        raise RunlaneError(
-            ErrorCode.INVARIANT_VIOLATION, f"The stored run tombstone at {key!r} is not a valid document.", cause=error
-        ) from None
+    except KeyError as error:
+        raise _corrupt_tombstone(key, f"field {field!r} is missing", error) from None
+    except (TypeError, ValueError, RunlaneError) as error:
+        detail = _detail(error)
+        raise _corrupt_tombstone(key, f"field {field!r} is invalid ({detail.rstrip('.')})", error) from None
     if run_id != key.parts[1]:
-        raise _invariant(
-            f"The run tombstone at {key!r} names run {run_id!r}; a tombstone must name the run of its key.",
-            run_id=key.parts[1],
-        )
+        raise _corrupt_tombstone(key, f"it names run {run_id!r}; a tombstone must name the run of its key")
     return RunTombstone(run_id=run_id, tombstoned_at=tombstoned_at, pruned_by=pruned_by, children=children)
 
 
@@ -267,8 +337,8 @@ def _check_child(kind: _ChildKind, record: StorageRecord, env: str, run_id: str)
         belongs = False
     if not belongs:
         raise _invariant(
-            f"The {kind.counter} record {record.key!r} found for pruned run {run_id} does not belong to it; "
-            "cleanup stopped so no record is orphaned.",
+            f"The {kind.counter} record {describe_record_key(record.key)} found for pruned run {run_id} does not "
+            "belong to it; its cleanup stopped so no record is orphaned. Restore or remove that record.",
             run_id=run_id,
             key=record.key.encoded,
         )
@@ -591,6 +661,7 @@ class RunPruner:
         examined = pruned = 0
         more = False
         tombstoned_children: list[int] = []  # per tombstoned run, its child records still to delete
+        reports = _Reports()
         # The scan reads every terminal status in finish order and skips the runs the filter leaves
         # out, so ``limit`` counts pruned runs and the rows read are bounded separately: a call with a
         # status filter still prunes what it can behind older runs of other statuses.
@@ -615,7 +686,10 @@ class RunPruner:
             for start in range(0, len(run_ids), batch):
                 chunk = run_ids[start : start + batch]
                 pruned += await self._split(
-                    chunk, lambda items: self._tombstone(items, cutoff, chosen, actor, pruned_at, tombstoned_children)
+                    chunk,
+                    lambda items: self._tombstone_isolating(
+                        items, cutoff, chosen, actor, pruned_at, tombstoned_children, reports
+                    ),
                 )
             examined += len(page.items)
             last = page.items[-1].sort
@@ -626,11 +700,42 @@ class RunPruner:
         if self.cleanup_budget:
             # At least what this call tombstoned, so cleanup keeps pace with pruning (a caller paging
             # through every cursor leaves no backlog behind), plus the budget for an older backlog.
-            await self.cleanup(budget=self.cleanup_budget + sum(tombstoned_children))
+            # Corruption met there is logged, not raised: the tombstones of this call have committed, and a
+            # record only an operator can repair must not fail every later prune.
+            await self._cleanup(self.cleanup_budget + sum(tombstoned_children), reports)
         next_cursor = (
             encode_operator_cursor(PaginationCursorKind.RUN_PRUNE, scope, last) if more and last is not None else None
         )
         return PruneResult(pruned=pruned, next_cursor=next_cursor)
+
+    async def _tombstone_isolating(
+        self,
+        run_ids: Sequence[str],
+        cutoff: datetime,
+        statuses: frozenset[RunStatus],
+        actor: Actor,
+        pruned_at: datetime,
+        tombstoned_children: list[int],
+        reports: _Reports,
+    ) -> int:
+        """``_tombstone``; a batch a corrupt record failed (a driver that cannot read it raises for the
+        whole transaction) is halved until that run is alone, then reported and left out."""
+        try:
+            return await self._tombstone(run_ids, cutoff, statuses, actor, pruned_at, tombstoned_children, reports)
+        except RunlaneError as error:
+            if error.code is not ErrorCode.INVARIANT_VIOLATION:
+                raise
+            if len(run_ids) == 1:
+                reports.warn(run_ids[0], f"Run {run_ids[0]} is not pruned: {error.message}")
+                return 0
+        middle = len(run_ids) // 2
+        halves = (run_ids[:middle], run_ids[middle:])
+        return sum(
+            [
+                await self._tombstone_isolating(half, cutoff, statuses, actor, pruned_at, tombstoned_children, reports)
+                for half in halves
+            ]
+        )
 
     async def _tombstone(
         self,
@@ -640,6 +745,7 @@ class RunPruner:
         actor: Actor,
         pruned_at: datetime,
         tombstoned_children: list[int],
+        reports: _Reports | None = None,
     ) -> int:
         """Tombstone the eligible runs of ``run_ids`` in one commit; returns how many were tombstoned and
         appends each one's child record count to ``tombstoned_children`` once it has committed."""
@@ -657,7 +763,7 @@ class RunPruner:
             for record, tombstone_record, marker in zip(found[:count], found[count : 2 * count], found[2 * count :]):
                 if record is None or tombstone_record is not None:
                     continue  # gone, or already tombstoned
-                decoded = self._eligible(record, cutoff, statuses)
+                decoded = self._eligible(record, cutoff, statuses, reports or _Reports())
                 if decoded is None:
                     continue
                 run, children = decoded
@@ -693,15 +799,24 @@ class RunPruner:
         return len(committed)
 
     def _eligible(
-        self, record: StorageRecord, cutoff: datetime, statuses: frozenset[RunStatus]
+        self, record: StorageRecord, cutoff: datetime, statuses: frozenset[RunStatus], reports: _Reports
     ) -> tuple[RunRecord, RunChildCounts] | None:
-        """The run of a candidate record when it may be pruned (a record that does not decode as this
-        environment's run is left alone)."""
+        """The run of a candidate record when it may be pruned. A record that does not decode as this
+        environment's run is corrupt: it is reported and left alone (its children cannot be counted)."""
+        key = record.key
+        run_id = key.parts[-1]
         try:
-            run, children = decode_run_document(record.document)
-        except RunlaneError:
+            run, children = decode_run_document(record.document, key)
+        except RunlaneError as error:
+            reports.warn(run_id, f"Run {run_id} is not pruned: {error.message}")
             return None
-        if run.id != record.key.parts[-1] or environment_key(run.environment) != self.env_key:
+        if run.id != run_id or environment_key(run.environment) != self.env_key:
+            reports.warn(
+                run_id,
+                f"Run {run_id} is not pruned: its stored document (record {describe_record_key(key)}) holds run "
+                f"{run.id} of environment {environment_key(run.environment)!r}. This is durable corruption: restore "
+                "the record from a backup, or delete the run's records.",
+            )
             return None
         if run.status not in _TERMINAL or run.status not in statuses:
             return None
@@ -715,59 +830,102 @@ class RunPruner:
 
     async def cleanup(self, *, budget: int | None = None) -> CleanupResult:
         """Delete the children of the oldest tombstones, at most ``budget`` child records, and remove
-        every finished run and tombstone. Goes on to the next page of tombstones while every one of a
-        full page finished and budget is left."""
+        every finished run and tombstone. Visits at most ``budget`` tombstones, oldest first, going past
+        pending and corrupt ones (each corrupt one is logged); the first ``invariant_violation`` met is
+        raised once the others are cleaned."""
         allowed = self.cleanup_budget if budget is None else budget
         if isinstance(allowed, bool) or not isinstance(allowed, int) or allowed < 0:
             raise _invalid(f"budget must be a whole number >= 0, got {allowed!r}.", field="budget")
-        if allowed == 0:
-            return CleanupResult()
+        reports = _Reports()
+        result = await self._cleanup(allowed, reports)
+        if reports.first is not None:
+            raise reports.first
+        return result
+
+    async def _cleanup(self, allowed: int, reports: _Reports) -> CleanupResult:
         env = self.env_key
-        deleted = finished = pending = 0
-        seen: set[str] = set()
-        while deleted < allowed:
-            size = min(allowed - deleted, self._limits.max_query_results)
-            page = await self.driver.query(StorageQuery(StorageIndexName.RUN_TOMBSTONES, (env,), limit=size))
-            if not {ref.key.encoded for ref in page.items} - seen:
-                break  # an eventual index still lists tombstones already finished: leave them to a later call
-            seen.update(ref.key.encoded for ref in page.items)
-            page_finished = 0
+        deleted = finished = pending = corrupt = visited = 0
+        after: str | None = None
+        # Every tombstone left counts at least one event (each run has one), so visiting at most
+        # ``allowed`` tombstones keeps a call bounded even when many are pending or corrupt.
+        while deleted < allowed and visited < allowed:
+            size = min(allowed - visited, self._limits.max_query_results)
+            page = await self.driver.query(
+                StorageQuery(StorageIndexName.RUN_TOMBSTONES, (env,), StorageRange(gt=after), limit=size)
+            )
             for ref in page.items:
                 if deleted >= allowed:
                     break
+                visited += 1
                 key = ref.key
                 if key.collection != RUN_TOMBSTONES_COLLECTION or len(key.parts) != 2 or key.parts[0] != env:
                     continue
-                removed, done = await self._clean_run(key.parts[1], allowed - deleted)
+                run_id = key.parts[1]
+                try:
+                    removed, state = await self._clean_run(run_id, allowed - deleted, reports)
+                except RunlaneError as error:
+                    if error.code is not ErrorCode.INVARIANT_VIOLATION:
+                        raise
+                    reports.warn(run_id, f"Pruned run {run_id} is not cleaned up: {error.message}", error)
+                    removed, state = 0, "corrupt"
                 deleted += removed
-                if done:
-                    page_finished += 1
+                if state == "finished":
+                    finished += 1
                 else:
                     pending += 1
-            finished += page_finished
-            # Finished tombstones left the index, so the next query starts after them; a pending one
-            # would be visited again, so stop there (as on a short page: nothing more to clean).
-            if pending or len(page.items) < size or page_finished == 0:
+                    corrupt += state == "corrupt"
+            if len(page.items) < size or not page.items:
                 break
-        return CleanupResult(deleted=deleted, finished=finished, pending=pending)
+            # Pending and corrupt tombstones stay indexed: go on after the last one visited.
+            after = encode_storage_tuple(page.items[-1].sort)
+        return CleanupResult(deleted=deleted, finished=finished, pending=pending, corrupt=corrupt)
 
-    async def _clean_run(self, run_id: str, budget: int) -> tuple[int, bool]:
-        """Clean one tombstone: ``(children deleted, finished)``."""
+    async def _clean_run(
+        self, run_id: str, budget: int, reports: _Reports
+    ) -> tuple[int, Literal["finished", "pending", "corrupt"]]:
+        """Clean one tombstone: ``(children deleted, state)``."""
         env = self.env_key
         tombstone_key = run_tombstone_key(env, run_id)
         (record,) = await self.driver.get([tombstone_key])
         if record is None:
-            return 0, True
+            return 0, "finished"
         children = decode_run_tombstone(record).children
+        if children.links:
+            reports.warn(
+                run_id,
+                f"Pruned run {run_id} is not cleaned up: its tombstone counts {children.links} wait-token link(s), "
+                "which cleanup never deletes (a run holding links is never pruned), so it can never finish. The run "
+                "stays hidden and its records are kept; restore the tombstone from a backup, or delete the run's "
+                "records.",
+            )
+            return 0, "corrupt"
         deleted = 0
         for kind in _CHILD_KINDS:
             while getattr(children, kind.counter) > 0 and deleted < budget:
                 size = min(budget - deleted, self._child_batch_size())
                 page = await self.driver.query(StorageQuery(kind.index, (env, run_id), limit=size))
                 if not page.items:
-                    # Not proof of completion: the counter says children remain (an eventual index
-                    # may not show them yet). Leave the tombstone for a later pass.
-                    break
+                    # Not proof of completion on an eventual index: the counter says children remain
+                    # (the index may not show them yet), so leave the tombstone for a later pass.
+                    if self.driver.profile.index_consistency is not StorageIndexConsistency.STRONG:
+                        break
+                    # A strong index shows every child: a counter still above zero after this query
+                    # (re-read, so a concurrent cleaner's progress is seen) can never reach zero.
+                    (record,) = await self.driver.get([tombstone_key])
+                    if record is None:
+                        return deleted, "finished"
+                    children = decode_run_tombstone(record).children
+                    left = getattr(children, kind.counter)
+                    if left == 0:
+                        continue
+                    reports.warn(
+                        run_id,
+                        f"Pruned run {run_id} is not cleaned up: its tombstone's {kind.counter} counter is {left} "
+                        f"but no {kind.counter} record of the run is stored (lost, or deleted outside Runlane), so "
+                        "it can never reach zero. The run stays hidden and its remaining records are kept; restore "
+                        "the missing records from a backup, or delete the run's records.",
+                    )
+                    return deleted, "corrupt"
                 outcomes: list[RunChildCounts] = []
 
                 async def run_batch(keys: Sequence[StorageRecordKey], kind: _ChildKind = kind) -> int:
@@ -778,7 +936,7 @@ class RunPruner:
                 try:
                     progress = await self._split([ref.key for ref in page.items], run_batch)
                 except _Gone:
-                    return deleted, True
+                    return deleted, "finished"
                 if outcomes:
                     children = outcomes[-1]
                 deleted += progress
@@ -786,16 +944,16 @@ class RunPruner:
                     # Every candidate was already gone (another cleaner); re-read before going on.
                     (record,) = await self.driver.get([tombstone_key])
                     if record is None:
-                        return deleted, True
+                        return deleted, "finished"
                     fresh = decode_run_tombstone(record).children
                     stalled = fresh == children
                     children = fresh
                     if stalled:
                         break
         if any(getattr(children, kind.counter) for kind in _CHILD_KINDS) or children.links:
-            return deleted, False
+            return deleted, "pending"
         await self._finish(run_id)
-        return deleted, True
+        return deleted, "finished"
 
     async def _delete_children(
         self, run_id: str, kind: _ChildKind, keys: Sequence[StorageRecordKey]

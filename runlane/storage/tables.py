@@ -40,10 +40,12 @@ __all__ = [
     "compact_decoded",
     "decode_run_document",
     "decode_run_event_document",
+    "describe_record_key",
     "encode_run_document",
     "encode_run_event_document",
     "peek_run_document",
     "peek_run_event_document",
+    "record_key_meta",
     "run_event_key",
     "run_key",
     "run_tombstone_key",
@@ -148,8 +150,85 @@ def remember_run_document(document: StorageDocument, run: RunRecord, children: R
     return document.remember_decoded((_RUN_CODEC, _detached(run), children))
 
 
-def _corrupt(what: str, error: Exception | None = None) -> RunlaneError:
-    return RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"A stored {what} document is not canonical.", cause=error)
+def describe_record_key(key: StorageRecordKey) -> str:
+    """A record key as an operator reads it: ``runs/default/run_1`` (the encoded form is hex)."""
+    return "/".join((key.collection, *key.parts))
+
+
+# Collections whose keys are ``(environment, run_id, ...)``: a corrupt record of one names its run.
+_RUN_KEYED = frozenset({RUNS_COLLECTION, RUN_EVENTS_COLLECTION, RUN_STEPS_COLLECTION, RUN_TOMBSTONES_COLLECTION})
+
+
+def record_key_meta(key: StorageRecordKey) -> dict[str, Any]:
+    """What an error about the record at ``key`` carries: the key (encoded and readable) and, for a
+    record of a run, the run id and environment."""
+    meta: dict[str, Any] = {"key": key.encoded, "record": describe_record_key(key)}
+    if key.collection in _RUN_KEYED and len(key.parts) >= 2:
+        meta["environment"] = key.parts[0]
+        meta["run_id"] = key.parts[1]
+    return meta
+
+
+def _problem(error: Exception, within: tuple[str, ...] = ()) -> str:
+    """What is wrong with a document, in a few words (the first validation error, with its field)."""
+    if isinstance(error, ValidationError):
+        first = error.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in (*within, *first.get("loc", ())))
+        return f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid"))
+    if isinstance(error, KeyError):
+        return f"field {error.args[0]!r} is missing"
+    return str(error) or type(error).__name__
+
+
+def _stored_run_id(value: Any) -> str | None:
+    run = value.get("run") if isinstance(value, dict) else None
+    run_id = run.get("id") if isinstance(run, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
+def _corrupt_run(value: Any, key: StorageRecordKey | None, problem: str, error: Exception | None) -> RunlaneError:
+    """The error of a run document that does not decode (built on the error path only)."""
+    meta: dict[str, Any] = {} if key is None else record_key_meta(key)
+    run_id = meta.get("run_id") or _stored_run_id(value)
+    subject = "a run" if run_id is None else f"run {run_id}"
+    if run_id is not None:
+        meta["run_id"] = run_id
+    where = "" if key is None else f" (record {describe_record_key(key)})"
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored document of {subject}{where} is not a valid run: {problem}. This is durable corruption: "
+        "restore the record from a backup, or delete the run's records.",
+        meta=meta,
+        cause=error,
+    )
+
+
+def _corrupt_event(value: Any, key: StorageRecordKey | None, error: Exception) -> RunlaneError:
+    meta: dict[str, Any] = {} if key is None else record_key_meta(key)
+    run_id = meta.get("run_id") or (value.get("run_id") if isinstance(value, dict) else None)
+    if isinstance(run_id, str):
+        meta["run_id"] = run_id
+    subject = f"an event of run {run_id}" if isinstance(run_id, str) else "a run event"
+    where = "" if key is None else f" (record {describe_record_key(key)})"
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored document of {subject}{where} is not a valid run event: {_problem(error)}. This is durable "
+        "corruption: restore the record from a backup, or delete the run's records.",
+        meta=meta,
+        cause=error,
+    )
+
+
+_CHILD_COUNTERS = ("events", "outbox", "steps", "links")
+_CHILDREN_SHAPE = "children is not an object of events, outbox, steps and links counts"
+
+
+def _bad_child_count(children: RunChildCounts) -> str:
+    for name in _CHILD_COUNTERS:
+        count = getattr(children, name)
+        if type(count) is not int or count < 0:
+            return f"children.{name} is {count!r}, not a whole number >= 0"
+    return "children is invalid"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,8 +545,13 @@ def compact_decoded(decoded: Any) -> Any:
     return decoded
 
 
-def decode_run_document(document: StorageDocument) -> tuple[RunRecord, RunChildCounts]:
-    """The run and child counts of a run document (a fresh, caller-owned run every time)."""
+def decode_run_document(
+    document: StorageDocument, key: StorageRecordKey | None = None
+) -> tuple[RunRecord, RunChildCounts]:
+    """The run and child counts of a run document (a fresh, caller-owned run every time).
+
+    A document that does not decode, or whose child counts are not whole numbers >= 0, is
+    ``invariant_violation`` naming the run (and the record, when ``key`` is given)."""
     remembered = document.decoded
     if type(remembered) is tuple:
         codec = remembered[0]
@@ -479,8 +563,23 @@ def decode_run_document(document: StorageDocument) -> tuple[RunRecord, RunChildC
     try:
         run = RunRecord.model_validate(value["run"])
         children = RunChildCounts(**value["children"])
-    except (KeyError, TypeError, ValidationError) as error:
-        raise _corrupt("run", error) from None
+    except (KeyError, ValidationError) as error:
+        raise _corrupt_run(value, key, _problem(error, ("run",)), error) from None
+    except TypeError as error:
+        raise _corrupt_run(value, key, _CHILDREN_SHAPE, error) from None
+    events, outbox, steps, links = children.events, children.outbox, children.steps, children.links
+    if not (
+        type(events) is int
+        and type(outbox) is int
+        and type(steps) is int
+        and type(links) is int
+        and events >= 0
+        and outbox >= 0
+        and steps >= 0
+        and links >= 0
+    ):
+        # Pruning trusts these counts to delete exactly a run's records: never remember a bad one.
+        raise _corrupt_run(value, key, _bad_child_count(children), None)
     remember_run_document(document, run, children)
     return run, children
 
@@ -519,12 +618,12 @@ def encode_run_event_document(record: RunEventRecord) -> StorageDocument:
     return StorageDocument.encode(record.model_dump(mode="json"))
 
 
-def decode_run_event_document(document: StorageDocument) -> RunEventRecord:
+def decode_run_event_document(document: StorageDocument, key: StorageRecordKey | None = None) -> RunEventRecord:
     value: Any = document.value
     try:
         return RunEventRecord.model_validate(value)
     except ValidationError as error:
-        raise _corrupt("run event", error) from None
+        raise _corrupt_event(value, key, error) from None
 
 
 def try_decode_run_event_document(document: StorageDocument) -> RunEventRecord | None:

@@ -138,7 +138,7 @@ from runlane.storage.operator_sql import (
     run_event_list_query,
     run_list_query,
 )
-from runlane.storage.tables import peek_run_document
+from runlane.storage.tables import describe_record_key, peek_run_document, record_key_meta
 from runlane.vocabulary import SortDirection
 
 from runlane.storage.clock import ClientClock, Clock, SystemClock, checked_clock
@@ -330,10 +330,23 @@ def _dump_indexes(entries: Iterable[StorageIndexEntry]) -> str:
 
 
 def _corrupt(encoded_key: str, detail: str, cause: BaseException | None = None) -> RunlaneError:
+    # Named as an operator reads it (``runs/default/run_1``, and its run), then by the encoded value of
+    # the ``key`` column, to find the row with SQL.
+    try:
+        key = StorageRecordKey.decode(encoded_key)
+    except (RunlaneError, ValueError):
+        meta: dict[str, Any] = {"key": encoded_key}
+        where, remedy = "with an undecodable key", "delete it"
+    else:
+        meta = record_key_meta(key)
+        where, remedy = describe_record_key(key), "delete it"
+        if "run_id" in meta:
+            where, remedy = f"{where} of run {meta['run_id']}", "delete the run's records"
     return RunlaneError(
         ErrorCode.INVARIANT_VIOLATION,
-        f"The stored record {encoded_key!r} is corrupt: {detail}",
-        meta={"key": encoded_key},
+        f"The stored record {where} (key column {encoded_key!r}) is corrupt: {detail.rstrip('.')}. This is "
+        f"durable corruption: restore the record from a backup, or {remedy}.",
+        meta=meta,
         cause=cause,
     )
 
