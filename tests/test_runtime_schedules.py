@@ -301,7 +301,7 @@ async def test_schedule_materialization_limit_bounds_one_tick():
         assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
 
 
-async def test_a_failing_schedule_stops_the_tick_after_earlier_schedules_committed():
+async def test_a_failing_schedule_does_not_stop_the_later_tick_phases():
     broken = {"on": False}  # the resolver works when the task is defined, then its lock service goes away
 
     def lock_key(payload: dict) -> str:
@@ -340,13 +340,13 @@ async def test_a_failing_schedule_stops_the_tick_after_earlier_schedules_committ
             await runtime.tick()
         assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
         assert await run_ids(runtime) == {stuck, cancelling, expected_run_id(runtime, "chain.first.hourly", T0)}
-        # Later phases did not run.
-        assert (await runtime.runs.get(stuck)).status is RunStatus.RUNNING
-        assert (await runtime.runs.get(cancelling)).status is RunStatus.CANCELLATION_REQUESTED
+        # The later phases still ran: one failing schedule does not hold up recovery and finalization.
+        assert (await runtime.runs.get(stuck)).status is not RunStatus.RUNNING
+        assert (await runtime.runs.get(cancelling)).status is RunStatus.CANCELLED
 
         broken["on"] = False
         result = await runtime.tick()
-        assert (result.materialized, result.cancellations_finalized, result.delivery_requested) == (2, 1, 1)
+        assert (result.materialized, result.cancellations_finalized, result.delivery_requested) == (2, 0, 0)
         assert await run_ids(runtime) == {stuck, cancelling} | {
             expected_run_id(runtime, f"chain.{name}.hourly", T0) for name in ("first", "broken", "last")
         }

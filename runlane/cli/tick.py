@@ -2,8 +2,9 @@
 
 ``--every`` is the maintenance process of a deployment on a shared lane: it ticks until SIGINT/SIGTERM
 (the pass in progress finishes first), prints one lifecycle line per pass, and rides out storage
-outages (a retryable failure is reported and the next pass goes on). ``runlane dev`` runs the same
-loop next to its worker.
+outages (a retryable failure is reported and the next pass goes on) and corrupt stored records (an
+``invariant_violation`` is reported and the next passes go on: ``tick()`` runs its other phases anyway,
+and a restart would not repair the record). ``runlane dev`` runs the same loop next to its worker.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import typer
 
 from ..durations import duration_ms
-from ..errors import RunlaneError
+from ..errors import ErrorCode, RunlaneError
 from .main import OperationParams, operation, require_shared_lane, run_operation, state_of, with_runtime
 from .output import Output, forward_runtime_logs, tick_counts
 from .options import (
@@ -67,18 +68,22 @@ async def tick_until_stopped(
     """Tick every ``interval_s`` until ``stopping`` is set or one of ``alongside`` finishes; returns the
     passes that completed.
 
-    A retryable failure (a storage outage) is reported once, the next passes go on, and the pass that
-    works again says so (as a worker does); any other failure raises.
+    A retryable failure (a storage outage) or an ``invariant_violation`` (a corrupt stored record, which
+    ``tick()`` raises once its other phases have run) is reported, the next passes go on, and the pass
+    that works again says so (as a worker does). A failure is reported when it first occurs and again
+    only when the error changes, not on every pass. Any other failure raises.
     """
     others = set(alongside)
     passes = failed = 0
+    reported: tuple[str, str] | None = None
     while not stopping.is_set() and not any(other.done() for other in others):
         try:
             result = await runtime.tick(**limits)
         except RunlaneError as error:
-            if not error.retryable:
+            if not error.retryable and error.code is not ErrorCode.INVARIANT_VIOLATION:
                 raise
-            if not failed:
+            if reported != (error.code.value, error.message):
+                reported = (error.code.value, error.message)
                 output.record(
                     "tick_failed",
                     f"tick failed ({error.code.value}): {error.message} The next passes go on.",
@@ -90,6 +95,7 @@ async def tick_until_stopped(
             if failed:
                 output.record("tick_recovered", f"tick works again after {failed} failed passes", failed=failed)
                 failed = 0
+                reported = None
             output.tick_record(result)
             passes += 1
         sleeper = asyncio.ensure_future(stopping.wait())

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -129,6 +129,7 @@ from .authoring import (
     parse_idempotency_key_ttl,
 )
 from ..storage.batching import Batcher
+from ..storage.tables import run_key
 from .cancellation import CancellationSignal
 from .lanes import Lane
 from .observations import (
@@ -205,6 +206,15 @@ _OBSERVER_REPORT_INTERVAL_S = 60.0
 _SCAN_HEADROOM = 8
 # Candidates one execute step tries before reporting that it could not execute anything.
 _MAX_CLAIM_TRIES = 8
+# A candidate of the runnable index whose run this many claims found missing or finished is set aside:
+# a lost race leaves no such row behind, so its row is stale (a lost race only ever shows once).
+_UNCLAIMABLE_SET_ASIDE = 3
+# Candidates whose failed claims are remembered for that count (the oldest are forgotten first).
+_UNCLAIMABLE_TRACKED = 1024
+# Claim results that say the run behind a runnable candidate can never be claimed as it is stored.
+_UNCLAIMABLE_REASONS = frozenset(
+    {ExecuteDeliveryIgnoredReason.RUN_NOT_FOUND, ExecuteDeliveryIgnoredReason.TERMINAL}
+)
 
 
 def _invalid(message: str, **meta: Any) -> RunlaneError:
@@ -297,6 +307,7 @@ _waiter_log = logging.getLogger("runlane.runtime")
 # How long resuming the waiters of a finished run is retried through a storage outage (seconds).
 _WAITER_RESUME_RETRY_S = 30.0
 _transport_log = logging.getLogger("runlane.transport")
+_worker_log = logging.getLogger("runlane.worker")
 
 # Threads for ``def`` handlers are started on demand, one per handler running at that moment; the cap only
 # guards against a runaway caller (worker slots and direct calls bound the attempts in flight).
@@ -392,11 +403,11 @@ class CandidatePool:
         self._scan_size = scan_size
         self._scanning: asyncio.Future[bool] | None = None
 
-    def take(self, claiming: set[str]) -> str | None:
+    def take(self, claiming: set[str], set_aside: Collection[str] = ()) -> str | None:
         items = self._items
         while items:
             candidate = items.pop()
-            if candidate not in claiming:
+            if candidate not in claiming and candidate not in set_aside:
                 return candidate
         return None
 
@@ -497,6 +508,8 @@ class Runlane:
         self._start_lock: asyncio.Lock | None = None
         self._workers: set[WorkerHandle] = set()
         self._claiming: set[str] = set()
+        # Candidate run id -> claims that found it missing or finished (see ``_note_claim``).
+        self._unclaimable: dict[str, int] = {}
         self.work_signal = _WorkSignal()
         # Cross-process wake-up hints when the storage driver offers them (see ``wake``).
         self._wake_hints: StorageWakeHints | None = lane.storage if supports_wake_hints(lane.storage) else None
@@ -1342,7 +1355,12 @@ class Runlane:
         return run
 
     async def execute_one(
-        self, queues: Sequence[str], options: ExecutionOptions, pool: CandidatePool | None = None
+        self,
+        queues: Sequence[str],
+        options: ExecutionOptions,
+        pool: CandidatePool | None = None,
+        *,
+        unreadable_as_lost: bool = False,
     ) -> tuple[RunRecord | None, str]:
         """One scan-claim-execute step.
 
@@ -1350,16 +1368,21 @@ class Runlane:
         (due work exists but its bounded-queue capacity is full) or ``"lost"`` (due work existed but
         this caller did not execute a run: a lost claim race or an abandoned attempt). ``pool`` is a
         candidate pool shared by the slots of one worker, so one scan feeds several claims.
+
+        A candidate whose stored run cannot be read is set aside (later scans of this runtime pass over
+        it) and its ``invariant_violation`` raised, or, with ``unreadable_as_lost`` (a worker, which
+        must keep serving the other runs), reported as ``"lost"``.
         """
         if self._exclusive_claims and not any(name in self._store.queue_limits for name in queues):
-            return await self._claim_next_and_execute(queues, options)
+            return await self._claim_next_and_execute(queues, options, unreadable_as_lost)
         if pool is None:
             pool = CandidatePool(_SCAN_HEADROOM)
         claiming = self._claiming
+        set_aside = self._store.set_aside_runs  # scanned before a run was set aside, a pool may still hold it
         scanned = False
         blocked = lost = False
         for _ in range(_MAX_CLAIM_TRIES):
-            run_id = pool.take(claiming)
+            run_id = pool.take(claiming, set_aside)
             if run_id is None:
                 if scanned:
                     break
@@ -1367,12 +1390,12 @@ class Runlane:
                 found = await pool.refill(self._store, queues, self.now(), claiming)
                 if found is None:
                     break  # no due work at all
-                run_id = pool.take(claiming)
+                run_id = pool.take(claiming, set_aside)
                 if run_id is None:
                     lost = True  # every candidate is being claimed by another caller in this process
                     await asyncio.sleep(0)
                     break
-            run, status = await self._claim_and_execute(run_id, options)
+            run, status = await self._claim_and_execute(run_id, options, unreadable_as_lost)
             if status == "executed":
                 return run, status
             if status == "abandoned":
@@ -1387,21 +1410,30 @@ class Runlane:
             return None, "lost"
         return None, "idle"
 
-    async def _claim_and_execute(self, run_id: str, options: ExecutionOptions) -> tuple[RunRecord | None, str]:
+    async def _claim_and_execute(
+        self, run_id: str, options: ExecutionOptions, unreadable_as_lost: bool
+    ) -> tuple[RunRecord | None, str]:
         claiming = self._claiming
         claiming.add(run_id)
         try:
             deadline_ms = options.max_attempt_ms
             if deadline_ms is None and self._any_task_deadline:
-                known = await self._store.get_run(run_id)
+                try:
+                    known = await self._store.get_run(run_id)
+                except RunlaneError as error:
+                    if error.code is not ErrorCode.INVARIANT_VIOLATION:
+                        raise
+                    claim = ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
+                    return await self._execute_claim(claim, options, unreadable_as_lost)
                 if known is None:
-                    return None, "lost"
+                    claim = ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.RUN_NOT_FOUND)
+                    return await self._execute_claim(claim, options, unreadable_as_lost)
                 deadline_ms = self._task_deadline_ms(known)
             request = ClaimRequest.to_start(run_id, options.worker_id, options.lease_ms, deadline_ms)
             claim = await self.loop_state().claims.submit(request)
         finally:
             claiming.discard(run_id)
-        return await self._execute_claim(claim, options)
+        return await self._execute_claim(claim, options, unreadable_as_lost)
 
     async def _claim_next(self, requests: list[NextClaimRequest]) -> list[ClaimResult | None]:
         """The flush of the per-loop ``next_claims`` batcher: the slots asking for work at once share
@@ -1414,7 +1446,7 @@ class Runlane:
         return None if definition is None else definition.max_attempt_duration_ms
 
     async def _claim_next_and_execute(
-        self, queues: Sequence[str], options: ExecutionOptions
+        self, queues: Sequence[str], options: ExecutionOptions, unreadable_as_lost: bool
     ) -> tuple[RunRecord | None, str]:
         """``execute_one`` over a driver with exclusive candidates: scan and claim in one transaction
         that other processes' scans skip, so workers of several processes never race for one run."""
@@ -1424,22 +1456,72 @@ class Runlane:
         claim = await self.loop_state().next_claims.submit(request)
         if claim is None:
             return None, "idle"
-        return await self._execute_claim(claim, options)
+        return await self._execute_claim(claim, options, unreadable_as_lost)
 
-    async def _execute_claim(self, claim: ClaimResult, options: ExecutionOptions) -> tuple[RunRecord | None, str]:
+    async def _execute_claim(
+        self, claim: ClaimResult, options: ExecutionOptions, unreadable_as_lost: bool = False
+    ) -> tuple[RunRecord | None, str]:
         run = claim.run
         if run is None:
-            if claim.error is not None:
-                raise claim.error
+            error = claim.error
+            if error is not None:
+                if error.code is not ErrorCode.INVARIANT_VIOLATION:
+                    raise error
+                self._set_aside_unreadable(claim.run_id, error)
+                if unreadable_as_lost:
+                    return None, "lost"
+                raise error
             if claim.reason is ExecuteDeliveryIgnoredReason.CLAIM_LOST:
                 return None, "blocked"  # the bounded-queue partition is full
+            if claim.reason in _UNCLAIMABLE_REASONS:
+                self._note_unclaimable(claim)
             return None, "lost"
+        self._unclaimable.pop(run.id, None)
         if self._observers:
             await self.observe(claim.observations)
         result = await execute_claimed_run(self, run, self._tasks_by_id.get(run.task_id), options)
         if result.abandoned:
             return None, "abandoned"
         return result.run, "executed"
+
+    def _set_aside_unreadable(self, run_id: str, error: RunlaneError) -> None:
+        """Pass over a candidate whose stored run cannot be read, for the life of this runtime: one
+        corrupt record must not stop every worker of the lane (each would claim it first, forever)."""
+        set_aside = self._store.set_aside_runs
+        if run_id in set_aside:
+            return
+        set_aside.add(run_id)
+        _worker_log.error(
+            "Run %s cannot be claimed: its stored record %r is unreadable (%s: %s). It is set aside: workers "
+            "of this process pass over it until they restart, and the other runs go on. Repair or delete "
+            "the run's records, then restart the workers to run it.",
+            run_id, run_key(self._env_key, run_id), error.code.value, error.message,
+            extra={"run_id": run_id, "error_code": error.code.value},
+        )  # fmt: skip
+
+    def _note_unclaimable(self, claim: ClaimResult) -> None:
+        """Count a claim that found the run behind a runnable candidate missing or finished; a candidate
+        that keeps coming back so is set aside, since its index row is stale (else workers spin on it)."""
+        run_id = claim.run_id
+        counts = self._unclaimable
+        seen = counts.pop(run_id, 0) + 1
+        if seen < _UNCLAIMABLE_SET_ASIDE:
+            counts[run_id] = seen  # re-inserted: the dict keeps the most recent candidates last
+            while len(counts) > _UNCLAIMABLE_TRACKED:
+                del counts[next(iter(counts))]
+            return
+        set_aside = self._store.set_aside_runs
+        if run_id in set_aside:
+            return
+        set_aside.add(run_id)
+        state = "missing" if claim.reason is ExecuteDeliveryIgnoredReason.RUN_NOT_FOUND else "finished"
+        _worker_log.warning(
+            "Run %s is listed as due in the runnable index, but %d claims found the run %s: its index row may "
+            "be corrupt. It is set aside: workers of this process pass over it until they restart. Check "
+            "the lane's storage for a stale runnable index row of this run.",
+            run_id, seen, state,
+            extra={"run_id": run_id, "reason": claim.reason.value if claim.reason is not None else None},
+        )  # fmt: skip
 
     def worker(
         self,
@@ -1589,9 +1671,13 @@ class Runlane:
         Reads the runtime clock once, then runs schedule materialization, cancellation finalization,
         timeout finalization, bounded-queue dispatch, delivery recovery and (on transport lanes)
         outbox publishing in that order; publishing reads the clock again, so the rows the earlier
-        phases wrote go out in the same pass. Materialization is durable per
-        occurrence: when a schedule fails, the occurrences materialized before it stay materialized,
-        the error propagates and the later phases do not run in this call.
+        phases wrote go out in the same pass. Materialization is durable per occurrence: when a
+        schedule fails, the occurrences materialized before it stay materialized.
+
+        A phase that fails with an error that is not retryable (a corrupt stored record, say) does not
+        stop the later phases: one bad record must not halt recovery, finalization and publishing for
+        the whole lane. Once every phase has run, the first such error is raised. A retryable error
+        (storage unavailable) is raised at once: the later phases would meet the same outage.
         """
         self._check_open()
         schedule_limit = _limit(
@@ -1608,16 +1694,37 @@ class Runlane:
         )
         await self._ready()
         now = self.now()
-        materialized = await self._materialize_schedules(now, schedule_limit)
-        cancelled = await self._finalize_cancellations(now, cancel_limit)
-        timed_out = await self._finalize_timeouts(now, timeout_limit)
-        reserved = await self._dispatch_bounded(now, dispatch_limit)
-        delivered = await self._recover_deliveries(now, delivery_limit)
+        failure: RunlaneError | None = None
+
+        async def phase(run: Awaitable[int]) -> int:
+            nonlocal failure
+            try:
+                return await run
+            except RunlaneError as error:
+                if error.retryable:
+                    raise
+                if failure is None:
+                    failure = error
+                return 0
+
+        materialized = await phase(self._materialize_schedules(now, schedule_limit))
+        cancelled = await phase(self._finalize_cancellations(now, cancel_limit))
+        timed_out = await phase(self._finalize_timeouts(now, timeout_limit))
+        reserved = await phase(self._dispatch_bounded(now, dispatch_limit))
+        delivered = await phase(self._recover_deliveries(now, delivery_limit))
         published = failed = dead = 0
         if self._store.outbox:
             # The clock is read again: the rows this pass wrote (dispatch reservations, recovered
             # deliveries) are stamped by their commits, after ``now``, and are due in this pass.
-            published, failed, dead = await self._flush_outbox(self.now(), outbox_limit)
+            try:
+                published, failed, dead = await self._flush_outbox(self.now(), outbox_limit)
+            except RunlaneError as error:
+                if error.retryable:
+                    raise
+                if failure is None:
+                    failure = error
+        if failure is not None:
+            raise failure
         return TickResult(
             materialized=materialized,
             delivery_requested=delivered,

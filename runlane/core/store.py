@@ -87,6 +87,7 @@ from ..storage import (
     StorageDriver,
     StorageIndexEntry,
     StorageIndexName,
+    StorageIndexRef,
     StorageLimitError,
     StorageLimits,
     StorageQuery,
@@ -833,6 +834,30 @@ class _NeedKeys(Exception):
         self.keys = tuple(keys)
 
 
+class _UnreadableRun(Exception):
+    """The driver refused to read a candidate run's record: the claim transaction rolls back and retries
+    without it."""
+
+    def __init__(self, run_id: str, error: RunlaneError) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
+        self.error = error
+
+
+def _unreadable_run(error: RunlaneError, env: str, run_ids: Iterable[str]) -> str | None:
+    """The run among ``run_ids`` whose stored record ``error`` says the driver could not read (drivers
+    name the record in ``meta["key"]``), if any."""
+    if error.code is not ErrorCode.INVARIANT_VIOLATION:
+        return None
+    key = error.meta.get("key")
+    if not isinstance(key, str):
+        return None
+    for run_id in run_ids:
+        if _run_key(env, run_id).encoded == key:
+            return run_id
+    return None
+
+
 def _lease_conflict(run_id: str, why: str) -> RunlaneError:
     return create_storage_conflict_error(
         StorageConflictKind.LEASE_OWNERSHIP,
@@ -1366,6 +1391,10 @@ class CoreStore:
         # runtime's ``CancellationRegistry.holds``). A claim never takes a run from such an attempt,
         # whatever this process's clock says about the lease.
         self.holds_lease: Callable[[str, str], bool] | None = None
+        # Runs the runtime set aside for the life of this store (an unreadable document, or a runnable
+        # index row that keeps naming a run that is gone or finished): runnable scans pass over them so
+        # the runs behind them still get claimed.
+        self.set_aside_runs: set[str] = set()
 
     def lease_held_here(self, run: RunRecord) -> bool:
         """Whether ``run``'s lease belongs to a live attempt of this process (see ``holds_lease``)."""
@@ -1486,6 +1515,40 @@ class CoreStore:
                 runs.append(None if record is None else self._decode_run(record)[0])
         return runs
 
+    async def _peek_runs(self, run_ids: Sequence[str]) -> list[RunRecord | RunlaneError | None]:
+        """``get_runs`` for a scan: a run whose record cannot be read is its ``invariant_violation``
+        instead of failing the read of the others."""
+        env = self.env_key
+        found: list[RunRecord | RunlaneError | None] = []
+        size = self._limits.max_point_reads
+        for start in range(0, len(run_ids), size):
+            chunk = list(run_ids[start : start + size])
+            refused: dict[str, RunlaneError] = {}
+            while True:
+                readable = [run_id for run_id in chunk if run_id not in refused]
+                try:
+                    records = await self.driver.get([_run_key(env, run_id) for run_id in readable])
+                except RunlaneError as error:
+                    run_id = _unreadable_run(error, env, readable)
+                    if run_id is None:
+                        raise
+                    refused[run_id] = error
+                    continue
+                break
+            by_id = dict(zip(readable, records))
+            for run_id in chunk:
+                if run_id in refused:
+                    found.append(refused[run_id])
+                    continue
+                record = by_id[run_id]
+                try:
+                    found.append(None if record is None else self._decode_run(record)[0])
+                except RunlaneError as error:
+                    if error.code is not ErrorCode.INVARIANT_VIOLATION:
+                        raise
+                    found.append(error)
+        return found
+
     async def get_step(self, run_id: str, step_key: str) -> RunStepRecord | None:
         key = run_step_key(self.env_key, run_id, step_key)
         (record,) = await self.driver.get([key])
@@ -1561,18 +1624,20 @@ class CoreStore:
         if limit < 1 or not queues:
             return []
         upper = encode_storage_tuple_prefix_upper_bound((encode_iso_date(now),))
-        page = min(limit, self._limits.max_query_results)
+        set_aside = self.set_aside_runs
+        wanted = limit + len(set_aside)  # enough candidates to get past the runs set aside
+        page = min(wanted, self._limits.max_query_results)
         rows: list[tuple[str, str, str]] = []
         for queue in dict.fromkeys(queues):
             if queue in self.queue_limits:
-                open_rows = await self.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue, now, limit)
-                rows.extend((at, run_id, queue) for at, run_id in open_rows)
+                open_rows = await self.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue, now, wanted)
+                rows.extend((at, run_id, queue) for at, run_id in open_rows if run_id not in set_aside)
                 continue
             query = StorageQuery(
                 StorageIndexName.RUNS_RUNNABLE, (self.env_key, queue), StorageRange(lt=upper), limit=page
             )
             result = await self.driver.query(query)
-            rows.extend((item.sort[0], item.sort[1], queue) for item in result.items)
+            rows.extend((item.sort[0], item.sort[1], queue) for item in result.items if item.sort[1] not in set_aside)
         rows.sort()
         return [RunnableRef(run_id, queue, decode_iso_date(at)) for at, run_id, queue in rows[:limit]]
 
@@ -1598,6 +1663,7 @@ class CoreStore:
         holders: dict[str, set[str]] = {}  # encoded capacity key -> runs holding a live slot
         free: dict[str, int] = {}  # encoded capacity key -> slots left to hand out
         kept: list[tuple[str, str]] = []
+        set_aside = self.set_aside_runs
 
         async def scan(after: str | None, budget: int) -> tuple[str | None, bool]:
             """Open rows past ``after`` (an encoded sort), reading at most ``budget`` rows; returns the
@@ -1611,9 +1677,10 @@ class CoreStore:
                                      cursor=cursor)  # fmt: skip
                 result = await self.driver.query(query)
                 scanned += len(result.items)
-                runs = await self.get_runs([item.key.parts[-1] for item in result.items])
+                items = [item for item in result.items if item.sort[1] not in set_aside]
+                runs = await self._peek_runs([item.key.parts[-1] for item in items])
                 partitions = [
-                    None if run is None else queue_capacity_key(self.env_key, queue, run.concurrency_key)
+                    queue_capacity_key(self.env_key, queue, run.concurrency_key) if isinstance(run, RunRecord) else None
                     for run in runs
                 ]
                 unknown = {key.encoded: key for key in partitions if key is not None and key.encoded not in free}
@@ -1626,8 +1693,15 @@ class CoreStore:
                         }  # fmt: skip
                         holders[encoded] = live
                         free[encoded] = max(0, queue_limit - len(live))
-                for item, run, key in zip(result.items, runs, partitions):
+                for item, run, key in zip(items, runs, partitions):
                     last = encode_storage_tuple(item.sort)
+                    if isinstance(run, RunlaneError):
+                        # A run that cannot be read stays a candidate, taking no capacity: the claim or
+                        # reservation that reads it reports it (and a worker sets it aside).
+                        kept.append((item.sort[0], item.sort[1]))
+                        if len(kept) >= limit:
+                            return last, False
+                        continue
                     if run is None or key is None:
                         continue  # pruned meanwhile
                     if run.id in holders[key.encoded]:
@@ -1637,6 +1711,8 @@ class CoreStore:
                         kept.append((item.sort[0], item.sort[1]))
                     if len(kept) >= limit:
                         return last, False
+                if result.items:
+                    last = encode_storage_tuple(result.items[-1].sort)  # past the runs passed over too
                 cursor = result.next_cursor
                 if cursor is None or not result.items:
                     return last, True
@@ -1872,6 +1948,30 @@ class CoreStore:
         # Exactly as many candidates as claims wanted: every held candidate is one other callers skip.
         limit = min(count, self._limits.max_query_results)
         floors = self._runnable_floors
+        set_aside = self.set_aside_runs
+        # Runs whose record the driver refused to read in an earlier try of this batch: each is reported
+        # as a claim that failed, and the batch claims the other candidates without it.
+        unreadable: dict[str, RunlaneError] = {}
+
+        def passed_over(run_id: str) -> bool:
+            return run_id in set_aside or run_id in unreadable
+
+        async def scan_on(
+            tx: StorageTransaction, queue: str, items: Sequence[StorageIndexRef]
+        ) -> list[tuple[str, str]]:
+            """The ``(time, run id)`` of the candidates in ``items`` not passed over; a run passed over is
+            never claimed, so the scan goes on past it, holding only as many more candidates as are still
+            wanted, and it does not hide the runs behind it."""
+            kept: list[tuple[str, str]] = []
+            asked = limit
+            while True:
+                kept.extend((item.sort[0], item.sort[1]) for item in items if not passed_over(item.sort[1]))
+                if len(kept) >= limit or len(items) < asked:
+                    return kept
+                asked = limit - len(kept)
+                scanned = StorageRange(gt=encode_storage_tuple(items[-1].sort), lt=upper)
+                query = StorageQuery(StorageIndexName.RUNS_RUNNABLE, (env, queue), scanned, limit=asked)
+                items = (await tx.query_candidates(query, mode=StorageCandidateMode.EXCLUSIVE)).items
 
         async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[ClaimResult | None]:
             ids.restart()
@@ -1883,17 +1983,29 @@ class CoreStore:
                     scanned = StorageRange(lt=upper) if floor is None else StorageRange(gte=floor, lt=upper)
                     query = StorageQuery(StorageIndexName.RUNS_RUNNABLE, (env, queue), scanned, limit=limit)
                     found = await tx.query_candidates(query, mode=StorageCandidateMode.EXCLUSIVE)
-                    if found.items or floor is None or not request.confirm_idle:
+                    kept = await scan_on(tx, queue, found.items)
+                    if kept or floor is None or not request.confirm_idle:
                         break
                     floor = None  # nothing at or above the floor: look below it before calling the queue idle
                 floors.found(queue, found.items[0].sort if found.items else None, full=floor is None, now=now)
-                rows.extend((item.sort[0], item.sort[1]) for item in found.items)
+                rows.extend(kept)
             if len(request.queues) > 1:
                 rows.sort()
             run_ids = list(dict.fromkeys(run_id for _, run_id in rows[:limit]))
+            refused = [
+                ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
+                for run_id, error in unreadable.items()
+            ]
             if not run_ids:
-                return [None] * count
-            await attempt.read([*extra, *(_run_key(env, run_id) for run_id in run_ids)])
+                return [refused[0] if refused else None] * count
+            run_keys = [_run_key(env, run_id) for run_id in run_ids]
+            try:
+                await attempt.read([*extra, *run_keys])
+            except RunlaneError as error:
+                run_id = _unreadable_run(error, env, run_ids)
+                if run_id is None:
+                    raise
+                raise _UnreadableRun(run_id, error) from None
             derived: list[StorageRecordKey] = []
             for run_id in run_ids:
                 run = attempt.peek_run(run_id)
@@ -1902,7 +2014,7 @@ class CoreStore:
             await attempt.read(derived)
             await attempt.seal()
             claims: list[ClaimResult] = []
-            missed: list[ClaimResult] = []
+            missed: list[ClaimResult] = list(refused)
             for run_id in run_ids:
                 deadline = request.attempt_deadline_ms
                 if deadline is None:
@@ -1918,7 +2030,12 @@ class CoreStore:
             leftover: list[ClaimResult | None] = [missed[0]] if missed else [None]
             return [*claims, *leftover * (count - len(claims))]
 
-        return await self._transact(body)
+        while True:
+            try:
+                return cast(list[ClaimResult | None], await self._transact(body))
+            except _UnreadableRun as refused:
+                # The transaction rolled back; the next try scans again and passes over this run.
+                unreadable[refused.run_id] = refused.error
 
     async def _run_batch(
         self,
@@ -1974,11 +2091,29 @@ class CoreStore:
         return await self._transact(body)
 
     async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
-        return await self._run_batch(
-            requests,
-            lambda attempt, run: attempt.capacity_keys(run),
-            lambda attempt, request, now, ids: self._claim_one(attempt, request, ids),
-        )
+        try:
+            return cast(
+                list[ClaimResult],
+                await self._run_batch(
+                    requests,
+                    lambda attempt, run: attempt.capacity_keys(run),
+                    lambda attempt, request, now, ids: self._claim_one(attempt, request, ids),
+                ),
+            )
+        except RunlaneError as error:
+            refused = _unreadable_run(error, self.env_key, (request.run_id for request in requests))
+            if refused is None:
+                raise
+            # The driver refused to read one run's record at all: that claim reports it (as a record
+            # that does not decode does), and the other claims of the batch go on without it.
+            kept = [request for request in requests if request.run_id != refused]
+            others = iter(await self._claim_batch(kept) if kept else ())
+            return [
+                ClaimResult(request.run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
+                if request.run_id == refused
+                else next(others)
+                for request in requests
+            ]
 
     def _claim_one(self, attempt: _Attempt, request: ClaimRequest, ids: _EventIds) -> ClaimResult:
         run_id = request.run_id

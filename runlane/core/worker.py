@@ -14,8 +14,14 @@ Transient storage failures (``storage_unavailable``, ``storage_conflict``) do no
 logs the first one on the ``runlane.worker`` logger, counts them (``storage_errors``, ``last_error``),
 backs off (50 ms doubling to 2 s, with jitter) and logs again when storage answers. A drain worker, a
 job meant to end, gives up once storage has been unavailable for ``outage_limit_s`` in a row (its
-attempts too: see ``ExecutionOptions``) and raises that error from ``closed``. Any other error stops
-the worker and is raised from ``closed``.
+attempts too: see ``ExecutionOptions``) and raises that error from ``closed``.
+
+A due run whose stored record cannot be read does not stop a worker either: the runtime logs it once
+(an error on ``runlane.worker``) and sets it aside, and scans pass over it for the life of the runtime.
+So is a runnable-index candidate whose run claims keep finding missing or finished (a stale index row,
+logged once as a warning). A slot whose claims keep coming back lost backs off (5 ms doubling to
+0.5 s) after a few immediate retries instead of spinning. Any other error stops the worker and is
+raised from ``closed``.
 
 ``stop()`` (or the worker's ``signal``) aborts the signal every running attempt's ``TaskContext``
 is linked to, waits for those attempts to finish cooperatively, then settles ``closed``. It is not
@@ -53,6 +59,12 @@ _SCAN_PER_SLOT = 4
 _TRANSIENT_CODES = frozenset({ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.STORAGE_CONFLICT})
 _BACKOFF_START = 0.05
 _BACKOFF_MAX = 2.0
+# A slot whose claims keep coming back "lost" (due work it could not take) retries this many times at
+# once, as a lost race with another worker is cheap to retry; then it backs off from _LOST_BACKOFF_START
+# (seconds, doubling to _LOST_BACKOFF_MAX, or a wake-up) instead of spinning on storage.
+_LOST_FREE_RETRIES = 3
+_LOST_BACKOFF_START = 0.005
+_LOST_BACKOFF_MAX = 0.5
 _log = logging.getLogger("runlane.worker")
 
 
@@ -228,6 +240,7 @@ class WorkerHandle:
         queues = self._queues
         options = self._options
         pool = self._pool
+        lost = 0  # consecutive "lost" steps of this slot
         while not stop.aborted and not runtime.closed:
             if max_runs is not None:
                 if self._executed + self._reserved >= max_runs:
@@ -236,7 +249,9 @@ class WorkerHandle:
             generation = work.generation
             try:
                 await runtime._ready()  # a worker is the first call of many programs: it starts the lane
-                run, status = await runtime.execute_one(queues, options, pool)
+                # A run whose record cannot be read is reported and set aside by the runtime; the worker
+                # goes on with the other runs instead of stopping on it.
+                run, status = await runtime.execute_one(queues, options, pool, unreadable_as_lost=True)
             except RunlaneError as error:
                 if not _is_transient(error) or self._outlasted_drain(error):
                     raise
@@ -250,6 +265,7 @@ class WorkerHandle:
                     self._reserved -= 1
             if self._failures:
                 self._recovered()
+            lost = lost + 1 if status == "lost" else 0
             if status == "executed":
                 self._executed += 1
                 if self._on_run_executed is not None and run is not None:
@@ -258,6 +274,8 @@ class WorkerHandle:
                         await result
                 continue
             if status == "lost":
+                if lost > _LOST_FREE_RETRIES:
+                    await work.wait(generation, _lost_backoff(lost - _LOST_FREE_RETRIES), stop)
                 continue
             if status == "idle" and drain:
                 return
@@ -266,6 +284,12 @@ class WorkerHandle:
             if status == "blocked":
                 timeout = min(timeout, _BLOCKED_RECHECK) if drain else timeout
             await work.wait(generation, timeout, stop)
+
+
+def _lost_backoff(streak: int) -> float:
+    """Seconds a slot waits after ``streak`` lost steps beyond its free retries, with jitter."""
+    base = min(_LOST_BACKOFF_MAX, _LOST_BACKOFF_START * 2 ** min(streak - 1, 16))
+    return base * (0.5 + random.random() / 2)
 
 
 def _is_transient(error: RunlaneError) -> bool:
