@@ -289,7 +289,8 @@ async def test_the_tick_loop_reports_a_corrupt_record_once_and_keeps_going(tmp_p
             return await self.inner.tick(**limits)
 
     async with runtime(path) as rl:
-        done = await asyncio.wait_for(tick_until_stopped(Counting(rl), output, {}, 0.01, stopping), 20)  # type: ignore[arg-type]
+        looping = tick_until_stopped(Counting(rl), output, {}, 0.01, stopping)  # type: ignore[arg-type]
+        done = await asyncio.wait_for(looping, 20)
     assert done == 0 and passes == 4
     (failed,) = output.records
     assert failed[0] == "tick_failed" and failed[1]["error_code"] == "invariant_violation"
@@ -321,3 +322,19 @@ def test_runlane_tick_every_keeps_going_past_a_corrupt_record_and_one_pass_exits
     (failed,) = [record for record in records if record["type"] == "tick_failed"]
     assert failed["error_code"] == "invariant_violation" and key.parts[-1] in failed["error_message"]
     assert records[-1]["type"] == "tick_loop_stopped"
+
+
+@pytest.mark.parametrize(("corrupt", "problem"), [(corrupt_shape, "is not a valid run"), (corrupt_id, "not a valid")])
+async def test_reading_a_corrupt_run_names_the_run_and_its_record(
+    tmp_path: Path, corrupt: Callable[[dict[str, Any]], None], problem: str
+) -> None:
+    path = tmp_path / "runlane.db"
+    await seed(path, 2)
+    edit(path, run_key("default", "run_1"), corrupt)
+    async with runtime(path) as rl:
+        with pytest.raises(RunlaneError) as raised:
+            await rl.runs.get("run_1")
+    error = raised.value
+    assert error.code is ErrorCode.INVARIANT_VIOLATION
+    assert "runs/default/run_1" in error.message and problem in error.message
+    assert error.meta["run_id"] == "run_1" and error.meta["record"] == "runs/default/run_1"

@@ -110,6 +110,8 @@ from ..storage.tables import (
     RunChildCounts,
     decode_run_document,
     decode_run_event_document,
+    describe_record_key,
+    record_key_meta,
     remember_run_document,
     run_tombstone_key,
 )
@@ -873,7 +875,11 @@ def run_not_found(run_id: str) -> RunlaneError:
 
 def _corrupt(what: str, key: StorageRecordKey, error: Exception | None = None) -> RunlaneError:
     return RunlaneError(
-        ErrorCode.INVARIANT_VIOLATION, f"The stored {what} at {key!r} is not a valid document.", cause=error
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored {what} at {describe_record_key(key)} is not a valid document. This is durable corruption: "
+        "restore the record from a backup, or delete it.",
+        meta=record_key_meta(key),
+        cause=error,
     )
 
 
@@ -1408,7 +1414,7 @@ class CoreStore:
     # -- codecs ----------------------------------------------------------------------------------
 
     def _decode_run(self, record: StorageRecord) -> tuple[RunRecord, RunChildCounts]:
-        run, children = decode_run_document(record.document)
+        run, children = decode_run_document(record.document, record.key)
         if run.id != record.key.parts[-1] or environment_key(run.environment) != record.key.parts[0]:
             raise _corrupt("run", record.key)
         return run, children
