@@ -20,6 +20,7 @@ import pytest
 
 from runlane import ErrorCode, RunlaneError, WorkerMode, create_runlane, queue, schedule, task
 from runlane.cli.tick import tick_until_stopped
+from runlane.core.store import idempotency_owner_key, singleton_owner_key
 from runlane.storage import StorageRecordKey
 from runlane.storage.codecs import encode_storage_tuple
 from runlane.storage.tables import run_key
@@ -338,3 +339,41 @@ async def test_reading_a_corrupt_run_names_the_run_and_its_record(
     assert error.code is ErrorCode.INVARIANT_VIOLATION
     assert "runs/default/run_1" in error.message and problem in error.message
     assert error.meta["run_id"] == "run_1" and error.meta["record"] == "runs/default/run_1"
+
+
+# -- owner rows that do not match their run --------------------------------------------------------
+
+
+@pytest.mark.parametrize("names", ["run_other", "run_missing"])
+async def test_an_idempotency_owner_naming_a_run_that_does_not_hold_its_key_is_refused(
+    tmp_path: Path, names: str
+) -> None:
+    path = tmp_path / "runlane.db"
+    async with runtime(path) as rl:
+        await rl.trigger(plain, {}, run_id="run_keyed", idempotency_key="order-1")
+        await rl.trigger(gateway_call, {}, run_id="run_other")  # another task's run
+    owner = idempotency_owner_key("default", "plain.work", "order-1")
+    edit(path, owner, lambda document: document["value"].update(run_id=names))
+    async with runtime(path) as rl:
+        with pytest.raises(RunlaneError) as raised:
+            await rl.trigger(plain, {}, idempotency_key="order-1")
+        assert len((await rl.runs.list()).data) == 2  # nothing was written
+    error = raised.value
+    assert error.code is ErrorCode.INVARIANT_VIOLATION and error.meta["run_id"] == names
+    assert "idempotency_owners/default/plain.work/order-1" in error.message, error.message
+    assert ("does not exist" if names == "run_missing" else "does not hold that idempotency key") in error.message
+
+
+async def test_a_singleton_owner_naming_a_run_that_does_not_hold_its_key_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "runlane.db"
+    async with runtime(path) as rl:
+        await rl.trigger(plain, {}, run_id="run_holder", singleton_key="account-1")
+        await rl.trigger(plain, {}, run_id="run_free")
+    owner = singleton_owner_key("default", "account-1")
+    edit(path, owner, lambda document: document["value"].update(run_id="run_free"))
+    async with runtime(path) as rl:
+        with pytest.raises(RunlaneError) as raised:
+            await rl.trigger(plain, {}, singleton_key="account-1")
+        assert len((await rl.runs.list()).data) == 2
+    assert raised.value.code is ErrorCode.INVARIANT_VIOLATION
+    assert "does not hold that singleton key" in raised.value.message

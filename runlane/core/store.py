@@ -1826,9 +1826,16 @@ class CoreStore:
                 owner = attempt.owner(idempotency)
                 if owner is not None:
                     expires_at = owner.get("expires_at")
-                    existing = attempt.slot(_owner_run_id(attempt, idempotency))
-                    if existing is not None and (expires_at is None or expires_at > attempt.now_iso):
-                        return CreateRunResult(existing.run, TriggerOutcomeType.RETURNED_EXISTING)
+                    owner_run_id = _owner_run_id(attempt, idempotency)
+                    existing = attempt.slot(owner_run_id)
+                    if expires_at is None or expires_at > attempt.now_iso:
+                        held = None if existing is None else existing.run
+                        if held is None or (held.task_id, held.idempotency_key) != (
+                            created.task_id,
+                            created.idempotency_key,
+                        ):
+                            raise _foreign_owner(idempotency, owner_run_id, held, "idempotency key")
+                        return CreateRunResult(held, TriggerOutcomeType.RETURNED_EXISTING)
             current = None if create_blind else attempt.slot(created.run_id)
             if current is not None:
                 existing_run = current.run
@@ -1850,8 +1857,12 @@ class CoreStore:
             if singleton is not None:
                 owner = attempt.owner(singleton)
                 if owner is not None:
-                    holder = attempt.slot(_owner_run_id(attempt, singleton))
-                    if holder is not None and holder.run.status not in _TERMINAL:
+                    holder_id = _owner_run_id(attempt, singleton)
+                    holder = attempt.slot(holder_id)
+                    if holder is None or holder.run.singleton_key != created.singleton_key:
+                        held = None if holder is None else holder.run
+                        raise _foreign_owner(singleton, holder_id, held, "singleton key")
+                    if holder.run.status not in _TERMINAL:
                         raise create_storage_conflict_error(
                             StorageConflictKind.SINGLETON_KEY,
                             f"Singleton key {created.singleton_key!r} is held by active run {holder.run.id}; "
@@ -2588,6 +2599,19 @@ def _finish_keys(store: CoreStore, run: RunRecord) -> list[StorageRecordKey]:
     if run.queue in store.queue_limits:
         keys.append(queue_capacity_key(env, run.queue, run.concurrency_key))
     return keys
+
+
+def _foreign_owner(key: StorageRecordKey, run_id: str, run: RunRecord | None, what: str) -> RunlaneError:
+    """``invariant_violation`` for an owner row whose run does not hold its key (or does not exist): trusting
+    it would return another task's run, or start a second run under a key another run holds."""
+    problem = "does not exist" if run is None else f"does not hold that {what} (task {run.task_id!r})"
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored {what} owner {describe_record_key(key)} names run {run_id}, which {problem}; nothing was "
+        "written. This is durable corruption: delete the owner record (for an idempotency key, "
+        "runlane.idempotency_keys.reset() does) once you know which run holds the key.",
+        meta={**record_key_meta(key), "run_id": run_id},
+    )
 
 
 def _owner_run_id(attempt: _Attempt, key: StorageRecordKey) -> str:
