@@ -1172,3 +1172,30 @@ def test_pages_of_entries_restating_their_key_search_both_primary_keys(database:
     assert any(step.startswith("SEARCH r USING INDEX sqlite_autoindex_runlane_records_1 (key>? AND key<?)") for step in plan), plan
     assert not [step for step in plan if step.startswith(("SCAN i", "SCAN r"))], plan
     assert sum("USE TEMP B-TREE FOR ORDER BY" in step for step in plan) == 1, plan
+
+
+async def test_the_wal_file_gives_its_space_back_once_a_checkpoint_has_caught_up(
+    database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_driver, "WAL_SIZE_LIMIT", 64 * 1024)
+    driver = sqlite_storage(database)
+    await driver.start()
+    wal = Path(f"{database}-wal")
+    blob = "x" * 10_000
+    try:
+        # A reader holding a snapshot (a long operator read, a backup) keeps checkpoints from catching up.
+        reader = sqlite3.connect(database)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM runlane_records").fetchone()
+        for batch in range(10):
+            keys = [StorageRecordKey("blobs", "default", f"b{batch}_{n}") for n in range(50)]
+            await create(driver, *(record(key, {"blob": blob}) for key in keys))
+        grown = wal.stat().st_size
+        assert grown > 4 * 1024 * 1024
+        reader.execute("COMMIT")
+        reader.close()
+        for n in range(3):  # the next commits checkpoint the log, then restart it from the beginning
+            await create(driver, record(StorageRecordKey("blobs", "default", f"after_{n}"), {"n": n}))
+        assert wal.stat().st_size <= 1024 * 1024, (grown, wal.stat().st_size)
+    finally:
+        await driver.close()

@@ -54,7 +54,9 @@ Mechanics:
   and the operation fails with a retryable ``storage_unavailable``.
 * **Durability.** WAL journal with ``synchronous=FULL`` by default: a commit survives a process
   crash and power loss. ``synchronous="normal"`` makes commits cheaper; the file stays consistent,
-  but the last transactions may roll back after an operating system crash or power loss.
+  but the last transactions may roll back after an operating system crash or power loss. The
+  ``-wal`` file grows while readers hold back checkpoints; once a checkpoint has caught up, SQLite
+  truncates it to ``WAL_SIZE_LIMIT`` instead of keeping its high-water mark on disk.
 * **Client clock.** ``now()`` samples the injected clock once per attempt and freezes it. Clocks of
   processes sharing a file can differ; version and ownership fences still protect every write, but
   skew can cause early duplicate execution or brief capacity oversubscription.
@@ -154,6 +156,9 @@ logger = logging.getLogger(__name__)
 SCHEMA_VERSION = 2
 
 _SYNCHRONOUS = {"full": "FULL", "extra": "EXTRA", "normal": "NORMAL"}
+#: Bytes the ``-wal`` file is truncated to when the log restarts after a checkpoint
+#: (``PRAGMA journal_size_limit``); without it the file keeps its largest size for good.
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
 _BUSY_SLICE = 0.1  # seconds SQLite's own busy handler waits before the driver's thread is released
 _RETRY_JITTER = 0.02  # upper bound of the random pause between busy retries, in seconds
 _MAX_VARIABLES = 500  # bound parameters per statement (SQLite's limit can be as low as 999)
@@ -704,6 +709,7 @@ class SqliteStorageDriver(ClientClock):
                     meta={"path": str(self.path)},
                 )
             connection.execute(f"PRAGMA synchronous = {_SYNCHRONOUS[self.synchronous]}")
+            connection.execute(f"PRAGMA journal_size_limit = {int(WAL_SIZE_LIMIT)}")
             self._ensure_schema(connection)
         except sqlite3.Error as error:
             if _is_busy(error):
