@@ -623,3 +623,42 @@ async def test_a_worker_as_the_first_call_starts_the_lane(tmp_path):
         assert worker.executed == 1 and worker.storage_errors == 0 and executed == [7]
     finally:
         await runtime.close()
+
+
+async def test_the_idle_slots_of_a_poll_worker_share_one_scan_per_poll_delay(monkeypatch):
+    # A bounded queue takes the scan-then-claim path: idle slots scanned once each per poll delay, so an
+    # idle worker of 16 slots cost storage 16 scans per delay (thousands of transactions a minute).
+    gateway = queue("idle.gateway", concurrency_limit=4)
+
+    @task("idle.call", queue=gateway)
+    async def call(payload: dict) -> None:
+        return None
+
+    @task("idle.stagger")
+    async def stagger(payload: dict) -> None:
+        await asyncio.sleep(payload["ms"] / 1000)  # slots go idle at different moments, as in production
+
+    runtime, _ = make_runtime(call, stagger, queues=[DEFAULT_QUEUE, gateway])
+    scans = 0
+    original = core_store.CoreStore.list_runnable
+
+    async def counting(self, *args, **kwargs):
+        nonlocal scans
+        scans += 1
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(core_store.CoreStore, "list_runnable", counting)
+    async with runtime:
+        for n in range(8):
+            await runtime.trigger(stagger, {"ms": 2.5 * n})
+        worker = runtime.worker(mode=WorkerMode.POLL, concurrency=8, empty_poll_delay="20ms")
+        await asyncio.sleep(0.1)  # every slot has run one and polled since, finding nothing
+        scans = 0
+        started = time.monotonic()
+        await asyncio.sleep(0.5)
+        idle_scans, elapsed = scans, time.monotonic() - started
+        run = (await runtime.trigger(call, {})).run  # a wake-up still reaches an idle worker at once
+        await wait_for_run_status(runtime, run.id, RunStatus.SUCCEEDED, timeout="5s")
+        await worker.stop()
+    # About one scan per 20 ms between the eight slots (eight per 20 ms before).
+    assert idle_scans <= 2 * elapsed / 0.02 + 4, (idle_scans, elapsed)

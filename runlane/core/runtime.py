@@ -393,15 +393,20 @@ class CandidatePool:
     """Runnable candidates from one storage scan, shared by the callers of one worker.
 
     Only one scan runs at a time per pool: callers that find it empty while a scan is in flight
-    wait for that scan instead of issuing their own.
+    wait for that scan instead of issuing their own. With an ``idle_window`` (a poll worker's
+    ``empty_poll_delay``), a scan that found nothing due also answers the callers that come within
+    that many seconds, unless a wake-up came since (``generation``): the idle slots of one worker
+    then scan storage about once per poll delay between them, not once each.
     """
 
-    __slots__ = ("_items", "_scan_size", "_scanning")
+    __slots__ = ("_idle_mark", "_idle_window", "_items", "_scan_size", "_scanning")
 
-    def __init__(self, scan_size: int) -> None:
+    def __init__(self, scan_size: int, idle_window: float = 0.0) -> None:
         self._items: list[str] = []
         self._scan_size = scan_size
         self._scanning: asyncio.Future[bool] | None = None
+        self._idle_window = idle_window
+        self._idle_mark: tuple[int, float] | None = None  # (work generation, loop time) of the last idle scan
 
     def take(self, claiming: set[str], set_aside: Collection[str] = ()) -> str | None:
         items = self._items
@@ -411,19 +416,27 @@ class CandidatePool:
                 return candidate
         return None
 
-    async def refill(self, store: CoreStore, queues: Sequence[str], now: datetime, claiming: set[str]) -> bool | None:
-        """Scan once (or join the scan in flight); ``None`` when storage has no due candidate at all."""
+    async def refill(
+        self, store: CoreStore, queues: Sequence[str], now: datetime, claiming: set[str], generation: int | None = None
+    ) -> bool | None:
+        """Scan once (or join the scan in flight); ``None`` when storage has no due candidate at all.
+        ``generation``: the work signal's, read before the call (see ``idle_window``)."""
         scanning = self._scanning
         if scanning is not None:
             found = await asyncio.shield(scanning)
             return True if found else None
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        mark = self._idle_mark
+        if mark is not None and mark[0] == generation and loop.time() - mark[1] < self._idle_window:
+            return None  # another slot found nothing due a moment ago, and nothing woke the worker since
+        future: asyncio.Future[bool] = loop.create_future()
         self._scanning = future
         try:
             refs = await store.list_runnable(queues, now, len(claiming) + self._scan_size)
             fresh = [ref.run_id for ref in refs if ref.run_id not in claiming]
             fresh.reverse()  # take() pops from the end: oldest first
             self._items = fresh
+            self._idle_mark = None if refs or generation is None or not self._idle_window else (generation, loop.time())
             future.set_result(bool(refs))
         except BaseException as error:
             future.set_exception(error)
@@ -1379,6 +1392,7 @@ class Runlane:
             pool = CandidatePool(_SCAN_HEADROOM)
         claiming = self._claiming
         set_aside = self._store.set_aside_runs  # scanned before a run was set aside, a pool may still hold it
+        generation = self.work_signal.generation
         scanned = False
         blocked = lost = False
         for _ in range(_MAX_CLAIM_TRIES):
@@ -1387,7 +1401,7 @@ class Runlane:
                 if scanned:
                     break
                 scanned = True
-                found = await pool.refill(self._store, queues, self.now(), claiming)
+                found = await pool.refill(self._store, queues, self.now(), claiming, generation)
                 if found is None:
                     break  # no due work at all
                 run_id = pool.take(claiming, set_aside)

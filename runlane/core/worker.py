@@ -95,7 +95,9 @@ class WorkerHandle:
             link_signals(options.signal) if options.signal is not None else CancellationController()
         )
         self._options = replace(options, signal=self._stop.signal)
-        self._pool = CandidatePool(_SCAN_PER_SLOT * concurrency + 8)
+        # A poll worker's idle slots share one idle scan per poll delay (see ``CandidatePool``).
+        idle_window = empty_poll_delay if mode is WorkerMode.POLL else 0.0
+        self._pool = CandidatePool(_SCAN_PER_SLOT * concurrency + 8, idle_window)
         self._executed = 0
         self._reserved = 0
         self._failures = 0  # consecutive transient storage failures (0: healthy)
