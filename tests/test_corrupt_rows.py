@@ -358,6 +358,9 @@ async def test_an_idempotency_owner_naming_a_run_that_does_not_hold_its_key_is_r
         with pytest.raises(RunlaneError) as raised:
             await rl.trigger(plain, {}, idempotency_key="order-1")
         assert len((await rl.runs.list()).data) == 2  # nothing was written
+        with pytest.raises(RunlaneError) as looked_up:  # a lookup says so too, instead of another task's run
+            await rl.runs.find_current(task=plain, idempotency_key="order-1")
+        assert looked_up.value.code is ErrorCode.INVARIANT_VIOLATION
     error = raised.value
     assert error.code is ErrorCode.INVARIANT_VIOLATION and error.meta["run_id"] == names
     assert "idempotency_owners/default/plain.work/order-1" in error.message, error.message
@@ -375,5 +378,8 @@ async def test_a_singleton_owner_naming_a_run_that_does_not_hold_its_key_is_refu
         with pytest.raises(RunlaneError) as raised:
             await rl.trigger(plain, {}, singleton_key="account-1")
         assert len((await rl.runs.list()).data) == 2
+        with pytest.raises(RunlaneError) as looked_up:
+            await rl.runs.find_active(task=plain, singleton_key="account-1")
+        assert looked_up.value.code is ErrorCode.INVARIANT_VIOLATION
     assert raised.value.code is ErrorCode.INVARIANT_VIOLATION
     assert "does not hold that singleton key" in raised.value.message

@@ -1579,9 +1579,12 @@ class CoreStore:
             (run_record,) = await tx.get([_run_key(self.env_key, run_id)])
             now_iso = encode_iso_date(_utc(await tx.now()))
             expires_at = owner.get("expires_at")
-            if run_record is None or (expires_at is not None and expires_at <= now_iso):
+            if expires_at is not None and expires_at <= now_iso:
                 return None
-            return self._decode_run(run_record)[0]
+            run = None if run_record is None else self._decode_run(run_record)[0]
+            if run is None or (run.task_id, run.idempotency_key) != (task_id, key):
+                raise _foreign_owner(owner_key, run_id, run, "idempotency key")  # as a trigger with the key would
+            return run
 
         return await self.driver.with_transaction(body)
 
@@ -1595,7 +1598,9 @@ class CoreStore:
         if not isinstance(run_id, str):
             raise _corrupt("singleton owner", owner_key)
         run = await self.get_run(run_id)
-        return run if run is not None and run.status not in _TERMINAL else None
+        if run is None or run.singleton_key != key:
+            raise _foreign_owner(owner_key, run_id, run, "singleton key")  # as a trigger with the key would
+        return run if run.status not in _TERMINAL else None
 
     async def reset_idempotency_key(self, task_id: str, key: str) -> RunRecord | None:
         """Delete the owner of ``(task_id, key)`` so the next trigger creates a new run, unless its run is
