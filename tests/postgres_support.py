@@ -13,6 +13,8 @@ and its watchdog stops it if the test process dies outright.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from runlane_postgres.testing import PostgresTestServer, postgres_test_url
@@ -110,6 +112,29 @@ class Schemas:
         with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as connection:
             cursor = connection.execute(statement, params)
             return cursor.fetchall() if cursor.description else []
+
+    @contextmanager
+    def login_role(self) -> Iterator[tuple[str, str]]:
+        """A fresh login role without privileges and the URL that connects as it; the role and what it
+        owns are dropped afterwards. Skips the test when the database's user may not create roles."""
+        import uuid
+        from urllib.parse import urlsplit, urlunsplit
+
+        import psycopg
+        import pytest
+        from psycopg import sql
+
+        role = f"{self.prefix}_role_{uuid.uuid4().hex[:8]}"
+        try:
+            self.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        except psycopg.Error:
+            pytest.skip("the test database does not let this role create roles")
+        parts = urlsplit(self.url)
+        try:
+            yield role, urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        finally:
+            self.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            self.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
     def drop_all(self) -> None:
         from psycopg import sql

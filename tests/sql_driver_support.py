@@ -44,3 +44,23 @@ async def check_replaced_documents_are_recognized(
     await replace(elsewhere, record(key, {"n": 3}))
     (again,) = await here.get([key])
     assert again is not None and again.document.value == {"n": 3} and again.version != read.version
+
+
+def edit_sqlite_document(path: Any, key: StorageRecordKey, change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite one stored document of the SQLite file at ``path`` in place, as a bad migration or a manual
+    edit would: ``change`` edits the document envelope (``{"schemaVersion": ..., "value": ...}``)."""
+    import json
+    import sqlite3
+
+    connection = sqlite3.connect(path)
+    try:
+        (text,) = connection.execute("SELECT document FROM runlane_records WHERE key = ?", (key.encoded,)).fetchone()
+        document = json.loads(text)
+        change(document)
+        text = json.dumps(document, separators=(",", ":"))
+        connection.execute(
+            "UPDATE runlane_records SET document = ?, byte_size = ? WHERE key = ?", (text, len(text), key.encoded)
+        )
+        connection.commit()
+    finally:
+        connection.close()

@@ -7,7 +7,6 @@ The records are corrupted in the SQLite file directly, as a bad migration or a m
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import sqlite3
@@ -27,6 +26,7 @@ from runlane.storage.tables import run_key
 from runlane_local import sqlite_lane
 
 from cli_support import cli, make_project, run_json_until
+from sql_driver_support import edit_sqlite_document
 
 DEFAULT = queue("default", default=True)
 GATEWAY = queue("gateway", concurrency_limit=1)
@@ -49,19 +49,6 @@ async def every(payload: dict) -> None:
 
 def runtime(path: Path) -> Any:
     return create_runlane(lane=sqlite_lane(path), queues=[DEFAULT, GATEWAY], tasks=[plain, gateway_call, every])
-
-
-def edit(path: Path, key: StorageRecordKey, change: Callable[[dict[str, Any]], None]) -> None:
-    """Rewrite one stored document in place."""
-    with sqlite3.connect(path) as db:
-        (text,) = db.execute("select document from runlane_records where key = ?", (key.encoded,)).fetchone()
-        document = json.loads(text)
-        change(document)
-        text = json.dumps(document, separators=(",", ":"))
-        db.execute(
-            "update runlane_records set document = ?, byte_size = ? where key = ?", (text, len(text), key.encoded)
-        )
-    db.close()
 
 
 def add_runnable_row(path: Path, run_id: str, key: StorageRecordKey) -> None:
@@ -118,7 +105,7 @@ async def test_a_worker_sets_an_unreadable_run_aside_and_runs_the_others(
 ) -> None:
     path = tmp_path / "runlane.db"
     await seed(path, 4)
-    edit(path, run_key("default", "run_1"), corrupt)
+    edit_sqlite_document(path, run_key("default", "run_1"), corrupt)
     caplog.set_level(logging.WARNING, logger="runlane.worker")
     async with runtime(path) as rl:
         worker = rl.worker(mode=WorkerMode.DRAIN, concurrency=2)
@@ -141,7 +128,7 @@ async def test_a_worker_sets_an_unreadable_run_aside_and_runs_the_others(
 async def test_execute_next_raises_for_an_unreadable_run_once_then_passes_over_it(tmp_path: Path) -> None:
     path = tmp_path / "runlane.db"
     await seed(path, 2)
-    edit(path, run_key("default", "run_0"), corrupt_shape)
+    edit_sqlite_document(path, run_key("default", "run_0"), corrupt_shape)
     async with runtime(path) as rl:
         with pytest.raises(RunlaneError) as raised:
             await rl.execute_next()
@@ -157,7 +144,7 @@ async def test_an_unreadable_run_of_a_bounded_queue_is_set_aside_too(tmp_path: P
         for n in range(2):
             await rl.trigger(gateway_call, {"n": n}, run_id=f"run_gw_{n}")
         await rl.tick()  # reserves the bounded queue's capacity for the first run
-    edit(path, run_key("default", "run_gw_0"), corrupt_shape)
+    edit_sqlite_document(path, run_key("default", "run_gw_0"), corrupt_shape)
     async with runtime(path) as rl:
         worker = rl.worker(mode=WorkerMode.DRAIN, queues=["gateway"])
         await asyncio.wait_for(worker.closed, 20)
@@ -226,7 +213,7 @@ async def test_a_corrupt_schedule_occurrence_does_not_stop_the_later_tick_phases
     path = tmp_path / "runlane.db"
     async with runtime(path) as rl:
         assert (await rl.tick()).materialized == 1
-    edit(path, occurrence_key(path), lambda document: document.update(value={"foo": 1}))
+    edit_sqlite_document(path, occurrence_key(path), lambda document: document.update(value={"foo": 1}))
     async with runtime(path) as rl:
         await rl.trigger(gateway_call, {}, run_id="run_gw")
         with pytest.raises(RunlaneError) as raised:
@@ -273,7 +260,7 @@ async def test_the_tick_loop_reports_a_corrupt_record_once_and_keeps_going(tmp_p
     async with runtime(path) as rl:
         await rl.tick()
     key = occurrence_key(path)
-    edit(path, key, lambda document: document.update(value={"foo": 1}))
+    edit_sqlite_document(path, key, lambda document: document.update(value={"foo": 1}))
     output = _Output()
     stopping = asyncio.Event()
     passes = 0
@@ -313,7 +300,7 @@ def test_runlane_tick_every_keeps_going_past_a_corrupt_record_and_one_pass_exits
     assert first.returncode == 0, first.stderr
     path = project / "runlane.db"
     key = occurrence_key(path)
-    edit(path, key, lambda document: document.update(value={"foo": 1}))
+    edit_sqlite_document(path, key, lambda document: document.update(value={"foo": 1}))
     once = cli(project, "tick")
     assert once.returncode == 1 and "invariant_violation" in once.stderr + once.stdout
     records, status, stderr = run_json_until(
@@ -331,7 +318,7 @@ async def test_reading_a_corrupt_run_names_the_run_and_its_record(
 ) -> None:
     path = tmp_path / "runlane.db"
     await seed(path, 2)
-    edit(path, run_key("default", "run_1"), corrupt)
+    edit_sqlite_document(path, run_key("default", "run_1"), corrupt)
     async with runtime(path) as rl:
         with pytest.raises(RunlaneError) as raised:
             await rl.runs.get("run_1")
@@ -353,7 +340,7 @@ async def test_an_idempotency_owner_naming_a_run_that_does_not_hold_its_key_is_r
         await rl.trigger(plain, {}, run_id="run_keyed", idempotency_key="order-1")
         await rl.trigger(gateway_call, {}, run_id="run_other")  # another task's run
     owner = idempotency_owner_key("default", "plain.work", "order-1")
-    edit(path, owner, lambda document: document["value"].update(run_id=names))
+    edit_sqlite_document(path, owner, lambda document: document["value"].update(run_id=names))
     async with runtime(path) as rl:
         with pytest.raises(RunlaneError) as raised:
             await rl.trigger(plain, {}, idempotency_key="order-1")
@@ -373,7 +360,7 @@ async def test_a_singleton_owner_naming_a_run_that_does_not_hold_its_key_is_refu
         await rl.trigger(plain, {}, run_id="run_holder", singleton_key="account-1")
         await rl.trigger(plain, {}, run_id="run_free")
     owner = singleton_owner_key("default", "account-1")
-    edit(path, owner, lambda document: document["value"].update(run_id="run_free"))
+    edit_sqlite_document(path, owner, lambda document: document["value"].update(run_id="run_free"))
     async with runtime(path) as rl:
         with pytest.raises(RunlaneError) as raised:
             await rl.trigger(plain, {}, singleton_key="account-1")

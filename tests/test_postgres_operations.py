@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -184,28 +183,15 @@ async def test_a_failed_commit_keeps_the_postgres_error_with_its_context(schemas
 
 
 async def test_a_migration_refused_by_the_server_keeps_its_error(schemas: Schemas) -> None:
-    role, schema = f"runlane_ops_{uuid.uuid4().hex[:8]}", schemas.name()
-    try:
-        schemas.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    except psycopg.Error:
-        pytest.skip("the test database does not let this role create roles")
-    try:
-        from urllib.parse import urlsplit, urlunsplit
-
-        parts = urlsplit(schemas.url)
-        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+    with schemas.login_role() as (_, url):
         # The role may not create the schema: the server's refusal is the cause.
-        error = await expect_error(apply_postgres_migrations(url, schema), ErrorCode.CONFIGURATION_INVALID)
+        error = await expect_error(apply_postgres_migrations(url, schemas.name()), ErrorCode.CONFIGURATION_INVALID)
         assert isinstance(error.__cause__, pg_errors.InsufficientPrivilege)
         # A role without access to a migrated schema cannot start a driver on it.
         migrated = await schemas.migrated()
         driver = postgres_storage(url, schema=migrated, min_size=0)
         error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
         assert isinstance(error.__cause__, pg_errors.InsufficientPrivilege)
-    finally:
-        schemas.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        schemas.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
-
 
 # ---------------------------------------------------------------------------------------------
 # Schema names Postgres reserves

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -34,6 +33,7 @@ from runlane.storage.tables import (
 )
 from runlane.testing import ControlledClock
 from runlane_local import local_lane, sqlite_lane
+from sql_driver_support import edit_sqlite_document
 
 DEFAULT = queue("default", default=True)
 OPERATOR = Actor(type=ActorType.OPERATOR, id="ops@example.com")
@@ -271,7 +271,8 @@ async def test_an_empty_child_page_on_an_eventual_index_waits_without_a_report(c
         pruner = await tombstone_only(runtime, 1)
         await delete(driver, run_event_key(env, "run_0", 2))
         caplog.clear()
-        result = await RunPruner(_EventualIndexes(driver), runtime.environment).cleanup(budget=100)  # type: ignore[arg-type]
+        eventual = RunPruner(_EventualIndexes(driver), runtime.environment)  # type: ignore[arg-type]
+        result = await eventual.cleanup(budget=100)
         assert (result.finished, result.pending, result.corrupt) == (0, 1, 0)
         assert warnings(caplog) == []
         assert (await pruner.cleanup(budget=100)).corrupt == 1  # the strong driver itself reports it
@@ -307,21 +308,6 @@ def test_a_corrupt_run_event_names_its_run_and_record() -> None:
     assert error.meta["run_id"] == "run_0" and error.meta["key"] == key.encoded
 
 
-def _sqlite_edit(path: Path, key: StorageRecordKey, change: Callable[[dict[str, Any]], None]) -> None:
-    connection = sqlite3.connect(path)
-    try:
-        (text,) = connection.execute("SELECT document FROM runlane_records WHERE key = ?", (key.encoded,)).fetchone()
-        document = json.loads(text)
-        change(document)
-        text = json.dumps(document, separators=(",", ":"))
-        connection.execute(
-            "UPDATE runlane_records SET document = ?, byte_size = ? WHERE key = ?", (text, len(text), key.encoded)
-        )
-        connection.commit()
-    finally:
-        connection.close()
-
-
 async def test_sqlite_corruption_is_named_in_plain_text_and_pruning_goes_on(tmp_path: Path, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="runlane.prune")
     path = tmp_path / "runlane.db"
@@ -334,8 +320,8 @@ async def test_sqlite_corruption_is_named_in_plain_text_and_pruning_goes_on(tmp_
             await runtime.trigger(plain, {}, run_id=run_id)
             assert await runtime.execute_next() is not None
         env = runtime.store.env_key
-    _sqlite_edit(path, run_key(env, "run_0"), lambda document: document["value"]["children"].update(events=-5))
-    _sqlite_edit(path, run_key(env, "run_1"), lambda document: document.update(schemaVersion=2))
+    edit_sqlite_document(path, run_key(env, "run_0"), lambda document: document["value"]["children"].update(events=-5))
+    edit_sqlite_document(path, run_key(env, "run_1"), lambda document: document.update(schemaVersion=2))
 
     async with open_runtime() as runtime:
         with pytest.raises(RunlaneError) as caught:

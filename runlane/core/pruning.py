@@ -610,15 +610,31 @@ class RunPruner:
         limits = self._limits
         return max(1, min(limits.max_point_reads - 1, limits.max_transaction_records - 1, limits.max_query_results))
 
-    async def _split(self, items: Sequence[T], run_batch: Callable[[Sequence[T]], Awaitable[int]]) -> int:
-        """Run one batch; a batch that exceeded a storage limit rolled back and is halved."""
+    async def _split(
+        self,
+        items: Sequence[T],
+        run_batch: Callable[[Sequence[T]], Awaitable[int]],
+        on_corrupt: Callable[[T, RunlaneError], None] | None = None,
+    ) -> int:
+        """Run one batch; a batch that exceeded a storage limit rolled back and is halved. With
+        ``on_corrupt``, so is a batch a corrupt record failed (``invariant_violation``: a driver that
+        cannot read a record fails the whole transaction), until its item is alone: that item is
+        reported to ``on_corrupt`` and left out."""
         try:
             return await run_batch(items)
         except StorageLimitError:
             if len(items) <= 1:
                 raise
-            middle = len(items) // 2
-            return await self._split(items[:middle], run_batch) + await self._split(items[middle:], run_batch)
+        except RunlaneError as error:
+            if on_corrupt is None or error.code is not ErrorCode.INVARIANT_VIOLATION:
+                raise
+            if len(items) <= 1:
+                on_corrupt(items[0], error)
+                return 0
+        middle = len(items) // 2
+        return await self._split(items[:middle], run_batch, on_corrupt) + await self._split(
+            items[middle:], run_batch, on_corrupt
+        )
 
     # -- prune -------------------------------------------------------------------------------------
 
@@ -687,9 +703,10 @@ class RunPruner:
                 chunk = run_ids[start : start + batch]
                 pruned += await self._split(
                     chunk,
-                    lambda items: self._tombstone_isolating(
+                    lambda items: self._tombstone(
                         items, cutoff, chosen, actor, pruned_at, tombstoned_children, reports
                     ),
+                    lambda run_id, error: reports.warn(run_id, f"Run {run_id} is not pruned: {error.message}"),
                 )
             examined += len(page.items)
             last = page.items[-1].sort
@@ -707,35 +724,6 @@ class RunPruner:
             encode_operator_cursor(PaginationCursorKind.RUN_PRUNE, scope, last) if more and last is not None else None
         )
         return PruneResult(pruned=pruned, next_cursor=next_cursor)
-
-    async def _tombstone_isolating(
-        self,
-        run_ids: Sequence[str],
-        cutoff: datetime,
-        statuses: frozenset[RunStatus],
-        actor: Actor,
-        pruned_at: datetime,
-        tombstoned_children: list[int],
-        reports: _Reports,
-    ) -> int:
-        """``_tombstone``; a batch a corrupt record failed (a driver that cannot read it raises for the
-        whole transaction) is halved until that run is alone, then reported and left out."""
-        try:
-            return await self._tombstone(run_ids, cutoff, statuses, actor, pruned_at, tombstoned_children, reports)
-        except RunlaneError as error:
-            if error.code is not ErrorCode.INVARIANT_VIOLATION:
-                raise
-            if len(run_ids) == 1:
-                reports.warn(run_ids[0], f"Run {run_ids[0]} is not pruned: {error.message}")
-                return 0
-        middle = len(run_ids) // 2
-        halves = (run_ids[:middle], run_ids[middle:])
-        return sum(
-            [
-                await self._tombstone_isolating(half, cutoff, statuses, actor, pruned_at, tombstoned_children, reports)
-                for half in halves
-            ]
-        )
 
     async def _tombstone(
         self,

@@ -1490,7 +1490,8 @@ class Runlane:
             if claim.reason in _UNCLAIMABLE_REASONS:
                 self._note_unclaimable(claim)
             return None, "lost"
-        self._unclaimable.pop(run.id, None)
+        if self._unclaimable:
+            self._unclaimable.pop(run.id, None)
         if self._observers:
             await self.observe(claim.observations)
         result = await execute_claimed_run(self, run, self._tasks_by_id.get(run.task_id), options)
@@ -1710,7 +1711,8 @@ class Runlane:
         now = self.now()
         failure: RunlaneError | None = None
 
-        async def phase(run: Awaitable[int]) -> int:
+        async def phase(run: Awaitable[T], failed: T) -> T:
+            """The phase's counts; ``failed`` when it raised an error that is not retryable (kept)."""
             nonlocal failure
             try:
                 return await run
@@ -1719,24 +1721,18 @@ class Runlane:
                     raise
                 if failure is None:
                     failure = error
-                return 0
+                return failed
 
-        materialized = await phase(self._materialize_schedules(now, schedule_limit))
-        cancelled = await phase(self._finalize_cancellations(now, cancel_limit))
-        timed_out = await phase(self._finalize_timeouts(now, timeout_limit))
-        reserved = await phase(self._dispatch_bounded(now, dispatch_limit))
-        delivered = await phase(self._recover_deliveries(now, delivery_limit))
+        materialized = await phase(self._materialize_schedules(now, schedule_limit), 0)
+        cancelled = await phase(self._finalize_cancellations(now, cancel_limit), 0)
+        timed_out = await phase(self._finalize_timeouts(now, timeout_limit), 0)
+        reserved = await phase(self._dispatch_bounded(now, dispatch_limit), 0)
+        delivered = await phase(self._recover_deliveries(now, delivery_limit), 0)
         published = failed = dead = 0
         if self._store.outbox:
             # The clock is read again: the rows this pass wrote (dispatch reservations, recovered
             # deliveries) are stamped by their commits, after ``now``, and are due in this pass.
-            try:
-                published, failed, dead = await self._flush_outbox(self.now(), outbox_limit)
-            except RunlaneError as error:
-                if error.retryable:
-                    raise
-                if failure is None:
-                    failure = error
+            published, failed, dead = await phase(self._flush_outbox(self.now(), outbox_limit), (0, 0, 0))
         if failure is not None:
             raise failure
         return TickResult(

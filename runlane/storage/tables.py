@@ -186,37 +186,33 @@ def _stored_run_id(value: Any) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
-def _corrupt_run(value: Any, key: StorageRecordKey | None, problem: str, error: Exception | None) -> RunlaneError:
-    """The error of a run document that does not decode (built on the error path only)."""
+def _corrupt_document(
+    what: str, subject: str, stored_run_id: object, key: StorageRecordKey | None, problem: str, error: Exception | None
+) -> RunlaneError:
+    """The error of a ``what`` document (``run``, ``run event``) that does not decode, naming its run (from
+    the key, else the document) and record; built on the error path only."""
     meta: dict[str, Any] = {} if key is None else record_key_meta(key)
-    run_id = meta.get("run_id") or _stored_run_id(value)
-    subject = "a run" if run_id is None else f"run {run_id}"
+    run_id = meta.get("run_id") or (stored_run_id if isinstance(stored_run_id, str) else None)
     if run_id is not None:
         meta["run_id"] = run_id
+    named = f"a {what}" if run_id is None else subject.format(run_id=run_id)
     where = "" if key is None else f" (record {describe_record_key(key)})"
     return RunlaneError(
         ErrorCode.INVARIANT_VIOLATION,
-        f"The stored document of {subject}{where} is not a valid run: {problem}. This is durable corruption: "
+        f"The stored document of {named}{where} is not a valid {what}: {problem}. This is durable corruption: "
         "restore the record from a backup, or delete the run's records.",
         meta=meta,
         cause=error,
     )
 
 
+def _corrupt_run(value: Any, key: StorageRecordKey | None, problem: str, error: Exception | None) -> RunlaneError:
+    return _corrupt_document("run", "run {run_id}", _stored_run_id(value), key, problem, error)
+
+
 def _corrupt_event(value: Any, key: StorageRecordKey | None, error: Exception) -> RunlaneError:
-    meta: dict[str, Any] = {} if key is None else record_key_meta(key)
-    run_id = meta.get("run_id") or (value.get("run_id") if isinstance(value, dict) else None)
-    if isinstance(run_id, str):
-        meta["run_id"] = run_id
-    subject = f"an event of run {run_id}" if isinstance(run_id, str) else "a run event"
-    where = "" if key is None else f" (record {describe_record_key(key)})"
-    return RunlaneError(
-        ErrorCode.INVARIANT_VIOLATION,
-        f"The stored document of {subject}{where} is not a valid run event: {_problem(error)}. This is durable "
-        "corruption: restore the record from a backup, or delete the run's records.",
-        meta=meta,
-        cause=error,
-    )
+    stored = value.get("run_id") if isinstance(value, dict) else None
+    return _corrupt_document("run event", "an event of run {run_id}", stored, key, _problem(error), error)
 
 
 _CHILD_COUNTERS = ("events", "outbox", "steps", "links")

@@ -505,37 +505,25 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
     state = _sqlstate(error)
     detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     meta: dict[str, Any] = {"sqlstate": state} if state else {}
+
+    def mapped(code: ErrorCode, problem: str, *, retryable: bool = False) -> RunlaneError:
+        return RunlaneError(code, f"Could not {doing}: {problem}", retryable=retryable, meta=meta, cause=error)
+
+    unavailable = ErrorCode.STORAGE_UNAVAILABLE
+    invalid = ErrorCode.CONFIGURATION_INVALID
     if isinstance(error, PoolTimeout):
-        return RunlaneError(
-            ErrorCode.STORAGE_UNAVAILABLE,
-            f"Could not {doing}: no Postgres connection became available in time ({detail}).",
-            retryable=True,
-            cause=error,
-        )
+        return mapped(unavailable, f"no Postgres connection became available in time ({detail}).", retryable=True)
     if state is None and isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return RunlaneError(
-            ErrorCode.STORAGE_UNAVAILABLE,
-            f"Could not {doing}: Postgres is unreachable ({detail}).",
-            retryable=True,
-            cause=error,
-        )
+        return mapped(unavailable, f"Postgres is unreachable ({detail}).", retryable=True)
     if state == "53300":
-        return RunlaneError(
-            ErrorCode.STORAGE_UNAVAILABLE,
-            f"Could not {doing}: Postgres has no connection slot left [{state}] ({detail}); lower the pools' "
-            "max_size or the number of processes, or raise the server's max_connections.",
+        return mapped(
+            unavailable,
+            f"Postgres has no connection slot left [{state}] ({detail}); lower the pools' max_size or the number "
+            "of processes, or raise the server's max_connections.",
             retryable=True,
-            meta=meta,
-            cause=error,
         )
     if state is not None and (state.startswith("08") or state in _UNAVAILABLE_STATES):
-        return RunlaneError(
-            ErrorCode.STORAGE_UNAVAILABLE,
-            f"Could not {doing}: Postgres is unavailable [{state}] ({detail}).",
-            retryable=True,
-            meta=meta,
-            cause=error,
-        )
+        return mapped(unavailable, f"Postgres is unavailable [{state}] ({detail}).", retryable=True)
     if state is not None and state in _CONFLICT_STATES:
         return create_storage_conflict_error(
             StorageConflictKind.TRANSACTION,
@@ -544,31 +532,21 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             cause=error,
         )
     if state is not None and (state.startswith("28") or state == "3D000"):
-        return RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID,
-            f"Could not {doing}: Postgres rejected the connection [{state}] ({detail}); check the connection "
-            "string's user, password and database"
-            + ("." if migrating else f", then {MIGRATE_HINT} Runlane."),
-            meta=meta,
-            cause=error,
+        return mapped(
+            invalid,
+            f"Postgres rejected the connection [{state}] ({detail}); check the connection string's user, password "
+            "and database" + ("." if migrating else f", then {MIGRATE_HINT} Runlane."),
         )
     if state is not None and state in _MIGRATION_STATES and not migrating:
-        return RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID,
-            f"Could not {doing}: the Runlane schema is missing or incomplete [{state}] ({detail}); "
-            f"{MIGRATE_HINT} Runlane.",
-            meta=meta,
-            cause=error,
+        return mapped(
+            invalid, f"the Runlane schema is missing or incomplete [{state}] ({detail}); {MIGRATE_HINT} Runlane."
         )
     if state is not None and state.startswith("RL"):
-        return RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"Could not {doing}: {detail}.", meta=meta, cause=error)
+        return mapped(ErrorCode.INVARIANT_VIOLATION, f"{detail}.")
     if state == "22023" and isinstance(error, psycopg.OperationalError):
-        return RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID,
-            f"Could not {doing}: Postgres refused a setting of the connection [{state}] ({detail}); fix the "
-            "connection string's options.",
-            meta=meta,
-            cause=error,
+        return mapped(
+            invalid,
+            f"Postgres refused a setting of the connection [{state}] ({detail}); fix the connection string's options.",
         )
     if state == "42501":
         if "for database" in detail:
@@ -577,24 +555,14 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             advice = "make the migrating role the schema's owner, or grant it CREATE on the schema"
         else:
             advice = "grant the Runlane role access to its schema (see the privileges in docs/lanes.md)"
-        return RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID,
-            f"Could not {doing}: permission denied ({detail}); {advice}.",
-            meta=meta,
-            cause=error,
-        )
+        return mapped(invalid, f"permission denied ({detail}); {advice}.")
     if state == "42939":
-        return RunlaneError(
-            ErrorCode.CONFIGURATION_INVALID,
-            f"Could not {doing}: Postgres reserves that name [{state}] ({detail}); names starting with pg_ are "
-            "reserved for the system, so choose another schema name.",
-            meta=meta,
-            cause=error,
+        return mapped(
+            invalid,
+            f"Postgres reserves that name [{state}] ({detail}); names starting with pg_ are reserved for the system, "
+            "so choose another schema name.",
         )
-    return RunlaneError(
-        ErrorCode.INTERNAL_ERROR, f"Could not {doing}: Postgres error [{state}] ({detail}).", meta=meta, cause=error
-    )
-
+    return mapped(ErrorCode.INTERNAL_ERROR, f"Postgres error [{state}] ({detail}).")
 
 # ---------------------------------------------------------------------------------------------
 # Stored rows
