@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from runlane import ErrorCode, RunlaneError, WorkerMode, create_runlane, queue, schedule, task
+from runlane import ErrorCode, Retry, RunlaneError, WorkerMode, create_runlane, queue, schedule, task
 from runlane.cli.tick import tick_until_stopped
 from runlane.core.store import idempotency_owner_key, singleton_owner_key
 from runlane.storage import StorageRecordKey
 from runlane.storage.codecs import encode_storage_tuple
 from runlane.storage.tables import run_key
+from runlane.testing import ControlledClock
 from runlane_local import sqlite_lane
 
 from cli_support import cli, make_project, run_json_until
@@ -223,6 +224,87 @@ async def test_a_corrupt_schedule_occurrence_does_not_stop_the_later_tick_phases
         # Dispatch ran after the failed materialization: the bounded queue's run got its reservation.
         events = [record.event.type.value for record in (await rl.runs.events("run_gw")).data]
         assert events == ["run.created", "run.delivery_requested"]
+
+
+@task("sched.other", schedule=schedule("sched.other", every="1m", payload={}))
+async def other_schedule(payload: dict) -> None:
+    return None
+
+
+async def test_a_corrupt_schedule_occurrence_stops_only_its_own_schedule(tmp_path: Path) -> None:
+    path = tmp_path / "runlane.db"
+    clock = ControlledClock()
+
+    def two_schedules() -> Any:
+        return create_runlane(lane=sqlite_lane(path), queues=[DEFAULT], tasks=[every, other_schedule], clock=clock)
+
+    async with two_schedules() as rl:
+        assert (await rl.tick()).materialized == 2
+    with sqlite3.connect(path) as db:
+        keys = [StorageRecordKey.decode(key) for (key,) in db.execute("select key from runlane_records")]
+    db.close()
+    # The occurrence of "sched.every" (the first in the pass) is corrupted.
+    async with two_schedules() as rl:
+        runs = {run.task_id: run for run in (await rl.runs.list()).data}
+    occurrence_id = runs["sched.every"].source.occurrence_id  # type: ignore[union-attr]
+    (key,) = [key for key in keys if key.collection == "schedule_occurrences" and key.parts[-1] == occurrence_id]
+    edit_sqlite_document(path, key, lambda document: document.update(value={"foo": 1}))
+    clock.advance("1m")
+    async with two_schedules() as rl:
+        for _ in range(2):  # every pass reports it, and the later schedule keeps firing
+            with pytest.raises(RunlaneError) as raised:
+                await rl.tick()
+            assert raised.value.code is ErrorCode.INVARIANT_VIOLATION
+            assert raised.value.message.startswith("Schedule 'sched.every' did not fire: The stored schedule occurrence ")
+            assert f"schedule_occurrences/default/{occurrence_id}" in raised.value.message
+            assert raised.value.meta["schedule_id"] == "sched.every"
+            clock.advance("1m")
+        fired = [run.task_id for run in (await rl.runs.list()).data]
+    # Its runs are created (the corrupt occurrence is the earlier one, which completing a new one replaces).
+    assert fired.count("sched.other") == 3 and fired.count("sched.every") == 3
+
+
+@task("flaky.work", retry=Retry(3, backoff="5s"))
+async def flaky(payload: dict) -> None:
+    raise ValueError("not yet")
+
+
+def corrupt_other_id(document: dict[str, Any]) -> None:
+    document["value"]["run"]["id"] = "run_other"
+
+
+@pytest.mark.parametrize("corrupt", [corrupt_shape, corrupt_other_id])
+async def test_tick_reports_an_unreadable_run_it_would_recover_and_recovers_the_others(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, corrupt: Callable[[dict[str, Any]], None]
+) -> None:
+    path = tmp_path / "runlane.db"
+    clock = ControlledClock()
+
+    def recovering() -> Any:
+        return create_runlane(lane=sqlite_lane(path), queues=[DEFAULT, GATEWAY], tasks=[flaky, gateway_call], clock=clock)
+
+    async with recovering() as rl:
+        for n in range(3):
+            await rl.trigger(flaky, {}, run_id=f"run_{n}")
+            await rl.execute_next()  # fails once: a retry is due in 5 s
+        for n in range(3):
+            await rl.trigger(gateway_call, {}, run_id=f"run_gw_{n}")  # waits for its reservation
+    edit_sqlite_document(path, run_key("default", "run_0"), corrupt)
+    edit_sqlite_document(path, run_key("default", "run_gw_0"), corrupt)
+    clock.advance("10s")
+    caplog.set_level(logging.WARNING, logger="runlane.worker")
+    async with recovering() as rl:
+        result = await rl.tick()
+        assert result.delivery_requested == 2  # the retries of run_1 and run_2
+        assert result.dispatch_reserved == 1  # one slot: run_gw_1 (run_gw_0 cannot be read)
+        assert (await rl.runs.get("run_gw_1")).dispatch_expires_at is not None
+        # A later pass passes over both and reports neither again.
+        again = await rl.tick()
+        assert again.dispatch_reserved == 0
+    reported = sorted(record.run_id for record in worker_records(caplog, logging.ERROR))  # type: ignore[attr-defined]
+    assert reported == ["run_0", "run_gw_0"]
+    (message,) = [record.getMessage() for record in worker_records(caplog, logging.ERROR) if "run_0 " in record.getMessage()]
+    assert "runs/default/run_0" in message and "set aside" in message and "tick()" in message
 
 
 async def test_a_retryable_tick_failure_still_stops_the_pass_at_once(tmp_path: Path, monkeypatch: Any) -> None:

@@ -816,7 +816,7 @@ async def test_a_run_created_concurrently_after_a_claim_takeover_is_reused():
     assert occurrence is not None and occurrence.run_ids == [run_id]
 
 
-async def test_a_failing_schedule_propagates_after_earlier_ones_stayed_materialized():
+async def test_a_failing_schedule_is_raised_after_the_others_materialized(caplog: pytest.LogCaptureFixture):
     clock = ControlledClock(at(2026, 1, 1, 12))
     driver = local_storage_driver(clock=clock)
     runs = FakeRuns(driver)
@@ -833,18 +833,24 @@ async def test_a_failing_schedule_propagates_after_earlier_ones_stayed_materiali
         await materialize(materializer, runs, schedules, clock.now())
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
     assert caught.value.meta.get("schedule_id") == "bad"
-    assert [call[0] for call in runs.calls] == ["good"]
+    assert [call[0] for call in runs.calls] == ["good", "later"]  # the schedule after it still fired
     good_occurrence = await materializer.occurrences.get(schedule_occurrence_id(ENV, "good", at(2026, 1, 1, 12)))
     assert good_occurrence is not None and good_occurrence.status is ScheduleOccurrenceStatus.COMPLETED
     # Validation runs before the claim, so the bad schedule did not consume its occurrence.
     assert await materializer.occurrences.get(schedule_occurrence_id(ENV, "bad", at(2026, 1, 1, 12))) is None
 
-    # A bad cron fails the same way, in its turn.
+    # A bad cron fails the same way, without keeping the schedule after it from firing; when both fail,
+    # the first is raised and the other logged.
+    clock.advance("1h")
     cron_broken = ScheduleDefinition(id="cronbad", type=ScheduleType.CRON, cron="0 9 * *")
     with pytest.raises(RunlaneError) as cron_error:
-        await materialize(materializer, runs, [*pairs(later), (cron_broken, bad_task)], clock.now())
+        await materialize(materializer, runs, [(cron_broken, bad_task), (broken, bad_task), *pairs(later)], clock.now())
     assert cron_error.value.code is ErrorCode.CONFIGURATION_INVALID
-    assert [call[0] for call in runs.calls] == ["good", "later"]
+    assert cron_error.value.meta.get("schedule_id") == "cronbad"
+    assert [call[0] for call in runs.calls] == ["good", "later", "later"]
+    (logged,) = [record for record in caplog.records if record.name == "runlane.schedules"]
+    assert logged.levelname == "ERROR" and logged.schedule_id == "bad"  # type: ignore[attr-defined]
+    assert logged.getMessage().startswith("Schedule bad did not fire (configuration_invalid): The payload of")
 
 
 async def test_create_run_must_return_the_derived_run_id():

@@ -129,7 +129,7 @@ from .authoring import (
     parse_idempotency_key_ttl,
 )
 from ..storage.batching import Batcher
-from ..storage.tables import run_key
+from ..storage.tables import describe_record_key, run_key
 from .cancellation import CancellationSignal
 from .lanes import Lane
 from .observations import (
@@ -1500,19 +1500,26 @@ class Runlane:
         return result.run, "executed"
 
     def _set_aside_unreadable(self, run_id: str, error: RunlaneError) -> None:
-        """Pass over a candidate whose stored run cannot be read, for the life of this runtime: one
-        corrupt record must not stop every worker of the lane (each would claim it first, forever)."""
+        """Pass over a run whose stored record cannot be read, for the life of this runtime: one corrupt
+        record must not stop every worker of the lane (each would claim it first, forever), nor hold a
+        place in every maintenance pass."""
         set_aside = self._store.set_aside_runs
         if run_id in set_aside:
             return
         set_aside.add(run_id)
         _worker_log.error(
-            "Run %s cannot be claimed: its stored record %r is unreadable (%s: %s). It is set aside: workers "
-            "of this process pass over it until they restart, and the other runs go on. Repair or delete "
-            "the run's records, then restart the workers to run it.",
-            run_id, run_key(self._env_key, run_id), error.code.value, error.message,
+            "Run %s cannot be run or recovered: its stored record %s is unreadable (%s: %s). It is set aside: "
+            "the workers and tick() of this process pass over it until they restart, and the other runs go "
+            "on. Repair or delete the run's records, then restart the workers to run it.",
+            run_id, describe_record_key(run_key(self._env_key, run_id)), error.code.value, error.message,
             extra={"run_id": run_id, "error_code": error.code.value},
         )  # fmt: skip
+
+    def _pass_over_failed(self, run_id: str, error: RunlaneError) -> None:
+        """A run a maintenance pass could not process: a corrupt record is set aside (and logged), so the
+        pass is not silent about it and later passes do not meet it again; others are tried next pass."""
+        if error.code is ErrorCode.INVARIANT_VIOLATION:
+            self._set_aside_unreadable(run_id, error)
 
     def _note_unclaimable(self, claim: ClaimResult) -> None:
         """Count a claim that found the run behind a runnable candidate missing or finished; a candidate
@@ -1686,8 +1693,9 @@ class Runlane:
         Reads the runtime clock once, then runs schedule materialization, cancellation finalization,
         timeout finalization, bounded-queue dispatch, delivery recovery and (on transport lanes)
         outbox publishing in that order; publishing reads the clock again, so the rows the earlier
-        phases wrote go out in the same pass. Materialization is durable per occurrence: when a
-        schedule fails, the occurrences materialized before it stay materialized.
+        phases wrote go out in the same pass. Materialization is durable per occurrence, and a schedule
+        that fails (a corrupt stored occurrence, a payload that no longer validates) does not keep the
+        others from firing.
 
         A phase that fails with an error that is not retryable (a corrupt stored record, say) does not
         stop the later phases: one bad record must not halt recovery, finalization and publishing for
@@ -1929,15 +1937,20 @@ class Runlane:
         count = 0
         page = self._store.driver.profile.limits.max_query_results
         seen: set[str] = set()
+        set_aside = self._store.set_aside_runs
         while count < limit:
             wanted = min(page, limit - count)
-            run_ids = [run_id for run_id in await self._store.query_index(index, until=now, limit=wanted + len(seen)) if run_id not in seen]
-            run_ids = run_ids[:wanted]
+            found = await self._store.query_index(index, until=now, limit=wanted + len(seen) + len(set_aside))
+            run_ids = [run_id for run_id in found if run_id not in seen and run_id not in set_aside][:wanted]
             if not run_ids:
                 break
             seen.update(run_ids)
             results = await self.append_many([CompletionRequest(run_id, build_for()) for run_id in run_ids])
-            count += sum(1 for result in results if isinstance(result, AppendResult) and result.events)
+            for run_id, result in zip(run_ids, results):
+                if isinstance(result, AppendResult):
+                    count += 1 if result.events else 0
+                else:
+                    self._pass_over_failed(run_id, result)
             if len(run_ids) < wanted:
                 break
         return count
@@ -2010,7 +2023,11 @@ class Runlane:
     async def _reserve(self, requests: list[ReserveRequest]) -> int:
         """Reserve capacity for ``requests``; observe and wake the queues of the runs reserved. Runs no
         longer dispatchable, in a full partition or unreadable are skipped, like the other phases."""
-        reserved = [result for result in await self._store.reserve_dispatch(requests) if result.reserved]
+        results = await self._store.reserve_dispatch(requests)
+        for result in results:
+            if result.error is not None:
+                self._pass_over_failed(result.run_id, result.error)
+        reserved = [result for result in results if result.reserved]
         for result in reserved:
             if self._observers:
                 await self.observe(result.observations)

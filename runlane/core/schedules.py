@@ -86,6 +86,7 @@ from ..storage import (
     decode_iso_date,
     encode_iso_date,
 )
+from ..storage.tables import corrupt_record, describe_problem
 from ..vocabulary import ScheduleOccurrenceStatus, ScheduleType
 
 if TYPE_CHECKING:
@@ -386,14 +387,6 @@ def _latest_key(env_key: str, schedule_id: str) -> StorageRecordKey:
 # The occurrence table
 
 
-def _corrupt(key: StorageRecordKey, error: Exception | None = None) -> RunlaneError:
-    return RunlaneError(
-        ErrorCode.INVARIANT_VIOLATION,
-        f"The stored schedule occurrence at {key!r} is not a valid document.",
-        cause=error,
-    )
-
-
 def _occurrence_conflict(occurrence_id: str, why: str) -> RunlaneError:
     return create_storage_conflict_error(
         StorageConflictKind.SCHEDULE_OCCURRENCE,
@@ -425,11 +418,11 @@ class ScheduleOccurrences:
         try:
             occurrence = ScheduleOccurrence.model_validate(record.document.value)
         except ValidationError as error:
-            raise _corrupt(record.key, error) from None
+            raise corrupt_record("schedule occurrence", record.key, describe_problem(error), error) from None
         if occurrence.id != record.key.parts[-1] or environment_key(occurrence.environment) != record.key.parts[0]:
-            raise _corrupt(record.key)
+            raise corrupt_record("schedule occurrence", record.key, "its id or environment does not match its key")
         if (occurrence.status is ScheduleOccurrenceStatus.CLAIMED) != (occurrence.claim_expires_at is not None):
-            raise _corrupt(record.key)
+            raise corrupt_record("schedule occurrence", record.key, "its status and claim expiry disagree")
         return occurrence
 
     def _record(self, occurrence: ScheduleOccurrence) -> NewStorageRecord:
@@ -451,14 +444,21 @@ class ScheduleOccurrences:
         (record,) = await self.driver.get([self._key(occurrence_id)])
         return None if record is None else self._decode(record)
 
-    async def get_many(self, occurrence_ids: Sequence[str]) -> list[ScheduleOccurrence | None]:
-        """Occurrences in request order (``None`` for absent ones), read in point-read-limit chunks."""
+    async def get_many(self, occurrence_ids: Sequence[str]) -> list[ScheduleOccurrence | RunlaneError | None]:
+        """Occurrences in request order, read in point-read-limit chunks: ``None`` for an absent one, the
+        ``invariant_violation`` of one that does not decode (its neighbours are still read)."""
         size = self.driver.profile.limits.max_point_reads
-        found: list[ScheduleOccurrence | None] = []
+        found: list[ScheduleOccurrence | RunlaneError | None] = []
         for start in range(0, len(occurrence_ids), size):
             keys = [self._key(item) for item in occurrence_ids[start : start + size]]
-            found.extend(None if record is None else self._decode(record) for record in await self.driver.get(keys))
+            found.extend(None if record is None else self._try_decode(record) for record in await self.driver.get(keys))
         return found
+
+    def _try_decode(self, record: StorageRecord) -> ScheduleOccurrence | RunlaneError:
+        try:
+            return self._decode(record)
+        except RunlaneError as error:
+            return error
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -629,11 +629,8 @@ class ScheduleOccurrences:
                 raise ValueError("no occurrence id")
             fire = decode_iso_date(fire_at)
         except (KeyError, TypeError, ValueError, RunlaneError) as error:
-            raise RunlaneError(
-                ErrorCode.INVARIANT_VIOLATION,
-                f"The stored latest schedule occurrence at {record.key!r} is not a valid document.",
-                cause=error,
-            ) from None
+            problem = error.message if isinstance(error, RunlaneError) else describe_problem(error)
+            raise corrupt_record("latest schedule occurrence", record.key, problem, error) from None
         return occurrence_id, fire
 
 
@@ -698,8 +695,11 @@ class ScheduleMaterializer:
         when it already exists (a crashed earlier claim), else ``create_run``, then complete the
         occurrence with the run id.
 
-        Each occurrence is durable on its own: when a schedule fails, the error propagates and the
-        occurrences materialized before it stay materialized. A completion that lost its claim to
+        Each occurrence is durable on its own, and schedules fail alone: when one fails with an error
+        retrying cannot fix (a bad definition, a corrupt stored occurrence), the pass goes on with the
+        others and raises that error at the end, naming the schedule; the errors of further failing
+        schedules are logged on ``runlane.schedules``. A retryable error (storage unavailable) is raised
+        at once. A completion that lost its claim to
         another materializer (the claim expired mid-way) is not an error and is not counted: the run
         exists under the derived id and the new owner completes the occurrence.
 
@@ -723,23 +723,37 @@ class ScheduleMaterializer:
         enabled = enabled[first:] + enabled[:first]
         chunk = max(1, self.occurrences.driver.profile.limits.max_point_reads)
         materialized = 0
+        failure: RunlaneError | None = None
         for start in range(0, len(enabled), chunk):
             window = [self._due(item, task, now) for item, task in enabled[start : start + chunk]]
             ids = [due.occurrence_id for due in window if due.occurrence_id is not None]
             known = dict(zip(ids, await self.occurrences.get_many(ids)))
             for offset, due in enumerate(window):
-                if due.error is not None:
-                    raise due.error
-                if due.occurrence_id is None or due.fire_at is None:
+                try:
+                    if due.error is not None:
+                        raise due.error
+                    if due.occurrence_id is None or due.fire_at is None:
+                        continue
+                    current = known.get(due.occurrence_id)
+                    if isinstance(current, RunlaneError):
+                        raise current
+                    if current is not None and _settled(current, now):
+                        continue
+                    if not await self._materialize(due, create_run, get_run, worker_id, claim_duration_ms):
+                        continue
+                except RunlaneError as error:
+                    if error.retryable:
+                        raise
+                    failure = _schedule_failed(due.schedule, error, failure)
                     continue
-                current = known.get(due.occurrence_id)
-                if current is not None and _settled(current, now):
-                    continue
-                if await self._materialize(due, create_run, get_run, worker_id, claim_duration_ms):
-                    materialized += 1
-                    if materialized >= limit:
-                        self._next_start = first + start + offset + 1
-                        return materialized
+                materialized += 1
+                if materialized >= limit:
+                    self._next_start = first + start + offset + 1
+                    break
+            if materialized >= limit:
+                break
+        if failure is not None:
+            raise failure
         return materialized
 
     def _due(self, item: ScheduleDefinition, task: TaskDefinition, now: datetime) -> _Due:
@@ -815,6 +829,25 @@ class ScheduleMaterializer:
                 return False
             raise
         return True
+
+
+def _schedule_failed(item: ScheduleDefinition, error: RunlaneError, failure: RunlaneError | None) -> RunlaneError:
+    """The error a pass raises at its end: the first failing schedule's, naming it. The errors of further
+    failing schedules are logged, since only one can be raised."""
+    if failure is not None:
+        _schedule_log.error(
+            "Schedule %s did not fire (%s): %s", item.id, error.code.value, error.message,
+            extra={"schedule_id": item.id, "error_code": error.code.value},
+        )  # fmt: skip
+        return failure
+    if error.meta.get("schedule_id") == item.id:
+        return error
+    return RunlaneError(
+        error.code,
+        f"Schedule {item.id!r} did not fire: {error.message}",
+        meta={**error.meta, "schedule_id": item.id},
+        cause=error,
+    )
 
 
 def _settled(occurrence: ScheduleOccurrence, now: datetime) -> bool:

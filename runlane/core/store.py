@@ -108,8 +108,10 @@ from ..storage.tables import (
     RUN_STEPS_COLLECTION,
     RUNS_COLLECTION,
     RunChildCounts,
+    corrupt_record,
     decode_run_document,
     decode_run_event_document,
+    describe_problem,
     describe_record_key,
     record_key_meta,
     remember_run_document,
@@ -526,7 +528,7 @@ def _decode_outbox(record: StorageRecord) -> OutboxMessage:
     try:
         return OutboxMessage.model_validate(record.document.value)
     except ValueError as error:
-        raise _corrupt("outbox message", record.key, error) from None
+        raise corrupt_record("outbox message", record.key, describe_problem(error), error) from None
 
 
 def _new_outbox_message(
@@ -873,16 +875,6 @@ def run_not_found(run_id: str) -> RunlaneError:
     return RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {run_id} does not exist.", meta={"run_id": run_id})
 
 
-def _corrupt(what: str, key: StorageRecordKey, error: Exception | None = None) -> RunlaneError:
-    return RunlaneError(
-        ErrorCode.INVARIANT_VIOLATION,
-        f"The stored {what} at {describe_record_key(key)} is not a valid document. This is durable corruption: "
-        "restore the record from a backup, or delete it.",
-        meta=record_key_meta(key),
-        cause=error,
-    )
-
-
 def _utc(value: datetime) -> datetime:
     return value if value.tzinfo is UTC else value.astimezone(UTC)
 
@@ -1038,7 +1030,7 @@ class _Attempt:
         if record is not None:
             value = record.document.value.get("occupants")
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-                raise _corrupt("queue capacity", key)
+                raise corrupt_record("queue capacity", key, "its occupants are not a map of run ids to lease expiries")
             original = value
         self.capacity_original[encoded] = original
         working = dict(original)
@@ -1416,7 +1408,7 @@ class CoreStore:
     def _decode_run(self, record: StorageRecord) -> tuple[RunRecord, RunChildCounts]:
         run, children = decode_run_document(record.document, record.key)
         if run.id != record.key.parts[-1] or environment_key(run.environment) != record.key.parts[0]:
-            raise _corrupt("run", record.key)
+            raise corrupt_record("run", record.key, "its id or environment does not match its key")
         return run, children
 
     @property
@@ -1575,7 +1567,7 @@ class CoreStore:
             owner = record.document.value
             run_id = owner.get("run_id")
             if not isinstance(run_id, str):
-                raise _corrupt("idempotency owner", owner_key)
+                raise corrupt_record("idempotency owner", owner_key, "it names no run")
             (run_record,) = await tx.get([_run_key(self.env_key, run_id)])
             now_iso = encode_iso_date(_utc(await tx.now()))
             expires_at = owner.get("expires_at")
@@ -1596,7 +1588,7 @@ class CoreStore:
             return None
         run_id = record.document.value.get("run_id")
         if not isinstance(run_id, str):
-            raise _corrupt("singleton owner", owner_key)
+            raise corrupt_record("singleton owner", owner_key, "it names no run")
         run = await self.get_run(run_id)
         if run is None or run.singleton_key != key:
             raise _foreign_owner(owner_key, run_id, run, "singleton key")  # as a trigger with the key would
@@ -1614,7 +1606,7 @@ class CoreStore:
             if record is not None:
                 run_id = record.document.value.get("run_id")
                 if not isinstance(run_id, str):
-                    raise _corrupt("idempotency owner", owner_key)
+                    raise corrupt_record("idempotency owner", owner_key, "it names no run")
                 (run_record,) = await tx.get([_run_key(self.env_key, run_id)])
                 run = None if run_record is None else self._decode_run(run_record)[0]
             await tx.now()
@@ -2623,7 +2615,7 @@ def _owner_run_id(attempt: _Attempt, key: StorageRecordKey) -> str:
     owner = attempt.owner(key)
     run_id = None if owner is None else owner.get("run_id")
     if not isinstance(run_id, str):
-        raise _corrupt(key.collection, key)
+        raise corrupt_record(key.collection, key, "it names no run")
     return run_id
 
 
@@ -2641,4 +2633,4 @@ def _decode_step(record: StorageRecord) -> RunStepRecord:
     try:
         return RunStepRecord.model_validate(record.document.value)
     except ValueError as error:
-        raise _corrupt("run step", record.key, error) from None
+        raise corrupt_record("run step", record.key, describe_problem(error), error) from None

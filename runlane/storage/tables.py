@@ -169,7 +169,22 @@ def record_key_meta(key: StorageRecordKey) -> dict[str, Any]:
     return meta
 
 
-def _problem(error: Exception, within: tuple[str, ...] = ()) -> str:
+def corrupt_record(
+    what: str, key: StorageRecordKey, problem: str | None = None, error: Exception | None = None
+) -> RunlaneError:
+    """The ``invariant_violation`` of a stored ``what`` (``run``, ``schedule occurrence``) that does not
+    decode, naming its record and, when known, what is wrong with it (``describe_problem``)."""
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored {what} at {describe_record_key(key)} is not a valid document"
+        f"{'' if problem is None else ': ' + problem}. This is durable corruption: restore the record from a "
+        "backup, or delete it.",
+        meta=record_key_meta(key),
+        cause=error,
+    )
+
+
+def describe_problem(error: Exception, within: tuple[str, ...] = ()) -> str:
     """What is wrong with a document, in a few words (the first validation error, with its field)."""
     if isinstance(error, ValidationError):
         first = error.errors(include_url=False)[0]
@@ -212,7 +227,7 @@ def _corrupt_run(value: Any, key: StorageRecordKey | None, problem: str, error: 
 
 def _corrupt_event(value: Any, key: StorageRecordKey | None, error: Exception) -> RunlaneError:
     stored = value.get("run_id") if isinstance(value, dict) else None
-    return _corrupt_document("run event", "an event of run {run_id}", stored, key, _problem(error), error)
+    return _corrupt_document("run event", "an event of run {run_id}", stored, key, describe_problem(error), error)
 
 
 _CHILD_COUNTERS = ("events", "outbox", "steps", "links")
@@ -560,7 +575,7 @@ def decode_run_document(
         run = RunRecord.model_validate(value["run"])
         children = RunChildCounts(**value["children"])
     except (KeyError, ValidationError) as error:
-        raise _corrupt_run(value, key, _problem(error, ("run",)), error) from None
+        raise _corrupt_run(value, key, describe_problem(error, ("run",)), error) from None
     except TypeError as error:
         raise _corrupt_run(value, key, _CHILDREN_SHAPE, error) from None
     events, outbox, steps, links = children.events, children.outbox, children.steps, children.links
