@@ -138,19 +138,47 @@ def random_uuid4_hex() -> str:
 
 _RANDOM_62 = (1 << 62) - 1
 _UUID7_VERSION_AND_VARIANT = (0x7 << 76) | (0b10 << 62)
+_RANDOM_74 = (1 << 74) - 1
+_STEP_BITS = 32  # the random part of each step within one millisecond
+
+
+class _Uuid7State:
+    """The last version-7 UUID this process drew: ``(millis, 74-bit tail, fork generation)``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.millis = -1
+        self.tail = 0
+        self.generation = -1
+
+
+_uuid7 = _Uuid7State()
 
 
 def time_ordered_uuid_hex() -> str:
     """A version-7 UUID (RFC 9562) as 32 hex digits: 48 bits of Unix time in milliseconds, then 74
-    random bits (version and variant bits as the RFC sets them).
+    bits that are random in a new millisecond (version and variant bits as the RFC sets them).
 
     Ids drawn in a later millisecond sort after earlier ones, so the B-tree indexes that storage keys
     by them (a run's record, its events, its projection rows) grow at one end and a commit dirties
-    a few pages instead of one per run. The random bits keep ids unique without coordination, also
-    when the clock steps back (then only that locality is lost).
+    a few pages instead of one per run. Within one process they are also strictly increasing (RFC 9562
+    section 6.2, method 2): an id drawn in the same millisecond as the previous one, or after the clock
+    stepped back, adds a random step to the previous one's tail instead of drawing a new tail, so runs
+    triggered one after the other keep their order also when their times are equal (a frozen test
+    clock). The random bits keep ids unique without coordination between processes; a forked child
+    starts afresh.
     """
     bits = random_bits_128()
-    millis = (time.time_ns() // 1_000_000) & 0xFFFF_FFFF_FFFF
-    random_a = (bits >> 64) & 0xFFF  # 12 bits after the version
-    random_b = bits & _RANDOM_62  # 62 bits after the variant
-    return f"{(millis << 80) | (random_a << 64) | _UUID7_VERSION_AND_VARIANT | random_b:032x}"
+    now = (time.time_ns() // 1_000_000) & 0xFFFF_FFFF_FFFF
+    state = _uuid7
+    with state.lock:
+        if now > state.millis or state.generation != _fork_generation:
+            millis, tail = now, bits & (_RANDOM_74 >> 1)  # the top bit clear: room for 2**73 more steps
+        else:
+            millis, tail = state.millis, state.tail + 1 + (bits >> (128 - _STEP_BITS))
+            if tail > _RANDOM_74:  # cannot happen before 2**41 ids in one millisecond: move to the next
+                millis, tail = millis + 1, bits & (_RANDOM_74 >> 1)
+        state.millis, state.tail, state.generation = millis, tail, _fork_generation
+    random_a = tail >> 62  # 12 bits after the version
+    random_b = tail & _RANDOM_62  # 62 bits after the variant
+    return f"{((millis & 0xFFFF_FFFF_FFFF) << 80) | (random_a << 64) | _UUID7_VERSION_AND_VARIANT | random_b:032x}"

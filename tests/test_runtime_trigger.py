@@ -230,8 +230,18 @@ async def test_generated_run_ids_are_version_7_uuids_in_trigger_order():
         drawn = uuid.UUID(run_id.removeprefix("run_"))
         assert drawn.version == 7 and drawn.variant == uuid.RFC_4122
         assert before <= drawn.int >> 80 <= after
-    many = {time_ordered_uuid_hex() for _ in range(20_000)}  # random bits keep ids of one millisecond apart
-    assert len(many) == 20_000
+    many = [time_ordered_uuid_hex() for _ in range(20_000)]  # many share a millisecond: they still increase
+    assert all(earlier < later for earlier, later in zip(many, many[1:]))
+
+
+async def test_runs_due_at_one_instant_run_and_list_in_trigger_order():
+    # A frozen clock gives every run the same creation and due time: the ids keep the trigger order.
+    runtime, _ = make_runtime(welcome, queues=[emails])
+    async with runtime:
+        ids = [(await runtime.trigger(welcome, {"user_id": f"user_{n}"})).run.id for n in range(50)]
+        listed = [run.id for run in (await runtime.runs.list(sort_direction="asc", limit=100)).data]
+        executed = [(await runtime.execute_next()).id for _ in range(50)]  # type: ignore[union-attr]
+    assert listed == ids and executed == ids
 
 
 async def test_a_payload_model_with_field_aliases_is_stored_as_sent_and_runs():
