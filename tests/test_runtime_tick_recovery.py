@@ -152,7 +152,8 @@ async def test_the_attempt_deadline_aborts_the_signal_and_times_out():
         reasons.append(ctx.signal.reason)
         return "finished anyway"
 
-    runtime, clock = make_runtime(deadline)
+    # On the system clock: the deadline passes in real time (a ControlledClock reaches it only when moved).
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[deadline])
     async with runtime:
         run = (await runtime.trigger(deadline, {})).run
         done = await asyncio.wait_for(runtime.execute_next(max_attempt_duration="5ms"), 2)
@@ -177,7 +178,8 @@ async def test_an_async_handler_that_ignores_its_deadline_is_cancelled_after_the
             steps.append("cleanup ran")
         return "never"
 
-    runtime, _ = make_runtime(ignores)
+    # On the system clock: the deadline and the grace pass in real time.
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[ignores])
     caplog.set_level(logging.WARNING, logger="runlane")
     async with runtime:
         await runtime.trigger(ignores, {})

@@ -30,6 +30,7 @@ batchers.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import hashlib
@@ -113,6 +114,7 @@ REASON_CANCELLATION_REQUESTED = "cancellation_requested"
 REASON_ATTEMPT_TIMED_OUT = "attempt_timed_out"
 REASON_LEASE_LOST = "lease_lost"
 REASON_HEARTBEAT_FAILED = "heartbeat_failed"
+REASON_WORKER_STOPPED = "worker_stopped"  # a worker stop, and closing the runtime: not a cancellation
 # How often an attempt reads its run when a driver's hints say only that another process committed.
 _CANCELLATION_CHECK_S = 1.0
 #: How long an ``async def`` handler may go on after its attempt deadline aborted ``ctx.signal`` before
@@ -124,6 +126,9 @@ _STORAGE_RETRY_START_S = 0.05
 _STORAGE_RETRY_MAX_S = 2.0
 # How long a drain worker, or a worker told to stop, waits out unavailable storage (seconds).
 DRAIN_OUTAGE_LIMIT_S = 30.0
+# How often ``CancellationRegistry.stop_all`` looks again for attempts it should no longer wait for (their
+# event loop stopped) or that started after it did (seconds).
+_STOP_RECHECK_S = 0.5
 
 # A run whose attempts keep ending with no outcome (its worker crashed, was killed or lost the lease)
 # is failed instead of run again once that many attempts are spent, or its retry budget if larger.
@@ -183,7 +188,9 @@ class AttemptResult:
 
 
 class CancellationRegistry:
-    """Running attempts of this runtime by run id, so ``runs.cancel`` aborts their signal at once.
+    """Running attempts of this runtime by run id, so ``runs.cancel`` aborts their signal at once, and
+    every attempt in flight (from its claim until its outcome is written), so closing the runtime can
+    stop them and wait for their outcomes (``stop_all``).
 
     A notification matches run id, worker id and lease token, so a stale request can never abort a
     later attempt of the same run. Thread-safe: the sync facade cancels from its own loop thread.
@@ -192,6 +199,45 @@ class CancellationRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._attempts: dict[str, list[_Attempt]] = {}
+        # Attempts in flight, each with the future ``stop_all`` waits on (made only once something waits).
+        self._in_flight: dict[_Attempt, concurrent.futures.Future[None] | None] = {}
+        self._stop_reason: str | None = None  # set by ``stop_all``: attempts that begin later stop at once
+
+    def begin(self, attempt: _Attempt) -> None:
+        with self._lock:
+            self._in_flight[attempt] = None
+            reason = self._stop_reason
+        if reason is not None:  # claimed while the runtime was closing
+            attempt.stop(reason)
+
+    def end(self, attempt: _Attempt) -> None:
+        with self._lock:
+            waiter = self._in_flight.pop(attempt, None)
+        if waiter is not None:
+            waiter.set_result(None)
+
+    async def stop_all(self, reason: str) -> None:
+        """Abort the signal of every attempt in flight with ``reason``, as a worker stop does (not a
+        cancellation), and wait until each has finished and written its outcome; an attempt that begins
+        meanwhile is stopped at once and waited for too. Not waited for: attempts whose event loop no
+        longer runs (they cannot finish), and the attempt whose task calls this (it would wait for itself)."""
+        own = _current_attempt.get()
+        with self._lock:
+            self._stop_reason = reason
+        while True:
+            waiting: list[tuple[_Attempt, concurrent.futures.Future[None]]] = []
+            with self._lock:
+                for attempt, waiter in list(self._in_flight.items()):
+                    if attempt is own or not attempt.loop.is_running():
+                        continue
+                    if waiter is None:
+                        waiter = self._in_flight[attempt] = concurrent.futures.Future()
+                    waiting.append((attempt, waiter))
+            if not waiting:
+                return
+            for attempt, _waiter in waiting:
+                attempt.stop(reason)
+            await asyncio.wait([asyncio.wrap_future(waiter) for _attempt, waiter in waiting], timeout=_STOP_RECHECK_S)
 
     def register(self, attempt: _Attempt) -> None:
         with self._lock:
@@ -828,6 +874,10 @@ class _Attempt:
         self.cancel_observed = True
         self.controller.abort(REASON_CANCELLATION_REQUESTED)
 
+    def stop(self, reason: str) -> None:
+        """Abort the signal as a stop does (not a cancellation: the handler's outcome stands). From any thread."""
+        self.controller.abort(reason)
+
     def _deadline_reached(self) -> None:
         self._deadline_handle = None
         if self._finished or self.timed_out:
@@ -835,35 +885,50 @@ class _Attempt:
         self.timed_out = True
         self.controller.abort(REASON_ATTEMPT_TIMED_OUT)
         # An async def handler still running a moment later is cancelled at the await it is stuck in,
-        # so the attempt ends and frees its slot; a def handler's thread cannot be interrupted.
-        self._deadline_handle = self.loop.call_later(TIMEOUT_GRACE_S, self._cancel_handler)
+        # so the attempt ends and frees its slot; a def handler's thread cannot be interrupted. On a
+        # clock moved by hand that moment comes when the clock passes it (see ``_clock_moved``).
+        if self._unwatch_clock is None:
+            self._deadline_handle = self.loop.call_later(TIMEOUT_GRACE_S, self._cancel_handler)
 
     def _cancel_handler(self) -> None:
         self._deadline_handle = None
         task = self._handler_task
-        if task is not None and not task.done() and not self._finished:
-            self._handler_cancelled = True
-            task.cancel(f"The attempt of run {self.run_id} passed its max_attempt_duration deadline.")
+        if task is None or task.done() or self._finished or not self.timed_out or self._handler_cancelled:
+            return
+        self._handler_cancelled = True
+        task.cancel(f"The attempt of run {self.run_id} passed its max_attempt_duration deadline.")
 
     def start_timers(self) -> None:
         loop = self.loop
         deadline = self.run.attempt_deadline_at
-        if deadline is not None:
+        # A clock moved by hand (``ControlledClock``) reaches the deadline, the end of the grace after it
+        # and the heartbeats' times when it is moved there, never on wall time: a handler may take any
+        # wall time while the clock stands still, and the lease of a handler still running never lapses
+        # in the clock's time.
+        watch = getattr(self.runtime.clock, "watch", None)
+        if callable(watch):
+            self._heartbeat_clock_due = self._next_clock_heartbeat()
+            self._unwatch_clock = watch(self._clock_moved)
+            if deadline is not None:
+                now = self.runtime.now()
+                if now >= deadline:
+                    self._deadline_reached()
+                    if now >= self._grace_over_at(deadline):
+                        loop.call_soon(self._cancel_handler)  # once the handler's task exists
+        elif deadline is not None:
             remaining = (deadline - self.runtime.now()).total_seconds()
             if remaining <= 0:
                 self._deadline_reached()
             else:
                 self._deadline_handle = loop.call_later(remaining, self._deadline_reached)
-        # A clock moved by hand (``ControlledClock``) reaches the deadline, and the heartbeats' times,
-        # when it is moved: the lease of a handler still running never lapses in the clock's time.
-        watch = getattr(self.runtime.clock, "watch", None)
-        if callable(watch):
-            self._heartbeat_clock_due = self._next_clock_heartbeat()
-            self._unwatch_clock = watch(self._clock_moved)
         self._schedule_heartbeat()
 
     def _next_clock_heartbeat(self) -> datetime:
         return later(self.runtime.now(), self.options.heartbeat_ms)
+
+    @staticmethod
+    def _grace_over_at(deadline: datetime) -> datetime:
+        return later(deadline, round(TIMEOUT_GRACE_S * 1000))
 
     def _clock_moved(self, now: datetime) -> None:
         if self._finished:
@@ -873,6 +938,8 @@ class _Attempt:
         with contextlib.suppress(RuntimeError):  # the attempt's loop has closed
             if deadline is not None and now >= deadline:
                 self.loop.call_soon_threadsafe(self._deadline_reached)
+                if now >= self._grace_over_at(deadline):  # one move may pass both
+                    self.loop.call_soon_threadsafe(self._cancel_handler)
             elif due is not None and now >= due:
                 self._heartbeat_clock_due = None  # until that heartbeat has been written
                 self.loop.call_soon_threadsafe(self._heartbeat_now)
@@ -1436,30 +1503,41 @@ def _not_run_failure(run: RunRecord, definition: TaskDefinition | None) -> RunFa
     )
 
 
+# The attempt whose handler (or anything it started) is running, so closing the runtime from there does
+# not wait for the very attempt that closes it.
+_current_attempt: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar("runlane_attempt", default=None)
+
+
 async def execute_claimed_run(
     runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions
 ) -> AttemptResult:
     """Execute one attempt of a run this process just claimed (status ``running``, attempt started)."""
     attempt = _Attempt(runtime, run, definition, options)
-    failure = _not_run_failure(run, definition)
-    if failure is not None:
-        try:
-            return await attempt.complete(_Outcome(_FAILURE, failure=failure))
-        finally:
-            attempt.controller.unlink()
     registry = runtime.registry
-    registry.register(attempt)
+    registry.begin(attempt)  # until its outcome is written: closing the runtime waits for it
+    scope = _current_attempt.set(attempt)
     try:
-        attempt.start_timers()
+        failure = _not_run_failure(run, definition)
+        if failure is not None:
+            try:
+                return await attempt.complete(_Outcome(_FAILURE, failure=failure))
+            finally:
+                attempt.controller.unlink()
+        registry.register(attempt)
         try:
-            outcome = await attempt.run_handler()
+            attempt.start_timers()
+            try:
+                outcome = await attempt.run_handler()
+            finally:
+                await attempt.stop_timers()
         finally:
-            await attempt.stop_timers()
+            registry.unregister(attempt)
+            attempt.controller.unlink()
+        if attempt.lost is not None:
+            return attempt.abandon(attempt.lost)
+        if attempt.heartbeat_error is not None:
+            raise attempt.heartbeat_error
+        return await attempt.complete(outcome)
     finally:
-        registry.unregister(attempt)
-        attempt.controller.unlink()
-    if attempt.lost is not None:
-        return attempt.abandon(attempt.lost)
-    if attempt.heartbeat_error is not None:
-        raise attempt.heartbeat_error
-    return await attempt.complete(outcome)
+        _current_attempt.reset(scope)
+        registry.end(attempt)

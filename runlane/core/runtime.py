@@ -114,6 +114,7 @@ from ..vocabulary import (
 )
 from .attempt import (
     DRAIN_OUTAGE_LIMIT_S,
+    REASON_WORKER_STOPPED,
     AttemptResult,
     CancellationRegistry,
     ExecutionOptions,
@@ -626,13 +627,19 @@ class Runlane:
             _STARTED_RUNTIMES.add(self)
 
     async def close(self) -> None:
-        """Stop this runtime's workers, then close the lane. Later calls raise ``configuration_invalid``."""
+        """Stop this runtime's workers and running attempts, wait for them, then close the lane. Later
+        calls raise ``configuration_invalid``.
+
+        Attempts of ``execute_next()``, ``run_now()`` and ``execute_delivery()`` still running are
+        stopped as a worker stop stops its own: ``ctx.signal`` is aborted with ``worker_stopped``, and
+        their outcomes are written before the lane closes."""
         if self._closed:
             return
         self._closed = True
         workers = list(self._workers)
         for worker in workers:
             worker.request_stop()
+        await self.registry.stop_all(REASON_WORKER_STOPPED)
         for worker in workers:
             try:
                 await worker.wait_closed()

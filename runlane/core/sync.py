@@ -9,7 +9,7 @@ Do not call the facade from ``async`` code (a thread running an event loop): it 
 loop, and deadlock when the call waits on it; it raises instead. ``close()`` waits a few seconds for
 calls still running on the facade loop (they fail once the lane is closed), then cancels the rest:
 a caller never waits on a loop that has stopped. A process that exits without ``close()`` closes the
-runtime the facade started (its workers, then the lane) on the way out.
+runtime the facade started (its workers and attempts, then the lane) on the way out.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class SyncRunlane:
         self.call(self._runtime.start)
 
     def close(self) -> None:
-        """Close the runtime (workers, then the lane) and stop the facade loop."""
+        """Close the runtime (workers and attempts, then the lane) and stop the facade loop."""
         _refuse_in_event_loop()
         if self._loop is not None:
             self.call(self._runtime.close)

@@ -41,16 +41,15 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ErrorCode, RunlaneError
 from ..models import RunRecord
 from ..vocabulary import WorkerMode
-from .attempt import ExecutionOptions
+from .attempt import REASON_WORKER_STOPPED, ExecutionOptions
 from .cancellation import CancellationController, link_signals
 from .runtime import CandidatePool
 
 if TYPE_CHECKING:
     from .runtime import Runlane
 
-__all__ = ["WorkerHandle"]
+__all__ = ["REASON_WORKER_STOPPED", "WorkerHandle"]
 
-REASON_WORKER_STOPPED = "worker_stopped"
 # A drain slot whose due work is all capacity-blocked re-checks at least this often (seconds).
 _BLOCKED_RECHECK = 0.05
 # Candidates one storage scan fetches per worker slot, so a scan feeds several claims.

@@ -19,8 +19,9 @@ class ControlledClock:
     """``now()`` returns the set time until ``advance()`` or ``set()`` moves it (thread-safe).
 
     A runtime watches the clock (``watch()``), so what is due at a time happens when the clock is moved
-    there: an attempt past its ``max_attempt_duration`` deadline is aborted at once, as it would be in
-    real time.
+    there, and not before: an attempt is aborted when the clock reaches its ``max_attempt_duration``
+    deadline (at once when a move passes it), however long it has run in real time, and an ``async def``
+    handler still running is cancelled when the clock passes the grace after that deadline.
     """
 
     def __init__(self, start: datetime | None = None) -> None:

@@ -1,0 +1,148 @@
+"""Closing a runtime stops the attempts it is running, as a worker stop does, and waits for their outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from runlane import DeliveryMessage, ErrorCode, Retry, RunlaneError, RunStatus, TaskContext, create_runlane, task
+from runlane_local import sqlite_lane
+
+from runtime_support import DEFAULT_QUEUE, make_runtime
+
+started = asyncio.Event()
+reasons: list[str | None] = []
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    global started
+    started = asyncio.Event()
+    reasons.clear()
+
+
+@task("close.raises", retry=Retry(3, backoff="1m"))
+async def raises(payload: dict, ctx: TaskContext) -> str:
+    started.set()
+    await ctx.signal.wait()
+    reasons.append(ctx.signal.reason)
+    await asyncio.sleep(0.02)  # cleanup that takes a moment, still before the lane closes
+    ctx.signal.raise_if_aborted()
+    return "unreachable"
+
+
+@task("close.returns")
+async def returns(payload: dict, ctx: TaskContext) -> dict:
+    started.set()
+    await ctx.signal.wait()
+    reasons.append(ctx.signal.reason)
+    return {"stopped_early": True}
+
+
+thread_started = threading.Event()
+
+
+@task("close.thread")
+def in_thread(payload: dict, ctx: TaskContext) -> str:
+    thread_started.set()
+    ctx.signal.wait_sync(10)
+    reasons.append(ctx.signal.reason)
+    return "saved"
+
+
+async def _execute(runtime, how: str, definition, queued):
+    """One attempt through ``how``; the run it leaves."""
+    if how == "execute_next":
+        return await runtime.execute_next()
+    if how == "run_now":
+        return await runtime.run_now(definition, {})
+    message = DeliveryMessage(
+        environment=queued.environment, run_id=queued.id, queue=queued.queue, requested_at=queued.created_at
+    )
+    return (await runtime.execute_delivery(message)).run
+
+
+@pytest.mark.parametrize("how", ["execute_next", "run_now", "execute_delivery"])
+async def test_close_stops_a_running_attempt_and_records_the_retry_its_handler_raises_for(tmp_path, how):
+    path = tmp_path / "close.db"
+    runtime = create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[raises])
+    async with runtime:
+        queued = None if how == "run_now" else (await runtime.trigger(raises, {})).run
+        pending = asyncio.ensure_future(_execute(runtime, how, raises, queued))
+        await asyncio.wait_for(started.wait(), 2)
+    assert pending.done()  # close() waited for the attempt
+    run = pending.result()
+    assert reasons == ["worker_stopped"]
+    assert run.status is RunStatus.RETRYING and run.failure.code is ErrorCode.OPERATION_CANCELLED
+    assert run.failure.meta == {"reason": "worker_stopped"}
+    async with create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[raises]) as reopened:
+        stored = await reopened.runs.get(run.id)
+        assert stored.status is RunStatus.RETRYING and stored.lease is None
+
+
+async def test_a_handler_that_returns_after_close_stopped_it_succeeds(tmp_path):
+    path = tmp_path / "close.db"
+    runtime = create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[returns])
+    async with runtime:
+        run = (await runtime.trigger(returns, {})).run
+        pending = asyncio.ensure_future(runtime.execute_next())
+        await asyncio.wait_for(started.wait(), 2)
+    done = pending.result()
+    assert reasons == ["worker_stopped"]  # a stop, not a cancellation: the handler's outcome stands
+    assert done.status is RunStatus.SUCCEEDED and done.output == {"stopped_early": True}
+    async with create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[returns]) as reopened:
+        assert (await reopened.runs.get(run.id)).status is RunStatus.SUCCEEDED
+
+
+async def test_close_stops_a_def_handler_and_an_attempt_of_a_worker_alike():
+    thread_started.clear()
+    runtime, _ = make_runtime(in_thread, returns)
+    async with runtime:
+        await runtime.trigger(returns, {})
+        worker = runtime.worker(empty_poll_delay="5ms")
+        await asyncio.wait_for(started.wait(), 2)
+        pending = asyncio.ensure_future(runtime.run_now(in_thread, {}))
+        for _ in range(2000):
+            if thread_started.is_set():
+                break
+            await asyncio.sleep(0.001)
+    assert pending.done() and worker.closed.done()
+    assert reasons == ["worker_stopped", "worker_stopped"]
+    assert pending.result().status is RunStatus.SUCCEEDED and pending.result().output == "saved"
+    assert worker.executed == 1
+
+
+async def test_close_waits_for_an_attempt_of_the_sync_facade():
+    runtime, _ = make_runtime(in_thread)
+    thread_started.clear()
+    results: list = []
+    async with runtime:
+        await runtime.trigger(in_thread, {})
+        caller = threading.Thread(target=lambda: results.append(runtime.sync.execute_next()))
+        caller.start()
+        for _ in range(2000):
+            if thread_started.is_set():
+                break
+            await asyncio.sleep(0.001)
+    await asyncio.to_thread(caller.join, 5)
+    assert reasons == ["worker_stopped"]
+    assert [run.status for run in results] == [RunStatus.SUCCEEDED]
+
+
+async def test_close_called_by_a_handler_does_not_wait_for_that_handler():
+    closed: list[bool] = []
+
+    @task("closes.its.runtime")
+    async def closes(payload: dict) -> None:
+        await asyncio.wait_for(runtime.close(), 2)
+        closed.append(runtime.closed)
+
+    runtime, _ = make_runtime(closes)
+    await runtime.start()
+    await runtime.trigger(closes, {})
+    with pytest.raises(RunlaneError) as raised:  # the lane closed under the attempt: its outcome is not written
+        await asyncio.wait_for(runtime.execute_next(), 5)
+    assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
+    assert closed == [True]
