@@ -1207,6 +1207,26 @@ async def test_rerun_and_retry_keep_the_sources_concurrency_key_on_a_bounded_que
         assert (await runtime.runs.rerun(failed.id, queue=RECOVERY)).concurrency_key is None
 
 
+async def test_a_task_level_concurrency_key_is_dropped_when_a_retry_moves_to_an_unbounded_queue():
+    @task("ops.tenant_import", queue=BOUNDED, concurrency_key=lambda payload: f"tenant_{payload['tenant']}")
+    async def tenant_import(payload: dict) -> None:
+        raise RuntimeError("provider down")
+
+    runtime, _ = make(tenant_import)
+    async with runtime:
+        source = (await runtime.trigger(tenant_import, {"tenant": "t1"})).run
+        await runtime.tick()
+        failed = await runtime.execute_next(queues=[BOUNDED])
+        assert failed.id == source.id and failed.status is RunStatus.FAILED
+        moved = await runtime.runs.retry(failed.id, queue=RECOVERY)
+        assert (moved.queue, moved.concurrency_key) == ("recovery", None)
+        assert (await runtime.runs.rerun(failed.id)).concurrency_key == "tenant_t1"
+        # A trigger onto that queue still refuses the key: there it is the caller's own choice.
+        with pytest.raises(RunlaneError) as refused:
+            await runtime.trigger(tenant_import, {"tenant": "t1"}, queue=RECOVERY)
+        assert refused.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
 async def test_rerun_and_retry_use_an_explicit_child_run_id_and_report_duplicates():
     runtime, _ = make()
     async with runtime:

@@ -1033,11 +1033,14 @@ class Runlane:
         trace_carrier: Mapping[str, str] | None = None,
         source: RunSource | None = None,
         stored: bool = False,
+        linked: bool = False,
     ) -> _CreateInput:
         """Validate everything a new run needs; raises before anything is written.
 
         ``stored=True`` takes ``payload`` as a persisted JSON payload (linked reruns) and resolves no
         task-level idempotency key: an operator asking for new work is not a duplicate trigger.
+        ``linked=True`` (an operator's rerun or retry) drops a concurrency key the selected queue cannot
+        enforce instead of refusing it: the keys apply where the lane can enforce them.
         """
         definition = self.resolve_task(task)
         validated = definition.load_payload(payload) if stored else definition.validate_payload(payload)
@@ -1075,7 +1078,9 @@ class Runlane:
                 keys[kind] = None
             else:
                 keys[kind] = definition.resolve_key(kind, validated)  # type: ignore[arg-type]
-        if keys["concurrency_key"] is not None and not selected.is_bounded:
+        if keys["concurrency_key"] is not None and not selected.is_bounded and linked:
+            keys["concurrency_key"] = None
+        elif keys["concurrency_key"] is not None and not selected.is_bounded:
             raise _invalid(
                 f"A concurrency key partitions a bounded queue, but queue {selected.name!r} has no concurrency_limit; "
                 "set concurrency_limit on the queue or remove the concurrency key.",
@@ -2390,7 +2395,8 @@ class RunsApi:
                 meta={"run_id": checked, "status": source.status.value},
             )
         # The source's keys protect the same resource as before: a child must not overlap active work
-        # holding its singleton key, and stays in its concurrency partition on any bounded queue.
+        # holding its singleton key, and stays in its concurrency partition on any bounded queue (an
+        # unbounded queue cannot enforce one, so a child moved there has none).
         target = None if queue is None else runtime.resolve_queue(queue)
         bounded = target is None or target.concurrency_limit is not None
         spec = runtime.prepare_create(
@@ -2405,6 +2411,7 @@ class RunsApi:
             concurrency_key=source.concurrency_key if bounded else None,
             source=RunSource(type=kind, source_run_id=source.id),
             stored=True,
+            linked=True,
         )
         return (await runtime.create_triggered(spec)).run
 
