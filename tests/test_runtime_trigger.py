@@ -446,6 +446,30 @@ async def test_child_runs_record_their_source():
         assert carriers == ["own", "parent"]
 
 
+async def test_a_handler_reads_a_run_with_ctx_get_run_awaited_or_blocking():
+    seen: dict[str, object] = {}
+
+    @task("reader.async", queue=emails)
+    async def reads(payload: dict, ctx) -> None:
+        seen["async"] = await ctx.get_run(payload["run_id"])
+        seen["missing"] = await ctx.get_run("run_missing")
+        with pytest.raises(RunlaneError) as invalid:
+            ctx.get_run("bad:id")
+        seen["invalid"] = invalid.value.code
+
+    @task("reader.def", queue=emails)
+    def reads_blocking(payload: dict, ctx) -> None:
+        seen["def"] = ctx.get_run(payload["run_id"])
+
+    runtime, _ = make_runtime(reads, reads_blocking, welcome, queues=[emails])
+    async with runtime:
+        done = await runtime.run_now(welcome, {"user_id": "u"})
+        for reader in (reads, reads_blocking):
+            assert (await runtime.run_now(reader, {"run_id": done.id})).status is RunStatus.SUCCEEDED
+    assert seen["async"] == done and seen["def"] == done
+    assert seen["missing"] is None and seen["invalid"] is ErrorCode.VALIDATION_FAILED
+
+
 async def test_a_controlled_clock_controls_storage_time():
     clock = ControlledClock()
     runtime = create_runlane(lane=local_lane(), queues=[emails], tasks=[welcome], clock=clock)

@@ -688,8 +688,8 @@ class TaskContext:
     """What a handler sees of its run: identity, the cancellation signal, release helpers, child
     triggers and durable steps.
 
-    ``trigger`` and ``step.run`` are awaitables in ``async def`` handlers and blocking calls in
-    ``def`` handlers (which run in a worker thread).
+    ``trigger``, ``get_run`` and ``step.run`` are awaitables in ``async def`` handlers and blocking
+    calls in ``def`` handlers (which run in a worker thread).
     """
 
     __slots__ = ("_attempt", "step")
@@ -774,6 +774,19 @@ class TaskContext:
         """
         attempt = self._attempt
         coroutine = attempt.trigger_child(task, payload, options)
+        if attempt.on_loop_thread():
+            return coroutine
+        return attempt.call_on_loop(coroutine)
+
+    def get_run(self, run_id: str) -> Any:
+        """The current ``RunRecord`` of run ``run_id`` in this run's environment (a child this handler
+        triggered, say, to read its output once ``wait_for_run`` resumed this run), or ``None`` when it
+        does not exist or was pruned. Awaitable in ``async def`` handlers, blocking in ``def`` handlers.
+        An invalid id is ``validation_failed``."""
+        attempt = self._attempt
+        checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
+        # No closed check: a closing runtime lets running attempts finish, reads included.
+        coroutine = attempt.runtime.store.get_visible_run(checked)
         if attempt.on_loop_thread():
             return coroutine
         return attempt.call_on_loop(coroutine)
