@@ -612,3 +612,22 @@ async def test_schedules_past_the_materialization_limit_get_their_turn():
             clock.advance("1m")
         ran = {run.source.schedule_id for run in (await runtime.runs.list(limit=100)).data}
     assert ran == {f"poll.t{n}" for n in range(5)}
+
+
+async def test_a_tick_in_a_new_process_each_time_still_gives_every_schedule_its_turn():
+    # A cron job running `runlane tick` every minute starts a new runtime for each pass: where the last
+    # pass stopped at its limit is kept in storage, so schedules past the limit are not starved.
+    @task("poll.feeds", schedule=[schedule(f"poll.f{n:02d}", every="1m", payload={"n": n}) for n in range(7)])
+    async def feeds(payload: dict) -> None:
+        return None
+
+    (*passes, reader), clock = shared_runtimes(*([feeds] for _ in range(4)), clock=ControlledClock(T0))
+    for runtime in passes:
+        async with runtime:
+            assert (await runtime.tick(schedule_materialization_limit=3)).materialized == 3
+        clock.advance("1m")
+    async with reader:
+        fired = Counter(run.source.schedule_id for run in (await reader.runs.list(limit=100)).data)
+    # 3 passes of 3 cover all 7 schedules (the third pass wraps around to the first two).
+    assert set(fired) == {f"poll.f{n:02d}" for n in range(7)}
+    assert sum(fired.values()) == 9

@@ -301,6 +301,30 @@ def test_bad_cron_fails_at_definition_and_when_a_built_definition_is_timed():
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
 
 
+def test_timing_many_schedules_of_one_cron_checks_the_expression_once(monkeypatch: pytest.MonkeyPatch):
+    # Every tick times every schedule: thousands of schedules sharing an expression must not each
+    # parse it again (a cache keyed by schedule would thrash once there are more schedules than it holds).
+    from runlane.core import schedules as module
+
+    parsed: list[str] = []
+    real = module.croniter
+
+    def counting(expression: str, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(expression)
+        return real(expression, *args, **kwargs)
+
+    monkeypatch.setattr(module, "croniter", counting)
+    module._checked_cron.cache_clear()
+    built = [ScheduleDefinition(id=f"feed{n}", type=ScheduleType.CRON, cron="7 9 * * *") for n in range(5000)]
+    for _ in range(2):
+        for definition in built:
+            latest_due_fire_time(definition, at(2026, 1, 1, 10))
+    assert parsed.count("7 9 * * *") <= 2  # checked once; fire times are searched per minute, not per schedule
+    with pytest.raises(RunlaneError) as caught:  # the message still names the schedule
+        latest_due_fire_time(ScheduleDefinition(id="feed_bad", type=ScheduleType.CRON, cron="7 9 * *"), at(2026, 1, 1))
+    assert "feed_bad" in caught.value.message and caught.value.meta["schedule_id"] == "feed_bad"
+
+
 def test_unknown_time_zone_is_rejected_by_authoring_and_by_the_timing_rules():
     with pytest.raises(RunlaneError) as caught:
         schedule("digest", cron="0 9 * * *", time_zone="Mars/Olympus_Mons")

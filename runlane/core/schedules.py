@@ -15,13 +15,17 @@ the middle part and the pure timing rules in front of it:
 
   | ``schedule_latest_occurrences`` | env, schedule_id | ``{occurrence_id, fire_at}`` |
 
+  | ``schedule_rotation`` | env | ``{next_schedule_id}`` |
+
   A claimed occurrence has one ``SCHEDULE_OCCURRENCES_CLAIMED`` entry, partition ``(env,)`` and
   sort ``(claim_expires_at, occurrence_id)``; a completed occurrence has none. Each schedule keeps
   its latest completed occurrence (the latest record points at it); completing a later one deletes
   the one it supersedes, so a recurring schedule keeps one or two occurrence records, not one per
   fire time. The latest record is also the schedule's high-water mark: a fire time at or before it
   is never claimed again (a materializer whose clock is behind, or a changed definition, would
-  otherwise reach a superseded fire time whose run may have been pruned).
+  otherwise reach a superseded fire time whose run may have been pruned). The rotation record says
+  which schedule the next pass starts with, when a pass stopped at its limit (advisory: the last
+  writer wins).
 
 * ``ScheduleMaterializer`` - claim, create or recover the scheduled run, complete. It takes the run
   creation and lookup as callables so it does not depend on the runtime.
@@ -111,6 +115,7 @@ _schedule_log = logging.getLogger("runlane.schedules")
 
 SCHEDULE_OCCURRENCES_COLLECTION: Final = "schedule_occurrences"
 SCHEDULE_LATEST_OCCURRENCES_COLLECTION: Final = "schedule_latest_occurrences"
+SCHEDULE_ROTATION_COLLECTION: Final = "schedule_rotation"
 
 UNIX_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -158,56 +163,45 @@ def validate_cron(expression: object, *, schedule_id: str | None = None) -> str:
             f"{owner} must be a non-empty string such as '0 9 * * *'.", field="cron", schedule_id=schedule_id
         )
     normalized = " ".join(expression.split())
-    return _checked_cron(normalized, owner, schedule_id)
+    checked, problem = _checked_cron(normalized)
+    if problem is not None:
+        raise _invalid(f"{owner} {normalized!r} {problem}", field="cron", schedule_id=schedule_id)
+    return checked
 
 
-# Every tick checks the cron of every schedule again: a valid expression is checked once per owner.
+# Every tick checks the cron of every schedule again: each distinct expression is checked once (keyed by
+# the expression alone, so any number of schedules sharing a few expressions stay cached).
 @lru_cache(maxsize=4096)
-def _checked_cron(normalized: str, owner: str, schedule_id: str | None) -> str:
+def _checked_cron(normalized: str) -> tuple[str, str | None]:
+    """``(normalized expression, None)``, or ``("", what is wrong)`` to follow the expression in a message."""
     example = "'0 9 * * *' (09:00 daily) or '*/15 * * * *' (every 15 minutes)"
     if normalized.startswith("@"):
         if normalized.lower() not in _CRON_MACROS:
-            raise _invalid(
-                f"{owner} {normalized!r} is not supported; use one of {', '.join(sorted(_CRON_MACROS))} "
-                f"or five fields such as {example}.",
-                field="cron",
-                schedule_id=schedule_id,
-            )
-        return normalized.lower()
+            return "", f"is not supported; use one of {', '.join(sorted(_CRON_MACROS))} or five fields such as {example}."
+        return normalized.lower(), None
     fields = normalized.split(" ")
     if len(fields) != _CRON_FIELDS:
-        raise _invalid(
-            f"{owner} {normalized!r} has {len(fields)} field(s); write exactly five "
-            f"(minute hour day-of-month month day-of-week), such as {example}. Seconds and year fields "
-            "are not supported.",
-            field="cron",
-            schedule_id=schedule_id,
+        return "", (
+            f"has {len(fields)} field(s); write exactly five (minute hour day-of-month month day-of-week), such "
+            f"as {example}. Seconds and year fields are not supported."
         )
     if any(_NONDETERMINISTIC_FIELD.search(item) for item in fields):
-        raise _invalid(
-            f"{owner} {normalized!r} uses a random (R) or hashed (H) field; every process must compute the "
-            "same fire times, so write explicit values instead.",
-            field="cron",
-            schedule_id=schedule_id,
+        return "", (
+            "uses a random (R) or hashed (H) field; every process must compute the same fire times, so write "
+            "explicit values instead."
         )
     try:
         iterator = croniter(normalized, datetime(2000, 1, 1), ret_type=datetime)
     except (CroniterError, ValueError, TypeError, KeyError) as error:
-        raise _invalid(
-            f"{owner} {normalized!r} is not valid cron syntax ({error}); fields are minute (0-59), hour (0-23), "
-            f"day of month (1-31), month (1-12 or JAN-DEC) and day of week (0-6 or SUN-SAT), such as {example}.",
-            field="cron",
-            schedule_id=schedule_id,
-        ) from None
+        return "", (
+            f"is not valid cron syntax ({error}); fields are minute (0-59), hour (0-23), day of month (1-31), "
+            f"month (1-12 or JAN-DEC) and day of week (0-6 or SUN-SAT), such as {example}."
+        )
     try:
         iterator.get_next(datetime)
     except (CroniterBadDateError, CroniterError) as error:
-        raise _invalid(
-            f"{owner} {normalized!r} never matches a real date ({error}); check the day-of-month and month fields.",
-            field="cron",
-            schedule_id=schedule_id,
-        ) from None
-    return normalized
+        return "", f"never matches a real date ({error}); check the day-of-month and month fields."
+    return normalized, None
 
 
 @lru_cache(maxsize=256)
@@ -222,11 +216,6 @@ def _zone(name: str | None) -> tzinfo:
             "(install the tzdata package where the system has no time zone database).",
             field="time_zone",
         ) from None
-
-
-@lru_cache(maxsize=256)
-def _cron(expression: str, schedule_id: str) -> str:
-    return validate_cron(expression, schedule_id=schedule_id)
 
 
 def latest_due_fire_time(definition: ScheduleDefinition, now: datetime) -> datetime | None:
@@ -246,7 +235,7 @@ def latest_due_fire_time(definition: ScheduleDefinition, now: datetime) -> datet
     if kind is ScheduleType.INTERVAL:
         return _latest_interval_boundary(definition, now)
     if kind is ScheduleType.CRON:
-        expression = _cron(definition.cron, definition.id)
+        expression = validate_cron(definition.cron, schedule_id=definition.id)
         return _latest_cron_fire(expression, _zone(definition.time_zone), now)
     raise _invalid(f"Schedule {definition.id!r} has unknown type {kind!r}.", schedule_id=definition.id)
 
@@ -460,6 +449,32 @@ class ScheduleOccurrences:
         except RunlaneError as error:
             return error
 
+    # -- the rotation -----------------------------------------------------------------------------
+
+    def _rotation_key(self) -> StorageRecordKey:
+        return StorageRecordKey(SCHEDULE_ROTATION_COLLECTION, self.env_key)
+
+    async def rotation_start(self) -> str | None:
+        """The id of the schedule the next pass starts with, saved by a pass that stopped at its limit.
+        Advisory: a record without one reads as none (the next pass that stops at its limit rewrites it)."""
+        (record,) = await self.driver.get([self._rotation_key()])
+        value = None if record is None else record.document.value
+        schedule_id = value.get("next_schedule_id") if isinstance(value, dict) else None
+        return schedule_id if isinstance(schedule_id, str) else None
+
+    async def save_rotation_start(self, schedule_id: str) -> None:
+        key = self._rotation_key()
+        document = StorageDocument.encode({"next_schedule_id": schedule_id})
+
+        async def body(tx: StorageTransaction) -> None:
+            (record,) = await tx.get([key])
+            if record is None:
+                tx.create(NewStorageRecord(key, document))
+            else:
+                tx.replace(record, NewStorageRecord(key, document))
+
+        await self.driver.with_transaction(body)
+
     # -- writes ----------------------------------------------------------------------------------
 
     async def claim(
@@ -668,9 +683,6 @@ class ScheduleMaterializer:
         self.occurrences = ScheduleOccurrences(driver, environment)
         self.environment = environment
         self._new_claim_token = new_claim_token
-        # Where the next pass starts in the list of enabled schedules: a pass that stops at its limit
-        # leaves the rest for the next one, so schedules past the limit are not starved.
-        self._next_start = 0
 
     def __repr__(self) -> str:
         return f"ScheduleMaterializer({self.occurrences!r})"
@@ -709,8 +721,9 @@ class ScheduleMaterializer:
         one-off (``run_at``) occurrence is left to its claim, so a pass after the claim expires tries it
         again: its only fire time is not lost.
 
-        A pass that stops at ``limit`` resumes, in the next pass of this materializer, with the schedule
-        after the last one it looked at, so every schedule gets its turn.
+        A pass that stops at ``limit`` saves the schedule after the last one it looked at in storage, and
+        the next pass (of any materializer: a maintenance process started anew for each pass, too)
+        starts with it, so every schedule gets its turn.
         """
         now = _aware(now, "now")
         worker_id = validate_id(worker_id, "worker id")
@@ -718,9 +731,12 @@ class ScheduleMaterializer:
             raise _invalid(f"limit must be a whole number, got {limit!r}.", field="limit")
         if limit < 1:
             return 0
-        enabled = [(item, task) for item, task in schedules if item.enabled]
-        first = self._next_start % len(enabled) if enabled else 0
-        enabled = enabled[first:] + enabled[:first]
+        ordered = [(item, task) for item, task in schedules if item.enabled]
+        first = 0
+        if len(ordered) > limit:  # only then can a pass stop before the last schedule
+            starting = await self.occurrences.rotation_start()
+            first = next((index for index, (item, _) in enumerate(ordered) if item.id == starting), 0)
+        enabled = ordered[first:] + ordered[:first]
         chunk = max(1, self.occurrences.driver.profile.limits.max_point_reads)
         materialized = 0
         failure: RunlaneError | None = None
@@ -748,7 +764,12 @@ class ScheduleMaterializer:
                     continue
                 materialized += 1
                 if materialized >= limit:
-                    self._next_start = first + start + offset + 1
+                    following = ordered[(first + start + offset + 1) % len(ordered)][0]
+                    try:
+                        await self.occurrences.save_rotation_start(following.id)
+                    except RunlaneError as error:
+                        if not is_storage_conflict(error):  # another pass saved its own: either will do
+                            raise
                     break
             if materialized >= limit:
                 break
