@@ -198,6 +198,7 @@ class PaginationCursorKind(enum.StrEnum):
     RUN_LIST = "run_list"
     RUN_EVENT_LIST = "run_event_list"
     RUN_PRUNE = "run_prune"
+    RUN_STEP_LIST = "run_step_list"
 
 
 class RunlaneObservationType(enum.StrEnum):

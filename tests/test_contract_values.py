@@ -475,7 +475,13 @@ ENUM_VALUES: dict[type[enum.Enum], dict[str, str]] = {
     SortDirection: {"ASC": "asc", "DESC": "desc"},
     RunSortField: {"CREATED_AT": "created_at", "RUN_AT": "run_at", "UPDATED_AT": "updated_at"},
     RunEventSortField: {"OCCURRED_AT": "occurred_at", "SEQUENCE": "sequence"},
-    PaginationCursorKind: {"RUN_LIST": "run_list", "RUN_EVENT_LIST": "run_event_list", "RUN_PRUNE": "run_prune"},
+    PaginationCursorKind: {
+        "RUN_LIST": "run_list",
+        "RUN_EVENT_LIST": "run_event_list",
+        "RUN_PRUNE": "run_prune",
+        # Python-side extension: pages of runs.steps (a run's durable steps in step-key order).
+        "RUN_STEP_LIST": "run_step_list",
+    },
     RunStatus: {
         "CANCELLATION_REQUESTED": "cancellation_requested",
         "CANCELLED": "cancelled",

@@ -576,6 +576,32 @@ class Output:
             )
         self.stdout.print(table)
 
+    def steps_table(self, run_id: str, page: Any) -> None:
+        """``runs steps``: one line per completed durable step, its output cut to the terminal width."""
+        if self.json:
+            self.emit_json({"run_id": run_id, "data": page.data, "next_cursor": page.next_cursor})
+            return
+        if not page.data:
+            more = " on this page" if page.next_cursor else ""
+            self.line(printable_text(f"{run_id} has no completed steps{more}", "dim"))
+        else:
+            table = _table()
+            table.add_column("step", no_wrap=True)
+            table.add_column("attempt", justify="right", no_wrap=True)
+            table.add_column("completed", no_wrap=True)
+            # The only column that gives way when the line is too long; its text is cut, never wrapped.
+            table.add_column("output")
+            for step in page.data:
+                output = _compact(step.output)
+                if len(output) > _CELL_CHARS:  # no line shows more; a big output is not measured whole
+                    output = output[: _CELL_CHARS - 1] + "…"
+                cell = Text(printable(output), no_wrap=True, overflow="ellipsis")
+                table.add_row(step.step_key, str(step.attempt), iso(step.completed_at) or "", cell)
+            self.stdout.print(table)
+        if page.next_cursor:
+            self.line()
+            self.line(Text.assemble(("next cursor", "bold cyan"), printable(f"  {page.next_cursor}")))
+
     def tick_result(self, result: Any) -> None:
         if self.json:
             self.emit_json({"tick": result})
@@ -782,6 +808,8 @@ def _width(stream: Any) -> int | None:
 
 
 _PIPED_WIDTH = 400
+# The most characters of one JSON value a table cell takes in (it is cut to the line width anyway).
+_CELL_CHARS = 2 * _PIPED_WIDTH
 
 
 def _camel(name: str) -> str:

@@ -1,4 +1,4 @@
-"""``runlane runs list|get|attempts``: operator reads through ``runlane.runs``.
+"""``runlane runs list|get|attempts|steps``: operator reads through ``runlane.runs``.
 
 Dates are parsed (ISO 8601 only) while the command line is, so a malformed one is a usage error.
 """
@@ -24,6 +24,7 @@ from .options import (
     MultiValueCommand,
     QueuesOption,
     checked,
+    limit_option,
     parse_iso_datetime,
 )
 
@@ -143,6 +144,23 @@ async def _attempts(runtime: Any, params: RunsAttemptsParams) -> Any:
     return await runtime.runs.attempts(params.run_id)
 
 
+class RunsStepsParams(OperationParams):
+    run_id: str
+    cursor: str | None = None
+    limit: int | None = None
+
+
+@operation(
+    "runs steps",
+    RunsStepsParams,
+    lambda output, params, result: output.steps_table(params.run_id, result),
+    summary=lambda params, page: f"✓ {params.run_id} {plural(len(page.data), 'step')}"
+    + (" (more pages)" if page.next_cursor else ""),
+)
+async def _steps(runtime: Any, params: RunsStepsParams) -> Any:
+    return await runtime.runs.steps(params.run_id, cursor=params.cursor, limit=params.limit)
+
+
 @app.command("list", cls=MultiValueCommand)
 def list_runs(
     ctx: typer.Context,
@@ -219,3 +237,14 @@ def get_run(
 def run_attempts(ctx: typer.Context, run_id: RunIdArgument) -> None:
     """List a run's attempts."""
     run_operation(ctx, "runs attempts", run_id=run_id)
+
+
+@app.command("steps")
+def run_steps(
+    ctx: typer.Context,
+    run_id: RunIdArgument,
+    cursor: CursorOption = None,
+    limit: Annotated[int | None, limit_option(f"Steps {PAGE_LIMIT_HELP}")] = None,
+) -> None:
+    """List the durable steps a run completed (what ctx.step.run stored), in step-key order."""
+    run_operation(ctx, "runs steps", run_id=run_id, cursor=cursor, limit=limit)

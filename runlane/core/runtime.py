@@ -41,7 +41,7 @@ from pydantic import ValidationError
 from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms, format_duration, later
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, is_storage_conflict
-from ..ids import random_uuid4_hex, time_ordered_uuid_hex, validate_id
+from ..ids import is_valid_id, random_uuid4_hex, time_ordered_uuid_hex, validate_id
 from ..json_values import canonical_json, ensure_json_object
 from ..model_build import build_validated
 from ..models import (
@@ -90,6 +90,9 @@ from ..storage import (
     StorageLimitError,
     StorageWakeHints,
     TimeRange,
+    clamp_page_limit,
+    decode_operator_cursor,
+    encode_operator_cursor,
     supports_wake_hints,
 )
 from ..vocabulary import (
@@ -98,6 +101,7 @@ from ..vocabulary import (
     ExecuteDeliveryStatus,
     LaneDeliveryMode,
     OutboxMessageStatus,
+    PaginationCursorKind,
     RunAttemptStatus,
     RunEventSortField,
     RunEventType,
@@ -2191,7 +2195,7 @@ class RunsApi:
             raise RunlaneError(
                 ErrorCode.CAPABILITY_UNSUPPORTED,
                 f"Lane {runtime._lane.name!r} has no operator reads, which runs.get/list/events/attempts/"
-                "find_active/find_current and the cancel/rerun/retry actions need; use a lane created with "
+                "step/steps/find_active/find_current and the cancel/rerun/retry actions need; use a lane created with "
                 "operator_reads=True.",
             )
         return runtime._lane.storage
@@ -2292,6 +2296,44 @@ class RunsApi:
                 break
             cursor = page.next_cursor
         return _attempt_summaries(records)
+
+    async def step(self, run_id: str, step_key: str) -> RunStepRecord | None:
+        """What ``ctx.step.run(step_key, fn)`` stored for the run, or ``None`` when no attempt completed that
+        step. A read only: nothing is called. An unknown or pruned run is ``run_not_found``."""
+        runtime = self._runtime
+        runtime._check_open()
+        checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
+        key = validate_id(step_key, "step key", code=ErrorCode.VALIDATION_FAILED)
+        self._operator_reads()
+        await runtime._ready()
+        if await runtime._store.get_visible_run(checked) is None:
+            raise run_not_found(checked)
+        return await runtime._store.get_step(checked, key)
+
+    async def steps(self, run_id: str, *, cursor: str | None = None, limit: int | None = None) -> Page[RunStepRecord]:
+        """A page of the run's completed durable steps in step-key order; continue with ``next_cursor``.
+
+        Read from the stored step records (never inferred from events or output). An unknown or pruned run
+        is ``run_not_found``.
+        """
+        runtime = self._runtime
+        runtime._check_open()
+        checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
+        self._operator_reads()
+        try:
+            pagination = PaginationParams(limit=_whole(limit), cursor=cursor)
+        except ValueError as error:
+            raise _options_error("run step", error) from None
+        wanted = clamp_page_limit(pagination.limit)
+        scope = _step_cursor_scope(runtime._store.env_key, checked)
+        after = _step_cursor_position(pagination.cursor, scope, checked)
+        await runtime._ready()
+        if await runtime._store.get_visible_run(checked) is None:
+            raise run_not_found(checked)
+        steps, last = await runtime._store.list_steps(checked, after=after, limit=wanted)
+        kind = PaginationCursorKind.RUN_STEP_LIST
+        next_cursor = None if last is None else encode_operator_cursor(kind, scope, (last,))
+        return Page[RunStepRecord](data=steps, next_cursor=next_cursor)
 
     async def find_active(
         self, *, task: TaskDefinition | str, idempotency_key: str | None = None, singleton_key: str | None = None
@@ -2959,6 +3001,29 @@ async def _fail_claimed(runtime: Runlane, run: RunRecord, failure: RunFailure) -
         raise
     await runtime.after_append(result)
     return AttemptResult(result.run, False, None)
+
+
+def _step_cursor_scope(env_key: str, run_id: str) -> dict[str, Any]:
+    return {"environment": env_key, "run_id": run_id}
+
+
+def _step_cursor_position(cursor: str | None, scope: dict[str, Any], run_id: str) -> str | None:
+    """The step key a ``runs.steps`` cursor continues after (``None`` without a cursor)."""
+    try:
+        last = decode_operator_cursor(cursor, PaginationCursorKind.RUN_STEP_LIST, scope)
+    except RunlaneError as error:
+        raise RunlaneError(
+            error.code, f"Invalid cursor for the steps of run {run_id}: {error.message}", meta=error.meta
+        ) from None
+    if last is None:
+        return None
+    if len(last) != 1 or not is_valid_id(last[0]):
+        raise RunlaneError(
+            ErrorCode.VALIDATION_FAILED,
+            f"Invalid cursor for the steps of run {run_id}: malformed position; restart the listing without a cursor.",
+            meta={"field": "cursor"},
+        )
+    return last[0]
 
 
 def _attempt_summaries(records: Sequence[RunEventRecord]) -> list[RunAttemptSummary]:

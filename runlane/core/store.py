@@ -1552,6 +1552,36 @@ class CoreStore:
         (record,) = await self.driver.get([key])
         return None if record is None else _decode_step(record)
 
+    async def list_steps(
+        self, run_id: str, *, after: str | None = None, limit: int = 100
+    ) -> tuple[list[RunStepRecord], str | None]:
+        """A page of a run's steps in step-key order after the step key ``after``, and the step key to
+        continue after when more follow (``None`` at the end).
+
+        One index query and one point read; a step deleted between them (its run pruned) is skipped.
+        """
+        query = StorageQuery(
+            StorageIndexName.RUN_STEPS_BY_RUN,
+            (self.env_key, run_id),
+            StorageRange() if after is None else StorageRange(gt=encode_storage_tuple((after,))),
+            limit=min(max(1, limit), self._limits.max_query_results, self._limits.max_point_reads),
+        )
+        result = await self.driver.query(query)
+        if not result.items:
+            return [], None
+        records = await self.driver.get([item.key for item in result.items])
+        steps: list[RunStepRecord] = []
+        for item, record in zip(result.items, records):
+            if record is None:
+                continue
+            step = _decode_step(record)
+            if (step.run_id, step.step_key) != (run_id, item.sort[-1]):
+                raise corrupt_record(
+                    "run step", record.key, f"it holds step {step.step_key!r} of run {step.run_id}, not its own"
+                )
+            steps.append(step)
+        return steps, None if result.next_cursor is None else result.items[-1].sort[-1]
+
     async def has_completion_wait_marker(self, source_run_id: str) -> bool:
         (record,) = await self.driver.get([completion_wait_key(self.env_key, source_run_id)])
         return record is not None

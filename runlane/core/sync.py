@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ..errors import ErrorCode, RunlaneError
-from ..models import Environment, Page, RunAttemptSummary, RunEventRecord, RunRecord, RunSummary
+from ..models import Environment, Page, RunAttemptSummary, RunEventRecord, RunRecord, RunStepRecord, RunSummary
 from .runtime import RunsApi, Runlane, SignalsApi
 
 if TYPE_CHECKING:
@@ -318,6 +318,13 @@ class SyncRuns:
     # ``builtins.list``: inside this class, ``list`` names the ``list`` method above.
     def attempts(self, run_id: str) -> builtins.list[RunAttemptSummary]:
         return self._facade.call(self._facade._runtime.runs.attempts, run_id)
+
+    def step(self, run_id: str, step_key: str) -> RunStepRecord | None:
+        return self._facade.call(self._facade._runtime.runs.step, run_id, step_key)
+
+    @_options_of(RunsApi.steps)
+    def steps(self, run_id: str, **options: Any) -> Page[RunStepRecord]:
+        return self._facade.call(self._facade._runtime.runs.steps, run_id, **options)
 
     @_options_of(RunsApi.find_active)
     def find_active(self, **options: Any) -> RunRecord | None:
