@@ -250,6 +250,7 @@ def test_dev_prints_each_command_it_runs_for_another_terminal(project: Project) 
 
 
 def test_dashboard_reads_are_not_printed_by_dev(project: Project, dev: subprocess.Popen[str]) -> None:
+    import runlane.cli.queues  # noqa: F401  (registers the operation)
     from runlane.cli.main import OPERATIONS, parse_params
     from runlane.cli.output import Output
 

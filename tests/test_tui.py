@@ -8,7 +8,10 @@ of the main screens are stable; behaviour tests assert on the widgets and on the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -774,3 +777,235 @@ async def test_the_queue_overview_marks_only_the_counts_that_reached_the_limit()
             queues = {row[0]: row[1:] for row in rows(app, "queues")}
             assert queues["default (default)"] == ["-", "0", "2+", "0", "0", "1", "0"]
             assert queues["reports"] == ["2", "0", "1", "0", "0", "0", "0"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Filters and pages changed faster than storage answers
+
+
+async def paged_dashboard(runtime: Any, reads: HeldReads) -> Any:
+    return RunlaneDashboard(reads.client, refresh_interval=0, page_size=2, now=runtime.clock.now)
+
+
+def filter_label(app: Any) -> str:
+    return str(app.screen.query_one("#status-filter").render())
+
+
+def let_through(reads: HeldReads) -> None:
+    reads.held.clear()
+    for gate in reads.pending:
+        gate.set()
+
+
+async def choose_queue(pilot: Any, name: str) -> None:
+    table = pilot.app.screen.query_one("#queues")
+    table.focus()
+    table.move_cursor(row=table.get_row_index(name))
+    await pilot.press("enter")
+
+
+@pytest.mark.parametrize("change", ["status", "queue"])
+async def test_older_pressed_before_a_new_filters_first_page_arrives_waits_for_it(change: str) -> None:
+    """``]`` right after a filter change used to send the previous filter's cursor, which storage refuses:
+    the error stayed, over the old filter's rows, until ``[`` or ``esc``."""
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        reads = HeldReads(runtime)
+        app = await paged_dashboard(runtime, reads)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page")
+            assert app.screen.next_cursor is not None
+            reads.held.add("runs list")  # storage is slow to answer from now on
+            if change == "status":
+                await pilot.press("s", "s")  # status: failed
+            else:
+                await choose_queue(pilot, "default")
+            await pilot.press("right_square_bracket")
+            # The old listing is gone at once: no rows, no next page to go to.
+            assert app.screen.page_cursors == [None] and app.screen.next_cursor is None
+            assert run_ids(app) == []
+            assert status_line(app) == "reading the newest runs…" + REFRESHED
+            let_through(reads)
+            expected = ["run_import_q3"] if change == "status" else ["run_approval_po7", "run_import_q3"]
+            await until(lambda: run_ids(app) == expected, "the new filter's first page")
+            await settle(pilot)
+            assert ("status: failed" if change == "status" else "queue: default") in filter_label(app)
+            assert status_line(app).startswith("the newest ") and "validation_failed" not in status_line(app)
+            await pilot.press("r")
+            await settle(pilot)
+            assert run_ids(app) == expected and "validation_failed" not in status_line(app)
+
+
+async def test_brackets_pressed_before_the_page_arrives_move_one_page_at_a_time() -> None:
+    """``]]`` pressed quickly used to say "page 3" over page 2's rows."""
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        reads = HeldReads(runtime)
+        app = await paged_dashboard(runtime, reads)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page")
+            reads.held.add("runs list")
+            await pilot.press("right_square_bracket", "right_square_bracket")
+            assert len(app.screen.page_cursors) == 2
+            assert status_line(app) == "reading page 2…  ([ newer)" + REFRESHED
+            let_through(reads)
+            await until(lambda: run_ids(app) == ["run_import_q3", "run_email_bob"], "page 2")
+            await settle(pilot)
+            assert status_line(app) == "2 runs on page 2  (] older, [ newer)" + REFRESHED
+
+            reads.held.add("runs list")
+            await pilot.press("right_square_bracket", "left_square_bracket", "left_square_bracket")
+            assert app.screen.page_cursors == [None]
+            let_through(reads)
+            await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page again")
+            await settle(pilot)
+            assert status_line(app) == "the newest 2 runs  (] older)" + REFRESHED
+
+
+async def test_a_page_read_for_a_listing_no_longer_asked_for_is_dropped() -> None:
+    """A read that finishes although a filter change superseded it (a driver that does not stop on
+    cancellation) is not shown under the new filter."""
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        local = DashboardClient.local(runtime)
+        stubborn: list[asyncio.Event] = []
+
+        async def call(name: str, params: dict[str, Any]) -> str:
+            if name == "runs list" and params.get("status") is None and stubborn:
+                gate = stubborn[0]
+                while not gate.is_set():
+                    with contextlib.suppress(asyncio.CancelledError):  # finishes what it started regardless
+                        await gate.wait()
+            return await local._call(name, params)
+
+        client = DashboardClient(call, lane=local.lane, environment=local.environment, where=local.where)
+        app = RunlaneDashboard(client, refresh_interval=0, page_size=2, now=runtime.clock.now)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(lambda: len(run_ids(app)) == 2, "the newest page")
+            stubborn.append(asyncio.Event())
+            await pilot.press("r")  # a read of "all" that will not stop
+            await pilot.pause()
+            await pilot.press("s", "s")  # status: failed, read at once
+            await until(lambda: run_ids(app) == ["run_import_q3"], "the failed runs")
+            stubborn[0].set()  # the read of "all" finishes now
+            await settle(pilot)
+            assert "status: failed" in filter_label(app)
+            assert run_ids(app) == ["run_import_q3"]
+            assert status_line(app) == "the newest 1 run" + REFRESHED
+
+
+async def test_a_filter_change_keeps_the_cursor_on_its_run_when_the_new_page_lists_it() -> None:
+    async with dashboard() as (app, pilot, runtime):
+        await pilot.press("down", "down")
+        table = app.screen.query_one("#runs")
+        assert table.cursor_key == "run_import_q3"
+        await pilot.press("s", "s")  # status: failed
+        await settle(pilot)
+        assert run_ids(app) == ["run_import_q3"] and table.cursor_key == "run_import_q3"
+        await pilot.press("escape")
+        await settle(pilot)
+        assert len(run_ids(app)) == 5 and table.cursor_key == "run_import_q3"
+
+
+# ---------------------------------------------------------------------------------------------
+# Small terminals and long errors
+
+
+LONG_ERROR = "Could not connect to Postgres at db.internal:5432/runlane: " + "connection refused; " * 8
+
+
+@pytest.mark.parametrize("width", [60, 120, 160])
+async def test_a_long_error_never_pushes_the_refresh_time_off_the_status_line(width: int) -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0, now=runtime.clock.now)
+        async with app.run_test(size=(width, 24)) as pilot:
+            await settle(pilot)
+
+            async def unavailable(name: str, params: dict[str, Any]) -> str:
+                raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, LONG_ERROR, retryable=True)
+
+            app.client._call = unavailable
+            await pilot.press("r")
+            await settle(pilot)
+            line = app.screen.query_one("#status-line")
+            shown = status_line(app)
+            assert len(shown) <= line.content_size.width
+            assert shown.endswith("…" + REFRESHED) and shown.startswith("storage_unavailable: Could not")
+            assert str(line.tooltip) == f"storage_unavailable: {LONG_ERROR}"  # the whole error, on hover
+            painted = ["".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips()]
+            assert painted[-2].rstrip().endswith("refreshed 08:00:04 UTC")  # the row above the footer
+
+            line.waiting(runtime.clock.now())  # storage stopped answering: both times stay in sight
+            await pilot.pause()
+            shown = status_line(app)
+            assert len(shown) <= line.content_size.width
+            assert "refreshed 08:00:04 UTC  ·  refreshing… waiting" in shown
+            assert shown.startswith("storage_unavailable: Could not") == (width > 100)  # no room at 60 columns
+
+
+@pytest.mark.parametrize("size", [(60, 15), (80, 24)])
+async def test_on_a_small_terminal_the_runs_stay_in_sight_and_the_question_fits(size: tuple[int, int]) -> None:
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        await runtime.trigger(send, {"to": "cy"}, queue="reports")  # more queues and runs than fit
+        for number in range(20):
+            await runtime.trigger(send, {"to": number})
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0, now=runtime.clock.now)
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            screen = app.screen.region
+            table = app.screen.query_one("#runs")
+            visible = table.scrollable_content_region.height - 1  # under the header row
+            assert visible >= (4 if size == (60, 15) else 8)
+            assert screen.contains_region(table.region)
+            assert app.screen.query_one("#queues").region.height >= 3  # a header and two queues at least
+
+            await open_run(pilot, "run_approval_po7")
+            await pilot.press("c")
+            await settle(pilot)
+            assert isinstance(app.screen, ConfirmScreen)
+            question = app.screen.query_one("#question")
+            assert "asked to stop." in str(question.render())
+            for part in ("#confirm", "#question", "#yes", "#no"):
+                region = app.screen.query_one(part).region
+                assert region.width and screen.contains_region(region), (part, region)
+            assert app.screen.query_one("#confirm").region.width <= size[0]
+            await pilot.press("n")
+
+
+# ---------------------------------------------------------------------------------------------
+# The client on its own
+
+
+def test_the_dashboard_client_works_without_the_cli_imported_first(tmp_path: Path) -> None:
+    """The operations register when their ``runlane.cli`` modules are imported: the client imports them."""
+    script = tmp_path / "client.py"
+    script.write_text(
+        "import asyncio\n"
+        "from runlane_local import local_lane\n"
+        "from runlane import create_runlane, queue, task\n"
+        "from runlane.tui import DashboardClient\n"
+        "default = queue('default', default=True)\n"
+        "@task('emails.send')\n"
+        "async def send(payload: dict) -> None:\n"
+        "    return None\n"
+        "async def main() -> None:\n"
+        "    async with create_runlane(lane=local_lane(), queues=[default], tasks=[send]) as runtime:\n"
+        "        run = (await runtime.trigger(send, {})).run\n"
+        "        client = DashboardClient.local(runtime)\n"
+        "        page = await client.runs()\n"
+        "        assert [summary.id for summary in page.runs] == [run.id]\n"
+        "        assert (await client.run(run.id)).run.id == run.id\n"
+        "        assert (await client.cancel(run.id)).id == run.id\n"
+        "        print('ok')\n"
+        "asyncio.run(main())\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -27,6 +27,9 @@ class RunlaneDashboard(App[None]):
         Binding("q", "quit", "Quit"),
         Binding("r", "refresh", "Refresh"),
     ]
+    # Classes dashboard.tcss fits the screens to a small terminal with.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (48, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (20, "-tall")]
 
     def __init__(
         self,

@@ -16,6 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..cli import actions as cli_actions
+from ..cli import queues as cli_queues
+from ..cli import runs as cli_runs
 from ..cli.bridge import Session, exchange, render_operation
 from ..cli.main import OPERATIONS, parse_params
 from ..cli.output import Output
@@ -34,6 +37,10 @@ ACTOR_ID = "dashboard"
 Call = Callable[[str, dict[str, Any]], Awaitable[str]]
 
 _READS = frozenset({"queues", "runs list", "runs get", "runs attempts"})
+
+_OPERATION_MODULES = (cli_actions, cli_queues, cli_runs)
+"""The modules whose import registers the operations the client runs in ``OPERATIONS``: imported here so the
+client works whatever else was imported."""
 
 
 @dataclass(frozen=True, slots=True)

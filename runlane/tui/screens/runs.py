@@ -4,6 +4,10 @@
 Enter on a queue filters the runs by that queue (Enter again clears it); Enter on a run opens it.
 ``]`` and ``[`` page through older and newer runs; changing a filter goes back to the newest page.
 The status line says when the rows were last refreshed.
+
+A filter or page change forgets what was listed before at once: the rows, the page's next cursor (``]``
+waits for the new page, whose cursor it needs) and any read still on its way for the old listing, so the
+filter label, the page number and the rows on screen always describe the same listing.
 """
 
 from __future__ import annotations
@@ -59,7 +63,10 @@ class RunsScreen(LiveScreen):
         self.queues: list[QueueRow] = []
         self.runs: list[RunSummary] = []
         self.page_cursors: list[str | None] = [None]  # the cursor of each page from the newest one
-        self.next_cursor: str | None = None
+        self.next_cursor: str | None = None  # the older page's cursor, once the page on screen was read
+        self.listing = 0  # counts the changes of what is listed; a read for an earlier listing is dropped
+        self.pending = True  # the current listing's first page has not arrived yet
+        self._cursor_run: str | None = None  # the run to keep the cursor on across a listing change
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -86,20 +93,29 @@ class RunsScreen(LiveScreen):
     @work(exclusive=True, group="runs")
     async def read(self) -> None:
         client = self.dashboard.client
+        # What to list is taken once, before the first await: the filters and pages can change meanwhile.
+        listing = self.listing
         statuses = STATUS_FILTERS[self.status_index][1]
+        queue_filter = [self.queue_filter] if self.queue_filter else []
+        cursor = self.page_cursors[-1]
         try:
             queues = await client.queues()
             page = await client.runs(
-                statuses=statuses,
-                queues=[self.queue_filter] if self.queue_filter else (),
-                cursor=self.page_cursors[-1],
-                limit=self.dashboard.page_size,
+                statuses=statuses, queues=queue_filter, cursor=cursor, limit=self.dashboard.page_size
             )
         except RunlaneError as error:
-            self.status_line.failed(error)
+            if listing == self.listing:
+                self.status_line.failed(error)
             return
+        if listing != self.listing:
+            return  # a page of a listing no longer on screen
         self.queues, self.runs, self.next_cursor = queues, page.runs, page.next_cursor
+        self.pending = False
         self._render_tables()
+        table = self.query_one("#runs", RunsTable)
+        if self._cursor_run is not None and self._cursor_run in table.rows:
+            table.move_cursor(row=table.get_row_index(self._cursor_run))
+        self._cursor_run = None
         self.status_line.refreshed(self.dashboard.now())
 
     def _render_tables(self) -> None:
@@ -112,6 +128,10 @@ class RunsScreen(LiveScreen):
         ]
         self.query_one("#runs", RunsTable).show(shown)
         page = len(self.page_cursors)
+        if self.pending:
+            reading = "reading the newest runs…" if page == 1 else f"reading page {page}…  ([ newer)"
+            self.status_line.show_message(Text(reading))
+            return
         listed = f"{len(self.runs)} run{'' if len(self.runs) == 1 else 's'}"
         runs = f"the newest {listed}" if page == 1 else f"{listed} on page {page}"
         count = f"{len(shown)} of {runs}" if needle else runs
@@ -167,15 +187,23 @@ class RunsScreen(LiveScreen):
         self._first_page()
 
     def action_older(self) -> None:
+        # No next cursor until the page on screen has arrived: ``]`` goes past the page shown, never another.
         if self.next_cursor is not None:
-            self.page_cursors.append(self.next_cursor)
-            self.reload()
+            self._list([*self.page_cursors, self.next_cursor])
 
     def action_newer(self) -> None:
         if len(self.page_cursors) > 1:
-            self.page_cursors.pop()
-            self.reload()
+            self._list(self.page_cursors[:-1])
 
     def _first_page(self) -> None:
-        self.page_cursors = [None]
+        self._list([None])
+
+    def _list(self, page_cursors: list[str | None]) -> None:
+        """List the page ``page_cursors`` ends at, under the current filters, forgetting the listing shown: its
+        rows and next cursor go now, and a read of it still on its way is dropped when it arrives."""
+        if not self.pending:
+            self._cursor_run = self.query_one("#runs", RunsTable).cursor_key
+        self.listing += 1
+        self.page_cursors, self.next_cursor, self.runs, self.pending = page_cursors, None, [], True
+        self._render_tables()
         self.reload()
