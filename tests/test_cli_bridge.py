@@ -9,6 +9,7 @@ temporary directory (``TMPDIR``), so tests never see each other's sessions.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import re
@@ -250,10 +251,10 @@ def test_dev_prints_each_command_it_runs_for_another_terminal(project: Project) 
 
 
 def test_dashboard_reads_are_not_printed_by_dev(project: Project, dev: subprocess.Popen[str]) -> None:
-    import runlane.cli.queues  # noqa: F401  (registers the operation)
     from runlane.cli.main import OPERATIONS, parse_params
     from runlane.cli.output import Output
 
+    importlib.import_module("runlane.cli.queues")  # registers the operation
     session = read_session(project.config)
     assert session is not None
     op = OPERATIONS["queues"]
