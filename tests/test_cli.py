@@ -856,6 +856,45 @@ def test_a_result_that_cannot_be_written_says_the_command_finished(tmp_path: Pat
     assert len(listed) == 1  # the run was created: only the output was lost
 
 
+def test_a_result_cut_short_by_a_file_size_limit_is_not_reported_as_written(tmp_path: Path) -> None:
+    # A short write (a file at its size limit, a nearly full disk) must not leave a cut result and exit 0.
+    import resource
+
+    from cli_support import RUNLANE, cli, cli_env, make_project
+
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    created = cli(root, "--json", "trigger", "emails.welcome", json.dumps({"user_id": "u" * 100_000}))
+    run_id = json.loads(created.stdout)["run"]["id"]
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    with open(tmp_path / "run.json", "w") as target:
+        done = subprocess.run(
+            [RUNLANE, "--json", "runs", "get", run_id], cwd=root, stdout=target, stderr=subprocess.PIPE, text=True,
+            timeout=60, env=cli_env(), preexec_fn=limit_files,
+        )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "the command finished, but its result could not be written to stdout (File too large)" in done.stderr
+
+
+@pytest.mark.parametrize("json_mode", [False, True], ids=["human", "json"])
+def test_stdout_that_cannot_encode_the_result_gets_it_escaped_after_the_change(tmp_path: Path, json_mode: bool) -> None:
+    # A latin-1 or ASCII stdout: the trigger is saved, so failing now would make a retrying script trigger twice.
+    from cli_support import cli, make_project
+
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    args = [*(["--json"] if json_mode else []), "trigger", "emails.welcome", json.dumps({"user_id": "東京 😀"})]
+    done = cli(root, *args, env={"PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.isascii()
+    if json_mode:
+        assert json.loads(done.stdout)["run"]["payload"] == {"user_id": "東京 😀"}
+    else:
+        assert "\\u6771\\u4eac" in done.stdout  # escaped, not lost
+    assert len(json.loads(cli(root, "--json", "runs", "list").stdout)["data"]) == 1
+
+
 SLOW_TASKS = """
 import time
 

@@ -13,6 +13,7 @@ newline would print a line that looks like one of ours. JSON escapes such charac
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import enum
 import errno
@@ -95,8 +96,8 @@ def to_json_value(value: Any) -> Any:
     return to_jsonable_python(value)
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(to_json_value(value), ensure_ascii=False, separators=(",", ":"))
+def _dumps(value: Any, *, ascii_only: bool = False) -> str:
+    return json.dumps(to_json_value(value), ensure_ascii=ascii_only, separators=(",", ":"))
 
 
 def iso(value: datetime | None) -> str | None:
@@ -263,14 +264,36 @@ class OutputLost(Exception):
 
 class _GuardedStream:
     """A text stream whose write errors, other than a closed pipe (a reader such as ``head`` that
-    stopped reading, which the command line handles like other Unix tools), become ``OutputLost``."""
+    stopped reading, which the command line handles like other Unix tools), become ``OutputLost``.
+
+    On a file descriptor, text is written as bytes until all of it is written: Python's text stream
+    takes a short write (a file at its size limit, a full disk) as done and drops the rest, so a cut
+    result would exit 0. Text the stream's encoding cannot hold (a latin-1 or ASCII locale) is escaped
+    (``\u2713``) rather than raised after the command's change was saved."""
 
     def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            self.ascii_only = codecs.lookup(encoding).name not in _UNICODE_ENCODINGS
+        except LookupError:
+            self.ascii_only = True
 
     def write(self, text: str) -> int:
+        stream = self._stream
         try:
-            return self._stream.write(text)
+            descriptor = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file (a captured stream)
+            descriptor = None
+        try:
+            if descriptor is None:
+                return stream.write(text)
+            stream.flush()  # what was printed to the stream before goes first
+            encoding = getattr(stream, "encoding", None) or "utf-8"
+            remaining = memoryview(text.encode(encoding, errors="backslashreplace"))
+            while remaining:
+                remaining = remaining[os.write(descriptor, remaining) :]
+            return len(text)
         except OSError as error:
             raise _lost(error) from error
 
@@ -282,6 +305,9 @@ class _GuardedStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+_UNICODE_ENCODINGS = frozenset({"utf-8", "utf-16", "utf-32", "utf-8-sig"})
 
 
 def _lost(error: OSError) -> BaseException:
@@ -368,7 +394,8 @@ class Output:
     # -- primitives ----------------------------------------------------------------------------
 
     def emit_json(self, value: Any) -> None:
-        self._out.write(_dumps(value) + "\n")
+        # Escaped when stdout's encoding cannot hold every character: still the same JSON document.
+        self._out.write(_dumps(value, ascii_only=getattr(self._out, "ascii_only", False)) + "\n")
         self._out.flush()
 
     def write_rendered(self, stdout: str, stderr: str = "") -> None:
