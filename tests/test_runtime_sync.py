@@ -182,3 +182,58 @@ def test_a_process_forked_after_the_runtime_started_is_refused_and_the_parent_ke
         assert runtime.sync.execute_next().status is RunStatus.SUCCEEDED
     finally:
         runtime.sync.close()
+
+
+EXIT_WITHOUT_CLOSE = """
+import sys, time
+from runlane import create_runlane, queue, task
+from runlane_local import sqlite_lane
+
+default = queue("default", default=True)
+
+
+@task("slow")
+def slow(payload: dict) -> str:
+    time.sleep(0.5)
+    return "done"
+
+
+@task("slow_async")
+async def slow_async(payload: dict) -> str:
+    import asyncio
+    await asyncio.sleep(0.5)
+    return "done"
+
+
+runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[slow, slow_async])
+runlane.sync.worker(concurrency=2)
+run_id = runlane.sync.trigger(sys.argv[2], {}).run.id
+while runlane.sync.runs.get(run_id).status != "running":
+    time.sleep(0.01)
+print(run_id, flush=True)
+# The script ends here without runlane.sync.close(), as a web app's process usually does.
+"""
+
+
+@pytest.mark.parametrize("handler", ["slow", "slow_async"])
+def test_a_process_exiting_without_close_records_the_running_attempt_on_sqlite(tmp_path, handler) -> None:
+    # At exit the facade closes the runtime, which waits for the attempt and writes its outcome: after
+    # the interpreter's thread pools stopped taking work, which the SQLite lane must not depend on.
+    import subprocess
+    import sys
+
+    from runlane import create_runlane, queue
+    from runlane_local import sqlite_lane
+
+    path = tmp_path / "runlane.db"
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_WITHOUT_CLOSE, str(path), handler], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "storage_unavailable" not in done.stderr, done.stderr
+    run_id = done.stdout.strip()
+
+    async def stored() -> RunStatus:
+        async with create_runlane(lane=sqlite_lane(path), queues=[queue("default", default=True)]) as reader:
+            return (await reader.runs.get(run_id)).status  # type: ignore[union-attr]
+
+    assert asyncio.run(stored()) is RunStatus.SUCCEEDED

@@ -72,6 +72,7 @@ import functools
 import itertools
 import logging
 import os
+import queue
 import random
 import select
 import socket
@@ -559,6 +560,52 @@ class _SqliteTransaction(StorageAttempt):
 # The driver
 
 
+_Call = tuple["concurrent.futures.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+class _DriverThread:
+    """The driver's one thread, running submitted calls in order: a ``ThreadPoolExecutor`` of one worker
+    that still takes work while the interpreter exits. ``concurrent.futures`` refuses new work once its
+    exit hook has run, which comes before ``atexit`` hooks, so a runtime closed by one (the sync facade's,
+    for a web app that never calls ``close()``) could not write the outcomes of the attempts it waits
+    for. A daemon thread: a driver nobody closes does not keep the process from exiting."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._shut = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, function: Callable[..., R], *args: Any) -> concurrent.futures.Future[R]:
+        future: concurrent.futures.Future[R] = concurrent.futures.Future()
+        with self._lock:  # never queued behind the shutdown marker, where nothing would run it
+            if self._shut:
+                raise RuntimeError("cannot schedule new calls after shutdown")
+            self._calls.put((future, function, args))
+        return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        with self._lock:
+            if not self._shut:
+                self._shut = True
+                self._calls.put(None)
+        if wait and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, function, args = call
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = function(*args)
+            except BaseException as error:  # noqa: BLE001 - handed to the caller, as an executor does
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+
 class SqliteStorageDriver(ClientClock):
     """Durable ``StorageDriver`` and ``OperatorReadDriver`` over one SQLite file (see the module docstring)."""
 
@@ -622,7 +669,7 @@ class SqliteStorageDriver(ClientClock):
             process_local=False,
         )
         self._clock: Clock = clock or SystemClock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor: _DriverThread | None = None
         self._connection: sqlite3.Connection | None = None
         self._pid = 0  # the process that started the driver (a forked child must start its own)
 
@@ -636,7 +683,7 @@ class SqliteStorageDriver(ClientClock):
         if self._executor is not None:
             return
         self._check_path()
-        executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"runlane-{self.name}")
+        executor = _DriverThread(f"runlane-{self.name}")
         self._executor = executor
         self._pid = os.getpid()
         try:
