@@ -320,3 +320,51 @@ async def test_a_process_whose_clock_is_off_the_servers_is_warned_at_start(
             assert f"This process's clock is {words} the Postgres server's" in record.getMessage()
             assert "synchronize this machine's clock (NTP)" in record.getMessage()
             assert abs(record.clock_offset_seconds - seconds) < 1
+
+
+SKEWED_RUNTIME = """
+import os
+from datetime import UTC, datetime, timedelta
+
+from runlane import create_runlane, queue, task
+from runlane_postgres import postgres_polling_lane
+
+
+class AheadClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=30)
+
+
+default = queue("default", default=True)
+
+
+@task("noop")
+async def noop(payload: dict) -> None:
+    return None
+
+
+runlane = create_runlane(
+    lane=postgres_polling_lane(os.environ["DATABASE_URL"], schema=os.environ["SCHEMA"]),
+    queues=[default],
+    tasks=[noop],
+    clock=AheadClock(),
+)
+"""
+
+
+@pytest.mark.parametrize("args", [["work", "--drain"], ["tick"]], ids=["work", "tick"])
+async def test_the_cli_prints_the_clock_warning_as_its_other_records(
+    tmp_path: Path, schemas: Schemas, args: list[str]
+) -> None:
+    # Logged while the runtime starts, before a command forwards the records of its run: with --json
+    # every line on stderr must still be JSON, as a log shipper reads it.
+    schema = await schemas.migrated()
+    write(tmp_path / "app" / "__init__.py", "")
+    write(tmp_path / "app" / "tasks.py", SKEWED_RUNTIME)
+    write(tmp_path / "runlane.toml", '[runlane]\nruntime = "app.tasks:runlane"\n')
+    environment = {"DATABASE_URL": schemas.url, "SCHEMA": schema}
+    done = await asyncio.to_thread(cli, tmp_path, "--json", *args, env=environment)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]  # every line is JSON
+    [warning] = [record for record in records if record.get("logger") == "runlane.clock"]
+    assert "30.0 s ahead of the Postgres server's" in warning["message"]

@@ -32,7 +32,7 @@ from ..core.runtime import Runlane
 from ..errors import ErrorCode, RunlaneError
 from ..plugins.manager import get_registries, load_plugins, pm, skip_plugin
 from ..plugins.registries import ProviderContext, Registries, validate_options
-from .output import Output
+from .output import Output, forward_runtime_logs
 
 __all__ = [
     "OPERATIONS",
@@ -215,11 +215,15 @@ async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) ->
     reason, a database that is not up yet, is retried until it starts or the process is told to stop.
     """
     runtime = await build_configured_runtime(ctx)
+    output = state_of(ctx).output
     try:
-        if wait_for_storage:
-            await _start_when_storage_answers(runtime, state_of(ctx).output)
-        else:
-            await runtime.start()
+        # What starting logs (a clock that is off the database server's) is printed as the command's
+        # later records are (with --json, as JSON), not by Python's last-resort handler.
+        with forward_runtime_logs(output):
+            if wait_for_storage:
+                await _start_when_storage_answers(runtime, output)
+            else:
+                await runtime.start()
         yield runtime
     finally:
         await runtime.close()
