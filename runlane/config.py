@@ -22,7 +22,7 @@ import re
 import sys
 import sysconfig
 import traceback
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -95,7 +95,7 @@ class ConfigSource:
     """
 
     path: Path
-    table: dict[str, Any]
+    table: dict[str, Any] = field(repr=False)  # may hold secrets written inline
     table_prefix: str = ""
     display: str = ""
 
@@ -317,6 +317,27 @@ class RunlaneSection(_Strict):
         return value
 
 
+class _OptionNames:
+    """Stands for a plugin's options in a repr: their names, never their values (after ``${VAR}``
+    expansion a connection string, a password or an API key header)."""
+
+    __slots__ = ("_names",)
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self._names = tuple(names)
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"{name!r}: ..." for name in self._names) + "}"
+
+
+class _WithOptions(_Strict):
+    """A table whose ``options`` belong to a plugin: its repr (and str) names them without their values."""
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, _OptionNames(value) if name == "options" and isinstance(value, dict) else value
+
+
 def _split_options(data: Any, fixed: tuple[str, ...]) -> Any:
     """Move every key other than ``fixed`` into ``options``: those belong to the providing plugin."""
     if not isinstance(data, dict):
@@ -326,7 +347,7 @@ def _split_options(data: Any, fixed: tuple[str, ...]) -> Any:
     return kept
 
 
-class LaneConfig(_Strict):
+class LaneConfig(_WithOptions):
     """``[lane]``: ``use`` names a lane provider; every other key is an option for that provider."""
 
     use: str = Field(min_length=1)
@@ -338,7 +359,7 @@ class LaneConfig(_Strict):
         return _split_options(data, ("use",))
 
 
-class ExporterConfig(_Strict):
+class ExporterConfig(_WithOptions):
     """One ``[[exporters]]`` entry: the provider, its checkpoint consumer name, and the provider's options."""
 
     use: str = Field(min_length=1)

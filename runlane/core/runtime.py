@@ -40,7 +40,7 @@ from pydantic import ValidationError
 
 from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms, format_duration, later
-from ..errors import ErrorCode, RunlaneError, StorageConflictKind, is_storage_conflict
+from ..errors import ErrorCode, RunlaneError, StorageConflictKind, is_storage_conflict, pydantic_message
 from ..ids import is_valid_id, random_uuid4_hex, time_ordered_uuid_hex, validate_id
 from ..json_values import canonical_json, ensure_json_object
 from ..model_build import build_validated
@@ -1639,8 +1639,15 @@ class Runlane:
         if not isinstance(message, DeliveryMessage):
             try:
                 message = DeliveryMessage.model_validate(message)
-            except ValueError as error:
-                raise _invalid(f"Malformed delivery message: {error}", field="message") from None
+            except ValidationError as error:
+                # One clause per problem, naming the field and the rule: pydantic's own text is several
+                # lines quoting each input, and a trace carrier may hold a credential.
+                problems = [
+                    f"{'.'.join(['message', *(str(part) for part in item['loc'])])}: {pydantic_message(item)}"
+                    for item in error.errors(include_url=False, include_input=False)
+                ]
+                shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+                raise _invalid(f"Malformed delivery message: {shown}.", field="message") from None
         if environment_key(message.environment) != self._env_key:
             raise _invalid(
                 f"The delivery message is for environment {message.environment.name!r}, "

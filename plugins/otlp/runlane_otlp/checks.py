@@ -3,6 +3,7 @@ import, so loading the plugin stays cheap)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from runlane.durations import duration_seconds
@@ -12,7 +13,9 @@ __all__ = [
     "DEFAULT_LOGS_ENDPOINT",
     "DEFAULT_TRACES_ENDPOINT",
     "check_endpoint",
+    "check_headers",
     "check_resource",
+    "header_problem",
     "redact_endpoint",
     "timeout_seconds",
 ]
@@ -30,6 +33,55 @@ def check_endpoint(endpoint: object, default: str) -> str:
         got = repr(redact_endpoint(endpoint)) if isinstance(endpoint, str) else type(endpoint).__name__
         raise _invalid(f"endpoint must be an http(s) URL such as {default}, got {got}.", "endpoint")
     return endpoint
+
+
+# An HTTP field name is a token (RFC 9110, section 5.1).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# A control character other than a tab: http.client and requests refuse a value with a line break.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def header_problem(name: object, value: object) -> str | None:
+    """What is wrong with one header an HTTP library would refuse to send (``None`` when nothing is),
+    naming the header but never quoting its value (an API key, a token)."""
+    if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+        if not isinstance(name, str):
+            return f"a header name must be a string, got {type(name).__name__}"
+        # Not quoted: a name such as "x-api-key: k3y" holds the value.
+        return (
+            "a header name is not a valid HTTP header name (letters, digits and !#$%&'*+-.^_`|~ only, without "
+            "spaces or a ':'); write the name alone as the key, such as 'x-api-key', and the value as its value"
+        )
+    if not isinstance(value, str):
+        return f"header {name!r} must have a string value, got {type(value).__name__}"
+    if value.endswith(("\n", "\r")):
+        problem = "ends with a line break (as a value read from a file often does); strip it"
+    elif _CONTROL.search(value):
+        problem = "has a line break or another control character; remove it"
+    elif value != value.strip(" \t"):
+        problem = "starts or ends with a space; strip it"
+    elif any(ord(char) > 0xFF for char in value):
+        problem = "has a character an HTTP header cannot carry (header values are Latin-1 text); encode it"
+    else:
+        return None
+    return f"the value of header {name!r} {problem}"
+
+
+def check_headers(headers: object) -> dict[str, str]:
+    """``headers`` as a dict, refusing one an HTTP library would refuse when sending: that failure is
+    local, not an unreachable endpoint, and sending again cannot help."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise _invalid(
+            f"headers must map header names to strings, such as {{'x-api-key': '...'}}, got {type(headers).__name__}.",
+            "headers",
+        )
+    for name, value in headers.items():
+        problem = header_problem(name, value)
+        if problem is not None:
+            raise _invalid(f"headers: {problem}.", "headers")
+    return dict(headers)
 
 
 def redact_endpoint(endpoint: str) -> str:

@@ -29,7 +29,7 @@ from runlane.errors import RunlaneError
 from runlane.plugins import hookimpl
 from runlane.plugins.registries import ExporterProvider, ProviderContext
 
-from .checks import DEFAULT_LOGS_ENDPOINT, DEFAULT_TRACES_ENDPOINT, check_endpoint, timeout_seconds
+from .checks import DEFAULT_LOGS_ENDPOINT, DEFAULT_TRACES_ENDPOINT, check_endpoint, header_problem, timeout_seconds
 
 if TYPE_CHECKING:
     from .sink import OtlpObservationSink
@@ -56,6 +56,17 @@ class OtlpExporterOptions(BaseModel):
             return check_endpoint(value, default)
         except RunlaneError as error:
             raise ValueError(error.message) from None
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        # Checked here, so every command refuses a header the exporter could never send (a key read
+        # from a file with its line break) instead of `runlane export` retrying it forever.
+        for name, text in value.items():
+            problem = header_problem(name, text)
+            if problem is not None:
+                raise ValueError(problem)
+        return value
 
     @field_validator("timeout", mode="before")
     @classmethod

@@ -10,8 +10,9 @@ The exporter runs in a worker thread, so the event loop never waits on the netwo
 OTLP/HTTP exporters retry throttling and 5xx answers themselves within ``timeout``. A batch the
 endpoint did not accept raises ``observation_export_failed``: the exporter loop keeps its checkpoint
 and sends the batch again later. It is not retryable when the endpoint refused the request for good
-(a 4xx other than 408 and 429, or 501: a wrong path, a missing API key, a batch too large), so that
-the loop stops instead of sending it forever. The mapping's memory of open attempts and trace
+(a 4xx other than 408 and 429, or 501: a wrong path, a missing API key, a batch too large), or when
+the request could not even be built (a header value HTTP cannot carry), so that the loop stops instead
+of sending it forever. The mapping's memory of open attempts and trace
 contexts is rolled back with a batch that was not accepted. Log records carry the record's stable
 id (``runlane.observation_id``) and span ids are derived from the records, so a batch sent twice can
 be told apart from new telemetry. While a sink exports, OpenTelemetry's own per-attempt warnings are
@@ -38,7 +39,9 @@ from .checks import (
     DEFAULT_LOGS_ENDPOINT,
     DEFAULT_TRACES_ENDPOINT,
     check_endpoint,
+    check_headers,
     check_resource,
+    header_problem,
     redact_endpoint,
     timeout_seconds,
 )
@@ -79,12 +82,16 @@ _QUIET = _WhileExporting()
 
 class _Answers:
     """The HTTP status of the endpoint's last answer to an OTLP/HTTP exporter, which OpenTelemetry keeps
-    to itself (``export()`` says only SUCCESS or FAILURE); ``None`` when not known."""
+    to itself (``export()`` says only SUCCESS or FAILURE); ``None`` when not known. ``error`` is the
+    exception of a request that got no answer, and ``headers`` those the exporter sends."""
 
     def __init__(self, exporter: Any) -> None:
         self.status: int | None = None
         self.reason: str | None = None
+        self.error: BaseException | None = None
         client: Any = getattr(exporter, "_client", None)
+        headers = getattr(client, "_headers", None)
+        self.headers: Mapping[Any, Any] = headers if isinstance(headers, Mapping) else {}
         send = getattr(client, "export", None)
         if not callable(send):
             return
@@ -98,6 +105,8 @@ class _Answers:
             self.status = status if isinstance(status, int) else None
             reason = getattr(result, "reason", None)
             self.reason = reason if isinstance(reason, str) else None
+            error = getattr(result, "error", None)
+            self.error = error if isinstance(error, BaseException) else None
             return result
 
         client.export = recorded
@@ -134,16 +143,33 @@ class OtlpObservationSink:
         self.exported += len(items)
 
     def _export(self, items: list[Any]) -> Any:
-        self._answers.status = self._answers.reason = None
+        self._answers.status = self._answers.reason = self._answers.error = None
         _exporting.active = True
         try:
             return self.exporter.export(items)
+        except ValueError as error:  # a request that could not be built (an exporter that lets it escape)
+            self._answers.error = error
+            return None
         finally:
             _exporting.active = False
 
     def _refused(self, count: int) -> RunlaneError:
         status, reason = self._answers.status, self._answers.reason
         meta: dict[str, Any] = {"endpoint": self.endpoint, self.what.replace(" ", "_"): count}
+        if status is None and isinstance(self._answers.error, ValueError):
+            # requests' InvalidHeader or InvalidURL, http.client's Latin-1 encoding of a header: nothing was
+            # sent. The library's text is left out, since it quotes the header value (an API key).
+            meta["error"] = type(self._answers.error).__name__
+            problems = (header_problem(name, value) for name, value in self._answers.headers.items())
+            problem = next((found for found in problems if found is not None), None)
+            if problem is None:
+                problem = f"the HTTP request could not be built ({meta['error']}); check the endpoint and the headers"
+            return RunlaneError(
+                ErrorCode.OBSERVATION_EXPORT_FAILED,
+                f"{self.endpoint} was not sent {count} {self.what}: {problem}. Sending them again cannot help.",
+                retryable=False,
+                meta=meta,
+            )
         if status is None:
             return RunlaneError(
                 ErrorCode.OBSERVATION_EXPORT_FAILED,
@@ -174,12 +200,15 @@ class OtlpObservationSink:
         self.exporter.shutdown()
 
 
-def _check(endpoint: object, default: str, timeout: object, service_name: object, attributes: object) -> float:
-    """Checks the options of an OTLP/HTTP sink; returns the timeout in seconds."""
+def _check(
+    endpoint: object, default: str, headers: object, timeout: object, service_name: object, attributes: object
+) -> tuple[dict[str, str], float]:
+    """Checks the options of an OTLP/HTTP sink; returns the headers and the timeout in seconds."""
     check_endpoint(endpoint, default)
+    checked = check_headers(headers)
     seconds = timeout_seconds(timeout)
     check_resource(service_name, attributes)
-    return seconds
+    return checked, seconds
 
 
 def otlp_sink(
@@ -197,8 +226,8 @@ def otlp_sink(
     retries included; ``service_name`` and
     ``resource_attributes`` describe the resource the records come from.
     """
-    seconds = _check(endpoint, DEFAULT_LOGS_ENDPOINT, timeout, service_name, resource_attributes)
-    exporter = OTLPLogExporter(endpoint=endpoint, headers=dict(headers or {}), timeout=seconds)
+    checked, seconds = _check(endpoint, DEFAULT_LOGS_ENDPOINT, headers, timeout, service_name, resource_attributes)
+    exporter = OTLPLogExporter(endpoint=endpoint, headers=checked, timeout=seconds)
     return _log_sink(exporter, endpoint, service_name, resource_attributes)
 
 
@@ -240,7 +269,7 @@ def otlp_trace_sink(
     """A sink sending each finished attempt as a span to ``endpoint`` (OTLP/HTTP, protobuf), under the
     trace that triggered its run. Options as for ``otlp_sink()``, with the traces URL
     (``http://collector:4318/v1/traces``)."""
-    seconds = _check(endpoint, DEFAULT_TRACES_ENDPOINT, timeout, service_name, resource_attributes)
-    exporter = OTLPSpanExporter(endpoint=endpoint, headers=dict(headers or {}), timeout=seconds)
+    checked, seconds = _check(endpoint, DEFAULT_TRACES_ENDPOINT, headers, timeout, service_name, resource_attributes)
+    exporter = OTLPSpanExporter(endpoint=endpoint, headers=checked, timeout=seconds)
     mapping = AttemptSpans(resource=observation_resource(service_name, resource_attributes))
     return OtlpObservationSink(mapping=mapping, exporter=exporter, endpoint=endpoint, what="spans")

@@ -200,6 +200,18 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _PERCENT_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
+# libpq parameters whose values are secrets: the password, the client key's passphrase, OAuth and SCRAM keys.
+_SECRET_PARAMETERS = frozenset(
+    {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
+)
+
+
+@functools.cache
+def _libpq_parameters() -> frozenset[str]:
+    """The query parameter names libpq accepts (``ssl=true`` is its JDBC-style alias of ``sslmode=require``)."""
+    return frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()) | {"ssl"}
+
+
 def _percent_encode_hint(where: str = "the password") -> str:
     return f"percent-encode special characters such as % / ? # @ and spaces in {where} (% as %25, / as %2F, @ as %40)"
 
@@ -247,15 +259,17 @@ class _UriParts:
         return pieces
 
     def passwords(self) -> list[str]:
-        """The password of the user information and of each ``password`` parameter, as written."""
-        found = [piece.partition("=")[2] for piece, name, _ in self.parameters() if name == "password"]
+        """The password of the user information and the value of each secret-bearing parameter
+        (``password``, ``sslpassword``, ...), as written."""
+        found = [piece.partition("=")[2] for piece, name, _ in self.parameters() if name in _SECRET_PARAMETERS]
         if self.userinfo is not None and ":" in self.userinfo:
             found.insert(0, self.userinfo.split(":", 1)[1])
         return found
 
     def secrets(self) -> list[str]:
         """Text no message may quote: the user information when it holds a password, and every password
-        as written and decoded. (A user name alone is no secret: the server's own messages name it.)"""
+        and other secret parameter value as written and decoded. (A user name alone is no secret: the
+        server's own messages name it.)"""
         found = [self.userinfo] if self.userinfo is not None and ":" in self.userinfo else []
         for password in self.passwords():
             found.extend(text for text in {password, unquote(password)} if text)
@@ -276,10 +290,11 @@ class _UriParts:
 
 
 def _check_credentials(parts: _UriParts) -> None:
-    """Refuse a user name, password or ``password`` parameter libpq would misread or refuse, with a
-    message that quotes none of it (libpq's own parse errors quote the offending text)."""
+    """Refuse a user name, password or query parameter value (``password``, ``sslpassword``, ...) libpq
+    would misread or refuse, with a message that names it and quotes none of it (libpq's own parse errors
+    quote the offending text)."""
 
-    tokens: list[tuple[str, str]] = []
+    tokens: list[tuple[str, str, str]] = []  # (what, where to percent-encode, text as written)
     if parts.userinfo is not None:
         if "?" in parts.userinfo and "=" in parts.userinfo.split("?", 1)[1]:
             # "postgresql://db?password=p@ss": libpq reads "db?password=p" as a user name and "ss" as the host.
@@ -289,21 +304,22 @@ def _check_credentials(parts: _UriParts) -> None:
                 f"and {_percent_encode_hint()}.",
                 field="connection_string",
             )
-        tokens.append(("user name", parts.userinfo.partition(":")[0]))
-    passwords = parts.passwords()
-    if parts.userinfo is not None and ":" in parts.userinfo:
-        tokens.append(("password", passwords.pop(0)))
-    tokens.extend(("password parameter", password) for password in passwords)
-    for what, token in tokens:
+        user, colon, password = parts.userinfo.partition(":")
+        tokens.append(("user name", "the user name", user))
+        if colon:
+            tokens.append(("password", "the password", password))
+    tokens.extend(_parameter_tokens(parts))
+    for what, where, token in tokens:
         if _PERCENT_ESCAPE.search(token):
             problem = "has a '%' that does not start a percent-encoded byte (%XX)"
         elif "%00" in token:
             problem = "encodes a zero byte (%00), which libpq refuses"
         elif " " in token:
             problem = "has a space"
+        elif "=" in token and what.endswith("parameter"):
+            problem = "has a second '=' (write an '=' in a value as %3D)"
         else:
             continue
-        where = "the user name" if what == "user name" else "the password"
         raise _invalid(
             f"The Postgres connection string's {what} {problem}: {_percent_encode_hint(where)}.",
             field="connection_string",
@@ -317,6 +333,34 @@ def _check_credentials(parts: _UriParts) -> None:
             f"{_percent_encode_hint()}.",
             field="connection_string",
         )
+
+
+def _parameter_tokens(parts: _UriParts) -> list[tuple[str, str, str]]:
+    """Each query parameter's value to check, refusing the pieces after a secret parameter that libpq's
+    own messages would quote although they may be a part of the secret (``?sslpassword=ab&cd``: an '&'
+    in the value that is not percent-encoded): a piece without ``=``, or a name libpq does not know."""
+    tokens: list[tuple[str, str, str]] = []
+    pieces = parts.parameters()
+    previous = ""
+    for index, (piece, name, _) in enumerate(pieces):
+        if previous in _SECRET_PARAMETERS:
+            lacks_separator = "=" not in piece and bool(piece or index < len(pieces) - 1)  # a trailing "&" is fine
+            unknown = "=" in piece and name != "schema" and name not in _libpq_parameters()
+            if lacks_separator or unknown:
+                problem = "without '='" if lacks_separator else "libpq does not know"
+                raise _invalid(
+                    f"The Postgres connection string has a query parameter {problem} after its {previous} parameter: "
+                    f"percent-encode an '&' in the {previous} value as %26, and write each parameter as name=value "
+                    "with a name libpq knows.",
+                    field="connection_string",
+                )
+        previous = name
+        if name == "schema" or "=" not in piece:  # Runlane's own, checked as a schema name; libpq names the other
+            continue
+        secret = name in _SECRET_PARAMETERS
+        where = "the password" if name == "password" else f"the {name} value" if secret else "parameter values"
+        tokens.append((f"{name} parameter" if name else "query parameter", where, piece.partition("=")[2]))
+    return tokens
 
 
 def resolve_postgres_connection(connection_string: object, schema: object | None = None) -> PostgresConnectionTarget:
@@ -422,10 +466,18 @@ def _check_conninfo(conninfo: str, parts: _UriParts) -> None:
 
 
 def _redacted(parts: _UriParts) -> str:
-    """The URL with its user name, password and ``password`` parameters masked."""
-    query = [f"{piece.partition('=')[0]}=***" if name == "password" else piece for piece, name, _ in parts.parameters()]
+    """The URL with its user information and every query parameter's value masked (the parameter names
+    are kept): a value may be a secret (``password``, ``sslpassword``, ...) or a part of one."""
     userinfo = None if parts.userinfo is None else "***"
-    return _UriParts(parts.scheme, userinfo, parts.hosts, parts.path, None).conninfo(query)
+    text = _UriParts(parts.scheme, userinfo, parts.hosts, parts.path, None).conninfo(())
+    if parts.query is not None:
+        text += f"?{parts.query}"
+    # Split here rather than with parts.parameters(): a host with an unclosed "[" runs to the end of the URL.
+    base, separator, query = text.partition("?")
+    if not separator:
+        return base
+    masked = (f"{piece.partition('=')[0]}=***" if "=" in piece else piece for piece in query.split("&"))
+    return f"{base}?" + "&".join(masked)
 
 
 # ---------------------------------------------------------------------------------------------
