@@ -669,8 +669,10 @@ class Runlane:
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
                 f"This Runlane runtime was started in process {self._forked_from}, and this process was forked "
-                "from it afterwards: its connections and event loops stay with that process. Create the runtime "
-                "in each process after the fork (gunicorn without --preload, or in a post_fork hook).",
+                "from it afterwards: its connections and event loops stay with that process. Do not start or "
+                "use the runtime before the fork (at import, in the master process): creating it there is "
+                "fine, and each process then starts its own after the fork, on first use (or in a lifespan or "
+                "post_fork hook).",
                 meta={"parent_pid": self._forked_from},
             )
         if self._closed:
