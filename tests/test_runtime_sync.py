@@ -237,3 +237,48 @@ def test_a_process_exiting_without_close_records_the_running_attempt_on_sqlite(t
             return (await reader.runs.get(run_id)).status  # type: ignore[union-attr]
 
     assert asyncio.run(stored()) is RunStatus.SUCCEEDED
+
+
+STARTED_ON_A_CLOSED_LOOP = """
+import asyncio, atexit, sys
+from runlane import RunlaneError, create_runlane, queue, task
+from runlane_local import sqlite_lane
+
+default = queue("default", default=True)
+
+
+@task("noop")
+async def noop(payload: dict) -> None:
+    return None
+
+
+runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[noop])
+
+
+def report() -> None:  # registered first, so it runs after the facade's exit hook
+    try:
+        asyncio.run(runlane.trigger(noop, {}))
+    except RunlaneError as error:
+        print("closed at exit" if "closed" in error.message else error.message, flush=True)
+    else:
+        print("still open at exit", flush=True)
+
+
+atexit.register(report)
+asyncio.run(runlane.trigger(noop, {}))  # starts the runtime on a loop that then closes
+runlane.sync.trigger(noop, {})  # then the facade, on its own loop
+"""
+
+
+def test_a_runtime_started_on_a_loop_since_closed_is_closed_by_the_facade_at_exit(tmp_path) -> None:
+    # Nothing else can close it: its first loop is gone, and its connections on the facade loop would
+    # otherwise hold up the exit until they are dropped.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", STARTED_ON_A_CLOSED_LOOP, str(tmp_path / "runlane.db")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "closed at exit"

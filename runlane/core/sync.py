@@ -74,12 +74,17 @@ def _refuse_in_event_loop() -> None:
 def _close_at_exit(facade_ref: weakref.ref[SyncRunlane]) -> None:
     """At interpreter exit, close a runtime the facade started and nobody closed (a web app's producer
     rarely has a place to call ``close()``): its connections close cleanly instead of being dropped
-    with the facade's daemon thread, pending tasks and all."""
+    with the facade's daemon thread, pending tasks and all. So is a runtime started on a loop that has
+    closed since (``asyncio.run(...)`` before the facade was used): nothing else can close it, and the
+    facade loop's own connections would otherwise hold up the exit. One started on a loop still open
+    is that loop's to close."""
     facade = facade_ref()
     if facade is None:
         return
     loop, runtime = facade._loop, facade._runtime
-    if loop is None or not runtime._started or runtime._started_on is not loop:
+    started_on = runtime._started_on
+    orphaned = started_on is not None and started_on.is_closed()
+    if loop is None or not runtime._started or (started_on is not loop and not orphaned):
         facade.shutdown_loop()
         return
     try:
