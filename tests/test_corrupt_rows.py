@@ -367,6 +367,27 @@ async def test_the_tick_loop_reports_a_corrupt_record_once_and_keeps_going(tmp_p
     assert key.parts[-1] in failed[1]["error_message"]
 
 
+async def test_the_tick_loop_reports_one_outage_once_whatever_its_messages() -> None:
+    # A storage outage fails passes with varying messages (the connection lost mid-pass, then refused).
+    messages = iter(["server closed the connection unexpectedly", "Could not connect.", "Could not connect (2)."])
+    stopping = asyncio.Event()
+
+    class Outage:
+        passes = 0
+
+        async def tick(self, **limits: Any) -> Any:
+            self.passes += 1
+            message = next(messages, None)
+            if message is not None:
+                raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, message, retryable=True)
+            stopping.set()
+            return "a pass"
+
+    output = _Output()
+    await asyncio.wait_for(tick_until_stopped(Outage(), output, {}, 0.001, stopping), 20)  # type: ignore[arg-type]
+    assert [kind for kind, _ in output.records] == ["tick_failed", "tick_recovered"]
+
+
 async def test_the_tick_loop_still_raises_other_errors(tmp_path: Path) -> None:
     class Broken:
         async def tick(self, **limits: Any) -> Any:

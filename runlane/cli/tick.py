@@ -71,7 +71,7 @@ async def tick_until_stopped(
     A retryable failure (a storage outage) or an ``invariant_violation`` (a corrupt stored record, which
     ``tick()`` raises once its other phases have run) is reported, the next passes go on, and the pass
     that works again says so (as a worker does). A failure is reported when it first occurs and again
-    only when the error changes, not on every pass. Any other failure raises.
+    only when the error changes (for an outage, its code), not on every pass. Any other failure raises.
     """
     others = set(alongside)
     passes = failed = 0
@@ -82,8 +82,11 @@ async def tick_until_stopped(
         except RunlaneError as error:
             if not error.retryable and error.code is not ErrorCode.INVARIANT_VIOLATION:
                 raise
-            if reported != (error.code.value, error.message):
-                reported = (error.code.value, error.message)
+            # One outage is one report however its messages vary from pass to pass (the connection
+            # lost mid-pass, then refused); a corrupt record is reported again when another one is met.
+            seen = (error.code.value, "" if error.retryable else error.message)
+            if reported != seen:
+                reported = seen
                 output.record(
                     "tick_failed",
                     f"tick failed ({error.code.value}): {error.message} The next passes go on.",
