@@ -307,6 +307,33 @@ async def test_tick_reports_an_unreadable_run_it_would_recover_and_recovers_the_
     assert "runs/default/run_0" in message and "set aside" in message and "tick()" in message
 
 
+async def test_a_run_the_driver_cannot_read_at_all_does_not_take_its_batch_with_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Text that is not JSON: the driver refuses the whole read, not one record of it. Only that run is
+    # set aside; the others recovered in the same batch run.
+    path = tmp_path / "runlane.db"
+    clock = ControlledClock()
+
+    def recovering() -> Any:
+        return create_runlane(lane=sqlite_lane(path), queues=[DEFAULT], tasks=[flaky, plain], clock=clock)
+
+    async with recovering() as rl:
+        for n in range(3):
+            await rl.trigger(flaky, {}, run_id=f"run_{n}")
+            await rl.execute_next()  # fails once: a retry is due in 5 s
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE runlane_records SET document = '{not json' WHERE key = ?", (run_key("default", "run_0").encoded,))
+    db.close()
+    clock.advance("10s")
+    caplog.set_level(logging.WARNING, logger="runlane.worker")
+    async with recovering() as rl:
+        assert (await rl.tick()).delivery_requested == 2
+        statuses = [(await rl.execute_next()) for _ in range(3)]
+    assert [run.id if run else None for run in statuses] == ["run_1", "run_2", None]
+    assert sorted(record.run_id for record in worker_records(caplog, logging.ERROR)) == ["run_0"]  # type: ignore[attr-defined]
+
+
 async def test_a_retryable_tick_failure_still_stops_the_pass_at_once(tmp_path: Path, monkeypatch: Any) -> None:
     later: list[str] = []
 

@@ -1534,9 +1534,13 @@ class Runlane:
         )  # fmt: skip
 
     def _pass_over_failed(self, run_id: str, error: RunlaneError) -> None:
-        """A run a maintenance pass could not process: a corrupt record is set aside (and logged), so the
-        pass is not silent about it and later passes do not meet it again; others are tried next pass."""
-        if error.code is ErrorCode.INVARIANT_VIOLATION:
+        """A run a maintenance pass could not process: when its own record is corrupt (the error names
+        it), it is set aside (and logged), so the pass is not silent about it and later passes do not
+        meet it again; any other failure is tried again next pass."""
+        if error.code is not ErrorCode.INVARIANT_VIOLATION:
+            return
+        meta = error.meta
+        if meta.get("run_id") == run_id or meta.get("key") == run_key(self._env_key, run_id).encoded:
             self._set_aside_unreadable(run_id, error)
 
     def _note_unclaimable(self, claim: ClaimResult) -> None:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, Protocol, TypeVar, cast
 
 import orjson
 
@@ -193,6 +193,14 @@ RUN_RECORD_HEADROOM_BYTES: Final = 4096
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class _ForRun(Protocol):
+    @property
+    def run_id(self) -> str: ...
+
+
+Q = TypeVar("Q", bound=_ForRun)  # a request about one run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2135,27 +2143,40 @@ class CoreStore:
         return await self._transact(body)
 
     async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
-        try:
+        async def claim(batch: Sequence[ClaimRequest]) -> list[ClaimResult]:
             return cast(
                 list[ClaimResult],
                 await self._run_batch(
-                    requests,
+                    batch,
                     lambda attempt, run: attempt.capacity_keys(run),
                     lambda attempt, request, now, ids: self._claim_one(attempt, request, ids),
                 ),
             )
+
+        def refused(request: ClaimRequest, error: RunlaneError) -> ClaimResult:
+            return ClaimResult(request.run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
+
+        return await self._without_unreadable(requests, claim, refused)
+
+    async def _without_unreadable(
+        self,
+        requests: Sequence[Q],
+        run_batch: Callable[[Sequence[Q]], Awaitable[list[R]]],
+        refused: Callable[[Q, RunlaneError], R],
+    ) -> list[R]:
+        """``run_batch(requests)``; when the driver refuses to read one run's record at all (it fails the
+        whole read), that request gets ``refused(request, error)`` (as a record that does not decode
+        gets its error) and the others of the batch go on without it, instead of all failing with it."""
+        try:
+            return await run_batch(requests)
         except RunlaneError as error:
-            refused = _unreadable_run(error, self.env_key, (request.run_id for request in requests))
-            if refused is None:
+            unreadable = _unreadable_run(error, self.env_key, (request.run_id for request in requests))
+            if unreadable is None:
                 raise
-            # The driver refused to read one run's record at all: that claim reports it (as a record
-            # that does not decode does), and the other claims of the batch go on without it.
-            kept = [request for request in requests if request.run_id != refused]
-            others = iter(await self._claim_batch(kept) if kept else ())
+            kept = [request for request in requests if request.run_id != unreadable]
+            others = iter(await self._without_unreadable(kept, run_batch, refused) if kept else ())
             return [
-                ClaimResult(request.run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
-                if request.run_id == refused
-                else next(others)
+                refused(request, error) if request.run_id == unreadable else next(others)
                 for request in requests
             ]
 
@@ -2259,10 +2280,15 @@ class CoreStore:
         return await self._chunked(list(requests), self._chunk_size(2, 5), self._reserve_batch, on_limit)
 
     async def _reserve_batch(self, requests: Sequence[ReserveRequest]) -> list[ReserveResult]:
-        return await self._run_batch(
-            requests,
-            lambda attempt, run: attempt.finish_keys(run),
-            lambda attempt, request, now, ids: self._reserve_one(attempt, request, ids),
+        async def reserve(batch: Sequence[ReserveRequest]) -> list[ReserveResult]:
+            return await self._run_batch(
+                batch,
+                lambda attempt, run: attempt.finish_keys(run),
+                lambda attempt, request, now, ids: self._reserve_one(attempt, request, ids),
+            )
+
+        return await self._without_unreadable(
+            requests, reserve, lambda request, error: ReserveResult(request.run_id, None, error=error)
         )
 
     def _reserve_one(self, attempt: _Attempt, request: ReserveRequest, ids: _EventIds) -> ReserveResult:
@@ -2479,9 +2505,12 @@ class CoreStore:
             known = request.known
             return _finish_keys(self, known) if known is not None and known.id == request.run_id else None
 
-        return await self._run_batch(
-            requests, lambda attempt, run: attempt.finish_keys(run), self._append_one, hint=hint, capture_errors=True
-        )
+        async def append(batch: Sequence[CompletionRequest]) -> list[AppendResult | RunlaneError]:
+            return await self._run_batch(
+                batch, lambda attempt, run: attempt.finish_keys(run), self._append_one, hint=hint, capture_errors=True
+            )
+
+        return await self._without_unreadable(requests, append, lambda request, error: error)
 
     def _append_one(self, attempt: _Attempt, request: CompletionRequest, now: datetime, ids: _EventIds) -> AppendResult:
         slot = attempt.slot(request.run_id)
