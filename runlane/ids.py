@@ -95,6 +95,7 @@ _fork_generation = 0
 def _after_fork_in_child() -> None:
     global _fork_generation
     _fork_generation += 1
+    _uuid7.lock = threading.Lock()  # a thread of the parent may have held it at the fork
 
 
 if hasattr(os, "register_at_fork"):

@@ -334,6 +334,32 @@ async def test_a_run_the_driver_cannot_read_at_all_does_not_take_its_batch_with_
     assert sorted(record.run_id for record in worker_records(caplog, logging.ERROR)) == ["run_0"]  # type: ignore[attr-defined]
 
 
+async def test_a_rotation_record_the_driver_cannot_read_does_not_stop_the_schedules(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "runlane.db"
+    clock = ControlledClock()
+
+    def two_schedules() -> Any:
+        return create_runlane(lane=sqlite_lane(path), queues=[DEFAULT], tasks=[every, other_schedule], clock=clock)
+
+    async with two_schedules() as rl:
+        assert (await rl.tick(schedule_materialization_limit=1)).materialized == 1  # saves where to go on
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "UPDATE runlane_records SET document = '{oops' WHERE key = ?",
+            (StorageRecordKey("schedule_rotation", "default").encoded,),
+        )
+    db.close()
+    caplog.set_level(logging.WARNING, logger="runlane.schedules")
+    async with two_schedules() as rl:
+        for _ in range(2):
+            clock.advance("1m")
+            assert (await rl.tick(schedule_materialization_limit=1)).materialized == 1
+    (warned,) = [record for record in caplog.records if record.name == "runlane.schedules"]
+    assert "schedule_rotation/default cannot be read" in warned.getMessage()
+
+
 async def test_a_retryable_tick_failure_still_stops_the_pass_at_once(tmp_path: Path, monkeypatch: Any) -> None:
     later: list[str] = []
 

@@ -90,7 +90,7 @@ from ..storage import (
     decode_iso_date,
     encode_iso_date,
 )
-from ..storage.tables import corrupt_record, describe_problem
+from ..storage.tables import corrupt_record, describe_problem, describe_record_key
 from ..vocabulary import ScheduleOccurrenceStatus, ScheduleType
 
 if TYPE_CHECKING:
@@ -395,6 +395,7 @@ class ScheduleOccurrences:
         self.driver = driver
         self.environment = environment
         self.env_key = environment_key(environment)
+        self._rotation_unreadable = False
 
     def __repr__(self) -> str:
         driver = getattr(self.driver, "name", self.driver)
@@ -456,8 +457,23 @@ class ScheduleOccurrences:
 
     async def rotation_start(self) -> str | None:
         """The id of the schedule the next pass starts with, saved by a pass that stopped at its limit.
-        Advisory: a record without one reads as none (the next pass that stops at its limit rewrites it)."""
-        (record,) = await self.driver.get([self._rotation_key()])
+        Advisory: a record without one reads as none (the next pass that stops at its limit rewrites it),
+        and so does one the driver cannot read at all (logged once: delete it to save the rotation again)."""
+        key = self._rotation_key()
+        try:
+            (record,) = await self.driver.get([key])
+        except RunlaneError as error:
+            if error.code is not ErrorCode.INVARIANT_VIOLATION:
+                raise
+            if self._rotation_unreadable:
+                return None
+            self._rotation_unreadable = True  # logged once per process, not every pass
+            _schedule_log.warning(
+                "The schedule rotation record %s cannot be read (%s); passes start with the first schedule "
+                "until it is deleted, so schedules past the materialization limit may wait.",
+                describe_record_key(key), error.message, extra={"error_code": error.code.value},
+            )  # fmt: skip
+            return None
         value = None if record is None else record.document.value
         schedule_id = value.get("next_schedule_id") if isinstance(value, dict) else None
         return schedule_id if isinstance(schedule_id, str) else None
@@ -768,7 +784,9 @@ class ScheduleMaterializer:
                     try:
                         await self.occurrences.save_rotation_start(following.id)
                     except RunlaneError as error:
-                        if not is_storage_conflict(error):  # another pass saved its own: either will do
+                        # Another pass saved its own (either will do), or the record cannot be read
+                        # (``rotation_start`` logged it): advisory either way.
+                        if not is_storage_conflict(error) and error.code is not ErrorCode.INVARIANT_VIOLATION:
                             raise
                     break
             if materialized >= limit:
