@@ -146,3 +146,33 @@ async def test_close_called_by_a_handler_does_not_wait_for_that_handler():
         await asyncio.wait_for(runtime.execute_next(), 5)
     assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
     assert closed == [True]
+
+
+@task("close.quick")
+async def quick(payload: dict) -> str:
+    return "ok"
+
+
+@pytest.mark.parametrize("how", ["execute_next", "run_now", "execute_delivery"])
+async def test_close_waits_for_an_attempt_whose_claim_is_still_being_written(tmp_path, how):
+    # close() starts while the call's claim is in flight, at several points of it: the attempt that
+    # claim begins is stopped and waited for, never left to write its outcome to a closed lane.
+    for spins in range(0, 24, 2):
+        path = tmp_path / f"claim_{spins}.db"
+        runtime = create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[quick])
+        await runtime.start()
+        queued = None if how == "run_now" else (await runtime.trigger(quick, {})).run
+        call = asyncio.ensure_future(_execute(runtime, how, quick, queued))
+        for _ in range(spins):
+            await asyncio.sleep(0)
+        await runtime.close()
+        try:
+            run = await call
+        except RunlaneError as error:  # refused before it claimed anything: the runtime was closing
+            assert error.code is ErrorCode.CONFIGURATION_INVALID, (spins, error)
+            continue
+        if run is None:
+            continue
+        async with create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[quick]) as reader:
+            stored = await reader.runs.get(run.id)
+        assert stored is not None and stored.status is RunStatus.SUCCEEDED, (spins, stored)

@@ -39,7 +39,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -129,6 +129,7 @@ DRAIN_OUTAGE_LIMIT_S = 30.0
 # How often ``CancellationRegistry.stop_all`` looks again for attempts it should no longer wait for (their
 # event loop stopped) or that started after it did (seconds).
 _STOP_RECHECK_S = 0.5
+_STOP_CLAIM_S = 0.005  # how often it looks again while a claim is being written
 
 # A run whose attempts keep ending with no outcome (its worker crashed, was killed or lost the lease)
 # is failed instead of run again once that many attempts are spent, or its retry budget if larger.
@@ -201,12 +202,35 @@ class CancellationRegistry:
         self._attempts: dict[str, list[_Attempt]] = {}
         # Attempts in flight, each with the future ``stop_all`` waits on (made only once something waits).
         self._in_flight: dict[_Attempt, concurrent.futures.Future[None] | None] = {}
+        # Calls (execute_next, run_now, execute_delivery) whose claim is being written, with their loop:
+        # an attempt may begin from each, which ``stop_all`` must wait for too.
+        self._claiming: dict[object, asyncio.AbstractEventLoop] = {}
         self._stop_reason: str | None = None  # set by ``stop_all``: attempts that begin later stop at once
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[None]:
+        """Around a call that claims a run and executes it: until its attempt begins (or no run was
+        claimed), closing the runtime waits, so an attempt claimed meanwhile is not left to a closed lane."""
+        token = object()
+        with self._lock:
+            self._claiming[token] = asyncio.get_running_loop()
+        scope = _claim_in_flight.set(token)
+        try:
+            yield
+        finally:
+            _claim_in_flight.reset(scope)
+            self._claimed(token)
+
+    def _claimed(self, token: object | None) -> None:
+        if token is not None:
+            with self._lock:
+                self._claiming.pop(token, None)
 
     def begin(self, attempt: _Attempt) -> None:
         with self._lock:
             self._in_flight[attempt] = None
             reason = self._stop_reason
+        self._claimed(_claim_in_flight.get())  # the claim's attempt has begun: it is waited for as such
         if reason is not None:  # claimed while the runtime was closing
             attempt.stop(reason)
 
@@ -222,6 +246,7 @@ class CancellationRegistry:
         meanwhile is stopped at once and waited for too. Not waited for: attempts whose event loop no
         longer runs (they cannot finish), and the attempt whose task calls this (it would wait for itself)."""
         own = _current_attempt.get()
+        own_claim = _claim_in_flight.get()
         with self._lock:
             self._stop_reason = reason
         while True:
@@ -233,11 +258,16 @@ class CancellationRegistry:
                     if waiter is None:
                         waiter = self._in_flight[attempt] = concurrent.futures.Future()
                     waiting.append((attempt, waiter))
-            if not waiting:
+                claims = any(token is not own_claim and loop.is_running() for token, loop in self._claiming.items())
+            if not waiting and not claims:
                 return
             for attempt, _waiter in waiting:
                 attempt.stop(reason)
-            await asyncio.wait([asyncio.wrap_future(waiter) for _attempt, waiter in waiting], timeout=_STOP_RECHECK_S)
+            if waiting:
+                wrapped = [asyncio.wrap_future(waiter) for _attempt, waiter in waiting]
+                await asyncio.wait(wrapped, timeout=_STOP_CLAIM_S if claims else _STOP_RECHECK_S)
+            else:  # a claim is being written: its attempt begins (stopped at once) or no run was claimed
+                await asyncio.sleep(_STOP_CLAIM_S)
 
     def register(self, attempt: _Attempt) -> None:
         with self._lock:
@@ -1519,6 +1549,8 @@ def _not_run_failure(run: RunRecord, definition: TaskDefinition | None) -> RunFa
 # The attempt whose handler (or anything it started) is running, so closing the runtime from there does
 # not wait for the very attempt that closes it.
 _current_attempt: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar("runlane_attempt", default=None)
+# The claim (``CancellationRegistry.claiming``) whose call is running: its attempt, once begun, ends it.
+_claim_in_flight: contextvars.ContextVar[object | None] = contextvars.ContextVar("runlane_claim", default=None)
 
 
 async def execute_claimed_run(

@@ -1329,21 +1329,22 @@ class Runlane:
             ),
             RunStartedEvent(run_id=spec.run_id, environment=self._environment, occurred_at=now, actor=worker_actor, attempt=1),
         )
-        try:
-            result = await self._store.create_run(CreateRunPlan(created, follow_up))
-        except StorageLimitError as error:
-            raise _run_too_large(error, spec.definition.id) from None
-        if not result.created:
-            return result.run
-        if self._observers:
-            await self.observe(result.observations)
-        attempt = await execute_claimed_run(self, result.run, spec.definition, options)
-        if attempt.abandoned:
-            raise attempt.conflict or RunlaneError(
-                ErrorCode.STORAGE_CONFLICT, "The inline attempt lost its lease; its outcome was abandoned."
-            )
-        assert attempt.run is not None
-        return attempt.run
+        with self.registry.claiming():  # closing the runtime waits for the attempt this starts
+            try:
+                result = await self._store.create_run(CreateRunPlan(created, follow_up))
+            except StorageLimitError as error:
+                raise _run_too_large(error, spec.definition.id) from None
+            if not result.created:
+                return result.run
+            if self._observers:
+                await self.observe(result.observations)
+            attempt = await execute_claimed_run(self, result.run, spec.definition, options)
+            if attempt.abandoned:
+                raise attempt.conflict or RunlaneError(
+                    ErrorCode.STORAGE_CONFLICT, "The inline attempt lost its lease; its outcome was abandoned."
+                )
+            assert attempt.run is not None
+            return attempt.run
 
     # -- public: execution -----------------------------------------------------------------------
 
@@ -1382,7 +1383,8 @@ class Runlane:
         if options.signal is not None and options.signal.aborted:
             return None
         await self._ready()
-        run, _ = await self.execute_one(names, options)
+        with self.registry.claiming():  # closing the runtime waits for what this claims
+            run, _ = await self.execute_one(names, options)
         return run
 
     async def execute_one(
@@ -1667,6 +1669,10 @@ class Runlane:
                 "The delivery was cancelled before its run was claimed; do not acknowledge the message.",
                 meta={"run_id": message.run_id},
             )
+        with self.registry.claiming():  # closing the runtime waits for what this reads, claims and runs
+            return await self._execute_delivery(message, options)
+
+    async def _execute_delivery(self, message: DeliveryMessage, options: ExecutionOptions) -> ExecuteDeliveryResult:
         await self._ready()
         run = await self._store.get_run(message.run_id)
         if run is None:
