@@ -141,3 +141,23 @@ class Schemas:
 
         for schema in self.created:
             self.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def assert_refused_without_quoting(url: str, secrets: list[str], says: str) -> None:
+    """``url`` is refused as ``configuration_invalid`` saying ``says``, by the resolver and by the driver
+    factory alike, and none of ``secrets`` appears in the message, the meta or the repr."""
+    import json
+
+    import pytest
+    from runlane_postgres import postgres_storage, resolve_postgres_connection
+
+    from runlane.errors import ErrorCode, RunlaneError
+
+    for attempt in (lambda: resolve_postgres_connection(url), lambda: postgres_storage(url)):
+        with pytest.raises(RunlaneError) as info:
+            attempt()
+        error = info.value
+        assert error.code is ErrorCode.CONFIGURATION_INVALID and not error.retryable
+        shown = error.message + json.dumps(error.meta) + repr(error)
+        assert not [secret for secret in secrets if secret in shown], error.message
+        assert says in error.message, error.message

@@ -255,7 +255,8 @@ async def test_a_corrupt_schedule_occurrence_stops_only_its_own_schedule(tmp_pat
             with pytest.raises(RunlaneError) as raised:
                 await rl.tick()
             assert raised.value.code is ErrorCode.INVARIANT_VIOLATION
-            assert raised.value.message.startswith("Schedule 'sched.every' did not fire: The stored schedule occurrence ")
+            expected = "Schedule 'sched.every' did not fire: The stored schedule occurrence "
+            assert raised.value.message.startswith(expected)
             assert f"schedule_occurrences/default/{occurrence_id}" in raised.value.message
             assert raised.value.meta["schedule_id"] == "sched.every"
             clock.advance("1m")
@@ -281,7 +282,8 @@ async def test_tick_reports_an_unreadable_run_it_would_recover_and_recovers_the_
     clock = ControlledClock()
 
     def recovering() -> Any:
-        return create_runlane(lane=sqlite_lane(path), queues=[DEFAULT, GATEWAY], tasks=[flaky, gateway_call], clock=clock)
+        tasks = [flaky, gateway_call]
+        return create_runlane(lane=sqlite_lane(path), queues=[DEFAULT, GATEWAY], tasks=tasks, clock=clock)
 
     async with recovering() as rl:
         for n in range(3):
@@ -303,7 +305,8 @@ async def test_tick_reports_an_unreadable_run_it_would_recover_and_recovers_the_
         assert again.dispatch_reserved == 0
     reported = sorted(record.run_id for record in worker_records(caplog, logging.ERROR))  # type: ignore[attr-defined]
     assert reported == ["run_0", "run_gw_0"]
-    (message,) = [record.getMessage() for record in worker_records(caplog, logging.ERROR) if "run_0 " in record.getMessage()]
+    messages = [record.getMessage() for record in worker_records(caplog, logging.ERROR)]
+    (message,) = [text for text in messages if "run_0 " in text]
     assert "runs/default/run_0" in message and "set aside" in message and "tick()" in message
 
 
@@ -323,7 +326,8 @@ async def test_a_run_the_driver_cannot_read_at_all_does_not_take_its_batch_with_
             await rl.trigger(flaky, {}, run_id=f"run_{n}")
             await rl.execute_next()  # fails once: a retry is due in 5 s
     with sqlite3.connect(path) as db:
-        db.execute("UPDATE runlane_records SET document = '{not json' WHERE key = ?", (run_key("default", "run_0").encoded,))
+        key = run_key("default", "run_0").encoded
+        db.execute("UPDATE runlane_records SET document = '{not json' WHERE key = ?", (key,))
     db.close()
     clock.advance("10s")
     caplog.set_level(logging.WARNING, logger="runlane.worker")
@@ -331,7 +335,8 @@ async def test_a_run_the_driver_cannot_read_at_all_does_not_take_its_batch_with_
         assert (await rl.tick()).delivery_requested == 2
         statuses = [(await rl.execute_next()) for _ in range(3)]
     assert [run.id if run else None for run in statuses] == ["run_1", "run_2", None]
-    assert sorted(record.run_id for record in worker_records(caplog, logging.ERROR)) == ["run_0"]  # type: ignore[attr-defined]
+    set_aside = [record.run_id for record in worker_records(caplog, logging.ERROR)]  # type: ignore[attr-defined]
+    assert set_aside == ["run_0"]
 
 
 async def test_a_rotation_record_the_driver_cannot_read_does_not_stop_the_schedules(

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 import runlane_postgres.storage as pg_storage
 from cli_support import cli, write
-from postgres_support import Schemas
+from postgres_support import Schemas, assert_refused_without_quoting
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
@@ -197,14 +197,7 @@ def test_a_url_without_a_host_keeps_its_slashes_and_names_its_socket() -> None:
     ],
 )
 def test_a_password_is_never_quoted_when_the_url_is_refused(url: str, secrets: list[str], says: str) -> None:
-    for attempt in (lambda: resolve_postgres_connection(url), lambda: postgres_storage(url)):
-        with pytest.raises(RunlaneError) as info:
-            attempt()
-        error = info.value
-        assert error.code is ErrorCode.CONFIGURATION_INVALID and not error.retryable
-        shown = error.message + json.dumps(error.meta) + repr(error)
-        assert not [secret for secret in secrets if secret in shown], error.message
-        assert says in error.message
+    assert_refused_without_quoting(url, secrets, says)
 
 
 @pytest.mark.parametrize(

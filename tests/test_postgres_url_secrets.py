@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from cli_support import cli
+from postgres_support import assert_refused_without_quoting
 from psycopg.conninfo import conninfo_to_dict
-from runlane_postgres import postgres_storage, resolve_postgres_connection
-
-from runlane.errors import ErrorCode, RunlaneError
+from runlane_postgres import resolve_postgres_connection
 
 
 @pytest.mark.parametrize(
@@ -45,14 +44,7 @@ from runlane.errors import ErrorCode, RunlaneError
     ],
 )
 def test_a_secret_parameter_is_never_quoted_when_the_url_is_refused(url: str, secrets: list[str], says: str) -> None:
-    for attempt in (lambda: resolve_postgres_connection(url), lambda: postgres_storage(url)):
-        with pytest.raises(RunlaneError) as info:
-            attempt()
-        error = info.value
-        assert error.code is ErrorCode.CONFIGURATION_INVALID and not error.retryable
-        shown = error.message + json.dumps(error.meta) + repr(error)
-        assert not [secret for secret in secrets if secret in shown], error.message
-        assert says in error.message, error.message
+    assert_refused_without_quoting(url, secrets, says)
 
 
 @pytest.mark.parametrize(

@@ -177,7 +177,8 @@ def _checked_cron(normalized: str) -> tuple[str, str | None]:
     example = "'0 9 * * *' (09:00 daily) or '*/15 * * * *' (every 15 minutes)"
     if normalized.startswith("@"):
         if normalized.lower() not in _CRON_MACROS:
-            return "", f"is not supported; use one of {', '.join(sorted(_CRON_MACROS))} or five fields such as {example}."
+            macros = ", ".join(sorted(_CRON_MACROS))
+            return "", f"is not supported; use one of {macros} or five fields such as {example}."
         return normalized.lower(), None
     fields = normalized.split(" ")
     if len(fields) != _CRON_FIELDS:
