@@ -422,6 +422,11 @@ async def test_list_sorts_by_created_and_updated_time_in_both_directions():
         assert await order(sort_by=RunSortField.UPDATED_AT, sort_direction=SortDirection.DESC) == "egfdcba"
         # Sorting applies within a filter.
         assert await order(sort_by="updated_at", sort_direction="asc", queues=[DEFAULT]) == "bcfge"
+        # A run written since the last listing moves (nothing of the earlier listing is reused for it).
+        clock.advance("1m")
+        await runtime.runs.cancel(runs["b"])
+        assert await order(sort_by=RunSortField.UPDATED_AT, sort_direction=SortDirection.ASC) == "acdfgeb"
+        assert await order(sort_by="updated_at", sort_direction="asc", queues=[DEFAULT]) == "cfgeb"
 
 
 async def test_list_run_at_sort_uses_runnable_availability_with_unavailable_runs_last_both_ways():

@@ -114,7 +114,7 @@ def clamp_page_limit(limit: int | None, max_limit: int = contract_defaults.pagin
 
 
 def run_matches_filter(run: RunRecord, filter: RunFilter) -> bool:
-    if run.environment != filter.environment:
+    if run.environment.name != filter.environment.name:  # the environment's key (a model's == is slow)
         return False
     if filter.statuses is not None and run.status not in filter.statuses:
         return False
@@ -155,7 +155,7 @@ def run_sort_value(run: RunRecord, field: RunSortField, direction: SortDirection
 
 def run_event_matches_filter(record: RunEventRecord, filter: RunEventFilter) -> bool:
     event = record.event
-    if event.environment != filter.environment:
+    if event.environment.name != filter.environment.name:
         return False
     if filter.run_id is not None and event.run_id != filter.run_id:
         return False

@@ -657,14 +657,20 @@ class _State:
 
     def visible_runs(self, environment: str, cache: DecodedCache) -> Iterator[RunRecord]:
         """Every visible run of ``environment`` (``visible_run`` of each, without building a key per run)."""
+        for _, _, run in self.visible_run_entries(environment, cache):
+            yield run
+
+    def visible_run_entries(self, environment: str, cache: DecodedCache) -> Iterator[tuple[str, Any, RunRecord]]:
+        """``(encoded key, stored version, run)`` of every visible run of ``environment``."""
         records = self.records
         tombstones = encode_storage_tuple((RUN_TOMBSTONES_COLLECTION, environment)) + "/"
         for run_id, encoded in self.group((RUNS_COLLECTION, environment)).items():
             if tombstones + run_id.encode("utf-8").hex() in records:
                 continue
-            run = _projected(records[encoded], cache, _checked_run)
+            stored = records[encoded]
+            run = _projected(stored, cache, _checked_run)
             if run is not None:
-                yield run
+                yield encoded, stored[1], run
 
     def run_events(self, environment: str, run_id: str, cache: DecodedCache) -> Iterable[RunEventRecord]:
         keys = self.group((RUN_EVENTS_COLLECTION, environment, run_id)).values()
@@ -1003,6 +1009,8 @@ class LocalStorageStore:
         self._holds: dict[str, object] = {}  # encoded key -> the live attempt holding it
         # Operator reads' decoded values of packed projected records (see ``_projected``).
         self._decoded: DecodedCache = {}
+        # Run listings' sort values: encoded key -> (stored version, sort field, direction, value).
+        self._run_sorts: dict[str, tuple[Any, Any, Any, tuple[str, ...]]] = {}
 
     def _snapshot(self) -> _State:
         with self._lock:
@@ -1258,10 +1266,27 @@ class LocalStorageDriver(ClientClock):
 
     def _list_runs(self, state: _State, filter: RunFilter, pagination: PaginationParams) -> Page[RunSummary]:
         def rows() -> list[tuple[tuple[str, ...], Any]]:
-            cache = self.store._decoded
+            # A listing is sorted again after every commit: each run's sort value is kept for its stored
+            # version, so a run that did not change is not encoded again (dates are the costly part).
+            cache, sorts = self.store._decoded, self.store._run_sorts
             environment = environment_key(filter.environment)
-            runs = (run for run in state.visible_runs(environment, cache) if run_matches_filter(run, filter))
-            return [(run_sort_value(run, filter.sort_by, filter.sort_direction), run) for run in runs]
+            field, direction = filter.sort_by, filter.sort_direction
+            listed: list[tuple[tuple[str, ...], Any]] = []
+            seen = 0
+            for encoded, version, run in state.visible_run_entries(environment, cache):
+                seen += 1
+                if not run_matches_filter(run, filter):
+                    continue
+                kept = sorts.get(encoded)
+                if kept is not None and kept[0] == version and kept[1] is field and kept[2] is direction:
+                    value = kept[3]
+                else:
+                    value = run_sort_value(run, field, direction)
+                    sorts[encoded] = (version, field, direction, value)
+                listed.append((value, run))
+            if len(sorts) > 2 * seen + 1024:  # runs pruned since: start over rather than keep theirs
+                sorts.clear()
+            return listed
 
         kind = PaginationCursorKind.RUN_LIST
         page, cursor = _operator_page(state, rows, kind, filter, filter.sort_direction, pagination)
