@@ -5,11 +5,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 from runlane import ErrorCode, Retry, RunStatus, TaskContext, create_runlane, task
 from runlane_local import local_lane
 
 from runtime_support import DEFAULT_QUEUE, make_runtime
+
+
+async def _attempt_started(runtime: Any, definition: Any, flag: asyncio.Event | threading.Event) -> asyncio.Future:
+    """Trigger ``definition`` and start executing it; the pending ``execute_next()``, once ``flag`` is set."""
+    await runtime.trigger(definition, {})
+    pending = asyncio.ensure_future(runtime.execute_next())
+    await _started(flag)
+    return pending
 
 
 async def _started(flag: asyncio.Event | threading.Event) -> None:
@@ -58,9 +67,7 @@ async def test_moving_the_clock_past_the_deadline_aborts_a_def_handler_at_once()
 
     runtime, clock = make_runtime(waits)
     async with runtime:
-        await runtime.trigger(waits, {})
-        pending = asyncio.ensure_future(runtime.execute_next())
-        await _started(started)
+        pending = await _attempt_started(runtime, waits, started)
         clock.advance("9m")
         await asyncio.sleep(0.05)
         assert not pending.done()
@@ -84,9 +91,7 @@ async def test_moving_the_clock_far_past_the_deadline_cancels_a_hung_handler_wit
 
     runtime, clock = make_runtime(hung)
     async with runtime:
-        await runtime.trigger(hung, {})
-        pending = asyncio.ensure_future(runtime.execute_next())
-        await asyncio.wait_for(started.wait(), 2)
+        pending = await _attempt_started(runtime, hung, started)
         began = time.monotonic()
         clock.advance("1h")
         done = await asyncio.wait_for(pending, 2)
@@ -112,9 +117,7 @@ async def test_the_grace_after_the_deadline_ends_when_the_clock_passes_it(monkey
 
     runtime, clock = make_runtime(hung)
     async with runtime:
-        await runtime.trigger(hung, {})
-        pending = asyncio.ensure_future(runtime.execute_next())
-        await asyncio.wait_for(started.wait(), 2)
+        pending = await _attempt_started(runtime, hung, started)
         clock.advance("1m")  # the deadline: the signal is aborted, the grace has begun
         await asyncio.sleep(0.3)  # six graces of wall time, while the clock stands at the deadline
         assert not pending.done() and seen == []
@@ -138,9 +141,7 @@ async def test_a_cooperative_handler_returns_within_the_grace_when_the_clock_rea
 
     runtime, clock = make_runtime(cooperative)
     async with runtime:
-        await runtime.trigger(cooperative, {})
-        pending = asyncio.ensure_future(runtime.execute_next())
-        await asyncio.wait_for(started.wait(), 2)
+        pending = await _attempt_started(runtime, cooperative, started)
         clock.advance("1m")
         done = await asyncio.wait_for(pending, 2)
         assert steps == ["cleaned up"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -82,6 +83,18 @@ async def delete(driver: Any, key: StorageRecordKey) -> None:
     await driver.with_transaction(body)
 
 
+@asynccontextmanager
+async def pruning(caplog: pytest.LogCaptureFixture, *finished: str) -> AsyncIterator[tuple[Any, Any, str]]:
+    """A started runtime with the runs ``finished`` (succeeded), capturing ``runlane.prune`` warnings:
+    ``(runtime, its storage driver, its environment key)``."""
+    caplog.set_level(logging.WARNING, logger="runlane.prune")
+    runtime = make()
+    async with runtime:
+        for run_id in finished:
+            await finish(runtime, run_id)
+        yield runtime, runtime.lane.storage, runtime.store.env_key
+
+
 async def prune(runtime: Any) -> Any:
     runtime.clock.advance("2d")
     return await runtime.runs.prune(older_than="1d")
@@ -143,12 +156,7 @@ async def test_a_run_document_with_a_bad_child_count_does_not_decode(count: obje
 
 
 async def test_a_run_with_a_negative_child_count_is_reported_and_never_tombstoned(caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="runlane.prune")
-    runtime = make()
-    async with runtime:
-        driver, env = runtime.lane.storage, runtime.store.env_key
-        await finish(runtime, "run_0")
-        await finish(runtime, "run_1")
+    async with pruning(caplog, "run_0", "run_1") as (runtime, driver, env):
         await edit(driver, run_key(env, "run_0"), lambda value: value["children"].update(events=-5))
 
         with pytest.raises(RunlaneError) as caught:
@@ -170,12 +178,7 @@ async def test_a_run_with_a_negative_child_count_is_reported_and_never_tombstone
 
 
 async def test_a_run_that_does_not_decode_is_reported_not_skipped_silently(caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="runlane.prune")
-    runtime = make()
-    async with runtime:
-        driver, env = runtime.lane.storage, runtime.store.env_key
-        await finish(runtime, "run_0")
-        await finish(runtime, "run_1")
+    async with pruning(caplog, "run_0", "run_1") as (runtime, driver, env):
         await edit(driver, run_key(env, "run_0"), lambda value: value.update(run={"foo": 1}))
         assert (await prune(runtime)).pruned == 1
         [record] = warnings(caplog)
@@ -191,13 +194,8 @@ async def test_a_run_that_does_not_decode_is_reported_not_skipped_silently(caplo
 
 
 async def test_a_corrupt_tombstone_is_reported_and_the_other_tombstones_are_cleaned(caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="runlane.prune")
-    runtime = make()
-    async with runtime:
-        driver, env = runtime.lane.storage, runtime.store.env_key
-        # Both are tombstoned at the same time; the corrupt one sorts first in the tombstone index.
-        await finish(runtime, "run_a")
-        await finish(runtime, "run_b")
+    # Both are tombstoned at the same time; the corrupt one sorts first in the tombstone index.
+    async with pruning(caplog, "run_a", "run_b") as (runtime, driver, env):
         pruner = await tombstone_only(runtime, 2)
         await edit(driver, run_tombstone_key(env, "run_a"), lambda value: value["children"].update(events=-1))
 
@@ -225,13 +223,8 @@ async def test_a_corrupt_tombstone_is_reported_and_the_other_tombstones_are_clea
 
 
 async def test_a_tombstone_whose_child_record_is_missing_is_reported_once_per_call(caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="runlane.prune")
-    runtime = make()
-    async with runtime:
-        driver, env = runtime.lane.storage, runtime.store.env_key
+    async with pruning(caplog, "run_0", "run_1") as (runtime, driver, env):
         assert driver.profile.index_consistency is StorageIndexConsistency.STRONG
-        await finish(runtime, "run_0")
-        await finish(runtime, "run_1")
         await delete(driver, run_event_key(env, "run_0", 2))
 
         assert (await prune(runtime)).pruned == 2
@@ -263,11 +256,7 @@ class _EventualIndexes:
 
 
 async def test_an_empty_child_page_on_an_eventual_index_waits_without_a_report(caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="runlane.prune")
-    runtime = make()
-    async with runtime:
-        driver, env = runtime.lane.storage, runtime.store.env_key
-        await finish(runtime, "run_0")
+    async with pruning(caplog, "run_0") as (runtime, driver, env):
         pruner = await tombstone_only(runtime, 1)
         await delete(driver, run_event_key(env, "run_0", 2))
         caplog.clear()
@@ -279,11 +268,7 @@ async def test_an_empty_child_page_on_an_eventual_index_waits_without_a_report(c
 
 
 async def test_a_tombstone_counting_links_is_reported(caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="runlane.prune")
-    runtime = make()
-    async with runtime:
-        driver, env = runtime.lane.storage, runtime.store.env_key
-        await finish(runtime, "run_0")
+    async with pruning(caplog, "run_0") as (runtime, driver, env):
         pruner = await tombstone_only(runtime, 1)
         await edit(driver, run_tombstone_key(env, "run_0"), lambda value: value["children"].update(links=1))
         caplog.clear()
