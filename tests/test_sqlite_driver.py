@@ -775,6 +775,10 @@ async def test_a_forked_process_cannot_use_the_parents_driver(database: Path) ->
                 code = 0 if error.code is ErrorCode.STORAGE_UNAVAILABLE else 2
             except BaseException:
                 code = 3
+            try:  # closing lets go of the parent's connection without waiting for that thread either
+                asyncio.run(asyncio.wait_for(driver.close(), 5))
+            except BaseException:
+                code = 4
             os._exit(code)
         deadline = time.monotonic() + WAIT
         while True:

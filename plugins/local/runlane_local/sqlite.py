@@ -702,6 +702,11 @@ class SqliteStorageDriver(ClientClock):
         if executor is None:
             return
         self._executor = None
+        if self._pid != os.getpid():
+            # A forked child inherited the driver: its thread runs only in the parent, which still uses
+            # the connection, so the child lets go of both without touching them.
+            self._connection = None
+            return
         try:
             await asyncio.shield(asyncio.wrap_future(executor.submit(self._close_connection)))
         finally:
@@ -1235,8 +1240,9 @@ class SqliteStorageDriver(ClientClock):
         if watcher is not None:
             thread, stop, wake = watcher
             stop.set()
-            with contextlib.suppress(OSError):  # the thread may have ended already
-                os.write(wake, b"x")
+            if self._pid == os.getpid():  # a forked child's copy of the pipe would wake the parent's watcher
+                with contextlib.suppress(OSError):  # the thread may have ended already
+                    os.write(wake, b"x")
             if thread is not threading.current_thread():
                 thread.join(timeout=1.0)
             os.close(wake)
