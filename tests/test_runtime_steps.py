@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from typing import Any
@@ -313,3 +314,50 @@ async def test_an_output_model_with_field_aliases_is_stored_by_alias_and_replaye
         assert (await runtime.store.get_step(run.id, "submit")).output == {"jobId": "J1"}
     assert len(submitted) == 1  # the side effect happened once; the retry replayed the checkpoint
     assert seen == [Submission(jobId="J1"), Submission(jobId="J1")]
+
+
+async def test_a_forgotten_await_fails_the_run_instead_of_silently_skipping_the_work(caplog):
+    """In an ``async def`` handler ``ctx.step.run``, ``ctx.trigger`` and ``ctx.get_run`` return awaitables:
+    one never awaited did nothing, so the attempt fails (once, not retried) and says which call it was."""
+    calls: list[str] = []
+
+    @task("orders.child")
+    async def child(payload: dict) -> None:
+        return None
+
+    @task("orders.place", retry=Retry(3, backoff="1s"))
+    async def place(payload: dict, ctx: TaskContext) -> str:
+        ctx.step.run("charge", calls.append)  # no await: the charge never happens
+        ctx.trigger(child, {"order": "o1"})  # no await: no child run
+        return "placed"
+
+    runtime, _ = make_runtime(place, child)
+    async with runtime:
+        await runtime.trigger(place, {})
+        with caplog.at_level("ERROR", logger="runlane.tasks"):
+            done = await runtime.execute_next()
+        assert done.status is RunStatus.FAILED and done.failure.code is ErrorCode.CONFIGURATION_INVALID
+        assert done.failure.meta == {"calls": ["ctx.step.run('charge')", "ctx.trigger('orders.child')"]}
+        assert calls == [] and [run.task_id for run in (await runtime.runs.list()).data] == ["orders.place"]
+        assert "returned without awaiting ctx.step.run('charge'), ctx.trigger('orders.child')" in caplog.text
+        assert "await them" in caplog.text
+
+
+async def test_awaited_gathered_and_task_wrapped_ctx_calls_are_not_reported():
+    @task("orders.child")
+    async def child(payload: dict) -> None:
+        return None
+
+    @task("orders.fan_out")
+    async def fan_out(payload: dict, ctx: TaskContext) -> list[str]:
+        first = await ctx.step.run("first", lambda token: "a")
+        second, third = await asyncio.gather(ctx.step.run("second", lambda t: "b"), ctx.get_run(ctx.run_id))
+        spawned = asyncio.ensure_future(ctx.trigger(child, {}))  # started at the handler's return, awaited nowhere
+        del spawned
+        return [first, second, third.id]
+
+    runtime, _ = make_runtime(fan_out, child)
+    async with runtime:
+        run = (await runtime.trigger(fan_out, {})).run
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.SUCCEEDED and done.output == ["a", "b", run.id]

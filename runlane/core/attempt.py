@@ -674,7 +674,7 @@ class StepRunner:
         adapter = _output_adapter(output)
         attempt = self._attempt
         if attempt.on_loop_thread():
-            return self._run_async(key, fn, adapter)
+            return attempt.handed_out(self._run_async(key, fn, adapter), f"ctx.step.run({key!r})")
         return self._run_blocking(key, fn, adapter)
 
     async def _run_async(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
@@ -805,7 +805,7 @@ class TaskContext:
         attempt = self._attempt
         coroutine = attempt.trigger_child(task, payload, options)
         if attempt.on_loop_thread():
-            return coroutine
+            return attempt.handed_out(coroutine, f"ctx.trigger({getattr(task, 'id', task)!r})")
         return attempt.call_on_loop(coroutine)
 
     def get_run(self, run_id: str) -> Any:
@@ -818,7 +818,7 @@ class TaskContext:
         # No closed check: a closing runtime lets running attempts finish, reads included.
         coroutine = attempt.runtime.store.get_visible_run(checked)
         if attempt.on_loop_thread():
-            return coroutine
+            return attempt.handed_out(coroutine, f"ctx.get_run({checked!r})")
         return attempt.call_on_loop(coroutine)
 
 
@@ -861,6 +861,7 @@ class _Attempt:
         "_lease_renewed_at",
         "_storage_retry_s",
         "_storage_down_since",
+        "_calls",
     )
 
     def __init__(self, runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions) -> None:
@@ -901,6 +902,8 @@ class _Attempt:
         self._lease_renewed_at = self.loop.time()
         self._storage_retry_s = 0.0  # the delay of the current run of storage retries; 0 when none
         self._storage_down_since: float | None = None  # loop time of the first failure of an outage
+        # The awaitables ``ctx`` handed an ``async def`` handler, each with how it was called (see ``unawaited``).
+        self._calls: list[tuple[Coroutine[Any, Any, Any], str]] = []
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -910,6 +913,38 @@ class _Attempt:
     def call_on_loop(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coroutine`` on the attempt's loop from a handler thread and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def handed_out(self, coroutine: Coroutine[Any, Any, Any], call: str) -> Coroutine[Any, Any, Any]:
+        """``coroutine``, which ``ctx`` returns to an ``async def`` handler as ``call``, remembered so that a
+        forgotten ``await`` is reported instead of the work silently not happening."""
+        calls = self._calls
+        if len(calls) >= 256:  # a long handler: forget the calls that have run
+            calls[:] = [item for item in calls if inspect.getcoroutinestate(item[0]) == inspect.CORO_CREATED]
+        calls.append((coroutine, call))
+        return coroutine
+
+    async def unawaited(self) -> RunlaneError | None:
+        """The error for the ``ctx`` calls the handler never awaited (their work never happened), or ``None``.
+
+        A call handed to ``asyncio.create_task`` just before the handler returned has not started yet
+        either: one pass of the loop lets it start first."""
+        never = [item for item in self._calls if inspect.getcoroutinestate(item[0]) == inspect.CORO_CREATED]
+        if not never:
+            return None
+        await asyncio.sleep(0)
+        never = [item for item in never if inspect.getcoroutinestate(item[0]) == inspect.CORO_CREATED]
+        if not never:
+            return None
+        for coroutine, _ in never:
+            coroutine.close()  # reported below, not as a "never awaited" warning at collection
+        calls = ", ".join(call for _, call in never[:3]) + (f" and {len(never) - 3} more" if len(never) > 3 else "")
+        return RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Task {self.run.task_id!r} returned without awaiting {calls}, so {'it' if len(never) == 1 else 'they'} "
+            "never ran; in an async def "
+            "handler, ctx.trigger(), ctx.get_run() and ctx.step.run() return awaitables: await them.",
+            meta={"calls": [call for _, call in never]},
+        )
 
     # -- signal sources --------------------------------------------------------------------------
 
@@ -1281,6 +1316,10 @@ class _Attempt:
                 # chose to give up, and its non-retryable error stands.
                 failure = failure.model_copy(update={"retryable": True})
             return _Outcome(_FAILURE, failure=failure, error=error)
+        if self._calls:
+            forgotten = await self.unawaited()
+            if forgotten is not None:
+                return _Outcome(_FAILURE, failure=failure_from_exception(forgotten), error=forgotten)
         return _outcome_for_result(result)
 
     # -- completion ------------------------------------------------------------------------------
