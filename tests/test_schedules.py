@@ -336,6 +336,15 @@ def test_unknown_time_zone_is_rejected_by_authoring_and_by_the_timing_rules():
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
 
 
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "posix/Europe/Paris", "right/UTC"])
+def test_a_host_dependent_zone_file_is_not_a_time_zone(zone: str):
+    """``localtime`` opens whatever this host is set to: hosts set differently would fire at other times."""
+    with pytest.raises(RunlaneError) as caught:
+        schedule("digest", cron="0 9 * * *", time_zone=zone)
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID and caught.value.meta.get("field") == "time_zone"
+    assert "not an IANA zone name" in caught.value.message
+
+
 def test_ends_at_before_starts_at_is_rejected():
     with pytest.raises(RunlaneError) as caught:
         schedule("sync", every="1h", starts_at=at(2026, 1, 2), ends_at=at(2026, 1, 1))

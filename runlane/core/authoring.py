@@ -11,12 +11,13 @@ with the pydantic errors in ``meta["errors"]``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any, ClassVar, Literal, TypeAlias, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -351,6 +352,29 @@ def schedule(
     )
 
 
+# Files of the host's time zone database that are not zone names: "localtime" is whatever this host is
+# set to (and "posixrules" much the same), so processes on other hosts would compute other fire times.
+_HOST_ZONES = frozenset({"localtime", "posixrules"})
+
+
+@functools.lru_cache(maxsize=256)
+def load_time_zone(name: str, owner: str | None = None) -> tzinfo:
+    """The zone of an IANA time zone name; ``configuration_invalid`` (naming ``owner``) for anything else."""
+    said = f"{owner}: time zone {name!r}" if owner else f"Time zone {name!r}"
+    if name in _HOST_ZONES or name.startswith(("posix/", "right/")):
+        raise _invalid(
+            f"{said} is not an IANA zone name; name the zone itself, such as 'America/New_York'.", field="time_zone"
+        )
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise _invalid(
+            f"{said} is unknown; use an IANA name such as 'America/New_York' "
+            "(install the tzdata package where the system has no time zone database).",
+            field="time_zone",
+        ) from None
+
+
 def _time_zone(value: object, owner: str) -> str | None:
     if value is None:
         return None
@@ -358,14 +382,7 @@ def _time_zone(value: object, owner: str) -> str | None:
         raise _invalid(
             f"{owner}: time_zone must be an IANA time zone name such as 'America/New_York'.", field="time_zone"
         )
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise _invalid(
-            f"{owner}: unknown time zone {value!r}; use an IANA name such as 'America/New_York' "
-            "(install the tzdata package where the system has no time zone database).",
-            field="time_zone",
-        ) from None
+    load_time_zone(value, owner)
     return value
 
 

@@ -69,7 +69,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 from pydantic import ValidationError
@@ -92,6 +91,7 @@ from ..storage import (
 )
 from ..storage.tables import corrupt_record, describe_problem, describe_record_key
 from ..vocabulary import ScheduleOccurrenceStatus, ScheduleType
+from .authoring import load_time_zone
 
 if TYPE_CHECKING:
     from .authoring import ScheduleDefinition, TaskDefinition
@@ -205,18 +205,8 @@ def _checked_cron(normalized: str) -> tuple[str, str | None]:
     return normalized, None
 
 
-@lru_cache(maxsize=256)
 def _zone(name: str | None) -> tzinfo:
-    if name is None:
-        return UTC
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise _invalid(
-            f"Unknown time zone {name!r}; use an IANA name such as 'America/New_York' "
-            "(install the tzdata package where the system has no time zone database).",
-            field="time_zone",
-        ) from None
+    return UTC if name is None else load_time_zone(name)
 
 
 def latest_due_fire_time(definition: ScheduleDefinition, now: datetime) -> datetime | None:
