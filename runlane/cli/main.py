@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -752,12 +752,16 @@ def _app() -> typer.Typer:
     return built
 
 
-def __getattr__(name: str) -> Any:
-    # Importing this module must not load plugins: a plugin imports its helpers (``with_runtime``) from
-    # here, often while plugins are being loaded, and the command line is only needed once it runs.
-    if name == "app":
-        return _app()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Hidden from type checkers, which would otherwise take any misspelt import from this module as ``Any``;
+# they see ``app`` declared above.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        # Importing this module must not load plugins: a plugin imports its helpers (``with_runtime``) from
+        # here, often while plugins are being loaded, and the command line is only needed once it runs.
+        if name == "app":
+            return _app()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run() -> None:

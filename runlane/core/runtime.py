@@ -164,6 +164,7 @@ from .store import (
 )
 
 if TYPE_CHECKING:
+    from ..storage.clock import Clock
     from .sync import SyncRunlane
     from .worker import WorkerHandle
 
@@ -484,7 +485,7 @@ class Runlane:
         default_queue: QueueDefinition | None,
         environment: Environment,
         dispatch: TriggerDispatchMode,
-        clock: Any,
+        clock: Clock,
         worker_id: str,
         observers: Sequence[Callable[[RunlaneObservation], Any]],
         on_observer_error: Callable[[BaseException, RunlaneObservation], Any] | None,
@@ -567,7 +568,7 @@ class Runlane:
         return self._environment
 
     @property
-    def clock(self) -> Any:
+    def clock(self) -> Clock:
         return self._clock
 
     @property
@@ -2732,7 +2733,7 @@ def create_runlane(
     tasks: Sequence[TaskDefinition] | Mapping[str, TaskDefinition] = (),
     environment: str | Environment = contract_defaults.environment,
     dispatch: TriggerDispatchMode | str = TriggerDispatchMode.EAGER,
-    clock: Any = None,
+    clock: Clock | None = None,
     worker_id: str | None = None,
     observers: Sequence[Callable[[RunlaneObservation], Any]] = (),
     on_observer_error: Callable[[BaseException, RunlaneObservation], Any] | None = None,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ..errors import ErrorCode, RunlaneError
 from ..models import Environment, Page, RunAttemptSummary, RunEventRecord, RunRecord, RunStepRecord, RunSummary
-from .runtime import RunsApi, Runlane, SignalsApi
+from .runtime import ObservationsApi, RunsApi, Runlane, SignalsApi
 
 if TYPE_CHECKING:
     from .authoring import QueueDefinition, TaskDefinition
@@ -383,5 +383,6 @@ class SyncObservations:
     def checkpoint(self, consumer: str) -> str | None:
         return self._facade.call(self._facade._runtime.observations.checkpoint, consumer)
 
+    @_options_of(ObservationsApi.trim)
     def trim(self, **options: Any) -> ObservationTrimResult:
         return self._facade.call(self._facade._runtime.observations.trim, **options)

@@ -16,9 +16,9 @@ from .transport import RecordingTransport
 from .waiting import list_run_event_types, wait_for_condition, wait_for_run_event, wait_for_run_status
 
 if TYPE_CHECKING:
-    from .lane_conformance import LaneCompositionConformance
-    from .storage_conformance import StorageDriverConformance
-    from .transport_conformance import TransportConformance
+    from .lane_conformance import LaneCompositionConformance as LaneCompositionConformance
+    from .storage_conformance import StorageDriverConformance as StorageDriverConformance
+    from .transport_conformance import TransportConformance as TransportConformance
 
 __all__ = [
     "ControlledClock",
@@ -38,14 +38,17 @@ _SUITES = {
     "TransportConformance": "transport_conformance",
 }
 
+# Hidden from type checkers, which would otherwise take any misspelt import from this package as ``Any``;
+# they see the suites imported above instead.
+if not TYPE_CHECKING:
 
-def __getattr__(name: str) -> Any:
-    module = _SUITES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
+    def __getattr__(name: str) -> Any:
+        module = _SUITES.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        import importlib
 
-    import pytest
+        import pytest
 
-    pytest.register_assert_rewrite(f"{__name__}.{module}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+        pytest.register_assert_rewrite(f"{__name__}.{module}")
+        return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -12,8 +12,13 @@ from collections.abc import Callable
 from pydantic import BaseModel
 
 from runlane import RunStatus, TaskContext, WorkerMode, create_runlane, queue, task
+from runlane.cli.main import with_runtim  # expect: [attr-defined]
 from runlane.plugins.registries import LaneProvider, ProviderContext
+from runlane.testing import ControledClock  # expect: [attr-defined]
+from runlane.testing import StorageDriverConformanse  # expect: [attr-defined]
 from runlane_local import local_lane
+from runlane_otlp import otlp_snk  # expect: [attr-defined]
+from runlane_postgres import postgres_polling_lane, postgres_storag  # expect: [attr-defined]
 
 jobs = queue("jobs", default=True)
 
@@ -43,6 +48,14 @@ def sync_producer() -> None:
     runlane.sync.worker(mode=WorkerMode.DRAIN, max_runs="10")  # expect: [arg-type]
     runlane.sync.runs.list(limit="10")  # expect: [arg-type]
     print(runlane.sync.runs.get("run_1").status)  # expect: [union-attr]
+    runlane.sync.observations.trim(older_than="7d", consumer="otlp")  # expect: [call-arg]
+    runlane.sync.observations.trim(older_than="7d", limit="500")  # expect: [arg-type]
+
+
+def clocked() -> None:
+    create_runlane(lane=postgres_polling_lane("postgresql:///app"), queues=[jobs], clock="utc")  # expect: [arg-type]
+    runtime = create_runlane(lane=local_lane(), queues=[jobs])
+    runtime.clock.advance("1h")  # expect: [attr-defined]
 
 
 def create_lane(options: object, context: ProviderContext) -> str:

@@ -15,6 +15,7 @@ from runlane import Lane, Runlane, RunlaneObservation
 from runlane.cli.main import with_runtime
 from runlane.plugins import hookimpl
 from runlane.plugins.registries import ExporterProvider, LaneProvider, ProviderContext
+from runlane.testing import StorageDriverConformance
 from runlane_local import sqlite_lane
 
 
@@ -64,3 +65,15 @@ def register_commands(app: typer.Typer) -> None:
             typer.echo(f"{len(page.data)}{'+' if page.next_cursor else ''} queued")
 
         with_runtime(ctx, body)
+
+
+def command_line() -> typer.Typer:
+    from runlane.cli.main import app
+
+    return app
+
+
+class ExampleDriverConformance(StorageDriverConformance):
+    """The storage contract suite, subclassed as ``docs/testing-a-storage-driver.md`` shows."""
+
+    supports_operator_reads = True

@@ -7,12 +7,13 @@ and every call must agree with the published signatures.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 
 from runlane import (
     Backoff,
+    ObservationTrimResult,
     Retry,
     RetryBackoffType,
     RunlaneError,
@@ -29,6 +30,8 @@ from runlane import (
 )
 from runlane.testing import ControlledClock
 from runlane_local import local_lane, sqlite_lane
+from runlane_otlp import otlp_sink
+from runlane_postgres import postgres_migration_sql, postgres_polling_lane, postgres_storage
 
 emails = queue("emails", default=True)
 reports = queue("reports", concurrency_limit=2)
@@ -82,6 +85,8 @@ async def main() -> None:
         tasks=[send_welcome_email, build_report, wait_for_report],
         clock=clock,
     )
+    started: datetime = runlane.clock.now()
+    print(started.isoformat())
     async with runlane:
         result: TriggerRunResult = await runlane.trigger(send_welcome_email, {"user_id": "user_123"})
         run: RunRecord = result.run
@@ -115,6 +120,22 @@ def sync_producer(path: str) -> RunStatus | None:
         return None if again is None else again.status
     finally:
         runlane.sync.close()
+
+
+def postgres_producer(connection_string: str) -> int:
+    migration: str = postgres_migration_sql(schema="app")
+    print(len(migration), postgres_storage(connection_string, schema="app").name)
+    runlane = create_runlane(
+        lane=postgres_polling_lane(connection_string, schema="app"), queues=[emails], clock=ControlledClock()
+    )
+    try:
+        trimmed: ObservationTrimResult = runlane.sync.observations.trim(older_than="7d", consumers=["otlp"], limit=500)
+        return trimmed.deleted
+    finally:
+        runlane.sync.close()
+
+
+EXPORTER = otlp_sink(endpoint="http://collector:4318/v1/logs")
 
 
 if __name__ == "__main__":

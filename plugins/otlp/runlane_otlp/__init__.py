@@ -18,9 +18,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .logs import ObservationLogs
-    from .sink import OtlpObservationSink, opentelemetry_sink, otlp_sink, otlp_trace_sink
-    from .spans import AttemptSpans
+    from .logs import ObservationLogs as ObservationLogs
+    from .sink import (
+        OtlpObservationSink as OtlpObservationSink,
+        opentelemetry_sink as opentelemetry_sink,
+        otlp_sink as otlp_sink,
+        otlp_trace_sink as otlp_trace_sink,
+    )
+    from .spans import AttemptSpans as AttemptSpans
 
 __all__ = [
     "AttemptSpans",
@@ -41,9 +46,12 @@ _EXPORTS = {
     "otlp_trace_sink": "sink",
 }
 
+# Hidden from type checkers, which would otherwise take any misspelt import from this package as ``Any``;
+# they see the names imported above instead.
+if not TYPE_CHECKING:
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'runlane_otlp' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    def __getattr__(name: str) -> Any:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'runlane_otlp' has no attribute {name!r}")
+        return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -15,15 +15,32 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .lane import postgres_polling_lane
-    from .migration import PostgresMigrationResult, apply_postgres_migrations, postgres_migration_sql
-    from .storage import (
-        PostgresConnectionTarget,
-        PostgresStorageDriver,
-        map_postgres_error,
-        postgres_storage,
-        resolve_postgres_connection,
+    from .lane import postgres_polling_lane as postgres_polling_lane
+    from .migration import (
+        PostgresMigrationResult as PostgresMigrationResult,
+        apply_postgres_migrations as apply_postgres_migrations,
+        postgres_migration_sql as postgres_migration_sql,
     )
+    from .storage import (
+        PostgresConnectionTarget as PostgresConnectionTarget,
+        PostgresStorageDriver as PostgresStorageDriver,
+        map_postgres_error as map_postgres_error,
+        postgres_storage as postgres_storage,
+        resolve_postgres_connection as resolve_postgres_connection,
+    )
+
+# A literal list: type checkers read it to know what the package exports (a computed one hides every name).
+__all__ = [
+    "PostgresConnectionTarget",
+    "PostgresMigrationResult",
+    "PostgresStorageDriver",
+    "apply_postgres_migrations",
+    "map_postgres_error",
+    "postgres_migration_sql",
+    "postgres_polling_lane",
+    "postgres_storage",
+    "resolve_postgres_connection",
+]
 
 # Names are imported on first use, so loading the plugin (every `runlane` command does) does not
 # import psycopg.
@@ -39,16 +56,17 @@ _EXPORTS = {
     "resolve_postgres_connection": "storage",
 }
 
-__all__ = sorted(_EXPORTS)
+# Hidden from type checkers, which would otherwise take any misspelt import from this package as ``Any``;
+# they see the names imported above instead.
+if not TYPE_CHECKING:
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+    def __getattr__(name: str) -> Any:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:
