@@ -30,12 +30,13 @@ from runlane_postgres import (
 )
 from runlane_postgres.migration import SCHEMA_VERSION, validate_schema_name
 
-from runlane import create_runlane, queue
+from runlane import TaskContext, create_runlane, queue, task
 from runlane.config import load_config
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.plugins.manager import get_registries
 from runlane.plugins.registries import ProviderContext, validate_options
 from runlane.storage import NewStorageRecord, StorageDocument, StorageRecordKey
+from runlane.testing import ControlledClock
 
 
 @pytest.fixture(scope="module")
@@ -368,3 +369,51 @@ async def test_the_cli_prints_the_clock_warning_as_its_other_records(
     records = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]  # every line is JSON
     [warning] = [record for record in records if record.get("logger") == "runlane.clock"]
     assert "30.0 s ahead of the Postgres server's" in warning["message"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Ids and keys too long for a Postgres index entry
+
+
+def _random_id(seed: str, length: int) -> str:
+    """Valid ids that do not compress (Postgres would fit a repetitive long value in an index entry)."""
+    import random
+    import string
+
+    chosen = random.Random(seed)
+    return "".join(chosen.choice(string.ascii_letters + string.digits) for _ in range(length))
+
+
+async def test_ids_too_long_to_index_are_refused_up_front_and_an_outcome_fails_the_run_once(schemas: Schemas) -> None:
+    """Valid ids and keys of a few hundred characters each can add up past a btree entry. A trigger is
+    refused before anything is written; an outcome (a wait for a long signal key) fails its run at once
+    instead of failing to commit, leaving the run running, and running the handler again."""
+    run_id, signal_key = _random_id("run", 450), _random_id("signal", 450)
+    calls: list[int] = []
+    default = queue("default", default=True)
+
+    @task("approvals.wait")
+    async def wait_for_approval(payload: dict, ctx: TaskContext) -> Any:
+        calls.append(ctx.attempt)
+        return ctx.wait_for_signal(signal_key, timeout="1d")
+
+    lane = postgres_polling_lane(schemas.url, schema=await schemas.migrated())
+    clock = ControlledClock()
+    runtime = create_runlane(lane=lane, queues=[default], tasks=[wait_for_approval], clock=clock)
+    async with runtime:
+        emoji_id = "\U0001f600" * 512  # one valid id: 2,048 bytes of UTF-8, 4,096 hex digits in its key
+        error = await expect_error(runtime.trigger(wait_for_approval, {}, run_id=emoji_id), ErrorCode.VALIDATION_FAILED)
+        assert error.message.startswith("Run of task 'approvals.wait' cannot be stored: its ids and keys need an")
+        assert error.message.endswith("Use shorter ids and keys (hash long values).")
+        assert error.meta["limit"] == 2704 and error.meta["actual"] > 2704
+        assert (await runtime.runs.list()).data == []
+
+        await runtime.trigger(wait_for_approval, {}, run_id=run_id)
+        done = await runtime.execute_next()
+        assert done is not None and done.status.value == "failed" and calls == [1]
+        assert done.failure is not None and done.failure.code is ErrorCode.TASK_OUTPUT_INVALID
+        assert done.failure.message.startswith("The attempt's outcome cannot be stored: its ids and keys need")
+        assert done.failure.message.endswith("Use shorter ids and keys (hash long values).")
+        clock.advance("6m")  # past the lease: nothing is left running to take over
+        await runtime.tick()
+        assert await runtime.execute_next() is None and calls == [1]

@@ -486,7 +486,7 @@ def _oversized_outcome_failure(outcome: _Outcome, error: StorageLimitError) -> R
     what = "Task output" if outcome.kind == _SUCCESS else "The attempt's outcome"
     return RunFailure(
         code=ErrorCode.TASK_OUTPUT_INVALID,
-        message=error.too_large(what) + _STORE_LARGE_DATA_ELSEWHERE,
+        message=error.too_large(what, _STORE_LARGE_DATA_ELSEWHERE),
         retryable=True,
         meta=limit,
     )
@@ -1502,7 +1502,7 @@ class _Attempt:
         except StorageLimitError as error:
             raise RunlaneError(
                 ErrorCode.TASK_OUTPUT_INVALID,
-                error.too_large(f"Step {step_key!r} output") + _STORE_LARGE_DATA_ELSEWHERE,
+                error.too_large(f"Step {step_key!r} output", _STORE_LARGE_DATA_ELSEWHERE),
                 retryable=True,
                 meta={"step_key": step_key, **error.meta},
             ) from None

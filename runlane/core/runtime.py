@@ -2133,8 +2133,10 @@ def _run_too_large(error: StorageLimitError, task_id: str) -> StorageLimitError:
         error.limit,
         error.allowed,
         error.actual,
-        error.too_large(f"Run of task '{task_id}'")
-        + " Nothing was written; pass a reference to large data (an id or a URL) in the payload instead.",
+        error.too_large(
+            f"Run of task '{task_id}'",
+            " Nothing was written; pass a reference to large data (an id or a URL) in the payload instead.",
+        ),
         reserved=error.reserved,
     )
 
@@ -2525,8 +2527,10 @@ class RunsApi:
                 result.limit,
                 result.allowed,
                 result.actual,
-                result.too_large(f"The cancellation of run {checked} with its reason and meta")
-                + " Nothing was written; cancel with a shorter reason and smaller meta.",
+                result.too_large(
+                    f"The cancellation of run {checked} with its reason and meta",
+                    " Nothing was written; cancel with a shorter reason and smaller meta.",
+                ),
                 reserved=result.reserved,
             )
         if isinstance(result, RunlaneError):

@@ -575,6 +575,11 @@ def _limit_meta(limit: str, allowed: int, actual: int, reserved: int) -> dict[st
     return meta
 
 
+# The limit a driver reports when ids and keys are too long for its indexes (one entry of a native
+# index holds a bounded number of bytes); not a profile limit: it depends on how the driver indexes.
+INDEX_ENTRY_LIMIT = "max_index_entry_bytes"
+
+
 class StorageLimitError(RunlaneError):
     """An atomic unit of work exceeded an advertised limit; nothing was committed, so core may split it."""
 
@@ -591,15 +596,21 @@ class StorageLimitError(RunlaneError):
         self.actual = actual
         self.reserved = reserved
 
-    def too_large(self, what: str) -> str:
-        """``"<what> is too large to store: N bytes against the lane's <limit> of M."``"""
+    def too_large(self, what: str, advice: str = "") -> str:
+        """``"<what> is too large to store: N bytes against the lane's <limit> of M."`` and ``advice`` (what to do
+        about a large value, from a space); ids and keys too long for the lane's indexes get their own advice."""
+        if self.limit == INDEX_ENTRY_LIMIT:
+            return (
+                f"{what} cannot be stored: its ids and keys need an index entry of {self.actual:,} bytes, over the "
+                f"lane's {self.limit} of {self.allowed:,}. Use shorter ids and keys (hash long values)."
+            )
         limit = f"the lane's {self.limit} of {self.allowed:,}"
         if self.reserved:
             limit = (
                 f"the lane's {self.limit} of {self.allowed + self.reserved:,} less the {self.reserved:,} bytes "
                 "a run keeps free for what it records as it runs"
             )
-        return f"{what} is too large to store: {self.actual:,} bytes against {limit}."
+        return f"{what} is too large to store: {self.actual:,} bytes against {limit}.{advice}"
 
 
 def create_storage_limit_error(limit: str, allowed: int, actual: int) -> StorageLimitError:

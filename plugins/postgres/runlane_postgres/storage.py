@@ -95,6 +95,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from runlane.errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
 from runlane.models import Environment, Page, RunEventRecord, RunRecord, RunSummary, environment_key
 from runlane.storage import (
+    NewStorageRecord,
     PaginationParams,
     RunEventFilter,
     RunFilter,
@@ -106,6 +107,7 @@ from runlane.storage import (
     StorageIndexConsistency,
     StorageIndexEntry,
     StorageIndexName,
+    StorageLimitError,
     StorageLimits,
     StorageProfile,
     StorageQuery,
@@ -121,6 +123,7 @@ from runlane.storage import (
     storage_stream_layouts,
 )
 from runlane.storage.attempt import (
+    StagedWrite,
     StorageAttempt,
     WrittenDocuments,
     check_storage_keys,
@@ -142,6 +145,7 @@ from runlane.storage.operator_sql import (
     run_list_query,
 )
 from runlane.storage.streams import storage_append_rows, storage_append_templates
+from runlane.storage.types import INDEX_ENTRY_LIMIT
 from runlane.storage.tables import peek_run_document, run_key, run_tombstone_key
 from runlane.vocabulary import SortDirection
 
@@ -1104,6 +1108,31 @@ _IDLE = TransactionStatus.IDLE
 _CONNECTION_OK = ConnStatus.OK
 
 
+# A btree index entry holds at most 2,704 bytes (a third of a page), so Postgres refuses a commit whose
+# record key or index row is longer. Such a write is refused when it is staged, before the commit, as a
+# storage limit (``validation_failed``; core turns an attempt's outcome into a failure) instead of an
+# ``internal_error`` after the callback's work: ids and keys of a few hundred characters each can add up.
+MAX_INDEX_ENTRY_BYTES = 2704
+
+
+def _index_entry_bytes(*columns: str) -> int:
+    """The size of a btree entry of ASCII text ``columns`` (keys and tuple encodings are hexadecimal):
+    an 8-byte tuple header, then each value with its 4-byte length, aligned to 4 bytes."""
+    return 8 + sum((4 + len(column) + 3) & ~3 for column in columns)
+
+
+def _largest_index_entry(key: StorageRecordKey, record: NewStorageRecord | None) -> int:
+    """The largest btree entry a write of ``record`` at ``key`` adds (its key, its index rows)."""
+    encoded = key.encoded
+    largest = _index_entry_bytes(encoded)
+    if record is not None:
+        for entry in record.indexes:
+            name, partition, sort = entry.name._value_, entry.encoded_partition, entry.encoded_sort
+            if not repeats_key(name, partition, sort, encoded):
+                largest = max(largest, _index_entry_bytes(name, partition, sort, encoded))
+    return largest
+
+
 class _PostgresAttempt(StorageAttempt):
     """One attempt of a transaction callback on one pooled connection; see the module docstring."""
 
@@ -1130,6 +1159,22 @@ class _PostgresAttempt(StorageAttempt):
         if self._conn is None:
             self._conn = await self._driver._acquire()
         return self._conn
+
+    def _stage(self, write: StagedWrite) -> None:
+        key, _, record = write
+        size = _largest_index_entry(key, record)
+        if size > MAX_INDEX_ENTRY_BYTES:
+            self._fail(
+                StorageLimitError(
+                    INDEX_ENTRY_LIMIT,
+                    MAX_INDEX_ENTRY_BYTES,
+                    size,
+                    f"Postgres cannot index the ids and keys of this {key.collection} record: they need an index "
+                    f"entry of {size:,} bytes, over its limit of {MAX_INDEX_ENTRY_BYTES:,}. Nothing was written; "
+                    "use shorter ids and keys (hash long values).",
+                )
+            )
+        super()._stage(write)
 
     def _failed(self, error: BaseException, doing: str, *, committing: bool = False) -> RunlaneError | _Replay:
         """The exception for a failed statement: ``_Replay`` when replaying the callback is safe."""
