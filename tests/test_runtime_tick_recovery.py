@@ -13,7 +13,7 @@ from runlane_local import local_lane
 from runlane import ErrorCode, Retry, RunlaneError, RunStatus, TaskContext, TickResult, create_runlane, task
 from runlane.core.store import ClaimRequest
 from runlane.testing import wait_for_run_status
-from runtime_support import DEFAULT_QUEUE, event_types, make_runtime
+from runtime_support import DEFAULT_QUEUE, event_types, make_runtime, shared_runtimes
 
 
 @task("noop")
@@ -328,9 +328,9 @@ async def test_a_heartbeat_storage_failure_rejects_the_execution_call():
 
 
 async def test_a_handler_still_running_when_tick_records_its_timeout_reports_that_outcome(caplog):
-    # tick() finalizes an attempt past its deadline even while its worker still runs the handler: the
-    # attempt's caller gets the stored timeout, and the log says the handler came too late, not that a
-    # lease was lost to someone else.
+    # Another process's tick() finalizes an attempt past its deadline even while its worker still runs
+    # the handler: the attempt's caller gets the stored timeout, and the log says the handler came too
+    # late, not that a lease was lost to someone else.
     started, finish = asyncio.Event(), asyncio.Event()
 
     @task("stubborn", max_attempt_duration="1m", retry=Retry(2, backoff="1h"))
@@ -339,14 +339,14 @@ async def test_a_handler_still_running_when_tick_records_its_timeout_reports_tha
         await finish.wait()  # blind to ctx.signal
         return "too late"
 
-    runtime, clock = make_runtime(stubborn)
+    (runtime, maintenance), clock = shared_runtimes([stubborn], [stubborn])
     caplog.set_level(logging.WARNING, logger="runlane")
-    async with runtime:
+    async with runtime, maintenance:
         run = (await runtime.trigger(stubborn, {})).run
         pending = asyncio.ensure_future(runtime.execute_next())
         await asyncio.wait_for(started.wait(), 2)
         clock.advance("1m")
-        assert (await runtime.tick()).timeouts_finalized == 1
+        assert (await maintenance.tick()).timeouts_finalized == 1
         finish.set()  # returns within the grace the deadline gives it, after maintenance wrote the outcome
         done = await asyncio.wait_for(pending, 5)
         assert done is not None and done.id == run.id
@@ -401,3 +401,48 @@ async def test_a_clock_step_past_the_lease_never_hands_a_live_attempt_to_its_own
         await worker.stop()
     assert starts == [1] and done.counters.attempts == 1
     assert not [record for record in caplog.records if "lost its lease" in record.getMessage()]
+
+
+@pytest.mark.parametrize("cancel", [False, True], ids=["deadline", "cancellation"])
+async def test_a_clock_step_never_finalizes_a_live_attempt_of_this_process(cancel: bool):
+    """After a forward step of the wall clock, this process's tick must not record a timeout (or a
+    cancellation) of an attempt it is running, which would start attempt 2 beside attempt 1. The attempt
+    itself reaches its (wall-clock) deadline, aborting its signal, and records the timeout; a cancelled
+    one cleans up and reports."""
+    seen: list[tuple[str, int, bool]] = []
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    @task("report.build", max_attempt_duration="10s", retry=Retry(3, backoff="1ms"))
+    async def build(payload: dict, ctx: TaskContext) -> str:
+        seen.append(("start", ctx.attempt, ctx.signal.aborted))
+        started.set()
+        await finish.wait()  # work, or the clean-up after a cancellation
+        seen.append(("end", ctx.attempt, ctx.signal.aborted))
+        return "built"
+
+    clock = SteppingClock()
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[build], clock=clock)
+    async with runtime:
+        run = (await runtime.trigger(build, {})).run
+        worker = runtime.worker(concurrency=2, empty_poll_delay="10ms", lease_duration="1m")
+        try:
+            await asyncio.wait_for(started.wait(), 5)
+            if cancel:
+                await runtime.runs.cancel(run.id)
+            clock.offset = timedelta(minutes=6)  # past the deadline, the lease and the cancellation grace
+            result = await runtime.tick()
+            assert (result.timeouts_finalized, result.cancellations_finalized) == (0, 0)
+            await asyncio.sleep(0.1)  # the idle slot polls meanwhile
+            finish.set()
+            done = await wait_for_run_status(runtime, run.id, RunStatus.CANCELLED if cancel else RunStatus.SUCCEEDED)
+            retries = (await runtime.runs.events(run.id, types=["run.retry_scheduled"])).data
+        finally:
+            finish.set()
+            await worker.stop()
+    if cancel:
+        assert seen == [("start", 1, False), ("end", 1, True)] and done.counters.attempts == 1
+    else:  # attempt 2 only once attempt 1, told of its deadline, has ended
+        assert seen == [("start", 1, False), ("end", 1, True), ("start", 2, False), ("end", 2, False)]
+        assert done.counters.attempts == 2 and done.counters.failures == 1
+        timed_out = retries[0].event
+        assert timed_out.failure.code is ErrorCode.TASK_TIMED_OUT and timed_out.actor.type == "worker"

@@ -1166,6 +1166,14 @@ class _Attempt:
         self._heartbeat_handle = None
         if self._finished:
             return
+        deadline = self.run.attempt_deadline_at
+        now = self.runtime.now
+        if deadline is not None and self._unwatch_clock is None and not self.timed_out and now() >= deadline:
+            # The deadline is wall-clock time, and the clock stepped past it before its timer (which runs on
+            # the loop's steady time) fired: it is reached now.
+            if self._deadline_handle is not None:
+                self._deadline_handle.cancel()
+            self._deadline_reached()
         self._warn_if_the_loop_was_blocked()
         self._heartbeat_task = self.loop.create_task(self._heartbeat())
 

@@ -1997,6 +1997,8 @@ class Runlane:
                 available = get_run_cancellation_finalization_available_at(run)
                 if available is None or available > at or available > now:
                     return []
+                if self._store.lease_held_here(run):
+                    return []  # alive in this process, which stopped it: its clock stepped past the lease
                 return [
                     RunCancelledEvent(
                         run_id=run.id,
@@ -2018,6 +2020,10 @@ class Runlane:
             def build(run: RunRecord, at: datetime) -> list[RunEvent]:
                 available = get_run_attempt_timeout_finalization_available_at(run)
                 if available is None or available > at or available > now:
+                    return []
+                if self._store.lease_held_here(run):
+                    # Alive in this process, past its deadline only because the clock stepped: the attempt
+                    # reaches its deadline at the heartbeat this check asks for, and records the timeout.
                     return []
                 failure = timed_out_failure()
                 definition = tasks.get(run.task_id)
