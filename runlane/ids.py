@@ -10,6 +10,7 @@ import threading
 import time
 
 from .errors import ErrorCode, RunlaneError
+from .json_values import is_unicode_text
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -30,18 +31,8 @@ def is_valid_id(value: object) -> bool:
         and 0 < len(value) <= MAX_ID_LENGTH
         and ":" not in value
         and "\x00" not in value
-        and (value.isascii() or _is_unicode(value))
+        and is_unicode_text(value)
     )
-
-
-def _is_unicode(value: str) -> bool:
-    """Whether ``value`` is valid Unicode text: no lone surrogate (what undecodable bytes become in
-    ``sys.argv`` and ``os.environ``), which no storage can encode."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def validate_id(value: object, what: str = "id", *, code: ErrorCode = ErrorCode.CONFIGURATION_INVALID) -> str:
@@ -67,7 +58,7 @@ def validate_id(value: object, what: str = "id", *, code: ErrorCode = ErrorCode.
         raise RunlaneError(
             code, f"Invalid {what}: it is longer than {MAX_ID_LENGTH} characters; hash long values.", meta={"field": what}
         )
-    if not value.isascii() and not _is_unicode(value):
+    if not is_unicode_text(value):
         raise RunlaneError(
             code,
             f"Invalid {what} {value!r}: it is not valid Unicode text (a lone surrogate, which is what bytes that "

@@ -17,6 +17,7 @@ __all__ = [
     "ensure_json_object",
     "ensure_json_value",
     "is_json_value",
+    "is_unicode_text",
     "non_finite_float_path",
 ]
 
@@ -31,7 +32,7 @@ class _InvalidJson(Exception):
         self.reason = reason
 
 
-def _is_unicode_text(text: str) -> bool:
+def is_unicode_text(text: str) -> bool:
     """Whether ``text`` can be stored as UTF-8 (lone surrogates cannot)."""
     if text.isascii():
         return True
@@ -58,7 +59,7 @@ def _check(value: Any, path: str, active: set[int]) -> None:
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, str):
-        if not _is_unicode_text(value):
+        if not is_unicode_text(value):
             raise _InvalidJson(path, "strings must be valid Unicode (no lone surrogates)")
         return
     if isinstance(value, int):
@@ -86,7 +87,7 @@ def _check(value: Any, path: str, active: set[int]) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise _InvalidJson(path, f"object keys must be strings, got {type(key).__name__}")
-            if not _is_unicode_text(key):
+            if not is_unicode_text(key):
                 raise _InvalidJson(path, "object keys must be valid Unicode (no lone surrogates)")
             _check(item, f"{path}.{key}", active)
         active.discard(marker)

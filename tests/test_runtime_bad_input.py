@@ -255,3 +255,52 @@ async def test_a_valid_trigger_after_rejections_still_works():
         run = (await runtime.trigger(charge, VALID)).run
         assert (await runtime.execute_next()).id == run.id
         assert (await runtime.runs.get(run.id)).status is RunStatus.SUCCEEDED
+
+
+# What ``os.listdir()`` gives for a file name that is not UTF-8: text with a lone surrogate, which no
+# storage can encode. Refused where it is given, not when a write fails later.
+UNDECODABLE = b"report-\xff.csv".decode("utf-8", "surrogateescape")
+
+
+async def test_a_release_reason_that_is_not_valid_unicode_fails_the_attempt_once():
+    calls: list[int] = []
+
+    @task("files.wait")
+    async def wait_for_file(payload: dict, ctx) -> object:
+        calls.append(ctx.attempt)
+        return ctx.release("1m", reason=f"waiting for {UNDECODABLE}")
+
+    runtime, clock = make_runtime(wait_for_file)
+    async with runtime:
+        await runtime.trigger(wait_for_file, {})
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.FAILED and done.failure.code is ErrorCode.CONFIGURATION_INVALID
+        assert done.failure.meta == {"field": "reason"}
+        clock.advance("10m")  # nothing is left running for maintenance to take over
+        await runtime.tick()
+        assert await runtime.execute_next() is None and calls == [1]
+
+
+async def test_a_cancel_reason_or_actor_id_that_is_not_valid_unicode_is_refused_before_any_write():
+    from runlane import Actor, ActorType
+
+    runtime, _ = _runtime()
+    async with runtime:
+        run = (await runtime.trigger(keyed, {"key": "k"})).run
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.runs.cancel(run.id, reason=f"bad {UNDECODABLE}")
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID and caught.value.meta == {"field": "reason"}
+        assert "not valid Unicode text" in caught.value.message
+        operator = Actor(type=ActorType.OPERATOR, id=f"ops-{UNDECODABLE}")
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.runs.cancel(run.id, actor=operator)
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID and caught.value.meta == {"field": "actor"}
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.trigger(keyed, {"key": "other"}, actor=operator)
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID and caught.value.meta == {"field": "actor"}
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.runs.prune(older_than="1d", actor=operator)
+        assert caught.value.code is ErrorCode.VALIDATION_FAILED and caught.value.meta == {"field": "actor"}
+        assert (await runtime.runs.get(run.id)).status is RunStatus.QUEUED
+        assert await event_types(runtime, run.id) == ["run.created", "run.delivery_requested"]
+        assert len(await all_runs(runtime)) == 1

@@ -34,9 +34,10 @@ from ..json_values import (
     ensure_json_object,
     ensure_json_value,
     is_json_value,
+    is_unicode_text,
     non_finite_float_path,
 )
-from ..models import RunCompletionWaitCondition, SignalWaitCondition
+from ..models import Actor, RunCompletionWaitCondition, SignalWaitCondition
 from ..vocabulary import RetryBackoffType, RunWaitConditionType, ScheduleType, TaskReleaseType
 
 __all__ = [
@@ -93,6 +94,40 @@ _OMITTED: Any = _Omitted()
 
 def _invalid(message: str, *, cause: BaseException | None = None, **meta: Any) -> RunlaneError:
     return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta=meta, cause=cause)
+
+
+def checked_reason(reason: object, what: str = "reason", *, code: ErrorCode = ErrorCode.CONFIGURATION_INVALID) -> None:
+    """Refuse a ``reason`` (of a release, a cancellation) that is not ``None`` or non-empty text storage can
+    encode: a lone surrogate (undecodable bytes of a file name, say) would fail only when it is written."""
+    if reason is None:
+        return
+    if not isinstance(reason, str) or not reason:
+        raise RunlaneError(code, f"Invalid {what}: expected a non-empty string, got {reason!r}.", meta={"field": "reason"})
+    if not is_unicode_text(reason):
+        raise RunlaneError(
+            code,
+            f"Invalid {what}: it is not valid Unicode text (it has a lone surrogate, which is what bytes that are "
+            "not UTF-8 become when decoded with surrogateescape); decode such bytes with errors='replace'.",
+            meta={"field": "reason"},
+        )
+
+
+def checked_actor(actor: object, default: Actor, *, code: ErrorCode = ErrorCode.CONFIGURATION_INVALID) -> Actor:
+    """``actor``, or ``default`` for ``None``; anything but an ``Actor`` whose id storage can encode is ``code``."""
+    if actor is None:
+        return default
+    if not isinstance(actor, Actor):
+        raise RunlaneError(
+            code, f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.", meta={"field": "actor"}
+        )
+    if isinstance(actor.id, str) and not is_unicode_text(actor.id):
+        raise RunlaneError(
+            code,
+            "The actor's id is not valid Unicode text (it has a lone surrogate, which is what bytes that are not "
+            "UTF-8 become when decoded with surrogateescape); decode such bytes with errors='replace'.",
+            meta={"field": "actor"},
+        )
+    return actor
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -929,8 +964,7 @@ class TaskRelease:
             validate_id(self.signal_key, "signal key")
         if self.run_id is not None:
             validate_id(self.run_id, "run id")
-        if self.reason is not None and (not isinstance(self.reason, str) or not self.reason):
-            raise _invalid(f"Invalid release reason: expected a non-empty string, got {self.reason!r}.", field="reason")
+        checked_reason(self.reason, "release reason")
         object.__setattr__(self, "wait_type", kind)
         if self.meta is not None:
             ensure_json_object(self.meta, "release meta", code=ErrorCode.CONFIGURATION_INVALID)

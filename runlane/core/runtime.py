@@ -131,6 +131,8 @@ from .authoring import (
     QueueDefinition,
     ScheduleDefinition,
     TaskDefinition,
+    checked_actor,
+    checked_reason,
     parse_idempotency_key_ttl,
 )
 from ..storage.batching import Batcher
@@ -1067,10 +1069,7 @@ class Runlane:
                 task_id=definition.id,
             )
 
-        if actor is None:
-            actor = _SYSTEM_ACTOR
-        elif not isinstance(actor, Actor):
-            raise _invalid(f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.", field="actor")
+        actor = checked_actor(actor, _SYSTEM_ACTOR)
 
         keys: dict[str, str | None] = {}
         for kind, explicit in (
@@ -2499,12 +2498,8 @@ class RunsApi:
         runtime._check_open()
         self._operator_reads()
         checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
-        if actor is None:
-            actor = _OPERATOR_ACTOR
-        elif not isinstance(actor, Actor):
-            raise _invalid(f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.", field="actor")
-        if reason is not None and (not isinstance(reason, str) or not reason):
-            raise _invalid(f"reason must be a non-empty string, got {reason!r}.", field="reason")
+        actor = checked_actor(actor, _OPERATOR_ACTOR)
+        checked_reason(reason)
         meta_value = None if meta is None else _copy_json_object(meta, "meta")
         carrier = _trace_carrier(trace_carrier)
         await runtime._ready()
@@ -2568,14 +2563,7 @@ class RunsApi:
         """
         runtime = self._runtime
         runtime._check_open()
-        if actor is None:
-            actor = _OPERATOR_ACTOR
-        elif not isinstance(actor, Actor):
-            raise RunlaneError(
-                ErrorCode.VALIDATION_FAILED,
-                f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.",
-                meta={"field": "actor"},
-            )
+        actor = checked_actor(actor, _OPERATOR_ACTOR, code=ErrorCode.VALIDATION_FAILED)
         now = runtime.now()
         cutoff, chosen, wanted = resolve_prune_request(
             older_than=older_than,
