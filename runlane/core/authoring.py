@@ -102,7 +102,9 @@ def checked_reason(reason: object, what: str = "reason", *, code: ErrorCode = Er
     if reason is None:
         return
     if not isinstance(reason, str) or not reason:
-        raise RunlaneError(code, f"Invalid {what}: expected a non-empty string, got {reason!r}.", meta={"field": "reason"})
+        raise RunlaneError(
+            code, f"Invalid {what}: expected a non-empty string, got {reason!r}.", meta={"field": "reason"}
+        )
     if not is_unicode_text(reason):
         raise RunlaneError(
             code,
