@@ -286,6 +286,7 @@ async def test_a_handler_still_running_keeps_its_lease_while_a_controlled_clock_
         {"heartbeat_interval": "1m", "lease_duration": "1m"},
         {"heartbeat_interval": "2m", "lease_duration": "1m"},
         {"lease_duration": "soon"},
+        {"lease_duration": "999ms"},  # expires between the heartbeats of any real lane
         {"max_attempt_duration": 0},
         {"worker_id": "a:b"},
         {"signal": "stop"},

@@ -2077,6 +2077,11 @@ class Runlane:
         return len(reserved)
 
 
+# The shortest lease an attempt may take: heartbeats are storage writes, and a lease of a few
+# milliseconds expires between them on any real lane.
+_MIN_LEASE_MS = 1000
+
+
 def resolve_execution_options(
     lease_duration: Duration | None,
     heartbeat_interval: Duration | None,
@@ -2089,6 +2094,12 @@ def resolve_execution_options(
     """The execution options of ``execute_next`` / ``execute_delivery`` / ``run_now`` / ``worker``,
     validated (``configuration_invalid``); a transport consumer checks its options with it up front."""
     lease_ms = _DEFAULT_LEASE_MS if lease_duration is None else duration_ms(lease_duration, "lease_duration")
+    if lease_ms < _MIN_LEASE_MS:
+        raise _invalid(
+            f"lease_duration ({format_duration(lease_ms)}) must be at least {format_duration(_MIN_LEASE_MS)}: a "
+            "shorter lease can expire while its heartbeat is being written, and the run's handler runs again.",
+            field="lease_duration",
+        )
     if heartbeat_interval is None:
         heartbeat_ms = max(1, lease_ms // 2)
     else:
