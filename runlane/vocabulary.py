@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Literal
 
 __all__ = [
     "ActorType",
@@ -33,6 +34,13 @@ __all__ = [
     "WakeupPublishOutcomeType",
     "WorkerMode",
     "DurationUnit",
+    "RunEventSortFieldName",
+    "RunEventTypeName",
+    "RunSortFieldName",
+    "RunStatusName",
+    "SortDirectionName",
+    "TriggerDispatchModeName",
+    "WorkerModeName",
     "run_status_values",
 ]
 
@@ -264,3 +272,19 @@ class _RunStatusValues:
 
 
 run_status_values = _RunStatusValues()
+
+# The values of the enums a caller may also name by their text, for type checkers: ``worker(mode="pol")``
+# is an error where it is written, not only when it runs. A test keeps each equal to its enum's values.
+RunStatusName = Literal[
+    "cancellation_requested", "cancelled", "failed", "queued", "released", "retrying", "running", "scheduled",
+    "succeeded",
+]
+RunEventTypeName = Literal[
+    "run.cancellation_requested", "run.cancelled", "run.created", "run.delivery_requested", "run.failed",
+    "run.lease_claimed", "run.lease_heartbeat", "run.released", "run.retry_scheduled", "run.started", "run.succeeded",
+]
+TriggerDispatchModeName = Literal["eager", "deferred"]
+WorkerModeName = Literal["drain", "poll"]
+SortDirectionName = Literal["asc", "desc"]
+RunSortFieldName = Literal["created_at", "run_at", "updated_at"]
+RunEventSortFieldName = Literal["occurred_at", "sequence"]

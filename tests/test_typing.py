@@ -165,3 +165,14 @@ def test_the_command_line_is_built_on_first_use_and_hidden_from_type_checkers() 
     assert isinstance(main.app, typer.Typer)
     with pytest.raises(AttributeError, match="no attribute 'ap'"):
         main.ap  # noqa: B018 - the lookup is the test
+
+
+def test_each_name_literal_lists_exactly_its_enums_values() -> None:
+    """The ``Literal`` types that let callers name enum members by their text stay equal to the enums."""
+    from typing import get_args
+
+    from runlane import vocabulary
+
+    for name in [name for name in vocabulary.__all__ if name.endswith("Name")]:
+        enum = getattr(vocabulary, name.removesuffix("Name"))
+        assert sorted(get_args(getattr(vocabulary, name))) == sorted(member.value for member in enum), name

@@ -167,6 +167,15 @@ from .store import (
 
 if TYPE_CHECKING:
     from ..storage.clock import Clock
+    from ..vocabulary import (
+        RunEventSortFieldName,
+        RunEventTypeName,
+        RunSortFieldName,
+        RunStatusName,
+        SortDirectionName,
+        TriggerDispatchModeName,
+        WorkerModeName,
+    )
     from .sync import SyncRunlane
     from .worker import WorkerHandle
 
@@ -1572,7 +1581,7 @@ class Runlane:
     def worker(
         self,
         *,
-        mode: WorkerMode | str = WorkerMode.POLL,
+        mode: WorkerMode | WorkerModeName = WorkerMode.POLL,
         queues: Sequence[QueueDefinition | str] | None = None,
         concurrency: int = 1,
         empty_poll_delay: Duration | None = None,
@@ -2243,7 +2252,7 @@ class RunsApi:
         *,
         cursor: str | None = None,
         limit: int | None = None,
-        statuses: Sequence[RunStatus | str] | None = None,
+        statuses: Sequence[RunStatus | RunStatusName] | None = None,
         task_ids: Sequence[str] | None = None,
         queues: Sequence[QueueDefinition | str] | None = None,
         idempotency_key: str | None = None,
@@ -2252,8 +2261,8 @@ class RunsApi:
         created_at: TimeRange | None = None,
         updated_at: TimeRange | None = None,
         run_at: TimeRange | None = None,
-        sort_by: RunSortField | str = RunSortField.CREATED_AT,
-        sort_direction: SortDirection | str = SortDirection.DESC,
+        sort_by: RunSortField | RunSortFieldName = RunSortField.CREATED_AT,
+        sort_direction: SortDirection | SortDirectionName = SortDirection.DESC,
     ) -> Page[RunSummary]:
         runtime = self._runtime
         runtime._check_open()
@@ -2293,10 +2302,10 @@ class RunsApi:
         *,
         cursor: str | None = None,
         limit: int | None = None,
-        types: Sequence[RunEventType | str] | None = None,
+        types: Sequence[RunEventType | RunEventTypeName] | None = None,
         occurred_at: TimeRange | None = None,
-        sort_by: RunEventSortField | str = RunEventSortField.OCCURRED_AT,
-        sort_direction: SortDirection | str = SortDirection.ASC,
+        sort_by: RunEventSortField | RunEventSortFieldName = RunEventSortField.OCCURRED_AT,
+        sort_direction: SortDirection | SortDirectionName = SortDirection.ASC,
     ) -> Page[RunEventRecord]:
         runtime = self._runtime
         runtime._check_open()
@@ -2562,7 +2571,7 @@ class RunsApi:
         self,
         *,
         older_than: Duration | timedelta | datetime,
-        statuses: Sequence[RunStatus | str] | None = None,
+        statuses: Sequence[RunStatus | RunStatusName] | None = None,
         limit: int | None = None,
         cursor: str | None = None,
         actor: Actor | None = None,
@@ -2741,7 +2750,7 @@ def create_runlane(
     queues: Sequence[QueueDefinition],
     tasks: Sequence[TaskDefinition] | Mapping[str, TaskDefinition] = (),
     environment: str | Environment = contract_defaults.environment,
-    dispatch: TriggerDispatchMode | str = TriggerDispatchMode.EAGER,
+    dispatch: TriggerDispatchMode | TriggerDispatchModeName = TriggerDispatchMode.EAGER,
     clock: Clock | None = None,
     worker_id: str | None = None,
     observers: Sequence[Callable[[RunlaneObservation], Any]] = (),

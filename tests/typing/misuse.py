@@ -39,6 +39,10 @@ async def producer() -> None:
     print(run.status)  # expect: [union-attr]
     await runlane.runs.cancel()  # expect: [call-arg]
     queue("jobs", default="yes")  # expect: [arg-type]
+    runlane.worker(mode="pol")  # expect: [arg-type]
+    await runlane.runs.list(statuses=["queud"])  # expect: [list-item]
+    await runlane.runs.events("run_1", types=["run.finished"])  # expect: [list-item]
+    create_runlane(lane=local_lane(), queues=[jobs], dispatch="lazy")  # expect: [arg-type]
     print(RunStatus.DONE)  # expect: [attr-defined]
 
 

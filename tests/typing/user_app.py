@@ -100,6 +100,9 @@ async def main() -> None:
         tick = await runlane.tick()
         print(tick.materialized + tick.delivery_requested + tick.cancellations_finalized)
         page = await runlane.runs.list(limit=10, statuses=[RunStatus.SUCCEEDED])
+        await runlane.runs.list(statuses=["failed", "retrying"], sort_by="updated_at", sort_direction="asc")
+        await runlane.runs.events("run_1", types=["run.failed"], sort_by="sequence")
+        await runlane.worker(mode="poll").stop()
         for summary in page.data:
             print(summary.id, summary.status)
         events = await runlane.runs.events(run.id, limit=50)
