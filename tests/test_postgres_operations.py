@@ -251,6 +251,21 @@ def test_toml_lane_timeouts_reach_the_driver(tmp_path: Path) -> None:
     assert defaults.storage.connect_timeout == 10.0
 
 
+def test_the_storage_driver_provider_takes_the_lanes_timeouts() -> None:
+    """A plugin lane composing the ``postgres`` storage driver (``context.registries.storage_drivers``)
+    configures it with the same keys as ``postgres-polling``, timeouts included."""
+    registries = get_registries()
+    provider = registries.storage_drivers.get("postgres")
+    context = ProviderContext(environment="default", base_dir=Path.cwd(), registries=registries)
+    options = {"url": "postgresql://db/app", "statement_timeout": "5m", "pool_timeout": "1500ms", "connect_timeout": 3}
+    driver = provider.create(validate_options(provider, options), context)
+    assert (driver.statement_timeout, driver.pool_timeout, driver.connect_timeout) == (300.0, 1.5, 3.0)
+    assert driver.name == "postgres-storage"
+    with pytest.raises(RunlaneError) as info:
+        validate_options(provider, {"url": "postgresql://db/app", "pool_timeout": "-1s"})
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID and info.value.meta["keys"] == ["pool_timeout"]
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [

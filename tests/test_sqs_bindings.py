@@ -5,9 +5,12 @@ message that says what to change, raised before anything talks to SQS."""
 from __future__ import annotations
 
 import json
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import cli, write
 from pydantic import ValidationError
 from runlane_local import local_storage_driver
 from runlane_sqs import (
@@ -23,8 +26,9 @@ from runlane_sqs import (
 from runlane_sqs.testing import SqsTestServer
 
 from runlane import ErrorCode, LaneDelivery, LaneDeliveryMode, RunlaneError, create_lane, create_runlane, queue
+from runlane.config import load_config
 from runlane.plugins.manager import get_registries
-from runlane.plugins.registries import validate_options
+from runlane.plugins.registries import ProviderContext, validate_options
 
 URL = "https://sqs.us-east-1.amazonaws.com/123456789012/runlane-default"
 FIFO_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/runlane-ordered.fifo"
@@ -275,6 +279,60 @@ def test_the_toml_options_build_bindings_and_a_client() -> None:
     named = lane_options()
     named["postgres"]["name"] = "orders-db"  # [lane.postgres] name reaches the storage driver
     assert provider.create(validate_options(provider, named), None).storage.name == "orders-db"
+
+
+def configured_lane(tmp_path: Path, postgres_options: str) -> Any:
+    """The postgres-sqs lane ``runlane.toml`` configures, built the way the CLI builds it (not started)."""
+    write(
+        tmp_path / "runlane.toml",
+        '[lane]\nuse = "postgres-sqs"\n\n[lane.postgres]\nconnection_string = "postgresql://db/app"\n'
+        f'{postgres_options}\n[lane.sqs]\nregion = "us-east-1"\n\n[lane.sqs.queues.default]\nqueue_url = "{URL}"\n',
+    )
+    loaded = load_config(tmp_path / "runlane.toml", environ={})
+    assert loaded is not None and loaded.lane is not None
+    registries = get_registries()
+    provider = registries.lanes.get(loaded.lane.use)
+    context = ProviderContext(environment=loaded.environment, base_dir=loaded.base_dir, registries=registries)
+    return provider.create(validate_options(provider, loaded.lane.options), context)
+
+
+def test_toml_postgres_timeouts_reach_the_driver(tmp_path: Path) -> None:
+    # The same keys as a postgres-polling lane, and as postgres_sqs_lane(postgres={...}) from Python.
+    lane = configured_lane(tmp_path, 'statement_timeout = "5m"\npool_timeout = "1500ms"\nconnect_timeout = 3\n')
+    storage = lane.storage
+    assert (storage.statement_timeout, storage.pool_timeout, storage.connect_timeout) == (300.0, 1.5, 3.0)
+    assert storage.name == "postgres-storage"
+    defaults = configured_lane(tmp_path, "").storage
+    assert (defaults.statement_timeout, defaults.pool_timeout, defaults.connect_timeout) == (30.0, 30.0, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("statement_timeout", '"soon"'),
+        ("statement_timeout", "0"),
+        ("pool_timeout", '"-1s"'),
+        ("pool_timeout", "true"),
+        ("connect_timeout", '"0s"'),
+        ("connect_timeout", "nan"),
+    ],
+)
+def test_invalid_toml_postgres_timeouts_are_configuration_invalid(tmp_path: Path, option: str, value: str) -> None:
+    with pytest.raises(RunlaneError) as info:
+        configured_lane(tmp_path, f"{option} = {value}\n")
+    key = f"postgres.{option}"
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert f"key {key!r}" in info.value.message and info.value.meta["keys"] == [key]
+    assert "unknown key" not in info.value.message
+    # Word for word the problem a postgres-polling lane reports for the same value.
+    polling_options = {"connection_string": "postgresql://db/app", **tomllib.loads(f"{option} = {value}")}
+    polling = error_of(lambda: validate_options(get_registries().lanes.get("postgres-polling"), polling_options))
+    problem = polling.message.split(f"key {option!r}: ")[1].split(". Allowed keys")[0]
+    assert f"key {key!r}: {problem}." in info.value.message
+    # The CLI says the same, without a traceback.
+    result = cli(tmp_path, "runs", "list")
+    assert result.returncode == 1 and "error[configuration_invalid]" in result.stderr
+    assert key in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -66,8 +66,8 @@ class _ConnectionOptions(BaseModel):
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message='Field name "schema"', category=UserWarning)
 
-    class PostgresPollingLaneOptions(_ConnectionOptions):
-        """Options of ``[lane] use = "postgres-polling"``.
+    class PostgresStorageOptions(_ConnectionOptions):
+        """Options of the ``postgres`` storage driver, and the Postgres options of the lanes over it.
 
         ``connection_string`` (alias ``url``) is a ``postgres://`` or ``postgresql://`` URL; ``schema``
         overrides a Prisma-style ``?schema=`` in it (default ``public``); ``min_size`` / ``max_size``
@@ -81,7 +81,7 @@ with warnings.catch_warnings():
 
         connection_string: str = _CONNECTION_STRING
         schema: str | None = None  # type: ignore[assignment]  # the option shadows BaseModel.schema(), as above
-        name: str = Field(default="postgres-polling", min_length=1)
+        name: str = Field(default="postgres-storage", min_length=1)
         min_size: int = Field(default=1, ge=0)
         max_size: int = Field(default=10, ge=1)
         connect_timeout: float = 10.0
@@ -96,16 +96,11 @@ with warnings.catch_warnings():
             except RunlaneError as error:
                 raise ValueError(error.message.rstrip(".")) from None
 
-    class PostgresStorageOptions(_ConnectionOptions):
-        """Options of the ``postgres`` storage driver (the same connection keys as the lane)."""
+    class PostgresPollingLaneOptions(PostgresStorageOptions):
+        """Options of ``[lane] use = "postgres-polling"``: the storage options (see ``PostgresStorageOptions``),
+        ``name`` naming the lane."""
 
-        model_config = ConfigDict(extra="forbid", frozen=True)
-
-        connection_string: str = _CONNECTION_STRING
-        schema: str | None = None  # type: ignore[assignment]  # the option shadows BaseModel.schema(), as above
-        name: str = Field(default="postgres-storage", min_length=1)
-        min_size: int = Field(default=1, ge=0)
-        max_size: int = Field(default=10, ge=1)
+        name: str = Field(default="postgres-polling", min_length=1)
 
 
 def create_postgres_polling_lane(options: PostgresPollingLaneOptions, context: ProviderContext) -> Lane:
@@ -132,6 +127,9 @@ def create_postgres_storage(options: PostgresStorageOptions, context: ProviderCo
         name=options.name,
         min_size=options.min_size,
         max_size=options.max_size,
+        connect_timeout=options.connect_timeout,
+        statement_timeout=options.statement_timeout,
+        pool_timeout=options.pool_timeout,
     )
 
 

@@ -8,6 +8,7 @@ Loaded through the ``runlane`` entry-point group (``sqs = "runlane_sqs.plugin"``
     [lane.postgres]
     connection_string = "${DATABASE_URL}"
     schema = "runlane"
+    statement_timeout = "30s"               # optional, like connect_timeout ("10s") and pool_timeout ("30s")
 
     [lane.sqs]
     region = "${AWS_REGION:-us-east-1}"     # optional: else the AWS environment / profile
@@ -144,8 +145,8 @@ class SqsTransportOptions(BaseModel):
 
 
 class PostgresSqsLaneOptions(BaseModel):
-    """``[lane] use = "postgres-sqs"``: a ``[lane.postgres]`` table (the ``postgres`` storage options) and
-    a ``[lane.sqs]`` table."""
+    """``[lane] use = "postgres-sqs"``: a ``[lane.postgres]`` table (the ``postgres`` storage options, the
+    Postgres keys of ``postgres-polling``; ``name`` names the storage driver) and a ``[lane.sqs]`` table."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -210,6 +211,9 @@ def create_postgres_sqs_lane(options: PostgresSqsLaneOptions, context: ProviderC
             "min_size": postgres.min_size,
             "max_size": postgres.max_size,
             "name": postgres.name,
+            "connect_timeout": postgres.connect_timeout,
+            "statement_timeout": postgres.statement_timeout,
+            "pool_timeout": postgres.pool_timeout,
         },
         sqs=create_sqs_transport(options.sqs, context),
         name=options.name,
