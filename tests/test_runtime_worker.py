@@ -559,6 +559,53 @@ async def test_a_drain_gives_up_an_outcome_write_after_its_outage_limit_not_afte
         assert (await runtime.runs.get(run.id)).status is RunStatus.RUNNING  # lease recovery runs it again
 
 
+async def test_a_drain_that_loses_storage_mid_attempt_gives_up_after_one_outage_limit_not_two(monkeypatch):
+    # The outcome write and the claim loop wait out one outage between them: the loop's clock starts
+    # when the attempt first found storage gone, not when the attempt gave up its outcome write.
+    import runlane.core.runtime as runtime_module
+
+    limit = 2.0
+    monkeypatch.setattr(runtime_module, "DRAIN_OUTAGE_LIMIT_S", limit)
+    held = held_task("drain.one.limit")
+    runtime, _ = make_runtime(held.task)
+    async with runtime:
+        run, drain = await start_held(runtime, held, mode=WorkerMode.DRAIN, lease_duration="1h")
+        storage = runtime.lane.storage
+        await storage.close()  # every storage call now fails with storage_unavailable
+        lost_at = time.monotonic()
+        held.finish.set()
+        with pytest.raises(RunlaneError) as raised:
+            await asyncio.wait_for(drain.closed, 4 * limit)
+        elapsed = time.monotonic() - lost_at
+        assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
+        # Its outcome write alone gives up before the limit; the drain itself ends once it has passed.
+        assert limit <= elapsed < 1.5 * limit, elapsed
+        await storage.start()
+        assert (await runtime.runs.get(run.id)).status is RunStatus.RUNNING  # lease recovery runs it again
+
+
+async def test_a_drain_does_not_give_up_on_an_outage_that_ended_while_a_handler_ran_on(monkeypatch):
+    # The heartbeats give up after the limit, but the handler ignores its signal and returns only once
+    # storage is back: the drain looks at storage itself before ending on that old outage, and goes on.
+    import runlane.core.runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "DRAIN_OUTAGE_LIMIT_S", 0.3)
+    held = held_task("drain.old.outage")
+    runtime, _ = make_runtime(held.task)
+    async with runtime:
+        run, drain = await start_held(
+            runtime, held, mode=WorkerMode.DRAIN, heartbeat_interval="10ms", lease_duration="1h"
+        )
+        storage = runtime.lane.storage
+        await storage.close()
+        await asyncio.sleep(0.6)  # the heartbeats fail for longer than the limit, and give up
+        await storage.start()
+        held.finish.set()
+        await asyncio.wait_for(drain.closed, 5)
+        assert held.calls == ["heartbeat_failed"] and drain.storage_errors == 1
+        assert (await runtime.runs.get(run.id)).status is RunStatus.RUNNING  # lease recovery runs it again
+
+
 async def test_a_worker_stopped_during_a_short_outage_still_writes_the_outcome_of_a_finished_handler(caplog):
     # A rolling deploy stops the worker while storage is briefly away and a handler has just returned:
     # the outcome is written once storage answers, instead of being dropped and the handler run again.

@@ -173,6 +173,30 @@ class ExecutionOptions:
     # after DRAIN_OUTAGE_LIMIT_S, as its claim loop does, so a scheduled drain never outlasts an outage
     # by a whole lease; ``None``: while the lease holds. A stopping worker waits at most that long too.
     outage_limit_s: float | None = None
+    # A drain worker's outage, shared by its claim loop and its attempts, so that the limit counts from
+    # the first failure any of them met: an attempt that gives up its outcome write has spent the
+    # drain's wait, not started it. ``None``: each attempt counts from its own first failure.
+    outage_clock: OutageClock | None = None
+
+
+class OutageClock:
+    """When (loop time) storage was first found unavailable in the current outage, ``None`` when it is
+    not known to be. Used from its event loop's thread only."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def down(self, now: float) -> float:
+        """Storage failed at ``now``: the loop time the outage began."""
+        if self.since is None:
+            self.since = now
+        return self.since
+
+    def up(self) -> None:
+        """Storage answered: the outage, if any, is over."""
+        self.since = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1058,7 +1082,8 @@ class _Attempt:
         now = self.loop.time()
         if self._storage_down_since is None:
             self._storage_down_since = now
-        down = now - self._storage_down_since
+        shared = self.options.outage_clock
+        down = now - (self._storage_down_since if shared is None else shared.down(now))
         limit = self.options.outage_limit_s
         stop = self.options.signal
         if stop is not None and stop.aborted:  # the worker is stopping: it waits a bounded time
@@ -1092,6 +1117,9 @@ class _Attempt:
 
     def _storage_recovered(self, what: str) -> None:
         self._storage_down_since = None
+        shared = self.options.outage_clock
+        if shared is not None:
+            shared.up()
         if self._storage_retry_s:
             self._storage_retry_s = 0.0
             run = self.run

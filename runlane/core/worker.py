@@ -13,8 +13,10 @@ storage transactions).
 Transient storage failures (``storage_unavailable``, ``storage_conflict``) do not stop a worker: it
 logs the first one on the ``runlane.worker`` logger, counts them (``storage_errors``, ``last_error``),
 backs off (50 ms doubling to 2 s, with jitter) and logs again when storage answers. A drain worker, a
-job meant to end, gives up once storage has been unavailable for ``outage_limit_s`` in a row (its
-attempts too: see ``ExecutionOptions``) and raises that error from ``closed``.
+job meant to end, gives up once storage has been unavailable for ``outage_limit_s`` in a row and raises
+that error from ``closed``; its attempts, which retry their heartbeats and outcome writes meanwhile,
+count the same outage (see ``ExecutionOptions.outage_clock``), so the drain ends about that long after
+storage was first found unavailable, whichever of them found it.
 
 A due run whose stored record cannot be read does not stop a worker either: the runtime logs it once
 (an error on ``runlane.worker``) and sets it aside, and scans pass over it for the life of the runtime.
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ErrorCode, RunlaneError
 from ..models import RunRecord
 from ..vocabulary import WorkerMode
-from .attempt import REASON_WORKER_STOPPED, ExecutionOptions
+from .attempt import REASON_WORKER_STOPPED, ExecutionOptions, OutageClock
 from .cancellation import CancellationController, link_signals
 from .runtime import CandidatePool
 
@@ -93,14 +95,17 @@ class WorkerHandle:
         self._stop: CancellationController = (
             link_signals(options.signal) if options.signal is not None else CancellationController()
         )
-        self._options = replace(options, signal=self._stop.signal)
+        # Storage unavailable since when (loop time), as found by the slots' scans and claims, and, in a
+        # drain, by its attempts' heartbeats and outcome writes: one outage, one limit.
+        self._outage = OutageClock()
+        drain_clock = self._outage if options.outage_limit_s is not None else None
+        self._options = replace(options, signal=self._stop.signal, outage_clock=drain_clock)
         # A poll worker's idle slots share one idle scan per poll delay (see ``CandidatePool``).
         idle_window = empty_poll_delay if mode is WorkerMode.POLL else 0.0
         self._pool = CandidatePool(_SCAN_PER_SLOT * concurrency + 8, idle_window)
         self._executed = 0
         self._reserved = 0
         self._failures = 0  # consecutive transient storage failures (0: healthy)
-        self._unavailable_since: float | None = None  # loop time storage became unavailable, if it is
         self._storage_errors = 0
         self._last_error: RunlaneError | None = None
         self._error: BaseException | None = None
@@ -181,7 +186,6 @@ class WorkerHandle:
     def _recovered(self) -> None:
         _log.warning("Worker %s: storage is reachable again after %d failures.", self._options.worker_id, self._failures)
         self._failures = 0
-        self._unavailable_since = None
 
     def _outlasted_drain(self, error: RunlaneError) -> bool:
         """Whether a drain worker has waited out unavailable storage long enough and should fail."""
@@ -189,9 +193,10 @@ class WorkerHandle:
         if limit is None or error.code is not ErrorCode.STORAGE_UNAVAILABLE:
             return False
         now = self._loop.time()
-        if self._unavailable_since is None:
-            self._unavailable_since = now
-        return now - self._unavailable_since >= limit
+        began = self._outage.down(now)
+        # An attempt's error can come long after its storage write failed (a handler that ran on after its
+        # heartbeats gave up): the loop looks at storage again itself before ending the drain on it.
+        return self._failures > 0 and now - began >= limit
 
     def _backoff(self) -> float:
         """Seconds before the next try: doubling from 50 ms, capped at 2 s, with jitter."""
@@ -264,6 +269,7 @@ class WorkerHandle:
             finally:
                 if max_runs is not None:
                     self._reserved -= 1
+            self._outage.up()  # storage answered this step: an outage met by an attempt is over too
             if self._failures:
                 self._recovered()
             lost = lost + 1 if status == "lost" else 0
