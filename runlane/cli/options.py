@@ -337,7 +337,7 @@ def older_than_option(example: str) -> Any:
     """The ``--older-than`` option of ``prune`` and ``observations trim``, checked while parsing."""
     return typer.Option(
         "--older-than",
-        help=f"A duration ({example}) or ISO 8601 cutoff.",
+        help=f"A duration ({example}) or ISO 8601 cutoff (UTC unless it has an offset).",
         metavar="DURATION_OR_ISO",
         callback=checked(lambda text, name: parse_cutoff(text)),
     )

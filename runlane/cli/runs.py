@@ -36,7 +36,10 @@ RunIdArgument = Annotated[str, typer.Argument(help="The run id.", metavar="RUN_I
 
 
 def _date_option(flag: str, help_text: str) -> Any:
-    return typer.Option(flag, help=help_text, metavar="DATE", callback=checked(parse_iso_datetime))
+    """A date option; its help ends in how a date-time without an offset is read."""
+    return typer.Option(
+        flag, help=f"{help_text} UTC unless it has an offset.", metavar="DATE", callback=checked(parse_iso_datetime)
+    )
 
 
 def _range(start: str | None, end: str | None, start_flag: str, end_flag: str) -> TimeRange | None:

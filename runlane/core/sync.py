@@ -217,10 +217,12 @@ class SyncRunlane:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the runtime (the lane's storage, then its transport); mirrors ``await runlane.start()``."""
         self.call(self._runtime.start)
 
     def close(self) -> None:
-        """Close the runtime (workers and attempts, then the lane) and stop the facade loop."""
+        """Close the runtime (workers and attempts, then the lane) and stop the facade loop; mirrors
+        ``await runlane.close()``."""
         _refuse_in_event_loop()
         if self._loop is not None:
             self.call(self._runtime.close)
@@ -239,27 +241,36 @@ class SyncRunlane:
 
     @_options_of(Runlane.trigger)
     def trigger(self, task: TaskDefinition | str, payload: Any = None, **options: Any) -> TriggerRunResult:
+        """Validate the payload and create one durable run; mirrors ``await runlane.trigger(...)``."""
         return self.call(self._runtime.trigger, task, payload, **options)
 
     @_options_of(Runlane.run_now)
     def run_now(self, task: TaskDefinition | str, payload: Any = None, **options: Any) -> RunRecord:
+        """Create a run and execute its first attempt in this process; mirrors ``await runlane.run_now(...)``."""
         return self.call(self._runtime.run_now, task, payload, **options)
 
     @_options_of(Runlane.execute_next)
     def execute_next(self, **options: Any) -> RunRecord | None:
+        """Claim one due run and execute one attempt (``None`` when there was nothing to execute); mirrors
+        ``await runlane.execute_next(...)``."""
         return self.call(self._runtime.execute_next, **options)
 
     @_options_of(Runlane.execute_delivery)
     def execute_delivery(self, message: Any, **options: Any) -> ExecuteDeliveryResult:
+        """Execute the run a transport delivered, or report why it is ignored; mirrors
+        ``await runlane.execute_delivery(...)``."""
         return self.call(self._runtime.execute_delivery, message, **options)
 
     @_options_of(Runlane.tick)
     def tick(self, **options: Any) -> TickResult:
+        """Run one maintenance pass (schedules, recovery, cancellations, timeouts, outbox); mirrors
+        ``await runlane.tick(...)``."""
         return self.call(self._runtime.tick, **options)
 
     @_options_of(Runlane.worker)
     def worker(self, **options: Any) -> SyncWorkerHandle:
-        """Start a worker on the facade loop; returns a handle with blocking ``stop()`` / ``wait()``."""
+        """Start a worker on the facade loop; returns a handle with blocking ``stop()`` / ``wait()``. Mirrors
+        ``runlane.worker(...)``."""
         runtime = self._runtime
 
         async def start() -> WorkerHandle:
@@ -306,83 +317,113 @@ class SyncWorkerHandle:
 
 
 class SyncRuns:
+    """``runlane.sync.runs``: blocking versions of ``runlane.runs``."""
+
     def __init__(self, facade: SyncRunlane) -> None:
         self._facade = facade
 
     def get(self, run_id: str) -> RunRecord | None:
+        """The run, or ``None`` when it does not exist or was pruned; mirrors ``await runlane.runs.get(...)``."""
         return self._facade.call(self._facade._runtime.runs.get, run_id)
 
     @_options_of(RunsApi.list)
     def list(self, **options: Any) -> Page[RunSummary]:
+        """A page of run summaries; mirrors ``await runlane.runs.list(...)``."""
         return self._facade.call(self._facade._runtime.runs.list, **options)
 
     @_options_of(RunsApi.events)
     def events(self, run_id: str, **options: Any) -> Page[RunEventRecord]:
+        """A page of the run's event history; mirrors ``await runlane.runs.events(...)``."""
         return self._facade.call(self._facade._runtime.runs.events, run_id, **options)
 
     # ``builtins.list``: inside this class, ``list`` names the ``list`` method above.
     def attempts(self, run_id: str) -> builtins.list[RunAttemptSummary]:
+        """The run's attempts, derived from its history; mirrors ``await runlane.runs.attempts(...)``."""
         return self._facade.call(self._facade._runtime.runs.attempts, run_id)
 
     def step(self, run_id: str, step_key: str) -> RunStepRecord | None:
+        """What the run's durable step ``step_key`` stored, or ``None``; mirrors ``await runlane.runs.step(...)``."""
         return self._facade.call(self._facade._runtime.runs.step, run_id, step_key)
 
     @_options_of(RunsApi.steps)
     def steps(self, run_id: str, **options: Any) -> Page[RunStepRecord]:
+        """A page of the run's completed durable steps; mirrors ``await runlane.runs.steps(...)``."""
         return self._facade.call(self._facade._runtime.runs.steps, run_id, **options)
 
     @_options_of(RunsApi.find_active)
     def find_active(self, **options: Any) -> RunRecord | None:
+        """The active run of a task holding an idempotency or singleton key, or ``None``; mirrors
+        ``await runlane.runs.find_active(...)``."""
         return self._facade.call(self._facade._runtime.runs.find_active, **options)
 
     @_options_of(RunsApi.find_current)
     def find_current(self, **options: Any) -> RunRecord | None:
+        """The run that holds an idempotency key (active or retained), or ``None``; mirrors
+        ``await runlane.runs.find_current(...)``."""
         return self._facade.call(self._facade._runtime.runs.find_current, **options)
 
     @_options_of(RunsApi.cancel)
     def cancel(self, run_id: str, **options: Any) -> RunRecord:
+        """Cancel a waiting run, or request the cancellation of a running one; mirrors
+        ``await runlane.runs.cancel(...)``."""
         return self._facade.call(self._facade._runtime.runs.cancel, run_id, **options)
 
     @_options_of(RunsApi.rerun)
     def rerun(self, source_run_id: str, **options: Any) -> RunRecord:
+        """Create a new run from a terminal run; mirrors ``await runlane.runs.rerun(...)``."""
         return self._facade.call(self._facade._runtime.runs.rerun, source_run_id, **options)
 
     @_options_of(RunsApi.retry)
     def retry(self, source_run_id: str, **options: Any) -> RunRecord:
+        """Create a new run from a failed run; mirrors ``await runlane.runs.retry(...)``."""
         return self._facade.call(self._facade._runtime.runs.retry, source_run_id, **options)
 
     @_options_of(RunsApi.prune)
     def prune(self, **options: Any) -> PruneResult:
+        """Delete old terminal runs with their history; mirrors ``await runlane.runs.prune(...)``."""
         return self._facade.call(self._facade._runtime.runs.prune, **options)
 
 
 class SyncSignals:
+    """``runlane.sync.signals``: blocking versions of ``runlane.signals``."""
+
     def __init__(self, facade: SyncRunlane) -> None:
         self._facade = facade
 
     @_options_of(SignalsApi.send)
     def send(self, signal_key: str, **options: Any) -> list[RunRecord]:
+        """Resume the runs waiting for ``signal_key`` and return them; mirrors ``await runlane.signals.send(...)``."""
         return self._facade.call(self._facade._runtime.signals.send, signal_key, **options)
 
 
 class SyncIdempotencyKeys:
+    """``runlane.sync.idempotency_keys``: blocking versions of ``runlane.idempotency_keys``."""
+
     def __init__(self, facade: SyncRunlane) -> None:
         self._facade = facade
 
     def reset(self, task: TaskDefinition | str, *, key: str) -> None:
+        """Free the key of a finished run before its TTL; mirrors ``await runlane.idempotency_keys.reset(...)``."""
         self._facade.call(self._facade._runtime.idempotency_keys.reset, task, key=key)
 
 
 class SyncObservations:
+    """``runlane.sync.observations``: blocking versions of ``runlane.observations``."""
+
     def __init__(self, facade: SyncRunlane) -> None:
         self._facade = facade
 
     def scan(self, cursor: str | None = None, limit: int | None = None) -> ObservationPage:
+        """Observation records after ``cursor``, in stream order; mirrors ``await runlane.observations.scan(...)``."""
         return self._facade.call(self._facade._runtime.observations.scan, cursor, limit)
 
     def checkpoint(self, consumer: str) -> str | None:
+        """The cursor ``consumer`` last checkpointed (``None`` before its first export); mirrors
+        ``await runlane.observations.checkpoint(...)``."""
         return self._facade.call(self._facade._runtime.observations.checkpoint, consumer)
 
     @_options_of(ObservationsApi.trim)
     def trim(self, **options: Any) -> ObservationTrimResult:
+        """Delete observation records older than ``older_than``, except those a named consumer has not
+        exported yet; mirrors ``await runlane.observations.trim(...)``."""
         return self._facade.call(self._facade._runtime.observations.trim, **options)

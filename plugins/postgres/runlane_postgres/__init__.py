@@ -6,7 +6,8 @@
   with storage-polling workers, production durable;
 * ``postgres_migration_sql(schema="public")`` and the shipped ``migrations/0001_initial.sql``: the
   schema to apply before starting (``runlane postgres migrate`` applies it);
-  ``apply_postgres_migrations(connection_string, schema=None)`` does the same from Python.
+  ``await apply_postgres_migrations(connection_string, schema=None)`` does the same from Python
+  (a coroutine function: ``asyncio.run(apply_postgres_migrations(url))`` from a plain script).
 """
 
 from __future__ import annotations
