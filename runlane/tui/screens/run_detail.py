@@ -67,11 +67,12 @@ class RunDetailScreen(LiveScreen):
 
     def on_mount(self) -> None:
         attempts = self.query_one("#attempts", KeyedTable)
+        # Times are UTC, as everywhere in the dashboard: the labels say so.
         for column in ("attempt", "status", "started", "completed", "detail"):
-            attempts.add_column(column, key=column)
+            attempts.add_column(f"{column} (UTC)" if column in ("started", "completed") else column, key=column)
         events = self.query_one("#events", KeyedTable)
         for column in ("seq", "time", "event", "detail"):
-            events.add_column(column, key=column)
+            events.add_column("time (UTC)" if column == "time" else column, key=column)
         self.start_refreshing()
 
     def on_screen_resume(self) -> None:

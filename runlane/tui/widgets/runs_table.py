@@ -23,7 +23,7 @@ class RunsTable(KeyedTable):
             ("task", "task"),
             ("queue", "queue"),
             ("attempts", "attempts"),
-            ("updated", "updated"),
+            ("updated (UTC)", "updated"),
             ("detail", "detail"),
         ):
             self.add_column(label, key=key)
@@ -58,7 +58,7 @@ def _detail(run: RunSummary) -> Text:
             return printable_text(f"waiting for signal {getattr(wait, 'signal_key', '')}", "magenta")
         if kind == "run_completion":
             return printable_text(f"waiting for run {getattr(wait, 'run_id', '')}", "magenta")
-        return Text(f"resumes {short_time(getattr(wait, 'resume_at', None))}", style="magenta")
+        return Text(f"resumes {short_time(getattr(wait, 'resume_at', None))} UTC", style="magenta")
     if run.status.value in ("scheduled", "retrying") and run.run_at is not None:
-        return Text(f"runs at {short_time(run.run_at)}", style="dim")
+        return Text(f"runs at {short_time(run.run_at)} UTC", style="dim")
     return Text("")
