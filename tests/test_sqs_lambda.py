@@ -142,13 +142,19 @@ async def test_an_all_good_batch_reports_no_failures_and_executes_every_run(sqs_
         assert failures == []
 
 
-async def test_a_junk_record_and_a_failed_execution_are_reported_while_the_others_are_handled(sqs_server):
+# A body nested deeper than JSON can be read, well within the size cap: anyone who may send to the queue
+# can write one, and it must fail its record alone, as any other junk does.
+NESTED = "[" * 20_000 + "]" * 20_000
+
+
+@pytest.mark.parametrize("body", ["not a wakeup", NESTED], ids=["text", "nested"])
+async def test_a_junk_record_and_a_failed_execution_are_reported_while_the_others_are_handled(sqs_server, body):
     client = sqs_server.client()
     url = sqs_server.create_queue(_queue_name())
     async with _runtime(client, url) as runtime:
         run_ids = [(await runtime.trigger(echo, {"n": n})).run.id for n in range(3)]
         records = await _records_by_run(client, url, run_ids)
-        junk_id = (await asyncio.to_thread(client.send_message, QueueUrl=url, MessageBody="not a wakeup"))["MessageId"]
+        junk_id = (await asyncio.to_thread(client.send_message, QueueUrl=url, MessageBody=body))["MessageId"]
         junk = _record((await asyncio.to_thread(_receive, client, url, 1))[0], url)
         assert junk["messageId"] == junk_id
         calls: list[str] = []

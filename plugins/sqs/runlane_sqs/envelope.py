@@ -70,6 +70,8 @@ def parse_sqs_wakeup_body(body: object) -> DeliveryMessage:
         envelope: Any = json.loads(body)
     except ValueError:
         raise _not_a_wakeup("the body is not JSON") from None
+    except RecursionError:  # "[[[[..." within the size cap: anyone who may send to the queue can write it
+        raise _not_a_wakeup("the body nests deeper than JSON can be read") from None
     if not isinstance(envelope, dict):
         raise _not_a_wakeup("the body is not a JSON object")
     if envelope.get("type") != WAKEUP_TYPE:
