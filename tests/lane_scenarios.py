@@ -113,6 +113,40 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_a_cursor_with_a_position_the_lane_cannot_read_is_a_validation_error(self, lanes: LaneFactory) -> None:
+        """A cursor is opaque but not secret: one edited to hold a lone surrogate or NUL (text no driver can
+        send) is refused like any other malformed cursor, never a traceback or ``internal_error``."""
+        from runlane.storage.cursor import decode_opaque_token, encode_opaque_token
+
+        @task("pages")
+        async def pages(payload: dict) -> None:
+            return None
+
+        def edited(cursor: str, position: str) -> str:
+            token = decode_opaque_token(cursor)
+            token["last"] = [position, *token["last"][1:]]
+            return encode_opaque_token(token)
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), pages)
+            async with runtime:
+                run = (await runtime.trigger(pages, {})).run
+                await runtime.trigger(pages, {})
+                for sort_by in ("created_at", "updated_at", "run_at"):
+                    cursor = (await runtime.runs.list(limit=1, sort_by=sort_by)).next_cursor
+                    assert cursor is not None
+                    for position in ("\ud800", "2026\x00"):
+                        with pytest.raises(RunlaneError) as raised:
+                            await runtime.runs.list(limit=1, sort_by=sort_by, cursor=edited(cursor, position))
+                        assert raised.value.code is ErrorCode.VALIDATION_FAILED, raised.value.message
+                events = (await runtime.runs.events(run.id, limit=1, sort_by="occurred_at")).next_cursor
+                assert events is not None
+                with pytest.raises(RunlaneError) as raised:
+                    await runtime.runs.events(run.id, limit=1, sort_by="occurred_at", cursor=edited(events, "\udcff"))
+                assert raised.value.code is ErrorCode.VALIDATION_FAILED
+
+        self.run(body)
+
     def test_data_too_large_for_the_lane_is_refused_or_fails_the_attempt(self, lanes: LaneFactory) -> None:
         blob = {"size": 0}
 

@@ -123,6 +123,7 @@ MALFORMED = [
     (("observations", "trim", "--older-than", "0s"), "--older-than", "'0s' is not valid: it must be positive"),
     (("trigger", "mail.send", "not-json"), "PAYLOAD_JSON", "not valid JSON"),
     (("trigger", "mail.send", "[" * 3000 + "]" * 3000), "PAYLOAD_JSON", "nested too deeply"),
+    (("trigger", "mail.send", '{"n": ' + "1" * 5000 + "}"), "PAYLOAD_JSON", "a number too long to read"),
     (("runs", "list", "--created-from", "0001-01-01T00:00:00+01:00"), "--created-from", "is not a valid date"),
     (("runs", "list", "--updated-to", "9999-12-31T23:59:59-01:00"), "--updated-to", "is not a valid date"),
     (("trigger", "mail.send", "{}", "--meta", "[1]"), "--meta", "must be a JSON object"),

@@ -51,6 +51,7 @@ from runlane.models import (
     RunReleasedEvent,
     RunStepRecord,
     RunSucceededEvent,
+    environment_key,
 )
 from runlane.storage import (
     StorageIndexConsistency,
@@ -61,6 +62,7 @@ from runlane.storage import (
     StorageStreamName,
     storage_stream_layouts,
 )
+from runlane.storage.cursor import decode_opaque_token, encode_opaque_token
 from runlane.testing import ControlledClock
 from runlane.vocabulary import (
     ActorType,
@@ -436,7 +438,9 @@ async def test_scan_clamps_limit_to_the_pagination_maximum(driver):
 async def test_scan_rejects_foreign_and_malformed_cursors_and_bad_limits(driver):
     await append(driver, values_for("run_1", 1, OTHER_ENV), env=OTHER_ENV)
     foreign = (await scan_observation_records(driver, OTHER_ENV)).cursor
-    for bad in (foreign, "not-a-cursor", "1", foreign + "x"):
+    token = decode_opaque_token(foreign)
+    huge = encode_opaque_token({**token, "environment": environment_key(ENV), "position": "9" * 5000})  # > int()
+    for bad in (foreign, "not-a-cursor", "1", foreign + "x", huge):
         with pytest.raises(RunlaneError) as caught:
             await scan_observation_records(driver, ENV, cursor=bad)
         assert caught.value.code is ErrorCode.VALIDATION_FAILED

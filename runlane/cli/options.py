@@ -295,6 +295,10 @@ def parse_json(text: str | None, what: str, *, require_object: bool = False) -> 
         ) from None
     except RecursionError:
         raise _invalid(f"{what} is nested too deeply to be read as JSON.", argument=what) from None
+    except ValueError:  # a number of more than 4,300 digits, which Python refuses to convert
+        raise _invalid(
+            f"{what} has a number too long to read; JSON numbers here have at most 4,300 digits.", argument=what
+        ) from None
     if require_object and not isinstance(value, dict):
         raise _invalid(f"{what} must be a JSON object, such as '{{\"key\": \"value\"}}'.", argument=what)
     return value

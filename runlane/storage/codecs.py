@@ -159,6 +159,8 @@ def parse_unsigned_64_decimal(value: str, *, positive: bool = True) -> int:
         raise _contract(f"Malformed unsigned 64-bit decimal {value!r}.")
     if len(value) > 1 and value[0] == "0":
         raise _contract(f"Unsigned 64-bit decimal {value!r} has leading zeros.")
+    if len(value) > 20:  # before int(): Python refuses to convert more than 4,300 digits
+        raise _contract(f"Unsigned 64-bit decimal {value[:24]!r}... is out of range.")
     number = int(value)
     if number > MAX_UNSIGNED_64:
         raise _contract(f"Unsigned 64-bit decimal {value!r} is out of range.")

@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ..defaults import contract_defaults
 from ..errors import ErrorCode, RunlaneError, pydantic_message
+from ..json_values import is_unicode_text
 from ..models import Environment, RunEventRecord, RunlaneModel, RunRecord, UtcDateTime
 from ..run_scans import get_run_runnable_available_at
 from ..vocabulary import PaginationCursorKind, RunEventSortField, RunEventType, RunSortField, RunStatus, SortDirection
@@ -206,7 +207,11 @@ def decode_operator_cursor(cursor: str | None, kind: PaginationCursorKind, filte
             meta={"field": "cursor"},
         )
     last = payload["last"]
-    if not all(isinstance(item, str) for item in last) or not _fits(last, filter):
+    # Positions go to the driver as query parameters: text it cannot encode (a lone surrogate, which a
+    # JSON escape can carry, or NUL, which Postgres text refuses) is as malformed as a wrong shape.
+    if not all(isinstance(item, str) and "\x00" not in item and is_unicode_text(item) for item in last) or not _fits(
+        last, filter
+    ):
         raise RunlaneError(ErrorCode.VALIDATION_FAILED, "Malformed cursor position.", meta={"field": "cursor"})
     return tuple(last)
 
