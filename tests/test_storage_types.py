@@ -382,3 +382,23 @@ def test_written_documents_are_recalled_by_exact_text_and_bounded():
     assert writes[0] in kept and writes[-1] in kept
     assert 8 <= len(kept) <= 10  # the limit, plus at most a quarter more before the oldest go
     assert writes[1] not in kept
+
+
+def test_written_documents_stay_within_their_byte_budget_whatever_the_count():
+    """A worker keeps the runs it rewrote; runs with large payloads or outputs must not make that the
+    last thousands of documents of 400 KiB each (gigabytes), only the newest that fit the budget."""
+    from runlane.storage import NewStorageRecord, StorageRecordKey
+    from runlane.storage.attempt import StagedWrite, WrittenDocuments
+
+    def write(name: str) -> StagedWrite:
+        key = StorageRecordKey("things", name)
+        return StagedWrite(key, "1", NewStorageRecord(key, StorageDocument.encode({"blob": "x" * 10_000}), ()))
+
+    written = WrittenDocuments(limit=4096, limit_bytes=100_000)
+    writes = [write(f"k{n}") for n in range(100)]
+    for staged in writes:
+        written.remember([staged])
+    kept = [staged for staged in writes if written.recall(staged.key.encoded, staged.record.document.text)]
+    assert 9 <= len(kept) <= 12  # 10,035 bytes each: the budget, plus at most a quarter more
+    assert kept == writes[-len(kept) :]  # the newest
+    assert sum(staged.record.document.byte_size for staged in kept) <= 125_000

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import NamedTuple, NoReturn
@@ -353,33 +354,42 @@ class WrittenDocuments:
     of objects for every garbage collection of the process to walk.
     """
 
-    __slots__ = ("_documents", "_limit")
+    __slots__ = ("_bytes", "_documents", "_limit", "_limit_bytes", "_lock")
 
-    def __init__(self, limit: int = 4096) -> None:
+    def __init__(self, limit: int = 4096, limit_bytes: int = 32 * 1024 * 1024) -> None:
         # A plain dict keeps insertion order: a key written again is moved to the end by popping it
-        # first, so the oldest entries are at the front. It may grow to 1.25 x ``limit`` before
-        # the oldest are dropped in one go.
+        # first, so the oldest entries are at the front. It may grow to 1.25 x ``limit`` documents (or
+        # ``limit_bytes`` of text) before the oldest are dropped in one go. The byte budget bounds a
+        # worker whose runs carry large payloads or outputs: 4,096 runs of 400 KiB would be 1.6 GB.
         self._documents: dict[str, StorageDocument] = {}
         self._limit = limit
+        self._limit_bytes = limit_bytes
+        self._bytes = 0
+        self._lock = threading.Lock()
 
     def remember(self, writes: Iterable[StagedWrite]) -> None:
         """Keep the documents of a committed attempt's replacements (and forget its deletes)."""
         documents = self._documents
-        for key, expected, record in writes:
-            if expected is None:
-                continue  # a create (see above); recall still compares the text it finds
-            encoded = key.encoded
-            documents.pop(encoded, None)
-            if record is not None:
-                documents[encoded] = _kept(record.document)
-        excess = len(documents) - self._limit
-        if excess > self._limit >> 2:
-            try:
-                oldest = list(itertools.islice(documents, excess))
-            except RuntimeError:  # another thread changed it meanwhile: trim on a later call
-                return
-            for encoded in oldest:
-                documents.pop(encoded, None)
+        with self._lock:
+            size = self._bytes
+            for key, expected, record in writes:
+                if expected is None:
+                    continue  # a create (see above); recall still compares the text it finds
+                encoded = key.encoded
+                old = documents.pop(encoded, None)
+                if old is not None:
+                    size -= old.byte_size
+                if record is not None:
+                    document = record.document
+                    documents[encoded] = _kept(document)
+                    size += document.byte_size
+            limit, limit_bytes = self._limit, self._limit_bytes
+            if len(documents) - limit > limit >> 2 or size - limit_bytes > limit_bytes >> 2:
+                for encoded in list(documents):
+                    if len(documents) <= limit and size <= limit_bytes:
+                        break
+                    size -= documents.pop(encoded).byte_size
+            self._bytes = size
 
     def recall(self, encoded_key: str, text: object) -> StorageDocument | None:
         """The kept document of ``encoded_key`` when its text is exactly ``text``."""
