@@ -282,3 +282,22 @@ def test_a_runtime_started_on_a_loop_since_closed_is_closed_by_the_facade_at_exi
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "closed at exit"
+
+
+def test_a_closed_sync_facade_leaves_no_exit_hook_behind():
+    """A process that makes runtime after runtime (a test suite, a runtime per request) keeps no exit
+    hook, nor anything else, per closed runtime: one hook closes whatever facades still run at exit."""
+    import atexit
+    import gc
+
+    from runlane.core.sync import SyncRunlane
+
+    before = atexit._ncallbacks()
+    for _ in range(20):
+        runtime, _ = make_runtime(echo)
+        runtime.sync.trigger(echo, {"n": 1})
+        runtime.sync.close()
+    del runtime
+    gc.collect()
+    assert atexit._ncallbacks() == before
+    assert not [value for value in gc.get_objects() if isinstance(value, SyncRunlane)]

@@ -71,6 +71,19 @@ def _refuse_in_event_loop() -> None:
     )
 
 
+# The facades whose loop runs, closed by one exit hook: a process that makes runtime after runtime (a test
+# suite, a runtime per request) must not collect an exit hook per runtime.
+_RUNNING_FACADES: weakref.WeakSet[SyncRunlane] = weakref.WeakSet()
+
+
+_exit_hook_registered = False
+
+
+def _close_all_at_exit() -> None:
+    for facade in list(_RUNNING_FACADES):
+        _close_at_exit(weakref.ref(facade))
+
+
 def _close_at_exit(facade_ref: weakref.ref[SyncRunlane]) -> None:
     """At interpreter exit, close a runtime the facade started and nobody closed (a web app's producer
     rarely has a place to call ``close()``): its connections close cleanly instead of being dropped
@@ -134,7 +147,11 @@ class SyncRunlane:
                 ready.wait()
                 self._thread = thread
                 self._loop = loop
-                atexit.register(_close_at_exit, weakref.ref(self))
+                _RUNNING_FACADES.add(self)
+                global _exit_hook_registered
+                if not _exit_hook_registered:  # at first use, as a hook of the application's would be
+                    atexit.register(_close_all_at_exit)
+                    _exit_hook_registered = True
             return self._loop
 
     def call(self, function: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
@@ -174,6 +191,7 @@ class SyncRunlane:
         with self._lock:
             self._loop = None
             self._thread = None
+        _RUNNING_FACADES.discard(self)
 
         async def settle() -> None:
             # Calls still running (a handler mid-attempt) finish or fail against the closed lane;
