@@ -2182,11 +2182,17 @@ def _dispatch_timeout_ms(queue: QueueDefinition) -> int:
     return queue.dispatch_timeout_ms if queue.dispatch_timeout_ms is not None else _DEFAULT_LEASE_MS
 
 
+# The most task ids one run listing filters by: each is a query parameter (Postgres takes 65,535 per
+# statement, SQLite 32,766), and a longer list is better served by listing without it.
+_MAX_FILTER_VALUES = 1000
+
+
 def _listed(values: Any) -> tuple[Any, ...] | None:
-    """A filter's values as a tuple; one bare string is one value (``statuses="queued"``), not its letters."""
+    """A filter's values as a tuple, each once; one bare string is one value (``statuses="queued"``), not
+    its letters."""
     if values is None:
         return None
-    return (values,) if isinstance(values, str) else tuple(values)
+    return (values,) if isinstance(values, str) else tuple(dict.fromkeys(values))
 
 
 def _whole(limit: Any) -> Any:
@@ -2272,13 +2278,21 @@ class RunsApi:
                           ("source run id", source_run_id)):  # fmt: skip
             if key is not None:
                 validate_id(key, what, code=ErrorCode.VALIDATION_FAILED)
-        for task_id in _listed(task_ids) or ():
+        listed_task_ids = _listed(task_ids)
+        if listed_task_ids is not None and len(listed_task_ids) > _MAX_FILTER_VALUES:
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"A run listing filters by at most {_MAX_FILTER_VALUES:,} task ids, got {len(listed_task_ids):,}; "
+                "list fewer at a time, or list without the filter.",
+                meta={"field": "task_ids"},
+            )
+        for task_id in listed_task_ids or ():
             validate_id(task_id, "task id", code=ErrorCode.VALIDATION_FAILED)
         try:
             run_filter = RunFilter(
                 environment=runtime._environment,
                 statuses=_listed(statuses),
-                task_ids=_listed(task_ids),
+                task_ids=listed_task_ids,
                 queues=queue_names,
                 created_at=created_at,
                 updated_at=updated_at,
