@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -175,3 +176,86 @@ def test_postgres_test_url_reads_the_environment(monkeypatch):
     assert testing.postgres_test_url() is None
     monkeypatch.delenv("RUNLANE_POSTGRES_TEST_DATABASE_URL")
     assert testing.postgres_test_url() is None
+
+
+# Root runs the server as another user that owns the temporary directory, and anyone who can connect
+# can run commands as that user: a link it plants there must not make root write (or chown) another file.
+
+
+def planted_target(tmp_path: Path) -> tuple[Path, tuple[object, ...]]:
+    """A file of the caller's that a planted link points at, and what must stay as it is."""
+    target = tmp_path / "not_for_the_server.txt"
+    target.write_text("belongs to the caller\n")
+    target.chmod(0o600)
+    info = target.stat()
+    return target, (info.st_uid, info.st_gid, info.st_mode, target.read_bytes())
+
+
+def current(target: Path) -> tuple[object, ...]:
+    info = target.stat()
+    return (info.st_uid, info.st_gid, info.st_mode, target.read_bytes())
+
+
+def refusal(action) -> str:
+    try:
+        action()
+    except RuntimeError as error:
+        return str(error)
+    return "(no error)"
+
+
+@needs_harness
+@pytest.mark.parametrize("name", ["runlane_test.conf", "postgresql.conf"])
+def test_a_symbolic_link_where_a_settings_file_goes_is_refused(name, tmp_path, monkeypatch):
+    target, before = planted_target(tmp_path)
+    real_initdb = PostgresTestServer._initdb
+
+    def initdb_then_plant(self, binaries):
+        real_initdb(self, binaries)
+        planted = self.data_dir / name
+        planted.unlink(missing_ok=True)
+        planted.symlink_to(target)
+
+    monkeypatch.setattr(PostgresTestServer, "_initdb", initdb_then_plant)
+    server = PostgresTestServer()
+    try:
+        refused = refusal(server.start)
+    finally:
+        server.stop()
+    assert current(target) == before
+    assert re.search(f"refusing to use \\S*/data/{name}: it is a symbolic link", refused), refused
+
+
+@needs_harness
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_a_link_where_the_log_goes_is_refused_on_restart(link, tmp_path):
+    target, before = planted_target(tmp_path)
+    server = PostgresTestServer()
+    try:
+        server.start()
+        server.log_path.unlink()  # the running server keeps the file it has open
+        if link == "symbolic":
+            server.log_path.symlink_to(target)
+        else:
+            try:
+                os.link(target, server.log_path)
+            except OSError as error:
+                pytest.skip(f"cannot hard-link {target} into {server.base_dir}: {error}")
+        refused = refusal(server.restart)
+        running = server.running
+    finally:
+        server.stop()
+    assert current(target) == before
+    assert re.search(f"refusing to use \\S*/postgres.log: it is a {link} link", refused), refused
+    assert not running
+
+
+@needs_harness
+def test_the_server_does_not_get_the_callers_environment(monkeypatch):
+    # The server's user can read its processes' environments (/proc/PID/environ).
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "runlane-test-not-a-real-secret")
+    with PostgresTestServer() as server:
+        environment = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        home = f"HOME={server.base_dir}".encode()
+    assert b"LC_ALL=C" in environment and home in environment
+    assert not [entry for entry in environment if b"AWS_SECRET_ACCESS_KEY" in entry or b"not-a-real-secret" in entry]

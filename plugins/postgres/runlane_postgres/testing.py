@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import pwd
 import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -79,6 +81,14 @@ _POLL_SECONDS = 0.05
 _KILL_GRACE_SECONDS = 5.0
 _LOG_TAIL_LINES = 40
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+# The only variables of the caller's environment the server programs get (the rest may hold secrets,
+# and the server's user can read its processes' environments). PATH lets initdb find postgres; the
+# library paths keep builds outside the system's library directories (RUNLANE_POSTGRES_BIN) working.
+_INHERITED_ENVIRONMENT = ("PATH", "TZ", "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Files under the temporary directory are opened without following a symbolic link in their last
+# component (each directory on the way is opened the same way), and without blocking on a FIFO.
+_NO_FOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 ShutdownMode = Literal["smart", "fast", "immediate"]
 
@@ -224,6 +234,13 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
+def _refused(path: Path, why: str) -> RuntimeError:
+    return RuntimeError(
+        f"refusing to use {path}: {why}; something other than this PostgreSQL test server changed its "
+        "temporary directory (the server's user owns it), so stop() this server and start a new one"
+    )
+
+
 def _traversable(path: Path, uid: int, gid: int) -> bool:
     """Whether a process running as ``uid``/``gid`` can reach into ``path`` (``x`` on every ancestor)."""
     for directory in [path, *path.parents]:
@@ -317,6 +334,14 @@ class PostgresTestServer:
     ``preexec_fn``). The temporary directory is ``chown``-ed to that user, and it is created under
     ``tempfile.gettempdir()`` only if that user can traverse it, else under ``/tmp``. The calling
     process (root) keeps reading the log and removing the directory itself.
+
+    That user owns the temporary directory, and anyone who can connect is the database superuser and
+    can run commands as that user (``COPY ... FROM PROGRAM``), so root trusts nothing in it: the files
+    it writes or reads there (settings, the log, ``postmaster.pid``) are opened without following
+    symbolic links and must be regular files of that user without other hard links, else
+    ``RuntimeError``; new ones are created exclusively, ``0600``, and given to that user through their
+    descriptor. The server programs get a minimal environment (``PATH``, ``TZ``, library paths,
+    ``LC_ALL=C``, ``HOME`` set to the temporary directory, ``USER``/``LOGNAME``), not the caller's.
     """
 
     def __init__(
@@ -451,6 +476,7 @@ class PostgresTestServer:
             try:
                 self._base_dir = self._make_base_dir()
                 self._initdb(binaries)
+                self._include_settings()
                 self._start_on_free_port()
                 if self.database != "postgres":
                     self._execute_admin(_sql("CREATE DATABASE {}", self.database))
@@ -530,7 +556,7 @@ class PostgresTestServer:
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines of the server log ("" when there is none)."""
         try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            text = self._read_server_file(self.log_path.name)
         except (OSError, RuntimeError):
             return ""
         return "\n".join(text.splitlines()[-lines:])
@@ -570,12 +596,12 @@ class PostgresTestServer:
         return base
 
     def _child_env(self) -> dict[str, str]:
-        env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
+        """The whole environment of ``initdb``, ``postgres`` and ``pg_ctl``: nothing else is passed on."""
+        env = {name: os.environ[name] for name in _INHERITED_ENVIRONMENT if os.environ.get(name)}
+        env.setdefault("PATH", _DEFAULT_PATH)
         env["LC_ALL"] = "C"
-        env.pop("LANG", None)
-        if self._credentials is not None:
-            env["HOME"] = str(self.base_dir)
-            env["USER"] = env["LOGNAME"] = self._credentials[2]
+        env["HOME"] = str(self.base_dir)
+        env["USER"] = env["LOGNAME"] = self.os_user
         return env
 
     def _as_server_user(self) -> dict[str, Any]:
@@ -604,7 +630,10 @@ class PostgresTestServer:
         if completed.returncode != 0:
             output = (completed.stdout + completed.stderr).decode("utf-8", errors="replace").strip()
             raise RuntimeError(f"initdb failed (exit {completed.returncode}) as {self.os_user!r}:\n{output}")
-        with (self.data_dir / "postgresql.conf").open("a", encoding="utf-8") as conf:
+
+    def _include_settings(self) -> None:
+        descriptor = self._open_server_file("data/postgresql.conf", create=False)
+        with open(descriptor, "w", encoding="utf-8") as conf:
             conf.write("\n# Runlane test server settings\ninclude 'runlane_test.conf'\n")
 
     def _write_settings(self) -> None:
@@ -615,10 +644,112 @@ class PostgresTestServer:
             "unix_socket_directories": str(self.socket_dir),
             **self.settings,
         }
-        path = self.data_dir / "runlane_test.conf"
-        path.write_text("".join(f"{key} = {_conf_value(value)}\n" for key, value in values.items()), encoding="utf-8")
+        descriptor = self._open_server_file("data/runlane_test.conf", create=True, replace=True)
+        with open(descriptor, "w", encoding="utf-8") as conf:
+            conf.write("".join(f"{key} = {_conf_value(value)}\n" for key, value in values.items()))
+
+    # Root writes into directories the server's user owns: that user may have put a symbolic or hard
+    # link there (it is reachable as the database superuser), so every file is opened by descriptor,
+    # relative to a directory descriptor, never following a link, and checked before it is written.
+
+    def _server_owner(self) -> tuple[int, int]:
         if self._credentials is not None:
-            os.chown(path, self._credentials[0], self._credentials[1])
+            return self._credentials[0], self._credentials[1]
+        return os.geteuid(), os.getegid()
+
+    def _open_server_directory(self, relative: str) -> int:
+        """A descriptor of ``base_dir`` (``relative == ""``) or of a directory below it."""
+        path = self.base_dir
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW)
+        except OSError as error:
+            raise _refused(path, f"it cannot be opened as a directory ({error.strerror})") from error
+        for part in Path(relative).parts:
+            path = path / part
+            try:
+                opened = os.open(part, os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW, dir_fd=descriptor)
+            except OSError as error:
+                raise _refused(path, f"it cannot be opened as a directory ({error.strerror})") from error
+            finally:
+                os.close(descriptor)
+            descriptor = opened
+        return descriptor
+
+    def _check_server_file(self, descriptor: int, path: Path) -> None:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refused(path, "it is not a regular file")
+        if info.st_nlink != 1:
+            raise _refused(path, "it is a hard link to another file")
+        if info.st_uid != self._server_owner()[0]:
+            raise _refused(path, f"it belongs to uid {info.st_uid}, not to the server's user {self.os_user!r}")
+
+    def _open_server_file(self, relative: str, *, create: bool, replace: bool = False) -> int:
+        """A descriptor for writing ``base_dir/relative``, refusing links.
+
+        ``replace``: a new, empty file replaces any regular file there. Otherwise the file is appended
+        to; ``create`` makes it when missing. A new file is ``0600`` and belongs to the server's user.
+        """
+        path = self.base_dir / relative
+        parent, _, name = relative.rpartition("/")
+        directory = self._open_server_directory(parent)
+        try:
+            if replace:
+                try:
+                    info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+                except FileNotFoundError:
+                    pass
+                else:
+                    if stat.S_ISLNK(info.st_mode):
+                        raise _refused(path, "it is a symbolic link")
+                    if not stat.S_ISREG(info.st_mode):
+                        raise _refused(path, "it is not a regular file")
+                    os.unlink(name, dir_fd=directory)
+            if create or replace:
+                try:
+                    descriptor = os.open(
+                        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o600, dir_fd=directory
+                    )
+                except FileExistsError:
+                    if replace:
+                        raise _refused(path, "a file appeared there while it was being replaced") from None
+                else:
+                    try:
+                        if self._credentials is not None:
+                            os.fchown(descriptor, self._credentials[0], self._credentials[1])
+                        os.set_blocking(descriptor, True)
+                    except BaseException:
+                        os.close(descriptor)
+                        raise
+                    return descriptor
+            try:
+                descriptor = os.open(name, os.O_WRONLY | os.O_APPEND | _NO_FOLLOW, dir_fd=directory)
+            except OSError as error:
+                if error.errno == errno.ELOOP:
+                    raise _refused(path, "it is a symbolic link") from error
+                raise _refused(path, f"it cannot be opened for writing ({error.strerror})") from error
+            try:
+                self._check_server_file(descriptor, path)
+                os.set_blocking(descriptor, True)
+            except BaseException:
+                os.close(descriptor)
+                raise
+            return descriptor
+        finally:
+            os.close(directory)
+
+    def _read_server_file(self, relative: str) -> str:
+        """The text of ``base_dir/relative``, refusing links (root must not read other files for that user)."""
+        path = self.base_dir / relative
+        parent, _, name = relative.rpartition("/")
+        directory = self._open_server_directory(parent)
+        try:
+            descriptor = os.open(name, os.O_RDONLY | _NO_FOLLOW, dir_fd=directory)
+        finally:
+            os.close(directory)
+        with open(descriptor, "rb") as handle:
+            self._check_server_file(descriptor, path)
+            return handle.read().decode("utf-8", errors="replace")
 
     def _start_on_free_port(self, attempts: int = 5) -> None:
         for attempt in range(attempts):
@@ -633,7 +764,7 @@ class PostgresTestServer:
                     raise
 
     def _launch(self) -> None:
-        log = self.log_path.open("ab")
+        log = self._open_server_file(self.log_path.name, create=True)
         try:
             self._process = subprocess.Popen(
                 [str(self.binaries.postgres), "-D", str(self.data_dir)],
@@ -643,7 +774,7 @@ class PostgresTestServer:
                 **self._as_server_user(),
             )
         finally:
-            log.close()
+            os.close(log)
         self._watchdog = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(self._process.pid), str(self.base_dir)],
             stdin=subprocess.PIPE,
@@ -672,7 +803,6 @@ class PostgresTestServer:
         process = self._process
         assert process is not None
         deadline = time.monotonic() + self.startup_timeout
-        pid_file = self.data_dir / "postmaster.pid"
         while True:
             if process.poll() is not None:
                 self._process = None
@@ -681,7 +811,7 @@ class PostgresTestServer:
                     f"PostgreSQL exited with status {process.returncode} during startup on port {self._port}; "
                     f"last lines of its log:\n{self.log_tail()}"
                 )
-            if self._pid_file_ready(pid_file, process.pid) and self._accepts_tcp():
+            if self._pid_file_ready(process.pid) and self._accepts_tcp():
                 return
             if time.monotonic() >= deadline:
                 self.stop_server("immediate")
@@ -691,13 +821,12 @@ class PostgresTestServer:
                 )
             time.sleep(_POLL_SECONDS)
 
-    @staticmethod
-    def _pid_file_ready(pid_file: Path, pid: int) -> bool:
+    def _pid_file_ready(self, pid: int) -> bool:
         # Line 1 holds the postmaster pid, line 8 its status; "ready" once it accepts connections
         # (the same signal ``pg_ctl start -w`` waits for).
         try:
-            lines = pid_file.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
+            lines = self._read_server_file("data/postmaster.pid").splitlines()
+        except (OSError, RuntimeError):
             return False
         return len(lines) >= 8 and lines[0].strip() == str(pid) and lines[7].strip() == "ready"
 
