@@ -117,3 +117,15 @@ async def test_the_health_file_is_never_written_through_a_link_or_into_a_fifo(tm
     async with touching(tmp_path / "plain"):
         assert (tmp_path / "plain").is_file()
     assert not (tmp_path / "plain").exists()
+
+
+def test_a_path_that_holds_something_else_is_refused_not_deleted(tmp_path: Path) -> None:
+    """A health file a killed process left is empty; a mistyped path (the database, a source file) must
+    not be deleted as one."""
+    root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
+    precious = root / "notes.txt"
+    precious.write_text("precious\n")
+    result = cli(root, "work", "--drain", "--health-file", str(precious))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error[configuration_invalid]: The health file {precious} already exists")
+    assert precious.read_text() == "precious\n"

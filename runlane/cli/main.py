@@ -340,8 +340,14 @@ def with_runtime(
 
     async def main() -> T:
         if health_file is not None:
-            with contextlib.suppress(OSError):
-                health_file.unlink()  # one a killed process left must not pass a probe while this one waits
+            # One a killed process left must not pass a probe while this one waits for storage.
+            if not _remove_health_file(health_file):
+                raise RunlaneError(
+                    ErrorCode.CONFIGURATION_INVALID,
+                    f"The health file {health_file} already exists and is not an empty file, so it is not one "
+                    "a Runlane process left; name a path of its own.",
+                    meta={"path": str(health_file)},
+                )
         async with open_runtime(ctx, wait_for_storage=wait_for_storage) as runtime, touching(health_file):
             return await body(runtime)
 
@@ -392,8 +398,7 @@ async def touching(path: Path | None) -> AsyncIterator[None]:
                 _touch(path)
 
     def remove() -> None:
-        with contextlib.suppress(OSError):
-            path.unlink()
+        _remove_health_file(path)
 
     toucher = asyncio.ensure_future(keep_touching())
     try:
@@ -404,6 +409,20 @@ async def touching(path: Path | None) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await toucher
         remove()
+
+
+def _remove_health_file(path: Path) -> bool:
+    """Remove ``path`` if it is what a health file is, an empty regular file; ``False`` when something else
+    is there (a mistyped path must not delete a database or a source file)."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return True  # nothing there
+    if not stat.S_ISREG(info.st_mode) or info.st_size:
+        return False
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return True
 
 
 def _touch(path: Path) -> None:
