@@ -292,7 +292,7 @@ class _Strict(BaseModel):
 class RunlaneSection(_Strict):
     """``[runlane]``: the durable environment and where the runtime comes from."""
 
-    environment: str = Field(default=contract_defaults.environment, min_length=1)
+    environment: str = Field(default=contract_defaults.environment, min_length=1, max_length=200)
     tasks: list[str] = Field(default_factory=list)
     runtime: str | None = None
 

@@ -304,3 +304,25 @@ async def test_a_cancel_reason_or_actor_id_that_is_not_valid_unicode_is_refused_
         assert (await runtime.runs.get(run.id)).status is RunStatus.QUEUED
         assert await event_types(runtime, run.id) == ["run.created", "run.delivery_requested"]
         assert len(await all_runs(runtime)) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("", "at least 1 character"),
+        ("a\x00b", "it contains NUL"),
+        ("prod\udcff", "unicode string"),
+        ("\U0001f600" * 51, "longer than 200 bytes of UTF-8"),  # 51 characters, 204 bytes
+        ("x" * 201, "at most 200 characters"),
+    ],
+)
+def test_an_environment_name_no_lane_can_store_is_refused_by_create_runlane(name: str, problem: str):
+    """The name is part of every key a lane writes: one that works in memory must work on Postgres too."""
+    from runlane import create_runlane
+    from runlane_local import local_lane
+
+    with pytest.raises(RunlaneError) as raised:
+        create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[charge], environment=name)
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID and raised.value.meta == {"field": "environment"}
+    assert problem in raised.value.message and len(raised.value.message) < 200
+    create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[charge], environment="\U0001f600" * 50)

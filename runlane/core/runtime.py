@@ -42,7 +42,7 @@ from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms, format_duration, later
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, is_storage_conflict, pydantic_message
 from ..ids import is_valid_id, random_uuid4_hex, time_ordered_uuid_hex, validate_id
-from ..json_values import canonical_json, ensure_json_object
+from ..json_values import canonical_json, ensure_json_object, is_unicode_text
 from ..model_build import build_validated
 from ..models import (
     Actor,
@@ -2758,6 +2758,32 @@ class IdempotencyKeysApi:
 # Construction
 
 
+# An environment's name is part of every key and index entry the lane writes, twice in some: a bound in
+# bytes keeps the longest ids and keys storable on every lane (see ``MAX_INDEX_ENTRY_BYTES`` of Postgres).
+_MAX_ENVIRONMENT_BYTES = 200
+
+
+def _shown(name: str) -> str:
+    return repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)} characters)"
+
+
+def _check_environment_name(name: str) -> None:
+    """Refuse an environment name some lane cannot store: NUL (Postgres text refuses it), a lone surrogate
+    (no storage encodes it), or more than ``_MAX_ENVIRONMENT_BYTES`` of UTF-8."""
+    problem = None
+    if "\x00" in name:
+        problem = "it contains NUL"
+    elif not is_unicode_text(name):
+        problem = "it is not valid Unicode text (it has a lone surrogate)"
+    elif len(name.encode("utf-8")) > _MAX_ENVIRONMENT_BYTES:
+        problem = f"it is longer than {_MAX_ENVIRONMENT_BYTES} bytes of UTF-8"
+    if problem is not None:
+        raise _invalid(
+            f"Invalid environment {_shown(name)}: {problem}; name it with plain text, such as 'production'.",
+            field="environment",
+        )
+
+
 def create_runlane(
     *,
     lane: Lane,
@@ -2866,11 +2892,12 @@ def create_runlane(
             env = Environment(name=environment)
         except ValidationError as error:
             reason = error.errors()[0]["msg"].lower()
-            raise _invalid(f"Invalid environment {environment!r}: {reason}.", field="environment") from None
+            raise _invalid(f"Invalid environment {_shown(environment)}: {reason}.", field="environment") from None
     elif isinstance(environment, Environment):
         env = environment
     else:
         raise _invalid(f"environment must be a name or an Environment, got {environment!r}.", field="environment")
+    _check_environment_name(env.name)
 
     try:
         dispatch_mode = TriggerDispatchMode(dispatch)
