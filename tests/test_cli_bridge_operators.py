@@ -321,7 +321,7 @@ def test_a_bad_run_id_is_one_error_line_with_its_code(dev: Dev, args: tuple[str,
     error = json.loads(one_line_error(as_json))["error"]
     assert error["code"] == code and error["retryable"] is False
     if code == "run_not_found":
-        assert error["meta"] == {"run_id": run_id}
+        assert error["meta"] == {"run_id": run_id, "environment": "default"}
 
 
 def test_bridge_requests_without_the_right_token_change_nothing(dev: Dev) -> None:

@@ -125,7 +125,10 @@ async def test_unknown_and_pruned_runs_are_run_not_found_and_bad_ids_validation_
             with pytest.raises(RunlaneError) as raised:
                 await call()
             assert raised.value.code is ErrorCode.RUN_NOT_FOUND
-            assert raised.value.meta == {"run_id": "run_missing"}
+            assert raised.value.meta == {"run_id": "run_missing", "environment": runtime.environment.name}
+            # Where environments share a database, another environment's run is the likeliest cause.
+            expected = f"Run run_missing does not exist in environment {runtime.environment.name!r}."
+            assert raised.value.message == expected
 
         for call in (
             lambda: runtime.runs.steps("bad:id"),
@@ -262,7 +265,7 @@ def test_cli_runs_steps_table_json_paging_and_errors(tmp_path: Path) -> None:
 
     missing = cli(project, "runs", "steps", "run_does_not_exist")
     assert missing.returncode == 1
-    assert missing.stderr.startswith("error[run_not_found]: Run run_does_not_exist does not exist.")
+    assert missing.stderr.startswith("error[run_not_found]: Run run_does_not_exist does not exist in environment")
     assert "Traceback" not in missing.stderr
     missing_json = cli(project, "--json", "runs", "steps", "run_does_not_exist")
     assert missing_json.returncode == 1

@@ -118,7 +118,7 @@ class RunsGetParams(OperationParams):
 async def _get(runtime: Any, params: RunsGetParams) -> tuple[Any, Any]:
     run = await runtime.runs.get(params.run_id)
     if run is None:
-        raise run_not_found(params.run_id)
+        raise run_not_found(params.run_id, runtime.environment)
     page = None
     if params.events:
         page = await runtime.runs.events(
@@ -143,7 +143,7 @@ class RunsAttemptsParams(OperationParams):
 )
 async def _attempts(runtime: Any, params: RunsAttemptsParams) -> Any:
     if await runtime.runs.get(params.run_id) is None:
-        raise run_not_found(params.run_id)
+        raise run_not_found(params.run_id, runtime.environment)
     return await runtime.runs.attempts(params.run_id)
 
 

@@ -2340,7 +2340,7 @@ class RunsApi:
             raise _options_error("run event", error) from None
         await runtime._ready()
         if await runtime._store.get_visible_run(checked) is None:
-            raise run_not_found(checked)
+            raise run_not_found(checked, runtime._environment)
         return await driver.list_run_events(event_filter, pagination)
 
     # ``builtins.list``: inside this class, ``list`` names the ``list`` method above.
@@ -2368,7 +2368,7 @@ class RunsApi:
         self._operator_reads()
         await runtime._ready()
         if await runtime._store.get_visible_run(checked) is None:
-            raise run_not_found(checked)
+            raise run_not_found(checked, runtime._environment)
         return await runtime._store.get_step(checked, key)
 
     async def steps(self, run_id: str, *, cursor: str | None = None, limit: int | None = None) -> Page[RunStepRecord]:
@@ -2390,7 +2390,7 @@ class RunsApi:
         after = _step_cursor_position(pagination.cursor, scope, checked)
         await runtime._ready()
         if await runtime._store.get_visible_run(checked) is None:
-            raise run_not_found(checked)
+            raise run_not_found(checked, runtime._environment)
         steps, last = await runtime._store.list_steps(checked, after=after, limit=wanted)
         kind = PaginationCursorKind.RUN_STEP_LIST
         next_cursor = None if last is None else encode_operator_cursor(kind, scope, (last,))
@@ -2484,7 +2484,7 @@ class RunsApi:
         await runtime._ready()
         source = await runtime._store.get_visible_run(checked)
         if source is None:
-            raise run_not_found(checked)
+            raise run_not_found(checked, runtime._environment)
         if kind is RunSourceType.MANUAL_RETRY and source.status is not RunStatus.FAILED:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
@@ -2571,7 +2571,7 @@ class RunsApi:
         if isinstance(result, RunlaneError):
             if result.code is ErrorCode.VALIDATION_FAILED and await runtime._store.get_visible_run(checked) is None:
                 # A pruned run is terminal (the build refused it) and, for operators, gone.
-                raise run_not_found(checked)
+                raise run_not_found(checked, runtime._environment)
             raise result
         run = result.run
         if run.status is RunStatus.CANCELLATION_REQUESTED and run.lease is not None:

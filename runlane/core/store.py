@@ -878,9 +878,14 @@ def _lease_conflict(run_id: str, why: str) -> RunlaneError:
     )
 
 
-def run_not_found(run_id: str) -> RunlaneError:
-    """``run_not_found`` for ``run_id``, worded the same by every path that reports it."""
-    return RunlaneError(ErrorCode.RUN_NOT_FOUND, f"Run {run_id} does not exist.", meta={"run_id": run_id})
+def run_not_found(run_id: str, environment: Environment) -> RunlaneError:
+    """``run_not_found`` for ``run_id``, worded the same by every path that reports it. It names the
+    environment: where several share a database, a run of another one is the likeliest cause."""
+    return RunlaneError(
+        ErrorCode.RUN_NOT_FOUND,
+        f"Run {run_id} does not exist in environment {environment.name!r}.",
+        meta={"run_id": run_id, "environment": environment.name},
+    )
 
 
 def _utc(value: datetime) -> datetime:
@@ -2518,7 +2523,7 @@ class CoreStore:
         if token is not None:
             _check_lease(request.run_id, None if slot is None else slot.run, token)
         if slot is None:
-            raise run_not_found(request.run_id)
+            raise run_not_found(request.run_id, self.environment)
         events = list(request.build(slot.run, now))
         if not events:
             return AppendResult(slot.run)
