@@ -779,6 +779,7 @@ async def test_execute_delivery_rejects_an_aborted_signal_and_a_foreign_environm
         with pytest.raises(RunlaneError) as raised:
             await runtime.execute_delivery(foreign)
         assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert "give each environment SQS queues of its own" in raised.value.message  # what causes it
         with pytest.raises(RunlaneError) as raised:
             await runtime.execute_delivery({"run_id": run.id})
         assert raised.value.code is ErrorCode.CONFIGURATION_INVALID

@@ -1668,7 +1668,8 @@ class Runlane:
         if environment_key(message.environment) != self._env_key:
             raise _invalid(
                 f"The delivery message is for environment {message.environment.name!r}, "
-                f"but this runtime serves {self._environment.name!r}.",
+                f"but this runtime serves {self._environment.name!r}: give each environment SQS queues of its "
+                "own (a consumer cannot run another environment's wakeups, and they end up dead-lettered).",
                 field="message.environment",
             )
         options = self.execution_options(lease_duration, heartbeat_interval, max_attempt_duration, signal, worker_id)
