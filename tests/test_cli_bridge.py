@@ -280,7 +280,7 @@ def test_stateful_commands_warn_when_a_process_local_lane_has_no_dev_session(pro
     triggered = project.cli("trigger", "emails.welcome", '{"user_id": "u1"}')
     assert triggered.returncode == 0 and "✓ created run_" in triggered.stdout
     warning = triggered.stderr.strip()
-    assert warning.startswith("warning: the 'local' lane keeps runs in this process only and no `runlane dev` is ")
+    assert warning.startswith("warning: the 'local' lane keeps runs in this process only and no `runlane dev` ")
     assert "Start `runlane dev` in another terminal" in warning and "sqlite lane" in warning
 
     listed = project.cli("--json", "runs", "list")
@@ -307,6 +307,19 @@ def test_a_dev_started_on_another_lane_than_the_config_now_names_does_not_take_t
     assert (project.root / "app.db").exists()
     listed = project.json("runs", "list")
     assert [run["id"] for run in listed["data"]] == [run_id]
+
+
+def test_a_dev_serving_another_environment_does_not_take_the_command(
+    project: Project, dev: subprocess.Popen[str]
+) -> None:
+    """The same lane, another environment (as a ${VAR} of the config would change it): the command must not
+    run in the dev process's environment, and the warnings say why without claiming no dev is running."""
+    project.config.write_text(project.config.read_text().replace("[runlane]", '[runlane]\nenvironment = "other"', 1))
+    result = project.cli("trigger", "emails.welcome", '{"user_id": "u1"}')
+    assert result.returncode == 0, result.stderr
+    assert "now names another lane, runtime or environment" in result.stderr
+    assert "no `runlane dev` serves runlane.toml as it reads now" in result.stderr
+    assert "is running" not in result.stderr
 
 
 def test_a_shared_lane_gets_no_process_local_warning(tmp_path: Path) -> None:

@@ -591,9 +591,9 @@ def serves(session: Session, lane: str, output: Output) -> bool:
         return True
     output.warning(
         "dev_config_changed",
-        f"runlane dev (pid {session.pid}) serves {session.config_path} with the lane it had when it started; "
-        "the file now names another lane, so this command runs on its own runtime. Restart runlane dev "
-        "to serve the new one.",
+        f"runlane dev (pid {session.pid}) serves {session.config_path} as it read it when it started; the "
+        "file now names another lane, runtime or environment (its ${VAR}s read from this command's "
+        "environment), so this command runs on its own runtime. Restart runlane dev to serve the new one.",
     )
     return False
 

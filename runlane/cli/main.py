@@ -525,9 +525,9 @@ def run_operation(ctx: typer.Context, name: str, **values: Any) -> None:
 
 def _alone_on_a_process_local_lane(runtime: Runlane, config: LoadedConfig) -> str:
     return (
-        f"the {runtime.lane.name!r} lane keeps runs in this process only and no `runlane dev` is running for "
-        f"{config.path.name}: this command ran on an empty lane that is gone when it exits. Start `runlane dev` "
-        "in another terminal so commands share its state, or use the sqlite lane."
+        f"the {runtime.lane.name!r} lane keeps runs in this process only and no `runlane dev` serves "
+        f"{config.path.name} as it reads now: this command ran on an empty lane that is gone when it exits. "
+        "Start `runlane dev` in another terminal so commands share its state, or use the sqlite lane."
     )
 
 
