@@ -301,3 +301,58 @@ def test_a_closed_sync_facade_leaves_no_exit_hook_behind():
     gc.collect()
     assert atexit._ncallbacks() == before
     assert not [value for value in gc.get_objects() if isinstance(value, SyncRunlane)]
+
+
+FORKED_CHILD_EXITS = """
+import asyncio, os, sys
+from runlane import create_runlane, queue, task
+from runlane_local import sqlite_lane
+
+default = queue("default", default=True)
+
+
+@task("noop")
+async def noop(payload: dict) -> None:
+    return None
+
+
+runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[noop])
+runlane.sync.trigger(noop, {})
+
+
+async def wait_for_work() -> None:
+    await asyncio.get_running_loop().create_future()
+
+
+workers = []
+
+
+async def background() -> None:  # as a connection pool keeps workers waiting on the facade loop
+    workers.append(asyncio.get_running_loop().create_task(wait_for_work(), name="pool-worker"))
+
+
+async def stop() -> None:
+    workers[0].cancel()
+
+
+runlane.sync.call(background)
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a forked server worker that never used Runlane, exiting normally
+os.waitpid(pid, 0)
+runlane.sync.call(stop)
+runlane.sync.close()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_exits_without_warnings_about_the_parents_tasks(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED_CHILD_EXITS, str(tmp_path / "runlane.db")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Task was destroyed" not in done.stderr, done.stderr

@@ -179,9 +179,16 @@ class SyncRunlane:
     def forked(self) -> None:
         """In a forked child: the facade loop's thread stayed with the parent; forget that loop (the
         runtime refuses every call)."""
+        loop = self._loop
+        if loop is not None:
+            # Its tasks (a connection pool's workers, say) never run again here; collected at exit, each
+            # would print "Task was destroyed but it is pending" for a child that did nothing wrong.
+            for task in asyncio.all_tasks(loop):
+                task._log_destroy_pending = False  # type: ignore[attr-defined]
         self._lock = threading.Lock()
         self._loop = None
         self._thread = None
+        _RUNNING_FACADES.discard(self)
 
     def shutdown_loop(self) -> None:
         """Stop the facade loop thread (called when the runtime closes)."""
