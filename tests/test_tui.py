@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -376,6 +377,28 @@ async def test_the_run_card_shows_a_long_payload_and_output_whole() -> None:
     assert max(len(line) for line in card) <= 100
     for raw in ("\x1b", "\r", "\x9b", "\u202e"):
         assert not any(raw in line for line in card), raw
+
+
+async def test_the_run_card_shows_the_start_of_a_huge_payload_and_says_how_to_see_it_all() -> None:
+    """A 200 KB payload laid out whole made every scroll step of the detail screen take most of a second."""
+    from runlane.tui.widgets.run_card import SHOWN_CHARACTERS
+
+    @task("blobs.store")
+    async def store(payload: dict[str, Any]) -> None:
+        return None
+
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[store], clock=ControlledClock(T0))
+    async with runtime:
+        await runtime.trigger(store, {"blob": "START" + "y" * 200_000 + "END-OF-BLOB"}, run_id="run_big")
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await open_run(pilot, "run_big")
+            card = widget_lines(app.screen.query_one("#card"))
+    text = "".join(line.strip() for line in card)
+    assert "START" in text and "END-OF-BLOB" not in text
+    assert len(text) < SHOWN_CHARACTERS + 2_000
+    note = re.search(r"… ([\d,]+) more characters: runlane runs get run_big --json prints all of it", " ".join(card))
+    assert note is not None and 180_000 < int(note.group(1).replace(",", "")) < 180_100
 
 
 def _in_json(text: str) -> str:
