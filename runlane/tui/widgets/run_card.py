@@ -43,10 +43,8 @@ class RunCard(Static):
                 hidden = len(cell.plain) - SHOWN_CHARACTERS
                 if hidden > 0:
                     cell = cell[:SHOWN_CHARACTERS]
-                    cell.append(
-                        f"\n… {hidden:,} more characters: runlane runs get {printable(run.id)} --json prints all of it",
-                        style="dim",
-                    )
+                    command = f"runlane runs get {printable(run.id)} --json"
+                    cell.append(f"\n… {hidden:,} more characters: {command} prints all of it", style="dim")
             else:
                 cell = printable_text(display_value(value))
             grid.add_row(label, cell)
