@@ -65,7 +65,9 @@ async def _execute(runtime, how: str, definition, queued):
 
 
 @pytest.mark.parametrize("how", ["execute_next", "run_now", "execute_delivery"])
-async def test_close_stops_a_running_attempt_and_records_the_retry_its_handler_raises_for(tmp_path, how):
+async def test_close_stops_a_running_attempt_and_hands_its_run_back_when_its_handler_raises(tmp_path, how):
+    """The run is not at fault: it is released to run again at once, spending no attempt of its retry
+    budget (the task has none), as a process that crashed would have it run again."""
     path = tmp_path / "close.db"
     runtime = create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[raises])
     async with runtime:
@@ -75,11 +77,18 @@ async def test_close_stops_a_running_attempt_and_records_the_retry_its_handler_r
     assert pending.done()  # close() waited for the attempt
     run = pending.result()
     assert reasons == ["worker_stopped"]
-    assert run.status is RunStatus.RETRYING and run.failure.code is ErrorCode.OPERATION_CANCELLED
-    assert run.failure.meta == {"reason": "worker_stopped"}
+    assert run.status is RunStatus.RELEASED and run.failure is None
+    assert (run.counters.failures, run.counters.releases) == (0, 1)
     async with create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[raises]) as reopened:
         stored = await reopened.runs.get(run.id)
-        assert stored.status is RunStatus.RETRYING and stored.lease is None
+        assert stored.status is RunStatus.RELEASED and stored.lease is None
+        (released,) = (await reopened.runs.events(run.id, types=["run.released"])).data
+        assert released.event.reason == "worker_stopped"
+        await asyncio.sleep(0.01)  # due 1 ms after it was released
+        started.clear()
+        rerun = asyncio.ensure_future(reopened.execute_next())
+        await asyncio.wait_for(started.wait(), 2)  # the next process runs it again
+    assert (await rerun).status is RunStatus.RELEASED  # stopped again by closing that runtime
 
 
 async def test_a_handler_that_returns_after_close_stopped_it_succeeds(tmp_path):

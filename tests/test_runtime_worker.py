@@ -709,3 +709,33 @@ async def test_the_idle_slots_of_a_poll_worker_share_one_scan_per_poll_delay(mon
         await worker.stop()
     # About one scan per 20 ms between the eight slots (eight per 20 ms before).
     assert idle_scans <= 2 * elapsed / 0.02 + 4, (idle_scans, elapsed)
+
+
+async def test_a_run_whose_handler_raises_on_the_workers_stop_runs_again_and_is_not_failed():
+    """A deploy's SIGTERM, a reload: the handler stops as the docs show (raise_if_aborted). The run is
+    not at fault, so even without a retry policy it runs again on the next worker instead of failing,
+    as it would after the process crashed."""
+    attempts: list[int] = []
+    started = asyncio.Event()
+
+    @task("exports.nightly")  # no retry policy
+    async def nightly(payload: dict, ctx: TaskContext) -> str:
+        attempts.append(ctx.attempt)
+        started.set()
+        if ctx.attempt == 1:
+            await ctx.signal.wait()
+            ctx.signal.raise_if_aborted()
+        return "exported"
+
+    runtime, clock = make_runtime(nightly)
+    async with runtime:
+        run = (await runtime.trigger(nightly, {})).run
+        worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms")
+        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.wait_for(worker.stop(), 5)
+        stopped = await runtime.runs.get(run.id)
+        assert stopped.status is RunStatus.RELEASED and stopped.failure is None
+        clock.advance("1ms")
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.SUCCEEDED and done.output == "exported"
+        assert attempts == [1, 2] and (done.counters.failures, done.counters.releases) == (0, 1)

@@ -437,6 +437,10 @@ def _release_events(run: RunRecord, at: datetime, release: TaskRelease, actor: A
     return [RunReleasedEvent(**common, wait=release.wait_condition(at))]
 
 
+# What a handler that raised on its worker's stop (``ctx.signal.raise_if_aborted()``) leaves behind: the
+# run, released, is due again at once (a release needs a positive delay).
+_STOPPED_WITH_THE_WORKER = TaskRelease(wait_type=RunWaitConditionType.TIME, delay_ms=1, reason=REASON_WORKER_STOPPED)
+
 # The three shapes a finished handler leaves behind.
 _SUCCESS = 0
 _RELEASE = 1
@@ -1347,9 +1351,13 @@ class _Attempt:
                 and not self.cancel_observed
                 and not self.timed_out
             ):
-                # A local abort (worker stop, caller signal, lost lease) is not a durable cancellation:
-                # the failure follows the task's retry policy like any other. Without one, the handler
-                # chose to give up, and its non-retryable error stands.
+                if self.controller.signal.reason == REASON_WORKER_STOPPED:
+                    # The handler stopped because its worker did (a deploy, a reload, closing the
+                    # runtime): the run is not at fault, so it goes back to run again at once, without
+                    # spending its retry budget, as a process that crashed would have it run again.
+                    return _Outcome(_RELEASE, release=_STOPPED_WITH_THE_WORKER)
+                # Another local abort (a caller's signal, a lost lease) is not a durable cancellation
+                # either: the failure follows the task's retry policy like any other.
                 failure = failure.model_copy(update={"retryable": True})
             return _Outcome(_FAILURE, failure=failure, error=error)
         if self._calls:
