@@ -1671,3 +1671,63 @@ async def test_one_bare_string_is_one_filter_value():
         assert (await runtime.runs.list(statuses="queued")).data == []
         events = (await runtime.runs.events(run.id, types="run.succeeded")).data
         assert [record.event.type for record in events] == ["run.succeeded"]
+
+
+async def test_wait_returns_a_run_once_it_has_finished_elsewhere():
+    """A producer that needs a result: the run finishes on a worker while the producer waits."""
+    from runlane import WorkerMode
+
+    @task("reports.render")
+    async def render(payload: dict) -> dict:
+        await asyncio.sleep(0.05)
+        return {"pages": payload["pages"]}
+
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT], tasks=[render])
+    async with runtime:
+        run = (await runtime.trigger(render, {"pages": 3})).run
+        waiting = asyncio.ensure_future(runtime.runs.wait(run.id, timeout="10s"))
+        await asyncio.sleep(0.02)
+        assert not waiting.done()
+        worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms")
+        try:
+            done = await asyncio.wait_for(waiting, 10)
+        finally:
+            await worker.stop()
+        assert done.status is RunStatus.SUCCEEDED and done.output == {"pages": 3}
+        assert (await runtime.runs.wait(run.id)).output == {"pages": 3}  # finished: returned at once
+
+
+async def test_wait_reports_a_missing_run_and_a_timeout_with_the_status_it_saw():
+    @task("reports.parked")
+    async def parked(payload: dict) -> None:
+        return None
+
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT], tasks=[parked])
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.wait("run_missing", timeout="1s")
+        assert raised.value.code is ErrorCode.RUN_NOT_FOUND
+        run = (await runtime.trigger(parked, {})).run  # no worker: it stays queued
+        with pytest.raises(TimeoutError, match=f"Run {run.id} is still queued after 50ms"):
+            await runtime.runs.wait(run.id, timeout="50ms")
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.runs.wait(run.id, timeout="soon")
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+def test_the_sync_facade_waits_for_a_run_from_plain_code():
+    import threading
+
+    @task("reports.sync")
+    def render(payload: dict) -> str:
+        return "rendered"
+
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT], tasks=[render])
+    try:
+        run = runtime.sync.trigger(render, {}).run
+        executed = threading.Timer(0.05, runtime.sync.execute_next)
+        executed.start()
+        assert runtime.sync.runs.wait(run.id, timeout="10s").output == "rendered"
+        executed.join(5)
+    finally:
+        runtime.sync.close()

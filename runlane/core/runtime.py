@@ -2228,6 +2228,11 @@ def _options_error(subject: str, error: ValueError) -> RunlaneError:
 # Namespaces
 
 
+# ``runs.wait`` reads the run again after these many seconds, doubling up to the second.
+_WAIT_FIRST_S = 0.01
+_WAIT_MAX_S = 1.0
+
+
 class RunsApi:
     """Operator reads and actions: ``runlane.runs``."""
 
@@ -2243,14 +2248,46 @@ class RunsApi:
         await runtime._ready()
         return await runtime._store.get_visible_run(checked)
 
+    async def wait(self, run_id: str, *, timeout: Duration | None = None) -> RunRecord:
+        """Wait until run ``run_id`` has finished (succeeded, failed or cancelled) and return it, as a
+        producer that needs a run's result does. ``run_not_found`` when there is no such run (or it was
+        pruned meanwhile); ``TimeoutError`` naming the run's status once ``timeout`` has passed (none:
+        as long as it takes). The run is read again at intervals growing from 10 ms to 1 s, so a run
+        that finishes in another process is seen within a second."""
+        runtime = self._runtime
+        runtime._check_open()
+        self._operator_reads()
+        checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
+        limit_ms = None if timeout is None else duration_ms(timeout, "timeout")
+        loop = asyncio.get_running_loop()
+        deadline = None if limit_ms is None else loop.time() + limit_ms / 1000
+        await runtime._ready()
+        interval = _WAIT_FIRST_S
+        while True:
+            run = await runtime._store.get_visible_run(checked)
+            if run is None:
+                raise run_not_found(checked, runtime._environment)
+            if run_status_values.is_terminal(run.status):
+                return run
+            pause = interval
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"Run {checked} is still {run.status.value} after {format_duration(limit_ms or 0)}."
+                    )
+                pause = min(pause, remaining)
+            await asyncio.sleep(pause)
+            interval = min(interval * 2, _WAIT_MAX_S)
+
     def _operator_reads(self) -> Any:
         runtime = self._runtime
         if not runtime._lane.capabilities.operator_reads:
             raise RunlaneError(
                 ErrorCode.CAPABILITY_UNSUPPORTED,
                 f"Lane {runtime._lane.name!r} has no operator reads, which runs.get/list/events/attempts/"
-                "step/steps/find_active/find_current and the cancel/rerun/retry actions need; use a lane created with "
-                "operator_reads=True.",
+                "step/steps/wait/find_active/find_current and the cancel/rerun/retry actions need; use a lane "
+                "created with operator_reads=True.",
             )
         return runtime._lane.storage
 

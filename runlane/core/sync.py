@@ -351,6 +351,11 @@ class SyncRuns:
         """The run, or ``None`` when it does not exist or was pruned; mirrors ``await runlane.runs.get(...)``."""
         return self._facade.call(self._facade._runtime.runs.get, run_id)
 
+    @_options_of(RunsApi.wait)
+    def wait(self, run_id: str, **options: Any) -> RunRecord:
+        """Block until the run has finished and return it; mirrors ``await runlane.runs.wait(...)``."""
+        return self._facade.call(self._facade._runtime.runs.wait, run_id, **options)
+
     @_options_of(RunsApi.list)
     def list(self, **options: Any) -> Page[RunSummary]:
         """A page of run summaries; mirrors ``await runlane.runs.list(...)``."""
