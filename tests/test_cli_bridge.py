@@ -18,6 +18,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from runlane.cli import bridge
 from runlane.cli.bridge import COMMAND_PATH, MAX_REQUEST_BYTES, read_session, session_path
 from runlane.cli.output import Output
 
+from runlane.cli.main import SIGNAL_REPEAT_S
 from cli_support import Project, cli, command, make_project, post, running_dev, wait_for
 
 
@@ -213,6 +215,7 @@ def test_when_the_latest_dev_stops_the_one_it_superseded_serves_again(
         assert '"code":"dev_superseded"' in log.replace(" ", "") and f"pid {dev.pid}" in log
         assert project.json("runs", "list")["data"] == []  # the second dev's own, empty lane
         second.send_signal(signal.SIGINT)
+        time.sleep(SIGNAL_REPEAT_S)  # sooner, it would be taken for the same signal delivered twice
         second.send_signal(signal.SIGINT)  # the second signal exits at once
         second.wait(timeout=20)
     assert read_session(project.config) == first  # handed back, not deleted

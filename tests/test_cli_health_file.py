@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from cli_support import background, cli, make_project, wait_for
+from runlane.cli.main import SIGNAL_REPEAT_S
 
 TASKS = """
 from runlane import queue, task
@@ -51,6 +52,15 @@ def test_a_single_tick_refuses_a_health_file_it_would_not_keep(tmp_path: Path) -
     assert not (tmp_path / "alive").exists()
 
 
+QUICK_TASKS = TASKS + '''
+
+@task("quick")
+def quick(payload: dict) -> None:
+    import time
+
+    time.sleep(2)
+'''
+
 SLOW_TASKS = TASKS + '''
 
 @task("slow")
@@ -70,6 +80,7 @@ def test_a_forced_exit_removes_the_health_file_too(tmp_path: Path) -> None:
         time.sleep(0.5)  # the slow run is claimed: a first signal waits for it
         worker.process.send_signal(signal.SIGTERM)
         wait_for(lambda: worker.first("stopping") is not None, timeout=10, what="the stopping line")
+        time.sleep(SIGNAL_REPEAT_S)  # sooner, it would be taken for the same signal delivered twice
         worker.process.send_signal(signal.SIGTERM)  # a second signal exits at once
         assert worker.process.wait(timeout=10) == 128 + signal.SIGTERM
     assert not health.exists(), "a probe would find a process that is gone alive"
@@ -129,3 +140,18 @@ def test_a_path_that_holds_something_else_is_refused_not_deleted(tmp_path: Path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"error[configuration_invalid]: The health file {precious} already exists")
     assert precious.read_text() == "precious\n"
+
+
+def test_one_stop_delivered_twice_at_once_is_still_a_graceful_stop(tmp_path: Path) -> None:
+    """coreutils `timeout` (or a process manager signalling the process, then its group) sends SIGTERM
+    twice at once: that is one request to stop, which lets the run in progress finish."""
+    root = make_project(tmp_path / "project", tasks=QUICK_TASKS, lane="sqlite")
+    assert cli(root, "trigger", "quick", "{}").returncode == 0
+    with background(root, "work", log=tmp_path / "work.log") as worker:
+        worker.wait_for("worker_started")
+        time.sleep(0.5)  # the run is claimed
+        worker.process.send_signal(signal.SIGTERM)
+        worker.process.send_signal(signal.SIGTERM)
+        assert worker.process.wait(timeout=20) == 0
+        assert [record["type"] for record in worker.records()].count("stopping") == 1
+        assert not any(record["type"] == "exit" for record in worker.records())

@@ -16,6 +16,7 @@ import os
 import signal
 import stat
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -247,9 +248,14 @@ async def _start_when_storage_answers(runtime: Runlane, output: Output) -> None:
     delay = _FIRST_RETRY_S
     attempt: asyncio.Future[None] | None = None
 
+    received: list[tuple[signal.Signals, float]] = []
+
     def on_signal(signum: signal.Signals) -> None:
         if stop.is_set():
+            if received and repeated_delivery(received[0], signum):
+                return
             exit_now(output, signum)  # a second signal: at once
+        received.append((signum, time.monotonic()))
         stop.set()
         if attempt is not None:
             attempt.cancel()  # a connection attempt may take its whole timeout: do not wait for it
@@ -297,6 +303,16 @@ def exit_now(output: Output, signum: signal.Signals) -> NoReturn:
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+# A second signal this soon after the first, of the same kind, is the same stop delivered twice, not a
+# person asking again: coreutils `timeout` (and a process manager signalling the process and then its
+# group) sends SIGTERM to the process and to its group at once.
+SIGNAL_REPEAT_S = 0.25
+
+
+def repeated_delivery(first: tuple[signal.Signals, float], signum: signal.Signals) -> bool:
+    """Whether ``signum`` repeats ``first`` (the first stop signal and its ``time.monotonic()``) at once."""
+    return signum == first[0] and time.monotonic() - first[1] < SIGNAL_REPEAT_S
 
 
 @contextlib.contextmanager

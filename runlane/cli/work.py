@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from typing import Any
 
 import typer
 
 from ..vocabulary import WorkerMode
-from .main import exit_now, load_cli_config, on_stop_signals, state_of, with_runtime
+from .main import exit_now, load_cli_config, on_stop_signals, repeated_delivery, state_of, with_runtime
 from .options import (
     ConcurrencyOption,
     EmptyPollDelayOption,
@@ -39,6 +40,7 @@ class StopOnSignals:
         self.finishing = finishing  # what a first signal lets finish, for the stopping line
         self.stopping = asyncio.Event()
         self._received = 0
+        self._first: tuple[signal.Signals, float] = (signal.SIGTERM, 0.0)  # the first signal, and when
         self._handlers = on_stop_signals(self._on_signal)
 
     def __enter__(self) -> StopOnSignals:
@@ -51,9 +53,12 @@ class StopOnSignals:
         self._handlers.__exit__(None, None, None)
 
     def _on_signal(self, signum: signal.Signals) -> None:
+        if self._received and repeated_delivery(self._first, signum):
+            return
         self._received += 1
         name = signal.Signals(signum).name
         if self._received == 1:
+            self._first = (signum, time.monotonic())
             self.output.record("stopping", f"received {name}; stopping after {self.finishing} (send again to exit now)",
                                signal=name)
             self.stopping.set()
