@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from runlane.cli.main import app
 from runlane.config import load_config
+from runlane.errors import ErrorCode, RunlaneError
 
 
 @pytest.fixture
@@ -76,6 +77,12 @@ def test_init_config_for_a_production_lane_writes_options_its_plugin_accepts(
     result = cli(tmp_path, "init", "config", "--tasks", "app.tasks", "--lane", lane)
     assert result.returncode == 0, result.stderr
     monkeypatch.setenv("RUNLANE_DEFAULT_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/default")
+    # A deploy that forgot the database URL is told so, instead of waiting for a server on localhost.
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with pytest.raises(RunlaneError) as missing:
+        load_config(cwd=tmp_path)
+    assert missing.value.code is ErrorCode.CONFIGURATION_INVALID and "DATABASE_URL" in missing.value.message
+    monkeypatch.setenv("DATABASE_URL", "postgresql://db.internal:5432/app")
     loaded = load_config(cwd=tmp_path)
     assert loaded is not None and loaded.lane is not None and loaded.lane.use == lane
     validate_options(get_registries().lanes.get(lane), loaded.lane.options)
@@ -546,7 +553,13 @@ def test_trigger_created_then_returned_existing(shared: Shared) -> None:
     human = shared("trigger", "emails.welcome", '{"user_id": "u1"}')
     assert human.exit_code == 0
     assert f"⊝ returned existing {run['id']} (idempotency)" in human.stdout
-    assert f"use runlane rerun {run['id']} to execute this work again" in human.stdout
+    # Still queued: rerun (finished runs only) would be refused, so the hint says how to follow it.
+    assert f"the run is still queued; runlane runs get {run['id']} follows it" in human.stdout
+    assert "rerun" not in human.stdout
+
+    assert shared("work", "--drain").exit_code == 0
+    finished = shared("trigger", "emails.welcome", '{"user_id": "u1"}')
+    assert f"use runlane rerun {run['id']} to execute this work again" in finished.stdout
 
 
 def test_trigger_human_card_and_options(shared: Shared) -> None:

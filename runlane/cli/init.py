@@ -93,15 +93,16 @@ def _lane_options(lane: str) -> list[str]:
         return ["# The database file, relative to this config file.", 'path = "runlane.db"']
     if lane == "postgres-polling":
         return [
-            "# Apply the schema first with `runlane postgres migrate`.",
-            'connection_string = "${DATABASE_URL:-postgresql://localhost:5432/app}"',
+            "# Apply the schema first with `runlane postgres migrate`. Without DATABASE_URL set, commands",
+            "# refuse to start, naming this key (a fallback URL here would hide a deploy that forgot it).",
+            'connection_string = "${DATABASE_URL}"',
             '# schema = "public"',
         ]
     if lane == "postgres-sqs":
         return [
             "# Apply the schema first with `runlane postgres migrate`; consume with `runlane sqs consume`.",
             "[lane.postgres]",
-            'connection_string = "${DATABASE_URL:-postgresql://localhost:5432/app}"',
+            'connection_string = "${DATABASE_URL}"   # unset: commands refuse to start, naming this key',
             '# schema = "public"',
             "",
             "# The SQS client: region, credentials and endpoint come from the AWS environment when left out.",

@@ -38,6 +38,7 @@ from rich.text import Text
 
 from ..core.authoring import error_location
 from ..errors import RunlaneError
+from ..vocabulary import run_status_values
 
 __all__ = [
     "Output",
@@ -492,8 +493,12 @@ class Output:
             )
             self.run_card(run, heading=heading)
             self.line()
-            rerun = f"  use runlane rerun {printable(run.id)} to execute this work again"
-            self.line(Text.assemble(("hint", "bold cyan"), rerun))
+            if run_status_values.is_terminal(run.status):
+                hint = f"  use runlane rerun {printable(run.id)} to execute this work again"
+            else:  # rerun takes finished runs only: the work is still to do, or being done
+                status = display_value(run.status)
+                hint = f"  the run is still {status}; runlane runs get {printable(run.id)} follows it"
+            self.line(Text.assemble(("hint", "bold cyan"), hint))
 
     def run_result(self, run: Any, *, verb: str) -> None:
         """A run created or changed by an operator command (retry, rerun, cancel)."""
