@@ -169,6 +169,47 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_a_delayed_trigger_starts_once_its_time_has_come(self, lanes: LaneFactory) -> None:
+        """``trigger(..., delay=...)`` / ``run_at=``: queued with its start time until then, then run by a
+        worker (unbounded queue) or dispatched by tick (bounded queue), on every lane."""
+        ran: list[str] = []
+
+        @task("reminders.send")
+        async def remind(payload: dict) -> None:
+            ran.append(payload["to"])
+
+        @task("reminders.limited", queue=LIMITED)
+        async def limited(payload: dict) -> None:
+            ran.append(payload["to"])
+
+        async def body() -> None:
+            runtime, clock = self.runtime(lanes.new(), remind, limited)
+            async with runtime:
+                later = (await runtime.trigger(remind, {"to": "ada"}, delay="1h")).run
+                assert later.status is RunStatus.QUEUED and later.run_at == clock.now() + timedelta(hours=1)
+                at = clock.now() + timedelta(minutes=30)
+                bounded = (await runtime.trigger(limited, {"to": "bob"}, run_at=at)).run
+                assert bounded.run_at == at
+                await runtime.tick()
+                assert await runtime.execute_next() is None and ran == []  # neither is due
+                clock.advance("30m")
+                await runtime.tick()  # reserves the bounded queue's slot for the run now due
+                assert (await runtime.execute_next()).id == bounded.id
+                assert await runtime.execute_next() is None and ran == ["bob"]
+                clock.advance("30m")
+                done = await runtime.execute_next()
+                assert done.id == later.id and done.status is RunStatus.SUCCEEDED and ran == ["bob", "ada"]
+                with pytest.raises(RunlaneError) as raised:
+                    await runtime.trigger(remind, {"to": "x"}, delay="1h", run_at=at)
+                assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+                with pytest.raises(RunlaneError) as raised:
+                    await runtime.trigger(remind, {"to": "x"}, run_at=datetime(2030, 1, 1))  # naive
+                assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+                past = (await runtime.trigger(remind, {"to": "now"}, run_at=at)).run  # already past: at once
+                assert past.status is RunStatus.QUEUED and (await runtime.execute_next()).id == past.id
+
+        self.run(body)
+
     def test_data_too_large_for_the_lane_is_refused_or_fails_the_attempt(self, lanes: LaneFactory) -> None:
         blob = {"size": 0}
 

@@ -562,6 +562,17 @@ def test_trigger_created_then_returned_existing(shared: Shared) -> None:
     assert f"use runlane rerun {run['id']} to execute this work again" in finished.stdout
 
 
+def test_trigger_with_a_delay_or_a_start_time_waits_for_it(shared: Shared) -> None:
+    later = shared.json("trigger", "emails.welcome", '{"user_id": "u9"}', "--delay", "2h")["run"]
+    assert later["status"] == "queued" and later["run_at"] > later["created_at"]
+    dated = shared.json("trigger", "emails.welcome", '{"user_id": "u8"}', "--run-at", "2099-01-01T09:30")["run"]
+    assert dated["run_at"].startswith("2099-01-01T09:30:00") and dated["run_at"].endswith("Z")  # UTC, as said
+    assert shared("work", "--drain").exit_code == 0
+    assert shared.json("runs", "get", later["id"])["run"]["status"] == "queued"  # not due: left alone
+    both = shared("trigger", "emails.welcome", '{"user_id": "u7"}', "--delay", "1h", "--run-at", "2099-01-01")
+    assert both.exit_code == 1 and "run_at or delay, not both" in both.stderr
+
+
 def test_trigger_human_card_and_options(shared: Shared) -> None:
     result = shared(
         "trigger", "emails.welcome", '{"user_id": "u2"}', "--queue", "other", "--run-id", "run_cli_fixed",

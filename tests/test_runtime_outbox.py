@@ -82,6 +82,23 @@ async def test_eager_trigger_publishes_the_rows_it_created():
         assert len(transport.published) == 1
 
 
+async def test_a_delayed_trigger_publishes_its_wakeup_when_the_run_is_due_not_before():
+    """An eager trigger publishes at once only what a consumer can run now: a wakeup sent early would be
+    ignored as not due and acknowledged, and the run would wait for nothing."""
+    runtime, transport, clock = transport_runtime()
+    async with runtime:
+        run = (await runtime.trigger(work, {}, delay="10m")).run
+        assert run.status is RunStatus.QUEUED and run.run_at == clock.now() + timedelta(minutes=10)
+        assert transport.published == []
+        assert await runtime.store.list_run_outbox(run.id) == []
+        assert (await runtime.tick()).outbox_published == 0
+        clock.advance("10m")
+        assert (await runtime.tick()).outbox_published == 1
+        (message,) = transport.published
+        result = await runtime.execute_delivery(message)
+        assert result.run.status is RunStatus.SUCCEEDED
+
+
 async def test_deferred_trigger_leaves_publishing_to_tick():
     runtime, transport, _ = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
     async with runtime:

@@ -21,6 +21,7 @@ from runlane import (
     RunSourceType,
     RunStatus,
     StorageConflictKind,
+    TaskContext,
     TriggerOutcomeType,
     create_runlane,
     get_storage_conflict_kind,
@@ -705,3 +706,21 @@ async def test_a_persisted_validation_failure_keeps_where_and_what_but_not_the_v
             await new.trigger(after, {"email": "bob@mail.example"})
         assert "bob@mail.example is not a corporate address" in caught.value.message
         assert "bob@mail.example" not in json.dumps(caught.value.meta)
+
+
+async def test_a_handler_can_trigger_a_child_to_start_later():
+    @task("reminders.child")
+    async def child(payload: dict) -> None:
+        return None
+
+    @task("reminders.parent")
+    async def parent(payload: dict, ctx: TaskContext) -> str:
+        return (await ctx.trigger(child, {}, delay="1d")).run.id
+
+    runtime, clock = make_runtime(parent, child)
+    async with runtime:
+        await runtime.trigger(parent, {})
+        child_id = (await runtime.execute_next()).output
+        assert await runtime.execute_next() is None  # the child is not due yet
+        clock.advance("1d")
+        assert (await runtime.execute_next()).id == child_id

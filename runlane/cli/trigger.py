@@ -14,7 +14,16 @@ from ..models import Actor
 from ..vocabulary import ActorType
 from .main import OperationParams, operation, run_operation
 from .output import trigger_summary
-from .options import ActorIdOption, QueueOption, RunIdOption, check_idempotency_key_ttl, checked, parse_json
+from .options import (
+    DURATION,
+    ActorIdOption,
+    QueueOption,
+    RunIdOption,
+    check_idempotency_key_ttl,
+    checked,
+    parse_iso_datetime,
+    parse_json,
+)
 
 __all__ = ["app"]
 
@@ -34,6 +43,8 @@ class TriggerParams(OperationParams):
     concurrency_key: str | None = None
     meta: dict[str, Any] | None = None
     actor_id: str | None = None
+    delay: str | None = None
+    run_at: str | None = None
 
 
 @operation(
@@ -70,6 +81,8 @@ async def _create(runtime: Any, params: TriggerParams) -> Any:
         queue=params.queue,
         run_id=params.run_id,
         singleton_key=params.singleton_key,
+        delay=params.delay,
+        run_at=None if params.run_at is None else parse_iso_datetime(params.run_at, "--run-at"),
     )
 
 
@@ -115,8 +128,21 @@ def trigger(
         ),
     ] = None,
     actor_id: ActorIdOption = None,
+    delay: Annotated[
+        str | None, typer.Option("--delay", help="Start no sooner than this duration from now.", metavar="D",
+                                 callback=DURATION)
+    ] = None,
+    run_at: Annotated[
+        str | None,
+        typer.Option(
+            "--run-at",
+            help="Start no sooner than this time (ISO 8601; UTC unless it has an offset).",
+            metavar="DATE",
+            callback=checked(parse_iso_datetime),
+        ),
+    ] = None,
 ) -> None:
-    """Create one durable run for TASK_ID."""
+    """Create one durable run for TASK_ID (to start at once, or later with --delay or --run-at)."""
     payload: Any = parse_json(payload_json, "PAYLOAD_JSON")  # both checked by their callbacks already
     meta_value = parse_json(meta, "--meta", require_object=True)
     run_operation(
@@ -132,4 +158,6 @@ def trigger(
         concurrency_key=concurrency_key,
         meta=meta_value,
         actor_id=actor_id,
+        delay=delay,
+        run_at=run_at,
     )

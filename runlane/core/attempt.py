@@ -1580,6 +1580,8 @@ _CHILD_TRIGGER_OPTIONS = frozenset(
         "idempotency_key_ttl",
         "meta",
         "queue",
+        "run_at",
+        "delay",
         "run_id",
         "singleton_key",
         "trace_carrier",

@@ -162,6 +162,7 @@ from .store import (
     NextClaimRequest,
     OutboxMark,
     ReserveRequest,
+    delayed_delivery_at,
     run_not_found,
 )
 
@@ -481,6 +482,7 @@ class _CreateInput:
     trace_carrier: dict[str, str] | None
     source: RunSource | None
     generated_run_id: bool = False  # core drew ``run_id`` (the caller passed none)
+    run_at: datetime | None = None  # a delayed trigger's start time, in the future when it was prepared
 
 
 class Runlane:
@@ -1049,6 +1051,8 @@ class Runlane:
         run_id: str | None = None,
         singleton_key: str | None = None,
         trace_carrier: Mapping[str, str] | None = None,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
         source: RunSource | None = None,
         stored: bool = False,
         linked: bool = False,
@@ -1117,6 +1121,7 @@ class Runlane:
         if meta is not None:
             meta_value = _copy_json_object(meta, "meta")
         carrier = _trace_carrier(trace_carrier)
+        start = self._start_time(run_at, delay)
         new_run_id = f"run_{time_ordered_uuid_hex()}" if run_id is None else validate_id(run_id, "run id")
         return _CreateInput(
             definition=definition,
@@ -1132,7 +1137,26 @@ class Runlane:
             trace_carrier=carrier,
             source=source,
             generated_run_id=run_id is None,
+            run_at=start,
         )
+
+    def _start_time(self, run_at: datetime | None, delay: Duration | None) -> datetime | None:
+        """When a delayed trigger's run may start (``None``: at once, as for a time already past)."""
+        if run_at is None and delay is None:
+            return None
+        if run_at is not None and delay is not None:
+            raise _invalid("Pass run_at or delay, not both: each says when the run may start.", field="run_at")
+        now = self.now()
+        if delay is not None:
+            start = later(now, duration_ms(delay, "delay"))
+        elif not isinstance(run_at, datetime) or run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise _invalid(
+                f"run_at must be a timezone-aware datetime, got {run_at!r}; attach a tzinfo such as UTC.",
+                field="run_at",
+            )
+        else:
+            start = run_at.astimezone(UTC)
+        return start if start > now else None
 
     def _created_event(self, spec: _CreateInput, now: datetime) -> RunCreatedEvent:
         carrier = spec.trace_carrier
@@ -1160,6 +1184,7 @@ class Runlane:
                     "idempotency_key_ttl": spec.idempotency_key_ttl,
                     "singleton_key": spec.singleton_key,
                     "source": spec.source,
+                    "run_at": spec.run_at,
                 },
             )
         return RunCreatedEvent(
@@ -1177,6 +1202,7 @@ class Runlane:
             idempotency_key_ttl=spec.idempotency_key_ttl,
             singleton_key=spec.singleton_key,
             source=spec.source,
+            run_at=spec.run_at,
         )
 
     async def create_triggered(
@@ -1191,7 +1217,9 @@ class Runlane:
             now = self.now()
         created = self._created_event(spec, now)
         follow_up: tuple[RunEvent, ...] = ()
-        if not spec.queue.is_bounded:
+        # A delayed run starts ``scheduled``: workers claim it once it is due, and maintenance requests its
+        # delivery then (as for a due retry), so no wakeup goes out before a consumer could run it.
+        if not spec.queue.is_bounded and spec.run_at is None:
             if created.occurred_at is now:  # built from validated parts (see _created_event)
                 delivery = build_validated(
                     DeliveryIntent,
@@ -1261,8 +1289,13 @@ class Runlane:
         run_id: str | None = None,
         singleton_key: str | None = None,
         trace_carrier: Mapping[str, str] | None = None,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
     ) -> TriggerRunResult:
-        """Validate ``payload`` and persist a new run (or return the idempotency owner's run)."""
+        """Validate ``payload`` and persist a new run (or return the idempotency owner's run).
+
+        ``run_at`` (an aware datetime) or ``delay`` (a duration) makes the run start no sooner than that;
+        until then it is ``queued`` with its ``run_at`` set, holding its keys like any active run."""
         self._check_open()
         spec = self.prepare_create(
             task,
@@ -1276,6 +1309,8 @@ class Runlane:
             run_id=run_id,
             singleton_key=singleton_key,
             trace_carrier=trace_carrier,
+            run_at=run_at,
+            delay=delay,
         )
         await self._ready()
         return await self.create_triggered(spec)
@@ -2050,6 +2085,8 @@ class Runlane:
         def build_for() -> Callable[[RunRecord, datetime], list[RunEvent]]:
             def build(run: RunRecord, at: datetime) -> list[RunEvent]:
                 available = get_run_delivery_recovery_available_at(run)
+                if available is None and run.queue not in self._store.queue_limits:
+                    available = delayed_delivery_at(run)  # a delayed trigger's run, now due
                 if available is None or available > at or available > now:
                     return []
                 if run.status is RunStatus.RUNNING and self._store.lease_held_here(run):

@@ -329,6 +329,15 @@ class _EventIds:
 # Index derivation
 
 
+def delayed_delivery_at(run: RunRecord) -> datetime | None:
+    """When a delayed trigger's run needs its delivery requested: a queued run whose only event is
+    ``run.created`` with a ``run_at`` (an unbounded queue's trigger requests delivery at once, a bounded
+    queue's run is dispatched instead). ``None`` for any other run."""
+    if run.status is not RunStatus.QUEUED or run.event_sequence != 1:
+        return None
+    return run.run_at
+
+
 def run_index_entries(run: RunRecord, bounded: Collection[str] = ()) -> tuple[StorageIndexEntry, ...]:
     """Every index entry of a run record, derived only from the run and the bounded queue names.
 
@@ -371,6 +380,12 @@ def run_index_entries(run: RunRecord, bounded: Collection[str] = ()) -> tuple[St
                     else:
                         entries.append(
                             _index_entry(StorageIndexName.RUNS_NEEDING_DELIVERY, (env,), (recovery_iso, run_id))
+                        )
+                if status is RunStatus.QUEUED and not (bounded and run.queue in bounded):
+                    delayed = delayed_delivery_at(run)
+                    if delayed is not None:
+                        entries.append(
+                            _index_entry(StorageIndexName.RUNS_NEEDING_DELIVERY, (env,), (runnable_iso, run_id))
                         )
                 if status is RunStatus.QUEUED and bounded and run.queue in bounded:
                     reserved = run.dispatch_expires_at
