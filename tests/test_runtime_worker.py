@@ -739,3 +739,53 @@ async def test_a_run_whose_handler_raises_on_the_workers_stop_runs_again_and_is_
         done = await runtime.execute_next()
         assert done.status is RunStatus.SUCCEEDED and done.output == "exported"
         assert attempts == [1, 2] and (done.counters.failures, done.counters.releases) == (0, 1)
+
+
+@pytest.mark.parametrize("kind", ["async", "def"])
+async def test_a_durable_step_rides_out_a_short_outage_instead_of_running_its_side_effect_again(kind: str):
+    """The step's read and its stored output are retried through an outage while the lease holds, as the
+    heartbeats and the outcome are: failing the attempt would run the one-time side effect again on the
+    retry (or fail a task without retries outright)."""
+    charged: list[int] = []
+    storage_down = asyncio.Event()
+
+    def charge(token: str) -> dict:
+        charged.append(len(charged) + 1)
+        storage_down.set()  # the database goes away while the provider call runs
+        time.sleep(0.05)
+        return {"charge": token[:12]}
+
+    async def charge_async(token: str) -> dict:
+        charged.append(len(charged) + 1)
+        storage_down.set()
+        await asyncio.sleep(0.05)
+        return {"charge": token[:12]}
+
+    if kind == "async":
+
+        @task("payments.charge.async")
+        async def pay(payload: dict, ctx: TaskContext) -> dict:
+            return await ctx.step.run("charge", charge_async)
+
+    else:
+
+        @task("payments.charge.def")
+        def pay(payload: dict, ctx: TaskContext) -> dict:
+            return ctx.step.run("charge", charge)
+
+    runtime, _ = make_runtime(pay)
+    async with runtime:
+        run = (await runtime.trigger(pay, {})).run
+        storage = runtime.lane.storage
+        worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms", heartbeat_interval="50ms")
+        try:
+            await asyncio.wait_for(storage_down.wait(), 5)
+            await storage.close()
+            await asyncio.sleep(0.3)  # the step's write fails and is retried meanwhile
+            await storage.start()
+            finished = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING]
+            done = await wait_for_run_status(runtime, run.id, finished)
+        finally:
+            await worker.stop()
+        assert done.status is RunStatus.SUCCEEDED and done.counters.attempts == 1
+        assert charged == [1] and (await runtime.runs.step(run.id, "charge")).output == done.output

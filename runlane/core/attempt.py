@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -86,6 +86,8 @@ from .store import AppendResult, CompletionRequest
 
 if TYPE_CHECKING:
     from .runtime import Runlane, TriggerRunResult
+
+T = TypeVar("T")
 
 __all__ = [
     "AttemptResult",
@@ -708,7 +710,8 @@ class StepRunner:
     async def _run_async(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
         attempt = self._attempt
         store = attempt.runtime.store
-        existing = await store.get_step(attempt.run_id, key)
+        what = f"step {key!r}"
+        existing = await attempt.riding_out(lambda: store.get_step(attempt.run_id, key), what)
         if existing is not None:
             return _load_step_output(key, existing.output, adapter)
         token = step_token(attempt.runtime.environment, attempt.run_id, key)
@@ -716,13 +719,14 @@ class StepRunner:
         if inspect.isawaitable(value):
             value = await value
         returned, stored = _parse_step_output(key, value, adapter)
-        await attempt.complete_step(key, token, stored)
+        await attempt.riding_out(lambda: attempt.complete_step(key, token, stored), what)
         return returned
 
     def _run_blocking(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
         attempt = self._attempt
         store = attempt.runtime.store
-        existing = attempt.call_on_loop(store.get_step(attempt.run_id, key))
+        what = f"step {key!r}"
+        existing = attempt.call_on_loop(attempt.riding_out(lambda: store.get_step(attempt.run_id, key), what))
         if existing is not None:
             return _load_step_output(key, existing.output, adapter)
         token = step_token(attempt.runtime.environment, attempt.run_id, key)
@@ -730,7 +734,7 @@ class StepRunner:
         if inspect.isawaitable(value):
             value = attempt.call_on_loop(_awaited(value))
         returned, stored = _parse_step_output(key, value, adapter)
-        attempt.call_on_loop(attempt.complete_step(key, token, stored))
+        attempt.call_on_loop(attempt.riding_out(lambda: attempt.complete_step(key, token, stored), what))
         return returned
 
 
@@ -1118,6 +1122,24 @@ class _Attempt:
             )  # fmt: skip
         self._storage_retry_s = delay
         return True
+
+    async def riding_out(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """``call()`` (a durable step's read or write), retried through a storage outage while the lease
+        holds, as heartbeats and the outcome are: an outage of a second must not fail the attempt and
+        run the step's side effect again on the retry."""
+        while True:
+            try:
+                result = await call()
+            except StorageLimitError:
+                raise
+            except RunlaneError as error:
+                if not self._retry_storage(error, what):
+                    raise
+                await asyncio.sleep(self._storage_retry_s)
+                continue
+            if self._storage_down_since is not None:
+                self._storage_recovered(what)
+            return result
 
     def _storage_recovered(self, what: str) -> None:
         self._storage_down_since = None
