@@ -432,3 +432,23 @@ async def test_a_backlog_longer_than_one_scan_does_not_starve_another_keys_work(
                 break
         assert done is not None and done.id == b and done.status is RunStatus.SUCCEEDED
         await tenants.release()
+
+
+async def test_a_reservation_keeps_its_run_in_line_for_a_polling_worker_behind_a_backlog():
+    """tick() reserves a full key's slots for its oldest runs; a polling worker reading the runnable index
+    from the front must find them there, not at the back behind thousands of runs it cannot start."""
+    limited = queue("limited", concurrency_limit=2)
+
+    @task("dispatch.backlog", queue=limited, concurrency_key=lambda payload: "hot")
+    async def backlog(payload: dict) -> None:
+        return None
+
+    (runtime,), clock = shared_runtimes([backlog], queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        runs = [(await runtime.trigger(backlog, {"n": n})).run for n in range(700)]  # past one scan's window
+        clock.advance("1s")
+        assert (await runtime.tick()).dispatch_reserved == 2
+        reserved = _reserved(await runtime.store.get_runs([run.id for run in runs[:5]]), clock.now())
+        assert [run.id for run in reserved] == [runs[0].id, runs[1].id]  # the oldest, still first in line
+        first = await runtime.execute_next()
+        assert first is not None and first.id == runs[0].id and first.status is RunStatus.SUCCEEDED

@@ -2344,7 +2344,9 @@ class CoreStore:
                 run_id=run_id,
                 queue=run.queue,
                 requested_at=now,
-                available_at=now,
+                # The time it has been due since, not now: a reservation must not send its run to the back
+                # of the runnable index, behind a backlog a polling worker reads from the front.
+                available_at=available,
                 dispatch_expires_at=later(now, request.dispatch_timeout_ms),
             ),
         )
