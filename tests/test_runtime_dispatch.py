@@ -452,3 +452,31 @@ async def test_a_reservation_keeps_its_run_in_line_for_a_polling_worker_behind_a
         assert [run.id for run in reserved] == [runs[0].id, runs[1].id]  # the oldest, still first in line
         first = await runtime.execute_next()
         assert first is not None and first.id == runs[0].id and first.status is RunStatus.SUCCEEDED
+
+
+async def test_a_full_keys_long_backlog_does_not_keep_another_keys_run_waiting():
+    """The docs promise one key's backlog never holds up another key's runs: with the hot key's slots
+    taken and 3,000 of its runs ahead, one poll finds the other key's run."""
+    limited = queue("limited", concurrency_limit=2)
+    release = asyncio.Event()
+
+    @task("dispatch.keyed", queue=limited, concurrency_key=lambda payload: payload["key"])
+    async def keyed(payload: dict) -> str:
+        if payload["key"] == "hot":
+            await release.wait()
+        return payload["key"]
+
+    (runtime,), clock = shared_runtimes([keyed], queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        for n in range(3_000):
+            await runtime.trigger(keyed, {"key": "hot", "n": n})
+        cold = (await runtime.trigger(keyed, {"key": "cold"})).run
+        clock.advance("1s")
+        holding = [asyncio.ensure_future(runtime.execute_next()) for _ in range(2)]  # the hot key is full
+        await asyncio.sleep(0.05)
+        try:
+            done = await runtime.execute_next()
+            assert done is not None and done.id == cold.id and done.output == "cold"
+        finally:
+            release.set()
+            await asyncio.gather(*holding)

@@ -186,6 +186,10 @@ _EVENT_ID_MASK: Final = (1 << 128) - 1
 # How many due rows of a bounded queue one candidate scan reads at most, passing over the rows of
 # full capacity partitions to reach another partition's runnable work.
 _CAPACITY_SCAN_ROWS: Final = 500
+# A scan that found nothing open reads on behind a full partition's backlog, up to this many rows in all,
+# instead of leaving a poll worker idle for its poll delay per 250 rows: with 50,000 runs of one key
+# ahead of them, another key's runs waited more than a minute.
+_CAPACITY_SCAN_MAX_ROWS: Final = 5000
 # Bytes of the record limit a new run must leave free for what its lifecycle adds to its record without
 # a check of its own: the lease of a claim (a worker id of up to 512 characters, escaped) and a
 # failure Runlane records itself. Outputs, releases and cancellations are checked when they happen.
@@ -1711,11 +1715,11 @@ class CoreStore:
         A row is open when its run already holds a slot of its concurrency-key partition (a dispatch
         reservation) or when that partition has a free slot not yet handed to an earlier row. Rows of
         full partitions are passed over, as the storage contract asks of runnable and dispatch scans,
-        so one key's backlog does not hide another key's work. One call reads at most
-        ``_CAPACITY_SCAN_ROWS`` rows: the oldest half of them, then the other half where the previous
-        call of this store stopped, wrapping around at the newest due row, so that behind a backlog of
-        any length every row is looked at within a bounded number of calls while the oldest rows keep
-        their turn first. Candidates only: the claim or reservation decides again on what it reads.
+        so one key's backlog does not hide another key's work. One call reads ``_CAPACITY_SCAN_ROWS`` rows:
+        the oldest half of them, then the other half where the previous call of this store stopped,
+        wrapping around at the newest due row, so that behind a backlog of any length every row is looked
+        at within a bounded number of calls while the oldest rows keep their turn first. A call that has
+        found nothing open reads on from there, up to ``_CAPACITY_SCAN_MAX_ROWS`` rows. Candidates only: the claim or reservation decides again on what it reads.
         """
         queue_limit = self.queue_limits[queue]
         now_iso = encode_iso_date(now)
@@ -1787,6 +1791,10 @@ class CoreStore:
             if resume is None or front is None or resume <= front:
                 resume = front
             stopped, ended = await scan(resume, _CAPACITY_SCAN_ROWS - window)
+            read = _CAPACITY_SCAN_ROWS
+            while not kept and not ended and stopped is not None and read < _CAPACITY_SCAN_MAX_ROWS:
+                stopped, ended = await scan(stopped, window)
+                read += window
             self._capacity_scan_resume[resume_key] = None if ended else stopped
         return kept
 
