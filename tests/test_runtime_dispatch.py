@@ -473,7 +473,10 @@ async def test_a_full_keys_long_backlog_does_not_keep_another_keys_run_waiting()
         cold = (await runtime.trigger(keyed, {"key": "cold"})).run
         clock.advance("1s")
         holding = [asyncio.ensure_future(runtime.execute_next()) for _ in range(2)]  # the hot key is full
-        await asyncio.sleep(0.05)
+        for _ in range(500):  # until both hold their slot (bounded: 5 s)
+            if len((await runtime.runs.list(statuses=["running"])).data) == 2:
+                break
+            await asyncio.sleep(0.01)
         try:
             done = await runtime.execute_next()
             assert done is not None and done.id == cold.id and done.output == "cold"
