@@ -1719,7 +1719,8 @@ class CoreStore:
         the oldest half of them, then the other half where the previous call of this store stopped,
         wrapping around at the newest due row, so that behind a backlog of any length every row is looked
         at within a bounded number of calls while the oldest rows keep their turn first. A call that has
-        found nothing open reads on from there, up to ``_CAPACITY_SCAN_MAX_ROWS`` rows. Candidates only: the claim or reservation decides again on what it reads.
+        found nothing open reads on from there, up to ``_CAPACITY_SCAN_MAX_ROWS`` rows. Candidates only:
+        the claim or reservation decides again on what it reads.
         """
         queue_limit = self.queue_limits[queue]
         now_iso = encode_iso_date(now)
