@@ -161,3 +161,14 @@ def assert_refused_without_quoting(url: str, secrets: list[str], says: str) -> N
         shown = error.message + json.dumps(error.meta) + repr(error)
         assert not [secret for secret in secrets if secret in shown], error.message
         assert says in error.message, error.message
+
+
+# Timeout values the Postgres options refuse, as runlane.toml writes them (option, TOML value).
+INVALID_TIMEOUTS = [
+    ("statement_timeout", '"soon"'),
+    ("statement_timeout", "0"),
+    ("pool_timeout", '"-1s"'),
+    ("pool_timeout", "true"),
+    ("connect_timeout", '"0s"'),
+    ("connect_timeout", "nan"),
+]

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from cli_support import cli, write
-from postgres_support import Schemas
+from postgres_support import INVALID_TIMEOUTS, Schemas
 from psycopg import errors as pg_errors
 from psycopg import sql
 from runlane_postgres import (
@@ -268,14 +268,7 @@ def test_the_storage_driver_provider_takes_the_lanes_timeouts() -> None:
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [
-        ("statement_timeout", '"soon"'),
-        ("statement_timeout", "0"),
-        ("pool_timeout", '"-1s"'),
-        ("pool_timeout", "true"),
-        ("connect_timeout", '"0s"'),
-        ("connect_timeout", "nan"),
-    ],
+    INVALID_TIMEOUTS,
 )
 def test_invalid_toml_lane_timeouts_are_configuration_invalid(tmp_path: Path, option: str, value: str) -> None:
     with pytest.raises(RunlaneError) as info:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from cli_support import cli, write
+from postgres_support import INVALID_TIMEOUTS
 from pydantic import ValidationError
 from runlane_local import local_storage_driver
 from runlane_sqs import (
@@ -308,14 +309,7 @@ def test_toml_postgres_timeouts_reach_the_driver(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [
-        ("statement_timeout", '"soon"'),
-        ("statement_timeout", "0"),
-        ("pool_timeout", '"-1s"'),
-        ("pool_timeout", "true"),
-        ("connect_timeout", '"0s"'),
-        ("connect_timeout", "nan"),
-    ],
+    INVALID_TIMEOUTS,
 )
 def test_invalid_toml_postgres_timeouts_are_configuration_invalid(tmp_path: Path, option: str, value: str) -> None:
     with pytest.raises(RunlaneError) as info:
