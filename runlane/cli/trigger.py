@@ -129,8 +129,8 @@ def trigger(
     ] = None,
     actor_id: ActorIdOption = None,
     delay: Annotated[
-        str | None, typer.Option("--delay", help="Start no sooner than this duration from now.", metavar="D",
-                                 callback=DURATION)
+        str | None,
+        typer.Option("--delay", help="Start no sooner than this duration from now.", metavar="D", callback=DURATION),
     ] = None,
     run_at: Annotated[
         str | None,
