@@ -472,7 +472,7 @@ def test_run_index_entries_follow_the_status():
     }
 
 
-async def test_runnable_scan_returns_due_runs_in_time_order_across_queues():
+async def test_runnable_scan_returns_due_runs_oldest_first_with_the_queues_taking_turns():
     store, clock, _ = make_store()
     await store.create_run(trigger_plan("late_a", T0 + timedelta(seconds=3), queue="a"))
     await store.create_run(trigger_plan("early_b", T0 + timedelta(seconds=1), queue="b"))
@@ -488,9 +488,10 @@ async def test_runnable_scan_returns_due_runs_in_time_order_across_queues():
     await store.append("done", succeed(), expected_lease_token="tok-done")
 
     now = clock.now()
+    # Each queue's oldest before any queue's second; which queue goes first rotates from call to call.
     refs = await store.list_runnable(["a", "b"], now, 10)
-    assert [(ref.run_id, ref.queue) for ref in refs] == [("early_b", "b"), ("mid_a", "a"), ("late_a", "a")]
-    assert refs[0].available_at == T0 + timedelta(seconds=1)
+    assert [(ref.run_id, ref.queue) for ref in refs] == [("mid_a", "a"), ("early_b", "b"), ("late_a", "a")]
+    assert refs[1].available_at == T0 + timedelta(seconds=1)
     assert [ref.run_id for ref in await store.list_runnable(["a", "b"], now, 2)] == ["early_b", "mid_a"]
     # The expired lease makes the running run runnable (and recoverable) again.
     later = T0 + timedelta(seconds=16)
@@ -578,7 +579,7 @@ async def test_claim_next_claims_the_oldest_due_runs_of_its_queues_in_one_transa
     before = driver.transactions
     results = await store.claim_next([next_claim("a", "b"), next_claim("a", "b")], clock.now())
     assert driver.transactions == before + 1
-    assert [result.run_id for result in results] == ["early_b", "mid_a"]
+    assert [result.run_id for result in results] == ["mid_a", "early_b"]  # each queue's oldest, a first
     for result in results:
         assert result.claimed and result.run.status is RunStatus.RUNNING and result.run.lease.worker_id == "w1"
         assert [record.event.type.value for record in result.events] == ["run.lease_claimed", "run.started"]

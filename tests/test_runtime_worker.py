@@ -789,3 +789,29 @@ async def test_a_durable_step_rides_out_a_short_outage_instead_of_running_its_si
             await worker.stop()
         assert done.status is RunStatus.SUCCEEDED and done.counters.attempts == 1
         assert charged == [1] and (await runtime.runs.step(run.id, "charge")).output == done.output
+
+
+async def test_a_worker_serving_several_queues_gives_each_a_turn_behind_anothers_backlog():
+    """A queue's new runs start behind another queue's backlog in turns, not after all of it."""
+    bulk_queue, urgent_queue = queue("bulk"), queue("urgent")
+    order: list[str] = []
+
+    @task("work.bulk", queue=bulk_queue)
+    async def bulk(payload: dict) -> None:
+        order.append("bulk")
+
+    @task("work.urgent", queue=urgent_queue)
+    async def urgent(payload: dict) -> None:
+        order.append("urgent")
+
+    runtime, clock = make_runtime(bulk, urgent, queues=[DEFAULT_QUEUE, bulk_queue, urgent_queue])
+    async with runtime:
+        for n in range(200):
+            await runtime.trigger(bulk, {"n": n})
+        clock.advance("1s")  # the urgent runs come later than the whole backlog
+        for n in range(3):
+            await runtime.trigger(urgent, {"n": n})
+        clock.advance("1s")
+        for _ in range(6):
+            await runtime.execute_next(queues=[bulk_queue, urgent_queue])
+    assert order == ["bulk", "urgent"] * 3

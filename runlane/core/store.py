@@ -1414,6 +1414,8 @@ class CoreStore:
         # driver has no native ordered append.
         self.observation_heads: tuple[StorageRecordKey, ...] = observation_head_reads(driver.profile, environment)
         self._runnable_floors = _RunnableFloors()
+        # Which queue's candidates a claim over several queues prefers next, per set of queues (turns).
+        self._queue_turns: dict[tuple[str, ...], int] = {}
         # Where the next capacity scan of (index, queue) goes on past its window of oldest rows (see
         # ``open_candidates``); ``None``: right after that window.
         self._capacity_scan_resume: dict[tuple[StorageIndexName, str], str | None] = {}
@@ -1681,7 +1683,10 @@ class CoreStore:
         return await self.driver.with_transaction(body)
 
     async def list_runnable(self, queues: Sequence[str], now: datetime, limit: int) -> list[RunnableRef]:
-        """Due runnable candidates of ``queues`` (available at or before ``now``), oldest first.
+        """Due runnable candidates of ``queues`` (available at or before ``now``), oldest first within a
+        queue, and the queues taking turns: every queue's oldest before any queue's second, and so on, a
+        different queue first on each call, so a queue's new runs get their share behind another queue's
+        backlog.
 
         A bounded queue's candidates are those its capacity can take (``open_candidates``): a run
         whose partition is full is not work this caller can do.
@@ -1692,19 +1697,24 @@ class CoreStore:
         set_aside = self.set_aside_runs
         wanted = limit + len(set_aside)  # enough candidates to get past the runs set aside
         page = min(wanted, self._limits.max_query_results)
-        rows: list[tuple[str, str, str]] = []
-        for queue in dict.fromkeys(queues):
+        rows: list[tuple[int, int, str, str, str]] = []  # (turn, place in the rotation, time, run id, queue)
+        order = tuple(dict.fromkeys(queues))
+        first = self._queue_turns.get(order, 0) % len(order)
+        for position, queue in enumerate(order):
             if queue in self.queue_limits:
-                open_rows = await self.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue, now, wanted)
-                rows.extend((at, run_id, queue) for at, run_id in open_rows if run_id not in set_aside)
-                continue
-            query = StorageQuery(
-                StorageIndexName.RUNS_RUNNABLE, (self.env_key, queue), StorageRange(lt=upper), limit=page
-            )
-            result = await self.driver.query(query)
-            rows.extend((item.sort[0], item.sort[1], queue) for item in result.items if item.sort[1] not in set_aside)
+                due = await self.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue, now, wanted)
+            else:
+                query = StorageQuery(
+                    StorageIndexName.RUNS_RUNNABLE, (self.env_key, queue), StorageRange(lt=upper), limit=page
+                )
+                due = [(item.sort[0], item.sort[1]) for item in (await self.driver.query(query)).items]
+            kept = [(at, run_id) for at, run_id in due if run_id not in set_aside]
+            place = (position - first) % len(order)
+            rows.extend((turn, place, at, run_id, queue) for turn, (at, run_id) in enumerate(kept))
+        if len(order) > 1:
+            self._queue_turns[order] = first + 1
         rows.sort()
-        return [RunnableRef(run_id, queue, decode_iso_date(at)) for at, run_id, queue in rows[:limit]]
+        return [RunnableRef(run_id, queue, decode_iso_date(at)) for _, _, at, run_id, queue in rows[:limit]]
 
     async def open_candidates(
         self, index: StorageIndexName, queue: str, now: datetime, limit: int
@@ -2057,8 +2067,12 @@ class CoreStore:
         async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[ClaimResult | None]:
             ids.restart()
             attempt = _Attempt(self, tx)
-            rows: list[tuple[str, str]] = []
-            for queue in request.queues:
+            # (turn, queue's place in this call's rotation, time, run id): each queue's oldest before any
+            # queue's second, and the queues taking turns at being first, call after call.
+            rows: list[tuple[int, int, str, str]] = []
+            queues = tuple(request.queues)
+            first = self._queue_turns.get(queues, 0) % len(queues) if queues else 0
+            for position, queue in enumerate(queues):
                 floor = floors.start(queue)
                 while True:
                     scanned = StorageRange(lt=upper) if floor is None else StorageRange(gte=floor, lt=upper)
@@ -2069,10 +2083,12 @@ class CoreStore:
                         break
                     floor = None  # nothing at or above the floor: look below it before calling the queue idle
                 floors.found(queue, found.items[0].sort if found.items else None, full=floor is None, now=now)
-                rows.extend(kept)
-            if len(request.queues) > 1:
+                place = (position - first) % len(queues)
+                rows.extend((turn, place, at, run_id) for turn, (at, run_id) in enumerate(kept))
+            if len(queues) > 1:
                 rows.sort()
-            run_ids = list(dict.fromkeys(run_id for _, run_id in rows[:limit]))
+                self._queue_turns[queues] = first + 1
+            run_ids = list(dict.fromkeys(run_id for _, _, _, run_id in rows[:limit]))
             refused = [
                 ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
                 for run_id, error in unreadable.items()
