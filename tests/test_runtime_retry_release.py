@@ -204,7 +204,7 @@ async def test_a_handler_giving_up_with_a_non_retryable_operation_cancelled_fail
         assert (await event_types(runtime, run.id))[-1] == "run.failed"
 
 
-async def test_an_operation_cancelled_after_a_worker_stop_follows_the_retry_policy():
+async def test_an_operation_cancelled_after_a_worker_stop_releases_the_run_without_spending_a_retry():
     started = asyncio.Event()
 
     @task("stopped", retry=Retry(max_attempts=3, backoff="1s"))
@@ -220,5 +220,5 @@ async def test_an_operation_cancelled_after_a_worker_stop_follows_the_retry_poli
         await asyncio.wait_for(started.wait(), 2)
         await asyncio.wait_for(worker.stop(), 2)
         done = await runtime.runs.get(run.id)
-        assert done.status is RunStatus.RETRYING and done.failure.code is ErrorCode.OPERATION_CANCELLED
-        assert done.failure.retryable is True
+        assert done.status is RunStatus.RELEASED and done.failure is None
+        assert (done.counters.failures, done.counters.retries, done.counters.releases) == (0, 0, 1)
