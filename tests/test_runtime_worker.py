@@ -815,3 +815,39 @@ async def test_a_worker_serving_several_queues_gives_each_a_turn_behind_anothers
         for _ in range(6):
             await runtime.execute_next(queues=[bulk_queue, urgent_queue])
     assert order == ["bulk", "urgent"] * 3
+
+
+async def test_a_child_trigger_and_a_run_read_ride_out_a_short_outage():
+    """As for steps: failing the attempt over a second without storage would run the handler again,
+    triggering its child a second time."""
+    storage_down = asyncio.Event()
+
+    @task("orders.child")
+    async def child(payload: dict) -> None:
+        return None
+
+    @task("orders.parent")
+    async def parent(payload: dict, ctx: TaskContext) -> str:
+        storage_down.set()
+        await asyncio.sleep(0.05)  # the database goes away meanwhile
+        triggered = await ctx.trigger(child, {})
+        read = await ctx.get_run(triggered.run.id)
+        return read.id
+
+    runtime, _ = make_runtime(parent, child)
+    async with runtime:
+        run = (await runtime.trigger(parent, {})).run
+        storage = runtime.lane.storage
+        worker = runtime.worker(mode=WorkerMode.POLL, queues=[DEFAULT_QUEUE], empty_poll_delay="10ms")
+        try:
+            await asyncio.wait_for(storage_down.wait(), 5)
+            await storage.close()
+            await asyncio.sleep(0.3)
+            await storage.start()
+            finished = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING]
+            done = await wait_for_run_status(runtime, run.id, finished)
+        finally:
+            await worker.stop()
+        assert done.status is RunStatus.SUCCEEDED and done.counters.attempts == 1
+        children = (await runtime.runs.list(task_ids=["orders.child"])).data
+        assert [summary.id for summary in children] == [done.output]

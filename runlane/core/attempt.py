@@ -835,7 +835,8 @@ class TaskContext:
         ``trace_carrier`` is given. Returns a ``TriggerRunResult`` (awaitable in ``async def`` handlers).
         """
         attempt = self._attempt
-        coroutine = attempt.trigger_child(task, payload, options)
+        # Through a short storage outage, as steps are (a retry of the handler would trigger again anyway).
+        coroutine = attempt.riding_out(lambda: attempt.trigger_child(task, payload, options), "child trigger")
         if attempt.on_loop_thread():
             return attempt.handed_out(coroutine, f"ctx.trigger({getattr(task, 'id', task)!r})")
         return attempt.call_on_loop(coroutine)
@@ -848,7 +849,7 @@ class TaskContext:
         attempt = self._attempt
         checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
         # No closed check: a closing runtime lets running attempts finish, reads included.
-        coroutine = attempt.runtime.store.get_visible_run(checked)
+        coroutine = attempt.riding_out(lambda: attempt.runtime.store.get_visible_run(checked), "run read")
         if attempt.on_loop_thread():
             return attempt.handed_out(coroutine, f"ctx.get_run({checked!r})")
         return attempt.call_on_loop(coroutine)
@@ -1124,9 +1125,9 @@ class _Attempt:
         return True
 
     async def riding_out(self, call: Callable[[], Awaitable[T]], what: str) -> T:
-        """``call()`` (a durable step's read or write), retried through a storage outage while the lease
-        holds, as heartbeats and the outcome are: an outage of a second must not fail the attempt and
-        run the step's side effect again on the retry."""
+        """``call()`` (a durable step's read or write, a child trigger, a run read), retried through a
+        storage outage while the lease holds, as heartbeats and the outcome are: an outage of a second
+        must not fail the attempt and run the handler's side effects again on the retry."""
         while True:
             try:
                 result = await call()
