@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import builtins
 import concurrent.futures
 import threading
@@ -76,12 +77,16 @@ def _refuse_in_event_loop() -> None:
 _RUNNING_FACADES: weakref.WeakSet[SyncRunlane] = weakref.WeakSet()
 
 
-_exit_hook_registered = False
-
-
 def _close_all_at_exit() -> None:
     for facade in list(_RUNNING_FACADES):
         _close_at_exit(weakref.ref(facade))
+
+
+@functools.cache
+def _register_exit_hook() -> None:
+    """Register ``_close_all_at_exit`` once, at the first facade's first use, as a hook of the
+    application's would be: hooks the application registered before run after it."""
+    atexit.register(_close_all_at_exit)
 
 
 def _close_at_exit(facade_ref: weakref.ref[SyncRunlane]) -> None:
@@ -148,10 +153,7 @@ class SyncRunlane:
                 self._thread = thread
                 self._loop = loop
                 _RUNNING_FACADES.add(self)
-                global _exit_hook_registered
-                if not _exit_hook_registered:  # at first use, as a hook of the application's would be
-                    atexit.register(_close_all_at_exit)
-                    _exit_hook_registered = True
+                _register_exit_hook()
             return self._loop
 
     def call(self, function: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
