@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from runlane_postgres.testing import PostgresTestServer, postgres_test_url
@@ -172,3 +173,16 @@ INVALID_TIMEOUTS = [
     ("connect_timeout", '"0s"'),
     ("connect_timeout", "nan"),
 ]
+
+
+def configured_lane(directory: Path, lane_toml: str) -> Any:
+    """The lane a ``runlane.toml`` holding ``lane_toml`` configures, built the way every command builds it
+    (not started)."""
+    from runlane.cli.main import _lane_factory
+    from runlane.config import load_config
+    from runlane.plugins.manager import get_registries
+
+    (directory / "runlane.toml").write_text(lane_toml)
+    loaded = load_config(directory / "runlane.toml", environ={})
+    assert loaded is not None and loaded.lane is not None
+    return _lane_factory(loaded, get_registries())(loaded.lane.use, loaded.lane.options)

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from cli_support import cli, write
+import postgres_support
 from postgres_support import INVALID_TIMEOUTS, Schemas
 from psycopg import errors as pg_errors
 from psycopg import sql
@@ -31,7 +32,6 @@ from runlane_postgres import (
 from runlane_postgres.migration import SCHEMA_VERSION, validate_schema_name
 
 from runlane import TaskContext, create_runlane, queue, task
-from runlane.config import load_config
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.plugins.manager import get_registries
 from runlane.plugins.registries import ProviderContext, validate_options
@@ -230,25 +230,10 @@ def test_a_reserved_name_the_server_refuses_is_configuration_invalid() -> None:
 
 
 def configured_lane(tmp_path: Path, url: str, options: str) -> Any:
-    """The lane ``runlane.toml`` configures, built the way the CLI builds it (not started)."""
-    write(tmp_path / "runlane.toml", f'[lane]\nuse = "postgres-polling"\nconnection_string = "{url}"\n{options}')
-    loaded = load_config(tmp_path / "runlane.toml", environ={})
-    assert loaded is not None and loaded.lane is not None
-    registries = get_registries()
-    provider = registries.lanes.get(loaded.lane.use)
-    context = ProviderContext(environment=loaded.environment, base_dir=loaded.base_dir, registries=registries)
-    return provider.create(validate_options(provider, loaded.lane.options), context)
-
-
-def test_toml_lane_timeouts_reach_the_driver(tmp_path: Path) -> None:
-    lane = configured_lane(
-        tmp_path, "postgresql://db/app", 'statement_timeout = "5m"\npool_timeout = "1500ms"\nconnect_timeout = 3\n'
+    """The postgres-polling lane of ``runlane.toml`` with ``options``, built as the CLI builds it."""
+    return postgres_support.configured_lane(
+        tmp_path, f'[lane]\nuse = "postgres-polling"\nconnection_string = "{url}"\n{options}'
     )
-    storage = lane.storage
-    assert (storage.statement_timeout, storage.pool_timeout, storage.connect_timeout) == (300.0, 1.5, 3.0)
-    defaults = configured_lane(tmp_path, "postgresql://db/app", "")
-    assert (defaults.storage.statement_timeout, defaults.storage.pool_timeout) == (30.0, 30.0)
-    assert defaults.storage.connect_timeout == 10.0
 
 
 def test_the_storage_driver_provider_takes_the_lanes_timeouts() -> None:

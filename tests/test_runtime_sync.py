@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -219,9 +221,6 @@ print(run_id, flush=True)
 def test_a_process_exiting_without_close_records_the_running_attempt_on_sqlite(tmp_path, handler) -> None:
     # At exit the facade closes the runtime, which waits for the attempt and writes its outcome: after
     # the interpreter's thread pools stopped taking work, which the SQLite lane must not depend on.
-    import subprocess
-    import sys
-
     from runlane import create_runlane, queue
     from runlane_local import sqlite_lane
 
@@ -239,8 +238,9 @@ def test_a_process_exiting_without_close_records_the_running_attempt_on_sqlite(t
     assert asyncio.run(stored()) is RunStatus.SUCCEEDED
 
 
-STARTED_ON_A_CLOSED_LOOP = """
-import asyncio, atexit, sys
+# What the scripts below start with: a runtime over the SQLite file named by their first argument.
+SQLITE_SCRIPT = """
+import asyncio, atexit, os, sys
 from runlane import RunlaneError, create_runlane, queue, task
 from runlane_local import sqlite_lane
 
@@ -253,6 +253,18 @@ async def noop(payload: dict) -> None:
 
 
 runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[noop])
+"""
+
+
+def run_sqlite_script(tmp_path, body: str) -> subprocess.CompletedProcess[str]:
+    """Run ``SQLITE_SCRIPT`` + ``body`` in a Python process of its own; its completed process."""
+    return subprocess.run(
+        [sys.executable, "-c", SQLITE_SCRIPT + body, str(tmp_path / "runlane.db")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+STARTED_ON_A_CLOSED_LOOP = """
 
 
 def report() -> None:  # registered first, so it runs after the facade's exit hook
@@ -273,13 +285,7 @@ runlane.sync.trigger(noop, {})  # then the facade, on its own loop
 def test_a_runtime_started_on_a_loop_since_closed_is_closed_by_the_facade_at_exit(tmp_path) -> None:
     # Nothing else can close it: its first loop is gone, and its connections on the facade loop would
     # otherwise hold up the exit until they are dropped.
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", STARTED_ON_A_CLOSED_LOOP, str(tmp_path / "runlane.db")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = run_sqlite_script(tmp_path, STARTED_ON_A_CLOSED_LOOP)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "closed at exit"
 
@@ -304,19 +310,6 @@ def test_a_closed_sync_facade_leaves_no_exit_hook_behind():
 
 
 FORKED_CHILD_EXITS = """
-import asyncio, os, sys
-from runlane import create_runlane, queue, task
-from runlane_local import sqlite_lane
-
-default = queue("default", default=True)
-
-
-@task("noop")
-async def noop(payload: dict) -> None:
-    return None
-
-
-runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[noop])
 runlane.sync.trigger(noop, {})
 
 
@@ -347,12 +340,6 @@ runlane.sync.close()
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_exits_without_warnings_about_the_parents_tasks(tmp_path):
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", FORKED_CHILD_EXITS, str(tmp_path / "runlane.db")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = run_sqlite_script(tmp_path, FORKED_CHILD_EXITS)
     assert done.returncode == 0, done.stderr
     assert "Task was destroyed" not in done.stderr, done.stderr

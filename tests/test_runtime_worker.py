@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -775,20 +776,25 @@ async def test_a_durable_step_rides_out_a_short_outage_instead_of_running_its_si
 
     runtime, _ = make_runtime(pay)
     async with runtime:
-        run = (await runtime.trigger(pay, {})).run
-        storage = runtime.lane.storage
-        worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms", heartbeat_interval="50ms")
-        try:
-            await asyncio.wait_for(storage_down.wait(), 5)
-            await storage.close()
-            await asyncio.sleep(0.3)  # the step's write fails and is retried meanwhile
-            await storage.start()
-            finished = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING]
-            done = await wait_for_run_status(runtime, run.id, finished)
-        finally:
-            await worker.stop()
+        done = await _run_through_an_outage(runtime, pay, storage_down)
         assert done.status is RunStatus.SUCCEEDED and done.counters.attempts == 1
-        assert charged == [1] and (await runtime.runs.step(run.id, "charge")).output == done.output
+        assert charged == [1] and (await runtime.runs.step(done.id, "charge")).output == done.output
+
+
+async def _run_through_an_outage(runtime: Any, definition: Any, storage_down: asyncio.Event) -> Any:
+    """Trigger ``definition`` and run it on a poll worker; once its handler sets ``storage_down``, storage
+    goes away for 0.3 s (the handler's storage calls fail and are retried meanwhile). The run as it ends."""
+    run = (await runtime.trigger(definition, {})).run
+    storage = runtime.lane.storage
+    worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms", heartbeat_interval="50ms")
+    try:
+        await asyncio.wait_for(storage_down.wait(), 5)
+        await storage.close()
+        await asyncio.sleep(0.3)
+        await storage.start()
+        return await wait_for_run_status(runtime, run.id, [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING])
+    finally:
+        await worker.stop()
 
 
 async def test_a_worker_serving_several_queues_gives_each_a_turn_behind_anothers_backlog():
@@ -836,18 +842,7 @@ async def test_a_child_trigger_and_a_run_read_ride_out_a_short_outage():
 
     runtime, _ = make_runtime(parent, child)
     async with runtime:
-        run = (await runtime.trigger(parent, {})).run
-        storage = runtime.lane.storage
-        worker = runtime.worker(mode=WorkerMode.POLL, queues=[DEFAULT_QUEUE], empty_poll_delay="10ms")
-        try:
-            await asyncio.wait_for(storage_down.wait(), 5)
-            await storage.close()
-            await asyncio.sleep(0.3)
-            await storage.start()
-            finished = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RETRYING]
-            done = await wait_for_run_status(runtime, run.id, finished)
-        finally:
-            await worker.stop()
+        done = await _run_through_an_outage(runtime, parent, storage_down)
         assert done.status is RunStatus.SUCCEEDED and done.counters.attempts == 1
         children = (await runtime.runs.list(task_ids=["orders.child"])).data
         assert [summary.id for summary in children] == [done.output]

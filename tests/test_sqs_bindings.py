@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import cli, write
+from cli_support import cli
+import postgres_support
 from postgres_support import INVALID_TIMEOUTS
 from pydantic import ValidationError
 from runlane_local import local_storage_driver
@@ -27,9 +28,8 @@ from runlane_sqs import (
 from runlane_sqs.testing import SqsTestServer
 
 from runlane import ErrorCode, LaneDelivery, LaneDeliveryMode, RunlaneError, create_lane, create_runlane, queue
-from runlane.config import load_config
 from runlane.plugins.manager import get_registries
-from runlane.plugins.registries import ProviderContext, validate_options
+from runlane.plugins.registries import validate_options
 
 URL = "https://sqs.us-east-1.amazonaws.com/123456789012/runlane-default"
 FIFO_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/runlane-ordered.fifo"
@@ -283,18 +283,12 @@ def test_the_toml_options_build_bindings_and_a_client() -> None:
 
 
 def configured_lane(tmp_path: Path, postgres_options: str) -> Any:
-    """The postgres-sqs lane ``runlane.toml`` configures, built the way the CLI builds it (not started)."""
-    write(
-        tmp_path / "runlane.toml",
+    """The postgres-sqs lane of ``runlane.toml`` with ``postgres_options``, built as the CLI builds it."""
+    return postgres_support.configured_lane(
+        tmp_path,
         '[lane]\nuse = "postgres-sqs"\n\n[lane.postgres]\nconnection_string = "postgresql://db/app"\n'
         f'{postgres_options}\n[lane.sqs]\nregion = "us-east-1"\n\n[lane.sqs.queues.default]\nqueue_url = "{URL}"\n',
     )
-    loaded = load_config(tmp_path / "runlane.toml", environ={})
-    assert loaded is not None and loaded.lane is not None
-    registries = get_registries()
-    provider = registries.lanes.get(loaded.lane.use)
-    context = ProviderContext(environment=loaded.environment, base_dir=loaded.base_dir, registries=registries)
-    return provider.create(validate_options(provider, loaded.lane.options), context)
 
 
 def test_toml_postgres_timeouts_reach_the_driver(tmp_path: Path) -> None:

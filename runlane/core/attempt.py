@@ -974,8 +974,8 @@ class _Attempt:
         return RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             f"Task {self.run.task_id!r} returned without awaiting {calls}, so {'it' if len(never) == 1 else 'they'} "
-            "never ran; in an async def "
-            "handler, ctx.trigger(), ctx.get_run() and ctx.step.run() return awaitables: await them.",
+            "never ran; in an async def handler, ctx.trigger(), ctx.get_run() and ctx.step.run() return "
+            "awaitables: await them.",
             meta={"calls": [call for _, call in never]},
         )
 
@@ -1125,8 +1125,8 @@ class _Attempt:
         return True
 
     async def riding_out(self, call: Callable[[], Awaitable[T]], what: str) -> T:
-        """``call()`` (a durable step's read or write, a child trigger, a run read), retried through a
-        storage outage while the lease holds, as heartbeats and the outcome are: an outage of a second
+        """``call()`` (the outcome's write, a durable step's read or write, a child trigger, a run read),
+        retried through a storage outage while the lease holds, as heartbeats are: an outage of a second
         must not fail the attempt and run the handler's side effects again on the retry."""
         while True:
             try:
@@ -1138,8 +1138,7 @@ class _Attempt:
                     raise
                 await asyncio.sleep(self._storage_retry_s)
                 continue
-            if self._storage_down_since is not None:
-                self._storage_recovered(what)
+            self._storage_recovered(what)
             return result
 
     def _storage_recovered(self, what: str) -> None:
@@ -1509,18 +1508,7 @@ class _Attempt:
 
     async def _submit_outcome(self, request: CompletionRequest) -> Any:
         self._storage_retry_s = 0.0  # a heartbeat's retries are over: the timers have stopped
-        while True:
-            try:
-                result = await self.runtime.loop_state().completions.submit(request)
-            except StorageLimitError:
-                raise
-            except RunlaneError as error:
-                if not self._retry_storage(error, "outcome"):
-                    raise
-                await asyncio.sleep(self._storage_retry_s)
-                continue
-            self._storage_recovered("outcome")
-            return result
+        return await self.riding_out(lambda: self.runtime.loop_state().completions.submit(request), "outcome")
 
     def _past_deadline(self) -> bool:
         deadline = self.run.attempt_deadline_at

@@ -1217,8 +1217,9 @@ class Runlane:
             now = self.now()
         created = self._created_event(spec, now)
         follow_up: tuple[RunEvent, ...] = ()
-        # A delayed run starts ``scheduled``: workers claim it once it is due, and maintenance requests its
-        # delivery then (as for a due retry), so no wakeup goes out before a consumer could run it.
+        # A delayed run starts queued with its ``run_at`` and no delivery request: workers claim it once it
+        # is due, and maintenance requests its delivery then (``delayed_delivery_at``), so no wakeup goes
+        # out before a consumer could run it.
         if not spec.queue.is_bounded and spec.run_at is None:
             if created.occurred_at is now:  # built from validated parts (see _created_event)
                 delivery = build_validated(
@@ -2295,9 +2296,11 @@ class RunsApi:
         runtime._check_open()
         self._operator_reads()
         checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
-        limit_ms = None if timeout is None else duration_ms(timeout, "timeout")
         loop = asyncio.get_running_loop()
-        deadline = None if limit_ms is None else loop.time() + limit_ms / 1000
+        deadline: float | None = None
+        if timeout is not None:
+            limit_ms = duration_ms(timeout, "timeout")
+            deadline = loop.time() + limit_ms / 1000
         await runtime._ready()
         interval = _WAIT_FIRST_S
         while True:
@@ -2310,9 +2313,7 @@ class RunsApi:
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    raise TimeoutError(
-                        f"Run {checked} is still {run.status.value} after {format_duration(limit_ms or 0)}."
-                    )
+                    raise TimeoutError(f"Run {checked} is still {run.status.value} after {format_duration(limit_ms)}.")
                 pause = min(pause, remaining)
             await asyncio.sleep(pause)
             interval = min(interval * 2, _WAIT_MAX_S)

@@ -1684,9 +1684,7 @@ class CoreStore:
 
     async def list_runnable(self, queues: Sequence[str], now: datetime, limit: int) -> list[RunnableRef]:
         """Due runnable candidates of ``queues`` (available at or before ``now``), oldest first within a
-        queue, and the queues taking turns: every queue's oldest before any queue's second, and so on, a
-        different queue first on each call, so a queue's new runs get their share behind another queue's
-        backlog.
+        queue, the queues taking turns (``_in_turns``).
 
         A bounded queue's candidates are those its capacity can take (``open_candidates``): a run
         whose partition is full is not work this caller can do.
@@ -1697,10 +1695,8 @@ class CoreStore:
         set_aside = self.set_aside_runs
         wanted = limit + len(set_aside)  # enough candidates to get past the runs set aside
         page = min(wanted, self._limits.max_query_results)
-        rows: list[tuple[int, int, str, str, str]] = []  # (turn, place in the rotation, time, run id, queue)
-        order = tuple(dict.fromkeys(queues))
-        first = self._queue_turns.get(order, 0) % len(order)
-        for position, queue in enumerate(order):
+        per_queue: list[tuple[str, list[tuple[str, str]]]] = []
+        for queue in dict.fromkeys(queues):
             if queue in self.queue_limits:
                 due = await self.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue, now, wanted)
             else:
@@ -1708,13 +1704,25 @@ class CoreStore:
                     StorageIndexName.RUNS_RUNNABLE, (self.env_key, queue), StorageRange(lt=upper), limit=page
                 )
                 due = [(item.sort[0], item.sort[1]) for item in (await self.driver.query(query)).items]
-            kept = [(at, run_id) for at, run_id in due if run_id not in set_aside]
-            place = (position - first) % len(order)
-            rows.extend((turn, place, at, run_id, queue) for turn, (at, run_id) in enumerate(kept))
-        if len(order) > 1:
-            self._queue_turns[order] = first + 1
-        rows.sort()
-        return [RunnableRef(run_id, queue, decode_iso_date(at)) for _, _, at, run_id, queue in rows[:limit]]
+            per_queue.append((queue, [(at, run_id) for at, run_id in due if run_id not in set_aside]))
+        rows = self._in_turns(per_queue)
+        return [RunnableRef(run_id, queue, decode_iso_date(at)) for at, run_id, queue in rows[:limit]]
+
+    def _in_turns(self, per_queue: Sequence[tuple[str, Sequence[tuple[str, str]]]]) -> list[tuple[str, str, str]]:
+        """``(time, run id, queue)`` of each queue's candidates (oldest first), with the queues taking
+        turns: every queue's oldest before any queue's second, and so on, a different queue first on each
+        call (per set of queues), so a queue's new runs get their share behind another queue's backlog."""
+        order = tuple(queue for queue, _ in per_queue)
+        if len(order) < 2:
+            return [(at, run_id, queue) for queue, rows in per_queue for at, run_id in rows]
+        first = self._queue_turns.get(order, 0) % len(order)
+        self._queue_turns[order] = first + 1
+        ranked = sorted(
+            (turn, (position - first) % len(order), at, run_id, queue)
+            for position, (queue, rows) in enumerate(per_queue)
+            for turn, (at, run_id) in enumerate(rows)
+        )
+        return [(at, run_id, queue) for _, _, at, run_id, queue in ranked]
 
     async def open_candidates(
         self, index: StorageIndexName, queue: str, now: datetime, limit: int
@@ -2067,12 +2075,8 @@ class CoreStore:
         async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> list[ClaimResult | None]:
             ids.restart()
             attempt = _Attempt(self, tx)
-            # (turn, queue's place in this call's rotation, time, run id): each queue's oldest before any
-            # queue's second, and the queues taking turns at being first, call after call.
-            rows: list[tuple[int, int, str, str]] = []
-            queues = tuple(request.queues)
-            first = self._queue_turns.get(queues, 0) % len(queues) if queues else 0
-            for position, queue in enumerate(queues):
+            per_queue: list[tuple[str, list[tuple[str, str]]]] = []
+            for queue in request.queues:
                 floor = floors.start(queue)
                 while True:
                     scanned = StorageRange(lt=upper) if floor is None else StorageRange(gte=floor, lt=upper)
@@ -2083,12 +2087,9 @@ class CoreStore:
                         break
                     floor = None  # nothing at or above the floor: look below it before calling the queue idle
                 floors.found(queue, found.items[0].sort if found.items else None, full=floor is None, now=now)
-                place = (position - first) % len(queues)
-                rows.extend((turn, place, at, run_id) for turn, (at, run_id) in enumerate(kept))
-            if len(queues) > 1:
-                rows.sort()
-                self._queue_turns[queues] = first + 1
-            run_ids = list(dict.fromkeys(run_id for _, _, _, run_id in rows[:limit]))
+                per_queue.append((queue, kept))
+            rows = self._in_turns(per_queue)
+            run_ids = list(dict.fromkeys(run_id for _, run_id, _ in rows[:limit]))
             refused = [
                 ClaimResult(run_id, None, ExecuteDeliveryIgnoredReason.CLAIM_LOST, error=error)
                 for run_id, error in unreadable.items()
