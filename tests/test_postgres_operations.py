@@ -236,6 +236,17 @@ def configured_lane(tmp_path: Path, url: str, options: str) -> Any:
     )
 
 
+def test_toml_lane_timeouts_reach_the_driver(tmp_path: Path) -> None:
+    lane = configured_lane(
+        tmp_path, "postgresql://db/app", 'statement_timeout = "5m"\npool_timeout = "1500ms"\nconnect_timeout = 3\n'
+    )
+    storage = lane.storage
+    assert (storage.statement_timeout, storage.pool_timeout, storage.connect_timeout) == (300.0, 1.5, 3.0)
+    defaults = configured_lane(tmp_path, "postgresql://db/app", "")
+    assert (defaults.storage.statement_timeout, defaults.storage.pool_timeout) == (30.0, 30.0)
+    assert defaults.storage.connect_timeout == 10.0
+
+
 def test_the_storage_driver_provider_takes_the_lanes_timeouts() -> None:
     """A plugin lane composing the ``postgres`` storage driver (``context.registries.storage_drivers``)
     configures it with the same keys as ``postgres-polling``, timeouts included."""
