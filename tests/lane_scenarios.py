@@ -539,6 +539,27 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_a_drain_runs_the_backlog_its_own_runs_hold_capacity_against(self, lanes: LaneFactory) -> None:
+        # One slot: while a drain slot runs one of them, the other slots' scans find the partition full.
+        # Each finished run frees the slot again, and the drain goes on until no run is left.
+        executed: list[int] = []
+
+        @task("limited.backlog", queue=LIMITED)
+        async def backlog(payload: dict) -> None:
+            executed.append(payload["n"])
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), backlog)
+            async with runtime:
+                for n in range(40):
+                    await runtime.trigger(backlog, {"n": n})
+                drain = runtime.worker(mode=WorkerMode.DRAIN, concurrency=4)
+                await asyncio.wait_for(drain.closed, 30)
+                assert sorted(executed) == list(range(40))
+                assert drain.executed == 40
+
+        self.run(body)
+
     def test_schedule_materializes_once_and_prune_removes_finished_runs(self, lanes: LaneFactory) -> None:
         seen: list[Any] = []
 

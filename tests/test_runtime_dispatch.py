@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from runlane_local import local_lane
 
 from runlane import Retry, RunStatus, TaskContext, WorkerMode, create_runlane, queue, task
-from runlane.core.store import ClaimRequest
+from runlane.core.store import ClaimRequest, RunnableRef
 from runlane.storage import StorageIndexName
 from runlane.vocabulary import ExecuteDeliveryIgnoredReason
 
@@ -483,3 +483,32 @@ async def test_a_full_keys_long_backlog_does_not_keep_another_keys_run_waiting()
         finally:
             release.set()
             await asyncio.gather(*holding)
+
+
+async def test_a_slot_woken_during_a_scan_in_flight_does_not_take_its_empty_answer():
+    # A drain slot whose run just finished (freeing its partition's slot) asks for work while another
+    # slot's scan, begun while that run still held the slot, is in flight. That scan's "nothing due"
+    # predates the wake-up, so the slot scans again instead of ending the drain with runs left.
+    from runlane.core.runtime import CandidatePool
+
+    answers = [asyncio.get_running_loop().create_future(), ["run-2"]]
+    scans: list[int] = []
+
+    class Store:
+        async def list_runnable(self, queues, now, limit):
+            scans.append(len(scans))
+            answer = answers[len(scans) - 1]
+            refs = await answer if isinstance(answer, asyncio.Future) else answer
+            return [RunnableRef(run_id, "q", now) for run_id in refs]
+
+    pool = CandidatePool(4)
+    now = datetime.now().astimezone()
+    first = asyncio.ensure_future(pool.refill(Store(), ["q"], now, set(), generation=1))
+    await asyncio.sleep(0)
+    woken = asyncio.ensure_future(pool.refill(Store(), ["q"], now, set(), generation=2))
+    same = asyncio.ensure_future(pool.refill(Store(), ["q"], now, set(), generation=1))
+    await asyncio.sleep(0)
+    answers[0].set_result([])
+    assert await first is None and await same is None  # they knew no more than the scan did
+    assert await woken is True and pool.take(set()) == "run-2"
+    assert len(scans) == 2

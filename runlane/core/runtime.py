@@ -417,12 +417,13 @@ class CandidatePool:
     then scan storage about once per poll delay between them, not once each.
     """
 
-    __slots__ = ("_idle_mark", "_idle_window", "_items", "_scan_size", "_scanning")
+    __slots__ = ("_idle_mark", "_idle_window", "_items", "_scan_generation", "_scan_size", "_scanning")
 
     def __init__(self, scan_size: int, idle_window: float = 0.0) -> None:
         self._items: list[str] = []
         self._scan_size = scan_size
         self._scanning: asyncio.Future[bool] | None = None
+        self._scan_generation: int | None = None  # the work signal's when the scan in flight started
         self._idle_window = idle_window
         self._idle_mark: tuple[int, float] | None = None  # (work generation, loop time) of the last idle scan
 
@@ -438,17 +439,24 @@ class CandidatePool:
         self, store: CoreStore, queues: Sequence[str], now: datetime, claiming: set[str], generation: int | None = None
     ) -> bool | None:
         """Scan once (or join the scan in flight); ``None`` when storage has no due candidate at all.
-        ``generation``: the work signal's, read before the call (see ``idle_window``)."""
-        scanning = self._scanning
-        if scanning is not None:
-            found = await asyncio.shield(scanning)
-            return True if found else None
+        ``generation``: the work signal's, read before the call (see ``idle_window``).
+
+        A scan in flight that finds nothing answers only the callers that knew no more than it did when
+        it started: one that a wake-up reached since (a run of its own finished and freed bounded-queue
+        capacity, say) scans again itself, or a drain slot would end with runs left it could take."""
+        while (scanning := self._scanning) is not None:
+            started = self._scan_generation
+            if await asyncio.shield(scanning):
+                return True
+            if generation is None or generation == started:
+                return None
         loop = asyncio.get_running_loop()
         mark = self._idle_mark
         if mark is not None and mark[0] == generation and loop.time() - mark[1] < self._idle_window:
             return None  # another slot found nothing due a moment ago, and nothing woke the worker since
         future: asyncio.Future[bool] = loop.create_future()
         self._scanning = future
+        self._scan_generation = generation
         try:
             refs = await store.list_runnable(queues, now, len(claiming) + self._scan_size)
             fresh = [ref.run_id for ref in refs if ref.run_id not in claiming]
