@@ -21,6 +21,7 @@ CASES = {
     "reducer_bench.py": (["--runs", "200", "--repeat", "1"], ("events",)),
     "runtime_bench.py": (["--runs", "100", "--latency-samples", "5"], ("end to end",)),
     "tick_bench.py": (["--runs", "100"], ("runs",)),
+    "bounded_bench.py": (["--runs", "60", "--others", "10"], ("backlog:", "other keys:")),
     "listing_bench.py": (["--runs", "200", "--rounds", "2"], ("newest page after a write",)),
     "memory_bench.py": (["--batches", "3", "--runs", "50"], ("RSS after each batch", "growth after the first batch")),
     "sqlite_bench.py": (

@@ -190,6 +190,13 @@ _CAPACITY_SCAN_ROWS: Final = 500
 # instead of leaving a poll worker idle for its poll delay per 250 rows: with 50,000 runs of one key
 # ahead of them, another key's runs waited more than a minute.
 _CAPACITY_SCAN_MAX_ROWS: Final = 5000
+# A capacity scan reads the rows it needs a page at a time, the first page this many rows (or twice the
+# candidates still wanted), each next one twice the last: a slot that wants one run reads a few rows, not
+# a window of the backlog.
+_CAPACITY_SCAN_FIRST_PAGE: Final = 16
+# How many runs' concurrency keys a store remembers for its capacity scans (a run's key never changes):
+# a scan over rows it has seen before reads no run documents.
+_CONCURRENCY_KEYS_KEPT: Final = 100_000
 # Bytes of the record limit a new run must leave free for what its lifecycle adds to its record without
 # a check of its own: the lease of a claim (a worker id of up to 512 characters, escaped) and a
 # failure Runlane records itself. Outputs, releases and cancellations are checked when they happen.
@@ -857,6 +864,13 @@ class OutboxMark:
 # Errors
 
 
+class _Gone:
+    """A run a capacity scan's index row named but storage no longer holds (pruned meanwhile)."""
+
+
+_GONE: Final = _Gone()
+
+
 class _NeedKeys(Exception):
     """An attempt found it needs records it did not read; the write path restarts reading them too."""
 
@@ -1419,6 +1433,9 @@ class CoreStore:
         # Where the next capacity scan of (index, queue) goes on past its window of oldest rows (see
         # ``open_candidates``); ``None``: right after that window.
         self._capacity_scan_resume: dict[tuple[StorageIndexName, str], str | None] = {}
+        # run id -> concurrency key, of runs capacity scans have read (oldest first, at most
+        # ``_CONCURRENCY_KEYS_KEPT``).
+        self._concurrency_keys: dict[str, str | None] = {}
         # ``(run_id, lease_token) -> bool``: whether an attempt of this process holds that lease (the
         # runtime's ``CancellationRegistry.holds``). A claim never takes a run from such an attempt,
         # whatever this process's clock says about the lease.
@@ -1581,6 +1598,25 @@ class CoreStore:
                     found.append(error)
         return found
 
+    async def _concurrency_keys_of(self, run_ids: Sequence[str]) -> list[str | None | RunlaneError | _Gone]:
+        """Each run's concurrency key, for a capacity scan: from what this store remembers, else read
+        (``_peek_runs``; a run whose record cannot be read is its error, a run that is gone ``_GONE``)."""
+        known = self._concurrency_keys
+        unseen = [run_id for run_id in run_ids if run_id not in known]
+        read: dict[str, str | None | RunlaneError | _Gone] = {}
+        if unseen:
+            for run_id, run in zip(unseen, await self._peek_runs(unseen)):
+                if isinstance(run, RunRecord):
+                    read[run_id] = known[run_id] = run.concurrency_key
+                else:
+                    read[run_id] = _GONE if run is None else run
+        keys = [read[run_id] if run_id in read else known[run_id] for run_id in run_ids]
+        if len(known) > _CONCURRENCY_KEYS_KEPT:
+            newest = list(known.items())[len(known) // 2 :]
+            known.clear()
+            known.update(newest)
+        return keys
+
     async def get_step(self, run_id: str, step_key: str) -> RunStepRecord | None:
         key = run_step_key(self.env_key, run_id, step_key)
         (record,) = await self.driver.get([key])
@@ -1733,73 +1769,69 @@ class CoreStore:
         A row is open when its run already holds a slot of its concurrency-key partition (a dispatch
         reservation) or when that partition has a free slot not yet handed to an earlier row. Rows of
         full partitions are passed over, as the storage contract asks of runnable and dispatch scans,
-        so one key's backlog does not hide another key's work. One call reads ``_CAPACITY_SCAN_ROWS`` rows:
-        the oldest half of them, then the other half where the previous call of this store stopped,
-        wrapping around at the newest due row, so that behind a backlog of any length every row is looked
-        at within a bounded number of calls while the oldest rows keep their turn first. A call that has
-        found nothing open reads on from there, up to ``_CAPACITY_SCAN_MAX_ROWS`` rows. Candidates only:
-        the claim or reservation decides again on what it reads.
+        so one key's backlog does not hide another key's work. One call reads up to ``_CAPACITY_SCAN_ROWS``
+        rows, in pages that start small and double (a call that wants one run reads a few rows): the oldest
+        half of them, then the other half where the previous call of this store stopped, wrapping around
+        at the newest due row, so that behind a backlog of any length every row is looked at within a
+        bounded number of calls while the oldest rows keep their turn first. A call that has found nothing
+        open reads on from there, up to ``_CAPACITY_SCAN_MAX_ROWS`` rows. A run's concurrency key never
+        changes, so the store remembers the keys it has read: rows scanned again cost no run reads.
+        Candidates only: the claim or reservation decides again on what it reads.
         """
         queue_limit = self.queue_limits[queue]
         now_iso = encode_iso_date(now)
         upper = encode_storage_tuple_prefix_upper_bound((now_iso,))
         page = max(1, min(self._limits.max_query_results, self._limits.max_point_reads))
-        holders: dict[str, set[str]] = {}  # encoded capacity key -> runs holding a live slot
-        free: dict[str, int] = {}  # encoded capacity key -> slots left to hand out
+        holders: dict[str | None, set[str]] = {}  # concurrency key -> runs holding a live slot of its partition
+        free: dict[str | None, int] = {}  # concurrency key -> slots of its partition left to hand out
         kept: list[tuple[str, str]] = []
         set_aside = self.set_aside_runs
 
         async def scan(after: str | None, budget: int) -> tuple[str | None, bool]:
             """Open rows past ``after`` (an encoded sort), reading at most ``budget`` rows; returns the
             encoded sort of the last row read and whether the newest due row was reached."""
-            cursor: str | None = None
             scanned = 0
             last = after
             scanned_range = StorageRange(lt=upper) if after is None else StorageRange(gt=after, lt=upper)
+            size = max(_CAPACITY_SCAN_FIRST_PAGE, 2 * (limit - len(kept)))
             while len(kept) < limit and scanned < budget:
-                query = StorageQuery(index, (self.env_key, queue), scanned_range, limit=min(page, budget - scanned),
-                                     cursor=cursor)  # fmt: skip
+                asked = min(page, size, budget - scanned)
+                query = StorageQuery(index, (self.env_key, queue), scanned_range, limit=asked)
+                size *= 2
                 result = await self.driver.query(query)
                 scanned += len(result.items)
                 items = [item for item in result.items if item.sort[1] not in set_aside]
-                runs = await self._peek_runs([item.key.parts[-1] for item in items])
-                partitions = [
-                    queue_capacity_key(self.env_key, queue, run.concurrency_key) if isinstance(run, RunRecord) else None
-                    for run in runs
-                ]
-                unknown = {key.encoded: key for key in partitions if key is not None and key.encoded not in free}
+                keys = await self._concurrency_keys_of([item.sort[1] for item in items])
+                unknown: list[str | None] = []
+                for key in dict.fromkeys(keys):
+                    if not isinstance(key, (RunlaneError, _Gone)) and key not in free:
+                        unknown.append(key)
                 if unknown:
-                    for encoded, record in zip(unknown, await self.driver.get(list(unknown.values()))):
+                    records = await self.driver.get([queue_capacity_key(self.env_key, queue, key) for key in unknown])
+                    for key, record in zip(unknown, records):
                         occupants = None if record is None else record.document.value.get("occupants")
                         live = {
                             held for held, until in (occupants.items() if isinstance(occupants, dict) else ())
                             if isinstance(until, str) and until > now_iso
                         }  # fmt: skip
-                        holders[encoded] = live
-                        free[encoded] = max(0, queue_limit - len(live))
-                for item, run, key in zip(items, runs, partitions):
-                    last = encode_storage_tuple(item.sort)
-                    if isinstance(run, RunlaneError):
-                        # A run that cannot be read stays a candidate, taking no capacity: the claim or
-                        # reservation that reads it reports it (and a worker sets it aside).
-                        kept.append((item.sort[0], item.sort[1]))
-                        if len(kept) >= limit:
-                            return last, False
-                        continue
-                    if run is None or key is None:
+                        holders[key] = live
+                        free[key] = max(0, queue_limit - len(live))
+                for item, key in zip(items, keys):
+                    if isinstance(key, _Gone):
                         continue  # pruned meanwhile
-                    if run.id in holders[key.encoded]:
-                        kept.append((item.sort[0], item.sort[1]))
-                    elif free[key.encoded] > 0:
-                        free[key.encoded] -= 1
-                        kept.append((item.sort[0], item.sort[1]))
+                    # A run that cannot be read stays a candidate, taking no capacity: the claim or reservation
+                    # that reads it reports it (and a worker sets it aside). So does a run holding a slot already.
+                    if not isinstance(key, RunlaneError) and item.sort[1] not in holders[key]:
+                        if free[key] < 1:
+                            continue  # its partition is full
+                        free[key] -= 1
+                    kept.append((item.sort[0], item.sort[1]))
                     if len(kept) >= limit:
-                        return last, False
-                if result.items:
-                    last = encode_storage_tuple(result.items[-1].sort)  # past the runs passed over too
-                cursor = result.next_cursor
-                if cursor is None or not result.items:
-                    return last, True
+                        return encode_storage_tuple(item.sort), False
+                if len(result.items) < asked:
+                    return last if not result.items else encode_storage_tuple(result.items[-1].sort), True
+                last = encode_storage_tuple(result.items[-1].sort)  # past the runs passed over too
+                scanned_range = StorageRange(gt=last, lt=upper)
             return last, False
 
         window = _CAPACITY_SCAN_ROWS // 2

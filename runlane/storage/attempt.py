@@ -17,6 +17,7 @@ validate and commit (``check_committable()`` first), and calls ``end()`` whateve
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
 import threading
@@ -99,6 +100,9 @@ def _decode_trusted(encoded: str) -> tuple[str, ...]:
     return tuple([bytes.fromhex(part).decode("utf-8") for part in encoded.split("/")])
 
 
+# A backlog's oldest rows are read by scan after scan (a bounded queue's capacity scan passes over a full
+# partition's rows each time), so their decoded references are kept.
+@functools.lru_cache(maxsize=16384)
 def _trusted_ref(sort: str, key: str) -> StorageIndexRef:
     parts = _decode_trusted(key)
     return StorageIndexRef(StorageRecordKey._trusted(parts[0], parts[1:], key), _decode_trusted(sort))
