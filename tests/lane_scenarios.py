@@ -489,6 +489,38 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_steps_run_together_are_each_stored_once(self, lanes: LaneFactory) -> None:
+        # Steps gathered in one attempt each update the run's record; they must not fail one another's
+        # transactions (and with them the attempt, whose retry would repeat their side effects).
+        calls: list[str] = []
+
+        @task("send.batch")
+        async def send_batch(payload: dict, ctx: TaskContext) -> int:
+            async def send(token: str) -> dict:
+                calls.append(token)
+                await asyncio.sleep(0.01)
+                return {"message_id": token[-12:]}
+
+            sent = await asyncio.gather(*(ctx.step.run(f"send.{n}", send) for n in range(payload["n"])))
+            return len(sent)
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), send_batch)
+            async with runtime:
+                run = await runtime.run_now(send_batch, {"n": 300})
+                assert run.status is RunStatus.SUCCEEDED and run.output == 300, run.failure
+                assert len(calls) == len(set(calls)) == 300
+                steps, cursor = [], None
+                while True:
+                    page = await runtime.runs.steps(run.id, cursor=cursor, limit=100)
+                    steps.extend(page.data)
+                    cursor = page.next_cursor
+                    if cursor is None:
+                        break
+                assert sorted(step.step_key for step in steps) == sorted(f"send.{n}" for n in range(300))
+
+        self.run(body)
+
     def test_cancel_queued_and_running_runs(self, lanes: LaneFactory) -> None:
         started = asyncio.Event()
 

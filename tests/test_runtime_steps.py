@@ -155,6 +155,35 @@ async def test_invalid_step_keys_fail_the_attempt(key):
         assert (await runtime.execute_next()).failure.code is ErrorCode.CONFIGURATION_INVALID
 
 
+async def test_steps_completing_together_keep_their_own_outcomes():
+    # Gathered steps share a transaction: a repeated key with the same output returns the stored one,
+    # a repeated key with another output is that step's invariant_violation, and the others are stored.
+    outcomes: list[Any] = []
+
+    @task("gathered.steps", retry=Retry(1))
+    async def gathered(payload: dict, ctx: TaskContext):
+        outcomes.extend(
+            await asyncio.gather(
+                ctx.step.run("a", lambda token: {"v": 1}),
+                ctx.step.run("a", lambda token: {"v": 1}),
+                ctx.step.run("b", lambda token: {"v": 2}),
+                ctx.step.run("b", lambda token: {"v": 3}),
+                ctx.step.run("c", lambda token: {"v": 4}),
+                return_exceptions=True,
+            )
+        )
+
+    runtime, _ = make_runtime(gathered)
+    async with runtime:
+        run = (await runtime.trigger(gathered, {})).run
+        await runtime.execute_next()
+        stored = {step.step_key: step.output for step in (await runtime.runs.steps(run.id)).data}
+    assert outcomes[:3] == [{"v": 1}, {"v": 1}, {"v": 2}] and outcomes[4] == {"v": 4}
+    assert isinstance(outcomes[3], RunlaneError) and outcomes[3].code is ErrorCode.INVARIANT_VIOLATION
+    assert "different output" in outcomes[3].message
+    assert stored == {"a": {"v": 1}, "b": {"v": 2}, "c": {"v": 4}}
+
+
 async def test_first_step_completion_is_observed_once():
     observations = []
 

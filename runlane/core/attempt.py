@@ -66,9 +66,11 @@ from ..models import (
     RunReleasedEvent,
     RunRetryScheduledEvent,
     RunSource,
+    RunStepRecord,
     RunSucceededEvent,
     environment_key,
 )
+from ..storage.batching import Batcher
 from ..storage.codecs import encode_iso_date
 from ..storage.types import StorageLimitError
 from ..vocabulary import ActorType, RunSourceType, RunStatus, RunWaitConditionType
@@ -82,7 +84,7 @@ from .authoring import (
     gives_back,
 )
 from .cancellation import CancellationController, CancellationSignal, link_signals
-from .store import AppendResult, CompletionRequest
+from .store import AppendResult, CompletionRequest, StepCompletion
 
 if TYPE_CHECKING:
     from .runtime import Runlane, TriggerRunResult
@@ -895,6 +897,7 @@ class _Attempt:
         "_storage_retry_s",
         "_storage_down_since",
         "_calls",
+        "_steps",
     )
 
     def __init__(self, runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions) -> None:
@@ -933,6 +936,8 @@ class _Attempt:
         # The lease as last written: its expiry on the runtime clock, and when (loop time) it was written.
         self._lease_expires_at = lease.expires_at
         self._lease_renewed_at = self.loop.time()
+        # Step outputs of this attempt, written one transaction at a time (see ``complete_step``).
+        self._steps: Batcher[StepCompletion, tuple[RunStepRecord, bool]] | None = None
         self._storage_retry_s = 0.0  # the delay of the current run of storage retries; 0 when none
         self._storage_down_since: float | None = None  # loop time of the first failure of an outage
         # The awaitables ``ctx`` handed an ``async def`` handler, each with how it was called (see ``unawaited``).
@@ -1549,11 +1554,20 @@ class _Attempt:
         return AttemptResult(None, True, conflict)
 
     async def complete_step(self, step_key: str, token: str, stored: Any) -> None:
+        """Store a step's output. Steps completing together (``asyncio.gather`` over ``ctx.step.run``)
+        share one transaction, and one at a time: each step write updates the run's record, so concurrent
+        transactions of one attempt would only fail each other's validation."""
         runtime = self.runtime
+        steps = self._steps
+        if steps is None:
+            store = runtime.store
+
+            async def flush(batch: list[StepCompletion]) -> list[tuple[RunStepRecord, bool] | RunlaneError]:
+                return await store.complete_steps(self.run_id, self.token, self.attempt_number, batch)
+
+            steps = self._steps = Batcher(flush, max_batch_size=store.step_batch_size())
         try:
-            step, created = await runtime.store.complete_step(
-                self.run_id, step_key, token, self.token, self.attempt_number, stored
-            )
+            step, created = await steps.submit(StepCompletion(step_key, token, stored))
         except StorageLimitError as error:
             raise RunlaneError(
                 ErrorCode.TASK_OUTPUT_INVALID,

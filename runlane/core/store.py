@@ -158,6 +158,7 @@ __all__ = [
     "ReserveRequest",
     "ReserveResult",
     "RunnableRef",
+    "StepCompletion",
     "completion_wait_key",
     "encode_run_document_fast",
     "idempotency_owner_key",
@@ -812,6 +813,15 @@ class CompletionRequest:
     build: Build
     lease_token: str | None = None
     known: RunRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepCompletion:
+    """One step's output for ``CoreStore.complete_steps``."""
+
+    step_key: str
+    token: str
+    output: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -2665,59 +2675,98 @@ class CoreStore:
     async def complete_step(
         self, run_id: str, step_key: str, token: str, lease_token: str, attempt: int, output: Any
     ) -> tuple[RunStepRecord, bool]:
-        """Persist a step's output once, fenced by the lease, attempt and status.
+        """``complete_steps`` for one step; its own failure is raised."""
+        (result,) = await self.complete_steps(run_id, lease_token, attempt, [StepCompletion(step_key, token, output)])
+        if isinstance(result, RunlaneError):
+            raise result
+        return result
 
-        Returns ``(step, True)`` for a first completion (its observation is appended in the same
-        commit) and ``(existing, False)`` when the same output was already stored (nothing is written).
-        A different stored output is ``invariant_violation``; a lost lease is ``storage_conflict``
-        (``lease_ownership``).
+    async def complete_steps(
+        self, run_id: str, lease_token: str, attempt: int, steps: Sequence[StepCompletion]
+    ) -> list[tuple[RunStepRecord, bool] | RunlaneError]:
+        """Persist the outputs of steps of one attempt in one transaction, each once, fenced by the lease,
+        attempt and status.
+
+        Per step: ``(step, True)`` for a first completion (its observation is appended in the same commit),
+        ``(existing, False)`` when the same output was already stored (nothing is written for it), or the
+        step's own error: ``invariant_violation`` for a different stored output (or a different output
+        for the same key earlier in ``steps``), ``validation_failed`` for an output that is not JSON. A lost
+        lease is raised (``storage_conflict`` / ``lease_ownership``), and so is a storage limit the steps
+        exceed together (nothing was written; the caller splits them).
         """
         env = self.env_key
         run_key = _run_key(env, run_id)
-        step_key_record = run_step_key(env, run_id, step_key)
-        output_text = canonical_json(ensure_json_value(output, "step output"))
-        reads = [run_key, step_key_record, *self.observation_heads]
+        texts: list[str | RunlaneError] = []
+        for step in steps:
+            try:
+                texts.append(canonical_json(ensure_json_value(step.output, "step output")))
+            except RunlaneError as error:
+                texts.append(error)
+        wanted = list(dict.fromkeys(step.step_key for step in steps))
+        reads = [run_key, *(run_step_key(env, run_id, key) for key in wanted), *self.observation_heads]
 
-        async def body(tx: StorageTransaction) -> tuple[RunStepRecord, bool]:
+        async def body(tx: StorageTransaction) -> list[tuple[RunStepRecord, bool] | RunlaneError]:
             found = await tx.get(reads)
-            run_record, step_record = found[0], found[1]
+            run_record = found[0]
+            stored = {key: record for key, record in zip(wanted, found[1:]) if record is not None}
             now = _utc(await tx.now())
             run, children = (None, None) if run_record is None else self._decode_run(run_record)
             _check_lease(run_id, run, lease_token)
             assert run is not None and children is not None
             if run.counters.attempts != attempt:
                 raise _lease_conflict(run_id, f"attempt {attempt} is not the current attempt {run.counters.attempts}")
-            if step_record is not None:
-                existing = _decode_step(step_record)
-                if canonical_json(existing.output) != output_text:
-                    raise RunlaneError(
-                        ErrorCode.INVARIANT_VIOLATION,
-                        f"Step {step_key!r} of run {run_id} was already completed with a different output; "
-                        "a step key must always produce the same output.",
-                        meta={"run_id": run_id, "step_key": step_key},
-                    )
-                return existing, False
-            step = RunStepRecord(
-                environment=run.environment,
-                run_id=run_id,
-                step_key=step_key,
-                token=token,
-                attempt=attempt,
-                output=output,
-                completed_at=now,
-            )
-            value = step_observation_value(step, run)
-            tx.create(_step_record(env, step))
-            counted = RunChildCounts(
-                events=children.events, outbox=children.outbox, steps=children.steps + 1, links=children.links
-            )
-            # ``run`` was decoded from ``run_record``, so the record is there.
-            tx.replace(cast(StorageRecord, run_record), _run_record(env, run, counted, self.queue_limits))
-            # Only a first-time completion is observed; a replay above returned before this point.
-            self.stage_observations(tx, [value], {key.encoded: record for key, record in zip(reads, found)})
-            return step, True
+            known = {key: _decode_step(record) for key, record in stored.items()}
+            results: list[tuple[RunStepRecord, bool] | RunlaneError] = []
+            values: list[dict[str, Any]] = []
+            for completion, text in zip(steps, texts):
+                if isinstance(text, RunlaneError):
+                    results.append(text)
+                    continue
+                existing = known.get(completion.step_key)
+                if existing is not None:
+                    if canonical_json(existing.output) != text:
+                        results.append(
+                            RunlaneError(
+                                ErrorCode.INVARIANT_VIOLATION,
+                                f"Step {completion.step_key!r} of run {run_id} was already completed with a "
+                                "different output; a step key must always produce the same output.",
+                                meta={"run_id": run_id, "step_key": completion.step_key},
+                            )
+                        )
+                    else:
+                        results.append((existing, False))
+                    continue
+                step = RunStepRecord(
+                    environment=run.environment,
+                    run_id=run_id,
+                    step_key=completion.step_key,
+                    token=completion.token,
+                    attempt=attempt,
+                    output=completion.output,
+                    completed_at=now,
+                )
+                known[completion.step_key] = step
+                tx.create(_step_record(env, step))
+                values.append(step_observation_value(step, run))
+                results.append((step, True))
+            if values:
+                counted = RunChildCounts(
+                    events=children.events,
+                    outbox=children.outbox,
+                    steps=children.steps + len(values),
+                    links=children.links,
+                )
+                # ``run`` was decoded from ``run_record``, so the record is there.
+                tx.replace(cast(StorageRecord, run_record), _run_record(env, run, counted, self.queue_limits))
+                # Only first-time completions are observed; replays wrote nothing.
+                self.stage_observations(tx, values, {key.encoded: record for key, record in zip(reads, found)})
+            return results
 
         return await self.driver.with_transaction(body)
+
+    def step_batch_size(self) -> int:
+        """Steps ``complete_steps`` takes at once: per step one read, the step and its observation."""
+        return self._chunk_size(1, 2)
 
 
 # ---------------------------------------------------------------------------------------------
