@@ -39,8 +39,9 @@ from runlane.core.lanes import Lane
 from runlane.core.schedules import schedule_occurrence_id, schedule_occurrence_key
 from runlane.durations import MAX_INSTANT
 from runlane.ids import MAX_ID_LENGTH
-from runlane.models import environment_key
+from runlane.models import Actor, environment_key
 from runlane.testing import ControlledClock
+from runlane.vocabulary import ActorType
 
 DEFAULT = queue("default", default=True)
 LIMITED = queue("limited", concurrency_limit=1, dispatch_timeout="30s")
@@ -248,6 +249,8 @@ class LaneScenarios:
             seen.append(len(payload["pad"]))
             if payload.get("hold"):
                 await ctx.signal.wait()
+            if ctx.run_id.startswith("run_fails"):
+                raise RuntimeError("failed on purpose")
 
         async def body() -> None:
             lane = lanes.new()
@@ -280,6 +283,17 @@ class LaneScenarios:
                 finished = await asyncio.wait_for(attempt, 10)
                 assert finished is not None and finished.status is RunStatus.CANCELLED
                 assert seen == [low, low - 16]
+                # The largest run trigger() accepts can be rerun and retried: the recovery run's link to
+                # its source fits in the room trigger() kept, and the recovery run can be claimed too.
+                operator = Actor(type=ActorType.OPERATOR, id="o" * MAX_ID_LENGTH)
+                failed = (await runtime.trigger(near_limit, {"pad": "p" * low}, run_id=f"run_fails_{low:07d}")).run
+                assert (await runtime.execute_next()).status is RunStatus.FAILED
+                retried = await runtime.runs.retry(failed.id, actor=operator)
+                rerun = await runtime.runs.rerun(first.id, actor=operator)
+                for recovery in (retried, rerun):
+                    done = await runtime.execute_next(worker_id="w" * MAX_ID_LENGTH)
+                    assert done is not None and done.id in {retried.id, rerun.id}
+                assert (await runtime.runs.get(rerun.id)).status is RunStatus.SUCCEEDED
 
         self.run(body)
 

@@ -1269,7 +1269,7 @@ class Runlane:
         try:
             result = await self._store.create_run(CreateRunPlan(created, follow_up, spec.generated_run_id, hint))
         except StorageLimitError as error:
-            raise _run_too_large(error, spec.definition.id) from None
+            raise _run_too_large(error, spec) from None
         if result.created:
             if self._observers:
                 await self.observe(result.observations)
@@ -1386,7 +1386,7 @@ class Runlane:
             try:
                 result = await self._store.create_run(CreateRunPlan(created, follow_up))
             except StorageLimitError as error:
-                raise _run_too_large(error, spec.definition.id) from None
+                raise _run_too_large(error, spec) from None
             if not result.created:
                 return result.run
             if self._observers:
@@ -2199,15 +2199,19 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _run_too_large(error: StorageLimitError, task_id: str) -> StorageLimitError:
-    """``error`` of a run creation that does not fit the lane, saying so and what to do instead."""
+def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimitError:
+    """``error`` of a run creation that does not fit the lane, saying so, what takes the room and what to
+    do instead."""
+    sizes = {"payload": len(canonical_json(spec.payload)), "meta": len(canonical_json(spec.meta or {}))}
+    largest = max(sizes, key=sizes.__getitem__)
     return StorageLimitError(
         error.limit,
         error.allowed,
         error.actual,
         error.too_large(
-            f"Run of task '{task_id}'",
-            " Nothing was written; pass a reference to large data (an id or a URL) in the payload instead.",
+            f"Run of task '{spec.definition.id}'",
+            f" Nothing was written. Its {largest} takes {sizes[largest]:,} bytes: pass a reference to large "
+            f"data (an id or a URL) in the {largest} instead.",
         ),
         reserved=error.reserved,
     )

@@ -121,6 +121,7 @@ from ..vocabulary import (
     ActorType,
     ExecuteDeliveryIgnoredReason,
     OutboxMessageStatus,
+    RunSourceType,
     RunStatus,
     RunWaitConditionType,
     TriggerOutcomeType,
@@ -202,6 +203,11 @@ _CONCURRENCY_KEYS_KEPT: Final = 100_000
 # a check of its own: the lease of a claim (a worker id of up to 512 characters, escaped) and a
 # failure Runlane records itself. Outputs, releases and cancellations are checked when they happen.
 RUN_RECORD_HEADROOM_BYTES: Final = 4096
+# More a run leaves free unless an operator's rerun or retry created it: that recovery run repeats its
+# payload and meta and adds its link to the source run (and the operator as actor), so a run trigger()
+# accepted can always be rerun or retried.
+RECOVERY_LINK_BYTES: Final = 1024
+_RECOVERY_SOURCES: Final = frozenset({RunSourceType.RERUN, RunSourceType.MANUAL_RETRY})
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -1277,16 +1283,18 @@ class _Attempt:
 
     # -- staging ---------------------------------------------------------------------------------
 
-    def _check_room_to_run(self, stored: NewStorageRecord) -> None:
+    def _check_room_to_run(self, run: RunRecord, stored: NewStorageRecord) -> None:
         """Refuse a new run whose record leaves less than ``RUN_RECORD_HEADROOM_BYTES`` of the record
         limit: its claim adds a lease to the record, and a run that could never be claimed would stay
-        the oldest due work of its queue, failing every worker that reaches it."""
+        the oldest due work of its queue, failing every worker that reaches it. A run not created by a
+        rerun or retry leaves ``RECOVERY_LINK_BYTES`` more, for its own rerun or retry."""
         limit = self.store._limits.max_record_bytes
         size = stored.document.byte_size
-        if size > limit - RUN_RECORD_HEADROOM_BYTES:
-            raise StorageLimitError(
-                "max_record_bytes", limit - RUN_RECORD_HEADROOM_BYTES, size, reserved=RUN_RECORD_HEADROOM_BYTES
-            )
+        reserved = RUN_RECORD_HEADROOM_BYTES
+        if run.source is None or run.source.type not in _RECOVERY_SOURCES:
+            reserved += RECOVERY_LINK_BYTES
+        if size > limit - reserved:
+            raise StorageLimitError("max_record_bytes", limit - reserved, size, reserved=reserved)
 
     def stage(self) -> None:
         tx = self.tx
@@ -1298,7 +1306,7 @@ class _Attempt:
             known_key = None if slot.record is None else slot.record.key
             stored = _run_record(env, slot.run, slot.children, bounded, known_key)
             if slot.record is None:
-                self._check_room_to_run(stored)
+                self._check_room_to_run(slot.run, stored)
                 tx.create(stored)
             else:
                 tx.replace(slot.record, stored)
