@@ -1697,6 +1697,28 @@ async def test_wait_returns_a_run_once_it_has_finished_elsewhere():
         assert (await runtime.runs.wait(run.id)).output == {"pages": 3}  # finished: returned at once
 
 
+async def test_wait_returns_as_soon_as_this_process_commits_the_outcome(monkeypatch):
+    # Reads between commits are only for runs finishing in other processes: with them an hour apart,
+    # a run this process finishes still ends the wait at once.
+    import runlane.core.runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "_WAIT_FIRST_S", 3600.0)
+
+    @task("reports.quick")
+    async def quick(payload: dict) -> str:
+        return "done"
+
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT], tasks=[quick])
+    async with runtime:
+        run = (await runtime.trigger(quick, {})).run
+        waiting = asyncio.ensure_future(runtime.runs.wait(run.id))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        assert (await asyncio.wait_for(waiting, 5)).output == "done"
+        assert runtime._finish_waiters == {}  # nothing left registered
+
+
 async def test_wait_reports_a_missing_run_and_a_timeout_with_the_status_it_saw():
     @task("reports.parked")
     async def parked(payload: dict) -> None:

@@ -20,6 +20,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import builtins
 import concurrent.futures
 import dataclasses
@@ -539,6 +540,8 @@ class Runlane:
         self._loop_states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._last: tuple[asyncio.AbstractEventLoop, _LoopState] | None = None
         self._state_lock = threading.Lock()
+        # ``runs.wait`` callers by run id: woken when this process commits that run's terminal outcome.
+        self._finish_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._started = False
         self._closed = False
         self._forked_from: int | None = None  # in a child forked after the lane started: the parent's pid
@@ -880,6 +883,8 @@ class Runlane:
             if self._observers:
                 await self.observe(result.observations)
             run = result.run
+            if self._finish_waiters and run_status_values.is_terminal(run.status):
+                self._wake_finish_waiters(run.id)
             if run.status is RunStatus.QUEUED:
                 if result.events[-1].event.type is RunEventType.DELIVERY_REQUESTED:
                     self.wake(run.queue)
@@ -887,6 +892,28 @@ class Runlane:
                 self.wake(run.queue)  # bounded-queue capacity was freed
         if result.completion_waiters:
             await self._resume_waiters_riding_out(result.run.id)
+
+    def _wake_finish_waiters(self, run_id: str) -> None:
+        with self._state_lock:
+            waiters = self._finish_waiters.pop(run_id, ())
+        for future in waiters:
+            future.get_loop().call_soon_threadsafe(_wake_future, future)
+
+    @contextlib.contextmanager
+    def _finish_waiter(self, run_id: str) -> Iterator[asyncio.Future[None]]:
+        """A future this process's commit of ``run_id``'s terminal outcome completes (see ``runs.wait``)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._state_lock:
+            self._finish_waiters.setdefault(run_id, set()).add(future)
+        try:
+            yield future
+        finally:
+            with self._state_lock:
+                waiters = self._finish_waiters.get(run_id)
+                if waiters is not None:
+                    waiters.discard(future)
+                    if not waiters:
+                        del self._finish_waiters[run_id]
 
     async def _resume_waiters_riding_out(self, source_run_id: str) -> None:
         """``resume_completion_waiters`` after the source's terminal commit, retried through a short
@@ -2302,8 +2329,9 @@ class RunsApi:
         """Wait until run ``run_id`` has finished (succeeded, failed or cancelled) and return it, as a
         producer that needs a run's result does. ``run_not_found`` when there is no such run (or it was
         pruned meanwhile); ``TimeoutError`` naming the run's status once ``timeout`` has passed (none:
-        as long as it takes). The run is read again at intervals growing from 10 ms to 1 s, so a run
-        that finishes in another process is seen within a second."""
+        as long as it takes). A run that finishes in this process is returned as soon as its outcome is
+        committed; the run is also read again at intervals growing from 10 ms to 1 s, so a run that
+        finishes in another process is seen within a second."""
         runtime = self._runtime
         runtime._check_open()
         self._operator_reads()
@@ -2315,20 +2343,26 @@ class RunsApi:
             deadline = loop.time() + limit_ms / 1000
         await runtime._ready()
         interval = _WAIT_FIRST_S
-        while True:
-            run = await runtime._store.get_visible_run(checked)
-            if run is None:
-                raise run_not_found(checked, runtime._environment)
-            if run_status_values.is_terminal(run.status):
-                return run
-            pause = interval
-            if deadline is not None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    raise TimeoutError(f"Run {checked} is still {run.status.value} after {format_duration(limit_ms)}.")
-                pause = min(pause, remaining)
-            await asyncio.sleep(pause)
-            interval = min(interval * 2, _WAIT_MAX_S)
+        with runtime._finish_waiter(checked) as finished:  # registered before the first read: no commit is missed
+            while True:
+                run = await runtime._store.get_visible_run(checked)
+                if run is None:
+                    raise run_not_found(checked, runtime._environment)
+                if run_status_values.is_terminal(run.status):
+                    return run
+                pause = interval
+                if deadline is not None:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise TimeoutError(
+                            f"Run {checked} is still {run.status.value} after {format_duration(limit_ms)}."
+                        )
+                    pause = min(pause, remaining)
+                if finished.done():
+                    await asyncio.sleep(pause)
+                else:
+                    await asyncio.wait([finished], timeout=pause)
+                interval = min(interval * 2, _WAIT_MAX_S)
 
     def _operator_reads(self) -> Any:
         runtime = self._runtime
