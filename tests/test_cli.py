@@ -573,6 +573,28 @@ def test_trigger_with_a_delay_or_a_start_time_waits_for_it(shared: Shared) -> No
     assert both.exit_code == 1 and "run_at or delay, not both" in both.stderr
 
 
+def test_runs_wait_shows_the_finished_run_with_an_exit_status_that_says_how_it_ended(shared: Shared) -> None:
+    welcome = shared.json("trigger", "emails.welcome", '{"user_id": "w1"}')["run"]
+    broken = shared.json("trigger", "emails.broken", "{}")["run"]
+    # Not run yet: the wait ends at --timeout with exit status 4 and shows the run as it is.
+    waited = shared("--json", "runs", "wait", welcome["id"], "--timeout", "50ms")
+    assert waited.exit_code == 4, waited.stderr
+    assert json.loads(waited.stdout)["run"]["status"] == "queued"
+    assert json.loads(waited.stderr.splitlines()[0])["warning"]["code"] == "wait_timed_out"
+    human = shared("runs", "wait", welcome["id"], "--timeout", "50ms")
+    assert human.exit_code == 4 and f"run {welcome['id']} is still queued after 50ms" in human.stderr
+    assert shared("work", "--drain").exit_code == 0
+    done = shared("--json", "runs", "wait", welcome["id"])
+    assert done.exit_code == 0 and json.loads(done.stdout)["run"]["output"] == {"sent": "w1"}
+    failed = shared("runs", "wait", broken["id"], "--timeout", "5s")
+    assert failed.exit_code == 3 and failed.stdout.splitlines()[0] == broken["id"]
+    assert "failed" in failed.stdout
+    missing = shared("runs", "wait", "run_missing")
+    assert missing.exit_code == 1 and missing.stderr.startswith("error[run_not_found]: Run run_missing")
+    bad = shared("runs", "wait", welcome["id"], "--timeout", "soon")
+    assert bad.exit_code == 2 and "--timeout" in bad.stderr
+
+
 def test_trigger_human_card_and_options(shared: Shared) -> None:
     result = shared(
         "trigger", "emails.welcome", '{"user_id": "u2"}', "--queue", "other", "--run-id", "run_cli_fixed",

@@ -263,7 +263,7 @@ def test_dashboard_reads_are_not_printed_by_dev(project: Project, dev: subproces
     op = OPERATIONS["queues"]
     quiet = asyncio.run(bridge.exchange(session, op, parse_params(op, {}), Output(json_mode=True), quiet=True))
     loud = asyncio.run(bridge.exchange(session, op, parse_params(op, {}), Output(json_mode=True)))
-    assert quiet is not None and loud is not None and quiet[0] == loud[0]
+    assert quiet is not None and loud is not None and quiet.stdout == loud.stdout
     log = project.tmpdir / "dev.log"
     wait_for(lambda: '"command":"queues"' in log.read_text(), what="the queues command record")
     assert log.read_text().count('"command":"queues"') == 1
@@ -358,6 +358,52 @@ async def test_a_dev_that_does_not_answer_is_named_while_the_command_waits(
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_command_that_waits_by_design_is_given_as_long_as_it_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `runs wait --timeout 2s` answers after two seconds: a bridge limit shorter than that does not apply.
+    from runlane.cli.main import OPERATIONS, parse_params
+
+    importlib.import_module("runlane.cli.runs")  # registers the operation
+
+    async def answers_late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(0.8)
+        body = b'{"stdout": "", "stderr": "", "exit": 4}'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answers_late, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setattr(bridge, "RESPONSE_TIMEOUT_S", 0.3)
+    session = bridge.Session("/x/runlane.toml", port, "token", 4242, "2026-01-01T00:00:00.000Z", Path("/nowhere"))
+    op = OPERATIONS["runs wait"]
+    try:
+        params = parse_params(op, {"run_id": "run_1", "timeout": "2s"})
+        rendered = await bridge.exchange(session, op, params, Output(json_mode=True))
+        assert rendered is not None and rendered.exit_status == 4
+        get = OPERATIONS["runs get"]
+        with pytest.raises(bridge.RunlaneError) as raised:  # any other command keeps the bridge's limit
+            await bridge.exchange(session, get, parse_params(get, {"run_id": "run_1"}), Output(json_mode=True))
+        assert raised.value.code.value == "transport_unavailable"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_runs_wait_through_dev_exits_with_how_the_run_ended(project: Project, dev: subprocess.Popen[str]) -> None:
+    welcome = project.json("trigger", "emails.welcome", '{"user_id": "u1"}')["run"]["id"]
+    done = project.cli("--json", "runs", "wait", welcome, "--timeout", "20s")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["run"]["output"] == {"sent": "u1"}
+    parked = project.json("trigger", "slow.report", "{}")["run"]["id"]  # dev does not poll this queue
+    waited = project.cli("runs", "wait", parked, "--timeout", "200ms")
+    assert waited.returncode == 4 and f"run {parked} is still queued after 200ms" in waited.stderr
+    project.json("cancel", parked)
+    assert project.cli("runs", "wait", parked).returncode == 3
 
 
 def _planted_session(project: Project, folder_mode: int) -> socket.socket:

@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import io
 import json
+import math
 import os
 import secrets
 import stat
@@ -42,6 +43,7 @@ __all__ = [
     "COMMAND_PATH",
     "MAX_REQUEST_BYTES",
     "BridgeServer",
+    "Rendered",
     "Session",
     "exchange",
     "proxy",
@@ -450,7 +452,11 @@ class BridgeServer:
         op.render(output, params, result)
         if log is not None:
             log.command_record(op.name, summary=op.summary(params, result))
-        return {"stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+        answer: dict[str, Any] = {"stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+        status = op.exit_status(params, result)
+        if status:
+            answer["exit"] = status
+        return answer
 
 
 async def render_operation(
@@ -508,7 +514,12 @@ class _Stale(Exception):
     """The session did not answer as a live bridge: ignore and remove it."""
 
 
-async def _post(session: Session, body: bytes, output: Output, *, token: str | None = None) -> tuple[int, Any]:
+async def _post(
+    session: Session, body: bytes, output: Output, *, token: str | None = None, answer_within: float | None = None
+) -> tuple[int, Any]:
+    """POST ``body`` to the session's bridge; its answer must come within ``answer_within`` seconds
+    (default ``RESPONSE_TIMEOUT_S``; ``math.inf``: no limit)."""
+    limit = RESPONSE_TIMEOUT_S if answer_within is None else answer_within
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection("127.0.0.1", session.port), timeout=CONNECT_TIMEOUT_S
@@ -526,11 +537,14 @@ async def _post(session: Session, body: bytes, output: Output, *, token: str | N
         )
         writer.write(head.encode("ascii") + body)
         await writer.drain()
-        note = asyncio.get_running_loop().call_later(SLOW_ANSWER_NOTE_S, _say_waiting, session, output)
+        note = None
+        if limit == RESPONSE_TIMEOUT_S:  # a command that takes long by design needs no note
+            note = asyncio.get_running_loop().call_later(SLOW_ANSWER_NOTE_S, _say_waiting, session, output)
         try:
-            raw = await asyncio.wait_for(reader.read(), timeout=RESPONSE_TIMEOUT_S)
+            raw = await asyncio.wait_for(reader.read(), timeout=None if limit == math.inf else limit)
         finally:
-            note.cancel()
+            if note is not None:
+                note.cancel()
     except TimeoutError:
         raise RunlaneError(
             ErrorCode.TRANSPORT_UNAVAILABLE, f"The runlane dev process (pid {session.pid}) did not answer in time."
@@ -600,38 +614,53 @@ def serves(session: Session, lane: str, output: Output) -> bool:
 
 async def proxy(
     config_path: Path | str, op: Operation, params: OperationParams, output: Output, *, lane: str | None = None
-) -> bool:
+) -> int | None:
     """Run ``op`` in the live ``runlane dev`` session for ``config_path`` and print its result.
 
-    Returns ``False`` (after removing a stale session file) when there is no live session, or when the
-    session was started with another lane than ``lane`` (``lane_signature`` of the configuration as it
-    is now: its runs live elsewhere), so the caller runs the command on its own runtime. A command
-    error raised inside the dev process is raised here as the same ``RunlaneError``.
+    Returns the status the command exits with, or ``None`` (after removing a stale session file) when
+    there is no live session, or when the session was started with another lane than ``lane``
+    (``lane_signature`` of the configuration as it is now: its runs live elsewhere), so the caller runs
+    the command on its own runtime. A command error raised inside the dev process is raised here as the
+    same ``RunlaneError``.
     """
     session = read_session(config_path)
     if session is None:
-        return False
+        return None
     if not pid_alive(session.pid):
         _ignore_stale(session, f"its process {session.pid} is not running", output)
-        return False
+        return None
     if lane is not None and not serves(session, lane, output):
-        return False
+        return None
     rendered = await exchange(session, op, params, output)
     if rendered is None:
-        return False
-    output.write_rendered(*rendered)
-    return True
+        return None
+    output.write_rendered(rendered.stdout, rendered.stderr)
+    return rendered.exit_status
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """What a command run in the dev process printed for its caller, and the status it exits with."""
+
+    stdout: str
+    stderr: str
+    exit_status: int = 0
 
 
 async def exchange(
     session: Session, op: Operation, params: OperationParams, output: Output, *, quiet: bool = False
-) -> tuple[str, str] | None:
-    """Run ``op`` in the dev process of ``session``, rendered for ``output``: its (stdout, stderr), or
-    ``None`` (after removing the session file) when the session turned out to be stale. A command
-    error raised in the dev process is raised here as the same ``RunlaneError``. A ``quiet`` command
-    is not printed in the dev process's output (for reads a client repeats on a timer)."""
+) -> Rendered | None:
+    """Run ``op`` in the dev process of ``session``, rendered for ``output``, or ``None`` (after removing
+    the session file) when the session turned out to be stale. A command error raised in the dev process
+    is raised here as the same ``RunlaneError``. A ``quiet`` command is not printed in the dev process's
+    output (for reads a client repeats on a timer)."""
+    answer_within = None
+    if op.answer_within is not None:
+        answer_within = op.answer_within(params)
+        answer_within = math.inf if answer_within is None else answer_within
     try:
-        status, document = await _post(session, _request_body(op, params, output, quiet=quiet), output)
+        body = _request_body(op, params, output, quiet=quiet)
+        status, document = await _post(session, body, output, answer_within=answer_within)
     except _Stale:
         _ignore_stale(session, "it did not answer as a runlane dev bridge", output)
         return None
@@ -640,7 +669,10 @@ async def exchange(
         return None
     error = document.get("error") if isinstance(document, dict) else None
     if status == 200 and isinstance(document, dict) and error is None:
-        return str(document.get("stdout", "")), str(document.get("stderr", ""))
+        exit_status = document.get("exit", 0)
+        if isinstance(exit_status, bool) or not isinstance(exit_status, int) or not 0 <= exit_status <= 125:
+            raise RunlaneError(ErrorCode.INTERNAL_ERROR, "The runlane dev process answered with an invalid exit status.")
+        return Rendered(str(document.get("stdout", "")), str(document.get("stderr", "")), exit_status)
     if isinstance(error, dict):
         code_value: Any = error.get("code")  # any JSON value: one that is no error code is an internal error
         try:

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -474,7 +474,10 @@ class Operation:
     hands the result to the output layer. A local command runs both in this process; a command proxied
     into ``runlane dev`` runs both there, with an ``Output`` that renders for the calling terminal.
     ``summary`` is the result in a few words (``✓ created run_123``), for the ``command`` line a
-    ``runlane dev`` process prints for each command it runs for another terminal.
+    ``runlane dev`` process prints for each command it runs for another terminal. ``exit_status`` is the
+    status a result exits with (0 unless the command documents others); ``answer_within``, for a command
+    that may take long, how long it may take to answer when proxied into ``runlane dev``, in seconds, from
+    its params (``None``: as long as it takes); without it the bridge's own limit applies.
     """
 
     name: str
@@ -482,6 +485,8 @@ class Operation:
     call: Callable[[Runlane, Any], Awaitable[Any]]
     render: Callable[[Output, Any, Any], None]
     summary: Callable[[Any, Any], str]
+    exit_status: Callable[[Any, Any], int] = lambda params, result: 0
+    answer_within: Callable[[Any], float | None] | None = None
 
 
 OPERATIONS: dict[str, Operation] = {}
@@ -494,11 +499,14 @@ def operation(
     render: Callable[[Output, Any, Any], None],
     *,
     summary: Callable[[Any, Any], str],
+    exit_status: Callable[[Any, Any], int] | None = None,
+    answer_within: Callable[[Any], float | None] | None = None,
 ) -> Callable[[Callable[[Runlane, Any], Awaitable[Any]]], Callable[[Runlane, Any], Awaitable[Any]]]:
-    """Register ``call`` as the stateful command ``name`` (see ``Operation`` for ``render`` and ``summary``)."""
+    """Register ``call`` as the stateful command ``name`` (see ``Operation`` for the other arguments)."""
 
     def register(call: Callable[[Runlane, Any], Awaitable[Any]]) -> Callable[[Runlane, Any], Awaitable[Any]]:
-        OPERATIONS[name] = Operation(name=name, params=params, call=call, render=render, summary=summary)
+        op = Operation(name=name, params=params, call=call, render=render, summary=summary, answer_within=answer_within)
+        OPERATIONS[name] = op if exit_status is None else replace(op, exit_status=exit_status)
         return call
 
     return register
@@ -523,20 +531,24 @@ def run_operation(ctx: typer.Context, name: str, **values: Any) -> None:
     op = OPERATIONS[name]
     params = guard(ctx, lambda: parse_params(op, values))
 
-    async def main() -> tuple[bool, Any]:
+    async def main() -> tuple[int | None, Any]:
         from .bridge import lane_signature, proxy
 
         config = load_cli_config(ctx)
-        if await proxy(config.path, op, params, state.output, lane=lane_signature(config)):
-            return True, None
+        status = await proxy(config.path, op, params, state.output, lane=lane_signature(config))
+        if status is not None:
+            return status, None
         async with open_runtime(ctx) as runtime:
             if runtime.lane.capabilities.process_local:
                 state.output.warning("process_local_lane", _alone_on_a_process_local_lane(runtime, config))
-            return False, await op.call(runtime, params)
+            return None, await op.call(runtime, params)
 
-    proxied, result = invoke(ctx, main)
-    if not proxied:
+    status, result = invoke(ctx, main)
+    if status is None:
         op.render(state.output, params, result)
+        status = op.exit_status(params, result)
+    if status:
+        raise typer.Exit(status)
 
 
 def _alone_on_a_process_local_lane(runtime: Runlane, config: LoadedConfig) -> str:
@@ -617,7 +629,8 @@ EXIT_STATUS = (
     "Exit status: 0 success; 1 a Runlane error, printed with its code (error[run_not_found]: ..., or "
     "{\"error\": ...} with --json); 2 a usage error: an unknown command or option, a missing or malformed "
     "value (a date, duration or JSON the command line reads), or options that do not go together, "
-    "printed as text by the command line parser (also with --json); 141 the reader of stdout stopped "
+    "printed as text by the command line parser (also with --json); 3 and 4 from runlane runs wait: the "
+    "run failed or was cancelled, or it had not finished at --timeout; 141 the reader of stdout stopped "
     "reading (runlane runs list | head -1), as for other Unix tools."
 )
 

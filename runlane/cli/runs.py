@@ -1,4 +1,4 @@
-"""``runlane runs list|get|attempts|steps``: operator reads through ``runlane.runs``.
+"""``runlane runs list|get|wait|attempts|steps``: operator reads through ``runlane.runs``.
 
 Dates are parsed (ISO 8601 only) while the command line is, so a malformed one is a usage error.
 """
@@ -11,12 +11,14 @@ from typing import Annotated, Any
 import typer
 
 from ..core.store import run_not_found
+from ..durations import duration_ms
 from ..errors import ErrorCode, RunlaneError
 from ..storage.operator import TimeRange
 from ..vocabulary import RunEventSortField, RunSortField, RunStatus, SortDirection
 from .main import OperationParams, operation, run_operation, usage_guard
 from .output import display_value, plural
 from .options import (
+    DURATION,
     MULTI_VALUE,
     PAGE_LIMIT_HELP,
     CursorOption,
@@ -164,6 +166,58 @@ async def _steps(runtime: Any, params: RunsStepsParams) -> Any:
     return await runtime.runs.steps(params.run_id, cursor=params.cursor, limit=params.limit)
 
 
+class RunsWaitParams(OperationParams):
+    run_id: str
+    timeout: str | None = None
+
+
+# Exit statuses of ``runlane runs wait`` besides 0 (the run succeeded) and those of every command.
+EXIT_RUN_DID_NOT_SUCCEED = 3
+EXIT_WAIT_TIMED_OUT = 4
+
+
+def _wait_status(params: RunsWaitParams, result: tuple[Any, bool]) -> int:
+    run, finished = result
+    if not finished:
+        return EXIT_WAIT_TIMED_OUT
+    return 0 if run.status is RunStatus.SUCCEEDED else EXIT_RUN_DID_NOT_SUCCEED
+
+
+def _render_wait(output: Any, params: RunsWaitParams, result: tuple[Any, bool]) -> None:
+    run, finished = result
+    if not finished:
+        output.warning(
+            "wait_timed_out",
+            f"run {run.id} is still {display_value(run.status)} after {params.timeout}; it goes on, and "
+            f"`runlane runs wait {run.id}` waits again.",
+        )
+    output.run_detail(run, None)
+
+
+def _answer_within(params: RunsWaitParams) -> float | None:
+    # Through `runlane dev` the answer comes once the wait is over, so the bridge waits as long (and a little more).
+    return None if params.timeout is None else duration_ms(params.timeout, "--timeout") / 1000 + 30
+
+
+@operation(
+    "runs wait",
+    RunsWaitParams,
+    _render_wait,
+    summary=lambda params, result: f"✓ {result[0].id} status={display_value(result[0].status)}"
+    + ("" if result[1] else " (still waiting at the timeout)"),
+    exit_status=_wait_status,
+    answer_within=_answer_within,
+)
+async def _wait(runtime: Any, params: RunsWaitParams) -> tuple[Any, bool]:
+    try:
+        return await runtime.runs.wait(params.run_id, timeout=params.timeout), True
+    except TimeoutError:
+        run = await runtime.runs.get(params.run_id)
+        if run is None:  # pruned as the wait ended
+            raise run_not_found(params.run_id, runtime.environment) from None
+        return run, False
+
+
 @app.command("list", cls=MultiValueCommand)
 def list_runs(
     ctx: typer.Context,
@@ -234,6 +288,23 @@ def get_run(
     if not events and (cursor is not None or limit is not None):
         ctx.fail("--cursor and --limit page the event history: pass them with --events.")
     run_operation(ctx, "runs get", run_id=run_id, events=events, cursor=cursor, limit=limit)
+
+
+@app.command("wait")
+def wait_for_run(
+    ctx: typer.Context,
+    run_id: RunIdArgument,
+    timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--timeout", help="Stop waiting after this duration (default: as long as it takes).", metavar="D",
+            callback=DURATION,
+        ),
+    ] = None,
+) -> None:
+    """Wait until a run has finished, then show it. Exit status 0 when it succeeded, 3 when it failed or was
+    cancelled, 4 when it was still active at --timeout (it goes on; the run is shown as it was then)."""
+    run_operation(ctx, "runs wait", run_id=run_id, timeout=timeout)
 
 
 @app.command("attempts")

@@ -108,7 +108,7 @@ class DashboardClient:
                     "the dashboard.",
                     retryable=True,
                 )
-            return rendered[0]
+            return rendered.stdout
 
         return cls(call, lane=lane, environment=environment, where=f"runlane dev (pid {session.pid})")
 
