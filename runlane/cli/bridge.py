@@ -671,7 +671,9 @@ async def exchange(
     if status == 200 and isinstance(document, dict) and error is None:
         exit_status = document.get("exit", 0)
         if isinstance(exit_status, bool) or not isinstance(exit_status, int) or not 0 <= exit_status <= 125:
-            raise RunlaneError(ErrorCode.INTERNAL_ERROR, "The runlane dev process answered with an invalid exit status.")
+            raise RunlaneError(
+                ErrorCode.INTERNAL_ERROR, "The runlane dev process answered with an invalid exit status."
+            )
         return Rendered(str(document.get("stdout", "")), str(document.get("stderr", "")), exit_status)
     if isinstance(error, dict):
         code_value: Any = error.get("code")  # any JSON value: one that is no error code is an internal error
