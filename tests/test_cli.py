@@ -805,6 +805,38 @@ def test_tick_every_is_a_maintenance_loop_that_stops_after_its_pass_on_sigterm(t
     assert [run["source"]["type"] for run in listed] == ["schedule"]
 
 
+SIGNALLED_TASKS = """
+import asyncio
+
+from runlane import queue, task
+
+reports = queue("reports", default=True)
+
+
+@task("reports.slow", queue=reports)
+async def slow(payload: dict) -> None:
+    await asyncio.sleep(0.3)
+"""
+
+
+@pytest.mark.parametrize("command", [["work", "--drain"], ["dev", "--once"]], ids=["work-drain", "dev-once"])
+def test_a_drain_a_stop_signal_ends_early_exits_with_the_signals_status(tmp_path: Path, command: list[str]) -> None:
+    # A script must tell a drain that finished its due work (0) from one a deploy's SIGTERM cut short.
+    project = make_project(tmp_path, SIGNALLED_TASKS, lane="sqlite")
+    for n in range(3):
+        assert cli(project, "trigger", "reports.slow", "{}", "--run-id", f"run_slow_{n}").returncode == 0
+    records, status, stderr = run_json_until(
+        project, command, lambda seen: any(r["type"] == "worker_started" for r in seen), signal.SIGTERM
+    )
+    assert status == 128 + signal.SIGTERM, stderr
+    types = [r["type"] for r in records]
+    assert "stopping" in types and types[-1] == "worker_stopped"
+    statuses = [run["status"] for run in json.loads(cli(project, "--json", "runs", "list").stdout)["data"]]
+    assert statuses.count("queued") >= 1  # due work was left
+    finished = cli(project, "--json", *command)  # nothing stops this one: all of it runs, and it exits 0
+    assert finished.returncode == 0, finished.stderr
+
+
 def test_tick_every_refuses_a_bad_interval_and_a_process_local_lane(tmp_path: Path) -> None:
     bad = cli(make_project(tmp_path / "sqlite", lane="sqlite"), "tick", "--every", "forever")
     assert bad.returncode == 2 and "Error: Invalid value for '--every': 'forever' is not valid" in bad.stderr
@@ -882,6 +914,40 @@ def test_a_reader_that_stops_reading_ends_the_command_like_other_unix_tools(tmp_
     finally:
         os.close(write)
     assert done.returncode == 141 and done.stderr == ""
+
+
+@pytest.mark.parametrize("json_mode", [False, True], ids=["human", "json"])
+def test_a_command_started_with_stderr_closed_keeps_its_result_and_status(tmp_path: Path, json_mode: bool) -> None:
+    # `runlane ... 2>&-`: warnings (the local lane's) and errors go nowhere; the result still reaches stdout.
+    from cli_support import RUNLANE, cli_env, make_project
+
+    root = make_project(tmp_path / "proj")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [RUNLANE, *(["--json"] if json_mode else []), *args]
+        return subprocess.run(
+            command, cwd=root, stdout=subprocess.PIPE, text=True, timeout=60, env=cli_env(), pass_fds=(),
+            preexec_fn=lambda: os.close(2),
+        )  # fmt: skip
+
+    listed = run("runs", "list")
+    assert listed.returncode == 0
+    assert (json.loads(listed.stdout) == {"data": [], "next_cursor": None}) if json_mode else listed.stdout
+    missing = run("runs", "get", "run_missing")
+    assert missing.returncode == 1 and missing.stdout == ""  # the error is not written to stdout instead
+
+
+def test_utf8_arguments_work_under_an_ascii_locale(tmp_path: Path) -> None:
+    # LC_ALL=C with Python's locale coercion and UTF-8 mode off: the arguments still arrive as UTF-8 text.
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}
+    payload = '{"user_id": "Zoë"}'
+    created = cli(root, "--json", "trigger", "emails.welcome", payload, "--run-id", "run_ü", env=ascii_locale)
+    assert created.returncode == 0, created.stderr
+    shown = cli(root, "--json", "runs", "get", "run_ü", env=ascii_locale)
+    assert shown.returncode == 0, shown.stderr
+    run = json.loads(shown.stdout)["run"]
+    assert run["id"] == "run_ü" and run["payload"] == {"user_id": "Zoë"}
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")

@@ -50,7 +50,7 @@ from .options import (
 from .export import close_sinks, export_pending, start_exporter, stop_exporters
 from .reload import Reloader, child_command
 from .tick import tick_until_stopped
-from .work import StopOnSignals, run_worker
+from .work import StopOnSignals, interrupted_status, run_worker
 
 __all__ = ["app"]
 
@@ -108,15 +108,16 @@ def dev(
     # Unknown exporter names and invalid exporter options fail here, before a runtime or loop starts.
     exporters = guard(ctx, lambda: configured_exporters(load_cli_config(ctx)))
 
-    async def body(runtime: Any) -> None:
+    async def body(runtime: Any) -> int:
         try:
             # What the worker would reject fails before the first tick, the bridge or an exporter.
             _check_worker_options(runtime, **worker_options)
             with StopOnSignals(output) as stop:
                 if once:
                     await _once(runtime, stop, limits, max_runs=max_runs, **worker_options)
-                else:
-                    await _loop(runtime, stop, limits, interval_s, empty_poll_delay=empty_poll_delay, **worker_options)
+                    return interrupted_status(stop)
+                await _loop(runtime, stop, limits, interval_s, empty_poll_delay=empty_poll_delay, **worker_options)
+                return 0
         finally:
             await close_sinks(exporters)
 
@@ -177,7 +178,9 @@ def dev(
                         if bridge is not None:
                             await bridge.close()
 
-    with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
+    status = with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
+    if status:
+        raise typer.Exit(status)
 
 
 def _check_worker_options(runtime: Any, *, queues: list[str] | None, concurrency: int, worker_id: str | None) -> None:

@@ -631,7 +631,9 @@ EXIT_STATUS = (
     "value (a date, duration or JSON the command line reads), or options that do not go together, "
     "printed as text by the command line parser (also with --json); 3 and 4 from runlane runs wait: the "
     "run failed or was cancelled, or it had not finished at --timeout; 141 the reader of stdout stopped "
-    "reading (runlane runs list | head -1), as for other Unix tools."
+    "reading (runlane runs list | head -1), as for other Unix tools; 130 or 143 a SIGINT or SIGTERM "
+    "ended the command before it finished (a drain, work --drain or dev --once, exits so once its current "
+    "runs are done); a worker meant to run until stopped exits 0 on that signal."
 )
 
 
@@ -812,12 +814,27 @@ if not TYPE_CHECKING:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _utf8_argument(argument: str) -> str:
+    """``argument`` as the UTF-8 text it was typed as. Under a locale whose encoding is ASCII (``LC_ALL=C``
+    with Python's locale coercion and UTF-8 mode off), Python decodes a UTF-8 argument's non-ASCII bytes to
+    lone surrogates; bytes that are not UTF-8 at all stay so (and are refused where they are used)."""
+    if argument.isascii():
+        return argument
+    try:
+        return os.fsencode(argument).decode("utf-8")
+    except UnicodeError:
+        return argument
+
+
 def run() -> None:
     """Console-script entry point."""
     from .output import EXIT_BROKEN_PIPE, OutputLost, stdout_was_closed
 
     if sys.stdout is None:  # started with stdout closed (>&-): the command runs, its result goes nowhere
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's stdout from now on
+    if sys.stderr is None:  # started with stderr closed (2>&-): warnings and errors go nowhere, not to stdout
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the process's stderr from now on
+    sys.argv[1:] = [_utf8_argument(argument) for argument in sys.argv[1:]]
     try:
         _app()(prog_name="runlane")
     except OutputLost as lost:

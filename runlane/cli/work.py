@@ -28,7 +28,7 @@ from .options import (
 )
 from .output import Output, forward_runtime_logs
 
-__all__ = ["StopOnSignals", "app", "run_worker"]
+__all__ = ["StopOnSignals", "app", "interrupted_status", "run_worker"]
 
 app = typer.Typer()
 
@@ -39,6 +39,7 @@ class StopOnSignals:
         self.output = output
         self.finishing = finishing  # what a first signal lets finish, for the stopping line
         self.stopping = asyncio.Event()
+        self.signal: signal.Signals | None = None  # the first stop signal received, if any
         self._received = 0
         self._first: tuple[signal.Signals, float] = (signal.SIGTERM, 0.0)  # the first signal, and when
         self._handlers = on_stop_signals(self._on_signal)
@@ -59,6 +60,7 @@ class StopOnSignals:
         name = signal.Signals(signum).name
         if self._received == 1:
             self._first = (signum, time.monotonic())
+            self.signal = signal.Signals(signum)
             self.output.record("stopping", f"received {name}; stopping after {self.finishing} (send again to exit now)",
                                signal=name)
             self.stopping.set()
@@ -170,7 +172,7 @@ def work(
         if runtime.lane.capabilities.process_local:
             output.warning("process_local_lane", _alone_with(runtime, load_cli_config(ctx).path))
         with StopOnSignals(output) as stop:
-            return await run_worker(
+            await run_worker(
                 runtime,
                 output,
                 stop,
@@ -183,5 +185,15 @@ def work(
                 heartbeat_interval=heartbeat_interval,
                 worker_id=worker_id,
             )
+            return interrupted_status(stop) if drain else 0
 
-    with_runtime(ctx, body, wait_for_storage=not drain, health_file=health_file)
+    status = with_runtime(ctx, body, wait_for_storage=not drain, health_file=health_file)
+    if status:
+        raise typer.Exit(status)
+
+
+def interrupted_status(stop: StopOnSignals) -> int:
+    """The exit status of a command meant to finish its work (a drain) that a stop signal ended first:
+    128 + the signal's number, as a shell reports a command the signal killed, so a script can tell it
+    from a drain that finished (0). A worker meant to run until stopped exits 0 on the same signal."""
+    return 0 if stop.signal is None else 128 + int(stop.signal)
