@@ -595,6 +595,45 @@ def test_runs_wait_shows_the_finished_run_with_an_exit_status_that_says_how_it_e
     assert bad.exit_code == 2 and "--timeout" in bad.stderr
 
 
+def test_trigger_reads_its_payload_and_meta_from_standard_input_or_a_file(tmp_path: Path) -> None:
+    # A payload larger than one command-line argument may be (128 KiB on Linux), or one a program wrote.
+    from cli_support import RUNLANE, cli_env
+
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    large = {"user_id": "u" * 200_000}
+    (root / "payload.json").write_text(json.dumps(large), encoding="utf-8")
+
+    def trigger(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        command = [RUNLANE, "--json", "trigger", "emails.welcome", *args]
+        return subprocess.run(
+            command, cwd=root, input=stdin, capture_output=True, text=True, timeout=60, env=cli_env()
+        )
+
+    from_file = trigger("@payload.json", "--meta", '{"via": "file"}')
+    assert from_file.returncode == 0, from_file.stderr
+    assert json.loads(from_file.stdout)["run"]["payload"] == large
+    (root / "meta.json").write_text('{"via": "stdin"}', encoding="utf-8")
+    from_stdin = trigger("-", "--meta", "@meta.json", stdin='{"user_id": "Zoë"}')
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    assert json.loads(from_stdin.stdout)["run"]["payload"] == {"user_id": "Zoë"}
+    stdin_run = json.loads(from_stdin.stdout)["run"]["id"]
+    shown = json.loads(cli(root, "--json", "runs", "get", stdin_run, "--events").stdout)
+    assert shown["events"]["data"][0]["event"]["meta"] == {"via": "stdin"}
+    meta_from_stdin = trigger('{"user_id": "u3"}', "--meta", "-", stdin='{"via": "pipe"}')
+    assert meta_from_stdin.returncode == 0, meta_from_stdin.stderr
+
+    both = trigger("-", "--meta", "-", stdin="{}")
+    assert both.returncode == 2 and "cannot read standard input: " in both.stderr
+    missing = trigger("@nowhere.json")
+    assert missing.returncode == 2 and "could not read nowhere.json (No such file or directory)" in missing.stderr
+    (root / "latin1.json").write_bytes(b'{"user_id": "\xe9"}')
+    undecodable = trigger("@latin1.json")
+    assert undecodable.returncode == 2 and "latin1.json: it is not UTF-8 text" in undecodable.stderr
+    not_json = trigger("-", stdin="not json")
+    assert not_json.returncode == 2 and "not valid JSON" in not_json.stderr
+    assert len(json.loads(cli(root, "--json", "runs", "list").stdout)["data"]) == 3  # nothing else was created
+
+
 def test_trigger_human_card_and_options(shared: Shared) -> None:
     result = shared(
         "trigger", "emails.welcome", '{"user_id": "u2"}', "--queue", "other", "--run-id", "run_cli_fixed",

@@ -10,8 +10,10 @@ here prints or touches the runtime.
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +55,7 @@ __all__ = [
     "parse_cutoff",
     "parse_iso_datetime",
     "parse_json",
+    "read_json_text",
 ]
 
 # -- options with several values -------------------------------------------------------------------
@@ -116,13 +119,16 @@ def _is_option_like(token: str) -> bool:
 # -- values checked while the command line is parsed ---------------------------------------------
 
 
-def checked(parse: Callable[[Any, str], object]) -> Callable[[Any, Any, Any], Any]:
+def checked(
+    parse: Callable[[Any, str], object], *, resolve: Callable[[Any, Any, str], Any] | None = None
+) -> Callable[[Any, Any, Any], Any]:
     """An option (or argument) callback: the value must pass ``parse(value, name)``.
 
     A ``RunlaneError`` from ``parse`` becomes Click's bad-parameter usage error (exit 2): ``Invalid value
     for '--older-than': '30x': use a number with a unit, ...``, in human and ``--json`` mode alike, as
     for an out-of-range ``--limit``. The value is passed on unchanged; the command parses it where it uses
-    it (possibly in a ``runlane dev`` process).
+    it (possibly in a ``runlane dev`` process). With ``resolve(ctx, value, name)`` the value is first
+    replaced by what it names (``read_json_text``), and that is checked and passed on.
     """
 
     def callback(ctx: Any, param: Any, value: Any) -> Any:
@@ -130,6 +136,8 @@ def checked(parse: Callable[[Any, str], object]) -> Callable[[Any, Any, Any], An
             return value
         name = param.opts[0] if param.param_type_name == "option" else str(param.name).upper()
         try:
+            if resolve is not None:
+                value = resolve(ctx, value, name)
             parse(value, name)
         except RunlaneError as error:
             problem = _about_the_value(error.message, name, value)
@@ -137,6 +145,42 @@ def checked(parse: Callable[[Any, str], object]) -> Callable[[Any, Any, Any], An
         return value
 
     return callback
+
+
+_STDIN_READ_BY = "runlane.stdin_read_by"
+
+
+def read_json_text(ctx: Any, value: str, name: str) -> str:
+    """The JSON text of an argument: the argument itself, standard input for ``-``, or the content of a
+    UTF-8 file for ``@PATH`` (for a payload larger than a command line takes, or one a program writes)."""
+    if value == "-":
+        meta = ctx.find_root().meta
+        if _STDIN_READ_BY in meta:
+            other = meta[_STDIN_READ_BY]
+            raise _invalid(f"{name} cannot read standard input: {other} does; pass one of them as @FILE.")
+        meta[_STDIN_READ_BY] = name
+        try:
+            return _stdin_text().read()
+        except (OSError, UnicodeDecodeError) as error:
+            raise _invalid(f"{name} could not read standard input ({error}).", argument=name) from None
+    if value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise _invalid(f"{name} could not read {path}: it is not UTF-8 text.", argument=name) from None
+        except OSError as error:
+            raise _invalid(f"{name} could not read {path} ({error.strerror or error}).", argument=name) from None
+    return value
+
+
+def _stdin_text() -> Any:
+    """Standard input as text: UTF-8 whatever the locale says, as JSON is."""
+    stream = sys.stdin
+    if stream is None:
+        raise OSError("it is closed")
+    buffer = getattr(stream, "buffer", None)
+    return stream if buffer is None else io.TextIOWrapper(buffer, encoding="utf-8", errors="strict")
 
 
 def _about_the_value(message: str, name: str, value: Any) -> str:

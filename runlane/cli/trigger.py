@@ -23,6 +23,7 @@ from .options import (
     checked,
     parse_iso_datetime,
     parse_json,
+    read_json_text,
 )
 
 __all__ = ["app"]
@@ -93,9 +94,9 @@ def trigger(
     payload_json: Annotated[
         str | None,
         typer.Argument(
-            help="Payload as JSON (omit when the task takes none).",
+            help="Payload as JSON (omit when the task takes none); - reads it from standard input, @FILE from a file.",
             metavar="[PAYLOAD_JSON]",
-            callback=checked(parse_json),
+            callback=checked(parse_json, resolve=read_json_text),
         ),
     ] = None,
     queue: QueueOption = None,
@@ -122,9 +123,9 @@ def trigger(
         str | None,
         typer.Option(
             "--meta",
-            help="JSON object stored on the creation event.",
+            help="JSON object stored on the creation event (- or @FILE as for the payload).",
             metavar="JSON",
-            callback=checked(lambda text, name: parse_json(text, name, require_object=True)),
+            callback=checked(lambda text, name: parse_json(text, name, require_object=True), resolve=read_json_text),
         ),
     ] = None,
     actor_id: ActorIdOption = None,
