@@ -101,6 +101,23 @@ def _dumps(value: Any, *, ascii_only: bool = False) -> str:
     return json.dumps(to_json_value(value), ensure_ascii=ascii_only, separators=(",", ":"))
 
 
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code > 0xFFFF:  # as a UTF-16 surrogate pair, as ``json.dumps(ensure_ascii=True)`` writes it
+        code -= 0x10000
+        return f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}"
+    return f"\\u{code:04x}"
+
+
+def _ascii_json(text: str) -> str:
+    """JSON text (documents, or lines of them) with every character outside ASCII written as a ``\\uXXXX``
+    escape: still the same JSON, since such characters can only be inside its strings."""
+    return _NON_ASCII.sub(_json_escape, text)
+
+
 def iso(value: datetime | None) -> str | None:
     if value is None:
         return None
@@ -274,11 +291,6 @@ class _GuardedStream:
 
     def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
-        encoding = getattr(stream, "encoding", None) or "utf-8"
-        try:
-            self.ascii_only = codecs.lookup(encoding).name not in _UNICODE_ENCODINGS
-        except LookupError:
-            self.ascii_only = True
 
     def write(self, text: str) -> int:
         stream = self._stream
@@ -308,7 +320,39 @@ class _GuardedStream:
         return getattr(self._stream, name)
 
 
-_UNICODE_ENCODINGS = frozenset({"utf-8", "utf-16", "utf-32", "utf-8-sig"})
+_UNICODE_ENCODINGS = frozenset(
+    {"utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"}
+)
+
+
+def _ascii_only(stream: Any) -> bool:
+    """Whether JSON written to ``stream`` must be ASCII: its encoding (a latin-1 or ASCII locale's) cannot
+    hold every character, and what it cannot hold would be written as a Python escape (``\\xeb``), which
+    is not JSON. A stream without an encoding (a buffer) takes any text."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        return codecs.lookup(encoding).name not in _UNICODE_ENCODINGS
+    except LookupError:
+        return True
+
+
+def _console_environ() -> Mapping[str, str] | None:
+    """The environment Rich reads the terminal's size from, without a ``COLUMNS`` or ``LINES`` that is not
+    a positive integer (``None``: ``os.environ`` as it is). Rich takes ``COLUMNS=0`` as a width of 0 and
+    prints every line as nothing; such a value is ignored as if unset, so the terminal's own size counts."""
+    invalid = {name for name in ("COLUMNS", "LINES") if name in os.environ and not _positive(os.environ[name])}
+    if not invalid:
+        return None
+    return {name: value for name, value in os.environ.items() if name not in invalid}
+
+
+# The narrowest width a dev process renders for another terminal (its bridge refuses less): a narrower
+# terminal gets lines it wraps, not an error.
+_NARROWEST_RENDERING = 20
+
+
+def _positive(text: str) -> bool:
+    return text.isascii() and text.isdigit() and int(text) > 0
 
 
 def _lost(error: OSError) -> BaseException:
@@ -366,6 +410,7 @@ class Output:
         self.json = json_mode
         self._out = stdout if stdout is not None else _GuardedStream(sys.stdout)
         self._err = stderr if stderr is not None else sys.stderr
+        environ = _console_environ()
         # soft_wrap keeps long ids and JSON on one line; captured or piped output is never cropped to 80
         # columns, so tables stay greppable in logs and CI.
         # markup=False: ids, reasons and outputs are shown as they are, brackets included ("[/]" is data).
@@ -381,6 +426,7 @@ class Output:
                 markup=False,
                 width=width or _width(file),
                 force_terminal=color,
+                _environ=environ,
             )
 
         self.stdout = console(self._out)
@@ -395,22 +441,30 @@ class Output:
     # -- primitives ----------------------------------------------------------------------------
 
     def emit_json(self, value: Any) -> None:
-        # Escaped when stdout's encoding cannot hold every character: still the same JSON document.
-        self._out.write(_dumps(value, ascii_only=getattr(self._out, "ascii_only", False)) + "\n")
-        self._out.flush()
+        self._json_line(self._out, value)
+
+    def _json_line(self, stream: Any, value: Any) -> None:
+        # Escaped when the stream's encoding cannot hold every character: still the same JSON document.
+        stream.write(_dumps(value, ascii_only=_ascii_only(stream)) + "\n")
+        stream.flush()
 
     def write_rendered(self, stdout: str, stderr: str = "") -> None:
-        """Text a ``runlane dev`` process already rendered for this invocation (a proxied command)."""
-        if stdout:
-            self._out.write(stdout)
-            self._out.flush()
-        if stderr:
-            self._err.write(stderr)
-            self._err.flush()
+        """Text a ``runlane dev`` process already rendered for this invocation (a proxied command). The dev
+        process renders JSON for a stream that takes any text; on one that cannot, it is escaped as JSON
+        escapes it (``\\u00eb``), as this invocation's own JSON would be."""
+        for text, stream in ((stdout, self._out), (stderr, self._err)):
+            if not text:
+                continue
+            stream.write(_ascii_json(text) if self.json and _ascii_only(stream) else text)
+            stream.flush()
 
     def terminal(self) -> tuple[int | None, bool]:
-        """The width and colour this invocation renders with, for a dev process rendering on its behalf."""
-        return self.stdout.width, self.stdout.is_terminal
+        """The width this invocation renders with and whether it shows colour, for a dev process rendering
+        on its behalf: colour on a terminal, unless this invocation's ``NO_COLOR`` or ``TERM=dumb`` says
+        otherwise (the dev process reads only its own environment, so it is told no colour at all)."""
+        console = self.stdout
+        color = console.is_terminal and console.color_system is not None and not console.no_color
+        return max(console.width, _NARROWEST_RENDERING), color
 
     def line(self, text: str | Text = "") -> None:
         """A line of stdout; the data in a ``Text`` is made ``printable()`` by its caller."""
@@ -424,8 +478,7 @@ class Output:
         """A warning about how the command ran (not its result): ``warning: ...`` on stderr, or with
         ``--json`` one ``{"warning": {"code", "message"}}`` line there, beside any error document."""
         if self.json:
-            self._err.write(_dumps({"warning": {"code": code, "message": text}}) + "\n")
-            self._err.flush()
+            self._json_line(self._err, {"warning": {"code": code, "message": text}})
             return
         self.stderr.print(printable_text(f"warning: {text}", "yellow"))
 
@@ -442,8 +495,7 @@ class Output:
             value.update({name: getattr(record, name) for name in _LOG_FIELDS if hasattr(record, name)})
             if trace is not None:
                 value["exception"] = trace
-            self._err.write(_dumps(value) + "\n")
-            self._err.flush()
+            self._json_line(self._err, value)
             return
         line = Text(f"{at} ", style="dim")
         style = "red" if record.levelno >= logging.ERROR else "yellow"
@@ -455,8 +507,7 @@ class Output:
 
     def error(self, error: RunlaneError) -> None:
         if self.json:
-            self._err.write(_dumps({"error": error.to_json()}) + "\n")
-            self._err.flush()
+            self._json_line(self._err, {"error": error.to_json()})
             return
         self.stderr.print(printable_text(f"error[{error.code.value}]: {error.message}", "bold red"))
 
