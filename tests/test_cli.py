@@ -634,6 +634,18 @@ def test_trigger_reads_its_payload_and_meta_from_standard_input_or_a_file(tmp_pa
     assert len(json.loads(cli(root, "--json", "runs", "list").stdout)["data"]) == 3  # nothing else was created
 
 
+def test_runs_list_finds_runs_by_idempotency_or_singleton_key(shared: Shared) -> None:
+    keyed = shared.json("trigger", "emails.welcome", '{"user_id": "k1"}')["run"]  # idempotency key welcome.k1
+    single = shared.json("trigger", "emails.broken", "{}", "--singleton-key", "nightly")["run"]
+    shared.json("trigger", "emails.welcome", '{"user_id": "k2"}')
+    by_key = shared.json("runs", "list", "--idempotency-key", "welcome.k1")["data"]
+    assert [run["id"] for run in by_key] == [keyed["id"]]
+    assert [run["id"] for run in shared.json("runs", "list", "--singleton-key", "nightly")["data"]] == [single["id"]]
+    assert shared.json("runs", "list", "--singleton-key", "other")["data"] == []
+    bad = shared("runs", "list", "--idempotency-key", "a:b")
+    assert bad.exit_code == 1 and "error[validation_failed]" in bad.stderr
+
+
 def test_trigger_human_card_and_options(shared: Shared) -> None:
     result = shared(
         "trigger", "emails.welcome", '{"user_id": "u2"}', "--queue", "other", "--run-id", "run_cli_fixed",

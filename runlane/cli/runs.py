@@ -62,6 +62,8 @@ class RunsListParams(OperationParams):
     status: list[RunStatus] | None = None
     task: list[str] | None = None
     queue: list[str] | None = None
+    idempotency_key: str | None = None
+    singleton_key: str | None = None
     source_run: str | None = None
     created_from: str | None = None
     created_to: str | None = None
@@ -94,6 +96,8 @@ async def _list(runtime: Any, params: RunsListParams) -> Any:
         statuses=params.status or None,
         task_ids=params.task or None,
         queues=params.queue or None,
+        idempotency_key=params.idempotency_key,
+        singleton_key=params.singleton_key,
         source_run_id=params.source_run,
         sort_by=params.sort_by,
         sort_direction=params.sort_direction,
@@ -231,6 +235,12 @@ def list_runs(
         list[str] | None, typer.Option("--task", help=f"Filter by task id; {MULTI_VALUE}.", metavar="T...")
     ] = None,
     queue: QueuesOption = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option("--idempotency-key", help="Filter by idempotency key.", metavar="K")
+    ] = None,
+    singleton_key: Annotated[
+        str | None, typer.Option("--singleton-key", help="Filter by singleton key.", metavar="K")
+    ] = None,
     source_run: Annotated[
         str | None, typer.Option("--source-run", help="Filter by linked source run id.", metavar="ID")
     ] = None,
@@ -258,6 +268,8 @@ def list_runs(
         "status": status or None,
         "task": task or None,
         "queue": queue or None,
+        "idempotency_key": idempotency_key,
+        "singleton_key": singleton_key,
         "source_run": source_run,
         "created_from": created_from,
         "created_to": created_to,
