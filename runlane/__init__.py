@@ -1,6 +1,6 @@
 """Runlane: durable tasks on your own infrastructure."""
 
-from .core.attempt import StepRunner, TaskContext
+from .core.attempt import RunContextFilter, StepRunner, TaskContext, current_task_context
 from .core.authoring import (
     Backoff,
     QueueDefinition,
@@ -128,10 +128,11 @@ __all__ = [
     "hookimpl",
     "Actor", "ActorType", "Backoff", "CancellationController", "CancellationSignal", "ConsoleObservationSink",
     "ExecuteDeliveryResult", "Lane", "LaneCapabilities", "LaneDelivery", "ObservationExporter", "ObservationPage",
-    "ObservationSink", "ObservationTrimResult", "PruneResult", "QueueDefinition", "Retry", "RetryPolicy", "Runlane",
-    "ScheduleDefinition", "StepRunner", "SyncRunlane", "SyncWorkerHandle", "TaskContext", "TaskDefinition",
-    "TaskRelease", "TickResult", "TransportAdapter", "TransportCapabilities", "TriggerRunResult", "WorkerHandle", "create_lane",
-    "create_runlane", "link_signals", "queue", "schedule", "task", "DeliveryIntent", "DeliveryMessage", "Duration", "DurationUnit", "Environment",
+    "ObservationSink", "ObservationTrimResult", "PruneResult", "QueueDefinition", "Retry", "RetryPolicy",
+    "RunContextFilter", "Runlane", "ScheduleDefinition", "StepRunner", "SyncRunlane", "SyncWorkerHandle",
+    "TaskContext", "TaskDefinition", "TaskRelease", "TickResult", "TransportAdapter", "TransportCapabilities",
+    "TriggerRunResult", "WorkerHandle", "create_lane", "create_runlane", "current_task_context", "link_signals",
+    "queue", "schedule", "task", "DeliveryIntent", "DeliveryMessage", "Duration", "DurationUnit", "Environment",
     "ErrorCode", "ExecuteDeliveryIgnoredReason", "ExecuteDeliveryStatus", "LaneDeliveryMode", "OutboxClaim",
     "OutboxFailureRecord", "OutboxMessage", "OutboxMessageStatus", "Page", "PaginationCursorKind",
     "PaginationParams", "RetryBackoffType", "RunAttemptStatus", "RunAttemptSummary",

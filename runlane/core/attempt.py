@@ -95,8 +95,10 @@ __all__ = [
     "AttemptResult",
     "CancellationRegistry",
     "ExecutionOptions",
+    "RunContextFilter",
     "StepRunner",
     "TaskContext",
+    "current_task_context",
     "execute_claimed_run",
     "failure_from_exception",
     "failure_outcome_events",
@@ -898,6 +900,7 @@ class _Attempt:
         "_storage_down_since",
         "_calls",
         "_steps",
+        "_task_context",
     )
 
     def __init__(self, runtime: Runlane, run: RunRecord, definition: TaskDefinition | None, options: ExecutionOptions) -> None:
@@ -938,6 +941,7 @@ class _Attempt:
         self._lease_renewed_at = self.loop.time()
         # Step outputs of this attempt, written one transaction at a time (see ``complete_step``).
         self._steps: Batcher[StepCompletion, tuple[RunStepRecord, bool]] | None = None
+        self._task_context: TaskContext | None = None
         self._storage_retry_s = 0.0  # the delay of the current run of storage retries; 0 when none
         self._storage_down_since: float | None = None  # loop time of the first failure of an outage
         # The awaitables ``ctx`` handed an ``async def`` handler, each with how it was called (see ``unawaited``).
@@ -1316,6 +1320,14 @@ class _Attempt:
         if not self._finished:
             self._schedule_heartbeat()
 
+    @property
+    def task_context(self) -> TaskContext:
+        """The one ``TaskContext`` of this attempt: the handler's ``ctx``, and ``current_task_context()``."""
+        context = self._task_context
+        if context is None:
+            context = self._task_context = TaskContext(self)
+        return context
+
     # -- handler ---------------------------------------------------------------------------------
 
     async def run_handler(self) -> _Outcome:
@@ -1336,7 +1348,7 @@ class _Attempt:
                     ),
                 )
         if definition.takes_context:
-            args: tuple[Any, ...] = (payload, TaskContext(self))
+            args: tuple[Any, ...] = (payload, self.task_context)
         elif definition.takes_payload:
             args = (payload,)
         else:
@@ -1659,6 +1671,44 @@ def _not_run_failure(run: RunRecord, definition: TaskDefinition | None) -> RunFa
 # The attempt whose handler (or anything it started) is running, so closing the runtime from there does
 # not wait for the very attempt that closes it.
 _current_attempt: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar("runlane_attempt", default=None)
+
+
+def current_task_context() -> TaskContext | None:
+    """The ``TaskContext`` of the attempt whose handler is running here: in the handler itself, in the
+    thread of a ``def`` handler, and in asyncio tasks the handler started; ``None`` anywhere else. For
+    code the handler calls that should not have to take ``ctx`` as an argument (a logging helper, a
+    client library that tags its requests with the run id)."""
+    attempt = _current_attempt.get()
+    return None if attempt is None else attempt.task_context
+
+
+class RunContextFilter(logging.Filter):
+    """A ``logging`` filter that gives every record emitted while a handler runs the attempt's
+    ``run_id``, ``task_id``, ``attempt`` and ``queue`` (``None`` elsewhere), so a format string or a
+    JSON formatter can show which run a line of your own logging belongs to::
+
+        handler = logging.StreamHandler()
+        handler.addFilter(RunContextFilter())
+        handler.setFormatter(logging.Formatter("%(levelname)s run=%(run_id)s %(name)s: %(message)s"))
+
+    It never drops a record, and it leaves fields a record already carries (Runlane's own log records
+    name their run) as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        attempt = _current_attempt.get()
+        fields = (
+            (None, None, None, None)
+            if attempt is None
+            else (attempt.run_id, attempt.run.task_id, attempt.attempt_number, attempt.run.queue)
+        )
+        for name, value in zip(_RUN_CONTEXT_FIELDS, fields):
+            if name not in record.__dict__:
+                setattr(record, name, value)
+        return True
+
+
+_RUN_CONTEXT_FIELDS = ("run_id", "task_id", "attempt", "queue")
+
 # The claim (``CancellationRegistry.claiming``) whose call is running: its attempt, once begun, ends it.
 _claim_in_flight: contextvars.ContextVar[object | None] = contextvars.ContextVar("runlane_claim", default=None)
 
