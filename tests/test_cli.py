@@ -870,6 +870,39 @@ async def slow(payload: dict) -> None:
 """
 
 
+LOGGING_TASKS = """
+import logging
+
+from runlane import queue, task
+
+default = queue("default", default=True)
+log = logging.getLogger("app.billing")
+
+
+@task("billing.charge")
+def charge(payload: dict) -> None:
+    log.warning("card declined for %s", payload["customer"])
+    log.info("below the level Python shows when logging is not configured")
+"""
+
+
+def test_a_workers_output_carries_the_applications_warnings_with_their_run(tmp_path: Path) -> None:
+    # Logging not configured: the application's warnings come out as the worker's own lines do (JSON
+    # objects under --json, not bare text among them), naming the run they were written for.
+    project = make_project(tmp_path, LOGGING_TASKS, lane="sqlite")
+    first = json.loads(cli(project, "--json", "trigger", "billing.charge", '{"customer": "c1"}').stdout)["run"]["id"]
+    drained = cli(project, "--json", "work", "--drain")
+    assert drained.returncode == 0, drained.stderr
+    records = [json.loads(line) for line in drained.stderr.splitlines()]
+    assert [(r["logger"], r["message"], r["run_id"], r["task_id"]) for r in records if r["type"] == "log"] == [
+        ("app.billing", "card declined for c1", first, "billing.charge")
+    ]
+    second = json.loads(cli(project, "--json", "trigger", "billing.charge", '{"customer": "c2"}').stdout)["run"]["id"]
+    human = cli(project, "work", "--drain")
+    assert f"warning app.billing: card declined for c2 (run {second})" in human.stderr
+    assert "below the level" not in human.stderr + human.stdout
+
+
 @pytest.mark.parametrize("command", [["work", "--drain"], ["dev", "--once"]], ids=["work-drain", "dev-once"])
 def test_a_drain_a_stop_signal_ends_early_exits_with_the_signals_status(tmp_path: Path, command: list[str]) -> None:
     # A script must tell a drain that finished its due work (0) from one a deploy's SIGTERM cut short.

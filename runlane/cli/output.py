@@ -36,6 +36,7 @@ from rich.table import Table
 from rich.cells import cell_len
 from rich.text import Text
 
+from ..core.attempt import RunContextFilter
 from ..core.authoring import error_location
 from ..errors import RunlaneError
 from ..vocabulary import run_status_values
@@ -492,13 +493,17 @@ class Output:
             value: dict[str, Any] = {
                 "at": at, "type": "log", "level": record.levelname.lower(), "logger": record.name, "message": message,
             }  # fmt: skip
-            value.update({name: getattr(record, name) for name in _LOG_FIELDS if hasattr(record, name)})
+            fields = ((name, getattr(record, name, None)) for name in _LOG_FIELDS)
+            value.update({name: field for name, field in fields if field is not None})
             if trace is not None:
                 value["exception"] = trace
             self._json_line(self._err, value)
             return
         line = Text(f"{at} ", style="dim")
         style = "red" if record.levelno >= logging.ERROR else "yellow"
+        if not record.name.startswith("runlane"):  # the application's own record: say whose, and which run's
+            run_id = getattr(record, "run_id", None)
+            message = f"{record.name}: {message}" + (f" (run {run_id})" if run_id is not None else "")
         line.append(printable(f"{record.levelname.lower()} {message}"), style=style)
         self.stderr.print(line)
         if record.exc_info:
@@ -795,9 +800,10 @@ _LOG_FIELDS = ("run_id", "task_id", "attempt", "error_code", "worker_id", "block
 
 
 class _OutputHandler(logging.Handler):
-    def __init__(self, output: Output) -> None:
-        super().__init__(logging.INFO)
+    def __init__(self, output: Output, level: int = logging.INFO) -> None:
+        super().__init__(level)
         self.output = output
+        self.addFilter(RunContextFilter())
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -808,29 +814,35 @@ class _OutputHandler(logging.Handler):
 
 @contextmanager
 def forward_runtime_logs(output: Output) -> Iterator[None]:
-    """Print the ``runlane`` loggers' records (info and up) through ``output`` while the block runs,
-    unless the application configured logging itself (a handler on the root or ``runlane`` logger):
-    then its own handlers get them, as they would anywhere else.
+    """Print the ``runlane`` loggers' records (info and up), and the application's (warnings and up),
+    through ``output`` while the block runs, unless the application configured logging itself (a handler
+    on the root or ``runlane`` logger): then its own handlers get them, as they would anywhere else.
 
     The database driver's connection pool logs each failed reconnect and discarded connection as a
     warning; Runlane reports an outage itself (once, and again when storage answers), so those are
     kept to errors meanwhile."""
     logger = logging.getLogger("runlane")
-    if logging.getLogger().handlers or logger.handlers:
+    root = logging.getLogger()
+    if root.handlers or logger.handlers:
         yield
         return
     handler = _OutputHandler(output)
+    # The application's own records (warnings and up, as Python shows them when logging is not configured)
+    # come out the same way instead of as bare lines among the JSON ones, naming their run.
+    application = _OutputHandler(output, logging.WARNING)
     level, propagate = logger.level, logger.propagate
     pool = logging.getLogger("psycopg.pool")
     pool_level = pool.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+    root.addHandler(application)
     pool.setLevel(max(pool_level, logging.ERROR))
     try:
         yield
     finally:
         logger.removeHandler(handler)
+        root.removeHandler(application)
         logger.setLevel(level)
         logger.propagate = propagate
         pool.setLevel(pool_level)
