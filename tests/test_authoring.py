@@ -209,6 +209,23 @@ def test_delay_is_computed_for_positive_attempt_numbers_only():
         Retry(3).delay_ms_for(0)
 
 
+@pytest.mark.parametrize("types", [(), "ValueError", ValueError(), (ValueError, "x"), int, (int,), [ValueError]])
+@pytest.mark.parametrize("option", ["retry_on", "no_retry_on"])
+def test_retry_exception_filters_take_exception_classes(option, types):
+    with invalid() as caught:
+        Retry(3, **{option: types})
+    assert f"Retry {option} takes an exception class or a tuple of them" in caught.value.message
+
+
+def test_retry_exception_filters_only_take_retries_away():
+    assert Retry(3).retries(ValueError())
+    limited = Retry(3, retry_on=(ConnectionError, TimeoutError), no_retry_on=ConnectionRefusedError)
+    assert limited.retries(ConnectionResetError()) and limited.retries(TimeoutError())
+    assert not limited.retries(ConnectionRefusedError())  # no_retry_on wins
+    assert not limited.retries(ValueError())
+    assert not Retry(3, no_retry_on=KeyError).retries(KeyError("k"))
+
+
 def test_retry_policies_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         Retry(3).max_attempts = 5  # type: ignore[misc]

@@ -518,6 +518,41 @@ async def test_schema_drift_fails_the_attempt_before_the_handler_runs():
         assert called == []
 
 
+async def test_retry_on_and_no_retry_on_decide_which_exceptions_are_retried():
+    class Declined(Exception):
+        pass
+
+    raised: dict[str, BaseException] = {}
+
+    @task("payments.filtered", retry=Retry(3, backoff="1s", retry_on=ConnectionError, no_retry_on=Declined))
+    def filtered(payload: dict) -> None:
+        raise raised[payload["case"]]
+
+    cases = {
+        "connection": ConnectionResetError("reset"),  # retry_on matches: retried
+        "declined": Declined("card declined"),  # no_retry_on: failed at once
+        "other": ValueError("bad amount"),  # matches no retry_on: failed at once
+        "runlane": RunlaneError(ErrorCode.TASK_FAILED, "upstream", retryable=True),  # not a ConnectionError either
+    }
+    raised.update(cases)
+    runtime, _ = make_runtime(filtered)
+    async with runtime:
+        for case in cases:
+            await runtime.trigger(filtered, {"case": case}, run_id=f"run_{case}")
+        for _ in cases:
+            await runtime.execute_next()
+        statuses = {case: (await runtime.runs.get(f"run_{case}")).status for case in cases}
+        failure = (await runtime.runs.get("run_declined")).failure
+    assert statuses == {
+        "connection": RunStatus.RETRYING,
+        "declined": RunStatus.FAILED,
+        "other": RunStatus.FAILED,
+        "runlane": RunStatus.FAILED,
+    }
+    assert failure is not None and failure.code is ErrorCode.TASK_FAILED and failure.retryable is False
+    assert failure.message == "Task failed."  # still no exception text in history
+
+
 async def test_a_run_whose_task_is_not_registered_fails_without_retry():
     @task("known", retry=Retry(3))
     async def known() -> None:

@@ -1398,6 +1398,9 @@ class _Attempt:
                 # Another local abort (a caller's signal, a lost lease) is not a durable cancellation
                 # either: the failure follows the task's retry policy like any other.
                 failure = failure.model_copy(update={"retryable": True})
+            retry = definition.retry
+            if failure.retryable and retry is not None and not retry.retries(error):
+                failure = failure.model_copy(update={"retryable": False})  # retry_on / no_retry_on
             return _Outcome(_FAILURE, failure=failure, error=error)
         if self._calls:
             forgotten = await self.unawaited()

@@ -261,17 +261,32 @@ class Backoff:
         object.__setattr__(self, "max_delay_ms", max_delay_value)
 
 
+ExceptionTypes = type[BaseException] | tuple[type[BaseException], ...]
+
+
 @dataclass(frozen=True, slots=True, init=False)
 class RetryPolicy:
     """``Retry(max_attempts, backoff=...)``: the total attempt budget (first attempt included) and its backoff.
 
     ``backoff`` is a ``Backoff``, a duration (fixed backoff), or omitted for ``contract_defaults.retry.backoff``.
+    ``retry_on`` (an exception class or a tuple of them) limits retries to the exceptions it matches;
+    ``no_retry_on`` fails the run at once on the exceptions it matches (it wins over ``retry_on``). Either
+    only ever takes retries away: a ``RunlaneError`` that is not retryable is never retried.
     """
 
     max_attempts: int
     backoff: Backoff
+    retry_on: tuple[type[BaseException], ...] | None
+    no_retry_on: tuple[type[BaseException], ...]
 
-    def __init__(self, max_attempts: int, backoff: Backoff | Duration | None = None) -> None:
+    def __init__(
+        self,
+        max_attempts: int,
+        backoff: Backoff | Duration | None = None,
+        *,
+        retry_on: ExceptionTypes | None = None,
+        no_retry_on: ExceptionTypes | None = None,
+    ) -> None:
         attempts = _positive_int(max_attempts, "retry max_attempts")
         if backoff is None:
             backoff = Backoff(RetryBackoffType.FIXED, contract_defaults.retry.backoff)
@@ -279,6 +294,17 @@ class RetryPolicy:
             backoff = Backoff(RetryBackoffType.FIXED, backoff)
         object.__setattr__(self, "max_attempts", attempts)
         object.__setattr__(self, "backoff", backoff)
+        retried = None if retry_on is None else _exception_types(retry_on, "retry_on")
+        not_retried = () if no_retry_on is None else _exception_types(no_retry_on, "no_retry_on")
+        object.__setattr__(self, "retry_on", retried)
+        object.__setattr__(self, "no_retry_on", not_retried)
+
+    def retries(self, error: BaseException) -> bool:
+        """Whether an attempt that raised ``error`` may be retried as far as ``retry_on`` / ``no_retry_on``
+        go (the failure's own retryability and the attempt budget decide too)."""
+        if self.no_retry_on and isinstance(error, self.no_retry_on):
+            return False
+        return self.retry_on is None or isinstance(error, self.retry_on)
 
     def delay_ms_for(self, failed_attempt: int) -> int:
         """Milliseconds to wait before retrying after attempt number ``failed_attempt`` (1-based) failed."""
@@ -292,6 +318,17 @@ class RetryPolicy:
 
 
 Retry = RetryPolicy
+
+
+def _exception_types(value: object, name: str) -> tuple[type[BaseException], ...]:
+    types = value if isinstance(value, tuple) else (value,)
+    if not types or not all(isinstance(item, type) and issubclass(item, BaseException) for item in types):
+        raise _invalid(
+            f"Retry {name} takes an exception class or a tuple of them, such as (ConnectionError, TimeoutError); "
+            f"got {value!r}.",
+            field=f"retry.{name}",
+        )
+    return types
 
 
 # ---------------------------------------------------------------------------------------------
