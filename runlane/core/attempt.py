@@ -1320,6 +1320,13 @@ class _Attempt:
         if not self._finished:
             self._schedule_heartbeat()
 
+    def let_go(self) -> None:
+        """Drop what refers back to this attempt (its ``TaskContext``, its step batcher's flush), once it
+        is over: no reference cycle is left for the cycle collector, which would otherwise keep an
+        attempt's signal and everything it links to alive until its next pass."""
+        self._task_context = None
+        self._steps = None
+
     @property
     def task_context(self) -> TaskContext:
         """The one ``TaskContext`` of this attempt: the handler's ``ctx``, and ``current_task_context()``."""
@@ -1749,3 +1756,4 @@ async def execute_claimed_run(
     finally:
         _current_attempt.reset(scope)
         registry.end(attempt)
+        attempt.let_go()
