@@ -435,11 +435,16 @@ async def test_task_context_describes_the_attempt():
             trace=ctx.trace_carrier,
             aborted=ctx.signal.aborted,
             requested=ctx.is_cancellation_requested(),
+            meta=ctx.meta,
+            created_at=ctx.created_at,
+            source=ctx.source,
         )
+        ctx.meta["changed"] = True  # a copy: the run's own meta stays as triggered
 
-    runtime, _ = make_runtime(ctx_task, environment="staging")
+    runtime, clock = make_runtime(ctx_task, environment="staging")
     async with runtime:
-        run = (await runtime.trigger(ctx_task, {}, trace_carrier={"traceparent": "t"})).run
+        run = (await runtime.trigger(ctx_task, {}, trace_carrier={"traceparent": "t"}, meta={"tenant": "t1"})).run
+        clock.advance("5m")
         await runtime.execute_next()
         assert facts == {
             "run_id": run.id,
@@ -450,7 +455,11 @@ async def test_task_context_describes_the_attempt():
             "trace": {"traceparent": "t"},
             "aborted": False,
             "requested": False,
+            "meta": {"tenant": "t1"},
+            "created_at": run.created_at,
+            "source": None,
         }
+        assert (await runtime.runs.get(run.id)).meta == {"tenant": "t1"}
 
 
 async def test_sync_handlers_run_in_a_worker_thread_with_blocking_context_calls():

@@ -793,6 +793,24 @@ class TaskContext:
         return None if carrier is None else dict(carrier)
 
     @property
+    def meta(self) -> dict[str, Any] | None:
+        """The run's ``meta`` as its trigger gave it (a copy), or ``None``."""
+        meta = self._attempt.run.meta
+        return None if meta is None else json.loads(canonical_json(meta))
+
+    @property
+    def created_at(self) -> datetime:
+        """When the run was created: how long it has waited and retried, for a task that gives up on work
+        that has gone stale (compare with ``datetime.now(UTC)``, or the runtime's clock in tests)."""
+        return self._attempt.run.created_at
+
+    @property
+    def source(self) -> RunSource | None:
+        """What created the run: a parent run (``ctx.trigger``), a schedule, a rerun or retry; ``None`` for a
+        plain trigger."""
+        return self._attempt.run.source
+
+    @property
     def signal(self) -> CancellationSignal:
         return self._attempt.controller.signal
 
