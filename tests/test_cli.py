@@ -646,6 +646,38 @@ def test_runs_list_finds_runs_by_idempotency_or_singleton_key(shared: Shared) ->
     assert bad.exit_code == 1 and "error[validation_failed]" in bad.stderr
 
 
+def test_cancel_retry_and_rerun_take_several_runs_or_standard_input(tmp_path: Path) -> None:
+    from cli_support import RUNLANE, cli_env
+
+    root = make_project(tmp_path / "proj", lane="sqlite")
+
+    def runlane(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [RUNLANE, "--json", *args], cwd=root, input=stdin, capture_output=True, text=True, timeout=60, env=cli_env()
+        )
+
+    triggered = [runlane("trigger", "emails.welcome", f'{{"user_id": "b{n}"}}') for n in range(4)]
+    ids = [json.loads(result.stdout)["run"]["id"] for result in triggered]
+    # Several on the command line, one of them unknown: the others are still cancelled, and the exit status says
+    # that one failed; the results come one JSON document per line, the error on stderr.
+    cancelled = runlane("cancel", ids[0], "run_missing", ids[1], "--reason", "bulk")
+    assert cancelled.returncode == 1
+    assert [json.loads(line)["run"]["id"] for line in cancelled.stdout.splitlines()] == [ids[0], ids[1]]
+    assert json.loads(cancelled.stderr.splitlines()[-1])["error"]["code"] == "run_not_found"
+    # From standard input, as a pipe from `runlane runs list` gives them.
+    piped = runlane("cancel", "-", stdin=f"{ids[2]}\n\n{ids[3]}\n")
+    assert piped.returncode == 0, piped.stderr
+    statuses = {run["id"]: run["status"] for run in json.loads(runlane("runs", "list").stdout)["data"]}
+    assert all(statuses[run_id] == "cancelled" for run_id in ids)
+    reruns = runlane("rerun", *ids[:3])
+    assert reruns.returncode == 0, reruns.stderr
+    linked = [json.loads(line)["run"] for line in reruns.stdout.splitlines()]
+    assert [run["source"]["source_run_id"] for run in linked] == ids[:3]
+    assert runlane("rerun", ids[0], ids[1], "--run-id", "run_x").returncode == 2  # one new id for two runs
+    assert runlane("cancel", "-", ids[0]).returncode == 2
+    assert runlane("retry", "-", stdin="\n").returncode == 2
+
+
 def test_trigger_human_card_and_options(shared: Shared) -> None:
     result = shared(
         "trigger", "emails.welcome", '{"user_id": "u2"}', "--queue", "other", "--run-id", "run_cli_fixed",

@@ -16,7 +16,7 @@ from ..core.pruning import PruneResult
 from ..defaults import contract_defaults
 from ..models import Actor
 from ..vocabulary import ActorType, RunStatus, run_status_values
-from .main import OperationParams, operation, run_operation
+from .main import OperationParams, operation, run_operation, run_operations
 from .output import display_value, plural
 from .options import (
     MULTI_VALUE,
@@ -34,7 +34,25 @@ __all__ = ["app"]
 
 app = typer.Typer()
 
-SourceRunArgument = Annotated[str, typer.Argument(help="The source run id.", metavar="RUN_ID")]
+_SEVERAL = (
+    "; several may follow, or - to read them from standard input, one per line (results are printed in turn, "
+    "one JSON document per line with --json; exit status 1 if any failed)"
+)
+SourceRunsArgument = Annotated[
+    list[str], typer.Argument(help=f"The source run id{_SEVERAL}.", metavar="RUN_ID...", show_default=False)
+]
+
+
+def _run_ids(ctx: typer.Context, given: list[str]) -> list[str]:
+    """The run ids of the command line, or of standard input for ``-``."""
+    if given != ["-"]:
+        if "-" in given:
+            ctx.fail("- reads the run ids from standard input: give it alone.")
+        return given
+    ids = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
+    if not ids:
+        ctx.fail("No run ids on standard input.")
+    return ids
 
 
 def _actor(actor_id: str | None) -> Actor:
@@ -134,39 +152,52 @@ async def _prune(runtime: Any, params: PruneParams) -> Any:
             return PruneResult(pruned=pruned, next_cursor=cursor)
 
 
+def _linked(
+    ctx: typer.Context, name: str, sources: list[str], queue: str | None, run_id: str | None, actor_id: str | None
+) -> None:
+    ids = _run_ids(ctx, sources)
+    if run_id is not None and len(ids) > 1:
+        ctx.fail("--run-id names one new run: give one source run with it.")
+    items = [{"source_run_id": source, "queue": queue, "run_id": run_id, "actor_id": actor_id} for source in ids]
+    run_operations(ctx, name, items)
+
+
 @app.command("retry")
 def retry(
     ctx: typer.Context,
-    source_run_id: SourceRunArgument,
+    source_run_ids: SourceRunsArgument,
     queue: QueueOption = None,
     run_id: RunIdOption = None,
     actor_id: ActorIdOption = None,
 ) -> None:
-    """Create a manual retry child of a failed run."""
-    run_operation(ctx, "retry", source_run_id=source_run_id, queue=queue, run_id=run_id, actor_id=actor_id)
+    """Create a manual retry child of a failed run (of each run given)."""
+    _linked(ctx, "retry", source_run_ids, queue, run_id, actor_id)
 
 
 @app.command("rerun")
 def rerun(
     ctx: typer.Context,
-    source_run_id: SourceRunArgument,
+    source_run_ids: SourceRunsArgument,
     queue: QueueOption = None,
     run_id: RunIdOption = None,
     actor_id: ActorIdOption = None,
 ) -> None:
-    """Create a linked child of a terminal run to execute its work again."""
-    run_operation(ctx, "rerun", source_run_id=source_run_id, queue=queue, run_id=run_id, actor_id=actor_id)
+    """Create a linked child of a terminal run to execute its work again (of each run given)."""
+    _linked(ctx, "rerun", source_run_ids, queue, run_id, actor_id)
 
 
 @app.command("cancel")
 def cancel(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="The run to cancel.", metavar="RUN_ID")],
+    run_ids: Annotated[
+        list[str], typer.Argument(help=f"The run to cancel{_SEVERAL}.", metavar="RUN_ID...", show_default=False)
+    ],
     reason: Annotated[str | None, typer.Option("--reason", help="Cancellation reason.", metavar="R")] = None,
     actor_id: ActorIdOption = None,
 ) -> None:
-    """Cancel a waiting run, or request cooperative cancellation of a running one."""
-    run_operation(ctx, "cancel", run_id=run_id, reason=reason, actor_id=actor_id)
+    """Cancel a waiting run, or request cooperative cancellation of a running one (each run given)."""
+    items = [{"run_id": run_id, "reason": reason, "actor_id": actor_id} for run_id in _run_ids(ctx, run_ids)]
+    run_operations(ctx, "cancel", items)
 
 
 @app.command("prune", cls=MultiValueCommand)

@@ -527,26 +527,65 @@ def parse_params(op: Operation, values: Any) -> OperationParams:
 def run_operation(ctx: typer.Context, name: str, **values: Any) -> None:
     """Run the stateful command ``name``: proxied into a live ``runlane dev`` session for this config
     path when there is one (a process-local lane's state lives there), otherwise on a runtime loaded here."""
-    state = state_of(ctx)
-    op = OPERATIONS[name]
-    params = guard(ctx, lambda: parse_params(op, values))
+    run_operations(ctx, name, [values])
 
-    async def main() -> tuple[int | None, Any]:
+
+def run_operations(ctx: typer.Context, name: str, items: list[dict[str, Any]]) -> None:
+    """``run_operation`` for each of ``items`` in turn (``runlane cancel A B C``), on one runtime or through
+    one ``runlane dev`` session: each result, or error, is printed as it comes (one JSON document per line
+    with ``--json``), and one item's error does not stop the others. Exits with the first non-zero status
+    a result has (``Operation.exit_status``), or 1 when an item failed."""
+    state = state_of(ctx)
+    output = state.output
+    op = OPERATIONS[name]
+    params_list = [guard(ctx, lambda values=values: parse_params(op, values)) for values in items]  # type: ignore[misc]
+    several = len(params_list) > 1
+
+    async def main() -> int:
         from .bridge import lane_signature, proxy
 
         config = load_cli_config(ctx)
-        status = await proxy(config.path, op, params, state.output, lane=lane_signature(config))
-        if status is not None:
-            return status, None
-        async with open_runtime(ctx) as runtime:
-            if runtime.lane.capabilities.process_local:
-                state.output.warning("process_local_lane", _alone_on_a_process_local_lane(runtime, config))
-            return None, await op.call(runtime, params)
+        statuses: list[int] = []
 
-    status, result = invoke(ctx, main)
-    if status is None:
-        op.render(state.output, params, result)
-        status = op.exit_status(params, result)
+        def failed(error: RunlaneError) -> None:
+            if not several:
+                raise error  # printed by ``invoke``, as any command's error
+            output.error(error)
+            statuses.append(1)
+
+        proxied: bool | None = None  # unknown until the first item
+        runtime: Runlane | None = None
+        async with contextlib.AsyncExitStack() as stack:
+            for params in params_list:
+                if proxied is not False:
+                    try:
+                        status = await proxy(config.path, op, params, output, lane=lane_signature(config))
+                    except RunlaneError as error:
+                        proxied = True
+                        failed(error)
+                        continue
+                    if status is not None:
+                        proxied = True
+                        statuses.append(status)
+                        continue
+                    if proxied:
+                        failed(RunlaneError(ErrorCode.TRANSPORT_UNAVAILABLE, "The runlane dev process went away."))
+                        continue
+                    proxied = False
+                if runtime is None:
+                    runtime = await stack.enter_async_context(open_runtime(ctx))
+                    if runtime.lane.capabilities.process_local:
+                        output.warning("process_local_lane", _alone_on_a_process_local_lane(runtime, config))
+                try:
+                    result = await op.call(runtime, params)
+                except RunlaneError as error:
+                    failed(error)
+                    continue
+                op.render(output, params, result)
+                statuses.append(op.exit_status(params, result))
+        return next((status for status in statuses if status), 0)
+
+    status = invoke(ctx, main)
     if status:
         raise typer.Exit(status)
 
