@@ -462,6 +462,53 @@ async def test_task_context_describes_the_attempt():
         assert (await runtime.runs.get(run.id)).meta == {"tenant": "t1"}
 
 
+async def test_a_def_handler_that_gets_no_thread_never_runs_and_its_run_is_released(monkeypatch, caplog):
+    # At a limit on threads (a container's pids limit, ulimit -u), ThreadPoolExecutor.submit queues the call
+    # and then fails to start a thread for it. The attempt must not be recorded as failed while the queued
+    # call runs later on a thread that frees up: that ran handlers of failed runs, and twice with retries.
+    calls: list[int] = []
+    first_started = threading.Event()
+    release_first = threading.Event()
+
+    @task("threads.limited", retry=Retry(3, backoff="1s"))
+    def limited(payload: dict) -> None:
+        calls.append(payload["n"])
+        if payload["n"] == 1:
+            first_started.set()
+            release_first.wait(10)
+
+    runtime, clock = make_runtime(limited)
+    start = threading.Thread.start
+
+    def at_the_limit(thread: threading.Thread) -> None:
+        if thread.name.startswith("runlane-handler") and first_started.is_set():
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    async with runtime:
+        first = (await runtime.trigger(limited, {"n": 1})).run
+        second = (await runtime.trigger(limited, {"n": 2})).run
+        running = asyncio.ensure_future(runtime.execute_next())
+        await asyncio.to_thread(first_started.wait, 10)
+        monkeypatch.setattr(threading.Thread, "start", at_the_limit)
+        with caplog.at_level(logging.ERROR, logger="runlane.worker"):
+            released = await runtime.execute_next()
+        assert released is not None and released.id == second.id and released.status is RunStatus.RELEASED
+        assert released.counters.failures == 0
+        events = (await runtime.runs.events(second.id, sort_by="sequence")).data
+        assert events[-1].event.type == "run.released" and events[-1].event.reason == "handler_thread_unavailable"
+        assert "no thread could be started for its def handler" in caplog.text and "--concurrency" in caplog.text
+        release_first.set()
+        assert (await asyncio.wait_for(running, 10)).status is RunStatus.SUCCEEDED
+        await asyncio.sleep(0.05)  # the first run's thread is free again: the queued call must not run
+        assert calls == [1]
+        monkeypatch.setattr(threading.Thread, "start", start)
+        clock.advance("5s")
+        done = await runtime.execute_next()
+        assert done is not None and done.id == second.id and done.status is RunStatus.SUCCEEDED
+        assert calls == [1, 2] and first.id != second.id
+
+
 async def test_sync_handlers_run_in_a_worker_thread_with_blocking_context_calls():
     threads: list[int] = []
 

@@ -500,6 +500,38 @@ class HandlerExit(Exception):
     the attempt like any other exception instead of stopping the worker's event loop."""
 
 
+class _ThreadGate:
+    """Holds a ``def`` handler's call until its submission to the handler threads is known to have
+    succeeded. ``ThreadPoolExecutor.submit`` queues the call before it starts a thread for it, so when
+    starting the thread fails (a limit on threads) the call stays queued and a thread that frees up would
+    run the handler of an attempt already given up on; a closed gate makes that call do nothing."""
+
+    __slots__ = ("_decided", "_open")
+
+    def __init__(self) -> None:
+        self._decided = threading.Event()
+        self._open = False
+
+    def open(self) -> None:
+        self._open = True
+        self._decided.set()
+
+    def close(self) -> None:
+        self._decided.set()
+
+    def run(self, call: Callable[..., Any], *args: Any) -> Any:
+        self._decided.wait()
+        return call(*args) if self._open else None
+
+
+# The release of an attempt whose def handler got no thread: again after a pause, not at once, so a
+# process at its thread limit does not claim and release the same runs in a loop.
+_NO_HANDLER_THREAD_MS = 5_000
+_NO_HANDLER_THREAD = TaskRelease(
+    wait_type=RunWaitConditionType.TIME, delay_ms=_NO_HANDLER_THREAD_MS, reason="handler_thread_unavailable"
+)
+
+
 def _call_in_thread(handler: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     try:
         return handler(*args)
@@ -1387,9 +1419,16 @@ class _Attempt:
                     result = await self._handler_task
             else:
                 context = contextvars.copy_context()
-                result = await self.loop.run_in_executor(
-                    self.runtime.handler_threads, context.run, _call_in_thread, definition.handler, args
-                )
+                gate = _ThreadGate()
+                try:
+                    future = self.loop.run_in_executor(
+                        self.runtime.handler_threads, gate.run, context.run, _call_in_thread, definition.handler, args
+                    )
+                except Exception as error:  # noqa: BLE001 - no thread for the handler: it has not run
+                    gate.close()
+                    return self._no_handler_thread(error)
+                gate.open()
+                result = await future
                 if inspect.isawaitable(result):
                     result = await result
         except asyncio.CancelledError as error:
@@ -1432,6 +1471,20 @@ class _Attempt:
             if forgotten is not None:
                 return _Outcome(_FAILURE, failure=failure_from_exception(forgotten), error=forgotten)
         return _outcome_for_result(result)
+
+    def _no_handler_thread(self, error: Exception) -> _Outcome:
+        """The outcome of an attempt whose ``def`` handler got no thread (the process is at its limit of
+        threads or open files): the handler never ran, so nothing failed; the run is released for a
+        while instead of spending its retry budget, and the log says what limit to look at."""
+        _worker_log.error(
+            "Run %s (task %s): no thread could be started for its def handler (%s: %s); the handler did not "
+            "run, and the run is released for %s. This process is at a limit on threads or open files: run "
+            "fewer worker slots (--concurrency) or raise the limit (ulimit -u / -n, the container's pids "
+            "limit, systemd TasksMax=).",
+            self.run_id, self.run.task_id, type(error).__name__, error, format_duration(_NO_HANDLER_THREAD_MS),
+            extra=_log_fields(self.run, None),
+        )  # fmt: skip
+        return _Outcome(_RELEASE, release=_NO_HANDLER_THREAD)
 
     # -- completion ------------------------------------------------------------------------------
 
