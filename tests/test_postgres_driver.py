@@ -1074,6 +1074,55 @@ async def test_pooled_connections_recover_after_a_server_restart(schemas: Schema
         await driver.close()
 
 
+def _server_processes(postmaster: int) -> list[int]:
+    """The postmaster and its children (backends, background workers)."""
+    found = [postmaster]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                found.append(int(entry.name))
+    return found
+
+
+async def test_a_server_that_stops_answering_fails_calls_in_time_instead_of_holding_them(
+    schemas: Schemas, shared_schema: str
+) -> None:
+    # A frozen server (a stalled host, a failover in progress): its kernel keeps the connections open and
+    # acknowledges what is sent, so neither keepalives nor TCP timeouts end the wait for an answer. A call
+    # gives up a little after statement_timeout, as storage_unavailable, and the driver recovers.
+    from postgres_support import postgres_server
+
+    server = postgres_server()
+    if server is None or server.pid is None or not Path("/proc").is_dir():
+        pytest.skip("needs the managed test server and /proc")
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=1, max_size=2, statement_timeout=0.5)
+    await driver.start()
+    try:
+        key = StorageRecordKey("frozen", uuid.uuid4().hex)
+        await create(driver, record(key, {"n": 0}))
+        frozen = _server_processes(server.pid)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            # statement_timeout, the margin, then the one retry on a fresh connection that connect_timeout ends.
+            error = await expect_error(asyncio.wait_for(driver.get([key]), 40), ErrorCode.STORAGE_UNAVAILABLE)
+            assert error.retryable
+            assert loop.time() - started < 30, "the call waited for the server instead of giving up"
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        assert (await driver.get([key]))[0].document.value == {"n": 0}, "a fresh connection serves the next call"
+    finally:
+        await driver.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Wake hints
 

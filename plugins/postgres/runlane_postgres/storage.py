@@ -195,10 +195,18 @@ class PostgresConnectionTarget:
             "keepalives_idle": 30,
             "keepalives_interval": 10,
             "keepalives_count": 3,
+            # Data the server does not acknowledge for this long (packets dropped by a partition or a
+            # failover) closes the connection; keepalives only cover an idle one.
+            "tcp_user_timeout": _TCP_USER_TIMEOUT_MS,
             "fallback_application_name": "runlane",
         }
         return {name: value for name, value in defaults.items() if name not in self.parameters}
 
+
+_TCP_USER_TIMEOUT_MS = 30_000
+# How much longer than statement_timeout a call waits for the server's answer before it gives the
+# connection up (see ``_ready``).
+_ANSWER_MARGIN_S = 5.0
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _PERCENT_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
@@ -845,8 +853,15 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def _ready(pgconn: Any, *, writing: bool) -> None:
-    """Wait on the event loop until the connection's socket is writable (or readable)."""
+class _NoAnswer(psycopg.OperationalError):
+    """The server did not answer on an open connection in time: the connection was closed."""
+
+
+async def _ready(pgconn: Any, *, writing: bool, deadline: float | None = None) -> None:
+    """Wait on the event loop until the connection's socket is writable (or readable), until ``deadline``
+    (loop time) at most: past it the connection is closed (what was sent may still run on the server) and
+    ``_NoAnswer`` raised, so a server that stopped answering (a partition, a failover, a stalled host) fails
+    the call as unavailable storage instead of holding it for as long as TCP takes to give up."""
     loop = asyncio.get_running_loop()
     fileno = pgconn.socket
     future = loop.create_future()
@@ -855,7 +870,14 @@ async def _ready(pgconn: Any, *, writing: bool) -> None:
     else:
         loop.add_reader(fileno, _wake, future)
     try:
-        await future
+        if deadline is None:
+            await future
+        else:
+            try:
+                await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                pgconn.finish()
+                raise _NoAnswer("the server did not answer in time; the connection was closed") from None
     finally:
         if writing:
             loop.remove_writer(fileno)
@@ -863,12 +885,14 @@ async def _ready(pgconn: Any, *, writing: bool) -> None:
             loop.remove_reader(fileno)
 
 
-async def _exchange(pgconn: Any, *, pipeline: bool = False) -> list[Any]:
+async def _exchange(pgconn: Any, *, pipeline: bool = False, within: float | None = None) -> list[Any]:
     """Send what libpq has queued on a nonblocking connection and collect every result until the
     server is ready again, waiting on the event loop (no psycopg cursor machinery). In pipeline
-    mode: one result per command (its error, if it failed), up to the sync."""
+    mode: one result per command (its error, if it failed), up to the sync. ``within``: the seconds
+    the whole exchange may take (see ``_ready``)."""
+    deadline = None if within is None else asyncio.get_running_loop().time() + within
     while pgconn.flush():
-        await _ready(pgconn, writing=True)
+        await _ready(pgconn, writing=True, deadline=deadline)
     results: list[Any] = []
     current: Any = None  # pipeline mode: the result of the command being read
     while True:
@@ -887,7 +911,7 @@ async def _exchange(pgconn: Any, *, pipeline: bool = False) -> list[Any]:
                 return results
             elif current is None or current.status != _FATAL:
                 current = result
-        await _ready(pgconn, writing=False)
+        await _ready(pgconn, writing=False, deadline=deadline)
 
 
 _FATAL = psycopg.pq.ExecStatus.FATAL_ERROR
@@ -904,6 +928,9 @@ def _result(results: list[Any]) -> Any:
 
 
 _PREPARED: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], set[bytes]] = weakref.WeakKeyDictionary()
+# Per connection: how long one call may wait for the server's answer (``_ready``), set when the driver
+# configures the connection; a connection without one waits as long as it takes.
+_ANSWER_WITHIN: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = weakref.WeakKeyDictionary()
 
 
 async def _call(conn: psycopg.AsyncConnection[Any], statement: _Statement, params: Sequence[bytes | None]) -> Any:
@@ -914,12 +941,13 @@ async def _call(conn: psycopg.AsyncConnection[Any], statement: _Statement, param
     prepared = _PREPARED.get(conn)
     if prepared is None:
         prepared = _PREPARED[conn] = set()
+    within = _ANSWER_WITHIN.get(conn)
     if statement.name not in prepared:
         pgconn.send_prepare(statement.name, statement.text)
-        _result(await _exchange(pgconn))
+        _result(await _exchange(pgconn, within=within))
         prepared.add(statement.name)
     pgconn.send_query_prepared(statement.name, params)
-    return _result(await _exchange(pgconn))
+    return _result(await _exchange(pgconn, within=within))
 
 
 _SYNC = psycopg.pq.ExecStatus.PIPELINE_SYNC
@@ -950,7 +978,7 @@ async def _call_all(
                 pgconn.send_query_prepared(statement.name, params)
             expected.append(None)
         pgconn.pipeline_sync()
-        results = await _exchange(pgconn, pipeline=True)
+        results = await _exchange(pgconn, pipeline=True, within=_ANSWER_WITHIN.get(conn))
     finally:
         with contextlib.suppress(psycopg.OperationalError):
             pgconn.exit_pipeline_mode()
@@ -1670,6 +1698,9 @@ class PostgresStorageDriver(ClientClock):
         settings = ["SET client_encoding = 'UTF8'", "SET idle_in_transaction_session_timeout = '60s'"]
         if self.statement_timeout is not None:
             settings.append(f"SET statement_timeout = '{round(self.statement_timeout * 1000)}ms'")
+            # The server ends a statement at statement_timeout; one it does not answer at all by a while
+            # after that never will (see ``_ready``).
+            _ANSWER_WITHIN[conn] = self.statement_timeout + _ANSWER_MARGIN_S
         await conn.execute("; ".join(settings).encode("ascii"))
 
     async def start(self) -> None:
@@ -2373,7 +2404,8 @@ def postgres_storage(
     ``min_size`` / ``max_size`` bound the connection pool; each open transaction attempt holds one
     connection. Another event loop that uses the driver (``runlane.sync`` beside an application loop)
     gets a pool of its own, of up to ``max_size`` connections opened on demand. Every wait is bounded: ``connect_timeout`` per connection attempt, ``pool_timeout``
-    for a free pooled connection, ``statement_timeout`` per statement (``None`` to leave the server's).
+    for a free pooled connection, ``statement_timeout`` per statement (``None`` to leave the server's), and
+    the answer to a statement 5 seconds after that, which a server that stopped answering never gives.
     """
     return PostgresStorageDriver(
         connection_string,
