@@ -116,6 +116,26 @@ def test_init_config_then_trigger_then_dev_once_executes_the_run(tmp_path: Path)
     assert "session" not in (shown.stderr + once.stderr)
 
 
+def test_init_config_on_a_full_disk_leaves_no_file_behind(tmp_path: Path) -> None:
+    # A write that fails midway (here: a file size limit, as a full disk does) must not leave an empty or
+    # cut-off runlane.toml, which the next attempt would then refuse to overwrite.
+    import resource
+
+    from cli_support import RUNLANE, cli_env
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+
+    failed = subprocess.run(
+        [RUNLANE, "init", "config", "--tasks", "app.tasks"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, env=cli_env(), preexec_fn=limited,
+    )  # fmt: skip
+    assert failed.returncode == 1 and "Cannot write" in failed.stderr, failed.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert cli(tmp_path, "init", "config", "--tasks", "app.tasks").returncode == 0
+    assert (tmp_path / "runlane.toml").read_text().startswith("# runlane.toml")
+
+
 def test_init_config_never_overwrites_without_the_flag(tmp_path: Path) -> None:
     (tmp_path / "runlane.toml").write_text("# mine\n")
     refused = cli(tmp_path, "init", "config")

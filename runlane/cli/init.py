@@ -5,7 +5,11 @@ An existing file is left alone unless ``--overwrite`` is passed.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -178,11 +182,35 @@ def init_config(
     existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        _write_whole(path, text)
     except OSError as error:
         failure = RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"Cannot write {path}: {error}")
         guard(ctx, lambda: _raise(failure))
     output.file_written(str(path), overwritten=existed)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: into a file beside it, renamed over it once complete, so a full
+    disk leaves neither an empty nor a cut-off config behind (nor a previous one damaged)."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+        if path.exists():  # keep the mode of the file it replaces
+            os.chmod(temporary, stat.S_IMODE(path.stat().st_mode))
+        else:
+            os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def _raise(error: RunlaneError) -> None:
