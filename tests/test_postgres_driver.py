@@ -816,6 +816,21 @@ def test_postgres_errors_map_to_runlane_errors(error: Exception, code: ErrorCode
         assert "runlane postgres migrate" in mapped.message
 
 
+async def test_writes_to_a_read_only_server_say_to_connect_to_the_primary(schemas: Schemas, shared_schema: str) -> None:
+    # What a standby, or a role with default_transaction_read_only (as after a failover), answers to a write.
+    separator = "&" if "?" in schemas.url else "?"
+    url = f"{schemas.url}{separator}options=-c%20default_transaction_read_only%3Don"
+    driver = postgres_storage(url, schema=shared_schema, min_size=0, max_size=1)
+    await driver.start()
+    try:
+        error = await expect_error(create(driver, record(StorageRecordKey("ro", uuid.uuid4().hex), {})),
+                                   ErrorCode.STORAGE_UNAVAILABLE)  # fmt: skip
+        assert error.retryable and error.meta["sqlstate"] == "25006"
+        assert "read-only standby" in error.message and "connect to the primary" in error.message
+    finally:
+        await driver.close()
+
+
 @pytest.mark.parametrize(
     "message",
     [

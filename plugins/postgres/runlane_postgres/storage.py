@@ -586,6 +586,13 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             "of processes, or raise the server's max_connections.",
             retryable=True,
         )
+    if state == "25006":
+        return mapped(
+            unavailable,
+            f"Postgres accepts no writes here [{state}] ({detail}): this is a read-only standby, or the role or "
+            "database sets default_transaction_read_only; connect to the primary (after a failover, the new one).",
+            retryable=True,
+        )
     if state is not None and (state.startswith("08") or state in _UNAVAILABLE_STATES):
         return mapped(unavailable, f"Postgres is unavailable [{state}] ({detail}).", retryable=True)
     if state is not None and state in _CONFLICT_STATES:
