@@ -1,10 +1,10 @@
 """Runlane test helpers and conformance suites.
 
 The conformance suites (``StorageDriverConformance``, ``TransportConformance``,
-``LaneCompositionConformance``) are imported lazily because they need pytest, while ``ControlledClock``
-and the waiting helpers (``wait_for_run_status`` and its kin) work in any test runner. Importing a
-suite through this package registers its module for pytest's assertion rewriting, so a failing
-conformance check reports the compared values.
+``LaneCompositionConformance``) are imported lazily because they need pytest, while ``ControlledClock``,
+``run_until_idle`` and the waiting helpers (``wait_for_run_status`` and its kin) work in any test runner.
+Importing a suite through this package registers its module for pytest's assertion rewriting, so a
+failing conformance check reports the compared values.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .clock import ControlledClock
+from .driving import run_until_idle
 from .transport import RecordingTransport
 from .waiting import list_run_event_types, wait_for_condition, wait_for_run_event, wait_for_run_status
 
@@ -27,6 +28,7 @@ __all__ = [
     "StorageDriverConformance",
     "TransportConformance",
     "list_run_event_types",
+    "run_until_idle",
     "wait_for_condition",
     "wait_for_run_event",
     "wait_for_run_status",

@@ -1,0 +1,294 @@
+"""Driving a runtime on a ``ControlledClock`` until nothing is left to do: ``run_until_idle()``.
+
+Where ``wait_for_run_status()`` and its kin wait in real time for something else to move a run, this
+helper moves the runs itself: it ticks, executes every due run and steps the controlled clock to the next
+time something becomes due, the way a time-skipping test environment does. Retries, releases, wait
+timeouts and schedules then play out in one call, without sleeping and without hand-written
+``clock.advance()`` steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from datetime import UTC, datetime, timedelta, tzinfo
+
+from croniter import CroniterBadDateError, croniter
+
+from ..core.authoring import ScheduleDefinition, load_time_zone
+from ..core.runtime import Runlane
+from ..core.schedules import UNIX_EPOCH, latest_due_fire_time, validate_cron
+from ..core.sync import SyncRunlane
+from ..durations import Duration, duration_ms, later
+from ..errors import ErrorCode, RunlaneError
+from ..models import RunRecord, RunSummary
+from ..run_scans import (
+    get_run_attempt_timeout_finalization_available_at,
+    get_run_cancellation_finalization_available_at,
+    get_run_runnable_available_at,
+)
+from ..storage import TimeRange
+from ..vocabulary import RunSortField, RunStatus, ScheduleType, SortDirection, run_status_values
+from .clock import ControlledClock
+
+__all__ = ["run_until_idle"]
+
+DEFAULT_MAX_ADVANCE = "1d"
+DEFAULT_LIMIT = 10_000
+
+# Statuses whose next due time is the listed ``run_at``: a delayed queued run, a scheduled delivery, a
+# retry, a time release or the timeout of a signal or run-completion wait (a wait without one has none).
+_WAITING = (RunStatus.QUEUED, RunStatus.SCHEDULED, RunStatus.RETRYING, RunStatus.RELEASED)
+# Statuses whose due time is on the lease or the attempt deadline, which only the full record carries.
+_HELD = (RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED)
+_PAGE = 100
+_SHOWN_ACTIVE = 5
+# A cron schedule's next fire time is searched among this many wall-clock matches at most (a match can be
+# one the zone's clock skips, or a repeated one that fires only once).
+_MAX_CRON_CANDIDATES = 64
+
+
+def _invalid(message: str, field: str) -> RunlaneError:
+    return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta={"field": field})
+
+
+def _check_arguments(runlane: object, clock: object, tick: object, limit: object) -> None:
+    if isinstance(runlane, SyncRunlane):
+        raise _invalid(
+            "run_until_idle() is a coroutine over the asynchronous runtime; pass the Runlane itself, not "
+            "runlane.sync, and await the call.",
+            "runlane",
+        )
+    if not isinstance(runlane, Runlane):
+        raise _invalid(
+            f"run_until_idle() takes the runtime from create_runlane() first, got {type(runlane).__name__}.",
+            "runlane",
+        )
+    if not isinstance(clock, ControlledClock):
+        raise _invalid(
+            f"run_until_idle() moves a ControlledClock, got {type(clock).__name__}; create the runtime with "
+            "create_runlane(..., clock=ControlledClock()) and pass that clock.",
+            "clock",
+        )
+    if runlane.clock is not clock:
+        raise _invalid(
+            "run_until_idle() got a ControlledClock the runtime does not use; pass the clock given to "
+            "create_runlane(clock=...), or moving it would change nothing the runtime sees.",
+            "clock",
+        )
+    if not runlane.lane.capabilities.operator_reads:
+        raise RunlaneError(
+            ErrorCode.CAPABILITY_UNSUPPORTED,
+            f"run_until_idle() finds what becomes due next through runlane.runs, which lane "
+            f"{runlane.lane.name!r} cannot read; test on a lane with operator reads, such as local_lane().",
+        )
+    if not isinstance(tick, bool):
+        raise _invalid(f"run_until_idle() tick must be True or False, got {tick!r}.", "tick")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise _invalid(f"run_until_idle() limit must be a positive whole number of runs, got {limit!r}.", "limit")
+
+
+async def run_until_idle(
+    runlane: Runlane,
+    clock: ControlledClock,
+    *,
+    max_advance: Duration = DEFAULT_MAX_ADVANCE,
+    tick: bool = True,
+    limit: int = DEFAULT_LIMIT,
+) -> list[RunRecord]:
+    """Execute every run that is or becomes due, moving ``clock`` forward as far as needed, and return
+    the ``RunRecord`` of each executed attempt in the order they ran.
+
+    At each time it reaches it runs ``runlane.tick()`` (with ``tick``: due schedules, cancellation and
+    timeout finalization, bounded-queue dispatch) and ``runlane.execute_next()`` until no run is due,
+    and repeats that while runs were executed (a finished run can wake another at the same time). Then
+    it sets the clock to exactly the earliest time at which something becomes due: the ``run_at`` of a
+    delayed, retrying or released run, the timeout of a signal or run-completion wait, the lease expiry
+    of a run left running (a worker that died), and with ``tick`` an attempt deadline, the lease expiry
+    of a run whose cancellation was requested or the next fire time of an enabled schedule of the
+    runtime's tasks. A run waiting for a signal or another run without a timeout is not due: it stays
+    released.
+
+    It returns when nothing is left to become due, or when the next due time lies more than
+    ``max_advance`` after the clock's time at the call; the clock is then left at the last due time it
+    reached, not moved on to the limit. Executing ``limit`` runs with work still due raises
+    ``RuntimeError`` naming the runs still active: a task that releases or retriggers itself forever
+    fails the test instead of hanging it.
+
+    Meant for tests in which nothing else executes the runtime's runs: a worker running beside it
+    competes for the same runs. Bad arguments raise ``RunlaneError`` ``configuration_invalid``.
+    """
+    _check_arguments(runlane, clock, tick, limit)
+    horizon = later(clock.now(), duration_ms(max_advance, "max_advance"))
+    executed: list[RunRecord] = []
+    while True:
+        while True:
+            if tick:
+                await runlane.tick()
+            if not await _execute_due(runlane, clock, executed, limit, horizon, tick):
+                break
+        due = await _next_due(runlane, clock.now(), tick, include_due=False)
+        if due is None or due > horizon:
+            return executed
+        clock.set(due)
+
+
+async def _execute_due(
+    runlane: Runlane, clock: ControlledClock, executed: list[RunRecord], limit: int, horizon: datetime, tick: bool
+) -> bool:
+    """Execute due runs until none is left; whether any was executed."""
+    ran = False
+    while True:
+        if len(executed) >= limit:
+            pending = await _next_due(runlane, clock.now(), tick, include_due=True)
+            if pending is not None and pending <= horizon:
+                raise RuntimeError(await _runaway_message(runlane, executed, limit))
+            return ran
+        run = await runlane.execute_next()
+        if run is None:
+            return ran
+        executed.append(run)
+        ran = True
+
+
+async def _next_due(runlane: Runlane, now: datetime, tick: bool, *, include_due: bool) -> datetime | None:
+    """The earliest time after ``now`` at which something becomes due (with ``include_due``: the earliest
+    time anything is due, ``now`` or before included), or ``None`` when nothing ever will be."""
+    times = [await _next_waiting(runlane, now, include_due), *await _held_times(runlane, now, tick, include_due)]
+    if tick:
+        times.extend(_next_fire_time(item, now) for item in _schedules(runlane))
+    found = [at for at in times if at is not None]
+    return min(found, default=None)
+
+
+def _waiting_due_at(run: RunSummary) -> datetime | None:
+    if run.status is RunStatus.QUEUED:
+        return run.run_at or run.updated_at
+    return run.run_at
+
+
+async def _next_waiting(runlane: Runlane, now: datetime, include_due: bool) -> datetime | None:
+    # The listing sorts these statuses by when they are due (runs without a time last); runs due at
+    # ``now`` that were not executed (a full bounded queue, a task this runtime does not register) are
+    # passed over, as they will not become due later than they are.
+    cursor = None
+    while True:
+        page = await runlane.runs.list(
+            cursor=cursor,
+            limit=_PAGE,
+            statuses=list(_WAITING),
+            run_at=None if include_due else TimeRange(start=now),
+            sort_by=RunSortField.RUN_AT,
+            sort_direction=SortDirection.ASC,
+        )
+        for summary in page.data:
+            at = _waiting_due_at(summary)
+            if at is None:
+                return None  # the rest have no due time either
+            if include_due or at > now:
+                return at
+        if page.next_cursor is None:
+            return None
+        cursor = page.next_cursor
+
+
+async def _held_times(runlane: Runlane, now: datetime, tick: bool, include_due: bool) -> list[datetime]:
+    """Lease expiries (and, with ``tick``, attempt deadlines and cancellation finalization) of held runs."""
+    times: list[datetime] = []
+    async for summary in _all_runs(runlane, _HELD):
+        run = await runlane.runs.get(summary.id)
+        if run is None:
+            continue  # pruned since the listing
+        candidates = [get_run_runnable_available_at(run)]
+        if tick:
+            candidates += [
+                get_run_cancellation_finalization_available_at(run),
+                get_run_attempt_timeout_finalization_available_at(run),
+            ]
+        times.extend(at for at in candidates if at is not None and (include_due or at > now))
+    return times
+
+
+async def _all_runs(runlane: Runlane, statuses: Iterable[RunStatus]) -> AsyncIterator[RunSummary]:
+    cursor = None
+    while True:
+        page = await runlane.runs.list(cursor=cursor, limit=_PAGE, statuses=list(statuses))
+        for summary in page.data:
+            yield summary
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+def _schedules(runlane: Runlane) -> list[ScheduleDefinition]:
+    return [item for definition in runlane.tasks.values() for item in definition.schedules if item.enabled]
+
+
+def _next_fire_time(item: ScheduleDefinition, now: datetime) -> datetime | None:
+    """The first fire time of ``item`` after ``now``, or ``None`` when it fires no more."""
+    if item.type is ScheduleType.ONCE:
+        return item.run_at if item.run_at is not None and item.run_at > now else None
+    if item.type is ScheduleType.INTERVAL:
+        return _next_interval_boundary(item, now)
+    return _next_cron_fire(item, now)
+
+
+def _next_interval_boundary(item: ScheduleDefinition, now: datetime) -> datetime | None:
+    if item.every_ms is None:
+        return None
+    anchor = UNIX_EPOCH if item.starts_at is None else item.starts_at
+    every = timedelta(milliseconds=item.every_ms)
+    following = anchor if now < anchor else anchor + every * ((now - anchor) // every + 1)
+    if item.ends_at is not None and following > item.ends_at:
+        return None
+    return following
+
+
+def _next_cron_fire(item: ScheduleDefinition, now: datetime) -> datetime | None:
+    expression = validate_cron(item.cron, schedule_id=item.id)
+    zone: tzinfo = UTC if item.time_zone is None else load_time_zone(item.time_zone)
+    local = now.astimezone(zone)
+    # When the zone's clocks go back within a day, wall times already shown come again: the search starts
+    # that much earlier so their second pass is found.
+    offset, later_offset = local.utcoffset(), (now + timedelta(days=1)).astimezone(zone).utcoffset()
+    repeated = timedelta(0)
+    if offset is not None and later_offset is not None and offset > later_offset:
+        repeated = offset - later_offset
+    start = local.replace(tzinfo=None, fold=0, second=0, microsecond=0) - repeated
+    iterator = croniter(expression, start, ret_type=datetime)
+    best: datetime | None = None
+    for _ in range(_MAX_CRON_CANDIDATES):
+        try:
+            wall: datetime = iterator.get_next(datetime)
+        except CroniterBadDateError:
+            break
+        first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+        if best is not None and first > best:
+            break
+        for instant in sorted({first, wall.replace(tzinfo=zone, fold=1).astimezone(UTC)}):
+            # The schedule's own rule decides whether this instant is a fire time: a wall time the clock
+            # skips is not, and a fixed time shown twice fires at its first pass only.
+            if instant > now and (best is None or instant < best) and latest_due_fire_time(item, instant) == instant:
+                best = instant
+    return best
+
+
+def _describe(run: RunSummary) -> str:
+    due = _waiting_due_at(run) if run.status in _WAITING else None
+    when = "" if due is None else f", due {due.isoformat().replace('+00:00', 'Z')}"
+    return f"{run.id} ({run.task_id}, {run.status.value}{when})"
+
+
+async def _runaway_message(runlane: Runlane, executed: list[RunRecord], limit: int) -> str:
+    statuses = sorted(run_status_values.active, key=lambda status: status.value)
+    page = await runlane.runs.list(
+        limit=_SHOWN_ACTIVE, statuses=statuses, sort_by=RunSortField.RUN_AT, sort_direction=SortDirection.ASC
+    )
+    shown = "; ".join(_describe(run) for run in page.data) or "none listed"
+    more = " and more" if page.next_cursor is not None else ""
+    last = executed[-1]
+    return (
+        f"run_until_idle() executed {limit:,} runs, its limit, and work is still due: a task that keeps "
+        f"retrying, releasing or triggering runs never lets the lane go idle. Last executed: {last.id} "
+        f"({last.task_id}, {last.status.value}). Still active: {shown}{more}. Pass a larger limit= if the test "
+        "needs more runs."
+    )
