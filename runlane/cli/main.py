@@ -704,7 +704,22 @@ class _RootGroup(TyperGroup):
 
 def build_app() -> typer.Typer:
     """The root app with every built-in command group and every plugin's commands."""
-    from . import actions, dev, export, init, observations, plugins, queues, runs, signal, tick, trigger, tui, work
+    from . import (
+        actions,
+        dev,
+        export,
+        init,
+        observations,
+        plugins,
+        queues,
+        runs,
+        schedules,
+        signal,
+        tick,
+        trigger,
+        tui,
+        work,
+    )
 
     root = typer.Typer(
         cls=_RootGroup,
@@ -723,7 +738,7 @@ def build_app() -> typer.Typer:
     root.add_typer(observations.app, name="observations")
     root.add_typer(plugins.app, name="plugins")
     # Single-command groups merge into the root: `runlane trigger`, not `runlane trigger trigger`.
-    for module in (dev, work, tick, export, trigger, actions, queues, tui):
+    for module in (dev, work, tick, export, trigger, actions, queues, schedules, tui):
         root.add_typer(module.app)
     load_plugins()
     get_registries()  # a plugin whose registration fails is skipped here, so it adds no command below

@@ -643,6 +643,38 @@ class Output:
             table.add_row(name, "-" if limit is None else str(limit), *cells)
         self.stdout.print(table)
 
+    def schedules_table(self, schedules: Sequence[Any]) -> None:
+        """``runlane schedules``: each schedule's definition, next fire time and latest materialized one; a
+        latest record that cannot be read is shown as such and explained on stderr."""
+        documents = [item.to_json() for item in schedules]
+        if self.json:
+            self.emit_json({"data": documents})
+        elif not documents:
+            self.line(Text("no schedules registered", style="dim"))
+        else:
+            table = _table()
+            for column in ("schedule", "task", "type", "expression", "queue", "enabled", "next fire", "latest fire"):
+                table.add_column(column, no_wrap=column not in ("task", "expression"))
+            for document in documents:
+                upcoming, latest = document["next_fire_at"], document["latest_fire_at"]
+                if document["latest_fire_error"] is not None:
+                    latest = Text("unreadable", style="red")
+                table.add_row(
+                    document["id"],
+                    document["task_id"],
+                    document["type"],
+                    document["expression"],
+                    document["queue"],
+                    "yes" if document["enabled"] else Text("no", style="yellow"),
+                    upcoming or Text("-" if document["enabled"] else "- (disabled)", style="dim"),
+                    latest or Text("-", style="dim"),
+                )
+            self.stdout.print(table)
+        for document in documents:
+            error = document["latest_fire_error"]
+            if error is not None:
+                self.warning(error["code"], f"the latest fire time of schedule {document['id']!r}: {error['message']}")
+
     def attempts_table(self, run_id: str, attempts: Sequence[Any]) -> None:
         if self.json:
             self.emit_json({"run_id": run_id, "attempts": list(attempts)})

@@ -105,6 +105,7 @@ __all__ = [
     "ScheduleOccurrences",
     "latest_due_fire_time",
     "new_schedule_claim_token",
+    "next_fire_time",
     "schedule_occurrence_id",
     "schedule_occurrence_key",
     "scheduled_run_id",
@@ -231,14 +232,42 @@ def latest_due_fire_time(definition: ScheduleDefinition, now: datetime) -> datet
     raise _invalid(f"Schedule {definition.id!r} has unknown type {kind!r}.", schedule_id=definition.id)
 
 
-def _latest_interval_boundary(definition: ScheduleDefinition, now: datetime) -> datetime | None:
+def next_fire_time(definition: ScheduleDefinition, after: datetime) -> datetime | None:
+    """The earliest fire time of ``definition`` strictly after ``after`` (aware UTC), or ``None`` when it
+    will not fire again: the fire time ``latest_due_fire_time`` first returns once it is due.
+
+    * once: ``run_at`` while it is still ahead;
+    * interval: the first ``anchor + k * every`` after ``after`` (``k >= 0``, anchored as for
+      ``latest_due_fire_time``), unless it is past ``ends_at``;
+    * cron: the first instant after ``after`` at which the zone's wall clock shows a matching time, with
+      the same daylight-saving rules (see the module docstring).
+
+    It knows nothing of what was materialized: a fire time at or before a schedule's high-water mark (see
+    ``ScheduleOccurrences``) is never materialized, so the next fire time that will create a run is the
+    first one after the later of ``after`` and that mark.
+    """
+    after = _aware(after, "after")
+    kind = definition.type
+    if kind is ScheduleType.ONCE:
+        run_at = _aware(definition.run_at, f"run_at of schedule {definition.id!r}")
+        return run_at if run_at > after else None
+    if kind is ScheduleType.INTERVAL:
+        return _next_interval_boundary(definition, after)
+    if kind is ScheduleType.CRON:
+        expression = validate_cron(definition.cron, schedule_id=definition.id)
+        return _next_cron_fire(expression, _zone(definition.time_zone), after)
+    raise _invalid(f"Schedule {definition.id!r} has unknown type {kind!r}.", schedule_id=definition.id)
+
+
+def _interval_bounds(definition: ScheduleDefinition) -> tuple[datetime, timedelta, datetime | None]:
+    """An interval schedule's ``(anchor, every, ends_at)``, checked."""
     every_ms = definition.every_ms
     if isinstance(every_ms, bool) or not isinstance(every_ms, int) or every_ms < 1:
         raise _invalid(f"Schedule {definition.id!r}: every must be a positive duration.", schedule_id=definition.id)
     anchor = UNIX_EPOCH
     if definition.starts_at is not None:
         anchor = _aware(definition.starts_at, f"starts_at of schedule {definition.id!r}")
-    horizon = now
+    ends_at = None
     if definition.ends_at is not None:
         ends_at = _aware(definition.ends_at, f"ends_at of schedule {definition.id!r}")
         if ends_at < anchor:
@@ -247,12 +276,22 @@ def _latest_interval_boundary(definition: ScheduleDefinition, now: datetime) -> 
                 field="ends_at",
                 schedule_id=definition.id,
             )
-        horizon = min(horizon, ends_at)
+    return anchor, timedelta(milliseconds=every_ms), ends_at
+
+
+def _latest_interval_boundary(definition: ScheduleDefinition, now: datetime) -> datetime | None:
+    anchor, every, ends_at = _interval_bounds(definition)
+    horizon = now if ends_at is None else min(now, ends_at)
     if horizon < anchor:
         return None
-    every = timedelta(milliseconds=every_ms)
     # timedelta // timedelta is exact integer floor division (microsecond resolution).
     return anchor + every * ((horizon - anchor) // every)
+
+
+def _next_interval_boundary(definition: ScheduleDefinition, after: datetime) -> datetime | None:
+    anchor, every, ends_at = _interval_bounds(definition)
+    boundary = anchor if after < anchor else anchor + every * ((after - anchor) // every + 1)
+    return None if ends_at is not None and boundary > ends_at else boundary
 
 
 # The macros as five fields, for ``_fires_through_repeated_hours``.
@@ -323,6 +362,46 @@ def _latest_cron_fire_in_minute(expression: str, zone: tzinfo, now: datetime) ->
     raise RunlaneError(
         ErrorCode.INVARIANT_VIOLATION,
         f"Cron expression {expression!r} produced {_MAX_CRON_CANDIDATES} wall times that are not due; giving up.",
+    )
+
+
+def _next_cron_fire(expression: str, zone: tzinfo, after: datetime) -> datetime | None:
+    local_after = after.astimezone(zone)
+    wall = local_after.replace(tzinfo=None)
+    both_passes = _fires_through_repeated_hours(expression)
+    # When ``after`` is in the first pass through a repeated wall-clock hour, the second pass of a wall
+    # time earlier in that hour is still ahead (with a wildcard minute or hour field it fires then), so
+    # the search starts that much earlier on the wall clock; instants not after ``after`` are rejected.
+    first = local_after.replace(fold=0).utcoffset()
+    second = local_after.replace(fold=1).utcoffset()
+    if first is not None and second is not None and first > second:
+        wall -= first - second
+    # croniter's get_next is strictly after its start.
+    start = wall.replace(second=0, microsecond=0) - _ONE_MINUTE
+    iterator = croniter(expression, start, ret_type=datetime)
+    # Wall times come earliest first and their first-pass instants in the same order, but in a repeated
+    # hour an earlier wall time's second pass can follow a later one's first pass (01:15 EST is after
+    # 01:45 EDT): the earliest instant found is kept until a first pass comes after it.
+    best: datetime | None = None
+    for _ in range(_MAX_CRON_CANDIDATES):
+        try:
+            candidate: datetime = iterator.get_next(datetime)
+        except CroniterBadDateError:
+            return best  # nothing (else) matches within croniter's search window
+        instant = candidate.replace(tzinfo=zone, fold=0).astimezone(UTC)
+        if instant.astimezone(zone).replace(tzinfo=None) != candidate:
+            continue  # skipped by a spring-forward transition: this wall time never happens
+        if best is not None and instant >= best:
+            return best
+        if instant > after:
+            return instant  # the earliest first pass ahead, and no second pass before it is (checked above)
+        if both_passes:
+            again = candidate.replace(tzinfo=zone, fold=1).astimezone(UTC)  # its second pass, if repeated
+            if again > after and (best is None or again < best):
+                best = again
+    raise RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"Cron expression {expression!r} produced {_MAX_CRON_CANDIDATES} wall times that are not ahead; giving up.",
     )
 
 
@@ -434,6 +513,23 @@ class ScheduleOccurrences:
             keys = [self._key(item) for item in occurrence_ids[start : start + size]]
             found.extend(None if record is None else self._try_decode(record) for record in await self.driver.get(keys))
         return found
+
+    async def latest_fire_times(self, schedule_ids: Sequence[str]) -> list[datetime | RunlaneError | None]:
+        """The latest materialized fire time of each schedule (its high-water mark), in request order, read
+        in point-read-limit chunks: ``None`` for a schedule that has not fired in this environment, the
+        ``invariant_violation`` of a record that does not decode (its neighbours are still read)."""
+        size = self.driver.profile.limits.max_point_reads
+        found: list[datetime | RunlaneError | None] = []
+        for start in range(0, len(schedule_ids), size):
+            keys = [_latest_key(self.env_key, item) for item in schedule_ids[start : start + size]]
+            found.extend(None if record is None else self._try_latest(record) for record in await self.driver.get(keys))
+        return found
+
+    def _try_latest(self, record: StorageRecord) -> datetime | RunlaneError:
+        try:
+            return self._decode_latest(record)[1]
+        except RunlaneError as error:
+            return error
 
     def _try_decode(self, record: StorageRecord) -> ScheduleOccurrence | RunlaneError:
         try:
