@@ -512,3 +512,28 @@ async def test_a_slot_woken_during_a_scan_in_flight_does_not_take_its_empty_answ
     assert await first is None and await same is None  # they knew no more than the scan did
     assert await woken is True and pool.take(set()) == "run-2"
     assert len(scans) == 2
+
+
+async def test_a_run_id_used_again_after_pruning_counts_in_its_own_partition():
+    # A store remembers the concurrency keys of the rows its scans read. A pruned run's id can be used
+    # again by a run of another key: that run must not wait behind the first key's backlog.
+    tenants = queue("tenants", concurrency_limit=1)
+    order: list[str] = []
+
+    @task("dispatch.reused", queue=tenants, concurrency_key=lambda payload: payload["tenant"])
+    async def work(payload: dict) -> None:
+        order.append(payload["tenant"])
+
+    (runtime,), clock = shared_runtimes([work], queues=[DEFAULT_QUEUE, tenants])
+    async with runtime:
+        await runtime.trigger(work, {"tenant": "a"}, run_id="run_nightly")
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        clock.advance("1d")
+        assert (await runtime.runs.prune(older_than="1h")).pruned == 1
+        clock.advance("1s")
+        for _ in range(20):
+            await runtime.trigger(work, {"tenant": "a"})
+        await runtime.trigger(work, {"tenant": "b"}, run_id="run_nightly")  # the same id, another key
+        order.clear()
+        await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN, concurrency=2).closed, 30)
+        assert order.index("b") <= 1, order

@@ -1719,6 +1719,37 @@ async def test_wait_returns_as_soon_as_this_process_commits_the_outcome(monkeypa
         assert runtime._finish_waiters == {}  # nothing left registered
 
 
+async def test_a_wait_left_on_a_closed_event_loop_does_not_fail_the_run_that_finishes():
+    # A thread's loop that stopped and closed with a runs.wait() still pending (a web framework torn down):
+    # the commit of that run's outcome elsewhere must not fail over the waiter nobody listens to any more.
+    import threading
+
+    from runlane import WorkerMode
+
+    @task("reports.orphaned")
+    async def orphaned(payload: dict) -> str:
+        return "done"
+
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT], tasks=[orphaned])
+    async with runtime:
+        run = (await runtime.trigger(orphaned, {})).run
+
+        def abandoned_waiter() -> None:
+            loop = asyncio.new_event_loop()
+            loop.create_task(runtime.runs.wait(run.id))
+            loop.call_later(0.05, loop.stop)
+            loop.run_forever()
+            loop.close()
+
+        thread = threading.Thread(target=abandoned_waiter)
+        thread.start()
+        thread.join(10)
+        worker = runtime.worker(mode=WorkerMode.DRAIN)
+        await asyncio.wait_for(worker.closed, 10)  # raised RuntimeError("Event loop is closed") before
+        assert worker.executed == 1
+        assert (await runtime.runs.get(run.id)).status is RunStatus.SUCCEEDED
+
+
 async def test_wait_reports_a_missing_run_and_a_timeout_with_the_status_it_saw():
     @task("reports.parked")
     async def parked(payload: dict) -> None:

@@ -897,7 +897,8 @@ class Runlane:
         with self._state_lock:
             waiters = self._finish_waiters.pop(run_id, ())
         for future in waiters:
-            future.get_loop().call_soon_threadsafe(_wake_future, future)
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody is waiting any more
+                future.get_loop().call_soon_threadsafe(_wake_future, future)
 
     @contextlib.contextmanager
     def _finish_waiter(self, run_id: str) -> Iterator[asyncio.Future[None]]:

@@ -196,8 +196,10 @@ _CAPACITY_SCAN_MAX_ROWS: Final = 5000
 # candidates still wanted), each next one twice the last: a slot that wants one run reads a few rows, not
 # a window of the backlog.
 _CAPACITY_SCAN_FIRST_PAGE: Final = 16
-# How many runs' concurrency keys a store remembers for its capacity scans (a run's key never changes):
-# a scan over rows it has seen before reads no run documents.
+# How many runs' concurrency keys a store remembers for its capacity scans: a scan over rows it has seen
+# before reads no run documents. A run's key never changes, but its id can be reused once the run is
+# pruned (trigger(run_id=...)), so a key is remembered with the due time of the index row it was read for
+# and read again when a row names another (a new run, or the same one retrying).
 _CONCURRENCY_KEYS_KEPT: Final = 100_000
 # Bytes of the record limit a new run must leave free for what its lifecycle adds to its record without
 # a check of its own: the lease of a claim (a worker id of up to 512 characters, escaped) and a
@@ -1451,9 +1453,9 @@ class CoreStore:
         # Where the next capacity scan of (index, queue) goes on past its window of oldest rows (see
         # ``open_candidates``); ``None``: right after that window.
         self._capacity_scan_resume: dict[tuple[StorageIndexName, str], str | None] = {}
-        # run id -> concurrency key, of runs capacity scans have read (oldest first, at most
-        # ``_CONCURRENCY_KEYS_KEPT``).
-        self._concurrency_keys: dict[str, str | None] = {}
+        # run id -> (concurrency key, the encoded due time of the index row it was read for), of runs capacity
+        # scans have read (oldest first, at most ``_CONCURRENCY_KEYS_KEPT``).
+        self._concurrency_keys: dict[str, tuple[str | None, str]] = {}
         # ``(run_id, lease_token) -> bool``: whether an attempt of this process holds that lease (the
         # runtime's ``CancellationRegistry.holds``). A claim never takes a run from such an attempt,
         # whatever this process's clock says about the lease.
@@ -1616,19 +1618,26 @@ class CoreStore:
                     found.append(error)
         return found
 
-    async def _concurrency_keys_of(self, run_ids: Sequence[str]) -> list[str | None | RunlaneError | _Gone]:
-        """Each run's concurrency key, for a capacity scan: from what this store remembers, else read
-        (``_peek_runs``; a run whose record cannot be read is its error, a run that is gone ``_GONE``)."""
+    async def _concurrency_keys_of(self, rows: Sequence[tuple[str, str]]) -> list[str | None | RunlaneError | _Gone]:
+        """The concurrency key of the run of each index row ``(due time, run id)``, for a capacity scan: from
+        what this store remembers for that row, else read (``_peek_runs``; a run whose record cannot be read
+        is its error, a run that is gone ``_GONE``)."""
         known = self._concurrency_keys
-        unseen = [run_id for run_id in run_ids if run_id not in known]
         read: dict[str, str | None | RunlaneError | _Gone] = {}
+        for due, run_id in rows:
+            entry = known.get(run_id)
+            if entry is not None and entry[1] == due:
+                read[run_id] = entry[0]
+        unseen = [(due, run_id) for due, run_id in rows if run_id not in read]
         if unseen:
-            for run_id, run in zip(unseen, await self._peek_runs(unseen)):
+            for (due, run_id), run in zip(unseen, await self._peek_runs([run_id for _, run_id in unseen])):
                 if isinstance(run, RunRecord):
-                    read[run_id] = known[run_id] = run.concurrency_key
+                    read[run_id] = run.concurrency_key
+                    known.pop(run_id, None)  # re-inserted as the newest
+                    known[run_id] = (run.concurrency_key, due)
                 else:
                     read[run_id] = _GONE if run is None else run
-        keys = [read[run_id] if run_id in read else known[run_id] for run_id in run_ids]
+        keys = [read[run_id] for _, run_id in rows]
         if len(known) > _CONCURRENCY_KEYS_KEPT:
             newest = list(known.items())[len(known) // 2 :]
             known.clear()
@@ -1792,8 +1801,8 @@ class CoreStore:
         half of them, then the other half where the previous call of this store stopped, wrapping around
         at the newest due row, so that behind a backlog of any length every row is looked at within a
         bounded number of calls while the oldest rows keep their turn first. A call that has found nothing
-        open reads on from there, up to ``_CAPACITY_SCAN_MAX_ROWS`` rows. A run's concurrency key never
-        changes, so the store remembers the keys it has read: rows scanned again cost no run reads.
+        open reads on from there, up to ``_CAPACITY_SCAN_MAX_ROWS`` rows. The store remembers the concurrency
+        key of each row it has read (``_concurrency_keys_of``): rows scanned again cost no run reads.
         Candidates only: the claim or reservation decides again on what it reads.
         """
         queue_limit = self.queue_limits[queue]
@@ -1819,7 +1828,7 @@ class CoreStore:
                 result = await self.driver.query(query)
                 scanned += len(result.items)
                 items = [item for item in result.items if item.sort[1] not in set_aside]
-                keys = await self._concurrency_keys_of([item.sort[1] for item in items])
+                keys = await self._concurrency_keys_of([(item.sort[0], item.sort[1]) for item in items])
                 unknown: list[str | None] = []
                 for key in dict.fromkeys(keys):
                     if not isinstance(key, (RunlaneError, _Gone)) and key not in free:
