@@ -649,9 +649,11 @@ def test_trigger_reads_its_payload_and_meta_from_standard_input_or_a_file(tmp_pa
     (root / "latin1.json").write_bytes(b'{"user_id": "\xe9"}')
     undecodable = trigger("@latin1.json")
     assert undecodable.returncode == 2 and "latin1.json: it is not UTF-8 text" in undecodable.stderr
+    (root / "bom.json").write_bytes(b'\xef\xbb\xbf{"user_id": "bom"}')  # as some editors save it
+    assert json.loads(trigger("@bom.json").stdout)["run"]["payload"] == {"user_id": "bom"}
     not_json = trigger("-", stdin="not json")
     assert not_json.returncode == 2 and "not valid JSON" in not_json.stderr
-    assert len(json.loads(cli(root, "--json", "runs", "list").stdout)["data"]) == 3  # nothing else was created
+    assert len(json.loads(cli(root, "--json", "runs", "list").stdout)["data"]) == 4  # nothing else was created
 
 
 def test_runs_list_finds_runs_by_idempotency_or_singleton_key(shared: Shared) -> None:
@@ -1073,17 +1075,22 @@ def test_a_command_started_with_stderr_closed_keeps_its_result_and_status(tmp_pa
     assert missing.returncode == 1 and missing.stdout == ""  # the error is not written to stdout instead
 
 
-def test_utf8_arguments_work_under_an_ascii_locale(tmp_path: Path) -> None:
-    # LC_ALL=C with Python's locale coercion and UTF-8 mode off: the arguments still arrive as UTF-8 text.
+def test_an_ascii_locale_is_named_when_it_garbles_non_ascii_arguments(tmp_path: Path) -> None:
+    # LC_ALL=C with Python's locale coercion and UTF-8 mode off: non-ASCII argument bytes become lone
+    # surrogates, fine for a file name but not text a run id or payload can hold. The command says why.
     root = make_project(tmp_path / "proj", lane="sqlite")
     ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}
     payload = '{"user_id": "Zoë"}'
-    created = cli(root, "--json", "trigger", "emails.welcome", payload, "--run-id", "run_ü", env=ascii_locale)
-    assert created.returncode == 0, created.stderr
-    shown = cli(root, "--json", "runs", "get", "run_ü", env=ascii_locale)
-    assert shown.returncode == 0, shown.stderr
-    run = json.loads(shown.stdout)["run"]
-    assert run["id"] == "run_ü" and run["payload"] == {"user_id": "Zoë"}
+    refused = cli(root, "trigger", "emails.welcome", payload, env=ascii_locale)
+    assert refused.returncode == 1
+    assert "warning: this process runs under an ASCII locale" in refused.stderr
+    assert "LC_ALL=C.UTF-8" in refused.stderr and "PYTHONUTF8=1" in refused.stderr
+    (root / "pàyload.json").write_text('{"user_id": "u1"}', encoding="utf-8")
+    from_file = cli(root, "--json", "trigger", "emails.welcome", "@pàyload.json", env=ascii_locale)
+    assert from_file.returncode == 0, from_file.stderr  # a file name is still found
+    assert json.loads(from_file.stdout)["run"]["payload"] == {"user_id": "u1"}
+    assert json.loads(from_file.stderr.splitlines()[0])["warning"]["code"] == "ascii_locale"
+    assert cli(root, "trigger", "emails.welcome", payload).returncode == 0  # under the usual UTF-8 locale
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")

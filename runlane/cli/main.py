@@ -9,9 +9,11 @@ and plugin command registration. Commands live one group per module; rendering l
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import errno
 import inspect
+import json
 import os
 import signal
 import stat
@@ -868,16 +870,25 @@ if not TYPE_CHECKING:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _utf8_argument(argument: str) -> str:
-    """``argument`` as the UTF-8 text it was typed as. Under a locale whose encoding is ASCII (``LC_ALL=C``
-    with Python's locale coercion and UTF-8 mode off), Python decodes a UTF-8 argument's non-ASCII bytes to
-    lone surrogates; bytes that are not UTF-8 at all stay so (and are refused where they are used)."""
-    if argument.isascii():
-        return argument
-    try:
-        return os.fsencode(argument).decode("utf-8")
-    except UnicodeError:
-        return argument
+def _ascii_locale_warning(arguments: list[str]) -> str | None:
+    """What to say when this process runs under an ASCII locale (``LC_ALL=C`` with Python's locale coercion
+    and UTF-8 mode off) and an argument holds non-ASCII UTF-8: Python then reads each of its non-ASCII
+    bytes as a lone surrogate, which works for a file name but is not text a run id, key or payload can
+    hold, so such an argument is refused where it is used."""
+    if codecs.lookup(sys.getfilesystemencoding()).name != "ascii":
+        return None
+    for argument in arguments:
+        if argument.isascii():
+            continue
+        try:
+            os.fsencode(argument).decode("utf-8")
+        except UnicodeError:
+            continue  # bytes that are not UTF-8 at all: refused where used, with its own message
+        return (
+            "this process runs under an ASCII locale, so the non-ASCII characters of its arguments are not read "
+            "as text; run runlane under a UTF-8 locale (LC_ALL=C.UTF-8) or with PYTHONUTF8=1"
+        )
+    return None
 
 
 def run() -> None:
@@ -888,7 +899,12 @@ def run() -> None:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's stdout from now on
     if sys.stderr is None:  # started with stderr closed (2>&-): warnings and errors go nowhere, not to stdout
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the process's stderr from now on
-    sys.argv[1:] = [_utf8_argument(argument) for argument in sys.argv[1:]]
+    ascii_locale = _ascii_locale_warning(sys.argv[1:])
+    if ascii_locale is not None:
+        if "--json" in sys.argv[1:]:
+            sys.stderr.write(json.dumps({"warning": {"code": "ascii_locale", "message": ascii_locale}}) + "\n")
+        else:
+            sys.stderr.write(f"warning: {ascii_locale}\n")
     try:
         _app()(prog_name="runlane")
     except OutputLost as lost:

@@ -166,11 +166,12 @@ def read_json_text(ctx: Any, value: str, name: str) -> str:
     if value.startswith("@"):
         path = Path(value[1:]).expanduser()
         try:
-            return path.read_text(encoding="utf-8")
+            return path.read_text(encoding="utf-8-sig")  # a byte order mark some editors write is no JSON
         except UnicodeDecodeError:
             raise _invalid(f"{name} could not read {path}: it is not UTF-8 text.", argument=name) from None
-        except OSError as error:
-            raise _invalid(f"{name} could not read {path} ({error.strerror or error}).", argument=name) from None
+        except (OSError, ValueError) as error:  # ValueError: a NUL in the name, one the locale cannot encode
+            problem = error.strerror if isinstance(error, OSError) and error.strerror else error
+            raise _invalid(f"{name} could not read {path} ({problem}).", argument=name) from None
     return value
 
 
@@ -180,7 +181,7 @@ def _stdin_text() -> Any:
     if stream is None:
         raise OSError("it is closed")
     buffer = getattr(stream, "buffer", None)
-    return stream if buffer is None else io.TextIOWrapper(buffer, encoding="utf-8", errors="strict")
+    return stream if buffer is None else io.TextIOWrapper(buffer, encoding="utf-8-sig", errors="strict")
 
 
 def _about_the_value(message: str, name: str, value: Any) -> str:
