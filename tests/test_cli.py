@@ -926,6 +926,7 @@ async def slow(payload: dict) -> None:
 
 LOGGING_TASKS = """
 import logging
+import warnings
 
 from runlane import queue, task
 
@@ -937,7 +938,24 @@ log = logging.getLogger("app.billing")
 def charge(payload: dict) -> None:
     log.warning("card declined for %s", payload["customer"])
     log.info("below the level Python shows when logging is not configured")
+    if payload.get("deprecated"):
+        warnings.warn("charge() without a currency is deprecated", UserWarning, stacklevel=1)
 """
+
+
+def test_an_application_logger_with_a_handler_of_its_own_is_not_printed_twice(tmp_path: Path) -> None:
+    tasks = LOGGING_TASKS.replace(
+        'log = logging.getLogger("app.billing")',
+        'log = logging.getLogger("app.billing")\n'
+        'own = logging.StreamHandler()\n'
+        'own.setFormatter(logging.Formatter("APP %(name)s: %(message)s"))\n'
+        'logging.getLogger("app").addHandler(own)',
+    )
+    project = make_project(tmp_path, tasks, lane="sqlite")
+    assert cli(project, "trigger", "billing.charge", '{"customer": "c1"}').returncode == 0
+    drained = cli(project, "work", "--drain")
+    assert drained.returncode == 0, drained.stderr
+    assert drained.stderr.count("card declined for c1") == 1 and "APP app.billing: card declined" in drained.stderr
 
 
 def test_a_workers_output_carries_the_applications_warnings_with_their_run(tmp_path: Path) -> None:
@@ -951,6 +969,10 @@ def test_a_workers_output_carries_the_applications_warnings_with_their_run(tmp_p
     assert [(r["logger"], r["message"], r["run_id"], r["task_id"]) for r in records if r["type"] == "log"] == [
         ("app.billing", "card declined for c1", first, "billing.charge")
     ]
+    cli(project, "trigger", "billing.charge", '{"customer": "c3", "deprecated": true}')
+    warned = cli(project, "--json", "work", "--drain")
+    lines = [json.loads(line) for line in warned.stderr.splitlines()]  # every line JSON, the warning too
+    assert any("without a currency is deprecated" in line.get("message", "") for line in lines), warned.stderr
     second = json.loads(cli(project, "--json", "trigger", "billing.charge", '{"customer": "c2"}').stdout)["run"]["id"]
     human = cli(project, "work", "--drain")
     assert f"warning app.billing: card declined for c2 (run {second})" in human.stderr

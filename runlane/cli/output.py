@@ -831,6 +831,18 @@ class Output:
 _LOG_FIELDS = ("run_id", "task_id", "attempt", "error_code", "worker_id", "blocked_seconds")
 
 
+def _not_handled_on_the_way(record: logging.LogRecord) -> bool:
+    """Whether no logger between the record's and the root has a handler: one the application gave its own
+    loggers already wrote it (Python's last resort stays silent then too). A ``NullHandler`` (what a
+    library, and ``logging.captureWarnings``, put on their loggers so as not to print) writes nothing."""
+    logger: logging.Logger | None = logging.getLogger(record.name)
+    while logger is not None and logger.parent is not None:  # the root has no parent
+        if any(not isinstance(handler, logging.NullHandler) for handler in logger.handlers):
+            return False
+        logger = logger.parent if logger.propagate else None
+    return True
+
+
 class _OutputHandler(logging.Handler):
     def __init__(self, output: Output, level: int = logging.INFO) -> None:
         super().__init__(level)
@@ -846,9 +858,10 @@ class _OutputHandler(logging.Handler):
 
 @contextmanager
 def forward_runtime_logs(output: Output) -> Iterator[None]:
-    """Print the ``runlane`` loggers' records (info and up), and the application's (warnings and up),
-    through ``output`` while the block runs, unless the application configured logging itself (a handler
-    on the root or ``runlane`` logger): then its own handlers get them, as they would anywhere else.
+    """Print the ``runlane`` loggers' records (info and up), and the application's (warnings and up, and
+    ``warnings.warn()``, unless one of its own loggers' handlers wrote them), through ``output`` while the
+    block runs, unless the application configured logging itself (a handler on the root or ``runlane``
+    logger): then its own handlers get them, as they would anywhere else.
 
     The database driver's connection pool logs each failed reconnect and discarded connection as a
     warning; Runlane reports an outage itself (once, and again when storage answers), so those are
@@ -862,6 +875,7 @@ def forward_runtime_logs(output: Output) -> Iterator[None]:
     # The application's own records (warnings and up, as Python shows them when logging is not configured)
     # come out the same way instead of as bare lines among the JSON ones, naming their run.
     application = _OutputHandler(output, logging.WARNING)
+    application.addFilter(_not_handled_on_the_way)
     level, propagate = logger.level, logger.propagate
     pool = logging.getLogger("psycopg.pool")
     pool_level = pool.level
@@ -870,9 +884,11 @@ def forward_runtime_logs(output: Output) -> Iterator[None]:
     logger.propagate = False
     root.addHandler(application)
     pool.setLevel(max(pool_level, logging.ERROR))
+    logging.captureWarnings(True)  # warnings.warn() too, instead of bare lines among the JSON ones
     try:
         yield
     finally:
+        logging.captureWarnings(False)
         logger.removeHandler(handler)
         root.removeHandler(application)
         logger.setLevel(level)
