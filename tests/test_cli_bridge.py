@@ -30,7 +30,7 @@ from runlane.cli.bridge import COMMAND_PATH, MAX_REQUEST_BYTES, read_session, se
 from runlane.cli.output import Output
 
 from runlane.cli.main import SIGNAL_REPEAT_S
-from cli_support import Project, cli, command, make_project, post, running_dev, wait_for
+from cli_support import RUNLANE, Project, cli, command, make_project, post, running_dev, wait_for
 
 
 TASKS = """
@@ -404,6 +404,30 @@ def test_runs_wait_through_dev_exits_with_how_the_run_ended(project: Project, de
     assert waited.returncode == 4 and f"run {parked} is still queued after 200ms" in waited.stderr
     project.json("cancel", parked)
     assert project.cli("runs", "wait", parked).returncode == 3
+
+
+def test_a_wait_through_dev_is_told_when_dev_stops_first(project: Project, dev: subprocess.Popen[str]) -> None:
+    # runlane dev stops (Ctrl-C) while it serves another terminal's `runs wait`: that command is told so,
+    # instead of being cut off (and then running on an empty lane of its own: run_not_found), and dev
+    # stops without a traceback.
+    parked = project.json("trigger", "slow.report", "{}")["run"]["id"]  # dev does not poll this queue
+    assert RUNLANE is not None
+    waiter = subprocess.Popen(
+        [RUNLANE, "runs", "wait", parked], cwd=project.root, env=project.env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1.0)  # the wait's request is in the dev process
+        dev.send_signal(signal.SIGINT)
+        dev.wait(timeout=30)
+        _, waited = waiter.communicate(timeout=30)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    assert waiter.returncode == 1, waited
+    assert "error[transport_unavailable]: runlane dev" in waited and "stopped before the runs wait command" in waited
+    assert "run_not_found" not in waited and "stale" not in waited
+    assert "Traceback" not in (project.tmpdir / "dev.log").read_text()
 
 
 def _planted_session(project: Project, folder_mode: int) -> socket.socket:

@@ -314,6 +314,10 @@ class BridgeServer:
         self.session: Session | None = None
         self.superseded: Session | None = None  # a live dev of the same config this one took over from
         self._server: asyncio.Server | None = None
+        # Set when the dev process stops: a command still running for another terminal (a runs wait) is
+        # answered that the process stopped, instead of being cut off.
+        self._closing = asyncio.Event()
+        self._answering: set[asyncio.Task[Any]] = set()
 
     @property
     def port(self) -> int:
@@ -338,6 +342,9 @@ class BridgeServer:
         self.hand_back()
         if self._server is not None:
             self._server.close()
+            self._closing.set()
+            if self._answering:
+                await asyncio.wait(self._answering, timeout=5)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), timeout=5)
             self._server = None
@@ -350,10 +357,14 @@ class BridgeServer:
         await self.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        if handler is not None:  # ``close()`` lets the answers in progress be written
+            self._answering.add(handler)
+            handler.add_done_callback(self._answering.discard)
         try:
             try:
                 request = await asyncio.wait_for(self._read_request(reader), timeout=READ_TIMEOUT_S)
-                status, body = 200, await self._execute(request)
+                status, body = 200, await self._execute_unless_closing(request)
             except _Reject as reject:
                 status, body = reject.status, {"error": {"code": reject.code.value, "message": reject.message}}
             except TimeoutError:
@@ -375,6 +386,24 @@ class BridgeServer:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _execute_unless_closing(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``_execute``, or, when the dev process stops first, an answer that says so."""
+        task = asyncio.ensure_future(self._execute(request))
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return _error_body(
+            ErrorCode.TRANSPORT_UNAVAILABLE,
+            f"runlane dev (pid {os.getpid()}) stopped before the {request.get('command')} command finished.",
+        )
 
     async def _read_request(self, reader: asyncio.StreamReader) -> dict[str, Any]:
         try:
