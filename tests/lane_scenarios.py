@@ -294,6 +294,11 @@ class LaneScenarios:
                     done = await runtime.execute_next(worker_id="w" * MAX_ID_LENGTH)
                     assert done is not None and done.id in {retried.id, rerun.id}
                 assert (await runtime.runs.get(rerun.id)).status is RunStatus.SUCCEEDED
+                # What a rerun adds beyond its link (a run id of its own far longer than the source's) may
+                # not fit: the error says what to shorten, not to shrink a payload the operator cannot change.
+                with pytest.raises(RunlaneError) as raised:
+                    await runtime.runs.rerun(first.id, run_id="\U0001f600" * MAX_ID_LENGTH, actor=operator)
+                assert "give it a shorter run_id or actor id" in raised.value.message
 
         self.run(body)
 

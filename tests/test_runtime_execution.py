@@ -410,12 +410,12 @@ async def test_trigger_with_a_payload_too_large_for_the_lane_writes_nothing():
             await runtime.trigger(echo, {"blob": _over_the_record_limit(runtime)})
         assert raised.value.code is ErrorCode.VALIDATION_FAILED
         assert raised.value.message.startswith("Run of task 'echo' is too large to store: ")
-        assert "Its payload takes" in raised.value.message
+        assert "its payload takes" in raised.value.message
         assert "pass a reference to large data (an id or a URL) in the payload" in raised.value.message
         # When the meta is what takes the room, the message says so.
         with pytest.raises(RunlaneError) as raised:
             await runtime.trigger(echo, {"blob": "small"}, meta={"note": _over_the_record_limit(runtime)})
-        assert "Its meta takes" in raised.value.message and "in the meta instead" in raised.value.message
+        assert "its meta takes" in raised.value.message and "in the meta instead" in raised.value.message
         assert (await runtime.runs.list()).data == []
 
 

@@ -2232,15 +2232,20 @@ def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimit
     do instead."""
     sizes = {"payload": len(canonical_json(spec.payload)), "meta": len(canonical_json(spec.meta or {}))}
     largest = max(sizes, key=sizes.__getitem__)
+    advice = f"pass a reference to large data (an id or a URL) in the {largest} instead."
+    if spec.source is not None and spec.source.type in (RunSourceType.RERUN, RunSourceType.MANUAL_RETRY):
+        # The payload is its source's, which fitted: what this call adds is what does not.
+        advice = (
+            f"a rerun or retry repeats its source's payload and meta, so give it a shorter run_id or actor id, "
+            f"or less meta (its {largest} takes {sizes[largest]:,} bytes)."
+        )
+    else:
+        advice = f"its {largest} takes {sizes[largest]:,} bytes: {advice}"
     return StorageLimitError(
         error.limit,
         error.allowed,
         error.actual,
-        error.too_large(
-            f"Run of task '{spec.definition.id}'",
-            f" Nothing was written. Its {largest} takes {sizes[largest]:,} bytes: pass a reference to large "
-            f"data (an id or a URL) in the {largest} instead.",
-        ),
+        error.too_large(f"Run of task '{spec.definition.id}'", f" Nothing was written; {advice}"),
         reserved=error.reserved,
     )
 
