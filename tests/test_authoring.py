@@ -226,6 +226,16 @@ def test_retry_exception_filters_only_take_retries_away():
     assert not Retry(3, no_retry_on=KeyError).retries(KeyError("k"))
 
 
+def test_retry_exception_filters_look_inside_exception_groups():
+    limited = Retry(3, retry_on=ConnectionError, no_retry_on=KeyError)
+    nested = ExceptionGroup("tasks", [ConnectionResetError(), ExceptionGroup("inner", [TimeoutError()])])
+    assert limited.retries(nested) is False  # a TimeoutError is no ConnectionError
+    assert limited.retries(ExceptionGroup("tasks", [ConnectionResetError(), ConnectionRefusedError()]))
+    assert not limited.retries(ExceptionGroup("tasks", [ConnectionResetError(), KeyError("k")]))
+    assert not Retry(3, no_retry_on=KeyError).retries(ExceptionGroup("tasks", [ValueError(), KeyError("k")]))
+    assert Retry(3, no_retry_on=KeyError).retries(ExceptionGroup("tasks", [ValueError()]))
+
+
 def test_retry_policies_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         Retry(3).max_attempts = 5  # type: ignore[misc]

@@ -271,7 +271,9 @@ class RetryPolicy:
     ``backoff`` is a ``Backoff``, a duration (fixed backoff), or omitted for ``contract_defaults.retry.backoff``.
     ``retry_on`` (an exception class or a tuple of them) limits retries to the exceptions it matches;
     ``no_retry_on`` fails the run at once on the exceptions it matches (it wins over ``retry_on``). Either
-    only ever takes retries away: a ``RunlaneError`` that is not retryable is never retried.
+    only ever takes retries away: a ``RunlaneError`` that is not retryable is never retried. An exception
+    group (what ``asyncio.TaskGroup`` raises) is retried when every exception in it matches ``retry_on``
+    and none matches ``no_retry_on``.
     """
 
     max_attempts: int
@@ -302,6 +304,10 @@ class RetryPolicy:
     def retries(self, error: BaseException) -> bool:
         """Whether an attempt that raised ``error`` may be retried as far as ``retry_on`` / ``no_retry_on``
         go (the failure's own retryability and the attempt budget decide too)."""
+        if isinstance(error, BaseExceptionGroup):  # asyncio.TaskGroup's: decided by what it holds
+            if self.no_retry_on and error.subgroup(self.no_retry_on) is not None:
+                return False
+            return self.retry_on is None or error.split(self.retry_on)[1] is None
         if self.no_retry_on and isinstance(error, self.no_retry_on):
             return False
         return self.retry_on is None or isinstance(error, self.retry_on)
