@@ -10,13 +10,11 @@ timeouts and schedules then play out in one call, without sleeping and without h
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import datetime
 
-from croniter import CroniterBadDateError, croniter
-
-from ..core.authoring import ScheduleDefinition, load_time_zone
+from ..core.authoring import ScheduleDefinition
 from ..core.runtime import Runlane
-from ..core.schedules import UNIX_EPOCH, latest_due_fire_time, validate_cron
+from ..core.schedules import next_fire_time
 from ..core.sync import SyncRunlane
 from ..durations import Duration, duration_ms, later
 from ..errors import ErrorCode, RunlaneError
@@ -27,7 +25,7 @@ from ..run_scans import (
     get_run_runnable_available_at,
 )
 from ..storage import TimeRange
-from ..vocabulary import RunSortField, RunStatus, ScheduleType, SortDirection, run_status_values
+from ..vocabulary import RunSortField, RunStatus, SortDirection, run_status_values
 from .clock import ControlledClock
 
 __all__ = ["run_until_idle"]
@@ -42,9 +40,6 @@ _WAITING = (RunStatus.QUEUED, RunStatus.SCHEDULED, RunStatus.RETRYING, RunStatus
 _HELD = (RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED)
 _PAGE = 100
 _SHOWN_ACTIVE = 5
-# A cron schedule's next fire time is searched among this many wall-clock matches at most (a match can be
-# one the zone's clock skips, or a repeated one that fires only once).
-_MAX_CRON_CANDIDATES = 64
 
 
 def _invalid(message: str, field: str) -> RunlaneError:
@@ -155,7 +150,7 @@ async def _next_due(runlane: Runlane, now: datetime, tick: bool, *, include_due:
     time anything is due, ``now`` or before included), or ``None`` when nothing ever will be."""
     times = [await _next_waiting(runlane, now, include_due), *await _held_times(runlane, now, tick, include_due)]
     if tick:
-        times.extend(_next_fire_time(item, now) for item in _schedules(runlane))
+        times.extend(next_fire_time(item, now) for item in _schedules(runlane))
     found = [at for at in times if at is not None]
     return min(found, default=None)
 
@@ -221,55 +216,6 @@ async def _all_runs(runlane: Runlane, statuses: Iterable[RunStatus]) -> AsyncIte
 
 def _schedules(runlane: Runlane) -> list[ScheduleDefinition]:
     return [item for definition in runlane.tasks.values() for item in definition.schedules if item.enabled]
-
-
-def _next_fire_time(item: ScheduleDefinition, now: datetime) -> datetime | None:
-    """The first fire time of ``item`` after ``now``, or ``None`` when it fires no more."""
-    if item.type is ScheduleType.ONCE:
-        return item.run_at if item.run_at is not None and item.run_at > now else None
-    if item.type is ScheduleType.INTERVAL:
-        return _next_interval_boundary(item, now)
-    return _next_cron_fire(item, now)
-
-
-def _next_interval_boundary(item: ScheduleDefinition, now: datetime) -> datetime | None:
-    if item.every_ms is None:
-        return None
-    anchor = UNIX_EPOCH if item.starts_at is None else item.starts_at
-    every = timedelta(milliseconds=item.every_ms)
-    following = anchor if now < anchor else anchor + every * ((now - anchor) // every + 1)
-    if item.ends_at is not None and following > item.ends_at:
-        return None
-    return following
-
-
-def _next_cron_fire(item: ScheduleDefinition, now: datetime) -> datetime | None:
-    expression = validate_cron(item.cron, schedule_id=item.id)
-    zone: tzinfo = UTC if item.time_zone is None else load_time_zone(item.time_zone)
-    local = now.astimezone(zone)
-    # When the zone's clocks go back within a day, wall times already shown come again: the search starts
-    # that much earlier so their second pass is found.
-    offset, later_offset = local.utcoffset(), (now + timedelta(days=1)).astimezone(zone).utcoffset()
-    repeated = timedelta(0)
-    if offset is not None and later_offset is not None and offset > later_offset:
-        repeated = offset - later_offset
-    start = local.replace(tzinfo=None, fold=0, second=0, microsecond=0) - repeated
-    iterator = croniter(expression, start, ret_type=datetime)
-    best: datetime | None = None
-    for _ in range(_MAX_CRON_CANDIDATES):
-        try:
-            wall: datetime = iterator.get_next(datetime)
-        except CroniterBadDateError:
-            break
-        first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
-        if best is not None and first > best:
-            break
-        for instant in sorted({first, wall.replace(tzinfo=zone, fold=1).astimezone(UTC)}):
-            # The schedule's own rule decides whether this instant is a fire time: a wall time the clock
-            # skips is not, and a fixed time shown twice fires at its first pass only.
-            if instant > now and (best is None or instant < best) and latest_due_fire_time(item, instant) == instant:
-                best = instant
-    return best
 
 
 def _describe(run: RunSummary) -> str:
