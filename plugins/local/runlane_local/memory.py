@@ -1236,7 +1236,7 @@ class LocalStorageDriver(ClientClock):
         enforce_storage_limit(self.profile.limits, "max_query_results", query.limit)
         await asyncio.sleep(0)
         rows = self._read(lambda state: state.rows(query.index.value, query.encoded_partition))
-        return page_index_rows(query, _scan(rows, query), look_ahead=True, trusted=True)
+        return page_index_rows(query, _scan(rows, query), look_ahead=True, trusted=True, remember=True)
 
     async def with_transaction(self, callback: Callable[[StorageTransaction], Awaitable[T]]) -> T:
         for number in range(self.max_transaction_attempts):
