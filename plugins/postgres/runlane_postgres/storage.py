@@ -876,20 +876,24 @@ async def _ready(pgconn: Any, *, writing: bool, deadline: float | None = None) -
         loop.add_writer(fileno, _wake, future)
     else:
         loop.add_reader(fileno, _wake, future)
+    timer = None if deadline is None else loop.call_at(deadline, _give_up, future)
     try:
-        if deadline is None:
-            await future
-        else:
-            try:
-                await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                pgconn.finish()
-                raise _NoAnswer("the server did not answer in time; the connection was closed") from None
+        await future
+    except _NoAnswer:
+        pgconn.finish()
+        raise
     finally:
+        if timer is not None:
+            timer.cancel()
         if writing:
             loop.remove_writer(fileno)
         else:
             loop.remove_reader(fileno)
+
+
+def _give_up(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_NoAnswer("the server did not answer in time; the connection was closed"))
 
 
 async def _exchange(pgconn: Any, *, pipeline: bool = False, within: float | None = None) -> list[Any]:
