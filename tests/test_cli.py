@@ -136,6 +136,15 @@ def test_init_config_on_a_full_disk_leaves_no_file_behind(tmp_path: Path) -> Non
     assert (tmp_path / "runlane.toml").read_text().startswith("# runlane.toml")
 
 
+def test_init_config_overwrites_a_linked_config_where_the_link_points(tmp_path: Path) -> None:
+    (tmp_path / "dotfiles").mkdir()
+    (tmp_path / "dotfiles" / "runlane.toml").write_text("# mine\n")
+    (tmp_path / "runlane.toml").symlink_to(tmp_path / "dotfiles" / "runlane.toml")
+    assert cli(tmp_path, "init", "config", "--tasks", "app.tasks", "--overwrite").returncode == 0
+    assert (tmp_path / "runlane.toml").is_symlink()
+    assert (tmp_path / "dotfiles" / "runlane.toml").read_text().startswith("# runlane.toml")
+
+
 def test_init_config_never_overwrites_without_the_flag(tmp_path: Path) -> None:
     (tmp_path / "runlane.toml").write_text("# mine\n")
     refused = cli(tmp_path, "init", "config")
@@ -698,6 +707,13 @@ def test_cancel_retry_and_rerun_take_several_runs_or_standard_input(tmp_path: Pa
     assert runlane("rerun", ids[0], ids[1], "--run-id", "run_x").returncode == 2  # one new id for two runs
     assert runlane("cancel", "-", ids[0]).returncode == 2
     assert runlane("retry", "-", stdin="\n").returncode == 2
+    with_bom = runlane("rerun", "-", stdin=f"\ufeff{ids[3]}\n")  # as some tools write a file's start
+    assert with_bom.returncode == 0, with_bom.stderr
+    closed = subprocess.run(
+        [RUNLANE, "cancel", "-"], cwd=root, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        env=cli_env(), preexec_fn=lambda: os.close(0),
+    )  # fmt: skip
+    assert closed.returncode == 2 and "standard input, which is closed" in closed.stderr
 
 
 def test_trigger_human_card_and_options(shared: Shared) -> None:
@@ -1113,6 +1129,10 @@ def test_an_ascii_locale_is_named_when_it_garbles_non_ascii_arguments(tmp_path: 
     assert json.loads(from_file.stdout)["run"]["payload"] == {"user_id": "u1"}
     assert json.loads(from_file.stderr.splitlines()[0])["warning"]["code"] == "ascii_locale"
     assert cli(root, "trigger", "emails.welcome", payload).returncode == 0  # under the usual UTF-8 locale
+    (root / "ünï.toml").write_text((root / "runlane.toml").read_text(), encoding="utf-8")
+    listed = cli(root, "--json", "-c", "ünï.toml", "runs", "list", env=ascii_locale)  # a config file name too
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert len(json.loads(listed.stdout)["data"]) == 2
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")

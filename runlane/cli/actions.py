@@ -49,7 +49,9 @@ def _run_ids(ctx: typer.Context, given: list[str]) -> list[str]:
         if "-" in given:
             ctx.fail("- reads the run ids from standard input: give it alone.")
         return given
-    ids = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
+    if sys.stdin is None:
+        ctx.fail("- reads the run ids from standard input, which is closed.")
+    ids = [line.strip().lstrip("\ufeff") for line in sys.stdin.read().splitlines() if line.strip()]
     if not ids:
         ctx.fail("No run ids on standard input.")
     return ids

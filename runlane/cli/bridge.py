@@ -142,7 +142,8 @@ def _resolved(config_path: Path | str) -> str:
 
 def session_path(config_path: Path | str) -> Path:
     """The session file for a config path: one per resolved path, so the latest ``runlane dev`` wins."""
-    digest = hashlib.sha256(_resolved(config_path).encode("utf-8")).hexdigest()[:32]
+    # surrogatepass: a file name that is not UTF-8 text (an ASCII locale's non-ASCII bytes) still has one.
+    digest = hashlib.sha256(_resolved(config_path).encode("utf-8", "surrogatepass")).hexdigest()[:32]
     return session_dir() / f"{digest}.json"
 
 

@@ -192,6 +192,7 @@ def init_config(
 def _write_whole(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all: into a file beside it, renamed over it once complete, so a full
     disk leaves neither an empty nor a cut-off config behind (nor a previous one damaged)."""
+    path = Path(os.path.realpath(path))  # a config kept elsewhere behind a symbolic link is written there
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
