@@ -609,6 +609,23 @@ async def test_retry_on_and_no_retry_on_decide_which_exceptions_are_retried():
     assert failure.message == "Task failed."  # still no exception text in history
 
 
+async def test_a_non_retryable_runlane_error_inside_a_task_group_is_not_retried():
+    async def stale() -> None:
+        raise RunlaneError(ErrorCode.TASK_FAILED, "The report is stale.", retryable=False)
+
+    @task("grouped.stale", retry=Retry(4, backoff="1s"))
+    async def grouped(payload: dict) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(stale())
+
+    runtime, _ = make_runtime(grouped)
+    async with runtime:
+        run = (await runtime.trigger(grouped, {})).run
+        done = await runtime.execute_next()
+    assert done is not None and done.id == run.id and done.status is RunStatus.FAILED
+    assert done.counters.attempts == 1 and done.failure.retryable is False
+
+
 async def test_a_run_whose_task_is_not_registered_fails_without_retry():
     @task("known", retry=Retry(3))
     async def known() -> None:

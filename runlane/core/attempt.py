@@ -385,6 +385,11 @@ def failure_from_exception(error: BaseException) -> RunFailure:
             )
         except (ValueError, TypeError, ValidationError):  # noqa: S110 - recorded as an unknown error below
             pass
+    if isinstance(error, BaseExceptionGroup):
+        # asyncio.TaskGroup's: a RunlaneError in it that says not to retry is not retried either.
+        final = error.subgroup(lambda raised: isinstance(raised, RunlaneError) and raised.retryable is not True)
+        if final is not None:
+            return RunFailure(code=ErrorCode.TASK_FAILED, message="Task failed.", retryable=False)
     return RunFailure(code=ErrorCode.TASK_FAILED, message="Task failed.", retryable=True)
 
 
