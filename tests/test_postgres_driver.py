@@ -1138,6 +1138,43 @@ async def test_a_server_that_stops_answering_fails_calls_in_time_instead_of_hold
         await driver.close()
 
 
+async def test_stalled_connections_are_left_behind_in_time_when_the_server_still_takes_new_ones(
+    schemas: Schemas, shared_schema: str
+) -> None:
+    # Only the open connections' backends are frozen (the postmaster still accepts new ones): the call
+    # gives its stalled connection up, the check of the other idle ones is not waited for beyond the
+    # answer deadline, and the retry on a fresh connection succeeds.
+    from postgres_support import postgres_server
+
+    server = postgres_server()
+    if server is None or server.pid is None or not Path("/proc").is_dir():
+        pytest.skip("needs the managed test server and /proc")
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=2, max_size=4, statement_timeout=0.5)
+    await driver.start()
+    try:
+        key = StorageRecordKey("stalled", uuid.uuid4().hex)
+        await create(driver, record(key, {"n": 1}))
+        with psycopg.connect(schemas.url, autocommit=True) as admin:
+            frozen = [row[0] for row in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'runlane' AND pid <> pg_backend_pid()"
+            ).fetchall()]  # fmt: skip
+        assert frozen
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            found = await asyncio.wait_for(driver.get([key]), 60)
+            assert found[0] is not None and found[0].document.value == {"n": 1}
+            assert loop.time() - started < 25, "the call waited for the stalled connections' check"
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+    finally:
+        await driver.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Wake hints
 

@@ -2165,8 +2165,12 @@ class PostgresStorageDriver(ClientClock):
         check = state.check
         if check is None or check.done():
             check = state.check = asyncio.ensure_future(state.pool.check())
+        # The check runs on: a frozen server's idle connections would hold it until their answer deadline.
+        within = self.connect_timeout + self.pool_timeout
+        if self.statement_timeout is not None:
+            within = min(within, self.statement_timeout + _ANSWER_MARGIN_S)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.shield(check), self.connect_timeout + self.pool_timeout)
+            await asyncio.wait_for(asyncio.shield(check), within)
 
     async def _reachable(self) -> None:
         """Open (and close) one fresh connection; ``storage_unavailable`` when that fails."""
