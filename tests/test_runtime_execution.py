@@ -470,12 +470,18 @@ async def test_a_def_handler_that_gets_no_thread_never_runs_and_its_run_is_relea
     first_started = threading.Event()
     release_first = threading.Event()
 
+    later_started = {3: threading.Event(), 4: threading.Event()}
+    release_later = threading.Event()
+
     @task("threads.limited", retry=Retry(3, backoff="1s"))
     def limited(payload: dict) -> None:
         calls.append(payload["n"])
         if payload["n"] == 1:
             first_started.set()
             release_first.wait(10)
+        if payload["n"] in later_started:
+            later_started[payload["n"]].set()
+            release_later.wait(10)
 
     runtime, clock = make_runtime(limited)
     start = threading.Thread.start
@@ -507,6 +513,16 @@ async def test_a_def_handler_that_gets_no_thread_never_runs_and_its_run_is_relea
         done = await runtime.execute_next()
         assert done is not None and done.id == second.id and done.status is RunStatus.SUCCEEDED
         assert calls == [1, 2] and first.id != second.id
+        # Threads can be started again: two handlers at once get a thread each, none waits behind the other.
+        for n in (3, 4):
+            await runtime.trigger(limited, {"n": n})
+        both = [asyncio.ensure_future(runtime.execute_next()) for _ in range(2)]
+        try:
+            for n in (3, 4):
+                assert await asyncio.to_thread(later_started[n].wait, 5), f"handler {n} waited for a thread"
+        finally:
+            release_later.set()
+            await asyncio.gather(*both)
 
 
 async def test_sync_handlers_run_in_a_worker_thread_with_blocking_context_calls():

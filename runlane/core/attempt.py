@@ -1425,12 +1425,16 @@ class _Attempt:
             else:
                 context = contextvars.copy_context()
                 gate = _ThreadGate()
+                threads: concurrent.futures.Executor | None = None
                 try:
+                    threads = self.runtime.handler_threads
                     future = self.loop.run_in_executor(
-                        self.runtime.handler_threads, gate.run, context.run, _call_in_thread, definition.handler, args
+                        threads, gate.run, context.run, _call_in_thread, definition.handler, args
                     )
                 except Exception as error:  # noqa: BLE001 - no thread for the handler: it has not run
                     gate.close()
+                    if threads is not None:
+                        self.runtime.renew_handler_threads(threads)
                     return self._no_handler_thread(error)
                 gate.open()
                 result = await future

@@ -759,6 +759,16 @@ class Runlane:
                     )
         return threads
 
+    def renew_handler_threads(self, failed: concurrent.futures.Executor) -> None:
+        """Leave the handler threads pool a submission to failed (no thread could be started): that pool
+        counts a thread as idle that is not, and would queue the next handler behind a busy one. Its
+        threads finish what they run; the next handler gets a new pool."""
+        with self._state_lock:
+            if self._handler_threads is not failed:
+                return
+            self._handler_threads = None
+        failed.shutdown(wait=False)
+
     def task_for(self, task_id: str) -> TaskDefinition | None:
         return self._tasks_by_id.get(task_id)
 
