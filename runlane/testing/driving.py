@@ -234,7 +234,8 @@ async def _runaway_message(runlane: Runlane, executed: list[RunRecord], limit: i
     last = executed[-1]
     return (
         f"run_until_idle() executed {limit:,} runs, its limit, and work is still due: a task that keeps "
-        f"retrying, releasing or triggering runs never lets the lane go idle. Last executed: {last.id} "
-        f"({last.task_id}, {last.status.value}). Still active: {shown}{more}. Pass a larger limit= if the test "
-        "needs more runs."
+        f"retrying, releasing or triggering runs never lets the lane go idle, and a schedule fires again and "
+        f"again until max_advance. Last executed: {last.id} ({last.task_id}, {last.status.value}). Still "
+        f"active: {shown}{more}. Pass a smaller max_advance= (or tick=False) for schedules, or a larger limit= "
+        "if the test needs more runs."
     )
