@@ -134,7 +134,8 @@ def main() -> None:
             elapsed, hot = asyncio.run(_others(make_lane(), args.runs, args.others, args.limit, args.concurrency))
             print(f"  {name}:")
             print(f"    backlog:     {rate:,.0f} runs/s")
-            print(f"    other keys:  {args.others} runs done in {elapsed:.2f} s ({hot} of the busy key's ran meanwhile)")
+            print(f"    other keys:  {args.others} runs done in {elapsed:.2f} s", end="")
+            print(f" ({hot} of the busy key's ran meanwhile)")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ def app_log() -> Any:
 
 
 def _fields(record: logging.LogRecord) -> tuple[Any, ...]:
-    return (record.getMessage(), record.run_id, record.task_id, record.attempt, record.queue)  # type: ignore[attr-defined]
+    fields = record.__dict__
+    return (record.getMessage(), fields["run_id"], fields["task_id"], fields["attempt"], fields["queue"])
 
 
 async def test_the_applications_log_lines_name_the_run_they_belong_to(app_log: Any) -> None:
