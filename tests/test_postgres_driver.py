@@ -1103,36 +1103,48 @@ def _server_processes(postmaster: int) -> list[int]:
     return found
 
 
+def _managed_postmaster() -> int:
+    """The managed test server's postmaster pid; the test is skipped without one (or without /proc)."""
+    from postgres_support import postgres_server
+
+    server = postgres_server()
+    if server is None or server.pid is None or not Path("/proc").is_dir():
+        pytest.skip("needs the managed test server and /proc")
+    return server.pid
+
+
+@contextlib.contextmanager
+def _frozen(pids: list[int]) -> Iterator[None]:
+    """Stop ``pids`` (SIGSTOP) for the block, as a stalled host would; always continued afterwards."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
 async def test_a_server_that_stops_answering_fails_calls_in_time_instead_of_holding_them(
     schemas: Schemas, shared_schema: str
 ) -> None:
     # A frozen server (a stalled host, a failover in progress): its kernel keeps the connections open and
     # acknowledges what is sent, so neither keepalives nor TCP timeouts end the wait for an answer. A call
     # gives up a little after statement_timeout, as storage_unavailable, and the driver recovers.
-    from postgres_support import postgres_server
-
-    server = postgres_server()
-    if server is None or server.pid is None or not Path("/proc").is_dir():
-        pytest.skip("needs the managed test server and /proc")
+    postmaster = _managed_postmaster()
     driver = postgres_storage(schemas.url, schema=shared_schema, min_size=1, max_size=2, statement_timeout=0.5)
     await driver.start()
     try:
         key = StorageRecordKey("frozen", uuid.uuid4().hex)
         await create(driver, record(key, {"n": 0}))
-        frozen = _server_processes(server.pid)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with _frozen(_server_processes(postmaster)):
             loop = asyncio.get_running_loop()
             started = loop.time()
             # statement_timeout, the margin, then the one retry on a fresh connection that connect_timeout ends.
             error = await expect_error(asyncio.wait_for(driver.get([key]), 40), ErrorCode.STORAGE_UNAVAILABLE)
             assert error.retryable
             assert loop.time() - started < 30, "the call waited for the server instead of giving up"
-        finally:
-            for pid in frozen:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
         assert (await driver.get([key]))[0].document.value == {"n": 0}, "a fresh connection serves the next call"
     finally:
         await driver.close()
@@ -1144,11 +1156,7 @@ async def test_stalled_connections_are_left_behind_in_time_when_the_server_still
     # Only the open connections' backends are frozen (the postmaster still accepts new ones): the call
     # gives its stalled connection up, the check of the other idle ones is not waited for beyond the
     # answer deadline, and the retry on a fresh connection succeeds.
-    from postgres_support import postgres_server
-
-    server = postgres_server()
-    if server is None or server.pid is None or not Path("/proc").is_dir():
-        pytest.skip("needs the managed test server and /proc")
+    _managed_postmaster()
     driver = postgres_storage(schemas.url, schema=shared_schema, min_size=2, max_size=4, statement_timeout=0.5)
     await driver.start()
     try:
@@ -1159,18 +1167,12 @@ async def test_stalled_connections_are_left_behind_in_time_when_the_server_still
                 "SELECT pid FROM pg_stat_activity WHERE application_name = 'runlane' AND pid <> pg_backend_pid()"
             ).fetchall()]  # fmt: skip
         assert frozen
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with _frozen(frozen):
             loop = asyncio.get_running_loop()
             started = loop.time()
             found = await asyncio.wait_for(driver.get([key]), 60)
             assert found[0] is not None and found[0].document.value == {"n": 1}
             assert loop.time() - started < 25, "the call waited for the stalled connections' check"
-        finally:
-            for pid in frozen:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
     finally:
         await driver.close()
 
