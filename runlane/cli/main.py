@@ -12,6 +12,7 @@ import asyncio
 import codecs
 import contextlib
 import errno
+import functools
 import inspect
 import json
 import os
@@ -540,7 +541,7 @@ def run_operations(ctx: typer.Context, name: str, items: list[dict[str, Any]]) -
     state = state_of(ctx)
     output = state.output
     op = OPERATIONS[name]
-    params_list = [guard(ctx, lambda values=values: parse_params(op, values)) for values in items]  # type: ignore[misc]
+    params_list = [guard(ctx, functools.partial(parse_params, op, values)) for values in items]
     several = len(params_list) > 1
 
     async def main() -> int:
