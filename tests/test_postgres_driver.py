@@ -37,7 +37,7 @@ from runlane_postgres import (
     postgres_storage,
     resolve_postgres_connection,
 )
-from runlane_postgres.migration import MIGRATION_LOCK_KEY, shipped_migration_sql
+from runlane_postgres.migration import MIGRATION_LOCK_KEY, SCHEMA_VERSION, shipped_migration_sql
 from runlane_postgres.plugin import PostgresPollingLaneOptions
 from sql_driver_support import check_replaced_documents_are_recognized
 
@@ -238,7 +238,7 @@ async def test_the_database_shown_for_a_password_with_a_question_mark_has_no_cre
     assert migrated.database == f"{hosts}/{database}"
     text = cli(tmp_path, "postgres", "migrate", "--url", f"{url}?schema={schema}")
     assert text.returncode == 0, text.stderr
-    assert f"schema '{schema}' in {hosts}/{database} is already at version 2" in text.stdout
+    assert f"schema '{schema}' in {hosts}/{database} is already at version {SCHEMA_VERSION}" in text.stdout
     as_json = cli(tmp_path, "--json", "postgres", "migrate", "--url", url, "--schema", schema)
     assert as_json.returncode == 0 and json.loads(as_json.stdout)["database"] == f"{hosts}/{database}"
     driver = postgres_storage(f"{url}?schema={schema}")
@@ -372,9 +372,9 @@ def test_migration_sql_quotes_and_qualifies_the_schema() -> None:
 async def test_migration_is_idempotent_and_reports_what_it_did(schemas: Schemas) -> None:
     schema = schemas.name()
     first = await apply_postgres_migrations(f"{schemas.url}?schema={schema}")
-    assert (first.schema, first.previous_version, first.version, first.changed) == (schema, 0, 2, True)
+    assert (first.schema, first.previous_version, first.version, first.changed) == (schema, 0, SCHEMA_VERSION, True)
     again = await apply_postgres_migrations(schemas.url, schema)
-    assert (again.previous_version, again.version, again.changed) == (2, 2, False)
+    assert (again.previous_version, again.version, again.changed) == (SCHEMA_VERSION, SCHEMA_VERSION, False)
     assert again.to_json()["changed"] is False
     rows = schemas.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY 1", (schema,)
@@ -392,7 +392,7 @@ async def test_concurrent_migrations_of_one_schema_all_succeed_and_one_reports_t
     # Deploys racing (init containers of several replicas): each waits for the one that got in first.
     schema = schemas.name()
     results = await asyncio.gather(*(apply_postgres_migrations(schemas.url, schema) for _ in range(4)))
-    assert sorted(result.previous_version for result in results) == [0, 2, 2, 2]
+    assert sorted(result.previous_version for result in results) == [0, *[SCHEMA_VERSION] * 3]
     assert [result.changed for result in results].count(True) == 1
     assert f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY});" in shipped_migration_sql()
 
@@ -404,7 +404,7 @@ async def test_a_role_that_owns_its_schema_migrates_it_without_create_on_the_dat
         schemas.execute(owned)
         first = await apply_postgres_migrations(url, schema)  # the role has no CREATE on the database
         again = await apply_postgres_migrations(url, schema)  # a release step repeated on every deploy
-        assert (first.changed, again.changed, again.version) == (True, False, 2)
+        assert (first.changed, again.changed, again.version) == (True, False, SCHEMA_VERSION)
         other = schemas.name()
         error = await expect_error(apply_postgres_migrations(url, other), ErrorCode.CONFIGURATION_INVALID)
         assert "grant the role CREATE on the database, or create the schema beforehand" in error.message
@@ -467,14 +467,14 @@ async def test_a_version_1_schema_fails_fast_and_migrate_drops_rows_of_entries_r
             (by_run.value, entry.encoded_partition, entry.encoded_sort, key.encoded),
         )
     schemas.execute(
-        sql.SQL("DELETE FROM {}.runlane_schema_migrations WHERE version = 2").format(sql.Identifier(schema))
+        sql.SQL("DELETE FROM {}.runlane_schema_migrations WHERE version >= 2").format(sql.Identifier(schema))
     )
     stale = postgres_storage(schemas.url, schema=schema, min_size=0)
     error = await expect_error(stale.start(), ErrorCode.CONFIGURATION_INVALID)
     assert "version 1" in error.message and "runlane postgres migrate" in error.message
 
     upgraded = await apply_postgres_migrations(schemas.url, schema)
-    assert (upgraded.previous_version, upgraded.version, upgraded.changed) == (1, 2, True)
+    assert (upgraded.previous_version, upgraded.version, upgraded.changed) == (1, SCHEMA_VERSION, True)
     assert schemas.execute(rows, (by_run.value,)) == [(elsewhere.encoded,)]
     expected = [(elsewhere, ("01",)), (events[0], ("01",)), (events[1], ("02",))]  # ties by key: "other" first
     driver = postgres_storage(schemas.url, schema=schema, min_size=0)
@@ -494,6 +494,38 @@ async def test_a_version_1_schema_fails_fast_and_migrate_drops_rows_of_entries_r
             assert await query_all(driver, StorageQuery(by_run, (env, "run_1"), limit=limit)) == expected, limit
     finally:
         await driver.close()
+
+
+_FILTER_INDEXES = [
+    "runlane_operator_runs_by_idempotency_key",
+    "runlane_operator_runs_by_singleton_key",
+    "runlane_operator_runs_by_source_run",
+    "runlane_operator_runs_by_task",
+]
+
+
+async def test_a_version_2_schema_fails_fast_and_migrate_adds_the_filter_indexes(schemas: Schemas) -> None:
+    schema = await schemas.migrated()
+    name = sql.Identifier(schema)
+    indexes = "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND indexname = ANY(%s) ORDER BY 1"
+    assert [index for (index,) in schemas.execute(indexes, (schema, _FILTER_INDEXES))] == _FILTER_INDEXES
+    # What version 2 left: no filter indexes, no min_driver_version column, no version 3.
+    for index in _FILTER_INDEXES:
+        schemas.execute(sql.SQL("DROP INDEX {}.{}").format(name, sql.Identifier(index)))
+    schemas.execute(sql.SQL("DELETE FROM {}.runlane_schema_migrations WHERE version = 3").format(name))
+    schemas.execute(sql.SQL("ALTER TABLE {}.runlane_schema_migrations DROP COLUMN min_driver_version").format(name))
+    stale = postgres_storage(schemas.url, schema=schema, min_size=0)
+    error = await expect_error(stale.start(), ErrorCode.CONFIGURATION_INVALID)
+    assert "is at version 2, this driver needs 3" in error.message and "runlane postgres migrate" in error.message
+
+    upgraded = await apply_postgres_migrations(schemas.url, schema)
+    assert (upgraded.previous_version, upgraded.version, upgraded.changed) == (2, 3, True)
+    assert [index for (index,) in schemas.execute(indexes, (schema, _FILTER_INDEXES))] == _FILTER_INDEXES
+    ledger = sql.SQL("SELECT version, min_driver_version FROM {}.runlane_schema_migrations ORDER BY 1").format(name)
+    assert schemas.execute(ledger) == [(1, None), (2, None), (3, 2)]
+    driver = postgres_storage(schemas.url, schema=schema, min_size=0)
+    await driver.start()
+    await driver.close()
 
 
 async def test_start_on_a_missing_database_is_configuration_invalid(schemas: Schemas) -> None:
@@ -1441,21 +1473,23 @@ def test_cli_migrate_with_url_and_with_the_configured_lane(tmp_path: Path, schem
     url = f"{schemas.url}?schema={schema}"
     first = cli(tmp_path, "postgres", "migrate", "--url", url)
     assert first.returncode == 0, first.stderr
-    assert f"migrated schema '{schema}'" in first.stdout and "version 2" in first.stdout
+    assert f"migrated schema '{schema}'" in first.stdout and f"version {SCHEMA_VERSION}" in first.stdout
     again = cli(tmp_path, "--json", "postgres", "migrate", "--url", url)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout) == {
         "schema": schema,
         "database": resolve_postgres_connection(url).display,
-        "previous_version": 2,
-        "version": 2,
+        "previous_version": SCHEMA_VERSION,
+        "version": SCHEMA_VERSION,
         "changed": False,
     }
     # A schema an earlier version created is upgraded, and says so.
-    schemas.execute(sql.SQL("DELETE FROM {}.runlane_schema_migrations WHERE version = 2").format(sql.Identifier(schema)))
+    earlier = sql.SQL("DELETE FROM {}.runlane_schema_migrations WHERE version >= 2").format(sql.Identifier(schema))
+    schemas.execute(earlier)
     upgraded = cli(tmp_path, "postgres", "migrate", "--url", url)
     assert upgraded.returncode == 0, upgraded.stderr
-    assert f"upgraded schema '{schema}'" in upgraded.stdout and "from version 1 to version 2" in upgraded.stdout
+    assert f"upgraded schema '{schema}'" in upgraded.stdout
+    assert f"from version 1 to version {SCHEMA_VERSION}" in upgraded.stdout
 
     configured = schemas.name()
     write(tmp_path / "app" / "__init__.py", "")

@@ -603,6 +603,12 @@ _RUN_LISTS: dict[str, tuple[dict[str, Any], str]] = {
     "status without runs": ({"statuses": (RunStatus.CANCELLED,)}, "runlane_operator_runs_by_status"),
     "two statuses": ({"statuses": (RunStatus.QUEUED, RunStatus.RUNNING)}, "runlane_operator_runs_by_created"),
     "queue": ({"queues": ("emails",)}, "runlane_operator_runs_by_created"),
+    # Filters that pick few runs out of many read only those runs (schema version 3).
+    "task": ({"task_ids": ("explain.rare",)}, "runlane_operator_runs_by_task"),
+    "task, asc": ({"task_ids": ("explain.rare",), "sort_direction": SortDirection.ASC}, "runlane_operator_runs_by_task"),
+    "idempotency key": ({"idempotency_key": "order-7"}, "runlane_operator_runs_by_idempotency_key"),
+    "singleton key": ({"singleton_key": "account-7"}, "runlane_operator_runs_by_singleton_key"),
+    "source run": ({"source_run_id": "run_parent"}, "runlane_operator_runs_by_source_run"),
     "run_at asc": ({"sort_by": RunSortField.RUN_AT, "sort_direction": SortDirection.ASC}, "runlane_operator_runs_by_availability"),
     "run_at desc": ({"sort_by": RunSortField.RUN_AT}, "runlane_operator_runs_by_availability"),
 }

@@ -61,13 +61,18 @@ async def expect_error(awaitable: Any, code: ErrorCode) -> RunlaneError:
 MARKER = "migrated by a newer release"
 
 
-def from_the_future(schemas: Schemas, schema: str) -> None:
-    """What a newer release's migration leaves: a later version in the ledger and functions of its own."""
+def from_the_future(schemas: Schemas, schema: str, *, needs: int = SCHEMA_VERSION + 1, functions: bool = True) -> None:
+    """What a newer release's migration leaves: a later version in the ledger, which drivers from
+    version ``needs`` on may use, and (with ``functions``) functions of its own."""
     name = sql.Identifier(schema)
     schemas.execute(
-        sql.SQL("INSERT INTO {}.runlane_schema_migrations (version, name) VALUES (%s, '0003_future')").format(name),
-        (SCHEMA_VERSION + 1,),
+        sql.SQL(
+            "INSERT INTO {}.runlane_schema_migrations (version, name, min_driver_version) VALUES (%s, 'future', %s)"
+        ).format(name),
+        (SCHEMA_VERSION + 1, needs),
     )
+    if not functions:
+        return
     schemas.execute(
         sql.SQL(
             "CREATE OR REPLACE FUNCTION {}.runlane_commit_batch(locks jsonb, attempts jsonb) "
@@ -103,7 +108,7 @@ async def test_migrate_refuses_a_newer_schema_and_changes_nothing(schemas: Schem
     assert not error.retryable
     # The newer release's function and ledger are what they were.
     assert MARKER in commit_batch_body(schemas, schema)
-    assert versions(schemas, schema) == [1, 2, newer]
+    assert versions(schemas, schema) == [*range(1, SCHEMA_VERSION + 1), newer]
 
 
 async def test_start_refuses_a_newer_schema(schemas: Schemas) -> None:
@@ -130,6 +135,40 @@ def test_cli_migrate_refuses_a_newer_schema(tmp_path: Path, schemas: Schemas) ->
     as_json = cli(tmp_path, "--json", "postgres", "migrate", "--url", url)
     assert as_json.returncode == 1 and json.loads(as_json.stderr)["error"]["code"] == "configuration_invalid"
     assert MARKER in commit_batch_body(schemas, schema)
+
+
+async def test_a_newer_schema_this_driver_may_use_starts_and_migrating_it_changes_nothing(
+    schemas: Schemas, tmp_path: Path
+) -> None:
+    # A newer release that only added to the schema (indexes, say) records that this release may still
+    # use it: a rollout or rollback runs both, and the older one's deploy step must not fail.
+    schema = await schemas.migrated()
+    from_the_future(schemas, schema, needs=SCHEMA_VERSION)
+    newer = SCHEMA_VERSION + 1
+    result = await apply_postgres_migrations(schemas.url, schema)
+    assert (result.previous_version, result.version, result.changed) == (newer, newer, False)
+    assert MARKER in commit_batch_body(schemas, schema)  # this release's SQL was not applied over it
+    told = cli(tmp_path, "postgres", "migrate", "--url", f"{schemas.url}?schema={schema}")
+    assert told.returncode == 0, told.stderr
+    assert f"already at version {newer}; nothing to do" in told.stdout
+    assert MARKER in commit_batch_body(schemas, schema)
+
+    # This release's workers run on it (with functions that work, unlike the marker's).
+    schema = await schemas.migrated()
+    from_the_future(schemas, schema, needs=SCHEMA_VERSION, functions=False)
+    work = queue("compatible", default=True)
+
+    @task("ops.compatible", queue=work)
+    async def echo(payload: dict) -> dict:
+        return payload
+
+    runlane = create_runlane(
+        lane=postgres_polling_lane(schemas.url, schema=schema, min_size=0), queues=[work], tasks=[echo]
+    )
+    async with runlane:
+        run = (await runlane.trigger(echo, {"n": 1})).run
+        executed = await runlane.execute_next()
+        assert executed is not None and (executed.id, executed.output) == (run.id, {"n": 1})
 
 
 async def test_concurrent_migrations_of_a_newer_schema_all_refuse_it(schemas: Schemas) -> None:

@@ -1163,6 +1163,28 @@ def test_one_runs_events_and_a_status_filter_read_their_own_index_rows_not_the_e
     assert not any("TEMP B-TREE" in step for step in run_plan), run_plan
 
 
+_SELECTIVE_FILTERS = {
+    "runlane_operator_runs_by_task": {"task_ids": ["billing.charge"]},
+    "runlane_operator_runs_by_idempotency_key": {"idempotency_key": "order-7"},
+    "runlane_operator_runs_by_singleton_key": {"singleton_key": "account-7"},
+    "runlane_operator_runs_by_source_run": {"source_run_id": "run_parent"},
+}
+
+
+@pytest.mark.parametrize("index", list(_SELECTIVE_FILTERS))
+def test_a_task_key_or_source_run_filter_reads_its_own_index_and_older_files_gain_it(database: Path, index: str) -> None:
+    """``runs list --task / --idempotency-key / --singleton-key / --source-run`` read the matching runs
+    in created order from an index of their own, not every run of the environment."""
+    asyncio.run(_start_and_close(sqlite_storage(database)))
+    with sqlite3.connect(database) as connection:
+        connection.execute(f"DROP INDEX {index}")
+    asyncio.run(_start_and_close(sqlite_storage(database)))  # an older file: the index comes back
+    run_filter = RunFilter(environment=Environment(name="default"), **_SELECTIVE_FILTERS[index])
+    plan = _query_plan(database, _run_list_sql(run_filter))
+    assert any(f"{index} (environment=? AND " in step for step in plan), plan
+    assert not any("TEMP B-TREE" in step for step in plan), plan
+
+
 @pytest.mark.parametrize("holder", [None, "owner"], ids=["query", "exclusive"])
 def test_pages_of_entries_restating_their_key_search_both_primary_keys(database: Path, holder: str | None) -> None:
     """A page of events by run reads a range of the index rows' and of the records' primary keys

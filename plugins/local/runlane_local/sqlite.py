@@ -236,6 +236,16 @@ _SCHEMA = (
     # The run_at order reads the runs with and without an availability apart, each in this order.
     f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_availability ON {_OPERATOR_RUNS} "
     "(environment, available_missing, available_at, run_id)",
+    # Filters that pick few runs out of many read only those runs, in created order; the key columns
+    # are usually empty, so their indexes hold only the runs that have one.
+    f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_task ON {_OPERATOR_RUNS} "
+    "(environment, task_id, created_at, run_id)",
+    f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_idempotency_key ON {_OPERATOR_RUNS} "
+    "(environment, idempotency_key, created_at, run_id) WHERE idempotency_key IS NOT NULL",
+    f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_singleton_key ON {_OPERATOR_RUNS} "
+    "(environment, singleton_key, created_at, run_id) WHERE singleton_key IS NOT NULL",
+    f"CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_source_run ON {_OPERATOR_RUNS} "
+    "(environment, source_run_id, created_at, run_id) WHERE source_run_id IS NOT NULL",
     f"CREATE TABLE IF NOT EXISTS {_OPERATOR_EVENTS} ({_columns(_OPERATOR_EVENT_TYPES)}, "
     "PRIMARY KEY (environment, run_id, sequence)) WITHOUT ROWID",
     f"CREATE INDEX IF NOT EXISTS runlane_operator_events_by_time ON {_OPERATOR_EVENTS} "

@@ -18,10 +18,13 @@ contract's encoded order):
   records' primary key already holds those entries in index order (schema version 2);
 * ``runlane_operator_runs`` / ``runlane_operator_events``: the operator read projection
   (``runlane.storage.operator_sql``), updated in the same commit as the records it describes;
-* ``runlane_schema_migrations``: applied versions, checked by the driver's start-up probe. A schema a
-  newer release migrated (a version above ``SCHEMA_VERSION``) is refused by both the probe and
-  ``apply_postgres_migrations``, which changes nothing then: this release's SQL would replace the newer
-  release's functions with older ones.
+* ``runlane_schema_migrations``: applied versions, checked by the driver's start-up probe. Each version
+  names the oldest driver that may still use the schema once it is applied (``min_driver_version``;
+  version 3 adds indexes only, so it names 2). A schema that needs a newer driver than this one is
+  refused by both the probe and ``apply_postgres_migrations``, which changes nothing then: this
+  release's SQL would replace the newer release's functions with older ones. A newer schema that this
+  driver may still use starts, and migrating it is a no-op, so an older release keeps running (and
+  deploying) while a newer one rolls out or back.
 
 ``runlane_commit(p jsonb)`` applies one transaction attempt in a single statement: it takes
 transaction-scoped advisory locks in the order given, re-checks every read and expected version,
@@ -53,7 +56,7 @@ __all__ = [
 ]
 
 DEFAULT_SCHEMA = "public"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIGRATION_FILE = "migrations/0001_initial.sql"
 # The transaction-scoped advisory lock the migration SQL takes first, so that concurrent applications
 # (deploys racing) run one after the other; the shipped file names the same key.
@@ -100,6 +103,17 @@ def postgres_migration_sql(schema: str = DEFAULT_SCHEMA) -> str:
 def shipped_migration_sql() -> str:
     """The text of the ``migrations/0001_initial.sql`` file shipped in this package."""
     return resources.files(__package__).joinpath(MIGRATION_FILE).read_text(encoding="utf-8")
+
+
+def ledger_query(migrations: str) -> str:
+    """The statement reading ``(version, needs)`` from the ledger table ``migrations``: the schema's
+    version and the oldest driver version that may use it. Schemas migrated before version 3 have no
+    ``min_driver_version`` column, which ``to_jsonb`` of the row reads as absent."""
+    return (
+        "SELECT coalesce(max(m.version), 0), "
+        "coalesce(max(coalesce((to_jsonb(m) ->> 'min_driver_version')::integer, m.version)), 0) "
+        f"FROM {migrations} AS m"
+    )
 
 
 def newer_schema_error(schema: str, database: str, version: int, *, migrating: bool) -> RunlaneError:
@@ -149,7 +163,8 @@ async def apply_postgres_migrations(
     The schema is resolved like ``postgres_storage``: the explicit ``schema``, else a Prisma-style
     ``?schema=`` in the URL, else ``public``. Applying it again changes nothing. Connection and
     permission problems raise ``RunlaneError`` (``storage_unavailable`` or ``configuration_invalid``);
-    so does a schema a newer release migrated (``configuration_invalid``, and nothing is changed).
+    so does a schema that needs a newer release (``configuration_invalid``, and nothing is changed). A
+    newer schema this release may still use is left as it is (the result says nothing changed).
     """
     import psycopg
 
@@ -171,14 +186,17 @@ async def apply_postgres_migrations(
                 await connection.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
                 cursor = await connection.execute("SELECT to_regclass(%s) IS NOT NULL", (migrations,))
                 (exists,) = await cursor.fetchone()  # type: ignore[misc]
-                previous = 0
+                previous = needs = 0
                 if exists:
-                    cursor = await connection.execute(f"SELECT coalesce(max(version), 0) FROM {migrations}")
-                    (previous,) = await cursor.fetchone()  # type: ignore[misc]
-                if previous > SCHEMA_VERSION:
+                    cursor = await connection.execute(ledger_query(migrations))
+                    (previous, needs) = await cursor.fetchone()  # type: ignore[misc]
+                if needs > SCHEMA_VERSION:
                     # Raised inside the transaction, which rolls back: the newer release's functions stay.
                     raise newer_schema_error(target.schema, target.display, int(previous), migrating=True)
-                await connection.execute(sql.encode("utf-8"))  # several statements: the simple protocol
+                if previous <= SCHEMA_VERSION:
+                    # Several statements: the simple protocol. A newer schema this driver may use is left
+                    # as it is: this SQL would only put older functions in place of its own.
+                    await connection.execute(sql.encode("utf-8"))
     except RunlaneError:
         raise
     except Exception as error:  # noqa: BLE001 - mapped to a RunlaneError

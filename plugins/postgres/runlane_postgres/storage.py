@@ -149,7 +149,14 @@ from runlane.storage.types import INDEX_ENTRY_LIMIT
 from runlane.storage.tables import peek_run_document, run_key, run_tombstone_key
 from runlane.vocabulary import SortDirection
 
-from .migration import DEFAULT_SCHEMA, SCHEMA_VERSION, newer_schema_error, quote_schema, validate_schema_name
+from .migration import (
+    DEFAULT_SCHEMA,
+    SCHEMA_VERSION,
+    ledger_query,
+    newer_schema_error,
+    quote_schema,
+    validate_schema_name,
+)
 
 #: A process whose clock is this far off the server's is warned at start (``runlane.clock``).
 CLOCK_SKEW_WARNING_S = 1.0
@@ -1806,9 +1813,9 @@ class PostgresStorageDriver(ClientClock):
                         f"{MIGRATE_HINT} the lane.",
                         schema=self.schema,
                     )
-                cursor = await conn.execute(f"SELECT coalesce(max(version), 0) FROM {self._sql.migrations}")
-                (version,) = await cursor.fetchone()  # type: ignore[misc]
-                if version > SCHEMA_VERSION:
+                cursor = await conn.execute(ledger_query(self._sql.migrations))
+                (version, needs) = await cursor.fetchone()  # type: ignore[misc]
+                if needs > SCHEMA_VERSION:
                     raise newer_schema_error(self.schema, self._target.display, int(version), migrating=False)
                 if version < SCHEMA_VERSION:
                     raise _invalid(

@@ -1,4 +1,4 @@
--- Runlane storage schema, version 2 (PostgreSQL 13 or newer).
+-- Runlane storage schema, version 3 (PostgreSQL 13 or newer).
 -- Written for the schema "public"; runlane_postgres.postgres_migration_sql(schema) gives it for any schema.
 -- Apply it with `runlane postgres migrate` or through your own migration tool, in one transaction
 -- (psql --single-transaction): every statement is idempotent, and the lock below makes concurrent
@@ -15,10 +15,14 @@ BEGIN
 END
 $runlane$;
 
+-- min_driver_version: the oldest driver (its SCHEMA_VERSION) that may still use the schema once this
+-- version is applied; NULL means the version itself. A version that only adds (an index, say) names
+-- an older one, so workers of the release before it keep starting during a rollout or a rollback.
 CREATE TABLE IF NOT EXISTS "public".runlane_schema_migrations (
     version integer PRIMARY KEY,
     name text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    min_driver_version integer
 );
 
 CREATE SEQUENCE IF NOT EXISTS "public".runlane_record_versions AS bigint;
@@ -338,4 +342,26 @@ WHERE x.index_name IN ('run_events_by_run', 'run_steps_by_run', 'observation_str
 
 INSERT INTO "public".runlane_schema_migrations (version, name)
 VALUES (2, '0002_key_ordered_indexes')
+ON CONFLICT (version) DO NOTHING;
+
+-- Version 3: indexes for the operator list's filters that pick few runs out of many (a task, an
+-- idempotency or singleton key, the children of a run), each in created order like the list itself.
+-- The key columns are usually empty, so their indexes hold only the runs that have one. Building
+-- them on a large table blocks writes to runlane_operator_runs until they are built; to avoid that,
+-- create them first with CREATE INDEX CONCURRENTLY under these names, and this finds them there.
+ALTER TABLE "public".runlane_schema_migrations ADD COLUMN IF NOT EXISTS min_driver_version integer;
+CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_task
+    ON "public".runlane_operator_runs (environment, task_id, created_at, run_id);
+CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_idempotency_key
+    ON "public".runlane_operator_runs (environment, idempotency_key, created_at, run_id)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_singleton_key
+    ON "public".runlane_operator_runs (environment, singleton_key, created_at, run_id)
+    WHERE singleton_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runlane_operator_runs_by_source_run
+    ON "public".runlane_operator_runs (environment, source_run_id, created_at, run_id)
+    WHERE source_run_id IS NOT NULL;
+
+INSERT INTO "public".runlane_schema_migrations (version, name, min_driver_version)
+VALUES (3, '0003_operator_filter_indexes', 2)
 ON CONFLICT (version) DO NOTHING;
