@@ -537,3 +537,72 @@ async def test_a_run_id_used_again_after_pruning_counts_in_its_own_partition():
         order.clear()
         await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN, concurrency=2).closed, 30)
         assert order.index("b") <= 1, order
+
+
+# ---------------------------------------------------------------------------------------------
+# Releases that change a queue's limit while its slots are reserved
+
+
+def _release(store, clock, limit: int | None):
+    """One release's runtime over ``store``: its queue ``gw`` bounded by ``limit`` (or not)."""
+    from runlane import create_lane
+    from runlane.core.lanes import LaneDelivery
+    from runlane.vocabulary import LaneDeliveryMode
+    from runlane_local import local_storage_driver
+
+    gw = queue("gw", default=True, concurrency_limit=limit)
+
+    @task("deploy.gw", queue=gw)
+    async def call(payload: dict) -> dict:
+        return payload
+
+    lane = create_lane(
+        storage=local_storage_driver(store=store, clock=clock),
+        delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING),
+    )
+    return create_runlane(lane=lane, queues=[gw], tasks=[call], clock=clock), call
+
+
+async def test_a_lower_limit_lets_runs_reserved_under_the_higher_one_start_at_once():
+    """Reservations the previous release's tick made (limit 3) are more than the new limit (1): the
+    reserved runs take the slots they hold instead of waiting out the dispatch timeout with nothing
+    running; a run without a reservation waits for the new limit."""
+    from runlane.testing import ControlledClock
+    from runlane_local import LocalStorageStore
+
+    store, clock = LocalStorageStore(), ControlledClock()
+    old, call = _release(store, clock, 3)
+    async with old:
+        runs = [(await old.trigger(call, {"n": n})).run for n in range(4)]
+        assert (await old.tick()).dispatch_reserved == 3
+    new, _ = _release(store, clock, 1)
+    async with new:
+        clock.advance("1ms")
+        await new.tick()
+        started = [await new.execute_next() for _ in range(3)]
+        assert [run.id for run in started if run is not None] == [run.id for run in runs[:3]]
+        assert all(run.status is RunStatus.SUCCEEDED for run in started)
+        last = await new.execute_next()  # the unreserved run, once the limit (1) has room
+        assert last is not None and last.id == runs[3].id
+
+
+async def test_reservations_claimed_while_a_queue_was_unbounded_leave_no_slot_taken_when_the_limit_returns():
+    from runlane.testing import ControlledClock
+    from runlane_local import LocalStorageStore
+
+    store, clock = LocalStorageStore(), ControlledClock()
+    bounded, call = _release(store, clock, 3)
+    async with bounded:
+        for n in range(5):
+            await bounded.trigger(call, {"n": n})
+        assert (await bounded.tick()).dispatch_reserved == 3
+    unbounded, _ = _release(store, clock, None)
+    async with unbounded:
+        assert len([run for run in [await unbounded.execute_next() for _ in range(5)] if run is not None]) == 5
+    again, call = _release(store, clock, 3)
+    async with again:
+        fresh = [(await again.trigger(call, {"n": n})).run for n in range(3)]
+        clock.advance("1ms")
+        assert (await again.tick()).dispatch_reserved == 3  # all three slots are free again
+        executed = [await again.execute_next() for _ in range(3)]
+        assert [run.id for run in executed if run is not None] == [run.id for run in fresh]

@@ -260,9 +260,44 @@ async def test_list_rejects_unregistered_or_drifted_queues_and_unknown_statuses(
         await rejects(ErrorCode.CONFIGURATION_INVALID, runtime.runs.list(queues=[EMAILS, queue("unregistered")]))
         # Same name, different policy than the registered definition.
         await rejects(ErrorCode.CONFIGURATION_INVALID, runtime.runs.list(queues=[queue("emails", concurrency_limit=3)]))
+        await rejects(ErrorCode.VALIDATION_FAILED, runtime.runs.list(queues=["bad:name"]))
+        await rejects(ErrorCode.VALIDATION_FAILED, runtime.runs.list(queues=[f"q{n}" for n in range(1001)]))
         await rejects(ErrorCode.VALIDATION_FAILED, runtime.runs.list(statuses=["exploded"]))
         await rejects(ErrorCode.VALIDATION_FAILED, runtime.runs.list(sort_by="priority"))
         await rejects(ErrorCode.VALIDATION_FAILED, runtime.runs.list(sort_direction="sideways"))
+
+
+async def test_list_finds_the_runs_of_a_queue_no_longer_registered_by_its_name():
+    """Runs an earlier release left in a queue it had (renamed or removed since) stay listable by the
+    queue's name, so an operator can cancel or rerun them."""
+    from runlane_local import LocalStorageStore
+
+    store = LocalStorageStore()
+    old_queue = queue("emails.old", default=True)
+
+    @task("ops.moved", queue=old_queue)
+    async def moved(payload: dict) -> None:
+        return None
+
+    def release(queues, tasks):
+        from runlane import create_lane
+        from runlane.core.lanes import LaneDelivery
+        from runlane.vocabulary import LaneDeliveryMode
+        from runlane_local import local_storage_driver
+
+        lane = create_lane(
+            storage=local_storage_driver(store=store), delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING)
+        )
+        return create_runlane(lane=lane, queues=queues, tasks=tasks)
+
+    earlier = release([old_queue], [moved])
+    async with earlier:
+        left = (await earlier.trigger(moved, {})).run
+    later = release([queue("emails", default=True)], [])
+    async with later:
+        assert [run.id for run in (await later.runs.list(queues=["emails.old"])).data] == [left.id]
+        assert (await later.runs.list(queues=["emails"])).data == []
+        await rejects(ErrorCode.CONFIGURATION_INVALID, later.runs.list(queues=[old_queue]))  # not a registered definition
 
 
 async def test_list_filters_by_idempotency_key_singleton_key_and_source_run():

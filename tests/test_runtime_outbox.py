@@ -9,6 +9,7 @@ import pytest
 
 from runlane import (
     ErrorCode,
+    Retry,
     RunlaneError,
     RunStatus,
     StorageConflictKind,
@@ -26,7 +27,7 @@ from runlane.core.store import OutboxMark, _run_key
 from runlane.storage.tables import decode_run_document
 from runlane.testing import ControlledClock, RecordingTransport
 from runlane.vocabulary import LaneDeliveryMode, OutboxMessageStatus
-from runlane_local import local_storage_driver
+from runlane_local import LocalStorageStore, local_storage_driver
 
 from runtime_support import DEFAULT_QUEUE, make_runtime
 
@@ -403,3 +404,58 @@ async def test_a_release_waiting_for_a_run_that_already_finished_publishes_its_w
         assert released.run.status is RunStatus.QUEUED
         assert transport.published[-1].run_id == waiter.id and len(transport.published) == 3
         assert (await runtime.execute_delivery(transport.published[-1])).run.output == "resumed"
+
+
+# ---------------------------------------------------------------------------------------------
+# A release that changes whether a queue is bounded
+
+
+@task("outbox.limited", queue=queue("limited"), retry=Retry(max_attempts=3, backoff="1m"))
+async def unlimited_work(payload: dict) -> None:
+    if payload.get("fail"):
+        raise RunlaneError(ErrorCode.TASK_FAILED, "provider down", retryable=True)
+
+
+@task("outbox.limited", queue=LIMITED, retry=Retry(max_attempts=3, backoff="1m"))
+async def limited_flaky(payload: dict) -> None:
+    raise RunlaneError(ErrorCode.TASK_FAILED, "provider down", retryable=True)
+
+
+async def test_runs_of_a_queue_that_is_no_longer_bounded_are_woken_by_the_next_release():
+    """A release drops a queue's concurrency limit while its runs wait for dispatch (queued, or
+    retrying after a failure): the new release's tick requests their delivery, so a transport
+    consumer runs every one of them, the one the old release reserved included."""
+    clock = ControlledClock()
+    transport = RecordingTransport(clock=clock)
+    store = LocalStorageStore()
+
+    def release(queues, tasks):
+        lane = create_lane(
+            storage=local_storage_driver(store=store, clock=clock),
+            delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
+        )
+        return create_runlane(lane=lane, queues=queues, tasks=tasks, clock=clock)
+
+    old = release([DEFAULT_QUEUE, LIMITED], [limited_flaky])
+    async with old:
+        flaky = (await old.trigger(limited_flaky, {})).run
+        assert (await old.tick()).dispatch_reserved == 1
+        failed = await old.execute_delivery(transport.published[-1])
+        assert failed.run.status is RunStatus.RETRYING
+        queued = [(await old.trigger(limited_flaky, {"n": n})).run for n in range(3)]
+        assert (await old.tick()).dispatch_reserved == 1  # the limit: one reserved, two wait
+    published = len(transport.published)
+
+    new = release([DEFAULT_QUEUE, queue("limited")], [unlimited_work])
+    async with new:
+        clock.advance("1m")  # the failed run's backoff
+        await new.tick()
+        woken = {message.run_id for message in transport.published[published:]}
+        assert woken >= {flaky.id, queued[1].id, queued[2].id}
+        clock.advance("10m")  # past the old release's reservation: its wakeup is sent again
+        await new.tick()
+        for message in transport.published[published:]:
+            await new.execute_delivery(message)
+        for run in (flaky, *queued):
+            assert (await new.runs.get(run.id)).status is RunStatus.SUCCEEDED, run.id
+        assert (await new.tick()).delivery_requested == 0

@@ -80,6 +80,7 @@ from ..run_scans import (
     get_run_attempt_timeout_finalization_available_at,
     get_run_cancellation_finalization_available_at,
     get_run_delivery_recovery_available_at,
+    get_run_runnable_available_at,
 )
 from ..storage import (
     PaginationParams,
@@ -1083,6 +1084,33 @@ class Runlane:
             raise _invalid("queues must name at least one registered queue (omit it for all queues).", field="queues")
         return names
 
+    def filter_queue_names(self, queues: object) -> tuple[str, ...]:
+        """The queue names a listing filters by. A name need not be registered: runs of a queue an
+        earlier release had (renamed or removed since) stay in storage, and operators must find them to
+        cancel or rerun them, as with task ids. A ``queue(...)`` definition is checked like any other."""
+        if isinstance(queues, (str, QueueDefinition)):
+            queues = [queues]
+        if not isinstance(queues, Iterable):
+            raise _invalid(f"queues must be a list of queue definitions or names, got {queues!r}.", field="queues")
+        names = tuple(
+            dict.fromkeys(
+                validate_id(item, "queue name", code=ErrorCode.VALIDATION_FAILED)
+                if isinstance(item, str)
+                else self.resolve_queue(item, "queues").name
+                for item in queues
+            )
+        )
+        if not names:
+            raise _invalid("queues must name at least one queue (omit it for all queues).", field="queues")
+        if len(names) > _MAX_FILTER_VALUES:
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"A run listing filters by at most {_MAX_FILTER_VALUES:,} queues, got {len(names):,}; "
+                "list fewer at a time, or list without the filter.",
+                meta={"field": "queues"},
+            )
+        return names
+
     def prepare_create(
         self,
         task: object,
@@ -2059,7 +2087,12 @@ class Runlane:
         )
 
     async def _scan_and_append(
-        self, index: StorageIndexName, now: datetime, limit: int, build_for: Callable[[], Callable[[RunRecord, datetime], list[RunEvent]]]
+        self,
+        index: StorageIndexName,
+        now: datetime,
+        limit: int,
+        build_for: Callable[[], Callable[[RunRecord, datetime], list[RunEvent]]],
+        partition: Sequence[str] = (),
     ) -> int:
         count = 0
         page = self._store.driver.profile.limits.max_query_results
@@ -2067,7 +2100,9 @@ class Runlane:
         set_aside = self._store.set_aside_runs
         while count < limit:
             wanted = min(page, limit - count)
-            found = await self._store.query_index(index, until=now, limit=wanted + len(seen) + len(set_aside))
+            found = await self._store.query_index(
+                index, partition, until=now, limit=wanted + len(seen) + len(set_aside)
+            )
             run_ids = [run_id for run_id in found if run_id not in seen and run_id not in set_aside][:wanted]
             if not run_ids:
                 break
@@ -2153,7 +2188,35 @@ class Runlane:
             count += await self._reserve(
                 [ReserveRequest(run_id, _dispatch_timeout_ms(queue)) for run_id, queue in bounded.items()]
             )
+        for queue in self._queues.values():
+            if count >= limit:
+                break
+            if queue.concurrency_limit is None:
+                count += await self._scan_and_append(
+                    StorageIndexName.RUNS_NEEDING_DISPATCH, now, limit - count, self._unbounded_dispatch, (queue.name,)
+                )
         return count
+
+    def _unbounded_dispatch(self) -> Callable[[RunRecord, datetime], list[RunEvent]]:
+        """Delivery requests for the dispatch candidates of a queue that was bounded when they were
+        written and is not now (a release dropped its concurrency limit): no dispatch phase scans that
+        queue any more, so without them its queued and retrying runs would wait for a reservation
+        forever on a transport lane. Appending rewrites each run's index rows as an unbounded run's."""
+
+        def build(run: RunRecord, at: datetime) -> list[RunEvent]:
+            if run.queue in self._store.queue_limits:
+                return []  # bounded again: the dispatch phase reserves it
+            if run.status is RunStatus.QUEUED:
+                available = run.dispatch_expires_at or get_run_runnable_available_at(run)
+            else:
+                available = get_run_delivery_recovery_available_at(run)
+            if available is None or available > at:
+                return []  # a reservation whose wakeup is still out, or not due yet
+            if run.status is RunStatus.RUNNING and self._store.lease_held_here(run):
+                return []
+            return [_delivery_event(run, at, _SYSTEM_ACTOR)]
+
+        return build
 
     async def _reserve(self, requests: list[ReserveRequest]) -> int:
         """Reserve capacity for ``requests``; observe and wake the queues of the runs reserved. Runs no
@@ -2411,7 +2474,7 @@ class RunsApi:
         runtime = self._runtime
         runtime._check_open()
         driver = self._operator_reads()
-        queue_names = None if queues is None else runtime.resolve_queues(queues)
+        queue_names = None if queues is None else runtime.filter_queue_names(queues)
         for what, key in (("idempotency key", idempotency_key), ("singleton key", singleton_key),
                           ("source run id", source_run_id)):  # fmt: skip
             if key is not None:

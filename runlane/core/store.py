@@ -528,6 +528,13 @@ def _run_record(
     )
 
 
+def _reserved(run: RunRecord) -> bool:
+    """Whether the run holds a dispatch reservation (a queued run's slot of a bounded queue). Its slot is
+    given back when it is claimed or finished even if its queue is no longer bounded (a release dropped
+    the limit), or the slot would stay taken until the reservation expires, should the limit come back."""
+    return run.status is RunStatus.QUEUED and run.dispatch_expires_at is not None
+
+
 def _occupancy(run: RunRecord | None) -> str | None:
     """The capacity occupancy expiry of a run (ISO), or ``None`` when it occupies no slot."""
     if run is None:
@@ -1114,22 +1121,30 @@ class _Attempt:
         return _finish_keys(self.store, run)
 
     def capacity_keys(self, run: RunRecord) -> list[StorageRecordKey]:
-        if run.queue in self.store.queue_limits:
+        # A run reserved while its queue was bounded holds a slot until its claim, whatever the queue
+        # is now: the claim must be able to give the slot back (``_owner_effects``).
+        if run.queue in self.store.queue_limits or _reserved(run):
             return [queue_capacity_key(self.env, run.queue, run.concurrency_key)]
         return []
 
     # -- transitions -----------------------------------------------------------------------------
 
     def free_slots(self, run: RunRecord) -> bool:
-        """Whether the run's capacity partition has room for it (always, for unbounded queues)."""
+        """Whether the run's capacity partition has room for it (always, for unbounded queues, and for a
+        run that holds a live slot of it already: a reservation becoming a lease adds no occupant, even
+        when a lower limit than the one that granted it counts more occupants now)."""
         limit = self.store.queue_limits.get(run.queue)
         if limit is None:
             return True
         key = queue_capacity_key(self.env, run.queue, run.concurrency_key)
         self.require((key,))
         now_iso = self.now_iso
+        occupants = self.occupants(key)
+        held = occupants.get(run.id)
+        if held is not None and held > now_iso:
+            return True
         busy = 0
-        for occupant, expires_at in self.occupants(key).items():
+        for occupant, expires_at in occupants.items():
             if occupant != run.id and expires_at > now_iso:
                 busy += 1
         return busy < limit
@@ -1243,7 +1258,9 @@ class _Attempt:
         # reserved run turns the reservation into the lease occupant.
         bounded = new.queue in self.store.queue_limits
         wanted = _occupancy(new) if bounded else None
-        occupied = bounded and old is not None and (old.status in _ATTEMPT_OWNERS or _occupancy(old) is not None)
+        occupied = old is not None and (
+            (bounded and (old.status in _ATTEMPT_OWNERS or _occupancy(old) is not None)) or _reserved(old)
+        )
         if wanted is not None or occupied:
             key = queue_capacity_key(env, new.queue, new.concurrency_key)
             self.require((key,))
@@ -2798,7 +2815,7 @@ def _finish_keys(store: CoreStore, run: RunRecord) -> list[StorageRecordKey]:
         keys.append(idempotency_owner_key(env, run.task_id, run.idempotency_key))
     if run.singleton_key is not None:
         keys.append(singleton_owner_key(env, run.singleton_key))
-    if run.queue in store.queue_limits:
+    if run.queue in store.queue_limits or _reserved(run):
         keys.append(queue_capacity_key(env, run.queue, run.concurrency_key))
     return keys
 
