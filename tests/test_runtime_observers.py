@@ -11,6 +11,7 @@ from runlane import (
     RunlaneObservationType,
     RunStatus,
     TaskContext,
+    WorkerMode,
     task,
 )
 from runlane.errors import RunlaneError
@@ -94,6 +95,33 @@ async def test_observer_failures_are_reported_and_never_change_run_state():
     assert len(reported) == len(calls) == 5
     assert all(isinstance(error, RuntimeError) for error, _ in reported)
     assert calls[-1] == "run.succeeded"
+
+
+async def test_an_observer_calling_sys_exit_is_reported_and_the_worker_goes_on(caplog):
+    """``sys.exit()`` in an observer (or in its error handler) is the observer's failure, not the end
+    of the worker that happened to call it."""
+
+    def exiting(observation: RunlaneObservation) -> None:
+        raise SystemExit(6)
+
+    reported: list[BaseException] = []
+    runtime, _ = make_runtime(observed, observers=[exiting], on_observer_error=lambda error, _: reported.append(error))
+    async with runtime:
+        for _ in range(2):
+            await runtime.trigger(observed, {})
+        await runtime.worker(mode=WorkerMode.DRAIN, concurrency=2).closed
+        assert [run.status for run in (await runtime.runs.list()).data] == [RunStatus.SUCCEEDED] * 2
+    assert reported and all(isinstance(error, SystemExit) for error in reported)
+
+    def exiting_handler(error: BaseException, observation: RunlaneObservation) -> None:
+        raise SystemExit(7)
+
+    runtime, _ = make_runtime(observed, observers=[exiting], on_observer_error=exiting_handler)
+    with caplog.at_level(logging.ERROR, logger="runlane.observers"):
+        async with runtime:
+            await runtime.trigger(observed, {})
+            assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+    assert any("on_observer_error raised" in record.getMessage() for record in caplog.records)
 
 
 async def test_observer_errors_without_a_handler_or_with_a_failing_one_are_logged_not_raised(caplog):

@@ -813,7 +813,7 @@ class Runlane:
                 result = observer(observation)
                 if inspect.isawaitable(result):
                     await result
-            except Exception as error:
+            except (Exception, SystemExit) as error:  # sys.exit() in an observer must not end the worker
                 await self._report_observer_error(observer, error, observation)
 
     async def _report_observer_error(
@@ -846,7 +846,7 @@ class Runlane:
             result = handler(error, observation)
             if inspect.isawaitable(result):
                 await result
-        except Exception as handler_error:
+        except (Exception, SystemExit) as handler_error:
             _observer_log.error(
                 "on_observer_error raised while handling the failure of observer %r on %s of run %s "
                 "(the observer raised %s: %s).",
