@@ -57,6 +57,12 @@ Mechanics:
   but the last transactions may roll back after an operating system crash or power loss. The
   ``-wal`` file grows while readers hold back checkpoints; once a checkpoint has caught up, SQLite
   truncates it to ``WAL_SIZE_LIMIT`` instead of keeping its high-water mark on disk.
+* **Forks.** A process forked while a driver is started gets none of it: the inherited driver
+  refuses every call (without touching the parent's connection), and the child starts a driver of
+  its own. A child forked in the middle of a SQLite call would inherit SQLite's mutexes and its
+  bookkeeping of the file's locks mid-change, and could not open the file; so the driver's thread
+  and the watcher hold a lock around each call, which an ``os.register_at_fork`` hook takes before
+  the fork (see ``_before_fork``).
 * **Client clock.** ``now()`` samples the injected clock once per attempt and freezes it. Clocks of
   processes sharing a file can differ; version and ownership fences still protect every write, but
   skew can cause early duplicate execution or brief capacity oversubscription.
@@ -81,6 +87,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -567,6 +574,78 @@ class _SqliteTransaction(StorageAttempt):
 
 
 # ---------------------------------------------------------------------------------------------
+# Forks
+
+
+#: The most seconds a fork waits for the SQLite calls in flight to end (see ``_before_fork``).
+_FORK_WAIT = 10.0
+#: The most seconds ``start()`` waits for its connection to open (see ``SqliteStorageDriver.start``).
+_CONNECT_TIMEOUT = 10.0
+
+# Everything of this process whose threads make SQLite calls, each call inside its ``_fork_lock``.
+_fork_guarded: weakref.WeakSet[_DriverThread | SqliteStorageDriver] = weakref.WeakSet()
+_fork_guarded_lock = threading.Lock()
+_fork_held: dict[int, list[threading.RLock]] = {}  # the locks each forking thread took, by thread id
+_fork_hooks_registered = False
+
+
+def _guard_forks(guarded: _DriverThread | SqliteStorageDriver) -> None:
+    """Make forks of this process wait for ``guarded``'s SQLite calls (held only weakly: an object
+    nobody uses any more needs no guard)."""
+    global _fork_hooks_registered
+    with _fork_guarded_lock:
+        _fork_guarded.add(guarded)
+        if not _fork_hooks_registered and hasattr(os, "register_at_fork"):
+            os.register_at_fork(
+                before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+            )
+            _fork_hooks_registered = True
+
+
+def _before_fork() -> None:
+    """Let every SQLite call in flight end, and start no other, until the fork is done.
+
+    A child forked in the middle of a SQLite call inherits SQLite's mutexes and its bookkeeping of
+    the file's locks as that call left them, owned by a thread that does not exist in the child:
+    opening the same file there hangs, or finds it locked for good. So the fork first takes the
+    lock every driver thread (and wake hint watcher) holds around each call and transaction. No
+    such call waits for another thread, so the wait is short; the forking thread's own lock (a
+    fork from inside a call) is reentrant; the locks are taken in one order, so two threads forking
+    at once cannot hold each other up; and past ``_FORK_WAIT`` the fork goes ahead anyway rather
+    than hang the process behind a call that never ends.
+    """
+    with _fork_guarded_lock:
+        guarded = sorted(_fork_guarded, key=id)
+    deadline = time.monotonic() + _FORK_WAIT
+    held = _fork_held.setdefault(threading.get_ident(), [])
+    for each in guarded:
+        lock = each._fork_lock
+        if lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            held.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    for lock in reversed(_fork_held.pop(threading.get_ident(), [])):
+        lock.release()
+
+
+def _after_fork_in_child() -> None:
+    """The child has only the forking thread: every inherited driver thread, watcher and the parent's
+    connections stay with the parent. Mark them unusable without touching any connection (closing
+    one would act on the parent's file state), and give the child fresh locks, since any of the old
+    ones may have been held by a thread that is gone."""
+    global _fork_guarded, _fork_guarded_lock, _live_owners_lock
+    _fork_held.clear()
+    inherited = list(_fork_guarded)
+    _fork_guarded = weakref.WeakSet()
+    _fork_guarded_lock = threading.Lock()
+    for each in inherited:
+        each._after_fork_in_child()
+    _live_owners_lock = threading.Lock()
+    _live_owners.clear()  # the parent's attempts do not run here
+
+
+# ---------------------------------------------------------------------------------------------
 # The driver
 
 
@@ -584,10 +663,15 @@ class _DriverThread:
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._shut = False
+        self._forked = False  # inherited by a forked child, where the thread does not exist
+        self._fork_lock = threading.RLock()  # held around every call, so a fork comes between two (_before_fork)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        _guard_forks(self)  # for as long as the thread runs: it holds this object
         self._thread.start()
 
     def submit(self, function: Callable[..., R], *args: Any) -> concurrent.futures.Future[R]:
+        if self._forked:  # before the lock, which a thread of the parent may have held at the fork
+            raise RuntimeError("cannot schedule new calls in a forked process")
         future: concurrent.futures.Future[R] = concurrent.futures.Future()
         with self._lock:  # never queued behind the shutdown marker, where nothing would run it
             if self._shut:
@@ -596,6 +680,8 @@ class _DriverThread:
         return future
 
     def shutdown(self, wait: bool = True) -> None:
+        if self._forked:
+            return
         with self._lock:
             if not self._shut:
                 self._shut = True
@@ -609,11 +695,18 @@ class _DriverThread:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                result = function(*args)
+                with self._fork_lock:  # each call is one whole transaction: none is left open at a fork
+                    result = function(*args)
             except BaseException as error:  # noqa: BLE001 - handed to the caller, as an executor does
                 future.set_exception(error)
             else:
                 future.set_result(result)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: refuse every call (the thread stayed with the parent), with fresh locks."""
+        self._forked = True
+        self._lock = threading.Lock()
+        self._fork_lock = threading.RLock()
 
 
 class SqliteStorageDriver(ClientClock):
@@ -666,6 +759,7 @@ class SqliteStorageDriver(ClientClock):
         # The watcher thread, its stop flag and the pipe end that wakes it from select().
         self._watcher: tuple[threading.Thread, threading.Event, int] | None = None
         self._watch_lock = threading.Lock()
+        self._fork_lock = threading.RLock()  # held by the watcher around its SQLite calls (_before_fork)
         self.busy_timeout = _seconds(busy_timeout, "busy_timeout")
         self.hold_timeout = _seconds(hold_timeout, "hold_timeout")
         self.max_transaction_attempts = attempts
@@ -696,13 +790,30 @@ class SqliteStorageDriver(ClientClock):
         executor = _DriverThread(f"runlane-{self.name}")
         self._executor = executor
         self._pid = os.getpid()
+        _guard_forks(self)
+        opening = executor.submit(self._connect)
         try:
-            await asyncio.wrap_future(executor.submit(self._connect))
+            try:
+                opened = asyncio.shield(asyncio.wrap_future(opening))
+                self._connection = await asyncio.wait_for(opened, _CONNECT_TIMEOUT)
+            except TimeoutError:
+                raise RunlaneError(
+                    ErrorCode.STORAGE_UNAVAILABLE,
+                    f"SQLite storage {str(self.path)!r} did not open within {_CONNECT_TIMEOUT:g}s: SQLite is stuck "
+                    "in this process, as after a fork in the middle of a SQLite call by code other than this "
+                    "driver. Create the lane in a process started fresh (subprocess, or multiprocessing's "
+                    "'spawn' start method), or fork before anything in the process uses SQLite.",
+                    meta={"path": str(self.path), "timeout": _CONNECT_TIMEOUT},
+                ) from None
             await self._call(self._prepare)
         except BaseException:
             self._executor = None
-            await asyncio.shield(asyncio.wrap_future(executor.submit(self._close_connection)))
+            # Closed on the driver's thread after the connect, even one still stuck: waited for only
+            # when the connect has ended, so a stuck one leaves nothing hanging here.
+            closing = executor.submit(self._close_opened, opening)
             executor.shutdown(wait=False)
+            if opening.done():
+                await asyncio.shield(asyncio.wrap_future(closing))
             raise
 
     async def close(self) -> None:
@@ -747,9 +858,9 @@ class SqliteStorageDriver(ClientClock):
                 meta={"path": str(path)},
             )
 
-    def _connect(self) -> None:
+    def _connect(self) -> sqlite3.Connection:
         try:
-            self._connection = sqlite3.connect(
+            return sqlite3.connect(
                 str(self.path),
                 timeout=min(self.busy_timeout, _BUSY_SLICE),
                 isolation_level=None,  # transactions are explicit: BEGIN / BEGIN IMMEDIATE ... COMMIT
@@ -854,16 +965,25 @@ class SqliteStorageDriver(ClientClock):
         finally:
             connection.execute("COMMIT")
 
+    def _close_opened(self, opening: concurrent.futures.Future[sqlite3.Connection]) -> None:
+        """Close the connection ``opening`` opened, if it did (a failed ``start()``)."""
+        if opening.cancelled() or opening.exception() is not None:
+            return
+        connection = opening.result()
+        if self._connection is connection:
+            self._connection = None
+        _close(connection)
+
     def _close_connection(self) -> None:
         connection, self._connection = self._connection, None
-        if connection is None:
-            return
-        try:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
-        connection.close()
+        if connection is not None:
+            _close(connection)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: the driver stays refused (``_pid``), its watcher thread is gone; fresh locks."""
+        self._fork_lock = threading.RLock()
+        self._watch_lock = threading.Lock()
+        self._committers_lock = threading.Lock()
 
     # -- running on the driver's thread ------------------------------------------------------------
 
@@ -1260,15 +1380,16 @@ class SqliteStorageDriver(ClientClock):
     def _watch(self, stop: threading.Event, wake: int) -> None:
         """The watcher thread: look at ``data_version`` until stopped, each time the file's directory
         reports a write (Linux inotify), else every ``wake_poll_interval``; any failure ends the
-        hints (workers still poll)."""
+        hints (workers still poll). Each SQLite call holds ``_fork_lock``, as the driver's thread does."""
         try:
-            connection = sqlite3.connect(str(self.path), timeout=_BUSY_SLICE, isolation_level=None)
+            with self._fork_lock:
+                connection = sqlite3.connect(str(self.path), timeout=_BUSY_SLICE, isolation_level=None)
         except sqlite3.Error:
             os.close(wake)
             return
         events = _directory_writes(self.path.parent)
         try:
-            seen = connection.execute("PRAGMA data_version").fetchone()[0]
+            seen = self._data_version(connection)
             written = 0.0  # when the directory last reported a write
             while not stop.is_set():
                 if events is None:
@@ -1288,7 +1409,7 @@ class SqliteStorageDriver(ClientClock):
                             while os.read(events, 4096):
                                 pass
                         written = time.monotonic()
-                version = connection.execute("PRAGMA data_version").fetchone()[0]
+                version = self._data_version(connection)
                 if version == seen:
                     continue
                 seen = version
@@ -1304,10 +1425,15 @@ class SqliteStorageDriver(ClientClock):
         except sqlite3.Error:
             pass
         finally:
-            connection.close()
+            with self._fork_lock:
+                connection.close()
             os.close(wake)
             if events is not None:
                 os.close(events)
+
+    def _data_version(self, connection: sqlite3.Connection) -> Any:
+        with self._fork_lock:
+            return connection.execute("PRAGMA data_version").fetchone()[0]
 
     # -- StorageDriver -----------------------------------------------------------------------------
 
@@ -1414,6 +1540,15 @@ def _directory_writes(directory: Path) -> int | None:
         return fd
     except (OSError, AttributeError):
         return None
+
+
+def _close(connection: sqlite3.Connection) -> None:
+    try:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+    connection.close()
 
 
 def _fetch_all(connection: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
