@@ -703,6 +703,29 @@ class _RootGroup(TyperGroup):
         except RunlaneError as error:  # from a command that does not use ``invoke`` (a plugin's)
             state_of(ctx).output.error(error)
             raise typer.Exit(1) from None
+        except Exception as error:
+            from .output import OutputLost
+
+            plugin = _plugin_command_owners.get(ctx.invoked_subcommand or "")
+            # How the command line ends (an exit, a usage error, a closed stdout) is not a failure of the
+            # plugin, and runlane's own commands keep their traceback: it is runlane's bug to report.
+            if (
+                plugin is None
+                or isinstance(error, (typer.Exit, typer.Abort, typer.TyperException, EOFError, OutputLost))
+                or (isinstance(error, OSError) and error.errno == errno.EPIPE)
+            ):
+                raise
+            described = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            state_of(ctx).output.error(
+                RunlaneError(
+                    ErrorCode.INTERNAL_ERROR,
+                    f"command {ctx.invoked_subcommand!r} of plugin {plugin!r} failed: {described}. Report it to "
+                    "the plugin's authors, or leave the plugin out with RUNLANE_LOAD_PLUGINS.",
+                    meta={"command": ctx.invoked_subcommand, "plugin": plugin, "exception": type(error).__name__},
+                    cause=error,
+                )
+            )
+            raise typer.Exit(1) from None
 
 
 def build_app() -> typer.Typer:
@@ -771,6 +794,10 @@ def _group_name(group: Any) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+# Top-level command name -> the plugin that added it, so a failing plugin command is reported naming it.
+_plugin_command_owners: dict[str, str] = {}
+
+
 def _register_plugin_commands(root: typer.Typer) -> None:
     """Each plugin's ``register_commands``, one at a time; the CLI itself always starts.
 
@@ -785,7 +812,7 @@ def _register_plugin_commands(root: typer.Typer) -> None:
     for hook in reversed(pm.hook.register_commands.get_hookimpls()):  # pluggy calls the last registered first
         commands, groups = len(root.registered_commands), len(root.registered_groups)
         try:
-            hook.function(app=root)
+            hook.function(*(root for _ in hook.argnames))  # an implementation may take fewer arguments (none)
             new_commands, new_groups = root.registered_commands[commands:], root.registered_groups[groups:]
             added = command_names(new_commands, new_groups)
             clashes = sorted(set(added) & builtin)
@@ -814,6 +841,7 @@ def _register_plugin_commands(root: typer.Typer) -> None:
         )
     for plugin_commands, plugin_groups in entries if shared else ():
         _drop_names(root.registered_commands, plugin_commands, root.registered_groups, plugin_groups, shared.keys())
+    _plugin_command_owners.update({name: plugins[0] for name, plugins in added_by.items() if name not in shared})
 
 
 def _drop_names(

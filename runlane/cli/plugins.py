@@ -8,6 +8,7 @@ import dataclasses
 import typer
 
 from ..plugins.manager import get_plugin_failures, get_plugins, get_registries, pm
+from ..plugins.registries import registered_by
 from .main import command_names, invoke, state_of
 
 __all__ = ["app"]
@@ -41,7 +42,7 @@ def _commands_by_plugin() -> dict[str, list[str]]:
         scratch = typer.Typer()
         try:
             impl.function(*(scratch for _ in impl.argnames))
-        except Exception:  # noqa: BLE001 - the real registration reports it; listing must not fail
+        except (Exception, SystemExit):  # noqa: BLE001 - the real registration reports it; listing must not fail
             continue
         try:
             names = command_names(scratch.registered_commands, scratch.registered_groups)
@@ -56,8 +57,9 @@ def _collisions(commands: dict[str, list[str]]) -> list[str]:
     notes = []
     for registry in (registries.lanes, registries.storage_drivers, registries.transports, registries.exporters):
         for name, plugins in sorted(registry.collisions.items()):
-            owners = " and ".join(repr(plugin) for plugin in plugins)
-            notes.append(f"the {registry.kind} {name!r} is registered by plugins {owners}; selecting it fails")
+            owners = " and ".join(repr(plugin) for plugin in dict.fromkeys(plugins))
+            by = registered_by(plugins) if len(set(plugins)) == 1 else f"registered by plugins {owners}"
+            notes.append(f"the {registry.kind} {name!r} is {by}; selecting it fails")
     adding: dict[str, list[str]] = {}
     for plugin, names in sorted(commands.items()):
         for name in names:

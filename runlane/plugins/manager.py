@@ -3,11 +3,14 @@
 ``load_plugins()`` imports entry-point plugins once per process, honouring ``RUNLANE_LOAD_PLUGINS``
 (a comma-separated allowlist of entry-point or distribution names; set but empty loads none).
 A plugin that fails to import or register is reported on stderr in one line and skipped; it never
-crashes the host. This module does not build lanes or read configuration.
+crashes the host. So is an entry point whose name another distribution's plugin already holds, and a
+hook implementation no hookspec names is reported (its plugin's other hooks still work). This module
+does not build lanes or read configuration.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import inspect
@@ -27,6 +30,7 @@ from .registries import Registries, collect_registries
 __all__ = [
     "DEFAULT_PLUGINS",
     "ENTRY_POINT_GROUP",
+    "HOOK_NAMES",
     "LOAD_PLUGINS_ENV",
     "PluginInfo",
     "PluginLoadFailure",
@@ -48,6 +52,11 @@ DEFAULT_PLUGINS: tuple[str, ...] = ("runlane.plugins.defaults",)
 
 pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
 pm.add_hookspecs(hookspecs)
+
+# The hooks core calls; an implementation of any other name is never called.
+HOOK_NAMES: tuple[str, ...] = tuple(
+    sorted(name for name, value in vars(hookspecs).items() if hasattr(value, f"{hookspecs.PROJECT_NAME}_spec"))
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +149,12 @@ def load_entry_point_plugins(
 ) -> list[str]:
     """Register each allowed entry point's object on ``manager`` under the entry point's name.
 
-    Already registered names are skipped, so calling this again is harmless. A plugin that fails to
-    import or register is reported on ``stderr`` (default: ``sys.stderr``) and skipped, and so is an
-    allowlist entry that names nothing installed. The plugins the allowlist leaves out are appended
-    to ``left_out``. Returns the names registered by this call.
+    Already registered names are skipped, so calling this again is harmless; a name already registered
+    for another distribution is reported as a failure naming both. A plugin that fails to import or
+    register is reported on ``stderr`` (default: ``sys.stderr``) and skipped, and so is an allowlist
+    entry that names nothing installed. Hooks of a loaded plugin that no hookspec names are reported.
+    The plugins the allowlist leaves out are appended to ``left_out``. Returns the names registered by
+    this call.
     """
     registered: list[str] = []
     stream = stderr if stderr is not None else sys.stderr
@@ -161,6 +172,11 @@ def load_entry_point_plugins(
                 left_out.append(name)  # for the hint of a name nothing registered
             continue
         if manager.has_plugin(name):
+            holder = _origins.get(name, _Origin(None, None))
+            if not _same_distribution(holder.distribution, origin.distribution):
+                # pluggy knows a plugin by one name: a second distribution's entry point of that name
+                # cannot load, and skipping it silently would hide a plugin the user installed.
+                _report_failure(name, origin, entry_point.value, _taken_name(name, holder, origin), stream)
             continue
         try:
             plugin = entry_point.load()
@@ -172,12 +188,11 @@ def load_entry_point_plugins(
             manager.register(plugin, name=name)
         except (Exception, SystemExit) as error:  # a broken plugin must never take the host down
             described = f"{type(error).__name__}: {' '.join(str(error).split())}"  # one line, as promised
-            from_dist = f" from {origin.distribution}" if origin.distribution else ""
-            print(f"runlane: skipped plugin {name!r}{from_dist} ({entry_point.value}): {described}", file=stream)
-            _failures.append(PluginLoadFailure(name, origin.distribution, described))
+            _report_failure(name, origin, entry_point.value, described, stream)
             continue
         _origins[name] = origin
         registered.append(name)
+        _report_unknown_hooks(manager, plugin, name, origin, stream)
     for unknown in sorted((allowlist or frozenset()) - known):
         print(
             f"runlane: {LOAD_PLUGINS_ENV} names {unknown!r}, but no installed plugin or distribution is called "
@@ -185,6 +200,49 @@ def load_entry_point_plugins(
             file=stream,
         )
     return registered
+
+
+def _same_distribution(first: str | None, second: str | None) -> bool:
+    return (first and _normalize(first)) == (second and _normalize(second))
+
+
+def _taken_name(name: str, holder: _Origin, origin: _Origin) -> str:
+    held_by = f"{holder.distribution}, whose plugin is loaded" if holder.distribution else "a plugin already loaded"
+    return (
+        f"the entry point {name!r} is also declared by {held_by}; entry-point names must be unique across "
+        f"distributions, so this one is not loaded. Uninstall one of the two, or choose one with "
+        f"{LOAD_PLUGINS_ENV}=<distribution>"
+    )
+
+
+def _report_failure(name: str, origin: _Origin, value: str, described: str, stream: IO[str]) -> None:
+    from_dist = f" from {origin.distribution}" if origin.distribution else ""
+    print(f"runlane: skipped plugin {name!r}{from_dist} ({value}): {described}", file=stream)
+    _failures.append(PluginLoadFailure(name, origin.distribution, described))
+
+
+def _unknown_hooks(manager: pluggy.PluginManager, plugin: object) -> list[str]:
+    """The hooks ``plugin`` implements that no hookspec of ``manager`` names (a typo, or a newer runlane's)."""
+    return sorted(caller.name for caller in manager.get_hookcallers(plugin) or () if not caller.has_spec())
+
+
+def _report_unknown_hooks(
+    manager: pluggy.PluginManager, plugin: object, name: str, origin: _Origin, stream: IO[str]
+) -> None:
+    """Say which of a loaded plugin's hooks runlane never calls; its other hooks work as usual."""
+    from_dist = f" from {origin.distribution}" if origin.distribution else ""
+    version = _runlane_version()
+    for hook in _unknown_hooks(manager, plugin):
+        close = difflib.get_close_matches(hook, HOOK_NAMES, n=1)
+        if close:
+            meant = f" Did you mean {close[0]!r}?"
+        else:
+            meant = f" It may be a hook of a newer runlane than {version}." if version else ""
+        print(
+            f"runlane: plugin {name!r}{from_dist} implements {hook!r}, which is not a runlane hook, so it is "
+            f"never called.{meant} The hooks are listed in docs/plugin-hooks.md.",
+            file=stream,
+        )
 
 
 def left_out_plugins() -> list[str]:
@@ -254,6 +312,7 @@ def get_plugins(manager: pluggy.PluginManager | None = None) -> list[PluginInfo]
         if plugin is None:  # blocked
             continue
         origin = _origins.get(name, _Origin(None, None))
-        hooks = tuple(sorted(caller.name for caller in manager.get_hookcallers(plugin) or ()))
+        # Only hooks runlane calls: an implementation no hookspec names is never called.
+        hooks = tuple(sorted(c.name for c in manager.get_hookcallers(plugin) or () if c.has_spec()))
         infos.append(PluginInfo(name, origin.distribution, origin.version, hooks, registries.provided_by(name)))
     return sorted(infos, key=lambda info: info.name)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar, cast
@@ -36,6 +37,7 @@ __all__ = [
     "StorageDriverProvider",
     "TransportProvider",
     "collect_registries",
+    "registered_by",
     "validate_options",
 ]
 
@@ -114,7 +116,9 @@ class ExporterProvider(_Provider):
     table: ClassVar[str] = "[[exporters]]"
 
 
-# Names first-party distributions provide, so an unknown name can say what to install.
+# Names first-party distributions register, so an unknown name can say what to install. Only names a
+# distribution's plugin really registers belong here (runlane-local's lanes build their storage
+# themselves and register no storage driver), or the hint sends the user to install what cannot help.
 _FIRST_PARTY_HINTS: dict[tuple[str, str], str] = {
     ("lane", "local"): "runlane-local",
     ("lane", "sqlite"): "runlane-local",
@@ -122,19 +126,21 @@ _FIRST_PARTY_HINTS: dict[tuple[str, str], str] = {
     ("lane", "postgres-sqs"): "runlane-sqs",
     ("transport", "sqs"): "runlane-sqs",
     ("exporter", "otlp"): "runlane-otlp",
-    ("storage driver", "local"): "runlane-local",
-    ("storage driver", "sqlite"): "runlane-local",
     ("storage driver", "postgres"): "runlane-postgres",
 }
 
 
 def _missing_hint(distribution: str) -> str:
     """What to do about a first-party name nothing registered: install its distribution, or, when it
-    is installed but ``RUNLANE_LOAD_PLUGINS`` leaves it out, add it there."""
+    is installed, why its plugin did not load (skipped, or left out by ``RUNLANE_LOAD_PLUGINS``)."""
     import importlib.metadata
 
-    from .manager import LOAD_PLUGINS_ENV, plugin_allowlist
+    from .manager import LOAD_PLUGINS_ENV, get_plugin_failures, plugin_allowlist
 
+    for failure in get_plugin_failures():
+        if failure.distribution and failure.distribution.lower().replace("_", "-") == distribution:
+            why = failure.error.rstrip(".")
+            return f" {distribution} is installed, but its plugin {failure.name!r} was skipped: {why}."
     if plugin_allowlist() is not None:
         try:
             importlib.metadata.distribution(distribution)
@@ -198,7 +204,7 @@ class ProviderRegistry(Generic[P]):
                 plugin=plugin,
             )
         existing = self._providers.get(provider.name)
-        stamped = dataclasses.replace(provider, plugin=plugin)
+        stamped = dataclasses.replace(provider, plugin=plugin, create=_exit_reported(provider, plugin))
         if existing is not None:
             # Every provider in ``_providers`` was stamped with its plugin above.
             plugins = self._collisions.setdefault(provider.name, [cast(str, existing.plugin)])
@@ -211,9 +217,12 @@ class ProviderRegistry(Generic[P]):
 
     def _collision(self, name: str) -> RunlaneError:
         plugins = self._collisions[name]
+        if len(set(plugins)) == 1:  # one plugin's own mistake: nothing to uninstall or leave out
+            advice = "report it to the plugin's authors"
+        else:
+            advice = "uninstall one of them or limit plugins with RUNLANE_LOAD_PLUGINS"
         return _invalid(
-            f"The {self.kind} {name!r} is registered by {' and '.join(f'plugin {p!r}' for p in plugins)}; "
-            "uninstall one of them or limit plugins with RUNLANE_LOAD_PLUGINS.",
+            f"The {self.kind} {name!r} is {registered_by(plugins)}; {advice}.",
             kind=self.kind,
             name=name,
             plugins=list(plugins),
@@ -259,6 +268,51 @@ class ProviderRegistry(Generic[P]):
 
     def __len__(self) -> int:
         return len(self._providers)
+
+
+def _described(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _exit_reported(provider: _Provider, plugin: str) -> Callable[[Any, ProviderContext], Any]:
+    """``provider.create``, except that ``sys.exit()`` in it (or in the awaitable it returns) raises the
+    ``configuration_invalid`` naming the provider and its plugin that any exception of it becomes, instead
+    of ending runlane silently with the plugin's exit status."""
+    create = provider.create
+
+    def exited(error: SystemExit) -> RunlaneError:
+        return _invalid(
+            f"The {provider.kind} {provider.name!r} of plugin {plugin!r} failed to start: {_described(error)}. "
+            "Check its options, or report it to the plugin's authors.",
+            provider=provider.name,
+            plugin=plugin,
+        )
+
+    async def awaited(created: Awaitable[Any]) -> Any:
+        try:
+            return await created
+        except SystemExit as error:
+            raise exited(error) from error
+
+    @functools.wraps(create)
+    def guarded(options: Any, context: ProviderContext) -> Any:
+        try:
+            created = create(options, context)
+        except SystemExit as error:
+            raise exited(error) from error
+        return awaited(created) if inspect.isawaitable(created) else created
+
+    return guarded
+
+
+def registered_by(plugins: Sequence[str]) -> str:
+    """Who registered a name more than once: "registered by plugin 'a' and plugin 'b'", or "registered
+    twice by plugin 'a'" when it is one plugin's doing."""
+    distinct = list(dict.fromkeys(plugins))
+    if len(distinct) == 1:
+        times = {2: "twice", 3: "three times"}.get(len(plugins), f"{len(plugins)} times")
+        return f"registered {times} by plugin {distinct[0]!r}"
+    return f"registered by {' and '.join(f'plugin {plugin!r}' for plugin in distinct)}"
 
 
 def _check_options_model(provider: _Provider, plugin: str) -> None:
@@ -410,9 +464,11 @@ def _call_per_plugin(
             returned = impl.function(*(arguments[name] for name in impl.argnames))
         except RunlaneError:
             raise
-        except Exception as error:
+        # sys.exit() in a plugin's hook must skip that plugin, not end runlane (``runlane --version``
+        # included) silently with the plugin's exit status.
+        except (Exception, SystemExit) as error:
             raise _invalid(
-                f"Plugin {impl.plugin_name!r} failed in {hook_name}: {type(error).__name__}: {error}",
+                f"Plugin {impl.plugin_name!r} failed in {hook_name}: {_described(error)}",
                 plugin=impl.plugin_name,
                 hook=hook_name,
             ) from error

@@ -1,0 +1,357 @@
+"""How runlane reports a third-party plugin's mistakes: a taken entry-point name, a misspelt hook, a
+``sys.exit()`` in a hook or provider, a ``register_commands`` taking no ``app``, a plugin command that
+raises, and a name one plugin registers twice.
+
+Entry points are real ``importlib.metadata`` ones, read from a ``.dist-info`` directory written to
+``tmp_path``; plugins registered on the real manager are unregistered in ``finally``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pluggy
+import pytest
+import typer
+from cli_support import cli, write
+from pydantic import BaseModel, ConfigDict
+from typer.testing import CliRunner
+
+from runlane import ErrorCode, RunlaneError
+from runlane.plugins import hookimpl, hookspecs, manager
+from runlane.plugins.manager import get_plugin_failures, get_plugins, load_entry_point_plugins, pm
+from runlane.plugins.registries import LaneProvider, collect_registries
+
+
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def new_manager() -> pluggy.PluginManager:
+    fresh = pluggy.PluginManager("runlane")
+    fresh.add_hookspecs(hookspecs)
+    return fresh
+
+
+def install(site: Path, distribution: str, entry_points: dict[str, str], modules: dict[str, str]) -> list[Any]:
+    """Write ``distribution`` (its modules and a ``.dist-info`` declaring ``entry_points`` in the ``runlane``
+    group) into ``site``; returns its entry points as ``importlib.metadata`` reads them."""
+    for module, source in modules.items():
+        write(site / f"{module}.py", source)
+    info = site / f"{distribution.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
+    lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[runlane]\n{lines}")
+    (dist,) = importlib.metadata.distributions(path=[str(info.parent)], name=distribution)
+    return list(dist.entry_points.select(group="runlane"))
+
+
+def lane_module(lane: str) -> str:
+    return f"""
+        from pydantic import BaseModel, ConfigDict
+
+        from runlane.plugins import hookimpl
+        from runlane.plugins.registries import LaneProvider
+
+
+        class NoOptions(BaseModel):
+            model_config = ConfigDict(extra="forbid")
+
+
+        @hookimpl
+        def register_lanes(register):
+            register(LaneProvider({lane!r}, NoOptions, lambda options, context: None))
+    """
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A directory on ``sys.path`` for the test's distributions; their modules leave ``sys.modules`` after."""
+    directory = tmp_path / "site"
+    directory.mkdir()
+    monkeypatch.syspath_prepend(str(directory))
+    before = set(sys.modules)
+    yield directory
+    for name in set(sys.modules) - before:
+        if getattr(sys.modules[name], "__file__", None) and str(directory) in str(sys.modules[name].__file__):
+            del sys.modules[name]
+
+
+def registered_on_pm(plugins: dict[str, object]) -> None:
+    for name, plugin in plugins.items():
+        pm.register(plugin, name=name)
+
+
+def unregister_from_pm(plugins: dict[str, object]) -> None:
+    for name in plugins:
+        if pm.has_plugin(name):
+            pm.unregister(name=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# An entry-point name two distributions declare
+
+
+def test_an_entry_point_name_another_distribution_already_loaded_is_reported_naming_both(
+    site: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = install(site, "runlane-tilde", {"tilde": "runlane_tilde"}, {"runlane_tilde": lane_module("tilde")})
+    second = install(site, "runlane-copycat", {"tilde": "runlane_copycat"}, {"runlane_copycat": lane_module("cat")})
+    fresh = new_manager()
+    assert load_entry_point_plugins(fresh, [*first, *second]) == ["tilde"]
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("runlane: skipped plugin 'tilde' from runlane-copycat (runlane_copycat): ")
+    assert "also declared by runlane-tilde, whose plugin is loaded" in line
+    assert "unique across distributions" in line
+    failure = get_plugin_failures()[-1]
+    assert (failure.name, failure.distribution) == ("tilde", "runlane-copycat")
+    assert "runlane-tilde" in failure.error
+    assert collect_registries(fresh).lanes.names() == ["tilde"]  # the first one loaded keeps working
+
+    # Loading the same distribution's entry point again is not a collision.
+    assert load_entry_point_plugins(fresh, first) == []
+    assert capsys.readouterr().err == ""
+
+
+def test_a_third_party_entry_point_named_local_does_not_hide_runlane_local_silently(site: Path) -> None:
+    # Found before runlane-local's: PYTHONPATH comes before site-packages on sys.path.
+    install(site, "runlane-squatter", {"local": "runlane_squatter"}, {"runlane_squatter": lane_module("squat")})
+    project = site.parent / "project"
+    write(project / "runlane.toml", '[lane]\nuse = "local"\n')
+    env = {"PYTHONPATH": str(site)}
+
+    listed = cli(project, "--json", "plugins", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "skipped plugin 'local' from runlane-local" in listed.stderr
+    failures = json.loads(listed.stdout)["failures"]
+    (failure,) = [failure for failure in failures if failure["name"] == "local"]
+    assert failure["distribution"] == "runlane-local" and "runlane-squatter" in failure["error"]
+
+    selected = cli(project, "runs", "list", env=env)
+    assert selected.returncode == 1
+    assert "runlane-local is installed, but its plugin 'local' was skipped" in selected.stderr
+    assert "Install runlane-local" not in selected.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Hook implementations no hookspec names
+
+
+def test_a_misspelt_or_unknown_hook_is_reported_and_not_listed_and_the_valid_ones_work(
+    site: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = lane_module("typo-lane") + """
+        @hookimpl
+        def register_lane(register):
+            raise AssertionError("never called")
+
+
+        @hookimpl
+        def on_quantum_flux(register):
+            raise AssertionError("never called")
+    """
+    entry_points = install(site, "runlane-typo", {"typo": "runlane_typo"}, {"runlane_typo": source})
+    fresh = new_manager()
+    assert load_entry_point_plugins(fresh, entry_points) == ["typo"]
+    misspelt, unknown = sorted(capsys.readouterr().err.splitlines())
+    assert misspelt.startswith("runlane: plugin 'typo' from runlane-typo implements 'on_quantum_flux', which is")
+    assert "newer runlane" in misspelt
+    assert unknown.startswith("runlane: plugin 'typo' from runlane-typo implements 'register_lane', which is not")
+    assert "Did you mean 'register_lanes'?" in unknown
+    assert collect_registries(fresh).lanes.names() == ["typo-lane"]
+    (info,) = [info for info in get_plugins(fresh) if info.name == "typo"]
+    assert info.hooks == ("register_lanes",)
+
+
+# ---------------------------------------------------------------------------------------------
+# sys.exit() in a plugin's hook or provider
+
+
+def test_a_registration_hook_that_exits_skips_its_plugin_and_runlane_still_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from runlane.cli.main import build_app
+
+    class Exiting:
+        @hookimpl
+        def register_lanes(self, register):
+            sys.exit(7)
+
+    plugins = {"exiting-hook": Exiting()}
+    registered_on_pm(plugins)
+    try:
+        app = build_app()
+        err = capsys.readouterr().err
+        assert "skipped plugin 'exiting-hook'" in err and "failed in register_lanes: SystemExit: 7" in err
+        assert not pm.has_plugin("exiting-hook")
+        version = CliRunner().invoke(app, ["--version"])
+        assert version.exit_code == 0 and version.output.startswith("runlane ")
+    finally:
+        unregister_from_pm(plugins)
+
+
+async def _exit_later(options, context):
+    sys.exit(5)
+
+
+@pytest.mark.parametrize("create", [lambda options, context: sys.exit(4), _exit_later], ids=["sync", "async"])
+def test_a_provider_whose_create_exits_is_a_configuration_error_naming_its_plugin(tmp_path: Path, create: Any) -> None:
+    from runlane.cli.main import build_app
+
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("exiting-lane", NoOptions, create))
+
+    config = write(tmp_path / "runlane.toml", '[lane]\nuse = "exiting-lane"\n')
+    plugins = {"exiting-create": Plugin()}
+    registered_on_pm(plugins)
+    try:
+        result = CliRunner().invoke(build_app(), ["-c", str(config), "runs", "list"])
+        assert result.exit_code == 1, result.output
+        assert (
+            "error[configuration_invalid]: The lane 'exiting-lane' of plugin 'exiting-create' failed to start: "
+            "SystemExit: " in result.output
+        )
+    finally:
+        unregister_from_pm(plugins)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plugin commands
+
+
+def test_register_commands_taking_no_arguments_keeps_its_plugin(capsys: pytest.CaptureFixture[str]) -> None:
+    from runlane.cli.main import build_app
+
+    calls = []
+
+    class Quiet:
+        @hookimpl
+        def register_commands(self):
+            calls.append("register_commands")
+
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("quiet-lane", NoOptions, lambda options, context: None))
+
+    plugins = {"quiet": Quiet()}
+    registered_on_pm(plugins)
+    try:
+        build_app()
+        assert calls == ["register_commands"]
+        assert "skipped plugin 'quiet'" not in capsys.readouterr().err
+        assert pm.has_plugin("quiet")
+        assert manager.get_registries().lanes.get("quiet-lane").plugin == "quiet"
+    finally:
+        unregister_from_pm(plugins)
+
+
+def test_a_plugin_command_that_raises_is_reported_naming_command_and_plugin() -> None:
+    from runlane.cli.main import build_app
+
+    class Exploding:
+        @hookimpl
+        def register_commands(self, app):
+            @app.command("explode")
+            def explode() -> None:
+                raise ValueError("the plugin's own bug")
+
+            tools = typer.Typer()
+
+            @tools.command("leave")
+            def leave() -> None:
+                raise typer.Exit(3)  # how a command chooses to end is not a failure
+
+            app.add_typer(tools, name="exploding-tools")
+
+    plugins = {"exploding": Exploding()}
+    registered_on_pm(plugins)
+    try:
+        app = build_app()
+        plain = CliRunner().invoke(app, ["explode"])
+        assert plain.exit_code == 1 and isinstance(plain.exception, SystemExit)
+        assert (
+            "error[internal_error]: command 'explode' of plugin 'exploding' failed: ValueError: the plugin's own bug."
+            in plain.output
+        )
+        as_json = CliRunner().invoke(app, ["explode", "--json"])
+        assert as_json.exit_code == 1
+        error = json.loads(as_json.output.strip().splitlines()[-1])["error"]
+        assert error["code"] == "internal_error"
+        assert error["meta"] == {"command": "explode", "plugin": "exploding", "exception": "ValueError"}
+        assert "Traceback" not in plain.output + as_json.output
+        assert CliRunner().invoke(app, ["exploding-tools", "leave"]).exit_code == 3
+    finally:
+        unregister_from_pm(plugins)
+
+
+# ---------------------------------------------------------------------------------------------
+# A name one plugin registers twice
+
+
+def test_a_name_one_plugin_registers_twice_says_so() -> None:
+    from runlane.cli.main import build_app
+
+    class Twice:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("doubled", NoOptions, lambda options, context: None))
+            register(LaneProvider("doubled", NoOptions, lambda options, context: None))
+
+    fresh = new_manager()
+    fresh.register(Twice(), name="broken")
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(fresh)
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert raised.value.message == (
+        "The lane 'doubled' is registered twice by plugin 'broken'; report it to the plugin's authors."
+    )
+
+    plugins = {"broken-twice": Twice()}
+    registered_on_pm(plugins)
+    try:
+        listed = CliRunner().invoke(build_app(), ["--json", "plugins", "list"])
+        assert listed.exit_code == 0, listed.output
+        collisions = json.loads(listed.output.strip().splitlines()[-1])["collisions"]
+        assert "the lane 'doubled' is registered twice by plugin 'broken-twice'; selecting it fails" in collisions
+    finally:
+        unregister_from_pm(plugins)
+
+
+# ---------------------------------------------------------------------------------------------
+# What to install for a name nothing registered
+
+
+def test_no_distribution_is_suggested_for_a_storage_driver_nobody_registers() -> None:
+    drivers = collect_registries(new_manager()).storage_drivers
+    for name in ("local", "sqlite"):
+        with pytest.raises(RunlaneError) as raised:
+            drivers.get(name)
+        assert "Install" not in raised.value.message and "runlane-local" not in raised.value.message
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(new_manager()).lanes.get("sqlite")
+    assert "runlane-local" in raised.value.message  # runlane-local does register the sqlite lane
+
+
+def test_every_first_party_hint_names_what_its_installed_distribution_registers() -> None:
+    from runlane.plugins.registries import _FIRST_PARTY_HINTS
+
+    registries = manager.get_registries()
+    by_kind = {registry.kind: registry for registry in (
+        registries.lanes, registries.storage_drivers, registries.transports, registries.exporters
+    )}  # fmt: skip
+    origins = {info.name: info.distribution for info in get_plugins()}
+    for (kind, name), distribution in _FIRST_PARTY_HINTS.items():
+        try:
+            importlib.metadata.distribution(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        assert name in by_kind[kind], f"{distribution} registers no {kind} {name!r}"
+        assert origins[by_kind[kind].get(name).plugin] == distribution
