@@ -38,6 +38,7 @@ import inspect
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -81,7 +82,10 @@ from .authoring import (
     build_run_wait,
     build_signal_wait,
     build_time_release,
+    MAX_REPORTED_ERRORS,
+    error_location,
     gives_back,
+    validation_errors,
 )
 from .cancellation import CancellationController, CancellationSignal, link_signals
 from .store import AppendResult, CompletionRequest, StepCompletion
@@ -373,6 +377,8 @@ def timed_out_failure() -> RunFailure:
 def failure_from_exception(error: BaseException) -> RunFailure:
     """The persisted failure for an exception raised by task code. A ``RunlaneError`` task code has
     tampered with (a ``code`` that is no error code, ``meta`` that is no JSON object) is an unknown error."""
+    if isinstance(error, _StepOutputDrift):
+        return error.failure
     if isinstance(error, RunlaneError):
         try:
             code = ErrorCode(error.code)
@@ -535,6 +541,16 @@ _NO_HANDLER_THREAD_MS = 5_000
 _NO_HANDLER_THREAD = TaskRelease(
     wait_type=RunWaitConditionType.TIME, delay_ms=_NO_HANDLER_THREAD_MS, reason="handler_thread_unavailable"
 )
+
+
+def _interpreter_exiting(error: BaseException) -> bool:
+    """Whether a ``def`` handler got no thread because the interpreter is exiting: ``concurrent.futures``
+    refuses new work once its exit hook has run, and its module, first imported that late, cannot even
+    register that hook ("can't register atexit after shutdown")."""
+    if sys.is_finalizing():
+        return True
+    message = str(error)
+    return isinstance(error, RuntimeError) and ("interpreter shutdown" in message or "atexit after shutdown" in message)
 
 
 def _call_in_thread(handler: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -713,17 +729,49 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
     return parsed, stored
 
 
+class _StepOutputDrift(RunlaneError):
+    """``validation_failed``: the stored output of a step no longer matches its ``output=`` schema (a deploy
+    changed the schema after the step ran). Raised by the runtime, not written by task code, so a run it
+    fails stores its message and errors (``failure``), not the generic text that stands in for task code's
+    messages: they come from the schema and the step key, never from the stored values."""
+
+    def __init__(self, failure: RunFailure) -> None:
+        super().__init__(failure.code, failure.message, meta=failure.meta)
+        self.failure = failure
+
+
+# How many of the schema's errors the message of a step output drift lists (``meta`` has the rest).
+_SUMMARISED_STEP_ERRORS = 3
+
+
+def _step_output_drift(step_key: str, error: ValidationError) -> _StepOutputDrift:
+    errors, _summary = validation_errors(error)  # the summary may quote the stored value: not persisted
+    where = [error_location(item["loc"]) if item["loc"] else "output" for item in errors]
+    summary = "; ".join(f"{loc}: {item['msg']}" for loc, item in zip(where, errors[:_SUMMARISED_STEP_ERRORS]))
+    if len(errors) > _SUMMARISED_STEP_ERRORS:
+        summary += f"; and {len(errors) - _SUMMARISED_STEP_ERRORS} more"
+    return _StepOutputDrift(
+        RunFailure(
+            code=ErrorCode.VALIDATION_FAILED,
+            message=(
+                f"The stored output of step {step_key!r} no longer matches its output schema: {summary}. It was "
+                "stored under an earlier schema: change a step's schema so that it still reads what runs in flight "
+                "stored (new fields optional or with defaults). A retry of this run is a new run, which calls the "
+                "step again."
+            ),
+            retryable=False,
+            meta={"step_key": step_key, "error_count": len(errors), "errors": errors[:MAX_REPORTED_ERRORS]},
+        )
+    )
+
+
 def _load_step_output(step_key: str, stored: Any, adapter: TypeAdapter[Any] | None) -> Any:
     if adapter is None:
         return stored
     try:
         return adapter.validate_json(canonical_json(stored))
     except ValidationError as error:
-        raise RunlaneError(
-            ErrorCode.VALIDATION_FAILED,
-            f"The stored output of step {step_key!r} no longer matches its output schema: {str(error).splitlines()[0]}.",
-            meta={"step_key": step_key},
-        ) from None
+        raise _step_output_drift(step_key, error) from None
 
 
 class StepRunner:
@@ -1482,9 +1530,19 @@ class _Attempt:
         return _outcome_for_result(result)
 
     def _no_handler_thread(self, error: Exception) -> _Outcome:
-        """The outcome of an attempt whose ``def`` handler got no thread (the process is at its limit of
-        threads or open files): the handler never ran, so nothing failed; the run is released for a
-        while instead of spending its retry budget, and the log says what limit to look at."""
+        """The outcome of an attempt whose ``def`` handler got no thread (the process is exiting, or at its
+        limit of threads or open files): the handler never ran, so nothing failed; the run is released for
+        a while instead of spending its retry budget, and the log says which it was."""
+        if _interpreter_exiting(error):
+            _worker_log.warning(
+                "Run %s (task %s): its def handler did not run: this process is exiting, and the interpreter "
+                "starts no more threads for it (%s: %s). The run is released for %s, for a worker to run it "
+                "then; to run a def handler in this process, call run_now() before it begins to exit (not "
+                "from an atexit hook, nor after the main module has returned).",
+                self.run_id, self.run.task_id, type(error).__name__, error, format_duration(_NO_HANDLER_THREAD_MS),
+                extra=_log_fields(self.run, None),
+            )  # fmt: skip
+            return _Outcome(_RELEASE, release=_NO_HANDLER_THREAD)
         _worker_log.error(
             "Run %s (task %s): no thread could be started for its def handler (%s: %s); the handler did not "
             "run, and the run is released for %s. This process is at a limit on threads or open files: run "

@@ -73,7 +73,7 @@ _KEY_LABELS: dict[str, str] = {
     "concurrency_key": "concurrency key",
 }
 # Enough to act on; the full count stays in meta so a huge invalid list cannot bloat a stored failure.
-_MAX_REPORTED_ERRORS = 20
+MAX_REPORTED_ERRORS = 20
 _MAX_SUMMARISED_ERRORS = 3
 _SEND_MATCHING = "Send a payload that matches the task's schema."
 
@@ -565,7 +565,7 @@ class TaskDefinition:
             self._adapter.validate_json(canonical_json(stored))  # type: ignore[union-attr]  # a task with payload
             what = "gives another value"
         except ValidationError as error:
-            errors, summary = _validation_errors(error)
+            errors, summary = validation_errors(error)
             what = f"fails ({summary})"
         except (ValueError, RecursionError) as error:
             what = f"fails ({_first_line(error)})"
@@ -670,7 +670,7 @@ def gives_back(adapter: TypeAdapter[Any], validated: Any, stored: Any, *, plain:
         return True
 
 
-def _validation_errors(error: ValidationError) -> tuple[list[dict[str, Any]], str]:
+def validation_errors(error: ValidationError) -> tuple[list[dict[str, Any]], str]:
     """The errors of ``error`` for ``meta`` (where each is, its type and pydantic's message), and a one-line
     summary of the first few for the message.
 
@@ -702,11 +702,11 @@ def _persistable(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def _payload_validation_error(task_id: str, subject: str, error: ValidationError, hint: str) -> RunlaneError:
-    errors, summary = _validation_errors(error)
+    errors, summary = validation_errors(error)
     return RunlaneError(
         ErrorCode.VALIDATION_FAILED,
         f"Invalid {subject}: {summary}. {hint}",
-        meta={"task_id": task_id, "error_count": len(errors), "errors": errors[:_MAX_REPORTED_ERRORS]},
+        meta={"task_id": task_id, "error_count": len(errors), "errors": errors[:MAX_REPORTED_ERRORS]},
     )
 
 

@@ -9,7 +9,9 @@ Do not call the facade from ``async`` code (a thread running an event loop): it 
 loop, and deadlock when the call waits on it; it raises instead. ``close()`` waits a few seconds for
 calls still running on the facade loop (they fail once the lane is closed), then cancels the rest:
 a caller never waits on a loop that has stopped. A process that exits without ``close()`` closes the
-runtime the facade started (its workers and attempts, then the lane) on the way out.
+runtime the facade started (its workers and attempts, then the lane) on the way out: its workers stop
+when the main module returns, before the interpreter waits for its threads; the runtime closes in an
+``atexit`` hook. A facade first used by an ``atexit`` hook closes its runtime at the end of each call.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import atexit
 import functools
 import builtins
 import concurrent.futures
+import importlib
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -77,15 +81,46 @@ def _refuse_in_event_loop() -> None:
 _RUNNING_FACADES: weakref.WeakSet[SyncRunlane] = weakref.WeakSet()
 
 
+# Set once no exit hook will close a facade started from now on: the hook has run, or the process was
+# already running its exit hooks when the first facade came to register it (a facade an ``atexit`` hook uses).
+_exit_hook_done = False
+
+
+def _stop_workers_at_exit() -> None:
+    deadline = time.monotonic() + _EXIT_CLOSE_S
+    for facade in list(_RUNNING_FACADES):
+        facade._stop_workers_at_exit(max(deadline - time.monotonic(), 0.0))
+
+
 def _close_all_at_exit() -> None:
+    global _exit_hook_done
+    _exit_hook_done = True
     for facade in list(_RUNNING_FACADES):
         _close_at_exit(weakref.ref(facade))
 
 
 @functools.cache
-def _register_exit_hook() -> None:
-    """Register ``_close_all_at_exit`` once, at the first facade's first use, as a hook of the
-    application's would be: hooks the application registered before run after it."""
+def _register_exit_hooks() -> None:
+    """Register the exit hooks once, at the first facade's first use. ``_close_all_at_exit`` is an ``atexit``
+    hook, as one of the application's would be: hooks the application registered before run after it, and
+    threads still running when the main module returns can use the facade until they end.
+
+    Workers stop earlier, with the interpreter's thread exit hooks: they run before ``concurrent.futures``
+    joins its threads, and a worker's ``def`` handler runs in one of them. The exit would wait for that
+    handler before an ``atexit`` hook could abort its ``ctx.signal``: as long as it runs, forever for one
+    that runs until it is aborted."""
+    global _exit_hook_done
+    try:
+        # Imported first, so its hook (joining the pools' threads) is registered before ours and runs after it.
+        importlib.import_module("concurrent.futures.thread")
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:  # without it (not CPython), workers stop with the runtime in the atexit hook
+            register(_stop_workers_at_exit)
+    except RuntimeError:  # "can't register atexit after shutdown": the main module has returned
+        if threading.current_thread() is threading.main_thread():
+            # So this is an exit hook of the application's, and ``atexit`` runs no hook registered now.
+            _exit_hook_done = True
+            return
     atexit.register(_close_all_at_exit)
 
 
@@ -153,7 +188,7 @@ class SyncRunlane:
                 self._thread = thread
                 self._loop = loop
                 _RUNNING_FACADES.add(self)
-                _register_exit_hook()
+                _register_exit_hooks()
             return self._loop
 
     def call(self, function: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
@@ -177,6 +212,29 @@ class SyncRunlane:
                 "runlane.sync was closed while this call was still running; nothing more was done for it.",
                 retryable=False,
             ) from None
+        finally:
+            if _exit_hook_done and self in _RUNNING_FACADES:
+                # Used while the process exits, after the exit hook ran or when it could no longer be
+                # registered: nothing else will close the runtime this call started.
+                _close_at_exit(weakref.ref(self))
+
+    def _stop_workers_at_exit(self, timeout: float) -> None:
+        """Stop the workers on the facade loop, waiting ``timeout`` seconds at most for the attempts they
+        run: as a worker stop does, their handlers see ``ctx.signal`` aborted (``worker_stopped``), and one
+        that stops for it hands its run back. The runtime stays open for threads still using it."""
+        loop = self._loop
+        if loop is None:
+            return
+        runtime = self._runtime
+
+        async def stop() -> None:
+            workers = [worker for worker in list(runtime._workers) if worker.closed.get_loop() is loop]
+            await asyncio.gather(*(worker.stop() for worker in workers), return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=timeout)
+        except Exception:  # noqa: BLE001 - the process is exiting; the runtime's close reports nothing either
+            pass
 
     def forked(self) -> None:
         """In a forked child: the facade loop's thread stayed with the parent; forget that loop (the
@@ -300,25 +358,23 @@ class SyncRunlane:
         ``runlane.worker(...)``."""
         runtime = self._runtime
 
-        async def start() -> WorkerHandle:
-            return runtime.worker(**options)
+        async def start() -> tuple[WorkerHandle, concurrent.futures.Future[None]]:
+            handle = runtime.worker(**options)
+            # Watched from the loop the worker runs on (a facade used while the process exits is closed
+            # at the end of this call, its loop with it).
+            return handle, asyncio.run_coroutine_threadsafe(handle.wait_closed(), asyncio.get_running_loop())
 
-        handle = self.call(start)
-        return SyncWorkerHandle(self, handle)
+        handle, closed = self.call(start)
+        return SyncWorkerHandle(self, handle, closed)
 
 
 class SyncWorkerHandle:
     """A worker running on the facade loop. ``closed`` is a ``concurrent.futures.Future``."""
 
-    def __init__(self, facade: SyncRunlane, handle: WorkerHandle) -> None:
+    def __init__(self, facade: SyncRunlane, handle: WorkerHandle, closed: concurrent.futures.Future[None]) -> None:
         self._facade = facade
         self._handle = handle
-        loop = facade._ensure_loop()
-
-        async def wait_closed() -> None:
-            await handle.wait_closed()
-
-        self._closed: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(wait_closed(), loop)
+        self._closed = closed
 
     def __repr__(self) -> str:
         return f"SyncWorkerHandle({self._handle!r})"

@@ -1,0 +1,178 @@
+"""``runlane.sync`` at interpreter exit: what a process that never calls ``close()`` leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runlane import RunStatus, create_runlane, queue
+from runlane_local import sqlite_lane
+
+# The exit close waits this long at most (runlane.core.sync._EXIT_CLOSE_S): a process handing its run back
+# must exit well within it.
+EXIT_CLOSE_S = 10.0
+
+# A worker runs a def handler that checks ctx.signal until it is aborted (for 30 s at most), then the
+# process ends: its main module returns, or Ctrl-C interrupts the worker.wait() it blocks in.
+COOPERATIVE_DEF_HANDLER = """
+import pathlib, sys, time
+from runlane import TaskContext, create_runlane, queue, task
+from runlane_local import sqlite_lane
+
+default = queue("default", default=True)
+running = pathlib.Path(sys.argv[2])
+
+
+@task("poll")
+def poll(payload: dict, ctx: TaskContext) -> str:
+    running.write_text("running")
+    deadline = time.monotonic() + 30
+    while not ctx.signal.aborted and time.monotonic() < deadline:
+        time.sleep(0.005)
+    ctx.signal.raise_if_aborted()
+    return "never aborted"
+
+
+runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[poll])
+print(runlane.sync.trigger(poll, {}).run.id, flush=True)
+worker = runlane.sync.worker()
+if sys.argv[3] == "wait":
+    worker.wait()
+deadline = time.monotonic() + 20
+while not running.exists() and time.monotonic() < deadline:
+    time.sleep(0.005)
+# The script ends here without runlane.sync.close(), as a web app's process usually does.
+"""
+
+
+def stored_attempt(path: Path, run_id: str) -> tuple[RunStatus, str | None]:
+    """The run's status and its last attempt's release reason, read by a runtime of this process."""
+
+    async def read() -> tuple[RunStatus, str | None]:
+        async with create_runlane(lane=sqlite_lane(path), queues=[queue("default", default=True)]) as reader:
+            run = await reader.runs.get(run_id)
+            assert run is not None
+            attempts = await reader.runs.attempts(run_id)
+            return run.status, attempts[-1].release_reason
+
+    return asyncio.run(read())
+
+
+@pytest.mark.parametrize("ending", ["return", "wait"])
+def test_a_process_exiting_while_a_cooperative_def_handler_runs_hands_its_run_back(tmp_path, ending) -> None:
+    # Def handlers run in a thread pool the interpreter joins at exit before any atexit hook: the facade
+    # must abort ctx.signal before that join, as it does for an async handler, or the exit waits for the
+    # handler as long as it runs.
+    path, running = tmp_path / "runlane.db", tmp_path / "running"
+    process = subprocess.Popen(
+        [sys.executable, "-c", COOPERATIVE_DEF_HANDLER, str(path), str(running), ending],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not running.exists():
+            assert process.poll() is None and time.monotonic() < deadline, "the handler never started"
+            time.sleep(0.005)
+        started_exit = time.monotonic()
+        if ending == "wait":
+            process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+        exited_in = time.monotonic() - started_exit
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert exited_in < EXIT_CLOSE_S / 2, f"the exit waited {exited_in:.1f} s for the handler: {stderr}"
+    if ending == "return":
+        assert process.returncode == 0, stderr
+    assert "storage_unavailable" not in stderr, stderr
+    assert stored_attempt(path, stdout.strip()) == (RunStatus.RELEASED, "worker_stopped")
+
+
+# Hooks registered in this order run in the reverse one: ``late`` first uses the facade while the process
+# exits (after the facade's own exit hook ran), then ``report`` says whether the runtime it started was closed.
+FIRST_USED_AT_EXIT = """
+import atexit, sys
+from runlane import create_runlane, queue, task
+from runlane_local import sqlite_lane
+
+default = queue("default", default=True)
+
+
+@task("echo")
+def echo(payload: dict) -> dict:
+    return payload
+
+
+runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[echo])
+
+
+def report() -> None:
+    print("closed" if runlane.closed else "still open", flush=True)
+
+
+def late() -> None:
+    print(runlane.sync.run_now(echo, {"n": 1}).status.value, flush=True)
+
+
+atexit.register(report)
+atexit.register(late)
+"""
+
+
+def test_a_facade_first_used_by_an_atexit_hook_closes_its_runtime_and_says_the_process_is_exiting(tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_USED_AT_EXIT, str(tmp_path / "runlane.db")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # The def handler gets no thread this late: the run is handed back for a worker, and the log says why,
+    # not that the process is at a limit on threads.
+    assert done.stdout.split() == ["released", "closed"], done.stderr
+    assert "this process is exiting" in done.stderr, done.stderr
+    assert "ulimit" not in done.stderr, done.stderr
+
+
+
+# A thread still running when the main module returns goes on using the facade: the runtime closes once
+# the interpreter has waited for it, not when the workers stop.
+THREAD_OUTLIVES_MAIN = """
+import sys, threading, time
+from runlane import create_runlane, queue, task
+from runlane_local import sqlite_lane
+
+default = queue("default", default=True)
+
+
+@task("echo")
+def echo(payload: dict) -> dict:
+    return payload
+
+
+runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[echo])
+runlane.sync.worker()
+
+
+def producer() -> None:
+    time.sleep(0.05)  # after the main module has returned
+    for n in range(3):
+        print(runlane.sync.trigger(echo, {"n": n}).outcome.value, flush=True)
+
+
+threading.Thread(target=producer).start()
+"""
+
+
+def test_a_thread_outliving_the_main_module_still_triggers_through_the_facade(tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", THREAD_OUTLIVES_MAIN, str(tmp_path / "runlane.db")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["created"] * 3, done.stderr
