@@ -605,7 +605,10 @@ _RUN_LISTS: dict[str, tuple[dict[str, Any], str]] = {
     "queue": ({"queues": ("emails",)}, "runlane_operator_runs_by_created"),
     # Filters that pick few runs out of many read only those runs (schema version 3).
     "task": ({"task_ids": ("explain.rare",)}, "runlane_operator_runs_by_task"),
-    "task, asc": ({"task_ids": ("explain.rare",), "sort_direction": SortDirection.ASC}, "runlane_operator_runs_by_task"),
+    "task, asc": (
+        {"task_ids": ("explain.rare",), "sort_direction": SortDirection.ASC},
+        "runlane_operator_runs_by_task",
+    ),
     "idempotency key": ({"idempotency_key": "order-7"}, "runlane_operator_runs_by_idempotency_key"),
     "singleton key": ({"singleton_key": "account-7"}, "runlane_operator_runs_by_singleton_key"),
     "source run": ({"source_run_id": "run_parent"}, "runlane_operator_runs_by_source_run"),

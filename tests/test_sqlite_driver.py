@@ -1172,7 +1172,9 @@ _SELECTIVE_FILTERS = {
 
 
 @pytest.mark.parametrize("index", list(_SELECTIVE_FILTERS))
-def test_a_task_key_or_source_run_filter_reads_its_own_index_and_older_files_gain_it(database: Path, index: str) -> None:
+def test_a_task_key_or_source_run_filter_reads_its_own_index_and_older_files_gain_it(
+    database: Path, index: str
+) -> None:
     """``runs list --task / --idempotency-key / --singleton-key / --source-run`` read the matching runs
     in created order from an index of their own, not every run of the environment."""
     asyncio.run(_start_and_close(sqlite_storage(database)))
