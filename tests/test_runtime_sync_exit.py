@@ -95,10 +95,9 @@ def test_a_process_exiting_while_a_cooperative_def_handler_runs_hands_its_run_ba
     assert stored_attempt(path, stdout.strip()) == (RunStatus.RELEASED, "worker_stopped")
 
 
-# Hooks registered in this order run in the reverse one: ``late`` first uses the facade while the process
-# exits (after the facade's own exit hook ran), then ``report`` says whether the runtime it started was closed.
-FIRST_USED_AT_EXIT = """
-import atexit, sys
+# The head of the scripts below: a runtime with a def task ``echo`` over the SQLite file of argv[1].
+ECHO_RUNTIME = """
+import sys
 from runlane import create_runlane, queue, task
 from runlane_local import sqlite_lane
 
@@ -111,6 +110,12 @@ def echo(payload: dict) -> dict:
 
 
 runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[echo])
+"""
+
+# Hooks registered in this order run in the reverse one: ``late`` first uses the facade while the process
+# exits (after the facade's own exit hook ran), then ``report`` says whether the runtime it started was closed.
+FIRST_USED_AT_EXIT = ECHO_RUNTIME + """
+import atexit
 
 
 def report() -> None:
@@ -139,23 +144,10 @@ def test_a_facade_first_used_by_an_atexit_hook_closes_its_runtime_and_says_the_p
     assert "ulimit" not in done.stderr, done.stderr
 
 
-
 # A thread still running when the main module returns goes on using the facade: the runtime closes once
 # the interpreter has waited for it, not when the workers stop.
-THREAD_OUTLIVES_MAIN = """
-import sys, threading, time
-from runlane import create_runlane, queue, task
-from runlane_local import sqlite_lane
-
-default = queue("default", default=True)
-
-
-@task("echo")
-def echo(payload: dict) -> dict:
-    return payload
-
-
-runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[echo])
+THREAD_OUTLIVES_MAIN = ECHO_RUNTIME + """
+import threading, time
 runlane.sync.worker()
 
 
