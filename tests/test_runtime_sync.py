@@ -219,8 +219,9 @@ print(run_id, flush=True)
 
 @pytest.mark.parametrize("handler", ["slow", "slow_async"])
 def test_a_process_exiting_without_close_records_the_running_attempt_on_sqlite(tmp_path, handler) -> None:
-    # At exit the facade closes the runtime, which waits for the attempt and writes its outcome: after
-    # the interpreter's thread pools stopped taking work, which the SQLite lane must not depend on.
+    # At exit the facade stops its workers (a handler that does not look at ctx.signal runs on) and closes
+    # the runtime, which waits for the attempt and writes its outcome: after the interpreter's thread pools
+    # stopped taking work, which the SQLite lane must not depend on.
     from runlane import create_runlane, queue
     from runlane_local import sqlite_lane
 
