@@ -16,6 +16,7 @@ __all__ = [
     "RunlaneError",
     "StorageConflictKind",
     "create_storage_conflict_error",
+    "describe_exception",
     "get_storage_conflict_kind",
     "is_storage_conflict",
 ]
@@ -133,6 +134,12 @@ def get_storage_conflict_kind(error: BaseException) -> StorageConflictKind | Non
 def is_storage_conflict(error: BaseException, kind: StorageConflictKind | None = None) -> bool:
     found = get_storage_conflict_kind(error)
     return found is not None and (kind is None or found is kind)
+
+
+def describe_exception(error: BaseException) -> str:
+    """``Type: message`` of an exception from code runlane calls, or the type alone when it has no
+    message (``SystemExit()``, a bare ``raise KeyError``)."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def pydantic_message(detail: Any) -> str:

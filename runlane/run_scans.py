@@ -15,6 +15,7 @@ __all__ = [
     "get_run_attempt_timeout_finalization_available_at",
     "get_run_cancellation_finalization_available_at",
     "get_run_delivery_recovery_available_at",
+    "get_run_dispatch_available_at",
     "get_run_runnable_available_at",
     "is_run_dispatch_reservation",
     "is_run_runnable_at",
@@ -46,6 +47,14 @@ def get_run_delivery_recovery_available_at(run: RunRecord) -> datetime | None:
     if status is RunStatus.RUNNING:
         return run.lease.expires_at if run.lease is not None else run.updated_at
     return None
+
+
+def get_run_dispatch_available_at(run: RunRecord) -> datetime | None:
+    """When a bounded queue's run may be dispatched (reserved, and its delivery requested): a queued run
+    when due, or once the reservation it holds expires; other runs when delivery recovery is due."""
+    if run.status is RunStatus.QUEUED:
+        return run.dispatch_expires_at or get_run_runnable_available_at(run)
+    return get_run_delivery_recovery_available_at(run)
 
 
 def get_run_cancellation_finalization_available_at(run: RunRecord) -> datetime | None:

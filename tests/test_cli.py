@@ -320,7 +320,7 @@ broken = Broken()
     document = json.loads(listed.stdout)
     assert [failure["name"] for failure in document["failures"]] == ["broken"]
     assert document["collisions"] == [
-        "the lane 'sqlite' is registered by plugins 'local' and 'clash'; selecting it fails",
+        "the lane 'sqlite' is registered by plugin 'local' and plugin 'clash'; selecting it fails",
         "the command 'tools' is added by plugins 'clash' and 'echo'; it is added by neither",
     ]
     # A configuration that does not select the ambiguous name still works; one that does names both plugins.

@@ -8,6 +8,7 @@ Entry points are real ``importlib.metadata`` ones, read from a ``.dist-info`` di
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import sys
@@ -83,15 +84,17 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
             del sys.modules[name]
 
 
-def registered_on_pm(plugins: dict[str, object]) -> None:
+@contextlib.contextmanager
+def registered_on_pm(plugins: dict[str, object]) -> Iterator[None]:
+    """``plugins`` (name -> plugin) registered on the real manager for the block, as the docs' test does."""
     for name, plugin in plugins.items():
         pm.register(plugin, name=name)
-
-
-def unregister_from_pm(plugins: dict[str, object]) -> None:
-    for name in plugins:
-        if pm.has_plugin(name):
-            pm.unregister(name=name)
+    try:
+        yield
+    finally:
+        for name in plugins:
+            if pm.has_plugin(name):
+                pm.unregister(name=name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,16 +187,13 @@ def test_a_registration_hook_that_exits_skips_its_plugin_and_runlane_still_start
             sys.exit(7)
 
     plugins = {"exiting-hook": Exiting()}
-    registered_on_pm(plugins)
-    try:
+    with registered_on_pm(plugins):
         app = build_app()
         err = capsys.readouterr().err
         assert "skipped plugin 'exiting-hook'" in err and "failed in register_lanes: SystemExit: 7" in err
         assert not pm.has_plugin("exiting-hook")
         version = CliRunner().invoke(app, ["--version"])
         assert version.exit_code == 0 and version.output.startswith("runlane ")
-    finally:
-        unregister_from_pm(plugins)
 
 
 async def _exit_later(options, context):
@@ -211,16 +211,13 @@ def test_a_provider_whose_create_exits_is_a_configuration_error_naming_its_plugi
 
     config = write(tmp_path / "runlane.toml", '[lane]\nuse = "exiting-lane"\n')
     plugins = {"exiting-create": Plugin()}
-    registered_on_pm(plugins)
-    try:
+    with registered_on_pm(plugins):
         result = CliRunner().invoke(build_app(), ["-c", str(config), "runs", "list"])
         assert result.exit_code == 1, result.output
         assert (
             "error[configuration_invalid]: The lane 'exiting-lane' of plugin 'exiting-create' failed to start: "
             "SystemExit: " in result.output
         )
-    finally:
-        unregister_from_pm(plugins)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,15 +239,12 @@ def test_register_commands_taking_no_arguments_keeps_its_plugin(capsys: pytest.C
             register(LaneProvider("quiet-lane", NoOptions, lambda options, context: None))
 
     plugins = {"quiet": Quiet()}
-    registered_on_pm(plugins)
-    try:
+    with registered_on_pm(plugins):
         build_app()
         assert calls == ["register_commands"]
         assert "skipped plugin 'quiet'" not in capsys.readouterr().err
         assert pm.has_plugin("quiet")
         assert manager.get_registries().lanes.get("quiet-lane").plugin == "quiet"
-    finally:
-        unregister_from_pm(plugins)
 
 
 def test_a_plugin_command_that_raises_is_reported_naming_command_and_plugin() -> None:
@@ -272,8 +266,7 @@ def test_a_plugin_command_that_raises_is_reported_naming_command_and_plugin() ->
             app.add_typer(tools, name="exploding-tools")
 
     plugins = {"exploding": Exploding()}
-    registered_on_pm(plugins)
-    try:
+    with registered_on_pm(plugins):
         app = build_app()
         plain = CliRunner().invoke(app, ["explode"])
         assert plain.exit_code == 1 and isinstance(plain.exception, SystemExit)
@@ -288,8 +281,6 @@ def test_a_plugin_command_that_raises_is_reported_naming_command_and_plugin() ->
         assert error["meta"] == {"command": "explode", "plugin": "exploding", "exception": "ValueError"}
         assert "Traceback" not in plain.output + as_json.output
         assert CliRunner().invoke(app, ["exploding-tools", "leave"]).exit_code == 3
-    finally:
-        unregister_from_pm(plugins)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,14 +306,11 @@ def test_a_name_one_plugin_registers_twice_says_so() -> None:
     )
 
     plugins = {"broken-twice": Twice()}
-    registered_on_pm(plugins)
-    try:
+    with registered_on_pm(plugins):
         listed = CliRunner().invoke(build_app(), ["--json", "plugins", "list"])
         assert listed.exit_code == 0, listed.output
         collisions = json.loads(listed.output.strip().splitlines()[-1])["collisions"]
         assert "the lane 'doubled' is registered twice by plugin 'broken-twice'; selecting it fails" in collisions
-    finally:
-        unregister_from_pm(plugins)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -131,12 +131,18 @@ atexit.register(late)
 """
 
 
-def test_a_facade_first_used_by_an_atexit_hook_closes_its_runtime_and_says_the_process_is_exiting(tmp_path) -> None:
+def run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` in a Python process of its own, over the SQLite file ``runlane.db`` in ``tmp_path``; it must
+    exit 0."""
     done = subprocess.run(
-        [sys.executable, "-c", FIRST_USED_AT_EXIT, str(tmp_path / "runlane.db")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [sys.executable, "-c", script, str(tmp_path / "runlane.db")], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_facade_first_used_by_an_atexit_hook_closes_its_runtime_and_says_the_process_is_exiting(tmp_path) -> None:
+    done = run_script(FIRST_USED_AT_EXIT, tmp_path)
     # The def handler gets no thread this late: the run is handed back for a worker, and the log says why,
     # not that the process is at a limit on threads.
     assert done.stdout.split() == ["released", "closed"], done.stderr
@@ -162,9 +168,5 @@ threading.Thread(target=producer).start()
 
 
 def test_a_thread_outliving_the_main_module_still_triggers_through_the_facade(tmp_path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", THREAD_OUTLIVES_MAIN, str(tmp_path / "runlane.db")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = run_script(THREAD_OUTLIVES_MAIN, tmp_path)
     assert done.stdout.split() == ["created"] * 3, done.stderr

@@ -33,7 +33,7 @@ from typer.core import TyperGroup
 from .. import __version__
 from ..config import LoadedConfig, build_runtime, load_config
 from ..core.runtime import Runlane
-from ..errors import ErrorCode, RunlaneError
+from ..errors import ErrorCode, RunlaneError, describe_exception
 from ..plugins.manager import get_registries, load_plugins, pm, skip_plugin
 from ..plugins.registries import ProviderContext, Registries, validate_options
 from .output import Output, forward_runtime_logs
@@ -119,14 +119,14 @@ def _is_sink(value: Any) -> bool:
 
 def _created(provider: Any, create: Callable[[], Any], valid: Callable[[Any], bool], expected: str) -> Any:
     """``create()``, a provider's ``create`` (its result awaited when it is awaitable): a plain exception
-    from the plugin's code, or a result that is not ``expected``, becomes a ``configuration_invalid``
-    naming the provider and its plugin, not a traceback."""
+    from the plugin's code, ``sys.exit()`` in it, or a result that is not ``expected``, becomes a
+    ``configuration_invalid`` naming the provider and its plugin, not a traceback or a silent exit."""
     try:
         created = create()
     except RunlaneError:
         raise
-    except Exception as error:
-        raise _provider_failed(provider, f"{type(error).__name__}: {error}", error) from error
+    except (Exception, SystemExit) as error:
+        raise _provider_failed(provider, describe_exception(error), error) from error
     if inspect.isawaitable(created):
 
         async def checked() -> Any:
@@ -134,8 +134,8 @@ def _created(provider: Any, create: Callable[[], Any], valid: Callable[[Any], bo
                 value = await created
             except RunlaneError:
                 raise
-            except Exception as error:
-                raise _provider_failed(provider, f"{type(error).__name__}: {error}", error) from error
+            except (Exception, SystemExit) as error:
+                raise _provider_failed(provider, describe_exception(error), error) from error
             return _valid_creation(provider, value, valid, expected)
 
         return checked()
@@ -715,12 +715,11 @@ class _RootGroup(TyperGroup):
                 or (isinstance(error, OSError) and error.errno == errno.EPIPE)
             ):
                 raise
-            described = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
             state_of(ctx).output.error(
                 RunlaneError(
                     ErrorCode.INTERNAL_ERROR,
-                    f"command {ctx.invoked_subcommand!r} of plugin {plugin!r} failed: {described}. Report it to "
-                    "the plugin's authors, or leave the plugin out with RUNLANE_LOAD_PLUGINS.",
+                    f"command {ctx.invoked_subcommand!r} of plugin {plugin!r} failed: {describe_exception(error)}. "
+                    "Report it to the plugin's authors, or leave the plugin out with RUNLANE_LOAD_PLUGINS.",
                     meta={"command": ctx.invoked_subcommand, "plugin": plugin, "exception": type(error).__name__},
                     cause=error,
                 )

@@ -57,9 +57,7 @@ def _collisions(commands: dict[str, list[str]]) -> list[str]:
     notes = []
     for registry in (registries.lanes, registries.storage_drivers, registries.transports, registries.exporters):
         for name, plugins in sorted(registry.collisions.items()):
-            owners = " and ".join(repr(plugin) for plugin in dict.fromkeys(plugins))
-            by = registered_by(plugins) if len(set(plugins)) == 1 else f"registered by plugins {owners}"
-            notes.append(f"the {registry.kind} {name!r} is {by}; selecting it fails")
+            notes.append(f"the {registry.kind} {name!r} is {registered_by(plugins)}; selecting it fails")
     adding: dict[str, list[str]] = {}
     for plugin, names in sorted(commands.items()):
         for name in names:

@@ -76,15 +76,15 @@ from ..storage.codecs import encode_iso_date
 from ..storage.types import StorageLimitError
 from ..vocabulary import ActorType, RunSourceType, RunStatus, RunWaitConditionType
 from .authoring import (
+    MAX_REPORTED_ERRORS,
     RetryPolicy,
     TaskDefinition,
     TaskRelease,
     build_run_wait,
     build_signal_wait,
     build_time_release,
-    MAX_REPORTED_ERRORS,
-    error_location,
     gives_back,
+    summarize_errors,
     validation_errors,
 )
 from .cancellation import CancellationController, CancellationSignal, link_signals
@@ -740,16 +740,9 @@ class _StepOutputDrift(RunlaneError):
         self.failure = failure
 
 
-# How many of the schema's errors the message of a step output drift lists (``meta`` has the rest).
-_SUMMARISED_STEP_ERRORS = 3
-
-
 def _step_output_drift(step_key: str, error: ValidationError) -> _StepOutputDrift:
-    errors, _summary = validation_errors(error)  # the summary may quote the stored value: not persisted
-    where = [error_location(item["loc"]) if item["loc"] else "output" for item in errors]
-    summary = "; ".join(f"{loc}: {item['msg']}" for loc, item in zip(where, errors[:_SUMMARISED_STEP_ERRORS]))
-    if len(errors) > _SUMMARISED_STEP_ERRORS:
-        summary += f"; and {len(errors) - _SUMMARISED_STEP_ERRORS} more"
+    errors, _quoting = validation_errors(error)  # that summary may quote the stored value: not persisted
+    summary = summarize_errors(errors, whole="output")  # of the persistable errors
     return _StepOutputDrift(
         RunFailure(
             code=ErrorCode.VALIDATION_FAILED,

@@ -15,7 +15,7 @@ import functools
 import inspect
 import json
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from typing import Any, ClassVar, Literal, TypeAlias, cast
@@ -680,10 +680,18 @@ def validation_errors(error: ValidationError) -> tuple[list[dict[str, Any]], str
     kind. The summary, which only the caller sees (persisted failure messages are normalized), keeps it.
     """
     errors = json.loads(error.json(include_url=False, include_input=False))
-    summary = "; ".join(f"{error_location(item['loc'])}: {item['msg']}" for item in errors[:_MAX_SUMMARISED_ERRORS])
+    return [_persistable(item) for item in errors], summarize_errors(errors)
+
+
+def summarize_errors(errors: Sequence[Mapping[str, Any]], whole: str = "payload") -> str:
+    """One line naming the first few of ``errors`` (each where it is and its message), and how many more
+    there are; ``whole`` names an error of the whole value."""
+    summary = "; ".join(
+        f"{error_location(item['loc'], whole)}: {item['msg']}" for item in errors[:_MAX_SUMMARISED_ERRORS]
+    )
     if len(errors) > _MAX_SUMMARISED_ERRORS:
         summary += f"; and {len(errors) - _MAX_SUMMARISED_ERRORS} more"
-    return [_persistable(item) for item in errors], summary
+    return summary
 
 
 # pydantic's own error types, whose messages are written from the schema (limits, expected values).
@@ -710,10 +718,10 @@ def _payload_validation_error(task_id: str, subject: str, error: ValidationError
     )
 
 
-def error_location(loc: Sequence[str | int]) -> str:
-    """Where a validation error is: ``payload`` for the whole, ``items[0].sku`` for a part."""
+def error_location(loc: Sequence[str | int], whole: str = "payload") -> str:
+    """Where a validation error is: ``whole`` (``payload``) for the whole, ``items[0].sku`` for a part."""
     if not loc:
-        return "payload"
+        return whole
     text = ""
     for part in loc:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))

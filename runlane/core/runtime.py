@@ -80,7 +80,7 @@ from ..run_scans import (
     get_run_attempt_timeout_finalization_available_at,
     get_run_cancellation_finalization_available_at,
     get_run_delivery_recovery_available_at,
-    get_run_runnable_available_at,
+    get_run_dispatch_available_at,
 )
 from ..storage import (
     PaginationParams,
@@ -1075,33 +1075,19 @@ class Runlane:
     def resolve_queues(self, queues: object) -> tuple[str, ...]:
         if queues is None:
             return tuple(self._queues)
-        if isinstance(queues, (str, QueueDefinition)):
-            queues = [queues]
-        if not isinstance(queues, Iterable):
-            raise _invalid(f"queues must be a list of queue definitions or names, got {queues!r}.", field="queues")
-        names = tuple(dict.fromkeys(self.resolve_queue(item, "queues").name for item in queues))
-        if not names:
-            raise _invalid("queues must name at least one registered queue (omit it for all queues).", field="queues")
-        return names
+        return self._queue_names(queues, lambda item: self.resolve_queue(item, "queues").name, "registered queue")
 
     def filter_queue_names(self, queues: object) -> tuple[str, ...]:
         """The queue names a listing filters by. A name need not be registered: runs of a queue an
         earlier release had (renamed or removed since) stay in storage, and operators must find them to
         cancel or rerun them, as with task ids. A ``queue(...)`` definition is checked like any other."""
-        if isinstance(queues, (str, QueueDefinition)):
-            queues = [queues]
-        if not isinstance(queues, Iterable):
-            raise _invalid(f"queues must be a list of queue definitions or names, got {queues!r}.", field="queues")
-        names = tuple(
-            dict.fromkeys(
-                validate_id(item, "queue name", code=ErrorCode.VALIDATION_FAILED)
-                if isinstance(item, str)
-                else self.resolve_queue(item, "queues").name
-                for item in queues
-            )
-        )
-        if not names:
-            raise _invalid("queues must name at least one queue (omit it for all queues).", field="queues")
+
+        def name_of(item: object) -> str:
+            if isinstance(item, str):
+                return validate_id(item, "queue name", code=ErrorCode.VALIDATION_FAILED)
+            return self.resolve_queue(item, "queues").name
+
+        names = self._queue_names(queues, name_of, "queue")
         if len(names) > _MAX_FILTER_VALUES:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
@@ -1109,6 +1095,18 @@ class Runlane:
                 "list fewer at a time, or list without the filter.",
                 meta={"field": "queues"},
             )
+        return names
+
+    @staticmethod
+    def _queue_names(queues: object, name_of: Callable[[object], str], what: str) -> tuple[str, ...]:
+        """``name_of`` each of ``queues`` (one queue, or several), each name once; at least one."""
+        if isinstance(queues, (str, QueueDefinition)):
+            queues = [queues]
+        if not isinstance(queues, Iterable):
+            raise _invalid(f"queues must be a list of queue definitions or names, got {queues!r}.", field="queues")
+        names = tuple(dict.fromkeys(name_of(item) for item in queues))
+        if not names:
+            raise _invalid(f"queues must name at least one {what} (omit it for all queues).", field="queues")
         return names
 
     def prepare_create(
@@ -2206,10 +2204,7 @@ class Runlane:
         def build(run: RunRecord, at: datetime) -> list[RunEvent]:
             if run.queue in self._store.queue_limits:
                 return []  # bounded again: the dispatch phase reserves it
-            if run.status is RunStatus.QUEUED:
-                available = run.dispatch_expires_at or get_run_runnable_available_at(run)
-            else:
-                available = get_run_delivery_recovery_available_at(run)
+            available = get_run_dispatch_available_at(run)
             if available is None or available > at:
                 return []  # a reservation whose wakeup is still out, or not due yet
             if run.status is RunStatus.RUNNING and self._store.lease_held_here(run):
@@ -2305,7 +2300,6 @@ def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimit
     do instead."""
     sizes = {"payload": len(canonical_json(spec.payload)), "meta": len(canonical_json(spec.meta or {}))}
     largest = max(sizes, key=sizes.__getitem__)
-    advice = f"pass a reference to large data (an id or a URL) in the {largest} instead."
     if spec.source is not None and spec.source.type in (RunSourceType.RERUN, RunSourceType.MANUAL_RETRY):
         # The payload is its source's, which fitted: what this call adds is what does not.
         advice = (
@@ -2313,7 +2307,10 @@ def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimit
             f"or less meta (its {largest} takes {sizes[largest]:,} bytes)."
         )
     else:
-        advice = f"its {largest} takes {sizes[largest]:,} bytes: {advice}"
+        advice = (
+            f"its {largest} takes {sizes[largest]:,} bytes: pass a reference to large data (an id or a URL) in "
+            f"the {largest} instead."
+        )
     return StorageLimitError(
         error.limit,
         error.allowed,

@@ -78,6 +78,7 @@ from ..run_scans import (
     get_run_attempt_timeout_finalization_available_at,
     get_run_cancellation_finalization_available_at,
     get_run_delivery_recovery_available_at,
+    get_run_dispatch_available_at,
     get_run_runnable_available_at,
 )
 from ..storage import (
@@ -1258,9 +1259,7 @@ class _Attempt:
         # reserved run turns the reservation into the lease occupant.
         bounded = new.queue in self.store.queue_limits
         wanted = _occupancy(new) if bounded else None
-        occupied = old is not None and (
-            (bounded and (old.status in _ATTEMPT_OWNERS or _occupancy(old) is not None)) or _reserved(old)
-        )
+        occupied = old is not None and ((bounded and old.status in _ATTEMPT_OWNERS) or _reserved(old))
         if wanted is not None or occupied:
             key = queue_capacity_key(env, new.queue, new.concurrency_key)
             self.require((key,))
@@ -2425,12 +2424,9 @@ class CoreStore:
         now = attempt.now
         if run.queue not in self.queue_limits:
             return ReserveResult(run_id, None)
-        if run.status is RunStatus.QUEUED:
-            if run.dispatch_expires_at is not None and run.dispatch_expires_at > now:
-                return ReserveResult(run_id, None)  # already reserved
-            available = get_run_runnable_available_at(run)
-        else:  # a due retry or release, an expired lease: delivery recovery through the dispatch path
-            available = get_run_delivery_recovery_available_at(run)
+        # Not yet due, or reserved already; a due retry or release, or an expired lease, is recovered
+        # through the dispatch path too.
+        available = get_run_dispatch_available_at(run)
         if available is None or available > now:
             return ReserveResult(run_id, None)
         if not attempt.free_slots(run):

@@ -39,6 +39,7 @@ __all__ = [
     "get_registries",
     "load_entry_point_plugins",
     "load_plugins",
+    "normalize_plugin_name",
     "plugin_allowlist",
     "pm",
     "skip_plugin",
@@ -115,7 +116,9 @@ for _module_name in DEFAULT_PLUGINS:
     _origins[_module_name] = _Origin("runlane", _runlane_version())
 
 
-def _normalize(name: str) -> str:
+def normalize_plugin_name(name: str) -> str:
+    """A plugin or distribution name as the allowlist and comparisons see it (``Runlane_Local`` is
+    ``runlane-local``)."""
     return name.strip().lower().replace("_", "-").replace(".", "-")
 
 
@@ -124,7 +127,7 @@ def plugin_allowlist(environ: os._Environ[str] | dict[str, str] | None = None) -
     value = (os.environ if environ is None else environ).get(LOAD_PLUGINS_ENV)
     if value is None:
         return None
-    return frozenset(_normalize(part) for part in value.split(",") if part.strip())
+    return frozenset(normalize_plugin_name(part) for part in value.split(",") if part.strip())
 
 
 def runlane_entry_points() -> Iterable[Any]:
@@ -162,11 +165,12 @@ def load_entry_point_plugins(
     for entry_point in entry_points:
         name = entry_point.name
         origin = _distribution_of(entry_point)
-        known.add(_normalize(name))
+        known.add(normalize_plugin_name(name))
         if origin.distribution:
-            known.add(_normalize(origin.distribution))
+            known.add(normalize_plugin_name(origin.distribution))
         if allowlist is not None and not (
-            _normalize(name) in allowlist or (origin.distribution and _normalize(origin.distribution) in allowlist)
+            normalize_plugin_name(name) in allowlist
+            or (origin.distribution and normalize_plugin_name(origin.distribution) in allowlist)
         ):
             if left_out is not None and name not in left_out:
                 left_out.append(name)  # for the hint of a name nothing registered
@@ -203,7 +207,7 @@ def load_entry_point_plugins(
 
 
 def _same_distribution(first: str | None, second: str | None) -> bool:
-    return (first and _normalize(first)) == (second and _normalize(second))
+    return (first and normalize_plugin_name(first)) == (second and normalize_plugin_name(second))
 
 
 def _taken_name(name: str, holder: _Origin, origin: _Origin) -> str:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import os
 import typing
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar, cast
@@ -21,7 +20,7 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 import pluggy
 from pydantic import BaseModel, ValidationError
 
-from ..errors import ErrorCode, RunlaneError, pydantic_message
+from ..errors import ErrorCode, RunlaneError, describe_exception, pydantic_message
 
 if typing.TYPE_CHECKING:
     from ..core.lanes import Lane, TransportAdapter
@@ -135,10 +134,10 @@ def _missing_hint(distribution: str) -> str:
     is installed, why its plugin did not load (skipped, or left out by ``RUNLANE_LOAD_PLUGINS``)."""
     import importlib.metadata
 
-    from .manager import LOAD_PLUGINS_ENV, get_plugin_failures, plugin_allowlist
+    from .manager import LOAD_PLUGINS_ENV, get_plugin_failures, normalize_plugin_name, plugin_allowlist
 
     for failure in get_plugin_failures():
-        if failure.distribution and failure.distribution.lower().replace("_", "-") == distribution:
+        if failure.distribution and normalize_plugin_name(failure.distribution) == distribution:
             why = failure.error.rstrip(".")
             return f" {distribution} is installed, but its plugin {failure.name!r} was skipped: {why}."
     if plugin_allowlist() is not None:
@@ -204,7 +203,7 @@ class ProviderRegistry(Generic[P]):
                 plugin=plugin,
             )
         existing = self._providers.get(provider.name)
-        stamped = dataclasses.replace(provider, plugin=plugin, create=_exit_reported(provider, plugin))
+        stamped = dataclasses.replace(provider, plugin=plugin)
         if existing is not None:
             # Every provider in ``_providers`` was stamped with its plugin above.
             plugins = self._collisions.setdefault(provider.name, [cast(str, existing.plugin)])
@@ -268,41 +267,6 @@ class ProviderRegistry(Generic[P]):
 
     def __len__(self) -> int:
         return len(self._providers)
-
-
-def _described(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
-def _exit_reported(provider: _Provider, plugin: str) -> Callable[[Any, ProviderContext], Any]:
-    """``provider.create``, except that ``sys.exit()`` in it (or in the awaitable it returns) raises the
-    ``configuration_invalid`` naming the provider and its plugin that any exception of it becomes, instead
-    of ending runlane silently with the plugin's exit status."""
-    create = provider.create
-
-    def exited(error: SystemExit) -> RunlaneError:
-        return _invalid(
-            f"The {provider.kind} {provider.name!r} of plugin {plugin!r} failed to start: {_described(error)}. "
-            "Check its options, or report it to the plugin's authors.",
-            provider=provider.name,
-            plugin=plugin,
-        )
-
-    async def awaited(created: Awaitable[Any]) -> Any:
-        try:
-            return await created
-        except SystemExit as error:
-            raise exited(error) from error
-
-    @functools.wraps(create)
-    def guarded(options: Any, context: ProviderContext) -> Any:
-        try:
-            created = create(options, context)
-        except SystemExit as error:
-            raise exited(error) from error
-        return awaited(created) if inspect.isawaitable(created) else created
-
-    return guarded
 
 
 def registered_by(plugins: Sequence[str]) -> str:
@@ -468,7 +432,7 @@ def _call_per_plugin(
         # included) silently with the plugin's exit status.
         except (Exception, SystemExit) as error:
             raise _invalid(
-                f"Plugin {impl.plugin_name!r} failed in {hook_name}: {_described(error)}",
+                f"Plugin {impl.plugin_name!r} failed in {hook_name}: {describe_exception(error)}",
                 plugin=impl.plugin_name,
                 hook=hook_name,
             ) from error
