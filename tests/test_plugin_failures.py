@@ -39,14 +39,18 @@ def new_manager() -> pluggy.PluginManager:
     return fresh
 
 
-def install(site: Path, distribution: str, entry_points: dict[str, str], modules: dict[str, str]) -> list[Any]:
+def install(
+    site: Path, distribution: str, entry_points: dict[str, str], modules: dict[str, str], requires: tuple[str, ...] = ()
+) -> list[Any]:
     """Write ``distribution`` (its modules and a ``.dist-info`` declaring ``entry_points`` in the ``runlane``
-    group) into ``site``; returns its entry points as ``importlib.metadata`` reads them."""
+    group and ``requires`` as its ``Requires-Dist`` lines) into ``site``; returns its entry points as
+    ``importlib.metadata`` reads them."""
     for module, source in modules.items():
         write(site / f"{module}.py", source)
     info = site / f"{distribution.replace('-', '_')}-0.1.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
+    requires_dist = "".join(f"Requires-Dist: {line}\n" for line in requires)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n{requires_dist}")
     lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
     (info / "entry_points.txt").write_text(f"[runlane]\n{lines}")
     (dist,) = importlib.metadata.distributions(path=[str(info.parent)], name=distribution)
@@ -170,6 +174,58 @@ def test_a_misspelt_or_unknown_hook_is_reported_and_not_listed_and_the_valid_one
     assert collect_registries(fresh).lanes.names() == ["typo-lane"]
     (info,) = [info for info in get_plugins(fresh) if info.name == "typo"]
     assert info.hooks == ("register_lanes",)
+
+
+# ---------------------------------------------------------------------------------------------
+# The runlane releases a plugin declares it works with
+
+
+def test_a_plugin_made_for_other_runlane_releases_is_reported_loaded_and_listed_as_incompatible(
+    site: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    requires = ("runlane<0.1", "runlane[tui]>=99; extra == 'dashboard'", "pydantic>=2")
+    entry_points = install(site, "runlane-old", {"old": "runlane_old"}, {"runlane_old": lane_module("old-lane")}, requires)
+    fresh = new_manager()
+    assert load_entry_point_plugins(fresh, entry_points) == ["old"]
+    (line,) = capsys.readouterr().err.splitlines()
+    installed = importlib.metadata.version("runlane")
+    assert line.startswith("runlane: plugin 'old' from runlane-old 0.1 declares it works with runlane<0.1, ")
+    assert f"but runlane {installed} is installed; it is loaded and may fail." in line
+    assert "pip install 'runlane<0.1'" in line
+    assert collect_registries(fresh).lanes.names() == ["old-lane"]  # loaded all the same
+    (info,) = [info for info in get_plugins(fresh) if info.name == "old"]
+    assert (info.requires_runlane, info.runlane_compatible) == ("<0.1", False)
+    assert info.to_json()["runlane_compatible"] is False
+
+
+def test_a_plugin_made_for_this_runlane_or_declaring_no_range_loads_without_a_word(
+    site: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = {"runlane_fits": lane_module("fits-lane"), "runlane_any": lane_module("any-lane")}
+    fits = install(site, "runlane-fits", {"fits": "runlane_fits"}, {"runlane_fits": module["runlane_fits"]},
+                   ("Runlane>=0.1.0,<100",))
+    unpinned = install(site, "runlane-any", {"any": "runlane_any"}, {"runlane_any": module["runlane_any"]},
+                       ("runlane",))
+    fresh = new_manager()
+    assert load_entry_point_plugins(fresh, [*fits, *unpinned]) == ["fits", "any"]
+    assert capsys.readouterr().err == ""
+    infos = {info.name: info for info in get_plugins(fresh)}
+    assert (infos["fits"].requires_runlane, infos["fits"].runlane_compatible) == ("<100,>=0.1.0", True)
+    assert (infos["any"].requires_runlane, infos["any"].runlane_compatible) == (None, None)
+
+
+def test_plugins_list_shows_a_plugin_made_for_other_runlane_releases(site: Path) -> None:
+    install(site, "runlane-new", {"new": "runlane_new"}, {"runlane_new": lane_module("new-lane")}, ("runlane>=99",))
+    env = {"PYTHONPATH": str(site)}
+    listed = cli(site, "--json", "plugins", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    (new,) = [plugin for plugin in json.loads(listed.stdout)["plugins"] if plugin["name"] == "new"]
+    assert (new["requires_runlane"], new["runlane_compatible"]) == (">=99", False)
+    assert new["provides"] == {"lanes": ["new-lane"]}
+    assert "plugin 'new' from runlane-new 0.1 declares it works with runlane>=99" in listed.stderr
+    table = cli(site, "plugins", "list", env=env)
+    assert table.returncode == 0, table.stderr
+    assert "plugin 'new' declares it works with runlane>=99, not with the runlane installed" in table.stderr
 
 
 # ---------------------------------------------------------------------------------------------

@@ -784,6 +784,12 @@ class Output:
         self.stdout.print(table)
         for failure in failures:
             self.warn(f"skipped plugin {failure.name!r}: {failure.error}")
+        for plugin in plugins:
+            if plugin.runlane_compatible is False:
+                self.warn(
+                    f"plugin {plugin.name!r} declares it works with runlane{plugin.requires_runlane}, "
+                    "not with the runlane installed; it may fail"
+                )
         for collision in collisions:
             self.warn(collision)
 

@@ -42,6 +42,7 @@ __all__ = [
     "normalize_plugin_name",
     "plugin_allowlist",
     "pm",
+    "runlane_compatible",
     "skip_plugin",
 ]
 
@@ -64,6 +65,8 @@ HOOK_NAMES: tuple[str, ...] = tuple(
 class _Origin:
     distribution: str | None
     version: str | None
+    # The runlane releases the distribution declares it works with (``Requires-Dist: runlane...``).
+    requires_runlane: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,10 @@ class PluginInfo:
     version: str | None
     hooks: tuple[str, ...]
     provides: dict[str, list[str]] = field(default_factory=dict)
+    requires_runlane: str | None = None
+    """The runlane releases the plugin's distribution declares it works with (``>=0.1,<0.2``), if any."""
+    runlane_compatible: bool | None = None
+    """Whether the installed runlane is one of them; ``None`` when either is unknown."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +99,8 @@ class PluginInfo:
             "version": self.version,
             "hooks": list(self.hooks),
             "provides": {kind: list(names) for kind, names in self.provides.items()},
+            "requires_runlane": self.requires_runlane,
+            "runlane_compatible": self.runlane_compatible,
         }
 
 
@@ -139,7 +148,42 @@ def _distribution_of(entry_point: Any) -> _Origin:
     dist = getattr(entry_point, "dist", None)
     if dist is None:
         return _Origin(None, None)
-    return _Origin(dist.metadata["Name"] if dist.metadata else getattr(dist, "name", None), dist.version)
+    name = dist.metadata["Name"] if dist.metadata else getattr(dist, "name", None)
+    return _Origin(name, dist.version, _runlane_requirement(getattr(dist, "requires", None) or ()))
+
+
+def _runlane_requirement(requires: Iterable[str]) -> str | None:
+    """The version specifier of the ``runlane`` requirement among a distribution's ``Requires-Dist``
+    lines (the one that applies here: not an extra's, its environment marker true), if it has one."""
+    from packaging.markers import UndefinedEnvironmentName
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for line in requires:
+        try:
+            requirement = Requirement(line)
+            if normalize_plugin_name(requirement.name) != "runlane" or (
+                requirement.marker is not None and not requirement.marker.evaluate({"extra": ""})
+            ):
+                continue
+        except (InvalidRequirement, UndefinedEnvironmentName):  # metadata pip would not have installed
+            continue
+        return str(requirement.specifier) or None
+    return None
+
+
+def runlane_compatible(requires_runlane: str | None, installed: str | None = None) -> bool | None:
+    """Whether runlane ``installed`` (default: this one) is among the releases ``requires_runlane``
+    names (a version specifier such as ``>=0.1,<0.2``); ``None`` when either is unknown."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion
+
+    installed = installed if installed is not None else _runlane_version()
+    if requires_runlane is None or installed is None:
+        return None
+    try:
+        return SpecifierSet(requires_runlane).contains(installed, prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return None
 
 
 def load_entry_point_plugins(
@@ -197,6 +241,7 @@ def load_entry_point_plugins(
         _origins[name] = origin
         registered.append(name)
         _report_unknown_hooks(manager, plugin, name, origin, stream)
+        _report_incompatible(name, origin, stream)
     for unknown in sorted((allowlist or frozenset()) - known):
         print(
             f"runlane: {LOAD_PLUGINS_ENV} names {unknown!r}, but no installed plugin or distribution is called "
@@ -247,6 +292,21 @@ def _report_unknown_hooks(
             f"never called.{meant} The hooks are listed in docs/plugin-hooks.md.",
             file=stream,
         )
+
+
+def _report_incompatible(name: str, origin: _Origin, stream: IO[str]) -> None:
+    """Say so when the plugin's distribution declares runlane releases this one is not among (runlane
+    was upgraded or downgraded past them): it still loads, since the range may be merely cautious, but a
+    failure it causes later then has its likely reason on record."""
+    if runlane_compatible(origin.requires_runlane) is not False:
+        return
+    print(
+        f"runlane: plugin {name!r} from {origin.distribution} {origin.version} declares it works with "
+        f"runlane{origin.requires_runlane}, but runlane {_runlane_version()} is installed; it is loaded and may "
+        f"fail. Install a release of {origin.distribution} made for this runlane, or a runlane it supports "
+        f"(pip install 'runlane{origin.requires_runlane}').",
+        file=stream,
+    )
 
 
 def left_out_plugins() -> list[str]:
@@ -318,5 +378,15 @@ def get_plugins(manager: pluggy.PluginManager | None = None) -> list[PluginInfo]
         origin = _origins.get(name, _Origin(None, None))
         # Only hooks runlane calls: an implementation no hookspec names is never called.
         hooks = tuple(sorted(c.name for c in manager.get_hookcallers(plugin) or () if c.has_spec()))
-        infos.append(PluginInfo(name, origin.distribution, origin.version, hooks, registries.provided_by(name)))
+        infos.append(
+            PluginInfo(
+                name,
+                origin.distribution,
+                origin.version,
+                hooks,
+                registries.provided_by(name),
+                origin.requires_runlane,
+                runlane_compatible(origin.requires_runlane),
+            )
+        )
     return sorted(infos, key=lambda info: info.name)
