@@ -184,7 +184,8 @@ def test_a_plugin_made_for_other_runlane_releases_is_reported_loaded_and_listed_
     site: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     requires = ("runlane<0.1", "runlane[tui]>=99; extra == 'dashboard'", "pydantic>=2")
-    entry_points = install(site, "runlane-old", {"old": "runlane_old"}, {"runlane_old": lane_module("old-lane")}, requires)
+    modules = {"runlane_old": lane_module("old-lane")}
+    entry_points = install(site, "runlane-old", {"old": "runlane_old"}, modules, requires)
     fresh = new_manager()
     assert load_entry_point_plugins(fresh, entry_points) == ["old"]
     (line,) = capsys.readouterr().err.splitlines()
@@ -201,11 +202,10 @@ def test_a_plugin_made_for_other_runlane_releases_is_reported_loaded_and_listed_
 def test_a_plugin_made_for_this_runlane_or_declaring_no_range_loads_without_a_word(
     site: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    module = {"runlane_fits": lane_module("fits-lane"), "runlane_any": lane_module("any-lane")}
-    fits = install(site, "runlane-fits", {"fits": "runlane_fits"}, {"runlane_fits": module["runlane_fits"]},
-                   ("Runlane>=0.1.0,<100",))
-    unpinned = install(site, "runlane-any", {"any": "runlane_any"}, {"runlane_any": module["runlane_any"]},
-                       ("runlane",))
+    fits = install(
+        site, "runlane-fits", {"fits": "runlane_fits"}, {"runlane_fits": lane_module("fits-lane")}, ("Runlane>=0.1.0,<100",)
+    )
+    unpinned = install(site, "runlane-any", {"any": "runlane_any"}, {"runlane_any": lane_module("any-lane")}, ("runlane",))
     fresh = new_manager()
     assert load_entry_point_plugins(fresh, [*fits, *unpinned]) == ["fits", "any"]
     assert capsys.readouterr().err == ""
