@@ -457,6 +457,65 @@ def test_load_plugins_is_idempotent(monkeypatch):
     assert "local" in before and "runlane.plugins.defaults" in before
 
 
+def test_registration_hooks_run_once_while_the_registered_plugins_stay_the_same():
+    calls: list[str] = []
+
+    class Counted:
+        @hookimpl
+        def register_lanes(self, register):
+            calls.append("lanes")
+            register(LaneProvider("counted-lane", NoOptions, lambda options, context: None))
+
+    class Other:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("other-lane", NoOptions, lambda options, context: None))
+
+    pm.register(Counted(), name="counted")
+    try:
+        first = get_registries()
+        assert get_registries() is first and get_plugins() and get_registries() is first
+        assert calls == ["lanes"]
+        pm.register(Other(), name="other")
+        try:
+            assert "other-lane" in get_registries().lanes  # a plugin registered since: collected again
+            assert calls == ["lanes", "lanes"]
+        finally:
+            pm.unregister(name="other")
+        assert "other-lane" not in get_registries().lanes
+    finally:
+        pm.unregister(name="counted")
+    assert "counted-lane" not in get_registries().lanes
+
+
+def test_a_cli_command_runs_an_installed_plugins_registration_hooks_once(tmp_path: Path):
+    site = tmp_path / "site"
+    info = site / "runlane_counted-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runlane-counted\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[runlane]\ncounted = runlane_counted\n")
+    (site / "runlane_counted.py").write_text(
+        "import os\n"
+        "from runlane.plugins import hookimpl\n\n\n"
+        "@hookimpl\n"
+        "def register_lanes(register):\n"
+        "    with open(os.environ['COUNTED_LOG'], 'a') as log:\n"
+        "        log.write('lanes\\n')\n"
+    )
+    log = tmp_path / "calls.log"
+    (tmp_path / "app.py").write_text('from runlane import queue\n\ndefault = queue("default", default=True)\n')
+    (tmp_path / "runlane.toml").write_text('[runlane]\ntasks = ["app"]\n\n[lane]\nuse = "sqlite"\npath = "runs.db"\n')
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{tmp_path}", "COUNTED_LOG": str(log)}
+    env.pop("RUNLANE_LOAD_PLUGINS", None)
+    for command in (["runs", "list"], ["tick"]):
+        log.unlink(missing_ok=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "runlane", *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        assert log.read_text().splitlines() == ["lanes"], command
+
+
 def test_loading_the_same_entry_point_twice_registers_it_once():
     fresh = new_manager()
     entry_point = FakeEntryPoint("once", lane_plugin("once"))

@@ -111,6 +111,9 @@ _loaded = False
 # Re-entrant: a plugin that a load imports may itself ask for the plugins (``get_registries()`` at import);
 # that inner call finds the load under way and returns instead of waiting on its own thread.
 _lock = threading.RLock()
+# The registries collected from ``pm`` and the plugins they were collected from: each command asks for
+# them several times, and a plugin's registration hooks run once for as long as the plugins stay the same.
+_collected: tuple[list[tuple[str, Any]], Registries] | None = None
 
 
 def _runlane_version() -> str | None:
@@ -332,22 +335,41 @@ def get_plugin_failures() -> list[PluginLoadFailure]:
 def get_registries(manager: pluggy.PluginManager | None = None) -> Registries:
     """Load plugins (for the default manager) and collect everything they register.
 
+    For the default manager the registration hooks run once while the registered plugins stay the
+    same; registering or unregistering one collects again.
+
     For the default manager an installed plugin whose registration fails (a hook that raises, a
     provider with a bad options model) is reported on stderr once, unregistered and skipped, like one
     that fails to import; a name two plugins register fails only where it is used. A failure of core's
     own plugins is raised. A ``manager`` passed in is collected strictly.
     """
+    global _collected
     if manager is not None:
         return collect_registries(manager)
     load_plugins()
-    while True:
-        try:
-            return collect_registries(pm, keep_collisions=True)
-        except RunlaneError as error:
-            plugin = (error.meta or {}).get("plugin")
-            if not isinstance(plugin, str) or plugin in DEFAULT_PLUGINS or not pm.has_plugin(plugin):
-                raise
-            _skip_registered(plugin, error)
+    with _lock:
+        while True:
+            plugins = pm.list_name_plugin()
+            if _collected is not None and _same_plugins(_collected[0], plugins):
+                return _collected[1]
+            try:
+                registries = collect_registries(pm, keep_collisions=True)
+            except RunlaneError as error:
+                plugin = (error.meta or {}).get("plugin")
+                if not isinstance(plugin, str) or plugin in DEFAULT_PLUGINS or not pm.has_plugin(plugin):
+                    raise
+                _skip_registered(plugin, error)
+                continue
+            _collected = (plugins, registries)
+            return registries
+
+
+def _same_plugins(first: list[tuple[str, Any]], second: list[tuple[str, Any]]) -> bool:
+    """Whether two ``list_name_plugin()`` readings name the same plugin objects (held by the first, so
+    an object id is never reused while it is compared)."""
+    return len(first) == len(second) and all(
+        name == other_name and plugin is other for (name, plugin), (other_name, other) in zip(first, second)
+    )
 
 
 def skip_plugin(name: str, reason: str) -> None:
