@@ -510,7 +510,12 @@ def test_a_cli_command_runs_an_installed_plugins_registration_hooks_once(tmp_pat
     for command in (["runs", "list"], ["tick"]):
         log.unlink(missing_ok=True)
         result = subprocess.run(
-            [sys.executable, "-m", "runlane", *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "runlane", *command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert result.returncode == 0, result.stderr
         assert log.read_text().splitlines() == ["lanes"], command
