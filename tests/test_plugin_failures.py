@@ -202,10 +202,10 @@ def test_a_plugin_made_for_other_runlane_releases_is_reported_loaded_and_listed_
 def test_a_plugin_made_for_this_runlane_or_declaring_no_range_loads_without_a_word(
     site: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fits = install(
-        site, "runlane-fits", {"fits": "runlane_fits"}, {"runlane_fits": lane_module("fits-lane")}, ("Runlane>=0.1.0,<100",)
-    )
-    unpinned = install(site, "runlane-any", {"any": "runlane_any"}, {"runlane_any": lane_module("any-lane")}, ("runlane",))
+    fits_module = {"runlane_fits": lane_module("fits-lane")}
+    fits = install(site, "runlane-fits", {"fits": "runlane_fits"}, fits_module, ("Runlane>=0.1.0,<100",))
+    any_module = {"runlane_any": lane_module("any-lane")}
+    unpinned = install(site, "runlane-any", {"any": "runlane_any"}, any_module, ("runlane",))
     fresh = new_manager()
     assert load_entry_point_plugins(fresh, [*fits, *unpinned]) == ["fits", "any"]
     assert capsys.readouterr().err == ""
