@@ -88,6 +88,61 @@ def test_init_config_for_a_production_lane_writes_options_its_plugin_accepts(
     validate_options(get_registries().lanes.get(lane), loaded.lane.options)
 
 
+def test_init_config_for_a_third_party_lane_lists_the_options_its_plugin_takes(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    info = site / "runlane_acme-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runlane-acme\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[runlane]\nacme = runlane_acme\n")
+    write(
+        site / "runlane_acme.py",
+        """
+        from pydantic import BaseModel, ConfigDict, Field
+
+        from runlane import ErrorCode, RunlaneError
+        from runlane.plugins import hookimpl
+        from runlane.plugins.registries import LaneProvider
+
+
+        class AcmeOptions(BaseModel):
+            model_config = ConfigDict(extra="forbid")
+
+            url: str = Field(description="Where the Acme server listens.")
+            timeout_seconds: float = 5.0
+            verify: bool = True
+            tags: list[str] = Field(default_factory=lambda: ["a", "b"])
+            region: str | None = None
+
+
+        def create(options, context):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"acme options: {options.model_dump_json()}")
+
+
+        @hookimpl
+        def register_lanes(register):
+            register(LaneProvider("acme", AcmeOptions, create))
+        """,
+    )
+    write(tmp_path / "app" / "__init__.py", "")
+    write(tmp_path / "app" / "tasks.py", 'from runlane import queue\n\ndefault = queue("default", default=True)\n')
+    env = {"PYTHONPATH": str(site)}
+    result = cli(tmp_path, "init", "config", "--tasks", "app.tasks", "--lane", "acme", env=env)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "runlane.toml").read_text()
+    assert 'use = "acme"\n' in text
+    assert "# The options of 'acme' (plugin 'acme'); uncomment and set the required ones.\n" in text
+    assert "# url =   # required: Where the Acme server listens.\n" in text
+    assert "# timeout_seconds = 5.0\n# verify = true\n# tags = [\"a\", \"b\"]\n# region =\n" in text
+    # As written, the config names the required key; once it is set, the plugin gets the options.
+    listed = cli(tmp_path, "runs", "list", env=env)
+    assert listed.returncode == 1 and "'url'" in listed.stderr and "Traceback" not in listed.stderr
+    filled = text.replace("# url =   # required", 'url = "http://127.0.0.1:1"   # required')
+    (tmp_path / "runlane.toml").write_text(filled.replace("# verify = true", "verify = false"))
+    listed = cli(tmp_path, "runs", "list", env=env)
+    assert listed.returncode == 1
+    assert 'acme options: {"url":"http://127.0.0.1:1","timeout_seconds":5.0,"verify":false' in listed.stderr
+
+
 def test_init_config_then_trigger_then_dev_once_executes_the_run(tmp_path: Path) -> None:
     """The first steps of a new project, each a separate process sharing the SQLite file."""
     write(tmp_path / "app" / "__init__.py", "")

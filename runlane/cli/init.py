@@ -1,4 +1,5 @@
-"""``runlane init config``: write a commented ``runlane.toml``. Never loads a runtime or plugins.
+"""``runlane init config``: write a commented ``runlane.toml``. Never loads a runtime; the installed
+plugins only tell which lanes exist and, for a lane of another plugin, which options it takes.
 
 An existing file is left alone unless ``--overwrite`` is passed.
 """
@@ -74,7 +75,7 @@ def render_config(*, tasks: list[str], runtime: str | None, lane: str) -> str:
             '# "local" (in-memory, this process only: `runlane dev` then serves the other commands),',
             '# "postgres-polling", "postgres-sqs", or a third-party lane. Its options follow `use`.',
             f"use = {_toml_string(lane)}",
-            *_lane_options(lane),
+            *(_lane_options(lane) if lane in _FIRST_PARTY_LANES else _plugin_lane_options(lane)),
             "",
         ]
     lines += [
@@ -89,6 +90,42 @@ def render_config(*, tasks: list[str], runtime: str | None, lane: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+_FIRST_PARTY_LANES = frozenset({"local", "sqlite", "postgres-polling", "postgres-sqs"})
+
+
+def _plugin_lane_options(lane: str) -> list[str]:
+    """The options of another plugin's lane, read off its options model: each commented out, a required
+    one to fill in (left unset, every command stops naming it) and an optional one with its default."""
+    provider = get_registries().lanes.get(lane)
+    fields = provider.options_model.model_fields
+    if not fields:
+        return []
+    lines = [f"# The options of {lane!r} (plugin {provider.plugin!r}); uncomment and set the required ones."]
+    for name, info in fields.items():
+        note = " ".join((info.description or "").split())
+        if info.is_required():
+            lines.append(f"# {info.alias or name} =   # required{': ' + note if note else ''}")
+            continue
+        default = _toml_value(info.get_default(call_default_factory=True))
+        assignment = f"# {info.alias or name} = {default}" if default is not None else f"# {info.alias or name} ="
+        lines.append(f"{assignment}   # {note}" if note else assignment)
+    return lines
+
+
+def _toml_value(value: object) -> str | None:
+    """``value`` as a TOML value, when it is a string, a number, a boolean or a list of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, int | float) and value == value and value not in (float("inf"), float("-inf")):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        items = [_toml_value(item) for item in value]
+        return None if None in items else "[" + ", ".join(item for item in items if item is not None) + "]"
+    return None
 
 
 def _lane_options(lane: str) -> list[str]:
