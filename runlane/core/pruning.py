@@ -8,8 +8,10 @@ Pruning runs in two phases over the generic ``StorageDriver`` contract:
    cutoff is pruned. One transaction per batch creates the tombstone (``run_tombstones``, indexed in
    ``RUN_TOMBSTONES``) with the run's exact child counts, rewrites the run record with the same
    document and *no* index entries (so it leaves every operational scan in that commit; operator
-   reads hide a run as soon as its tombstone exists), deletes the retained idempotency owner when
-   it still points to the run, and deletes the run's completion-wait marker.
+   reads hide a run as soon as its tombstone exists) and deletes the retained idempotency owner when
+   it still points to the run. The run's completion-wait marker stays: it is a durable, monotonic
+   hint that waiters were ever registered, never a count of them, so pruning cannot know none are
+   left (a waiter releasing meanwhile re-reads the run this commit rewrites, and is resumed at once).
 2. **Cleanup.** Tombstones, oldest first, lose their child records in bounded transactions: events
    (``RUN_EVENTS_BY_RUN``), steps (``RUN_STEPS_BY_RUN``) and outbox rows (``OUTBOX_BY_RUN``). Every
    child is point-read and checked against the tombstone before it is deleted, and the tombstone's
@@ -82,7 +84,7 @@ from ..storage.tables import (
     run_tombstone_key,
 )
 from ..vocabulary import PaginationCursorKind, RunStatus, run_status_values
-from .store import RUN_STEPS_COLLECTION, completion_wait_key, idempotency_owner_key, run_step_key
+from .store import RUN_STEPS_COLLECTION, idempotency_owner_key, run_step_key
 
 __all__ = [
     "DEFAULT_CLEANUP_BUDGET",
@@ -740,15 +742,13 @@ class RunPruner:
         env = self.env_key
         keys = [run_key(env, run_id) for run_id in run_ids]
         keys.extend(run_tombstone_key(env, run_id) for run_id in run_ids)
-        keys.extend(completion_wait_key(env, run_id) for run_id in run_ids)
         count = len(run_ids)
 
         async def body(tx: StorageTransaction) -> list[int]:
             found = await tx.get(keys)
             eligible: list[tuple[StorageRecord, RunRecord, RunChildCounts]] = []
             owner_keys: dict[str, StorageRecordKey] = {}
-            markers: list[StorageRecord] = []
-            for record, tombstone_record, marker in zip(found[:count], found[count : 2 * count], found[2 * count :]):
+            for record, tombstone_record in zip(found[:count], found[count:], strict=True):
                 if record is None or tombstone_record is not None:
                     continue  # gone, or already tombstoned
                 decoded = self._eligible(record, cutoff, statuses, reports or _Reports())
@@ -756,10 +756,6 @@ class RunPruner:
                     continue
                 run, children = decoded
                 eligible.append((record, run, children))
-                if marker is not None:
-                    # Waiters of a terminal run were resumed when it finished; one releasing now
-                    # re-reads it (this commit changes what it read) and is resumed at once.
-                    markers.append(marker)
                 if run.idempotency_key is not None:
                     owner_key = idempotency_owner_key(env, run.task_id, run.idempotency_key)
                     owner_keys.setdefault(owner_key.encoded, owner_key)
@@ -772,8 +768,6 @@ class RunPruner:
                 tx.create(run_tombstone_record(env, tombstone))
                 # Same document, no index entries: the run leaves every operational scan in this commit.
                 tx.replace(record, NewStorageRecord(record.key, record.document))
-            for marker in markers:
-                tx.delete(marker)
             for owner in owners:
                 if owner is None:
                     continue

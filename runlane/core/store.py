@@ -1225,8 +1225,9 @@ class _Attempt:
 
     def _completion_wait(self, new: RunRecord, effects: list[Callable[[], object]]) -> RunEvent | None:
         """For a release that waits for another run: the ``run.delivery_requested`` that resumes it in
-        the same commit when the source is already terminal; otherwise the marker is created (an
-        effect) so the source's terminal transition knows to look for waiters."""
+        the same commit when the source is already terminal, or gone (pruned since the attempt saw it;
+        the resumed attempt's ``wait_for_run`` then reports ``run_not_found``); otherwise the marker is
+        created (an effect) so the source's terminal transition knows to look for waiters."""
         wait = new.wait
         if new.status is not RunStatus.RELEASED or wait is None or wait.type is not RunWaitConditionType.RUN_COMPLETION:
             return None
@@ -1234,7 +1235,7 @@ class _Attempt:
         marker = completion_wait_key(self.env, wait.run_id)
         self.require((source_key, marker))
         source = self.peek_run(wait.run_id)
-        if source is not None and source.status in _TERMINAL:
+        if source is None or source.status in _TERMINAL:
             now = self.now
             return RunDeliveryRequestedEvent(
                 run_id=new.id,
