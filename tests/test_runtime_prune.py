@@ -108,7 +108,11 @@ def make(*, environment: str = "default", store: LocalStorageStore | None = None
     probe = StorageProbe(local_storage_driver(store=store))
     lane = create_lane(storage=probe, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING))
     runtime = create_runlane(
-        lane=lane, queues=[DEFAULT_QUEUE, PARKED], tasks=[ok, boom, parked, always_waits], clock=clock, environment=environment
+        lane=lane,
+        queues=[DEFAULT_QUEUE, PARKED],
+        tasks=[ok, boom, parked, always_waits],
+        clock=clock,
+        environment=environment,
     )
     return runtime, clock, probe
 
