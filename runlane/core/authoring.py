@@ -407,8 +407,10 @@ def schedule(
     elif every is not None:
         start = None if starts_at is None else _aware_utc(starts_at, f"starts_at of schedule {schedule_id!r}")
         end = None if ends_at is None else _aware_utc(ends_at, f"ends_at of schedule {schedule_id!r}")
-        if start is not None and end is not None and end < start:
-            raise _invalid(f"{owner}: ends_at must not be earlier than starts_at.", field="ends_at")
+        from .schedules import UNIX_EPOCH, interval_anchor_name
+
+        if end is not None and end < (start or UNIX_EPOCH):
+            raise _invalid(f"{owner}: ends_at must not be earlier than {interval_anchor_name(start)}.", field="ends_at")
         fields.update(
             type=ScheduleType.INTERVAL,
             every_ms=duration_ms(every, f"every of schedule {schedule_id!r}"),

@@ -120,6 +120,11 @@ SCHEDULE_ROTATION_COLLECTION: Final = "schedule_rotation"
 
 UNIX_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
+
+def interval_anchor_name(starts_at: datetime | None) -> str:
+    """What an interval schedule's fire times count from, for a message: ``starts_at``, or else the epoch."""
+    return "starts_at" if starts_at is not None else "the Unix epoch, the anchor when starts_at is left out"
+
 # 128 bits of SHA-256: collision-safe for any realistic number of occurrences (the birthday bound is
 # about 2**64 ids) while keeping ids and the run ids derived from them short.
 _HASH_HEX_CHARS: Final = 32
@@ -272,7 +277,8 @@ def _interval_bounds(definition: ScheduleDefinition) -> tuple[datetime, timedelt
         ends_at = _aware(definition.ends_at, f"ends_at of schedule {definition.id!r}")
         if ends_at < anchor:
             raise _invalid(
-                f"Schedule {definition.id!r}: ends_at must not be earlier than starts_at.",
+                f"Schedule {definition.id!r}: ends_at must not be earlier than "
+                f"{interval_anchor_name(definition.starts_at)}.",
                 field="ends_at",
                 schedule_id=definition.id,
             )
