@@ -290,7 +290,7 @@ def test_interval_bounds_apply_to_interval_schedules_only_and_must_be_ordered():
     # Without starts_at the fire times count from the Unix epoch, so an end before it never fires.
     with invalid() as caught:
         schedule("legacy", every="1h", ends_at=datetime(1969, 12, 31, tzinfo=UTC))
-    assert "ends_at must not be earlier than the Unix epoch, the anchor when starts_at is left out" in caught.value.message
+    assert "ends_at must not be earlier than the Unix epoch, the anchor when starts_at is left" in caught.value.message
     assert schedule("legacy", every="1h", ends_at=datetime(1970, 1, 1, tzinfo=UTC)).starts_at is None
 
 
