@@ -631,3 +631,98 @@ async def test_a_tick_in_a_new_process_each_time_still_gives_every_schedule_its_
     # 3 passes of 3 cover all 7 schedules (the third pass wraps around to the first two).
     assert set(fired) == {f"poll.f{n:02d}" for n in range(7)}
     assert sum(fired.values()) == 9
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules that cannot fire, and fire times competing for one singleton key
+
+# The local lane's record limit less what a run keeps free (see _check_schedule_payload_sizes).
+ROOM = 400 * 1024 - 4096 - 1024
+
+
+def test_a_schedule_whose_payload_can_never_be_stored_is_refused_at_registration():
+    @task("reports.build", schedule=schedule("reports.hourly", every="1h", payload={"template": "x" * 500_000}))
+    async def build(payload: dict) -> None:
+        return None
+
+    with pytest.raises(RunlaneError) as caught:
+        make_runtime(build)
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert caught.value.meta["schedule_id"] == "reports.hourly" and caught.value.meta["field"] == "payload"
+    assert "its payload is 500,015 bytes, and a run of it could never be stored" in caught.value.message
+    assert "pass a reference" in caught.value.message
+
+
+async def test_a_schedule_failing_every_pass_is_reported_once_and_the_maintenance_loop_keeps_going():
+    from runlane.cli.tick import tick_until_stopped
+
+    # Just under the registration check, just over what its run record may take: fails when due.
+    blob = "x" * (ROOM - len('{"template":""}') - 50)
+
+    @task("reports.build", schedule=schedule("reports.hourly", every="1h", payload={"template": blob}))
+    async def build(payload: dict) -> None:
+        return None
+
+    @task("ok.task", schedule=schedule("ok.minutely", every="1m"))
+    async def fine() -> None:
+        return None
+
+    runtime, clock = make_runtime(build, fine, clock=ControlledClock(T0))
+    records: list[tuple[str, dict[str, Any]]] = []
+    ticks: list[Any] = []
+
+    class Output:
+        def record(self, kind: str, text: str, **fields: Any) -> None:
+            records.append((kind, fields))
+
+        def tick_record(self, result: Any) -> None:
+            ticks.append(result)
+
+    stopping = asyncio.Event()
+    passes = 0
+
+    class Stepping:
+        async def tick(self, **limits: Any) -> Any:
+            nonlocal passes
+            passes += 1
+            if passes == 3:
+                stopping.set()
+            clock.advance("1h")
+            return await runtime.tick(**limits)
+
+    async with runtime:
+        looping = tick_until_stopped(Stepping(), Output(), {}, 0.001, stopping)  # type: ignore[arg-type]
+        await asyncio.wait_for(looping, 20)
+        runs = await all_runs(runtime)
+    assert passes == 3 and ticks == []  # every pass raised, none stopped the loop
+    (failed,) = records
+    assert failed[0] == "tick_failed" and failed[1]["error_code"] == "validation_failed"
+    assert "Schedule 'reports.hourly' did not fire" in failed[1]["error_message"]
+    assert Counter(run.source.schedule_id for run in runs) == {"ok.minutely": 3}  # the other schedule fired
+
+
+async def test_a_one_off_fire_time_is_not_starved_by_a_recurring_schedule_of_the_same_singleton_task():
+    once_at = T0 + timedelta(minutes=1)
+
+    @task(
+        "accounts.sync",
+        singleton_key=lambda payload: "account_123",
+        schedule=[
+            schedule("accounts.sync.minutely", every="1m", payload={"full": False}),
+            schedule("accounts.sync.full_once", run_at=once_at, payload={"full": True}),
+        ],
+    )
+    async def sync(payload: dict) -> None:
+        return None
+
+    runtime, clock = make_runtime(sync, clock=ControlledClock(T0 + timedelta(seconds=30)))
+    async with runtime:
+        for _ in range(2 * 60):  # an hour of passes every 30 s, with a worker that keeps up
+            await runtime.tick()
+            while await runtime.execute_next() is not None:
+                pass
+            clock.advance("30s")
+        runs = await all_runs(runtime)
+    fired = Counter(run.source.schedule_id for run in runs)
+    assert fired["accounts.sync.full_once"] == 1
+    assert fired["accounts.sync.minutely"] >= 50  # it yields only the fire times the one-off's run held

@@ -68,10 +68,13 @@ async def tick_until_stopped(
     """Tick every ``interval_s`` until ``stopping`` is set or one of ``alongside`` finishes; returns the
     passes that completed.
 
-    A retryable failure (a storage outage) or an ``invariant_violation`` (a corrupt stored record, which
-    ``tick()`` raises once its other phases have run) is reported, the next passes go on, and the pass
-    that works again says so (as a worker does). A failure is reported when it first occurs and again
-    only when the error changes (for an outage, its code), not on every pass. Any other failure raises.
+    A retryable failure (a storage outage), an ``invariant_violation`` (a corrupt stored record) or a
+    failure of one schedule (``meta["schedule_id"]``: a definition that cannot fire, such as a payload
+    too large for the lane) is reported, the next passes go on, and the pass that works again says so
+    (as a worker does): ``tick()`` raises the last two once its other phases have run, and one of them
+    must not stop recovery, retries and publishing for the whole lane. A failure is reported when it
+    first occurs and again only when the error changes (for an outage, its code), not on every pass.
+    Any other failure raises.
     """
     others = set(alongside)
     passes = failed = 0
@@ -80,7 +83,8 @@ async def tick_until_stopped(
         try:
             result = await runtime.tick(**limits)
         except RunlaneError as error:
-            if not error.retryable and error.code is not ErrorCode.INVARIANT_VIOLATION:
+            one_schedule = "schedule_id" in error.meta
+            if not error.retryable and error.code is not ErrorCode.INVARIANT_VIOLATION and not one_schedule:
                 raise
             # One outage is one report however its messages vary from pass to pass (the connection
             # lost mid-pass, then refused); a corrupt record is reported again when another one is met.

@@ -3122,6 +3122,8 @@ def create_runlane(
     if on_observer_error is not None and not callable(on_observer_error):
         raise _invalid(f"on_observer_error must be a function, got {on_observer_error!r}.", field="on_observer_error")
 
+    _check_schedule_payload_sizes(lane, by_id)
+
     return Runlane(
         lane=lane,
         queues=queue_map,
@@ -3135,6 +3137,32 @@ def create_runlane(
         observers=observer_list,
         on_observer_error=on_observer_error,
     )
+
+
+def _check_schedule_payload_sizes(lane: Lane, tasks: Mapping[str, TaskDefinition]) -> None:
+    """A schedule whose static payload alone leaves no room in one record of the lane could never fire:
+    every maintenance pass would claim its fire time and fail. Refused here, where the lane's limits are
+    first known; a payload only just under is refused when its run is created, as a trigger's is."""
+    from .store import RECOVERY_LINK_BYTES, RUN_RECORD_HEADROOM_BYTES
+
+    limits = lane.storage.profile.limits
+    room = limits.max_record_bytes - RUN_RECORD_HEADROOM_BYTES - RECOVERY_LINK_BYTES
+    for item in tasks.values():
+        for entry in item.schedules:
+            try:
+                size = len(canonical_json(item.dump_payload(item.load_payload(entry.payload))).encode())
+            except RunlaneError:
+                continue  # a payload that no longer validates is reported when the schedule is due
+            if size > room:
+                raise _invalid(
+                    f"Schedule {entry.id!r} of task {item.id!r}: its payload is {size:,} bytes, and a run of it "
+                    f"could never be stored on this lane (max_record_bytes {limits.max_record_bytes:,}, of which "
+                    f"{limits.max_record_bytes - room:,} stay free for what a run records). Keep large data "
+                    "elsewhere and pass a reference (an id, a URL) in the payload.",
+                    field="payload",
+                    task_id=item.id,
+                    schedule_id=entry.id,
+                )
 
 
 def _check_registered_queue(queues: Mapping[str, QueueDefinition], queue: QueueDefinition, owner: str) -> None:

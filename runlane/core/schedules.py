@@ -845,7 +845,11 @@ class ScheduleMaterializer:
         if len(ordered) > limit:  # only then can a pass stop before the last schedule
             starting = await self.occurrences.rotation_start()
             first = next((index for index, (item, _) in enumerate(ordered) if item.id == starting), 0)
-        enabled = ordered[first:] + ordered[:first]
+        # One-off fire times first: one that met a singleton conflict is tried again when its claim
+        # expires, and a recurring schedule of the same task, handled first, would take the key anew
+        # in that very pass every time its fire times line up with the retries.
+        enabled = sorted(ordered[first:] + ordered[:first], key=lambda pair: pair[0].run_at is None)
+        position = {item.id: index for index, (item, _) in enumerate(ordered)}
         chunk = max(1, self.occurrences.driver.profile.limits.max_point_reads)
         materialized = 0
         failure: RunlaneError | None = None
@@ -853,7 +857,7 @@ class ScheduleMaterializer:
             window = [self._due(item, task, now) for item, task in enabled[start : start + chunk]]
             ids = [due.occurrence_id for due in window if due.occurrence_id is not None]
             known = dict(zip(ids, await self.occurrences.get_many(ids)))
-            for offset, due in enumerate(window):
+            for due in window:
                 try:
                     if due.error is not None:
                         raise due.error
@@ -873,7 +877,7 @@ class ScheduleMaterializer:
                     continue
                 materialized += 1
                 if materialized >= limit:
-                    following = ordered[(first + start + offset + 1) % len(ordered)][0]
+                    following = ordered[(position[due.schedule.id] + 1) % len(ordered)][0]
                     try:
                         await self.occurrences.save_rotation_start(following.id)
                     except RunlaneError as error:
