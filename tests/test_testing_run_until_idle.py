@@ -4,6 +4,7 @@ timeouts and schedules in one call."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from runlane import (
     LaneDelivery,
     Retry,
     RunlaneError,
+    RunSourceType,
     RunStatus,
     TaskContext,
     create_lane,
@@ -318,3 +320,27 @@ async def test_a_lane_without_operator_reads_is_refused():
         with pytest.raises(RunlaneError, match="operator reads") as raised:
             await run_until_idle(runlane, clock)
         assert raised.value.code is ErrorCode.CAPABILITY_UNSUPPORTED
+
+
+async def test_a_one_off_fire_time_that_met_a_singleton_conflict_is_tried_again_when_its_claim_expires():
+    fire_at = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+    calls: list[bool] = []
+
+    @task(
+        "accounts.sync",
+        singleton_key=lambda payload: "account_123",
+        schedule=schedule("accounts.full_resync", run_at=fire_at, payload={"full": True}),
+    )
+    async def sync(payload: dict, ctx: TaskContext) -> Any:
+        calls.append(payload["full"])
+        if not payload["full"] and len(calls) == 1:
+            return ctx.release("20m")  # still holding the singleton key at 09:00
+        return None
+
+    runlane, clock = make_runtime(sync, clock=ControlledClock(fire_at - timedelta(minutes=10)))
+    async with runlane:
+        await runlane.trigger(sync, {"full": False})
+        executed = await run_until_idle(runlane, clock)
+    assert calls == [False, False, True]  # the one-off ran once its key was free and its claim expired
+    scheduled = [run for run in executed if run.source is not None and run.source.type is RunSourceType.SCHEDULE]
+    assert [(run.payload, run.status) for run in scheduled] == [({"full": True}, RunStatus.SUCCEEDED)]

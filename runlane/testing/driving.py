@@ -14,18 +14,18 @@ from datetime import datetime
 
 from ..core.authoring import ScheduleDefinition
 from ..core.runtime import Runlane
-from ..core.schedules import next_fire_time
+from ..core.schedules import next_fire_time, schedule_occurrence_id
 from ..core.sync import SyncRunlane
 from ..durations import Duration, duration_ms, later
 from ..errors import ErrorCode, RunlaneError
-from ..models import RunRecord, RunSummary
+from ..models import RunRecord, RunSummary, ScheduleOccurrence
 from ..run_scans import (
     get_run_attempt_timeout_finalization_available_at,
     get_run_cancellation_finalization_available_at,
     get_run_runnable_available_at,
 )
 from ..storage import TimeRange
-from ..vocabulary import RunSortField, RunStatus, SortDirection, run_status_values
+from ..vocabulary import RunSortField, RunStatus, ScheduleOccurrenceStatus, SortDirection, run_status_values
 from .clock import ControlledClock
 
 __all__ = ["run_until_idle"]
@@ -99,8 +99,9 @@ async def run_until_idle(
     it sets the clock to exactly the earliest time at which something becomes due: the ``run_at`` of a
     delayed, retrying or released run, the timeout of a signal or run-completion wait, the lease expiry
     of a run left running (a worker that died), and with ``tick`` an attempt deadline, the lease expiry
-    of a run whose cancellation was requested or the next fire time of an enabled schedule of the
-    runtime's tasks. A run waiting for a signal or another run without a timeout is not due: it stays
+    of a run whose cancellation was requested, the next fire time of an enabled schedule of the
+    runtime's tasks or the retry of a ``run_at`` fire time that met a singleton conflict (its claim
+    expiring). A run waiting for a signal or another run without a timeout is not due: it stays
     released.
 
     It returns when nothing is left to become due, or when the next due time lies more than
@@ -151,6 +152,7 @@ async def _next_due(runlane: Runlane, now: datetime, tick: bool, *, include_due:
     times = [await _next_waiting(runlane, now, include_due), *await _held_times(runlane, now, tick, include_due)]
     if tick:
         times.extend(next_fire_time(item, now) for item in _schedules(runlane))
+        times.extend(await _one_off_retries(runlane, now, include_due))
     found = [at for at in times if at is not None]
     return min(found, default=None)
 
@@ -212,6 +214,24 @@ async def _all_runs(runlane: Runlane, statuses: Iterable[RunStatus]) -> AsyncIte
         if page.next_cursor is None:
             return
         cursor = page.next_cursor
+
+
+async def _one_off_retries(runlane: Runlane, now: datetime, include_due: bool) -> list[datetime]:
+    """When the past fire times of ``run_at`` schedules that are claimed but have no run yet (a singleton
+    conflict, or a materializer that died) are tried again: as their claims expire."""
+    past = [item for item in _schedules(runlane) if item.run_at is not None and item.run_at <= now]
+    if not past:
+        return []
+    occurrences = runlane._materializer.occurrences
+    ids = [schedule_occurrence_id(runlane.environment, item.id, item.run_at) for item in past]  # type: ignore[arg-type]
+    times = []
+    for occurrence in await occurrences.get_many(ids):
+        if not isinstance(occurrence, ScheduleOccurrence) or occurrence.status is not ScheduleOccurrenceStatus.CLAIMED:
+            continue  # completed or never claimed (the next tick claims it), or unreadable (tick reports it)
+        expires = occurrence.claim_expires_at
+        if expires is not None and (include_due or expires > now):
+            times.append(expires)
+    return times
 
 
 def _schedules(runlane: Runlane) -> list[ScheduleDefinition]:
