@@ -892,11 +892,15 @@ async def test_a_release_waiting_for_a_finished_run_resumes_in_the_same_commit()
     assert (await children_of(store, "waiter")).events == result.run.event_sequence
 
 
-async def test_a_wait_for_a_run_that_does_not_exist_yet_still_creates_the_marker():
+async def test_a_wait_for_a_run_that_is_gone_resumes_in_the_same_commit():
+    # Only terminal runs are pruned, so a source absent at the release commit has finished: the
+    # waiter is resumed at once instead of waiting on an id nothing will ever complete.
     store, _, _ = make_store()
     waiter = await start_run(store, "waiter")
-    await store.append("waiter", release_for_run("future_run"), expected_lease_token=waiter.lease.token)
-    assert await store.has_completion_wait_marker("future_run") is True
+    await store.append("waiter", release_for_run("gone_run"), expected_lease_token=waiter.lease.token)
+    assert await store.has_completion_wait_marker("gone_run") is False
+    run = await store.get_run("waiter")
+    assert run is not None and run.status is RunStatus.QUEUED and run.wait is None
 
 
 async def test_a_signal_wait_is_indexed_by_its_key():

@@ -675,11 +675,11 @@ async def test_materializes_every_schedule_kind_once_per_fire_time():
 
     assert await materialize(materializer, runs, schedules, clock.now()) == 3
     expected = {
+        "reports.launch": at(2026, 1, 5, 8),
         "reports.daily": at(2026, 1, 5, 9),
         "reports.quarter": at(2026, 1, 5, 9),
-        "reports.launch": at(2026, 1, 5, 8),
     }
-    assert [call[0] for call in runs.calls] == list(expected)  # registration order
+    assert [call[0] for call in runs.calls] == list(expected)  # one-off first, then registration order
     table = materializer.occurrences
     for schedule_id, fire in expected.items():
         occurrence_id = schedule_occurrence_id(ENV, schedule_id, fire)
