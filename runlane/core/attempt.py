@@ -796,6 +796,7 @@ class StepRunner:
         existing = await attempt.riding_out(lambda: store.get_step(attempt.run_id, key), what)
         if existing is not None:
             return _load_step_output(key, existing.output, adapter)
+        attempt.check_live("ctx.step.run()")  # before fn: its side effects would be for a finished attempt
         token = step_token(attempt.runtime.environment, attempt.run_id, key)
         value = fn(token)
         if inspect.isawaitable(value):
@@ -811,6 +812,7 @@ class StepRunner:
         existing = attempt.call_on_loop(attempt.riding_out(lambda: store.get_step(attempt.run_id, key), what))
         if existing is not None:
             return _load_step_output(key, existing.output, adapter)
+        attempt.check_live("ctx.step.run()")  # before fn: its side effects would be for a finished attempt
         token = step_token(attempt.runtime.environment, attempt.run_id, key)
         value = fn(token)
         if inspect.isawaitable(value):
@@ -1733,7 +1735,23 @@ class _Attempt:
 
     # -- child triggers --------------------------------------------------------------------------
 
+    def check_live(self, call: str) -> None:
+        """Refuse ``call`` from a ``TaskContext`` kept past its attempt (its handler has returned, or the
+        attempt lost its lease): only the lease owner acts for the run, so a reference kept in a callback
+        or a background task must not create work linked to a finished attempt. The refusal is the one
+        storage gives a late step write of such a context: ``storage_conflict`` (``lease_ownership``)."""
+        if not self._finished and self.lost is None:
+            return
+        why = f"attempt {self.attempt_number} has ended" if self._finished else f"attempt {self.attempt_number} lost it"
+        raise create_storage_conflict_error(
+            StorageConflictKind.LEASE_OWNERSHIP,
+            f"Lease ownership of run {self.run_id} was lost: {why}. Call {call} only from the handler while it runs; "
+            "a TaskContext kept past its attempt (in a callback or a background task) cannot act for the run.",
+            meta={"run_id": self.run_id},
+        )
+
     async def trigger_child(self, task: Any, payload: Any, options: dict[str, Any]) -> TriggerRunResult:
+        self.check_live("ctx.trigger()")
         runtime = self.runtime
         unknown = set(options) - _CHILD_TRIGGER_OPTIONS
         if unknown:

@@ -186,6 +186,7 @@ __all__ = [
     "CandidatePool",
     "ExecuteDeliveryResult",
     "IdempotencyKeysApi",
+    "MAX_WORKER_CONCURRENCY",
     "ObservationsApi",
     "Registry",
     "Runlane",
@@ -210,6 +211,10 @@ _SYSTEM_ACTOR = contract_defaults.actor.system
 _OPERATOR_ACTOR = contract_defaults.actor.operator
 _DEFAULT_LEASE_MS = duration_ms(contract_defaults.lease.duration)
 _DEFAULT_EMPTY_POLL_DELAY = "100ms"
+#: The most slots one worker runs. Each slot is a task on the worker's event loop, all created when the
+#: worker starts: a count far past what one process can run (a typo of a few zeros) would hold the loop
+#: while they are made and grow memory without bound. More concurrency comes from more processes.
+MAX_WORKER_CONCURRENCY = 10_000
 _MAINTENANCE = contract_defaults.maintenance
 _ATTEMPT_OWNERS = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED})
 # Outbox publishing: a claim lasts one lease duration; a retryable failure makes the row available
@@ -316,6 +321,30 @@ class Registry(Mapping[str, T], Generic[T]):
 class _SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+
+def _clock_reading_in_utc(clock: Clock, value: object) -> datetime:
+    """A reading of ``clock`` that is not a UTC datetime, in UTC; ``configuration_invalid`` naming the
+    clock when it is no timezone-aware datetime (a naive one would be taken as local time)."""
+    if isinstance(value, datetime) and value.tzinfo is not None and value.utcoffset() is not None:
+        return value.astimezone(UTC)
+    shown = f"a naive datetime ({value.isoformat()})" if isinstance(value, datetime) else f"{value!r:.80}"
+    raise RunlaneError(
+        ErrorCode.CONFIGURATION_INVALID,
+        f"The clock {type(clock).__name__} passed to create_runlane(clock=...) returned {shown} from now(); "
+        "now() must return a timezone-aware datetime, such as datetime.now(UTC).",
+        meta={"field": "clock"},
+    )
+
+
+def _clock_failed(clock: Clock, error: Exception) -> RunlaneError:
+    return RunlaneError(
+        ErrorCode.CONFIGURATION_INVALID,
+        f"The clock {type(clock).__name__} passed to create_runlane(clock=...) raised {type(error).__name__} "
+        f"from now(): {error}; fix the clock so now() returns a timezone-aware datetime.",
+        meta={"field": "clock"},
+        cause=error,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -726,8 +755,16 @@ class Runlane:
     # -- internals shared with attempt.py and worker.py ------------------------------------------
 
     def now(self) -> datetime:
-        value = self._clock.now()
-        return value if value.tzinfo is UTC else value.astimezone(UTC)
+        clock = self._clock
+        try:
+            value = clock.now()
+        except RunlaneError:
+            raise
+        except Exception as error:
+            raise _clock_failed(clock, error) from error
+        if isinstance(value, datetime) and value.tzinfo is UTC:
+            return value
+        return _clock_reading_in_utc(clock, value)
 
     def loop_state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
@@ -1085,9 +1122,17 @@ class Runlane:
         def name_of(item: object) -> str:
             if isinstance(item, str):
                 return validate_id(item, "queue name", code=ErrorCode.VALIDATION_FAILED)
-            return self.resolve_queue(item, "queues").name
+            if isinstance(item, QueueDefinition):  # an unregistered or drifted one is configuration_invalid
+                return self.resolve_queue(item, "queues").name
+            # A malformed filter value, as a bad name is: validation_failed (a definition is checked as
+            # configuration everywhere, so it keeps configuration_invalid above).
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"queues must list queue(...) definitions or queue names, got {item!r:.80}.",
+                meta={"field": "queues"},
+            )
 
-        names = self._queue_names(queues, name_of, "queue")
+        names = self._queue_names(queues, name_of, "queue", code=ErrorCode.VALIDATION_FAILED)
         if len(names) > _MAX_FILTER_VALUES:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
@@ -1098,15 +1143,24 @@ class Runlane:
         return names
 
     @staticmethod
-    def _queue_names(queues: object, name_of: Callable[[object], str], what: str) -> tuple[str, ...]:
-        """``name_of`` each of ``queues`` (one queue, or several), each name once; at least one."""
+    def _queue_names(
+        queues: object,
+        name_of: Callable[[object], str],
+        what: str,
+        *,
+        code: ErrorCode = ErrorCode.CONFIGURATION_INVALID,
+    ) -> tuple[str, ...]:
+        """``name_of`` each of ``queues`` (one queue, or several), each name once; at least one. ``code``
+        is that of a malformed ``queues``: a worker's option, or a listing's filter (``validation_failed``)."""
         if isinstance(queues, (str, QueueDefinition)):
             queues = [queues]
         if not isinstance(queues, Iterable):
-            raise _invalid(f"queues must be a list of queue definitions or names, got {queues!r}.", field="queues")
+            message = f"queues must be a list of queue definitions or names, got {queues!r:.80}."
+            raise RunlaneError(code, message, meta={"field": "queues"})
         names = tuple(dict.fromkeys(name_of(item) for item in queues))
         if not names:
-            raise _invalid(f"queues must name at least one {what} (omit it for all queues).", field="queues")
+            message = f"queues must name at least one {what} (omit it for all queues)."
+            raise RunlaneError(code, message, meta={"field": "queues"})
         return names
 
     def prepare_create(
@@ -1712,6 +1766,13 @@ class Runlane:
         names = self.resolve_queues(queues)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise _invalid(f"concurrency must be a positive whole number, got {concurrency!r}.", field="concurrency")
+        if concurrency > MAX_WORKER_CONCURRENCY:
+            raise _invalid(
+                f"concurrency must be at most {MAX_WORKER_CONCURRENCY:,} slots per worker, got {concurrency:,}; "
+                "run more worker processes for more at once.",
+                field="concurrency",
+                max=MAX_WORKER_CONCURRENCY,
+            )
         if empty_poll_delay is not None and worker_mode is WorkerMode.DRAIN:
             raise _invalid("empty_poll_delay applies only to poll workers; drain workers never sleep.", field="empty_poll_delay")
         delay_ms = duration_ms(empty_poll_delay if empty_poll_delay is not None else _DEFAULT_EMPTY_POLL_DELAY, "empty_poll_delay")
@@ -2341,12 +2402,20 @@ def _dispatch_timeout_ms(queue: QueueDefinition) -> int:
 _MAX_FILTER_VALUES = 1000
 
 
-def _listed(values: Any) -> tuple[Any, ...] | None:
+def _listed(values: Any, field: str, what: str) -> tuple[Any, ...] | None:
     """A filter's values as a tuple, each once; one bare string is one value (``statuses="queued"``), not
-    its letters."""
+    its letters. A filter that is no list of single values (``statuses=5``, ``statuses=[["queued"]]``) is
+    ``validation_failed``, as a value of the wrong kind in the list is."""
     if values is None:
         return None
-    return (values,) if isinstance(values, str) else tuple(dict.fromkeys(values))
+    if isinstance(values, str):
+        return (values,)
+    try:
+        return tuple(dict.fromkeys(values))
+    except TypeError:  # not iterable, or a member that is not hashable (so no single value either)
+        raise RunlaneError(
+            ErrorCode.VALIDATION_FAILED, f"{field} must be a list of {what}, got {values!r:.80}.", meta={"field": field}
+        ) from None
 
 
 def _whole(limit: Any) -> Any:
@@ -2476,7 +2545,7 @@ class RunsApi:
                           ("source run id", source_run_id)):  # fmt: skip
             if key is not None:
                 validate_id(key, what, code=ErrorCode.VALIDATION_FAILED)
-        listed_task_ids = _listed(task_ids)
+        listed_task_ids = _listed(task_ids, "task_ids", "task ids")
         if listed_task_ids is not None and len(listed_task_ids) > _MAX_FILTER_VALUES:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
@@ -2489,7 +2558,7 @@ class RunsApi:
         try:
             run_filter = RunFilter(
                 environment=runtime._environment,
-                statuses=_listed(statuses),
+                statuses=_listed(statuses, "statuses", "run statuses"),
                 task_ids=listed_task_ids,
                 queues=queue_names,
                 created_at=created_at,
@@ -2527,7 +2596,7 @@ class RunsApi:
             event_filter = RunEventFilter(
                 environment=runtime._environment,
                 run_id=checked,
-                types=_listed(types),
+                types=_listed(types, "types", "run event types"),
                 occurred_at=occurred_at,
                 # The model validates a string and coerces it to the enum (or raises ValidationError).
                 sort_by=cast(RunEventSortField, sort_by),
@@ -2604,8 +2673,11 @@ class RunsApi:
         definition = runtime.resolve_task(task)
         if idempotency_key is None and singleton_key is None:
             raise _invalid("find_active() needs idempotency_key or singleton_key.", field="idempotency_key")
-        idempotency_key = None if idempotency_key is None else validate_id(idempotency_key, "idempotency key")
-        singleton_key = None if singleton_key is None else validate_id(singleton_key, "singleton key")
+        # Lookup keys of an operator read, as runs.list() filters are: a malformed one is validation_failed.
+        if idempotency_key is not None:
+            idempotency_key = validate_id(idempotency_key, "idempotency key", code=ErrorCode.VALIDATION_FAILED)
+        if singleton_key is not None:
+            singleton_key = validate_id(singleton_key, "singleton key", code=ErrorCode.VALIDATION_FAILED)
         await runtime._ready()
         # Like a run filter, every key given must match: look the run up by one owner, check the rest.
         if idempotency_key is not None:
@@ -2624,7 +2696,8 @@ class RunsApi:
         runtime._check_open()
         self._operator_reads()
         definition = runtime.resolve_task(task)
-        key = validate_id(idempotency_key, "idempotency key")
+        # A lookup key of an operator read, as in find_active() and runs.list(): validation_failed.
+        key = validate_id(idempotency_key, "idempotency key", code=ErrorCode.VALIDATION_FAILED)
         await runtime._ready()
         return await runtime._store.find_idempotent_run(definition.id, key)
 
@@ -3105,6 +3178,15 @@ def create_runlane(
     if clock is None:
         runtime_clock: Any = _SystemClock()
     elif callable(getattr(clock, "now", None)):
+        # Read once now, so a clock that cannot tell the time fails here rather than in the first call
+        # that needs it (storage samples the same clock, and would report it only at its first write).
+        try:
+            reading = clock.now()
+        except RunlaneError:
+            raise
+        except Exception as error:
+            raise _clock_failed(clock, error) from error
+        _clock_reading_in_utc(clock, reading)
         runtime_clock = clock
         _hand_clock_to_storage(lane, clock)
     else:

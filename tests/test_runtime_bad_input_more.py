@@ -1,0 +1,296 @@
+"""More bad input through the public API: worker slot counts, clocks, listing filters and contexts kept
+past their attempt. Each is a ``RunlaneError`` with the spec's code, and nothing is written."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from runlane import (
+    ErrorCode,
+    RunlaneError,
+    StorageConflictKind,
+    TaskContext,
+    create_runlane,
+    get_storage_conflict_kind,
+    queue,
+    task,
+)
+from runlane.core.runtime import MAX_WORKER_CONCURRENCY
+from runlane.testing import ControlledClock
+from runlane_local import local_lane
+
+from cli_support import cli, make_project
+from runtime_support import DEFAULT_QUEUE, all_runs, make_runtime
+
+kept: dict[str, TaskContext] = {}
+
+
+@task("more.child")
+async def child(payload: dict) -> None:
+    return None
+
+
+@task("more.parent")
+async def parent(payload: dict, ctx: TaskContext) -> None:
+    kept["async"] = ctx  # kept past the attempt, as a callback or a background task might
+
+
+@task("more.sync_parent")
+def sync_parent(payload: dict, ctx: TaskContext) -> None:
+    kept["def"] = ctx
+
+
+@task("more.keyed", idempotency_key=lambda p: p["key"], singleton_key=lambda p: p["key"])
+async def keyed(payload: dict) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker slots
+
+
+async def test_a_worker_with_more_slots_than_the_bound_is_refused_before_it_starts():
+    runtime, _ = make_runtime(child)
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            runtime.worker(mode="drain", concurrency=MAX_WORKER_CONCURRENCY + 1)
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert raised.value.meta == {"field": "concurrency", "max": MAX_WORKER_CONCURRENCY}
+        assert "at most 10,000" in raised.value.message and "more worker processes" in raised.value.message
+        with pytest.raises(RunlaneError) as raised:
+            runtime.worker(mode="drain", concurrency=1_000_000_000)  # would hold the loop making slots
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        # The bound itself is a worker like any other.
+        await runtime.trigger(child, {})
+        handle = runtime.worker(mode="drain", concurrency=MAX_WORKER_CONCURRENCY)
+        await asyncio.wait_for(handle.closed, 30)
+        assert handle.executed == 1
+
+
+def test_the_sync_worker_has_the_same_bound():
+    runtime, _ = make_runtime(child)
+    with runtime.sync as sync:
+        with pytest.raises(RunlaneError) as raised:
+            sync.worker(mode="drain", concurrency=MAX_WORKER_CONCURRENCY + 1)
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert raised.value.meta["field"] == "concurrency"
+
+
+def test_runlane_work_has_the_same_bound(tmp_path: Path):
+    project = make_project(tmp_path)
+    result = cli(project, "--json", "work", "--drain", "--concurrency", str(MAX_WORKER_CONCURRENCY + 1))
+    assert result.returncode == 1, result.stderr
+    error = [line for line in result.stderr.splitlines() if '"error"' in line]
+    assert error and '"code":"configuration_invalid"' in error[0] and "at most 10,000" in error[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Clocks
+
+
+class _ReturnsText:
+    def now(self) -> object:
+        return "2030-01-01T00:00:00Z"
+
+
+class _Raises:
+    def now(self) -> object:
+        raise KeyError("boom")
+
+
+class _Naive:
+    def now(self) -> object:
+        return datetime(2030, 1, 1)
+
+
+@pytest.mark.parametrize(
+    "clock, said",
+    [
+        (_ReturnsText(), "_ReturnsText passed to create_runlane(clock=...) returned '2030-01-01T00:00:00Z'"),
+        (_Raises(), "_Raises passed to create_runlane(clock=...) raised KeyError from now()"),
+        (_Naive(), "_Naive passed to create_runlane(clock=...) returned a naive datetime (2030-01-01T00:00:00)"),
+    ],
+)
+def test_a_clock_that_cannot_tell_the_time_is_refused_by_create_runlane(clock, said):
+    with pytest.raises(RunlaneError) as raised:
+        create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[child], clock=clock)
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert said in raised.value.message and "timezone-aware datetime" in raised.value.message
+    assert raised.value.meta == {"field": "clock"}
+
+
+class _TurnsBad:
+    """A controlled clock until ``bad`` is set; then ``now()`` calls ``bad`` instead."""
+
+    def __init__(self) -> None:
+        self.clock = ControlledClock()
+        self.bad: object = None
+
+    def now(self) -> object:
+        return self.clock.now() if self.bad is None else self.bad()  # type: ignore[operator]
+
+
+def _raise() -> object:
+    raise KeyError("boom")
+
+
+@pytest.mark.parametrize(
+    "bad, said",
+    [
+        (lambda: "noon", "returned 'noon' from now()"),
+        (_raise, "raised KeyError from now(): 'boom'"),
+        (lambda: datetime(2030, 1, 1), "returned a naive datetime"),
+    ],
+)
+async def test_a_clock_that_goes_wrong_later_is_a_configuration_error_naming_the_clock(bad, said):
+    clock = _TurnsBad()
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[child], clock=clock)
+    async with runtime:
+        clock.bad = bad
+        for call in (lambda: runtime.trigger(child, {}), lambda: runtime.run_now(child, {}), runtime.tick):
+            with pytest.raises(RunlaneError) as raised:
+                await call()
+            assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+            assert "The clock _TurnsBad passed to create_runlane(clock=...)" in raised.value.message
+            assert said in raised.value.message
+        clock.bad = None
+        assert await all_runs(runtime) == []
+
+
+async def test_a_clock_in_another_time_zone_is_read_in_utc():
+    class Paris:
+        def now(self) -> datetime:
+            return datetime(2030, 1, 1, 9, 30, tzinfo=ZoneInfo("Europe/Paris"))
+
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[child], clock=Paris())
+    async with runtime:
+        run = (await runtime.trigger(child, {})).run
+        assert run.created_at == datetime(2030, 1, 1, 8, 30, tzinfo=UTC)
+
+
+# ---------------------------------------------------------------------------------------------
+# Listing filters
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda rt, run: rt.runs.list(statuses=5), "statuses"),
+        (lambda rt, run: rt.runs.list(task_ids=5), "task_ids"),
+        (lambda rt, run: rt.runs.list(statuses=[["queued"]]), "statuses"),
+        (lambda rt, run: rt.runs.list(task_ids=[{"id": "more.child"}]), "task_ids"),
+        (lambda rt, run: rt.runs.events(run.id, types=5), "types"),
+        (lambda rt, run: rt.runs.events(run.id, types=[["run.created"]]), "types"),
+        (lambda rt, run: rt.runs.list(queues=5), "queues"),
+        (lambda rt, run: rt.runs.list(queues=[5]), "queues"),
+        (lambda rt, run: rt.runs.list(queues=[["default"]]), "queues"),
+        (lambda rt, run: rt.runs.list(queues=[]), "queues"),
+    ],
+)
+async def test_a_listing_filter_that_is_no_list_of_values_is_a_validation_error(call, field):
+    runtime, _ = make_runtime(child)
+    async with runtime:
+        run = (await runtime.trigger(child, {})).run
+        with pytest.raises(RunlaneError) as raised:
+            await call(runtime, run)
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        assert raised.value.meta == {"field": field}
+        assert raised.value.message.startswith(f"{field} must ")
+
+
+def test_the_sync_facade_reports_a_malformed_filter_the_same_way():
+    runtime, _ = make_runtime(child)
+    with runtime.sync as sync:
+        run = sync.trigger(child, {}).run
+        for call in (lambda: sync.runs.list(statuses=5), lambda: sync.runs.events(run.id, types=5)):
+            with pytest.raises(RunlaneError) as raised:
+                call()
+            assert raised.value.code is ErrorCode.VALIDATION_FAILED
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda rt: rt.runs.find_current(task=keyed, idempotency_key=5),
+        lambda rt: rt.runs.find_current(task=keyed, idempotency_key=""),
+        lambda rt: rt.runs.find_current(task=keyed, idempotency_key="bad:key"),
+        lambda rt: rt.runs.find_active(task=keyed, idempotency_key=5),
+        lambda rt: rt.runs.find_active(task=keyed, singleton_key=""),
+        # The same value as a runs.list filter, for comparison.
+        lambda rt: rt.runs.list(idempotency_key=5),
+        lambda rt: rt.runs.list(idempotency_key=""),
+    ],
+)
+async def test_a_malformed_lookup_key_is_the_same_validation_error_on_every_operator_read(call):
+    runtime, _ = make_runtime(keyed)
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await call(runtime)
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        assert raised.value.message.startswith("Invalid ")
+
+
+async def test_a_queue_definition_the_runtime_does_not_register_stays_a_configuration_error():
+    runtime, _ = make_runtime(child)
+    async with runtime:
+        for queues in ([queue("unregistered")], [queue("default", concurrency_limit=2)]):
+            with pytest.raises(RunlaneError) as raised:
+                await runtime.runs.list(queues=queues)
+            assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        with pytest.raises(RunlaneError) as raised:
+            runtime.worker(mode="drain", queues=[5])  # a worker's queues are configuration
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+# ---------------------------------------------------------------------------------------------
+# A TaskContext kept past its attempt
+
+
+def _assert_lease_lost(error: RunlaneError) -> None:
+    assert error.code is ErrorCode.STORAGE_CONFLICT
+    assert get_storage_conflict_kind(error) is StorageConflictKind.LEASE_OWNERSHIP
+
+
+async def test_a_context_kept_past_its_attempt_cannot_trigger_a_child():
+    runtime, _ = make_runtime(parent, child)
+    async with runtime:
+        finished = await runtime.run_now(parent, {})
+        ctx = kept.pop("async")
+        with pytest.raises(RunlaneError) as stepped:
+            await ctx.step.run("late", lambda token: 1)
+        with pytest.raises(RunlaneError) as triggered:
+            await ctx.trigger(child, {})
+        # Refused as a late step is, and nothing is created.
+        _assert_lease_lost(stepped.value)
+        _assert_lease_lost(triggered.value)
+        assert triggered.value.meta["run_id"] == finished.id
+        assert "ctx.trigger()" in triggered.value.message and "kept past its attempt" in triggered.value.message
+        assert [run.id for run in await all_runs(runtime)] == [finished.id]
+
+
+async def test_a_def_handlers_context_kept_past_its_attempt_cannot_trigger_a_child():
+    runtime, _ = make_runtime(sync_parent, child)
+    async with runtime:
+        finished = await runtime.run_now(sync_parent, {})
+        ctx = kept.pop("def")
+        with pytest.raises(RunlaneError) as triggered:
+            await asyncio.to_thread(ctx.trigger, child, {})  # blocking, from a thread of its own
+        _assert_lease_lost(triggered.value)
+        assert [run.id for run in await all_runs(runtime)] == [finished.id]
+
+
+async def test_a_late_step_does_not_call_its_function():
+    runtime, _ = make_runtime(parent, child)
+    async with runtime:
+        await runtime.run_now(parent, {})
+        ctx = kept.pop("async")
+        called: list[str] = []
+        with pytest.raises(RunlaneError) as raised:
+            await ctx.step.run("late", called.append)
+        _assert_lease_lost(raised.value)
+        assert called == []
