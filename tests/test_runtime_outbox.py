@@ -185,22 +185,6 @@ async def test_an_eager_trigger_whose_wakeup_is_dead_lettered_says_so(caplog):
     assert any(run.id in record.getMessage() and "dead-lettered" in record.getMessage() for record in caplog.records)
 
 
-async def test_too_many_failed_attempts_dead_letter_the_row():
-    runtime, transport, clock = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
-    async with runtime:
-        run = (await runtime.trigger(work, {})).run
-        transport.fail_next(100)
-        failed = dead = 0
-        for _ in range(20):
-            result = await runtime.tick()
-            failed += result.outbox_failed
-            dead += result.outbox_dead_lettered
-            clock.advance(timedelta(minutes=10))
-        (row,) = await runtime.store.list_run_outbox(run.id)
-        assert row.status is OutboxMessageStatus.DEAD_LETTERED and dead == 1
-        assert row.attempts == failed + 1
-
-
 async def test_operation_outage_marks_every_claimed_row_failed():
     runtime, transport, clock = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
     async with runtime:
@@ -459,3 +443,33 @@ async def test_runs_of_a_queue_that_is_no_longer_bounded_are_woken_by_the_next_r
         for run in (flaky, *queued):
             assert (await new.runs.get(run.id)).status is RunStatus.SUCCEEDED, run.id
         assert (await new.tick()).delivery_requested == 0
+
+
+async def test_a_long_transport_outage_never_costs_a_run_its_wakeup(caplog):
+    # Retryable failures are retried for as long as they last, the delay doubling up to 5 minutes:
+    # an outage of hours leaves the run queued with its wakeup pending, never dead-lettered.
+    runtime, transport, clock = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
+    async with runtime:
+        run = (await runtime.trigger(work, {})).run
+        transport.fail_next(40)
+        delays = []
+        with caplog.at_level("WARNING", logger="runlane.transport"):
+            for _ in range(40):
+                result = await runtime.tick()
+                assert (result.outbox_failed, result.outbox_dead_lettered) == (1, 0)
+                (row,) = await runtime.store.list_run_outbox(run.id)
+                assert row.status is OutboxMessageStatus.FAILED
+                delays.append(row.available_at - clock.now())
+                clock.set(row.available_at)
+        assert delays[:4] == [timedelta(seconds=1), timedelta(seconds=2), timedelta(seconds=4), timedelta(seconds=8)]
+        assert max(delays) == delays[-1] == timedelta(minutes=5)
+        assert (await runtime.tick()).outbox_published == 1
+        (row,) = await runtime.store.list_run_outbox(run.id)
+        assert row.status is OutboxMessageStatus.PUBLISHED and row.attempts == 41
+        assert (await runtime.execute_delivery(transport.published[-1])).run.status is RunStatus.SUCCEEDED
+    logged = [record for record in caplog.records if record.name == "runlane.transport"]
+    assert len(logged) == 40 and all(record.levelname == "WARNING" for record in logged)
+    first = logged[0].getMessage()
+    assert first.startswith("1 wakeup(s) of queue default not published (attempt 1): transport_publish_failed")
+    assert "tick() publishes them again from" in first and logged[0].run_ids == [run.id]
+    assert "(attempt 40)" in logged[-1].getMessage()

@@ -218,12 +218,12 @@ MAX_WORKER_CONCURRENCY = 10_000
 _MAINTENANCE = contract_defaults.maintenance
 _ATTEMPT_OWNERS = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED})
 # Outbox publishing: a claim lasts one lease duration; a retryable failure makes the row available
-# again after an exponential delay (1 s, 2 s, 4 s ... capped at 5 min); a row that failed this many
-# times is dead-lettered.
+# again after an exponential delay (1 s, 2 s, 4 s ... capped at 5 min), for as long as the failure stays
+# retryable: an outage of the transport, however long, must not cost a run its wakeup. Only a row the
+# transport refuses for good (not retryable) is dead-lettered.
 _OUTBOX_CLAIM_MS = _DEFAULT_LEASE_MS
 _OUTBOX_RETRY_BASE_MS = 1_000
 _OUTBOX_RETRY_MAX_MS = 300_000
-_OUTBOX_MAX_ATTEMPTS = 10
 # How often the failures of one observer are logged (without on_observer_error).
 _OBSERVER_REPORT_INTERVAL_S = 60.0
 # How many runnable candidates one storage scan asks for beyond what the caller needs, so callers
@@ -2052,6 +2052,8 @@ class Runlane:
         published = sum(1 for mark in marks if mark.status is OutboxMessageStatus.PUBLISHED)
         failed = sum(1 for mark in marks if mark.status is OutboxMessageStatus.FAILED)
         dead = sum(1 for mark in marks if mark.status is OutboxMessageStatus.DEAD_LETTERED)
+        if failed:
+            self._report_failed_publishes(claimed, marks)
         if dead:
             runs = {message.id: message for message in claimed}
             for mark in marks:
@@ -2067,6 +2069,27 @@ class Runlane:
         if refused is not None:
             raise refused  # once the other queues' outcomes are recorded and their dead letters reported
         return published, failed, dead
+
+    def _report_failed_publishes(self, claimed: Sequence[OutboxMessage], marks: Sequence[OutboxMark]) -> None:
+        """One ``runlane.transport`` warning per queue and failure for the wakeups left to a retry: an
+        outage is otherwise visible only as ``tick()``'s ``outbox_failed`` count."""
+        rows = {message.id: message for message in claimed}
+        groups: dict[tuple[str, str, str], list[tuple[OutboxMessage, OutboxMark]]] = {}
+        for mark in marks:
+            if mark.status is OutboxMessageStatus.FAILED and mark.failure is not None:
+                message = rows[mark.outbox_message_id]
+                key = (message.queue, mark.failure.code.value, mark.failure.message)
+                groups.setdefault(key, []).append((message, mark))
+        for (queue, code, reason), members in groups.items():
+            soonest = min((mark.next_available_at for _, mark in members if mark.next_available_at), default=None)
+            retry = f" from {soonest.isoformat().replace('+00:00', 'Z')}" if soonest is not None else ""
+            most = max(message.attempts for message, _ in members) + 1
+            _transport_log.warning(
+                "%d wakeup(s) of queue %s not published (attempt %d): %s (%s). The runs are queued and safe; "
+                "tick() publishes them again%s, with backoff up to 5 minutes, until the transport takes them.",
+                len(members), queue, most, code, reason, retry,
+                extra={"queue": queue, "error_code": code, "run_ids": [message.run_id for message, _ in members]},
+            )  # fmt: skip
 
     async def _publish_group(self, transport: Any, token: str, group: Sequence[OutboxMessage]) -> list[OutboxMark]:
         """Publish the claimed rows of one queue; an operation-level ``transport_unavailable`` /
@@ -2103,10 +2126,10 @@ class Runlane:
         return marks
 
     def _failure_mark(self, message: OutboxMessage, failure: OutboxFailureRecord) -> OutboxMark:
-        attempts = message.attempts + 1
-        if not failure.retryable or attempts >= _OUTBOX_MAX_ATTEMPTS:
+        if not failure.retryable:
             return OutboxMark(message.id, OutboxMessageStatus.DEAD_LETTERED, failure=failure)
-        delay_ms = min(_OUTBOX_RETRY_BASE_MS * 2 ** (attempts - 1), _OUTBOX_RETRY_MAX_MS)
+        # 2 ** 9 s already passes the cap; the exponent is bounded so a row failing for days stays cheap.
+        delay_ms = min(_OUTBOX_RETRY_BASE_MS * 2 ** min(message.attempts, 9), _OUTBOX_RETRY_MAX_MS)
         return OutboxMark(
             message.id,
             OutboxMessageStatus.FAILED,
