@@ -158,6 +158,7 @@ VALID = {"order_id": "o1", "amount": 5}
         {"meta": {"when": object()}},
         {"meta": ["not", "an", "object"]},
         {"trace_carrier": {"traceparent": 1}},
+        {"trace_carrier": {"baggage": "k=" + "v" * 20_000}},
         {"actor": "operator"},
         {"run_id": "run:1"},
     ],

@@ -20,7 +20,7 @@ from runlane import (
     queue,
     task,
 )
-from runlane.core.runtime import MAX_WORKER_CONCURRENCY
+from runlane.core.runtime import MAX_TRACE_CARRIER_BYTES, MAX_WORKER_CONCURRENCY
 from runlane.testing import ControlledClock
 from runlane_local import local_lane
 
@@ -294,3 +294,41 @@ async def test_a_late_step_does_not_call_its_function():
             await ctx.step.run("late", called.append)
         _assert_lease_lost(raised.value)
         assert called == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace carriers
+
+
+@task("more.traced_parent")
+async def traced_parent(payload: dict, ctx: TaskContext) -> None:
+    await ctx.trigger(child, {}, trace_carrier={"baggage": "b" * (MAX_TRACE_CARRIER_BYTES + 1)})
+
+
+async def test_a_trace_carrier_up_to_the_bound_is_kept_and_one_past_it_refused_everywhere():
+    # The carrier rides in every wakeup of its run: one past the bound is refused where it is given,
+    # before anything is written, so no wakeup a transport or consumer would refuse is ever made.
+    runtime, _ = make_runtime(child, traced_parent)
+    async with runtime:
+        largest = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+        largest["baggage"] = "é" * ((MAX_TRACE_CARRIER_BYTES - len("traceparent") - 55 - len("baggage")) // 2)
+        run = (await runtime.trigger(child, {}, trace_carrier=largest)).run
+        assert run.trace_carrier == largest
+        assert (await runtime.execute_next()).trace_carrier == largest  # finished, so it can be rerun
+        too_large = {**largest, "baggage": largest["baggage"] + "é"}  # two bytes more than the bound
+        for call in (
+            lambda: runtime.trigger(child, {}, trace_carrier=too_large),
+            lambda: runtime.run_now(child, {}, trace_carrier=too_large),
+            lambda: runtime.runs.rerun(run.id, trace_carrier=too_large),
+        ):
+            with pytest.raises(RunlaneError) as raised:
+                await call()
+            assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+            assert raised.value.meta == {"field": "trace_carrier", "max_bytes": MAX_TRACE_CARRIER_BYTES}
+            assert "put larger context in the payload or meta" in raised.value.message
+        assert [listed.id for listed in await all_runs(runtime)] == [run.id]
+
+        parent_run = (await runtime.trigger(traced_parent, {})).run
+        result = await runtime.execute_next()
+        assert result.id == parent_run.id and result.failure.code is ErrorCode.CONFIGURATION_INVALID
+        assert len(await all_runs(runtime)) == 2  # the child was never created

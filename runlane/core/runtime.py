@@ -186,6 +186,7 @@ __all__ = [
     "CandidatePool",
     "ExecuteDeliveryResult",
     "IdempotencyKeysApi",
+    "MAX_TRACE_CARRIER_BYTES",
     "MAX_WORKER_CONCURRENCY",
     "ObservationsApi",
     "Registry",
@@ -3358,11 +3359,28 @@ def _copy_json_object(value: object, what: str) -> dict[str, Any]:
     return json.loads(canonical_json(checked))
 
 
+#: The most a trace carrier may hold, in UTF-8 bytes of its keys and values. A carrier is trace headers
+#: (``traceparent``, ``tracestate``, W3C ``baggage`` of at most 8 KiB) or request correlation, and it
+#: rides in every wakeup of its run: one far larger would make wakeups that transports and consumers
+#: refuse (SQS consumers read at most 64 KiB), leaving the run queued with nothing to wake it.
+MAX_TRACE_CARRIER_BYTES = 16 * 1024
+
+
 def _trace_carrier(value: object) -> dict[str, str] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise _invalid("trace_carrier must be a mapping of strings to strings.", field="trace_carrier")
+    size = sum(len(key.encode("utf-8", "surrogatepass")) + len(item.encode("utf-8", "surrogatepass"))
+               for key, item in value.items())  # fmt: skip
+    if size > MAX_TRACE_CARRIER_BYTES:
+        raise _invalid(
+            f"trace_carrier holds {size:,} bytes of keys and values, more than the {MAX_TRACE_CARRIER_BYTES:,} a "
+            "trace carrier may: it travels with every wakeup of the run. Pass trace headers and correlation ids "
+            "only; put larger context in the payload or meta.",
+            field="trace_carrier",
+            max_bytes=MAX_TRACE_CARRIER_BYTES,
+        )
     return dict(value)
 
 
