@@ -242,3 +242,51 @@ def test_sqs_consume_stopped_while_waiting_for_sqs_exits_cleanly(
         consumer.wait_for("sqs_waiting")
         assert consumer.stop() == 0
         assert [record["type"] for record in consumer.records()][-1] == "consumer_stopped"
+
+
+def test_sqs_consume_stopped_while_its_startup_check_hangs_exits_at_once(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An endpoint that takes the connection and never answers: each try of the startup check would wait
+    # out read_timeout (30 s, three tries). SIGTERM stops the command at once, not when botocore gives up.
+    import socket
+    import threading
+
+    from postgres_support import migrated_schema
+    from runlane_sqs.testing import SqsTestServer
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)
+    connected = threading.Event()
+    held: list[socket.socket] = []
+
+    def hold() -> None:
+        try:
+            while True:
+                connection, _ = listener.accept()
+                held.append(connection)  # read nothing, answer nothing
+                connected.set()
+        except OSError:
+            return  # closed by the test, or no connection within the timeout
+
+    threading.Thread(target=hold, daemon=True).start()
+    try:
+        server = SqsTestServer()  # only for the environment that points boto3 at a loopback endpoint
+        for name, value in server.environment().items():
+            monkeypatch.setenv(name, value)
+        endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        root = tmp_path / "project"
+        write(root / "app_tasks.py", TASKS)
+        config = sqs_config(postgres_url, migrated_schema(postgres_url, "sqs_hang"), endpoint, {})
+        write(root / "runlane.toml", config + '\n[lane.sqs.queues.default]\nqueue_name = "never-answered"\n')
+        with background(root, "sqs", "consume", log=tmp_path / "hang.log") as consumer:
+            assert connected.wait(30), consumer.log.read_text()
+            time.sleep(0.2)  # the request is sent and waits for an answer
+            assert consumer.stop(timeout=15) == 0, consumer.log.read_text()
+            records = consumer.records()
+        assert [record["type"] for record in records][-2:] == ["stopping", "consumer_stopped"], records
+        assert "Traceback" not in consumer.log.read_text()
+    finally:
+        listener.close()
+        for connection in held:
+            connection.close()

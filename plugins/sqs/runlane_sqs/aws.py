@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from typing import Any
 
 from runlane.errors import ErrorCode, RunlaneError
@@ -57,8 +58,13 @@ def is_retryable_provider_code(code: str | None, status: int | None = None) -> b
     return code in _RETRYABLE_CODES or (status is not None and (status >= 500 or status == 429))
 
 
-async def call_sqs(client: Any, operation: str, /, **params: Any) -> Any:
-    """``client.<operation>(**params)`` without blocking the event loop."""
+async def call_sqs(client: Any, operation: str, /, *, detached: bool = False, **params: Any) -> Any:
+    """``client.<operation>(**params)`` without blocking the event loop.
+
+    A blocking client's call runs in the loop's executor; ``detached=True`` runs it in a daemon thread of
+    its own instead, for a call the caller may stop waiting for (a startup check while SQS hangs): a
+    call left behind in the executor would hold up the process's exit until botocore gives up.
+    """
     method = getattr(client, operation, None)
     if not callable(method):
         raise RunlaneError(
@@ -68,10 +74,41 @@ async def call_sqs(client: Any, operation: str, /, **params: Any) -> Any:
         )
     if inspect.iscoroutinefunction(method):
         return await method(**params)
-    result = await asyncio.to_thread(method, **params)
+    if detached:
+        result = await _in_daemon_thread(method, operation, params)
+    else:
+        result = await asyncio.to_thread(method, **params)
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def _in_daemon_thread(method: Any, operation: str, params: dict[str, Any]) -> asyncio.Future[Any]:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # the caller stopped waiting
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def work() -> None:
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = method(**params)
+        except BaseException as raised:  # handed to the loop, where the caller classifies it
+            error = raised
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the loop has closed: nobody waits for the answer
+
+    threading.Thread(target=work, name=f"runlane-sqs-{operation}", daemon=True).start()
+    return future
 
 
 def client_error_details(error: BaseException) -> tuple[str | None, int | None, str | None]:

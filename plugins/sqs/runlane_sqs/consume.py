@@ -171,15 +171,31 @@ async def _resolve_urls(
 ) -> dict[str, str] | None:
     """The queue URL of every named queue (``queue_name`` bindings ask SQS), each checked to answer.
     While SQS cannot be reached the command says so and tries again with backoff; ``None`` when it is
-    told to stop meanwhile. A queue that does not exist is ``configuration_invalid`` at once."""
+    told to stop meanwhile, at once even while a call hangs on an endpoint that does not answer (its
+    daemon thread is left to botocore's timeouts). A queue that does not exist is
+    ``configuration_invalid`` at once."""
+
+    async def resolve() -> dict[str, str]:
+        urls = {name: await transport.queue_url(name, detached=True) for name in names}
+        for url in dict.fromkeys(urls.values()):
+            await _probe(transport, url)
+        return urls
+
     wait, max_wait = delay
     said = False
     while True:
+        attempt = asyncio.ensure_future(resolve())
+        stop_requested = asyncio.ensure_future(stopping.wait())
         try:
-            urls = {name: await transport.queue_url(name) for name in names}
-            for url in dict.fromkeys(urls.values()):
-                await _probe(transport, url)
-            return urls
+            await asyncio.wait([attempt, stop_requested], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_requested.cancel()
+            if not attempt.done():
+                attempt.cancel()
+        if not attempt.done() or attempt.cancelled():
+            return None  # told to stop while SQS was still being asked
+        try:
+            return attempt.result()
         except RunlaneError as error:
             if not error.retryable:
                 raise
@@ -200,7 +216,9 @@ async def _probe(transport: SqsTransport, url: str) -> None:
     """Ask SQS about the queue at ``url``: unreachable is retryable, a missing queue is not; any other
     answer (access denied included) shows SQS is up, and the consumer's receives report the rest."""
     try:
-        await call_sqs(transport.client, "get_queue_attributes", QueueUrl=url, AttributeNames=["QueueArn"])
+        await call_sqs(
+            transport.client, "get_queue_attributes", detached=True, QueueUrl=url, AttributeNames=["QueueArn"]
+        )
     except Exception as error:
         failure = classify_provider_error(
             error, operation="GetQueueAttributes", queue_url=url, refused=ErrorCode.TRANSPORT_PUBLISH_FAILED

@@ -133,9 +133,10 @@ class SqsTransport:
             )
         return found
 
-    async def queue_url(self, queue: str) -> str:
+    async def queue_url(self, queue: str, *, detached: bool = False) -> str:
         """The SQS queue URL of the Runlane queue named ``queue`` (a ``queue_name`` binding is resolved
-        with ``GetQueueUrl`` once, then cached)."""
+        with ``GetQueueUrl`` once, then cached). ``detached`` is ``call_sqs``'s: for a caller that may
+        stop waiting."""
         known = self._urls.get(queue)
         if known is not None:
             return known
@@ -144,7 +145,7 @@ class SqsTransport:
         if binding.queue_owner_aws_account_id is not None:
             params["QueueOwnerAWSAccountId"] = binding.queue_owner_aws_account_id
         try:
-            response = await call_sqs(self.client, "get_queue_url", **params)
+            response = await call_sqs(self.client, "get_queue_url", detached=detached, **params)
         except Exception as error:
             raise classify_provider_error(
                 error, operation=f"GetQueueUrl({binding.source})", refused=ErrorCode.CONFIGURATION_INVALID
