@@ -437,3 +437,28 @@ def test_the_wakeup_body_round_trips_and_is_canonical() -> None:
     assert body == json.dumps(json.loads(body), sort_keys=True, separators=(",", ":"))
 
 
+
+
+@pytest.mark.parametrize(
+    ("code", "queue_url", "hint", "not_hinted"),
+    [
+        ("AccessDenied", "https://sqs.example/1/q", "Grant this process's AWS identity", "deduplication"),
+        ("InvalidParameterValue", "https://sqs.example/1/q.fifo", "deduplication='outbox'", "Grant"),
+        ("InvalidParameterValue", "https://sqs.example/1/q", "Check the queue's settings", "deduplication"),
+        ("KmsAccessDenied", "https://sqs.example/1/q.fifo", "Grant this process's AWS identity", "deduplication"),
+    ],
+)
+def test_a_refusal_says_what_to_check_for_its_cause_only(
+    code: str, queue_url: str, hint: str, not_hinted: str
+) -> None:
+    from botocore.exceptions import ClientError
+
+    from runlane_sqs.aws import classify_provider_error
+
+    refusal = ClientError(
+        {"Error": {"Code": code, "Message": "no"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "SendMessageBatch"
+    )
+    error = classify_provider_error(refusal, operation="SendMessageBatch", queue_url=queue_url)
+    assert error.code is ErrorCode.TRANSPORT_PUBLISH_FAILED and error.retryable is False
+    assert hint in error.message and not_hinted not in error.message
+    assert error.meta["provider_code"] == code

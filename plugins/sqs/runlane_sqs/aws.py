@@ -128,6 +128,18 @@ def client_error_details(error: BaseException) -> tuple[str | None, int | None, 
     )
 
 
+def _refusal_hint(code: str | None, queue_url: str | None) -> str:
+    """What to check for a refusal: the FIFO deduplication setting only where it can be the cause."""
+    if code in ("InvalidParameterValue", "MissingParameter") and (queue_url or "").endswith(".fifo"):
+        return (
+            "For a FIFO queue without content-based deduplication, bind it with deduplication='outbox' (or "
+            "enable content-based deduplication on the queue)."
+        )
+    if code is not None and ("AccessDenied" in code or "Authorization" in code or code.endswith("Forbidden")):
+        return "Grant this process's AWS identity the SQS permissions the operation needs."
+    return "Check the queue's settings and this process's SQS permissions."
+
+
 def classify_provider_error(
     error: BaseException,
     *,
@@ -167,8 +179,7 @@ def classify_provider_error(
             )
         return RunlaneError(
             refused,
-            f"SQS refused {operation}{where} with {code or f'HTTP {status}'}. Check the queue's permissions and "
-            "settings (for a FIFO queue without content-based deduplication, use deduplication='outbox').",
+            f"SQS refused {operation}{where} with {code or f'HTTP {status}'}. {_refusal_hint(code, queue_url)}",
             retryable=False,
             meta=meta,
             cause=error,
