@@ -81,12 +81,13 @@ def test_the_sync_worker_has_the_same_bound():
         assert raised.value.meta["field"] == "concurrency"
 
 
-def test_runlane_work_has_the_same_bound(tmp_path: Path):
+@pytest.mark.parametrize("command", [["work", "--drain"], ["dev", "--once"]])
+def test_the_cli_refuses_more_slots_than_the_bound_before_it_does_anything(tmp_path: Path, command: list[str]):
     project = make_project(tmp_path)
-    result = cli(project, "--json", "work", "--drain", "--concurrency", str(MAX_WORKER_CONCURRENCY + 1))
-    assert result.returncode == 1, result.stderr
-    error = [line for line in result.stderr.splitlines() if '"error"' in line]
-    assert error and '"code":"configuration_invalid"' in error[0] and "at most 10,000" in error[0]
+    result = cli(project, *command, "--concurrency", str(MAX_WORKER_CONCURRENCY + 1))
+    assert result.returncode == 2, result.stderr  # a usage error, like any option out of its range
+    assert "--concurrency" in result.stderr and str(MAX_WORKER_CONCURRENCY) in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""  # dev --once ran no tick
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import typer
 from typer.core import TyperCommand, TyperOption
 
 from ..core.authoring import parse_idempotency_key_ttl
+from ..core.runtime import MAX_WORKER_CONCURRENCY
 from ..defaults import contract_defaults
 from ..durations import duration_ms, parse_duration
 from ..errors import ErrorCode, RunlaneError
@@ -238,7 +239,9 @@ def limit_option(help: str) -> Any:
 _PAGE = contract_defaults.pagination
 PAGE_LIMIT_HELP = f"per page (default {_PAGE.default_limit}, at most {_PAGE.max_limit}; --cursor continues)."
 LimitOption = Annotated[int | None, limit_option(f"Runs {PAGE_LIMIT_HELP}")]
-ConcurrencyOption = Annotated[int, typer.Option("--concurrency", min=1, help="Worker slots.", metavar="N")]
+ConcurrencyOption = Annotated[
+    int, typer.Option("--concurrency", min=1, max=MAX_WORKER_CONCURRENCY, help="Worker slots.", metavar="N")
+]
 MaxRunsOption = Annotated[
     int | None, typer.Option("--max-runs", min=1, help="Stop after this many runs (drain / once).", metavar="N")
 ]
