@@ -135,7 +135,8 @@ def test_a_third_party_entry_point_named_local_does_not_hide_runlane_local_silen
 
     listed = cli(project, "--json", "plugins", "list", env=env)
     assert listed.returncode == 0, listed.stderr
-    assert "skipped plugin 'local' from runlane-local" in listed.stderr
+    warnings = [json.loads(line)["warning"] for line in listed.stderr.splitlines()]
+    assert any(w["code"] == "plugin" and "skipped plugin 'local' from runlane-local" in w["message"] for w in warnings)
     failures = json.loads(listed.stdout)["failures"]
     (failure,) = [failure for failure in failures if failure["name"] == "local"]
     assert failure["distribution"] == "runlane-local" and "runlane-squatter" in failure["error"]
@@ -222,7 +223,10 @@ def test_plugins_list_shows_a_plugin_made_for_other_runlane_releases(site: Path)
     (new,) = [plugin for plugin in json.loads(listed.stdout)["plugins"] if plugin["name"] == "new"]
     assert (new["requires_runlane"], new["runlane_compatible"]) == (">=99", False)
     assert new["provides"] == {"lanes": ["new-lane"]}
-    assert "plugin 'new' from runlane-new 0.1 declares it works with runlane>=99" in listed.stderr
+    # With --json, stderr stays JSON lines: the notice is a warning record.
+    (notice,) = [json.loads(line)["warning"] for line in listed.stderr.splitlines()]
+    assert notice["code"] == "plugin"
+    assert notice["message"].startswith("plugin 'new' from runlane-new 0.1 declares it works with runlane>=99")
     table = cli(site, "plugins", "list", env=env)
     assert table.returncode == 0, table.stderr
     assert "plugin 'new' declares it works with runlane>=99, not with the runlane installed" in table.stderr

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import functools
 import inspect
+import io
 import json
 import os
 import signal
@@ -919,6 +920,48 @@ def _ascii_locale_warning(arguments: list[str]) -> str | None:
     return None
 
 
+class _JsonWarningLines(io.TextIOBase):
+    """A stand-in for stderr that writes each line written to it as ``{"warning": {"code": ..., "message":
+    ...}}`` on the real stderr (the ``runlane: `` prefix of plugin notices dropped)."""
+
+    def __init__(self, target: Any, code: str) -> None:
+        self._target = target
+        self._code = code
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self._emit(line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._emit(self._pending)
+            self._pending = ""
+        self._target.flush()
+
+    def _emit(self, line: str) -> None:
+        if line.strip():
+            warning = {"code": self._code, "message": line.removeprefix("runlane: ")}
+            self._target.write(json.dumps({"warning": warning}) + "\n")
+
+
+@contextlib.contextmanager
+def _stderr_lines_as_json_warnings(code: str) -> Iterator[None]:
+    real = sys.stderr
+    wrapper = _JsonWarningLines(real, code)
+    sys.stderr = wrapper
+    try:
+        yield
+    finally:
+        sys.stderr = real
+        wrapper.flush()
+
+
 def run() -> None:
     """Console-script entry point."""
     from .output import EXIT_BROKEN_PIPE, OutputLost, stdout_was_closed
@@ -934,6 +977,9 @@ def run() -> None:
         else:
             sys.stderr.write(f"warning: {ascii_locale}\n")
     try:
+        if "--json" in sys.argv[1:]:
+            with _stderr_lines_as_json_warnings("plugin"):
+                _app()  # loads the plugins: what they report is read as JSON like the rest of stderr
         _app()(prog_name="runlane")
     except OutputLost as lost:
         sys.stderr.write(
