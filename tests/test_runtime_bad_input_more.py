@@ -13,6 +13,7 @@ import pytest
 from runlane import (
     ErrorCode,
     RunlaneError,
+    RunStatus,
     StorageConflictKind,
     TaskContext,
     create_runlane,
@@ -43,6 +44,11 @@ async def parent(payload: dict, ctx: TaskContext) -> None:
 @task("more.sync_parent")
 def sync_parent(payload: dict, ctx: TaskContext) -> None:
     kept["def"] = ctx
+
+
+@task("more.waits")
+async def waits(payload: dict, ctx: TaskContext):
+    return ctx.wait_for_signal("go")
 
 
 @task("more.keyed", idempotency_key=lambda p: p["key"], singleton_key=lambda p: p["key"])
@@ -161,6 +167,27 @@ async def test_a_clock_that_goes_wrong_later_is_a_configuration_error_naming_the
             assert said in raised.value.message
         clock.bad = None
         assert await all_runs(runtime) == []
+
+
+@pytest.mark.parametrize("bad", [lambda: "noon", _raise, lambda: datetime(2030, 1, 1)])
+async def test_operator_actions_with_a_clock_gone_wrong_are_configuration_errors_and_change_nothing(bad):
+    # Cancel and signal sends read the time in storage's commit, from the same clock.
+    clock = _TurnsBad()
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[child, waits], clock=clock)
+    async with runtime:
+        await runtime.trigger(waits, {})
+        waiting = await runtime.execute_next()
+        assert waiting is not None and waiting.status is RunStatus.RELEASED
+        run = (await runtime.trigger(child, {})).run  # queued
+        clock.bad = bad
+        for call in (lambda: runtime.runs.cancel(run.id), lambda: runtime.signals.send("go")):
+            with pytest.raises(RunlaneError) as raised:
+                await call()
+            assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+            assert "clock" in raised.value.message
+        clock.bad = None
+        assert await runtime.runs.get(run.id) == run
+        assert await runtime.runs.get(waiting.id) == waiting
 
 
 async def test_a_clock_in_another_time_zone_is_read_in_utc():

@@ -234,7 +234,13 @@ class StorageAttempt:
     async def now(self) -> datetime:
         self._check_open()
         if self._now is None:
-            sampled = await self._sample_now()
+            try:
+                sampled = await self._sample_now()
+            except RunlaneError:
+                raise
+            except Exception as error:  # a clock of the caller's that cannot tell the time
+                message = f"The storage clock raised {type(error).__name__}: {error}; its now() must return a datetime."
+                self._fail(RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, cause=error))
             if not isinstance(sampled, datetime) or sampled.tzinfo is None or sampled.utcoffset() is None:
                 message = "The storage clock must return timezone-aware datetimes."
                 self._fail(RunlaneError(ErrorCode.CONFIGURATION_INVALID, message))
