@@ -338,6 +338,16 @@ def _clock_reading_in_utc(clock: Clock, value: object) -> datetime:
     )
 
 
+def _read_clock(clock: Clock) -> object:
+    """``clock.now()``; ``configuration_invalid`` naming the clock when it raises."""
+    try:
+        return clock.now()
+    except RunlaneError:
+        raise
+    except Exception as error:
+        raise _clock_failed(clock, error) from error
+
+
 def _clock_failed(clock: Clock, error: Exception) -> RunlaneError:
     return RunlaneError(
         ErrorCode.CONFIGURATION_INVALID,
@@ -756,16 +766,10 @@ class Runlane:
     # -- internals shared with attempt.py and worker.py ------------------------------------------
 
     def now(self) -> datetime:
-        clock = self._clock
-        try:
-            value = clock.now()
-        except RunlaneError:
-            raise
-        except Exception as error:
-            raise _clock_failed(clock, error) from error
+        value = _read_clock(self._clock)
         if isinstance(value, datetime) and value.tzinfo is UTC:
             return value
-        return _clock_reading_in_utc(clock, value)
+        return _clock_reading_in_utc(self._clock, value)
 
     def loop_state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
@@ -3204,13 +3208,7 @@ def create_runlane(
     elif callable(getattr(clock, "now", None)):
         # Read once now, so a clock that cannot tell the time fails here rather than in the first call
         # that needs it (storage samples the same clock, and would report it only at its first write).
-        try:
-            reading = clock.now()
-        except RunlaneError:
-            raise
-        except Exception as error:
-            raise _clock_failed(clock, error) from error
-        _clock_reading_in_utc(clock, reading)
+        _clock_reading_in_utc(clock, _read_clock(clock))
         runtime_clock = clock
         _hand_clock_to_storage(lane, clock)
     else:

@@ -17,11 +17,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from runlane.errors import ErrorCode, RunlaneError
 
-__all__ = ["call_sqs", "classify_provider_error", "client_error_details", "is_retryable_provider_code"]
+__all__ = [
+    "call_sqs",
+    "classify_provider_error",
+    "client_error_details",
+    "in_daemon_thread",
+    "is_retryable_provider_code",
+]
 
 _RETRYABLE_CODES = frozenset(
     {
@@ -75,7 +82,7 @@ async def call_sqs(client: Any, operation: str, /, *, detached: bool = False, **
     if inspect.iscoroutinefunction(method):
         return await method(**params)
     if detached:
-        result = await _in_daemon_thread(method, operation, params)
+        result = await in_daemon_thread(lambda: method(**params), f"runlane-sqs-{operation}")
     else:
         result = await asyncio.to_thread(method, **params)
     if inspect.isawaitable(result):
@@ -83,11 +90,18 @@ async def call_sqs(client: Any, operation: str, /, *, detached: bool = False, **
     return result
 
 
-def _in_daemon_thread(method: Any, operation: str, params: dict[str, Any]) -> asyncio.Future[Any]:
+def in_daemon_thread(
+    work: Callable[[], Any], name: str, on_return: Callable[[], None] | None = None
+) -> asyncio.Future[Any]:
+    """``work()`` in a daemon thread of its own: a future of the running loop settled with its result or
+    exception, which the caller may stop waiting for (cancel) without holding up the process's exit.
+    ``on_return`` runs on the loop when ``work`` has returned, cancelled or not."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
     def settle(result: Any, error: BaseException | None) -> None:
+        if on_return is not None:
+            on_return()
         if future.done():  # the caller stopped waiting
             return
         if error is not None:
@@ -95,11 +109,11 @@ def _in_daemon_thread(method: Any, operation: str, params: dict[str, Any]) -> as
         else:
             future.set_result(result)
 
-    def work() -> None:
+    def run() -> None:
         result: Any = None
         error: BaseException | None = None
         try:
-            result = method(**params)
+            result = work()
         except BaseException as raised:  # handed to the loop, where the caller classifies it
             error = raised
         try:
@@ -107,7 +121,7 @@ def _in_daemon_thread(method: Any, operation: str, params: dict[str, Any]) -> as
         except RuntimeError:
             pass  # the loop has closed: nobody waits for the answer
 
-    threading.Thread(target=work, name=f"runlane-sqs-{operation}", daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=True).start()
     return future
 
 

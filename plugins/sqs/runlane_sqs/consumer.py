@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ from runlane.core.worker import REASON_WORKER_STOPPED
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import DeliveryMessage
 
-from .aws import call_sqs, classify_provider_error
+from .aws import call_sqs, classify_provider_error, in_daemon_thread
 from .bindings import FIFO_SUFFIX, SQS_MAX_WAIT_TIME_SECONDS, check_client, check_count, invalid
 from .delivery import (
     ExecuteDelivery,
@@ -231,40 +230,23 @@ class SqsDeliveryConsumer:
 
     def _receive_in_thread(self, method: Any) -> asyncio.Future[Any]:
         # A daemon thread, not the loop's executor: a long poll in flight must not hold up process exit.
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        returned: asyncio.Future[None] = loop.create_future()
+        returned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._receive_returned = returned
         params = self._receive_params()
         signal = self._controller.signal
 
-        def settle(result: Any, error: BaseException | None) -> None:
+        def work() -> Any:
+            result = method(**params)
+            if signal.aborted:
+                self._release_now(result)  # in this thread: the loop may be gone by now
+                return {}
+            return result
+
+        def on_return() -> None:
             if not returned.done():
                 returned.set_result(None)
-            if future.done():
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
 
-        def work() -> None:
-            result: Any = None
-            error: BaseException | None = None
-            try:
-                result = method(**params)
-            except BaseException as raised:  # handed to the loop, which classifies it
-                error = raised
-            if signal.aborted and error is None:
-                self._release_now(result)
-                result = {}
-            try:
-                loop.call_soon_threadsafe(settle, result, error)
-            except RuntimeError:
-                pass  # the loop is closed; the messages were released above
-
-        threading.Thread(target=work, name="runlane-sqs-receive", daemon=True).start()
-        return future
+        return in_daemon_thread(work, "runlane-sqs-receive", on_return)
 
     def _release_now(self, response: Any) -> None:
         """Make the messages of an abandoned receive visible again (best effort, in the receive thread)."""
