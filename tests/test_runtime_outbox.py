@@ -467,9 +467,32 @@ async def test_a_long_transport_outage_never_costs_a_run_its_wakeup(caplog):
         (row,) = await runtime.store.list_run_outbox(run.id)
         assert row.status is OutboxMessageStatus.PUBLISHED and row.attempts == 41
         assert (await runtime.execute_delivery(transport.published[-1])).run.status is RunStatus.SUCCEEDED
+    # Reported at most once a minute: the first failure, then one report per 5-minute retry once the
+    # delay passes a minute, each counting the failures it stands for.
     logged = [record for record in caplog.records if record.name == "runlane.transport"]
-    assert len(logged) == 40 and all(record.levelname == "WARNING" for record in logged)
+    assert all(record.levelname == "WARNING" for record in logged)
     first = logged[0].getMessage()
     assert first.startswith("1 wakeup(s) of queue default not published (attempt 1): transport_publish_failed")
     assert "tick() publishes them again from" in first and logged[0].run_ids == [run.id]
-    assert "(attempt 40)" in logged[-1].getMessage()
+    assert "(attempt 2)" not in "".join(record.getMessage() for record in logged)  # 1 s later: held back
+    assert "not published (attempt 40): " in logged[-1].getMessage()  # 5 minutes after the one before
+    held_back = [record.getMessage() for record in logged if "more since the last report" in record.getMessage()]
+    assert held_back == [held_back[0]] and "(attempt 7) (and 5 more since the last report)" in held_back[0]
+    assert len(logged) == 40 - 5  # attempts 2 to 6 came within a minute of the first
+
+
+async def test_a_burst_of_triggers_during_an_outage_is_reported_once_not_per_trigger(caplog):
+    runtime, transport, clock = transport_runtime()  # eager: each trigger publishes its own wakeup
+    async with runtime:
+        transport.fail_next(20)
+        with caplog.at_level("WARNING", logger="runlane.transport"):
+            runs = [(await runtime.trigger(work, {"n": n})).run for n in range(20)]
+            clock.advance("61s")
+            assert (await runtime.tick()).outbox_published == 20  # the transport is back
+            transport.fail_next(1)
+            await runtime.trigger(work, {"n": 20})
+        assert all(run.status is RunStatus.QUEUED for run in runs)
+    logged = [record.getMessage() for record in caplog.records if record.name == "runlane.transport"]
+    assert len(logged) == 2, logged
+    assert logged[0].startswith("1 wakeup(s) of queue default not published (attempt 1): ")
+    assert "(and 19 more since the last report)" in logged[1]

@@ -227,6 +227,8 @@ _OUTBOX_RETRY_BASE_MS = 1_000
 _OUTBOX_RETRY_MAX_MS = 300_000
 # How often the failures of one observer are logged (without on_observer_error).
 _OBSERVER_REPORT_INTERVAL_S = 60.0
+# How often wakeups a transport did not take are logged, per queue and failure code.
+_PUBLISH_REPORT_INTERVAL_S = 60.0
 # How many runnable candidates one storage scan asks for beyond what the caller needs, so callers
 # racing in this process pick different runs instead of all claiming the first one.
 _SCAN_HEADROOM = 8
@@ -589,6 +591,8 @@ class Runlane:
         self._started_on: asyncio.AbstractEventLoop | None = None  # the loop the lane was started on
         # Per observer without on_observer_error: when its failure was last logged, and how many since.
         self._observer_failures: dict[int, tuple[float, int]] = {}
+        # Per queue and failure code of wakeups not published: when last logged, and how many since.
+        self._publish_failures: dict[tuple[str, str], tuple[datetime, int]] = {}
         self._start_lock: asyncio.Lock | None = None
         self._workers: set[WorkerHandle] = set()
         self._claiming: set[str] = set()
@@ -2076,8 +2080,8 @@ class Runlane:
         return published, failed, dead
 
     def _report_failed_publishes(self, claimed: Sequence[OutboxMessage], marks: Sequence[OutboxMark]) -> None:
-        """One ``runlane.transport`` warning per queue and failure for the wakeups left to a retry: an
-        outage is otherwise visible only as ``tick()``'s ``outbox_failed`` count."""
+        """A ``runlane.transport`` warning per queue and failure for the wakeups left to a retry, at most
+        one a minute: an outage is otherwise visible only as ``tick()``'s ``outbox_failed`` count."""
         rows = {message.id: message for message in claimed}
         groups: dict[tuple[str, str, str], list[tuple[OutboxMessage, OutboxMark]]] = {}
         for mark in marks:
@@ -2085,14 +2089,23 @@ class Runlane:
                 message = rows[mark.outbox_message_id]
                 key = (message.queue, mark.failure.code.value, mark.failure.message)
                 groups.setdefault(key, []).append((message, mark))
+        now = self.now()
         for (queue, code, reason), members in groups.items():
+            # At most one report per queue and failure code a minute: during an outage every trigger of an
+            # eager lane and every tick fails to publish, and a line for each would bury everything else.
+            logged_at, unreported = self._publish_failures.get((queue, code), (None, 0))
+            if logged_at is not None and (now - logged_at).total_seconds() < _PUBLISH_REPORT_INTERVAL_S:
+                self._publish_failures[(queue, code)] = (logged_at, unreported + len(members))
+                continue
+            self._publish_failures[(queue, code)] = (now, 0)
+            since = f" (and {unreported} more since the last report)" if unreported else ""
             soonest = min((mark.next_available_at for _, mark in members if mark.next_available_at), default=None)
             retry = f" from {soonest.isoformat().replace('+00:00', 'Z')}" if soonest is not None else ""
             most = max(message.attempts for message, _ in members) + 1
             _transport_log.warning(
-                "%d wakeup(s) of queue %s not published (attempt %d): %s (%s). The runs are queued and safe; "
+                "%d wakeup(s) of queue %s not published (attempt %d)%s: %s (%s). The runs are queued and safe; "
                 "tick() publishes them again%s, with backoff up to 5 minutes, until the transport takes them.",
-                len(members), queue, most, code, reason, retry,
+                len(members), queue, most, since, code, reason, retry,
                 extra={"queue": queue, "error_code": code, "run_ids": [message.run_id for message, _ in members]},
             )  # fmt: skip
 
