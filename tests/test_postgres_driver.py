@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -66,6 +67,7 @@ from runlane.storage import (
 from runlane.storage.key_order import KEY_ORDERED_INDEXES
 from runlane.storage.operator import PaginationParams, RunFilter
 from runlane.testing import ControlledClock
+from runlane.vocabulary import RunStatus, WorkerMode
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures
@@ -711,6 +713,24 @@ async def test_a_corrupt_document_is_an_invariant_violation(
         assert (await driver.get([healthy]))[0] is not None, "the driver stays usable"
     finally:
         await driver.close()
+
+
+async def test_a_worker_sets_a_due_run_with_a_corrupt_document_aside_and_runs_the_others(
+    schemas: Schemas, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The exclusive scan that finds a corrupt due run fails only the read of that run, so a worker
+    logs it, sets it aside and goes on with the other runs instead of stopping (docs/operations.md)."""
+    schema = await schemas.migrated()
+    runtime = _runtime(schemas.url, schema)
+    async with runtime:
+        corrupt = (await runtime.trigger(_echo, {"n": 1})).run.id
+        healthy = (await runtime.trigger(_echo, {"n": 2})).run.id
+        _corrupt(schemas, schema, StorageRecordKey("runs", "default", corrupt), "document", '{"schemaVersion":2}')
+        with caplog.at_level(logging.ERROR, logger="runlane.worker"):
+            await asyncio.wait_for(runtime.worker(mode=WorkerMode.DRAIN).closed, 30)
+        run = await runtime.runs.get(healthy)
+        assert run is not None and run.status is RunStatus.SUCCEEDED
+        assert any(corrupt in record.getMessage() and "set aside" in record.getMessage() for record in caplog.records)
 
 
 async def test_corrupt_index_entries_are_an_invariant_violation(schemas: Schemas, shared_schema: str) -> None:
