@@ -65,7 +65,7 @@ from runlane.storage import (
     storage_stream_layouts,
 )
 from runlane.storage.key_order import KEY_ORDERED_INDEXES
-from runlane.storage.operator import PaginationParams, RunFilter
+from runlane.storage.operator import PaginationParams, RunEventFilter, RunFilter
 from runlane.testing import ControlledClock
 from runlane.vocabulary import RunStatus, WorkerMode
 
@@ -823,6 +823,45 @@ async def test_a_corrupt_run_record_fails_operator_reads(schemas: Schemas) -> No
             driver.list_runs(RunFilter(environment=Environment(name="default")), PaginationParams()),
             ErrorCode.INVARIANT_VIOLATION,
         )
+
+
+async def test_operator_reads_report_a_projection_row_its_record_disagrees_with(schemas: Schemas) -> None:
+    """A projection row whose run no longer matches it, or whose record is gone, fails the list with
+    ``invariant_violation`` instead of showing the run under a filter it does not match or leaving it out."""
+    schema = await schemas.migrated()
+    runtime = _runtime(schemas.url, schema)
+    environment = Environment(name="default")
+    async with runtime:
+        run_id = await _one_finished_run(runtime)
+        driver = runtime.lane.storage
+        failed = RunFilter(environment=environment, statuses=(RunStatus.FAILED,))
+        assert (await driver.list_runs(failed, PaginationParams())).data == []
+        schemas.execute(
+            sql.SQL("UPDATE {}.runlane_operator_runs SET status = 'failed' WHERE run_id = %s").format(
+                sql.Identifier(schema)
+            ),
+            (run_id,),
+        )
+        error = await expect_error(driver.list_runs(failed, PaginationParams()), ErrorCode.INVARIANT_VIOLATION)
+        assert run_id in error.message and "succeeded" in error.message
+
+        events = RunEventFilter(environment=environment, run_id=run_id)
+        schemas.execute(
+            sql.SQL(
+                "DELETE FROM {0}.runlane_records WHERE key = "
+                "(SELECT record_key FROM {0}.runlane_operator_events WHERE run_id = %s ORDER BY sequence LIMIT 1)"
+            ).format(sql.Identifier(schema)),
+            (run_id,),
+        )
+        error = await expect_error(driver.list_run_events(events, PaginationParams()), ErrorCode.INVARIANT_VIOLATION)
+        assert "is missing" in error.message
+        schemas.execute(
+            sql.SQL("DELETE FROM {}.runlane_records WHERE key = %s").format(sql.Identifier(schema)),
+            (StorageRecordKey("runs", "default", run_id).encoded,),
+        )
+        everything = RunFilter(environment=environment)
+        error = await expect_error(driver.list_runs(everything, PaginationParams()), ErrorCode.INVARIANT_VIOLATION)
+        assert run_id in error.message and "is missing" in error.message
 
 
 # ---------------------------------------------------------------------------------------------

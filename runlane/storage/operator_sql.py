@@ -52,7 +52,9 @@ from .operator import (
     clamp_page_limit,
     decode_operator_cursor,
     encode_operator_cursor,
+    run_event_matches_filter,
     run_event_sort_value,
+    run_matches_filter,
     run_sort_value,
 )
 from .tables import (
@@ -396,7 +398,9 @@ def run_list_query(
     limit = clamp_page_limit(pagination.limit)
     after = decode_operator_cursor(pagination.cursor, PaginationCursorKind.RUN_LIST, filter)
     environment = environment_key(filter.environment)
-    source = f"FROM {runs_table} o JOIN {records_table} r ON r.key = o.record_key"
+    # A left join: a projection row whose run record is gone comes back without a document, which
+    # ``finish_run_page`` reports as corruption instead of the page leaving the run out.
+    source = f"FROM {runs_table} o LEFT JOIN {records_table} r ON r.key = o.record_key"
     if filter.sort_by is RunSortField.RUN_AT:
         return _run_at_list_query(filter, after, limit, environment, source, records_table, placeholder)
     query = _Builder(placeholder)
@@ -489,7 +493,7 @@ def run_event_list_query(
     order = ", ".join(f"{term} {'DESC' if descending else 'ASC'}" for term in expressions)
     text = (
         f"SELECT r.document, r.byte_size, e.run_id, e.sequence FROM {events_table} e "
-        f"JOIN {records_table} r ON r.key = e.record_key "
+        f"LEFT JOIN {records_table} r ON r.key = e.record_key "  # a missing record is reported, not skipped
         f"WHERE {' AND '.join(query.where)} ORDER BY {order} LIMIT {limit + 1}"
     )
     return OperatorSql(text, tuple(query.params), limit)
@@ -502,6 +506,8 @@ def run_event_list_query(
 def _document(text: Any, what: str) -> StorageDocument:
     if isinstance(text, StorageDocument):
         return text
+    if text is None:  # the projection row's record is missing (the list queries join it from the left)
+        raise _corrupt_row(what, "is missing although its operator projection row is there")
     try:
         return StorageDocument.parse(text)
     except RunlaneError as error:  # not an envelope this version reads
@@ -519,8 +525,9 @@ def _corrupt_row(what: str, problem: str) -> RunlaneError:
 
 def finish_run_page(query: OperatorSql, filter: RunFilter, rows: Iterable[tuple[Any, ...]]) -> Page[RunSummary]:
     """The page of ``rows`` (document text, byte size, projected run id) fetched with ``query``. A
-    document that does not decode, or holds another run than its projection row, is durable
-    corruption: ``invariant_violation`` naming the run, never a row left out or shown under the wrong id."""
+    document that is missing, does not decode, holds another run than its projection row or does not
+    match the filter its projection row matched is durable corruption: ``invariant_violation`` naming
+    the run, never a row left out or shown under the wrong id or filter."""
     runs: list[RunRecord] = []
     for text, _size, run_id in rows:
         run = peek_run_document(_document(text, f"run {run_id}"))
@@ -528,6 +535,12 @@ def finish_run_page(query: OperatorSql, filter: RunFilter, rows: Iterable[tuple[
             raise _corrupt_row(f"run {run_id}", "is not a readable run")
         if run.id != run_id:
             raise _corrupt_row(f"run {run_id}", f"holds run {run.id}")
+        if not run_matches_filter(run, filter):
+            raise _corrupt_row(
+                f"run {run_id}",
+                f"does not match its operator projection row (the run is {run.status.value}, task {run.task_id!r}, "
+                f"queue {run.queue!r})",
+            )
         runs.append(run)
     cursor = None
     if len(runs) > query.limit:
@@ -551,6 +564,8 @@ def finish_event_page(
             raise _corrupt_row(what, "is not a readable run event")
         if (event.event.run_id, event.sequence) != (run_id, sequence):
             raise _corrupt_row(what, f"holds event {event.sequence} of run {event.event.run_id}")
+        if not run_event_matches_filter(event, filter):
+            raise _corrupt_row(what, f"does not match its operator projection row (a {event.event.type.value} event)")
         events.append(event)
     cursor = None
     if len(events) > query.limit:
