@@ -1628,6 +1628,67 @@ def test_cli_migrate_and_sql_use_the_lane_of_a_configured_runtime_factory(tmp_pa
     assert json.loads(cli(tmp_path, "--json", "postgres", "sql").stdout)["schema"] == "public"
 
 
+def test_a_cli_command_the_server_goes_away_under_prints_only_its_error(tmp_path: Path) -> None:
+    """runlane runs wait on a server that stops: the command's storage_unavailable error, and not also a
+    bare warning line from the connection pool about the connection it discarded."""
+    import subprocess
+    import time
+
+    from cli_support import RUNLANE, cli_env, wait_for
+    from postgres_support import restartable_postgres_server
+
+    server, schema = restartable_postgres_server("runlane_driver")
+    write(tmp_path / "app" / "__init__.py", "")
+    write(
+        tmp_path / "app" / "tasks.py",
+        """
+        from runlane import queue, task
+
+        default = queue("default", default=True)
+
+        @task("echo", queue=default)
+        def echo(payload: dict) -> dict:
+            return payload
+        """,
+    )
+    write(
+        tmp_path / "runlane.toml",
+        f"""
+        [runlane]
+        tasks = ["app.tasks"]
+
+        [lane]
+        use = "postgres-polling"
+        connection_string = "{server.url}"
+        schema = "{schema}"
+        """,
+    )
+    triggered = cli(tmp_path, "--json", "trigger", "echo", "{}")
+    assert triggered.returncode == 0, triggered.stderr
+    run_id = json.loads(triggered.stdout)["run"]["id"]
+    assert RUNLANE is not None
+    waiting = subprocess.Popen(
+        [RUNLANE, "runs", "wait", run_id], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(),
+    )  # fmt: skip
+    try:
+        reading = sql.SQL("SELECT count(*) FROM pg_stat_activity WHERE query LIKE {}").format(
+            sql.Literal(f'%"{schema}".runlane_records%')
+        )
+        # The wait reads the run on a pooled connection, again each second once it has waited a while:
+        # stop the server under it then.
+        wait_for(lambda: psycopg.connect(server.url, autocommit=True).execute(reading).fetchone()[0], what="the wait")
+        time.sleep(3)
+        server.stop_server()
+        _, stderr = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+        server.start_server()
+    assert waiting.returncode == 1
+    assert stderr.splitlines() == [stderr.strip()] and stderr.startswith("error[storage_unavailable]:"), stderr
+
+
 def test_cli_migrate_needs_a_postgres_lane_or_a_url(tmp_path: Path) -> None:
     no_config = cli(tmp_path, "postgres", "migrate")
     assert no_config.returncode == 1 and "error[configuration_invalid]" in no_config.stderr

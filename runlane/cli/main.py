@@ -37,7 +37,7 @@ from ..core.runtime import Runlane
 from ..errors import ErrorCode, RunlaneError, describe_exception
 from ..plugins.manager import get_registries, load_plugins, pm, skip_plugin
 from ..plugins.registries import ProviderContext, Registries, validate_options
-from .output import Output, forward_runtime_logs
+from .output import Output, forward_runtime_logs, quiet_connection_pool
 
 __all__ = [
     "OPERATIONS",
@@ -221,17 +221,20 @@ async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) ->
     """
     runtime = await build_configured_runtime(ctx)
     output = state_of(ctx).output
-    try:
-        # What starting logs (a clock that is off the database server's) is printed as the command's
-        # later records are (with --json, as JSON), not by Python's last-resort handler.
-        with forward_runtime_logs(output):
-            if wait_for_storage:
-                await _start_when_storage_answers(runtime, output)
-            else:
-                await runtime.start()
-        yield runtime
-    finally:
-        await runtime.close()
+    # A connection the database dropped while the command ran (a server restarting under runlane runs
+    # wait) is reported by the command's own error, not by a bare line from the pool as well.
+    with quiet_connection_pool():
+        try:
+            # What starting logs (a clock that is off the database server's) is printed as the command's
+            # later records are (with --json, as JSON), not by Python's last-resort handler.
+            with forward_runtime_logs(output):
+                if wait_for_storage:
+                    await _start_when_storage_answers(runtime, output)
+                else:
+                    await runtime.start()
+            yield runtime
+        finally:
+            await runtime.close()
 
 
 _FIRST_RETRY_S = 0.5

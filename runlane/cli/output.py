@@ -51,6 +51,7 @@ __all__ = [
     "plural",
     "printable",
     "printable_text",
+    "quiet_connection_pool",
     "run_rows",
     "tick_counts",
     "to_json_value",
@@ -871,7 +872,7 @@ def forward_runtime_logs(output: Output) -> Iterator[None]:
 
     The database driver's connection pool logs each failed reconnect and discarded connection as a
     warning; Runlane reports an outage itself (once, and again when storage answers), so those are
-    kept to errors meanwhile."""
+    kept to errors meanwhile (``quiet_connection_pool``)."""
     logger = logging.getLogger("runlane")
     root = logging.getLogger()
     if root.handlers or logger.handlers:
@@ -883,22 +884,38 @@ def forward_runtime_logs(output: Output) -> Iterator[None]:
     application = _OutputHandler(output, logging.WARNING)
     application.addFilter(_not_handled_on_the_way)
     level, propagate = logger.level, logger.propagate
+    # Entered before the handlers are added: it would take them for the application's own.
+    with quiet_connection_pool():
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        root.addHandler(application)
+        logging.captureWarnings(True)  # warnings.warn() too, instead of bare lines among the JSON ones
+        try:
+            yield
+        finally:
+            logging.captureWarnings(False)
+            logger.removeHandler(handler)
+            root.removeHandler(application)
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+
+@contextmanager
+def quiet_connection_pool() -> Iterator[None]:
+    """Keep the database driver's connection pool to errors while the block runs: it logs each discarded
+    connection and failed reconnect as a warning, which Python would print as a bare line beside the
+    command's own report of the outage (``storage_unavailable``). An application that configured logging
+    itself (a handler on the root or ``runlane`` logger) gets them as it configured."""
+    if logging.getLogger().handlers or logging.getLogger("runlane").handlers:
+        yield
+        return
     pool = logging.getLogger("psycopg.pool")
     pool_level = pool.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    root.addHandler(application)
     pool.setLevel(max(pool_level, logging.ERROR))
-    logging.captureWarnings(True)  # warnings.warn() too, instead of bare lines among the JSON ones
     try:
         yield
     finally:
-        logging.captureWarnings(False)
-        logger.removeHandler(handler)
-        root.removeHandler(application)
-        logger.setLevel(level)
-        logger.propagate = propagate
         pool.setLevel(pool_level)
 
 
