@@ -560,6 +560,15 @@ def test_timeouts_must_be_finite() -> None:
             postgres_storage("postgres://user@localhost/db", **{option: float("nan")})
 
 
+@pytest.mark.parametrize("seconds", [0, -5, float("nan"), float("inf"), True, "10s"])
+async def test_a_migration_connect_timeout_must_be_a_positive_number_of_seconds(seconds: Any) -> None:
+    """Refused before connecting, as the driver refuses it, not rounded up to a second nor failing as
+    internal_error when the connection is attempted."""
+    with pytest.raises(RunlaneError, match="connect_timeout must be a positive number of seconds") as info:
+        await apply_postgres_migrations(f"postgresql://postgres@127.0.0.1:{closed_port()}/db", connect_timeout=seconds)
+    assert info.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
 async def test_unreachable_server_is_storage_unavailable_within_the_connect_timeout() -> None:
     driver = postgres_storage(f"postgresql://postgres@127.0.0.1:{closed_port()}/db", connect_timeout=2)
     loop = asyncio.get_running_loop()

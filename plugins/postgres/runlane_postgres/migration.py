@@ -168,9 +168,10 @@ async def apply_postgres_migrations(
     """
     import psycopg
 
-    from .storage import map_postgres_error, resolve_postgres_connection
+    from .storage import check_seconds, map_postgres_error, resolve_postgres_connection
 
     target = resolve_postgres_connection(connection_string, schema)
+    check_seconds("connect_timeout", connect_timeout)
     migrations = f"{quote_schema(target.schema)}.runlane_schema_migrations"
     sql = postgres_migration_sql(target.schema)
     try:

@@ -499,6 +499,12 @@ def _redacted(parts: _UriParts) -> str:
     return f"{base}?" + "&".join(masked)
 
 
+def check_seconds(option: str, seconds: object) -> None:
+    """``configuration_invalid`` unless ``seconds`` is a positive, finite number (a timeout option)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        raise _invalid(f"{option} must be a positive number of seconds.")
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors
 
@@ -1639,9 +1645,8 @@ class PostgresStorageDriver(ClientClock):
             raise _invalid("max_transaction_attempts must be a positive integer.")
         if not isinstance(name, str) or not name:
             raise _invalid("name must be a non-empty string.")
-        for option, seconds in (("connect_timeout", connect_timeout), ("pool_timeout", pool_timeout)):
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
-                raise _invalid(f"{option} must be a positive number of seconds.")
+        check_seconds("connect_timeout", connect_timeout)
+        check_seconds("pool_timeout", pool_timeout)
         if statement_timeout is not None and (
             isinstance(statement_timeout, bool)
             or not isinstance(statement_timeout, (int, float))
