@@ -1308,11 +1308,12 @@ class _PostgresAttempt(StorageAttempt):
                 self._prefetched[encoded] = None
                 continue
             try:
-                self._prefetched[encoded] = _record(key, int(version), _text(value(row, 3)), _text(value(row, 4)), written)
+                found = _record(key, int(version), _text(value(row, 3)), _text(value(row, 4)), written)
             except RunlaneError:
                 # A corrupt record fails the read of it, not the scan: the caller learns which record it is
                 # (and a worker sets that run aside) instead of every scan over it failing.
                 continue
+            self._prefetched[encoded] = found
 
     # -- wake hints ------------------------------------------------------------------------------
 
