@@ -717,6 +717,25 @@ async def test_a_directory_is_not_a_database(tmp_path: Path) -> None:
     await expect_error(sqlite_storage(tmp_path).start(), ErrorCode.CONFIGURATION_INVALID)
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "~no-such-user-7f3a9c/runlane.db",  # the home of a user that does not exist
+        "run\0lane.db",  # a NUL no file name can hold
+        "{tmp}/" + "x" * 300 + "/runlane.db",  # a name too long for the file system
+        os.devnull,  # a device, not a regular file
+    ],
+)
+async def test_a_path_no_database_file_can_have_is_configuration_invalid(tmp_path: Path, path: str) -> None:
+    async def start() -> None:
+        driver = sqlite_storage(path.format(tmp=tmp_path))
+        await driver.start()
+        await driver.close()
+
+    error = await expect_error(start(), ErrorCode.CONFIGURATION_INVALID)
+    assert "SQLite storage" in error.message and error.retryable is False
+
+
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
 async def test_unwritable_directory_is_configuration_invalid(tmp_path: Path) -> None:
     locked = tmp_path / "locked"
@@ -988,6 +1007,9 @@ def test_lane_provider_options(tmp_path: Path) -> None:
     with pytest.raises(RunlaneError) as caught:
         provider.create(validate_options(provider, {"path": "x.db", "busy_timeout": "soon"}), ProviderContext())
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    with pytest.raises(RunlaneError) as caught:  # not a RuntimeError the CLI blames on the plugin
+        provider.create(validate_options(provider, {"path": "~no-such-user-7f3a9c/x.db"}), ProviderContext())
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID and "'~'" in caught.value.message
 
 
 TASKS = """

@@ -17,6 +17,7 @@ from runlane.plugins import hookimpl
 from runlane.plugins.registries import LaneProvider, ProviderContext
 
 from .lane import local_lane, sqlite_lane
+from .sqlite import expand_database_path
 
 __all__ = ["LocalLaneOptions", "SqliteLaneOptions", "register_lanes"]
 
@@ -52,7 +53,7 @@ class SqliteLaneOptions(BaseModel):
 
 def sqlite_database_path(options: SqliteLaneOptions, context: ProviderContext) -> Path:
     """``options.path`` with ``~`` expanded, relative to the configuration's directory when it has one."""
-    path = Path(options.path).expanduser()
+    path = expand_database_path(options.path)
     if not path.is_absolute() and context.base_dir is not None:
         path = Path(context.base_dir) / path
     return path

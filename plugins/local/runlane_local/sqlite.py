@@ -733,6 +733,7 @@ class SqliteStorageDriver(ClientClock):
                 f"The SQLite storage path must name a database file, got {raw!r}; use the local lane for "
                 "in-memory storage.",
             )
+        expanded = expand_database_path(raw)
         if clock is not None:
             checked_clock(clock)
         if limits is not None and not isinstance(limits, StorageLimits):
@@ -748,7 +749,7 @@ class SqliteStorageDriver(ClientClock):
         if not isinstance(name, str) or not name:
             raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "name must be a non-empty string.")
         self.name = name
-        self.path = Path(raw).expanduser().absolute()
+        self.path = expanded.absolute()
         self.synchronous = synchronous.lower()
         self._lowered = False  # the connection runs below the configured durability (``_unsynced``)
         self._written = WrittenDocuments()  # documents this driver replaced, recognized when read back
@@ -836,26 +837,26 @@ class SqliteStorageDriver(ClientClock):
     def _check_path(self) -> None:
         path = self.path
         directory = path.parent
-        if not directory.is_dir():
-            raise RunlaneError(
-                ErrorCode.CONFIGURATION_INVALID,
-                f"Cannot open SQLite storage {str(path)!r}: the directory {str(directory)!r} does not exist.",
-                meta={"path": str(path)},
-            )
-        if path.is_dir():
-            raise RunlaneError(
-                ErrorCode.CONFIGURATION_INVALID,
-                f"Cannot open SQLite storage {str(path)!r}: it is a directory, not a database file.",
-                meta={"path": str(path)},
-            )
+
+        def refuse(why: str) -> RunlaneError:
+            message = f"Cannot open SQLite storage {str(path)!r}: {why}"
+            return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta={"path": str(path)})
+
+        try:  # a name too long for the file system, a loop of links: no file can be there
+            if not directory.is_dir():
+                raise refuse(f"the directory {str(directory)!r} does not exist.")
+            if path.is_dir():
+                raise refuse("it is a directory, not a database file.")
+            if path.exists() and not path.is_file():
+                raise refuse("it is not a regular file (a device, a pipe or a socket), so not a database file.")
+        except OSError as error:
+            raise refuse(f"{error.strerror or error}.") from None
         # WAL mode creates ``<file>-wal`` and ``<file>-shm`` beside the database, so the directory
         # must be writable even when the file exists.
         if not os.access(directory, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
-            raise RunlaneError(
-                ErrorCode.CONFIGURATION_INVALID,
-                f"Cannot open SQLite storage {str(path)!r}: the file and its directory must be readable and "
-                "writable (SQLite keeps its write-ahead log beside the file).",
-                meta={"path": str(path)},
+            raise refuse(
+                "the file and its directory must be readable and writable (SQLite keeps its write-ahead log "
+                "beside the file)."
             )
 
     def _connect(self) -> sqlite3.Connection:
@@ -1632,6 +1633,25 @@ def _seconds(value: float | str | timedelta, what: str) -> float:
             f"{what} must be a positive number of seconds or a duration such as '5s', got {value!r}.",
         )
     return float(value)
+
+
+def expand_database_path(raw: str) -> Path:
+    """``raw`` as a path with ``~`` expanded; a path no file can have is ``configuration_invalid``."""
+    if "\0" in raw:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The SQLite storage path {raw!r} contains a NUL character, which no file name can hold.",
+            meta={"path": raw},
+        )
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError:  # ~user of an unknown user, or no home directory to put for ~
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The SQLite storage path {raw!r} starts with '~', but the home directory it names cannot be "
+            "found: name an existing user's home, or give the path without '~'.",
+            meta={"path": raw},
+        ) from None
 
 
 def sqlite_storage(
