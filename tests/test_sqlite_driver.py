@@ -769,7 +769,9 @@ async def test_a_database_of_something_else_is_refused(database: Path) -> None:
     assert "invoices" in error.message
     with sqlite3.connect(database) as connection:
         tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        mode = connection.execute("PRAGMA journal_mode").fetchone()[0]
     assert tables == ["invoices"]
+    assert mode == "delete", "the other application's database was switched to write-ahead logging"
 
 
 async def test_an_incomplete_schema_is_an_invariant_violation(database: Path) -> None:

@@ -872,8 +872,9 @@ class SqliteStorageDriver(ClientClock):
 
     def _prepare(self, connection: sqlite3.Connection) -> None:
         try:
-            # Any statement reads the header: a file that is not a database fails here.
-            connection.execute("PRAGMA schema_version").fetchone()
+            # Any statement reads the header: a file that is not a database fails here. Another
+            # application's database is refused before anything changes it (WAL mode is persistent).
+            self._refuse_foreign(connection)
             mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise RunlaneError(
@@ -903,16 +904,8 @@ class SqliteStorageDriver(ClientClock):
             return
         path = str(self.path)
         connection.execute("BEGIN IMMEDIATE")
-        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = self._refuse_foreign(connection)
         if "runlane_meta" not in tables:
-            foreign = sorted(name for name in tables if not name.startswith("sqlite_"))
-            if foreign:
-                raise RunlaneError(
-                    ErrorCode.CONFIGURATION_INVALID,
-                    f"SQLite storage {path!r} is a database of something else (tables {', '.join(foreign[:5])}); "
-                    "give Runlane a file of its own.",
-                    meta={"path": path},
-                )
             for statement in _SCHEMA:
                 connection.execute(statement)
             connection.execute(
@@ -951,6 +944,20 @@ class SqliteStorageDriver(ClientClock):
             if statement.startswith("CREATE INDEX IF NOT EXISTS"):
                 connection.execute(statement)
         connection.execute("COMMIT")
+
+    def _refuse_foreign(self, connection: sqlite3.Connection) -> set[str]:
+        """The file's table names; ``configuration_invalid`` when it holds tables but not Runlane's."""
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        foreign = sorted(name for name in tables if not name.startswith("sqlite_"))
+        if foreign and "runlane_meta" not in tables:
+            path = str(self.path)
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"SQLite storage {path!r} is a database of something else (tables {', '.join(foreign[:5])}); "
+                "give Runlane a file of its own.",
+                meta={"path": path},
+            )
+        return tables
 
     def _schema_is_current(self, connection: sqlite3.Connection) -> bool:
         """Whether every table, index and the version of this schema are there, in one read transaction."""
