@@ -872,6 +872,31 @@ async def test_a_corrupt_run_document_fails_operator_reads(database: Path) -> No
         await driver.close()
 
 
+async def test_a_corrupt_index_row_is_an_invariant_violation_naming_the_row(database: Path) -> None:
+    """An index row edited by hand (or damaged) that no longer decodes is durable corruption of the file,
+    reported as such to the worker that scans it, not as a driver bug (adapter_contract_violation)."""
+    from runlane import WorkerMode, create_runlane, queue, task
+
+    default = queue("default", default=True)
+
+    @task("corrupt.index")
+    async def echo(payload: dict) -> dict:
+        return payload
+
+    runtime = create_runlane(lane=sqlite_lane(database), queues=[default], tasks=[echo])
+    async with runtime:
+        await runtime.trigger(echo, {"n": 1})
+        with sqlite3.connect(database) as connection:
+            connection.execute("UPDATE runlane_index_rows SET sort = '30/zz' WHERE index_name = 'runs_runnable'")
+        worker = runtime.worker(mode=WorkerMode.DRAIN)
+        with pytest.raises(RunlaneError) as raised:
+            await asyncio.wait_for(worker.closed, WAIT)
+    error = raised.value
+    assert error.code is ErrorCode.INVARIANT_VIOLATION, error
+    assert "runs_runnable index" in error.message and "'30/zz'" in error.message
+    assert error.meta["row_sort"] == "30/zz"
+
+
 async def test_operator_reads_name_a_run_or_event_whose_document_holds_something_else(database: Path) -> None:
     """A well-formed document under the wrong key (restored from elsewhere, edited by hand) is corruption
     too: listing it is refused, naming the record, instead of showing it under another id or leaving it out."""

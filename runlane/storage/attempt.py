@@ -127,9 +127,25 @@ def page_index_rows(
         decode = _remembered_ref if remember else _trusted_ref
         items = tuple([decode(sort, key) for sort, key in page])
     else:
-        items = tuple(StorageIndexRef(StorageRecordKey.decode(key), decode_storage_tuple(sort)) for sort, key in page)
+        items = tuple(_stored_index_ref(query, sort, key) for sort, key in page)
     cursor = encode_storage_query_cursor(query, StorageQueryPosition(*page[-1])) if more else None
     return StorageQueryResult(items, cursor)
+
+
+def _stored_index_ref(query: StorageQuery, sort: str, key: str) -> StorageIndexRef:
+    """An index row a driver read from its storage; one that does not decode is durable corruption
+    (``invariant_violation`` naming the row), not a driver's contract violation."""
+    try:
+        return StorageIndexRef(StorageRecordKey.decode(key), decode_storage_tuple(sort))
+    except RunlaneError as error:
+        raise RunlaneError(
+            ErrorCode.INVARIANT_VIOLATION,
+            f"A stored row of the {query.index.value} index (partition {query.encoded_partition!r}, sort {sort!r}, "
+            f"key {key!r}) is corrupt: {error.message.rstrip('.')}. This is durable corruption: repair the row "
+            "from the index entries its record lists, or restore the storage from a backup.",
+            meta={"index": query.index.value, "partition": query.encoded_partition, "row_sort": sort, "row_key": key},
+            cause=error,
+        ) from None
 
 
 class StorageAttempt:
