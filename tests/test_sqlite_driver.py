@@ -759,7 +759,11 @@ async def test_an_unknown_schema_version_is_refused(database: Path) -> None:
     with sqlite3.connect(database) as connection:
         connection.execute("UPDATE runlane_meta SET value = '99' WHERE name = 'schema_version'")
     error = await expect_error(sqlite_storage(database).start(), ErrorCode.CONFIGURATION_INVALID)
-    assert "'99'" in error.message
+    assert "'99'" in error.message and "upgrade runlane-local" in error.message
+    with sqlite3.connect(database) as connection:
+        connection.execute("UPDATE runlane_meta SET value = 'x' WHERE name = 'schema_version'")
+    error = await expect_error(sqlite_storage(database).start(), ErrorCode.CONFIGURATION_INVALID)
+    assert "'x'" in error.message and "restore the file from a backup" in error.message
 
 
 async def test_a_database_of_something_else_is_refused(database: Path) -> None:

@@ -926,10 +926,18 @@ class SqliteStorageDriver(ClientClock):
             )
             found = str(SCHEMA_VERSION)
         if found != str(SCHEMA_VERSION):
+            newer = isinstance(found, str) and found.isdecimal() and int(found) > SCHEMA_VERSION
+            remedy = (
+                "it was written by a newer release of runlane-local: upgrade runlane-local in every process "
+                "that opens the file"
+                if newer
+                else "it is not a layout any release of runlane-local writes: restore the file from a backup, "
+                "or give Runlane a new file"
+            )
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
                 f"SQLite storage {path!r} has schema version {found!r}; this driver reads version "
-                f"{SCHEMA_VERSION} only.",
+                f"{SCHEMA_VERSION} only (and upgrades version 1): {remedy}.",
                 meta={"path": path, "schema_version": found},
             )
         missing = sorted(_TABLES - tables)
