@@ -754,6 +754,19 @@ async def test_a_file_that_is_not_a_database_is_refused(database: Path) -> None:
     assert database.read_bytes().startswith(b"this is a plain text file")
 
 
+async def test_a_truncated_file_is_an_invariant_violation_saying_what_to_do(database: Path) -> None:
+    driver = sqlite_storage(database)
+    await driver.start()
+    for number in range(200):  # pages past the first ones, cut off below
+        await create(driver, record(StorageRecordKey("items", f"k{number}"), {"text": "x" * 500}))
+    await driver.close()
+    size = database.stat().st_size
+    with database.open("r+b") as file:
+        file.truncate(size // 2)
+    error = await expect_error(sqlite_storage(database).start(), ErrorCode.INVARIANT_VIOLATION)
+    assert "is corrupt" in error.message and "restore it from a backup" in error.message
+
+
 async def test_an_unknown_schema_version_is_refused(database: Path) -> None:
     await _start_and_close(sqlite_storage(database))
     with sqlite3.connect(database) as connection:

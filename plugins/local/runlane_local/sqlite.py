@@ -1013,10 +1013,20 @@ class SqliteStorageDriver(ClientClock):
         meta = {"path": str(self.path), "sqlite_error": getattr(error, "sqlite_errorname", type(error).__name__)}
         if code == _SQLITE_NOTADB:
             return RunlaneError(
-                ErrorCode.CONFIGURATION_INVALID, f"{where} is not a SQLite database: {error}", meta=meta, cause=error
+                ErrorCode.CONFIGURATION_INVALID,
+                f"{where} is not a SQLite database ({error}): point the lane at its Runlane database, or at a "
+                "path where no file exists yet to create one.",
+                meta=meta,
+                cause=error,
             )
         if code == _SQLITE_CORRUPT:
-            return RunlaneError(ErrorCode.INVARIANT_VIOLATION, f"{where} is corrupt: {error}", meta=meta, cause=error)
+            return RunlaneError(
+                ErrorCode.INVARIANT_VIOLATION,
+                f"{where} is corrupt ({error}): stop every process using it and restore it from a backup, or "
+                "salvage what is left with 'sqlite3 FILE .recover' into a new file.",
+                meta=meta,
+                cause=error,
+            )
         if code == _SQLITE_CONSTRAINT:
             return RunlaneError(
                 ErrorCode.INVARIANT_VIOLATION, f"{where} violates its own constraints: {error}", meta=meta, cause=error
