@@ -516,6 +516,43 @@ async def test_commits_of_other_connections_wake_subscribers(
     assert not thread.is_alive()
 
 
+async def test_a_file_behind_a_symbolic_link_is_checked_and_watched_where_its_log_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite keeps the -wal and -shm files beside the file a link names: that directory is the one that
+    must exist and be writable, and the one whose writes wake idle workers (not the link's)."""
+    real, links = tmp_path / "real", tmp_path / "links"
+    real.mkdir()
+    links.mkdir()
+    (links / "runlane.db").symlink_to(real / "runlane.db")
+    watched: list[Path] = []
+    directory_writes = sqlite_driver._directory_writes
+
+    def recording(directory: Path) -> int | None:
+        watched.append(directory)
+        return directory_writes(directory)
+
+    monkeypatch.setattr(sqlite_driver, "_directory_writes", recording)
+    watcher, writer = sqlite_storage(links / "runlane.db"), sqlite_storage(real / "runlane.db")
+    await watcher.start()
+    await writer.start()
+    try:
+        heard: list[str] = []
+        watcher.subscribe_wake_hints(heard.append)
+        await create(writer, record(StorageRecordKey("items", "a"), {"n": 1}))
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while not heard:
+            assert asyncio.get_running_loop().time() < deadline, "no hint after another connection committed"
+            await asyncio.sleep(0.005)
+        assert watched == [real.resolve()]
+    finally:
+        await writer.close()
+        await watcher.close()
+    (links / "gone.db").symlink_to(tmp_path / "missing" / "runlane.db")
+    error = await expect_error(sqlite_storage(links / "gone.db").start(), ErrorCode.CONFIGURATION_INVALID)
+    assert f"the directory {str((tmp_path / 'missing').resolve())!r} does not exist" in error.message
+
+
 async def test_an_empty_exclusive_selection_takes_no_write_lock(database: Path) -> None:
     """An idle worker's scan that finds no row at all is a plain read: a long write transaction of
     another process does not hold it up (a scan that finds rows still holds them in one)."""

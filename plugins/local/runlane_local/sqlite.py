@@ -834,9 +834,13 @@ class SqliteStorageDriver(ClientClock):
         finally:
             executor.shutdown(wait=False)
 
+    def _file_directory(self) -> Path:
+        """Where SQLite keeps the ``-wal`` and ``-shm`` files: beside the file a symbolic link names."""
+        return Path(os.path.realpath(self.path)).parent
+
     def _check_path(self) -> None:
         path = self.path
-        directory = path.parent
+        directory = self._file_directory()
 
         def refuse(why: str) -> RunlaneError:
             message = f"Cannot open SQLite storage {str(path)!r}: {why}"
@@ -1413,7 +1417,7 @@ class SqliteStorageDriver(ClientClock):
         except sqlite3.Error:
             os.close(wake)
             return
-        events = _directory_writes(self.path.parent)
+        events = _directory_writes(self._file_directory())
         try:
             seen = self._data_version(connection)
             written = 0.0  # when the directory last reported a write
