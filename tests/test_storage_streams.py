@@ -102,9 +102,14 @@ def test_materialized_head_reads_back_as_the_next_position():
     ],
 )
 def test_corrupt_heads_fail(value):
+    corrupt = head(value)
     with pytest.raises(RunlaneError) as caught:
-        read_storage_stream_position(head(value))
+        read_storage_stream_position(corrupt)
     assert caught.value.code is ErrorCode.INVARIANT_VIOLATION
+    # It names the record and what to do about it.
+    assert caught.value.meta["key"] == corrupt.key.encoded
+    assert f"record {caught.value.meta['record']} is corrupt" in caught.value.message
+    assert "Restore the record from a backup" in caught.value.message
 
 
 def test_exhausted_stream_refuses_to_allocate():

@@ -158,7 +158,15 @@ def read_storage_stream_position(head: StorageRecord | None) -> int:
     except RunlaneError:
         position = None
     if position is None:
-        raise RunlaneError(ErrorCode.INVARIANT_VIOLATION, "The stream head record is corrupt; refusing to allocate positions.")
+        where = "/".join((head.key.collection, *head.key.parts))
+        raise RunlaneError(
+            ErrorCode.INVARIANT_VIOLATION,
+            f"The stream head record {where} is corrupt (its document must be exactly "
+            '{"next_position": "<decimal>"}); refusing to allocate positions, so nothing can be appended to '
+            "the stream. Restore the record from a backup, or set next_position to one past the stream's "
+            "highest stored position.",
+            meta={"key": head.key.encoded, "record": where},
+        )
     return position
 
 
