@@ -2517,7 +2517,8 @@ class RunsApi:
         pruned meanwhile); ``TimeoutError`` naming the run's status once ``timeout`` has passed (none:
         as long as it takes). A run that finishes in this process is returned as soon as its outcome is
         committed; the run is also read again at intervals growing from 10 ms to 1 s, so a run that
-        finishes in another process is seen within a second."""
+        finishes in another process is seen within a second. A retryable storage error (the database
+        restarting) is waited out too; once the timeout has passed during one, it is raised."""
         runtime = self._runtime
         runtime._check_open()
         self._operator_reads()
@@ -2531,19 +2532,27 @@ class RunsApi:
         interval = _WAIT_FIRST_S
         with runtime._finish_waiter(checked) as finished:  # registered before the first read: no commit is missed
             while True:
-                run = await runtime._store.get_visible_run(checked)
-                if run is None:
-                    raise run_not_found(checked, runtime._environment)
-                if run_status_values.is_terminal(run.status):
-                    return run
+                try:
+                    run: RunRecord | None = await runtime._store.get_visible_run(checked)
+                except RunlaneError as error:
+                    # A storage outage (a database restarting) is waited out like the run itself, up to
+                    # the timeout: the run goes on meanwhile, and the wait's caller only wants its end.
+                    if not error.retryable or (deadline is not None and loop.time() >= deadline):
+                        raise
+                    run = None
+                else:
+                    if run is None:
+                        raise run_not_found(checked, runtime._environment)
+                    if run_status_values.is_terminal(run.status):
+                        return run
                 pause = interval
                 if deadline is not None:
                     remaining = deadline - loop.time()
-                    if remaining <= 0:
+                    if remaining <= 0 and run is not None:
                         raise TimeoutError(
                             f"Run {checked} is still {run.status.value} after {format_duration(limit_ms)}."
                         )
-                    pause = min(pause, remaining)
+                    pause = max(0.0, min(pause, remaining))
                 if finished.done():
                     await asyncio.sleep(pause)
                 else:
