@@ -518,7 +518,7 @@ def _corrupt_row(what: str, problem: str) -> RunlaneError:
     return RunlaneError(
         ErrorCode.INVARIANT_VIOLATION,
         f"The stored document of {what} {problem}: durable corruption. Restore the record from a backup, or "
-        "prune or delete the run; nothing reads past it.",
+        "delete the run's records (pruning leaves a run it cannot read alone); a listing cannot read past it.",
         meta={"record": what},
     )
 
