@@ -223,6 +223,26 @@ def test_init_config_refuses_to_write_over_pyproject_toml(tmp_path: Path) -> Non
     assert not (tmp_path / "sub").exists()
 
 
+def test_init_config_writes_the_config_that_c_names(tmp_path: Path) -> None:
+    # `runlane -c staging.toml init config` is followed by `runlane -c staging.toml ...`: it writes there.
+    written = cli(tmp_path, "-c", "staging.toml", "init", "config", "--lane", "local")
+    assert written.returncode == 0, written.stderr
+    assert (tmp_path / "staging.toml").is_file() and not (tmp_path / "runlane.toml").exists()
+    assert load_config(tmp_path / "staging.toml") is not None
+    same = cli(tmp_path, "-c", "staging.toml", "init", "config", "--path", "./staging.toml", "--overwrite")
+    assert same.returncode == 0, same.stderr
+    # Two different files named: nothing is written, and the user hears which two.
+    both = cli(tmp_path, "-c", "staging.toml", "init", "config", "--path", "other.toml")
+    assert both.returncode == 2 and both.stdout == ""
+    assert "-c/--config staging.toml and --path other.toml name different files" in both.stderr
+    assert not (tmp_path / "other.toml").exists()
+    # The pyproject.toml guard holds whichever option names it.
+    write(tmp_path / "pyproject.toml", '[project]\nname = "app"\n')
+    refused = cli(tmp_path, "-c", "pyproject.toml", "init", "config", "--overwrite")
+    assert refused.returncode == 2 and "[tool.runlane]" in refused.stderr
+    assert (tmp_path / "pyproject.toml").read_text() == '[project]\nname = "app"\n'
+
+
 def test_init_config_with_runtime_and_path(tmp_path: Path) -> None:
     result = cli(tmp_path, "init", "config", "--path", "conf/runlane.toml", "--runtime", "app.runtime:make")
     assert result.returncode == 0, result.stderr

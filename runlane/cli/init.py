@@ -162,9 +162,12 @@ def _lane_options(lane: str) -> list[str]:
 @app.command("config", cls=MultiValueCommand)
 def init_config(
     ctx: typer.Context,
-    path: Annotated[Path, typer.Option("--path", help="Where to write the config.", metavar="PATH")] = Path(
-        "runlane.toml"
-    ),
+    path: Annotated[
+        Path | None,
+        typer.Option(
+            "--path", help="Where to write the config (default: -c/--config, else runlane.toml).", metavar="PATH"
+        ),
+    ] = None,
     tasks: Annotated[
         list[str] | None,
         typer.Option(
@@ -199,9 +202,10 @@ def init_config(
 
     if runtime is not None and tasks:
         ctx.fail("--runtime and --tasks exclude each other: the runtime factory registers its own tasks; pass one.")
+    path = _target(ctx, path)
     if path.name == "pyproject.toml":
         ctx.fail(
-            "--path pyproject.toml would replace your pyproject.toml with a runlane.toml; write a runlane.toml, "
+            f"Writing {path} would replace your pyproject.toml with a runlane.toml; write a runlane.toml, "
             "or copy its tables into pyproject.toml under [tool.runlane] ([tool.runlane.runlane], "
             "[tool.runlane.lane], ...)."
         )
@@ -224,6 +228,21 @@ def init_config(
         failure = RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"Cannot write {path}: {error}")
         guard(ctx, lambda: _raise(failure))
     output.file_written(str(path), overwritten=existed)
+
+
+def _target(ctx: typer.Context, path: Path | None) -> Path:
+    """Where to write: ``--path``, else the ``-c/--config`` the later commands will be given (a config written
+    anywhere else would not be the one they read), else ``runlane.toml``; the two naming different files is
+    a usage error."""
+    config = state_of(ctx).config_path
+    if path is None:
+        return config if config is not None else Path("runlane.toml")
+    if config is not None and os.path.realpath(config) != os.path.realpath(path):
+        ctx.fail(
+            f"-c/--config {config} and --path {path} name different files; pass one of them "
+            "(-c/--config alone writes the config there)."
+        )
+    return path
 
 
 def _write_whole(path: Path, text: str) -> None:
