@@ -205,3 +205,28 @@ def test_a_terminal_narrower_than_dev_renders_still_gets_its_output(
     run_id = project.json("trigger", "later", "{}")["run"]["id"]
     status, shown = on_terminal(project.root, "runs", "get", run_id, env={**project.env(), "COLUMNS": "10"})
     assert status == 0 and "queued" in shown, shown
+
+
+NOISY_TASKS = TASKS + """
+import logging
+import warnings
+
+warnings.warn("the old client is deprecated", UserWarning)
+logging.getLogger("app.setup").warning("cache directory missing; using a temporary one")
+"""
+
+
+def test_what_task_modules_log_or_warn_as_they_are_imported_is_json_under_json(tmp_path: Path) -> None:
+    root = make_project(tmp_path, NOISY_TASKS, lane="sqlite")
+    for args in (("queues",), ("work", "--drain")):
+        result = cli(root, "--json", *args)
+        assert result.returncode == 0, result.stderr
+        ndjson(result.stdout)  # stdout is still JSON only
+        records = ndjson(result.stderr)  # and so is every stderr line: no bare Python warning text
+        messages = [record["message"] for record in records if record.get("type") == "log"]
+        assert any("UserWarning: the old client is deprecated" in message for message in messages), records
+        assert "cache directory missing; using a temporary one" in messages, records
+    # Without --json they are printed as Python prints them.
+    human = cli(root, "queues")
+    assert "UserWarning: the old client is deprecated" in human.stderr
+    assert "cache directory missing; using a temporary one" in human.stderr and "{" not in human.stderr

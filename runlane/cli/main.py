@@ -37,7 +37,7 @@ from ..core.runtime import Runlane
 from ..errors import ErrorCode, RunlaneError, describe_exception
 from ..plugins.manager import get_registries, load_plugins, pm, skip_plugin
 from ..plugins.registries import ProviderContext, Registries, validate_options
-from .output import Output, forward_runtime_logs, quiet_connection_pool
+from .output import Output, forward_runtime_logs, json_import_logs, quiet_connection_pool
 
 __all__ = [
     "OPERATIONS",
@@ -202,12 +202,13 @@ async def build_configured_runtime(ctx: typer.Context) -> Runlane:
     """The configured runtime, built and not started: its lane is created but connects nowhere yet."""
     config = load_cli_config(ctx)
     registries = get_registries()
-    return await build_runtime(
-        config,
-        lane_factory=_lane_factory(config, registries),
-        task_modules={contribution.value: contribution.plugin for contribution in registries.task_modules},
-        observers=registries.plugin_observers(),
-    )
+    with json_import_logs(state_of(ctx).output):  # the task modules are imported here
+        return await build_runtime(
+            config,
+            lane_factory=_lane_factory(config, registries),
+            task_modules={contribution.value: contribution.plugin for contribution in registries.task_modules},
+            observers=registries.plugin_observers(),
+        )
 
 
 @asynccontextmanager

@@ -47,6 +47,7 @@ __all__ = [
     "display_value",
     "event_detail",
     "forward_runtime_logs",
+    "json_import_logs",
     "iso",
     "plural",
     "printable",
@@ -861,6 +862,36 @@ class _OutputHandler(logging.Handler):
             self.output.log(record)
         except Exception:
             self.handleError(record)
+
+
+@contextmanager
+def json_import_logs(output: Output) -> Iterator[None]:
+    """With ``--json``, while the application's modules are imported: what they log (warnings and up) and
+    ``warnings.warn()`` while logging is not configured comes out as JSON lines like the command's other
+    records, not as the bare lines Python prints then. Only Python's last-resort handler is replaced, not
+    the root logger's handlers, so a module that configures logging as it is imported (``basicConfig()``)
+    still does, and its handlers get what is logged after."""
+    if not output.json or logging.getLogger().handlers:
+        yield
+        return
+    previous = logging.lastResort
+    capturing = getattr(logging, "_warnings_showwarning", None) is not None  # an enclosing block already does
+    logging.lastResort = _OutputHandler(output, logging.WARNING)
+    # Captured warnings go to the py.warnings logger, which captureWarnings() gives a NullHandler (so the
+    # last resort never sees them): they get a handler of their own, silent once logging is configured.
+    warned = _OutputHandler(output, logging.WARNING)
+    warned.addFilter(lambda record: not logging.getLogger().handlers)
+    py_warnings = logging.getLogger("py.warnings")
+    py_warnings.addHandler(warned)
+    if not capturing:
+        logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        if not capturing:
+            logging.captureWarnings(False)
+        py_warnings.removeHandler(warned)
+        logging.lastResort = previous
 
 
 @contextmanager
