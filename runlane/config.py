@@ -727,7 +727,7 @@ def _runtime_steps(
                     value = yield value
             except RunlaneError:
                 raise
-            except Exception as error:
+            except (Exception, SystemExit) as error:  # sys.exit() in it must not end the command as if it had run
                 raise _invalid(
                     f"{where}: runtime factory {section.runtime!r} failed: {type(error).__name__}: {error}",
                     path=str(source.path),
@@ -786,7 +786,7 @@ def _import_module(source: ConfigSource, name: str, key: str, *, plugin: str | N
     where = source.display or str(source.path)
     try:
         return importlib.import_module(name)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # sys.exit() at import must not end the command as if it had run
         location = _application_frame(error)
         whose = (
             f"plugin {plugin!r} registers task module {name!r} (register_task_modules), which cannot be imported"
@@ -797,12 +797,18 @@ def _import_module(source: ConfigSource, name: str, key: str, *, plugin: str | N
         raise _invalid(
             f"{whose}: {type(error).__name__}: {error}"
             + (f" ({location[0]}, line {location[1]})" if location else "")
+            + (_EXITS_ON_IMPORT if isinstance(error, SystemExit) else "")
             + hint,
             path=str(source.path),
             module=name,
             cause=error,
             **({"file": location[0], "line": location[1]} if location else {}),
         ) from error
+
+
+_EXITS_ON_IMPORT = (
+    "; the module exits as it is imported (a script's entry point not under `if __name__ == \"__main__\":`?)"
+)
 
 
 def _library_roots() -> tuple[str, ...]:

@@ -679,6 +679,27 @@ def test_module_raising_on_import_names_the_underlying_error(tmp_path: Path) -> 
     assert isinstance(caught.value.__cause__, RuntimeError)
 
 
+def test_a_module_that_exits_as_it_is_imported_is_invalid_not_the_end_of_the_command(tmp_path: Path) -> None:
+    # A script's entry point left outside `if __name__ == "__main__":` (sys.exit(), argparse) would
+    # otherwise end `runlane trigger` with status 0 and no run.
+    module = unique("exits")
+    write(tmp_path / f"{module}.py", "import sys\n\nsys.exit(0)\n")
+    loaded = load(tmp_path, f'[runlane]\ntasks = ["{module}"]\n[lane]\nuse = "local"\n')
+    with pytest.raises(RunlaneError) as caught:
+        load_runtime(loaded, lane_factory=RecordingLaneFactory())
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert f"cannot import module '{module}': SystemExit: 0 (" in caught.value.message
+    assert caught.value.meta["line"] == 3 and caught.value.meta["file"].endswith(f"{module}.py")
+    assert 'not under `if __name__ == "__main__":`' in caught.value.message
+    factory = unique("exiting_factory")
+    write(tmp_path / f"{factory}.py", "import sys\n\n\ndef create():\n    sys.exit(2)\n")
+    loaded = load(tmp_path, f'[runlane]\nruntime = "{factory}:create"\n')
+    with pytest.raises(RunlaneError) as caught:
+        load_runtime(loaded, lane_factory=unused_lane_factory)
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert f"runtime factory '{factory}:create' failed: SystemExit: 2" in caught.value.message
+
+
 def test_import_error_points_at_the_line_of_application_code_to_fix(tmp_path: Path) -> None:
     module = unique("badqueue")
     write(
