@@ -406,6 +406,13 @@ def test_runs_wait_through_dev_exits_with_how_the_run_ended(project: Project, de
     assert project.cli("runs", "wait", parked).returncode == 3
 
 
+def _connections_to(port: int) -> int:
+    """Established TCP connections to 127.0.0.1:``port`` (read from ``/proc/net/tcp``, server side)."""
+    local = f"0100007F:{port:04X}"
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return sum(1 for row in rows if row[1] == local and row[3] == "01")
+
+
 def test_a_wait_through_dev_is_told_when_dev_stops_first(project: Project, dev: subprocess.Popen[str]) -> None:
     # runlane dev stops (Ctrl-C) while it serves another terminal's `runs wait`: that command is told so,
     # instead of being cut off (and then running on an empty lane of its own: run_not_found), and dev
@@ -416,8 +423,13 @@ def test_a_wait_through_dev_is_told_when_dev_stops_first(project: Project, dev: 
         [RUNLANE, "runs", "wait", parked], cwd=project.root, env=project.env(), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    session = read_session(project.config)
+    assert session is not None
     try:
-        time.sleep(1.0)  # the wait's request is in the dev process
+        # The wait's request is in the dev process once its connection to the bridge is open (the command
+        # takes a second or two to start; a fixed sleep can stop dev before it has connected).
+        wait_for(lambda: _connections_to(session.port) or waiter.poll() is not None, what="the wait's connection")
+        time.sleep(0.3)  # its request sent and read
         dev.send_signal(signal.SIGINT)
         dev.wait(timeout=30)
         _, waited = waiter.communicate(timeout=30)
