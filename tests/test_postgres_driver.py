@@ -1562,18 +1562,7 @@ def test_cli_migrate_with_url_and_with_the_configured_lane(tmp_path: Path, schem
     configured = schemas.name()
     write(tmp_path / "app" / "__init__.py", "")
     write(tmp_path / "app" / "tasks.py", "from runlane import queue\n\ndefault = queue('default', default=True)\n")
-    write(
-        tmp_path / "runlane.toml",
-        f"""
-        [runlane]
-        tasks = ["app.tasks"]
-
-        [lane]
-        use = "postgres-polling"
-        connection_string = "{schemas.url}"
-        schema = "{configured}"
-        """,
-    )
+    write(tmp_path / "runlane.toml", _polling_config(schemas.url, configured))
     before = cli(tmp_path, "runs", "list")
     assert before.returncode == 1 and "runlane postgres migrate" in before.stderr
     migrated = cli(tmp_path, "postgres", "migrate")
@@ -1637,6 +1626,14 @@ def test_cli_migrate_and_sql_use_the_lane_of_a_configured_runtime_factory(tmp_pa
     assert json.loads(cli(tmp_path, "--json", "postgres", "sql").stdout)["schema"] == "public"
 
 
+def _polling_config(url: str, schema: str) -> str:
+    """A runlane.toml of the ``app.tasks`` module on the postgres-polling lane of ``url`` and ``schema``."""
+    return (
+        f'[runlane]\ntasks = ["app.tasks"]\n\n[lane]\nuse = "postgres-polling"\n'
+        f'connection_string = "{url}"\nschema = "{schema}"\n'
+    )
+
+
 def test_runs_wait_waits_out_a_server_restart_quietly(tmp_path: Path) -> None:
     """runlane runs wait on a server that stops and comes back: it goes on waiting, and shows the run once
     it finishes, without a bare warning line from the connection pool about the connections it discarded."""
@@ -1660,18 +1657,7 @@ def test_runs_wait_waits_out_a_server_restart_quietly(tmp_path: Path) -> None:
             return payload
         """,
     )
-    write(
-        tmp_path / "runlane.toml",
-        f"""
-        [runlane]
-        tasks = ["app.tasks"]
-
-        [lane]
-        use = "postgres-polling"
-        connection_string = "{server.url}"
-        schema = "{schema}"
-        """,
-    )
+    write(tmp_path / "runlane.toml", _polling_config(server.url, schema))
     triggered = cli(tmp_path, "--json", "trigger", "echo", "{}")
     assert triggered.returncode == 0, triggered.stderr
     run_id = json.loads(triggered.stdout)["run"]["id"]
