@@ -925,11 +925,12 @@ def _ascii_locale_warning(arguments: list[str]) -> str | None:
 
 
 class _JsonWarningLines(io.TextIOBase):
-    """A stand-in for stderr that writes each line written to it as ``{"warning": {"code": ..., "message":
-    ...}}`` on the real stderr (the ``runlane: `` prefix of plugin notices dropped)."""
+    """A stand-in for stderr that writes each line written to it as an ``Output.warning`` of ``code``, JSON
+    on the real stderr (the ``runlane: `` prefix of plugin notices dropped)."""
 
     def __init__(self, target: Any, code: str) -> None:
         self._target = target
+        self._output = Output(json_mode=True, stderr=target)
         self._code = code
         self._pending = ""
 
@@ -950,8 +951,7 @@ class _JsonWarningLines(io.TextIOBase):
 
     def _emit(self, line: str) -> None:
         if line.strip():
-            warning = {"code": self._code, "message": line.removeprefix("runlane: ")}
-            self._target.write(json.dumps({"warning": warning}) + "\n")
+            self._output.warning(self._code, line.removeprefix("runlane: "))
 
 
 @contextlib.contextmanager
