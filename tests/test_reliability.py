@@ -265,7 +265,9 @@ def test_bounded_queue_capacity_holds_across_worker_processes_with_maintenance_r
                 (await runtime.trigger(bounded, {"n": n, "key": keys[n % 3], "fail_first": n % 3 == 0})).run.id
                 for n in range(90)
             ]
-            workers.start(3, "--mode", "poll", "--concurrency", "4", "--sleep", "0.02")
+            # Each attempt stays in its handler 0.1 s, so runs of a key overlap even on a loaded machine and the
+            # partitions are seen full (an attempt of 20 ms could end before the next of its key started).
+            workers.start(3, "--mode", "poll", "--concurrency", "4", "--sleep", "0.1")
             deadline = time.monotonic() + 180
             while True:
                 await runtime.tick()
