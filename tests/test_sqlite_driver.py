@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -514,6 +515,36 @@ async def test_commits_of_other_connections_wake_subscribers(
         await writer.close()
         await watcher.close()
     assert not thread.is_alive()
+
+
+async def test_a_commit_right_after_subscribing_is_heard_however_late_the_watcher_thread_starts(
+    database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher's first look at the file happens before ``subscribe_wake_hints`` returns: a commit
+    made at once, while the watcher thread is still starting, wakes the subscriber all the same."""
+    directory_writes = sqlite_driver._directory_writes
+    thread_started = threading.Event()
+
+    def slow(directory: Path) -> int | None:
+        thread_started.wait(0.3)  # what a loaded machine does to a new thread
+        return directory_writes(directory)
+
+    monkeypatch.setattr(sqlite_driver, "_directory_writes", slow)
+    watcher, writer = sqlite_storage(database), sqlite_storage(database)
+    await watcher.start()
+    await writer.start()
+    try:
+        heard: list[str] = []
+        watcher.subscribe_wake_hints(heard.append)
+        await create(writer, record(StorageRecordKey("items", "a"), {"n": 1}))
+        thread_started.set()
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while not heard:
+            assert asyncio.get_running_loop().time() < deadline, "the commit made while subscribing was missed"
+            await asyncio.sleep(0.005)
+    finally:
+        await writer.close()
+        await watcher.close()
 
 
 async def test_a_file_behind_a_symbolic_link_is_checked_and_watched_where_its_log_is(

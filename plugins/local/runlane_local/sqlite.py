@@ -1377,13 +1377,8 @@ class SqliteStorageDriver(ClientClock):
             if not running and self._executor is not None and self._pid == os.getpid():
                 if self._watcher is not None:  # it ended on an error: replace it
                     os.close(self._watcher[2])
-                stop = threading.Event()
-                wake_read, wake_write = os.pipe()
-                thread = threading.Thread(
-                    target=self._watch, args=(stop, wake_read), name=f"runlane-{self.name}-hints", daemon=True
-                )
-                self._watcher = (thread, stop, wake_write)
-                thread.start()
+                    self._watcher = None
+                self._start_watcher()
 
         def unsubscribe() -> None:
             with self._watch_lock:
@@ -1407,19 +1402,45 @@ class SqliteStorageDriver(ClientClock):
                 thread.join(timeout=1.0)
             os.close(wake)
 
-    def _watch(self, stop: threading.Event, wake: int) -> None:
-        """The watcher thread: look at ``data_version`` until stopped, each time the file's directory
-        reports a write (Linux inotify), else every ``wake_poll_interval``; any failure ends the
-        hints (workers still poll). Each SQLite call holds ``_fork_lock``, as the driver's thread does."""
+    def _start_watcher(self) -> None:
+        """Start the watcher thread (under ``_watch_lock``). Its connection, directory watch and first
+        ``data_version`` are taken here, before the subscriber is told it is subscribed: a commit that
+        lands once ``subscribe_wake_hints`` has returned is always heard. Without a connection there is
+        no watcher (workers still poll)."""
         try:
             with self._fork_lock:
-                connection = sqlite3.connect(str(self.path), timeout=_BUSY_SLICE, isolation_level=None)
+                connection = sqlite3.connect(
+                    str(self.path), timeout=_BUSY_SLICE, isolation_level=None, check_same_thread=False
+                )
         except sqlite3.Error:
-            os.close(wake)
             return
         events = _directory_writes(self._file_directory())
         try:
             seen = self._data_version(connection)
+        except sqlite3.Error:
+            with self._fork_lock:
+                connection.close()
+            if events is not None:
+                os.close(events)
+            return
+        stop = threading.Event()
+        wake_read, wake_write = os.pipe()
+        thread = threading.Thread(
+            target=self._watch,
+            args=(stop, wake_read, connection, events, seen),
+            name=f"runlane-{self.name}-hints",
+            daemon=True,
+        )
+        self._watcher = (thread, stop, wake_write)
+        thread.start()
+
+    def _watch(
+        self, stop: threading.Event, wake: int, connection: sqlite3.Connection, events: int | None, seen: Any
+    ) -> None:
+        """The watcher thread: look at ``data_version`` until stopped, each time the file's directory
+        reports a write (Linux inotify), else every ``wake_poll_interval``; any failure ends the
+        hints (workers still poll). Each SQLite call holds ``_fork_lock``, as the driver's thread does."""
+        try:
             written = 0.0  # when the directory last reported a write
             while not stop.is_set():
                 if events is None:
