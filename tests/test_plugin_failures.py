@@ -215,6 +215,26 @@ def test_a_plugin_made_for_this_runlane_or_declaring_no_range_loads_without_a_wo
     assert (infos["any"].requires_runlane, infos["any"].runlane_compatible) == (None, None)
 
 
+@pytest.mark.parametrize(
+    ("requires", "expected"),
+    [
+        (("runlane (>=0.1,<100)",), "<100,>=0.1"),  # the parenthesized form of older metadata
+        (("runlane-local>=0.1", "runlane.x>=7", "runlane ~= 0.1"), "~=0.1"),  # only runlane's own line
+        (("runlane>>0.1", "runlane<50"), "<50"),  # a line pip would not have installed is passed over
+        (("runlane[tui]>=2; extra == 'dashboard'", "runlane[tui]>=3; python_version >= '3'"), ">=3"),
+        (("runlane @ https://example.invalid/runlane.whl",), None),
+    ],
+)
+def test_the_runlane_range_a_plugin_declares_is_read_from_each_form_of_requirement(
+    site: Path, requires: tuple[str, ...], expected: str | None
+) -> None:
+    module = {"runlane_forms": lane_module("forms-lane")}
+    fresh = new_manager()
+    assert load_entry_point_plugins(fresh, install(site, "runlane-forms", {"forms": "runlane_forms"}, module, requires))
+    (info,) = [info for info in get_plugins(fresh) if info.name == "forms"]
+    assert info.requires_runlane == expected
+
+
 def test_plugins_list_shows_a_plugin_made_for_other_runlane_releases(site: Path) -> None:
     install(site, "runlane-new", {"new": "runlane_new"}, {"runlane_new": lane_module("new-lane")}, ("runlane>=99",))
     env = {"PYTHONPATH": str(site)}

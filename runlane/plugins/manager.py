@@ -15,6 +15,7 @@ import importlib
 import importlib.metadata
 import inspect
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterable
@@ -157,21 +158,48 @@ def _distribution_of(entry_point: Any) -> _Origin:
 
 def _runlane_requirement(requires: Iterable[str]) -> str | None:
     """The version specifier of the ``runlane`` requirement among a distribution's ``Requires-Dist``
-    lines (the one that applies here: not an extra's, its environment marker true), if it has one."""
+    lines (the one that applies here: not an extra's, its environment marker true), if it has one.
+
+    Every command reads this for each plugin, so the usual line (``runlane>=0.1,<0.2``: no extras,
+    marker or URL) is read as a bare specifier set; only other lines take the full requirement
+    grammar, whose parser costs more to import than all of this module."""
+    for line in requires:
+        match = _REQUIREMENT_NAME.match(line)
+        if match is None or normalize_plugin_name(match[1]) != "runlane":
+            continue
+        rest = match[2].strip()
+        if any(mark in rest for mark in "[;@"):
+            applies, specifier = _requirement_with_grammar(line)
+        else:
+            applies, specifier = _bare_specifier(rest.removeprefix("(").removesuffix(")"))
+        if applies:
+            return specifier
+    return None
+
+
+_REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(.*)", re.DOTALL)
+
+
+def _bare_specifier(text: str) -> tuple[bool, str | None]:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return True, str(SpecifierSet(text.strip())) or None
+    except InvalidSpecifier:  # metadata pip would not have installed
+        return False, None
+
+
+def _requirement_with_grammar(line: str) -> tuple[bool, str | None]:
     from packaging.markers import UndefinedEnvironmentName
     from packaging.requirements import InvalidRequirement, Requirement
 
-    for line in requires:
-        try:
-            requirement = Requirement(line)
-            if normalize_plugin_name(requirement.name) != "runlane" or (
-                requirement.marker is not None and not requirement.marker.evaluate({"extra": ""})
-            ):
-                continue
-        except (InvalidRequirement, UndefinedEnvironmentName):  # metadata pip would not have installed
-            continue
-        return str(requirement.specifier) or None
-    return None
+    try:
+        requirement = Requirement(line)
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            return False, None
+    except (InvalidRequirement, UndefinedEnvironmentName):  # metadata pip would not have installed
+        return False, None
+    return True, str(requirement.specifier) or None
 
 
 def runlane_compatible(requires_runlane: str | None, installed: str | None = None) -> bool | None:
