@@ -1228,6 +1228,19 @@ def test_a_result_that_cannot_be_written_says_the_command_finished(tmp_path: Pat
     assert len(listed) == 1  # the run was created: only the output was lost
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [["-h"], ["runs", "list", "--help"], ["--version"]])
+def test_help_or_version_that_cannot_be_written_fails_in_one_line(tmp_path: Path, args: list[str]) -> None:
+    from cli_support import RUNLANE, cli_env
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [RUNLANE, *args], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, env=cli_env()
+        )
+    assert done.returncode == 1
+    assert done.stderr == "error: the output could not be written (No space left on device).\n"
+
+
 def test_a_result_cut_short_by_a_file_size_limit_is_not_reported_as_written(tmp_path: Path) -> None:
     # A short write (a file at its size limit, a nearly full disk) must not leave a cut result and exit 0.
     import resource

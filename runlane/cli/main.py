@@ -991,6 +991,13 @@ def run() -> None:
             "check the runs before running it again.\n"
         )
         raise SystemExit(1) from None
+    except OSError as error:
+        # Help, usage and version text written straight to a stdout that refuses it (a full disk, a
+        # file at its size limit): one line that says so, not a traceback.
+        if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO):
+            raise
+        sys.stderr.write(f"error: the output could not be written ({error.strerror}).\n")
+        raise SystemExit(1) from None
     except SystemExit as exit:
         # The command line ends a command whose reader closed the pipe (runlane runs list | head -1)
         # with 1, as if the command had failed, after making stdout ignore the closed pipe.
