@@ -1070,6 +1070,47 @@ def test_a_workers_output_carries_the_applications_warnings_with_their_run(tmp_p
     assert "below the level" not in human.stderr + human.stdout
 
 
+PRINTING_TASKS = """
+import subprocess
+import sys
+
+from runlane import queue, task
+
+default = queue("default", default=True)
+
+
+@task("report.print")
+def report(payload: dict) -> None:
+    print("report for", payload["customer"])
+    print("no newline at the end", end="")
+    print()
+    subprocess.run([sys.executable, "-c", "print('from a child process')"], stdout=sys.stdout, check=True)
+"""
+
+
+@pytest.mark.parametrize("command", [["work", "--drain"], ["dev", "--once"]], ids=["work", "dev"])
+def test_what_handlers_print_under_json_is_a_json_log_line_on_stderr_and_stdout_stays_json(
+    tmp_path: Path, command: list[str]
+) -> None:
+    project = make_project(tmp_path, PRINTING_TASKS, lane="sqlite")
+    run_id = json.loads(cli(project, "--json", "trigger", "report.print", '{"customer": "c1"}').stdout)["run"]["id"]
+    drained = cli(project, "--json", *command)
+    assert drained.returncode == 0, drained.stderr
+    records = ndjson(drained.stdout)  # every stdout line is JSON: the run executed is among them
+    assert [r["run"]["id"] for r in records if r["type"] == "run"] == [run_id]
+    assert [r["run"]["status"] for r in records if r["type"] == "run"] == ["succeeded"]
+    errors = drained.stderr.splitlines()
+    printed = [json.loads(line) for line in errors if line.startswith("{")]
+    assert [(r["logger"], r["level"], r["message"], r["run_id"]) for r in printed if r.get("logger") == "stdout"] == [
+        ("stdout", "info", "report for c1", run_id),
+        ("stdout", "info", "no newline at the end", run_id),
+    ]
+    assert "from a child process" in errors  # a child given sys.stdout writes beside the JSON, on stderr
+    cli(project, "trigger", "report.print", '{"customer": "c2"}')
+    human = cli(project, *command)
+    assert "report for c2" in human.stdout.splitlines()  # without --json prints stay where print() puts them
+
+
 @pytest.mark.parametrize("command", [["work", "--drain"], ["dev", "--once"]], ids=["work-drain", "dev-once"])
 def test_a_drain_a_stop_signal_ends_early_exits_with_the_signals_status(tmp_path: Path, command: list[str]) -> None:
     # A script must tell a drain that finished its due work (0) from one a deploy's SIGTERM cut short.

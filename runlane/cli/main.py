@@ -14,7 +14,6 @@ import contextlib
 import errno
 import functools
 import inspect
-import io
 import json
 import os
 import signal
@@ -37,7 +36,7 @@ from ..core.runtime import Runlane
 from ..errors import ErrorCode, RunlaneError, describe_exception
 from ..plugins.manager import get_registries, load_plugins, pm, skip_plugin
 from ..plugins.registries import ProviderContext, Registries, validate_options
-from .output import Output, forward_runtime_logs, json_import_logs, quiet_connection_pool
+from .output import LineStream, Output, forward_runtime_logs, json_import_logs, quiet_connection_pool
 
 __all__ = [
     "OPERATIONS",
@@ -924,46 +923,23 @@ def _ascii_locale_warning(arguments: list[str]) -> str | None:
     return None
 
 
-class _JsonWarningLines(io.TextIOBase):
-    """A stand-in for stderr that writes each line written to it as an ``Output.warning`` of ``code``, JSON
-    on the real stderr (the ``runlane: `` prefix of plugin notices dropped)."""
-
-    def __init__(self, target: Any, code: str) -> None:
-        self._target = target
-        self._output = Output(json_mode=True, stderr=target)
-        self._code = code
-        self._pending = ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        *lines, self._pending = (self._pending + text).split("\n")
-        for line in lines:
-            self._emit(line)
-        return len(text)
-
-    def flush(self) -> None:
-        if self._pending:
-            self._emit(self._pending)
-            self._pending = ""
-        self._target.flush()
-
-    def _emit(self, line: str) -> None:
-        if line.strip():
-            self._output.warning(self._code, line.removeprefix("runlane: "))
-
-
 @contextlib.contextmanager
 def _stderr_lines_as_json_warnings(code: str) -> Iterator[None]:
+    """Each line written to stderr in the block becomes an ``Output.warning`` of ``code``, JSON on the real
+    stderr (the ``runlane: `` prefix of plugin notices dropped)."""
     real = sys.stderr
-    wrapper = _JsonWarningLines(real, code)
-    sys.stderr = wrapper
+    output = Output(json_mode=True, stderr=real)
+
+    def emit(line: str) -> None:
+        if line.strip():
+            output.warning(code, line.removeprefix("runlane: "))
+
+    sys.stderr = lines = LineStream(emit, real)
     try:
         yield
     finally:
         sys.stderr = real
-        wrapper.flush()
+        lines.flush()
 
 
 def run() -> None:

@@ -17,11 +17,13 @@ import codecs
 import dataclasses
 import enum
 import errno
+import io
 import json
 import logging
 import os
 import re
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -385,8 +387,14 @@ class _Console(Console):
     def on_broken_pipe(self) -> None:
         global _stdout_closed
         self.quiet = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        try:
+            descriptor = self.file.fileno()  # this console's stream: sys.stdout may stand in for another
+        except (AttributeError, OSError, ValueError):  # a buffer: nothing to silence
+            descriptor = None
+        if descriptor is not None:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, descriptor)
+            os.close(devnull)
         stop = None if self._owner is None else self._owner.on_stdout_closed
         if stop is None:
             raise SystemExit(EXIT_BROKEN_PIPE)
@@ -930,6 +938,76 @@ def forward_runtime_logs(output: Output) -> Iterator[None]:
             root.removeHandler(application)
             logger.setLevel(level)
             logger.propagate = propagate
+
+
+class LineStream(io.TextIOBase):
+    """A stand-in text stream (for ``sys.stdout`` or ``sys.stderr``) that hands each line written to it,
+    once complete, to ``emit``; lines are gathered per thread, so the prints of two handler threads never
+    mix. ``fileno()`` and the like are ``beside``'s: a child process given this stream writes there."""
+
+    def __init__(self, emit: Callable[[str], None], beside: Any) -> None:
+        self._emit = emit
+        self._beside = beside
+        self._lock = threading.Lock()
+        self._pending = threading.local()
+        self._unfinished: dict[int, str] = {}  # thread ident -> its line so far, for flush() at the end
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        ident = threading.get_ident()
+        with self._lock:
+            *lines, rest = (self._unfinished.pop(ident, "") + text).split("\n")
+            if rest:
+                self._unfinished[ident] = rest
+            for line in lines:
+                self._emit(line)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            unfinished, self._unfinished = list(self._unfinished.values()), {}
+            for line in unfinished:
+                self._emit(line)
+        self._beside.flush()
+
+    def fileno(self) -> int:
+        return int(self._beside.fileno())
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+
+@contextmanager
+def prints_as_json_logs(output: Output) -> Iterator[None]:
+    """With ``--json``, while handlers run in this process: each line they print() comes out as one JSON
+    log record (logger ``stdout``, naming its run) on stderr, since stdout carries the command's own JSON
+    lines and a bare line among them breaks whatever parses it. Without ``--json`` prints stay on stdout."""
+    if not output.json:
+        yield
+        return
+    context = RunContextFilter()
+
+    def emit(line: str) -> None:
+        if line.strip():
+            record = logging.LogRecord("stdout", logging.INFO, "", 0, line, None, None)
+            context.filter(record)
+            output.log(record)
+
+    real = sys.stdout
+    lines = LineStream(emit, sys.stderr)
+    sys.stdout = lines
+    try:
+        yield
+    finally:
+        if sys.stdout is lines:
+            sys.stdout = real
+        lines.flush()
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from .options import (
     QueuesOption,
     WorkerIdOption,
 )
-from .output import Output, forward_runtime_logs
+from .output import Output, forward_runtime_logs, prints_as_json_logs
 
 __all__ = ["StopOnSignals", "app", "interrupted_status", "run_worker"]
 
@@ -132,7 +132,7 @@ async def run_worker(
             lane=runtime.lane.name,
             transport=transport.name,
         )
-    with forward_runtime_logs(output):
+    with forward_runtime_logs(output), prints_as_json_logs(output):
         handle = runtime.worker(mode=mode, on_run_executed=on_run_executed, **options)
         queues = options.get("queues") or []
         concurrency = options.get("concurrency", 1)

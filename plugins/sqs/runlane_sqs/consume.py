@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from runlane.cli.output import Output, forward_runtime_logs
+from runlane.cli.output import Output, forward_runtime_logs, prints_as_json_logs
 from runlane.cli.work import StopOnSignals
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.vocabulary import ExecuteDeliveryStatus
@@ -143,7 +143,11 @@ async def consume_wakeups(
                 return
             delay = min(delay * 2, max_delay)
 
-    with StopOnSignals(output, "current deliveries") as stop, forward_runtime_logs(output):
+    with (
+        StopOnSignals(output, "current deliveries") as stop,
+        forward_runtime_logs(output),
+        prints_as_json_logs(output),
+    ):
         urls = await _resolve_urls(transport, names, output, stop.stopping, restart_delay)
         for name, url in (urls or {}).items():
             by_url.setdefault(url, []).append(name)
