@@ -584,6 +584,20 @@ def test_usage_errors_exit_2(project: Path) -> None:
     assert cli(project, "prune").returncode == 2
 
 
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("", "the path is empty; give the path of a runlane.toml, or leave -c out"),
+        ("sub", "'sub' is a directory; give the path of a config file in it (sub/runlane.toml)"),
+    ],
+)
+def test_a_config_path_that_cannot_name_a_file_is_a_usage_error(project: Path, value: str, says: str) -> None:
+    (project / "sub").mkdir()
+    done = cli(project, "-c", value, "runs", "list")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"Error: Invalid value for '-c' / '--config': {says}" in done.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # In process: one SQLite file behind a runtime factory
 

@@ -641,6 +641,17 @@ def usage_error(message: str) -> RunlaneError:
     return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message)
 
 
+def _config_path(text: str) -> Path:
+    """``-c``'s value: a file's path (it need not exist yet: ``runlane -c PATH init config`` writes it)."""
+    if not text.strip():
+        raise typer.BadParameter("the path is empty; give the path of a runlane.toml, or leave -c out")
+    path = Path(text)
+    if path.is_dir():
+        in_it = path / "runlane.toml"
+        raise typer.BadParameter(f"{text!r} is a directory; give the path of a config file in it ({in_it})")
+    return path
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"runlane {__version__}")
@@ -652,7 +663,7 @@ def _root(
     config: Annotated[
         Path | None,
         typer.Option("-c", "--config", help="Config file (default: ./runlane.toml or [tool.runlane] in pyproject.toml).",
-                     metavar="PATH", dir_okay=False),
+                     metavar="PATH", parser=_config_path),
     ] = None,
     json_output: Annotated[
         bool,
