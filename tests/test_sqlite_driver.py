@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -530,17 +531,24 @@ async def test_a_commit_right_after_subscribing_is_heard_however_late_the_watche
         return directory_writes(directory)
 
     monkeypatch.setattr(sqlite_driver, "_directory_writes", slow)
-    watcher, writer = sqlite_storage(database), sqlite_storage(database)
+    await hear_a_commit(sqlite_storage(database), sqlite_storage(database), then=thread_started.set)
+
+
+async def hear_a_commit(
+    watcher: SqliteStorageDriver, writer: SqliteStorageDriver, then: Callable[[], object] = lambda: None
+) -> None:
+    """Subscribe to ``watcher``'s hints, commit through ``writer`` at once, call ``then``, and wait (up to
+    ``WAIT``) for the hint; both drivers are started here and closed after."""
     await watcher.start()
     await writer.start()
     try:
         heard: list[str] = []
         watcher.subscribe_wake_hints(heard.append)
         await create(writer, record(StorageRecordKey("items", "a"), {"n": 1}))
-        thread_started.set()
+        then()
         deadline = asyncio.get_running_loop().time() + WAIT
         while not heard:
-            assert asyncio.get_running_loop().time() < deadline, "the commit made while subscribing was missed"
+            assert asyncio.get_running_loop().time() < deadline, "no hint after another connection committed"
             await asyncio.sleep(0.005)
     finally:
         await writer.close()
@@ -564,21 +572,8 @@ async def test_a_file_behind_a_symbolic_link_is_checked_and_watched_where_its_lo
         return directory_writes(directory)
 
     monkeypatch.setattr(sqlite_driver, "_directory_writes", recording)
-    watcher, writer = sqlite_storage(links / "runlane.db"), sqlite_storage(real / "runlane.db")
-    await watcher.start()
-    await writer.start()
-    try:
-        heard: list[str] = []
-        watcher.subscribe_wake_hints(heard.append)
-        await create(writer, record(StorageRecordKey("items", "a"), {"n": 1}))
-        deadline = asyncio.get_running_loop().time() + WAIT
-        while not heard:
-            assert asyncio.get_running_loop().time() < deadline, "no hint after another connection committed"
-            await asyncio.sleep(0.005)
-        assert watched == [real.resolve()]
-    finally:
-        await writer.close()
-        await watcher.close()
+    await hear_a_commit(sqlite_storage(links / "runlane.db"), sqlite_storage(real / "runlane.db"))
+    assert watched == [real.resolve()]
     (links / "gone.db").symlink_to(tmp_path / "missing" / "runlane.db")
     error = await expect_error(sqlite_storage(links / "gone.db").start(), ErrorCode.CONFIGURATION_INVALID)
     assert f"the directory {str((tmp_path / 'missing').resolve())!r} does not exist" in error.message
