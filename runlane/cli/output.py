@@ -38,7 +38,7 @@ from rich.table import Table
 from rich.cells import cell_len
 from rich.text import Text
 
-from ..core.attempt import RunContextFilter
+from ..core.attempt import RunContextFilter, current_task_context
 from ..core.authoring import error_location
 from ..errors import RunlaneError
 from ..vocabulary import run_status_values
@@ -983,11 +983,34 @@ class LineStream(io.TextIOBase):
         return "utf-8"
 
 
+class _HandlerPrints(LineStream):
+    """``sys.stdout`` while handlers run under ``--json``: what is written inside an attempt (its handler, a
+    ``def`` handler's thread, the tasks it starts) becomes log records; anything else (a console exporter's
+    records, the process's own lines) reaches the real stdout as before."""
+
+    def __init__(self, emit: Callable[[str], None], beside: Any, real: Any) -> None:
+        super().__init__(emit, beside)
+        self._real = real
+
+    def write(self, text: str) -> int:
+        if current_task_context() is None:
+            return int(self._real.write(text))
+        return super().write(text)
+
+    def flush(self) -> None:
+        super().flush()
+        self._real.flush()
+
+    def fileno(self) -> int:
+        return super().fileno() if current_task_context() is not None else int(self._real.fileno())
+
+
 @contextmanager
 def prints_as_json_logs(output: Output) -> Iterator[None]:
-    """With ``--json``, while handlers run in this process: each line they print() comes out as one JSON
-    log record (logger ``stdout``, naming its run) on stderr, since stdout carries the command's own JSON
-    lines and a bare line among them breaks whatever parses it. Without ``--json`` prints stay on stdout."""
+    """With ``--json``, while handlers run in this process: each line a handler print()s comes out as one
+    JSON log record (logger ``stdout``, naming its run) on stderr, since stdout carries the command's own
+    JSON lines and a bare line among them breaks whatever parses it. Without ``--json`` prints stay on
+    stdout."""
     if not output.json:
         yield
         return
@@ -1000,7 +1023,7 @@ def prints_as_json_logs(output: Output) -> Iterator[None]:
             output.log(record)
 
     real = sys.stdout
-    lines = LineStream(emit, sys.stderr)
+    lines = _HandlerPrints(emit, sys.stderr, real)
     sys.stdout = lines
     try:
         yield
