@@ -949,7 +949,6 @@ class LineStream(io.TextIOBase):
         self._emit = emit
         self._beside = beside
         self._lock = threading.Lock()
-        self._pending = threading.local()
         self._unfinished: dict[int, str] = {}  # thread ident -> its line so far, for flush() at the end
 
     def writable(self) -> bool:
