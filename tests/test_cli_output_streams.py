@@ -230,3 +230,34 @@ def test_what_task_modules_log_or_warn_as_they_are_imported_is_json_under_json(t
     human = cli(root, "queues")
     assert "UserWarning: the old client is deprecated" in human.stderr
     assert "cache directory missing; using a temporary one" in human.stderr and "{" not in human.stderr
+
+
+def test_a_line_stream_keeps_each_threads_line_whole_whoever_flushes() -> None:
+    """The stand-in stdout of handlers under --json: a line two print() calls make in one thread comes out
+    whole even when another thread flushes in between; ``finish()`` hands on a last unfinished line."""
+    import io
+    import threading
+
+    from runlane.cli.output import LineStream
+
+    emitted: list[str] = []
+    stream = LineStream(emitted.append, io.StringIO())
+    started, flushed = threading.Event(), threading.Event()
+
+    def other() -> None:
+        started.wait(5)
+        stream.write("from the other thread\n")
+        stream.write("cut off")
+        stream.flush()  # its own unfinished line only
+        flushed.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    stream.write("first half, ")
+    started.set()
+    assert flushed.wait(5)
+    stream.write("second half\nlast words")
+    thread.join(5)
+    assert emitted == ["from the other thread", "cut off", "first half, second half"]
+    stream.finish()
+    assert emitted[-1] == "last words"

@@ -950,7 +950,7 @@ def _stderr_lines_as_json_warnings(code: str) -> Iterator[None]:
         yield
     finally:
         sys.stderr = real
-        lines.flush()
+        lines.finish()
 
 
 def run() -> None:

@@ -943,7 +943,8 @@ def forward_runtime_logs(output: Output) -> Iterator[None]:
 class LineStream(io.TextIOBase):
     """A stand-in text stream (for ``sys.stdout`` or ``sys.stderr``) that hands each line written to it,
     once complete, to ``emit``; lines are gathered per thread, so the prints of two handler threads never
-    mix. ``fileno()`` and the like are ``beside``'s: a child process given this stream writes there."""
+    mix. ``fileno()`` and the like are ``beside``'s: a child process given this stream writes there.
+    ``finish()`` when it is taken away: a last line without its line break is handed on then."""
 
     def __init__(self, emit: Callable[[str], None], beside: Any) -> None:
         self._emit = emit
@@ -965,11 +966,21 @@ class LineStream(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
+        """Hand on the calling thread's unfinished line: another thread's flush does not cut a line that
+        one is still printing."""
+        with self._lock:
+            unfinished = self._unfinished.pop(threading.get_ident(), None)
+            if unfinished is not None:
+                self._emit(unfinished)
+        self._beside.flush()
+
+    def finish(self) -> None:
+        """Hand on every thread's unfinished line (when the stand-in is taken away)."""
         with self._lock:
             unfinished, self._unfinished = list(self._unfinished.values()), {}
             for line in unfinished:
                 self._emit(line)
-        self._beside.flush()
+        self.flush()
 
     def fileno(self) -> int:
         return int(self._beside.fileno())
@@ -1029,7 +1040,7 @@ def prints_as_json_logs(output: Output) -> Iterator[None]:
     finally:
         if sys.stdout is lines:
             sys.stdout = real
-        lines.flush()
+        lines.finish()
 
 
 @contextmanager
