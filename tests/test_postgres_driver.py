@@ -1551,6 +1551,14 @@ def test_cli_migrate_with_url_and_with_the_configured_lane(tmp_path: Path, schem
         "version": SCHEMA_VERSION,
         "changed": False,
     }
+    # Applied again, it puts back what was dropped by hand, and says it did not just look.
+    schemas.execute(sql.SQL("DROP FUNCTION {}.runlane_commit(jsonb)").format(sql.Identifier(schema)))
+    repaired = cli(tmp_path, "postgres", "migrate", "--url", url)
+    assert repaired.returncode == 0, repaired.stderr
+    applied_again = "applied again, so each of its tables, indexes and functions is in place"
+    assert f"is already at version {SCHEMA_VERSION}; {applied_again}" in repaired.stdout
+    function = sql.SQL("SELECT to_regprocedure({})").format(sql.Literal(f'"{schema}".runlane_commit(jsonb)'))
+    assert schemas.execute(function)[0][0] is not None
     # A schema an earlier version created is upgraded, and says so.
     earlier = sql.SQL("DELETE FROM {}.runlane_schema_migrations WHERE version >= 2").format(sql.Identifier(schema))
     schemas.execute(earlier)

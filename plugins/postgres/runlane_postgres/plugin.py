@@ -255,7 +255,7 @@ def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = No
     It creates the schema, or upgrades one an earlier version created. Safe to repeat."""
     from runlane.cli.main import guard, invoke, state_of
 
-    from .migration import apply_postgres_migrations
+    from .migration import SCHEMA_VERSION, apply_postgres_migrations
     from .storage import resolve_postgres_connection
 
     output = state_of(ctx).output
@@ -280,6 +280,12 @@ def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = No
         )
     elif result.changed:
         message = f"migrated schema {result.schema!r} in {result.database} to version {result.version}"
+    elif result.version == SCHEMA_VERSION:
+        # The SQL ran again: it creates what is missing (a dropped table, index or function) and leaves the rest.
+        message = (
+            f"schema {result.schema!r} in {result.database} is already at version {result.version}; applied again, "
+            "so each of its tables, indexes and functions is in place"
+        )
     else:
         message = f"schema {result.schema!r} in {result.database} is already at version {result.version}; nothing to do"
     output.line(Text.assemble(("✓ ", "bold green"), message))
