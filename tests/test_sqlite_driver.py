@@ -555,6 +555,35 @@ async def hear_a_commit(
         await watcher.close()
 
 
+async def test_a_published_hint_wakes_a_watcher_that_looked_before_the_commit_was_visible(
+    database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit's writes reach the -wal file before the commit becomes visible, and what makes it visible
+    (the -shm index, written through memory) raises no directory event. A watcher that looked once at the
+    write and then slept would miss it until its next idle look: core's ``publish_wake_hint`` after the
+    commit gives it an event of its own. Here the watcher looks once per event and idles for a minute."""
+    monkeypatch.setattr(sqlite_driver, "_WATCH_SETTLE", 0.0)
+    monkeypatch.setattr(sqlite_driver, "_WATCH_IDLE_CHECK", 60.0)
+    watcher, writer = sqlite_storage(database), sqlite_storage(database)
+    await watcher.start()
+    await writer.start()
+    try:
+        heard: list[str] = []
+        watcher.subscribe_wake_hints(heard.append)
+        for n in range(20):
+            heard.clear()
+            await create(writer, record(StorageRecordKey("items", f"item_{n}"), {"n": n}))
+            writer.publish_wake_hint("default")
+            deadline = asyncio.get_running_loop().time() + WAIT
+            while not heard:
+                assert asyncio.get_running_loop().time() < deadline, f"commit {n} was never heard"
+                await asyncio.sleep(0.002)
+            await asyncio.sleep(watcher.wake_poll_interval * 2)  # past the watcher's one wake-up per interval
+    finally:
+        await writer.close()
+        await watcher.close()
+
+
 async def test_a_file_behind_a_symbolic_link_is_checked_and_watched_where_its_log_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1365,7 +1365,13 @@ class SqliteStorageDriver(ClientClock):
     wake_poll_interval: float = 0.005
 
     def publish_wake_hint(self, queue: str) -> None:
-        """Nothing to send: the commit itself is what subscribers in other processes notice."""
+        """Touch the database file (its modification time) once the commit is visible. Subscribers in other
+        processes watch its directory: a commit's own writes reach the -wal file before it becomes
+        visible, and what makes it visible (the -shm index, written through memory) tells no watcher,
+        so on a slow log sync the touch is what wakes them at once. ``queue`` is not sent: a watcher
+        wakes every idle slot of its process, which then looks for due runs of its own queues."""
+        with contextlib.suppress(OSError):  # workers still see the commit at their next look or poll
+            os.utime(self.path)
 
     def subscribe_wake_hints(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback("*")``, from the watcher thread, soon after any other connection commits to
@@ -1572,7 +1578,7 @@ class SqliteStorageDriver(ClientClock):
 _WATCH_IDLE_CHECK = 0.25  # seconds between two looks at the file when inotify reports nothing
 _WATCH_SOON = 0.001  # seconds between two looks for a while after a write
 _WATCH_SETTLE = 0.02  # how long after a write a commit may still become visible (the log sync)
-_IN_MODIFY, _IN_CREATE, _IN_MOVED_TO = 0x2, 0x100, 0x80
+_IN_MODIFY, _IN_ATTRIB, _IN_CREATE, _IN_MOVED_TO = 0x2, 0x4, 0x100, 0x80
 
 
 def _directory_writes(directory: Path) -> int | None:
@@ -1585,7 +1591,7 @@ def _directory_writes(directory: Path) -> int | None:
         fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             return None
-        if libc.inotify_add_watch(fd, os.fsencode(directory), _IN_MODIFY | _IN_CREATE | _IN_MOVED_TO) < 0:
+        if libc.inotify_add_watch(fd, os.fsencode(directory), _IN_MODIFY | _IN_ATTRIB | _IN_CREATE | _IN_MOVED_TO) < 0:
             os.close(fd)
             return None
         return fd
