@@ -5,7 +5,9 @@ Creates a fresh database file in a temporary directory (removed afterwards), tri
 worker of C slots, and prints runs/second with the journal and synchronous settings in use. Then
 the trigger-to-start latency across processes: an idle poll worker in another process (default
 ``empty_poll_delay``), woken by the commit itself, and runs triggered here one at a time, 20 ms
-apart; prints p50/p99 from just before ``trigger()`` to the handler's first line.
+apart; prints p50/p99 from just before ``trigger()`` to the handler's first line. Then how soon another
+connection's watcher hears of a trigger's commit (what wakes idle workers of other processes): p50/p99
+from ``trigger()`` returning to the watcher's callback (negative: it heard first).
 
     .venv/bin/python benchmarks/sqlite_bench.py [--runs 3000] [--producers 8] [--concurrency 8]
         [--synchronous full|normal] [--latency-samples 200]
@@ -23,11 +25,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from runlane_local import sqlite_lane
+from runlane_local import sqlite_lane, sqlite_storage
 
 from runlane import WorkerMode, create_runlane, queue, task
 
@@ -129,6 +132,40 @@ def latency(path: str, samples: int, synchronous: str, log: Path) -> tuple[float
     return statistics.median(delays), delays[max(0, int(len(delays) * 0.99) - 1)]
 
 
+async def hint_delays(path: str, samples: int, synchronous: str) -> tuple[float, float]:
+    """(p50, p99) ms from ``trigger()`` returning to another connection's wake-hint watcher hearing of it
+    (negative: it heard before ``trigger()`` returned)."""
+    heard = threading.Event()
+    heard_at = 0.0
+
+    def on_hint(_queue: str) -> None:
+        nonlocal heard_at
+        heard_at = time.perf_counter()
+        heard.set()
+
+    watcher = sqlite_storage(path, synchronous=synchronous)
+    await watcher.start()
+    delays: list[float] = []
+    try:
+        unsubscribe = watcher.subscribe_wake_hints(on_hint)
+        lane = sqlite_lane(path, synchronous=synchronous)
+        async with create_runlane(lane=lane, queues=[bench_queue], tasks=[noop]) as runtime:
+            for index in range(samples):
+                heard.clear()
+                await runtime.trigger(noop, {"i": index})
+                returned = time.perf_counter()
+                loop = asyncio.get_running_loop()
+                if not await loop.run_in_executor(None, heard.wait, 10.0):
+                    raise RuntimeError(f"the commit of trigger {index} was never heard")
+                delays.append((heard_at - returned) * 1000)
+                await asyncio.sleep(0.02)
+        unsubscribe()
+    finally:
+        await watcher.close()
+    delays.sort()
+    return statistics.median(delays), delays[max(0, int(len(delays) * 0.99) - 1)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3000)
@@ -148,8 +185,10 @@ def main() -> None:
         with sqlite3.connect(path) as connection:
             journal = connection.execute("PRAGMA journal_mode").fetchone()[0]
         measured = None
+        hints = None
         if args.latency_samples > 0:
             measured = latency(path, args.latency_samples, args.synchronous, Path(directory, "latency.log"))
+            hints = asyncio.run(hint_delays(path, args.latency_samples, args.synchronous))
     print(
         f"runtime on the SQLite lane ({platform.python_implementation()} {platform.python_version()}, "
         f"SQLite {sqlite3.sqlite_version}, journal_mode={journal}, synchronous={args.synchronous}, {os.cpu_count()} CPUs)"
@@ -162,6 +201,12 @@ def main() -> None:
         print(
             f"  trigger-to-start, idle poll worker in another process: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
             f"({args.latency_samples} samples, 20 ms apart, default empty_poll_delay)"
+        )
+    if hints is not None:
+        p50, p99 = hints
+        print(
+            f"  another connection's watcher hearing of a trigger, after trigger() returned (negative: before it): "
+            f"p50 {p50:.2f} ms, p99 {p99:.2f} ms"
         )
 
 

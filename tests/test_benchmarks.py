@@ -26,7 +26,7 @@ CASES = {
     "memory_bench.py": (["--batches", "3", "--runs", "50"], ("RSS after each batch", "growth after the first batch")),
     "sqlite_bench.py": (
         ["--runs", "40", "--producers", "2", "--concurrency", "2", "--latency-samples", "5"],
-        ("trigger-to-start",),
+        ("trigger-to-start", "watcher hearing of a trigger"),
     ),
     "postgres_bench.py": (
         ["--runs", "60", "--processes", "1", "--concurrency", "4", "--producers", "2", "--triggers", "30"]
