@@ -535,21 +535,28 @@ async def test_a_commit_right_after_subscribing_is_heard_however_late_the_watche
 
 
 async def hear_a_commit(
-    watcher: SqliteStorageDriver, writer: SqliteStorageDriver, then: Callable[[], object] = lambda: None
+    watcher: SqliteStorageDriver,
+    writer: SqliteStorageDriver,
+    then: Callable[[], object] = lambda: None,
+    commits: int = 1,
 ) -> None:
-    """Subscribe to ``watcher``'s hints, commit through ``writer`` at once, call ``then``, and wait (up to
-    ``WAIT``) for the hint; both drivers are started here and closed after."""
+    """Subscribe to ``watcher``'s hints; ``commits`` times, commit through ``writer``, call ``then`` and wait
+    (up to ``WAIT``) for the hint. Both drivers are started here and closed after."""
     await watcher.start()
     await writer.start()
     try:
         heard: list[str] = []
         watcher.subscribe_wake_hints(heard.append)
-        await create(writer, record(StorageRecordKey("items", "a"), {"n": 1}))
-        then()
-        deadline = asyncio.get_running_loop().time() + WAIT
-        while not heard:
-            assert asyncio.get_running_loop().time() < deadline, "no hint after another connection committed"
-            await asyncio.sleep(0.005)
+        for n in range(commits):
+            if n:
+                await asyncio.sleep(watcher.wake_poll_interval * 2)  # past the watcher's one wake-up per interval
+            heard.clear()
+            await create(writer, record(StorageRecordKey("items", f"item_{n}"), {"n": n}))
+            then()
+            deadline = asyncio.get_running_loop().time() + WAIT
+            while not heard:
+                assert asyncio.get_running_loop().time() < deadline, f"commit {n} was never heard"
+                await asyncio.sleep(0.002)
     finally:
         await writer.close()
         await watcher.close()
@@ -564,24 +571,8 @@ async def test_a_published_hint_wakes_a_watcher_that_looked_before_the_commit_wa
     commit gives it an event of its own. Here the watcher looks once per event and idles for a minute."""
     monkeypatch.setattr(sqlite_driver, "_WATCH_SETTLE", 0.0)
     monkeypatch.setattr(sqlite_driver, "_WATCH_IDLE_CHECK", 60.0)
-    watcher, writer = sqlite_storage(database), sqlite_storage(database)
-    await watcher.start()
-    await writer.start()
-    try:
-        heard: list[str] = []
-        watcher.subscribe_wake_hints(heard.append)
-        for n in range(20):
-            heard.clear()
-            await create(writer, record(StorageRecordKey("items", f"item_{n}"), {"n": n}))
-            writer.publish_wake_hint("default")
-            deadline = asyncio.get_running_loop().time() + WAIT
-            while not heard:
-                assert asyncio.get_running_loop().time() < deadline, f"commit {n} was never heard"
-                await asyncio.sleep(0.002)
-            await asyncio.sleep(watcher.wake_poll_interval * 2)  # past the watcher's one wake-up per interval
-    finally:
-        await writer.close()
-        await watcher.close()
+    writer = sqlite_storage(database)
+    await hear_a_commit(sqlite_storage(database), writer, then=lambda: writer.publish_wake_hint("default"), commits=20)
 
 
 async def test_a_file_behind_a_symbolic_link_is_checked_and_watched_where_its_log_is(
