@@ -128,8 +128,12 @@ def latency(path: str, samples: int, synchronous: str, log: Path) -> tuple[float
         if worker.poll() is None:
             worker.kill()
             worker.wait(timeout=30)
-    delays = sorted(float(line.split()[1]) * 1000 for line in log.read_text().splitlines())
-    return statistics.median(delays), delays[max(0, int(len(delays) * 0.99) - 1)]
+    return _p50_p99([float(line.split()[1]) * 1000 for line in log.read_text().splitlines()])
+
+
+def _p50_p99(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[max(0, int(len(ordered) * 0.99) - 1)]
 
 
 async def hint_delays(path: str, samples: int, synchronous: str) -> tuple[float, float]:
@@ -149,12 +153,12 @@ async def hint_delays(path: str, samples: int, synchronous: str) -> tuple[float,
     try:
         unsubscribe = watcher.subscribe_wake_hints(on_hint)
         lane = sqlite_lane(path, synchronous=synchronous)
+        loop = asyncio.get_running_loop()
         async with create_runlane(lane=lane, queues=[bench_queue], tasks=[noop]) as runtime:
             for index in range(samples):
                 heard.clear()
                 await runtime.trigger(noop, {"i": index})
                 returned = time.perf_counter()
-                loop = asyncio.get_running_loop()
                 if not await loop.run_in_executor(None, heard.wait, 10.0):
                     raise RuntimeError(f"the commit of trigger {index} was never heard")
                 delays.append((heard_at - returned) * 1000)
@@ -162,8 +166,7 @@ async def hint_delays(path: str, samples: int, synchronous: str) -> tuple[float,
         unsubscribe()
     finally:
         await watcher.close()
-    delays.sort()
-    return statistics.median(delays), delays[max(0, int(len(delays) * 0.99) - 1)]
+    return _p50_p99(delays)
 
 
 def main() -> None:

@@ -1265,16 +1265,26 @@ def test_an_ascii_locale_is_named_when_it_garbles_non_ascii_arguments(tmp_path: 
     assert len(json.loads(listed.stdout)["data"]) == 2
 
 
-@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+# Linux's /dev/full refuses every write with ENOSPC: a stdout on a full disk.
+needs_dev_full = pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+
+
+def into_a_full_disk(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``runlane`` in ``cwd`` with its stdout on ``/dev/full``."""
+    from cli_support import RUNLANE, cli_env
+
+    with open("/dev/full", "w") as full:
+        return subprocess.run(
+            [RUNLANE, *args], cwd=cwd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, env=cli_env()
+        )
+
+
+@needs_dev_full
 def test_a_result_that_cannot_be_written_says_the_command_finished(tmp_path: Path) -> None:
-    from cli_support import RUNLANE, cli, cli_env, make_project
+    from cli_support import cli, make_project
 
     root = make_project(tmp_path / "proj", lane="sqlite")
-    with open("/dev/full", "w") as full:
-        args = [RUNLANE, "--json", "trigger", "emails.welcome", '{"user_id": "u1"}']
-        done = subprocess.run(
-            args, cwd=root, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, env=cli_env()
-        )
+    done = into_a_full_disk(root, "--json", "trigger", "emails.welcome", '{"user_id": "u1"}')
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "the command finished, but its result could not be written to stdout (No space left on device)" in (
         done.stderr
@@ -1283,15 +1293,10 @@ def test_a_result_that_cannot_be_written_says_the_command_finished(tmp_path: Pat
     assert len(listed) == 1  # the run was created: only the output was lost
 
 
-@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@needs_dev_full
 @pytest.mark.parametrize("args", [["-h"], ["runs", "list", "--help"], ["--version"]])
 def test_help_or_version_that_cannot_be_written_fails_in_one_line(tmp_path: Path, args: list[str]) -> None:
-    from cli_support import RUNLANE, cli_env
-
-    with open("/dev/full", "w") as full:
-        done = subprocess.run(
-            [RUNLANE, *args], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, env=cli_env()
-        )
+    done = into_a_full_disk(tmp_path, *args)
     assert done.returncode == 1
     assert done.stderr == "error: the output could not be written (No space left on device).\n"
 
