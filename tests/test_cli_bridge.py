@@ -211,7 +211,11 @@ def test_when_the_latest_dev_stops_the_one_it_superseded_serves_again(
     assert first is not None
     kept = project.json("trigger", "slow.report", "{}")["run"]["id"]  # held by the first dev
     with running_dev(project, "--tick-interval", "1s", log_name="dev2.log") as second:
-        log = (project.tmpdir / "dev2.log").read_text()
+        # The session file is written before the warning is: wait for it.
+        log = wait_for(
+            lambda: text if "dev_superseded" in (text := (project.tmpdir / "dev2.log").read_text()) else None,
+            what="the dev_superseded warning",
+        )
         assert '"code":"dev_superseded"' in log.replace(" ", "") and f"pid {dev.pid}" in log
         assert project.json("runs", "list")["data"] == []  # the second dev's own, empty lane
         second.send_signal(signal.SIGINT)

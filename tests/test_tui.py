@@ -737,6 +737,62 @@ def test_runlane_queues_counts_the_active_runs_of_each_queue(tmp_path: Path) -> 
     assert "default (default)" in text and "2+" not in text and "queued" in text
 
 
+RENAMED_QUEUE_TASKS = """
+from runlane import queue, task
+
+default = queue("default", default=True)
+reports = queue("{name}", concurrency_limit=1)
+
+
+@task("reports.build", queue=reports)
+def build(payload: dict) -> None:
+    return None
+"""
+
+
+def test_runlane_queues_lists_a_queue_no_longer_registered_that_still_holds_runs(tmp_path: Path) -> None:
+    """A run triggered before its queue was renamed is claimed by no worker: the overview names its queue
+    as not registered instead of leaving the run out."""
+    from cli_support import cli, make_project, write
+
+    root = make_project(tmp_path / "proj", RENAMED_QUEUE_TASKS.format(name="reports"), lane="sqlite")
+    assert cli(root, "trigger", "reports.build", "{}").returncode == 0
+    write(root / "app" / "tasks.py", RENAMED_QUEUE_TASKS.format(name="reporting"))
+    assert cli(root, "trigger", "reports.build", "{}").returncode == 0
+    drained = cli(root, "work", "--drain")
+    assert drained.returncode == 0, drained.stderr
+
+    result = cli(root, "--json", "queues")
+    assert result.returncode == 0, result.stderr
+    queues = json.loads(result.stdout)["queues"]
+    assert [(row["name"], row["registered"]) for row in queues] == [
+        ("default", True), ("reporting", True), ("reports", False)
+    ]  # fmt: skip
+    assert queues[1]["counts"]["queued"] == 0  # the run of the renamed queue was executed
+    assert queues[2] == {
+        "name": "reports",
+        "registered": False,
+        "default": False,
+        "concurrency_limit": None,
+        "counts": {
+            "scheduled": 0, "queued": 1, "running": 0, "retrying": 0, "released": 0, "cancellation_requested": 0
+        },
+        "more": False,
+        "capped": [],
+    }  # fmt: skip
+    (row,) = [line.split() for line in cli(root, "queues").stdout.splitlines() if line.startswith("reports ")]
+    assert row == ["reports", "(not", "registered)", "?", "0", "1", "0", "0", "0", "0"]
+
+    # A status with more runs than the limit is a lower bound for a queue found only by the walk over all
+    # queues (oldest first: the run left behind is found before the newer backlog).
+    for _ in range(2):
+        assert cli(root, "trigger", "reports.build", "{}").returncode == 0
+    queues = json.loads(cli(root, "--json", "queues", "--limit", "2").stdout)["queues"]
+    assert [(row["name"], row["counts"]["queued"], row["capped"]) for row in queues] == [
+        ("default", 0, []), ("reporting", 2, []), ("reports", 1, ["queued"])
+    ]  # fmt: skip
+
+
 APPROVAL_TASKS = """
 from runlane import queue, task
 
@@ -800,6 +856,25 @@ async def test_the_queue_overview_marks_only_the_counts_that_reached_the_limit()
             queues = {row[0]: row[1:] for row in rows(app, "queues")}
             assert queues["default (default)"] == ["-", "0", "2+", "0", "0", "1", "0"]
             assert queues["reports"] == ["2", "0", "1", "0", "0", "0", "0"]
+
+
+async def test_the_queue_overview_shows_a_queue_this_program_does_not_register() -> None:
+    lane = local_lane()
+    elsewhere = queue("elsewhere")
+    other = create_runlane(lane=lane, queues=[default, elsewhere], tasks=[send], clock=ControlledClock(T0))
+    async with other:
+        await other.trigger(send, {"to": "eve"}, queue=elsewhere, run_id="run_elsewhere")
+    runtime = create_runlane(lane=lane, queues=[default, reports], tasks=[send], clock=ControlledClock(T0))
+    async with runtime:
+        app = RunlaneDashboard(DashboardClient.local(runtime), refresh_interval=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            queues = {row[0]: row[1:] for row in rows(app, "queues")}
+            assert queues["elsewhere (not registered)"] == ["?", "0", "1", "0", "0", "0", "0"]
+            assert queues["reports"] == ["2", "0", "0", "0", "0", "0", "0"]
+            await choose_queue(pilot, "elsewhere")
+            await settle(pilot)
+            assert run_ids(app) == ["run_elsewhere"]
 
 
 # ---------------------------------------------------------------------------------------------

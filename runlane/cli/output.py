@@ -645,12 +645,15 @@ class Output:
             name = printable_text(document["name"])
             if document["default"]:
                 name.append(" (default)", style="dim")
+            if not document["registered"]:
+                name.append(" (not registered)", style="yellow")
             limit = document["concurrency_limit"]
             cells = [
                 f"{count}{'+' if status in capped else ''}" if count else Text("0", style="dim")
                 for status, count in document["counts"].items()
             ]
-            table.add_row(name, "-" if limit is None else str(limit), *cells)
+            shown_limit = "?" if not document["registered"] else "-" if limit is None else str(limit)
+            table.add_row(name, shown_limit, *cells)
         self.stdout.print(table)
 
     def schedules_table(self, schedules: Sequence[Any]) -> None:

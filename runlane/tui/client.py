@@ -53,6 +53,7 @@ class QueueRow:
     counts: dict[str, int]
     more: bool
     capped: tuple[str, ...] = ()  # the statuses with more runs than were counted
+    registered: bool = True  # false: runs of a queue this project does not register (no worker claims them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +135,7 @@ class DashboardClient:
                 more=row["more"],
                 # A runlane dev process of a version without "capped" only says whether any count was capped.
                 capped=tuple(row.get("capped", list(row["counts"]) if row["more"] else ())),
+                registered=row.get("registered", True),
             )
             for row in document["queues"]
         ]

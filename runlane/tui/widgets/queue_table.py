@@ -1,4 +1,4 @@
-"""``QueueTable``: every registered queue with its active runs by status (``runlane queues``)."""
+"""``QueueTable``: every queue with its active runs by status (``runlane queues``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ class QueueTable(KeyedTable):
     def show(self, rows: Sequence[QueueRow], selected: str | None) -> None:
         """Show ``rows``, keeping the cursor on the same queue; ``selected`` is the queue filter.
 
-        A count is exact unless its status had more runs than were counted: then it shows ``+``.
+        A count is exact unless its status had more runs than were counted: then it shows ``+``. A queue
+        this project does not register (its runs are claimed by no worker here) is marked as such.
         """
         self.show_rows((row.name, self._cells(row, selected)) for row in rows)
 
@@ -38,9 +39,12 @@ class QueueTable(KeyedTable):
         name = printable_text(row.name, "bold" if row.name == selected else "")
         if row.default:
             name.append(" (default)", style="dim")
+        if not row.registered:
+            name.append(" (not registered)", style="yellow")
         if row.name == selected:
             name.append(" ◂ filter", style="cyan")
-        cells: list[Cell] = [name, "-" if row.concurrency_limit is None else str(row.concurrency_limit)]
+        limit = "?" if not row.registered else "-" if row.concurrency_limit is None else str(row.concurrency_limit)
+        cells: list[Cell] = [name, limit]
         for status in _STATUSES:
             count = row.counts.get(status, 0)
             label = f"{count}{'+' if status in row.capped else ''}"
