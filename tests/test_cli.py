@@ -1301,6 +1301,39 @@ def test_help_or_version_that_cannot_be_written_fails_in_one_line(tmp_path: Path
     assert done.stderr == "error: the output could not be written (No space left on device).\n"
 
 
+# Put first on PYTHONPATH, this sitecustomize makes the process interrupt itself (as a Ctrl-C would) when it
+# first imports the module named by RUNLANE_TEST_INTERRUPT_AT.
+INTERRUPTING_SITECUSTOMIZE = """
+import os, signal, sys
+
+class InterruptAt:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ.get("RUNLANE_TEST_INTERRUPT_AT"):
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, InterruptAt())
+"""
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "runlane.core.runtime",  # while the runlane package loads, before the command line exists
+        "runlane_local",  # while the plugins load
+    ],
+)
+def test_a_ctrl_c_while_the_command_starts_ends_it_without_a_traceback(tmp_path: Path, module: str) -> None:
+    from cli_support import cli, make_project, write
+
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    site = write(tmp_path / "site" / "sitecustomize.py", INTERRUPTING_SITECUSTOMIZE).parent
+    done = cli(root, "runs", "list", env={"PYTHONPATH": str(site), "RUNLANE_TEST_INTERRUPT_AT": module})
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
+    assert cli(root, "runs", "list").stdout == "no runs\n"  # the same command, not interrupted
+
+
 def test_a_result_cut_short_by_a_file_size_limit_is_not_reported_as_written(tmp_path: Path) -> None:
     # A short write (a file at its size limit, a nearly full disk) must not leave a cut result and exit 0.
     import resource

@@ -972,6 +972,10 @@ def run() -> None:
             with _stderr_lines_as_json_warnings("plugin"):
                 _app()  # loads the plugins: what they report is read as JSON like the rest of stderr
         _app()(prog_name="runlane")
+    except KeyboardInterrupt:
+        # A Ctrl-C before the command took the signal over (while plugins load, say): the status a command
+        # it ends has, without the traceback of whatever was loading.
+        raise SystemExit(128 + signal.SIGINT) from None
     except OutputLost as lost:
         sys.stderr.write(
             f"error: the command finished, but its result could not be written to stdout ({lost}); "
