@@ -1087,6 +1087,7 @@ def test_a_workers_output_carries_the_applications_warnings_with_their_run(tmp_p
 PRINTING_TASKS = """
 import subprocess
 import sys
+import threading
 
 from runlane import queue, task
 
@@ -1099,6 +1100,9 @@ def report(payload: dict) -> None:
     print("no newline at the end", end="")
     print()
     subprocess.run([sys.executable, "-c", "print('from a child process')"], stdout=sys.stdout, check=True)
+    helper = threading.Thread(target=print, args=("from a thread of its own",))  # no run context
+    helper.start()
+    helper.join()
 """
 
 
@@ -1115,9 +1119,11 @@ def test_what_handlers_print_under_json_is_a_json_log_line_on_stderr_and_stdout_
     assert [r["run"]["status"] for r in records if r["type"] == "run"] == ["succeeded"]
     errors = drained.stderr.splitlines()
     printed = [json.loads(line) for line in errors if line.startswith("{")]
-    assert [(r["logger"], r["level"], r["message"], r["run_id"]) for r in printed if r.get("logger") == "stdout"] == [
+    prints = [(r["logger"], r["level"], r["message"], r.get("run_id")) for r in printed if r.get("logger") == "stdout"]
+    assert prints == [
         ("stdout", "info", "report for c1", run_id),
         ("stdout", "info", "no newline at the end", run_id),
+        ("stdout", "info", "from a thread of its own", None),
     ]
     assert "from a child process" in errors  # a child given sys.stdout writes beside the JSON, on stderr
     cli(project, "trigger", "report.print", '{"customer": "c2"}')

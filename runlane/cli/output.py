@@ -998,15 +998,17 @@ class LineStream(io.TextIOBase):
 
 class _HandlerPrints(LineStream):
     """``sys.stdout`` while handlers run under ``--json``: what is written inside an attempt (its handler, a
-    ``def`` handler's thread, the tasks it starts) becomes log records; anything else (a console exporter's
-    records, the process's own lines) reaches the real stdout as before."""
+    ``def`` handler's thread, the tasks it starts) becomes log records, and so does what a thread of no
+    attempt writes (a plain ``threading.Thread`` a handler started carries no context: its lines are
+    records without a run). What the main thread writes outside attempts (a console exporter's records,
+    the process's own lines) reaches the real stdout as before."""
 
     def __init__(self, emit: Callable[[str], None], beside: Any, real: Any) -> None:
         super().__init__(emit, beside)
         self._real = real
 
     def write(self, text: str) -> int:
-        if current_task_context() is None:
+        if not _printed_by_handlers():
             return int(self._real.write(text))
         return super().write(text)
 
@@ -1015,7 +1017,13 @@ class _HandlerPrints(LineStream):
         self._real.flush()
 
     def fileno(self) -> int:
-        return super().fileno() if current_task_context() is not None else int(self._real.fileno())
+        return super().fileno() if _printed_by_handlers() else int(self._real.fileno())
+
+
+def _printed_by_handlers() -> bool:
+    """Whether the calling code writes for handlers: inside an attempt, or on a thread other than the main one
+    (the command's own output and its exporters write from the main thread)."""
+    return current_task_context() is not None or threading.current_thread() is not threading.main_thread()
 
 
 @contextmanager
