@@ -793,7 +793,16 @@ def _import_module(source: ConfigSource, name: str, key: str, *, plugin: str | N
             if plugin is not None
             else f"{where}: [{source.table_name('runlane')}] {key}: cannot import module {name!r}"
         )
-        hint = "; fix or uninstall the plugin, or leave it out of RUNLANE_LOAD_PLUGINS" if plugin is not None else ""
+        if plugin is not None:
+            hint = "; fix or uninstall the plugin, or leave it out of RUNLANE_LOAD_PLUGINS"
+        elif isinstance(error, ModuleNotFoundError) and error.name and f"{name}.".startswith(f"{error.name}."):
+            # The module itself (or its package) is not there, not something it imports.
+            hint = (
+                f"; modules are imported from the config file's directory ({source.base_dir}) and the Python path: "
+                "check the name, or give -c the config file of the project that holds the module"
+            )
+        else:
+            hint = ""
         raise _invalid(
             f"{whose}: {type(error).__name__}: {error}"
             + (f" ({location[0]}, line {location[1]})" if location else "")

@@ -666,6 +666,18 @@ def test_missing_tasks_module_names_module_and_error(tmp_path: Path) -> None:
     assert "cannot import module 'no_such_module_here.tasks'" in error.message
     assert "ModuleNotFoundError" in error.message
     assert error.meta["module"] == "no_such_module_here.tasks"
+    # The module is not where the config says: where Runlane looked (a config given with -c from elsewhere).
+    assert f"modules are imported from the config file's directory ({tmp_path}) and the Python path" in error.message
+
+
+def test_a_module_missing_what_it_imports_is_not_reported_as_missing_itself(tmp_path: Path) -> None:
+    module = unique("imports_missing")
+    write(tmp_path / f"{module}.py", "import no_such_dependency_here\n")
+    loaded = load(tmp_path, f'[runlane]\ntasks = ["{module}"]\n[lane]\nuse = "local"\n')
+    with pytest.raises(RunlaneError) as caught:
+        load_runtime(loaded, lane_factory=RecordingLaneFactory())
+    assert "No module named 'no_such_dependency_here'" in caught.value.message
+    assert "imported from the config file's directory" not in caught.value.message
 
 
 def test_module_raising_on_import_names_the_underlying_error(tmp_path: Path) -> None:
