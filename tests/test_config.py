@@ -670,39 +670,38 @@ def test_missing_tasks_module_names_module_and_error(tmp_path: Path) -> None:
     assert f"modules are imported from the config file's directory ({tmp_path}) and the Python path" in error.message
 
 
-def test_a_module_missing_what_it_imports_is_not_reported_as_missing_itself(tmp_path: Path) -> None:
-    module = unique("imports_missing")
-    write(tmp_path / f"{module}.py", "import no_such_dependency_here\n")
+def import_failure(tmp_path: Path, prefix: str, source: str) -> tuple[str, RunlaneError]:
+    """Load a config whose one task module (a fresh name starting with ``prefix``) is ``source``, which
+    cannot be imported: the module's name and the error."""
+    module = unique(prefix)
+    write(tmp_path / f"{module}.py", source)
     loaded = load(tmp_path, f'[runlane]\ntasks = ["{module}"]\n[lane]\nuse = "local"\n')
     with pytest.raises(RunlaneError) as caught:
         load_runtime(loaded, lane_factory=RecordingLaneFactory())
-    assert "No module named 'no_such_dependency_here'" in caught.value.message
-    assert "imported from the config file's directory" not in caught.value.message
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert f"cannot import module '{module}'" in caught.value.message
+    return module, caught.value
+
+
+def test_a_module_missing_what_it_imports_is_not_reported_as_missing_itself(tmp_path: Path) -> None:
+    _, error = import_failure(tmp_path, "imports_missing", "import no_such_dependency_here\n")
+    assert "No module named 'no_such_dependency_here'" in error.message
+    assert "imported from the config file's directory" not in error.message
 
 
 def test_module_raising_on_import_names_the_underlying_error(tmp_path: Path) -> None:
-    module = unique("broken")
-    write(tmp_path / f"{module}.py", 'raise RuntimeError("database not reachable at import time")\n')
-    loaded = load(tmp_path, f'[runlane]\ntasks = ["{module}"]\n[lane]\nuse = "local"\n')
-    with pytest.raises(RunlaneError) as caught:
-        load_runtime(loaded, lane_factory=RecordingLaneFactory())
-    assert f"cannot import module '{module}'" in caught.value.message
-    assert "RuntimeError: database not reachable at import time" in caught.value.message
-    assert isinstance(caught.value.__cause__, RuntimeError)
+    _, error = import_failure(tmp_path, "broken", 'raise RuntimeError("database not reachable at import time")\n')
+    assert "RuntimeError: database not reachable at import time" in error.message
+    assert isinstance(error.__cause__, RuntimeError)
 
 
 def test_a_module_that_exits_as_it_is_imported_is_invalid_not_the_end_of_the_command(tmp_path: Path) -> None:
     # A script's entry point left outside `if __name__ == "__main__":` (sys.exit(), argparse) would
     # otherwise end `runlane trigger` with status 0 and no run.
-    module = unique("exits")
-    write(tmp_path / f"{module}.py", "import sys\n\nsys.exit(0)\n")
-    loaded = load(tmp_path, f'[runlane]\ntasks = ["{module}"]\n[lane]\nuse = "local"\n')
-    with pytest.raises(RunlaneError) as caught:
-        load_runtime(loaded, lane_factory=RecordingLaneFactory())
-    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
-    assert f"cannot import module '{module}': SystemExit: 0 (" in caught.value.message
-    assert caught.value.meta["line"] == 3 and caught.value.meta["file"].endswith(f"{module}.py")
-    assert 'not under `if __name__ == "__main__":`' in caught.value.message
+    module, error = import_failure(tmp_path, "exits", "import sys\n\nsys.exit(0)\n")
+    assert f"cannot import module '{module}': SystemExit: 0 (" in error.message
+    assert error.meta["line"] == 3 and error.meta["file"].endswith(f"{module}.py")
+    assert 'not under `if __name__ == "__main__":`' in error.message
     factory = unique("exiting_factory")
     write(tmp_path / f"{factory}.py", "import sys\n\n\ndef create():\n    sys.exit(2)\n")
     loaded = load(tmp_path, f'[runlane]\nruntime = "{factory}:create"\n')
@@ -713,26 +712,17 @@ def test_a_module_that_exits_as_it_is_imported_is_invalid_not_the_end_of_the_com
 
 
 def test_import_error_points_at_the_line_of_application_code_to_fix(tmp_path: Path) -> None:
-    module = unique("badqueue")
-    write(
-        tmp_path / f"{module}.py",
-        "from runlane import queue\n\nreports = queue('reports', concurrency_limit=0)\n",
-    )
-    loaded = load(tmp_path, f'[runlane]\ntasks = ["{module}"]\n[lane]\nuse = "local"\n')
-    with pytest.raises(RunlaneError) as caught:
-        load_runtime(loaded, lane_factory=RecordingLaneFactory())
+    source = "from runlane import queue\n\nreports = queue('reports', concurrency_limit=0)\n"
+    module, error = import_failure(tmp_path, "badqueue", source)
     # The check that refused the value lives in runlane; the line to fix is the caller's.
-    assert caught.value.message.endswith(f"{module}.py, line 3)"), caught.value.message
-    assert "expected a positive whole number, got 0" in caught.value.message
-    assert caught.value.meta["line"] == 3 and caught.value.meta["file"].endswith(f"{module}.py")
+    assert error.message.endswith(f"{module}.py, line 3)"), error.message
+    assert "expected a positive whole number, got 0" in error.message
+    assert error.meta["line"] == 3 and error.meta["file"].endswith(f"{module}.py")
 
 
 def test_module_with_syntax_error_is_invalid(tmp_path: Path) -> None:
-    module = unique("syntax")
-    write(tmp_path / f"{module}.py", "def broken(:\n")
-    loaded = load(tmp_path, f'[runlane]\ntasks = ["{module}"]\n[lane]\nuse = "local"\n')
-    with pytest.raises(RunlaneError, match="SyntaxError"):
-        load_runtime(loaded, lane_factory=RecordingLaneFactory())
+    _, error = import_failure(tmp_path, "syntax", "def broken(:\n")
+    assert "SyntaxError" in error.message
 
 
 # ---------------------------------------------------------------------------------------------
