@@ -18,6 +18,7 @@ __all__ = [
     "ensure_json_value",
     "is_json_value",
     "is_unicode_text",
+    "json_value_problem",
     "non_finite_float_path",
 ]
 
@@ -26,10 +27,11 @@ JsonObject = dict[str, Any]
 
 
 class _InvalidJson(Exception):
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, value: Any = None) -> None:
         super().__init__(reason)
         self.path = path
         self.reason = reason
+        self.value = value  # the value that is not JSON, when its type is the reason
 
 
 def is_unicode_text(text: str) -> bool:
@@ -92,7 +94,7 @@ def _check(value: Any, path: str, active: set[int]) -> None:
             _check(item, f"{path}.{key}", active)
         active.discard(marker)
         return
-    raise _InvalidJson(path, f"{type(value).__name__} is not a JSON value")
+    raise _InvalidJson(path, f"{type(value).__name__} is not a JSON value", value)
 
 
 def _validate(value: Any) -> None:
@@ -190,6 +192,16 @@ def is_json_value(value: Any) -> bool:
     except _InvalidJson:
         return False
     return True
+
+
+def json_value_problem(value: Any) -> tuple[str, str, Any] | None:
+    """Where ``value`` first stops being JSON (``$.a[0]``), why, and the value there when its type is why;
+    ``None`` for a JSON value."""
+    try:
+        _validate(value)
+    except _InvalidJson as problem:
+        return problem.path, problem.reason, problem.value
+    return None
 
 
 def ensure_json_value(value: Any, what: str = "value", *, code: ErrorCode = ErrorCode.VALIDATION_FAILED) -> Any:

@@ -188,9 +188,10 @@ async def test_failed_attempts_are_logged_with_their_exception_while_history_sta
         assert (await runtime.execute_next()).status is RunStatus.FAILED
         [invalid] = caplog.records
         assert invalid.levelno == logging.ERROR and invalid.exc_info is None
-        assert "failed with task_output_invalid (Task output is not JSON-compatible.); the run has failed." in (
-            invalid.getMessage()
-        )
+        assert (
+            "failed with task_output_invalid (Task output is not JSON-compatible: object is not a JSON value at $.); "
+            "the run has failed."
+        ) in invalid.getMessage()
 
         caplog.clear()
         await runtime.trigger(fine)
@@ -238,10 +239,18 @@ async def test_a_logged_failure_traceback_starts_at_the_handler_and_keeps_what_i
 
 
 @pytest.mark.parametrize(
-    "output",
-    [{"when": object()}, {1: "non-string key"}, float("nan"), {"type": "task_release", "delay": "5s"}],
+    ("output", "message"),
+    [
+        ({"when": object()}, "Task output is not JSON-compatible: object is not a JSON value at $.when."),
+        ({1: "non-string key"}, "Task output is not JSON-compatible: object keys must be strings, got int at $."),
+        (float("nan"), "Task output is not JSON-compatible: numbers must be finite (no NaN or Infinity) at $."),
+        (
+            {"type": "task_release", "delay": "5s"},
+            "Task output uses the reserved type 'task_release'; return ctx.release(...) to release the run.",
+        ),
+    ],
 )
-async def test_invalid_output_fails_with_task_output_invalid(output):
+async def test_invalid_output_fails_with_task_output_invalid_saying_where(output: object, message: str) -> None:
     @task("bad.output")
     async def bad_output() -> object:
         return output
@@ -251,8 +260,25 @@ async def test_invalid_output_fails_with_task_output_invalid(output):
         await runtime.trigger(bad_output)
         run = await runtime.execute_next()
         assert run.status is RunStatus.FAILED
-        assert run.failure.code is ErrorCode.TASK_OUTPUT_INVALID
+        assert (run.failure.code, run.failure.message) == (ErrorCode.TASK_OUTPUT_INVALID, message)
         assert not run.has_output
+
+
+async def test_a_release_returned_inside_the_output_says_to_return_it_itself() -> None:
+    @task("approve")
+    def approve(payload: dict, ctx: TaskContext) -> object:
+        return {"decision": ctx.wait_for_signal("approved", timeout="1h")}
+
+    runtime, _ = make_runtime(approve)
+    async with runtime:
+        await runtime.trigger(approve, {})
+        run = await runtime.execute_next()
+        assert run.status is RunStatus.FAILED and run.failure.code is ErrorCode.TASK_OUTPUT_INVALID
+        assert run.failure.message == (
+            "Task output holds a release at $.decision; return the release itself (return ctx.wait_for_signal(...), "
+            "ctx.wait_for_run(...) or ctx.release(...)) to release the run."
+        )
+        assert run.failure.meta == {"output_type": "dict", "path": "$.decision"}
 
 
 async def test_a_handler_that_raises_cancelled_error_or_calls_sys_exit_fails_without_stopping_the_worker():

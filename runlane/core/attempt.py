@@ -52,7 +52,13 @@ from pydantic_core import PydanticSerializationError
 from ..durations import Duration, format_duration, later
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error, is_storage_conflict
 from ..ids import validate_id
-from ..json_values import canonical_json, canonical_json_of_checked, is_json_value, non_finite_float_path
+from ..json_values import (
+    canonical_json,
+    canonical_json_of_checked,
+    is_json_value,
+    json_value_problem,
+    non_finite_float_path,
+)
 from ..model_build import build_validated, worker_actor
 from ..models import (
     Actor,
@@ -491,14 +497,24 @@ def _outcome_for_result(result: Any) -> _Outcome:
                 retryable=True,
             ),
         )
-    if not is_json_value(result):
+    problem = json_value_problem(result)
+    if problem is not None:
+        # Where and what (a key path and a type name), never the value itself.
+        path, reason, found = problem
+        if isinstance(found, TaskRelease):
+            message = (
+                f"Task output holds a release at {path}; return the release itself "
+                "(return ctx.wait_for_signal(...), ctx.wait_for_run(...) or ctx.release(...)) to release the run."
+            )
+        else:
+            message = f"Task output is not JSON-compatible: {reason} at {path}."
         return _Outcome(
             _FAILURE,
             failure=RunFailure(
                 code=ErrorCode.TASK_OUTPUT_INVALID,
-                message="Task output is not JSON-compatible.",
+                message=message,
                 retryable=True,
-                meta={"output_type": type(result).__name__},
+                meta={"output_type": type(result).__name__, "path": path},
             ),
         )
     # Stored and returned in its JSON form (tuples as lists, str enums as str), and never shared with
