@@ -211,7 +211,8 @@ class Upload(BaseModel):
 @pytest.mark.parametrize(
     ("returned", "output", "problem"),
     [
-        (lambda token: {"ratio": float("nan")}, None, "not JSON-compatible"),  # not stored as null
+        # Not stored as null:
+        (lambda token: {"ratio": float("nan")}, None, "(no NaN or Infinity) at $.ratio)"),
         (lambda token: {"ratio": float("nan")}, dict, "NaN or infinite"),
         (lambda token: Upload(key="k", sha256=hashlib.sha256(b"x").digest()), Upload, "cannot be stored as JSON"),
     ],

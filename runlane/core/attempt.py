@@ -692,13 +692,15 @@ def _output_adapter(output: Any) -> TypeAdapter[Any] | None:
 def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | None) -> tuple[Any, Any]:
     """``(returned, stored)``: what ``step.run`` returns and the JSON value persisted for the step."""
     if adapter is None:
-        if not is_json_value(value):
+        invalid = json_value_problem(value)
+        if invalid is not None:
+            where, reason, _ = invalid
             raise RunlaneError(
                 ErrorCode.TASK_OUTPUT_INVALID,
-                f"Step {step_key!r} returned a value that is not JSON-compatible ({type(value).__name__}); "
+                f"Step {step_key!r} returned a value that is not JSON-compatible ({reason} at {where}); "
                 "return a small JSON value such as {'job_id': ...}.",
                 retryable=True,
-                meta={"step_key": step_key},
+                meta={"step_key": step_key, "path": where},
             )
         stored = json.loads(canonical_json(value))
         return stored, stored
