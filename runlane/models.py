@@ -34,6 +34,7 @@ __all__ = [
     "DeliveryIntent",
     "DeliveryMessage",
     "Environment",
+    "ObservationRecord",
     "OutboxClaim",
     "OutboxFailureRecord",
     "OutboxMessage",
@@ -612,3 +613,7 @@ class RunlaneObservationRecord(RunlaneModel):
         if not canonical or int(value) > 2**64 - 1:
             raise ValueError("stream positions are positive unsigned 64-bit decimal strings")
         return value
+
+
+ObservationRecord = RunlaneObservationRecord
+"""The durable observation record under its short name (the spec's ``RunlaneObservationRecord``)."""

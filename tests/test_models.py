@@ -395,6 +395,14 @@ def test_observation_stream_positions_are_positive_u64_decimals(position):
     assert RunlaneObservationRecord.model_validate_json(record.model_dump_json()) == record
 
 
+def test_observation_record_is_importable_under_its_short_name_too():
+    import runlane
+    from runlane.models import ObservationRecord
+
+    assert ObservationRecord is RunlaneObservationRecord and runlane.ObservationRecord is RunlaneObservationRecord
+    assert ObservationRecord.model_validate_json(observation_record("7").model_dump_json()).stream_position == "7"
+
+
 @pytest.mark.parametrize(
     "position",
     ["", "0", "01", "-1", "+1", " 1", "1.0", "1e3", "١", "１", "²", "18446744073709551616", "9" * 5000, "00000000000000000001"],
