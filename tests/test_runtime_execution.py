@@ -243,6 +243,10 @@ async def test_a_logged_failure_traceback_starts_at_the_handler_and_keeps_what_i
     [
         ({"when": object()}, "Task output is not JSON-compatible: object is not a JSON value at $.when."),
         ({1: "non-string key"}, "Task output is not JSON-compatible: object keys must be strings, got int at $."),
+        (
+            {"k" * 500: {1, 2}},  # a long key is cut short in the message
+            "Task output is not JSON-compatible: set is not a JSON value at $." + "k" * 197 + "….",
+        ),
         (float("nan"), "Task output is not JSON-compatible: numbers must be finite (no NaN or Infinity) at $."),
         (
             {"type": "task_release", "delay": "5s"},
