@@ -942,8 +942,7 @@ def _stderr_lines_as_json_warnings(code: str) -> Iterator[None]:
     output = Output(json_mode=True, stderr=real)
 
     def emit(line: str) -> None:
-        if line.strip():
-            output.warning(code, line.removeprefix("runlane: "))
+        output.warning(code, line.removeprefix("runlane: "))
 
     sys.stderr = lines = LineStream(emit, real)
     try:

@@ -81,6 +81,24 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(_escape, text)
 
 
+def queue_label(name: str, *, default: bool, registered: bool, style: str = "") -> Text:
+    """A queue's name as ``runlane queues`` and the dashboard show it, marked when it is the default queue or
+    one this project does not register."""
+    label = printable_text(name, style)
+    if default:
+        label.append(" (default)", style="dim")
+    if not registered:
+        label.append(" (not registered)", style="yellow")
+    return label
+
+
+def queue_limit_label(concurrency_limit: int | None, *, registered: bool) -> str:
+    """A queue's concurrency limit as shown: ``-`` for none, ``?`` for a queue whose policy is not known here."""
+    if not registered:
+        return "?"
+    return "-" if concurrency_limit is None else str(concurrency_limit)
+
+
 def printable_text(text: str, style: str = "") -> Text:
     """``Text(text, style=style)`` for text that shows data: made ``printable()`` first (a ``Text`` drops some
     control characters silently and keeps ESC and newlines)."""
@@ -642,18 +660,13 @@ class Output:
         for queue in queues:
             document = queue.to_json()
             capped = set(document["capped"])
-            name = printable_text(document["name"])
-            if document["default"]:
-                name.append(" (default)", style="dim")
-            if not document["registered"]:
-                name.append(" (not registered)", style="yellow")
-            limit = document["concurrency_limit"]
+            registered = document["registered"]
+            name = queue_label(document["name"], default=document["default"], registered=registered)
             cells = [
                 f"{count}{'+' if status in capped else ''}" if count else Text("0", style="dim")
                 for status, count in document["counts"].items()
             ]
-            shown_limit = "?" if not document["registered"] else "-" if limit is None else str(limit)
-            table.add_row(name, shown_limit, *cells)
+            table.add_row(name, queue_limit_label(document["concurrency_limit"], registered=registered), *cells)
         self.stdout.print(table)
 
     def schedules_table(self, schedules: Sequence[Any]) -> None:
@@ -945,12 +958,12 @@ def forward_runtime_logs(output: Output) -> Iterator[None]:
 
 class LineStream(io.TextIOBase):
     """A stand-in text stream (for ``sys.stdout`` or ``sys.stderr``) that hands each line written to it,
-    once complete, to ``emit``; lines are gathered per thread, so the prints of two handler threads never
-    mix. ``fileno()`` and the like are ``beside``'s: a child process given this stream writes there.
-    ``finish()`` when it is taken away: a last line without its line break is handed on then."""
+    once complete and not blank, to ``emit``; lines are gathered per thread, so the prints of two handler
+    threads never mix. ``fileno()`` and the like are ``beside``'s: a child process given this stream writes
+    there. ``finish()`` when it is taken away: a last line without its line break is handed on then."""
 
     def __init__(self, emit: Callable[[str], None], beside: Any) -> None:
-        self._emit = emit
+        self._emit_line = emit
         self._beside = beside
         self._lock = threading.Lock()
         self._unfinished: dict[int, str] = {}  # thread ident -> its line so far, for flush() at the end
@@ -984,6 +997,10 @@ class LineStream(io.TextIOBase):
             for line in unfinished:
                 self._emit(line)
         self.flush()
+
+    def _emit(self, line: str) -> None:
+        if line.strip():
+            self._emit_line(line)
 
     def fileno(self) -> int:
         return int(self._beside.fileno())
@@ -1038,10 +1055,9 @@ def prints_as_json_logs(output: Output) -> Iterator[None]:
     context = RunContextFilter()
 
     def emit(line: str) -> None:
-        if line.strip():
-            record = logging.LogRecord("stdout", logging.INFO, "", 0, line, None, None)
-            context.filter(record)
-            output.log(record)
+        record = logging.LogRecord("stdout", logging.INFO, "", 0, line, None, None)
+        context.filter(record)
+        output.log(record)
 
     real = sys.stdout
     lines = _HandlerPrints(emit, sys.stderr, real)

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
+from ...cli.output import queue_label, queue_limit_label
 from ...cli.queues import ACTIVE_STATUSES
 from ..client import QueueRow
-from ..format import STATUS_STYLES, printable_text
+from ..format import STATUS_STYLES
 from .keyed_table import Cell, KeyedTable
 
 __all__ = ["QueueTable"]
@@ -36,15 +37,12 @@ class QueueTable(KeyedTable):
 
     @staticmethod
     def _cells(row: QueueRow, selected: str | None) -> list[Cell]:
-        name = printable_text(row.name, "bold" if row.name == selected else "")
-        if row.default:
-            name.append(" (default)", style="dim")
-        if not row.registered:
-            name.append(" (not registered)", style="yellow")
+        name = queue_label(
+            row.name, default=row.default, registered=row.registered, style="bold" if row.name == selected else ""
+        )
         if row.name == selected:
             name.append(" ◂ filter", style="cyan")
-        limit = "?" if not row.registered else "-" if row.concurrency_limit is None else str(row.concurrency_limit)
-        cells: list[Cell] = [name, limit]
+        cells: list[Cell] = [name, queue_limit_label(row.concurrency_limit, registered=row.registered)]
         for status in _STATUSES:
             count = row.counts.get(status, 0)
             label = f"{count}{'+' if status in row.capped else ''}"
