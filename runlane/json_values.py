@@ -187,11 +187,7 @@ def _path_of(visited: list[tuple[int, Any]], at: int) -> str:
 
 
 def is_json_value(value: Any) -> bool:
-    try:
-        _validate(value)
-    except _InvalidJson:
-        return False
-    return True
+    return json_value_problem(value) is None
 
 
 def json_value_problem(value: Any) -> tuple[str, str, Any] | None:
@@ -206,14 +202,14 @@ def json_value_problem(value: Any) -> tuple[str, str, Any] | None:
 
 def ensure_json_value(value: Any, what: str = "value", *, code: ErrorCode = ErrorCode.VALIDATION_FAILED) -> Any:
     """Return ``value`` when it is JSON-safe, else raise ``RunlaneError`` saying where and why."""
-    try:
-        _validate(value)
-    except _InvalidJson as problem:
+    problem = json_value_problem(value)
+    if problem is not None:
+        path, reason, _ = problem
         raise RunlaneError(
             code,
-            f"Invalid {what}: {problem.reason} at {problem.path}. Use JSON values: null, booleans, finite numbers, strings, lists and string-keyed objects.",
-            meta={"field": what, "path": problem.path},
-        ) from None
+            f"Invalid {what}: {reason} at {path}. Use JSON values: null, booleans, finite numbers, strings, lists and string-keyed objects.",
+            meta={"field": what, "path": path},
+        )
     return value
 
 
