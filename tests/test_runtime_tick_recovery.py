@@ -286,7 +286,6 @@ async def test_a_handler_still_running_keeps_its_lease_while_a_controlled_clock_
         {"heartbeat_interval": "1m", "lease_duration": "1m"},
         {"heartbeat_interval": "2m", "lease_duration": "1m"},
         {"lease_duration": "soon"},
-        {"lease_duration": "999ms"},  # expires between the heartbeats of any real lane
         {"max_attempt_duration": 0},
         {"worker_id": "a:b"},
         {"signal": "stop"},
@@ -298,6 +297,19 @@ async def test_execution_options_are_validated(options):
         with pytest.raises(RunlaneError) as raised:
             await runtime.execute_next(**options)
         assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+async def test_a_lease_shorter_than_a_second_is_taken_and_logged_once(caplog):
+    caplog.set_level(logging.WARNING, logger="runlane.worker")
+    runtime, _ = make_runtime(noop)
+    async with runtime:
+        for _ in range(2):
+            await runtime.trigger(noop, {})
+            done = await runtime.execute_next(lease_duration="743ms", heartbeat_interval="200ms")
+            assert done is not None and done.status is RunStatus.SUCCEEDED
+            assert done.lease is None
+    warned = [record.getMessage() for record in caplog.records if "lease_duration is 743ms" in record.getMessage()]
+    assert len(warned) == 1 and "can expire while its heartbeat is being written" in warned[0]
 
 
 async def test_a_heartbeat_storage_failure_rejects_the_execution_call():

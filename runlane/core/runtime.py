@@ -2331,9 +2331,10 @@ class Runlane:
         return len(reserved)
 
 
-# The shortest lease an attempt may take: heartbeats are storage writes, and a lease of a few
-# milliseconds expires between them on any real lane.
-_MIN_LEASE_MS = 1000
+# Leases shorter than this are accepted (any positive duration is) but logged once per value: heartbeats
+# are storage writes, and a lease of a few milliseconds can expire while one is written.
+_SHORT_LEASE_MS = 1000
+_short_leases_logged: set[int] = set()
 
 
 def resolve_execution_options(
@@ -2348,12 +2349,13 @@ def resolve_execution_options(
     """The execution options of ``execute_next`` / ``execute_delivery`` / ``run_now`` / ``worker``,
     validated (``configuration_invalid``); a transport consumer checks its options with it up front."""
     lease_ms = _DEFAULT_LEASE_MS if lease_duration is None else duration_ms(lease_duration, "lease_duration")
-    if lease_ms < _MIN_LEASE_MS:
-        raise _invalid(
-            f"lease_duration ({format_duration(lease_ms)}) must be at least {format_duration(_MIN_LEASE_MS)}: a "
-            "shorter lease can expire while its heartbeat is being written, and the run's handler runs again.",
-            field="lease_duration",
-        )
+    if lease_ms < _SHORT_LEASE_MS and lease_ms not in _short_leases_logged:
+        _short_leases_logged.add(lease_ms)
+        _worker_log.warning(
+            "lease_duration is %s: a lease shorter than %s can expire while its heartbeat is being written, and "
+            "then another worker runs the run's handler again.",
+            format_duration(lease_ms), format_duration(_SHORT_LEASE_MS),
+        )  # fmt: skip
     if heartbeat_interval is None:
         heartbeat_ms = max(1, lease_ms // 2)
     else:
