@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from runlane_local import local_lane
 
 from runlane import (
     Actor,
@@ -15,11 +16,12 @@ from runlane import (
     RunStatus,
     TaskContext,
     WorkerMode,
+    create_runlane,
     task,
 )
 from runlane.core.store import ClaimRequest
 
-from runtime_support import event_types, make_runtime, shared_runtimes
+from runtime_support import DEFAULT_QUEUE, event_types, make_runtime, shared_runtimes
 
 
 @task("cancel.cooperative")
@@ -206,6 +208,37 @@ async def test_worker_stop_aborts_the_signal_but_is_not_a_cancellation():
         assert final.status is RunStatus.SUCCEEDED and final.output == "stopped cleanly"
 
 
+async def test_a_handler_that_ignores_cancellation_is_cancelled_by_its_own_process_tick_once_the_lease_is_over():
+    """On the system clock: the lease the attempt stopped extending runs out on steady time, and the same
+    runtime's tick() finalizes the cancellation while the handler, blind to ``ctx.signal``, still runs."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @task("cancel.blind")
+    async def blind(payload: dict) -> str:
+        started.set()
+        await release.wait()
+        return "late"
+
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT_QUEUE], tasks=[blind])
+    async with runtime:
+        run = (await runtime.trigger(blind, {})).run
+        pending = asyncio.ensure_future(runtime.execute_next(lease_duration="200ms", heartbeat_interval="50ms"))
+        await asyncio.wait_for(started.wait(), 2)
+        await runtime.runs.cancel(run.id)
+        assert (await runtime.tick()).cancellations_finalized == 0  # the lease still holds
+        finalized = 0
+        async with asyncio.timeout(5):
+            while not finalized:
+                await asyncio.sleep(0.02)
+                finalized = (await runtime.tick()).cancellations_finalized
+        assert (await runtime.runs.get(run.id)).status is RunStatus.CANCELLED
+        release.set()
+        done = await asyncio.wait_for(pending, 2)
+        assert done is not None and done.status is RunStatus.CANCELLED
+        types = await event_types(runtime, run.id)
+        assert types[-2:] == ["run.cancellation_requested", "run.cancelled"]
+
+
 async def test_cancellation_after_maintenance_finalized_reports_the_stored_cancellation():
     release = asyncio.Event()
 
@@ -216,17 +249,19 @@ async def test_cancellation_after_maintenance_finalized_reports_the_stored_cance
         await release.wait()
         return "late"
 
-    # Maintenance of another process: this one's attempt renews its lease on the moved clock, so its
-    # own tick leaves it alone.
-    (runtime, maintenance), clock = shared_runtimes([slow], [slow])
-    async with runtime, maintenance:
+    # The handler saw the signal but does not stop. Its attempt no longer extends the lease, and once that
+    # has run out the process's own tick records the cancellation, as another process's would.
+    runtime, clock = make_runtime(slow)
+    async with runtime:
         run = (await runtime.trigger(slow, {})).run
         pending = asyncio.ensure_future(runtime.execute_next(lease_duration="1m"))
         await asyncio.wait_for(started.wait(), 2)
         await runtime.runs.cancel(run.id)
-        clock.advance("2m")
+        clock.advance("59s")
         assert (await runtime.tick()).cancellations_finalized == 0
-        assert (await maintenance.tick()).cancellations_finalized == 1
+        clock.advance("2s")
+        assert (await runtime.tick()).cancellations_finalized == 1
+        assert (await runtime.runs.get(run.id)).status is RunStatus.CANCELLED
         release.set()
         done = await asyncio.wait_for(pending, 2)
         assert done is not None and done.status is RunStatus.CANCELLED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 
@@ -371,6 +372,37 @@ async def test_a_handler_still_running_when_tick_records_its_timeout_reports_tha
         late = "ran past its max_attempt_duration deadline and maintenance recorded its timeout"
         assert any(late in message for message in messages)
         assert not any("lost its lease" in message for message in messages)
+
+
+async def test_a_def_handler_stuck_past_its_deadline_is_timed_out_by_its_own_process_tick(caplog):
+    # A def handler's thread cannot be interrupted. Once the grace after its deadline is over, the tick of
+    # the very process running it records the timeout (the retry may then start beside it), as another
+    # process's tick would: no run stays running for as long as a stuck thread.
+    started, finish = threading.Event(), threading.Event()
+
+    @task("stuck.def", max_attempt_duration="1m", retry=Retry(2, backoff="1h"))
+    def stuck(payload: dict) -> str:
+        started.set()
+        finish.wait(10)  # blind to ctx.signal
+        return "too late"
+
+    runtime, clock = make_runtime(stuck)
+    caplog.set_level(logging.WARNING, logger="runlane")
+    async with runtime:
+        run = (await runtime.trigger(stuck, {})).run
+        pending = asyncio.ensure_future(runtime.execute_next())
+        assert await asyncio.to_thread(started.wait, 2)
+        clock.advance("1m")
+        assert (await runtime.tick()).timeouts_finalized == 0  # within the grace: the handler may still stop
+        clock.advance("2s")
+        assert (await runtime.tick()).timeouts_finalized == 1
+        stored = await runtime.runs.get(run.id)
+        assert stored.status is RunStatus.RETRYING and stored.failure.code is ErrorCode.TASK_TIMED_OUT
+        finish.set()
+        done = await asyncio.wait_for(pending, 5)
+        assert done is not None and done.status is RunStatus.RETRYING and done.counters.attempts == 1
+        messages = [record.getMessage() for record in caplog.records if record.name == "runlane.task"]
+        assert any("maintenance recorded its timeout" in message for message in messages)
 
 
 class SteppingClock:

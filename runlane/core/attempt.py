@@ -341,9 +341,12 @@ class CancellationRegistry:
         """Whether an attempt of this runtime runs ``run_id`` under ``lease_token``. Such an attempt is
         alive, so a lease it holds that looks expired means this process's clock stepped forward past
         the lease: the attempt heartbeats now, renewing the lease on the new time, and no claim or
-        recovery of this process may take the run from it meanwhile. From any thread."""
+        recovery of this process may take the run from it meanwhile. An attempt whose handler ignores a
+        cancellation or its deadline for longer than it is given (``given_up``) holds nothing: its
+        process's own maintenance finalizes it, as the spec has any process's do. From any thread."""
         with self._lock:
             attempts = [attempt for attempt in self._attempts.get(run_id, ()) if attempt.token == lease_token]
+        attempts = [attempt for attempt in attempts if not attempt.given_up()]
         for attempt in attempts:
             attempt.heartbeat_soon()
         return bool(attempts)
@@ -1006,6 +1009,7 @@ class _Attempt:
         "loop_thread",
         "controller",
         "timed_out",
+        "_timed_out_at",
         "cancel_observed",
         "lost",
         "heartbeat_error",
@@ -1047,6 +1051,7 @@ class _Attempt:
             link_signals(options.signal) if options.signal is not None else CancellationController()
         )
         self.timed_out = False
+        self._timed_out_at = 0.0  # loop time the deadline was reached
         self.cancel_observed = False
         self.lost: RunlaneError | None = None
         self.heartbeat_error: BaseException | None = None
@@ -1121,6 +1126,29 @@ class _Attempt:
         self.cancel_observed = True
         self.controller.abort(REASON_CANCELLATION_REQUESTED)
 
+    def given_up(self) -> bool:
+        """Whether the handler was told to stop and has not, for longer than it is given: cancellation was
+        requested and the lease, no longer extended since, has run out; or the deadline passed more than
+        ``TIMEOUT_GRACE_S`` ago. Maintenance may then record the cancellation or the timeout while the
+        handler still runs, as it would for an attempt of another process. Measured on the loop's steady
+        time, which a step of the wall clock does not move (on a clock moved by hand, such as
+        ``ControlledClock``, on that clock). From any thread."""
+        if self._finished:
+            return False
+        by_hand = self._unwatch_clock is not None
+        if self.cancel_observed:
+            if by_hand:
+                if self.runtime.now() >= self._lease_expires_at:
+                    return True
+            elif self.loop.time() >= self._lease_renewed_at + self.options.lease_ms / 1000:
+                return True
+        if self.timed_out:
+            deadline = self.run.attempt_deadline_at
+            if by_hand:
+                return deadline is not None and self.runtime.now() >= self._grace_over_at(deadline)
+            return self.loop.time() >= self._timed_out_at + TIMEOUT_GRACE_S
+        return False
+
     def stop(self, reason: str) -> None:
         """Abort the signal as a stop does (not a cancellation: the handler's outcome stands). From any thread."""
         self.controller.abort(reason)
@@ -1130,6 +1158,7 @@ class _Attempt:
         if self._finished or self.timed_out:
             return
         self.timed_out = True
+        self._timed_out_at = self.loop.time()
         self.controller.abort(REASON_ATTEMPT_TIMED_OUT)
         # An async def handler still running a moment later is cancelled at the await it is stuck in,
         # so the attempt ends and frees its slot; a def handler's thread cannot be interrupted. On a
@@ -1433,7 +1462,7 @@ class _Attempt:
             self.controller.abort(REASON_HEARTBEAT_FAILED)
             return
         lease = result.run.lease
-        if lease is not None and lease.token == token:
+        if lease is not None and lease.token == token and lease.expires_at != self._lease_expires_at:  # extended
             self._lease_expires_at = lease.expires_at
             self._lease_renewed_at = self.loop.time()
         if self._unwatch_clock is not None:
