@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import timedelta
 
 import pytest
@@ -219,20 +220,46 @@ async def test_a_storage_blip_on_the_resume_write_itself_is_retried_too(monkeypa
         assert (await runtime.execute_next()).output == "resumed"
 
 
-async def test_waiting_for_a_run_that_does_not_exist_fails_the_attempt_instead_of_waiting_for_ever():
-    runtime, clock = make_runtime(quick, late_waiter)
+async def test_waiting_for_a_run_still_to_come_resumes_once_it_is_created_and_finishes(caplog):
+    # A wait may name a run that does not exist yet (a known id a producer triggers later): the waiter
+    # stays released until that run finishes, then resumes.
+    runtime, _ = make_runtime(quick, late_waiter)
+    caplog.set_level(logging.WARNING, logger="runlane.task")
     async with runtime:
-        pruned = (await runtime.trigger(quick)).run
-        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        waiter = await runtime.run_now(late_waiter, {"source": "run_export_42"})
+        assert waiter.status is RunStatus.RELEASED and waiter.wait.run_id == "run_export_42"
+        assert await runtime.execute_next() is None  # nothing resumes it meanwhile
+        warned = [record for record in caplog.records if "waits for run run_export_42" in record.getMessage()]
+        assert len(warned) == 1 and "give ctx.wait_for_run() a timeout" in warned[0].getMessage()
+        assert warned[0].waits_for == "run_export_42"
+
+        await runtime.trigger(quick, run_id="run_export_42")
+        assert (await runtime.execute_next()).id == "run_export_42"
+        assert (await runtime.runs.get(waiter.id)).status is RunStatus.QUEUED
+        done = await runtime.execute_next()
+        assert done.id == waiter.id and done.output == "resumed"
+
+
+async def test_a_wait_for_a_run_that_never_comes_ends_at_its_timeout(caplog):
+    @task("waits.with.timeout")
+    async def patient(payload: dict, ctx: TaskContext):
+        if ctx.attempt == 1:
+            return ctx.wait_for_run(payload["source"], timeout="10m")
+        return "gave up waiting"
+
+    runtime, clock = make_runtime(quick, patient)
+    caplog.set_level(logging.WARNING, logger="runlane.task")
+    async with runtime:
+        pruned = await runtime.run_now(quick)
         clock.advance("2d")
         assert (await runtime.runs.prune(older_than="1d")).pruned == 1
         for source in ("run_mistyped", pruned.id):
-            waiter = (await runtime.trigger(late_waiter, {"source": source})).run
-            done = await runtime.execute_next()
-            assert done.id == waiter.id and done.status is RunStatus.FAILED
-            assert done.failure.code is ErrorCode.RUN_NOT_FOUND and not done.failure.retryable
-            assert done.failure.meta == {"run_id": source}
-            assert f"ctx.wait_for_run({source!r}): no such run in environment 'default'" in done.failure.message
+            waiter = await runtime.run_now(patient, {"source": source})
+            assert waiter.status is RunStatus.RELEASED
+            clock.advance("10m")
+            assert (await runtime.tick()).delivery_requested == 1
+            assert (await runtime.execute_next()).output == "gave up waiting"
+        assert not [record for record in caplog.records if "waits for run" in record.getMessage()]  # it has a timeout
 
 
 async def test_wait_for_an_already_terminal_run_resumes_in_the_same_commit():

@@ -1697,11 +1697,16 @@ class _Attempt:
         return AttemptResult(result.run)
 
     async def _checked_wait(self, outcome: _Outcome) -> _Outcome:
-        """A ``wait_for_run`` of a run that does not exist (a mistyped or foreign id, or a run already
-        pruned) would wait until its timeout, or for ever: the attempt fails with ``run_not_found``
-        instead, naming the run."""
+        """A ``wait_for_run`` of a run that does not exist is a wait for a run still to come (a known id a
+        producer triggers later): the release stands. Without a timeout nothing else resumes it, and a
+        mistyped id (or a run already pruned) is the likelier cause, so that is logged."""
         release = outcome.release
-        if release is None or release.wait_type is not RunWaitConditionType.RUN_COMPLETION or release.run_id is None:
+        if (
+            release is None
+            or release.wait_type is not RunWaitConditionType.RUN_COMPLETION
+            or release.run_id is None
+            or release.timeout_ms is not None
+        ):
             return outcome
         try:
             if await self.runtime.store.get_run(release.run_id) is not None:
@@ -1710,19 +1715,15 @@ class _Attempt:
             if not error.retryable:
                 raise
             return outcome  # storage is away: the release is written as it is (its write rides the outage out)
-        environment = self.run.environment.name
-        return _Outcome(
-            _FAILURE,
-            failure=RunFailure(
-                code=ErrorCode.RUN_NOT_FOUND,
-                message=(
-                    f"ctx.wait_for_run({release.run_id!r}): no such run in environment {environment!r} (a mistyped "
-                    "id, a run of another environment, or one already pruned), so nothing would ever resume this run."
-                ),
-                retryable=False,
-                meta={"run_id": release.run_id},
-            ),
-        )
+        run = self.run
+        _task_log.warning(
+            "Run %s (task %s) waits for run %s, which does not exist in environment %r (a mistyped id, a run of "
+            "another environment, or one already pruned?). Only a run created with that id and finished resumes "
+            "it: give ctx.wait_for_run() a timeout, or cancel the run.",
+            run.id, run.task_id, release.run_id, run.environment.name,
+            extra=_log_fields(run) | {"waits_for": release.run_id},
+        )  # fmt: skip
+        return outcome
 
     async def _submit_outcome(self, request: CompletionRequest) -> Any:
         self._storage_retry_s = 0.0  # a heartbeat's retries are over: the timers have stopped

@@ -14,7 +14,7 @@ persists what the reducer projects.
 | ``singleton_owners``     | env, key                               | ``{run_id}``                                  |
 | ``queue_capacity``       | env, queue, concurrency key or ``""``  | ``{occupants: {run_id: lease_expiry}}``       |
 | ``run_steps``            | env, run_id, step_key                  | ``RunStepRecord``                             |
-| ``run_completion_waits`` | env, source_run_id                     | ``{}`` (presence marker; pruned with its run) |
+| ``run_completion_waits`` | env, source_run_id                     | ``{}`` (presence marker; never deleted)       |
 
 Every write path is one ``driver.with_transaction`` call whose callback point-reads what it needs,
 seals the read set with ``now()``, projects with the reducer and stages all writes. Callbacks do no
@@ -1225,9 +1225,9 @@ class _Attempt:
 
     def _completion_wait(self, new: RunRecord, effects: list[Callable[[], object]]) -> RunEvent | None:
         """For a release that waits for another run: the ``run.delivery_requested`` that resumes it in
-        the same commit when the source is already terminal, or gone (pruned since the attempt saw it;
-        the resumed attempt's ``wait_for_run`` then reports ``run_not_found``); otherwise the marker is
-        created (an effect) so the source's terminal transition knows to look for waiters."""
+        the same commit when the source is already terminal; otherwise (running, waiting, or absent: a
+        run still to be created with that id) the marker is created (an effect) so the source's terminal
+        transition knows to look for waiters."""
         wait = new.wait
         if new.status is not RunStatus.RELEASED or wait is None or wait.type is not RunWaitConditionType.RUN_COMPLETION:
             return None
@@ -1235,7 +1235,7 @@ class _Attempt:
         marker = completion_wait_key(self.env, wait.run_id)
         self.require((source_key, marker))
         source = self.peek_run(wait.run_id)
-        if source is None or source.status in _TERMINAL:
+        if source is not None and source.status in _TERMINAL:
             now = self.now
             return RunDeliveryRequestedEvent(
                 run_id=new.id,
