@@ -849,7 +849,7 @@ async def test_a_run_created_concurrently_after_a_claim_takeover_is_reused():
     assert occurrence is not None and occurrence.run_ids == [run_id]
 
 
-async def test_a_failing_schedule_is_raised_after_the_others_materialized(caplog: pytest.LogCaptureFixture):
+async def test_a_failing_schedule_stops_the_pass_after_the_earlier_ones_materialized():
     clock = ControlledClock(at(2026, 1, 1, 12))
     driver = local_storage_driver(clock=clock)
     runs = FakeRuns(driver)
@@ -866,24 +866,25 @@ async def test_a_failing_schedule_is_raised_after_the_others_materialized(caplog
         await materialize(materializer, runs, schedules, clock.now())
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
     assert caught.value.meta.get("schedule_id") == "bad"
-    assert [call[0] for call in runs.calls] == ["good", "later"]  # the schedule after it still fired
+    assert [call[0] for call in runs.calls] == ["good"]  # the earlier one stays; the pass stopped at "bad"
     good_occurrence = await materializer.occurrences.get(schedule_occurrence_id(ENV, "good", at(2026, 1, 1, 12)))
     assert good_occurrence is not None and good_occurrence.status is ScheduleOccurrenceStatus.COMPLETED
     # Validation runs before the claim, so the bad schedule did not consume its occurrence.
     assert await materializer.occurrences.get(schedule_occurrence_id(ENV, "bad", at(2026, 1, 1, 12))) is None
 
-    # A bad cron fails the same way, without keeping the schedule after it from firing; when both fail,
-    # the first is raised and the other logged.
+    # Fixed: the next pass materializes it and the schedule after it.
+    fixed = [*pairs(good), (valid, bad_task), *pairs(later)]
+    assert await materialize(materializer, runs, fixed, clock.now()) == 2
+    assert [call[0] for call in runs.calls] == ["good", "bad", "later"]
+
+    # A bad cron fails the same way, naming its schedule.
     clock.advance("1h")
     cron_broken = ScheduleDefinition(id="cronbad", type=ScheduleType.CRON, cron="0 9 * *")
     with pytest.raises(RunlaneError) as cron_error:
-        await materialize(materializer, runs, [(cron_broken, bad_task), (broken, bad_task), *pairs(later)], clock.now())
+        await materialize(materializer, runs, [(cron_broken, bad_task), *pairs(later)], clock.now())
     assert cron_error.value.code is ErrorCode.CONFIGURATION_INVALID
     assert cron_error.value.meta.get("schedule_id") == "cronbad"
-    assert [call[0] for call in runs.calls] == ["good", "later", "later"]
-    (logged,) = [record for record in caplog.records if record.name == "runlane.schedules"]
-    assert logged.levelname == "ERROR" and logged.schedule_id == "bad"  # type: ignore[attr-defined]
-    assert logged.getMessage().startswith("Schedule bad did not fire (configuration_invalid): The payload of")
+    assert [call[0] for call in runs.calls] == ["good", "bad", "later"]
 
 
 async def test_create_run_must_return_the_derived_run_id():

@@ -1916,14 +1916,17 @@ class Runlane:
         Reads the runtime clock once, then runs schedule materialization, cancellation finalization,
         timeout finalization, bounded-queue dispatch, delivery recovery and (on transport lanes)
         outbox publishing in that order; publishing reads the clock again, so the rows the earlier
-        phases wrote go out in the same pass. Materialization is durable per occurrence, and a schedule
-        that fails (a corrupt stored occurrence, a payload that no longer validates) does not keep the
-        others from firing.
+        phases wrote go out in the same pass. Materialization is durable per occurrence, not across
+        the schedules: when one schedule fails (a corrupt stored occurrence, a payload that no longer
+        validates), the occurrences materialized before it stay, and the pass stops with its error, so
+        neither the schedules after it nor the later phases run in that call; a pass after the failure
+        is fixed (or the schedule disabled) does the rest.
 
-        A phase that fails with an error that is not retryable (a corrupt stored record, say) does not
-        stop the later phases: one bad record must not halt recovery, finalization and publishing for
-        the whole lane. Once every phase has run, the first such error is raised. A retryable error
-        (storage unavailable) is raised at once: the later phases would meet the same outage.
+        In the later phases, a run whose record is corrupt is passed over (and logged), and a phase that
+        fails with another error that is not retryable does not stop the phases after it: one bad record
+        must not halt recovery, finalization and publishing for the whole lane. Once every phase has
+        run, the first such error is raised. A retryable error (storage unavailable) is raised at once:
+        the later phases would meet the same outage.
         """
         self._check_open()
         schedule_limit = _limit(
@@ -1954,7 +1957,7 @@ class Runlane:
                     failure = error
                 return failed
 
-        materialized = await phase(self._materialize_schedules(now, schedule_limit), 0)
+        materialized = await self._materialize_schedules(now, schedule_limit)  # a failure ends the pass
         cancelled = await phase(self._finalize_cancellations(now, cancel_limit), 0)
         timed_out = await phase(self._finalize_timeouts(now, timeout_limit), 0)
         reserved = await phase(self._dispatch_bounded(now, dispatch_limit), 0)

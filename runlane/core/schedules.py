@@ -816,11 +816,10 @@ class ScheduleMaterializer:
         when it already exists (a crashed earlier claim), else ``create_run``, then complete the
         occurrence with the run id.
 
-        Each occurrence is durable on its own, and schedules fail alone: when one fails with an error
-        retrying cannot fix (a bad definition, a corrupt stored occurrence), the pass goes on with the
-        others and raises that error at the end, naming the schedule; the errors of further failing
-        schedules are logged on ``runlane.schedules``. A retryable error (storage unavailable) is raised
-        at once. A completion that lost its claim to
+        Each occurrence is durable on its own, not the set of schedules: when one fails (a bad definition,
+        a corrupt stored occurrence, storage unavailable), the occurrences materialized before it stay,
+        and the pass stops there and raises the error, naming the schedule; the schedules after it get
+        their turn in the next pass, once the failure is fixed. A completion that lost its claim to
         another materializer (the claim expired mid-way) is not an error and is not counted: the run
         exists under the derived id and the new owner completes the occurrence.
 
@@ -852,7 +851,6 @@ class ScheduleMaterializer:
         position = {item.id: index for index, (item, _) in enumerate(ordered)}
         chunk = max(1, self.occurrences.driver.profile.limits.max_point_reads)
         materialized = 0
-        failure: RunlaneError | None = None
         for start in range(0, len(enabled), chunk):
             window = [self._due(item, task, now) for item, task in enabled[start : start + chunk]]
             ids = [due.occurrence_id for due in window if due.occurrence_id is not None]
@@ -873,8 +871,7 @@ class ScheduleMaterializer:
                 except RunlaneError as error:
                     if error.retryable:
                         raise
-                    failure = _schedule_failed(due.schedule, error, failure)
-                    continue
+                    raise _schedule_failed(due.schedule, error) from None
                 materialized += 1
                 if materialized >= limit:
                     following = ordered[(position[due.schedule.id] + 1) % len(ordered)][0]
@@ -888,8 +885,6 @@ class ScheduleMaterializer:
                     break
             if materialized >= limit:
                 break
-        if failure is not None:
-            raise failure
         return materialized
 
     def _due(self, item: ScheduleDefinition, task: TaskDefinition, now: datetime) -> _Due:
@@ -967,15 +962,8 @@ class ScheduleMaterializer:
         return True
 
 
-def _schedule_failed(item: ScheduleDefinition, error: RunlaneError, failure: RunlaneError | None) -> RunlaneError:
-    """The error a pass raises at its end: the first failing schedule's, naming it. The errors of further
-    failing schedules are logged, since only one can be raised."""
-    if failure is not None:
-        _schedule_log.error(
-            "Schedule %s did not fire (%s): %s", item.id, error.code.value, error.message,
-            extra={"schedule_id": item.id, "error_code": error.code.value},
-        )  # fmt: skip
-        return failure
+def _schedule_failed(item: ScheduleDefinition, error: RunlaneError) -> RunlaneError:
+    """The error a pass stops with, naming the schedule that failed."""
     if error.meta.get("schedule_id") == item.id:
         return error
     return RunlaneError(
