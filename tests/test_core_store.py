@@ -892,15 +892,16 @@ async def test_a_release_waiting_for_a_finished_run_resumes_in_the_same_commit()
     assert (await children_of(store, "waiter")).events == result.run.event_sequence
 
 
-async def test_a_wait_for_a_run_that_is_gone_resumes_in_the_same_commit():
-    # Only terminal runs are pruned, so a source absent at the release commit has finished: the
-    # waiter is resumed at once instead of waiting on an id nothing will ever complete.
+async def test_a_wait_for_a_run_that_does_not_exist_waits_for_it_with_its_marker():
+    # An absent source is a run still to come (or one pruned to nothing, which cannot be told apart): the
+    # waiter waits, and the marker makes the terminal commit of a run created later with that id look for it.
     store, _, _ = make_store()
     waiter = await start_run(store, "waiter")
-    await store.append("waiter", release_for_run("gone_run"), expected_lease_token=waiter.lease.token)
-    assert await store.has_completion_wait_marker("gone_run") is False
+    await store.append("waiter", release_for_run("later_run"), expected_lease_token=waiter.lease.token)
+    assert await store.has_completion_wait_marker("later_run") is True
     run = await store.get_run("waiter")
-    assert run is not None and run.status is RunStatus.QUEUED and run.wait is None
+    assert run is not None and run.status is RunStatus.RELEASED and run.wait.run_id == "later_run"
+    assert await store.query_index(StorageIndexName.RUNS_WAITING_FOR_COMPLETION, ("later_run",)) == ["waiter"]
 
 
 async def test_a_signal_wait_is_indexed_by_its_key():
