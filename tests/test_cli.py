@@ -688,7 +688,7 @@ def test_trigger_with_a_delay_or_a_start_time_waits_for_it(shared: Shared) -> No
     assert shared("work", "--drain").exit_code == 0
     assert shared.json("runs", "get", later["id"])["run"]["status"] == "queued"  # not due: left alone
     both = shared("trigger", "emails.welcome", '{"user_id": "u7"}', "--delay", "1h", "--run-at", "2099-01-01")
-    assert both.exit_code == 1 and "run_at or delay, not both" in both.stderr
+    assert both.exit_code == 2 and "--delay and --run-at do not go together" in both.stderr
 
 
 def test_runs_wait_shows_the_finished_run_with_an_exit_status_that_says_how_it_ended(shared: Shared) -> None:

@@ -126,6 +126,8 @@ MALFORMED = [
     (("trigger", "mail.send", '{"n": ' + "1" * 5000 + "}"), "PAYLOAD_JSON", "a number too long to read"),
     (("runs", "list", "--created-from", "0001-01-01T00:00:00+01:00"), "--created-from", "is not a valid date"),
     (("runs", "list", "--updated-to", "9999-12-31T23:59:59-01:00"), "--updated-to", "is not a valid date"),
+    (("trigger", "mail.send", "{}", "--run-at", "2030-01-01T00:00+99:00"), "--run-at", "offset must be less than 24"),
+    (("trigger", "mail.send", '{"n": NaN}'), "PAYLOAD_JSON", "NaN is not a JSON value (JSON has no NaN or Infinity)"),
     (("trigger", "mail.send", "{}", "--meta", "[1]"), "--meta", "must be a JSON object"),
     (("trigger", "mail.send", "{}", "--idempotency-key-ttl", "forever"), "--idempotency-key-ttl", "use 'active' or"),
     (("tick", "--every", "5x"), "--every", "'5x' is not valid"),
@@ -157,6 +159,8 @@ COMBINATIONS = [
     (("dev", "--max-runs", "3"), "--max-runs applies only with --once."),
     (("dev", "--once", "--empty-poll-delay", "1s"), "--empty-poll-delay applies only without --once."),
     (("runs", "list", "--created-from", "2026-05-02", "--created-to", "2026-05-01"), "--created-from is after"),
+    (("trigger", "mail.send", "{}", "--delay", "5s", "--run-at", "2030-01-01"), "--delay and --run-at do not go"),
+    (("dev", "--once", "--tick-interval", "1s"), "--tick-interval applies only without --once"),
 ]
 
 
@@ -194,6 +198,18 @@ def test_runs_get_pages_events_only_with_events(project: Path) -> None:
     paged = cli(project, "--json", "runs", "get", run_id, "--events", "--limit", "1")
     assert paged.returncode == 0, paged.stderr
     assert len(json.loads(paged.stdout)["events"]["data"]) == 1
+
+
+def test_init_config_given_a_directory_or_an_unwritable_place_says_so(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    for extra in ((), ("--overwrite",)):
+        result = cli(tmp_path, "init", "config", "--path", "sub", *extra)
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr.startswith("error[configuration_invalid]: sub is a directory; give --path the file")
+    assert list((tmp_path / "sub").iterdir()) == []
+    unwritable = cli(tmp_path, "init", "config", "--path", "/proc/runlane.toml")
+    assert unwritable.returncode == 1 and "Cannot write /proc/runlane.toml: No such file" in unwritable.stderr
+    assert ".tmp" not in unwritable.stderr
 
 
 def test_init_config_accepts_only_an_installed_lane(tmp_path: Path) -> None:

@@ -502,3 +502,31 @@ def test_a_session_file_others_can_write_or_a_link_is_never_used(project: Projec
             listener.accept()
     finally:
         listener.close()
+
+
+def test_through_dev_a_payload_json_cannot_hold_or_one_too_large_is_refused_and_nothing_is_created(
+    project: Project, dev: subprocess.Popen[str]
+) -> None:
+    def refused(*args: str) -> dict[str, Any]:
+        result = project.cli("--json", "trigger", *args)
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        return json.loads(result.stderr)["error"]
+
+    # NaN and Infinity are not JSON: a usage error, as any other invalid JSON, never stored as null.
+    for args in (
+        ('{"user_id": NaN}',),
+        ('{"user_id": "u", "n": Infinity}',),
+        ('{"user_id": "u", "n": 1e999}',),
+        ('{"user_id": "u"}', "--meta", '{"m": NaN}'),
+    ):
+        result = project.cli("trigger", "emails.welcome", *args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "JSON has no NaN or Infinity" in result.stderr
+
+    # Larger than dev takes per command: said by this command, not a dropped connection.
+    (project.root / "huge.json").write_text(json.dumps({"user_id": "x" * (MAX_REQUEST_BYTES + 10)}))
+    error = refused("emails.welcome", "@huge.json")
+    assert error["code"] == "validation_failed" and "runlane dev takes at most" in error["message"]
+    assert error["meta"]["max_bytes"] == MAX_REQUEST_BYTES
+
+    assert project.json("runs", "list")["data"] == []

@@ -688,8 +688,16 @@ async def exchange(
     if op.answer_within is not None:
         answer_within = op.answer_within(params)
         answer_within = math.inf if answer_within is None else answer_within
+    body = _request_body(op, params, output, quiet=quiet)
+    if len(body) > MAX_REQUEST_BYTES:  # refused unread by the dev process: say why here
+        raise RunlaneError(
+            ErrorCode.VALIDATION_FAILED,
+            f"The {op.name} command is {len(body):,} bytes with its arguments, and runlane dev takes at most "
+            f"{MAX_REQUEST_BYTES:,} (1 MiB) per command; a run must fit its lane's max_record_bytes (400 KiB by "
+            "default) anyway. Store large data elsewhere and pass a reference to it.",
+            meta={"bytes": len(body), "max_bytes": MAX_REQUEST_BYTES},
+        )
     try:
-        body = _request_body(op, params, output, quiet=quiet)
         status, document = await _post(session, body, output, answer_within=answer_within)
     except _Stale:
         _ignore_stale(session, "it did not answer as a runlane dev bridge", output)

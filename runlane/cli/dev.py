@@ -101,6 +101,8 @@ def dev(
         ctx.fail("--empty-poll-delay applies only without --once.")
     if not once and max_runs is not None:
         ctx.fail("--max-runs applies only with --once.")
+    if once and tick_interval is not None:
+        ctx.fail("--tick-interval applies only without --once: --once ticks once.")
     # --tick-interval is checked by its callback, [dev] tick_interval by the config loader.
     interval = tick_interval or guard(ctx, lambda: load_cli_config(ctx)).dev.tick_interval
     interval_s = duration_ms(interval, "--tick-interval") / 1000

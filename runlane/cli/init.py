@@ -211,6 +211,12 @@ def init_config(
         )
 
     def prepare() -> str:
+        if path.is_dir():
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"{path} is a directory; give --path the file to write, such as {path / 'runlane.toml'}.",
+                meta={"path": str(path)},
+            )
         if path.exists() and not overwrite:
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
@@ -225,7 +231,12 @@ def init_config(
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_whole(path, text)
     except OSError as error:
-        failure = RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"Cannot write {path}: {error}")
+        reason = error.strerror or str(error)  # not the name of the temporary file it was written through
+        failure = RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"Cannot write {path}: {reason}; check that its directory exists and is writable, or give --path.",
+            meta={"path": str(path)},
+        )
         guard(ctx, lambda: _raise(failure))
     output.file_written(str(path), overwritten=existed)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -329,12 +330,29 @@ def _invalid(message: str, **meta: Any) -> RunlaneError:
     return RunlaneError(ErrorCode.CONFIGURATION_INVALID, message, meta=meta)
 
 
+class _NotFinite(Exception):
+    """A ``NaN`` / ``Infinity`` token, or a number too large for a float: no JSON value."""
+
+
+def _constant(name: str) -> Any:
+    raise _NotFinite(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotFinite(f"the number {text[:40]}{'...' if len(text) > 40 else ''} is too large")
+    return value
+
+
 def parse_json(text: str | None, what: str, *, require_object: bool = False) -> Any:
-    """Parse an argument as JSON; ``None`` stays ``None``."""
+    """Parse an argument as strict JSON (no ``NaN`` or ``Infinity``); ``None`` stays ``None``."""
     if text is None:
         return None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
+    except _NotFinite as error:
+        raise _invalid(f"{what} is not valid JSON: {error} (JSON has no NaN or Infinity).", argument=what) from None
     except json.JSONDecodeError as error:
         raise _invalid(
             f"{what} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
@@ -373,7 +391,10 @@ def parse_iso_datetime(text: str, what: str, *, end_of_day: bool = False) -> dat
             value = value.replace(hour=23, minute=59, second=59, microsecond=999999)
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     except (ValueError, OverflowError) as error:  # OverflowError: year 1 or 9999 moved out of range by its offset
-        raise _invalid(f"{what} {text!r} is not a valid date: {error}.", argument=what) from None
+        reason = str(error).rstrip(".")
+        if "offset must be a timedelta" in reason:  # Python's words for an offset of 24 hours or more
+            reason = "its UTC offset must be less than 24 hours"
+        raise _invalid(f"{what} {text!r} is not a valid date: {reason}.", argument=what) from None
 
 
 # A number with or without a unit ('30x', '0s', '30 d'): a duration with something wrong in it.

@@ -144,6 +144,8 @@ def trigger(
     ] = None,
 ) -> None:
     """Create one durable run for TASK_ID (to start at once, or later with --delay or --run-at)."""
+    if delay is not None and run_at is not None:
+        ctx.fail("--delay and --run-at do not go together: give one of them.")
     payload: Any = parse_json(payload_json, "PAYLOAD_JSON")  # both checked by their callbacks already
     meta_value = parse_json(meta, "--meta", require_object=True)
     run_operation(
