@@ -7,6 +7,7 @@ killed on exit, bounded polling, and raw HTTP requests to a session's bridge por
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import json
 import os
@@ -14,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -56,10 +58,25 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+_cli_tmpdir: str | None = None
+
+
+def _private_tmpdir() -> str:
+    """The ``TMPDIR`` of the ``runlane`` processes this test process starts: one folder of its own,
+    removed when it exits, so what they leave in a temporary folder (a ``runlane dev`` session folder,
+    say) is gone with it instead of staying in ``/tmp``."""
+    global _cli_tmpdir
+    if _cli_tmpdir is None:
+        _cli_tmpdir = tempfile.mkdtemp(prefix="runlane-cli-tests-")
+        atexit.register(shutil.rmtree, _cli_tmpdir, True)
+    return _cli_tmpdir
+
+
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("RUNLANE_LOAD_PLUGINS", None)
     env["COLUMNS"] = "200"
+    env["TMPDIR"] = _private_tmpdir()  # a Project's commands get the project's own instead
     return env
 
 
