@@ -5,6 +5,10 @@ Tests get a database URL from ``postgres_server_url()`` (or the session fixture 
 as is and no server is started; otherwise the first call starts one throwaway
 ``PostgresTestServer`` for the whole test session and later calls reuse it.
 
+The session server runs with ``fsync=off``: a commit still waits for its write-ahead log to be written,
+as in production, but not for the disk to flush it, which only an operating-system crash would need.
+On a slow disk that is minutes of the suite. The benchmarks keep the durable defaults.
+
 The session server is stopped by ``stop_postgres_server()`` (from the fixture's teardown and from
 ``pytest_sessionfinish``); should neither run, ``PostgresTestServer`` stops it from ``atexit``,
 and its watchdog stops it if the test process dies outright.
@@ -35,7 +39,7 @@ def postgres_server() -> PostgresTestServer | None:
         return None
     with _lock:
         if _server is None:
-            server = PostgresTestServer()
+            server = PostgresTestServer(settings={"fsync": "off"})
             server.start()
             _server = server
         elif not _server.running:
