@@ -1135,19 +1135,21 @@ class _Attempt:
         ``ControlledClock``, on that clock). From any thread."""
         if self._finished:
             return False
-        by_hand = self._unwatch_clock is not None
-        if self.cancel_observed:
-            if by_hand:
-                if self.runtime.now() >= self._lease_expires_at:
-                    return True
-            elif self.loop.time() >= self._lease_renewed_at + self.options.lease_ms / 1000:
-                return True
-        if self.timed_out:
-            deadline = self.run.attempt_deadline_at
-            if by_hand:
-                return deadline is not None and self.runtime.now() >= self._grace_over_at(deadline)
-            return self.loop.time() >= self._timed_out_at + TIMEOUT_GRACE_S
-        return False
+        lease_over_at = self._lease_renewed_at + self.options.lease_ms / 1000
+        if self.cancel_observed and self._passed(self._lease_expires_at, lease_over_at):
+            return True
+        deadline = self.run.attempt_deadline_at
+        return (
+            self.timed_out
+            and deadline is not None
+            and self._passed(self._grace_over_at(deadline), self._timed_out_at + TIMEOUT_GRACE_S)
+        )
+
+    def _passed(self, on_clock: datetime, on_loop: float) -> bool:
+        """Whether a moment has passed: ``on_clock`` on a clock moved by hand, else ``on_loop`` (loop time)."""
+        if self._unwatch_clock is not None:
+            return self.runtime.now() >= on_clock
+        return self.loop.time() >= on_loop
 
     def stop(self, reason: str) -> None:
         """Abort the signal as a stop does (not a cancellation: the handler's outcome stands). From any thread."""
