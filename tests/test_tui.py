@@ -229,11 +229,20 @@ async def test_the_runs_table_refreshes_itself_and_keeps_the_cursor_on_its_run()
 
 
 async def open_run(pilot: Any, run_id: str) -> None:
+    """Open ``run_id`` from the runs table and wait (bounded) until its screen shows what it read: on a
+    busy machine the key, the screen push and its first read may each take a few event-loop turns."""
     await settle(pilot)
     table = pilot.app.screen.query_one("#runs")
     table.move_cursor(row=table.get_row_index(run_id))
     await pilot.press("enter")
-    await settle(pilot)
+    for _ in range(200):
+        await settle(pilot)
+        screen = pilot.app.screen
+        if isinstance(screen, RunDetailScreen) and screen.run_id == run_id and screen.detail is not None:
+            if not screen.reading:
+                return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the screen of {run_id} did not show its run within 2 s (now {pilot.app.screen!r})")
 
 
 async def test_enter_opens_the_run_with_its_attempts_and_event_timeline() -> None:
