@@ -505,10 +505,12 @@ def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path
     log.touch()
     worker = Worker(url, "poll", 1, str(log))
     returned: list[tuple[float, float]] = []  # (sent, trigger() returned) per sample
+    before = after = None
     try:
         _await_ready([worker])
         worker.send("go")
         time.sleep(0.5)  # the worker is polling and listening, idle
+        before = meter.sample()
 
         async def produce() -> None:
             runtime = create_runlane(lane=lane(url), queues=[bench_queue], tasks=[noop])
@@ -524,6 +526,7 @@ def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path
                         await asyncio.sleep(pause)
 
         asyncio.run(produce())
+        after = meter.sample()
         worker.send("stop")
         worker.result(30)
     finally:
@@ -560,6 +563,9 @@ def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path
                 )
         floor = _idle_round_trip(meter.url, pause)
         print(f"      floor here: SELECT 1 on a connection idle as long, p50 {floor:.2f} ms")
+    if before is not None and after is not None:
+        # Per sample: the producer's trigger and the worker's scans, claim and completion.
+        _print_statements(samples * len(pauses), before, after)
 
 
 # ---------------------------------------------------------------------------------------------
