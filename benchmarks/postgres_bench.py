@@ -6,7 +6,8 @@ schema per measurement, and prints the server settings it ran under.
 
 1. Burn-down: N pre-triggered no-op runs drained by P worker processes with C slots each
    (processes start, connect and wait at a barrier; the clock runs from the barrier to the last
-   exit). Prints runs/second.
+   exit). Prints runs/second; several comma-separated C values give one burn-down each (more slots
+   let one claim or outcome commit take more runs at once).
 2. Trigger throughput: K producers (asyncio tasks of one process) each triggering sequentially for
    a fixed number of runs. Prints triggers/second per producer count.
 3. Latency: one idle poll worker process (default empty_poll_delay, LISTEN/NOTIFY wake hints);
@@ -26,7 +27,7 @@ The load average is printed before each measurement: other work on the machine s
 including those the commit functions run (``pg_stat_statements``: the throwaway server preloads it;
 a server named by ``RUNLANE_POSTGRES_BENCH_URL`` must have it in ``shared_preload_libraries``).
 
-    .venv/bin/python benchmarks/postgres_bench.py [--runs 20000] [--processes 2] [--concurrency 16]
+    .venv/bin/python benchmarks/postgres_bench.py [--runs 20000] [--processes 2] [--concurrency 16,64]
         [--producers 1,4,8] [--triggers 2000] [--latency-samples 300] [--pauses 0,0.02]
         [--only burn,trigger,latency]
         [--setting name=value ...] [--statements]
@@ -621,7 +622,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20000)
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--concurrency", default="16", help="slots per worker process, comma-separated for one burn-down each"
+    )
     parser.add_argument("--producers", default="1,4,8")
     parser.add_argument("--triggers", type=int, default=2000)
     parser.add_argument("--latency-samples", type=int, default=300, help="latency samples per pause")
@@ -643,7 +646,7 @@ def main() -> None:
     if args.role == "worker":
         if args.latency_log:
             _latency_log.append(args.latency_log)
-        asyncio.run(_worker_process(args.url, args.mode, args.concurrency))
+        asyncio.run(_worker_process(args.url, args.mode, int(args.concurrency)))
         return
     only = {name.strip() for name in args.only.split(",") if name.strip()}
     unknown = only - {"burn", "trigger", "latency"}
@@ -673,7 +676,8 @@ def main() -> None:
         if meter.postmaster is None:
             print("  (the server's processes are not readable here: no PostgreSQL CPU figures)")
         if "burn" in only:
-            burn_down(asyncio.run(_fresh_schema(url)), meter, args.runs, args.processes, args.concurrency)
+            for concurrency in (int(value) for value in args.concurrency.split(",")):
+                burn_down(asyncio.run(_fresh_schema(url)), meter, args.runs, args.processes, concurrency)
         if "trigger" in only:
             for producers in (int(value) for value in args.producers.split(",")):
                 trigger_throughput(asyncio.run(_fresh_schema(url)), meter, args.triggers, producers)

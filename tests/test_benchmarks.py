@@ -29,9 +29,10 @@ CASES = {
         ("trigger-to-start", "watcher hearing of a trigger"),
     ),
     "postgres_bench.py": (
-        ["--runs", "60", "--processes", "1", "--concurrency", "4", "--producers", "2", "--triggers", "30"]
+        ["--runs", "60", "--processes", "1", "--concurrency", "2,4", "--producers", "2", "--triggers", "30"]
         + ["--latency-samples", "5", "--statements"],
-        ("trigger-to-start", "server execution time per run, by statement", "runlane_commit("),
+        ("trigger-to-start", "server execution time per run, by statement", "runlane_commit(")
+        + ("1 worker processes x 2 slots", "1 worker processes x 4 slots"),
     ),
 }
 
