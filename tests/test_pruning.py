@@ -872,9 +872,10 @@ async def test_prune_rejects_active_statuses_and_bad_arguments_before_storage():
             {"statuses": frozenset({RunStatus.RUNNING})},
             {"limit": 0},
             {"older_than": datetime(2026, 1, 1)},
-            {"actor": {"type": "operator"}},
         ):
             with _Raises(ErrorCode.VALIDATION_FAILED):
                 await pruner.prune(**{**base, **changes})
+        with _Raises(ErrorCode.CONFIGURATION_INVALID):  # an option, as on cancel, retry and rerun
+            await pruner.prune(**{**base, "actor": {"type": "operator"}})
         with _Raises(ErrorCode.CONFIGURATION_INVALID):
             RunPruner(runtime.lane.storage, runtime.environment, cleanup_budget=-1)

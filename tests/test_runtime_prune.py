@@ -244,12 +244,14 @@ async def test_requests_are_validated_before_storage_is_touched():
             {"older_than": "1d", "limit": 0},
             {"older_than": "1d", "limit": True},
             {"older_than": "1d", "cursor": "not-a-cursor"},
-            {"older_than": "1d", "actor": {"type": "operator"}},
         ]
         for request in bad_requests:
             with pytest.raises(RunlaneError) as caught:
                 await runtime.runs.prune(**request)
             assert caught.value.code is ErrorCode.VALIDATION_FAILED, request
+        with pytest.raises(RunlaneError) as caught:  # an option, as on cancel, retry and rerun
+            await runtime.runs.prune(older_than="1d", actor={"type": "operator"})  # type: ignore[arg-type]
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
         assert probe.calls == before
 
 

@@ -662,7 +662,11 @@ class RunPruner:
         chosen = _statuses(statuses)
         wanted = _limit(limit)
         if not isinstance(actor, Actor):
-            raise _invalid(f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.", field="actor")
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"actor must be an Actor(type=ActorType..., id=...), got {actor!r}.",
+                meta={"field": "actor"},
+            )
         scope = prune_cursor_scope(self.env_key, cutoff, chosen, older_than_ms)
         last = decode_operator_cursor(cursor, PaginationCursorKind.RUN_PRUNE, scope)
         if last is not None:

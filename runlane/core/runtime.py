@@ -2923,7 +2923,7 @@ class RunsApi:
         """
         runtime = self._runtime
         runtime._check_open()
-        actor = checked_actor(actor, _OPERATOR_ACTOR, code=ErrorCode.VALIDATION_FAILED)
+        actor = checked_actor(actor, _OPERATOR_ACTOR)  # an option, as on cancel, retry and rerun
         now = runtime.now()
         cutoff, chosen, wanted = resolve_prune_request(
             older_than=older_than,
