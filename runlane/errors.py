@@ -147,3 +147,12 @@ def pydantic_message(detail: Any) -> str:
     without the ``Value error, `` prefix pydantic adds to a validator's own text, and without its final
     full stop (the sentence it goes into ends with one)."""
     return str(detail["msg"]).removeprefix("Value error, ").rstrip(".")
+
+
+def pydantic_problems(error: Any, whole: str) -> str:
+    """Every problem of a pydantic ``ValidationError`` as ``field: message``, joined by ``; ``
+    (``whole`` names a problem of the value as a whole)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in item['loc']) or whole}: {pydantic_message(item)}"
+        for item in error.errors(include_url=False)
+    )

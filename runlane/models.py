@@ -7,12 +7,12 @@ Field names are snake_case; persisted enum values are the vocabulary strings. Ti
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 from pydantic.functional_validators import AfterValidator
 
-from .errors import ErrorCode, RunlaneError
+from .errors import ErrorCode, RunlaneError, pydantic_problems
 from .ids import validate_id
 from .json_values import ensure_json_value
 from .vocabulary import (
@@ -128,7 +128,30 @@ class RunlaneModel(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-class Environment(RunlaneModel):
+if TYPE_CHECKING:  # the type checker keeps each model's own signature
+    from pydantic._internal._model_construction import ModelMetaclass as _CallerBuilt
+else:
+
+    class _CallerBuilt(type(BaseModel)):
+        """The metaclass of models callers build by hand and pass to the API (``Environment(...)``,
+        ``Actor(...)``): a bad field is their ``configuration_invalid``, like any other malformed
+        option, not a pydantic error. Only the call of the class is wrapped (not ``__init__``, which
+        pydantic would then call for every nested value too): inside a record, or through
+        ``model_validate``, the same value is still the record's ``ValidationError``."""
+
+        def __call__(cls, *args: Any, **fields: Any) -> Any:
+            try:
+                return super().__call__(*args, **fields)
+            except ValidationError as error:
+                what = cls.__name__.lower()
+                raise RunlaneError(
+                    ErrorCode.CONFIGURATION_INVALID,
+                    f"Invalid {what}: {pydantic_problems(error, what)}.",
+                    meta={"fields": sorted(cls.model_fields)},
+                ) from None
+
+
+class Environment(RunlaneModel, metaclass=_CallerBuilt):
     """A durable namespace: development, staging, production, a tenant, a test suite."""
 
     name: str = Field(min_length=1, max_length=200)
@@ -139,7 +162,7 @@ def environment_key(environment: Environment) -> str:
     return environment.name
 
 
-class Actor(RunlaneModel):
+class Actor(RunlaneModel, metaclass=_CallerBuilt):
     type: ActorType
     id: str | None = None
 

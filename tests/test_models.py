@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from runlane.errors import ErrorCode
+from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import (
     Actor,
     DeliveryIntent,
@@ -206,7 +206,23 @@ def test_id_errors_keep_their_helpful_message():
 def test_environment_key():
     assert environment_key(ENV) == "production"
     with pytest.raises(ValidationError):
+        Environment.model_validate({"name": ""})
+
+
+def test_an_actor_or_environment_built_with_a_bad_field_is_configuration_invalid():
+    with pytest.raises(RunlaneError) as caught:
+        Actor(type="user", id="u1")  # type: ignore[arg-type]
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert caught.value.message == (
+        "Invalid actor: type: Input should be 'operator', 'schedule', 'system' or 'worker'."
+    )
+    with pytest.raises(RunlaneError) as caught:
         Environment(name="")
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert caught.value.message == "Invalid environment: name: String should have at least 1 character."
+    # Inside a record the same values are the record's validation error, as before.
+    with pytest.raises(ValidationError):
+        Actor.model_validate({"type": "user"})
 
 
 # ---------------------------------------------------------------------------------------------

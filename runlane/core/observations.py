@@ -133,7 +133,7 @@ def _environment(value: Environment | str, *, code: ErrorCode = ErrorCode.VALIDA
         return value
     if isinstance(value, str):
         try:
-            return Environment(name=value)
+            return Environment.model_validate({"name": value})
         except ValidationError:
             pass
     raise RunlaneError(

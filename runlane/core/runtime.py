@@ -3215,7 +3215,7 @@ def create_runlane(
 
     if isinstance(environment, str):
         try:
-            env = Environment(name=environment)
+            env = Environment.model_validate({"name": environment})
         except ValidationError as error:
             reason = error.errors()[0]["msg"].lower()
             raise _invalid(f"Invalid environment {_shown(environment)}: {reason}.", field="environment") from None

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from ..defaults import contract_defaults
-from ..errors import ErrorCode, RunlaneError, pydantic_message
+from ..errors import ErrorCode, RunlaneError, pydantic_problems
 from ..json_values import is_unicode_text
 from ..models import Environment, RunEventRecord, RunlaneModel, RunRecord, UtcDateTime
 from ..run_scans import get_run_runnable_available_at
@@ -47,12 +47,10 @@ class TimeRange(RunlaneModel):
         try:
             super().__init__(**bounds)
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in item['loc']) or 'range'}: {pydantic_message(item)}"
-                for item in error.errors(include_url=False)
-            )
             raise RunlaneError(
-                ErrorCode.VALIDATION_FAILED, f"Invalid time range: {problems}.", meta={"fields": ["start", "end"]}
+                ErrorCode.VALIDATION_FAILED,
+                f"Invalid time range: {pydantic_problems(error, 'range')}.",
+                meta={"fields": ["start", "end"]},
             ) from None
 
     @model_validator(mode="after")
