@@ -9,6 +9,7 @@ and plugin command registration. Commands live one group per module; rendering l
 from __future__ import annotations
 
 import asyncio
+import atexit
 import codecs
 import contextlib
 import errno
@@ -292,8 +293,11 @@ async def _start_when_storage_answers(runtime: Runlane, output: Output) -> None:
                 finally:
                     attempt = None
             if stop.is_set():
-                output.record("stopped", "stopped before storage answered")
-                raise typer.Exit(0)
+                break
+    if stop.is_set():
+        after_stop_signal(output, received[0])
+        output.record("stopped", "stopped before storage answered")
+        raise typer.Exit(0)
     output.record("storage_available", "storage answered; starting")
 
 
@@ -320,6 +324,30 @@ SIGNAL_REPEAT_S = 0.25
 def repeated_delivery(first: tuple[signal.Signals, float], signum: signal.Signals) -> bool:
     """Whether ``signum`` repeats ``first`` (the first stop signal and its ``time.monotonic()``) at once."""
     return signum == first[0] and time.monotonic() - first[1] < SIGNAL_REPEAT_S
+
+
+def after_stop_signal(output: Output, first: tuple[signal.Signals, float]) -> None:
+    """Once a command stopping on ``first`` has given back the event loop's handlers, and for the rest of
+    its shutdown: the same signal delivered again at once is still ignored (else the default action, a
+    ``KeyboardInterrupt`` or a kill, would end a clean stop with 130 or 143), and any other stop signal
+    exits at once, as a second one does while the loop handles them."""
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if not repeated_delivery(first, signal.Signals(signum)):
+            exit_now(output, signal.Signals(signum))
+
+    for signum in STOP_SIGNALS:
+        with contextlib.suppress(ValueError):  # not the main thread: the loop never had them either
+            signal.signal(signum, on_signal)
+    # The interpreter's exit gives handlers such as this one back to the default action before it ends,
+    # but leaves ignored signals ignored: a repeat then must not kill the process with that signal.
+    atexit.register(_ignore_stop_signals)
+
+
+def _ignore_stop_signals() -> None:
+    for signum in STOP_SIGNALS:
+        with contextlib.suppress(ValueError):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,15 @@ from typing import Any
 import typer
 
 from ..vocabulary import WorkerMode
-from .main import exit_now, load_cli_config, on_stop_signals, repeated_delivery, state_of, with_runtime
+from .main import (
+    after_stop_signal,
+    exit_now,
+    load_cli_config,
+    on_stop_signals,
+    repeated_delivery,
+    state_of,
+    with_runtime,
+)
 from .options import (
     ConcurrencyOption,
     EmptyPollDelayOption,
@@ -52,6 +60,8 @@ class StopOnSignals:
     def __exit__(self, *exc_info: object) -> None:
         self.output.on_stdout_closed = None
         self._handlers.__exit__(None, None, None)
+        if self._received:
+            after_stop_signal(self.output, self._first)
 
     def _on_signal(self, signum: signal.Signals) -> None:
         if self._received and repeated_delivery(self._first, signum):
