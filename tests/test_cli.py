@@ -752,6 +752,12 @@ def test_trigger_reads_its_payload_and_meta_from_standard_input_or_a_file(tmp_pa
     assert json.loads(trigger("@bom.json").stdout)["run"]["payload"] == {"user_id": "bom"}
     not_json = trigger("-", stdin="not json")
     assert not_json.returncode == 2 and "not valid JSON" in not_json.stderr
+    for stdin in ("", "\n"):  # an empty pipe is not a shell quoting problem: say what was read
+        empty = trigger("-", stdin=stdin)
+        assert empty.returncode == 2 and "read nothing from standard input" in empty.stderr, empty.stderr
+    (root / "empty.json").write_text("", encoding="utf-8")
+    empty = trigger("@empty.json")
+    assert empty.returncode == 2 and "read nothing from empty.json: the file is empty" in empty.stderr
     assert len(json.loads(cli(root, "--json", "runs", "list").stdout)["data"]) == 4  # nothing else was created
 
 
@@ -1324,13 +1330,18 @@ def test_a_result_that_cannot_be_written_says_the_command_finished(tmp_path: Pat
     from cli_support import cli, make_project
 
     root = make_project(tmp_path / "proj", lane="sqlite")
-    done = into_a_full_disk(root, "--json", "trigger", "emails.welcome", '{"user_id": "u1"}')
+    done = into_a_full_disk(root, "trigger", "emails.welcome", '{"user_id": "u1"}')
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "the command finished, but its result could not be written to stdout (No space left on device)" in (
         done.stderr
     )
+    done = into_a_full_disk(root, "--json", "trigger", "emails.welcome", '{"user_id": "u2"}')
+    assert done.returncode == 1
+    (error,) = [json.loads(line)["error"] for line in done.stderr.splitlines()]  # under --json, as JSON too
+    assert error["code"] == "internal_error" and error["meta"] == {"reason": "No space left on device"}
+    assert error["message"].startswith("The command finished, but its result could not be written to stdout")
     listed = json.loads(cli(root, "--json", "runs", "list").stdout)["data"]
-    assert len(listed) == 1  # the run was created: only the output was lost
+    assert len(listed) == 2  # the runs were created: only the output was lost
 
 
 @needs_dev_full
@@ -1339,6 +1350,9 @@ def test_help_or_version_that_cannot_be_written_fails_in_one_line(tmp_path: Path
     done = into_a_full_disk(tmp_path, *args)
     assert done.returncode == 1
     assert done.stderr == "error: the output could not be written (No space left on device).\n"
+    done = into_a_full_disk(tmp_path, "--json", *args)
+    assert done.returncode == 1
+    assert json.loads(done.stderr)["error"]["message"] == "The output could not be written (No space left on device)."
 
 
 # Put first on PYTHONPATH, this sitecustomize makes the process interrupt itself (as a Ctrl-C would) when it
@@ -1393,7 +1407,9 @@ def test_a_result_cut_short_by_a_file_size_limit_is_not_reported_as_written(tmp_
             timeout=60, env=cli_env(), preexec_fn=limit_files,
         )  # fmt: skip
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "the command finished, but its result could not be written to stdout (File too large)" in done.stderr
+    error = json.loads(done.stderr)["error"]
+    assert error["message"].startswith("The command finished, but its result could not be written to stdout")
+    assert error["code"] == "internal_error" and error["meta"] == {"reason": "File too large"}
 
 
 @pytest.mark.parametrize("json_mode", [False, True], ids=["human", "json"])

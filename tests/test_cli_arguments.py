@@ -122,6 +122,8 @@ MALFORMED = [
                                                   "'cancelled', 'failed', 'succeeded'."),
     (("observations", "trim", "--older-than", "0s"), "--older-than", "'0s' is not valid: it must be positive"),
     (("trigger", "mail.send", "not-json"), "PAYLOAD_JSON", "not valid JSON"),
+    (("trigger", "mail.send", ""), "PAYLOAD_JSON", "an empty string: JSON needs a value"),
+    (("trigger", "mail.send", "{}", "--meta", " "), "--meta", "an empty string: JSON needs a value"),
     (("trigger", "mail.send", "[" * 3000 + "]" * 3000), "PAYLOAD_JSON", "nested too deeply"),
     (("trigger", "mail.send", '{"n": ' + "1" * 5000 + "}"), "PAYLOAD_JSON", "a number too long to read"),
     (("runs", "list", "--created-from", "0001-01-01T00:00:00+01:00"), "--created-from", "is not a valid date"),

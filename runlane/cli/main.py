@@ -980,6 +980,17 @@ def _stderr_lines_as_json_warnings(code: str) -> Iterator[None]:
         lines.finish()
 
 
+def _output_failed(message: str, reason: str) -> NoReturn:
+    """Stdout refused the command's output: say so on stderr (as JSON under ``--json``, like any other
+    error) and exit 1."""
+    if "--json" in sys.argv[1:]:
+        error = RunlaneError(ErrorCode.INTERNAL_ERROR, message[0].upper() + message[1:], meta={"reason": reason})
+        Output(json_mode=True, stderr=sys.stderr).error(error)
+    else:
+        sys.stderr.write(f"error: {message}\n")
+    raise SystemExit(1) from None
+
+
 def run() -> None:
     """Console-script entry point."""
     from .output import EXIT_BROKEN_PIPE, OutputLost, stdout_was_closed
@@ -1004,18 +1015,17 @@ def run() -> None:
         # it ends has, without the traceback of whatever was loading.
         raise SystemExit(128 + signal.SIGINT) from None
     except OutputLost as lost:
-        sys.stderr.write(
-            f"error: the command finished, but its result could not be written to stdout ({lost}); "
-            "check the runs before running it again.\n"
+        _output_failed(
+            f"the command finished, but its result could not be written to stdout ({lost}); "
+            "check the runs before running it again.",
+            str(lost),
         )
-        raise SystemExit(1) from None
     except OSError as error:
         # Help, usage and version text written straight to a stdout that refuses it (a full disk, a
         # file at its size limit): one line that says so, not a traceback.
         if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO):
             raise
-        sys.stderr.write(f"error: the output could not be written ({error.strerror}).\n")
-        raise SystemExit(1) from None
+        _output_failed(f"the output could not be written ({error.strerror}).", error.strerror or str(error))
     except SystemExit as exit:
         # The command line ends a command whose reader closed the pipe (runlane runs list | head -1)
         # with 1, as if the command had failed, after making stdout ignore the closed pipe.

@@ -162,18 +162,28 @@ def read_json_text(ctx: Any, value: str, name: str) -> str:
             raise _invalid(f"{name} cannot read standard input: {other} does; pass one of them as @FILE.")
         meta[_STDIN_READ_BY] = name
         try:
-            return _stdin_text().read()
+            text = _stdin_text().read()
         except (OSError, UnicodeDecodeError) as error:
             raise _invalid(f"{name} could not read standard input ({error}).", argument=name) from None
+        if not text.strip():
+            raise _invalid(
+                f"{name} read nothing from standard input: pipe the JSON value into the command, or pass it "
+                "as the argument itself.",
+                argument=name,
+            )
+        return text
     if value.startswith("@"):
         path = Path(value[1:]).expanduser()
         try:
-            return path.read_text(encoding="utf-8-sig")  # a byte order mark some editors write is no JSON
+            text = path.read_text(encoding="utf-8-sig")  # a byte order mark some editors write is no JSON
         except UnicodeDecodeError:
             raise _invalid(f"{name} could not read {path}: it is not UTF-8 text.", argument=name) from None
         except (OSError, ValueError) as error:  # ValueError: a NUL in the name, one the locale cannot encode
             problem = error.strerror if isinstance(error, OSError) and error.strerror else error
             raise _invalid(f"{name} could not read {path} ({problem}).", argument=name) from None
+        if not text.strip():
+            raise _invalid(f"{name} read nothing from {path}: the file is empty; write the JSON value to it.")
+        return text
     return value
 
 
@@ -349,6 +359,11 @@ def parse_json(text: str | None, what: str, *, require_object: bool = False) -> 
     """Parse an argument as strict JSON (no ``NaN`` or ``Infinity``); ``None`` stays ``None``."""
     if text is None:
         return None
+    if not text.strip():
+        raise _invalid(
+            f"{what} is an empty string: JSON needs a value, for example '{{\"user_id\": \"user_123\"}}'.",
+            argument=what,
+        )
     try:
         value = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
     except _NotFinite as error:
