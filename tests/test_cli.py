@@ -213,6 +213,9 @@ def test_init_config_never_overwrites_without_the_flag(tmp_path: Path) -> None:
     assert replaced.returncode == 0, replaced.stderr
     assert json.loads(replaced.stdout)["overwritten"] is True
     assert 'use = "sqlite"' in (tmp_path / "runlane.toml").read_text()
+    # Without --tasks (or --runtime) the config names app.tasks, which it says stands in for your module.
+    assert json.loads(replaced.stderr)["warning"]["code"] == "placeholder_tasks"
+    assert 'tasks = ["app.tasks"]' in (tmp_path / "runlane.toml").read_text()
 
 
 def test_init_config_refuses_to_write_over_pyproject_toml(tmp_path: Path) -> None:

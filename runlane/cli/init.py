@@ -172,7 +172,7 @@ def init_config(
         list[str] | None,
         typer.Option(
             "--tasks",
-            help=f"Task module to import; {MULTI_VALUE}.",
+            help=f"Task module to import; {MULTI_VALUE} (default, without --runtime: app.tasks).",
             metavar="MODULE...",
             callback=checked(lambda names, name: _check_section(tasks=list(names))),
         ),
@@ -239,6 +239,12 @@ def init_config(
         )
         guard(ctx, lambda: _raise(failure))
     output.file_written(str(path), overwritten=existed)
+    if not tasks and runtime is None:
+        output.warning(
+            "placeholder_tasks",
+            f"{path} names the task module app.tasks, a placeholder: change [runlane] tasks to your module, "
+            "or write it again with --tasks MODULE.",
+        )
 
 
 def _target(ctx: typer.Context, path: Path | None) -> Path:
