@@ -256,7 +256,15 @@ def list_runs(
     run_at_to: Annotated[
         str | None, _date_option("--run-at-to", "Due at or before (ISO 8601; a date alone includes that day).")
     ] = None,
-    sort_by: Annotated[RunSortField, typer.Option("--sort-by", help="Sort field.")] = RunSortField.CREATED_AT,
+    sort_by: Annotated[
+        RunSortField,
+        typer.Option(
+            "--sort-by",
+            help="Sort field; run_at orders by when each run is next due (a running one: when its lease ends), "
+            "and lists the runs due at no set time (finished, waiting for a signal, being cancelled) after "
+            "the others in either direction.",
+        ),
+    ] = RunSortField.CREATED_AT,
     sort_direction: Annotated[
         SortDirection, typer.Option("--sort-direction", help="Sort direction.")
     ] = SortDirection.DESC,
