@@ -950,7 +950,11 @@ def test_a_full_server_is_named_as_such_at_connect(message: str) -> None:
 # Group commit: concurrent attempts of one driver share one transaction, each rolled back alone
 
 
-async def test_concurrent_commits_share_batches_and_fail_alone(schemas: Schemas, shared_schema: str) -> None:
+async def test_concurrent_commits_share_batches_and_fail_alone(
+    schemas: Schemas, shared_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runlane_postgres.storage as storage_module
+
     driver = postgres_storage(schemas.url, schema=shared_schema, min_size=0, max_size=4)
     batches: list[int] = []
     commit_batch = driver._commit_batch
@@ -983,6 +987,17 @@ async def test_concurrent_commits_share_batches_and_fail_alone(schemas: Schemas,
 
         await driver.with_transaction(append_to_broken)
         _corrupt(schemas, shared_schema, broken_head, "document", '{"schemaVersion":1,"value":{"next_position":"x"}}')
+        # The first commit of the burst stays in flight a moment, so the others reach theirs meanwhile and
+        # queue behind it, however this machine schedules them: a batch forms on every run.
+        call, held = storage_module._call, asyncio.Event()
+
+        async def first_commit_waits(conn: Any, statement: Any, params: Any) -> Any:
+            if statement.name == b"runlane_commit" and not held.is_set():
+                held.set()
+                await asyncio.sleep(0.2)
+            return await call(conn, statement, params)
+
+        monkeypatch.setattr(storage_module, "_call", first_commit_waits)
         outcomes = await asyncio.gather(
             *(driver.with_transaction(increment) for _ in range(12)),
             *(blind_create(n) for n in range(12)),
