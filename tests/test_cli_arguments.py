@@ -163,6 +163,9 @@ COMBINATIONS = [
     (("runs", "list", "--created-from", "2026-05-02", "--created-to", "2026-05-01"), "--created-from is after"),
     (("trigger", "mail.send", "{}", "--delay", "5s", "--run-at", "2030-01-01"), "--delay and --run-at do not go"),
     (("dev", "--once", "--tick-interval", "1s"), "--tick-interval applies only without --once"),
+    (("work", "--heartbeat-interval", "10m", "--lease-duration", "1m"), "--heartbeat-interval 10m must be shorter"),
+    (("work", "--heartbeat-interval", "60s", "--lease-duration", "1m"), "--heartbeat-interval 60s must be shorter"),
+    (("sqs", "consume", "--heartbeat-interval", "2m", "--lease-duration", "1m"), "--heartbeat-interval 2m must be"),
 ]
 
 

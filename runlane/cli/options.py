@@ -270,6 +270,17 @@ HeartbeatIntervalOption = Annotated[
     str | None,
     typer.Option("--heartbeat-interval", help="Override the lease heartbeat interval.", metavar="D", callback=DURATION),
 ]
+
+
+def check_lease_options(ctx: Any, lease_duration: str | None, heartbeat_interval: str | None) -> None:
+    """Both flags given, a heartbeat that does not come before the lease runs out is a usage error (one
+    flag alone is checked against the runtime's default by the runtime)."""
+    if lease_duration is not None and heartbeat_interval is not None:
+        if duration_ms(heartbeat_interval) >= duration_ms(lease_duration):
+            ctx.fail(
+                f"--heartbeat-interval {heartbeat_interval} must be shorter than --lease-duration {lease_duration}: "
+                "a heartbeat extends the lease before it runs out."
+            )
 WorkerIdOption = Annotated[
     str | None, typer.Option("--worker-id", help="Worker identity recorded on leases (diagnostics).", metavar="ID")
 ]

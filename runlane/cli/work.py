@@ -33,6 +33,7 @@ from .options import (
     MultiValueCommand,
     QueuesOption,
     WorkerIdOption,
+    check_lease_options,
 )
 from .output import Output, forward_runtime_logs, prints_as_json_logs
 
@@ -177,6 +178,7 @@ def work(
         ctx.fail("--max-runs applies only with --drain.")
     if empty_poll_delay is not None and drain:
         ctx.fail("--empty-poll-delay applies only without --drain.")
+    check_lease_options(ctx, lease_duration, heartbeat_interval)
 
     async def body(runtime: Any) -> int:
         if runtime.lane.capabilities.process_local:

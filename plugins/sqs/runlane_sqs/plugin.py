@@ -40,6 +40,7 @@ from runlane.cli.options import (
     MultiValueCommand,
     QueuesOption,
     WorkerIdOption,
+    check_lease_options,
 )
 from runlane.durations import duration_seconds
 from runlane.errors import ErrorCode, RunlaneError
@@ -277,6 +278,7 @@ def consume(
 
     from .consume import consume_wakeups
 
+    check_lease_options(ctx, lease_duration, heartbeat_interval)
     output = state_of(ctx).output
     options = {
         "lease_duration": lease_duration,
