@@ -129,29 +129,31 @@ class RunlaneModel(BaseModel):
 
 
 if TYPE_CHECKING:  # the type checker keeps each model's own signature
-    from pydantic._internal._model_construction import ModelMetaclass as _CallerBuilt
+    from pydantic._internal._model_construction import ModelMetaclass as CallerBuilt
 else:
 
-    class _CallerBuilt(type(BaseModel)):
+    class CallerBuilt(type(BaseModel)):
         """The metaclass of models callers build by hand and pass to the API (``Environment(...)``,
-        ``Actor(...)``): a bad field is their ``configuration_invalid``, like any other malformed
-        option, not a pydantic error. Only the call of the class is wrapped (not ``__init__``, which
-        pydantic would then call for every nested value too): inside a record, or through
-        ``model_validate``, the same value is still the record's ``ValidationError``."""
+        ``Actor(...)``, ``TimeRange(...)``): a bad field is a ``RunlaneError``, by default their
+        ``configuration_invalid`` like any other malformed option (a class's ``__caller_error__`` gives
+        its own code and name), not a pydantic error. Only the call of the class is wrapped (not
+        ``__init__``, which pydantic would then call for every nested value too): inside a record, or
+        through ``model_validate``, the same value is still the record's ``ValidationError``."""
 
         def __call__(cls, *args: Any, **fields: Any) -> Any:
             try:
                 return super().__call__(*args, **fields)
             except ValidationError as error:
-                what = cls.__name__.lower()
+                default = (ErrorCode.CONFIGURATION_INVALID, cls.__name__.lower(), cls.__name__.lower())
+                code, what, whole = getattr(cls, "__caller_error__", default)
                 raise RunlaneError(
-                    ErrorCode.CONFIGURATION_INVALID,
-                    f"Invalid {what}: {pydantic_problems(error, what)}.",
-                    meta={"fields": sorted(cls.model_fields)},
+                    code,
+                    f"Invalid {what}: {pydantic_problems(error, whole)}.",
+                    meta={"fields": list(cls.model_fields)},
                 ) from None
 
 
-class Environment(RunlaneModel, metaclass=_CallerBuilt):
+class Environment(RunlaneModel, metaclass=CallerBuilt):
     """A durable namespace: development, staging, production, a tenant, a test suite."""
 
     name: str = Field(min_length=1, max_length=200)
@@ -162,7 +164,7 @@ def environment_key(environment: Environment) -> str:
     return environment.name
 
 
-class Actor(RunlaneModel, metaclass=_CallerBuilt):
+class Actor(RunlaneModel, metaclass=CallerBuilt):
     type: ActorType
     id: str | None = None
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from ..defaults import contract_defaults
-from ..errors import ErrorCode, RunlaneError, pydantic_problems
+from ..errors import ErrorCode, RunlaneError
 from ..json_values import is_unicode_text
-from ..models import Environment, RunEventRecord, RunlaneModel, RunRecord, UtcDateTime
+from ..models import CallerBuilt, Environment, RunEventRecord, RunlaneModel, RunRecord, UtcDateTime
 from ..run_scans import get_run_runnable_available_at
 from ..vocabulary import PaginationCursorKind, RunEventSortField, RunEventType, RunSortField, RunStatus, SortDirection
 from .codecs import encode_iso_date, encode_storage_unsigned_integer
@@ -35,23 +35,15 @@ __all__ = [
 ]
 
 
-class TimeRange(RunlaneModel):
+class TimeRange(RunlaneModel, metaclass=CallerBuilt):
     """Inclusive bounds; either side may be open."""
+
+    # Built by hand (``TimeRange(start=...)``), bad bounds are a query filter's ``validation_failed``;
+    # validated inside a filter, they are that filter's validation error.
+    __caller_error__: ClassVar[tuple[ErrorCode, str, str]] = (ErrorCode.VALIDATION_FAILED, "time range", "range")
 
     start: UtcDateTime | None = None
     end: UtcDateTime | None = None
-
-    def __init__(self, **bounds: Any) -> None:
-        # Built by hand (``TimeRange(start=...)``), bad bounds are the caller's ``validation_failed``;
-        # validated inside a filter, the filter reports them with the option that held them.
-        try:
-            super().__init__(**bounds)
-        except ValidationError as error:
-            raise RunlaneError(
-                ErrorCode.VALIDATION_FAILED,
-                f"Invalid time range: {pydantic_problems(error, 'range')}.",
-                meta={"fields": ["start", "end"]},
-            ) from None
 
     @model_validator(mode="after")
     def _ordered(self) -> TimeRange:
