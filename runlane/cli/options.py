@@ -161,19 +161,14 @@ def read_json_text(ctx: Any, value: str, name: str) -> str:
             other = meta[_STDIN_READ_BY]
             raise _invalid(f"{name} cannot read standard input: {other} does; pass one of them as @FILE.")
         meta[_STDIN_READ_BY] = name
+        source, empty = "standard input", "pipe the JSON value into the command, or pass it as the argument itself"
         try:
             text = _stdin_text().read()
         except (OSError, UnicodeDecodeError) as error:
             raise _invalid(f"{name} could not read standard input ({error}).", argument=name) from None
-        if not text.strip():
-            raise _invalid(
-                f"{name} read nothing from standard input: pipe the JSON value into the command, or pass it "
-                "as the argument itself.",
-                argument=name,
-            )
-        return text
-    if value.startswith("@"):
+    elif value.startswith("@"):
         path = Path(value[1:]).expanduser()
+        source, empty = str(path), "the file is empty; write the JSON value to it"
         try:
             text = path.read_text(encoding="utf-8-sig")  # a byte order mark some editors write is no JSON
         except UnicodeDecodeError:
@@ -181,10 +176,11 @@ def read_json_text(ctx: Any, value: str, name: str) -> str:
         except (OSError, ValueError) as error:  # ValueError: a NUL in the name, one the locale cannot encode
             problem = error.strerror if isinstance(error, OSError) and error.strerror else error
             raise _invalid(f"{name} could not read {path} ({problem}).", argument=name) from None
-        if not text.strip():
-            raise _invalid(f"{name} read nothing from {path}: the file is empty; write the JSON value to it.")
-        return text
-    return value
+    else:
+        return value
+    if not text.strip():  # said here, where the source is known (``parse_json`` would call it an empty string)
+        raise _invalid(f"{name} read nothing from {source}: {empty}.", argument=name)
+    return text
 
 
 def _stdin_text() -> Any:
