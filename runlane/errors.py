@@ -137,9 +137,11 @@ def is_storage_conflict(error: BaseException, kind: StorageConflictKind | None =
 
 
 def describe_exception(error: BaseException) -> str:
-    """``Type: message`` of an exception from code runlane calls, or the type alone when it has no
-    message (``SystemExit()``, a bare ``raise KeyError``)."""
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    """``Type: message`` of an exception from code runlane calls, on one line (a multi-line message,
+    such as a pydantic ``ValidationError``'s, has its whitespace collapsed), or the type alone when it
+    has no message (``SystemExit()``, a bare ``raise KeyError``)."""
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def pydantic_message(detail: Any) -> str:

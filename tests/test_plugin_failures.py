@@ -300,6 +300,149 @@ def test_a_provider_whose_create_exits_is_a_configuration_error_naming_its_plugi
         )
 
 
+def test_a_third_party_lane_that_fails_to_start_is_a_configuration_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runlane.cli.main import build_app
+    from runlane_local import local_lane
+
+    def create(options, context):
+        lane = local_lane(name="unreachable")
+
+        async def start() -> None:
+            raise OSError("cannot reach the service")
+
+        object.__setattr__(lane.storage, "start", start)
+        return lane
+
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("unreachable", NoOptions, create))
+
+    write(tmp_path / "unreachable_app.py", 'from runlane import queue\n\ndefault = queue("default", default=True)\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = write(tmp_path / "runlane.toml", '[runlane]\ntasks = ["unreachable_app"]\n\n[lane]\nuse = "unreachable"\n')
+    with registered_on_pm({"unreachable-plugin": Plugin()}):
+        app = build_app()
+        plain = CliRunner().invoke(app, ["-c", str(config), "runs", "list"])
+        as_json = CliRunner().invoke(app, ["-c", str(config), "--json", "runs", "list"])
+    assert plain.exit_code == 1 and "Traceback" not in plain.output, plain.output
+    assert (
+        "error[configuration_invalid]: The lane 'unreachable' of plugin 'unreachable-plugin' failed to start: "
+        "OSError: cannot reach the service." in plain.output
+    )
+    assert as_json.exit_code == 1
+    error = json.loads(as_json.output.strip().splitlines()[-1])["error"]
+    assert error["code"] == "configuration_invalid"
+    assert error["meta"] == {"provider": "unreachable", "plugin": "unreachable-plugin"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures whose message spans lines, and an observer failing while a command runs
+
+
+def test_a_failure_whose_message_spans_lines_is_still_one_notice_naming_the_plugin(site: Path) -> None:
+    """A pydantic ValidationError (a plugin building its settings in a hook) spans several lines."""
+    install(
+        site,
+        "runlane-settings",
+        {"settings": "runlane_settings"},
+        {
+            "runlane_settings": """
+                from runlane.plugins import hookimpl
+
+
+                @hookimpl
+                def register_exporters(register):
+                    raise ValueError("2 problems\\n  endpoint: required\\n  port: not a number")
+            """
+        },
+    )
+    install(
+        site,
+        "runlane-tools",
+        {"tools": "runlane_tools"},
+        {
+            "runlane_tools": """
+                from runlane.plugins import hookimpl
+
+
+                @hookimpl
+                def register_commands(app):
+                    raise RuntimeError("first line\\nsecond line")
+            """
+        },
+    )
+    project = site.parent / "project"
+    write(project / "runlane.toml", '[lane]\nuse = "local"\n')
+    env = {"PYTHONPATH": str(site)}
+
+    as_json = cli(project, "--json", "plugins", "list", env=env)
+    assert as_json.returncode == 0, as_json.stderr
+    messages = [json.loads(line)["warning"]["message"] for line in as_json.stderr.splitlines()]
+    assert sorted(messages) == [
+        "skipped plugin 'settings' from runlane-settings: Plugin 'settings' failed in register_exporters: "
+        "ValueError: 2 problems endpoint: required port: not a number",
+        "skipped plugin 'tools' from runlane-tools: register_commands raised RuntimeError: first line second line; "
+        "its commands are not added.",
+    ]
+    plain = cli(project, "plugins", "list", env=env)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stderr.splitlines()  # the notices, then the command's own list of failures
+    assert sum(line.startswith("runlane: skipped plugin ") for line in lines) == 2, lines
+    assert all("skipped plugin " in line for line in lines), lines
+
+
+def test_an_observer_that_raises_while_a_command_runs_is_one_log_record_of_it(site: Path) -> None:
+    install(
+        site,
+        "runlane-brittle",
+        {"brittle": "runlane_brittle"},
+        {
+            "runlane_brittle": """
+                from runlane.plugins import hookimpl
+
+
+                def observe(observation):
+                    raise RuntimeError("observer broke")
+
+
+                @hookimpl
+                def register_observers(register):
+                    register(observe)
+            """
+        },
+    )
+    project = site.parent / "project"
+    write(
+        project / "app.py",
+        """
+        from runlane import queue, task
+
+        default = queue("default", default=True)
+
+
+        @task("app.hello", queue=default)
+        def hello(payload: dict) -> None:
+            return None
+        """,
+    )
+    write(project / "runlane.toml", '[runlane]\ntasks = ["app"]\n\n[lane]\nuse = "sqlite"\npath = "runs.db"\n')
+    env = {"PYTHONPATH": str(site)}
+
+    as_json = cli(project, "--json", "trigger", "app.hello", "{}", env=env)
+    assert as_json.returncode == 0, as_json.stderr
+    records = [json.loads(line) for line in as_json.stderr.splitlines()]  # every line is a JSON record
+    assert records and all(record["type"] == "log" for record in records), records
+    assert {record["logger"] for record in records} == {"runlane.observers"}
+    assert all("of plugin 'brittle' raised on run." in record["message"] for record in records)
+    assert all("RuntimeError: observer broke" in record["exception"] for record in records)
+    plain = cli(project, "trigger", "app.hello", "{}", env=env)
+    assert plain.returncode == 0, plain.stderr
+    assert "of plugin 'brittle' raised on run.created" in plain.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # Plugin commands
 

@@ -35,8 +35,8 @@ from .. import __version__
 from ..config import LoadedConfig, build_runtime, load_config
 from ..core.runtime import Runlane
 from ..errors import ErrorCode, RunlaneError, describe_exception
-from ..plugins.manager import get_registries, load_plugins, pm, skip_plugin
-from ..plugins.registries import ProviderContext, Registries, validate_options
+from ..plugins.manager import get_registries, is_first_party, load_plugins, pm, skip_plugin
+from ..plugins.registries import LaneProvider, ProviderContext, Registries, validate_options
 from .output import LineStream, Output, forward_runtime_logs, json_import_logs, quiet_connection_pool
 
 __all__ = [
@@ -70,6 +70,7 @@ class CliState:
 
     config_path: Path | None = None
     output: Output = field(default_factory=Output)
+    lane_provider: LaneProvider | None = None  # the provider of the configured lane, once it is built
 
 
 def state_of(ctx: typer.Context) -> CliState:
@@ -98,9 +99,15 @@ def load_cli_config(ctx: typer.Context) -> LoadedConfig:
     return config
 
 
-def _lane_factory(config: LoadedConfig, registries: Registries) -> Callable[[str, dict[str, Any]], Any]:
+def _lane_factory(
+    config: LoadedConfig, registries: Registries, state: CliState | None = None
+) -> Callable[[str, dict[str, Any]], Any]:
+    """Builds the configured lane through its provider (remembered in ``state``, for ``open_runtime``)."""
+
     def create(use: str, options: dict[str, Any]) -> Any:
         provider = registries.lanes.get(use)
+        if state is not None:
+            state.lane_provider = provider
         validated = validate_options(provider, options, table=f"[{config.source.table_name('lane')}]")
         context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
         return _created(provider, lambda: provider.create(validated, context), _is_lane, "a Lane")
@@ -205,7 +212,7 @@ async def build_configured_runtime(ctx: typer.Context) -> Runlane:
     with json_import_logs(state_of(ctx).output):  # the task modules are imported here
         return await build_runtime(
             config,
-            lane_factory=_lane_factory(config, registries),
+            lane_factory=_lane_factory(config, registries, state_of(ctx)),
             task_modules={contribution.value: contribution.plugin for contribution in registries.task_modules},
             observers=registries.plugin_observers(),
         )
@@ -223,16 +230,26 @@ async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) ->
     runtime = await build_configured_runtime(ctx)
     output = state_of(ctx).output
     # A connection the database dropped while the command ran (a server restarting under runlane runs
-    # wait) is reported by the command's own error, not by a bare line from the pool as well.
-    with quiet_connection_pool():
+    # wait) is reported by the command's own error, not by a bare line from the pool as well. What the
+    # runtime logs while it starts (a clock that is off the database server's), runs the command (an
+    # observer that raised) and closes is printed as the command's later records are (with --json, as
+    # JSON), not by Python's last-resort handler.
+    with quiet_connection_pool(), forward_runtime_logs(output):
         try:
-            # What starting logs (a clock that is off the database server's) is printed as the command's
-            # later records are (with --json, as JSON), not by Python's last-resort handler.
-            with forward_runtime_logs(output):
+            try:
                 if wait_for_storage:
                     await _start_when_storage_answers(runtime, output)
                 else:
                     await runtime.start()
+            except RunlaneError:
+                raise
+            except Exception as error:
+                # A third-party lane's own failure names the lane and its plugin, as one in its create()
+                # does; one of runlane's lanes keeps its traceback (runlane's bug to report).
+                provider = state_of(ctx).lane_provider
+                if provider is None or is_first_party(provider.plugin):
+                    raise
+                raise _provider_failed(provider, describe_exception(error), error) from error
             yield runtime
         finally:
             await runtime.close()
@@ -860,12 +877,12 @@ def _register_plugin_commands(root: typer.Typer) -> None:
             clashes = sorted(set(added) & builtin)
             problem = f"its commands {', '.join(clashes)} are already runlane commands" if clashes else None
         except (Exception, SystemExit) as error:  # a broken plugin must never take the CLI down
-            problem = f"register_commands raised {type(error).__name__}: {error}"
+            problem = f"register_commands raised {describe_exception(error)}"
         if problem is None:
             try:
                 _build(new_commands, new_groups)
             except (Exception, SystemExit) as error:
-                problem = f"its commands cannot be built ({type(error).__name__}: {error})"
+                problem = f"its commands cannot be built ({describe_exception(error)})"
         if problem is not None:
             del root.registered_commands[commands:], root.registered_groups[groups:]
             skip_plugin(hook.plugin_name, f"{problem}; its commands are not added.")

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import pluggy
 
-from ..errors import ErrorCode, RunlaneError
+from ..errors import ErrorCode, RunlaneError, describe_exception
 from . import hookspecs
 from .registries import Registries, collect_registries
 
@@ -266,7 +266,7 @@ def load_entry_point_plugins(
                 )
             manager.register(plugin, name=name)
         except (Exception, SystemExit) as error:  # a broken plugin must never take the host down
-            described = f"{type(error).__name__}: {' '.join(str(error).split())}"  # one line, as promised
+            described = describe_exception(error)  # one line, as promised
             _report_failure(name, origin, entry_point.value, described, stream)
             continue
         _origins[name] = origin
@@ -355,6 +355,17 @@ def load_plugins() -> None:
         load_entry_point_plugins(pm, runlane_entry_points(), allowlist=plugin_allowlist(), left_out=_left_out)
 
 
+# runlane's own distributions: what their plugins' code raises is runlane's to report (with a traceback).
+_FIRST_PARTY_DISTRIBUTIONS = frozenset({"runlane", "runlane-local", "runlane-postgres", "runlane-sqs", "runlane-otlp"})
+
+
+def is_first_party(name: str) -> bool:
+    """Whether the plugin registered as ``name`` comes from one of runlane's own distributions."""
+    origin = _origins.get(name)
+    distribution = None if origin is None else origin.distribution
+    return distribution is not None and normalize_plugin_name(distribution) in _FIRST_PARTY_DISTRIBUTIONS
+
+
 def get_plugin_failures() -> list[PluginLoadFailure]:
     """Entry-point plugins skipped so far because they failed to import or register."""
     return list(_failures)
@@ -409,8 +420,9 @@ def _skip_registered(name: str, error: RunlaneError, stderr: IO[str] | None = No
     origin = _origins.get(name, _Origin(None, None))
     from_dist = f" from {origin.distribution}" if origin.distribution else ""
     stream = sys.stderr if stderr is None else stderr
-    print(f"runlane: skipped plugin {name!r}{from_dist}: {error.message}", file=stream)
-    _failures.append(PluginLoadFailure(name, origin.distribution, error.message))
+    message = " ".join(error.message.split())  # one line per skipped plugin, whatever the reason says
+    print(f"runlane: skipped plugin {name!r}{from_dist}: {message}", file=stream)
+    _failures.append(PluginLoadFailure(name, origin.distribution, message))
     pm.unregister(name=name)
 
 
