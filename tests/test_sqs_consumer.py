@@ -80,6 +80,16 @@ async def cooperative(payload: dict, ctx: TaskContext) -> str | None:
     return ctx.signal.reason
 
 
+@task("sqs_consumer.handed_back")
+async def handed_back(payload: dict, ctx: TaskContext) -> str:
+    """Stops with its worker on the first attempt, as the docs show (``raise_if_aborted``)."""
+    if ctx.attempt == 1:
+        _STARTED[payload["started"]].set()
+        await asyncio.wait_for(ctx.signal.wait(), timeout=WAIT)
+        ctx.signal.raise_if_aborted()
+    return f"attempt {ctx.attempt}"
+
+
 # ---------------------------------------------------------------------------------------------
 # helpers
 
@@ -93,7 +103,7 @@ def _runtime(client: Any, url: str, *, fifo: object = None) -> Runlane:
     lane = create_lane(
         storage=local_storage_driver(), delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport)
     )
-    return create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[echo, slow, broken, cooperative])
+    return create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[echo, slow, broken, cooperative, handed_back])
 
 
 async def _depth(client: Any, url: str) -> int:
@@ -529,6 +539,32 @@ async def test_stopping_the_consumer_aborts_the_signal_the_task_sees(sqs_server,
         assert run.output == ("worker_stopped" if stopped_by == "stop()" else "shutting down")
         assert not consumer.running
         assert consumer.counts.deleted == 1
+        assert await _depth(client, url) == 0
+        del _STARTED[key]
+
+
+async def test_a_run_handed_back_on_the_consumers_stop_keeps_its_wakeup_for_the_next_consumer(sqs_server, consumers):
+    """A rolling deploy: the handler stops with its consumer and the run is released (``worker_stopped``).
+    Its wakeup is made visible again instead of deleted, so the next consumer runs it at once, without
+    waiting for a ``tick()`` to publish a new one."""
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    async with _runtime(client, url) as runtime:
+        key = uuid.uuid4().hex
+        _STARTED[key] = asyncio.Event()
+        run_id = (await runtime.trigger(handed_back, {"started": key})).run.id
+        first = await _start(consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery)
+        await asyncio.wait_for(_STARTED[key].wait(), timeout=WAIT)
+        await asyncio.wait_for(first.stop(), timeout=WAIT)
+        stopped = await runtime.runs.get(run_id)
+        assert stopped.status is RunStatus.RELEASED and stopped.counters.failures == 0
+        assert (first.counts.delivered, first.counts.deleted) == (1, 0)
+        assert await _depth(client, url) == 1  # the wakeup stays, visible again
+
+        second = await _start(consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery)
+        await _eventually(lambda: second.counts.deleted == 1, "the next consumer to run the run")
+        done = await runtime.runs.get(run_id)
+        assert done.status is RunStatus.SUCCEEDED and done.output == "attempt 2"
         assert await _depth(client, url) == 0
         del _STARTED[key]
 

@@ -14,7 +14,8 @@ undelivered, so SQS keeps their order.
 (messages it still returns are made visible again, if the process lives until it returns:
 ``wait_for_abandoned_receive()``), the signal every delivery got is aborted so
 cooperative task code can stop, and ``stop()`` returns when the deliveries in flight have resolved
-and their messages are deleted. A receive or delete call that fails as a whole, or an
+and their messages are deleted; a run whose handler stopped with it (``released: worker_stopped``)
+keeps its message instead, made visible again for the next consumer. A receive or delete call that fails as a whole, or an
 ``on_delivery_failure`` that raises, ends the loop with that error: ``await consumer.closed`` raises
 it. A consumer is single-start; create a new one to receive again.
 """
@@ -31,6 +32,7 @@ from runlane.core.cancellation import CancellationSignal, link_signals
 from runlane.core.worker import REASON_WORKER_STOPPED
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import DeliveryMessage
+from runlane.vocabulary import RunStatus
 
 from .aws import call_sqs, classify_provider_error, in_daemon_thread
 from .bindings import FIFO_SUFFIX, SQS_MAX_WAIT_TIME_SECONDS, check_client, check_count, invalid
@@ -49,6 +51,11 @@ from .transport import SQS_MAX_BATCH_SIZE
 __all__ = ["SqsConsumerCounts", "SqsDeliveryConsumer", "create_sqs_delivery_consumer"]
 
 SQS_MAX_VISIBILITY_TIMEOUT_SECONDS = 12 * 60 * 60
+
+# How one message's delivery settled (``SqsDeliveryConsumer._deliver``).
+_RESOLVED = object()
+_HANDED_BACK = object()
+_UNRESOLVED = object()
 
 
 @dataclass(slots=True)
@@ -159,26 +166,31 @@ class SqsDeliveryConsumer:
                     break
                 self.counts.received += len(received)
                 error: BaseException | None = None
+                settled: list[tuple[_Received, object]] = []
                 if self.fifo:
-                    handled = []
                     for position, message in enumerate(received):
                         if signal.aborted:
                             # Stopping: hand the rest of the batch back, in order, for the next consumer
                             # instead of running it under an aborted signal.
                             await self._release(received[position:])
                             break
-                        if not await self._deliver(message):
+                        outcome = await self._deliver(message)
+                        settled.append((message, outcome))
+                        if outcome is _UNRESOLVED:
                             break
-                        handled.append(message)
                 else:
                     # Every delivery of the batch settles before an observer's error ends the loop, so none
                     # is left running after ``closed`` and the ones that resolved are still deleted.
                     outcomes = await asyncio.gather(
                         *(self._deliver(message) for message in received), return_exceptions=True
                     )
-                    handled = [message for message, ok in zip(received, outcomes) if ok is True]
+                    settled = list(zip(received, outcomes))
                     error = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
-                await self._delete(handled)
+                # A run its handler handed back because this consumer stopped (``released: worker_stopped``)
+                # keeps its wakeup: made visible again, it runs at once on a consumer still up.
+                handed_back = [message for message, outcome in settled if outcome is _HANDED_BACK]
+                await self._release(handed_back)
+                await self._delete([message for message, outcome in settled if outcome is _RESOLVED])
                 if error is not None:
                     raise error
         finally:
@@ -268,8 +280,9 @@ class SqsDeliveryConsumer:
             except Exception:
                 pass  # they become visible at the end of their visibility timeout instead
 
-    async def _deliver(self, received: _Received) -> bool:
-        """Deliver one message; ``True`` when its delivery resolved and it may be deleted."""
+    async def _deliver(self, received: _Received) -> object:
+        """Deliver one message: ``_RESOLVED`` (delete it), ``_HANDED_BACK`` (its run was released because
+        this consumer stopped: make it visible again) or ``_UNRESOLVED`` (leave it to its visibility timeout)."""
 
         async def report(
             phase: SqsDeliveryFailurePhase, cause: BaseException, message: DeliveryMessage | None
@@ -281,10 +294,21 @@ class SqsDeliveryConsumer:
                 ErrorCode.VALIDATION_FAILED, "SQS returned a message without MessageId or ReceiptHandle."
             )
             await report(SqsDeliveryFailurePhase.MESSAGE, error, None)
-            return False
-        delivered = await deliver_body(received.body, self.execute_delivery, self._delivery_options, report)
-        self.counts.delivered += delivered
-        return delivered
+            return _UNRESOLVED
+        results: list[Any] = []
+
+        async def execute(message: DeliveryMessage, **options: Any) -> Any:
+            results.append(await call(self.execute_delivery, message, **options))
+            return results[-1]
+
+        if not await deliver_body(received.body, execute, self._delivery_options, report):
+            return _UNRESOLVED
+        self.counts.delivered += 1
+        run = getattr(results[-1], "run", None) if results else None
+        stopped = self._controller.signal.reason == REASON_WORKER_STOPPED
+        if stopped and getattr(run, "status", None) is RunStatus.RELEASED:
+            return _HANDED_BACK
+        return _RESOLVED
 
     async def _delete(self, handled: list[_Received]) -> None:
         for start in range(0, len(handled), SQS_MAX_BATCH_SIZE):
