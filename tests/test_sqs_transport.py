@@ -9,6 +9,7 @@ come from a client that returns them, since those are what the transport must ma
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -192,6 +193,24 @@ async def test_fifo_wakeups_carry_a_group_per_run_and_a_deduplication_id_per_out
     # SQS drops the second send of an outbox row within its deduplication window.
     assert sorted(item["Attributes"]["MessageGroupId"] for item in received) == ["run_1", "run_2"]
     assert len({item["Attributes"]["MessageDeduplicationId"] for item in received}) == 2
+
+
+async def test_a_run_id_sqs_refuses_as_a_group_id_is_grouped_by_its_hash(sqs_server: SqsTestServer) -> None:
+    """SQS takes 1-128 ASCII letters, digits and punctuation as a MessageGroupId; a run id may hold spaces,
+    other scripts and 512 characters. Those go out as their sha256, one group per run still."""
+    client = sqs_server.client()
+    url = sqs_server.create_queue(unique("group-ids") + ".fifo", fifo=True)
+    transport = sqs_transport(client=client, queues=[sqs_queue("default", queue_url=url, fifo=True)])
+    plain, spaced, accented, long = "order-42.v1", "order 42", "commande-é", "sync." + "x" * 200
+
+    result = await transport.publish_wakeups(command(*(wakeup(run_id) for run_id in (plain, spaced, accented, long))))
+
+    assert [outcome.type for outcome in result.outcomes] == [PUBLISHED] * 4
+    groups = {
+        parse_sqs_wakeup_body(item["Body"]).run_id: item["Attributes"]["MessageGroupId"] for item in drain(client, url)
+    }
+    hashed = {run_id: hashlib.sha256(run_id.encode("utf-8")).hexdigest() for run_id in (spaced, accented, long)}
+    assert groups == {plain: plain, **hashed}
 
 
 async def test_fifo_queue_grouping_puts_every_wakeup_of_a_queue_in_one_group(sqs_server: SqsTestServer) -> None:

@@ -67,6 +67,20 @@ def deduplication_id(outbox_message_id: str) -> str:
     return hashlib.sha256(outbox_message_id.encode("utf-8")).hexdigest()
 
 
+# What SQS accepts as a MessageGroupId: 1 to 128 ASCII letters, digits and punctuation (no space).
+_GROUP_ID_CHARACTERS = frozenset(chr(code) for code in range(0x21, 0x7F))
+_MAX_GROUP_ID = 128
+
+
+def message_group_id(value: str) -> str:
+    """The ``MessageGroupId`` of a FIFO wakeup grouped by ``value`` (a run id or a queue name): the value
+    itself when SQS accepts it, else its sha256 (64 hex characters), so that every run id and queue name
+    Runlane allows (up to 512 characters, spaces, any script) can be published, each to a group of its own."""
+    if 0 < len(value) <= _MAX_GROUP_ID and _GROUP_ID_CHARACTERS.issuperset(value):
+        return value
+    return hashlib.sha256(value.encode("utf-8")).hexdigest()
+
+
 def _publish_failure(error: RunlaneError) -> RunlaneError:
     """``error`` of a ``SendMessageBatch`` call as a publish failure: a bound URL whose queue does not
     exist, or a client without a region or credentials, is a retryable ``transport_publish_failed``
@@ -237,7 +251,7 @@ class SqsTransport:
         fifo = binding.fifo
         if fifo is not None:
             run_group = fifo.message_group is SqsFifoMessageGroup.RUN
-            entry["MessageGroupId"] = attempt.message.run_id if run_group else attempt.message.queue
+            entry["MessageGroupId"] = message_group_id(attempt.message.run_id if run_group else attempt.message.queue)
             if fifo.deduplication is SqsFifoDeduplication.OUTBOX:
                 entry["MessageDeduplicationId"] = deduplication_id(attempt.outbox_message_id)
         return entry
