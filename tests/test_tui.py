@@ -477,16 +477,63 @@ async def test_retry_creates_a_new_run_and_opens_it() -> None:
 
 async def test_a_refused_action_shows_its_error_and_changes_nothing() -> None:
     async with dashboard() as (app, pilot, runtime):
-        await open_run(pilot, "run_email_ada")
-        await pilot.press("t", "y")  # retry needs a failed run
+        await open_run(pilot, "run_approval_po7")
+        await runtime.runs.cancel("run_approval_po7")  # cancelled elsewhere while the screen shows it waiting
+        await pilot.press("c", "y")
         await settle(pilot)
-        assert isinstance(app.screen, RunDetailScreen) and app.screen.run_id == "run_email_ada"
+        assert isinstance(app.screen, RunDetailScreen) and app.screen.run_id == "run_approval_po7"
         (notification,) = app._notifications
         assert notification.severity == "error"
-        assert notification.title == "retry refused: validation_failed"
-        assert "manual retry needs a failed run" in notification.message
+        assert notification.title == "cancel refused: validation_failed"
+        assert "terminal runs cannot be cancelled" in notification.message
         page = await runtime.runs.list()
         assert len(page.data) == 5
+
+
+@pytest.mark.parametrize(
+    ("run_id", "offered"),
+    [
+        ("run_email_ada", {"rerun"}),  # succeeded
+        ("run_import_q3", {"retry", "rerun"}),  # failed
+        ("run_approval_po7", {"cancel"}),  # released, waiting for a signal
+    ],
+)
+async def test_the_footer_offers_only_the_actions_the_runs_status_allows(run_id: str, offered: set[str]) -> None:
+    async with dashboard() as (app, pilot, runtime):
+        await open_run(pilot, run_id)
+        keys = {"c": "cancel", "t": "retry", "n": "rerun"}
+        enabled = {keys[key] for key, active in app.screen.active_bindings.items() if key in keys and active.enabled}
+        assert enabled == offered
+        for key in sorted(set(keys) - {key for key, kind in keys.items() if kind in offered}):
+            await pilot.press(key)  # a disabled action asks nothing and does nothing
+            await settle(pilot)
+            assert isinstance(app.screen, RunDetailScreen) and app.screen.run_id == run_id
+        assert not app._notifications
+        assert len((await runtime.runs.list()).data) == 5
+
+
+async def test_leaving_the_run_while_its_action_is_in_flight_neither_cancels_it_nor_loses_its_outcome() -> None:
+    async with dashboard() as (app, pilot, runtime):
+        client = app.client
+        retry, may_finish = client.retry, asyncio.Event()
+
+        async def slow_retry(run_id: str) -> Any:
+            await may_finish.wait()  # storage is slow to answer
+            return await retry(run_id)
+
+        client.retry = slow_retry
+        await open_run(pilot, "run_import_q3")
+        await pilot.press("t", "y")
+        await pilot.pause()
+        await pilot.press("escape")  # back to the runs while the retry is in flight
+        await pilot.pause()
+        may_finish.set()
+        await settle(pilot)
+        assert isinstance(app.screen, RunsScreen)  # not taken to the new run: the operator left
+        (notification,) = app._notifications
+        assert notification.title == "retry" and notification.message.startswith("Created run_")
+        created = [run for run in (await runtime.runs.list()).data if run.id != "run_import_q3"]
+        assert any(run.source is not None and run.source.source_run_id == "run_import_q3" for run in created)
 
 
 async def test_a_storage_failure_is_shown_and_the_last_rows_stay() -> None:

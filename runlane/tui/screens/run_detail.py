@@ -1,8 +1,10 @@
 """``RunDetailScreen``: one run's card, attempts and event timeline, with its operator actions.
 
 ``c`` cancels the run, ``t`` retries a failed run and ``n`` reruns a finished one (each a new run
-with the same payload); each asks first. A retry or rerun opens the new run. The runtime
-decides what is allowed: a refused action is shown with its error code and message.
+with the same payload); each asks first, and the footer shows the ones the run's status rules out
+as disabled. A retry or rerun opens the new run. The runtime decides what is allowed: a refused
+action is shown with its error code and message. An action runs on the app, not on this screen:
+leaving the screen while it is in flight neither cancels it nor loses its outcome.
 
 A refresh reads the run alone first and its attempts and events only when its event sequence or
 status moved: a long history is read again only when it grew. The tables change only the rows that
@@ -23,6 +25,7 @@ from textual.widgets import Footer, Header, Label
 from ...cli.output import attempt_detail, display_value, event_detail
 from ...errors import RunlaneError
 from ...models import RunRecord
+from ...vocabulary import RunStatus
 from ..client import RunDetail
 from ..format import printable, printable_text, short_time, status_text
 from ..messages import RunChanged
@@ -33,6 +36,15 @@ from .confirm import ConfirmScreen
 from .live import LiveScreen
 
 __all__ = ["RunDetailScreen"]
+
+_FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+# Whether each action applies to a run in a status (the runtime's own rules, checked again there).
+_APPLIES = {
+    "cancel": lambda status: status not in _FINISHED,
+    "retry": lambda status: status is RunStatus.FAILED,
+    "rerun": lambda status: status in _FINISHED,
+}
 
 _ACTIONS = {
     "cancel": ("Cancel run {run_id}? A running attempt is asked to stop.", "Cancel run"),
@@ -101,7 +113,10 @@ class RunDetailScreen(LiveScreen):
             if isinstance(detail, RunlaneError):
                 self.status_line.failed(detail)
                 return
+            previous = self.detail
             self.detail = detail
+            if previous is None or previous.run.status is not detail.run.status:
+                self.refresh_bindings()  # the actions the footer offers follow the status
             self.query_one("#card", RunCard).show(detail.run)
             if history:
                 self._show_history(detail)
@@ -147,22 +162,31 @@ class RunDetailScreen(LiveScreen):
 
     # -- actions --------------------------------------------------------------------------------
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """An action the run's status rules out is shown disabled and does nothing (until the run is
+        read, every action is offered: the runtime decides)."""
+        if action != "act" or self.detail is None or not parameters:
+            return True
+        applies = _APPLIES.get(str(parameters[0]))
+        return None if applies is not None and not applies(self.detail.run.status) else True
+
     def action_act(self, kind: str) -> None:
         question, label = _ACTIONS[kind]
 
         def answered(confirmed: bool | None) -> None:
             if confirmed:
-                self.perform(kind)
+                self.app.run_worker(self.perform(kind), group="actions")
 
         self.app.push_screen(ConfirmScreen(question.format(run_id=self.run_id), action=label), answered)
 
-    @work(group="actions")
     async def perform(self, kind: str) -> None:
+        """Run ``kind`` on the run and report its outcome through the app, whatever screen is showing by then."""
+        app = self.app
         client = self.dashboard.client
         try:
             run = await getattr(client, kind)(self.run_id)
         except RunlaneError as error:
-            self.notify(
+            app.notify(
                 printable(error.message),
                 title=f"{kind} refused: {error.code.value}",
                 severity="error",
@@ -171,17 +195,19 @@ class RunDetailScreen(LiveScreen):
             )
             return
         if kind == "cancel":
-            self.notify(
+            app.notify(
                 printable(f"Cancel recorded for {run.id}: it is {display_value(run.status)}."),
                 title="cancel",
                 markup=False,
             )
-            self.post_message(RunChanged(self.run_id))
-            self.reload()
+            if self.is_current:
+                self.post_message(RunChanged(self.run_id))
+                self.reload()
             return
-        self.notify(printable(f"Created {run.id} from {self.run_id}."), title=kind, markup=False)
-        self.post_message(RunChanged(self.run_id, created_run_id=run.id))
-        self.app.switch_screen(RunDetailScreen(run.id))
+        app.notify(printable(f"Created {run.id} from {self.run_id}."), title=kind, markup=False)
+        if self.is_current:  # the operator is still looking at this run: open the new one
+            self.post_message(RunChanged(self.run_id, created_run_id=run.id))
+            app.switch_screen(RunDetailScreen(run.id))
 
 
 def _moved(shown: RunRecord, current: RunRecord) -> bool:
