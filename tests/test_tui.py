@@ -746,6 +746,31 @@ async def test_on_a_process_local_lane_the_dashboard_reads_the_runlane_dev_proce
         assert dev_project.json("runs", "get", parked)["run"]["status"] == "cancelled"
 
 
+async def test_the_dashboard_follows_runlane_dev_to_the_process_a_restart_started(dev_project: Any) -> None:
+    """``runlane dev --reload`` starts a new process (a new port and token) at every change: the open
+    dashboard follows the session it records instead of saying dev is gone."""
+    from cli_support import running_dev
+
+    from runlane.cli.bridge import read_session
+
+    with running_dev(dev_project, "--queue", "default"):
+        first = read_session(dev_project.config)
+        client = DashboardClient.bridged(
+            first, lane="local", environment="default", find_session=lambda: read_session(dev_project.config)
+        )
+        assert (await client.runs()).runs == []
+    with running_dev(dev_project, "--queue", "default"):
+        second = read_session(dev_project.config)
+        assert second is not None and second.pid != first.pid
+        parked = dev_project.json("trigger", "later", "{}")["run"]["id"]
+        assert [run.id for run in (await client.runs()).runs] == [parked]
+        assert client.where == f"runlane dev (pid {second.pid})"
+    with pytest.raises(RunlaneError) as raised:  # no runlane dev at all now
+        await client.runs()
+    assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
+    assert "start runlane dev again and the dashboard reconnects" in raised.value.message
+
+
 def test_runlane_tui_refuses_a_process_local_lane_without_runlane_dev(dev_project: Any) -> None:
     result = dev_project.cli("tui")
     assert result.returncode == 1

@@ -78,7 +78,18 @@ def tui(
             and serves(session, lane_signature(config), state_of(ctx).output)
         ):
             lane = config.lane.use if config.lane is not None else "runtime"
-            client = client_type.bridged(session, lane=lane, environment=config.environment)
+            signature = lane_signature(config)
+
+            def find_session() -> Any:
+                """The live session now recorded for this config (a new one after a dev restart)."""
+                found = read_session(config.path)
+                if found is None or not pid_alive(found.pid) or found.lane not in (None, signature):
+                    return None
+                return found
+
+            client = client_type.bridged(
+                session, lane=lane, environment=config.environment, find_session=find_session
+            )
             try:
                 await client.queues()  # a session that no longer answers is discarded here
             except RunlaneError as error:

@@ -46,8 +46,13 @@ class RunlaneDashboard(App[None]):
         self.now = now
 
     def on_mount(self) -> None:
-        self.sub_title = printable(f"{self.client.environment} · lane {self.client.lane} · via {self.client.where}")
+        self.show_source()
         self.push_screen(RunsScreen())
+
+    def show_source(self) -> None:
+        """The title's environment, lane and where the data comes from (a new runlane dev process after a
+        restart)."""
+        self.sub_title = printable(f"{self.client.environment} · lane {self.client.lane} · via {self.client.where}")
 
     def action_refresh(self) -> None:
         reload = getattr(self.screen, "reload", None)

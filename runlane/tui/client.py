@@ -43,6 +43,10 @@ _OPERATION_MODULES = (cli_actions, cli_queues, cli_runs)
 client works whatever else was imported."""
 
 
+def _dev_where(session: Session) -> str:
+    return f"runlane dev (pid {session.pid})"
+
+
 @dataclass(frozen=True, slots=True)
 class QueueRow:
     """One line of the queue overview (``runlane queues``)."""
@@ -94,24 +98,43 @@ class DashboardClient:
         return cls(call, lane=runtime.lane.name, environment=runtime.environment.name, where="this process")
 
     @classmethod
-    def bridged(cls, session: Session, *, lane: str, environment: str) -> DashboardClient:
-        """Operations run inside the ``runlane dev`` process of ``session``."""
+    def bridged(
+        cls,
+        session: Session,
+        *,
+        lane: str,
+        environment: str,
+        find_session: Callable[[], Session | None] | None = None,
+    ) -> DashboardClient:
+        """Operations run inside the ``runlane dev`` process of ``session``. ``find_session`` gives the
+        session now recorded for the configuration: ``runlane dev --reload`` starts a new process (a new
+        port and token) at every change, and the client follows it once the old one no longer answers."""
+        current = session
 
         async def call(name: str, params: dict[str, Any]) -> str:
+            nonlocal current
             op = OPERATIONS[name]
+            parsed = parse_params(op, params)
             # The screen's periodic reads stay out of the dev process's output; its actions are printed there.
             quiet = name in _READS
-            rendered = await exchange(session, op, parse_params(op, params), Output(json_mode=True), quiet=quiet)
+            rendered = await exchange(current, op, parsed, Output(json_mode=True), quiet=quiet)
+            if rendered is None and find_session is not None:
+                found = find_session()
+                if found is not None and found != current:
+                    current = found
+                    client.where = _dev_where(found)
+                    rendered = await exchange(current, op, parsed, Output(json_mode=True), quiet=quiet)
             if rendered is None:
                 raise RunlaneError(
                     ErrorCode.STORAGE_UNAVAILABLE,
-                    f"The runlane dev process (pid {session.pid}) no longer answers; start it again and reopen "
-                    "the dashboard.",
+                    f"The runlane dev process (pid {current.pid}) no longer answers; start runlane dev again "
+                    "and the dashboard reconnects at its next refresh.",
                     retryable=True,
                 )
             return rendered.stdout
 
-        return cls(call, lane=lane, environment=environment, where=f"runlane dev (pid {session.pid})")
+        client = cls(call, lane=lane, environment=environment, where=_dev_where(session))
+        return client
 
     async def _json(self, name: str, **params: Any) -> Any:
         text = await self._call(name, params)

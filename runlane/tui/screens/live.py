@@ -54,6 +54,7 @@ class LiveScreen(Screen[None]):
         """Read now, superseding a read in flight."""
         self._read_started = self.dashboard.now()  # shown to the operator
         self._read_since = time.monotonic()  # measured
+        self.dashboard.show_source()  # the client may have followed a restarted runlane dev
         self._reading = self.read()
 
     @property
