@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, field_validator
 
 from runlane import (
     Actor,
@@ -704,6 +705,42 @@ async def test_a_schedule_failing_every_pass_is_reported_once_and_the_maintenanc
     assert "Schedule 'reports.hourly' did not fire" in failed[1]["error_message"]
     # Each pass stops at the failing schedule: the one after it waits for the fix, as the later phases do.
     assert runs == []
+
+
+async def test_a_schedule_payload_the_task_no_longer_accepts_says_to_fix_the_schedule_not_the_run():
+    """Validated at registration, then again before each materialization: the task's rules may have
+    changed since (a validator reading settings, say). No run exists yet, so the advice is about the schedule."""
+    accepted = {"eu", "us"}
+
+    class Region(BaseModel):
+        region: str
+
+        @field_validator("region")
+        @classmethod
+        def known(cls, value: str) -> str:
+            if value not in accepted:
+                raise ValueError(f"unknown region {value!r}")
+            return value
+
+    @task("reports.regional", schema=Region, schedule=schedule("reports.eu", every="1h", payload={"region": "eu"}))
+    async def regional(payload: Any) -> None:
+        return None
+
+    runtime, clock = make_runtime(regional, clock=ControlledClock(T0))
+    async with runtime:
+        accepted.discard("eu")  # the region was retired after the schedule was registered
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.tick()
+        assert await all_runs(runtime) == []
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert caught.value.meta["schedule_id"] == "reports.eu"
+    message = caught.value.message
+    assert message.startswith("Invalid payload of schedule 'reports.eu' (task 'reports.regional'): region: ")
+    assert "unknown region 'eu'" in message
+    assert message.endswith(
+        "Change the schedule's payload= to one the task accepts, or pass enabled=False to schedule() until it does."
+    )
+    assert "trigger a new run" not in message
 
 
 async def test_a_one_off_fire_time_is_not_starved_by_a_recurring_schedule_of_the_same_singleton_task():

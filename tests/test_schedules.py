@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -19,6 +19,7 @@ from runlane.core.schedules import (
     ScheduleMaterializer,
     ScheduleOccurrences,
     latest_due_fire_time,
+    next_fire_time,
     schedule_occurrence_id,
     scheduled_run_id,
     validate_cron,
@@ -355,6 +356,27 @@ def test_ends_at_before_starts_at_is_rejected():
     with pytest.raises(RunlaneError) as caught:
         latest_due_fire_time(built, at(2026, 1, 3))
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+
+
+@pytest.mark.parametrize(
+    "run_at",
+    [
+        datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
+        datetime.max.replace(tzinfo=timezone(timedelta(hours=-5))),
+    ],
+    ids=["before-year-1-in-utc", "after-year-9999-in-utc"],
+)
+def test_a_time_out_of_range_in_utc_is_configuration_invalid(run_at: datetime):
+    with pytest.raises(RunlaneError) as caught:
+        schedule("sync", run_at=run_at)
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "is out of range in UTC (years 1 to 9999)" in caught.value.message
+
+
+def test_an_interval_whose_next_boundary_is_past_the_year_9999_has_no_next_fire_time():
+    huge = schedule("huge", every="3000000d")
+    assert next_fire_time(huge, at(2026, 1, 1)) is None
+    assert latest_due_fire_time(huge, at(2026, 1, 1)) == datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def test_naive_now_is_rejected():

@@ -151,7 +151,10 @@ def _aware_utc(value: object, what: str) -> datetime:
             f"got {value!r}.",
             field=what,
         )
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # datetime(1, 1, 1, tzinfo=+05:00) is before the year 1 in UTC
+        raise _invalid(f"Invalid {what}: {value!r} is out of range in UTC (years 1 to 9999).", field=what) from None
 
 
 def _optional_queue(value: object, owner: str) -> QueueDefinition | None:
@@ -863,22 +866,34 @@ def _schedules(value: object, task_id: str) -> tuple[ScheduleDefinition, ...]:
     return tuple(items)
 
 
+_FIX_SCHEDULE = "Change the schedule's payload= to one the task accepts, or pass enabled=False to schedule() until it does."
+
+
+def schedule_payload(definition: TaskDefinition, item: ScheduleDefinition, *, when_registered: bool = True) -> Any:
+    """The validated static payload of ``item``, a schedule of ``definition`` (checked when the task is
+    registered, and again before each materialization: the task's schema may have changed since), or
+    ``configuration_invalid`` naming the schedule and how to fix it."""
+    subject = f"payload of schedule {item.id!r} (task {definition.id!r})"
+    hint = _SEND_MATCHING if when_registered else _FIX_SCHEDULE
+    try:
+        payload = definition._validate(item.payload, json_input=True, subject=subject, hint=hint)
+        definition.dump_payload(payload)
+    except RunlaneError as error:
+        # A payload that validates but does not survive storage is named by its task: say which schedule.
+        named = error.message if subject in error.message else f"Schedule {item.id!r}: {error.message}"
+        missing = "" if item.has_payload else " Pass payload= to schedule()."
+        raise _invalid(
+            f"{named}{missing}",
+            task_id=definition.id,
+            schedule_id=item.id,
+            errors=error.meta.get("errors", []),
+        ) from None
+    return payload
+
+
 def _check_schedule_payloads(definition: TaskDefinition) -> None:
     for item in definition.schedules:
-        subject = f"payload of schedule {item.id!r} (task {definition.id!r})"
-        try:
-            payload = definition._validate(item.payload, json_input=True, subject=subject)
-            definition.dump_payload(payload)
-        except RunlaneError as error:
-            # A payload that validates but does not survive storage is named by its task: say which schedule.
-            named = error.message if subject in error.message else f"Schedule {item.id!r}: {error.message}"
-            hint = "" if item.has_payload else " Pass payload= to schedule()."
-            raise _invalid(
-                f"{named}{hint}",
-                task_id=definition.id,
-                schedule_id=item.id,
-                errors=error.meta.get("errors", []),
-            ) from None
+        payload = schedule_payload(definition, item)
         # Every tick resolves these keys before it claims the schedule's fire time: a resolver that
         # fails on the static payload would fail every tick, and stop its other phases, until fixed.
         for kind in ("singleton_key", "concurrency_key"):

@@ -91,7 +91,7 @@ from ..storage import (
 )
 from ..storage.tables import corrupt_record, describe_problem, describe_record_key
 from ..vocabulary import ScheduleOccurrenceStatus, ScheduleType
-from .authoring import load_time_zone
+from .authoring import load_time_zone, schedule_payload
 
 if TYPE_CHECKING:
     from .authoring import ScheduleDefinition, TaskDefinition
@@ -296,7 +296,10 @@ def _latest_interval_boundary(definition: ScheduleDefinition, now: datetime) -> 
 
 def _next_interval_boundary(definition: ScheduleDefinition, after: datetime) -> datetime | None:
     anchor, every, ends_at = _interval_bounds(definition)
-    boundary = anchor if after < anchor else anchor + every * ((after - anchor) // every + 1)
+    try:
+        boundary = anchor if after < anchor else anchor + every * ((after - anchor) // every + 1)
+    except OverflowError:
+        return None  # past the year 9999: it never fires again
     return None if ends_at is not None and boundary > ends_at else boundary
 
 
@@ -983,16 +986,6 @@ def _settled(occurrence: ScheduleOccurrence, now: datetime) -> bool:
 
 def _preflight(item: ScheduleDefinition, task: TaskDefinition) -> None:
     """Validate the static payload again and resolve the task's run keys before claiming."""
-    try:
-        payload = task.load_payload(item.payload)
-        task.dump_payload(payload)
-    except RunlaneError as error:
-        hint = "" if item.has_payload else " Pass payload= to schedule()."
-        raise _invalid(
-            f"The payload of schedule {item.id!r} no longer matches task {task.id!r}: {error.message}{hint}",
-            task_id=task.id,
-            schedule_id=item.id,
-            errors=error.meta.get("errors"),
-        ) from None
+    payload = schedule_payload(task, item, when_registered=False)
     for kind in ("singleton_key", "concurrency_key"):
         task.resolve_key(kind, payload)
