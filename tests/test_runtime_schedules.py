@@ -641,7 +641,7 @@ async def test_a_tick_in_a_new_process_each_time_still_gives_every_schedule_its_
 # ---------------------------------------------------------------------------------------------
 # Schedules that cannot fire, and fire times competing for one singleton key
 
-# The local lane's record limit less what a run keeps free (see _check_schedule_payload_sizes).
+# The local lane's record limit less what a new run leaves free (see Runlane._check_scheduled_runs_fit).
 ROOM = 400 * 1024 - 4096 - 1024
 
 
@@ -654,18 +654,49 @@ def test_a_schedule_whose_payload_can_never_be_stored_is_refused_at_registration
         make_runtime(build)
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
     assert caught.value.meta["schedule_id"] == "reports.hourly" and caught.value.meta["field"] == "payload"
-    assert "its payload is 500,015 bytes, and a run of it could never be stored" in caught.value.message
-    assert "pass a reference" in caught.value.message
+    assert "a run of it would take 500,8" in caught.value.message
+    assert "could never be stored on this lane" in caught.value.message
+    assert "its payload takes 500,015. Keep large data elsewhere and pass a reference" in caught.value.message
+
+
+def test_a_schedule_payload_just_small_enough_alone_but_not_with_its_run_is_refused_at_registration():
+    """The run around the payload (ids, source, times, events) counts too: a payload that leaves too little
+    room for it would fail every pass instead, and stop the maintenance after it."""
+    blob = "x" * (ROOM - len('{"template":""}') - 50)
+
+    @task("reports.build", schedule=schedule("reports.hourly", every="1h", payload={"template": blob}))
+    async def build(payload: dict) -> None:
+        return None
+
+    with pytest.raises(RunlaneError) as caught:
+        make_runtime(build)
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID and caught.value.meta["schedule_id"] == "reports.hourly"
+
+    @task("reports.build", schedule=schedule("reports.hourly", every="1h", payload={"template": blob[:-1000]}))
+    async def fits(payload: dict) -> None:
+        return None
+
+    make_runtime(fits)  # 1,000 bytes less: its runs fit, and it is accepted
 
 
 async def test_a_schedule_failing_every_pass_is_reported_once_and_the_maintenance_loop_keeps_going():
     from runlane.cli.tick import tick_until_stopped
 
-    # Just under the registration check, just over what its run record may take: fails when due.
-    blob = "x" * (ROOM - len('{"template":""}') - 50)
+    accepted = {"eu"}
 
-    @task("reports.build", schedule=schedule("reports.hourly", every="1h", payload={"template": blob}))
-    async def build(payload: dict) -> None:
+    class Region(BaseModel):
+        region: str
+
+        @field_validator("region")
+        @classmethod
+        def known(cls, value: str) -> str:
+            if value not in accepted:
+                raise ValueError(f"unknown region {value!r}")
+            return value
+
+    # Valid when registered, refused when due: fails every pass until fixed.
+    @task("reports.build", schema=Region, schedule=schedule("reports.hourly", every="1h", payload={"region": "eu"}))
+    async def build(payload: Any) -> None:
         return None
 
     @task("ok.task", schedule=schedule("ok.minutely", every="1m"))
@@ -673,6 +704,7 @@ async def test_a_schedule_failing_every_pass_is_reported_once_and_the_maintenanc
         return None
 
     runtime, clock = make_runtime(build, fine, clock=ControlledClock(T0))
+    accepted.clear()
     records: list[tuple[str, dict[str, Any]]] = []
     ticks: list[Any] = []
 
@@ -701,8 +733,8 @@ async def test_a_schedule_failing_every_pass_is_reported_once_and_the_maintenanc
         runs = await all_runs(runtime)
     assert passes == 3 and ticks == []  # every pass raised, none stopped the loop
     (failed,) = records
-    assert failed[0] == "tick_failed" and failed[1]["error_code"] == "validation_failed"
-    assert "Schedule 'reports.hourly' did not fire" in failed[1]["error_message"]
+    assert failed[0] == "tick_failed" and failed[1]["error_code"] == "configuration_invalid"
+    assert "Invalid payload of schedule 'reports.hourly'" in failed[1]["error_message"]
     # Each pass stops at the failing schedule: the one after it waits for the fix, as the later phases do.
     assert runs == []
 

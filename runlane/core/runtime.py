@@ -82,6 +82,7 @@ from ..run_scans import (
     get_run_delivery_recovery_available_at,
     get_run_dispatch_available_at,
 )
+from ..reducer import project_run_events
 from ..storage import (
     PaginationParams,
     RunEventFilter,
@@ -152,7 +153,7 @@ from .observations import (
     trim_observation_records,
 )
 from .pruning import PruneResult, RunPruner, older_than_ms, resolve_older_than, resolve_prune_request
-from .schedules import ScheduleMaterializer
+from .schedules import ScheduleMaterializer, schedule_occurrence_id, scheduled_run_id
 from .transport import PublishWakeupsCommand, WakeupPublishAttempt, parse_publish_wakeups_result
 from .store import (
     AppendResult,
@@ -164,6 +165,7 @@ from .store import (
     NextClaimRequest,
     OutboxMark,
     ReserveRequest,
+    check_room_to_run,
     delayed_delivery_at,
     run_not_found,
 )
@@ -1340,16 +1342,8 @@ class Runlane:
             run_at=spec.run_at,
         )
 
-    async def create_triggered(
-        self, spec: _CreateInput, *, now: datetime | None = None, publish: bool = True
-    ) -> TriggerRunResult:
-        """Persist a prepared trigger: ``run.created`` (+ ``run.delivery_requested`` on unbounded queues).
-
-        ``now`` is the creation time when the caller already read the clock (a maintenance pass).
-        ``publish=False`` leaves the outbox rows to the caller's own outbox phase even under eager
-        dispatch (a tick publishes and counts them with the rest)."""
-        if now is None:
-            now = self.now()
+    def _creation_events(self, spec: _CreateInput, now: datetime) -> tuple[RunCreatedEvent, tuple[RunEvent, ...]]:
+        """``run.created`` of a prepared trigger, and ``run.delivery_requested`` after it on an unbounded queue."""
         created = self._created_event(spec, now)
         follow_up: tuple[RunEvent, ...] = ()
         # A delayed run starts queued with its ``run_at`` and no delivery request: workers claim it once it
@@ -1392,6 +1386,19 @@ class Runlane:
                     ),
                 )
             follow_up = (requested,)
+        return created, follow_up
+
+    async def create_triggered(
+        self, spec: _CreateInput, *, now: datetime | None = None, publish: bool = True
+    ) -> TriggerRunResult:
+        """Persist a prepared trigger: ``run.created`` (+ ``run.delivery_requested`` on unbounded queues).
+
+        ``now`` is the creation time when the caller already read the clock (a maintenance pass).
+        ``publish=False`` leaves the outbox rows to the caller's own outbox phase even under eager
+        dispatch (a tick publishes and counts them with the rest)."""
+        if now is None:
+            now = self.now()
+        created, follow_up = self._creation_events(spec, now)
         hint = spec.queue.name if self._wake_hints is not None else None
         try:
             result = await self._store.create_run(CreateRunPlan(created, follow_up, spec.generated_run_id, hint))
@@ -2158,6 +2165,50 @@ class Runlane:
             next_available_at=later(self.now(), delay_ms),
         )
 
+    def _scheduled_run(
+        self, item: ScheduleDefinition, definition: TaskDefinition, occurrence_id: str, run_id: str
+    ) -> _CreateInput:
+        """The run an occurrence of ``item`` creates: an ordinary run, whose singleton and concurrency keys
+        apply and whose idempotency key does not (``stored``)."""
+        return self.prepare_create(
+            definition,
+            item.payload,
+            actor=Actor(type=ActorType.SCHEDULE, id=item.id),
+            queue=item.queue,
+            run_id=run_id,
+            source=RunSource(type=RunSourceType.SCHEDULE, schedule_id=item.id, occurrence_id=occurrence_id),
+            stored=True,
+        )
+
+    def _check_scheduled_runs_fit(self) -> None:
+        """Refuse a schedule whose runs could never be stored on this lane: every maintenance pass would
+        claim its fire time and fail, and stop at it. Its run is built here as a pass would build it (the
+        ids and times of every fire time have one length) and measured against the room a new run must
+        leave; a payload that no longer validates is left to be reported when the schedule is due."""
+        now = self.now()
+        for item, definition in self._schedules:
+            occurrence_id = schedule_occurrence_id(self._environment, item.id, now)
+            try:
+                spec = self._scheduled_run(item, definition, occurrence_id, scheduled_run_id(occurrence_id))
+            except RunlaneError:
+                continue
+            created, follow_up = self._creation_events(spec, now)
+            try:
+                run = project_run_events(None, 0, [created, *follow_up])
+                check_room_to_run(self._store, run, len(follow_up) + 1)
+            except StorageLimitError as error:
+                size = len(canonical_json(spec.payload).encode())
+                raise _invalid(
+                    f"Schedule {item.id!r} of task {definition.id!r}: a run of it would take {error.actual:,} bytes, "
+                    f"and could never be stored on this lane (max_record_bytes "
+                    f"{self._store.driver.profile.limits.max_record_bytes:,}, of which {error.reserved:,} stay free "
+                    f"for what a run records); its payload takes {size:,}. Keep large data elsewhere and pass a "
+                    "reference (an id, a URL) in the payload.",
+                    field="payload",
+                    task_id=definition.id,
+                    schedule_id=item.id,
+                ) from None
+
     async def _materialize_schedules(self, now: datetime, limit: int) -> int:
         """Materialize the latest due occurrence of every enabled registered schedule (no backfill)."""
         if not self._schedules:
@@ -2166,16 +2217,7 @@ class Runlane:
         async def create_run(
             item: ScheduleDefinition, definition: TaskDefinition, occurrence: ScheduleOccurrence, run_id: str
         ) -> RunRecord:
-            # An ordinary run: singleton and concurrency keys apply, idempotency keys do not (``stored``).
-            spec = self.prepare_create(
-                definition,
-                item.payload,
-                actor=Actor(type=ActorType.SCHEDULE, id=item.id),
-                queue=item.queue,
-                run_id=run_id,
-                source=RunSource(type=RunSourceType.SCHEDULE, schedule_id=item.id, occurrence_id=occurrence.id),
-                stored=True,
-            )
+            spec = self._scheduled_run(item, definition, occurrence.id, run_id)
             # The pass's outbox phase publishes its wakeup with the rest, and counts it.
             return (await self.create_triggered(spec, now=now, publish=False)).run
 
@@ -3253,9 +3295,7 @@ def create_runlane(
     if on_observer_error is not None and not callable(on_observer_error):
         raise _invalid(f"on_observer_error must be a function, got {on_observer_error!r}.", field="on_observer_error")
 
-    _check_schedule_payload_sizes(lane, by_id)
-
-    return Runlane(
+    runtime = Runlane(
         lane=lane,
         queues=queue_map,
         tasks=task_map,
@@ -3268,32 +3308,8 @@ def create_runlane(
         observers=observer_list,
         on_observer_error=on_observer_error,
     )
-
-
-def _check_schedule_payload_sizes(lane: Lane, tasks: Mapping[str, TaskDefinition]) -> None:
-    """A schedule whose static payload alone leaves no room in one record of the lane could never fire:
-    every maintenance pass would claim its fire time and fail. Refused here, where the lane's limits are
-    first known; a payload only just under is refused when its run is created, as a trigger's is."""
-    from .store import RECOVERY_LINK_BYTES, RUN_RECORD_HEADROOM_BYTES
-
-    limits = lane.storage.profile.limits
-    room = limits.max_record_bytes - RUN_RECORD_HEADROOM_BYTES - RECOVERY_LINK_BYTES
-    for item in tasks.values():
-        for entry in item.schedules:
-            try:
-                size = len(canonical_json(item.dump_payload(item.load_payload(entry.payload))).encode())
-            except RunlaneError:
-                continue  # a payload that no longer validates is reported when the schedule is due
-            if size > room:
-                raise _invalid(
-                    f"Schedule {entry.id!r} of task {item.id!r}: its payload is {size:,} bytes, and a run of it "
-                    f"could never be stored on this lane (max_record_bytes {limits.max_record_bytes:,}, of which "
-                    f"{limits.max_record_bytes - room:,} stay free for what a run records). Keep large data "
-                    "elsewhere and pass a reference (an id, a URL) in the payload.",
-                    field="payload",
-                    task_id=item.id,
-                    schedule_id=entry.id,
-                )
+    runtime._check_scheduled_runs_fit()
+    return runtime
 
 
 def _check_registered_queue(queues: Mapping[str, QueueDefinition], queue: QueueDefinition, owner: str) -> None:

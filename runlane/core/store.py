@@ -497,6 +497,25 @@ def _run_json(run: RunRecord, counts: dict[str, int]) -> dict[str, Any]:
     return {"run": run_record_json(run), "children": counts}
 
 
+def _check_room(store: CoreStore, run: RunRecord, size: int) -> None:
+    """Refuse a new run whose record (``size`` bytes) leaves less than ``RUN_RECORD_HEADROOM_BYTES`` of the
+    record limit: its claim adds a lease to the record, and a run that could never be claimed would stay
+    the oldest due work of its queue, failing every worker that reaches it. A run not created by a rerun
+    or retry leaves ``RECOVERY_LINK_BYTES`` more, for its own rerun or retry."""
+    limit = store._limits.max_record_bytes
+    reserved = RUN_RECORD_HEADROOM_BYTES
+    if run.source is None or run.source.type not in _RECOVERY_SOURCES:
+        reserved += RECOVERY_LINK_BYTES
+    if size > limit - reserved:
+        raise StorageLimitError("max_record_bytes", limit - reserved, size, reserved=reserved)
+
+
+def check_room_to_run(store: CoreStore, run: RunRecord, events: int) -> None:
+    """``StorageLimitError`` when ``run``, new with ``events`` events, would not fit a record of ``store``'s lane
+    with the room a new run leaves (the check its creation makes)."""
+    _check_room(store, run, encode_run_document_fast(run, RunChildCounts(events=events)).byte_size)
+
+
 def encode_run_document_fast(run: RunRecord, children: RunChildCounts) -> StorageDocument:
     """``tables.encode_run_document`` for a run built by the reducer (identical text).
 
@@ -1303,17 +1322,7 @@ class _Attempt:
     # -- staging ---------------------------------------------------------------------------------
 
     def _check_room_to_run(self, run: RunRecord, stored: NewStorageRecord) -> None:
-        """Refuse a new run whose record leaves less than ``RUN_RECORD_HEADROOM_BYTES`` of the record
-        limit: its claim adds a lease to the record, and a run that could never be claimed would stay
-        the oldest due work of its queue, failing every worker that reaches it. A run not created by a
-        rerun or retry leaves ``RECOVERY_LINK_BYTES`` more, for its own rerun or retry."""
-        limit = self.store._limits.max_record_bytes
-        size = stored.document.byte_size
-        reserved = RUN_RECORD_HEADROOM_BYTES
-        if run.source is None or run.source.type not in _RECOVERY_SOURCES:
-            reserved += RECOVERY_LINK_BYTES
-        if size > limit - reserved:
-            raise StorageLimitError("max_record_bytes", limit - reserved, size, reserved=reserved)
+        _check_room(self.store, run, stored.document.byte_size)
 
     def stage(self) -> None:
         tx = self.tx
