@@ -359,9 +359,9 @@ def load_plugins() -> None:
 _FIRST_PARTY_DISTRIBUTIONS = frozenset({"runlane", "runlane-local", "runlane-postgres", "runlane-sqs", "runlane-otlp"})
 
 
-def is_first_party(name: str) -> bool:
+def is_first_party(name: str | None) -> bool:
     """Whether the plugin registered as ``name`` comes from one of runlane's own distributions."""
-    origin = _origins.get(name)
+    origin = None if name is None else _origins.get(name)
     distribution = None if origin is None else origin.distribution
     return distribution is not None and normalize_plugin_name(distribution) in _FIRST_PARTY_DISTRIBUTIONS
 
