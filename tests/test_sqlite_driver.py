@@ -1137,6 +1137,21 @@ def test_lane_provider_options(tmp_path: Path) -> None:
     with pytest.raises(RunlaneError) as caught:  # not a RuntimeError the CLI blames on the plugin
         provider.create(validate_options(provider, {"path": "~no-such-user-7f3a9c/x.db"}), ProviderContext())
     assert caught.value.code is ErrorCode.CONFIGURATION_INVALID and "'~'" in caught.value.message
+    for flag in (True, False):  # TOML's true is no duration: not taken for 1 second
+        with pytest.raises(RunlaneError) as caught:
+            validate_options(provider, {"path": "x.db", "busy_timeout": flag})
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID and "busy_timeout" in caught.value.message
+
+
+@pytest.mark.parametrize("path", [":memory:", "file:x.db?mode=memory"])
+def test_an_in_memory_database_through_runlane_toml_is_refused_as_in_python(tmp_path: Path, path: str) -> None:
+    """Resolved against the config's directory, ':memory:' would otherwise be a durable file of that name."""
+    provider = get_registries().lanes.get("sqlite")
+    with pytest.raises(RunlaneError) as caught:
+        provider.create(validate_options(provider, {"path": path}), ProviderContext(base_dir=tmp_path))
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "must name a database file" in caught.value.message and "use the local lane" in caught.value.message
+    assert list(tmp_path.iterdir()) == []
 
 
 TASKS = """

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runlane.core.lanes import Lane
 from runlane.plugins import hookimpl
@@ -49,6 +49,14 @@ class SqliteLaneOptions(BaseModel):
     name: str = Field(default="sqlite", min_length=1)
     synchronous: Literal["full", "extra", "normal"] = "full"
     busy_timeout: str | float = "5s"
+
+    @field_validator("busy_timeout", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: object) -> object:
+        # pydantic would take true for 1 second and false for 0, where sqlite_lane() refuses both.
+        if isinstance(value, bool):
+            raise ValueError(f"must be a positive number of seconds or a duration such as '5s', got {value!r}")
+        return value
 
 
 def sqlite_database_path(options: SqliteLaneOptions, context: ProviderContext) -> Path:

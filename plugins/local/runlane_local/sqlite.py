@@ -727,12 +727,8 @@ class SqliteStorageDriver(ClientClock):
         if not isinstance(path, (str, os.PathLike)):
             raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, "path must be a file path (str or os.PathLike).")
         raw = os.fspath(path)
-        if not isinstance(raw, str) or not raw or raw == ":memory:" or raw.startswith("file:"):
-            raise RunlaneError(
-                ErrorCode.CONFIGURATION_INVALID,
-                f"The SQLite storage path must name a database file, got {raw!r}; use the local lane for "
-                "in-memory storage.",
-            )
+        if not isinstance(raw, str):
+            raise RunlaneError(ErrorCode.CONFIGURATION_INVALID, f"The SQLite storage path must be text, got {raw!r}.")
         expanded = expand_database_path(raw)
         if clock is not None:
             checked_clock(clock)
@@ -1692,7 +1688,15 @@ def _seconds(value: float | str | timedelta, what: str) -> float:
 
 
 def expand_database_path(raw: str) -> Path:
-    """``raw`` as a path with ``~`` expanded; a path no file can have is ``configuration_invalid``."""
+    """``raw`` as a path with ``~`` expanded; a path no file can have, or one SQLite would take for an
+    in-memory or URI database, is ``configuration_invalid``."""
+    if not raw or raw == ":memory:" or raw.startswith("file:"):
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The SQLite storage path must name a database file, got {raw!r}; use the local lane for "
+            "in-memory storage.",
+            meta={"path": raw},
+        )
     if "\0" in raw:
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
