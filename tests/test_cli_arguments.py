@@ -121,6 +121,8 @@ MALFORMED = [
     (("prune", "--status", "queued"), "--status", "Invalid value for '--status': 'queued' is not one of "
                                                   "'cancelled', 'failed', 'succeeded'."),
     (("observations", "trim", "--older-than", "0s"), "--older-than", "'0s' is not valid: it must be positive"),
+    (("prune", "--older-than", "99999999d"), "--older-than", "'99999999d' reaches before the year 1"),
+    (("observations", "trim", "--older-than", "99999999d"), "--older-than", "'99999999d' reaches before the year 1"),
     (("trigger", "mail.send", "not-json"), "PAYLOAD_JSON", "not valid JSON"),
     (("trigger", "mail.send", ""), "PAYLOAD_JSON", "an empty string: JSON needs a value"),
     (("trigger", "mail.send", "{}", "--meta", " "), "--meta", "an empty string: JSON needs a value"),

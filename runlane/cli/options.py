@@ -444,13 +444,20 @@ def parse_cutoff(text: str) -> str | datetime:
     if _ISO.fullmatch(candidate):
         return parse_iso_datetime(candidate, "--older-than")
     try:
-        parse_duration(candidate, "--older-than")
+        duration = parse_duration(candidate, "--older-than")
     except RunlaneError:
         if _DURATION_LIKE.fullmatch(candidate):
             raise  # meant as a duration ('0s', '30 d'): its own message says what is wrong with it
         raise _invalid(
             f"--older-than {text!r} is neither a duration (30d, 12h) nor an ISO 8601 date or date-time "
             "(2026-05-01, 2026-05-01T00:00:00Z).",
+            argument="--older-than",
+        ) from None
+    try:
+        datetime.now(UTC) - duration
+    except OverflowError:
+        raise _invalid(
+            f"--older-than {text!r} reaches before the year 1; give a shorter duration or a date.",
             argument="--older-than",
         ) from None
     return candidate
