@@ -1249,7 +1249,8 @@ def test_a_lane_option_mistake_in_pyproject_names_the_tool_runlane_table(tmp_pat
     assert result.returncode == 1
     error = json.loads(result.stderr)["error"]
     assert error["code"] == "configuration_invalid" and error["meta"]["table"] == "[tool.runlane.lane]"
-    assert "Invalid options in [tool.runlane.lane] for lane 'sqlite'" in error["message"]
+    assert error["message"].startswith("pyproject.toml: Invalid options in [tool.runlane.lane] for lane 'sqlite'")
+    assert error["meta"]["path"] == str((tmp_path / "pyproject.toml").resolve())
     assert "'pth'" in error["message"]
 
 

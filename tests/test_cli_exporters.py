@@ -117,7 +117,9 @@ def test_unknown_exporter_fails_before_anything_starts(project: Path) -> None:
         assert result.stdout == ""
         lines = result.stderr.splitlines()
         assert len(lines) == 1
-        assert lines[0].startswith("error[configuration_invalid]: Unknown exporter 'consol'; installed exporters: ")
+        assert lines[0].startswith(
+            "error[configuration_invalid]: runlane.toml: Unknown exporter 'consol'; installed exporters: "
+        )
         assert "console (plugin runlane.plugins.defaults)" in lines[0]
 
 
@@ -129,7 +131,7 @@ def test_misspelt_exporter_option_is_rejected_by_name(project: Path) -> None:
     lines = result.stderr.splitlines()
     assert len(lines) == 1
     assert lines[0].startswith(
-        "error[configuration_invalid]: Invalid options in [[exporters]] #1 for exporter 'console'"
+        "error[configuration_invalid]: runlane.toml: Invalid options in [[exporters]] #1 for exporter 'console'"
     )
     assert "unknown key 'streem'" in lines[0] and "Allowed keys: stream" in lines[0]
 
@@ -155,7 +157,8 @@ def test_every_command_that_loads_the_config_rejects_a_broken_exporter_entry(
         result = cli(project, *args, timeout=30)
         assert result.returncode == 1, args
         assert result.stdout == "", args
-        assert result.stderr.startswith(f"error[configuration_invalid]: {message}"), (args, result.stderr)
+        # Named by its file first, as every error about the file's tables is.
+        assert result.stderr.startswith(f"error[configuration_invalid]: runlane.toml: {message}"), (args, result.stderr)
     assert not (project / "runlane.db").exists()  # rejected before any lane was opened
 
 

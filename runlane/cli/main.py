@@ -105,10 +105,11 @@ def _lane_factory(
     """Builds the configured lane through its provider (remembered in ``state``, for ``open_runtime``)."""
 
     def create(use: str, options: dict[str, Any]) -> Any:
-        provider = registries.lanes.get(use)
+        with _in_file(config):
+            provider = registries.lanes.get(use)
+            validated = validate_options(provider, options, table=f"[{config.source.table_name('lane')}]")
         if state is not None:
             state.lane_provider = provider
-        validated = validate_options(provider, options, table=f"[{config.source.table_name('lane')}]")
         context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
         return _created(provider, lambda: provider.create(validated, context), _is_lane, "a Lane")
 
@@ -199,10 +200,30 @@ def _exporter_options(config: LoadedConfig, registries: Registries) -> list[tupl
     table = config.source.table_name("exporters")
     resolved = []
     for index, entry in enumerate(config.exporters):
-        provider = registries.exporters.get(entry.use)
-        options = validate_options(provider, entry.options, table=f"[[{table}]] #{index + 1}")
+        with _in_file(config):
+            provider = registries.exporters.get(entry.use)
+            options = validate_options(provider, entry.options, table=f"[[{table}]] #{index + 1}")
         resolved.append((entry, provider, options))
     return resolved
+
+
+@contextlib.contextmanager
+def _in_file(config: LoadedConfig) -> Iterator[None]:
+    """A plugin's verdict on a table of ``config`` (an unknown ``use``, options its model refuses) names the
+    file first, as every error about the file's own tables does."""
+    try:
+        yield
+    except RunlaneError as error:
+        source = config.source
+        if not source.display or error.message.startswith(f"{source.display}: "):
+            raise
+        raise RunlaneError(
+            error.code,
+            f"{source.display}: {error.message}",
+            retryable=error.retryable,
+            meta={**error.meta, "path": str(source.path)},
+            cause=error,
+        ) from None
 
 
 async def build_configured_runtime(ctx: typer.Context) -> Runlane:
