@@ -866,7 +866,9 @@ def _schedules(value: object, task_id: str) -> tuple[ScheduleDefinition, ...]:
     return tuple(items)
 
 
-_FIX_SCHEDULE = "Change the schedule's payload= to one the task accepts, or pass enabled=False to schedule() until it does."
+_FIX_SCHEDULE = (
+    "Change the schedule's payload= to one the task accepts, or pass enabled=False to schedule() until it does."
+)
 
 
 def schedule_payload(definition: TaskDefinition, item: ScheduleDefinition, *, when_registered: bool = True) -> Any:

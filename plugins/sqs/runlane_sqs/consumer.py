@@ -15,9 +15,9 @@ undelivered, so SQS keeps their order.
 ``wait_for_abandoned_receive()``), the signal every delivery got is aborted so
 cooperative task code can stop, and ``stop()`` returns when the deliveries in flight have resolved
 and their messages are deleted; a run whose handler stopped with it (``released: worker_stopped``)
-keeps its message instead, made visible again for the next consumer. A receive or delete call that fails as a whole, or an
-``on_delivery_failure`` that raises, ends the loop with that error: ``await consumer.closed`` raises
-it. A consumer is single-start; create a new one to receive again.
+keeps its message instead, made visible again for the next consumer. A receive or delete call that
+fails as a whole, or an ``on_delivery_failure`` that raises, ends the loop with that error:
+``await consumer.closed`` raises it. A consumer is single-start; create a new one to receive again.
 """
 
 from __future__ import annotations
