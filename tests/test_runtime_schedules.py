@@ -641,6 +641,23 @@ async def test_a_tick_in_a_new_process_each_time_still_gives_every_schedule_its_
 # ---------------------------------------------------------------------------------------------
 # Schedules that cannot fire, and fire times competing for one singleton key
 
+def region_schema(accepted: set[str]) -> type[BaseModel]:
+    """A payload schema accepting the regions in ``accepted`` as it is when a payload is validated: a
+    schedule's payload valid when registered can be refused when due, as after a deploy changed the rules."""
+
+    class Region(BaseModel):
+        region: str
+
+        @field_validator("region")
+        @classmethod
+        def known(cls, value: str) -> str:
+            if value not in accepted:
+                raise ValueError(f"unknown region {value!r}")
+            return value
+
+    return Region
+
+
 # The local lane's record limit less what a new run leaves free (see Runlane._check_scheduled_runs_fit).
 ROOM = 400 * 1024 - 4096 - 1024
 
@@ -684,15 +701,7 @@ async def test_a_schedule_failing_every_pass_is_reported_once_and_the_maintenanc
 
     accepted = {"eu"}
 
-    class Region(BaseModel):
-        region: str
-
-        @field_validator("region")
-        @classmethod
-        def known(cls, value: str) -> str:
-            if value not in accepted:
-                raise ValueError(f"unknown region {value!r}")
-            return value
+    Region = region_schema(accepted)
 
     # Valid when registered, refused when due: fails every pass until fixed.
     @task("reports.build", schema=Region, schedule=schedule("reports.hourly", every="1h", payload={"region": "eu"}))
@@ -744,15 +753,7 @@ async def test_a_schedule_payload_the_task_no_longer_accepts_says_to_fix_the_sch
     changed since (a validator reading settings, say). No run exists yet, so the advice is about the schedule."""
     accepted = {"eu", "us"}
 
-    class Region(BaseModel):
-        region: str
-
-        @field_validator("region")
-        @classmethod
-        def known(cls, value: str) -> str:
-            if value not in accepted:
-                raise ValueError(f"unknown region {value!r}")
-            return value
+    Region = region_schema(accepted)
 
     @task("reports.regional", schema=Region, schedule=schedule("reports.eu", every="1h", payload={"region": "eu"}))
     async def regional(payload: Any) -> None:

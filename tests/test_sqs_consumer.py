@@ -137,6 +137,13 @@ async def _status(runtime: Runlane, run_id: str) -> RunStatus:
     return run.status
 
 
+async def _trigger_watched(runtime: Runlane, definition: Any) -> tuple[str, str]:
+    """Trigger ``definition`` with a fresh ``started`` key, whose event in ``_STARTED`` its handler sets."""
+    key = uuid.uuid4().hex
+    _STARTED[key] = asyncio.Event()
+    return (await runtime.trigger(definition, {"started": key})).run.id, key
+
+
 def _failing_with(error: BaseException) -> Callable[..., Any]:
     async def execute_delivery(message: DeliveryMessage, **options: Any) -> None:
         raise error
@@ -512,9 +519,7 @@ async def test_stopping_the_consumer_aborts_the_signal_the_task_sees(sqs_server,
     client = sqs_server.client()
     url = sqs_server.create_queue(_queue_name())
     async with _runtime(client, url) as runtime:
-        key = uuid.uuid4().hex
-        _STARTED[key] = asyncio.Event()
-        run_id = (await runtime.trigger(cooperative, {"started": key})).run.id
+        run_id, key = await _trigger_watched(runtime, cooperative)
         controller = CancellationController()
         options: dict[str, Any] = {}
         if stopped_by == "the consumer signal":
@@ -550,9 +555,7 @@ async def test_a_run_handed_back_on_the_consumers_stop_keeps_its_wakeup_for_the_
     client = sqs_server.client()
     url = sqs_server.create_queue(_queue_name())
     async with _runtime(client, url) as runtime:
-        key = uuid.uuid4().hex
-        _STARTED[key] = asyncio.Event()
-        run_id = (await runtime.trigger(handed_back, {"started": key})).run.id
+        run_id, key = await _trigger_watched(runtime, handed_back)
         first = await _start(consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery)
         await asyncio.wait_for(_STARTED[key].wait(), timeout=WAIT)
         await asyncio.wait_for(first.stop(), timeout=WAIT)
