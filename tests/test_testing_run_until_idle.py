@@ -237,6 +237,45 @@ async def test_a_run_whose_worker_died_is_finalized_at_its_deadline_and_retried(
         assert clock.now() == START + timedelta(minutes=11)
 
 
+@task("idle.stops_when_told", max_attempt_duration="1m", retry=Retry(2, backoff="5m"))
+async def stops_when_told(payload: dict, ctx: TaskContext) -> str:
+    if _count("stops_when_told") == 1:
+        await ctx.signal.wait()  # the documented way to stop at the deadline
+        ctx.signal.raise_if_aborted()
+    return "in time"
+
+
+@task("idle.stops_when_told_in_a_thread", max_attempt_duration="1m")
+def stops_when_told_in_a_thread(payload: dict, ctx: TaskContext) -> None:
+    ctx.signal.wait_sync()
+    ctx.signal.raise_if_aborted()
+
+
+async def test_a_handler_waiting_for_its_signal_times_out_at_its_deadline_and_is_retried():
+    """Only the clock reaching its max_attempt_duration deadline ends such an attempt: moved there, as
+    a time-skipping test environment does, instead of waiting for ever."""
+    runlane, clock = make_runtime(stops_when_told)
+    async with runlane:
+        await runlane.trigger(stops_when_told, {})
+        executed = await run_until_idle(runlane, clock)
+    assert [(record.status, record.failure and record.failure.code) for record in executed] == [
+        (RunStatus.RETRYING, ErrorCode.TASK_TIMED_OUT),
+        (RunStatus.SUCCEEDED, None),
+    ]
+    assert clock.now() == START + timedelta(minutes=6)  # the deadline, then the 5-minute backoff
+
+
+async def test_a_def_handler_waiting_for_its_signal_times_out_at_its_deadline():
+    runlane, clock = make_runtime(stops_when_told_in_a_thread)
+    async with runlane:
+        await runlane.trigger(stops_when_told_in_a_thread, {})
+        executed = await run_until_idle(runlane, clock)
+    assert [(record.status, record.failure and record.failure.code) for record in executed] == [
+        (RunStatus.FAILED, ErrorCode.TASK_TIMED_OUT)
+    ]
+    assert clock.now() == START + timedelta(minutes=1)
+
+
 async def test_without_tick_a_run_whose_worker_died_is_claimed_again_when_its_lease_expires():
     runlane, clock = make_runtime(timed)
     async with runlane:

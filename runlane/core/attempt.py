@@ -309,6 +309,19 @@ class CancellationRegistry:
             else:  # a claim is being written: its attempt begins (stopped at once) or no run was claimed
                 await asyncio.sleep(_STOP_CLAIM_S)
 
+    def signal_waiting_deadlines(self) -> list[datetime]:
+        """The attempt deadlines of attempts in flight whose handler waits for its signal and nothing else
+        can end it: on a clock moved by hand (``run_until_idle``) only moving it there does."""
+        with self._lock:
+            attempts = list(self._in_flight)
+        return [
+            deadline
+            for attempt in attempts
+            if (deadline := attempt.run.attempt_deadline_at) is not None
+            and not attempt.controller.signal.aborted
+            and attempt.controller.signal._waited_on()
+        ]
+
     def register(self, attempt: _Attempt) -> None:
         with self._lock:
             self._attempts.setdefault(attempt.run_id, []).append(attempt)

@@ -33,7 +33,7 @@ class CancellationSignal:
     signals are never waited on), and a signal holds no reference back to its controller.
     """
 
-    __slots__ = ("_aborted", "_callbacks", "_event", "_lock", "_reason", "_waiters")
+    __slots__ = ("_aborted", "_callbacks", "_event", "_lock", "_reason", "_sync_waiters", "_waiters")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -43,6 +43,7 @@ class CancellationSignal:
         # Keyed by a fresh token so the same function can be added twice and removed independently.
         self._callbacks: dict[object, Callable[[], object]] | None = None
         self._waiters: dict[asyncio.Future[None], asyncio.AbstractEventLoop] | None = None
+        self._sync_waiters = 0  # threads in ``wait_sync()``
 
     def __repr__(self) -> str:
         state = f"aborted, reason={self._reason!r}" if self.aborted else "active"
@@ -95,7 +96,18 @@ class CancellationSignal:
             event = self._event
             if event is None:
                 event = self._event = threading.Event()
-        return event.wait(timeout)
+            self._sync_waiters += 1
+        try:
+            return event.wait(timeout)
+        finally:
+            with self._lock:
+                self._sync_waiters -= 1
+
+    def _waited_on(self) -> bool:
+        """Whether a coroutine (``wait()``) or a thread (``wait_sync()``) waits for this signal right now:
+        for ``runlane.testing.run_until_idle``, which moves the clock to end an attempt waiting for it."""
+        with self._lock:
+            return bool(self._waiters) or self._sync_waiters > 0
 
     def add_callback(self, callback: Callable[[], object]) -> Callable[[], None]:
         """Call ``callback()`` once when the signal aborts; returns a function that removes it.

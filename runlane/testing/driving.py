@@ -9,6 +9,7 @@ timeouts and schedules then play out in one call, without sleeping and without h
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 
@@ -40,6 +41,8 @@ _WAITING = (RunStatus.QUEUED, RunStatus.SCHEDULED, RunStatus.RETRYING, RunStatus
 _HELD = (RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED)
 _PAGE = 100
 _SHOWN_ACTIVE = 5
+# How long (real time) an attempt may run before its handler is checked for waiting on its signal alone.
+_BLOCKED_CHECK_S = 0.02
 
 
 def _invalid(message: str, field: str) -> RunlaneError:
@@ -102,7 +105,8 @@ async def run_until_idle(
     of a run whose cancellation was requested, the next fire time of an enabled schedule of the
     runtime's tasks or the retry of a ``run_at`` fire time that met a singleton conflict (its claim
     expiring). A run waiting for a signal or another run without a timeout is not due: it stays
-    released.
+    released. An attempt whose handler waits for its signal alone (``await ctx.signal.wait()``) can only
+    end at its ``max_attempt_duration`` deadline: the clock moves there while it waits.
 
     It returns when nothing is left to become due, or when the next due time lies more than
     ``max_advance`` after the clock's time at the call; the clock is then left at the last due time it
@@ -139,11 +143,28 @@ async def _execute_due(
             if pending is not None and pending <= horizon:
                 raise RuntimeError(await _runaway_message(runlane, executed, limit))
             return ran
-        run = await runlane.execute_next()
+        run = await _execute_next(runlane, clock, horizon)
         if run is None:
             return ran
         executed.append(run)
         ran = True
+
+
+async def _execute_next(runlane: Runlane, clock: ControlledClock, horizon: datetime) -> RunRecord | None:
+    """``runlane.execute_next()``; while its handler waits for its signal alone (``await ctx.signal.wait()``),
+    only its ``max_attempt_duration`` deadline can end it, so the clock moves there, as far as ``horizon``."""
+    executing = asyncio.ensure_future(runlane.execute_next())
+    try:
+        while True:
+            done, _ = await asyncio.wait({executing}, timeout=_BLOCKED_CHECK_S)
+            if done:
+                return executing.result()
+            deadlines = [at for at in runlane.registry.signal_waiting_deadlines() if at <= horizon]
+            if deadlines and min(deadlines) > clock.now():
+                clock.set(min(deadlines))
+    finally:
+        if not executing.done():
+            executing.cancel()
 
 
 async def _next_due(runlane: Runlane, now: datetime, tick: bool, *, include_due: bool) -> datetime | None:
