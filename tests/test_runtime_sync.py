@@ -257,18 +257,25 @@ runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=
 """
 
 
-def run_sqlite_script(tmp_path, body: str) -> subprocess.CompletedProcess[str]:
-    """Run ``SQLITE_SCRIPT`` + ``body`` in a Python process of its own; its completed process."""
+def run_sqlite_script(tmp_path, body: str, *, first: str = "") -> subprocess.CompletedProcess[str]:
+    """Run ``first`` (before runlane is imported) + ``SQLITE_SCRIPT`` + ``body`` in a Python process of its
+    own; its completed process."""
     return subprocess.run(
-        [sys.executable, "-c", SQLITE_SCRIPT + body, str(tmp_path / "runlane.db")],
+        [sys.executable, "-c", first + SQLITE_SCRIPT + body, str(tmp_path / "runlane.db")],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
 
+# Registered before runlane is imported, so it runs after the facade's exit hook.
+REPORT_AT_EXIT = """
+import atexit
+atexit.register(lambda: report())
+"""
+
 STARTED_ON_A_CLOSED_LOOP = """
 
 
-def report() -> None:  # registered first, so it runs after the facade's exit hook
+def report() -> None:
     try:
         asyncio.run(runlane.trigger(noop, {}))
     except RunlaneError as error:
@@ -277,7 +284,6 @@ def report() -> None:  # registered first, so it runs after the facade's exit ho
         print("still open at exit", flush=True)
 
 
-atexit.register(report)
 asyncio.run(runlane.trigger(noop, {}))  # starts the runtime on a loop that then closes
 runlane.sync.trigger(noop, {})  # then the facade, on its own loop
 """
@@ -286,7 +292,7 @@ runlane.sync.trigger(noop, {})  # then the facade, on its own loop
 def test_a_runtime_started_on_a_loop_since_closed_is_closed_by_the_facade_at_exit(tmp_path) -> None:
     # Nothing else can close it: its first loop is gone, and its connections on the facade loop would
     # otherwise hold up the exit until they are dropped.
-    done = run_sqlite_script(tmp_path, STARTED_ON_A_CLOSED_LOOP)
+    done = run_sqlite_script(tmp_path, STARTED_ON_A_CLOSED_LOOP, first=REPORT_AT_EXIT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "closed at exit"
 

@@ -112,9 +112,11 @@ def echo(payload: dict) -> dict:
 runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[echo])
 """
 
-# Hooks registered in this order run in the reverse one: ``late`` first uses the facade while the process
-# exits (after the facade's own exit hook ran), then ``report`` says whether the runtime it started was closed.
-FIRST_USED_AT_EXIT = ECHO_RUNTIME + """
+# Hooks run in the reverse order of their registration: ``late``, registered after runlane was imported,
+# uses the facade for the first time while the process exits, twice; then the facade's own exit hook
+# (registered when runlane was imported) closes the runtime; then ``report``, registered before runlane was
+# imported, says whether the runtime ``late`` started was closed.
+FIRST_USED_AT_EXIT = """
 import atexit
 
 
@@ -122,11 +124,15 @@ def report() -> None:
     print("closed" if runlane.closed else "still open", flush=True)
 
 
+atexit.register(report)
+""" + ECHO_RUNTIME + """
+
+
 def late() -> None:
     print(runlane.sync.run_now(echo, {"n": 1}).status.value, flush=True)
+    print(runlane.sync.trigger(echo, {"n": 2}).outcome.value, flush=True)
 
 
-atexit.register(report)
 atexit.register(late)
 """
 
@@ -141,11 +147,11 @@ def run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def test_a_facade_first_used_by_an_atexit_hook_closes_its_runtime_and_says_the_process_is_exiting(tmp_path) -> None:
+def test_an_atexit_hook_uses_the_facade_for_every_call_it_makes_and_the_runtime_closes_after_it(tmp_path) -> None:
     done = run_script(FIRST_USED_AT_EXIT, tmp_path)
     # The def handler gets no thread this late: the run is handed back for a worker, and the log says why,
-    # not that the process is at a limit on threads.
-    assert done.stdout.split() == ["released", "closed"], done.stderr
+    # not that the process is at a limit on threads. The second call works too.
+    assert done.stdout.split() == ["released", "created", "closed"], done.stderr
     assert "this process is exiting" in done.stderr, done.stderr
     assert "ulimit" not in done.stderr, done.stderr
 

@@ -81,8 +81,8 @@ def _refuse_in_event_loop() -> None:
 _RUNNING_FACADES: weakref.WeakSet[SyncRunlane] = weakref.WeakSet()
 
 
-# Set once no exit hook will close a facade started from now on: the hook has run, or the process was
-# already running its exit hooks when the first facade came to register it (a facade an ``atexit`` hook uses).
+# Set once the exit hook has run: a facade used after that (by an ``atexit`` hook registered before
+# runlane was imported) closes its runtime at the end of each call, as nothing else will.
 _exit_hook_done = False
 
 
@@ -99,29 +99,26 @@ def _close_all_at_exit() -> None:
         _close_at_exit(weakref.ref(facade))
 
 
+# Registered when runlane is imported, as an ``atexit`` hook like the application's: hooks the application
+# registers after importing runlane (the usual order) run before it, so they can use the facade, as many
+# calls as they make, and threads still running when the main module returns can use it until they end.
+atexit.register(_close_all_at_exit)
+
+
 @functools.cache
 def _register_exit_hooks() -> None:
-    """Register the exit hooks once, at the first facade's first use. ``_close_all_at_exit`` is an ``atexit``
-    hook, as one of the application's would be: hooks the application registered before run after it, and
-    threads still running when the main module returns can use the facade until they end.
-
-    Workers stop earlier, with the interpreter's thread exit hooks: they run before ``concurrent.futures``
-    joins its threads, and a worker's ``def`` handler runs in one of them. The exit would wait for that
-    handler before an ``atexit`` hook could abort its ``ctx.signal``: as long as it runs, forever for one
-    that runs until it is aborted."""
-    global _exit_hook_done
+    """Register, at the first facade's first use, the hook that stops its workers: with the interpreter's
+    thread exit hooks, which run before ``concurrent.futures`` joins its threads, and a worker's ``def``
+    handler runs in one of them. The exit would wait for that handler before an ``atexit`` hook could
+    abort its ``ctx.signal``: as long as it runs, forever for one that runs until it is aborted."""
     try:
         # Imported first, so its hook (joining the pools' threads) is registered before ours and runs after it.
         importlib.import_module("concurrent.futures.thread")
         register = getattr(threading, "_register_atexit", None)
         if register is not None:  # without it (not CPython), workers stop with the runtime in the atexit hook
             register(_stop_workers_at_exit)
-    except RuntimeError:  # "can't register atexit after shutdown": the main module has returned
-        if threading.current_thread() is threading.main_thread():
-            # So this is an exit hook of the application's, and ``atexit`` runs no hook registered now.
-            _exit_hook_done = True
-            return
-    atexit.register(_close_all_at_exit)
+    except RuntimeError:  # "can't register atexit after shutdown": first used while the process exits
+        pass
 
 
 def _close_at_exit(facade_ref: weakref.ref[SyncRunlane]) -> None:
