@@ -391,3 +391,71 @@ async def test_awaited_gathered_and_task_wrapped_ctx_calls_are_not_reported():
         run = (await runtime.trigger(fan_out, {})).run
         done = await runtime.execute_next()
         assert done.status is RunStatus.SUCCEEDED and done.output == ["a", "b", run.id]
+
+
+# ---------------------------------------------------------------------------------------------
+# A handler that goes on after its attempt can no longer act for the run
+
+
+def _stale_probe(ctx: TaskContext, calls: list[str], child: Any) -> list[tuple[str, Any]]:
+    """What a step and a child trigger of ``ctx`` come to: each refused before ``fn`` runs or a run is made."""
+    refusals: list[tuple[str, Any]] = []
+
+    def side_effect(token: str) -> str:
+        calls.append("fn")
+        return "charged"
+
+    attempts = (("step", lambda: ctx.step.run("charge", side_effect)), ("trigger", lambda: ctx.trigger(child, {})))
+    for what, call in attempts:
+        try:
+            call()
+        except RunlaneError as error:
+            refusals.append((what, error.meta.get("storage_conflict_kind")))
+    return refusals
+
+
+@pytest.mark.parametrize("ending", ["timeout recorded by tick", "cancellation finalized by tick"])
+async def test_a_handler_going_on_after_maintenance_ended_its_attempt_neither_calls_fn_nor_creates_runs(
+    ending: str,
+) -> None:
+    """A ``def`` handler blocked past its deadline (or ignoring a cancellation until its lease ran out)
+    while maintenance recorded the attempt's end: its later step would run a side effect whose output is
+    thrown away (and run again by the next attempt), its child would hang off an ended attempt."""
+    import threading
+
+    go = threading.Event()
+    calls: list[str] = []
+    refused: list[list[tuple[str, Any]]] = []
+
+    @task("stale.child")
+    def child(payload: dict) -> None:
+        return None
+
+    @task("stale.charge", retry=Retry(3, backoff="1m"), max_attempt_duration="10s")
+    def charge(payload: dict, ctx: TaskContext) -> str:
+        if ctx.attempt == 1:
+            go.wait(10)  # blocked (a slow call), not watching ctx.signal
+            refused.append(_stale_probe(ctx, calls, child))
+        return "done"
+
+    runtime, clock = make_runtime(charge, child)
+    async with runtime:
+        run = (await runtime.trigger(charge, {})).run
+        attempt = asyncio.ensure_future(runtime.execute_next())
+        for _ in range(200):
+            if (await runtime.runs.get(run.id)).status is RunStatus.RUNNING:
+                break
+            await asyncio.sleep(0.005)
+        if ending == "timeout recorded by tick":
+            clock.advance("12s")
+            assert (await runtime.tick()).timeouts_finalized == 1
+        else:
+            await runtime.runs.cancel(run.id)
+            clock.advance("6m")  # past the lease, no longer extended once the cancellation was seen
+            assert (await runtime.tick()).cancellations_finalized == 1
+        go.set()
+        await asyncio.wait_for(attempt, 10)
+        assert refused == [[("step", "lease_ownership"), ("trigger", "lease_ownership")]]
+        assert calls == []  # the side effect never ran for the ended attempt
+        assert await runtime.runs.step(run.id, "charge") is None
+        assert [summary.task_id for summary in (await runtime.runs.list()).data] == ["stale.charge"]

@@ -476,6 +476,9 @@ def _release_events(run: RunRecord, at: datetime, release: TaskRelease, actor: A
     return [RunReleasedEvent(**common, wait=release.wait_condition(at))]
 
 
+_NOT_READ: Any = object()  # ``check_live`` without a stored run to check against
+
+
 # What a handler that raised on its worker's stop (``ctx.signal.raise_if_aborted()``) leaves behind: the
 # run, released, is due again at once (a release needs a positive delay).
 _STOPPED_WITH_THE_WORKER = TaskRelease(wait_type=RunWaitConditionType.TIME, delay_ms=1, reason=REASON_WORKER_STOPPED)
@@ -838,10 +841,10 @@ class StepRunner:
         attempt = self._attempt
         store = attempt.runtime.store
         what = f"step {key!r}"
-        existing = await attempt.riding_out(lambda: store.get_step(attempt.run_id, key), what)
+        existing, run = await attempt.riding_out(lambda: store.get_step_with_run(attempt.run_id, key), what)
         if existing is not None:
             return _load_step_output(key, existing.output, adapter)
-        attempt.check_live("ctx.step.run()")  # before fn: its side effects would be for a finished attempt
+        attempt.check_live("ctx.step.run()", run)  # before fn: its side effects would be for a finished attempt
         token = step_token(attempt.runtime.environment, attempt.run_id, key)
         value = fn(token)
         if inspect.isawaitable(value):
@@ -854,10 +857,12 @@ class StepRunner:
         attempt = self._attempt
         store = attempt.runtime.store
         what = f"step {key!r}"
-        existing = attempt.call_on_loop(attempt.riding_out(lambda: store.get_step(attempt.run_id, key), what))
+        existing, run = attempt.call_on_loop(
+            attempt.riding_out(lambda: store.get_step_with_run(attempt.run_id, key), what)
+        )
         if existing is not None:
             return _load_step_output(key, existing.output, adapter)
-        attempt.check_live("ctx.step.run()")  # before fn: its side effects would be for a finished attempt
+        attempt.check_live("ctx.step.run()", run)  # before fn: its side effects would be for a finished attempt
         token = step_token(attempt.runtime.environment, attempt.run_id, key)
         value = fn(token)
         if inspect.isawaitable(value):
@@ -1809,20 +1814,41 @@ class _Attempt:
 
     # -- child triggers --------------------------------------------------------------------------
 
-    def check_live(self, call: str) -> None:
-        """Refuse ``call`` from a ``TaskContext`` kept past its attempt (its handler has returned, or the
-        attempt lost its lease): only the lease owner acts for the run, so a reference kept in a callback
-        or a background task must not create work linked to a finished attempt. The refusal is the one
+    def check_live(self, call: str, stored: RunRecord | None = _NOT_READ) -> None:
+        """Refuse ``call`` from a ``TaskContext`` whose attempt can no longer act for its run: its handler has
+        returned, it lost its lease, it passed its ``max_attempt_duration`` deadline (its outcome is a
+        timeout, which maintenance may record at any time), or its cancellation was requested and its lease,
+        no longer extended since, has run out (maintenance may record the cancellation at any time). With
+        ``stored``, the run as just read, also when another attempt holds the run now. Only the lease
+        owner acts for the run: a reference kept in a callback or a background task, or a handler that
+        goes on after its attempt ended, must not create work linked to it. The refusal is the one
         storage gives a late step write of such a context: ``storage_conflict`` (``lease_ownership``)."""
-        if not self._finished and self.lost is None:
+        number = self.attempt_number
+        if self._finished:
+            why = f"attempt {number} has ended"
+        elif self.lost is not None:
+            why = f"attempt {number} lost it"
+        elif self.timed_out or self._past_deadline():
+            why = f"attempt {number} passed its max_attempt_duration deadline"
+        elif self.given_up():
+            why = f"attempt {number} was cancelled and its lease has run out"
+        elif stored is not _NOT_READ and not self._holds(stored):
+            why = f"attempt {number} no longer holds it"
+        else:
             return
-        why = f"attempt {self.attempt_number} has ended" if self._finished else f"attempt {self.attempt_number} lost it"
         raise create_storage_conflict_error(
             StorageConflictKind.LEASE_OWNERSHIP,
             f"Lease ownership of run {self.run_id} was lost: {why}. Call {call} only from the handler while it runs; "
             "a TaskContext kept past its attempt (in a callback or a background task) cannot act for the run.",
             meta={"run_id": self.run_id},
         )
+
+    def _holds(self, run: RunRecord | None) -> bool:
+        """Whether ``run``, as stored, is still held by this attempt's lease."""
+        if run is None or run.status not in (RunStatus.RUNNING, _CANCELLATION_REQUESTED):
+            return False
+        lease = run.lease
+        return lease is not None and lease.token == self.token
 
     async def trigger_child(self, task: Any, payload: Any, options: dict[str, Any]) -> TriggerRunResult:
         self.check_live("ctx.trigger()")

@@ -1675,6 +1675,15 @@ class CoreStore:
         (record,) = await self.driver.get([key])
         return None if record is None else _decode_step(record)
 
+    async def get_step_with_run(self, run_id: str, step_key: str) -> tuple[RunStepRecord | None, RunRecord | None]:
+        """A step and its run, in one read: whether the step is stored, and who holds the run's lease now."""
+        env = self.env_key
+        step, run = await self.driver.get([run_step_key(env, run_id, step_key), _run_key(env, run_id)])
+        return (
+            None if step is None else _decode_step(step),
+            None if run is None else self._decode_run(run)[0],
+        )
+
     async def list_steps(
         self, run_id: str, *, after: str | None = None, limit: int = 100
     ) -> tuple[list[RunStepRecord], str | None]:
