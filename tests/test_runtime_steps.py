@@ -459,3 +459,43 @@ async def test_a_handler_going_on_after_maintenance_ended_its_attempt_neither_ca
         assert calls == []  # the side effect never ran for the ended attempt
         assert await runtime.runs.step(run.id, "charge") is None
         assert [summary.task_id for summary in (await runtime.runs.list()).data] == ["stale.charge"]
+
+
+async def test_a_step_still_running_when_a_gathered_sibling_fails_stores_its_output_before_the_retry() -> None:
+    """Steps side by side in ``asyncio.gather``: one fails, the attempt's handler raises at once, and the
+    other is still doing its work. That work is stored when it ends, not done again by the next attempt."""
+    calls: list[tuple[str, int]] = []
+    slow_may_finish = asyncio.Event()
+
+    @task("steps.side_by_side", retry=Retry(2, backoff="1s"))
+    async def side_by_side(payload: dict, ctx: TaskContext) -> list[str]:
+        async def slow(token: str) -> str:
+            calls.append(("slow", ctx.attempt))
+            await slow_may_finish.wait()
+            return "slow done"
+
+        def failing(token: str) -> str:
+            calls.append(("failing", ctx.attempt))
+            if ctx.attempt == 1:
+                raise ConnectionError("provider unavailable")
+            return "failing done"
+
+        return await asyncio.gather(ctx.step.run("slow", slow), ctx.step.run("failing", failing))
+
+    runtime, clock = make_runtime(side_by_side)
+    async with runtime:
+        run = (await runtime.trigger(side_by_side, {})).run
+        first = asyncio.ensure_future(runtime.execute_next())
+        for _ in range(200):
+            if ("failing", 1) in calls:
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        assert not first.done()  # the attempt waits for the step it left running
+        slow_may_finish.set()
+        assert (await asyncio.wait_for(first, 10)).status is RunStatus.RETRYING
+        assert (await runtime.runs.step(run.id, "slow")).output == "slow done"
+        clock.advance("1s")
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.SUCCEEDED and done.output == ["slow done", "failing done"]
+    assert calls == [("slow", 1), ("failing", 1), ("failing", 2)]  # the slow work ran once

@@ -838,6 +838,10 @@ class StepRunner:
         return self._run_blocking(key, fn, adapter)
 
     async def _run_async(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
+        with self._attempt.step_running():
+            return await self._run_step(key, fn, adapter)
+
+    async def _run_step(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
         attempt = self._attempt
         store = attempt.runtime.store
         what = f"step {key!r}"
@@ -1049,6 +1053,7 @@ class _Attempt:
         "_storage_down_since",
         "_calls",
         "_steps",
+        "_steps_running",
         "_task_context",
     )
 
@@ -1096,6 +1101,8 @@ class _Attempt:
         self._storage_down_since: float | None = None  # loop time of the first failure of an outage
         # The awaitables ``ctx`` handed an ``async def`` handler, each with how it was called (see ``unawaited``).
         self._calls: list[tuple[Coroutine[Any, Any, Any], str]] = []
+        # Step calls of an ``async def`` handler that have started and not ended (see ``settle_steps``).
+        self._steps_running: set[asyncio.Future[None]] = set()
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -1814,6 +1821,30 @@ class _Attempt:
 
     # -- child triggers --------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def step_running(self) -> Iterator[None]:
+        """Around one step call of an ``async def`` handler, so the attempt can wait for it (``settle_steps``)."""
+        ended: asyncio.Future[None] = self.loop.create_future()
+        self._steps_running.add(ended)
+        try:
+            yield
+        finally:
+            self._steps_running.discard(ended)
+            ended.set_result(None)
+
+    async def settle_steps(self) -> None:
+        """Wait for the step calls the handler left running when it returned or raised (steps side by side
+        in ``asyncio.gather``, one of which failed): a step whose ``fn`` has done its work stores its
+        output, instead of that work being done again by the next attempt. Not past the attempt's end:
+        a deadline, a cancellation or a worker stop (its signal aborted) stops the wait."""
+        signal = self.controller.signal
+        while self._steps_running and not signal.aborted:
+            aborted = asyncio.ensure_future(signal.wait())
+            try:
+                await asyncio.wait([*self._steps_running, aborted], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                aborted.cancel()
+
     def check_live(self, call: str, stored: RunRecord | None = _NOT_READ) -> None:
         """Refuse ``call`` from a ``TaskContext`` whose attempt can no longer act for its run: its handler has
         returned, it lost its lease, it passed its ``max_attempt_duration`` deadline (its outcome is a
@@ -1992,6 +2023,7 @@ async def execute_claimed_run(
             attempt.start_timers()
             try:
                 outcome = await attempt.run_handler()
+                await attempt.settle_steps()
             finally:
                 await attempt.stop_timers()
         finally:
