@@ -227,6 +227,22 @@ def test_init_config_refuses_to_write_over_pyproject_toml(tmp_path: Path) -> Non
     assert not (tmp_path / "sub").exists()
 
 
+def test_init_config_does_not_hide_a_tool_runlane_table_in_pyproject_toml(tmp_path: Path) -> None:
+    """The commands read a runlane.toml first: written beside a configured pyproject.toml, it would take
+    that config's place (another lane, another database) without a word."""
+    pyproject = '[project]\nname = "app"\n\n[tool.runlane.lane]\nuse = "sqlite"\npath = "app.db"\n'
+    write(tmp_path / "pyproject.toml", pyproject)
+    refused = cli(tmp_path, "init", "config")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error[configuration_invalid]: pyproject.toml already holds a Runlane config")
+    assert not (tmp_path / "runlane.toml").exists()
+    elsewhere = cli(tmp_path, "init", "config", "--path", "deploy/runlane.toml")  # no pyproject.toml there
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    anyway = cli(tmp_path, "init", "config", "--overwrite")
+    assert anyway.returncode == 0, anyway.stderr
+    assert (tmp_path / "runlane.toml").exists() and (tmp_path / "pyproject.toml").read_text() == pyproject
+
+
 def test_init_config_writes_the_config_that_c_names(tmp_path: Path) -> None:
     # `runlane -c staging.toml init config` is followed by `runlane -c staging.toml ...`: it writes there.
     written = cli(tmp_path, "-c", "staging.toml", "init", "config", "--lane", "local")
@@ -315,6 +331,10 @@ def test_init_config_rejects_conflicting_or_malformed_targets(tmp_path: Path) ->
     both = cli(tmp_path, "--json", "init", "config", "--runtime", "app.runtime:make", "--tasks", "app.tasks")
     assert both.returncode == 2
     assert "Error: --runtime and --tasks exclude each other" in both.stderr
+    # The factory builds its own lane: a --lane with it would be dropped without a word.
+    with_lane = cli(tmp_path, "init", "config", "--runtime", "app.runtime:make", "--lane", "local")
+    assert with_lane.returncode == 2
+    assert "Error: --runtime and --lane exclude each other" in with_lane.stderr
     malformed = cli(tmp_path, "init", "config", "--runtime", "app.runtime")
     assert malformed.returncode == 2
     assert "Invalid value for '--runtime': 'app.runtime' must be written as 'module:attribute'" in malformed.stderr

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Annotated
 
@@ -187,14 +188,15 @@ def init_config(
         ),
     ] = None,
     lane: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--lane",
-            help="Lane provider name, one a plugin installed here provides (sqlite: durable single-machine default).",
+            help="Lane provider name, one a plugin installed here provides (default, without --runtime: sqlite, "
+            "the durable single-machine lane).",
             metavar="NAME",
             callback=checked(lambda name, flag: get_registries().lanes.get(name)),
         ),
-    ] = "sqlite",
+    ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing file.")] = False,
 ) -> None:
     """Write a commented runlane.toml."""
@@ -202,6 +204,8 @@ def init_config(
 
     if runtime is not None and tasks:
         ctx.fail("--runtime and --tasks exclude each other: the runtime factory registers its own tasks; pass one.")
+    if runtime is not None and lane is not None:
+        ctx.fail("--runtime and --lane exclude each other: the runtime factory builds its own lane; pass one.")
     path = _target(ctx, path)
     if path.name == "pyproject.toml":
         ctx.fail(
@@ -223,7 +227,16 @@ def init_config(
                 f"{path} already exists; pass --overwrite to replace it or --path to write elsewhere.",
                 meta={"path": str(path)},
             )
-        return render_config(tasks=list(tasks or ["app.tasks"]), runtime=runtime, lane=lane)
+        shadowed = _configured_pyproject(path)
+        if shadowed is not None and not overwrite:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"{shadowed} already holds a Runlane config ([tool.runlane]), and a {path.name} beside it would "
+                "take its place for every command run there; edit that table instead, or pass --overwrite to "
+                "write it anyway (--path to write elsewhere).",
+                meta={"path": str(shadowed)},
+            )
+        return render_config(tasks=list(tasks or ["app.tasks"]), runtime=runtime, lane=lane or "sqlite")
 
     text = guard(ctx, prepare)
     existed = path.exists()
@@ -245,6 +258,22 @@ def init_config(
             f"{path} names the task module app.tasks, a placeholder: change [runlane] tasks to your module, "
             "or write it again with --tasks MODULE.",
         )
+
+
+def _configured_pyproject(path: Path) -> Path | None:
+    """The ``pyproject.toml`` beside ``path``, a ``runlane.toml``, when it holds a ``[tool.runlane]`` table: the
+    commands run in that folder read the ``runlane.toml`` first, so writing it would silently replace that
+    config. One that cannot be read holds none that could be replaced."""
+    if path.name != "runlane.toml":
+        return None
+    pyproject = path.parent / "pyproject.toml"
+    try:
+        with pyproject.open("rb") as handle:
+            document = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
+    tool = document.get("tool")
+    return pyproject if isinstance(tool, dict) and "runlane" in tool else None
 
 
 def _target(ctx: typer.Context, path: Path | None) -> Path:
