@@ -39,6 +39,12 @@ from runlane_postgres import resolve_postgres_connection
             ["KeyPassSecret"],
             '"postgresql://***@[::1]x/app?sslmode=***&sslpassword=***"',
         ),
+        # A password with a '/' or '?' not percent-encoded: libpq would end the user name at the '/' and take
+        # the rest for the host, database or query, and quote a piece of the password when refusing it.
+        ("postgresql://app:Kx9/tR?w8Zq@127.0.0.1:5432/db", ["Kx9", "tR", "w8Zq"], "has an '@' after its user name"),
+        ("postgresql://app:Kx9/tR?sslmode=w8Zq@127.0.0.1/db", ["Kx9", "tR", "w8Zq"], "has an '@' after its user"),
+        ("postgresql://app:Kx9/tR?Long=zP=4@127.0.0.1/db", ["Kx9", "tR", "zP=4"], "has an '@' after its user"),
+        ("postgresql://app:ab@Secret9?tail7@127.0.0.1/db", ["Secret9", "tail7"], "has an '@' after its user"),
         # A malformed value of a parameter that is no secret is named, not quoted, too.
         ("postgresql://app@db/app?options=-c%20x%3D%zzTok", ["zzTok"], "options parameter has a '%'"),
     ],

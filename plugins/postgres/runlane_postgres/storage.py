@@ -313,6 +313,17 @@ def _check_credentials(parts: _UriParts) -> None:
     would misread or refuse, with a message that names it and quotes none of it (libpq's own parse errors
     quote the offending text)."""
 
+    if any("@" in part for part in (parts.hosts, parts.path or "", parts.query or "")):
+        # A password with "/" (libpq then reads the user name as the host and the password as the port)
+        # or with a second "@" (the rest of the password becomes the host, database or a query parameter):
+        # refused before anything else looks at those parts, since any message about them would quote a
+        # piece of the password.
+        raise _invalid(
+            "The Postgres connection string has an '@' after its user name and password (in its host, "
+            "database name or query), so libpq would read part of the password as the host, port, database "
+            f"or a parameter: write an '@' in a parameter value as %40, and {_percent_encode_hint()}.",
+            field="connection_string",
+        )
     tokens: list[tuple[str, str, str]] = []  # (what, where to percent-encode, text as written)
     if parts.userinfo is not None:
         if "?" in parts.userinfo and "=" in parts.userinfo.split("?", 1)[1]:
@@ -341,15 +352,6 @@ def _check_credentials(parts: _UriParts) -> None:
             continue
         raise _invalid(
             f"The Postgres connection string's {what} {problem}: {_percent_encode_hint(where)}.",
-            field="connection_string",
-        )
-    if "@" in parts.hosts or "@" in (parts.path or ""):
-        # A password with "/" (libpq then reads the user name as the host and the password as the port)
-        # or with a second "@" (the rest of the password becomes the host name).
-        raise _invalid(
-            "The Postgres connection string has an '@' after its user name and password (in its host or "
-            "database name), so libpq would read part of the password as the host, port or database: "
-            f"{_percent_encode_hint()}.",
             field="connection_string",
         )
 
