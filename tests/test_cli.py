@@ -1258,6 +1258,16 @@ def test_tick_dispatch_reservation_limit_bounds_the_reservations_of_one_pass(tmp
     assert refused.returncode == 2 and "--dispatch-reservation-limit" in refused.stderr
 
 
+def test_a_lane_its_provider_refuses_to_build_is_reported_naming_the_config_file(tmp_path: Path) -> None:
+    write(tmp_path / "app_tasks.py", "from runlane import queue\n\ndefault = queue('default', default=True)\n")
+    write(tmp_path / "runlane.toml", '[runlane]\ntasks = ["app_tasks"]\n\n[lane]\nuse = "sqlite"\npath = ":memory:"\n')
+    result = cli(tmp_path, "--json", "runs", "list")
+    assert result.returncode == 1
+    error = json.loads(result.stderr)["error"]
+    assert error["message"].startswith("runlane.toml: The SQLite storage path must name a database file")
+    assert error["meta"]["path"] == str((tmp_path / "runlane.toml").resolve())
+
+
 def test_a_lane_option_mistake_in_pyproject_names_the_tool_runlane_table(tmp_path: Path) -> None:
     write(tmp_path / "app_tasks.py", "from runlane import queue\n\ndefault = queue('default', default=True)\n")
     write(

@@ -294,10 +294,8 @@ def test_a_provider_whose_create_exits_is_a_configuration_error_naming_its_plugi
     with registered_on_pm(plugins):
         result = CliRunner().invoke(build_app(), ["-c", str(config), "runs", "list"])
         assert result.exit_code == 1, result.output
-        assert (
-            "error[configuration_invalid]: The lane 'exiting-lane' of plugin 'exiting-create' failed to start: "
-            "SystemExit: " in result.output
-        )
+        assert result.output.startswith(f"error[configuration_invalid]: {config}: ")  # named by the file first
+        assert "The lane 'exiting-lane' of plugin 'exiting-create' failed to start: SystemExit: " in result.output
 
 
 def test_a_third_party_lane_that_fails_to_start_is_a_configuration_error_naming_it(

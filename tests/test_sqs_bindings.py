@@ -374,3 +374,26 @@ def test_lane_sqs_options_bound_the_client_and_a_missing_profile_is_named() -> N
         sqs_client(SqsTransportOptions(queues=queues, region="us-east-1", profile="no-such-profile-here"))
     assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
     assert "no-such-profile-here" in raised.value.message and "check endpoint_url and profile" in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("postgres_options", "says"),
+    [
+        ('shema = "runlane"\n', "unknown key 'postgres.shema'"),
+        ("schema = 5\n", "key 'postgres.schema'"),
+        ('url = "postgresql://db/other"\n', "set connection_string or its alias url, not both"),
+    ],
+)
+def test_postgres_migrate_refuses_a_postgres_sqs_lane_its_postgres_table_is_wrong_in(
+    tmp_path: Path, postgres_options: str, says: str
+) -> None:
+    """Checked as every command checks it, before connecting: never a migration of the schema a misspelt
+    key left out (public, in place of the one meant)."""
+    (tmp_path / "runlane.toml").write_text(
+        '[lane]\nuse = "postgres-sqs"\n\n[lane.postgres]\nconnection_string = "postgresql://nobody@127.0.0.1:1/app"\n'
+        f'{postgres_options}\n[lane.sqs]\nregion = "us-east-1"\n\n[lane.sqs.queues.default]\nqueue_url = "{URL}"\n'
+    )
+    result = cli(tmp_path, "postgres", "migrate")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("error[configuration_invalid]: runlane.toml: Invalid options in [lane]")
+    assert says in result.stderr and "Traceback" not in result.stderr

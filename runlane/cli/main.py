@@ -105,13 +105,24 @@ def _lane_factory(
     """Builds the configured lane through its provider (remembered in ``state``, for ``open_runtime``)."""
 
     def create(use: str, options: dict[str, Any]) -> Any:
-        with _in_file(config):
+        with in_config_file(config):
             provider = registries.lanes.get(use)
             validated = validate_options(provider, options, table=f"[{config.source.table_name('lane')}]")
         if state is not None:
             state.lane_provider = provider
         context = ProviderContext(environment=config.environment, base_dir=config.base_dir, registries=registries)
-        return _created(provider, lambda: provider.create(validated, context), _is_lane, "a Lane")
+        # What the provider refuses when it builds the lane (a schema name, an SQLite path) is about the
+        # file's [lane] table too.
+        with in_config_file(config):
+            created = _created(provider, lambda: provider.create(validated, context), _is_lane, "a Lane")
+        if not inspect.isawaitable(created):
+            return created
+
+        async def named() -> Any:
+            with in_config_file(config):
+                return await created
+
+        return named()
 
     return create
 
@@ -200,7 +211,7 @@ def _exporter_options(config: LoadedConfig, registries: Registries) -> list[tupl
     table = config.source.table_name("exporters")
     resolved = []
     for index, entry in enumerate(config.exporters):
-        with _in_file(config):
+        with in_config_file(config):
             provider = registries.exporters.get(entry.use)
             options = validate_options(provider, entry.options, table=f"[[{table}]] #{index + 1}")
         resolved.append((entry, provider, options))
@@ -208,7 +219,7 @@ def _exporter_options(config: LoadedConfig, registries: Registries) -> list[tupl
 
 
 @contextlib.contextmanager
-def _in_file(config: LoadedConfig) -> Iterator[None]:
+def in_config_file(config: LoadedConfig) -> Iterator[None]:
     """A plugin's verdict on a table of ``config`` (an unknown ``use``, options its model refuses) names the
     file first, as every error about the file's own tables does."""
     try:

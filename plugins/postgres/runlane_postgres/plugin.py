@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -160,7 +160,7 @@ SchemaOption = Annotated[
     str | None,
     typer.Option(
         "--schema",
-        help="Postgres schema (default: the lane's schema, ?schema= in the URL, or public).",
+        help="Postgres schema (default: the configured lane's; with --url, ?schema= in it, or public).",
         metavar="SCHEMA",
     ),
 ]
@@ -205,9 +205,10 @@ async def _configured_postgres(ctx: typer.Context) -> tuple[tuple[str, str | Non
 
     from .storage import PostgresStorageDriver
 
-    lane = load_cli_config(ctx).lane
+    config = load_cli_config(ctx)
+    lane = config.lane
     if lane is not None:
-        return _postgres_of(lane), lane.use
+        return _postgres_of(config), lane.use
     runtime = await build_configured_runtime(ctx)
     storage = runtime.lane.storage
     if not isinstance(storage, PostgresStorageDriver):
@@ -215,22 +216,22 @@ async def _configured_postgres(ctx: typer.Context) -> tuple[tuple[str, str | Non
     return (storage.connection_string, storage.schema), runtime.lane.name
 
 
-def _postgres_of(lane: Any) -> tuple[str, str | None] | None:
-    """The connection string and schema a configured lane names, or ``None`` when it is not on Postgres."""
+def _postgres_of(config: Any) -> tuple[str, str | None] | None:
+    """The connection string and schema the configured lane names, or ``None`` when it is not on Postgres:
+    its options as its provider validates them (``postgres-polling``'s own, or a ``postgres`` table such
+    as ``postgres-sqs``'s ``[lane.postgres]``), so a mistake there is refused as every command refuses it,
+    naming the file, instead of a migration of the wrong schema."""
+    from runlane.cli.main import in_config_file
     from runlane.plugins.manager import get_registries
 
-    if lane.use == "postgres-polling":
+    lane = config.lane
+    with in_config_file(config):
         provider = get_registries().lanes.get(lane.use)
-        # This plugin registers postgres-polling (another plugin registering it too fails as a collision).
-        options = cast(PostgresPollingLaneOptions, validate_options(provider, lane.options))
-        return options.connection_string, options.schema
-    nested = lane.options.get("postgres")
-    if isinstance(nested, dict):
-        url = nested.get("connection_string", nested.get("url"))
-        if isinstance(url, str) and url:
-            schema = nested.get("schema")
-            return url, schema if isinstance(schema, str) else None
-    return None
+        options = validate_options(provider, lane.options, table=f"[{config.source.table_name('lane')}]")
+    postgres = options if isinstance(options, PostgresStorageOptions) else getattr(options, "postgres", None)
+    if not isinstance(postgres, PostgresStorageOptions):
+        return None
+    return postgres.connection_string, postgres.schema
 
 
 async def _configured_schema(ctx: typer.Context) -> str:
