@@ -360,3 +360,14 @@ async def test_a_trace_carrier_up_to_the_bound_is_kept_and_one_past_it_refused_e
         result = await runtime.execute_next()
         assert result.id == parent_run.id and result.failure.code is ErrorCode.CONFIGURATION_INVALID
         assert len(await all_runs(runtime)) == 2  # the child was never created
+
+
+@pytest.mark.parametrize(("consumers", "said"), [(5, "got int"), (b"audit", "got bytes"), ({"audit": 1}, "got dict")])
+async def test_observations_trim_refuses_consumers_that_are_not_a_list_of_names(consumers: object, said: str) -> None:
+    runtime, _ = make_runtime()
+    async with runtime:
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.observations.trim(older_than="1d", consumers=consumers)  # type: ignore[arg-type]
+        assert caught.value.code is ErrorCode.VALIDATION_FAILED and caught.value.meta == {"field": "consumers"}
+        assert said in caught.value.message
+        assert (await runtime.observations.trim(older_than="1d", consumers=None)).deleted == 0  # None: no consumer

@@ -3053,7 +3053,7 @@ class ObservationsApi:
         self,
         *,
         older_than: Duration | timedelta | datetime,
-        consumers: Sequence[str] = (),
+        consumers: Sequence[str] | None = (),
         limit: int | None = None,
     ) -> ObservationTrimResult:
         """Delete observation records recorded before ``older_than`` (a duration before now, such as
@@ -3064,8 +3064,16 @@ class ObservationsApi:
         runtime = self._runtime
         runtime._check_open()
         cutoff = resolve_older_than(older_than, runtime.now())
-        if isinstance(consumers, str):
+        if consumers is None:
+            consumers = ()
+        elif isinstance(consumers, str):
             consumers = [consumers]
+        elif not isinstance(consumers, Iterable) or isinstance(consumers, (bytes, Mapping)):
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"consumers must be a list of consumer names, got {type(consumers).__name__}.",
+                meta={"field": "consumers"},
+            )
         await runtime._ready()
         return await trim_observation_records(
             runtime._store.driver,
