@@ -423,3 +423,23 @@ async def test_an_endpoint_s_credentials_and_query_values_are_never_shown(caplog
         assert not shown(invalid.value.message)
     assert not shown(*(record.getMessage() for record in caplog.records))
     unreachable.close()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "says"),
+    [
+        ("http://127.0.0.1:43180000/v1/logs", "has a port that is not a number from 0 to 65535"),
+        ("http://collector:http/v1/logs", "has a port that is not a number from 0 to 65535"),
+        ("http://", "names no host"),
+        ("http:///v1/logs", "names no host"),
+        ("http:// bad host/v1/logs", "has whitespace in it"),
+        ("https://apiuser:S3CRET@collector:99999/v1/logs", "has a port that is not a number"),
+    ],
+)
+def test_an_endpoint_no_request_can_go_to_is_refused_when_the_sink_is_built(endpoint: str, says: str) -> None:
+    """Not at the first export: every command that reads runlane.toml checks the exporter options."""
+    for build in (otlp_sink, otlp_trace_sink):
+        with pytest.raises(RunlaneError) as invalid:
+            build(endpoint=endpoint)
+        assert invalid.value.code is ErrorCode.CONFIGURATION_INVALID and invalid.value.meta == {"field": "endpoint"}
+        assert says in invalid.value.message and "S3CRET" not in invalid.value.message

@@ -4,6 +4,7 @@ import, so loading the plugin stays cheap)."""
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Mapping
 
 from runlane.durations import duration_seconds
@@ -29,9 +30,26 @@ def _invalid(message: str, field: str) -> RunlaneError:
 
 
 def check_endpoint(endpoint: object, default: str) -> str:
+    """An http(s) URL with a host, a valid port if any and no whitespace: what the exporter can send to.
+    Checked when the options are (every command that reads the config), not at the first export."""
     if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
         got = repr(redact_endpoint(endpoint)) if isinstance(endpoint, str) else type(endpoint).__name__
         raise _invalid(f"endpoint must be an http(s) URL such as {default}, got {got}.", "endpoint")
+    problem = None
+    if any(char.isspace() for char in endpoint):
+        problem = "has whitespace in it (percent-encode a space in a path as %20)"
+    else:
+        try:
+            parts = urllib.parse.urlsplit(endpoint)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
+        except ValueError:
+            problem = "has a port that is not a number from 0 to 65535"
+        else:
+            if not parts.hostname:
+                problem = "names no host"
+    if problem is not None:
+        got = repr(redact_endpoint(endpoint))
+        raise _invalid(f"endpoint {got} {problem}; give an http(s) URL such as {default}.", "endpoint")
     return endpoint
 
 
