@@ -443,3 +443,35 @@ def test_an_endpoint_no_request_can_go_to_is_refused_when_the_sink_is_built(endp
             build(endpoint=endpoint)
         assert invalid.value.code is ErrorCode.CONFIGURATION_INVALID and invalid.value.meta == {"field": "endpoint"}
         assert says in invalid.value.message and "S3CRET" not in invalid.value.message
+
+
+def test_an_exporter_refused_for_good_stops_alone_and_the_others_and_dev_go_on(tmp_path: Path) -> None:
+    """Telemetry never stops the work it observes: an endpoint answering 404 stops its own exporter (which
+    says so), not the other exporters of `runlane export`, nor the worker and maintenance of `runlane dev`."""
+    from cli_support import background, cli, make_project, wait_for, write
+
+    root = make_project(tmp_path / "proj", PING_TASKS, lane="sqlite")
+    with OtlpTestReceiver() as receiver:
+        config = (root / "runlane.toml").read_text().replace(
+            '# [[exporters]]\n# use = "console"\n# consumer = "local_console"',
+            f'[[exporters]]\nuse = "otlp"\nconsumer = "otel_logs"\nendpoint = "{receiver.logs_endpoint}/nowhere"\n\n'
+            f'[[exporters]]\nuse = "otlp-traces"\nconsumer = "otel_traces"\nendpoint = "{receiver.traces_endpoint}"\n',
+        )
+        write(root / "runlane.toml", config)
+        assert cli(root, "trigger", "ping", "{}").returncode == 0
+        with background(root, "dev", "--tick-interval", "100ms", log=tmp_path / "dev.log") as dev:
+            failed = dev.wait_for("exporter_failed")
+            assert failed["exporter"] == "otlp" and failed["error_code"] == "observation_export_failed"
+            wait_for(lambda: receiver.spans, what="the spans of the run dev executed")
+            assert cli(root, "trigger", "ping", "{}").returncode == 0  # dev still serves and runs
+            wait_for(lambda: len(receiver.spans) == 2, what="the second run's span")
+            assert dev.process.poll() is None
+            assert dev.stop() == 1  # stopped on request; the exporter's failure is its status
+        assert cli(root, "trigger", "ping", "{}").returncode == 0
+        assert cli(root, "work", "--drain").returncode == 0
+        with background(root, "export", log=tmp_path / "export.log") as exporter:
+            exporter.wait_for("exporter_failed")
+            wait_for(lambda: len(receiver.spans) == 3, what="the third run's span")
+            assert exporter.process.poll() is None  # the traces exporter goes on
+            assert exporter.stop() == 1
+    assert receiver.logs == []

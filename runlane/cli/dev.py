@@ -164,9 +164,9 @@ def dev(
         exporter_tasks = [start_exporter(output, configured, exporter, exporting) for configured, exporter in loops]
         worker = asyncio.ensure_future(run_worker(runtime, output, stop, mode=WorkerMode.POLL, **options))
         try:
-            await tick_until_stopped(
-                runtime, output, limits, interval_s, stop.stopping, alongside=[worker, *exporter_tasks]
-            )
+            # An exporter that fails for good stops alone (see start_exporter): the worker, maintenance and
+            # the bridge go on, and with them the runs of a process-local lane.
+            await tick_until_stopped(runtime, output, limits, interval_s, stop.stopping, alongside=[worker])
         finally:
             stop.stopping.set()
             exporting.abort("runlane dev is stopping")

@@ -105,7 +105,12 @@ def export(
             tasks = [start_exporter(output, item, exporter, controller) for item, exporter in loops]
             stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.stopping.wait())
             try:
-                await asyncio.wait({stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+                # An exporter that fails for good stops alone (it says so): the others go on, each with its
+                # own checkpoint, until the command is stopped or none is left.
+                running = set(tasks)
+                while running and not stopping.done():
+                    done, _ = await asyncio.wait({stopping, *running}, return_when=asyncio.FIRST_COMPLETED)
+                    running -= done
             finally:
                 stopping.cancel()
                 controller.abort("runlane export is stopping")
@@ -163,24 +168,35 @@ async def export_pending(runtime: Any, output: Output, configured: ConfiguredExp
 
 def start_exporter(
     output: Output, configured: ConfiguredExporter, exporter: Any, controller: CancellationController
-) -> asyncio.Future[None]:
-    """One exporter loop, stopped by aborting ``controller``'s signal."""
+) -> asyncio.Future[RunlaneError | None]:
+    """One exporter loop, stopped by aborting ``controller``'s signal. A failure it cannot retry (an
+    endpoint that refuses the records for good, say) stops this loop alone: it is reported as an
+    ``exporter_failed`` record and returned, and whatever runs beside it (other exporters, the worker
+    of ``runlane dev``) goes on. Telemetry never stops the work it observes."""
     _record(output, "exporter_started", configured, "exporter started")
 
-    async def loop() -> None:
+    async def loop() -> RunlaneError | None:
         try:
             await exporter.run(signal=controller.signal)
+        except RunlaneError as error:
+            tail = f" ({error.code.value}): {error.message} It has stopped; fix it and restart the command."
+            _record(output, "exporter_failed", configured, "exporter failed", tail, error_code=error.code.value)
+            return error
         finally:
             exported = exporter.stats.exported
             tail = f" exported={exported}"
             _record(output, "exporter_stopped", configured, "exporter stopped", tail, exported=exported)
+        return None
 
     return asyncio.ensure_future(loop())
 
 
-async def stop_exporters(tasks: list[asyncio.Future[None]]) -> None:
-    """Wait for every exporter loop (their signal is already aborted); the first failure is raised."""
+async def stop_exporters(tasks: Sequence[asyncio.Future[RunlaneError | None]]) -> None:
+    """Wait for every exporter loop (their signal is already aborted); the first failure (of one that
+    stopped on its own, or raised) is raised, so the command ends with status 1."""
     results = await asyncio.gather(*tasks, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            raise result
+        if isinstance(result, RunlaneError):
             raise result
