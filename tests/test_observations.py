@@ -707,6 +707,33 @@ async def test_run_exports_until_the_signal_aborts(driver):
     assert await get_observation_checkpoint(driver, ENV, "otel") == observation_cursor(ENV, "4")
 
 
+async def test_run_stopped_while_the_sink_sends_a_batch_finishes_it_and_advances_the_checkpoint(driver):
+    """A stop during a send (SIGTERM to runlane export): the sink keeps sending it whatever the loop does,
+    so the loop waits for it and checkpoints it, instead of leaving it to be sent again."""
+    await append(driver, values_for("run_1", 2))
+    controller = CancellationController()
+    sending = asyncio.Event()
+    may_answer = asyncio.Event()
+
+    class SlowSink(RecordingSink):
+        async def export(self, records):
+            sending.set()
+            await may_answer.wait()
+            await super().export(records)
+
+    sink = SlowSink()
+    exporter = ObservationExporter(driver, ENV, "otel", sink)
+    loop = asyncio.ensure_future(exporter.run(signal=controller.signal, idle_delay="1h"))
+    await asyncio.wait_for(sending.wait(), 5)
+    controller.abort("runlane export is stopping")
+    await asyncio.sleep(0.01)
+    assert not loop.done()  # the batch in flight is not abandoned
+    may_answer.set()
+    await asyncio.wait_for(loop, 5)
+    assert sink.ids == [v["id"] for v in values_for("run_1", 2)] and exporter.stats.exported == 2
+    assert await get_observation_checkpoint(driver, ENV, "otel") == observation_cursor(ENV, "2")
+
+
 async def test_run_stops_while_idle_and_returns_at_once_for_an_aborted_signal(driver):
     controller = CancellationController()
     exporter = ObservationExporter(driver, ENV, "otel", RecordingSink())

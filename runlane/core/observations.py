@@ -1053,14 +1053,16 @@ class ObservationExporter:
         self, *, signal: CancellationSignal | None = None, idle_delay: Duration = "1s", retry_delay: Duration = "5s"
     ) -> None:
         """Export until ``signal`` aborts: poll every ``idle_delay`` when idle, retry retryable and untyped
-        failures after ``retry_delay``, and raise a non-retryable ``RunlaneError``."""
+        failures after ``retry_delay``, and raise a non-retryable ``RunlaneError``. A batch the sink is
+        sending when ``signal`` aborts is finished, and its checkpoint advanced, before the loop returns:
+        abandoning it would leave the sink to send it anyway and the next run to send it again."""
         _check_signal(signal)
         idle = duration_ms(idle_delay, "idle_delay") / 1000
         retry = duration_ms(retry_delay, "retry_delay") / 1000
         status = RunlaneObservationExporterTickStatus
         failures = 0  # consecutive failed ticks: the first is logged, then the recovery
         while signal is None or not signal.aborted:
-            tick = await self.export_once(signal=signal)
+            tick = await self.export_once()
             if tick.status in (status.EXPORTED, status.IDLE) and failures:
                 _logger.warning(
                     "Observation export for consumer %r in %r works again after %d failures.",
