@@ -4,6 +4,8 @@ the protobuf requests (``runlane_otlp.testing``)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import logging
 from datetime import UTC, datetime, timedelta
@@ -16,7 +18,7 @@ from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from runlane_otlp import opentelemetry_sink, otlp_sink, otlp_trace_sink
 from runlane_otlp.testing import OtlpTestReceiver
 
-from runlane import ErrorCode, Retry, RunlaneError, TaskContext, create_runlane, queue, task
+from runlane import CancellationController, ErrorCode, Retry, RunlaneError, TaskContext, create_runlane, queue, task
 from runlane.testing import ControlledClock
 from runlane.vocabulary import RunlaneObservationExporterTickStatus as Tick
 
@@ -153,6 +155,33 @@ async def test_a_batch_the_endpoint_refuses_for_good_stops_the_exporter_naming_t
             assert f"with HTTP {status}" in raised.value.message and raised.value.meta["http_status"] == status
             assert await runtime.observations.checkpoint("logs") is None
             assert receiver.requests == 1  # not sent again and again
+
+
+async def test_an_endpoint_asking_to_retry_later_is_retried_no_sooner() -> None:
+    """A 429 with Retry-After: the failure says how long, and the exporter loop waits that long (not its
+    shorter retry_delay) before it sends the batch again."""
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        sink = otlp_sink(endpoint=receiver.logs_endpoint, timeout=1)
+        async with runtime:
+            await runtime.trigger(send, {})
+            receiver.fail_next(10, status=429, retry_after="120")
+            exporter = runtime.observation_exporter("logs", sink)
+            tick = await exporter.export_once()
+            assert tick.status is Tick.FAILED and isinstance(tick.error, RunlaneError) and tick.error.retryable
+            assert tick.error.meta["http_status"] == 429 and tick.error.meta["retry_after_s"] == 120
+            assert "once the 120 s it asked for (Retry-After) have passed" in tick.error.message
+            controller = CancellationController()
+            looping = asyncio.ensure_future(exporter.run(signal=controller.signal, retry_delay="10ms"))
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if receiver.requests > 1 and looping.done() is False:
+                    break
+            sent = receiver.requests
+            await asyncio.sleep(0.3)  # 30 retry_delays
+            assert receiver.requests == sent  # waiting out the 120 s it asked for
+            controller.abort("test over")
+            await asyncio.wait_for(looping, 5)
 
 
 SECRET = "card 4111-1111-1111-1111"

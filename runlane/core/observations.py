@@ -1053,7 +1053,8 @@ class ObservationExporter:
         self, *, signal: CancellationSignal | None = None, idle_delay: Duration = "1s", retry_delay: Duration = "5s"
     ) -> None:
         """Export until ``signal`` aborts: poll every ``idle_delay`` when idle, retry retryable and untyped
-        failures after ``retry_delay``, and raise a non-retryable ``RunlaneError``. A batch the sink is
+        failures after ``retry_delay`` (or after the ``retry_after_s`` a failure's meta asks for, an endpoint's
+        ``Retry-After``, when that is longer, up to an hour), and raise a non-retryable ``RunlaneError``. A batch the sink is
         sending when ``signal`` aborts is finished, and its checkpoint advanced, before the loop returns:
         abandoning it would leave the sink to send it anyway and the next run to send it again."""
         _check_signal(signal)
@@ -1088,7 +1089,20 @@ class ObservationExporter:
                     exc_info=None if isinstance(error, RunlaneError) else error,
                 )  # fmt: skip
             failures += 1
-            await _sleep(retry, signal)
+            await _sleep(max(retry, _asked_delay(error)), signal)
+
+
+# The longest wait a sink's failure may ask for before the next try (``retry_after_s``).
+_MAX_ASKED_DELAY_S = 3600.0
+
+
+def _asked_delay(error: BaseException | None) -> float:
+    """The seconds a retryable failure asks to wait before the next try (``meta["retry_after_s"]``, as an
+    endpoint's ``Retry-After`` sets it), at most an hour; 0 when it asks for none."""
+    asked = error.meta.get("retry_after_s") if isinstance(error, RunlaneError) else None
+    if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not asked > 0:
+        return 0.0
+    return min(float(asked), _MAX_ASKED_DELAY_S)
 
 
 def _check_signal(signal: object) -> None:

@@ -22,10 +22,11 @@ left out: the exporter loop reports an outage once, and its end.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
@@ -89,6 +90,7 @@ class _Answers:
         self.status: int | None = None
         self.reason: str | None = None
         self.error: BaseException | None = None
+        self.retry_after: float | None = None  # seconds a 429 or 503 asked the client to wait
         client: Any = getattr(exporter, "_client", None)
         headers = getattr(client, "_headers", None)
         self.headers: Mapping[Any, Any] = headers if isinstance(headers, Mapping) else {}
@@ -110,6 +112,36 @@ class _Answers:
             return result
 
         client.export = recorded
+        submit = getattr(client, "_submit", None)  # one HTTP request: its answer's headers are kept there
+        if not callable(submit):
+            return
+
+        def submitted(*args: Any, **kwargs: Any) -> Any:
+            result = submit(*args, **kwargs)
+            try:
+                value = result.headers().get("retry-after")
+            except Exception:  # noqa: BLE001 - an answer without readable headers asks for nothing
+                value = None
+            self.retry_after = _retry_after(value)
+            return result
+
+        client._submit = submitted
+
+
+def _retry_after(value: object) -> float | None:
+    """The seconds a ``Retry-After`` header asks for (a number of seconds, or an HTTP date), or ``None``."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        at = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if at.tzinfo is None:
+        return None
+    return max((at - datetime.now(UTC)).total_seconds(), 0.0)
 
 
 class OtlpObservationSink:
@@ -143,7 +175,7 @@ class OtlpObservationSink:
         self.exported += len(items)
 
     def _export(self, items: list[Any]) -> Any:
-        self._answers.status = self._answers.reason = self._answers.error = None
+        self._answers.status = self._answers.reason = self._answers.error = self._answers.retry_after = None
         _exporting.active = True
         try:
             return self.exporter.export(items)
@@ -188,9 +220,14 @@ class OtlpObservationSink:
                 retryable=False,
                 meta=meta,
             )
+        retry_after = self._answers.retry_after
+        later = "again"
+        if retry_after is not None:
+            meta["retry_after_s"] = retry_after
+            later = f"again once the {retry_after:g} s it asked for (Retry-After) have passed"
         return RunlaneError(
             ErrorCode.OBSERVATION_EXPORT_FAILED,
-            f"{self.endpoint} did not accept {count} {self.what} ({answer}); the batch is sent again.",
+            f"{self.endpoint} did not accept {count} {self.what} ({answer}); the batch is sent {later}.",
             retryable=True,
             meta=meta,
         )
