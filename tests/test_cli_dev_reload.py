@@ -130,7 +130,12 @@ def test_dev_reload_restarts_with_new_code_and_survives_a_broken_edit(tmp_path: 
 
         dev.process.send_signal(signal.SIGTERM)
         assert dev.process.wait(timeout=30) == 0
-        assert dev.records()[-1].get("type") == "worker_stopped"  # the child stopped gracefully, and nothing after
+        # The child stopped gracefully: its worker stopped, and nothing came after it but the maintenance
+        # pass that was running when the signal came (on a busy machine it ends after the worker).
+        last = [record.get("type") for record in dev.records()]
+        while last and last[-1] == "tick":
+            last.pop()
+        assert last[-1] == "worker_stopped", dev.records()[-3:]
 
 
 def test_dev_reload_child_stops_when_the_supervisor_is_killed(tmp_path: Path) -> None:
