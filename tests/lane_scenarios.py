@@ -348,6 +348,37 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_keys_of_the_longest_length_in_any_script_work_on_every_lane(self, lanes: LaneFactory) -> None:
+        """512 characters of a script that takes 3 or 4 bytes each: an idempotency, singleton or concurrency
+        key the API accepts is taken by every lane (Postgres indexes at most 2,704 bytes of a record key),
+        and two such keys differing in their last character stay apart."""
+        ran: list[str] = []
+
+        @task("long.keys", queue=LIMITED)
+        async def long_keys(payload: dict) -> None:
+            ran.append(payload["n"])
+
+        long_key = "\U0001f600" * (MAX_ID_LENGTH - 1)
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), long_keys)
+            async with runtime:
+                for n, last in (("a", "a"), ("b", "b")):
+                    key = long_key + last
+                    first = await runtime.trigger(
+                        long_keys, {"n": n}, idempotency_key=key, singleton_key="\u4e2d" * (MAX_ID_LENGTH - 1) + last,
+                        concurrency_key=key,
+                    )  # fmt: skip
+                    again = await runtime.trigger(long_keys, {"n": n}, idempotency_key=key)
+                    assert again.outcome is TriggerOutcomeType.RETURNED_EXISTING and again.run.id == first.run.id
+                    assert first.run.concurrency_key == key  # the run keeps the key itself
+                await runtime.tick()  # reserves each partition's one slot
+                while await runtime.execute_next() is not None:
+                    pass
+                assert sorted(ran) == ["a", "b"]
+
+        self.run(body)
+
     def test_trigger_with_the_id_of_an_existing_run_changes_nothing(
         self, lanes: LaneFactory, monkeypatch: pytest.MonkeyPatch
     ) -> None:

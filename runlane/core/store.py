@@ -31,6 +31,7 @@ was stored.
 from __future__ import annotations
 
 import functools
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -282,17 +283,32 @@ def _index_entry(name: StorageIndexName, partition: tuple[str, ...], sort: tuple
     return StorageIndexEntry._trusted(name, partition, sort, encoded_partition, encoded_sort)
 
 
+# A caller's key (idempotency, singleton, concurrency) longer than this in UTF-8 is a part of its owner
+# record's key by its digest: every lane then takes every key the API accepts (512 characters of any
+# script), where a record key is bounded (Postgres indexes at most 2,704 bytes of one). Keys are ids,
+# which never hold ':', so a digest cannot be taken for a key; the run keeps the key itself.
+_MAX_KEY_PART_BYTES: Final = 512
+
+
+def _key_part(key: str) -> str:
+    encoded = key.encode("utf-8")
+    if len(encoded) <= _MAX_KEY_PART_BYTES:
+        return key
+    return "sha256:" + hashlib.sha256(encoded).hexdigest()
+
+
 def idempotency_owner_key(env_key: str, task_id: str, key: str) -> StorageRecordKey:
-    return _key2(IDEMPOTENCY_OWNERS_COLLECTION, env_key, task_id, key)
+    return _key2(IDEMPOTENCY_OWNERS_COLLECTION, env_key, task_id, _key_part(key))
 
 
 def singleton_owner_key(env_key: str, key: str) -> StorageRecordKey:
-    return _key1(SINGLETON_OWNERS_COLLECTION, env_key, key)
+    return _key1(SINGLETON_OWNERS_COLLECTION, env_key, _key_part(key))
 
 
 def queue_capacity_key(env_key: str, queue: str, concurrency_key: str | None) -> StorageRecordKey:
     # Runs without a concurrency key share one partition; ids are never empty, so "" cannot collide.
-    return _key2(QUEUE_CAPACITY_COLLECTION, env_key, queue, concurrency_key or "")
+    partition = "" if concurrency_key is None else _key_part(concurrency_key)
+    return _key2(QUEUE_CAPACITY_COLLECTION, env_key, queue, partition)
 
 
 def run_step_key(env_key: str, run_id: str, step_key: str) -> StorageRecordKey:
