@@ -20,6 +20,7 @@ __all__ = [
     "is_unicode_text",
     "json_value_problem",
     "non_finite_float_path",
+    "shown_path",
 ]
 
 JsonValue = Any  # None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]
@@ -57,7 +58,13 @@ def _writable(value: int) -> bool:
     return True
 
 
-def _check(value: Any, path: str, active: set[int]) -> None:
+# How deep a JSON value may nest (arrays and objects in one another). A stored document wraps the value in
+# a few levels of its own, and the encoders stop at 255 levels: refused here, a deeper value is the
+# caller's error, instead of a failure of the write that stores it.
+MAX_JSON_DEPTH = 200
+
+
+def _check(value: Any, path: str, active: set[int], depth: int = 0) -> None:
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, str):
@@ -76,22 +83,26 @@ def _check(value: Any, path: str, active: set[int]) -> None:
         marker = id(value)
         if marker in active:
             raise _InvalidJson(path, "the value contains a reference cycle")
+        if depth >= MAX_JSON_DEPTH:
+            raise _InvalidJson(path, f"the value is nested more than {MAX_JSON_DEPTH} levels deep")
         active.add(marker)
         for index, item in enumerate(value):
-            _check(item, f"{path}[{index}]", active)
+            _check(item, f"{path}[{index}]", active, depth + 1)
         active.discard(marker)
         return
     if isinstance(value, dict):
         marker = id(value)
         if marker in active:
             raise _InvalidJson(path, "the value contains a reference cycle")
+        if depth >= MAX_JSON_DEPTH:
+            raise _InvalidJson(path, f"the value is nested more than {MAX_JSON_DEPTH} levels deep")
         active.add(marker)
         for key, item in value.items():
             if not isinstance(key, str):
                 raise _InvalidJson(path, f"object keys must be strings, got {type(key).__name__}")
             if not is_unicode_text(key):
                 raise _InvalidJson(path, "object keys must be valid Unicode (no lone surrogates)")
-            _check(item, f"{path}.{key}", active)
+            _check(item, f"{path}.{key}", active, depth + 1)
         active.discard(marker)
         return
     raise _InvalidJson(path, f"{type(value).__name__} is not a JSON value", value)
@@ -196,8 +207,18 @@ def json_value_problem(value: Any) -> tuple[str, str, Any] | None:
     try:
         _validate(value)
     except _InvalidJson as problem:
-        return problem.path, problem.reason, problem.value
+        return shown_path(problem.path), problem.reason, problem.value
     return None
+
+
+_SHOWN_PATH_CHARS = 200
+
+
+def shown_path(path: str) -> str:
+    """A value's path (``$.a[0]``) as a message names it: its keys come from the caller's data, and a value
+    nested hundreds of levels deep has a path as long, so a long one is cut short rather than making the
+    message as large as the data."""
+    return path if len(path) <= _SHOWN_PATH_CHARS else path[: _SHOWN_PATH_CHARS - 1] + "…"
 
 
 def ensure_json_value(value: Any, what: str = "value", *, code: ErrorCode = ErrorCode.VALIDATION_FAILED) -> Any:

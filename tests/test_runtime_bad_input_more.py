@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from runlane import (
+    WorkerMode,
     ErrorCode,
     RunlaneError,
     RunStatus,
@@ -371,3 +372,46 @@ async def test_observations_trim_refuses_consumers_that_are_not_a_list_of_names(
         assert caught.value.code is ErrorCode.VALIDATION_FAILED and caught.value.meta == {"field": "consumers"}
         assert said in caught.value.message
         assert (await runtime.observations.trim(older_than="1d", consumers=None)).deleted == 0  # None: no consumer
+
+
+def _nested(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+async def test_values_nested_past_the_limit_are_refused_where_they_enter_and_never_stop_a_worker() -> None:
+    """The encoders that store a value stop at 255 levels: a value nested deeper than MAX_JSON_DEPTH (200)
+    is the caller's error where it enters (a trigger's payload or meta, a handler's output), not a
+    failure of the write that stores it, which took the worker (and `runlane dev`) down."""
+    from runlane import task
+    from runlane.json_values import MAX_JSON_DEPTH
+
+    @task("deep.output")
+    async def deep_output(payload: dict) -> object:
+        return _nested(payload["levels"])
+
+    runtime, _ = make_runtime(deep_output)
+    async with runtime:
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.trigger(deep_output, {"levels": 1, "deep": _nested(300)})
+        assert caught.value.code is ErrorCode.VALIDATION_FAILED and "depth" in caught.value.message
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.trigger(deep_output, {"levels": 1}, meta={"deep": _nested(300)})
+        assert f"nested more than {MAX_JSON_DEPTH} levels deep" in caught.value.message
+        assert await all_runs(runtime) == []  # nothing written
+        await runtime.trigger(deep_output, {"levels": MAX_JSON_DEPTH})  # the deepest output there may be
+        await runtime.trigger(deep_output, {"levels": 300})
+        await runtime.trigger(deep_output, {"levels": 2})
+        executed: list[str] = []
+        worker = runtime.worker(mode=WorkerMode.DRAIN, on_run_executed=lambda run: executed.append(run.id))
+        await asyncio.wait_for(worker.closed, 10)
+        assert len(executed) == 3  # the worker went on past the run whose output it refused
+        runs = [await runtime.runs.get(run_id) for run_id in executed]
+        outcomes = {run.payload["levels"]: (run.status, run.failure and run.failure.code) for run in runs}
+        assert outcomes == {
+            MAX_JSON_DEPTH: (RunStatus.SUCCEEDED, None),
+            300: (RunStatus.FAILED, ErrorCode.TASK_OUTPUT_INVALID),
+            2: (RunStatus.SUCCEEDED, None),
+        }

@@ -58,6 +58,7 @@ from ..json_values import (
     is_json_value,
     json_value_problem,
     non_finite_float_path,
+    shown_path,
 )
 from ..model_build import build_validated, worker_actor
 from ..models import (
@@ -520,7 +521,7 @@ def _outcome_for_result(result: Any) -> _Outcome:
     if problem is not None:
         # Where and what (a key path and a type name), never the value itself.
         where, reason, found = problem
-        path = _shown_path(where)
+        path = shown_path(where)
         if isinstance(found, TaskRelease):
             message = (
                 f"Task output holds a release at {path}; return the release itself "
@@ -577,15 +578,6 @@ _NO_HANDLER_THREAD_MS = 5_000
 _NO_HANDLER_THREAD = TaskRelease(
     wait_type=RunWaitConditionType.TIME, delay_ms=_NO_HANDLER_THREAD_MS, reason="handler_thread_unavailable"
 )
-
-
-_SHOWN_PATH_CHARS = 200
-
-
-def _shown_path(path: str) -> str:
-    """A value's path (``$.a[0]``) as a failure names it: its keys come from the handler's data, so a
-    long one is cut short rather than making the failure as large as the data."""
-    return path if len(path) <= _SHOWN_PATH_CHARS else path[: _SHOWN_PATH_CHARS - 1] + "…"
 
 
 def _interpreter_exiting(error: BaseException) -> bool:
@@ -724,7 +716,7 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
         invalid = json_value_problem(value)
         if invalid is not None:
             where, reason, _ = invalid
-            where = _shown_path(where)
+            where = shown_path(where)
             raise RunlaneError(
                 ErrorCode.TASK_OUTPUT_INVALID,
                 f"Step {step_key!r} returned a value that is not JSON-compatible ({reason} at {where}); "
