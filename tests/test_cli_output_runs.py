@@ -346,3 +346,22 @@ async def test_an_interrupted_prune_all_says_how_many_runs_it_had_already_pruned
         await _prune(runtime, params)
     expected = "interrupted: 100 runs pruned before the interruption; continue with --cursor cursor-2\n"
     assert capsys.readouterr().err == expected
+
+
+@task("echoes")
+async def echoes(payload: dict) -> dict:
+    return payload
+
+
+async def test_runs_attempts_cuts_a_long_detail_and_keeps_every_other_column_whole() -> None:
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[echoes], clock=ControlledClock())
+    buffer = io.StringIO()
+    output = Output(stdout=buffer, stderr=io.StringIO(), width=100)
+    async with runtime:
+        run = (await runtime.trigger(echoes, {"message": "imported " + "x" * 300})).run
+        await runtime.execute_next()
+        output.attempts_table(run.id, await runtime.runs.attempts(run.id))
+    header, row = buffer.getvalue().splitlines()[:2]
+    assert header.split() == ["attempt", "status", "started", "completed", "detail"]
+    assert row.split()[:2] == ["1", "succeeded"] and len(row.split()[2]) == len("2026-01-01T00:00:00.000Z")
+    assert row.rstrip().endswith("…") and all(len(line) <= 100 for line in buffer.getvalue().splitlines())

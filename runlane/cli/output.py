@@ -709,16 +709,23 @@ class Output:
             self.line(printable_text(f"{run_id} has no attempts yet", "dim"))
             return
         table = _table()
-        for column in ("attempt", "status", "started", "completed", "detail"):
+        table.add_column("attempt", justify="right", no_wrap=True)
+        for column in ("status", "started", "completed"):
             table.add_column(column, no_wrap=True)
+        # The only column that gives way when the line is too long (a long output or failure): its text is
+        # cut, never wrapped, and the attempt, its status and times stay whole.
+        table.add_column("detail")
         last = attempts[-1]
         for attempt in attempts:
+            detail = attempt_detail(attempt, superseded=attempt is not last)
+            if len(detail) > _CELL_CHARS:  # no line shows more; a big output is not measured whole
+                detail = detail[: _CELL_CHARS - 1] + "…"
             table.add_row(
                 str(attempt.attempt),
                 display_value(attempt.status),
                 iso(attempt.started_at) or "",
                 iso(attempt.completed_at) or "",
-                attempt_detail(attempt, superseded=attempt is not last),
+                Text(printable(detail), no_wrap=True, overflow="ellipsis"),
             )
         self.stdout.print(table)
 
