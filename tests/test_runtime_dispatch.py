@@ -6,6 +6,7 @@ import asyncio
 import collections
 from datetime import datetime, timedelta
 
+import pytest
 from runlane_local import local_lane
 
 from runlane import Retry, RunStatus, TaskContext, WorkerMode, create_runlane, queue, task
@@ -485,6 +486,50 @@ async def test_a_full_keys_long_backlog_does_not_keep_another_keys_run_waiting()
             await asyncio.gather(*holding)
 
 
+@pytest.mark.parametrize("caller", ["execute_next", "drain worker"])
+async def test_nothing_from_a_drain_or_execute_next_means_no_run_could_start_however_long_the_backlog(
+    caller: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll worker reads a bounded window behind a full key's backlog per poll (it polls again); a drain
+    or execute_next ends on "nothing", so it reads on to the newest due row before saying so. The window
+    is made small here, so a short backlog is past it."""
+    from runlane.core import store as store_module
+
+    monkeypatch.setattr(store_module, "_CAPACITY_SCAN_MAX_ROWS", 600)
+    limited = queue("limited", concurrency_limit=1)
+    release = asyncio.Event()
+
+    @task("dispatch.keyed", queue=limited, concurrency_key=lambda payload: payload["key"])
+    async def keyed(payload: dict) -> str:
+        if payload["key"] == "hot" and payload["n"] == 0:
+            await release.wait()
+        return payload["key"]
+
+    (runtime,), clock = shared_runtimes([keyed], queues=[DEFAULT_QUEUE, limited])
+    async with runtime:
+        for n in range(1_500):
+            await runtime.trigger(keyed, {"key": "hot", "n": n})
+        cold = (await runtime.trigger(keyed, {"key": "cold", "n": 0})).run
+        clock.advance("1s")
+        holding = asyncio.ensure_future(runtime.execute_next())  # the hot key's one slot, held
+        for _ in range(500):  # until it holds its slot (bounded: 5 s)
+            if (await runtime.runs.list(statuses=["running"])).data:
+                break
+            await asyncio.sleep(0.01)
+        try:
+            if caller == "execute_next":
+                done = await runtime.execute_next()
+                assert done is not None and done.id == cold.id
+            else:
+                executed: list[str] = []
+                worker = runtime.worker(mode=WorkerMode.DRAIN, on_run_executed=lambda run: executed.append(run.id))
+                await asyncio.wait_for(worker.closed, 30)
+                assert executed == [cold.id]
+        finally:
+            release.set()
+            await holding
+
+
 async def test_a_slot_woken_during_a_scan_in_flight_does_not_take_its_empty_answer():
     # A drain slot whose run just finished (freeing its partition's slot) asks for work while another
     # slot's scan, begun while that run still held the slot, is in flight. That scan's "nothing due"
@@ -495,7 +540,7 @@ async def test_a_slot_woken_during_a_scan_in_flight_does_not_take_its_empty_answ
     scans: list[int] = []
 
     class Store:
-        async def list_runnable(self, queues, now, limit):
+        async def list_runnable(self, queues, now, limit, **options):
             scans.append(len(scans))
             answer = answers[len(scans) - 1]
             refs = await answer if isinstance(answer, asyncio.Future) else answer

@@ -463,10 +463,14 @@ class CandidatePool:
     then scan storage about once per poll delay between them, not once each.
     """
 
-    __slots__ = ("_idle_mark", "_idle_window", "_items", "_scan_generation", "_scan_size", "_scanning")
+    __slots__ = ("_idle_mark", "_idle_window", "_items", "_scan_generation", "_scan_size", "_scanning", "_thorough")
 
-    def __init__(self, scan_size: int, idle_window: float = 0.0) -> None:
+    def __init__(self, scan_size: int, idle_window: float = 0.0, *, thorough: bool = True) -> None:
+        """``thorough``: a scan that finds nothing has read all of a bounded queue's due rows, so "nothing"
+        ends the caller's work (a drain, ``execute_next``) only when no run could start; a poll worker,
+        which scans again, reads a bounded window behind a full partition's backlog per scan instead."""
         self._items: list[str] = []
+        self._thorough = thorough
         self._scan_size = scan_size
         self._scanning: asyncio.Future[bool] | None = None
         self._scan_generation: int | None = None  # the work signal's when the scan in flight started
@@ -504,7 +508,7 @@ class CandidatePool:
         self._scanning = future
         self._scan_generation = generation
         try:
-            refs = await store.list_runnable(queues, now, len(claiming) + self._scan_size)
+            refs = await store.list_runnable(queues, now, len(claiming) + self._scan_size, thorough=self._thorough)
             fresh = [ref.run_id for ref in refs if ref.run_id not in claiming]
             fresh.reverse()  # take() pops from the end: oldest first
             self._items = fresh

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -1796,12 +1797,14 @@ class CoreStore:
 
         return await self.driver.with_transaction(body)
 
-    async def list_runnable(self, queues: Sequence[str], now: datetime, limit: int) -> list[RunnableRef]:
+    async def list_runnable(
+        self, queues: Sequence[str], now: datetime, limit: int, *, thorough: bool = False
+    ) -> list[RunnableRef]:
         """Due runnable candidates of ``queues`` (available at or before ``now``), oldest first within a
         queue, the queues taking turns (``_in_turns``).
 
         A bounded queue's candidates are those its capacity can take (``open_candidates``): a run
-        whose partition is full is not work this caller can do.
+        whose partition is full is not work this caller can do. ``thorough``: see ``open_candidates``.
         """
         if limit < 1 or not queues:
             return []
@@ -1812,7 +1815,7 @@ class CoreStore:
         per_queue: list[tuple[str, list[tuple[str, str]]]] = []
         for queue in dict.fromkeys(queues):
             if queue in self.queue_limits:
-                due = await self.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue, now, wanted)
+                due = await self.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue, now, wanted, thorough=thorough)
             else:
                 query = StorageQuery(
                     StorageIndexName.RUNS_RUNNABLE, (self.env_key, queue), StorageRange(lt=upper), limit=page
@@ -1839,7 +1842,7 @@ class CoreStore:
         return [(at, run_id, queue) for _, _, at, run_id, queue in ranked]
 
     async def open_candidates(
-        self, index: StorageIndexName, queue: str, now: datetime, limit: int
+        self, index: StorageIndexName, queue: str, now: datetime, limit: int, *, thorough: bool = False
     ) -> list[tuple[str, str]]:
         """Due rows ``(sort time, run id)`` of bounded queue ``queue`` in ``index`` (``RUNS_RUNNABLE`` or
         ``RUNS_NEEDING_DISPATCH``) that its capacity can take, oldest first, at most ``limit``.
@@ -1852,8 +1855,10 @@ class CoreStore:
         half of them, then the other half where the previous call of this store stopped, wrapping around
         at the newest due row, so that behind a backlog of any length every row is looked at within a
         bounded number of calls while the oldest rows keep their turn first. A call that has found nothing
-        open reads on from there, up to ``_CAPACITY_SCAN_MAX_ROWS`` rows. The store remembers the concurrency
-        key of each row it has read (``_concurrency_keys_of``): rows scanned again cost no run reads.
+        open reads on from there, up to ``_CAPACITY_SCAN_MAX_ROWS`` rows, or with ``thorough`` (its caller
+        ends its work when nothing is found: a drain, ``execute_next``) up to the newest due row. The store
+        remembers the concurrency key of each row it has read (``_concurrency_keys_of``): rows scanned again
+        cost no run reads.
         Candidates only: the claim or reservation decides again on what it reads.
         """
         queue_limit = self.queue_limits[queue]
@@ -1921,10 +1926,14 @@ class CoreStore:
                 resume = front
             stopped, ended = await scan(resume, _CAPACITY_SCAN_ROWS - window)
             read = _CAPACITY_SCAN_ROWS
-            while not kept and not ended and stopped is not None and read < _CAPACITY_SCAN_MAX_ROWS:
+            while not kept and not ended and stopped is not None and (thorough or read < _CAPACITY_SCAN_MAX_ROWS):
                 stopped, ended = await scan(stopped, window)
                 read += window
             self._capacity_scan_resume[resume_key] = None if ended else stopped
+            if thorough and not kept and resume != front:
+                # This call resumed where the last one stopped: the rows between its first window and
+                # there are read too before it says nothing can start (their keys are known by now).
+                await scan(front, sys.maxsize)
         return kept
 
     async def query_index(

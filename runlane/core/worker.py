@@ -102,7 +102,7 @@ class WorkerHandle:
         self._options = replace(options, signal=self._stop.signal, outage_clock=drain_clock)
         # A poll worker's idle slots share one idle scan per poll delay (see ``CandidatePool``).
         idle_window = empty_poll_delay if mode is WorkerMode.POLL else 0.0
-        self._pool = CandidatePool(_SCAN_PER_SLOT * concurrency + 8, idle_window)
+        self._pool = CandidatePool(_SCAN_PER_SLOT * concurrency + 8, idle_window, thorough=mode is not WorkerMode.POLL)
         self._executed = 0
         self._reserved = 0
         self._failures = 0  # consecutive transient storage failures (0: healthy)
