@@ -26,7 +26,7 @@ from runlane.core.lanes import LaneDelivery
 from runlane.core.store import OutboxMark, _run_key
 from runlane.storage.tables import decode_run_document
 from runlane.testing import ControlledClock, RecordingTransport
-from runlane.vocabulary import LaneDeliveryMode, OutboxMessageStatus
+from runlane.vocabulary import ExecuteDeliveryIgnoredReason, LaneDeliveryMode, OutboxMessageStatus
 from runlane_local import LocalStorageStore, local_storage_driver
 
 from runtime_support import DEFAULT_QUEUE, make_runtime
@@ -443,6 +443,55 @@ async def test_runs_of_a_queue_that_is_no_longer_bounded_are_woken_by_the_next_r
         for run in (flaky, *queued):
             assert (await new.runs.get(run.id)).status is RunStatus.SUCCEEDED, run.id
         assert (await new.tick()).delivery_requested == 0
+
+
+@task("outbox.limited", queue=queue("limited"))
+async def unlimited_before(payload: dict, ctx: TaskContext) -> None:
+    if payload.get("hold"):
+        await ctx.signal.wait()
+
+
+@task("outbox.limited", queue=LIMITED)
+async def limited_now(payload: dict) -> str:
+    return "ran"
+
+
+async def test_runs_queued_before_their_queue_was_bounded_are_reserved_and_woken_by_tick():
+    """The mirror of the release above: a release adds a concurrency limit to a queue whose runs the
+    earlier release triggered (and sent wakeups for). A wakeup that arrives while the queue is full is
+    refused; tick() then reserves the run once a slot frees and publishes a new wakeup."""
+    clock = ControlledClock()
+    transport = RecordingTransport(clock=clock)
+    store = LocalStorageStore()
+
+    def release(queues, tasks):
+        lane = create_lane(
+            storage=local_storage_driver(store=store, clock=clock),
+            delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
+        )
+        return create_runlane(lane=lane, queues=queues, tasks=tasks, clock=clock)
+
+    old = release([DEFAULT_QUEUE, queue("limited")], [unlimited_before])
+    async with old:
+        waiting = [(await old.trigger(unlimited_before, {"n": n})).run for n in range(2)]
+    old_wakeups = list(transport.published)
+
+    new = release([DEFAULT_QUEUE, LIMITED], [limited_now])
+    async with new:
+        busy = (await new.trigger(limited_now, {"busy": True})).run
+        assert (await new.tick()).dispatch_reserved == 1
+        slot = transport.published[-1]
+        assert slot.run_id == busy.id
+        for wakeup in old_wakeups:  # the queue is full: refused, and the consumer drops them
+            assert (await new.execute_delivery(wakeup)).reason is ExecuteDeliveryIgnoredReason.CLAIM_LOST
+        assert (await new.execute_delivery(slot)).run.status is RunStatus.SUCCEEDED
+        for _ in waiting:
+            before = len(transport.published)
+            assert (await new.tick()).dispatch_reserved == 1  # the slot is free again: one of them
+            (fresh,) = transport.published[before:]
+            assert (await new.execute_delivery(fresh)).run.status is RunStatus.SUCCEEDED
+        for run in waiting:
+            assert (await new.runs.get(run.id)).status is RunStatus.SUCCEEDED, run.id
 
 
 async def test_a_long_transport_outage_never_costs_a_run_its_wakeup(caplog):

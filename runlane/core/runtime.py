@@ -2005,6 +2005,12 @@ class Runlane:
             rows = await self._store.open_candidates(
                 StorageIndexName.RUNS_NEEDING_DISPATCH, queue.name, now, limit - count
             )
+            if not rows and self._store.outbox:
+                # Nothing to reserve where this release indexes dispatch candidates; on a transport lane,
+                # queued runs an earlier release wrote while the queue had no limit are indexed only as
+                # runnable, and their wakeups went out then (a consumer refuses one while the queue is
+                # full): reserved from there, they get a new wakeup, as a run triggered now would.
+                rows = await self._store.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue.name, now, limit - count)
             run_ids = [run_id for _, run_id in rows]
             if run_ids:
                 count += await self._reserve([ReserveRequest(run_id, timeout_ms) for run_id in run_ids])
