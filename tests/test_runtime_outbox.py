@@ -175,6 +175,23 @@ async def test_non_retryable_failure_dead_letters_the_row(caplog):
     assert "cancel and rerun it" in logged.getMessage() and logged.run_id == run.id
 
 
+async def test_a_dead_lettered_wakeup_of_a_bounded_queue_says_tick_reserves_it_again(caplog):
+    runtime, transport, clock = transport_runtime(dispatch=TriggerDispatchMode.DEFERRED)
+    async with runtime:
+        run = (await runtime.trigger(limited_work, {})).run
+        transport.fail_next(1, retryable=False)
+        with caplog.at_level("WARNING", logger="runlane.transport"):
+            result = await runtime.tick()
+        assert (result.dispatch_reserved, result.outbox_dead_lettered) == (1, 1)
+        [logged] = [record for record in caplog.records if record.name == "runlane.transport"]
+        assert "tick() reserves it again, with a new wakeup, once its reservation expires" in logged.getMessage()
+        assert "cancel and rerun" not in logged.getMessage()
+        clock.advance("10m")  # past the reservation
+        again = await runtime.tick()
+        assert (again.dispatch_reserved, again.outbox_published) == (1, 1)  # as the warning said
+        assert (await runtime.execute_delivery(transport.published[-1])).run.id == run.id
+
+
 async def test_an_eager_trigger_whose_wakeup_is_dead_lettered_says_so(caplog):
     runtime, transport, _ = transport_runtime()
     async with runtime:

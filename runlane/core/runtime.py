@@ -2088,11 +2088,16 @@ class Runlane:
             for mark in marks:
                 if mark.status is OutboxMessageStatus.DEAD_LETTERED and mark.failure is not None:
                     message = runs[mark.outbox_message_id]
+                    bounded = self._queues.get(message.queue)
+                    if bounded is not None and bounded.concurrency_limit is not None:
+                        # Its reservation expires and tick() reserves it again, with a new wakeup.
+                        then = "tick() reserves it again, with a new wakeup, once its reservation expires"
+                    else:
+                        then = "the run stays queued without a wakeup: fix the cause, then cancel and rerun it"
                     _transport_log.warning(
-                        "The wakeup of run %s (queue %s) was dead-lettered after %d attempt(s): %s (%s). The run "
-                        "stays queued without a wakeup: fix the cause, then cancel and rerun it.",
+                        "The wakeup of run %s (queue %s) was dead-lettered after %d attempt(s): %s (%s); %s.",
                         message.run_id, message.queue, message.attempts + 1, mark.failure.code.value,
-                        mark.failure.message,
+                        mark.failure.message, then,
                         extra={"run_id": message.run_id, "queue": message.queue, "error_code": mark.failure.code.value},
                     )  # fmt: skip
         if refused is not None:
