@@ -767,10 +767,14 @@ def test_trigger_reads_its_payload_and_meta_from_standard_input_or_a_file(tmp_pa
     both = trigger("-", "--meta", "-", stdin="{}")
     assert both.returncode == 2 and "cannot read standard input: " in both.stderr
     missing = trigger("@nowhere.json")
-    assert missing.returncode == 2 and "could not read nowhere.json (No such file or directory)" in missing.stderr
+    assert missing.returncode == 2 and "could not read 'nowhere.json' (No such file or directory)" in missing.stderr
+    # A file name is quoted as Python writes a string: a newline or escape sequence in it reaches no terminal.
+    hostile = trigger("@nowhere\x1b]0;title\x07\nfake: line")
+    assert hostile.returncode == 2 and "'nowhere\\x1b]0;title\\x07\\nfake: line'" in hostile.stderr
+    assert "\x1b" not in hostile.stderr
     (root / "latin1.json").write_bytes(b'{"user_id": "\xe9"}')
     undecodable = trigger("@latin1.json")
-    assert undecodable.returncode == 2 and "latin1.json: it is not UTF-8 text" in undecodable.stderr
+    assert undecodable.returncode == 2 and "'latin1.json': it is not UTF-8 text" in undecodable.stderr
     (root / "bom.json").write_bytes(b'\xef\xbb\xbf{"user_id": "bom"}')  # as some editors save it
     assert json.loads(trigger("@bom.json").stdout)["run"]["payload"] == {"user_id": "bom"}
     not_json = trigger("-", stdin="not json")
@@ -780,7 +784,7 @@ def test_trigger_reads_its_payload_and_meta_from_standard_input_or_a_file(tmp_pa
         assert empty.returncode == 2 and "read nothing from standard input" in empty.stderr, empty.stderr
     (root / "empty.json").write_text("", encoding="utf-8")
     empty = trigger("@empty.json")
-    assert empty.returncode == 2 and "read nothing from empty.json: the file is empty" in empty.stderr
+    assert empty.returncode == 2 and "read nothing from 'empty.json': the file is empty" in empty.stderr
     assert len(json.loads(cli(root, "--json", "runs", "list").stdout)["data"]) == 4  # nothing else was created
 
 

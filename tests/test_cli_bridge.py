@@ -182,6 +182,7 @@ def test_the_server_rejects_bad_requests(project: Project, dev: subprocess.Popen
     status, body = post(session.port, command("runs list", {"bogus": 1}), token=session.token)
     assert status == 400 and body["error"]["code"] == "configuration_invalid"
     assert post(session.port, b"{not json", token=session.token)[0] == 400
+    assert post(session.port, b"[" * 100_000 + b"]" * 100_000, token=session.token)[0] == 400  # not a 500
     assert post(session.port, json.dumps({"command": "tick"}).encode(), token=session.token)[0] == 400
 
     status, body = post(session.port, list_runs, token=session.token)

@@ -455,7 +455,7 @@ class BridgeServer:
             raise _Reject(400, ErrorCode.CONFIGURATION_INVALID, "Incomplete request body.") from None
         try:
             document = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deeply
             raise _Reject(400, ErrorCode.CONFIGURATION_INVALID, "The request body is not JSON.") from None
         return _validate_request(document)
 

@@ -168,14 +168,15 @@ def read_json_text(ctx: Any, value: str, name: str) -> str:
             raise _invalid(f"{name} could not read standard input ({error}).", argument=name) from None
     elif value.startswith("@"):
         path = Path(value[1:]).expanduser()
-        source, empty = str(path), "the file is empty; write the JSON value to it"
+        # Quoted as Python writes a string: a file name may hold a newline or a terminal escape sequence.
+        source, empty = repr(str(path)), "the file is empty; write the JSON value to it"
         try:
             text = path.read_text(encoding="utf-8-sig")  # a byte order mark some editors write is no JSON
         except UnicodeDecodeError:
-            raise _invalid(f"{name} could not read {path}: it is not UTF-8 text.", argument=name) from None
+            raise _invalid(f"{name} could not read {source}: it is not UTF-8 text.", argument=name) from None
         except (OSError, ValueError) as error:  # ValueError: a NUL in the name, one the locale cannot encode
             problem = error.strerror if isinstance(error, OSError) and error.strerror else error
-            raise _invalid(f"{name} could not read {path} ({problem}).", argument=name) from None
+            raise _invalid(f"{name} could not read {source} ({problem}).", argument=name) from None
     else:
         return value
     if not text.strip():  # said here, where the source is known (``parse_json`` would call it an empty string)
