@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import orjson
@@ -20,7 +21,9 @@ __all__ = [
     "is_unicode_text",
     "json_value_problem",
     "non_finite_float_path",
+    "json_escape_char",
     "shown_path",
+    "terminal_safe_json",
 ]
 
 JsonValue = Any  # None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]
@@ -260,3 +263,24 @@ def canonical_json_of_checked(value: Any) -> str:
         # Integers beyond 64 bits (valid JSON) and lone surrogates take the standard encoder, which
         # produces the same text or raises the precise error.
         return canonical_json(value)
+
+
+def json_escape_char(match: re.Match[str]) -> str:
+    """The ``\\uXXXX`` escape of the one character ``match`` found (a UTF-16 surrogate pair past U+FFFF, as
+    ``json.dumps(ensure_ascii=True)`` writes it)."""
+    code = ord(match.group())
+    if code > 0xFFFF:
+        code -= 0x10000
+        return f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}"
+    return f"\\u{code:04x}"
+
+
+# What a terminal acts on that JSON leaves as it is: DEL, the C1 controls (\x9b starts a control sequence on
+# many terminals, as ESC [ does), and the characters that reorder or break lines (bidi controls, U+2028/9).
+_TERMINAL_ACTIVE = re.compile(r"[\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def terminal_safe_json(text: str) -> str:
+    """JSON text with those characters written as ``\\uXXXX`` escapes: the same JSON value, which no
+    terminal it is printed to can be made to act on."""
+    return _TERMINAL_ACTIVE.sub(json_escape_char, text)

@@ -365,3 +365,28 @@ async def test_runs_attempts_cuts_a_long_detail_and_keeps_every_other_column_who
     assert header.split() == ["attempt", "status", "started", "completed", "detail"]
     assert row.split()[:2] == ["1", "succeeded"] and len(row.split()[2]) == len("2026-01-01T00:00:00.000Z")
     assert row.rstrip().endswith("…") and all(len(line) <= 100 for line in buffer.getvalue().splitlines())
+
+
+async def test_json_output_escapes_what_a_terminal_acts_on_that_json_leaves_as_it_is() -> None:
+    """JSON escapes C0 controls, not DEL, C1 controls (\\x9b starts a control sequence, like ESC [) or bidi
+    controls: --json output and the console exporter escape those too, and stay the same JSON."""
+    from runlane import ConsoleObservationSink
+    from runlane.json_values import terminal_safe_json
+
+    hostile = {"text": "x\x9b31m\u202eevil\x7f\u2028ok é 😀"}
+    buffer = io.StringIO()
+    Output(json_mode=True, stdout=buffer, stderr=io.StringIO()).emit_json(hostile)
+    written = buffer.getvalue()
+    assert re.search(r"[\x7f-\x9f\u202e\u2028]", written) is None
+    assert "\\u009b" in written and "\\u202e" in written and "é 😀" in written  # the rest as it is
+    assert json.loads(written) == hostile
+    assert json.loads(terminal_safe_json(json.dumps(hostile, ensure_ascii=False))) == hostile
+    # The console exporter's lines: a trace carrier value is the producer's text.
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[echoes], clock=ControlledClock())
+    lines = io.StringIO()
+    async with runtime:
+        await runtime.trigger(echoes, {}, trace_carrier={"tracestate": "vendor=\x9b2J\u202e"})
+        await runtime.observation_exporter("console", ConsoleObservationSink(lines)).export_once()
+    assert lines.getvalue() and re.search(r"[\x7f-\x9f\u202e]", lines.getvalue()) is None
+    record = json.loads(lines.getvalue().splitlines()[0])
+    assert record["observation"]["trace_carrier"] == {"tracestate": "vendor=\x9b2J\u202e"}

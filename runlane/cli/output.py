@@ -8,7 +8,8 @@ Ids, keys, reasons, outputs, failure and log messages are data that producers an
 text is made printable (``printable()``) wherever it becomes something printed: ``printable_text()`` for
 Rich text, ``_table()`` for cells and the ``Output`` primitives for the lines they are given. A terminal
 would act on an escape sequence printed raw (clear the screen, set the window title, fake a link) and a
-newline would print a line that looks like one of ours. JSON escapes such characters already.
+newline would print a line that looks like one of ours. JSON escapes the C0 controls; ``_dumps`` escapes
+the others a terminal acts on (``terminal_safe_json``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from rich.text import Text
 from ..core.attempt import RunContextFilter, current_task_context
 from ..core.authoring import error_location
 from ..errors import RunlaneError
+from ..json_values import json_escape_char, terminal_safe_json
 from ..vocabulary import run_status_values
 
 __all__ = [
@@ -121,24 +123,18 @@ def to_json_value(value: Any) -> Any:
 
 
 def _dumps(value: Any, *, ascii_only: bool = False) -> str:
-    return json.dumps(to_json_value(value), ensure_ascii=ascii_only, separators=(",", ":"))
+    # JSON escapes C0 controls; the characters it leaves as they are and a terminal acts on (C1 controls,
+    # bidi controls) are escaped too, so no stored value reaches the terminal raw through --json either.
+    return terminal_safe_json(json.dumps(to_json_value(value), ensure_ascii=ascii_only, separators=(",", ":")))
 
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 
 
-def _json_escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    if code > 0xFFFF:  # as a UTF-16 surrogate pair, as ``json.dumps(ensure_ascii=True)`` writes it
-        code -= 0x10000
-        return f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}"
-    return f"\\u{code:04x}"
-
-
 def _ascii_json(text: str) -> str:
     """JSON text (documents, or lines of them) with every character outside ASCII written as a ``\\uXXXX``
     escape: still the same JSON, since such characters can only be inside its strings."""
-    return _NON_ASCII.sub(_json_escape, text)
+    return _NON_ASCII.sub(json_escape_char, text)
 
 
 def iso(value: datetime | None) -> str | None:

@@ -35,7 +35,7 @@ from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
 from ..ids import validate_id
-from ..json_values import canonical_json_of_checked
+from ..json_values import canonical_json_of_checked, terminal_safe_json
 from ..model_build import build_validated
 from ..model_json import datetime_json, runlane_observation_json
 from ..models import (
@@ -899,7 +899,8 @@ class ConsoleObservationSink:
     async def export(self, records: Sequence[RunlaneObservationRecord]) -> None:
         stream = self._stream if self._stream is not None else sys.stdout
         lines = "".join(
-            json.dumps(record.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n"
+            terminal_safe_json(json.dumps(record.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+            + "\n"
             for record in records
         )
         stream.write(lines)
