@@ -190,6 +190,27 @@ def test_the_server_rejects_bad_requests(project: Project, dev: subprocess.Popen
     assert dev.poll() is None  # none of that ended the dev process
 
 
+def test_a_client_that_sends_nothing_is_answered_when_dev_stops_instead_of_holding_the_stop_up(
+    project: Project, dev: subprocess.Popen[str]
+) -> None:
+    session = read_session(project.config)
+    assert session is not None
+    idle = [socket.create_connection(("127.0.0.1", session.port), timeout=10) for _ in range(5)]
+    try:
+        time.sleep(0.2)  # the server has taken them in, waiting for their requests
+        dev.send_signal(signal.SIGTERM)
+        for connection in idle:
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert b"runlane dev is stopping; the request was not run." in answer
+        assert dev.wait(timeout=30) == 0
+    finally:
+        for connection in idle:
+            connection.close()
+
+
 def test_the_latest_dev_for_a_config_path_wins(project: Project, dev: subprocess.Popen[str]) -> None:
     first = read_session(project.config)
     assert first is not None

@@ -75,6 +75,7 @@ _REASONS = {
     413: "Content Too Large",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    503: "Service Unavailable",
 }
 
 
@@ -364,7 +365,7 @@ class BridgeServer:
             handler.add_done_callback(self._answering.discard)
         try:
             try:
-                request = await asyncio.wait_for(self._read_request(reader), timeout=READ_TIMEOUT_S)
+                request = await asyncio.wait_for(self._read_unless_closing(reader), timeout=READ_TIMEOUT_S)
                 status, body = 200, await self._execute_unless_closing(request)
             except _Reject as reject:
                 status, body = reject.status, {"error": {"code": reject.code.value, "message": reject.message}}
@@ -387,6 +388,24 @@ class BridgeServer:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _read_unless_closing(self, reader: asyncio.StreamReader) -> dict[str, Any]:
+        """``_read_request``, or, when the dev process stops first, a refusal: a client that has not sent
+        its request (one that sends nothing at all) must not hold up the stop, as a command it could
+        still run would not be run anyway."""
+        reading = asyncio.ensure_future(self._read_request(reader))
+        closing = asyncio.ensure_future(self._closing.wait())
+        read = False
+        try:
+            await asyncio.wait({reading, closing}, return_when=asyncio.FIRST_COMPLETED)
+            read = reading.done()
+        finally:
+            closing.cancel()
+            if not reading.done():
+                reading.cancel()
+        if read:
+            return reading.result()
+        raise _Reject(503, ErrorCode.STORAGE_UNAVAILABLE, "runlane dev is stopping; the request was not run.")
 
     async def _execute_unless_closing(self, request: dict[str, Any]) -> dict[str, Any]:
         """``_execute``, or, when the dev process stops first, an answer that says so."""
