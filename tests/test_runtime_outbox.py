@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -422,20 +423,26 @@ async def limited_flaky(payload: dict) -> None:
     raise RunlaneError(ErrorCode.TASK_FAILED, "provider down", retryable=True)
 
 
+def releases(store: LocalStorageStore, transport: RecordingTransport, clock: ControlledClock) -> Any:
+    """``release(queues, tasks)``: a runtime of one release of an application over the same stored state."""
+
+    def release(queues: list[Any], tasks: list[Any]) -> Any:
+        lane = create_lane(
+            storage=local_storage_driver(store=store, clock=clock),
+            delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
+        )
+        return create_runlane(lane=lane, queues=queues, tasks=tasks, clock=clock)
+
+    return release
+
+
 async def test_runs_of_a_queue_that_is_no_longer_bounded_are_woken_by_the_next_release():
     """A release drops a queue's concurrency limit while its runs wait for dispatch (queued, or
     retrying after a failure): the new release's tick requests their delivery, so a transport
     consumer runs every one of them, the one the old release reserved included."""
     clock = ControlledClock()
     transport = RecordingTransport(clock=clock)
-    store = LocalStorageStore()
-
-    def release(queues, tasks):
-        lane = create_lane(
-            storage=local_storage_driver(store=store, clock=clock),
-            delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
-        )
-        return create_runlane(lane=lane, queues=queues, tasks=tasks, clock=clock)
+    release = releases(LocalStorageStore(), transport, clock)
 
     old = release([DEFAULT_QUEUE, LIMITED], [limited_flaky])
     async with old:
@@ -479,14 +486,7 @@ async def test_runs_queued_before_their_queue_was_bounded_are_reserved_and_woken
     refused; tick() then reserves the run once a slot frees and publishes a new wakeup."""
     clock = ControlledClock()
     transport = RecordingTransport(clock=clock)
-    store = LocalStorageStore()
-
-    def release(queues, tasks):
-        lane = create_lane(
-            storage=local_storage_driver(store=store, clock=clock),
-            delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport),
-        )
-        return create_runlane(lane=lane, queues=queues, tasks=tasks, clock=clock)
+    release = releases(LocalStorageStore(), transport, clock)
 
     old = release([DEFAULT_QUEUE, queue("limited")], [unlimited_before])
     async with old:

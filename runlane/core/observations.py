@@ -1054,10 +1054,11 @@ class ObservationExporter:
         self, *, signal: CancellationSignal | None = None, idle_delay: Duration = "1s", retry_delay: Duration = "5s"
     ) -> None:
         """Export until ``signal`` aborts: poll every ``idle_delay`` when idle, retry retryable and untyped
-        failures after ``retry_delay`` (or after the ``retry_after_s`` a failure's meta asks for, an endpoint's
-        ``Retry-After``, when that is longer, up to an hour), and raise a non-retryable ``RunlaneError``. A batch the sink is
-        sending when ``signal`` aborts is finished, and its checkpoint advanced, before the loop returns:
-        abandoning it would leave the sink to send it anyway and the next run to send it again."""
+        failures after ``retry_delay`` (or after the ``retry_after_s`` a failure's meta asks for, an
+        endpoint's ``Retry-After``, when that is longer, up to an hour), and raise a non-retryable
+        ``RunlaneError``. A batch the sink is sending when ``signal`` aborts is finished, and its checkpoint
+        advanced, before the loop returns: abandoning it would leave the sink to send it anyway and the next
+        run to send it again."""
         _check_signal(signal)
         idle = duration_ms(idle_delay, "idle_delay") / 1000
         retry = duration_ms(retry_delay, "retry_delay") / 1000
