@@ -313,7 +313,7 @@ async def test_a_lease_shorter_than_a_second_is_taken_and_logged_once(caplog):
     assert len(warned) == 1 and "can expire while its heartbeat is being written" in warned[0]
 
 
-async def test_a_heartbeat_storage_failure_rejects_the_execution_call():
+async def test_a_heartbeat_storage_failure_rejects_the_execution_call(caplog):
     reasons: list[str | None] = []
     failing = False
 
@@ -339,6 +339,10 @@ async def test_a_heartbeat_storage_failure_rejects_the_execution_call():
             await asyncio.wait_for(runtime.execute_next(heartbeat_interval="3ms"), 2)
         assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
         assert reasons == ["heartbeat_failed"]
+    # The run will run again: the log of the run says why (not only the worker's storage warning).
+    (logged,) = [record for record in caplog.records if record.name == "runlane.task"]
+    assert "could not renew its lease (storage_unavailable: storage is down)" in logged.getMessage()
+    assert "its outcome is not recorded, so the run runs again once its lease expires" in logged.getMessage()
 
 
 async def test_a_handler_still_running_when_tick_records_its_timeout_reports_that_outcome(caplog):

@@ -1773,6 +1773,19 @@ class _Attempt:
             extra=_log_fields(run, ErrorCode.TASK_TIMED_OUT),
         )  # fmt: skip
 
+    def log_lease_given_up(self, error: BaseException) -> None:
+        """Say on ``runlane.task`` that this attempt's outcome is not recorded because its lease could not be
+        renewed (storage failed past what the lease allowed): the run runs again once the lease expires."""
+        run = self.run
+        cause = f"{error.code.value}: {error.message}" if isinstance(error, RunlaneError) else type(error).__name__
+        code = error.code if isinstance(error, RunlaneError) else ErrorCode.STORAGE_UNAVAILABLE
+        _task_log.warning(
+            "Run %s (task %s): attempt %d could not renew its lease (%s); its handler was stopped and its outcome "
+            "is not recorded, so the run runs again once its lease expires (%s).",
+            run.id, run.task_id, self.attempt_number, cause, encode_iso_date(self._lease_expires_at),
+            extra=_log_fields(run, code),
+        )  # fmt: skip
+
     def abandon(self, conflict: RunlaneError) -> AttemptResult:
         """The attempt lost its lease: nothing of it is persisted (another owner may be running the run)."""
         run = self.run
@@ -2024,6 +2037,7 @@ async def execute_claimed_run(
         if attempt.lost is not None:
             return attempt.abandon(attempt.lost)
         if attempt.heartbeat_error is not None:
+            attempt.log_lease_given_up(attempt.heartbeat_error)
             raise attempt.heartbeat_error
         return await attempt.complete(outcome)
     finally:
