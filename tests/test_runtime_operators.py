@@ -1820,3 +1820,38 @@ def test_the_sync_facade_waits_for_a_run_from_plain_code():
         executed.join(5)
     finally:
         runtime.sync.close()
+
+
+@pytest.mark.parametrize(
+    ("listing", "position"),
+    [
+        ("created_at", ["not a time", "run_x"]),
+        ("run_at", ["0", "yesterday", "run_x"]),
+        ("events", ["00000000000000000abc"]),
+    ],
+)
+async def test_a_cursor_whose_position_was_edited_is_refused_not_read_as_an_empty_or_first_page(
+    listing: str, position: list[str]
+) -> None:
+    """A position of the right shape but not a time, sequence or id (edited by hand, or cut short) would
+    give an empty page, which reads as the end of the listing, or the first page again."""
+    from runlane.storage.cursor import decode_opaque_token, encode_opaque_token
+
+    runtime, clock = make()
+    async with runtime:
+        for _ in range(3):
+            run = (await runtime.trigger(mail, {})).run
+            clock.advance("1s")
+
+        async def page(cursor: str | None = None) -> Any:
+            if listing == "events":
+                return await runtime.runs.events(run.id, limit=1, cursor=cursor)
+            return await runtime.runs.list(limit=1, sort_by=listing, cursor=cursor)
+
+        cursor = (await page()).next_cursor
+        assert cursor is not None
+        edited = encode_opaque_token({**decode_opaque_token(cursor), "last": position})
+        with pytest.raises(RunlaneError) as caught:
+            await page(edited)
+        assert caught.value.code is ErrorCode.VALIDATION_FAILED and caught.value.message == "Malformed cursor position."
+        assert len((await page(cursor)).data) == 1  # the cursor as given still works

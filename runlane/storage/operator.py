@@ -17,7 +17,7 @@ from ..json_values import is_unicode_text
 from ..models import CallerBuilt, Environment, RunEventRecord, RunlaneModel, RunRecord, UtcDateTime
 from ..run_scans import get_run_runnable_available_at
 from ..vocabulary import PaginationCursorKind, RunEventSortField, RunEventType, RunSortField, RunStatus, SortDirection
-from .codecs import encode_iso_date, encode_storage_unsigned_integer
+from .codecs import decode_iso_date, decode_storage_unsigned_integer, encode_iso_date, encode_storage_unsigned_integer
 from .cursor import decode_opaque_token, encode_opaque_token
 
 __all__ = [
@@ -207,12 +207,29 @@ def decode_operator_cursor(cursor: str | None, kind: PaginationCursorKind, filte
 
 
 def _fits(last: list[str], filter: RunlaneModel | dict[str, Any]) -> bool:
-    """``last`` has the shape of a sort value of the filter's order (``run_sort_value`` /
-    ``run_event_sort_value``); other scopes are not checked."""
+    """``last`` is a sort value of the filter's order (``run_sort_value`` / ``run_event_sort_value``): its
+    shape and each part (a canonical time, sequence or id), so a position edited by hand is refused instead
+    of quietly giving an empty page or the first one again; other scopes are not checked."""
     if isinstance(filter, RunFilter):
         if filter.sort_by is RunSortField.RUN_AT:
-            return len(last) == 3 and last[0] in ("0", "1")
-        return len(last) == 2
+            return len(last) == 3 and last[0] in ("0", "1") and (last[1] == "" or _is_time(last[1])) and bool(last[2])
+        return len(last) == 2 and _is_time(last[0]) and bool(last[1])
     if isinstance(filter, RunEventFilter):
-        return len(last) == (1 if filter.sort_by is RunEventSortField.SEQUENCE else 3)
+        if filter.sort_by is RunEventSortField.SEQUENCE:
+            return len(last) == 1 and _is_sequence(last[0])
+        return len(last) == 3 and _is_time(last[0]) and bool(last[1]) and _is_sequence(last[2])
     return True
+
+
+def _is_time(text: str) -> bool:
+    try:
+        return encode_iso_date(decode_iso_date(text)) == text
+    except (RunlaneError, ValueError, TypeError, OverflowError):
+        return False
+
+
+def _is_sequence(text: str) -> bool:
+    try:
+        return encode_storage_unsigned_integer(decode_storage_unsigned_integer(text)) == text
+    except (RunlaneError, ValueError, TypeError, OverflowError):
+        return False
