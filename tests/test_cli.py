@@ -216,6 +216,10 @@ def test_init_config_never_overwrites_without_the_flag(tmp_path: Path) -> None:
     # Without --tasks (or --runtime) the config names app.tasks, which it says stands in for your module.
     assert json.loads(replaced.stderr)["warning"]["code"] == "placeholder_tasks"
     assert 'tasks = ["app.tasks"]' in (tmp_path / "runlane.toml").read_text()
+    # Where the project's module is app.tasks after all, it is no placeholder.
+    write(tmp_path / "app" / "tasks.py", "")
+    mine = cli(tmp_path, "--json", "init", "config", "--overwrite")
+    assert mine.returncode == 0 and mine.stderr == "", mine.stderr
 
 
 def test_init_config_refuses_to_write_over_pyproject_toml(tmp_path: Path) -> None:

@@ -252,12 +252,18 @@ def init_config(
         )
         guard(ctx, lambda: _raise(failure))
     output.file_written(str(path), overwritten=existed)
-    if not tasks and runtime is None:
+    if not tasks and runtime is None and not _module_beside(path, "app.tasks"):
         output.warning(
             "placeholder_tasks",
             f"{path} names the task module app.tasks, a placeholder: change [runlane] tasks to your module, "
             "or write it again with --tasks MODULE.",
         )
+
+
+def _module_beside(path: Path, module: str) -> bool:
+    """Whether the folder of the config at ``path`` (where its commands import tasks from) holds ``module``."""
+    base = path.parent.joinpath(*module.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
 def _configured_pyproject(path: Path) -> Path | None:
