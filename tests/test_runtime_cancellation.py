@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 from runlane_local import local_lane
@@ -12,9 +13,12 @@ from runlane import (
     ActorType,
     ErrorCode,
     Retry,
+    RunEventType,
     RunlaneError,
+    RunlaneObservation,
     RunStatus,
     TaskContext,
+    TaskDefinition,
     WorkerMode,
     create_runlane,
     task,
@@ -103,6 +107,70 @@ async def test_same_process_cancellation_aborts_the_signal_at_once_and_cancels()
             "run.cancellation_requested",
             "run.cancelled",
         ]
+
+
+def _held_after_its_claim() -> tuple[asyncio.Event, object, TaskDefinition]:
+    """A slow observer of claims, which holds an attempt between its claim's commit and its start (a
+    cancel written meanwhile finds no attempt to notify yet), and a handler that waits for its signal."""
+    claimed = asyncio.Event()
+
+    async def slow_observer(observation: RunlaneObservation) -> None:
+        if observation.event_type is RunEventType.LEASE_CLAIMED:
+            claimed.set()
+            await asyncio.sleep(0.2)
+
+    @task("cancel.waits")
+    async def waits(payload: dict, ctx: TaskContext):
+        try:
+            await asyncio.wait_for(ctx.signal.wait(), 5)
+        except TimeoutError:
+            reasons.append("never told")
+        else:
+            reasons.append(ctx.signal.reason)
+
+    return claimed, slow_observer, waits
+
+
+async def test_a_cancellation_requested_between_the_claim_and_the_attempt_start_aborts_the_signal_at_once():
+    claimed, slow_observer, waits = _held_after_its_claim()
+    runtime, _ = make_runtime(waits, observers=[slow_observer])
+    async with runtime:
+        run = (await runtime.trigger(waits, {})).run
+        pending = asyncio.ensure_future(runtime.execute_next())
+        await asyncio.wait_for(claimed.wait(), 2)
+        assert (await runtime.runs.cancel(run.id)).status is RunStatus.CANCELLATION_REQUESTED
+        done = await asyncio.wait_for(pending, 3)
+        assert reasons == ["cancellation_requested"]
+        assert done.status is RunStatus.CANCELLED
+
+
+async def test_another_process_cancellation_between_the_claim_and_the_attempt_start_reaches_a_poll_worker(
+    postgres_url: str,
+):
+    from runlane_postgres import apply_postgres_migrations, postgres_polling_lane
+
+    schema = f"cancel_claim_{uuid.uuid4().hex[:10]}"
+    await apply_postgres_migrations(postgres_url, schema=schema)
+    claimed, slow_observer, waits = _held_after_its_claim()
+    worker_side = create_runlane(
+        lane=postgres_polling_lane(postgres_url, schema=schema), queues=[DEFAULT_QUEUE], tasks=[waits],
+        observers=[slow_observer],
+    )  # fmt: skip
+    operator = create_runlane(
+        lane=postgres_polling_lane(postgres_url, schema=schema), queues=[DEFAULT_QUEUE], tasks=[waits]
+    )
+    async with worker_side, operator:
+        worker = worker_side.worker(lease_duration="10m")  # heartbeats every 5 minutes: only the hint is in time
+        try:
+            run = (await operator.trigger(waits, {})).run
+            await asyncio.wait_for(claimed.wait(), 10)
+            await operator.runs.cancel(run.id)
+            async with asyncio.timeout(3):
+                while (await operator.runs.get(run.id)).status is not RunStatus.CANCELLED:
+                    await asyncio.sleep(0.02)
+        finally:
+            await worker.stop()
+        assert reasons == ["cancellation_requested"]
 
 
 async def test_repeated_cancel_adds_no_events():

@@ -30,6 +30,7 @@ batchers.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import contextvars
@@ -147,6 +148,10 @@ DRAIN_OUTAGE_LIMIT_S = 30.0
 # event loop stopped) or that started after it did (seconds).
 _STOP_RECHECK_S = 0.5
 _STOP_CLAIM_S = 0.005  # how often it looks again while a claim is being written
+# Cancellation notices no attempt of the registry matched, kept for an attempt that registers later (most
+# are for attempts of other processes, which never register here: the oldest are dropped past this).
+_UNMATCHED_NOTICES = 1024
+_NO_NOTICE: Any = object()  # ``register``: no notice was kept for the run
 
 # A run whose attempts keep ending with no outcome (its worker crashed, was killed or lost the lease)
 # is failed instead of run again once that many attempts are spent, or its retry budget if larger.
@@ -247,6 +252,10 @@ class CancellationRegistry:
         # an attempt may begin from each, which ``stop_all`` must wait for too.
         self._claiming: dict[object, asyncio.AbstractEventLoop] = {}
         self._stop_reason: str | None = None  # set by ``stop_all``: attempts that begin later stop at once
+        # Run id -> the (worker id, lease token) a cancellation named, or ``None`` for another process's
+        # hint, when no registered attempt matched: an attempt claimed before the request committed may
+        # not be registered yet (its claim's commit is awaited, then observed), and picks it up then.
+        self._unmatched: collections.OrderedDict[str, tuple[str, str] | None] = collections.OrderedDict()
 
     @contextlib.contextmanager
     def claiming(self) -> Iterator[None]:
@@ -326,6 +335,22 @@ class CancellationRegistry:
     def register(self, attempt: _Attempt) -> None:
         with self._lock:
             self._attempts.setdefault(attempt.run_id, []).append(attempt)
+            if not self._unmatched:
+                return
+            missed = self._unmatched.pop(attempt.run_id, _NO_NOTICE)
+        if missed is None:
+            attempt.check_cancellation_soon()  # a hint, not trusted: read the run
+        elif missed == (attempt.worker_id, attempt.token):
+            attempt.observe_cancellation()
+
+    def _note_unmatched(self, run_id: str, notice: tuple[str, str] | None) -> None:
+        with self._lock:
+            if notice is None and self._unmatched.get(run_id) is not None:
+                return  # a same-process request for the run says more than a hint
+            self._unmatched[run_id] = notice
+            self._unmatched.move_to_end(run_id)
+            while len(self._unmatched) > _UNMATCHED_NOTICES:
+                self._unmatched.popitem(last=False)
 
     def unregister(self, attempt: _Attempt) -> None:
         with self._lock:
@@ -349,6 +374,8 @@ class CancellationRegistry:
             ]
         for attempt in matches:
             attempt.observe_cancellation()
+        if not matches:
+            self._note_unmatched(run_id, (worker_id, lease_token))
         return bool(matches)
 
     def holds(self, run_id: str, lease_token: str) -> bool:
@@ -373,6 +400,8 @@ class CancellationRegistry:
             attempts = list(self._attempts.get(run_id, ()))
         for attempt in attempts:
             attempt.heartbeat_soon()
+        if not attempts:
+            self._note_unmatched(run_id, None)
         return bool(attempts)
 
     def check_all_soon(self) -> None:
