@@ -1,7 +1,9 @@
 """Defining work: queues, retry policies, schedules, tasks (schemas, payloads, keys) and release values."""
 
 import dataclasses
+import gc
 import json
+import warnings
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -676,6 +678,39 @@ def test_a_key_resolver_may_raise_its_own_runlane_error():
 def test_static_keys_are_validated_when_the_task_is_defined(key):
     with invalid():
         task("emails.welcome", singleton_key=key)
+
+
+async def _async_key(payload: Any) -> str:
+    return "welcome"
+
+
+def _generator_key(payload: Any) -> Any:
+    yield "welcome"
+
+
+@pytest.mark.parametrize("resolver", [_async_key, _generator_key])
+def test_a_key_resolver_that_cannot_return_a_key_is_refused_when_the_task_is_defined(resolver):
+    # Its call gives a coroutine or a generator, never a key: every trigger would fail (and an
+    # un-awaited coroutine warn), so the definition says what to write instead.
+    with invalid() as caught:
+        task("emails.welcome", idempotency_key=resolver)
+    assert caught.value.meta["field"] == "idempotency_key"
+    assert "plain function" in caught.value.message
+
+
+def test_a_key_resolver_returning_a_coroutine_is_refused_without_leaving_it_unawaited():
+    with invalid():
+        task("emails.welcome", singleton_key=type("Resolver", (), {"__call__": _async_key})())
+    definition = welcome_task(singleton_key=lambda payload: _async_key(payload))
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")  # a coroutine never awaited warns when it is collected
+        with invalid() as caught:
+            definition.resolve_key("singleton_key", Welcome(user_id="u1"))
+        message = caught.value.message
+        del caught  # its traceback holds the coroutine
+        gc.collect()
+    assert "plain function" in message
+    assert [str(warning.message) for warning in warned] == []
 
 
 def test_unknown_key_kind_is_a_programming_error():

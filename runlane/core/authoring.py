@@ -605,6 +605,10 @@ class TaskDefinition:
                 task_id=self.id,
                 field=kind,
             ) from error
+        if inspect.iscoroutine(value) or inspect.isgenerator(value) or inspect.isasyncgen(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never run: no warning about a coroutine left unawaited
+            raise _not_a_key_function(kind, self.id)
         return validate_id(value, f"{label} resolved for task {self.id!r}")
 
     def _validate(self, value: Any, *, json_input: bool, subject: str, hint: str = _SEND_MATCHING) -> Any:
@@ -833,13 +837,30 @@ def _annotation_schema(task_id: str, handler: Callable[..., Any], parameter: ins
 
 
 def _key_resolver(value: object, kind: str, task_id: str) -> KeyResolver | None:
-    if value is None or callable(value):
+    if value is None:
+        return None
+    if callable(value):
+        if any(check(value) or check(type(value).__call__) for check in _NOT_KEY_FUNCTIONS):
+            raise _not_a_key_function(kind, task_id)
         return value
     if isinstance(value, str):
         return validate_id(value, f"{_KEY_LABELS[kind]} of task {task_id!r}")
     raise _invalid(
         f"Task {task_id!r}: {kind} must be a string or a function of the payload returning a string, got {value!r}.",
         field=kind,
+    )
+
+
+# A call of these gives a coroutine or a generator, never a key.
+_NOT_KEY_FUNCTIONS = (inspect.iscoroutinefunction, inspect.isasyncgenfunction, inspect.isgeneratorfunction)
+
+
+def _not_a_key_function(kind: str, task_id: str) -> RunlaneError:
+    return _invalid(
+        f"Task {task_id!r}: the {_KEY_LABELS[kind]} resolver gives a coroutine or a generator (it is async or "
+        "yields), not a key; pass a plain function of the payload that returns the key as a string.",
+        field=kind,
+        task_id=task_id,
     )
 
 
