@@ -348,6 +348,83 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_idempotency_retention_and_singleton_release_through_a_peer(self, lanes: LaneFactory) -> None:
+        """The owner rules of the spec on every lane, read and written by another process's runtime: a
+        finite TTL counts from the end of the run (a run queued longer than its TTL still owns the key), a
+        failed run gives its key up, an ``active`` key and a singleton key stay with a released run until
+        it ends, a cancelled delayed run frees its singleton key and keeps its idempotency key, and pruning
+        a run drops its own key only, never the one a reset handed to a newer run."""
+
+        @task("retained")
+        async def retained(payload: dict, ctx: TaskContext) -> Any:
+            if payload.get("fail"):
+                raise RuntimeError("failed for good")
+            if payload.get("wait") and ctx.attempt == 1:
+                return ctx.release("10m")
+            return payload
+
+        def singleton_conflict(error: BaseException) -> bool:
+            return isinstance(error, RunlaneError) and (
+                get_storage_conflict_kind(error) is StorageConflictKind.SINGLETON_KEY
+            )
+
+        async def body() -> None:
+            runtime, clock = self.runtime(lanes.new(), retained)
+            peer, _ = self.runtime(lanes.peer(), retained, clock=clock)
+            async with runtime, peer:
+                first = (await runtime.trigger(retained, {}, idempotency_key="a", idempotency_key_ttl="1h")).run
+                clock.advance("2h")
+                assert (await peer.trigger(retained, {}, idempotency_key="a")).run.id == first.id
+                assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+                clock.advance("59m")
+                assert (await peer.runs.find_current(task=retained, idempotency_key="a")).id == first.id
+                assert (await peer.trigger(retained, {}, idempotency_key="a")).run.id == first.id
+                clock.advance("1m")
+                assert await peer.runs.find_current(task=retained, idempotency_key="a") is None
+                assert (await peer.trigger(retained, {}, idempotency_key="a")).outcome is TriggerOutcomeType.CREATED
+
+                failed = (await runtime.trigger(retained, {"fail": True}, idempotency_key="f")).run
+                while await runtime.execute_next() is not None:
+                    pass
+                assert (await peer.runs.get(failed.id)).status is RunStatus.FAILED
+                assert (await peer.trigger(retained, {}, idempotency_key="f")).outcome is TriggerOutcomeType.CREATED
+
+                waiting = await runtime.trigger(
+                    retained, {"wait": True}, idempotency_key="w", idempotency_key_ttl="active", singleton_key="w"
+                )
+                while await runtime.execute_next() is not None:
+                    pass
+                assert (await peer.runs.get(waiting.run.id)).status is RunStatus.RELEASED
+                assert (await peer.trigger(retained, {}, idempotency_key="w")).run.id == waiting.run.id
+                with pytest.raises(RunlaneError) as raised:
+                    await peer.trigger(retained, {}, singleton_key="w")
+                assert singleton_conflict(raised.value)
+                clock.advance("10m")
+                await peer.tick()
+                assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+                assert (await peer.trigger(retained, {}, idempotency_key="w")).outcome is TriggerOutcomeType.CREATED
+                assert (await peer.trigger(retained, {}, singleton_key="w")).outcome is TriggerOutcomeType.CREATED
+
+                delayed = (await runtime.trigger(retained, {}, idempotency_key="d", singleton_key="d", delay="1d")).run
+                with pytest.raises(RunlaneError) as raised:
+                    await peer.trigger(retained, {}, singleton_key="d")
+                assert singleton_conflict(raised.value)
+                assert (await peer.runs.cancel(delayed.id)).status is RunStatus.CANCELLED
+                assert (await runtime.trigger(retained, {}, idempotency_key="d")).run.id == delayed.id
+                assert (await runtime.trigger(retained, {}, singleton_key="d")).outcome is TriggerOutcomeType.CREATED
+
+                old = (await runtime.trigger(retained, {}, idempotency_key="r", idempotency_key_ttl="1000d")).run
+                while await runtime.execute_next() is not None:
+                    pass
+                await peer.idempotency_keys.reset(retained, key="r")
+                newer = (await runtime.trigger(retained, {}, idempotency_key="r")).run
+                clock.advance("40d")
+                assert (await peer.runs.prune(older_than="30d")).pruned >= 1
+                assert await runtime.runs.get(old.id) is None
+                assert (await runtime.trigger(retained, {}, idempotency_key="r")).run.id == newer.id
+
+        self.run(body)
+
     def test_keys_of_the_longest_length_in_any_script_work_on_every_lane(self, lanes: LaneFactory) -> None:
         """512 characters of a script that takes 3 or 4 bytes each: an idempotency, singleton or concurrency
         key the API accepts is taken by every lane (Postgres indexes at most 2,704 bytes of a record key),
