@@ -456,6 +456,36 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_a_run_with_the_longest_ascii_task_id_and_idempotency_key_can_finish_and_be_cancelled(
+        self, lanes: LaneFactory
+    ) -> None:
+        """A task id and an idempotency key of 512 ASCII characters each are taken by trigger() on every
+        lane, and so is every outcome of the run: the owner a finished run keeps until its TTL ends
+        is stored as the key it was created with was (on Postgres its expiry index entry restated the
+        task id and key, twice the size the trigger checked: the succeeded attempt was recorded as failed
+        with task_output_invalid, giving the key up, and a cancellation was refused)."""
+        task_id = "reports." + "x" * (MAX_ID_LENGTH - len("reports."))
+
+        @task(task_id)
+        async def report(payload: dict) -> dict:
+            return {"done": payload["n"]}
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), report)
+            async with runtime:
+                key = "k" * MAX_ID_LENGTH
+                done = (await runtime.trigger(report, {"n": 1}, idempotency_key=key)).run
+                finished = await runtime.execute_next()
+                assert finished.id == done.id and finished.status is RunStatus.SUCCEEDED, finished.failure
+                again = await runtime.trigger(report, {"n": 2}, idempotency_key=key)
+                assert again.outcome is TriggerOutcomeType.RETURNED_EXISTING and again.run.id == done.id
+                other = "c" * MAX_ID_LENGTH
+                queued = (await runtime.trigger(report, {"n": 3}, idempotency_key=other)).run
+                assert (await runtime.runs.cancel(queued.id)).status is RunStatus.CANCELLED
+                assert (await runtime.runs.find_current(task=report, idempotency_key=other)).id == queued.id
+
+        self.run(body)
+
     def test_trigger_with_the_id_of_an_existing_run_changes_nothing(
         self, lanes: LaneFactory, monkeypatch: pytest.MonkeyPatch
     ) -> None:

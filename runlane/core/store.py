@@ -703,13 +703,13 @@ def _event_record(
 
 
 def _idempotency_owner_record(key: StorageRecordKey, value: dict[str, Any]) -> NewStorageRecord:
+    # The expiry entry sorts by time alone: its record key (task id and key) orders ties. Restating them
+    # in the sort made the entry of a retained owner twice the size of the key run creation stored, over
+    # a lane's index entry limit with long ids (the run's outcome could then not be recorded).
     expires_at = value.get("expires_at")
     indexes: tuple[StorageIndexEntry, ...] = ()
     if expires_at is not None:
-        env, task_id, owner_key = key.parts
-        indexes = (
-            StorageIndexEntry(StorageIndexName.IDEMPOTENCY_OWNERS_BY_EXPIRY, (env,), (expires_at, task_id, owner_key)),
-        )
+        indexes = (StorageIndexEntry(StorageIndexName.IDEMPOTENCY_OWNERS_BY_EXPIRY, (key.parts[0],), (expires_at,)),)
     return NewStorageRecord(key, StorageDocument.encode(value), indexes)
 
 

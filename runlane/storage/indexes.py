@@ -50,8 +50,8 @@ class StorageIndexName(enum.StrEnum):
     # Outbox publishing: pending, failed and claimed rows by next availability / claim expiry.
     #   partition (environment,)                   sort (available_at, message_id)
     OUTBOX_DUE = "outbox_due"
-    # Idempotency owner retention: terminal owners by expiry.
-    #   partition (environment,)                   sort (expires_at, task_id, key)
+    # Idempotency owner retention: terminal owners by expiry (the record key, task id and key, orders ties).
+    #   partition (environment,)                   sort (expires_at,)
     IDEMPOTENCY_OWNERS_BY_EXPIRY = "idempotency_owners_by_expiry"
     # Schedule occurrences whose claim may expire, for crash recovery.
     #   partition (environment,)                   sort (claim_expires_at, occurrence_id)
