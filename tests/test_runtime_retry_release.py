@@ -9,6 +9,7 @@ import pytest
 
 from runlane import (
     Backoff,
+    CancellationController,
     ErrorCode,
     Retry,
     RetryBackoffType,
@@ -222,3 +223,50 @@ async def test_an_operation_cancelled_after_a_worker_stop_releases_the_run_witho
         done = await runtime.runs.get(run.id)
         assert done.status is RunStatus.RELEASED and done.failure is None
         assert (done.counters.failures, done.counters.retries, done.counters.releases) == (0, 0, 1)
+
+
+async def _watch_the_signal(ctx: TaskContext) -> None:
+    while True:
+        ctx.signal.raise_if_aborted()
+        await asyncio.sleep(0.005)
+
+
+async def test_a_task_group_stopped_with_its_worker_releases_the_run_like_a_plain_handler():
+    # Each task of the group raises the signal's operation_cancelled: the group's is a worker stop too.
+    started = asyncio.Event()
+
+    @task("grouped.stopped", retry=Retry(max_attempts=3, backoff="1s"))
+    async def grouped(payload: dict, ctx: TaskContext) -> None:
+        started.set()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(_watch_the_signal(ctx))
+            group.create_task(_watch_the_signal(ctx))
+
+    runtime, _ = make_runtime(grouped)
+    async with runtime:
+        run = (await runtime.trigger(grouped, {})).run
+        worker = runtime.worker(empty_poll_delay="1s")
+        await asyncio.wait_for(started.wait(), 2)
+        await asyncio.wait_for(worker.stop(), 2)
+        done = await runtime.runs.get(run.id)
+        assert done.status is RunStatus.RELEASED and done.failure is None
+        assert (done.counters.failures, done.counters.retries, done.counters.releases) == (0, 0, 1)
+
+
+async def test_a_task_group_stopped_by_a_callers_signal_follows_the_retry_policy():
+    @task("grouped.aborted", retry=Retry(max_attempts=3, backoff="1s"))
+    async def grouped(payload: dict, ctx: TaskContext) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(_watch_the_signal(ctx))
+            group.create_task(_watch_the_signal(ctx))
+
+    runtime, _ = make_runtime(grouped)
+    async with runtime:
+        controller = CancellationController()
+        attempt = asyncio.ensure_future(runtime.run_now(grouped, {}, signal=controller.signal))
+        await asyncio.sleep(0.05)
+        controller.abort("caller_gone")
+        run = await asyncio.wait_for(attempt, 2)
+        assert run.status is RunStatus.RETRYING and run.counters.retries == 1
+        assert run.failure.code is ErrorCode.OPERATION_CANCELLED and run.failure.retryable is True
+        assert run.failure.meta == {"reason": "caller_gone"}

@@ -451,6 +451,17 @@ def failure_from_exception(error: BaseException) -> RunFailure:
     return RunFailure(code=ErrorCode.TASK_FAILED, message="Task failed.", retryable=True)
 
 
+def _signal_abort_failure(error: BaseException) -> RunFailure | None:
+    """The failure of the non-retryable ``operation_cancelled`` that task code raises when its signal is
+    aborted (``ctx.signal.raise_if_aborted()``): raised as such, or by every task of an
+    ``asyncio.TaskGroup`` that failed (an exception group holding nothing else). ``None`` otherwise."""
+    if isinstance(error, BaseExceptionGroup):
+        failures = [_signal_abort_failure(raised) for raised in error.exceptions]
+        return failures[0] if all(failure is not None for failure in failures) else None
+    failure = failure_from_exception(error)
+    return failure if failure.code is ErrorCode.OPERATION_CANCELLED and not failure.retryable else None
+
+
 def failure_outcome_events(
     run: RunRecord,
     at: datetime,
@@ -1605,9 +1616,9 @@ class _Attempt:
             if isinstance(error, SystemExit):
                 raise
             failure = failure_from_exception(error)
+            stopped = _signal_abort_failure(error)
             if (
-                failure.code is ErrorCode.OPERATION_CANCELLED
-                and not failure.retryable
+                stopped is not None
                 and self.controller.signal.aborted
                 and not self.cancel_observed
                 and not self.timed_out
@@ -1619,7 +1630,7 @@ class _Attempt:
                     return _Outcome(_RELEASE, release=_STOPPED_WITH_THE_WORKER)
                 # Another local abort (a caller's signal, a lost lease) is not a durable cancellation
                 # either: the failure follows the task's retry policy like any other.
-                failure = failure.model_copy(update={"retryable": True})
+                failure = stopped.model_copy(update={"retryable": True})
             retry = definition.retry
             if failure.retryable and retry is not None and not retry.retries(error):
                 failure = failure.model_copy(update={"retryable": False})  # retry_on / no_retry_on
