@@ -86,6 +86,25 @@ async def test_timed_out_attempts_are_finalized_by_the_retry_policy():
         assert failed.status is RunStatus.FAILED and failed.failure.code is ErrorCode.TASK_TIMED_OUT
 
 
+async def test_a_timeout_tick_records_for_a_dead_worker_is_logged_like_any_failed_attempt(caplog):
+    # The worker that ran the attempt is gone and cannot say so: the tick that records its outcome does.
+    runtime, clock = make_runtime(timed)
+    caplog.set_level(logging.WARNING, logger="runlane.task")
+    async with runtime:
+        run = (await runtime.trigger(timed, {})).run
+        for attempt, level, then in ((1, logging.WARNING, "retry at"), (2, logging.ERROR, "the run has failed")):
+            caplog.clear()
+            await _claim(runtime, run.id, lease_ms=3_600_000, deadline_ms=600_000)
+            clock.advance("10m")
+            assert (await runtime.tick()).timeouts_finalized == 1
+            (record,) = [record for record in caplog.records if record.name == "runlane.task"]
+            assert record.levelno == level and record.run_id == run.id and record.error_code == "task_timed_out"
+            assert f"attempt {attempt} failed with task_timed_out" in record.getMessage()
+            assert then in record.getMessage()
+            clock.advance("1m")
+            await runtime.tick()
+
+
 async def test_a_claim_that_never_started_is_lease_recovered_not_timed_out():
     runtime, clock = make_runtime(timed)
     async with runtime:

@@ -710,6 +710,11 @@ def _log_failed_attempt(run: RunRecord, outcome: _Outcome) -> None:
     )  # fmt: skip
 
 
+def log_timed_out_attempt(run: RunRecord) -> None:
+    """Log the attempt whose timeout maintenance recorded in ``run`` (now ``retrying`` or ``failed``)."""
+    _log_failed_attempt(run, _Outcome(_FAILURE, failure=timed_out_failure()))
+
+
 # ---------------------------------------------------------------------------------------------
 # Steps
 

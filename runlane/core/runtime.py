@@ -127,6 +127,7 @@ from .attempt import (
     ExecutionOptions,
     execute_claimed_run,
     failure_outcome_events,
+    log_timed_out_attempt,
     timed_out_failure,
 )
 from .authoring import (
@@ -2253,7 +2254,10 @@ class Runlane:
         limit: int,
         build_for: Callable[[], Callable[[RunRecord, datetime], list[RunEvent]]],
         partition: Sequence[str] = (),
+        appended: Callable[[AppendResult], None] | None = None,
     ) -> int:
+        """Append what ``build_for()`` builds to the runs ``index`` lists as due at ``now``, at most ``limit``
+        of them; the number of runs appended to. ``appended`` is told of each of those appends."""
         count = 0
         page = self._store.driver.profile.limits.max_query_results
         seen: set[str] = set()
@@ -2270,7 +2274,10 @@ class Runlane:
             results = await self.append_many([CompletionRequest(run_id, build_for()) for run_id in run_ids])
             for run_id, result in zip(run_ids, results):
                 if isinstance(result, AppendResult):
-                    count += 1 if result.events else 0
+                    if result.events:
+                        count += 1
+                        if appended is not None:
+                            appended(result)
                 else:
                     self._pass_over_failed(run_id, result)
             if len(run_ids) < wanted:
@@ -2319,7 +2326,15 @@ class Runlane:
 
             return build
 
-        return await self._scan_and_append(StorageIndexName.RUNS_NEEDING_TIMEOUT_FINALIZATION, now, limit, build_for)
+        # The worker that ran such an attempt is gone (or its handler ignores the deadline): the log says
+        # the attempt failed, as that worker's would have.
+        return await self._scan_and_append(
+            StorageIndexName.RUNS_NEEDING_TIMEOUT_FINALIZATION,
+            now,
+            limit,
+            build_for,
+            appended=lambda result: log_timed_out_attempt(result.run),
+        )
 
     async def _recover_deliveries(self, now: datetime, limit: int) -> int:
         bounded: dict[str, QueueDefinition] = {}  # run id -> its bounded queue
