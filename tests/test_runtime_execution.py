@@ -672,6 +672,25 @@ async def test_a_non_retryable_runlane_error_inside_a_task_group_is_not_retried(
     assert done.counters.attempts == 1 and done.failure.retryable is False
 
 
+async def test_a_runlane_error_a_task_group_raises_alone_keeps_its_code_and_meta():
+    async def declined() -> None:
+        raise RunlaneError(ErrorCode.VALIDATION_FAILED, "Card declined.", meta={"decline_code": "expired"})
+
+    @task("grouped.declined", retry=Retry(4, backoff="1s"))
+    async def grouped(payload: dict) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(declined())
+            group.create_task(asyncio.sleep(10))  # cancelled by the group, not one of its exceptions
+
+    runtime, _ = make_runtime(grouped)
+    async with runtime:
+        await runtime.trigger(grouped, {})
+        done = await runtime.execute_next()
+    assert done.status is RunStatus.FAILED and done.counters.attempts == 1
+    assert (done.failure.code, done.failure.retryable) == (ErrorCode.VALIDATION_FAILED, False)
+    assert done.failure.meta == {"decline_code": "expired"}
+
+
 async def test_a_run_whose_task_is_not_registered_fails_without_retry():
     @task("known", retry=Retry(3))
     async def known() -> None:

@@ -426,9 +426,21 @@ def timed_out_failure() -> RunFailure:
     return RunFailure(code=ErrorCode.TASK_TIMED_OUT, message="Task timed out.", retryable=True)
 
 
+def _raised(error: BaseException) -> list[BaseException]:
+    """The exceptions ``error`` stands for: those an exception group holds (nested groups flattened),
+    else ``error`` itself."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _raised(inner)]
+    return [error]
+
+
 def failure_from_exception(error: BaseException) -> RunFailure:
     """The persisted failure for an exception raised by task code. A ``RunlaneError`` task code has
-    tampered with (a ``code`` that is no error code, ``meta`` that is no JSON object) is an unknown error."""
+    tampered with (a ``code`` that is no error code, ``meta`` that is no JSON object) is an unknown error.
+    An exception group of one exception (an ``asyncio.TaskGroup`` one of whose tasks failed) is that one."""
+    raised = _raised(error)
+    if len(raised) == 1 and raised[0] is not error:
+        return failure_from_exception(raised[0])
     if isinstance(error, _StepOutputDrift):
         return error.failure
     if isinstance(error, RunlaneError):
@@ -455,11 +467,10 @@ def _signal_abort_failure(error: BaseException) -> RunFailure | None:
     """The failure of the non-retryable ``operation_cancelled`` that task code raises when its signal is
     aborted (``ctx.signal.raise_if_aborted()``): raised as such, or by every task of an
     ``asyncio.TaskGroup`` that failed (an exception group holding nothing else). ``None`` otherwise."""
-    if isinstance(error, BaseExceptionGroup):
-        failures = [_signal_abort_failure(raised) for raised in error.exceptions]
-        return failures[0] if all(failure is not None for failure in failures) else None
-    failure = failure_from_exception(error)
-    return failure if failure.code is ErrorCode.OPERATION_CANCELLED and not failure.retryable else None
+    failures = [failure_from_exception(raised) for raised in _raised(error)]
+    if all(failure.code is ErrorCode.OPERATION_CANCELLED and not failure.retryable for failure in failures):
+        return failures[0]
+    return None
 
 
 def failure_outcome_events(
