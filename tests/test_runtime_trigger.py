@@ -668,6 +668,22 @@ async def test_an_untyped_payload_takes_json_arrays_as_tuples_and_refuses_values
         assert len(await all_runs(runtime)) == 1
 
 
+async def test_a_payload_typed_with_integer_keys_is_stored_with_string_keys_and_read_back_as_integers():
+    received: list[list[dict[int, float]]] = []
+
+    @task("payloads.counts", queue=emails)
+    async def counts(payload: list[dict[int, float]]) -> None:
+        received.append(payload)
+
+    runtime, _ = make_runtime(counts, queues=[emails])
+    async with runtime:
+        for payload in ([{1: 0.5}], [{"2": 1.5}]):  # a Python value, and JSON data as a webhook sends it
+            result = await runtime.trigger(counts, payload)
+            assert result.run.payload == [{str(key): value for key, value in payload[0].items()}]
+            assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        assert received == [[{1: 0.5}], [{2: 1.5}]]
+
+
 class PlainSignup(BaseModel):
     email: str
 

@@ -633,6 +633,8 @@ class TaskDefinition:
 # that hold their element schemas.
 _PLAIN_LEAVES = frozenset({"any", "none", "bool", "int", "float", "str"})
 _PLAIN_CHILDREN = {"list": ("items_schema",), "dict": ("keys_schema", "values_schema"), "nullable": ("schema",)}
+# JSON object keys are strings: validating them as another type (``dict[int, str]``) does not give them back.
+_PLAIN_KEYS = frozenset({"any", "str"})
 
 
 def _plain_json_schema(schema: Any) -> bool:
@@ -643,6 +645,8 @@ def _plain_json_schema(schema: Any) -> bool:
         return bool(schema.keys() <= {"type", "metadata"})
     children = _PLAIN_CHILDREN.get(kind)
     if children is None or not schema.keys() <= {"type", "metadata", *children}:
+        return False
+    if kind == "dict" and "keys_schema" in schema and schema["keys_schema"].get("type") not in _PLAIN_KEYS:
         return False
     return all(child not in schema or _plain_json_schema(schema[child]) for child in children)
 
