@@ -389,6 +389,28 @@ def test_string_annotations_are_resolved_in_the_handler_module():
     assert send.validate_payload({"user_id": "u1"}) == Welcome(user_id="u1")
 
 
+def test_only_the_payload_annotation_needs_to_resolve_at_run_time():
+    # ctx and the return type imported under TYPE_CHECKING (with postponed annotations): names that exist
+    # only for the type checker, which the payload schema does not need.
+    @task("emails.welcome")
+    async def send(payload: "Welcome", ctx: "TaskContext") -> "TaskRelease | None":  # noqa: F821
+        return None
+
+    @task("emails.welcome")
+    def send_sync(payload: "list[Welcome]", ctx: "TaskContext") -> "NoSuchOutput":  # noqa: F821
+        return None
+
+    assert send.schema is Welcome and send.takes_context
+    assert send_sync.validate_payload([{"user_id": "u1"}]) == [Welcome(user_id="u1")]
+    with invalid() as caught:
+
+        @task("emails.welcome")
+        def broken(payload: "NoSuchModel", ctx: "TaskContext") -> None:  # noqa: F821
+            return None
+
+    assert "'NoSuchModel' is not defined" in caught.value.message
+
+
 def test_unresolvable_string_annotation_asks_for_an_explicit_schema():
     with invalid() as caught:
 

@@ -827,8 +827,9 @@ def _annotation_schema(task_id: str, handler: Callable[..., Any], parameter: ins
     if annotation is inspect.Parameter.empty:
         return Any
     if isinstance(annotation, str):
+        # This annotation alone: ctx's or the return type may name what is imported only for type checkers.
         try:
-            annotation = inspect.signature(handler, eval_str=True).parameters[parameter.name].annotation
+            annotation = eval(annotation, _annotation_globals(handler))  # noqa: S307 - as inspect evaluates it
         except Exception as error:
             raise _invalid(
                 f"Task {task_id!r}: cannot resolve the payload annotation {annotation!r} ({error}). "
@@ -838,6 +839,20 @@ def _annotation_schema(task_id: str, handler: Callable[..., Any], parameter: ins
                 field="schema",
             ) from error
     return annotation
+
+
+def _annotation_globals(handler: Callable[..., Any]) -> dict[str, Any]:
+    """The namespace ``inspect.signature(handler, eval_str=True)`` evaluates the handler's annotations in:
+    the module globals of the function behind a decorator's wrapper, a partial, a bound method or a
+    callable object's ``__call__``."""
+    target: Any = inspect.unwrap(handler)
+    while isinstance(target, functools.partial) or inspect.ismethod(target):
+        target = inspect.unwrap(target.func if isinstance(target, functools.partial) else target.__func__)
+    call = getattr(type(target), "__call__", None)
+    if not inspect.isfunction(target) and not isinstance(target, type) and inspect.isfunction(call):
+        target = inspect.unwrap(call)
+    namespace = getattr(target, "__globals__", None)
+    return namespace if isinstance(namespace, dict) else {}
 
 
 def _key_resolver(value: object, kind: str, task_id: str) -> KeyResolver | None:
