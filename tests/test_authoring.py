@@ -18,6 +18,7 @@ from runlane import (
     RunWaitConditionType,
     ScheduleType,
     SignalWaitCondition,
+    TaskContext,
     TaskReleaseType,
 )
 from runlane.core.authoring import (
@@ -419,6 +420,17 @@ def test_unresolvable_string_annotation_asks_for_an_explicit_schema():
             return None
 
     assert "schema=" in caught.value.message
+
+
+def test_a_lone_context_parameter_is_refused_with_the_forms_that_take_one():
+    with invalid() as caught:
+
+        @task("cache.clear")
+        async def clear(ctx: TaskContext) -> None:
+            return None
+
+    assert "the first parameter is the payload" in caught.value.message
+    assert "current_task_context()" in caught.value.message and "arbitrary_types_allowed" not in caught.value.message
 
 
 def test_explicit_schema_wins_over_the_annotation():

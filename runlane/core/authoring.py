@@ -838,6 +838,16 @@ def _annotation_schema(task_id: str, handler: Callable[..., Any], parameter: ins
                 task_id=task_id,
                 field="schema",
             ) from error
+    from .attempt import TaskContext  # the context is built on the definitions of this module
+
+    if isinstance(annotation, type) and issubclass(annotation, TaskContext):
+        raise _invalid(
+            f"Task {task_id!r}: the first parameter is the payload, but {parameter.name!r} is annotated TaskContext. "
+            "Take (payload, ctx) (payload: None for a task without payload), or take no parameters and call "
+            "runlane.current_task_context().",
+            task_id=task_id,
+            field="handler",
+        )
     return annotation
 
 
