@@ -620,6 +620,30 @@ async def test_schema_drift_fails_the_attempt_before_the_handler_runs():
         assert called == []
 
 
+async def test_a_stored_payload_fails_the_attempt_once_the_task_takes_none():
+    called: list[int] = []
+
+    @task("cleanup")
+    async def with_payload(payload: dict) -> None:
+        called.append(1)
+
+    @task("cleanup")
+    async def without_payload() -> None:  # the next deploy's handler: it takes no payload
+        called.append(2)
+
+    (producer, consumer), _ = shared_runtimes([with_payload], [without_payload])
+    async with producer, consumer:
+        source = (await producer.trigger(with_payload, {"older_than": "7d"})).run
+        # As rerun refuses to copy that payload into a new run, the worker refuses the run it is stored in.
+        with pytest.raises(RunlaneError) as refused:
+            await consumer.runs.rerun((await producer.run_now(with_payload, {"older_than": "1d"})).id)
+        assert refused.value.code is ErrorCode.VALIDATION_FAILED
+        run = await consumer.execute_next()
+        assert run.id == source.id and run.status is RunStatus.FAILED
+        assert run.failure.code is ErrorCode.VALIDATION_FAILED and not run.failure.retryable
+        assert called == [1]  # only the run_now above, in the producer
+
+
 async def test_retry_on_and_no_retry_on_decide_which_exceptions_are_retried():
     class Declined(Exception):
         pass

@@ -1571,20 +1571,20 @@ class _Attempt:
     async def run_handler(self) -> _Outcome:
         definition = self.definition
         assert definition is not None
-        payload = None
-        if definition.takes_payload:
-            try:
-                payload = definition.load_payload(self.run.payload)
-            except RunlaneError as error:
-                return _Outcome(
-                    _FAILURE,
-                    failure=RunFailure(
-                        code=ErrorCode.VALIDATION_FAILED,
-                        message="Task payload no longer matches the task schema.",
-                        retryable=False,
-                        meta=json.loads(canonical_json(error.meta)) if is_json_value(error.meta) else {},
-                    ),
-                )
+        # Also for a task that takes no payload: a payload stored before it stopped taking one is refused, as a
+        # rerun of the run would be.
+        try:
+            payload = definition.load_payload(self.run.payload)
+        except RunlaneError as error:
+            return _Outcome(
+                _FAILURE,
+                failure=RunFailure(
+                    code=ErrorCode.VALIDATION_FAILED,
+                    message="Task payload no longer matches the task schema.",
+                    retryable=False,
+                    meta=json.loads(canonical_json(error.meta)) if is_json_value(error.meta) else {},
+                ),
+            )
         if definition.takes_context:
             args: tuple[Any, ...] = (payload, self.task_context)
         elif definition.takes_payload:
