@@ -10,7 +10,7 @@ import sys
 import threading
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from runlane import (
     CancellationController,
@@ -618,6 +618,40 @@ async def test_schema_drift_fails_the_attempt_before_the_handler_runs():
         assert run.failure.code is ErrorCode.VALIDATION_FAILED
         assert not run.failure.retryable
         assert called == []
+
+
+class Tagged(BaseModel):
+    tags: dict
+
+    @field_validator("tags")
+    @classmethod
+    def needs_env(cls, value: dict) -> dict:
+        return {"env": value["env"], **value}  # a KeyError, not a ValueError, for tags without "env"
+
+
+async def test_a_schema_validator_raising_another_exception_is_a_validation_failure(caplog):
+    @task("tagged")
+    async def loose(payload: dict) -> None:
+        return None
+
+    @task("tagged")
+    async def strict(payload: Tagged) -> None:
+        return None
+
+    (producer, consumer), _ = shared_runtimes([loose], [strict])
+    async with producer, consumer:
+        with pytest.raises(RunlaneError) as refused:
+            await consumer.trigger(strict, {"tags": {}})
+        assert refused.value.code is ErrorCode.VALIDATION_FAILED and "KeyError" in refused.value.message
+        assert (await consumer.runs.list()).data == []
+        source = (await producer.trigger(loose, {"tags": {"team": "a"}})).run
+        with caplog.at_level(logging.ERROR, logger="runlane.task"):
+            run = await consumer.execute_next()  # instead of raising KeyError, leaving the run running
+        assert run.id == source.id and run.status is RunStatus.FAILED
+        assert run.failure.code is ErrorCode.VALIDATION_FAILED and not run.failure.retryable
+        assert run.failure.meta["error_type"] == "KeyError"
+        assert "team" not in json.dumps(run.failure.model_dump(mode="json"))  # no part of the payload
+        assert "needs_env" in caplog.text  # the validator's traceback is logged for whoever fixes it
 
 
 async def test_a_stored_payload_fails_the_attempt_once_the_task_takes_none():

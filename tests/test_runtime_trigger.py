@@ -548,6 +548,15 @@ class Tagged(BaseModel):
         return self
 
 
+class Stamp(BaseModel):  # reads epoch seconds, and is stored as an ISO string it cannot read
+    at: datetime
+
+    @field_validator("at", mode="before")
+    @classmethod
+    def from_epoch(cls, value: object) -> object:
+        return value if isinstance(value, datetime) else datetime.fromtimestamp(value, UTC)
+
+
 class Line(BaseModel):
     qty: PositiveInt
 
@@ -570,8 +579,9 @@ class Report(BaseModel):
         (Credentials, {"account": "acme", "api_token": "sk_live_123"}, "gives another value"),
         (Job, {"name": "x", "priority": 9}, "gives another value"),
         (Tagged, {"tags": ["a"]}, "gives another value"),
+        (Stamp, {"at": 1_700_000_000}, "raises TypeError"),
     ],
-    ids=["validation-alias", "secret", "excluded-field", "non-idempotent-validator"],
+    ids=["validation-alias", "secret", "excluded-field", "non-idempotent-validator", "validator-raising-type-error"],
 )
 async def test_a_payload_whose_stored_json_does_not_validate_back_is_refused_before_any_write(schema, payload, detail):
     @task("payloads.lossy", queue=emails, schema=schema)

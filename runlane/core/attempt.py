@@ -1584,6 +1584,7 @@ class _Attempt:
                     retryable=False,
                     meta=json.loads(canonical_json(error.meta)) if is_json_value(error.meta) else {},
                 ),
+                error=error.__cause__,  # a validator's own exception, for the log
             )
         if definition.takes_context:
             args: tuple[Any, ...] = (payload, self.task_context)

@@ -574,6 +574,8 @@ class TaskDefinition:
             what = f"fails ({summary})"
         except (ValueError, RecursionError) as error:
             what = f"fails ({_first_line(error)})"
+        except Exception as error:  # a validator's own TypeError, KeyError...
+            what = f"raises {type(error).__name__} ({_first_line(error)})"
         return RunlaneError(
             ErrorCode.VALIDATION_FAILED,
             f"The payload for task {self.id!r} does not survive storage: validating the JSON it is stored as {what}, "
@@ -620,13 +622,21 @@ class TaskDefinition:
                     meta={"task_id": self.id, "errors": []},
                 )
             return None
+        text = canonical_json_of_checked(ensure_json_value(value, subject)) if json_input else None
         try:
-            if json_input:
-                text = canonical_json_of_checked(ensure_json_value(value, subject))
-                return self._adapter.validate_json(text)
-            return self._adapter.validate_python(value)
+            return self._adapter.validate_python(value) if text is None else self._adapter.validate_json(text)
         except ValidationError as error:
             raise _payload_validation_error(self.id, subject, error, hint) from None
+        except Exception as error:
+            # pydantic turns only a validator's ValueError and AssertionError into validation errors.
+            kind = type(error).__name__
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"Invalid {subject}: the schema raised {kind} validating it ({_first_line(error)}); a validator "
+                f"should raise ValueError for a value it refuses. {hint}",
+                meta={"task_id": self.id, "error_type": kind, "errors": []},
+                cause=error,
+            ) from error
 
 
 # Core schema types whose JSON-mode validation gives back the JSON value it is given, and the fields
@@ -673,7 +683,7 @@ def gives_back(adapter: TypeAdapter[Any], validated: Any, stored: Any, *, plain:
         again = adapter.validate_json(canonical_json(stored))
         if adapter.dump_python(again, mode="json", by_alias=True) != stored:
             return False
-    except (ValidationError, PydanticSerializationError, ValueError, RecursionError):
+    except Exception:  # a validation error, or a validator's own exception on the stored form
         return False
     if type(validated).__eq__ is object.__eq__:  # a value that cannot be compared: its JSON matched
         return True
