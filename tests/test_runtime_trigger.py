@@ -557,6 +557,14 @@ class Stamp(BaseModel):  # reads epoch seconds, and is stored as an ISO string i
         return value if isinstance(value, datetime) else datetime.fromtimestamp(value, UTC)
 
 
+class Event(BaseModel):
+    event_id: str
+
+
+class SignupEvent(Event):  # stored as the schema's Event: without its email
+    email: str
+
+
 class Line(BaseModel):
     qty: PositiveInt
 
@@ -580,8 +588,16 @@ class Report(BaseModel):
         (Job, {"name": "x", "priority": 9}, "gives another value"),
         (Tagged, {"tags": ["a"]}, "gives another value"),
         (Stamp, {"at": 1_700_000_000}, "raises TypeError"),
+        (Event, SignupEvent(event_id="e1", email="a@b.c"), "gives the schema's Event, not the SignupEvent"),
     ],
-    ids=["validation-alias", "secret", "excluded-field", "non-idempotent-validator", "validator-raising-type-error"],
+    ids=[
+        "validation-alias",
+        "secret",
+        "excluded-field",
+        "non-idempotent-validator",
+        "validator-raising-type-error",
+        "subclass-instance",
+    ],
 )
 async def test_a_payload_whose_stored_json_does_not_validate_back_is_refused_before_any_write(schema, payload, detail):
     @task("payloads.lossy", queue=emails, schema=schema)

@@ -560,15 +560,21 @@ class TaskDefinition:
         # Every attempt validates the stored JSON again: it must give back what was validated here, or the
         # handler would see another value than the one triggered, or none at all.
         if not gives_back(self._adapter, validated, stored, plain=self._plain):
-            raise self._unstorable(stored)
+            raise self._unstorable(validated, stored)
         return stored
 
-    def _unstorable(self, stored: Any) -> RunlaneError:
+    def _unstorable(self, validated: Any, stored: Any) -> RunlaneError:
         """The error for a payload whose stored JSON does not validate back to it."""
         errors: list[dict[str, Any]] = []
         try:
-            self._adapter.validate_json(canonical_json(stored))  # type: ignore[union-attr]  # a task with payload
+            again = self._adapter.validate_json(canonical_json(stored))  # type: ignore[union-attr]  # has a payload
             what = "gives another value"
+            read = type(again)
+            if read is not type(validated) and isinstance(validated, read):  # pydantic keeps a subclass instance
+                what = (
+                    f"gives the schema's {read.__name__}, not the {type(validated).__name__} that was triggered "
+                    f"(trigger with {read.__name__}(...) or a dict of its fields)"
+                )
         except ValidationError as error:
             errors, summary = validation_errors(error)
             what = f"fails ({summary})"
