@@ -672,6 +672,7 @@ async def test_a_stored_payload_fails_the_attempt_once_the_task_takes_none():
         with pytest.raises(RunlaneError) as refused:
             await consumer.runs.rerun((await producer.run_now(with_payload, {"older_than": "1d"})).id)
         assert refused.value.code is ErrorCode.VALIDATION_FAILED
+        assert refused.value.message.endswith("trigger a new run with one that does.")  # not "omit it"
         run = await consumer.execute_next()
         assert run.id == source.id and run.status is RunStatus.FAILED
         assert run.failure.code is ErrorCode.VALIDATION_FAILED and not run.failure.retryable

@@ -622,9 +622,10 @@ class TaskDefinition:
     def _validate(self, value: Any, *, json_input: bool, subject: str, hint: str = _SEND_MATCHING) -> Any:
         if self._adapter is None:
             if value is not None:
+                advice = "Omit it." if hint is _SEND_MATCHING else hint  # a stored payload cannot be omitted
                 raise RunlaneError(
                     ErrorCode.VALIDATION_FAILED,
-                    f"Invalid {subject}: the task takes no payload; omit it (got {type(value).__name__}).",
+                    f"Invalid {subject}: the task takes no payload (got {type(value).__name__}). {advice}",
                     meta={"task_id": self.id, "errors": []},
                 )
             return None
