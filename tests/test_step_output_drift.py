@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from runlane import ErrorCode, RunStatus, TaskContext, task
 
@@ -79,3 +79,35 @@ async def test_a_step_output_that_no_longer_validates_fails_the_run_with_a_messa
         # The stored output itself is kept, for whoever decides what to do with the run.
         stored = await new.runs.step(run.id, "submit")
         assert stored is not None and stored.output == {"job_id": "job_1"}
+
+
+class SubmittedV3(BaseModel):  # a validator that raises KeyError, not ValueError, on what V1 stored
+    job_id: int
+
+    @field_validator("job_id", mode="before")
+    @classmethod
+    def from_reference(cls, value: object) -> object:
+        return {"job-1": 1}[value] if isinstance(value, str) else value  # V1 stored "job_1"
+
+
+@task("orders.submit")
+async def after_raising(payload: dict, ctx: TaskContext):
+    return (await ctx.step.run("submit", submit_v2, output=SubmittedV3)).job_id
+
+
+async def test_a_step_output_schema_raising_on_the_stored_output_fails_the_run_like_any_drift() -> None:
+    (old, new), _ = shared_runtimes([before], [after_raising])
+    async with old, new:
+        run = (await old.trigger(before, {})).run
+        assert (await old.execute_next()).status is RunStatus.RELEASED
+        await new.signals.send("orders.ready")
+        failed = await new.execute_next()
+        failure = failed.failure
+        assert failed.status is RunStatus.FAILED and failure is not None
+        # Not task_failed, retried to the end of the budget: every attempt reads the same stored output.
+        assert failure.code is ErrorCode.VALIDATION_FAILED and not failure.retryable
+        assert failure.message.startswith(
+            "The stored output of step 'submit' no longer matches its output schema: its validation raised KeyError."
+        ), failure.message
+        assert failure.meta == {"step_key": "submit", "error_type": "KeyError", "error_count": 0, "errors": []}
+        assert (await new.runs.step(run.id, "submit")).output == {"job_id": "job_1"}

@@ -836,9 +836,14 @@ class _StepOutputDrift(RunlaneError):
         self.failure = failure
 
 
-def _step_output_drift(step_key: str, error: ValidationError) -> _StepOutputDrift:
-    errors, _quoting = validation_errors(error)  # that summary may quote the stored value: not persisted
-    summary = summarize_errors(errors, whole="output")  # of the persistable errors
+def _step_output_drift(step_key: str, error: Exception) -> _StepOutputDrift:
+    meta: dict[str, Any] = {"step_key": step_key}
+    if isinstance(error, ValidationError):
+        errors, _quoting = validation_errors(error)  # that summary may quote the stored value: not persisted
+        summary = summarize_errors(errors, whole="output")  # of the persistable errors
+    else:  # a validator's own TypeError, KeyError...: its text may quote the value too
+        errors, summary = [], f"its validation raised {type(error).__name__}"
+        meta["error_type"] = type(error).__name__
     return _StepOutputDrift(
         RunFailure(
             code=ErrorCode.VALIDATION_FAILED,
@@ -849,7 +854,7 @@ def _step_output_drift(step_key: str, error: ValidationError) -> _StepOutputDrif
                 "step again."
             ),
             retryable=False,
-            meta={"step_key": step_key, "error_count": len(errors), "errors": errors[:MAX_REPORTED_ERRORS]},
+            meta={**meta, "error_count": len(errors), "errors": errors[:MAX_REPORTED_ERRORS]},
         )
     )
 
@@ -861,6 +866,8 @@ def _load_step_output(step_key: str, stored: Any, adapter: TypeAdapter[Any] | No
         return adapter.validate_json(canonical_json(stored))
     except ValidationError as error:
         raise _step_output_drift(step_key, error) from None
+    except Exception as error:  # pydantic turns only a validator's ValueError and AssertionError into errors
+        raise _step_output_drift(step_key, error) from error
 
 
 class StepRunner:
