@@ -483,7 +483,8 @@ def test_schema_without_a_payload_parameter_is_rejected():
             return None
 
 
-@pytest.mark.parametrize("schema", [3, "NoSuchType", object()])
+# {"user_id": str}: a dict describing the shape, which pydantic fails on with a bare KeyError.
+@pytest.mark.parametrize("schema", [3, "NoSuchType", object(), {"user_id": str}])
 def test_unusable_schema_is_rejected(schema):
     with invalid() as caught:
 

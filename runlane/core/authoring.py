@@ -764,9 +764,12 @@ def _payload_adapter(task_id: str, schema: Any) -> TypeAdapter[Any]:
         # A string or forward reference is only resolved on first use; resolve it now so a typo fails here.
         if not getattr(adapter, "pydantic_complete", True):
             adapter.rebuild(raise_errors=True)
-    except (PydanticUserError, NameError, TypeError) as error:
+    except Exception as error:  # pydantic fails on some values with a bare KeyError or AttributeError
+        detail = _first_line(error)
+        if not isinstance(error, PydanticUserError):
+            detail = f"{type(error).__name__}: {detail}"
         raise _invalid(
-            f"Task {task_id!r}: {schema!r} cannot be used as a payload schema ({_first_line(error)}). "
+            f"Task {task_id!r}: {schema!r} cannot be used as a payload schema ({detail}). "
             "Use a pydantic model class or a type pydantic.TypeAdapter accepts.",
             cause=error,
             task_id=task_id,
