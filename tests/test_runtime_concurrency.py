@@ -9,15 +9,24 @@ import threading
 import pytest
 
 from runlane import (
+    ErrorCode,
+    Lane,
+    LaneDelivery,
+    LaneDeliveryMode,
+    Runlane,
     RunlaneError,
     RunStatus,
     StorageConflictKind,
     TriggerOutcomeType,
     WorkerMode,
+    create_lane,
+    create_runlane,
     get_storage_conflict_kind,
     queue,
     task,
 )
+from runlane.storage import StorageLimits
+from runlane_local import local_storage_driver
 
 from runtime_support import DEFAULT_QUEUE, make_runtime, shared_runtimes
 
@@ -150,3 +159,57 @@ async def test_threads_triggering_through_the_sync_facade_while_workers_drain():
     await worker.stop()
     await runtime.close()
     assert len(calls) == 60 and set(calls.values()) == {1}
+
+
+async def test_a_bounded_queue_is_refused_a_concurrency_limit_its_capacity_record_could_never_hold():
+    """A capacity partition's running and reserved runs share one record: a limit past what it holds
+    would stall the queue below its limit, every further reservation refused as too large."""
+    limits = StorageLimits(max_record_bytes=12 * 1024, max_transaction_bytes=100 * 12 * 1024)
+
+    def lane() -> Lane:
+        storage = local_storage_driver(limits=limits)
+        return create_lane(storage=storage, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING))
+
+    room = next(limit for limit in range(1, 10_000) if not _accepts(lane(), limit + 1))
+    assert 130 < room < 180  # 12 KiB of generated run ids and lease expiries
+    with pytest.raises(RunlaneError) as refused:
+        _runtime(lane(), room + 1)
+    assert refused.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert f"concurrency_limit {room + 1:,} is more runs than one capacity partition can hold" in str(refused.value)
+    assert f"at most {room:,}" in str(refused.value)
+
+    # The largest limit accepted is one the queue reaches: every slot is taken at once, by scheduled runs too.
+    started = asyncio.Event()
+    release = asyncio.Event()
+    running = 0
+
+    @task("wide.hold", queue=queue("wide", concurrency_limit=room))
+    async def hold(payload: dict) -> None:
+        nonlocal running
+        running += 1
+        if running == room:
+            started.set()
+        await release.wait()
+
+    runtime = _runtime(lane(), room, hold)
+    async with runtime:
+        for n in range(room):
+            await runtime.trigger(hold, {"n": n}, run_id=f"run_sched_{n:032x}")
+        await runtime.tick()
+        worker = runtime.worker(mode=WorkerMode.POLL, concurrency=room)
+        await asyncio.wait_for(started.wait(), 20)
+        release.set()
+        await worker.stop()
+    assert running == room
+
+
+def _runtime(lane: Lane, limit: int, *tasks) -> Runlane:
+    return create_runlane(lane=lane, queues=[DEFAULT_QUEUE, queue("wide", concurrency_limit=limit)], tasks=list(tasks))
+
+
+def _accepts(lane: Lane, limit: int) -> bool:
+    try:
+        _runtime(lane, limit)
+    except RunlaneError:
+        return False
+    return True

@@ -166,6 +166,7 @@ from .store import (
     NextClaimRequest,
     OutboxMark,
     ReserveRequest,
+    capacity_partition_room,
     check_room_to_run,
     delayed_delivery_at,
     run_not_found,
@@ -2225,6 +2226,26 @@ class Runlane:
                     schedule_id=item.id,
                 ) from None
 
+    def _check_queue_capacity_fits(self) -> None:
+        """Refuse a bounded queue whose ``concurrency_limit`` one capacity partition could never reach on
+        this lane: its occupants share one record, and once it is full every further reservation or claim
+        of the partition would fail, the queue stalled below its limit."""
+        limits = self._store.driver.profile.limits
+        for definition in self._queues.values():
+            limit = definition.concurrency_limit
+            if limit is None:
+                continue
+            room = capacity_partition_room(self._env_key, definition.name, limits)
+            if limit > room:
+                raise _invalid(
+                    f"Queue {definition.name!r}: concurrency_limit {limit:,} is more runs than one capacity "
+                    f"partition can hold on this lane (about {room:,}: the running and reserved runs of a "
+                    f"partition are kept in one record of at most max_record_bytes {limits.max_record_bytes:,}). "
+                    f"Set concurrency_limit to at most {room:,}, or leave the queue unbounded.",
+                    queue=definition.name,
+                    concurrency_limit=limit,
+                )
+
     async def _materialize_schedules(self, now: datetime, limit: int) -> int:
         """Materialize the latest due occurrence of every enabled registered schedule (no backfill)."""
         if not self._schedules:
@@ -3347,6 +3368,7 @@ def create_runlane(
         on_observer_error=on_observer_error,
     )
     runtime._check_scheduled_runs_fit()
+    runtime._check_queue_capacity_fits()
     return runtime
 
 

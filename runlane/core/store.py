@@ -104,6 +104,7 @@ from ..storage import (
     encode_storage_tuple,
     encode_storage_tuple_prefix_upper_bound,
     encode_storage_unsigned_integer,
+    measure_storage_record,
 )
 from ..storage.operator_sql import remember_event_row, remember_run_row
 from ..storage.tables import (
@@ -570,6 +571,22 @@ def _reserved(run: RunRecord) -> bool:
     given back when it is claimed or finished even if its queue is no longer bounded (a release dropped
     the limit), or the slot would stay taken until the reservation expires, should the limit come back."""
     return run.status is RunStatus.QUEUED and run.dispatch_expires_at is not None
+
+
+def capacity_partition_room(env_key: str, queue: str, limits: StorageLimits) -> int:
+    """How many occupants (running or reserved runs with generated ids, the longest, a scheduled run's)
+    one capacity partition of ``queue`` can hold within a record of ``limits``: a queue whose
+    ``concurrency_limit`` is larger could never reach it, its record refused once that many runs hold a slot."""
+    key = queue_capacity_key(env_key, queue, None)
+    expiry = encode_iso_date(datetime.max.replace(tzinfo=UTC))
+
+    def size(count: int) -> int:
+        occupants = {f"run_sched_{index:032x}": expiry for index in range(count)}
+        return measure_storage_record(NewStorageRecord(key, StorageDocument.encode({"occupants": occupants})))
+
+    one = size(1)
+    each = size(2) - one
+    return 1 + max(0, limits.max_record_bytes - one) // each
 
 
 def _occupancy(run: RunRecord | None) -> str | None:
