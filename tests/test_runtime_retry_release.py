@@ -205,46 +205,30 @@ async def test_a_handler_giving_up_with_a_non_retryable_operation_cancelled_fail
         assert (await event_types(runtime, run.id))[-1] == "run.failed"
 
 
-async def test_an_operation_cancelled_after_a_worker_stop_releases_the_run_without_spending_a_retry():
-    started = asyncio.Event()
-
-    @task("stopped", retry=Retry(max_attempts=3, backoff="1s"))
-    async def stopped(payload: dict, ctx: TaskContext) -> None:
-        started.set()
-        await ctx.signal.wait()
-        ctx.signal.raise_if_aborted()
-
-    runtime, _ = make_runtime(stopped)
-    async with runtime:
-        run = (await runtime.trigger(stopped, {})).run
-        worker = runtime.worker(empty_poll_delay="1s")
-        await asyncio.wait_for(started.wait(), 2)
-        await asyncio.wait_for(worker.stop(), 2)
-        done = await runtime.runs.get(run.id)
-        assert done.status is RunStatus.RELEASED and done.failure is None
-        assert (done.counters.failures, done.counters.retries, done.counters.releases) == (0, 0, 1)
-
-
 async def _watch_the_signal(ctx: TaskContext) -> None:
     while True:
         ctx.signal.raise_if_aborted()
         await asyncio.sleep(0.005)
 
 
-async def test_a_task_group_stopped_with_its_worker_releases_the_run_like_a_plain_handler():
-    # Each task of the group raises the signal's operation_cancelled: the group's is a worker stop too.
+@pytest.mark.parametrize("grouped", [False, True], ids=["plain", "task-group"])
+async def test_an_operation_cancelled_after_a_worker_stop_releases_the_run_without_spending_a_retry(grouped):
+    # In a task group each task raises the signal's operation_cancelled: the group's is a worker stop too.
     started = asyncio.Event()
 
-    @task("grouped.stopped", retry=Retry(max_attempts=3, backoff="1s"))
-    async def grouped(payload: dict, ctx: TaskContext) -> None:
+    @task("stopped", retry=Retry(max_attempts=3, backoff="1s"))
+    async def stopped(payload: dict, ctx: TaskContext) -> None:
         started.set()
+        if not grouped:
+            await ctx.signal.wait()
+            ctx.signal.raise_if_aborted()
         async with asyncio.TaskGroup() as group:
             group.create_task(_watch_the_signal(ctx))
             group.create_task(_watch_the_signal(ctx))
 
-    runtime, _ = make_runtime(grouped)
+    runtime, _ = make_runtime(stopped)
     async with runtime:
-        run = (await runtime.trigger(grouped, {})).run
+        run = (await runtime.trigger(stopped, {})).run
         worker = runtime.worker(empty_poll_delay="1s")
         await asyncio.wait_for(started.wait(), 2)
         await asyncio.wait_for(worker.stop(), 2)
