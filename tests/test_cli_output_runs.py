@@ -84,7 +84,7 @@ async def test_brackets_in_ids_reasons_and_outputs_are_printed_as_they_are() -> 
         output.runs_table(await runtime.runs.list())
         output.run_detail(done, await runtime.runs.events(done.id))
         output.run_detail(cancelled, await runtime.runs.events(cancelled.id))
-        output.attempts_table(done.id, await runtime.runs.attempts(done.id))
+        output.attempts_table(done, await runtime.runs.attempts(done.id))
     printed = buffer.getvalue()
     for shown in ("imp[/]2026-11", "dup[/]x", '"Q3 [draft] [red]v2"', "duplicate of [/]orders [bold]x"):
         assert shown in printed, shown
@@ -110,7 +110,7 @@ async def test_a_validation_failure_shows_which_fields_failed_without_json() -> 
         failed = await runtime.execute_next()
         assert failed is not None and failed.status is RunStatus.FAILED
         output.run_detail(failed, await runtime.runs.events(failed.id))
-        output.attempts_table(failed.id, await runtime.runs.attempts(failed.id))
+        output.attempts_table(failed, await runtime.runs.attempts(failed.id))
     # Handler messages are normalized when stored; the fields are kept.
     shown = "validation_failed: Task failed (validation_failed). (items[0].sku: Field required; payload: Too big)"
     assert buffer.getvalue().count(shown) == 3  # the run's failure, its run.failed event and its attempt
@@ -140,13 +140,18 @@ async def test_an_attempt_whose_worker_died_is_shown_as_having_no_outcome() -> N
             await asyncio.sleep(0.005)
         killed.cancel()
         await asyncio.gather(killed, return_exceptions=True)
-        output.attempts_table(run.id, await runtime.runs.attempts(run.id))
-        assert "no outcome" not in buffer.getvalue()  # the only attempt: it may still be running
+        output.attempts_table(await runtime.runs.get(run.id), await runtime.runs.attempts(run.id))
+        assert "no outcome" not in buffer.getvalue()  # the only attempt of a running run: it may still run
         clock.advance("31s")
+        await runtime.tick()  # the lease expired: the run is due again, its attempt will never end
+        recovered = await runtime.runs.get(run.id)
+        assert recovered.status is RunStatus.QUEUED
+        output.attempts_table(recovered, await runtime.runs.attempts(run.id))
+        assert buffer.getvalue().count("no outcome: its worker stopped") == 1
         assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
         attempts = await runtime.runs.attempts(run.id)
         assert [str(attempt.status) for attempt in attempts] == ["running", "succeeded"]
-        output.attempts_table(run.id, attempts)
+        output.attempts_table(await runtime.runs.get(run.id), attempts)
     rows = [line for line in buffer.getvalue().splitlines() if line.strip().startswith(("1 ", "2 "))]
     assert "no outcome: its worker stopped (crashed, was killed, or lost the lease)" in rows[-2]
     assert "no outcome" not in rows[-1]
@@ -175,7 +180,7 @@ async def test_an_attempt_a_stopping_worker_interrupted_says_so() -> None:
         worker = runtime.worker(mode=WorkerMode.POLL)
         await asyncio.wait_for(started.wait(), 10)
         await worker.stop()
-        output.attempts_table(run.id, await runtime.runs.attempts(run.id))
+        output.attempts_table(await runtime.runs.get(run.id), await runtime.runs.attempts(run.id))
     assert "released: worker_stopped" in buffer.getvalue() and "operation_cancelled" not in buffer.getvalue()
 
 
@@ -279,7 +284,7 @@ async def test_control_characters_in_runs_events_attempts_and_log_lines_are_prin
         output.runs_table(await runtime.runs.list())
         for run_id in (f"ok-{HOSTILE}", f"bad-{HOSTILE}", f"waits-{HOSTILE}", cancelled.id):
             output.run_detail(await runtime.runs.get(run_id), await runtime.runs.events(run_id))
-            output.attempts_table(run_id, await runtime.runs.attempts(run_id))
+            output.attempts_table(await runtime.runs.get(run_id), await runtime.runs.attempts(run_id))
         output.signal_result(HOSTILE, [])
     (failed,) = [record for record in caplog.records if record.exc_info]
     output.log(failed)
@@ -360,7 +365,7 @@ async def test_runs_attempts_cuts_a_long_detail_and_keeps_every_other_column_who
     async with runtime:
         run = (await runtime.trigger(echoes, {"message": "imported " + "x" * 300})).run
         await runtime.execute_next()
-        output.attempts_table(run.id, await runtime.runs.attempts(run.id))
+        output.attempts_table(await runtime.runs.get(run.id), await runtime.runs.attempts(run.id))
     header, row = buffer.getvalue().splitlines()[:2]
     assert header.split() == ["attempt", "status", "started", "completed", "detail"]
     assert row.split()[:2] == ["1", "succeeded"] and len(row.split()[2]) == len("2026-01-01T00:00:00.000Z")

@@ -48,6 +48,7 @@ from ..vocabulary import run_status_values
 __all__ = [
     "Output",
     "attempt_detail",
+    "attempt_details",
     "display_value",
     "event_detail",
     "forward_runtime_logs",
@@ -697,7 +698,8 @@ class Output:
             if error is not None:
                 self.warning(error["code"], f"the latest fire time of schedule {document['id']!r}: {error['message']}")
 
-    def attempts_table(self, run_id: str, attempts: Sequence[Any]) -> None:
+    def attempts_table(self, run: Any, attempts: Sequence[Any]) -> None:
+        run_id = run.id
         if self.json:
             self.emit_json({"run_id": run_id, "attempts": list(attempts)})
             return
@@ -711,9 +713,7 @@ class Output:
         # The only column that gives way when the line is too long (a long output or failure): its text is
         # cut, never wrapped, and the attempt, its status and times stay whole.
         table.add_column("detail")
-        last = attempts[-1]
-        for attempt in attempts:
-            detail = attempt_detail(attempt, superseded=attempt is not last)
+        for attempt, detail in zip(attempts, attempt_details(run, attempts)):
             if len(detail) > _CELL_CHARS:  # no line shows more; a big output is not measured whole
                 detail = detail[: _CELL_CHARS - 1] + "…"
             table.add_row(
@@ -1170,10 +1170,19 @@ def failure_text(failure: Any) -> str:
     return text
 
 
-def attempt_detail(attempt: Any, *, superseded: bool = False) -> str:
+def attempt_details(run: Any, attempts: Sequence[Any]) -> list[str]:
+    """``attempt_detail`` of each of ``run``'s ``attempts``: one still ``running`` recorded no outcome when a
+    later attempt started, or when the run itself is no longer running (its lease expired, and the run
+    was made due again, or finished, without it)."""
+    live = display_value(run.status) in ("running", "cancellation_requested")
+    last = len(attempts) - 1
+    return [attempt_detail(attempt, ended=index < last or not live) for index, attempt in enumerate(attempts)]
+
+
+def attempt_detail(attempt: Any, *, ended: bool = False) -> str:
     """What an attempt ended with: its failure, when it is retried, why it released, or its output.
-    A ``superseded`` attempt (a later one started) that is still ``running`` recorded no outcome."""
-    if superseded and attempt.status == "running":
+    An ``ended`` attempt that is still ``running`` recorded no outcome."""
+    if ended and attempt.status == "running":
         return "no outcome: its worker stopped (crashed, was killed, or lost the lease)"
     if attempt.failure is not None:
         return failure_text(attempt.failure)

@@ -144,13 +144,15 @@ class RunsAttemptsParams(OperationParams):
 @operation(
     "runs attempts",
     RunsAttemptsParams,
-    lambda output, params, result: output.attempts_table(params.run_id, result),
-    summary=lambda params, attempts: f"✓ {params.run_id} {plural(len(attempts), 'attempt')}",
+    lambda output, params, result: output.attempts_table(*result),
+    summary=lambda params, result: f"✓ {params.run_id} {plural(len(result[1]), 'attempt')}",
 )
 async def _attempts(runtime: Any, params: RunsAttemptsParams) -> Any:
-    if await runtime.runs.get(params.run_id) is None:
+    """The run (its status says whether its latest attempt still runs) and its attempts."""
+    run = await runtime.runs.get(params.run_id)
+    if run is None:
         raise run_not_found(params.run_id, runtime.environment)
-    return await runtime.runs.attempts(params.run_id)
+    return run, await runtime.runs.attempts(params.run_id)
 
 
 class RunsStepsParams(OperationParams):

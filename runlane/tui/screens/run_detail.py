@@ -22,7 +22,7 @@ from textual.containers import VerticalScroll
 from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Label
 
-from ...cli.output import attempt_detail, display_value, event_detail
+from ...cli.output import attempt_details, display_value, event_detail
 from ...errors import RunlaneError
 from ...models import RunRecord
 from ...vocabulary import RunStatus
@@ -133,10 +133,10 @@ class RunDetailScreen(LiveScreen):
                     status_text(attempt.status),
                     short_time(attempt.started_at),
                     short_time(attempt.completed_at),
-                    printable_text(attempt_detail(attempt, superseded=attempt is not detail.attempts[-1])),
+                    printable_text(text),
                 ),
             )
-            for attempt in detail.attempts
+            for attempt, text in zip(detail.attempts, attempt_details(detail.run, detail.attempts))
         )
         self.query_one("#events", KeyedTable).show_rows(
             (
