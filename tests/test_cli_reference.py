@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runlane.cli.reference import render
+import typer
+from typer.testing import CliRunner
+
+from runlane.cli.main import build_app
+from runlane.cli.reference import command_paths, render
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 
@@ -21,3 +25,20 @@ def test_cli_reference_covers_every_command() -> None:
     for command in ("init config", "dev", "work", "tick", "trigger", "runs list", "runs get", "runs attempts",
                     "retry", "rerun", "cancel", "prune", "signal send", "plugins list"):
         assert f"## `runlane {command}`" in text
+
+
+def test_command_lists_show_each_summary_whole_on_an_80_column_terminal() -> None:
+    # Click cuts a summary that does not fit its line with '...' (at any terminal width above 80, too).
+    app = build_app()
+    groups = [path for path in [(), *command_paths(typer.main.get_command(app), ())] if "Commands:" in _help(app, path)]
+    assert len(groups) >= 7
+    for path in groups:
+        listing = _help(app, path).split("Commands:\n", 1)[1].split("\n\n", 1)[0]
+        cut = [line.strip() for line in listing.splitlines() if line.endswith("...")]
+        assert not cut, f"runlane {' '.join(path)} --help cuts: {cut}"
+
+
+def _help(app: typer.Typer, path: tuple[str, ...]) -> str:
+    result = CliRunner().invoke(app, [*path, "--help"], terminal_width=80, env={"COLUMNS": "80", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    return result.output

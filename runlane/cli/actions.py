@@ -164,7 +164,7 @@ def _linked(
     run_operations(ctx, name, items)
 
 
-@app.command("retry")
+@app.command("retry", short_help="Create a manual retry child of each failed run given.")
 def retry(
     ctx: typer.Context,
     source_run_ids: SourceRunsArgument,
@@ -176,7 +176,7 @@ def retry(
     _linked(ctx, "retry", source_run_ids, queue, run_id, actor_id)
 
 
-@app.command("rerun")
+@app.command("rerun", short_help="Create a rerun child of each terminal run given.")
 def rerun(
     ctx: typer.Context,
     source_run_ids: SourceRunsArgument,
@@ -188,7 +188,7 @@ def rerun(
     _linked(ctx, "rerun", source_run_ids, queue, run_id, actor_id)
 
 
-@app.command("cancel")
+@app.command("cancel", short_help="Cancel each run given (a running one cooperatively).")
 def cancel(
     ctx: typer.Context,
     run_ids: Annotated[

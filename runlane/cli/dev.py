@@ -57,7 +57,7 @@ __all__ = ["app"]
 app = typer.Typer()
 
 
-@app.command("dev", cls=MultiValueCommand)
+@app.command("dev", cls=MultiValueCommand, short_help="Run a worker, maintenance and [[exporters]], for development.")
 def dev(
     ctx: typer.Context,
     once: bool = typer.Option(False, "--once", help="One maintenance tick, drain due work, exit."),

@@ -39,7 +39,7 @@ app = typer.Typer()
 _logger = logging.getLogger("runlane.export")
 
 
-@app.command("export")
+@app.command("export", short_help="Move observation records to the configured [[exporters]].")
 def export(
     ctx: typer.Context,
     once: bool = typer.Option(False, "--once", help="Export what is pending, once per exporter, then exit."),

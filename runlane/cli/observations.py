@@ -45,7 +45,7 @@ async def _trim(runtime: Any, params: ObservationTrimParams) -> Any:
             return ObservationTrimResult(deleted=deleted, more=result.more)
 
 
-@app.command("trim", cls=MultiValueCommand)
+@app.command("trim", cls=MultiValueCommand, short_help="Delete exported observation records older than a cutoff.")
 def trim(
     ctx: typer.Context,
     older_than: Annotated[str, older_than_option("7d")],

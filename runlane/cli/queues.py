@@ -160,7 +160,7 @@ async def _queues(runtime: Any, params: QueuesParams) -> list[QueueOverview]:
     return await queue_overview(runtime, params.limit)
 
 
-@app.command("queues")
+@app.command("queues", short_help="List the queues with their active runs by status.")
 def queues(
     ctx: typer.Context,
     limit: Annotated[

@@ -19,7 +19,8 @@ This page is generated from the commands' own `--help` output
 """
 
 
-def _commands(group: object, prefix: tuple[str, ...]) -> list[tuple[str, ...]]:
+def command_paths(group: object, prefix: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The path of every visible command and sub-app under ``group``, depth first in name order."""
     paths: list[tuple[str, ...]] = []
     commands = getattr(group, "commands", {})
     for name in sorted(commands):
@@ -28,7 +29,7 @@ def _commands(group: object, prefix: tuple[str, ...]) -> list[tuple[str, ...]]:
             continue
         path = (*prefix, name)
         paths.append(path)
-        paths.extend(_commands(command, path))  # sub-apps are groups with their own commands
+        paths.extend(command_paths(command, path))  # sub-apps are groups with their own commands
     return paths
 
 
@@ -37,7 +38,7 @@ def render() -> str:
     root = typer.main.get_command(app)
     runner = CliRunner()
     sections = [HEADER]
-    for path in [(), *_commands(root, ())]:
+    for path in [(), *command_paths(root, ())]:
         result = runner.invoke(app, [*path, "--help"], terminal_width=100, env={"COLUMNS": "100", "NO_COLOR": "1"})
         title = " ".join(("runlane", *path))
         sections.append(f"## `{title}`\n\n```text\n{result.output.rstrip()}\n```\n")

@@ -335,7 +335,7 @@ def run_attempts(ctx: typer.Context, run_id: RunIdArgument) -> None:
     run_operation(ctx, "runs attempts", run_id=run_id)
 
 
-@app.command("steps")
+@app.command("steps", short_help="List the durable steps a run completed (ctx.step.run).")
 def run_steps(
     ctx: typer.Context,
     run_id: RunIdArgument,

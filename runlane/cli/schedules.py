@@ -139,7 +139,7 @@ async def _schedules(runtime: Any, params: SchedulesParams) -> list[ScheduleOver
     return await schedule_overview(runtime)
 
 
-@app.command("schedules")
+@app.command("schedules", short_help="List the schedules with their next and latest fire times.")
 def schedules(ctx: typer.Context) -> None:
     """List the registered schedules with their next and latest fire times.
 

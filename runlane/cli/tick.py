@@ -113,7 +113,7 @@ async def tick_until_stopped(
     return passes
 
 
-@app.command("tick")
+@app.command("tick", short_help="Run one maintenance pass, or one every D with --every.")
 def tick(
     ctx: typer.Context,
     every: str | None = typer.Option(

@@ -87,7 +87,7 @@ async def _create(runtime: Any, params: TriggerParams) -> Any:
     )
 
 
-@app.command("trigger")
+@app.command("trigger", short_help="Create one durable run for TASK_ID, now or later.")
 def trigger(
     ctx: typer.Context,
     task_id: Annotated[str, typer.Argument(help="Task id registered in the runtime.", metavar="TASK_ID")],

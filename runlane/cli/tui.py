@@ -48,7 +48,7 @@ def _dashboard_module() -> object:
     return dashboard
 
 
-@app.command("tui")
+@app.command("tui", short_help="Open the live dashboard; cancel, retry and rerun runs.")
 def tui(
     ctx: typer.Context,
     refresh: Annotated[

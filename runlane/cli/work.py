@@ -159,7 +159,7 @@ async def run_worker(
     return executed
 
 
-@app.command("work", cls=MultiValueCommand)
+@app.command("work", cls=MultiValueCommand, short_help="Run a polling worker until stopped, or drain due work.")
 def work(
     ctx: typer.Context,
     drain: bool = typer.Option(False, "--drain", help="Process currently due work, then exit."),

@@ -249,7 +249,7 @@ async def _configured_schema(ctx: typer.Context) -> str:
     return DEFAULT_SCHEMA if found is None else resolve_postgres_connection(*found).schema
 
 
-@postgres_cli.command("migrate")
+@postgres_cli.command("migrate", short_help="Apply the migration to the configured lane's database.")
 def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = None) -> None:
     """Apply the Runlane migration to the configured lane's database (or --url).
 
@@ -292,7 +292,7 @@ def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = No
     output.line(Text.assemble(("✓ ", "bold green"), message))
 
 
-@postgres_cli.command("sql")
+@postgres_cli.command("sql", short_help="Print the migration SQL for your own migration tool.")
 def sql(ctx: typer.Context, schema: SqlSchemaOption = None) -> None:
     """Print the migration SQL for your own migration tool (to a file: runlane postgres sql > runlane.sql).
 

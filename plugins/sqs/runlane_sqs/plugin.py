@@ -258,7 +258,7 @@ _RESTART_DELAY_S = 1.0
 _MAX_RESTART_DELAY_S = 30.0
 
 
-@sqs_cli.command("consume", cls=MultiValueCommand)
+@sqs_cli.command("consume", cls=MultiValueCommand, short_help="Execute the runs the SQS wakeups name, until stopped.")
 def consume(
     ctx: typer.Context,
     queue: QueuesOption = None,
