@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -38,7 +38,6 @@ from .options import (
     DispatchReservationLimit,
     EmptyPollDelayOption,
     HealthFileOption,
-    MaxRunsOption,
     MultiValueCommand,
     OutboxClaimLimit,
     QueuesOption,
@@ -46,6 +45,7 @@ from .options import (
     TickLimits,
     TimeoutFinalizationLimit,
     WorkerIdOption,
+    max_runs_option,
 )
 from .export import close_sinks, export_pending, start_exporter, stop_exporters
 from .reload import Reloader, child_command
@@ -63,7 +63,7 @@ def dev(
     once: bool = typer.Option(False, "--once", help="One maintenance tick, drain due work, exit."),
     queue: QueuesOption = None,
     concurrency: ConcurrencyOption = 1,
-    max_runs: MaxRunsOption = None,
+    max_runs: Annotated[int | None, max_runs_option("--once")] = None,
     empty_poll_delay: EmptyPollDelayOption = None,
     tick_interval: str | None = typer.Option(
         None,

@@ -44,7 +44,6 @@ __all__ = [
     "HeartbeatIntervalOption",
     "LeaseDurationOption",
     "LimitOption",
-    "MaxRunsOption",
     "MultiValueCommand",
     "QueueOption",
     "QueuesOption",
@@ -250,9 +249,13 @@ LimitOption = Annotated[int | None, limit_option(f"Runs {PAGE_LIMIT_HELP}")]
 ConcurrencyOption = Annotated[
     int, typer.Option("--concurrency", min=1, max=MAX_WORKER_CONCURRENCY, help="Worker slots.", metavar="N")
 ]
-MaxRunsOption = Annotated[
-    int | None, typer.Option("--max-runs", min=1, help="Stop after this many runs (drain / once).", metavar="N")
-]
+
+
+def max_runs_option(mode: str) -> Any:
+    """A ``--max-runs N`` option, which applies only with the command's one-shot ``mode`` flag."""
+    return typer.Option("--max-runs", min=1, help=f"With {mode}: stop after this many runs.", metavar="N")
+
+
 EmptyPollDelayOption = Annotated[
     str | None,
     typer.Option(

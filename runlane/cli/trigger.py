@@ -108,7 +108,10 @@ def trigger(
         str | None,
         typer.Option(
             "--idempotency-key-ttl",
-            help="Terminal owner retention: a duration or 'active'.",
+            help=(
+                "How long a succeeded or cancelled run keeps its idempotency key (default: the task's, else 30d), "
+                "or 'active': only until it finishes."
+            ),
             metavar="D",
             callback=checked(check_idempotency_key_ttl),
         ),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -29,11 +29,11 @@ from .options import (
     HealthFileOption,
     HeartbeatIntervalOption,
     LeaseDurationOption,
-    MaxRunsOption,
     MultiValueCommand,
     QueuesOption,
     WorkerIdOption,
     check_lease_options,
+    max_runs_option,
 )
 from .output import Output, forward_runtime_logs, prints_as_json_logs
 
@@ -165,7 +165,7 @@ def work(
     drain: bool = typer.Option(False, "--drain", help="Process currently due work, then exit."),
     queue: QueuesOption = None,
     concurrency: ConcurrencyOption = 1,
-    max_runs: MaxRunsOption = None,
+    max_runs: Annotated[int | None, max_runs_option("--drain")] = None,
     empty_poll_delay: EmptyPollDelayOption = None,
     lease_duration: LeaseDurationOption = None,
     heartbeat_interval: HeartbeatIntervalOption = None,
