@@ -31,6 +31,7 @@ from runlane.tui import DashboardClient, RunlaneDashboard
 from runlane.tui.screens.confirm import ConfirmScreen
 from runlane.tui.screens.run_detail import RunDetailScreen
 from runlane.tui.screens.runs import RunsScreen
+from runlane.tui.widgets.runs_table import RunsTable
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 SIZE = (140, 36)
@@ -222,6 +223,28 @@ async def test_the_runs_table_refreshes_itself_and_keeps_the_cursor_on_its_run()
                 break
         assert run_ids(app)[0] == "run_email_cy"
         assert table.cursor_key == "run_import_q3"
+
+
+async def test_rows_wider_than_the_columns_are_shown_whole_after_a_repaint_came_before_they_were_measured() -> None:
+    # A table measures the rows it was given when it is next idle: on a busy machine the screen can be painted
+    # before that, and those lines, cut to the old column widths, stayed on screen (as did the header).
+    async with dashboard() as (app, pilot, runtime):
+        table = app.screen.query_one("#runs", RunsTable)
+        long_id = "run_" + "x" * 40
+        runtime.clock.advance(timedelta(seconds=1))
+        await runtime.trigger(send, {"to": "cy"}, run_id=long_id)
+        show = table.show
+
+        def show_then_repaint(runs: Any) -> None:
+            show(runs)
+            table.render_lines(Region(0, 0, table.size.width, table.size.height))
+
+        table.show = show_then_repaint  # type: ignore[method-assign]
+        await pilot.press("r")
+        await settle(pilot)
+        header, first = ("".join(segment.text for segment in table.render_line(y)) for y in (0, 1))
+        assert long_id in first
+        assert header.index("status") == first.index("queued")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Self
 
 from rich.text import Text
+from textual import events
 from textual.widgets import DataTable
 from textual.widgets.data_table import CursorType
 
@@ -64,6 +65,19 @@ class KeyedTable(DataTable[Cell]):
     def clear(self, columns: bool = False) -> Self:
         self._shown = {}
         return super().clear(columns)
+
+    async def _on_idle(self, event: events.Idle) -> None:
+        """Measure new rows, as ``DataTable`` does when idle, and paint every line again if a column grew.
+
+        ``DataTable`` keeps the lines it rendered before measuring (a repaint came first on a busy machine)
+        and, with rows of a fixed height, goes on showing them cut to the old widths, header included.
+        Textual then calls ``DataTable``'s own handler too, which finds nothing left to measure.
+        """
+        widths = [column.content_width for column in self.columns.values()]
+        await super()._on_idle(event)
+        if [column.content_width for column in self.columns.values()] != widths:
+            self._clear_caches()
+            self.refresh()
 
 
 def _cell_key(cell: Cell) -> tuple[object, ...]:
