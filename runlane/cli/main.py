@@ -619,6 +619,8 @@ def run_operations(ctx: typer.Context, name: str, items: list[dict[str, Any]]) -
     one ``runlane dev`` session: each result, or error, is printed as it comes (one JSON document per line
     with ``--json``), and one item's error does not stop the others. Exits with the first non-zero status
     a result has (``Operation.exit_status``), or 1 when an item failed."""
+    if not items:
+        return  # ``-`` read no run ids: nothing to run (the caller said so)
     state = state_of(ctx)
     output = state.output
     op = OPERATIONS[name]
