@@ -54,7 +54,8 @@ def _run_ids(ctx: typer.Context, given: list[str]) -> list[str]:
     ids = [line.strip().lstrip("\ufeff") for line in sys.stdin.read().splitlines() if line.strip()]
     if not ids:
         # A pipe from `runlane runs list` that found nothing (no failed runs tonight): nothing to do, no error.
-        state_of(ctx).output.warning("no_run_ids", f"standard input held no run ids: there was nothing to {ctx.info_name}.")
+        nothing = f"standard input held no run ids: there was nothing to {ctx.info_name}."
+        state_of(ctx).output.warning("no_run_ids", nothing)
     return ids
 
 
