@@ -152,6 +152,20 @@ def test_omitted_backoff_uses_the_contract_default_fixed_delay():
     assert [policy.delay_ms_for(attempt) for attempt in (1, 2, 5)] == [30_000, 30_000, 30_000]
 
 
+@pytest.mark.parametrize(
+    ("attempts", "says"),
+    [
+        (0, "expected a positive whole number, got 0"),
+        (True, "expected a positive whole number, got True"),
+        (2**60, "1,152,921,504,606,846,976 is past 9,007,199,254,740,991, the largest whole number JSON keeps exact"),
+    ],
+)
+def test_an_unusable_max_attempts_is_refused_saying_why(attempts, says):
+    with pytest.raises(RunlaneError) as refused:
+        Retry(attempts)
+    assert refused.value.code is ErrorCode.CONFIGURATION_INVALID and says in refused.value.message
+
+
 def test_string_backoff_is_fixed():
     policy = Retry(3, backoff="5s")
     assert policy.backoff.type is RetryBackoffType.FIXED

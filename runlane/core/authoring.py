@@ -133,8 +133,11 @@ def checked_actor(actor: object, default: Actor, *, code: ErrorCode = ErrorCode.
 
 
 def _positive_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SAFE_INTEGER:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise _invalid(f"Invalid {what}: expected a positive whole number, got {value!r}.", field=what)
+    if value > MAX_SAFE_INTEGER:
+        exact = f"{MAX_SAFE_INTEGER:,}, the largest whole number JSON keeps exact"
+        raise _invalid(f"Invalid {what}: {value:,} is past {exact}.", field=what)
     return value
 
 
