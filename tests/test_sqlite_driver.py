@@ -575,6 +575,27 @@ async def test_a_published_hint_wakes_a_watcher_that_looked_before_the_commit_wa
     await hear_a_commit(sqlite_storage(database), writer, then=lambda: writer.publish_wake_hint("default"), commits=20)
 
 
+async def test_a_process_with_more_than_1024_open_files_still_hears_commits(database: Path) -> None:
+    """A worker in a process holding many files or sockets (a web application's) gets descriptor numbers
+    past 1023 for its watcher, which ``select()`` cannot wait on: the watcher waits on them all the same,
+    instead of its thread dying with a traceback and the process's workers waking only by polling."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"the process may open only {hard} files")
+    if soft != resource.RLIM_INFINITY and soft < 1100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1100, hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1024:  # every lower number is taken: the watcher's are past 1023
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        await hear_a_commit(sqlite_storage(database), sqlite_storage(database))
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 async def test_a_file_behind_a_symbolic_link_is_checked_and_watched_where_its_log_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -753,7 +753,7 @@ class SqliteStorageDriver(ClientClock):
         self._committers: dict[asyncio.AbstractEventLoop, Batcher[_Commit, bool]] = {}
         self._committers_lock = threading.Lock()
         self._subscribers: dict[object, Callable[[str], None]] = {}  # wake hint callbacks
-        # The watcher thread, its stop flag and the pipe end that wakes it from select().
+        # The watcher thread, its stop flag and the pipe end that wakes it from its wait.
         self._watcher: tuple[threading.Thread, threading.Event, int] | None = None
         self._watch_lock = threading.Lock()
         self._fork_lock = threading.RLock()  # held by the watcher around its SQLite calls (_before_fork)
@@ -1444,6 +1444,10 @@ class SqliteStorageDriver(ClientClock):
         hints (workers still poll). Each SQLite call holds ``_fork_lock``, as the driver's thread does."""
         try:
             written = 0.0  # when the directory last reported a write
+            if events is not None:  # poll(), not select(), which cannot wait on descriptors past 1023
+                poller = select.poll()
+                poller.register(events, select.POLLIN)
+                poller.register(wake, select.POLLIN)
             while not stop.is_set():
                 if events is None:
                     if stop.wait(self.wake_poll_interval):
@@ -1454,7 +1458,7 @@ class SqliteStorageDriver(ClientClock):
                     # write (and the log sync), with no event of its own: for a while after a
                     # write, look again every millisecond.
                     recent = time.monotonic() - written < _WATCH_SETTLE
-                    ready = select.select([events, wake], [], [], _WATCH_SOON if recent else _WATCH_IDLE_CHECK)[0]
+                    ready = poller.poll(1000 * (_WATCH_SOON if recent else _WATCH_IDLE_CHECK))
                     if stop.is_set():
                         break
                     if ready:
