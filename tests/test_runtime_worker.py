@@ -742,6 +742,37 @@ async def test_a_run_whose_handler_raises_on_the_workers_stop_runs_again_and_is_
         assert attempts == [1, 2] and (done.counters.failures, done.counters.releases) == (0, 1)
 
 
+async def test_a_run_claimed_after_the_workers_stop_is_handed_back_without_starting_its_handler(tmp_path):
+    """SIGTERM while a claim waits for a busy SQLite file: the claim commits after the stop. The worker
+    has stopped claiming, so the run goes back at once (released: worker_stopped) for a worker still up,
+    instead of starting a handler that may outlast the process manager's stop timeout."""
+    import sqlite3
+
+    from runlane import create_runlane
+    from runlane_local import sqlite_lane
+
+    path = tmp_path / "runlane.db"
+    runtime = create_runlane(lane=sqlite_lane(path, busy_timeout="30s"), queues=[DEFAULT_QUEUE], tasks=[count])
+    async with runtime:
+        run = (await runtime.trigger(count, {"n": 1})).run
+        locker = sqlite3.connect(path, isolation_level=None)
+        try:
+            locker.execute("BEGIN IMMEDIATE")  # another process's long write: every claim waits for it
+            worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms")
+            await asyncio.sleep(1.0)  # the worker found the run and its claim waits for the lock
+            worker.request_stop()
+            locker.execute("ROLLBACK")
+        finally:
+            locker.close()
+        await asyncio.wait_for(worker.closed, 10)
+        handed_back = await runtime.runs.get(run.id)
+        (released,) = (await runtime.runs.events(run.id, types=["run.released"])).data
+    assert executed == []
+    assert handed_back.status is RunStatus.RELEASED and handed_back.failure is None
+    assert (handed_back.counters.attempts, handed_back.counters.failures) == (1, 0)
+    assert released.event.reason == "worker_stopped"
+
+
 @pytest.mark.parametrize("kind", ["async", "def"])
 async def test_a_durable_step_rides_out_a_short_outage_instead_of_running_its_side_effect_again(kind: str):
     """The step's read and its stored output are retried through an outage while the lease holds, as the

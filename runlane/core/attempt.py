@@ -2082,9 +2082,14 @@ async def execute_claimed_run(
     scope = _current_attempt.set(attempt)
     try:
         failure = _not_run_failure(run, definition)
-        if failure is not None:
+        stop = options.signal  # a worker's stop (or the signal given to execute_next)
+        if failure is not None or (stop is not None and stop.aborted and stop.reason == REASON_WORKER_STOPPED):
+            # A claim that committed once its worker had stopped (it waited for a busy database meanwhile)
+            # goes back at once, as a handler that raised on the stop would: the worker no longer claims,
+            # so it starts no handler that could outlast the process manager's stop timeout.
+            stopped = _Outcome(_RELEASE, release=_STOPPED_WITH_THE_WORKER)
             try:
-                return await attempt.complete(_Outcome(_FAILURE, failure=failure))
+                return await attempt.complete(stopped if failure is None else _Outcome(_FAILURE, failure=failure))
             finally:
                 attempt.controller.unlink()
         registry.register(attempt)
