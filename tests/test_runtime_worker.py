@@ -759,7 +759,7 @@ async def test_a_run_claimed_after_the_workers_stop_is_handed_back_without_start
         try:
             locker.execute("BEGIN IMMEDIATE")  # another process's long write: every claim waits for it
             worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms")
-            await asyncio.sleep(1.0)  # the worker found the run and its claim waits for the lock
+            await asyncio.sleep(2.0)  # the worker found the run and its claim waits for the lock
             worker.request_stop()
             locker.execute("ROLLBACK")
         finally:
