@@ -361,7 +361,7 @@ async def test_a_heartbeat_storage_failure_rejects_the_execution_call(caplog):
     # The run will run again: the log of the run says why (not only the worker's storage warning).
     (logged,) = [record for record in caplog.records if record.name == "runlane.task"]
     assert "could not renew its lease (storage_unavailable: storage is down)" in logged.getMessage()
-    assert "its outcome is not recorded, so the run runs again once its lease expires" in logged.getMessage()
+    assert "is not recorded: the run runs again once its lease expires" in logged.getMessage()
 
 
 async def test_a_handler_still_running_when_tick_records_its_timeout_reports_that_outcome(caplog):

@@ -1844,8 +1844,9 @@ class _Attempt:
         cause = f"{error.code.value}: {error.message}" if isinstance(error, RunlaneError) else type(error).__name__
         code = error.code if isinstance(error, RunlaneError) else ErrorCode.STORAGE_UNAVAILABLE
         _task_log.warning(
-            "Run %s (task %s): attempt %d could not renew its lease (%s); its handler was stopped and its outcome "
-            "is not recorded, so the run runs again once its lease expires (%s).",
+            "Run %s (task %s): attempt %d could not renew its lease (%s), so its handler was told to stop "
+            "(ctx.signal) and whatever it returned is not recorded: the run runs again once its lease expires "
+            "(%s), and what the handler did before it stopped is done again unless it is idempotent.",
             run.id, run.task_id, self.attempt_number, cause, encode_iso_date(self._lease_expires_at),
             extra=_log_fields(run, code),
         )  # fmt: skip
