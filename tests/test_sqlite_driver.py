@@ -1120,6 +1120,7 @@ async def test_a_locked_database_is_storage_unavailable_without_blocking_the_loo
             ticking.cancel()
         assert error.retryable is True
         assert "locked" in error.message
+        assert "raise busy_timeout, or shorten the other process's write transactions" in error.message
         assert 0.3 <= waited < 5, f"waited {waited:.2f}s for a busy_timeout of 0.4s"
         assert ticks >= 10, "the event loop was blocked while the driver waited for the lock"
         blocker.execute("ROLLBACK")

@@ -291,6 +291,14 @@ _DELETE_EVENT = f"DELETE FROM {_OPERATOR_EVENTS} WHERE environment = ? AND run_i
 _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_NOMEM, _SQLITE_READONLY = 3, 5, 6, 7, 8
 _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_PROTOCOL = 10, 11, 13, 14, 15
 _SQLITE_CONSTRAINT, _SQLITE_AUTH, _SQLITE_NOTADB = 19, 23, 26
+# What to do about a retryable failure, after its text (workers try again by themselves).
+_REMEDIES = {
+    _SQLITE_BUSY: (
+        ": another connection held the file's write lock for longer than the lane's busy_timeout; try again, "
+        "raise busy_timeout, or shorten the other process's write transactions"
+    ),
+    _SQLITE_FULL: "; the disk holding the file is full: free space there, and workers go on by themselves",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1033,11 +1041,17 @@ class SqliteStorageDriver(ClientClock):
             )
         if code in (_SQLITE_CANTOPEN, _SQLITE_PERM, _SQLITE_READONLY, _SQLITE_AUTH):
             kind = ErrorCode.CONFIGURATION_INVALID if opening else ErrorCode.STORAGE_UNAVAILABLE
-            return RunlaneError(kind, f"{where} cannot be opened for writing: {error}", meta=meta, cause=error)
+            return RunlaneError(
+                kind,
+                f"{where} cannot be opened for writing: {error}; let this user write the file, the -wal and -shm "
+                "files beside it and their folder.",
+                meta=meta,
+                cause=error,
+            )
         if code in (_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_NOMEM, _SQLITE_PROTOCOL):
             return RunlaneError(
                 ErrorCode.STORAGE_UNAVAILABLE,
-                f"{where} is unavailable: {error}",
+                f"{where} is unavailable: {error}{_REMEDIES.get(code, '; try again')}.",
                 retryable=True,
                 meta=meta,
                 cause=error,
@@ -1093,7 +1107,7 @@ class SqliteStorageDriver(ClientClock):
                     raise RunlaneError(
                         ErrorCode.STORAGE_UNAVAILABLE,
                         f"SQLite storage {str(self.path)!r} stayed locked for {self.busy_timeout:g}s (database is "
-                        "locked); retry the operation.",
+                        f"locked){_REMEDIES[_SQLITE_BUSY]}.",
                         retryable=True,
                         meta={"path": str(self.path), "busy_timeout": self.busy_timeout},
                         cause=busy.__cause__,
