@@ -313,7 +313,7 @@ def test_a_closed_sync_facade_leaves_no_exit_hook_behind():
     del runtime
     gc.collect()
     assert atexit._ncallbacks() == before
-    assert not [value for value in gc.get_objects() if isinstance(value, SyncRunlane)]
+    assert not [value for value in gc.get_objects() if type(value) is SyncRunlane]
 
 
 FORKED_CHILD_EXITS = """
