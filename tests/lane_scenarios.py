@@ -621,6 +621,43 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_runs_with_the_longest_ids_wait_for_the_longest_signal_keys_and_for_each_other(
+        self, lanes: LaneFactory
+    ) -> None:
+        """A run id and a signal key of 512 characters each (ASCII, or of any script for the key) are taken
+        by every lane when the run releases to wait, and so is a wait of such a run for another one: on
+        Postgres the wait's index entry restated the run id after the key, over the lane's index entry
+        limit, so the release was recorded as a failed attempt (and a key of 512 CJK characters could
+        never be waited for on that lane)."""
+        wide = "\u4e2d" * MAX_ID_LENGTH
+
+        @task("approve")
+        async def approve(payload: dict, ctx: TaskContext) -> Any:
+            if ctx.attempt == 1:
+                if "run" in payload:
+                    return ctx.wait_for_run(payload["run"])
+                return ctx.wait_for_signal(payload["key"])
+            return "resumed"
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), approve)
+            async with runtime:
+                ids = {name: name[0] * MAX_ID_LENGTH for name in ("ascii", "wide", "follower")}
+                await runtime.trigger(approve, {"key": "k" * MAX_ID_LENGTH}, run_id=ids["ascii"])
+                await runtime.trigger(approve, {"key": wide}, run_id=ids["wide"])
+                await runtime.trigger(approve, {"run": ids["ascii"]}, run_id=ids["follower"])
+                for _ in ids:
+                    released = await runtime.execute_next()
+                    assert released.status is RunStatus.RELEASED, released.failure
+                assert [run.id for run in await runtime.signals.send("k" * MAX_ID_LENGTH)] == [ids["ascii"]]
+                assert [run.id for run in await runtime.signals.send(wide)] == [ids["wide"]]
+                assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED  # ascii; its follower resumes
+                for _ in range(2):
+                    assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+                assert {(await runtime.runs.get(run_id)).output for run_id in ids.values()} == {"resumed"}
+
+        self.run(body)
+
     def test_durable_step_replays_its_stored_output(self, lanes: LaneFactory) -> None:
         calls: list[str] = []
 

@@ -84,6 +84,33 @@ async def test_signal_send_limit_bounds_one_call():
             await runtime.signals.send("ok", limit=0)
 
 
+async def test_a_long_signal_key_resumes_runs_an_earlier_release_indexed_by_the_key_itself():
+    """A signal key past 512 bytes is indexed by its digest; a run released before that (its wait indexed
+    by the key itself, then the run id) still resumes when the key is sent."""
+    from runlane.core.store import _run_key, signal_wait_partition
+    from runlane.storage import NewStorageRecord, StorageIndexEntry, StorageIndexName
+
+    report = "\u4e2d" * 300  # 900 bytes of UTF-8
+    runtime, _ = make_runtime(wait_for_report)
+    async with runtime:
+        old, new = [(await runtime.trigger(wait_for_report, {"report": report, "ready_after": 2})).run for _ in "ab"]
+        for _ in "ab":
+            assert (await runtime.execute_next()).status is RunStatus.RELEASED
+        key = f"report_ready_{report}"
+        assert signal_wait_partition(key) != key
+
+        async def reindex_as_before(tx):
+            (record,) = await tx.get([_run_key(runtime.store.env_key, old.id)])
+            (wait,) = [entry for entry in record.indexes if entry.name is StorageIndexName.RUNS_WAITING_FOR_SIGNAL]
+            legacy = StorageIndexEntry(wait.name, (wait.partition[0], key), (*wait.sort, old.id))
+            indexes = [entry for entry in record.indexes if entry is not wait]
+            tx.replace(record, NewStorageRecord(record.key, record.document, [*indexes, legacy]))
+
+        await runtime.lane.storage.with_transaction(reindex_as_before)
+        assert sorted(run.id for run in await runtime.signals.send(key)) == sorted([old.id, new.id])
+        assert await runtime.signals.send(key) == []
+
+
 async def test_signal_wait_timeout_falls_back_to_maintenance_delivery():
     @task("wait.timeout")
     async def waiter(payload: dict, ctx: TaskContext):

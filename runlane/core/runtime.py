@@ -170,6 +170,7 @@ from .store import (
     check_room_to_run,
     delayed_delivery_at,
     run_not_found,
+    signal_wait_partition,
 )
 
 if TYPE_CHECKING:
@@ -3058,24 +3059,29 @@ class SignalsApi:
         # Runs another sender resumed first (or that stopped waiting meanwhile) leave the index with
         # that commit: the next page skips them, so a racing sender still resumes up to its limit.
         seen: set[str] = set()
-        while len(resumed) < wanted:
-            asked = min(page, wanted - len(resumed))
-            requested = min(page, asked + len(seen))
-            found = await runtime._store.query_index(StorageIndexName.RUNS_WAITING_FOR_SIGNAL, (key,), limit=requested)
-            run_ids = [run_id for run_id in found if run_id not in seen][:asked]
-            if not run_ids:
-                break
-            seen.update(run_ids)
-            results = await runtime.append_many([CompletionRequest(run_id, build) for run_id in run_ids])
-            await runtime.publish_resumed(results)
-            for result in results:
-                if isinstance(result, AppendResult):
-                    if result.events:
-                        resumed.append(result.run)
-                elif not (is_storage_conflict(result) or result.code is ErrorCode.RUN_NOT_FOUND):
-                    raise result
-            if len(found) < requested:
-                break  # the index had no more rows than this page
+        # A key past 512 bytes is indexed by its digest; runs an earlier release left waiting on such a
+        # key are indexed by the key itself, so that partition is read too.
+        for partition in dict.fromkeys((signal_wait_partition(key), key)):
+            while len(resumed) < wanted:
+                asked = min(page, wanted - len(resumed))
+                requested = min(page, asked + len(seen))
+                found = await runtime._store.query_index(
+                    StorageIndexName.RUNS_WAITING_FOR_SIGNAL, (partition,), limit=requested
+                )
+                run_ids = [run_id for run_id in found if run_id not in seen][:asked]
+                if not run_ids:
+                    break
+                seen.update(run_ids)
+                results = await runtime.append_many([CompletionRequest(run_id, build) for run_id in run_ids])
+                await runtime.publish_resumed(results)
+                for result in results:
+                    if isinstance(result, AppendResult):
+                        if result.events:
+                            resumed.append(result.run)
+                    elif not (is_storage_conflict(result) or result.code is ErrorCode.RUN_NOT_FOUND):
+                        raise result
+                if len(found) < requested:
+                    break  # the index had no more rows than this page
         return resumed
 
 

@@ -172,6 +172,7 @@ __all__ = [
     "queue_capacity_key",
     "run_index_entries",
     "run_step_key",
+    "signal_wait_partition",
     "singleton_owner_key",
 ]
 
@@ -286,9 +287,10 @@ def _index_entry(name: StorageIndexName, partition: tuple[str, ...], sort: tuple
 
 
 # A caller's key (idempotency, singleton, concurrency) longer than this in UTF-8 is a part of its owner
-# record's key by its digest: every lane then takes every key the API accepts (512 characters of any
-# script), where a record key is bounded (Postgres indexes at most 2,704 bytes of one). Keys are ids,
-# which never hold ':', so a digest cannot be taken for a key; the run keeps the key itself.
+# record's key (a signal key, of its waits' index partition) by its digest: every lane then takes every key
+# the API accepts (512 characters of any script), where a record key is bounded (Postgres indexes at most
+# 2,704 bytes of one). Keys are ids, which never hold ':', so a digest cannot be taken for a key; the run
+# keeps the key itself.
 _MAX_KEY_PART_BYTES: Final = 512
 
 
@@ -297,6 +299,11 @@ def _key_part(key: str) -> str:
     if len(encoded) <= _MAX_KEY_PART_BYTES:
         return key
     return "sha256:" + hashlib.sha256(encoded).hexdigest()
+
+
+def signal_wait_partition(signal_key: str) -> str:
+    """The partition component of the runs waiting on ``signal_key`` (their resume checks the key itself)."""
+    return _key_part(signal_key)
 
 
 def idempotency_owner_key(env_key: str, task_id: str, key: str) -> StorageRecordKey:
@@ -450,12 +457,16 @@ def run_index_entries(run: RunRecord, bounded: Collection[str] = ()) -> tuple[St
             )
         wait = run.wait
         if status is RunStatus.RELEASED and wait is not None:
+            # A wait's entry sorts by creation time alone (its record key, the run id, orders ties), and a
+            # long signal key is partitioned by its digest: restating the run id after a key or another run's
+            # id of 512 characters made the entry larger than any trigger() had checked, over a lane's index
+            # entry limit (the release could then not be recorded).
             if wait.type is RunWaitConditionType.SIGNAL:
                 entries.append(
                     _index_entry(
                         StorageIndexName.RUNS_WAITING_FOR_SIGNAL,
-                        (env, wait.signal_key),
-                        (encode_iso_date(run.created_at), run_id),
+                        (env, signal_wait_partition(wait.signal_key)),
+                        (encode_iso_date(run.created_at),),
                     )
                 )
             elif wait.type is RunWaitConditionType.RUN_COMPLETION:
@@ -463,7 +474,7 @@ def run_index_entries(run: RunRecord, bounded: Collection[str] = ()) -> tuple[St
                     _index_entry(
                         StorageIndexName.RUNS_WAITING_FOR_COMPLETION,
                         (env, wait.run_id),
-                        (encode_iso_date(run.created_at), run_id),
+                        (encode_iso_date(run.created_at),),
                     )
                 )
     source = run.source

@@ -28,11 +28,13 @@ class StorageIndexName(enum.StrEnum):
     # Timeout finalization: started running attempts by fixed attempt deadline.
     #   partition (environment,)                   sort (attempt_deadline_at, run_id)
     RUNS_NEEDING_TIMEOUT_FINALIZATION = "runs_needing_timeout_finalization"
-    # Signal waits: released runs waiting on one signal key.
-    #   partition (environment, signal_key)        sort (created_at, run_id)
+    # Signal waits: released runs waiting on one signal key (a key past 512 bytes by its digest); the
+    # record key, the run id, orders ties.
+    #   partition (environment, signal_key)        sort (created_at,)
     RUNS_WAITING_FOR_SIGNAL = "runs_waiting_for_signal"
-    # Run-completion waits: released runs waiting on one source run id (the authoritative waiter set).
-    #   partition (environment, source_run_id)     sort (created_at, run_id)
+    # Run-completion waits: released runs waiting on one source run id (the authoritative waiter set); the
+    # record key, the run id, orders ties.
+    #   partition (environment, source_run_id)     sort (created_at,)
     RUNS_WAITING_FOR_COMPLETION = "runs_waiting_for_completion"
     # Terminal runs by finish time, for pruning.
     #   partition (environment,)                   sort (finished_at, run_id)
