@@ -683,6 +683,47 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_steps_with_the_longest_keys_are_stored_listed_and_pruned(self, lanes: LaneFactory) -> None:
+        """A step key of 512 characters of any script (and one of 512 ASCII characters in a run whose id is
+        as long) is stored, replayed, listed and pruned with its run on every lane: on Postgres the step's
+        record key held the key itself, over the lane's index entry limit, so the attempt failed as soon as
+        its step completed (``task_output_invalid``), however often it was retried."""
+        keys = ["\u4e2d" * MAX_ID_LENGTH, "s" * MAX_ID_LENGTH, "a.short.one"]
+        calls: list[str] = []
+
+        @task("stepper")
+        async def stepper(payload: dict, ctx: TaskContext) -> Any:
+            outputs = []
+            for n, key in enumerate(keys):
+                outputs.append(await ctx.step.run(key, lambda token, n=n: calls.append(token) or n))
+            if ctx.attempt == 1:
+                return ctx.release("1s")
+            return outputs
+
+        async def body() -> None:
+            runtime, clock = self.runtime(lanes.new(), stepper)
+            async with runtime:
+                for run_id in ("short", "r" * MAX_ID_LENGTH):
+                    released = await runtime.run_now(stepper, {}, run_id=run_id)
+                    assert released.status is RunStatus.RELEASED, released.failure
+                    clock.advance("1s")
+                    done = await runtime.execute_next()
+                    assert done.status is RunStatus.SUCCEEDED and done.output == [0, 1, 2], done.failure
+                    assert [(await runtime.runs.step(run_id, key)).output for key in keys] == [0, 1, 2]
+                    listed, cursor = [], None
+                    while True:  # a page at a time, so a long key's position is a cursor too
+                        page = await runtime.runs.steps(run_id, cursor=cursor, limit=1)
+                        listed.extend(step.step_key for step in page.data)
+                        if (cursor := page.next_cursor) is None:
+                            break
+                    assert sorted(listed) == sorted(keys)
+                assert len(calls) == 6  # each step's fn ran once per run
+                clock.advance("2d")
+                assert (await runtime.runs.prune(older_than="1d")).pruned == 2
+                assert (await runtime.runs.list()).data == []
+
+        self.run(body)
+
     def test_steps_run_together_are_each_stored_once(self, lanes: LaneFactory) -> None:
         # Steps gathered in one attempt each update the run's record; they must not fail one another's
         # transactions (and with them the attempt, whose retry would repeat their side effects).

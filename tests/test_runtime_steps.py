@@ -113,6 +113,48 @@ async def test_steps_in_sync_handlers_and_plain_json_outputs():
         assert len(calls) == 1
 
 
+async def test_a_step_an_earlier_release_stored_under_its_long_key_itself_is_replayed_listed_and_pruned():
+    """A step key past 512 bytes is stored by its digest; a step an earlier release stored under the key
+    itself (in a run released before the upgrade) is still found: its fn is not called again."""
+    from runlane.core.store import run_step_key
+    from runlane.storage import NewStorageRecord, StorageIndexEntry, StorageRecordKey
+
+    key = "\u4e2d" * 300  # 900 bytes of UTF-8
+    calls: list[str] = []
+
+    @task("long.step")
+    async def handler(payload: dict, ctx: TaskContext):
+        job = await ctx.step.run(key, lambda token: calls.append(token) or {"job_id": "j1"})
+        if ctx.attempt == 1:
+            return ctx.release("1s")
+        return job
+
+    runtime, clock = make_runtime(handler)
+    async with runtime:
+        run = await runtime.run_now(handler, {})
+        assert run.status is RunStatus.RELEASED
+        stored = run_step_key(runtime.store.env_key, run.id, key)
+        legacy = StorageRecordKey(stored.collection, *stored.parts[:-1], key)
+        assert stored != legacy
+
+        async def store_as_before(tx):
+            (record,) = await tx.get([stored])
+            (entry,) = record.indexes
+            tx.delete(record)
+            indexes = [StorageIndexEntry(entry.name, entry.partition, (key,))]
+            tx.create(NewStorageRecord(legacy, record.document, indexes))
+
+        await runtime.lane.storage.with_transaction(store_as_before)
+        clock.advance("1s")
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.SUCCEEDED and done.output == {"job_id": "j1"} and len(calls) == 1
+        assert (await runtime.runs.step(run.id, key)).output == {"job_id": "j1"}
+        assert [step.step_key for step in (await runtime.runs.steps(run.id)).data] == [key]
+        clock.advance("2d")
+        assert (await runtime.runs.prune(older_than="1d")).pruned == 1
+        assert await runtime.lane.storage.get([stored, legacy]) == [None, None]
+
+
 async def test_step_completion_is_fenced_and_conflicting_output_is_an_invariant_violation():
     outcomes: dict = {}
 

@@ -84,7 +84,7 @@ from ..storage.tables import (
     run_tombstone_key,
 )
 from ..vocabulary import PaginationCursorKind, RunStatus, run_status_values
-from .store import RUN_STEPS_COLLECTION, idempotency_owner_key, run_step_key
+from .store import RUN_STEPS_COLLECTION, idempotency_owner_key, run_step_keys
 
 __all__ = [
     "DEFAULT_CLEANUP_BUDGET",
@@ -305,7 +305,7 @@ def _step_belongs(record: StorageRecord, env: str, run_id: str) -> bool:
         and isinstance(environment, dict)
         and environment.get("name") == env
         and isinstance(step_key, str)
-        and record.key == run_step_key(env, run_id, step_key)
+        and record.key in run_step_keys(env, run_id, step_key)
     )
 
 

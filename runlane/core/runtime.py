@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms, format_duration, later
 from ..errors import ErrorCode, RunlaneError, StorageConflictKind, is_storage_conflict, pydantic_message
-from ..ids import is_valid_id, random_uuid4_hex, time_ordered_uuid_hex, validate_id
+from ..ids import random_uuid4_hex, time_ordered_uuid_hex, validate_id
 from ..json_values import canonical_json, ensure_json_object, is_unicode_text
 from ..model_build import build_validated
 from ..models import (
@@ -169,6 +169,7 @@ from .store import (
     capacity_partition_room,
     check_room_to_run,
     delayed_delivery_at,
+    is_step_position,
     run_not_found,
     signal_wait_partition,
 )
@@ -3552,7 +3553,7 @@ def _step_cursor_position(cursor: str | None, scope: dict[str, Any], run_id: str
         ) from None
     if last is None:
         return None
-    if len(last) != 1 or not is_valid_id(last[0]):
+    if len(last) != 1 or not is_step_position(last[0]):
         raise RunlaneError(
             ErrorCode.VALIDATION_FAILED,
             f"Invalid cursor for the steps of run {run_id}: malformed position; restart the listing without a cursor.",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
@@ -167,11 +168,13 @@ __all__ = [
     "completion_wait_key",
     "encode_run_document_fast",
     "idempotency_owner_key",
+    "is_step_position",
     "new_event_id",
     "outbox_message_key",
     "queue_capacity_key",
     "run_index_entries",
     "run_step_key",
+    "run_step_keys",
     "signal_wait_partition",
     "singleton_owner_key",
 ]
@@ -321,7 +324,25 @@ def queue_capacity_key(env_key: str, queue: str, concurrency_key: str | None) ->
 
 
 def run_step_key(env_key: str, run_id: str, step_key: str) -> StorageRecordKey:
-    return _key2(RUN_STEPS_COLLECTION, env_key, run_id, step_key)
+    return _key2(RUN_STEPS_COLLECTION, env_key, run_id, _key_part(step_key))
+
+
+def run_step_keys(env_key: str, run_id: str, step_key: str) -> tuple[StorageRecordKey, ...]:
+    """Where a step's record may be: its key, then, for a step key past 512 bytes, the key itself in place
+    of its digest, as a release before the digest stored it (a run released then resumes with its steps)."""
+    key = run_step_key(env_key, run_id, step_key)
+    if key.parts[-1] == step_key:
+        return (key,)
+    return (key, _key2(RUN_STEPS_COLLECTION, env_key, run_id, step_key))
+
+
+_DIGEST_PART: Final = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def is_step_position(value: object) -> bool:
+    """Whether ``value`` is a position in a run's steps, in step-key order: a step key, or the digest
+    a step key past 512 bytes is stored by."""
+    return is_valid_id(value) or (isinstance(value, str) and _DIGEST_PART.fullmatch(value) is not None)
 
 
 def completion_wait_key(env_key: str, source_run_id: str) -> StorageRecordKey:
@@ -742,10 +763,11 @@ def _idempotency_owner_record(key: StorageRecordKey, value: dict[str, Any]) -> N
 
 
 def _step_record(env: str, step: RunStepRecord) -> NewStorageRecord:
+    key = run_step_key(env, step.run_id, step.step_key)
     return NewStorageRecord(
-        run_step_key(env, step.run_id, step.step_key),
+        key,
         _model_document(step.model_dump(mode="json")),
-        (StorageIndexEntry(StorageIndexName.RUN_STEPS_BY_RUN, (env, step.run_id), (step.step_key,)),),
+        (StorageIndexEntry(StorageIndexName.RUN_STEPS_BY_RUN, (env, step.run_id), (key.parts[-1],)),),
     )
 
 
@@ -1716,18 +1738,13 @@ class CoreStore:
         return keys
 
     async def get_step(self, run_id: str, step_key: str) -> RunStepRecord | None:
-        key = run_step_key(self.env_key, run_id, step_key)
-        (record,) = await self.driver.get([key])
-        return None if record is None else _decode_step(record)
+        return _first_step(await self.driver.get(list(run_step_keys(self.env_key, run_id, step_key))))
 
     async def get_step_with_run(self, run_id: str, step_key: str) -> tuple[RunStepRecord | None, RunRecord | None]:
         """A step and its run, in one read: whether the step is stored, and who holds the run's lease now."""
         env = self.env_key
-        step, run = await self.driver.get([run_step_key(env, run_id, step_key), _run_key(env, run_id)])
-        return (
-            None if step is None else _decode_step(step),
-            None if run is None else self._decode_run(run)[0],
-        )
+        *steps, run = await self.driver.get([*run_step_keys(env, run_id, step_key), _run_key(env, run_id)])
+        return _first_step(steps), None if run is None else self._decode_run(run)[0]
 
     async def list_steps(
         self, run_id: str, *, after: str | None = None, limit: int = 100
@@ -1752,7 +1769,7 @@ class CoreStore:
             if record is None:
                 continue
             step = _decode_step(record)
-            if (step.run_id, step.step_key) != (run_id, item.sort[-1]):
+            if step.run_id != run_id or item.sort[-1] not in (step.step_key, _key_part(step.step_key)):
                 raise corrupt_record(
                     "run step", record.key, f"it holds step {step.step_key!r} of run {step.run_id}, not its own"
                 )
@@ -2917,6 +2934,14 @@ def _check_lease(run_id: str, run: RunRecord | None, token: str) -> RunRecord:
     if run.lease is None or run.lease.token != token:
         raise _lease_conflict(run_id, "another lease holds the run")
     return run
+
+
+def _first_step(records: Sequence[StorageRecord | None]) -> RunStepRecord | None:
+    """The step of the first record found, in ``run_step_keys`` order."""
+    for record in records:
+        if record is not None:
+            return _decode_step(record)
+    return None
 
 
 def _decode_step(record: StorageRecord) -> RunStepRecord:

@@ -45,7 +45,7 @@ class StorageIndexName(enum.StrEnum):
     # One run's history and child rows, for replay, attempts and pruning cleanup.
     #   partition (environment, run_id)            sort (sequence,)       sequence as a sortable u64
     RUN_EVENTS_BY_RUN = "run_events_by_run"
-    #   partition (environment, run_id)            sort (step_key,)
+    #   partition (environment, run_id)            sort (step_key,)       a key past 512 bytes by its digest
     RUN_STEPS_BY_RUN = "run_steps_by_run"
     #   partition (environment, run_id)            sort (created_at, message_id)
     OUTBOX_BY_RUN = "outbox_by_run"
