@@ -658,6 +658,38 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_a_run_with_the_longest_id_triggers_and_is_rerun_as_runs_with_the_longest_ids(
+        self, lanes: LaneFactory
+    ) -> None:
+        """A child a run with a 512-character id triggers with such an id, and a rerun given one, are linked to
+        their source on every lane: on Postgres the link's index entry restated the new run's id after the
+        source's, over the lane's index entry limit, so ctx.trigger() failed the parent (validation_failed)
+        and the rerun was refused."""
+
+        @task("child")
+        async def child(payload: dict) -> str:
+            return "child-done"
+
+        @task("parent")
+        async def parent(payload: dict, ctx: TaskContext) -> Any:
+            if ctx.attempt == 1:
+                spawned = await ctx.trigger(child, {}, run_id="c" * MAX_ID_LENGTH)
+                return ctx.wait_for_run(spawned.run.id)
+            return (await ctx.get_run("c" * MAX_ID_LENGTH)).output
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), parent, child)
+            async with runtime:
+                run = await runtime.run_now(parent, {}, run_id="p" * MAX_ID_LENGTH)
+                assert run.status is RunStatus.RELEASED, run.failure
+                assert (await runtime.execute_next()).source.source_run_id == run.id
+                done = await runtime.execute_next()
+                assert done.id == run.id and done.output == "child-done", done.failure
+                rerun = await runtime.runs.rerun(run.id, run_id="r" * MAX_ID_LENGTH)
+                assert rerun.source.source_run_id == run.id
+
+        self.run(body)
+
     def test_durable_step_replays_its_stored_output(self, lanes: LaneFactory) -> None:
         calls: list[str] = []
 

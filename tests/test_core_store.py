@@ -438,7 +438,7 @@ def test_run_index_entries_follow_the_status():
     iso = encode_iso_date(T0)
     assert entries == {
         StorageIndexName.RUNS_RUNNABLE: ((ENV_KEY, "q"), (iso, "r")),
-        StorageIndexName.RUNS_BY_SOURCE_RUN: ((ENV_KEY, "parent"), (iso, "r")),
+        StorageIndexName.RUNS_BY_SOURCE_RUN: ((ENV_KEY, "parent"), (iso,)),
     }
     lease = RunLease(worker_id="w", token="t", claimed_at=T0, expires_at=T0 + timedelta(minutes=1))
     running = run.model_copy(

@@ -500,11 +500,11 @@ def run_index_entries(run: RunRecord, bounded: Collection[str] = ()) -> tuple[St
                 )
     source = run.source
     if source is not None and source.source_run_id is not None:
+        # By creation time alone, as a wait's entry: the run id after the source's made the entry of a child
+        # or rerun with a long id of a run with one over a lane's index entry limit (its trigger was refused).
         entries.append(
             _index_entry(
-                StorageIndexName.RUNS_BY_SOURCE_RUN,
-                (env, source.source_run_id),
-                (encode_iso_date(run.created_at), run_id),
+                StorageIndexName.RUNS_BY_SOURCE_RUN, (env, source.source_run_id), (encode_iso_date(run.created_at),)
             )
         )
     return tuple(entries)

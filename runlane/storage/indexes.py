@@ -39,8 +39,9 @@ class StorageIndexName(enum.StrEnum):
     # Terminal runs by finish time, for pruning.
     #   partition (environment,)                   sort (finished_at, run_id)
     RUNS_TERMINAL_BY_FINISHED_AT = "runs_terminal_by_finished_at"
-    # Linked children of a source run (rerun, manual retry, child triggers).
-    #   partition (environment, source_run_id)     sort (created_at, run_id)
+    # Linked children of a source run (rerun, manual retry, child triggers); the record key, the run id,
+    # orders ties.
+    #   partition (environment, source_run_id)     sort (created_at,)
     RUNS_BY_SOURCE_RUN = "runs_by_source_run"
     # One run's history and child rows, for replay, attempts and pruning cleanup.
     #   partition (environment, run_id)            sort (sequence,)       sequence as a sortable u64
