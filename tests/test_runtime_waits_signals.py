@@ -267,6 +267,34 @@ async def test_waiting_for_a_run_still_to_come_resumes_once_it_is_created_and_fi
         assert done.id == waiter.id and done.output == "resumed"
 
 
+async def test_a_wait_for_a_missing_run_that_is_not_recorded_is_not_reported_as_waiting(caplog):
+    """The warning that a run waits for a run that does not exist is for a wait that was recorded: not for a
+    handler that returned such a wait after its cancellation was requested (the run is cancelled) or with
+    meta too large to store (the attempt failed)."""
+    started = asyncio.Event()
+
+    @task("waits.for.missing")
+    async def handler(payload: dict, ctx: TaskContext):
+        if payload.get("cancelled"):
+            started.set()
+            await ctx.signal.wait()
+        return ctx.wait_for_run("run_never", meta={"note": "n" * payload.get("size", 1)})
+
+    runtime, _ = make_runtime(handler)
+    caplog.set_level(logging.WARNING, logger="runlane.task")
+    async with runtime:
+        run = (await runtime.trigger(handler, {"cancelled": True})).run
+        execution = asyncio.ensure_future(runtime.execute_next())
+        await asyncio.wait_for(started.wait(), 10)
+        await runtime.runs.cancel(run.id)
+        assert (await execution).status is RunStatus.CANCELLED
+        too_large = await runtime.run_now(handler, {"size": 500_000})
+        assert too_large.status is RunStatus.FAILED and too_large.failure.code is ErrorCode.TASK_OUTPUT_INVALID
+        assert not [record for record in caplog.records if "waits for run" in record.getMessage()]
+        assert (await runtime.run_now(handler, {})).status is RunStatus.RELEASED
+        assert len([record for record in caplog.records if "waits for run run_never" in record.getMessage()]) == 1
+
+
 async def test_a_wait_for_a_run_that_never_comes_ends_at_its_timeout(caplog):
     @task("waits.with.timeout")
     async def patient(payload: dict, ctx: TaskContext):

@@ -1749,7 +1749,6 @@ class _Attempt:
 
     async def complete(self, outcome: _Outcome) -> AttemptResult:
         runtime = self.runtime
-        outcome = await self._checked_wait(outcome)
         request = CompletionRequest(self.run_id, self.outcome_build(outcome), self.token, self.run)
         try:
             try:
@@ -1777,36 +1776,34 @@ class _Attempt:
         if result.outbox:  # a release whose awaited run had already finished: resumed in the same commit
             await runtime.publish_resumed([result])
         _log_failed_attempt(result.run, outcome)
+        await self._check_wait(result.run)
         return AttemptResult(result.run)
 
-    async def _checked_wait(self, outcome: _Outcome) -> _Outcome:
-        """A ``wait_for_run`` of a run that does not exist is a wait for a run still to come (a known id a
-        producer triggers later): the release stands. Without a timeout nothing else resumes it, and a
-        mistyped id (or a run already pruned) is the likelier cause, so that is logged."""
-        release = outcome.release
+    async def _check_wait(self, run: RunRecord) -> None:
+        """A recorded ``wait_for_run`` of a run that does not exist is a wait for a run still to come (a known
+        id a producer triggers later): the release stands. Without a timeout nothing else resumes it, and a
+        mistyped id (or a run already pruned) is the likelier cause, so that is logged. Not for an outcome
+        recorded as something else (a cancellation requested meanwhile, a release too large to store)."""
+        wait = run.wait
         if (
-            release is None
-            or release.wait_type is not RunWaitConditionType.RUN_COMPLETION
-            or release.run_id is None
-            or release.timeout_ms is not None
+            run.status is not RunStatus.RELEASED
+            or wait is None
+            or wait.type is not RunWaitConditionType.RUN_COMPLETION
+            or wait.timeout_at is not None
         ):
-            return outcome
+            return
         try:
-            if await self.runtime.store.get_run(release.run_id) is not None:
-                return outcome
-        except RunlaneError as error:
-            if not error.retryable:
-                raise
-            return outcome  # storage is away: the release is written as it is (its write rides the outage out)
-        run = self.run
+            if await self.runtime.store.get_run(wait.run_id) is not None:
+                return
+        except RunlaneError:
+            return  # storage is away (or the record unreadable): the release is recorded; this is only advice
         _task_log.warning(
             "Run %s (task %s) waits for run %s, which does not exist in environment %r (a mistyped id, a run of "
             "another environment, or one already pruned?). Only a run created with that id and finished resumes "
             "it: give ctx.wait_for_run() a timeout, or cancel the run.",
-            run.id, run.task_id, release.run_id, run.environment.name,
-            extra=_log_fields(run) | {"waits_for": release.run_id},
+            run.id, run.task_id, wait.run_id, run.environment.name,
+            extra=_log_fields(run) | {"waits_for": wait.run_id},
         )  # fmt: skip
-        return outcome
 
     async def _submit_outcome(self, request: CompletionRequest) -> Any:
         self._storage_retry_s = 0.0  # a heartbeat's retries are over: the timers have stopped
