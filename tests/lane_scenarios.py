@@ -658,6 +658,29 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_a_run_of_the_longest_environment_name_waits_for_the_longest_signal_key(self, lanes: LaneFactory) -> None:
+        """With an environment name of 200 bytes, a run with an id as long as its trigger takes on the lane
+        (400 characters) waits for a signal key of 512 characters: on Postgres a key past 256 bytes took the
+        wait's index entry, which holds the run id too, past what the run's trigger had checked, over the
+        lane's index entry limit, so the release was recorded as a failed attempt."""
+
+        @task("approve")
+        async def approve(payload: dict, ctx: TaskContext) -> Any:
+            if ctx.attempt == 1:
+                return ctx.wait_for_signal("k" * MAX_ID_LENGTH)
+            return "resumed"
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), approve, environment="e" * 200)
+            async with runtime:
+                run = (await runtime.trigger(approve, {}, run_id="a" * 400)).run
+                released = await runtime.execute_next()
+                assert released.status is RunStatus.RELEASED, released.failure
+                assert [resumed.id for resumed in await runtime.signals.send("k" * MAX_ID_LENGTH)] == [run.id]
+                assert (await runtime.execute_next()).output == "resumed"
+
+        self.run(body)
+
     def test_a_run_with_the_longest_id_triggers_and_is_rerun_as_runs_with_the_longest_ids(
         self, lanes: LaneFactory
     ) -> None:

@@ -85,12 +85,12 @@ async def test_signal_send_limit_bounds_one_call():
 
 
 async def test_a_long_signal_key_resumes_runs_an_earlier_release_indexed_by_the_key_itself():
-    """A signal key past 512 bytes is indexed by its digest; a run released before that (its wait indexed
+    """A signal key past 256 bytes is indexed by its digest; a run released before that (its wait indexed
     by the key itself, then the run id) still resumes when the key is sent."""
     from runlane.core.store import _run_key, signal_wait_partition
     from runlane.storage import NewStorageRecord, StorageIndexEntry, StorageIndexName
 
-    report = "\u4e2d" * 300  # 900 bytes of UTF-8
+    report = "r" * 300  # a key of 313 bytes
     runtime, _ = make_runtime(wait_for_report)
     async with runtime:
         old, new = [(await runtime.trigger(wait_for_report, {"report": report, "ready_after": 2})).run for _ in "ab"]

@@ -3060,7 +3060,7 @@ class SignalsApi:
         # Runs another sender resumed first (or that stopped waiting meanwhile) leave the index with
         # that commit: the next page skips them, so a racing sender still resumes up to its limit.
         seen: set[str] = set()
-        # A key past 512 bytes is indexed by its digest; runs an earlier release left waiting on such a
+        # A key past 256 bytes is indexed by its digest; runs an earlier release left waiting on such a
         # key are indexed by the key itself, so that partition is read too.
         for partition in dict.fromkeys((signal_wait_partition(key), key)):
             while len(resumed) < wanted:

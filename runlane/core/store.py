@@ -289,24 +289,29 @@ def _index_entry(name: StorageIndexName, partition: tuple[str, ...], sort: tuple
     return StorageIndexEntry._trusted(name, partition, sort, encoded_partition, encoded_sort)
 
 
-# A caller's key (idempotency, singleton, concurrency) longer than this in UTF-8 is a part of its owner
-# record's key (a signal key, of its waits' index partition) by its digest: every lane then takes every key
-# the API accepts (512 characters of any script), where a record key is bounded (Postgres indexes at most
-# 2,704 bytes of one). Keys are ids, which never hold ':', so a digest cannot be taken for a key; the run
-# keeps the key itself.
+# A caller's key (idempotency, singleton, concurrency, step) longer than this in UTF-8 is a part of its
+# record's key by its digest: every lane then takes every key the API accepts (512 characters of any
+# script), where a record key is bounded (Postgres indexes at most 2,704 bytes of one). Keys are ids, which
+# never hold ':', so a digest cannot be taken for a key; the run keeps the key itself.
 _MAX_KEY_PART_BYTES: Final = 512
 
 
-def _key_part(key: str) -> str:
+# A signal key longer than this is its waits' index partition by its digest: their entries hold the run id
+# too (as their record key), and a key of this size keeps one within what the run's trigger() checked (the
+# run id and queue of its runnable entry) on every lane, with the longest environment name.
+_MAX_SIGNAL_PARTITION_BYTES: Final = 256
+
+
+def _key_part(key: str, max_bytes: int = _MAX_KEY_PART_BYTES) -> str:
     encoded = key.encode("utf-8")
-    if len(encoded) <= _MAX_KEY_PART_BYTES:
+    if len(encoded) <= max_bytes:
         return key
     return "sha256:" + hashlib.sha256(encoded).hexdigest()
 
 
 def signal_wait_partition(signal_key: str) -> str:
     """The partition component of the runs waiting on ``signal_key`` (their resume checks the key itself)."""
-    return _key_part(signal_key)
+    return _key_part(signal_key, _MAX_SIGNAL_PARTITION_BYTES)
 
 
 def idempotency_owner_key(env_key: str, task_id: str, key: str) -> StorageRecordKey:

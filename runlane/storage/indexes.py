@@ -28,7 +28,7 @@ class StorageIndexName(enum.StrEnum):
     # Timeout finalization: started running attempts by fixed attempt deadline.
     #   partition (environment,)                   sort (attempt_deadline_at, run_id)
     RUNS_NEEDING_TIMEOUT_FINALIZATION = "runs_needing_timeout_finalization"
-    # Signal waits: released runs waiting on one signal key (a key past 512 bytes by its digest); the
+    # Signal waits: released runs waiting on one signal key (a key past 256 bytes by its digest); the
     # record key, the run id, orders ties.
     #   partition (environment, signal_key)        sort (created_at,)
     RUNS_WAITING_FOR_SIGNAL = "runs_waiting_for_signal"
