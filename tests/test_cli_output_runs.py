@@ -62,6 +62,34 @@ async def test_each_executed_run_line_says_why_and_what_next() -> None:
     assert lines[4].endswith(expected[4])
 
 
+async def test_the_attempts_table_says_what_each_released_attempt_waited_for() -> None:
+    """`runlane runs attempts` showed nothing for an attempt that released without a reason: not whether it
+    waited for a time, a signal (which key) or another run. Nor did the run.released line of `runs get
+    --events` for a signal or run wait."""
+    clock = ControlledClock()
+    start = clock.now()
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[waits], clock=clock)
+    attempts, events = io.StringIO(), io.StringIO()
+    async with runtime:
+        for payload in ({"kind": "time"}, {"kind": "signal"}, {"kind": "run", "run_id": "run_export"}):
+            run = await runtime.run_now(waits, payload)
+            Output(stdout=attempts, stderr=io.StringIO(), width=300).attempts_table(
+                await runtime.runs.get(run.id), await runtime.runs.attempts(run.id)
+            )
+            Output(stdout=events, stderr=io.StringIO(), width=300).run_detail(run, await runtime.runs.events(run.id))
+        worker = f"actor=worker:{runtime.worker_id}"
+    assert [line.split("Z  ")[-1].strip() for line in attempts.getvalue().splitlines() if "released" in line] == [
+        f"released resume_at={_at(start, 300)}",
+        f"released waiting_for=signal:approved.q3 timeout_at={_at(start, 3600)}",
+        "released waiting_for=run:run_export",
+    ]
+    assert [line.split("run.released  ")[-1] for line in events.getvalue().splitlines() if "run.released" in line] == [
+        f"attempt=1 resume_at={_at(start, 300)} {worker}",
+        f"attempt=1 waiting_for=signal:approved.q3 timeout_at={_at(start, 3600)} {worker}",
+        f"attempt=1 waiting_for=run:run_export {worker}",
+    ]
+
+
 def _at(start: datetime, seconds: int) -> str:
     return (start + timedelta(seconds=seconds)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

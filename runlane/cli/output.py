@@ -212,18 +212,24 @@ def _what_next(run: Any) -> str:
         parts.append(f"error={display_value(run.failure.code)}")
     if display_value(run.status) == "retrying":
         parts.append(f"retry_at={iso(run.run_at)}")
-    wait = run.wait
-    if wait is not None:
-        kind = display_value(wait.type)
-        if kind == "signal":
-            parts.append(f"waiting_for=signal:{wait.signal_key}")
-        elif kind == "run_completion":
-            parts.append(f"waiting_for=run:{wait.run_id}")
-        else:
-            parts.append(f"resume_at={iso(wait.resume_at)}")
-        if getattr(wait, "timeout_at", None) is not None:
-            parts.append(f"timeout_at={iso(wait.timeout_at)}")
+    if run.wait is not None:
+        parts.extend(_wait_parts(run.wait))
     return "".join(f" {part}" for part in parts)
+
+
+def _wait_parts(wait: Any) -> list[str]:
+    """What a release waits for: ``waiting_for=signal:KEY``, ``waiting_for=run:ID`` or ``resume_at=T``, then
+    the wait's ``timeout_at``."""
+    kind = display_value(wait.type)
+    if kind == "signal":
+        parts = [f"waiting_for=signal:{wait.signal_key}"]
+    elif kind == "run_completion":
+        parts = [f"waiting_for=run:{wait.run_id}"]
+    else:
+        parts = [f"resume_at={iso(wait.resume_at)}"]
+    if getattr(wait, "timeout_at", None) is not None:
+        parts.append(f"timeout_at={iso(wait.timeout_at)}")
+    return parts
 
 
 def plural(count: int, noun: str) -> str:
@@ -1180,28 +1186,36 @@ def attempt_details(run: Any, attempts: Sequence[Any]) -> list[str]:
 
 
 def attempt_detail(attempt: Any, *, ended: bool = False) -> str:
-    """What an attempt ended with: its failure, when it is retried, why it released, or its output.
-    An ``ended`` attempt that is still ``running`` recorded no outcome."""
+    """What an attempt ended with: its failure, when it is retried, why it released and what for, or its
+    output. An ``ended`` attempt that is still ``running`` recorded no outcome."""
     if ended and attempt.status == "running":
         return "no outcome: its worker stopped (crashed, was killed, or lost the lease)"
     if attempt.failure is not None:
         return failure_text(attempt.failure)
     if attempt.retry_at is not None:
         return f"retry at {iso(attempt.retry_at)}"
-    if attempt.release_reason:
-        return f"released: {attempt.release_reason}"
+    if display_value(attempt.status) == "released":
+        released = f"released: {attempt.release_reason}" if attempt.release_reason else "released"
+        wait = attempt.release_wait
+        waited = _wait_parts(wait) if wait is not None else []
+        if wait is None and attempt.resume_at is not None:
+            waited = [f"resume_at={iso(attempt.resume_at)}"]
+        return " ".join([released, *waited])
     if attempt.has_output:
         return f"output {_compact(attempt.output)}"
     return ""
 
 
 def event_detail(event: Any) -> str:
-    """One event's notable fields on a line: attempt, reason, times, failure, actor."""
+    """One event's notable fields on a line: attempt, reason, times, what a release waits for, failure, actor."""
     parts: list[str] = []
     for name in ("attempt", "reason", "retry_at", "resume_at", "run_at"):
         value = getattr(event, name, None)
         if value is not None and not isinstance(value, BaseModel):
             parts.append(f"{name}={display_value(value)}")
+    wait = getattr(event, "wait", None)
+    if isinstance(wait, BaseModel) and display_value(getattr(wait, "type", None)) != "time":  # resume_at is above
+        parts.extend(_wait_parts(wait))
     failure = getattr(event, "failure", None)
     if failure is not None:
         parts.append(f"failure={failure_text(failure)}")
