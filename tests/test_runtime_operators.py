@@ -625,6 +625,36 @@ async def test_list_cursor_is_bound_to_its_filter_and_sort():
         await rejects(ErrorCode.VALIDATION_FAILED, runtime.runs.list(limit=2, cursor=events_cursor, **base))
 
 
+async def test_list_cursor_continues_whatever_the_order_of_the_filter_values():
+    # Filter values are sets: a request naming them in another order (query parameters, or a Python set
+    # whose order changes from process to process) is the same listing and continues its cursor.
+    runtime, clock = make()
+    async with runtime:
+        for index in range(4):
+            clock.advance("1s")
+            await runtime.trigger(work, {"mode": "ok", "n": index})
+            await runtime.trigger(mail, {"n": index})
+        await runtime.execute_next(queues=[EMAILS])
+        first = await runtime.runs.list(
+            limit=3, statuses=["queued", "succeeded"], task_ids=["ops.work", "ops.mail"], queues=[DEFAULT, EMAILS]
+        )
+        assert first.next_cursor is not None
+        rest = await runtime.runs.list(
+            cursor=first.next_cursor,
+            statuses=[RunStatus.SUCCEEDED, RunStatus.QUEUED],
+            task_ids=["ops.mail", "ops.work"],
+            queues=["emails", "default"],
+        )
+        assert len(first.data) + len(rest.data) == 8
+        assert not {s.id for s in first.data} & {s.id for s in rest.data}
+        run_id = first.data[-1].id
+        types = [RunEventType.CREATED, RunEventType.DELIVERY_REQUESTED]
+        events = await runtime.runs.events(run_id, limit=1, types=types)
+        assert events.next_cursor is not None
+        more = await runtime.runs.events(run_id, cursor=events.next_cursor, types=types[::-1])
+        assert [e.sequence for e in events.data + more.data] == [1, 2]
+
+
 @pytest.mark.parametrize("cursor", ["garbage", "not a cursor!", "e30", "eyJ2IjoxfQ", "\u00e9t\u00e9", ""])
 async def test_list_rejects_garbage_cursors(cursor):
     runtime, _ = make()

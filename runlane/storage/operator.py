@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..defaults import contract_defaults
 from ..errors import ErrorCode, RunlaneError
@@ -57,6 +57,12 @@ class TimeRange(RunlaneModel, metaclass=CallerBuilt):
         return (self.start is None or value >= self.start) and (self.end is None or value <= self.end)
 
 
+def _value_set(values: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """A filter's values in one canonical order, each once: a filter matches any of them, so two requests
+    naming the same values in another order are one listing and share its cursors."""
+    return None if values is None else tuple(sorted(set(values)))
+
+
 class RunFilter(RunlaneModel):
     environment: Environment
     statuses: tuple[RunStatus, ...] | None = None
@@ -71,6 +77,8 @@ class RunFilter(RunlaneModel):
     sort_by: RunSortField = contract_defaults.sort.runs.field  # type: ignore[assignment]
     sort_direction: SortDirection = contract_defaults.sort.runs.direction
 
+    _value_sets = field_validator("statuses", "task_ids", "queues")(_value_set)
+
 
 class RunEventFilter(RunlaneModel):
     environment: Environment
@@ -79,6 +87,8 @@ class RunEventFilter(RunlaneModel):
     occurred_at: TimeRange | None = None
     sort_by: RunEventSortField = contract_defaults.sort.run_events.field  # type: ignore[assignment]
     sort_direction: SortDirection = contract_defaults.sort.run_events.direction
+
+    _value_sets = field_validator("types")(_value_set)
 
     @model_validator(mode="after")
     def _sequence_needs_run(self) -> RunEventFilter:
