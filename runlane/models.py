@@ -85,7 +85,10 @@ T = TypeVar("T")
 
 def _utc(value: datetime) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError("datetimes must be timezone-aware (use datetime.now(UTC) or attach a tzinfo)")
+        raise ValueError(
+            "datetimes must be timezone-aware, such as datetime(2026, 1, 1, tzinfo=UTC) or datetime.now(UTC); "
+            "a date, or a time without an offset, has no zone"
+        )
     try:
         return value.astimezone(UTC)
     except OverflowError:

@@ -1714,13 +1714,14 @@ async def test_bad_list_and_event_options_name_the_option_and_what_it_must_be():
 
 
 def test_a_time_range_built_with_bad_bounds_is_validation_failed():
-    from datetime import UTC, datetime
+    from datetime import UTC, date, datetime
 
     from runlane.storage import TimeRange
 
     for bounds, says in (
         ({"start": datetime(2030, 1, 1, tzinfo=UTC), "end": datetime(2020, 1, 1, tzinfo=UTC)}, "must not end before"),
         ({"start": datetime(2030, 1, 1)}, "start: datetimes must be timezone-aware"),
+        ({"start": date(2030, 1, 1)}, "such as datetime(2026, 1, 1, tzinfo=UTC) or datetime.now(UTC); a date"),
     ):
         with pytest.raises(RunlaneError) as raised:
             TimeRange(**bounds)
@@ -1733,6 +1734,10 @@ async def test_one_bare_string_is_one_filter_value():
     async with runtime:
         run = await runtime.run_now(work, {"mode": "ok"})
         assert [s.id for s in (await runtime.runs.list(task_ids=work.id)).data] == [run.id]
+        # A task definition stands for its id, as in trigger().
+        assert [s.id for s in (await runtime.runs.list(task_ids=[work])).data] == [run.id]
+        assert [s.id for s in (await runtime.runs.list(task_ids=work)).data] == [run.id]
+        assert [s.id for s in (await runtime.runs.list(task_ids=[work, work.id])).data] == [run.id]
         assert [s.id for s in (await runtime.runs.list(statuses="succeeded")).data] == [run.id]
         assert (await runtime.runs.list(statuses="queued")).data == []
         events = (await runtime.runs.events(run.id, types="run.succeeded")).data

@@ -2559,6 +2559,10 @@ def _listed(values: Any, field: str, what: str) -> tuple[Any, ...] | None:
         ) from None
 
 
+def _task_id_of(value: Any) -> Any:
+    return value.id if isinstance(value, TaskDefinition) else value
+
+
 def _whole(limit: Any) -> Any:
     """``limit`` unless it is not a whole number (``True`` or ``"2"`` would pass pydantic as 1 and 2)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
@@ -2676,7 +2680,7 @@ class RunsApi:
         cursor: str | None = None,
         limit: int | None = None,
         statuses: Sequence[RunStatus | RunStatusName] | None = None,
-        task_ids: Sequence[str] | None = None,
+        task_ids: Sequence[TaskDefinition | str] | None = None,
         queues: Sequence[QueueDefinition | str] | None = None,
         idempotency_key: str | None = None,
         singleton_key: str | None = None,
@@ -2695,7 +2699,11 @@ class RunsApi:
                           ("source run id", source_run_id)):  # fmt: skip
             if key is not None:
                 validate_id(key, what, code=ErrorCode.VALIDATION_FAILED)
-        listed_task_ids = _listed(task_ids, "task_ids", "task ids")
+        # A task definition stands for its id, as in trigger() (and a queue definition for its name).
+        given = (task_ids,) if isinstance(task_ids, TaskDefinition) else task_ids
+        listed_task_ids = _listed(given, "task_ids", "task ids")
+        if listed_task_ids is not None:
+            listed_task_ids = tuple(dict.fromkeys(_task_id_of(task_id) for task_id in listed_task_ids))
         if listed_task_ids is not None and len(listed_task_ids) > _MAX_FILTER_VALUES:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
