@@ -150,6 +150,7 @@ _STOP_RECHECK_S = 0.5
 _STOP_CLAIM_S = 0.005  # how often it looks again while a claim is being written
 # Cancellation notices no attempt of the registry matched, kept for an attempt that registers later (most
 # are for attempts of other processes, which never register here: the oldest are dropped past this).
+_STEP_KEYS_LOCK = threading.Lock()  # around ``_Attempt.step_key_lock``'s lookup (def handlers' threads)
 _UNMATCHED_NOTICES = 1024
 _NO_NOTICE: Any = object()  # ``register``: no notice was kept for the run
 
@@ -897,6 +898,15 @@ class StepRunner:
             return await self._run_step(key, fn, adapter)
 
     async def _run_step(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
+        # One call of a key at a time: a second one (side by side in asyncio.gather) waits, then reads what
+        # the first stored instead of calling its fn again.
+        attempt = self._attempt
+        lock = attempt.step_key_lock(key, asyncio.Lock, asyncio.current_task())
+        async with lock:
+            with attempt.step_key_held(key, asyncio.current_task()):
+                return await self._run_step_alone(key, fn, adapter)
+
+    async def _run_step_alone(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
         attempt = self._attempt
         store = attempt.runtime.store
         what = f"step {key!r}"
@@ -913,6 +923,12 @@ class StepRunner:
         return returned
 
     def _run_blocking(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
+        attempt = self._attempt
+        with attempt.step_key_lock(key, threading.Lock, threading.get_ident()):  # a def handler's threads
+            with attempt.step_key_held(key, threading.get_ident()):
+                return self._run_blocking_alone(key, fn, adapter)
+
+    def _run_blocking_alone(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
         attempt = self._attempt
         store = attempt.runtime.store
         what = f"step {key!r}"
@@ -1109,6 +1125,8 @@ class _Attempt:
         "_calls",
         "_steps",
         "_steps_running",
+        "_step_keys_running",
+        "_step_key_holders",
         "_task_context",
     )
 
@@ -1158,6 +1176,9 @@ class _Attempt:
         self._calls: list[tuple[Coroutine[Any, Any, Any], str]] = []
         # Step calls of an ``async def`` handler that have started and not ended (see ``settle_steps``).
         self._steps_running: set[asyncio.Future[None]] = set()
+        # Step key -> what a second call of that key waits for while a first one of this attempt runs it.
+        self._step_keys_running: dict[str, Any] = {}  # asyncio.Lock, or threading.Lock in a def handler
+        self._step_key_holders: dict[str, object] = {}  # step key -> the task or thread running it
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -1887,6 +1908,33 @@ class _Attempt:
             await runtime.observe_step(step, self.run)
 
     # -- child triggers --------------------------------------------------------------------------
+
+    def step_key_lock(self, key: str, kind: type[asyncio.Lock] | type[threading.Lock], caller: object) -> Any:
+        """The lock calls of step ``key`` in this attempt take in turn (made on first use; kept for the
+        attempt, one per key it runs). A call from inside the ``fn`` of the same key (``caller``, its task or
+        thread, holds it) would wait for itself: it is refused instead."""
+        with _STEP_KEYS_LOCK:
+            if self._step_key_holders.get(key) == caller:
+                raise RunlaneError(
+                    ErrorCode.CONFIGURATION_INVALID,
+                    f"ctx.step.run({key!r}) was called from inside the fn of that same step; give the inner step "
+                    "a key of its own.",
+                    meta={"step_key": key},
+                )
+            lock = self._step_keys_running.get(key)
+            if lock is None:
+                lock = self._step_keys_running[key] = kind()
+        return lock
+
+    @contextlib.contextmanager
+    def step_key_held(self, key: str, caller: object) -> Iterator[None]:
+        """Who runs step ``key`` now (under its ``step_key_lock``), for ``step_key_lock`` to tell a nested call."""
+        self._step_key_holders[key] = caller
+        try:
+            yield
+        finally:
+            with _STEP_KEYS_LOCK:
+                del self._step_key_holders[key]
 
     @contextlib.contextmanager
     def step_running(self) -> Iterator[None]:
