@@ -429,16 +429,17 @@ def _random_id(seed: str, length: int) -> str:
 
 async def test_ids_too_long_to_index_are_refused_up_front_and_an_outcome_fails_the_run_once(schemas: Schemas) -> None:
     """Valid ids and keys of a few hundred characters each can add up past a btree entry. A trigger is
-    refused before anything is written; an outcome (a wait for a long signal key) fails its run at once
-    instead of failing to commit, leaving the run running, and running the handler again."""
-    run_id, signal_key = _random_id("run", 450), _random_id("signal", 450)
+    refused before anything is written; an outcome (a wait for a run of a long non-ASCII id, which this
+    lane could never hold) fails its run at once instead of failing to commit, leaving the run running,
+    and running the handler again."""
+    run_id, awaited = _random_id("run", 450), "\U0001f600" * 500
     calls: list[int] = []
     default = queue("default", default=True)
 
     @task("approvals.wait")
     async def wait_for_approval(payload: dict, ctx: TaskContext) -> Any:
         calls.append(ctx.attempt)
-        return ctx.wait_for_signal(signal_key, timeout="1d")
+        return ctx.wait_for_run(awaited, timeout="1d")
 
     lane = postgres_polling_lane(schemas.url, schema=await schemas.migrated())
     clock = ControlledClock()
