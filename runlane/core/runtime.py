@@ -720,6 +720,7 @@ class Runlane:
         if self._closed:
             return
         self._closed = True
+        self._wake_finish_waiters()  # a pending runs.wait() ends now, saying the runtime is closed
         workers = list(self._workers)
         for worker in workers:
             worker.request_stop()
@@ -960,9 +961,13 @@ class Runlane:
         if result.completion_waiters:
             await self._resume_waiters_riding_out(result.run.id)
 
-    def _wake_finish_waiters(self, run_id: str) -> None:
+    def _wake_finish_waiters(self, run_id: str | None = None) -> None:
+        """Wake the ``runs.wait()`` calls for ``run_id`` (``None``: every one, as the runtime closes)."""
         with self._state_lock:
-            waiters = self._finish_waiters.pop(run_id, ())
+            if run_id is None:
+                waiters: Iterable[asyncio.Future[None]] = [f for group in self._finish_waiters.values() for f in group]
+            else:
+                waiters = self._finish_waiters.pop(run_id, ())
         for future in waiters:
             with contextlib.suppress(RuntimeError):  # its loop is closed: nobody is waiting any more
                 future.get_loop().call_soon_threadsafe(_wake_future, future)
@@ -2636,9 +2641,13 @@ class RunsApi:
         interval = _WAIT_FIRST_S
         with runtime._finish_waiter(checked) as finished:  # registered before the first read: no commit is missed
             while True:
+                runtime._check_open()  # closed meanwhile: its lane answers nothing more
                 try:
                     run: RunRecord | None = await runtime._store.get_visible_run(checked)
                 except RunlaneError as error:
+                    # The lane closed under this read: say so, not what the closed lane answered (a
+                    # closed pool's retryable storage_unavailable would be waited out to the timeout).
+                    runtime._check_open()
                     # A storage outage (a database restarting) is waited out like the run itself, up to
                     # the timeout: the run goes on meanwhile, and the wait's caller only wants its end.
                     if not error.retryable or (deadline is not None and loop.time() >= deadline):
