@@ -276,6 +276,22 @@ async def test_a_def_handler_waiting_for_its_signal_times_out_at_its_deadline():
     assert clock.now() == START + timedelta(minutes=1)
 
 
+async def test_a_handler_waiting_for_its_signal_past_max_advance_fails_the_test_instead_of_hanging_it():
+    """Its deadline, the only thing that can end it, lies past max_advance: the call hung for ever, as the
+    clock was never moved there and the attempt never ended."""
+    import asyncio
+
+    runlane, clock = make_runtime(stops_when_told)
+    async with runlane:
+        run = (await runlane.trigger(stops_when_told, {})).run
+        with pytest.raises(RuntimeError, match=r"waits for its signal alone") as raised:
+            await asyncio.wait_for(run_until_idle(runlane, clock, max_advance="59s"), 10)
+        message = str(raised.value)
+        assert run.id in message and "idle.stops_when_told" in message
+        assert "2026-01-01T00:01:00Z" in message and "max_advance" in message
+        assert clock.now() == START  # not moved past max_advance
+
+
 async def test_without_tick_a_run_whose_worker_died_is_claimed_again_when_its_lease_expires():
     runlane, clock = make_runtime(timed)
     async with runlane:

@@ -10,6 +10,7 @@ timeouts and schedules then play out in one call, without sleeping and without h
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 
@@ -43,6 +44,9 @@ _PAGE = 100
 _SHOWN_ACTIVE = 5
 # How long (real time) an attempt may run before its handler is checked for waiting on its signal alone.
 _BLOCKED_CHECK_S = 0.02
+# How long (real time) a handler may keep waiting for its signal alone, its deadline out of reach, before
+# the call fails instead of waiting for ever.
+_STUCK_S = 0.5
 
 
 def _invalid(message: str, field: str) -> RunlaneError:
@@ -106,7 +110,8 @@ async def run_until_idle(
     runtime's tasks or the retry of a ``run_at`` fire time that met a singleton conflict (its claim
     expiring). A run waiting for a signal or another run without a timeout is not due: it stays
     released. An attempt whose handler waits for its signal alone (``await ctx.signal.wait()``) can only
-    end at its ``max_attempt_duration`` deadline: the clock moves there while it waits.
+    end at its ``max_attempt_duration`` deadline: the clock moves there while it waits, and a deadline
+    past ``max_advance`` raises ``RuntimeError`` naming the run instead of waiting for ever.
 
     It returns when nothing is left to become due, or when the next due time lies more than
     ``max_advance`` after the clock's time at the call; the clock is then left at the last due time it
@@ -152,16 +157,26 @@ async def _execute_due(
 
 async def _execute_next(runlane: Runlane, clock: ControlledClock, horizon: datetime) -> RunRecord | None:
     """``runlane.execute_next()``; while its handler waits for its signal alone (``await ctx.signal.wait()``),
-    only its ``max_attempt_duration`` deadline can end it, so the clock moves there, as far as ``horizon``."""
+    only its ``max_attempt_duration`` deadline can end it, so the clock moves there, as far as ``horizon``;
+    a handler that keeps waiting with its deadline past ``horizon`` raises ``RuntimeError``, as nothing
+    will end it."""
     executing = asyncio.ensure_future(runlane.execute_next())
+    stuck_since: float | None = None
     try:
         while True:
             done, _ = await asyncio.wait({executing}, timeout=_BLOCKED_CHECK_S)
             if done:
                 return executing.result()
-            deadlines = [at for at in runlane.registry.signal_waiting_deadlines() if at <= horizon]
+            waiting = runlane.registry.signal_waiting_deadlines()
+            deadlines = [at for at in waiting if at <= horizon]
             if deadlines and min(deadlines) > clock.now():
                 clock.set(min(deadlines))
+            if deadlines or not waiting:
+                stuck_since = None
+            elif stuck_since is None:
+                stuck_since = time.monotonic()
+            elif time.monotonic() - stuck_since >= _STUCK_S:
+                raise RuntimeError(await _stuck_message(runlane, min(waiting), horizon))
     finally:
         if not executing.done():
             executing.cancel()
@@ -261,8 +276,23 @@ def _schedules(runlane: Runlane) -> list[ScheduleDefinition]:
 
 def _describe(run: RunSummary) -> str:
     due = _waiting_due_at(run) if run.status in _WAITING else None
-    when = "" if due is None else f", due {due.isoformat().replace('+00:00', 'Z')}"
+    when = "" if due is None else f", due {_utc(due)}"
     return f"{run.id} ({run.task_id}, {run.status.value}{when})"
+
+
+def _utc(at: datetime) -> str:
+    return at.isoformat().replace("+00:00", "Z")
+
+
+async def _stuck_message(runlane: Runlane, deadline: datetime, horizon: datetime) -> str:
+    page = await runlane.runs.list(limit=_SHOWN_ACTIVE, statuses=list(_HELD))
+    shown = "; ".join(_describe(run) for run in page.data) or "none listed"
+    return (
+        f"run_until_idle() is executing a run whose handler waits for its signal alone ({shown}): only its "
+        f"max_attempt_duration deadline, {_utc(deadline)}, can end it, and that lies past max_advance (the "
+        f"clock moves as far as {_utc(horizon)}). Pass a larger max_advance=, or have the handler return "
+        "(a release, say) instead of waiting for ctx.signal."
+    )
 
 
 async def _runaway_message(runlane: Runlane, executed: list[RunRecord], limit: int) -> str:
