@@ -7,7 +7,17 @@ import threading
 
 import pytest
 
-from runlane import DeliveryMessage, ErrorCode, Retry, RunlaneError, RunStatus, TaskContext, create_runlane, task
+from runlane import (
+    DeliveryMessage,
+    ErrorCode,
+    Retry,
+    RunlaneError,
+    RunStatus,
+    TaskContext,
+    WorkerMode,
+    create_runlane,
+    task,
+)
 from runlane_local import sqlite_lane
 
 from runtime_support import DEFAULT_QUEUE, make_runtime
@@ -140,21 +150,43 @@ async def test_close_waits_for_an_attempt_of_the_sync_facade():
     assert [run.status for run in results] == [RunStatus.SUCCEEDED]
 
 
-async def test_close_called_by_a_handler_does_not_wait_for_that_handler():
-    closed: list[bool] = []
+@pytest.mark.parametrize("how", ["execute_next", "worker", "sync"])
+async def test_close_called_by_its_own_handler_is_refused_instead_of_waiting_for_that_handler(how):
+    """close() waits for the runtime's attempts: called by one of their handlers it would wait for itself
+    (a worker's never ended). It is refused, saying what to do; a task the handler starts may close it."""
+    background: list[asyncio.Task] = []
 
     @task("closes.its.runtime")
-    async def closes(payload: dict) -> None:
-        await asyncio.wait_for(runtime.close(), 2)
-        closed.append(runtime.closed)
+    async def closes(payload: dict, ctx: TaskContext) -> str:
+        if ctx.source is None:  # the first run; its rerun closes the runtime from a task of its own
+            await runtime.close()
+        background.append(asyncio.create_task(runtime.close()))  # goes on once the handler returns
+        await ctx.signal.wait()
+        return "closed in the background"
 
-    runtime, _ = make_runtime(closes)
+    @task("closes.sync")
+    def closes_sync(payload: dict, ctx: TaskContext) -> str:
+        runtime.sync.close()
+        return "unreachable"
+
+    runtime, _ = make_runtime(closes, closes_sync)
     await runtime.start()
-    await runtime.trigger(closes, {})
-    with pytest.raises(RunlaneError) as raised:  # the lane closed under the attempt: its outcome is not written
-        await asyncio.wait_for(runtime.execute_next(), 5)
-    assert raised.value.code is ErrorCode.STORAGE_UNAVAILABLE
-    assert closed == [True]
+    run = (await runtime.trigger(closes_sync if how == "sync" else closes, {})).run
+    if how == "worker":
+        worker = runtime.worker(mode=WorkerMode.DRAIN, max_runs=1)
+        await asyncio.wait_for(worker.closed, 10)
+        done = await runtime.runs.get(run.id)
+    else:
+        done = await asyncio.wait_for(runtime.execute_next(), 10)
+    assert done.status is RunStatus.FAILED and done.failure.code is ErrorCode.CONFIGURATION_INVALID
+    assert not runtime.closed
+    if how == "sync":
+        await runtime.close()
+        return
+    again = await runtime.runs.rerun(run.id)
+    assert (await asyncio.wait_for(runtime.execute_next(), 10)).output == "closed in the background"
+    await asyncio.wait_for(background[0], 10)
+    assert runtime.closed and again.source.source_run_id == run.id
 
 
 @task("close.quick")

@@ -297,6 +297,8 @@ class CancellationRegistry:
         meanwhile is stopped at once and waited for too. Not waited for: attempts whose event loop no
         longer runs (they cannot finish), and the attempt whose task calls this (it would wait for itself)."""
         own = _current_attempt.get()
+        if own is not None and not own.handler_is_caller():
+            own = None  # a task its handler started: the attempt is stopped and waited for like any other
         own_claim = _claim_in_flight.get()
         with self._lock:
             self._stop_reason = reason
@@ -1115,6 +1117,7 @@ class _Attempt:
         "_cancellation_check",
         "_cancellation_check_deferred",
         "_handler_task",
+        "_handler_runner",
         "_handler_cancelled",
         "_unwatch_clock",
         "_heartbeat_clock_due",
@@ -1160,6 +1163,7 @@ class _Attempt:
         self._cancellation_check: asyncio.Task[None] | None = None  # held so the task is not collected
         self._cancellation_check_deferred = False
         self._handler_task: asyncio.Future[Any] | None = None  # an async def handler's, to cancel at its deadline
+        self._handler_runner: asyncio.Future[Any] | None = None  # the task that runs (or awaits) the handler
         self._handler_cancelled = False
         self._unwatch_clock: Callable[[], None] | None = None
         # On a clock moved by hand: the clock time the next heartbeat is due (see ``_clock_moved``).
@@ -1181,6 +1185,13 @@ class _Attempt:
         self._step_key_holders: dict[str, object] = {}  # step key -> the task or thread running it
 
     # -- threads -----------------------------------------------------------------------------------
+
+    def handler_is_caller(self) -> bool:
+        """Whether the code running here is this attempt's handler itself (its task, or the thread of a
+        ``def`` handler), which cannot wait for the attempt to end; a task it started can."""
+        if self.on_loop_thread():
+            return asyncio.current_task() in (self._handler_task, self._handler_runner)
+        return True
 
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.loop_thread
@@ -1599,6 +1610,7 @@ class _Attempt:
     async def run_handler(self) -> _Outcome:
         definition = self.definition
         assert definition is not None
+        self._handler_runner = asyncio.current_task()  # an async def handler runs in it (or in _handler_task)
         # Also for a task that takes no payload: a payload stored before it stopped taking one is refused, as a
         # rerun of the run would be.
         try:
@@ -2076,6 +2088,30 @@ def _not_run_failure(run: RunRecord, definition: TaskDefinition | None) -> RunFa
 # The attempt whose handler (or anything it started) is running, so closing the runtime from there does
 # not wait for the very attempt that closes it.
 _current_attempt: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar("runlane_attempt", default=None)
+
+
+def waiting_for_itself(runtime: Runlane, what: str, worker_signal: object = None) -> RunlaneError | None:
+    """The error for ``what`` (``runlane.close()``, a worker's ``stop()``) called by a handler of
+    ``runtime`` (of that worker, whose stop signal is ``worker_signal``), which would wait for that very
+    handler to end: its own task for an ``async def`` handler, its thread for a ``def`` one. ``None`` when
+    the caller is anything else (a task the handler started to close the runtime in the background)."""
+    attempt = _current_attempt.get()
+    if attempt is None or attempt.runtime is not runtime:
+        return None
+    if worker_signal is not None and attempt.options.signal is not worker_signal:
+        return None  # another worker's attempt: this stop does not wait for it
+    if not attempt.handler_is_caller():
+        return None
+    if attempt.on_loop_thread():
+        later = "asyncio.create_task(...) of it, which goes on once the handler returns"
+    else:
+        later = "a call of it after the handler returns, from code other than the handler"
+    return RunlaneError(
+        ErrorCode.CONFIGURATION_INVALID,
+        f"{what} was called by the handler of run {attempt.run_id} and would wait for that handler to end; "
+        f"return from the handler first, or use {later}.",
+        meta={"run_id": attempt.run_id},
+    )
 
 
 def current_task_context() -> TaskContext | None:

@@ -129,6 +129,7 @@ from .attempt import (
     failure_outcome_events,
     log_timed_out_attempt,
     timed_out_failure,
+    waiting_for_itself,
 )
 from .authoring import (
     IdempotencyKeyTtl,
@@ -719,6 +720,9 @@ class Runlane:
         their outcomes are written before the lane closes."""
         if self._closed:
             return
+        refused = waiting_for_itself(self, "runlane.close()")
+        if refused is not None:
+            raise refused
         self._closed = True
         self._wake_finish_waiters()  # a pending runs.wait() ends now, saying the runtime is closed
         workers = list(self._workers)
