@@ -217,3 +217,19 @@ async def test_close_waits_for_an_attempt_whose_claim_is_still_being_written(tmp
         async with create_runlane(lane=sqlite_lane(path), queues=[DEFAULT_QUEUE], tasks=[quick]) as reader:
             stored = await reader.runs.get(run.id)
         assert stored is not None and stored.status is RunStatus.SUCCEEDED, (spins, stored)
+
+
+async def test_a_worker_stopped_by_the_handler_it_runs_is_refused_instead_of_waiting_for_that_handler():
+    handles: list = []
+
+    @task("stops.its.worker")
+    async def stops(payload: dict) -> None:
+        await handles[0].stop()
+
+    runtime, _ = make_runtime(stops)
+    async with runtime:
+        run = (await runtime.trigger(stops, {})).run
+        handles.append(runtime.worker(mode=WorkerMode.DRAIN, max_runs=1))
+        await asyncio.wait_for(handles[0].closed, 10)
+        done = await runtime.runs.get(run.id)
+    assert done.status is RunStatus.FAILED and done.failure.code is ErrorCode.CONFIGURATION_INVALID

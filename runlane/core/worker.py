@@ -160,7 +160,7 @@ class WorkerHandle:
 
     async def stop(self) -> None:
         """Stop the worker, wait for active attempts to finish, and return ``closed``'s result."""
-        refused = waiting_for_itself(self._runtime, "worker.stop()", self._stop)
+        refused = waiting_for_itself(self._runtime, "worker.stop()", self._stop.signal)
         if refused is not None:
             raise refused
         self.request_stop()
