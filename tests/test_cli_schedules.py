@@ -293,6 +293,43 @@ async def test_the_next_fire_time_shown_comes_after_a_high_water_mark_ahead_of_t
     assert item.latest_fire_at == at(2026, 1, 1, 9) and item.next_fire_at == at(2026, 1, 2, 9)
 
 
+async def test_a_fire_time_skipped_for_a_held_singleton_key_shows_as_skipped_not_as_a_run() -> None:
+    # The high-water mark moves past a recurring fire time that met a singleton conflict, with no run: an
+    # operator asking whether last night's report ran must not read that fire time as a run.
+    from runlane.cli.schedules import schedule_overview
+
+    reports = queue("reports", default=True)
+
+    @task("reports.daily", singleton_key="reports.daily", schedule=schedule("daily", cron="0 9 * * *", payload={}))
+    def daily(payload: dict) -> None:
+        return None
+
+    clock = ControlledClock(at(2026, 1, 1, 9, 30))
+    runtime = create_runlane(lane=local_lane(), queues=[reports], tasks=[daily], clock=clock)
+    async with runtime:
+        holder = (await runtime.trigger(daily, {})).run  # holds the singleton key at 09:00
+        assert (await runtime.tick()).materialized == 0
+        (item,) = await schedule_overview(runtime)
+        assert item.latest_fire_at == at(2026, 1, 1, 9)
+        document = item.to_json()
+        assert document["latest_fire_run_id"] is None and document["latest_fire_skipped"] is True
+        stdout = io.StringIO()
+        Output(stdout=stdout, stderr=io.StringIO(), width=200).schedules_table([item])
+        assert "2026-01-01T09:00:00.000Z (skipped)" in stdout.getvalue()
+
+        assert (await runtime.execute_next()).id == holder.id
+        clock.advance("1d")
+        assert (await runtime.tick()).materialized == 1
+        (item,) = await schedule_overview(runtime)
+        run = (await runtime.runs.list(task_ids=[daily])).data[0]
+    document = item.to_json()
+    assert document["latest_fire_at"] == "2026-01-02T09:00:00.000Z"
+    assert document["latest_fire_run_id"] == run.id and document["latest_fire_skipped"] is False
+    stdout = io.StringIO()
+    Output(stdout=stdout, stderr=io.StringIO(), width=200).schedules_table([item])
+    assert "(skipped)" not in stdout.getvalue()
+
+
 # ---------------------------------------------------------------------------------------------
 # Through the CLI
 

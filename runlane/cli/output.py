@@ -688,6 +688,8 @@ class Output:
                 upcoming, latest = document["next_fire_at"], document["latest_fire_at"]
                 if document["latest_fire_error"] is not None:
                     latest = Text("unreadable", style="red")
+                elif document["latest_fire_skipped"]:  # an active run held the task's singleton key then
+                    latest = Text(f"{latest} (skipped)", style="yellow")
                 table.add_row(
                     document["id"],
                     document["task_id"],

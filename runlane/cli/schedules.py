@@ -1,7 +1,8 @@
 """``runlane schedules``: every registered schedule, when it fires next, and what already fired here.
 
 Read-only. The latest fire time is the schedule's high-water mark in this environment: the latest fire
-time a maintenance pass (``runlane tick``, ``runlane dev``) materialized into a run, read from storage.
+time a maintenance pass (``runlane tick``, ``runlane dev``) materialized, read from storage, with the run
+it created, or none when an active run held the task's singleton key then (a skipped fire time).
 The next fire time is computed from the definition by the rules the materializer uses
 (``next_fire_time``): the first one after the runtime clock's ``now``, or after the high-water mark when
 that is later (no fire time at or before it is materialized again); a disabled schedule has none. A fire
@@ -20,6 +21,7 @@ from ..core.authoring import ScheduleDefinition, TaskDefinition
 from ..core.schedules import ScheduleOccurrences, next_fire_time
 from ..durations import format_duration
 from ..errors import RunlaneError
+from ..models import ScheduleOccurrence
 from ..vocabulary import ScheduleType
 from .main import OperationParams, operation, run_operation
 from .output import iso, plural
@@ -40,6 +42,9 @@ class ScheduleOverview:
     latest_fire_at: datetime | None
     latest_error: RunlaneError | None = None
     """Why the latest fire time could not be read (a corrupt record), when it could not."""
+    latest_run_ids: tuple[str, ...] | None = None
+    """The runs the latest fire time created: none when an active run held the task's singleton key then
+    (the fire time was skipped); ``None`` when unknown."""
 
     @property
     def expression(self) -> str:
@@ -74,6 +79,8 @@ class ScheduleOverview:
             "next_fire_at": iso(self.next_fire_at),
             "latest_fire_at": iso(self.latest_fire_at),
             "latest_fire_error": None if self.latest_error is None else self.latest_error.to_json(),
+            "latest_fire_run_id": self.latest_run_ids[0] if self.latest_run_ids else None,
+            "latest_fire_skipped": self.latest_run_ids == (),
         }
 
 
@@ -102,9 +109,13 @@ async def schedule_overview(runtime: Any) -> list[ScheduleOverview]:
     now = runtime.now()
     default = next((queue for queue in runtime.queues.values() if queue.default), None)
     occurrences = ScheduleOccurrences(runtime.lane.storage, runtime.environment)
-    latest = await occurrences.latest_fire_times([item.id for item, _ in registered])
+    latest = await occurrences.latest_fires([item.id for item, _ in registered])
+    occurrence_ids = [stored[0] for stored in latest if isinstance(stored, tuple)]
+    occurrences_by_id = dict(zip(occurrence_ids, await occurrences.get_many(occurrence_ids), strict=True))
     overview = []
     for (item, task), stored in zip(registered, latest, strict=True):
+        fired = stored[1] if isinstance(stored, tuple) else None
+        occurrence = occurrences_by_id.get(stored[0]) if isinstance(stored, tuple) else None
         # The queue its runs land on: the schedule's, else the task's, else the default (create_runlane
         # refuses a schedule with none of them).
         queue = item.queue or task.queue or default
@@ -113,18 +124,19 @@ async def schedule_overview(runtime: Any) -> list[ScheduleOverview]:
                 definition=item,
                 task_id=task.id,
                 queue="" if queue is None else queue.name,
-                next_fire_at=_next(item, now, stored) if item.enabled else None,
-                latest_fire_at=stored if isinstance(stored, datetime) else None,
+                next_fire_at=_next(item, now, fired) if item.enabled else None,
+                latest_fire_at=fired,
                 latest_error=stored if isinstance(stored, RunlaneError) else None,
+                latest_run_ids=tuple(occurrence.run_ids) if isinstance(occurrence, ScheduleOccurrence) else None,
             )
         )
     return overview
 
 
-def _next(item: ScheduleDefinition, now: datetime, latest: datetime | RunlaneError | None) -> datetime | None:
+def _next(item: ScheduleDefinition, now: datetime, latest: datetime | None) -> datetime | None:
     # A fire time at or before the high-water mark is never materialized: one a maintenance process whose
     # clock is ahead already materialized, or one a changed definition brings back, is not the next.
-    if isinstance(latest, datetime) and latest > now:
+    if latest is not None and latest > now:
         return next_fire_time(item, latest)
     return next_fire_time(item, now)
 
@@ -144,7 +156,8 @@ def schedules(ctx: typer.Context) -> None:
     """List the registered schedules with their next and latest fire times.
 
     The next fire time is the first one after now (none when the schedule is disabled or will not fire
-    again); the latest is the last one a maintenance pass (runlane tick, runlane dev) turned into a run
-    in this environment.
+    again); the latest is the last one a maintenance pass (runlane tick, runlane dev) handled in this
+    environment: it created a run (--json: latest_fire_run_id), or shows "(skipped)" when an active run
+    held the task's singleton key then, so that fire time has no run.
     """
     run_operation(ctx, "schedules")

@@ -527,16 +527,21 @@ class ScheduleOccurrences:
         """The latest materialized fire time of each schedule (its high-water mark), in request order, read
         in point-read-limit chunks: ``None`` for a schedule that has not fired in this environment, the
         ``invariant_violation`` of a record that does not decode (its neighbours are still read)."""
+        return [item[1] if isinstance(item, tuple) else item for item in await self.latest_fires(schedule_ids)]
+
+    async def latest_fires(self, schedule_ids: Sequence[str]) -> list[tuple[str, datetime] | RunlaneError | None]:
+        """As ``latest_fire_times``, each fire time with the id of its occurrence (``get_many`` reads the
+        runs it created: none when an active run held the task's singleton key at that fire time)."""
         size = self.driver.profile.limits.max_point_reads
-        found: list[datetime | RunlaneError | None] = []
+        found: list[tuple[str, datetime] | RunlaneError | None] = []
         for start in range(0, len(schedule_ids), size):
             keys = [_latest_key(self.env_key, item) for item in schedule_ids[start : start + size]]
             found.extend(None if record is None else self._try_latest(record) for record in await self.driver.get(keys))
         return found
 
-    def _try_latest(self, record: StorageRecord) -> datetime | RunlaneError:
+    def _try_latest(self, record: StorageRecord) -> tuple[str, datetime] | RunlaneError:
         try:
-            return self._decode_latest(record)[1]
+            return self._decode_latest(record)
         except RunlaneError as error:
             return error
 
