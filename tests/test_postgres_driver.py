@@ -946,6 +946,21 @@ def test_a_full_server_is_named_as_such_at_connect(message: str) -> None:
     assert "max_connections" in mapped.message
 
 
+
+async def test_sslmode_require_against_a_server_without_ssl_is_a_configuration_error(schemas: Schemas) -> None:
+    # libpq refuses such a server on every connect, so a worker must not wait for it as for an outage.
+    if schemas.execute("SHOW ssl") == [("on",)]:
+        pytest.skip("the test server accepts SSL connections")
+    separator = "&" if "?" in schemas.url else "?"
+    driver = postgres_storage(f"{schemas.url}{separator}sslmode=require", schema=schemas.name(), min_size=0)
+    try:
+        error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+    finally:
+        await driver.close()
+    assert not error.retryable
+    assert "server does not support SSL" in error.message and "enable SSL on the server" in error.message
+    assert "sslmode" in error.message and "unreachable" not in error.message
+
 # ---------------------------------------------------------------------------------------------
 # Group commit: concurrent attempts of one driver share one transaction, each rolled back alone
 

@@ -536,6 +536,10 @@ _CONNECT_FAILURES = (
     (re.compile(r"FATAL:\s+(invalid value for parameter|unrecognized configuration parameter)"), "22023"),
 )
 
+# libpq's own refusal of a server that does not accept SSL while the connection string requires it
+# (sslmode=require, verify-ca or verify-full): the same on every connect, so not an outage to wait out.
+_SSL_REFUSED = re.compile(r"server does not support SSL, but SSL was required")
+
 
 def _sqlstate(error: BaseException) -> str | None:
     state = getattr(error, "sqlstate", None)
@@ -592,6 +596,12 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
     invalid = ErrorCode.CONFIGURATION_INVALID
     if isinstance(error, PoolTimeout):
         return mapped(unavailable, f"no Postgres connection became available in time ({detail}).", retryable=True)
+    if state is None and isinstance(error, psycopg.OperationalError) and _SSL_REFUSED.search(detail):
+        return mapped(
+            invalid,
+            f"the server does not accept SSL connections ({detail}); enable SSL on the server, or connect "
+            "without SSL by leaving sslmode out of the connection string (or setting it to prefer or disable).",
+        )
     if state is None and isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)):
         return mapped(unavailable, f"Postgres is unreachable ({detail}).", retryable=True)
     if state == "53300":
