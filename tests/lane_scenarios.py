@@ -53,6 +53,12 @@ class LaneFactory:
     peer: Callable[[], Lane]
 
 
+@task("child")
+async def child(payload: dict) -> str:
+    """A child run some scenarios trigger from a parent's handler."""
+    return "child-done"
+
+
 class Submission(BaseModel):
     job_id: str
 
@@ -167,6 +173,30 @@ class LaneScenarios:
                 page = await runtime.runs.list(task_ids=["listed"] * 70_000, statuses=["queued"] * 70_000)
                 assert [summary.task_id for summary in page.data] == ["listed"]
                 assert len((await runtime.runs.list(task_ids=[f"task.{n}" for n in range(999)] + ["listed"])).data) == 1
+
+        self.run(body)
+
+    def test_a_wait_pending_when_the_runtime_closes_ends_saying_it_is_closed(self, lanes: LaneFactory) -> None:
+        """The lane closed under runs.wait(): it said what the closed lane answered, a retryable
+        storage_unavailable on Postgres (a closed pool), which it waited out until its timeout, for ever
+        without one, holding up the sync facade's close() for its grace; elsewhere as if storage were down."""
+
+        @task("unfinished")
+        async def unfinished(payload: dict) -> None:
+            return None
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), unfinished)
+            await runtime.start()
+            run = (await runtime.trigger(unfinished, {})).run  # no worker: it stays queued
+            waiting = asyncio.ensure_future(runtime.runs.wait(run.id))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            await runtime.close()
+            with pytest.raises(RunlaneError, match="runtime is closed") as raised:
+                await asyncio.wait_for(waiting, 5)
+            assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+            assert runtime._finish_waiters == {}
 
         self.run(body)
 
@@ -592,10 +622,6 @@ class LaneScenarios:
         self.run(body)
 
     def test_signal_wait_and_wait_for_run(self, lanes: LaneFactory) -> None:
-        @task("child")
-        async def child(payload: dict) -> str:
-            return "child-done"
-
         @task("parent")
         async def parent(payload: dict, ctx: TaskContext) -> Any:
             if ctx.attempt == 1:
@@ -688,10 +714,6 @@ class LaneScenarios:
         their source on every lane: on Postgres the link's index entry restated the new run's id after the
         source's, over the lane's index entry limit, so ctx.trigger() failed the parent (validation_failed)
         and the rerun was refused."""
-
-        @task("child")
-        async def child(payload: dict) -> str:
-            return "child-done"
 
         @task("parent")
         async def parent(payload: dict, ctx: TaskContext) -> Any:

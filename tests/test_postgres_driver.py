@@ -1420,23 +1420,6 @@ async def _one_finished_run(runtime: Any) -> str:
     return created.run.id
 
 
-async def test_a_runs_wait_ends_when_its_runtime_closes(schemas: Schemas) -> None:
-    """A closed pool answers with a retryable storage_unavailable (it can start again), which runs.wait()
-    waits out like an outage: a wait still pending when the application closed its runtime read the closed
-    pool until its timeout, forever without one, and held up the sync facade's close() for its grace."""
-    schema = await schemas.migrated()
-    runtime = _runtime(schemas.url, schema)
-    await runtime.start()
-    run = (await runtime.trigger(_echo, {"n": 1})).run  # no worker: it stays queued
-    waiting = asyncio.ensure_future(runtime.runs.wait(run.id))
-    await asyncio.sleep(0.1)
-    assert not waiting.done()
-    await runtime.close()
-    with pytest.raises(RunlaneError, match="runtime is closed") as raised:
-        await asyncio.wait_for(waiting, 5)
-    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
-
-
 async def test_a_trigger_sends_its_wake_hint_inside_its_commit(schemas: Schemas, monkeypatch: pytest.MonkeyPatch) -> None:
     """A trigger's hint rides in its commit (NOTIFY delivered when it commits; no statement of its
     own); a trigger that fails sends none; hints for one queue stay at most one per interval."""

@@ -1839,25 +1839,6 @@ async def test_wait_reports_a_missing_run_and_a_timeout_with_the_status_it_saw()
         assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
 
 
-async def test_a_wait_pending_when_the_runtime_closes_ends_saying_it_is_closed():
-    # It answered storage_unavailable (what the closed lane said), as if the database were down.
-    @task("reports.unfinished")
-    async def unfinished(payload: dict) -> None:
-        return None
-
-    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT], tasks=[unfinished])
-    await runtime.start()
-    run = (await runtime.trigger(unfinished, {})).run  # no worker: it stays queued
-    waiting = asyncio.ensure_future(runtime.runs.wait(run.id))
-    await asyncio.sleep(0.05)
-    assert not waiting.done()
-    await runtime.close()
-    with pytest.raises(RunlaneError, match="runtime is closed") as raised:
-        await asyncio.wait_for(waiting, 5)
-    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
-    assert runtime._finish_waiters == {}
-
-
 def test_the_sync_facade_waits_for_a_run_from_plain_code():
     import threading
 

@@ -114,8 +114,8 @@ async def schedule_overview(runtime: Any) -> list[ScheduleOverview]:
     occurrences_by_id = dict(zip(occurrence_ids, await occurrences.get_many(occurrence_ids), strict=True))
     overview = []
     for (item, task), stored in zip(registered, latest, strict=True):
-        fired = stored[1] if isinstance(stored, tuple) else None
-        occurrence = occurrences_by_id.get(stored[0]) if isinstance(stored, tuple) else None
+        occurrence_id, fired = stored if isinstance(stored, tuple) else ("", None)
+        occurrence = occurrences_by_id.get(occurrence_id)  # none for a schedule that has not fired
         # The queue its runs land on: the schedule's, else the task's, else the default (create_runlane
         # refuses a schedule with none of them).
         queue = item.queue or task.queue or default

@@ -148,9 +148,9 @@ DRAIN_OUTAGE_LIMIT_S = 30.0
 # event loop stopped) or that started after it did (seconds).
 _STOP_RECHECK_S = 0.5
 _STOP_CLAIM_S = 0.005  # how often it looks again while a claim is being written
+_STEP_KEYS_LOCK = threading.Lock()  # around ``_Attempt.step_key_lock``'s lookup (def handlers' threads)
 # Cancellation notices no attempt of the registry matched, kept for an attempt that registers later (most
 # are for attempts of other processes, which never register here: the oldest are dropped past this).
-_STEP_KEYS_LOCK = threading.Lock()  # around ``_Attempt.step_key_lock``'s lookup (def handlers' threads)
 _UNMATCHED_NOTICES = 1024
 _NO_NOTICE: Any = object()  # ``register``: no notice was kept for the run
 
@@ -1128,7 +1128,7 @@ class _Attempt:
         "_calls",
         "_steps",
         "_steps_running",
-        "_step_keys_running",
+        "_step_key_locks",
         "_step_key_holders",
         "_task_context",
     )
@@ -1181,7 +1181,7 @@ class _Attempt:
         # Step calls of an ``async def`` handler that have started and not ended (see ``settle_steps``).
         self._steps_running: set[asyncio.Future[None]] = set()
         # Step key -> what a second call of that key waits for while a first one of this attempt runs it.
-        self._step_keys_running: dict[str, Any] = {}  # asyncio.Lock, or threading.Lock in a def handler
+        self._step_key_locks: dict[str, Any] = {}  # asyncio.Lock, or threading.Lock in a def handler
         self._step_key_holders: dict[str, object] = {}  # step key -> the task or thread running it
 
     # -- threads -----------------------------------------------------------------------------------
@@ -1933,9 +1933,9 @@ class _Attempt:
                     "a key of its own.",
                     meta={"step_key": key},
                 )
-            lock = self._step_keys_running.get(key)
+            lock = self._step_key_locks.get(key)
             if lock is None:
-                lock = self._step_keys_running[key] = kind()
+                lock = self._step_key_locks[key] = kind()
         return lock
 
     @contextlib.contextmanager
@@ -2090,23 +2090,23 @@ def _not_run_failure(run: RunRecord, definition: TaskDefinition | None) -> RunFa
 _current_attempt: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar("runlane_attempt", default=None)
 
 
-def waiting_for_itself(runtime: Runlane, what: str, worker_signal: object = None) -> RunlaneError | None:
-    """The error for ``what`` (``runlane.close()``, a worker's ``stop()``) called by a handler of
-    ``runtime`` (of that worker, whose stop signal is ``worker_signal``), which would wait for that very
-    handler to end: its own task for an ``async def`` handler, its thread for a ``def`` one. ``None`` when
-    the caller is anything else (a task the handler started to close the runtime in the background)."""
+def refuse_waiting_for_itself(runtime: Runlane, what: str, worker_signal: object = None) -> None:
+    """Refuse ``what`` (``runlane.close()``, a worker's ``stop()``) called by a handler of ``runtime`` (of
+    that worker, whose stop signal is ``worker_signal``): it would wait for that very handler to end (its
+    own task for an ``async def`` handler, its thread for a ``def`` one). Anything else may go on: a task
+    the handler started to close the runtime in the background, say."""
     attempt = _current_attempt.get()
     if attempt is None or attempt.runtime is not runtime:
-        return None
+        return
     if worker_signal is not None and attempt.options.signal is not worker_signal:
-        return None  # another worker's attempt: this stop does not wait for it
+        return  # another worker's attempt: this stop does not wait for it
     if not attempt.handler_is_caller():
-        return None
+        return
     if attempt.on_loop_thread():
         later = "asyncio.create_task(...) of it, which goes on once the handler returns"
     else:
         later = "a call of it after the handler returns, from code other than the handler"
-    return RunlaneError(
+    raise RunlaneError(
         ErrorCode.CONFIGURATION_INVALID,
         f"{what} was called by the handler of run {attempt.run_id} and would wait for that handler to end; "
         f"return from the handler first, or use {later}.",

@@ -128,8 +128,8 @@ from .attempt import (
     execute_claimed_run,
     failure_outcome_events,
     log_timed_out_attempt,
+    refuse_waiting_for_itself,
     timed_out_failure,
-    waiting_for_itself,
 )
 from .authoring import (
     IdempotencyKeyTtl,
@@ -720,9 +720,7 @@ class Runlane:
         their outcomes are written before the lane closes."""
         if self._closed:
             return
-        refused = waiting_for_itself(self, "runlane.close()")
-        if refused is not None:
-            raise refused
+        refuse_waiting_for_itself(self, "runlane.close()")
         self._closed = True
         self._wake_finish_waiters()  # a pending runs.wait() ends now, saying the runtime is closed
         workers = list(self._workers)
@@ -2568,10 +2566,6 @@ def _listed(values: Any, field: str, what: str) -> tuple[Any, ...] | None:
         ) from None
 
 
-def _task_id_of(value: Any) -> Any:
-    return value.id if isinstance(value, TaskDefinition) else value
-
-
 def _whole(limit: Any) -> Any:
     """``limit`` unless it is not a whole number (``True`` or ``"2"`` would pass pydantic as 1 and 2)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
@@ -2714,9 +2708,9 @@ class RunsApi:
                 validate_id(key, what, code=ErrorCode.VALIDATION_FAILED)
         # A task definition stands for its id, as in trigger() (and a queue definition for its name).
         given = (task_ids,) if isinstance(task_ids, TaskDefinition) else task_ids
-        listed_task_ids = _listed(given, "task_ids", "task ids")
+        listed_task_ids = _listed(given, "task_ids", "task ids")  # the filter keeps each value once
         if listed_task_ids is not None:
-            listed_task_ids = tuple(dict.fromkeys(_task_id_of(task_id) for task_id in listed_task_ids))
+            listed_task_ids = tuple(t.id if isinstance(t, TaskDefinition) else t for t in listed_task_ids)
         if listed_task_ids is not None and len(listed_task_ids) > _MAX_FILTER_VALUES:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,

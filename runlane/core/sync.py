@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ..errors import ErrorCode, RunlaneError
 from ..models import Environment, Page, RunAttemptSummary, RunEventRecord, RunRecord, RunStepRecord, RunSummary
-from .attempt import waiting_for_itself
+from .attempt import refuse_waiting_for_itself
 from .runtime import ObservationsApi, RunsApi, Runlane, SignalsApi
 
 if TYPE_CHECKING:
@@ -307,9 +307,7 @@ class SyncRunlane:
         """Close the runtime (workers and attempts, then the lane) and stop the facade loop; mirrors
         ``await runlane.close()``."""
         _refuse_in_event_loop()
-        refused = waiting_for_itself(self._runtime, "runlane.sync.close()")
-        if refused is not None:
-            raise refused
+        refuse_waiting_for_itself(self._runtime, "runlane.sync.close()")
         if self._loop is not None:
             self.call(self._runtime.close)
         else:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ErrorCode, RunlaneError
 from ..models import RunRecord
 from ..vocabulary import WorkerMode
-from .attempt import REASON_WORKER_STOPPED, ExecutionOptions, OutageClock, waiting_for_itself
+from .attempt import REASON_WORKER_STOPPED, ExecutionOptions, OutageClock, refuse_waiting_for_itself
 from .cancellation import CancellationController, link_signals
 from .runtime import CandidatePool
 
@@ -160,9 +160,7 @@ class WorkerHandle:
 
     async def stop(self) -> None:
         """Stop the worker, wait for active attempts to finish, and return ``closed``'s result."""
-        refused = waiting_for_itself(self._runtime, "worker.stop()", self._stop.signal)
-        if refused is not None:
-            raise refused
+        refuse_waiting_for_itself(self._runtime, "worker.stop()", self._stop.signal)
         self.request_stop()
         await self.wait_closed()
 
