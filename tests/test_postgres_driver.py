@@ -946,7 +946,6 @@ def test_a_full_server_is_named_as_such_at_connect(message: str) -> None:
     assert "max_connections" in mapped.message
 
 
-
 async def test_sslmode_require_against_a_server_without_ssl_is_a_configuration_error(schemas: Schemas) -> None:
     # libpq refuses such a server on every connect, so a worker must not wait for it as for an outage.
     if schemas.execute("SHOW ssl") == [("on",)]:
