@@ -68,6 +68,21 @@ async def test_a_sender_that_loses_a_race_still_resumes_up_to_its_limit():
         assert len(await runtime.signals.send("report_ready_race")) == 10
 
 
+async def test_a_sender_that_loses_a_race_on_its_last_page_still_resumes_the_runs_past_it():
+    # 20 runs wait; six senders with a limit of 7 race. A sender that lost its first page to one sender
+    # and its second to another read 13 rows but tried only 7: the rows past those still wait for it.
+    runtime, _ = make_runtime(wait_for_report)
+    async with runtime:
+        for _ in range(20):
+            await runtime.trigger(wait_for_report, {"report": "crowd", "ready_after": 2})
+        while await runtime.execute_next() is not None:
+            pass
+        results = await asyncio.gather(*(runtime.signals.send("report_ready_crowd", limit=7) for _ in range(6)))
+        assert sum(len(result) for result in results) == 20
+        assert len({run.id for result in results for run in result}) == 20
+        assert await runtime.signals.send("report_ready_crowd") == []
+
+
 async def test_signal_send_limit_bounds_one_call():
     runtime, _ = make_runtime(wait_for_report)
     async with runtime:

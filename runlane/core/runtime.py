@@ -3084,7 +3084,8 @@ class SignalsApi:
                 found = await runtime._store.query_index(
                     StorageIndexName.RUNS_WAITING_FOR_SIGNAL, (partition,), limit=requested
                 )
-                run_ids = [run_id for run_id in found if run_id not in seen][:asked]
+                unseen = [run_id for run_id in found if run_id not in seen]
+                run_ids = unseen[:asked]
                 if not run_ids:
                     break
                 seen.update(run_ids)
@@ -3096,8 +3097,8 @@ class SignalsApi:
                             resumed.append(result.run)
                     elif not (is_storage_conflict(result) or result.code is ErrorCode.RUN_NOT_FOUND):
                         raise result
-                if len(found) < requested:
-                    break  # the index had no more rows than this page
+                if len(found) < requested and len(unseen) == len(run_ids):
+                    break  # the index had no more rows than this page, and each was tried
         return resumed
 
 
