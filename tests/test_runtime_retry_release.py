@@ -15,7 +15,9 @@ from runlane import (
     RetryBackoffType,
     RunlaneError,
     RunStatus,
+    RunWaitConditionType,
     TaskContext,
+    TaskRelease,
     TimeWaitCondition,
     task,
 )
@@ -175,6 +177,8 @@ async def test_releases_and_wait_timeouts_spend_none_of_the_retry_budget():
         lambda ctx: ctx.release("0s"),
         lambda ctx: ctx.wait_for_signal("bad:key"),
         lambda ctx: ctx.wait_for_run(ctx.run_id),
+        # Built without ctx, a release waiting for its own run is refused too (it would wait for ever).
+        lambda ctx: TaskRelease(wait_type=RunWaitConditionType.RUN_COMPLETION, run_id=ctx.run_id),
         lambda ctx: ctx.release("1m", meta={"x": object()}),
     ],
 )

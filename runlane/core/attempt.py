@@ -516,6 +516,17 @@ def failure_outcome_events(
     return [RunFailedEvent(run_id=run.id, environment=run.environment, occurred_at=at, actor=actor, attempt=attempt, failure=failure)]
 
 
+def _refuse_waiting_for_itself(release: TaskRelease, run_id: str) -> None:
+    """A run cannot wait for its own completion: it is not terminal while it waits, so nothing would
+    ever resume it."""
+    if release.wait_type is RunWaitConditionType.RUN_COMPLETION and release.run_id == run_id:
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            "A run cannot wait for its own completion; wait for another run's id.",
+            meta={"field": "run_id"},
+        )
+
+
 def _release_events(run: RunRecord, at: datetime, release: TaskRelease, actor: Actor) -> list[RunEvent]:
     common: dict[str, Any] = dict(
         run_id=run.id, environment=run.environment, occurred_at=at, actor=actor, attempt=run.counters.attempts,
@@ -1049,13 +1060,9 @@ class TaskContext:
         meta: dict[str, Any] | None = None,
     ) -> TaskRelease:
         """Return this to release the run until run ``run_id`` is terminal (or ``timeout``)."""
-        if run_id == self.run_id:
-            raise RunlaneError(
-                ErrorCode.CONFIGURATION_INVALID,
-                "A run cannot wait for its own completion; wait for another run's id.",
-                meta={"field": "run_id"},
-            )
-        return build_run_wait(run_id, timeout=timeout, reason=reason, meta=meta)
+        release = build_run_wait(run_id, timeout=timeout, reason=reason, meta=meta)
+        _refuse_waiting_for_itself(release, self.run_id)
+        return release
 
     def trigger(self, task: Any, payload: Any = None, **options: Any) -> Any:
         """Trigger a child run linked to this one (``source.type = trigger``).
@@ -1696,6 +1703,12 @@ class _Attempt:
             forgotten = await self.unawaited()
             if forgotten is not None:
                 return _Outcome(_FAILURE, failure=failure_from_exception(forgotten), error=forgotten)
+        if isinstance(result, TaskRelease):
+            # A release built without ctx.wait_for_run() (TaskRelease(...) itself) is held to its rule too.
+            try:
+                _refuse_waiting_for_itself(result, self.run_id)
+            except RunlaneError as error:
+                return _Outcome(_FAILURE, failure=failure_from_exception(error), error=error)
         return _outcome_for_result(result)
 
     def _no_handler_thread(self, error: Exception) -> _Outcome:
