@@ -90,6 +90,24 @@ async def test_the_attempts_table_says_what_each_released_attempt_waited_for() -
     ]
 
 
+async def test_the_attempts_table_says_when_a_failed_attempt_is_retried() -> None:
+    """A retried attempt showed its failure only, as the last one did: not that, and when, the run runs again."""
+    clock = ControlledClock()
+    start = clock.now()
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[fails], clock=clock)
+    buffer = io.StringIO()
+    async with runtime:
+        run = (await runtime.trigger(fails, {})).run
+        await runtime.execute_next()
+        clock.advance("30s")
+        await runtime.execute_next()
+        Output(stdout=buffer, stderr=io.StringIO(), width=300).attempts_table(
+            await runtime.runs.get(run.id), await runtime.runs.attempts(run.id)
+        )
+    details = [line.split("Z  ")[-1].strip() for line in buffer.getvalue().splitlines() if "task_failed" in line]
+    assert details == [f"task_failed: Task failed. retry_at={_at(start, 30)}", "task_failed: Task failed."]
+
+
 def _at(start: datetime, seconds: int) -> str:
     return (start + timedelta(seconds=seconds)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

@@ -1193,9 +1193,9 @@ def attempt_detail(attempt: Any, *, ended: bool = False) -> str:
     if ended and attempt.status == "running":
         return "no outcome: its worker stopped (crashed, was killed, or lost the lease)"
     if attempt.failure is not None:
-        return failure_text(attempt.failure)
-    if attempt.retry_at is not None:
-        return f"retry at {iso(attempt.retry_at)}"
+        # A retried attempt failed too: its failure alone would not say when the run runs again.
+        retried = f" retry_at={iso(attempt.retry_at)}" if attempt.retry_at is not None else ""
+        return failure_text(attempt.failure) + retried
     if display_value(attempt.status) == "released":
         released = f"released: {attempt.release_reason}" if attempt.release_reason else "released"
         wait = attempt.release_wait
