@@ -108,6 +108,37 @@ async def test_the_attempts_table_says_when_a_failed_attempt_is_retried() -> Non
     assert details == [f"task_failed: Task failed. retry_at={_at(start, 30)}", "task_failed: Task failed."]
 
 
+async def test_runs_get_of_a_running_run_names_its_lease_holder_and_attempt_deadline() -> None:
+    """The card of a running run did not say which worker held it, until when (past it the worker is gone
+    and tick() takes the run back), nor the attempt's deadline, which run.lease_claimed records."""
+    import asyncio
+
+    release = asyncio.Event()
+
+    @task("bounded.by.deadline", max_attempt_duration="10m")
+    async def bounded_by_deadline(payload: dict) -> None:
+        await release.wait()
+
+    clock = ControlledClock()
+    start = clock.now()
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[bounded_by_deadline], clock=clock)
+    buffer = io.StringIO()
+    async with runtime:
+        run = (await runtime.trigger(bounded_by_deadline, {})).run
+        attempt = asyncio.ensure_future(runtime.execute_next(lease_duration="1m", worker_id="worker-7"))
+        while (running := await runtime.runs.get(run.id)).status is not RunStatus.RUNNING:
+            await asyncio.sleep(0.001)
+        Output(stdout=buffer, stderr=io.StringIO(), width=300).run_detail(running, await runtime.runs.events(run.id))
+        release.set()
+        assert (await asyncio.wait_for(attempt, 10)).status is RunStatus.SUCCEEDED
+    lines = buffer.getvalue().splitlines()
+    assert [line.split()[1:] for line in lines if line.split()[:1] == ["lease"]] == [
+        ["worker-7", "until", _at(start, 60)]
+    ]
+    assert any(line.split() == ["attempt", "deadline", _at(start, 600)] for line in lines)
+    assert any("run.lease_claimed" in line and f"attempt_deadline_at={_at(start, 600)}" in line for line in lines)
+
+
 def _at(start: datetime, seconds: int) -> str:
     return (start + timedelta(seconds=seconds)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

@@ -269,6 +269,9 @@ def run_rows(run: Any, *, full: bool = True) -> list[tuple[str, Any]]:
         ("created", run.created_at),
         ("updated", run.updated_at),
         ("run at", run.run_at),
+        # Who holds a running run, and until when: past that time the worker is gone and tick() recovers it.
+        ("lease", None if run.lease is None else f"{run.lease.worker_id} until {iso(run.lease.expires_at)}"),
+        ("attempt deadline", run.attempt_deadline_at),
         ("started", run.started_at),
         ("finished", run.finished_at),
         ("attempts", run.counters.attempts),
@@ -1211,7 +1214,7 @@ def attempt_detail(attempt: Any, *, ended: bool = False) -> str:
 def event_detail(event: Any) -> str:
     """One event's notable fields on a line: attempt, reason, times, what a release waits for, failure, actor."""
     parts: list[str] = []
-    for name in ("attempt", "reason", "retry_at", "resume_at", "run_at"):
+    for name in ("attempt", "reason", "retry_at", "resume_at", "run_at", "attempt_deadline_at"):
         value = getattr(event, name, None)
         if value is not None and not isinstance(value, BaseModel):
             parts.append(f"{name}={display_value(value)}")
