@@ -1013,6 +1013,30 @@ async def test_cancelling_work_without_a_running_attempt_creates_no_attempt_row(
         assert attempt.status is RunAttemptStatus.RELEASED and attempt.completed_at == released.updated_at
 
 
+async def test_cancelling_a_run_taken_back_from_a_dead_worker_leaves_its_attempt_without_an_outcome():
+    """The attempt ended with no outcome when its lease expired and tick() queued the run again: it was
+    shown as cancelled (at the cancellation's time) as if its handler had stopped for the cancellation."""
+    started = asyncio.Event()
+
+    @task("ops.dies")
+    async def dies(payload: dict) -> None:
+        started.set()
+        await asyncio.sleep(3600)  # stands in for a worker killed mid-attempt
+
+    runtime, clock = make(dies)
+    async with runtime:
+        run = (await runtime.trigger(dies, {})).run
+        killed = asyncio.ensure_future(runtime.execute_next(lease_duration="30s"))
+        await asyncio.wait_for(started.wait(), 2)
+        killed.cancel()
+        await asyncio.gather(killed, return_exceptions=True)
+        clock.advance("31s")
+        assert (await runtime.tick()).delivery_requested == 1
+        assert (await runtime.runs.cancel(run.id)).status is RunStatus.CANCELLED
+        (attempt,) = await runtime.runs.attempts(run.id)
+        assert attempt.status is RunAttemptStatus.RUNNING and attempt.completed_at is None
+
+
 # ---------------------------------------------------------------------------------------------
 # find_active and find_current
 

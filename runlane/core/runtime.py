@@ -3579,16 +3579,24 @@ def _step_cursor_position(cursor: str | None, scope: dict[str, Any], run_id: str
 
 
 def _attempt_summaries(records: Sequence[RunEventRecord]) -> list[RunAttemptSummary]:
+    """A summary per started attempt. One whose run was made due again (its lease expired) or claimed anew
+    before it recorded an outcome stays ``running``: it ended with none, and what the run records later
+    (a cancellation of the run queued again, say) is no outcome of it."""
     summaries: list[dict[str, Any]] = []
+    over = False  # the latest attempt ended without an outcome
     for record in sorted(records, key=lambda item: item.sequence):
         event = record.event
         if isinstance(event, RunStartedEvent):
             summaries.append({"attempt": event.attempt, "started_at": event.occurred_at, "status": RunAttemptStatus.RUNNING})
+            over = False
             continue
-        if not summaries:
+        if not summaries or over:
             continue
         current = summaries[-1]
         if current["status"] is not RunAttemptStatus.RUNNING:
+            continue
+        if isinstance(event, (RunDeliveryRequestedEvent, RunLeaseClaimedEvent)):
+            over = True
             continue
         if isinstance(event, RunSucceededEvent):
             current.update(status=RunAttemptStatus.SUCCEEDED, completed_at=event.occurred_at, has_output=event.has_output)
