@@ -834,6 +834,21 @@ async def test_a_corrupt_run_record_fails_operator_reads(schemas: Schemas) -> No
         )
 
 
+async def test_a_run_document_the_driver_cannot_read_names_the_run_and_its_record(schemas: Schemas) -> None:
+    """An operator reading the error learns which run it is and what to do, as on SQLite: the encoded key
+    column alone is hex."""
+    schema = await schemas.migrated()
+    runtime = _runtime(schemas.url, schema)
+    async with runtime:
+        run_id = await _one_finished_run(runtime)
+        key = StorageRecordKey("runs", "default", run_id)
+        _corrupt(schemas, schema, key, "document", '{"schemaVersion":2,"value":{}}')
+        error = await expect_error(runtime.runs.get(run_id), ErrorCode.INVARIANT_VIOLATION)
+    assert f"runs/default/{run_id} of run {run_id}" in error.message and key.encoded in error.message
+    assert "schema version 2" in error.message and "delete the run's records" in error.message
+    assert error.meta["run_id"] == run_id and error.meta["record"] == f"runs/default/{run_id}"
+
+
 async def test_operator_reads_report_a_projection_row_its_record_disagrees_with(schemas: Schemas) -> None:
     """A projection row whose run no longer matches it, or whose record is gone, fails the list with
     ``invariant_violation`` instead of showing the run under a filter it does not match or leaving it out."""

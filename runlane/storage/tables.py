@@ -169,6 +169,29 @@ def record_key_meta(key: StorageRecordKey) -> dict[str, Any]:
     return meta
 
 
+def corrupt_stored_record(encoded_key: str, detail: str, cause: BaseException | None = None) -> RunlaneError:
+    """The ``invariant_violation`` of a stored row a SQL driver cannot read (not an envelope, an index
+    column that does not decode, ...): named as an operator reads it (``runs/default/run_1``, and its
+    run), then by the encoded value of its ``key`` column, to find the row with SQL (that value is hex)."""
+    try:
+        key = StorageRecordKey.decode(encoded_key)
+    except (RunlaneError, ValueError):
+        meta: dict[str, Any] = {"key": encoded_key}
+        where, remedy = "with an undecodable key", "delete it"
+    else:
+        meta = record_key_meta(key)
+        where, remedy = describe_record_key(key), "delete it"
+        if "run_id" in meta:
+            where, remedy = f"{where} of run {meta['run_id']}", "delete the run's records"
+    return RunlaneError(
+        ErrorCode.INVARIANT_VIOLATION,
+        f"The stored record {where} (key column {encoded_key!r}) is corrupt: {detail.rstrip('.')}. This is "
+        f"durable corruption: restore the record from a backup, or {remedy}.",
+        meta=meta,
+        cause=cause,
+    )
+
+
 def corrupt_record(
     what: str, key: StorageRecordKey, problem: str | None = None, error: Exception | None = None
 ) -> RunlaneError:

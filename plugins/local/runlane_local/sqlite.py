@@ -148,7 +148,7 @@ from runlane.storage.operator_sql import (
     run_event_list_query,
     run_list_query,
 )
-from runlane.storage.tables import describe_record_key, peek_run_document, record_key_meta
+from runlane.storage.tables import corrupt_stored_record, peek_run_document
 from runlane.vocabulary import SortDirection
 
 from runlane.storage.clock import ClientClock, Clock, SystemClock, checked_clock
@@ -360,28 +360,6 @@ def _dump_indexes(entries: Iterable[StorageIndexEntry]) -> str:
     return orjson.dumps([[entry.name.value, entry.encoded_partition, entry.encoded_sort] for entry in entries]).decode()
 
 
-def _corrupt(encoded_key: str, detail: str, cause: BaseException | None = None) -> RunlaneError:
-    # Named as an operator reads it (``runs/default/run_1``, and its run), then by the encoded value of
-    # the ``key`` column, to find the row with SQL.
-    try:
-        key = StorageRecordKey.decode(encoded_key)
-    except (RunlaneError, ValueError):
-        meta: dict[str, Any] = {"key": encoded_key}
-        where, remedy = "with an undecodable key", "delete it"
-    else:
-        meta = record_key_meta(key)
-        where, remedy = describe_record_key(key), "delete it"
-        if "run_id" in meta:
-            where, remedy = f"{where} of run {meta['run_id']}", "delete the run's records"
-    return RunlaneError(
-        ErrorCode.INVARIANT_VIOLATION,
-        f"The stored record {where} (key column {encoded_key!r}) is corrupt: {detail.rstrip('.')}. This is "
-        f"durable corruption: restore the record from a backup, or {remedy}.",
-        meta=meta,
-        cause=cause,
-    )
-
-
 def _load_indexes(encoded_key: str, text: Any) -> list[tuple[str, str, str]]:
     try:
         rows = orjson.loads(text) if isinstance(text, str) else None
@@ -394,12 +372,12 @@ def _load_indexes(encoded_key: str, text: Any) -> list[tuple[str, str, str]]:
             result.append((row[0], row[1], row[2]))
         return result
     except ValueError as error:
-        raise _corrupt(encoded_key, "its index entries do not decode.", error) from None
+        raise corrupt_stored_record(encoded_key, "its index entries do not decode.", error) from None
 
 
 def _stored_version(encoded_key: str, version: Any) -> str:
     if type(version) is not int or version < 1:
-        raise _corrupt(encoded_key, f"its version {version!r} is not a positive integer.")
+        raise corrupt_stored_record(encoded_key, f"its version {version!r} is not a positive integer.")
     return str(version)
 
 
@@ -425,13 +403,13 @@ def _stored_record(
     document, already holding its decoded value."""
     checked_version = _stored_version(encoded_key, version)
     if not isinstance(text, str):
-        raise _corrupt(encoded_key, "its document is not text.")
+        raise corrupt_stored_record(encoded_key, "its document is not text.")
     document = None if written is None else written.recall(encoded_key, text)
     if document is None:
         try:
             document = StorageDocument.parse(text)
         except RunlaneError as error:
-            raise _corrupt(encoded_key, error.message, error) from None
+            raise corrupt_stored_record(encoded_key, error.message, error) from None
     entries = []
     try:
         if key is None:
@@ -439,7 +417,7 @@ def _stored_record(
         for name, partition, sort in _load_indexes(encoded_key, indexes):
             index = _INDEX_NAMES.get(name)
             if index is None:
-                raise _corrupt(encoded_key, f"an index entry names an unknown index {name!r}.")
+                raise corrupt_stored_record(encoded_key, f"an index entry names an unknown index {name!r}.")
             entries.append(
                 StorageIndexEntry._trusted(
                     index, _decoded_partition(partition), decode_storage_tuple(sort), partition, sort
@@ -448,7 +426,7 @@ def _stored_record(
     except RunlaneError as error:
         if error.code is ErrorCode.INVARIANT_VIOLATION:
             raise
-        raise _corrupt(encoded_key, error.message, error) from None
+        raise corrupt_stored_record(encoded_key, error.message, error) from None
     return StorageRecord(key, checked_version, document, tuple(entries))
 
 
@@ -1685,11 +1663,11 @@ def _visible_run(connection: sqlite3.Connection, environment: str, run_id: str) 
         return None
     encoded, text = row
     if not isinstance(text, str):
-        raise _corrupt(encoded, "its document is not text.")
+        raise corrupt_stored_record(encoded, "its document is not text.")
     try:
         document = StorageDocument.parse(text)
     except RunlaneError as error:
-        raise _corrupt(encoded, error.message, error) from None
+        raise corrupt_stored_record(encoded, error.message, error) from None
     run = peek_run_document(document)
     return None if run is None else run.model_copy(deep=True)
 

@@ -146,7 +146,7 @@ from runlane.storage.operator_sql import (
 )
 from runlane.storage.streams import storage_append_rows, storage_append_templates
 from runlane.storage.types import INDEX_ENTRY_LIMIT
-from runlane.storage.tables import peek_run_document, run_key, run_tombstone_key
+from runlane.storage.tables import corrupt_stored_record, peek_run_document, run_key, run_tombstone_key
 from runlane.vocabulary import SortDirection
 
 from .migration import (
@@ -667,18 +667,10 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
 _INDEX_NAMES = {name.value: name for name in StorageIndexName}
 
 
-def _corrupt(key: str, what: str) -> RunlaneError:
-    return RunlaneError(
-        ErrorCode.INVARIANT_VIOLATION,
-        f"The stored record {key!r} is corrupt: {what}; refusing to read it.",
-        meta={"key": key},
-    )
-
-
 def _document(key: str, text: Any) -> StorageDocument:
     """The stored document, checked to be a schema-version-1 envelope (else ``invariant_violation``)."""
     if type(text) is not str:
-        raise _corrupt(key, "its document is not JSON text")
+        raise corrupt_stored_record(key, "its document is not JSON text")
     size = len(text) if text.isascii() else len(text.encode("utf-8"))
     if text.startswith('{"schemaVersion":1,"value":{') and text.endswith("}}"):
         try:
@@ -692,7 +684,7 @@ def _document(key: str, text: Any) -> StorageDocument:
     try:
         return StorageDocument.parse(text)  # the exact reason, or a valid envelope written by another tool
     except RunlaneError as error:
-        raise _corrupt(key, error.message.rstrip(".")) from None
+        raise corrupt_stored_record(key, error.message.rstrip(".")) from None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -713,7 +705,7 @@ def _entries(key: str, text: Any) -> tuple[StorageIndexEntry, ...]:
                 )
             )
     except (ValueError, KeyError, RunlaneError):
-        raise _corrupt(key, "its index entries cannot be decoded") from None
+        raise corrupt_stored_record(key, "its index entries cannot be decoded") from None
     return tuple(entries)
 
 
@@ -727,7 +719,7 @@ def _record(key: StorageRecordKey, version: Any, text: Any, indexes: Any, writte
     by one process is decoded once."""
     encoded = key.encoded
     if type(version) is not int or version < 1:
-        raise _corrupt(encoded, "its version is not a positive integer")
+        raise corrupt_stored_record(encoded, "its version is not a positive integer")
     document = written.recall(encoded, text) or _document(encoded, text)
     return StorageRecord(key, str(version), document, _entries(encoded, indexes))
 
@@ -740,7 +732,7 @@ def _found_records(wanted: dict[str, StorageRecordKey], result: Any, written: Wr
         encoded = value(row, 0).decode("utf-8")
         key = wanted.get(encoded)
         if key is None:
-            raise _corrupt(encoded, "a point read returned a key it did not ask for")
+            raise corrupt_stored_record(encoded, "a point read returned a key it did not ask for")
         version = value(row, 1)
         version = None if version is None else int(version)
         found[encoded] = _record(key, version, _text(value(row, 2)), _text(value(row, 3)), written)
