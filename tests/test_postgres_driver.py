@@ -140,6 +140,9 @@ def test_only_postgres_urls_are_accepted(url: Any) -> None:
         ("postgres://user@localhost/db?port=0", "port to '0'; a port is between 1 and 65535"),
         ("postgres://user@localhost/db?channel_binding=bogus", "channel_binding to 'bogus'; use one of disable"),
         ("postgres://user@localhost/db?ssl_min_protocol_version=TLSv9", "ssl_min_protocol_version to 'TLSv9'"),
+        # A replication connection cannot run Runlane's statements: every probe failed as an outage.
+        ("postgres://user@localhost/db?replication=database", "replication to 'database'; Runlane needs an ordinary"),
+        ("postgres://user@localhost/db?replication=true", "replication to 'true'; Runlane needs an ordinary"),
     ],
 )
 def test_options_libpq_would_refuse_on_every_connect_are_refused_up_front(url: str, says: str) -> None:
@@ -149,6 +152,7 @@ def test_options_libpq_would_refuse_on_every_connect_are_refused_up_front(url: s
     assert says in info.value.message
     # Multiple hosts with their ports, and the options libpq knows, are fine.
     postgres_storage("postgres://user@a:5432,b:5433/db?sslmode=require&connect_timeout=5&target_session_attrs=any")
+    postgres_storage("postgres://user@localhost/db?replication=off")
 
 
 def test_schema_resolution_explicit_then_url_then_public() -> None:

@@ -451,6 +451,11 @@ _CHOICE_OPTIONS = {
 }
 
 
+# The values of libpq's ``replication`` option that ask for an ordinary connection (the server reads it as a
+# boolean, and also takes ``database``: a logical replication connection, which runs only simple queries).
+_NOT_REPLICATION = frozenset({"", "0", "f", "fa", "fal", "fals", "false", "n", "no", "of", "off"})
+
+
 def _check_conninfo(conninfo: str, parts: _UriParts) -> None:
     """Refuse what libpq would refuse on every connect (an unknown option, a port that is not a
     number, an unknown sslmode), so a typo is ``configuration_invalid`` up front, not an outage."""
@@ -476,6 +481,12 @@ def _check_conninfo(conninfo: str, parts: _UriParts) -> None:
         if name == "port" and not all(0 < int(part) < 65536 for part in text.split(",") if part.strip()):
             raise _invalid(
                 f"The Postgres connection string sets port to {text!r}; a port is between 1 and 65535.",
+                field="connection_string",
+            )
+        if name == "replication" and text.lower() not in _NOT_REPLICATION:
+            raise _invalid(
+                f"The Postgres connection string sets replication to {text!r}; Runlane needs an ordinary "
+                "connection (a replication connection cannot run its statements): remove replication from it.",
                 field="connection_string",
             )
         choices = _CHOICE_OPTIONS.get(name)
