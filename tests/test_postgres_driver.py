@@ -979,6 +979,25 @@ async def test_sslmode_require_against_a_server_without_ssl_is_a_configuration_e
     assert "server does not support SSL" in error.message and "enable SSL on the server" in error.message
     assert "sslmode" in error.message and "unreachable" not in error.message
 
+
+@pytest.mark.parametrize("service_file", ["defines another service", "does not exist"])
+async def test_a_service_libpq_cannot_look_up_is_a_configuration_error(
+    schemas: Schemas, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, service_file: str
+) -> None:
+    # Refused the same way on every connect: a worker must not wait for it as for an outage.
+    path = tmp_path / "pg_service.conf"
+    if service_file == "defines another service":
+        path.write_text("[elsewhere]\nhost=127.0.0.1\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(path))
+    separator = "&" if "?" in schemas.url else "?"
+    driver = postgres_storage(f"{schemas.url}{separator}service=runlane_app", schema=schemas.name(), min_size=0)
+    try:
+        error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+    finally:
+        await driver.close()
+    assert not error.retryable and "unreachable" not in error.message
+    assert "cannot look up the connection string's service" in error.message and "PGSERVICEFILE" in error.message
+
 # ---------------------------------------------------------------------------------------------
 # Group commit: concurrent attempts of one driver share one transaction, each rolled back alone
 

@@ -550,6 +550,9 @@ _CONNECT_FAILURES = (
 # libpq's own refusal of a server that does not accept SSL while the connection string requires it
 # (sslmode=require, verify-ca or verify-full): the same on every connect, so not an outage to wait out.
 _SSL_REFUSED = re.compile(r"server does not support SSL, but SSL was required")
+# libpq's own refusal of a ``service`` it cannot look up (no such service, no service file, a line it cannot
+# read there): the same on every connect too.
+_SERVICE_REFUSED = re.compile(r'(definition of service|service file) "[^"]*" not found|in service file "')
 
 
 def _sqlstate(error: BaseException) -> str | None:
@@ -612,6 +615,13 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             invalid,
             f"the server does not accept SSL connections ({detail}); enable SSL on the server, or connect "
             "without SSL by leaving sslmode out of the connection string (or setting it to prefer or disable).",
+        )
+    if state is None and isinstance(error, psycopg.OperationalError) and _SERVICE_REFUSED.search(detail):
+        return mapped(
+            invalid,
+            f"libpq cannot look up the connection string's service ({detail}); define the service in the "
+            "connection service file (PGSERVICEFILE, else ~/.pg_service.conf), or drop service from the connection "
+            "string and name the host, port and database in it.",
         )
     if state is None and isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)):
         return mapped(unavailable, f"Postgres is unreachable ({detail}).", retryable=True)
