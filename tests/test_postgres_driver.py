@@ -143,6 +143,10 @@ def test_only_postgres_urls_are_accepted(url: Any) -> None:
         # A replication connection cannot run Runlane's statements: every probe failed as an outage.
         ("postgres://user@localhost/db?replication=database", "replication to 'database'; Runlane needs an ordinary"),
         ("postgres://user@localhost/db?replication=true", "replication to 'true'; Runlane needs an ordinary"),
+        (
+            "postgres://user@localhost/db?ssl_min_protocol_version=TLSv1.3&ssl_max_protocol_version=TLSv1.2",
+            "ssl_min_protocol_version to 'TLSv1.3', above its ssl_max_protocol_version 'TLSv1.2'",
+        ),
     ],
 )
 def test_options_libpq_would_refuse_on_every_connect_are_refused_up_front(url: str, says: str) -> None:
@@ -153,6 +157,7 @@ def test_options_libpq_would_refuse_on_every_connect_are_refused_up_front(url: s
     # Multiple hosts with their ports, and the options libpq knows, are fine.
     postgres_storage("postgres://user@a:5432,b:5433/db?sslmode=require&connect_timeout=5&target_session_attrs=any")
     postgres_storage("postgres://user@localhost/db?replication=off")
+    postgres_storage("postgres://user@localhost/db?ssl_min_protocol_version=TLSv1.2&ssl_max_protocol_version=TLSv1.2")
 
 
 def test_schema_resolution_explicit_then_url_then_public() -> None:

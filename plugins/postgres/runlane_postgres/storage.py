@@ -439,7 +439,8 @@ _INTEGER_OPTIONS = frozenset(
     {"port", "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
      "tcp_user_timeout"}
 )  # fmt: skip
-_TLS_VERSIONS = frozenset({"TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"})
+_TLS_ORDER = ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3")
+_TLS_VERSIONS = frozenset(_TLS_ORDER)
 _CHOICE_OPTIONS = {
     "sslmode": frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"}),
     "channel_binding": frozenset({"disable", "prefer", "require"}),
@@ -495,6 +496,14 @@ def _check_conninfo(conninfo: str, parts: _UriParts) -> None:
                 f"The Postgres connection string sets {name} to {text!r}; use one of {', '.join(sorted(choices))}.",
                 field="connection_string",
             )
+    lowest, highest = options.get("ssl_min_protocol_version"), options.get("ssl_max_protocol_version")
+    if lowest and highest and _TLS_ORDER.index(lowest) > _TLS_ORDER.index(highest):
+        # libpq refuses the range before every connection attempt, which read as the server being unreachable.
+        raise _invalid(
+            f"The Postgres connection string sets ssl_min_protocol_version to {lowest!r}, above its "
+            f"ssl_max_protocol_version {highest!r}; no TLS version is left to connect with.",
+            field="connection_string",
+        )
 
 
 def _redacted(parts: _UriParts) -> str:
