@@ -970,6 +970,28 @@ def test_a_full_server_is_named_as_such_at_connect(message: str) -> None:
     assert "max_connections" in mapped.message
 
 
+_FAILED_AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+
+
+@pytest.mark.parametrize(
+    "message",
+    [  # libpq's words, against a server that accepts SSL
+        'root certificate file "/home/app/.postgresql/root.crt" does not exist',
+        'could not read root certificate file "/etc/app/ca.pem": no certificate or crl found',
+        "SSL error: certificate verify failed",
+        'server certificate for "db.internal" does not match host name "10.0.0.5"',
+        'certificate present, but not private key file "/home/app/.postgresql/postgresql.key"',
+        'private key file "/etc/app/client.key" has group or world access; file must have permissions u=rw (0600)',
+        'could not read certificate file "/etc/app/client.crt": no start line',
+    ],
+)
+def test_tls_settings_libpq_refuses_on_every_connect_are_a_configuration_error(message: str) -> None:
+    # The same on every connect until the files or the connection string change: not an outage to wait out.
+    mapped = map_postgres_error(psycopg.OperationalError(_FAILED_AT + message), "connect to Postgres")
+    assert mapped.code is ErrorCode.CONFIGURATION_INVALID and not mapped.retryable
+    assert message in mapped.message and "sslrootcert" in mapped.message and "unreachable" not in mapped.message
+
+
 async def test_sslmode_require_against_a_server_without_ssl_is_a_configuration_error(schemas: Schemas) -> None:
     # libpq refuses such a server on every connect, so a worker must not wait for it as for an outage.
     if schemas.execute("SHOW ssl") == [("on",)]:

@@ -559,6 +559,14 @@ _CONNECT_FAILURES = (
 # libpq's own refusal of a server that does not accept SSL while the connection string requires it
 # (sslmode=require, verify-ca or verify-full): the same on every connect, so not an outage to wait out.
 _SSL_REFUSED = re.compile(r"server does not support SSL, but SSL was required")
+# libpq's own refusal of the connection's TLS files or of the server's certificate (sslrootcert, sslcert,
+# sslkey, verify-ca / verify-full): the same on every connect as well, until the settings or files change.
+_TLS_REFUSED = re.compile(
+    r'root certificate file "[^"]*" does not exist|could not read root certificate file|certificate verify failed'
+    r'|server certificate for "[^"]*".* does not match host name|could not (open|read) certificate file'
+    r'|could not load private key file|certificate present, but not private key file|private key file "[^"]*" '
+    r"(has group or world access|is not a regular file)|certificate does not match private key file"
+)
 # libpq's own refusal of a ``service`` it cannot look up (no such service, no service file, a line it cannot
 # read there): the same on every connect too.
 _SERVICE_REFUSED = re.compile(r'(definition of service|service file) "[^"]*" not found|in service file "')
@@ -624,6 +632,13 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             invalid,
             f"the server does not accept SSL connections ({detail}); enable SSL on the server, or connect "
             "without SSL by leaving sslmode out of the connection string (or setting it to prefer or disable).",
+        )
+    if state is None and isinstance(error, psycopg.OperationalError) and _TLS_REFUSED.search(detail):
+        return mapped(
+            invalid,
+            f"libpq refused the connection's TLS certificates or keys ({detail}); fix the file or the connection "
+            "string's sslrootcert, sslcert, sslkey or sslmode (verify-ca and verify-full check the server's "
+            "certificate against sslrootcert, by default ~/.postgresql/root.crt).",
         )
     if state is None and isinstance(error, psycopg.OperationalError) and _SERVICE_REFUSED.search(detail):
         return mapped(
