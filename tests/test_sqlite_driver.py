@@ -900,7 +900,7 @@ async def test_an_incomplete_schema_is_an_invariant_violation(database: Path) ->
     with sqlite3.connect(database) as connection:
         connection.execute("DROP TABLE runlane_index_rows")
     error = await expect_error(sqlite_storage(database).start(), ErrorCode.INVARIANT_VIOLATION)
-    assert "runlane_index_rows" in error.message
+    assert "runlane_index_rows" in error.message and "restore it from a backup" in error.message
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -931,7 +931,8 @@ class SqliteStorageDriver(ClientClock):
             what = ", ".join(missing) or "the version counter"
             raise RunlaneError(
                 ErrorCode.INVARIANT_VIOLATION,
-                f"SQLite storage {path!r} has an incomplete Runlane schema (missing {what}).",
+                f"SQLite storage {path!r} has an incomplete Runlane schema (missing {what}): something other "
+                "than Runlane changed the file; restore it from a backup, or give Runlane a new file.",
                 meta={"path": path, "missing": missing},
             )
         for statement in _SCHEMA:  # indexes added since the file was created (derived data only)
