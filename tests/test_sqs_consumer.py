@@ -225,7 +225,7 @@ async def test_a_delivery_whose_execution_raises_is_not_deleted_and_reported_as_
     url = sqs_server.create_queue(_queue_name(), VisibilityTimeout="1")
     async with _runtime(client, url) as runtime:
         run_id = (await runtime.trigger(echo, {"a": 1})).run.id
-        outage = RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "The database is down.", retryable=True)
+        outage = RunlaneError(ErrorCode.INTERNAL_ERROR, "Something broke.")
         failures: list[SqsDeliveryFailure] = []
         consumer = await _start(
             consumers,
@@ -244,11 +244,75 @@ async def test_a_delivery_whose_execution_raises_is_not_deleted_and_reported_as_
         assert consumer.counts.deleted == 0
         assert await _depth(client, url) == 1
 
-        # The wakeup is still there for a consumer whose storage is back.
+        # The wakeup is still there for a consumer that can deliver it.
         recovered = await _start(consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery)
         await _eventually(lambda: recovered.counts.deleted == 1, "the recovered consumer to delete the message")
         assert await _status(runtime, run_id) is RunStatus.SUCCEEDED
         assert await _depth(client, url) == 0
+
+
+async def test_a_consumer_holds_wakeups_it_cannot_deliver_for_storage_and_hands_them_back_when_stopped(
+    sqs_server, consumers
+):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name(), VisibilityTimeout="1")
+    async with _runtime(client, url) as runtime:
+        for n in range(2):
+            await runtime.trigger(echo, {"n": n})
+        outage = RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "The database is down.", retryable=True)
+        calls: list[str] = []
+
+        async def storage_down(message: DeliveryMessage, **options: Any) -> Any:
+            calls.append(message.run_id)
+            raise outage
+
+        failures: list[SqsDeliveryFailure] = []
+        consumer = await _start(
+            consumers, client=client, queue_url=url, execute_delivery=storage_down, on_delivery_failure=failures.append
+        )
+        # Held, the messages are delivered again with backoff (0.5 s, then 1 s) and never received again,
+        # although the queue's visibility timeout (1 s) has long passed.
+        await _eventually(lambda: len(calls) >= 6, "three rounds of deliveries")
+        assert consumer.counts.received == 2
+        assert len(failures) == 2  # each held message is reported once
+        assert await _depth(client, url) == 2
+        await asyncio.wait_for(consumer.stop(), timeout=WAIT)
+        # Stopping hands them back at once, for a consumer whose storage answers.
+        recovered = await _start(consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery)
+        await _eventually(lambda: recovered.counts.deleted == 2, "the other consumer to run both")
+
+
+async def test_a_fifo_consumer_delivers_the_messages_it_held_for_storage_in_order_once_storage_answers(
+    sqs_server, consumers
+):
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name() + ".fifo", fifo=True)
+    async with _runtime(client, url, fifo={"message_group": "queue"}) as runtime:
+        run_ids = [(await runtime.trigger(echo, {"n": n})).run.id for n in range(4)]
+        calls: list[str] = []
+        outages = 2
+
+        async def storage_back_later(message: DeliveryMessage, **options: Any) -> Any:
+            nonlocal outages
+            calls.append(message.run_id)
+            if message.run_id == run_ids[1] and outages:
+                outages -= 1
+                raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "The database is down.", retryable=True)
+            return await runtime.execute_delivery(message, **options)
+
+        failures: list[SqsDeliveryFailure] = []
+        consumer = await _start(
+            consumers,
+            client=client,
+            queue_url=url,
+            fifo=True,
+            execute_delivery=storage_back_later,
+            on_delivery_failure=failures.append,
+        )
+        await _eventually(lambda: consumer.counts.deleted == 4, "every message to be deleted")
+        assert calls == [run_ids[0], run_ids[1], run_ids[1], run_ids[1], run_ids[2], run_ids[3]]
+        assert consumer.counts.received == 4 and len(failures) == 1
+        assert [await _status(runtime, run_id) for run_id in run_ids] == [RunStatus.SUCCEEDED] * 4
 
 
 async def test_a_task_that_fails_still_has_its_message_deleted(sqs_server, consumers):
@@ -313,7 +377,7 @@ async def test_a_fifo_consumer_delivers_in_order_and_leaves_the_rest_of_the_batc
         async def third_fails(message: DeliveryMessage, **options: Any) -> Any:
             calls.append(message.run_id)
             if message.run_id == run_ids[2]:
-                raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "The database is down.", retryable=True)
+                raise RunlaneError(ErrorCode.INTERNAL_ERROR, "Something broke.")
             return await runtime.execute_delivery(message, **options)
 
         def observe(failure: SqsDeliveryFailure) -> None:

@@ -309,6 +309,57 @@ async def test_a_trigger_while_sqs_is_down_keeps_the_run_and_tick_publishes_it_o
         server.stop()
 
 
+async def test_a_consumer_holds_its_wakeups_while_the_database_is_down_and_runs_them_once_it_is_back(
+    sqs_server: Any,
+) -> None:
+    """A wakeup whose delivery fails because the database is down is held (kept invisible) and delivered
+    again once the database answers: the consumer receives nothing meanwhile, so an outage longer than
+    the visibility timeout does not send the wakeups round the queue towards its dead-letter queue."""
+    from postgres_support import restartable_postgres_server
+
+    server, schema = await asyncio.to_thread(restartable_postgres_server, "sqs_outage")  # it runs a migration
+    client = sqs_server.client()
+    queue_url = sqs_server.create_queue(unique_queue_name(), VisibilityTimeout="1")
+    lane = lane_for(server.url, schema, client, [sqs_queue(DEFAULT, queue_url=queue_url)])
+    runtime = create_runlane(lane=lane, queues=[DEFAULT], tasks=[echo])
+    failures: list[Any] = []
+    async with runtime:
+        run_ids = [(await runtime.trigger(echo, {"value": value})).run.id for value in range(3)]
+        consumer = create_sqs_delivery_consumer(
+            client=client,
+            queue_url=queue_url,
+            execute_delivery=runtime.execute_delivery,
+            wait_time_seconds=1,
+            on_delivery_failure=failures.append,
+        )
+        server.stop_server()
+        try:
+            try:
+                await consumer.start()
+                await eventually(lambda: len(failures) == 3, what="the three deliveries to fail")
+                await asyncio.sleep(2.5)  # past the queue's visibility timeout of 1 s, twice
+                assert consumer.counts.received == 3 and len(failures) == 3  # reported once, not received again
+                assert {failure.cause.code for failure in failures} == {ErrorCode.STORAGE_UNAVAILABLE}
+                assert in_flight_messages(client, queue_url) == 3 and visible_messages(client, queue_url) == 0
+            finally:
+                server.start_server()
+
+            async def statuses() -> set[RunStatus | None]:
+                try:
+                    return {getattr(await runtime.runs.get(run_id), "status", None) for run_id in run_ids}
+                except RunlaneError:
+                    return set()  # the pool is still reconnecting
+
+            deadline = time.monotonic() + 20.0
+            while await statuses() != {RunStatus.SUCCEEDED}:
+                assert time.monotonic() < deadline, "the held wakeups were not delivered once the database was back"
+                await asyncio.sleep(0.1)
+            await eventually(lambda: consumer.counts.deleted == 3, what="the held messages' deletion")
+            assert consumer.counts.received == 3 and len(failures) == 3
+        finally:
+            await asyncio.wait_for(consumer.stop(), timeout=20.0)
+
+
 class TestPostgresSqsLaneComposition(LaneCompositionConformance):
     """The lane composition contract over a real PostgreSQL schema and a real SQS queue: the wakeup
     tick() publishes must arrive on the queue."""

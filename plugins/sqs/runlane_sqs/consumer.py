@@ -6,6 +6,12 @@ messages whose delivery resolved. A message whose shape, body or delivery failed
 queue's visibility timeout and redrive policy deliver it again or move it to the dead-letter queue.
 It never scans storage; that is what a polling worker does.
 
+A delivery that failed because storage is unavailable (``storage_unavailable``: the database is down)
+is the exception: the consumer holds its message instead, keeps it invisible, receives nothing new
+and delivers the held messages again with backoff until storage answers. An outage therefore costs
+each wakeup one receive, however long it lasts, instead of one per visibility timeout until the redrive
+policy dead-letters every wakeup of the queue (leaving their runs queued with no wakeup).
+
 Messages of one receive are delivered concurrently on a standard queue. On a FIFO queue
 (``fifo=True``) they are delivered in order, and the first failure leaves the rest of the batch
 undelivered, so SQS keeps their order.
@@ -24,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +64,16 @@ SQS_MAX_VISIBILITY_TIMEOUT_SECONDS = 12 * 60 * 60
 _RESOLVED = object()
 _HANDED_BACK = object()
 _UNRESOLVED = object()
+_STORAGE_DOWN = object()  # the delivery failed with ``storage_unavailable``: hold the message, try again
+
+# Held messages are delivered again after this many seconds, doubling up to the maximum (with jitter).
+_HOLD_BACKOFF_START_S = 0.5
+_HOLD_BACKOFF_MAX_S = 5.0
+# How much longer than the wait before the next try a held message is kept invisible: long enough for
+# that try to finish, short enough that the message of a consumer that died meanwhile comes back soon.
+_HOLD_VISIBILITY_MARGIN_S = 30
+
+_log = logging.getLogger("runlane.worker")
 
 
 @dataclass(slots=True)
@@ -165,36 +183,77 @@ class SqsDeliveryConsumer:
                     await self._release(received)
                     break
                 self.counts.received += len(received)
-                error: BaseException | None = None
-                settled: list[tuple[_Received, object]] = []
-                if self.fifo:
-                    for position, message in enumerate(received):
-                        if signal.aborted:
-                            # Stopping: hand the rest of the batch back, in order, for the next consumer
-                            # instead of running it under an aborted signal.
-                            await self._release(received[position:])
-                            break
-                        outcome = await self._deliver(message)
-                        settled.append((message, outcome))
-                        if outcome is _UNRESOLVED:
-                            break
-                else:
-                    # Every delivery of the batch settles before an observer's error ends the loop, so none
-                    # is left running after ``closed`` and the ones that resolved are still deleted.
-                    outcomes = await asyncio.gather(
-                        *(self._deliver(message) for message in received), return_exceptions=True
-                    )
-                    settled = list(zip(received, outcomes))
-                    error = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
-                # A run its handler handed back because this consumer stopped (``released: worker_stopped``)
-                # keeps its wakeup: made visible again, it runs at once on a consumer still up.
-                handed_back = [message for message, outcome in settled if outcome is _HANDED_BACK]
-                await self._release(handed_back)
-                await self._delete([message for message, outcome in settled if outcome is _RESOLVED])
-                if error is not None:
-                    raise error
+                held = await self._settle(received)
+                if held:
+                    await self._ride_out(held)
         finally:
             self._controller.abort("The SQS consumer stopped.")
+
+    async def _settle(self, batch: list[_Received], *, holding: bool = False) -> list[_Received]:
+        """Deliver ``batch``, delete the messages whose delivery resolved and make the handed-back ones
+        visible again; returns the messages to hold because storage is unavailable (on a FIFO queue,
+        the rest of the batch from the first of them on, so their order is kept)."""
+        signal = self._controller.signal
+        error: BaseException | None = None
+        settled: list[tuple[_Received, object]] = []
+        held: list[_Received] = []
+        if self.fifo:
+            for position, message in enumerate(batch):
+                if signal.aborted:
+                    # Stopping: hand the rest of the batch back, in order, for the next consumer
+                    # instead of running it under an aborted signal.
+                    await self._release(batch[position:])
+                    break
+                outcome = await self._deliver(message, holding=holding)
+                if outcome is _STORAGE_DOWN:
+                    held = batch[position:]
+                    break
+                settled.append((message, outcome))
+                if outcome is _UNRESOLVED:
+                    break
+        else:
+            # Every delivery of the batch settles before an observer's error ends the loop, so none
+            # is left running after ``closed`` and the ones that resolved are still deleted.
+            outcomes = await asyncio.gather(
+                *(self._deliver(message, holding=holding) for message in batch), return_exceptions=True
+            )
+            settled = list(zip(batch, outcomes))
+            held = [message for message, outcome in settled if outcome is _STORAGE_DOWN]
+            error = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
+        # A run its handler handed back because this consumer stopped (``released: worker_stopped``)
+        # keeps its wakeup: made visible again, it runs at once on a consumer still up.
+        handed_back = [message for message, outcome in settled if outcome is _HANDED_BACK]
+        await self._release(handed_back)
+        await self._delete([message for message, outcome in settled if outcome is _RESOLVED])
+        if error is not None:
+            await self._release(held)
+            raise error
+        return held
+
+    async def _ride_out(self, held: list[_Received]) -> None:
+        """Storage is unavailable: keep ``held`` invisible and deliver it again with backoff, receiving
+        nothing new, until storage answers; on stop, hand the messages still held back at once."""
+        signal = self._controller.signal
+        failures = 1
+        _log.warning(
+            "SQS consumer of %s: storage is unavailable; holding %d wakeup(s) and delivering them again with "
+            "backoff, receiving no more until storage answers.", self.queue_url, len(held),
+        )  # fmt: skip
+        while held:
+            delay = min(_HOLD_BACKOFF_MAX_S, _HOLD_BACKOFF_START_S * 2 ** min(failures - 1, 16))
+            delay *= 0.5 + random.random() / 2
+            await self._release(held, visibility_timeout=int(delay) + _HOLD_VISIBILITY_MARGIN_S)
+            try:
+                await asyncio.wait_for(signal.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+            if signal.aborted:
+                await self._release(held)
+                return
+            held = await self._settle(held, holding=True)
+            if held:
+                failures += 1
+        _log.warning("SQS consumer of %s: storage is reachable again after %d failures.", self.queue_url, failures)
 
     def _receive_params(self) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -272,22 +331,34 @@ class SqsDeliveryConsumer:
         except Exception:
             pass  # they become visible at the end of their visibility timeout instead
 
-    async def _release(self, received: list[_Received]) -> None:
-        entries = _visibility_entries([message.receipt_handle for message in received])
+    async def _release(self, received: list[_Received], *, visibility_timeout: int = 0) -> None:
+        """Make ``received`` visible again (or, with ``visibility_timeout``, keep it invisible that long
+        from now); best effort."""
+        entries = _visibility_entries([message.receipt_handle for message in received], visibility_timeout)
         if entries:
             try:
                 await call_sqs(self.client, "change_message_visibility_batch", QueueUrl=self.queue_url, Entries=entries)
             except Exception:
                 pass  # they become visible at the end of their visibility timeout instead
 
-    async def _deliver(self, received: _Received) -> object:
+    async def _deliver(self, received: _Received, *, holding: bool = False) -> object:
         """Deliver one message: ``_RESOLVED`` (delete it), ``_HANDED_BACK`` (its run was released because
-        this consumer stopped: make it visible again) or ``_UNRESOLVED`` (leave it to its visibility timeout)."""
+        this consumer stopped: make it visible again), ``_STORAGE_DOWN`` (storage is unavailable: hold
+        it) or ``_UNRESOLVED`` (leave it to its visibility timeout). A held message (``holding``) whose
+        delivery fails for storage again is not reported again."""
+        storage_down = False
 
         async def report(
             phase: SqsDeliveryFailurePhase, cause: BaseException, message: DeliveryMessage | None
         ) -> None:
-            await self._failed(phase, cause, received.message_id, message)
+            nonlocal storage_down
+            storage_down = (
+                phase is SqsDeliveryFailurePhase.EXECUTE
+                and isinstance(cause, RunlaneError)
+                and cause.code is ErrorCode.STORAGE_UNAVAILABLE
+            )
+            if not (storage_down and holding):
+                await self._failed(phase, cause, received.message_id, message)
 
         if not received.message_id or not received.receipt_handle:
             error = RunlaneError(
@@ -302,7 +373,7 @@ class SqsDeliveryConsumer:
             return results[-1]
 
         if not await deliver_body(received.body, execute, self._delivery_options, report):
-            return _UNRESOLVED
+            return _STORAGE_DOWN if storage_down else _UNRESOLVED
         self.counts.delivered += 1
         run = getattr(results[-1], "run", None) if results else None
         stopped = self._controller.signal.reason == REASON_WORKER_STOPPED
@@ -362,10 +433,11 @@ class SqsDeliveryConsumer:
             await call(self.on_delivery_failure, failure)
 
 
-def _visibility_entries(receipt_handles: list[Any]) -> list[dict[str, Any]]:
-    """``ChangeMessageVisibilityBatch`` entries that make these messages visible again at once."""
+def _visibility_entries(receipt_handles: list[Any], visibility_timeout: int = 0) -> list[dict[str, Any]]:
+    """``ChangeMessageVisibilityBatch`` entries that make these messages visible again at once (or after
+    ``visibility_timeout`` seconds)."""
     return [
-        {"Id": str(index), "ReceiptHandle": handle, "VisibilityTimeout": 0}
+        {"Id": str(index), "ReceiptHandle": handle, "VisibilityTimeout": visibility_timeout}
         for index, handle in enumerate(receipt_handles)
         if isinstance(handle, str) and handle
     ]
