@@ -90,6 +90,23 @@ async def test_the_attempts_table_says_what_each_released_attempt_waited_for() -
     ]
 
 
+async def test_runs_get_says_in_words_what_a_released_run_waits_for() -> None:
+    """The card of a released run printed its wait as raw JSON ({"type":"signal","signal_key":...})."""
+    clock = ControlledClock()
+    start = clock.now()
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[waits], clock=clock)
+    card = io.StringIO()
+    async with runtime:
+        for payload in ({"kind": "time"}, {"kind": "signal"}, {"kind": "run", "run_id": "run_export"}):
+            run = await runtime.run_now(waits, payload)
+            Output(stdout=card, stderr=io.StringIO(), width=300).run_detail(run, None)
+    assert [line.split("waiting for")[-1].strip() for line in card.getvalue().splitlines() if "waiting for" in line] == [
+        f"time until {_at(start, 300)}",
+        f"signal approved.q3 (timeout {_at(start, 3600)})",
+        "run run_export",
+    ]
+
+
 async def test_the_attempts_table_says_when_a_failed_attempt_is_retried() -> None:
     """A retried attempt showed its failure only, as the last one did: not that, and when, the run runs again."""
     clock = ControlledClock()

@@ -232,6 +232,20 @@ def _wait_parts(wait: Any) -> list[str]:
     return parts
 
 
+def _wait_text(wait: Any) -> str:
+    """What a released run waits for, in words: ``signal KEY``, ``run ID`` or ``time until T``, then
+    ``(timeout T)`` when the wait has one."""
+    kind = display_value(wait.type)
+    if kind == "signal":
+        text = f"signal {wait.signal_key}"
+    elif kind == "run_completion":
+        text = f"run {wait.run_id}"
+    else:
+        text = f"time until {iso(wait.resume_at)}"
+    timeout_at = getattr(wait, "timeout_at", None)
+    return text if timeout_at is None else f"{text} (timeout {iso(timeout_at)})"
+
+
 def plural(count: int, noun: str) -> str:
     """``1 run``, ``2 runs``."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
@@ -287,7 +301,7 @@ def run_rows(run: Any, *, full: bool = True) -> list[tuple[str, Any]]:
         source_run = run.source.source_run_id or run.source.schedule_id
         rows.append(("source", f"{source} {source_run}" if source_run else source))
     if run.wait is not None:
-        rows.append(("waiting for", _compact(run.wait)))
+        rows.append(("waiting for", _wait_text(run.wait)))
     if run.failure is not None:
         rows.append(("failure", failure_text(run.failure)))
     if full:
