@@ -571,6 +571,26 @@ _TLS_REFUSED = re.compile(
 # read there): the same on every connect too.
 _SERVICE_REFUSED = re.compile(r'(definition of service|service file) "[^"]*" not found|in service file "')
 
+# What the connection string must change for each of those refusals ({detail}: libpq's message).
+_LIBPQ_REFUSALS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        _SSL_REFUSED,
+        "the server does not accept SSL connections ({detail}); enable SSL on the server, or connect without SSL "
+        "by leaving sslmode out of the connection string (or setting it to prefer or disable).",
+    ),
+    (
+        _TLS_REFUSED,
+        "libpq refused the connection's TLS certificates or keys ({detail}); fix the file or the connection "
+        "string's sslrootcert, sslcert, sslkey or sslmode (verify-ca and verify-full check the server's "
+        "certificate against sslrootcert, by default ~/.postgresql/root.crt).",
+    ),
+    (
+        _SERVICE_REFUSED,
+        "libpq cannot look up the connection string's service ({detail}); define the service in the connection "
+        "service file (PGSERVICEFILE, else ~/.pg_service.conf), or drop service from the connection string and "
+        "name the host, port and database in it.",
+    ),
+)
 
 def _sqlstate(error: BaseException) -> str | None:
     state = getattr(error, "sqlstate", None)
@@ -627,26 +647,10 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
     invalid = ErrorCode.CONFIGURATION_INVALID
     if isinstance(error, PoolTimeout):
         return mapped(unavailable, f"no Postgres connection became available in time ({detail}).", retryable=True)
-    if state is None and isinstance(error, psycopg.OperationalError) and _SSL_REFUSED.search(detail):
-        return mapped(
-            invalid,
-            f"the server does not accept SSL connections ({detail}); enable SSL on the server, or connect "
-            "without SSL by leaving sslmode out of the connection string (or setting it to prefer or disable).",
-        )
-    if state is None and isinstance(error, psycopg.OperationalError) and _TLS_REFUSED.search(detail):
-        return mapped(
-            invalid,
-            f"libpq refused the connection's TLS certificates or keys ({detail}); fix the file or the connection "
-            "string's sslrootcert, sslcert, sslkey or sslmode (verify-ca and verify-full check the server's "
-            "certificate against sslrootcert, by default ~/.postgresql/root.crt).",
-        )
-    if state is None and isinstance(error, psycopg.OperationalError) and _SERVICE_REFUSED.search(detail):
-        return mapped(
-            invalid,
-            f"libpq cannot look up the connection string's service ({detail}); define the service in the "
-            "connection service file (PGSERVICEFILE, else ~/.pg_service.conf), or drop service from the connection "
-            "string and name the host, port and database in it.",
-        )
+    if state is None and isinstance(error, psycopg.OperationalError):
+        for refusal, problem in _LIBPQ_REFUSALS:
+            if refusal.search(detail):
+                return mapped(invalid, problem.format(detail=detail))
     if state is None and isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)):
         return mapped(unavailable, f"Postgres is unreachable ({detail}).", retryable=True)
     if state == "53300":
