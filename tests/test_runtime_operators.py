@@ -1390,7 +1390,15 @@ async def test_rerun_of_a_source_on_a_queue_this_runtime_does_not_register():
     (producer, other), _ = shared_store_runtimes([work], [work], queue_sets=[QUEUES, [DEFAULT]])
     async with producer, other:
         source = await producer.run_now(work, {"mode": "ok"}, queue=RECOVERY)
-        await rejects(ErrorCode.CONFIGURATION_INVALID, other.runs.rerun(source.id))
+        # The caller named no queue: the error says the source's queue is gone and how to choose another.
+        error = await rejects(ErrorCode.CONFIGURATION_INVALID, other.runs.rerun(source.id))
+        assert f"Run {source.id} ran on queue 'recovery', which is not registered" in error.message
+        assert "pass a registered queue (queue=, or --queue) to rerun it there" in error.message
+        assert error.meta == {"field": "queue", "queue": "recovery", "run_id": source.id}
+        failed = await producer.run_now(work, {"mode": "fail"}, queue=RECOVERY)
+        error = await rejects(ErrorCode.CONFIGURATION_INVALID, other.runs.retry(failed.id))
+        assert "to retry it there" in error.message
+        assert await ids(other, source_run_id=source.id) == [] and await ids(other, source_run_id=failed.id) == []
         child = await other.runs.rerun(source.id, queue=DEFAULT)
         assert child.queue == "default"
 

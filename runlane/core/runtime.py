@@ -2937,6 +2937,18 @@ class RunsApi:
         # holding its singleton key, and stays in its concurrency partition on any bounded queue (an
         # unbounded queue cannot enforce one, so a child moved there has none).
         target = None if queue is None else runtime.resolve_queue(queue)
+        if target is None and source.queue not in runtime.queues:
+            # The child would take the source's queue, which a later release renamed or removed: say that
+            # it is the source's, and how to choose another, instead of naming a queue the caller never gave.
+            runtime.resolve_task(source.task_id)  # a missing task is task_not_found first, as the spec says
+            verb = "rerun" if kind is RunSourceType.RERUN else "retry"
+            raise _invalid(
+                f"Run {checked} ran on queue {source.queue!r}, which is not registered in this runtime (registered "
+                f"queues: {sorted(runtime.queues)}); pass a registered queue (queue=, or --queue) to {verb} it there.",
+                field="queue",
+                queue=source.queue,
+                run_id=checked,
+            )
         bounded = target is None or target.concurrency_limit is not None
         spec = runtime.prepare_create(
             source.task_id,
