@@ -176,6 +176,21 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_an_empty_filter_list_matches_no_run_whatever_the_filter(self, lanes: LaneFactory) -> None:
+        """queues=[] was refused as validation_failed, while statuses=[] and task_ids=[] list no run: each
+        empty filter now matches nothing, on every lane."""
+
+        async def body() -> None:
+            runtime, _ = self.runtime(lanes.new(), child)
+            async with runtime:
+                await runtime.trigger(child, {})
+                assert len((await runtime.runs.list(queues=[DEFAULT])).data) == 1
+                for empty in ({"queues": []}, {"statuses": []}, {"task_ids": []}):
+                    page = await runtime.runs.list(**empty)
+                    assert (page.data, page.next_cursor) == ([], None), empty
+
+        self.run(body)
+
     def test_a_wait_pending_when_the_runtime_closes_ends_saying_it_is_closed(self, lanes: LaneFactory) -> None:
         """The lane closed under runs.wait(): it said what the closed lane answered, a retryable
         storage_unavailable on Postgres (a closed pool), which it waited out until its timeout, for ever

@@ -1158,7 +1158,8 @@ class Runlane:
                 meta={"field": "queues"},
             )
 
-        names = self._queue_names(queues, name_of, "queue", code=ErrorCode.VALIDATION_FAILED)
+        # An empty filter matches no run, as empty statuses and task_ids do.
+        names = self._queue_names(queues, name_of, "queue", code=ErrorCode.VALIDATION_FAILED, empty=True)
         if len(names) > _MAX_FILTER_VALUES:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
@@ -1175,16 +1176,18 @@ class Runlane:
         what: str,
         *,
         code: ErrorCode = ErrorCode.CONFIGURATION_INVALID,
+        empty: bool = False,
     ) -> tuple[str, ...]:
-        """``name_of`` each of ``queues`` (one queue, or several), each name once; at least one. ``code``
-        is that of a malformed ``queues``: a worker's option, or a listing's filter (``validation_failed``)."""
+        """``name_of`` each of ``queues`` (one queue, or several), each name once; at least one unless
+        ``empty``. ``code`` is that of a malformed ``queues``: a worker's option, or a listing's filter
+        (``validation_failed``)."""
         if isinstance(queues, (str, QueueDefinition)):
             queues = [queues]
         if not isinstance(queues, Iterable):
             message = f"queues must be a list of queue definitions or names, got {queues!r:.80}."
             raise RunlaneError(code, message, meta={"field": "queues"})
         names = tuple(dict.fromkeys(name_of(item) for item in queues))
-        if not names:
+        if not names and not empty:
             message = f"queues must name at least one {what} (omit it for all queues)."
             raise RunlaneError(code, message, meta={"field": "queues"})
         return names
