@@ -1035,6 +1035,49 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_an_exporter_whose_batch_is_trimmed_while_it_is_sent_goes_on_with_the_rest(
+        self, lanes: LaneFactory
+    ) -> None:
+        @task("observed")
+        async def observed(payload: Any) -> None:
+            return None
+
+        async def body() -> None:
+            runtime, clock = self.runtime(lanes.new(), observed)
+
+            class TrimWhileSending:
+                """Retention without this consumer runs while the first batch is sent."""
+
+                def __init__(self) -> None:
+                    self.positions: list[int] = []
+
+                async def export(self, records: Any) -> None:
+                    if not self.positions:
+                        assert (await runtime.observations.trim(older_than="1d")).deleted == 8
+                    self.positions.extend(int(record.stream_position) for record in records)
+
+            async with runtime:
+                for _ in range(2):
+                    await runtime.run_now(observed, {})  # positions 1-8
+                clock.advance("2d")
+                await runtime.run_now(observed, {})  # positions 9-12, recent
+                sink = TrimWhileSending()
+                exporter = runtime.observation_exporter("late", sink, batch_size=4)
+
+                # The batch's last record is gone, so the checkpoint cannot move there: the tick fails
+                # retryably, and the exporter loop does not stop for good.
+                tick = await exporter.export_once()
+                assert tick.status.value == "failed" and isinstance(tick.error, RunlaneError)
+                assert tick.error.retryable
+                assert get_storage_conflict_kind(tick.error) is StorageConflictKind.OBSERVATION_CHECKPOINT
+                assert await runtime.observations.checkpoint("late") is None
+
+                # The next tick scans again from the checkpoint, past what was deleted.
+                assert (await exporter.export_once()).exported == 4
+                assert sink.positions == [1, 2, 3, 4, 9, 10, 11, 12]
+
+        self.run(body)
+
     def test_drain_worker_with_concurrent_slots_runs_each_run_once(self, lanes: LaneFactory) -> None:
         executed: list[int] = []
 

@@ -33,7 +33,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from ..defaults import contract_defaults
 from ..durations import Duration, duration_ms
-from ..errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
+from ..errors import (
+    ErrorCode,
+    RunlaneError,
+    StorageConflictKind,
+    create_storage_conflict_error,
+    get_storage_conflict_kind,
+)
 from ..ids import validate_id
 from ..json_values import canonical_json_of_checked, terminal_safe_json
 from ..model_build import build_validated
@@ -1028,14 +1034,36 @@ class ObservationExporter:
                 return self._tick(status.IDLE, cursor=checkpoint)
             await _unless_aborted(_call_sink(self.sink, records), signal)
             # A scan that returned records ends at a cursor (``ObservationPage``).
-            await advance_observation_checkpoint(
-                self.driver, self.environment, self.consumer, expected_cursor=checkpoint, cursor=cast(str, cursor)
-            )
+            await self._advance(checkpoint, cast(str, cursor))
         except _Aborted:
             return self._tick(status.ABORTED, cursor=checkpoint)
         except Exception as error:
             return self._tick(status.FAILED, error=error, cursor=checkpoint)
         return self._tick(status.EXPORTED, exported=len(records), cursor=cursor)
+
+    async def _advance(self, checkpoint: str | None, cursor: str) -> None:
+        """Advance the checkpoint past a batch the sink accepted.
+
+        The batch was scanned after ``checkpoint``, so the advance can only be refused for good because
+        its last record no longer exists: retention (``observations.trim`` without this consumer) deleted
+        it while the sink sent the batch. That is a race, not a broken exporter: the next tick scans again
+        from the checkpoint, past what was deleted, so the refusal is retryable here instead of stopping
+        the exporter loop for good.
+        """
+        try:
+            await advance_observation_checkpoint(
+                self.driver, self.environment, self.consumer, expected_cursor=checkpoint, cursor=cursor
+            )
+        except RunlaneError as error:
+            if error.retryable or get_storage_conflict_kind(error) is not StorageConflictKind.OBSERVATION_CHECKPOINT:
+                raise
+            raise create_storage_conflict_error(
+                StorageConflictKind.OBSERVATION_CHECKPOINT,
+                f"Observation records consumer {self.consumer!r} was exporting were deleted (observations.trim) "
+                "while the sink sent them; the next export scans again from its checkpoint.",
+                meta=error.meta,
+                cause=error,
+            ) from None
 
     async def _scan(self, checkpoint: str | None) -> tuple[tuple[RunlaneObservationRecord, ...], str | None]:
         records: list[RunlaneObservationRecord] = []
