@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import cli, make_project, ndjson, run_json_until
+from cli_support import RUNLANE, cli, cli_env, make_project, ndjson, run_json_until
 
 from runlane.core.observations import observation_record_id
 
@@ -252,6 +254,32 @@ def test_export_runs_until_sigterm_and_stops_its_exporters(tmp_path: Path) -> No
     lifecycle = ndjson(stderr)
     assert [r["type"] for r in lifecycle] == ["exporter_started", "stopping", "exporter_stopped"]
     assert lifecycle[-1]["exported"] == len(records)
+
+
+def test_export_stops_its_console_exporter_when_the_reader_of_stdout_goes_away(tmp_path: Path) -> None:
+    project = make_project(tmp_path, lane="sqlite")
+    add_exporter(project)
+    assert cli(project, "tick").returncode == 0  # the scheduled run: records to export
+    assert RUNLANE is not None
+    process = subprocess.Popen(
+        [RUNLANE, "export"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env()
+    )
+    watchdog = threading.Timer(60, process.kill)
+    watchdog.start()
+    try:
+        assert process.stdout is not None
+        assert is_observation(json.loads(process.stdout.readline()))
+        process.stdout.close()  # `runlane export | head -1`: the reader has gone
+        assert cli(project, "trigger", "emails.welcome", '{"user_id": "user_2"}').returncode == 0  # more to write
+        stderr = process.communicate(timeout=30)[1]
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+    # The exporter stops, saying why, instead of writing into the closed pipe every 5 s for ever.
+    assert process.returncode == 1, stderr
+    assert "exporter failed exporter=console" in stderr and "closed by its reader" in stderr
+    assert "Traceback" not in stderr
 
 
 def test_export_needs_exporters_and_a_shared_lane(project: Path, tmp_path: Path) -> None:

@@ -838,6 +838,21 @@ async def test_console_sink_writes_one_json_object_per_line(driver):
     assert parsed[0].observation.event_type is RunEventType.CREATED
 
 
+async def test_console_sink_whose_reader_went_away_stops_the_exporter_and_keeps_the_batch(driver):
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    await append(driver, values_for("run_1", 2))
+    exporter = ObservationExporter(driver, ENV, "piped", ConsoleObservationSink(ClosedPipe()))
+    tick = await exporter.export_once()
+    # Not retryable, so exporter.run() stops instead of writing into the closed pipe for ever.
+    assert tick.status is Tick.FAILED and isinstance(tick.error, RunlaneError)
+    assert tick.error.code is ErrorCode.OBSERVATION_EXPORT_FAILED and not tick.error.retryable
+    assert "closed by its reader" in tick.error.message
+    assert await get_observation_checkpoint(driver, ENV, "piped") is None
+
+
 async def test_console_sink_defaults_to_stdout(driver, capsys):
     await append(driver, values_for("run_1", 1))
     page = await scan_observation_records(driver, ENV)

@@ -909,10 +909,25 @@ class ConsoleObservationSink:
             + "\n"
             for record in records
         )
-        stream.write(lines)
-        flush = getattr(stream, "flush", None)
-        if callable(flush):
-            flush()
+        try:
+            stream.write(lines)
+            flush = getattr(stream, "flush", None)
+            if callable(flush):
+                flush()
+        except BrokenPipeError as error:
+            # Whatever read the stream (`runlane export | shipper`) has gone: no later write can reach
+            # it, so the exporter stops instead of retrying into a closed pipe for ever.
+            raise RunlaneError(
+                ErrorCode.OBSERVATION_EXPORT_FAILED,
+                f"The console exporter's {self._stream_name(stream)} was closed by its reader (a broken pipe); "
+                f"the {len(records)} record(s) of this batch stay pending for the next export.",
+                meta={"records": len(records)},
+                cause=error,
+            ) from None
+
+    @staticmethod
+    def _stream_name(stream: object) -> str:
+        return "stdout" if stream is sys.stdout else "stderr" if stream is sys.stderr else "stream"
 
 
 # ---------------------------------------------------------------------------------------------
