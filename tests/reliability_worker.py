@@ -4,9 +4,10 @@
         [--sleep SECONDS] [--lease DURATION] [--heartbeat DURATION]
 
 LANE is ``sqlite:<path>`` or ``postgres:<url>``. Every attempt appends ``run_id attempt pid`` to
-``--log`` (one short ``O_APPEND`` write, so concurrent processes never interleave a line). The
-process prints ``ready`` once its worker runs, stops cooperatively on SIGTERM, and prints one JSON
-line with its counts when it exits.
+``--log``, and every call of a ``reliable.steps`` step function ``step run_id key attempt pid`` (one
+short ``O_APPEND`` write each, so concurrent processes never interleave a line). The process prints
+``ready`` once its worker runs, stops cooperatively on SIGTERM, and prints one JSON line with its
+counts when it exits.
 """
 
 from __future__ import annotations
@@ -59,6 +60,23 @@ async def bounded(payload: dict, ctx: TaskContext) -> int:
     return int(payload["n"])
 
 
+@task("reliable.steps")
+async def stepped(payload: dict, ctx: TaskContext) -> list[str]:
+    """Three durable steps, each held ``--sleep`` seconds; every call of a step's ``fn`` appends
+    ``step run_id key attempt pid`` to the log, so the test can tell which attempt ran which step."""
+    _log(f"{ctx.run_id} {ctx.attempt} {os.getpid()}\n")
+    outputs = []
+    for key in ("first", "second", "third"):
+
+        async def call(token: str, key: str = key) -> str:
+            _log(f"step {ctx.run_id} {key} {ctx.attempt} {os.getpid()}\n")
+            await asyncio.sleep(float(_settings["sleep"]))  # type: ignore[arg-type]
+            return f"{key} by attempt {ctx.attempt}"
+
+        outputs.append(await ctx.step.run(key, call))
+    return outputs
+
+
 def make_lane(spec: str) -> Lane:
     kind, _, target = spec.partition(":")
     if kind == "sqlite":
@@ -76,7 +94,7 @@ async def main(arguments: argparse.Namespace) -> dict[str, int]:
     runtime = create_runlane(
         lane=make_lane(arguments.lane),
         queues=[DEFAULT, BOUNDED],
-        tasks=[work, bounded],
+        tasks=[work, bounded, stepped],
         worker_id=f"worker-{os.getpid()}",
     )
     async with runtime:

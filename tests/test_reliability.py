@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from reliability_worker import BOUNDED, bounded, work
+from reliability_worker import BOUNDED, bounded, stepped, work
 from runlane import RunStatus, create_runlane, queue
 from runlane.core.lanes import Lane
 
@@ -126,7 +126,7 @@ class Workers:
 def attempts_logged(log: Path) -> list[tuple[str, int, int]]:
     if not log.exists():
         return []
-    lines = log.read_text().splitlines()
+    lines = [line for line in log.read_text().splitlines() if not line.startswith("step ")]
     return [(run_id, int(attempt), int(pid)) for run_id, attempt, pid in (line.split() for line in lines)]
 
 
@@ -230,6 +230,74 @@ def test_kill_9_of_a_worker_mid_attempt_loses_no_run_and_records_no_outcome_twic
     for run_id in reclaimed:
         assert found[run_id][0].counters.attempts >= 2
     assert not interrupted or all(found[run_id][0].status is RunStatus.SUCCEEDED for run_id in interrupted)
+
+
+def test_a_worker_paused_past_its_lease_records_nothing_for_its_attempts_when_it_resumes(
+    durable: DurableLane, tmp_path: Path
+) -> None:
+    """A worker process stopped (SIGSTOP, as a stalled host or a long GC pause would) in the middle of
+    durable steps, for longer than its lease, while maintenance runs in the test process: its runs are
+    taken over and finished elsewhere. Once continued, its stale attempts record no step and no
+    outcome: every run has one outcome per attempt and one terminal event, and every step stored is
+    that of an attempt whose call of the step ran (each attempt calls a step at most once)."""
+    log = tmp_path / "attempts.log"
+    workers = Workers(durable, log)
+
+    async def scenario() -> tuple[list[str], int, dict[tuple[str, str], Any]]:
+        runtime = create_runlane(lane=durable.lane(), queues=[DEFAULT], tasks=[stepped])
+        async with runtime:
+            run_ids = [(await runtime.trigger(stepped, {})).run.id for _ in range(30)]
+            lease = ("--lease", "1s", "--heartbeat", "250ms")
+            workers.start(3, "--mode", "poll", "--concurrency", "2", "--sleep", "0.2", *lease)
+            await wait_until(lambda: len(attempts_logged(log)) >= 6, 120, "six attempts")
+            victim_pid = attempts_logged(log)[-1][2]  # its attempt has just started: it is in a step
+            os.kill(victim_pid, signal.SIGSTOP)
+            try:
+                deadline = time.monotonic() + 2.5  # well past the victim's leases
+                while time.monotonic() < deadline:
+                    await runtime.tick()
+                    await asyncio.sleep(0.1)
+            finally:
+                os.kill(victim_pid, signal.SIGCONT)
+            deadline = time.monotonic() + 180
+            while True:
+                await runtime.tick()
+                page = await runtime.runs.list(statuses=[RunStatus.SUCCEEDED], limit=100)
+                if len(page.data) == len(run_ids):
+                    steps = {
+                        (run_id, key): await runtime.runs.step(run_id, key)
+                        for run_id in run_ids
+                        for key in ("first", "second", "third")
+                    }
+                    return run_ids, victim_pid, steps
+                assert time.monotonic() < deadline, f"only {len(page.data)} of {len(run_ids)} runs finished"
+                await asyncio.sleep(0.1)
+
+    try:
+        run_ids, victim_pid, steps = asyncio.run(asyncio.wait_for(scenario(), 240))
+        workers.terminate()
+        results = workers.finish(timeout=60)
+    finally:
+        workers.close()
+    # The continued worker tried to record the outcome of its stale attempts, and was refused.
+    assert any("lost its lease; its outcome is not recorded" in result["stderr"] for result in results)
+    calls = Counter(tuple(line.split()[1:4]) for line in log.read_text().splitlines() if line.startswith("step "))
+    assert max(calls.values()) == 1, "an attempt called one step twice"
+    found = asyncio.run(histories(durable, run_ids))
+    taken_over = [
+        run_id
+        for run_id, attempt, pid in attempts_logged(log)
+        if pid == victim_pid and found[run_id][0].counters.attempts > attempt
+    ]
+    assert taken_over, "the paused worker's runs were run again elsewhere"
+    for run_id, (run, events) in found.items():
+        assert run.status is RunStatus.SUCCEEDED and events.count("run.succeeded") == 1, (run_id, events)
+        assert sum(events.count(kind) for kind in OUTCOMES) == 1, (run_id, events)  # no retries: one outcome
+        assert run.counters.attempts == events.count("run.lease_claimed"), (run_id, events)
+        for key in ("first", "second", "third"):
+            step = steps[(run_id, key)]
+            assert step is not None and calls[(run_id, key, str(step.attempt))] == 1, (run_id, key, step)
+            assert run.output[["first", "second", "third"].index(key)] == step.output
 
 
 def partition_overlap(log: Path) -> dict[str, int]:
