@@ -100,7 +100,8 @@ async def test_runs_get_says_in_words_what_a_released_run_waits_for() -> None:
         for payload in ({"kind": "time"}, {"kind": "signal"}, {"kind": "run", "run_id": "run_export"}):
             run = await runtime.run_now(waits, payload)
             Output(stdout=card, stderr=io.StringIO(), width=300).run_detail(run, None)
-    assert [line.split("waiting for")[-1].strip() for line in card.getvalue().splitlines() if "waiting for" in line] == [
+    lines = card.getvalue().splitlines()
+    assert [line.split("waiting for")[-1].strip() for line in lines if "waiting for" in line] == [
         f"time until {_at(start, 300)}",
         f"signal approved.q3 (timeout {_at(start, 3600)})",
         "run run_export",
