@@ -109,6 +109,12 @@ class LaneScenarios:
                 with pytest.raises(RunlaneError) as raised:
                     await runtime.idempotency_keys.reset(nul, key="k\udcff")
                 assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+                # A trace carrier with one was refused by storage as a driver contract breach.
+                for carrier in ({"traceparent": "00-\udcff"}, {"\ud800": "1"}):
+                    with pytest.raises(RunlaneError) as raised:
+                        await runtime.trigger(nul, {"text": "x"}, trace_carrier=carrier)
+                    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+                    assert "not valid Unicode text" in raised.value.message
                 assert (await runtime.runs.list(limit=10)).data == []  # nothing was written
                 # Inside JSON values (payload, meta, output) a NUL is ordinary text.
                 created = await runtime.trigger(nul, {"text": "a\x00b"}, meta={"note": "c\x00d"})

@@ -3510,8 +3510,15 @@ def _trace_carrier(value: object) -> dict[str, str] | None:
         return None
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise _invalid("trace_carrier must be a mapping of strings to strings.", field="trace_carrier")
-    size = sum(len(key.encode("utf-8", "surrogatepass")) + len(item.encode("utf-8", "surrogatepass"))
-               for key, item in value.items())  # fmt: skip
+    for key, item in value.items():
+        if not (is_unicode_text(key) and is_unicode_text(item)):
+            # Refused here, as in meta: storage would refuse the run's documents as a driver contract breach.
+            raise _invalid(
+                f"trace_carrier entry {key!r} is not valid Unicode text (it has a lone surrogate, which is what bytes "
+                "that are not UTF-8 become when decoded with surrogateescape); pass UTF-8 text.",
+                field="trace_carrier",
+            )
+    size = sum(len(key.encode("utf-8")) + len(item.encode("utf-8")) for key, item in value.items())
     if size > MAX_TRACE_CARRIER_BYTES:
         raise _invalid(
             f"trace_carrier holds {size:,} bytes of keys and values, more than the {MAX_TRACE_CARRIER_BYTES:,} a "
