@@ -111,7 +111,22 @@ async def test_a_payload_nested_too_deeply_for_json_is_a_validation_error_before
         with pytest.raises(RunlaneError) as raised:
             await runtime.trigger(keyed, {"key": "k1", "series": nested})
         assert raised.value.code is ErrorCode.VALIDATION_FAILED
-        assert "cannot be stored as JSON" in raised.value.message
+        assert "nested more than 200 levels deep at $.series[0]" in raised.value.message
+        assert await all_runs(runtime) == []
+
+
+async def test_a_key_with_a_lone_surrogate_in_an_untyped_payload_is_named_before_any_write():
+    # What json.loads makes of '{"\\udcff": 1}' (a webhook body, the CLI): refused with only the encoder's
+    # "'utf-8' codec can't encode character", which said neither where nor what to send instead.
+    runtime, _ = _runtime()
+    async with runtime:
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.trigger(keyed, {"key": "k1", "tags": {"\udcff": 1}})
+        assert raised.value.code is ErrorCode.VALIDATION_FAILED
+        assert raised.value.message.startswith(
+            "Invalid payload for task 'orders.keyed': object keys must be valid Unicode (no lone surrogates) at $.tags."
+        )
+        assert raised.value.meta["path"] == "$.tags"
         assert await all_runs(runtime) == []
 
 

@@ -554,6 +554,10 @@ class TaskDefinition:
             dumped = self._adapter.dump_python(validated, mode="json", by_alias=True)
         except (PydanticSerializationError, ValueError, RecursionError) as error:
             # ValueError: pydantic's "Maximum serialization depth exceeded" for a value nested too deeply.
+            if self._plain:
+                # Stored as given: say where and why it is not JSON (a key with a lone surrogate, which the
+                # encoder names only as a codec error), as for any other value that is not.
+                ensure_json_value(validated, f"payload for task {self.id!r}")
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
                 f"The payload for task {self.id!r} cannot be stored as JSON: {_first_line(error)}.",
