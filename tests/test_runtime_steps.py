@@ -152,6 +152,38 @@ async def test_one_step_key_called_side_by_side_runs_its_fn_once():
             calls.clear()
 
 
+async def test_an_async_handler_calls_a_step_key_awaited_and_from_a_thread_alike():
+    """A key an async def handler calls both awaited and from a thread it gives work to
+    (``asyncio.to_thread(ctx.step.run, ...)``), in turn or at once, runs its fn once and replays what it
+    stored, instead of failing the attempt with a TypeError from the other call's kind of lock."""
+    calls: list[str] = []
+
+    def submit(token: str) -> dict:
+        calls.append(token)
+        return {"job": len(calls)}
+
+    @task("steps.loop.and.thread")
+    async def mixed(payload: dict, ctx: TaskContext):
+        first = await ctx.step.run("first", submit)
+        first_again = await asyncio.to_thread(ctx.step.run, "first", submit)
+        second = await asyncio.to_thread(ctx.step.run, "second", submit)
+        second_again = await ctx.step.run("second", submit)
+        together = await asyncio.gather(
+            ctx.step.run("third", submit),
+            asyncio.to_thread(ctx.step.run, "third", submit),
+            ctx.step.run("third", submit),
+        )
+        return [first, first_again, second, second_again, *together]
+
+    runtime, _ = make_runtime(mixed)
+    async with runtime:
+        await runtime.trigger(mixed, {})
+        run = await asyncio.wait_for(runtime.execute_next(), 10)
+    assert run.status is RunStatus.SUCCEEDED, run.failure
+    assert run.output == [{"job": 1}] * 2 + [{"job": 2}] * 2 + [{"job": 3}] * 3
+    assert len(calls) == 3
+
+
 @pytest.mark.parametrize("kind", ["async", "def"])
 async def test_a_step_called_inside_its_own_fn_is_refused_instead_of_waiting_for_itself(kind):
     if kind == "async":

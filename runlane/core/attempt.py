@@ -914,7 +914,7 @@ class StepRunner:
         # One call of a key at a time: a second one (side by side in asyncio.gather) waits, then reads what
         # the first stored instead of calling its fn again.
         attempt = self._attempt
-        lock = attempt.step_key_lock(key, asyncio.Lock, asyncio.current_task())
+        lock = attempt.step_key_lock(key, asyncio.current_task())
         async with lock:
             with attempt.step_key_held(key, asyncio.current_task()):
                 return await self._run_step_alone(key, fn, adapter)
@@ -936,10 +936,18 @@ class StepRunner:
         return returned
 
     def _run_blocking(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
+        # A def handler's threads, or a thread an async def handler gave work to: the key's lock is taken on the
+        # attempt's loop, so that calls of the key there (awaited) and in threads wait for one another.
         attempt = self._attempt
-        with attempt.step_key_lock(key, threading.Lock, threading.get_ident()):  # a def handler's threads
-            with attempt.step_key_held(key, threading.get_ident()):
+        caller = threading.get_ident()
+        lock = attempt.step_key_lock(key, caller)
+        attempt.call_on_loop(lock.acquire())
+        try:
+            with attempt.step_key_held(key, caller):
                 return self._run_blocking_alone(key, fn, adapter)
+        finally:
+            with contextlib.suppress(RuntimeError):  # the attempt's loop has closed: nothing waits for the key
+                attempt.loop.call_soon_threadsafe(lock.release)
 
     def _run_blocking_alone(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
         attempt = self._attempt
@@ -1188,7 +1196,7 @@ class _Attempt:
         # Step calls of an ``async def`` handler that have started and not ended (see ``settle_steps``).
         self._steps_running: set[asyncio.Future[None]] = set()
         # Step key -> what a second call of that key waits for while a first one of this attempt runs it.
-        self._step_key_locks: dict[str, Any] = {}  # asyncio.Lock, or threading.Lock in a def handler
+        self._step_key_locks: dict[str, asyncio.Lock] = {}
         self._step_key_holders: dict[str, object] = {}  # step key -> the task or thread running it
 
     # -- threads -----------------------------------------------------------------------------------
@@ -1934,10 +1942,11 @@ class _Attempt:
 
     # -- child triggers --------------------------------------------------------------------------
 
-    def step_key_lock(self, key: str, kind: type[asyncio.Lock] | type[threading.Lock], caller: object) -> Any:
-        """The lock calls of step ``key`` in this attempt take in turn (made on first use; kept for the
-        attempt, one per key it runs). A call from inside the ``fn`` of the same key (``caller``, its task or
-        thread, holds it) would wait for itself: it is refused instead."""
+    def step_key_lock(self, key: str, caller: object) -> asyncio.Lock:
+        """The lock calls of step ``key`` in this attempt take in turn, on the attempt's loop whether they are
+        awaited or come from threads (made on first use; kept for the attempt, one per key it runs). A call
+        from inside the ``fn`` of the same key (``caller``, its task or thread, holds it) would wait for
+        itself: it is refused instead."""
         with _STEP_KEYS_LOCK:
             if self._step_key_holders.get(key) == caller:
                 raise RunlaneError(
@@ -1948,7 +1957,7 @@ class _Attempt:
                 )
             lock = self._step_key_locks.get(key)
             if lock is None:
-                lock = self._step_key_locks[key] = kind()
+                lock = self._step_key_locks[key] = asyncio.Lock()
         return lock
 
     @contextlib.contextmanager
