@@ -552,6 +552,51 @@ def _stale_probe(ctx: TaskContext, calls: list[str], child: Any) -> list[tuple[s
     return refusals
 
 
+def test_a_context_a_thread_kept_past_its_runtime_refuses_its_calls_as_lease_ownership() -> None:
+    """A ``def`` handler's ``ctx`` used by a thread after its runtime closed and the loop that ran it is gone
+    is refused as any ``ctx`` kept past its attempt is (``storage_conflict``, ``lease_ownership``), instead
+    of failing with the loop's ``RuntimeError('Event loop is closed')``."""
+    import threading
+
+    kept: list[TaskContext] = []
+
+    @task("kept.context")
+    def keep(payload: dict, ctx: TaskContext) -> str:
+        kept.append(ctx)
+        return ctx.step.run("charge", lambda token: "charged")
+
+    async def execute() -> None:
+        runtime, _ = make_runtime(keep)
+        async with runtime:
+            await runtime.trigger(keep, {})
+            assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+
+    asyncio.run(execute())
+    [ctx] = kept
+    calls = {
+        "replayed step": lambda: ctx.step.run("charge", lambda token: "charged"),
+        "new step": lambda: ctx.step.run("refund", lambda token: "refunded"),
+        "trigger": lambda: ctx.trigger(keep, {}),
+        "get_run": lambda: ctx.get_run(ctx.run_id),
+    }
+    refused: dict[str, Any] = {}
+
+    def use() -> None:
+        for what, call in calls.items():
+            try:
+                refused[what] = call()
+            except Exception as error:  # noqa: BLE001 - the error is what the test checks
+                refused[what] = error
+
+    thread = threading.Thread(target=use)
+    thread.start()
+    thread.join(10)
+    assert set(refused) == set(calls)
+    for what, error in refused.items():
+        assert isinstance(error, RunlaneError), (what, error)
+        assert error.meta.get("storage_conflict_kind") == "lease_ownership", (what, error)
+
+
 @pytest.mark.parametrize("ending", ["timeout recorded by tick", "cancellation finalized by tick"])
 async def test_a_handler_going_on_after_maintenance_ended_its_attempt_neither_calls_fn_nor_creates_runs(
     ending: str,

@@ -941,7 +941,7 @@ class StepRunner:
         attempt = self._attempt
         caller = threading.get_ident()
         lock = attempt.step_key_lock(key, caller)
-        attempt.call_on_loop(lock.acquire())
+        attempt.call_on_loop(lock.acquire(), "ctx.step.run()")
         try:
             with attempt.step_key_held(key, caller):
                 return self._run_blocking_alone(key, fn, adapter)
@@ -954,7 +954,7 @@ class StepRunner:
         store = attempt.runtime.store
         what = f"step {key!r}"
         existing, run = attempt.call_on_loop(
-            attempt.riding_out(lambda: store.get_step_with_run(attempt.run_id, key), what)
+            attempt.riding_out(lambda: store.get_step_with_run(attempt.run_id, key), what), "ctx.step.run()"
         )
         if existing is not None:
             return _load_step_output(key, existing.output, adapter)
@@ -962,9 +962,11 @@ class StepRunner:
         token = step_token(attempt.runtime.environment, attempt.run_id, key)
         value = fn(token)
         if inspect.isawaitable(value):
-            value = attempt.call_on_loop(_awaited(value))
+            value = attempt.call_on_loop(_awaited(value), "ctx.step.run()")
         returned, stored = _parse_step_output(key, value, adapter)
-        attempt.call_on_loop(attempt.riding_out(lambda: attempt.complete_step(key, token, stored), what))
+        attempt.call_on_loop(
+            attempt.riding_out(lambda: attempt.complete_step(key, token, stored), what), "ctx.step.run()"
+        )
         return returned
 
 
@@ -1083,7 +1085,7 @@ class TaskContext:
         coroutine = attempt.riding_out(lambda: attempt.trigger_child(task, payload, options), "child trigger")
         if attempt.on_loop_thread():
             return attempt.handed_out(coroutine, f"ctx.trigger({getattr(task, 'id', task)!r})")
-        return attempt.call_on_loop(coroutine)
+        return attempt.call_on_loop(coroutine, "ctx.trigger()")
 
     def get_run(self, run_id: str) -> Any:
         """The current ``RunRecord`` of run ``run_id`` in this run's environment (a child this handler
@@ -1096,7 +1098,7 @@ class TaskContext:
         coroutine = attempt.riding_out(lambda: attempt.runtime.store.get_visible_run(checked), "run read")
         if attempt.on_loop_thread():
             return attempt.handed_out(coroutine, f"ctx.get_run({checked!r})")
-        return attempt.call_on_loop(coroutine)
+        return attempt.call_on_loop(coroutine, "ctx.get_run()")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1211,9 +1213,18 @@ class _Attempt:
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.loop_thread
 
-    def call_on_loop(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        """Run ``coroutine`` on the attempt's loop from a handler thread and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+    def call_on_loop(self, coroutine: Coroutine[Any, Any, Any], call: str) -> Any:
+        """Run ``coroutine`` on the attempt's loop from a handler thread and wait for its result. Once that
+        loop has closed (a thread kept a ``ctx`` past its attempt and its runtime), ``call`` is refused as a
+        ``ctx`` kept past its attempt is (``check_live``), not with the loop's ``RuntimeError``."""
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        except RuntimeError:
+            coroutine.close()  # it never ran: no "never awaited" warning
+            if self.loop.is_closed():
+                self.check_live(call)
+            raise
+        return future.result()
 
     def handed_out(self, coroutine: Coroutine[Any, Any, Any], call: str) -> Coroutine[Any, Any, Any]:
         """``coroutine``, which ``ctx`` returns to an ``async def`` handler as ``call``, remembered so that a
