@@ -682,3 +682,76 @@ async def test_a_step_still_running_when_a_gathered_sibling_fails_stores_its_out
         done = await runtime.execute_next()
         assert done.status is RunStatus.SUCCEEDED and done.output == ["slow done", "failing done"]
     assert calls == [("slow", 1), ("failing", 1), ("failing", 2)]  # the slow work ran once
+
+
+class _HeldWriteDriver:
+    """The local driver, holding its next transaction (a step write) until ``release`` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.name = inner.name
+        self.profile = inner.profile
+        self.hold_next = False
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def with_transaction(self, callback: Any) -> Any:
+        if self.hold_next:
+            self.hold_next = False
+            self.holding.set()
+            await self.release.wait()
+        return await self._inner.with_transaction(callback)
+
+
+async def test_a_step_whose_write_a_task_group_cancels_is_stored_observed_and_not_run_again() -> None:
+    """Steps in an ``asyncio.TaskGroup``: one step's fn has done its work and its output is being written
+    when a sibling fails and the group cancels it. The output is still stored (and observed), not thrown away
+    for the next attempt to do the work again."""
+    from runlane import create_runlane
+    from runlane.core.lanes import LaneDelivery, create_lane
+    from runlane.testing import ControlledClock
+    from runlane.vocabulary import LaneDeliveryMode
+    from runlane_local import local_storage_driver
+
+    from runtime_support import DEFAULT_QUEUE
+
+    driver = _HeldWriteDriver(local_storage_driver())
+    calls: list[tuple[str, int]] = []
+
+    @task("steps.task_group", retry=Retry(2, backoff="1s"))
+    async def grouped(payload: dict, ctx: TaskContext) -> str:
+        def charge(token: str) -> str:
+            calls.append(("charge", ctx.attempt))
+            driver.hold_next = True  # its write is held in storage while the sibling fails
+            return "charged"
+
+        async def notify(token: str) -> str:
+            if ctx.attempt == 1:
+                await driver.holding.wait()
+                asyncio.get_running_loop().call_soon(driver.release.set)  # once the group has cancelled charge
+                raise ConnectionError("provider unavailable")
+            return "notified"
+
+        async with asyncio.TaskGroup() as group:
+            charged = group.create_task(ctx.step.run("charge", charge))
+            group.create_task(ctx.step.run("notify", notify))
+        return charged.result()
+
+    observed: list[Any] = []
+    clock = ControlledClock()
+    lane = create_lane(storage=driver, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING))
+    runtime = create_runlane(
+        lane=lane, queues=[DEFAULT_QUEUE], tasks=[grouped], clock=clock, observers=[observed.append]
+    )
+    async with runtime:
+        run = (await runtime.trigger(grouped, {})).run
+        assert (await asyncio.wait_for(runtime.execute_next(), 10)).status is RunStatus.RETRYING
+        assert (await runtime.runs.step(run.id, "charge")).output == "charged"
+        assert [o.step_key for o in observed if o.type is RunlaneObservationType.RUN_STEP] == ["charge"]
+        clock.advance("1s")
+        done = await asyncio.wait_for(runtime.execute_next(), 10)
+        assert done.status is RunStatus.SUCCEEDED and done.output == "charged"
+    assert calls == [("charge", 1)]  # the charge ran once

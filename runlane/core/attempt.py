@@ -932,7 +932,7 @@ class StepRunner:
         if inspect.isawaitable(value):
             value = await value
         returned, stored = _parse_step_output(key, value, adapter)
-        await attempt.riding_out(lambda: attempt.complete_step(key, token, stored), what)
+        await attempt.storing_step(attempt.riding_out(lambda: attempt.complete_step(key, token, stored), what))
         return returned
 
     def _run_blocking(self, key: str, fn: Callable[[str], Any], adapter: TypeAdapter[Any] | None) -> Any:
@@ -1195,7 +1195,8 @@ class _Attempt:
         self._storage_down_since: float | None = None  # loop time of the first failure of an outage
         # The awaitables ``ctx`` handed an ``async def`` handler, each with how it was called (see ``unawaited``).
         self._calls: list[tuple[Coroutine[Any, Any, Any], str]] = []
-        # Step calls of an ``async def`` handler that have started and not ended (see ``settle_steps``).
+        # Step calls of an ``async def`` handler that have started and not ended, and step writes that go on
+        # once their call was cancelled (see ``settle_steps``).
         self._steps_running: set[asyncio.Future[None]] = set()
         # Step key -> what a second call of that key waits for while a first one of this attempt runs it.
         self._step_key_locks: dict[str, asyncio.Lock] = {}
@@ -1991,6 +1992,21 @@ class _Attempt:
         finally:
             self._steps_running.discard(ended)
             ended.set_result(None)
+
+    async def storing_step(self, write: Coroutine[Any, Any, None]) -> None:
+        """Await the write of a step output whose ``fn`` has done its work, which goes on if the call is
+        cancelled meanwhile (a sibling's failure in an ``asyncio.TaskGroup``, an ``asyncio.wait_for``
+        timeout): the output is stored, and the attempt waits for it (``settle_steps``), instead of the work
+        being done again by the next attempt."""
+        written = asyncio.ensure_future(write)
+        self._steps_running.add(written)
+        written.add_done_callback(self._step_stored)
+        await asyncio.shield(written)
+
+    def _step_stored(self, written: asyncio.Future[None]) -> None:
+        self._steps_running.discard(written)
+        if not written.cancelled():
+            written.exception()  # a caller cancelled meanwhile cannot take it: not "never retrieved"
 
     async def settle_steps(self) -> None:
         """Wait for the step calls the handler left running when it returned or raised (steps side by side
