@@ -395,7 +395,8 @@ async def test_values_nested_past_the_limit_are_refused_where_they_enter_and_nev
     async with runtime:
         with pytest.raises(RunlaneError) as caught:
             await runtime.trigger(deep_output, {"levels": 1, "deep": _nested(300)})
-        assert caught.value.code is ErrorCode.VALIDATION_FAILED and "nested more than 200 levels deep at $.deep" in caught.value.message
+        assert caught.value.code is ErrorCode.VALIDATION_FAILED
+        assert "nested more than 200 levels deep at $.deep" in caught.value.message
         with pytest.raises(RunlaneError) as caught:
             await runtime.trigger(deep_output, {"levels": 1}, meta={"deep": _nested(300)})
         assert f"nested more than {MAX_JSON_DEPTH} levels deep" in caught.value.message
