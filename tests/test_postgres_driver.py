@@ -992,16 +992,21 @@ def test_tls_settings_libpq_refuses_on_every_connect_are_a_configuration_error(m
     assert message in mapped.message and "sslrootcert" in mapped.message and "unreachable" not in mapped.message
 
 
+async def refused_at_start(schemas: Schemas, parameter: str) -> RunlaneError:
+    """The ``configuration_invalid`` that ``start()`` raises for the test server's URL with ``parameter`` added."""
+    separator = "&" if "?" in schemas.url else "?"
+    driver = postgres_storage(f"{schemas.url}{separator}{parameter}", schema=schemas.name(), min_size=0)
+    try:
+        return await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+    finally:
+        await driver.close()
+
+
 async def test_sslmode_require_against_a_server_without_ssl_is_a_configuration_error(schemas: Schemas) -> None:
     # libpq refuses such a server on every connect, so a worker must not wait for it as for an outage.
     if schemas.execute("SHOW ssl") == [("on",)]:
         pytest.skip("the test server accepts SSL connections")
-    separator = "&" if "?" in schemas.url else "?"
-    driver = postgres_storage(f"{schemas.url}{separator}sslmode=require", schema=schemas.name(), min_size=0)
-    try:
-        error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
-    finally:
-        await driver.close()
+    error = await refused_at_start(schemas, "sslmode=require")
     assert not error.retryable
     assert "server does not support SSL" in error.message and "enable SSL on the server" in error.message
     assert "sslmode" in error.message and "unreachable" not in error.message
@@ -1016,12 +1021,7 @@ async def test_a_service_libpq_cannot_look_up_is_a_configuration_error(
     if service_file == "defines another service":
         path.write_text("[elsewhere]\nhost=127.0.0.1\n")
     monkeypatch.setenv("PGSERVICEFILE", str(path))
-    separator = "&" if "?" in schemas.url else "?"
-    driver = postgres_storage(f"{schemas.url}{separator}service=runlane_app", schema=schemas.name(), min_size=0)
-    try:
-        error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
-    finally:
-        await driver.close()
+    error = await refused_at_start(schemas, "service=runlane_app")
     assert not error.retryable and "unreachable" not in error.message
     assert "cannot look up the connection string's service" in error.message and "PGSERVICEFILE" in error.message
 
