@@ -1975,7 +1975,8 @@ class _Attempt:
     @contextlib.contextmanager
     def step_key_held(self, key: str, caller: object) -> Iterator[None]:
         """Who runs step ``key`` now (under its ``step_key_lock``), for ``step_key_lock`` to tell a nested call."""
-        self._step_key_holders[key] = caller
+        with _STEP_KEYS_LOCK:
+            self._step_key_holders[key] = caller
         try:
             yield
         finally:
