@@ -232,6 +232,26 @@ def test_what_task_modules_log_or_warn_as_they_are_imported_is_json_under_json(t
     assert "cache directory missing; using a temporary one" in human.stderr and "{" not in human.stderr
 
 
+PRINTING_TASKS = TASKS + """
+print("connecting to the cache at start-up")
+"""
+
+
+def test_what_task_modules_print_as_they_are_imported_is_a_log_record_under_json(tmp_path: Path) -> None:
+    """stdout holds only the command's own JSON lines under --json: a task module's print() at import comes
+    out as a log record of logger ``stdout`` on stderr, as a handler's print() does."""
+    root = make_project(tmp_path, PRINTING_TASKS, lane="sqlite")
+    for args in (("queues",), ("trigger", "echo", "{}"), ("work", "--drain")):
+        result = cli(root, "--json", *args)
+        assert result.returncode == 0, result.stderr
+        assert "connecting to the cache" not in result.stdout, result.stdout
+        ndjson(result.stdout)
+        records = [record for record in ndjson(result.stderr) if record.get("type") == "log"]
+        assert {"logger": "stdout", "message": "connecting to the cache at start-up"}.items() <= records[0].items()
+    # Without --json a print stays on stdout.
+    assert "connecting to the cache at start-up" in cli(root, "queues").stdout
+
+
 def test_a_line_stream_keeps_each_threads_line_whole_whoever_flushes() -> None:
     """The stand-in stdout of handlers under --json: a line two print() calls make in one thread comes out
     whole even when another thread flushes in between; ``finish()`` hands on a last unfinished line."""

@@ -922,8 +922,27 @@ def json_import_logs(output: Output) -> Iterator[None]:
     ``warnings.warn()`` while logging is not configured comes out as JSON lines like the command's other
     records, not as the bare lines Python prints then. Only Python's last-resort handler is replaced, not
     the root logger's handlers, so a module that configures logging as it is imported (``basicConfig()``)
-    still does, and its handlers get what is logged after."""
-    if not output.json or logging.getLogger().handlers:
+    still does, and its handlers get what is logged after. Each line they print() is a log record of logger
+    ``stdout`` on stderr, as a handler's is (``prints_as_json_logs``): stdout carries the command's own JSON
+    lines only."""
+    if not output.json:
+        yield
+        return
+    real = sys.stdout
+    lines = LineStream(_printed_line_records(output), sys.stderr)
+    sys.stdout = lines
+    try:
+        with _import_log_records(output):
+            yield
+    finally:
+        if sys.stdout is lines:
+            sys.stdout = real
+        lines.finish()
+
+
+@contextmanager
+def _import_log_records(output: Output) -> Iterator[None]:
+    if logging.getLogger().handlers:
         yield
         return
     previous = logging.lastResort
@@ -1071,6 +1090,19 @@ def _printed_by_handlers() -> bool:
     return current_task_context() is not None or threading.current_thread() is not threading.main_thread()
 
 
+def _printed_line_records(output: Output) -> Callable[[str], None]:
+    """What hands each printed line to ``output`` as a log record of logger ``stdout`` (naming the run it was
+    printed for, if any)."""
+    context = RunContextFilter()
+
+    def emit(line: str) -> None:
+        record = logging.LogRecord("stdout", logging.INFO, "", 0, line, None, None)
+        context.filter(record)
+        output.log(record)
+
+    return emit
+
+
 @contextmanager
 def prints_as_json_logs(output: Output) -> Iterator[None]:
     """With ``--json``, while handlers run in this process: each line a handler print()s comes out as one
@@ -1080,15 +1112,8 @@ def prints_as_json_logs(output: Output) -> Iterator[None]:
     if not output.json:
         yield
         return
-    context = RunContextFilter()
-
-    def emit(line: str) -> None:
-        record = logging.LogRecord("stdout", logging.INFO, "", 0, line, None, None)
-        context.filter(record)
-        output.log(record)
-
     real = sys.stdout
-    lines = _HandlerPrints(emit, sys.stderr, real)
+    lines = _HandlerPrints(_printed_line_records(output), sys.stderr, real)
     sys.stdout = lines
     try:
         yield
