@@ -839,6 +839,41 @@ async def test_crash_between_create_and_complete_is_recovered_after_claim_expiry
     assert is_storage_conflict(stale.value, StorageConflictKind.SCHEDULE_OCCURRENCE)
 
 
+async def test_a_fire_time_completed_after_a_later_one_leaves_no_occurrence_record_behind():
+    # A pass whose clock is behind (or that straddles a fire time) claims 10:00; while it creates that
+    # run, a pass whose clock is ahead materializes 10:01. 10:00 then completes behind the latest.
+    clock = ControlledClock(at(2026, 1, 1, 10, 0, 59))
+    driver = local_storage_driver(clock=clock)
+    runs = FakeRuns(driver)
+    schedules = pairs(make_task("digests.send", schedule("digest", every="1m")))
+    behind, ahead = ScheduleMaterializer(driver, ENV), ScheduleMaterializer(driver, ENV)
+    ten, ten_one = (schedule_occurrence_id(ENV, "digest", at(2026, 1, 1, 10, minute)) for minute in (0, 1))
+
+    async def create_while_ahead_materializes(*args: Any) -> RunRecord:
+        assert await materialize(ahead, runs, schedules, at(2026, 1, 1, 10, 1), worker="w2") == 1
+        return await runs.create_run(*args)
+
+    count = await behind.materialize_due(
+        schedules,
+        at(2026, 1, 1, 10, 0, 59),
+        limit=10,
+        create_run=create_while_ahead_materializes,
+        get_run=runs.get_run,
+        worker_id="w1",
+        claim_duration_ms=CLAIM_MS,
+    )
+
+    assert count == 1 and sorted(call[2] for call in runs.calls) == sorted([ten, ten_one])
+    # One record for the schedule, its latest: nothing would ever delete one for 10:00.
+    assert await behind.occurrences.get(ten) is None
+    latest = await behind.occurrences.get(ten_one)
+    assert latest is not None and latest.status is ScheduleOccurrenceStatus.COMPLETED
+    assert await behind.occurrences.latest_fire_times(["digest"]) == [at(2026, 1, 1, 10, 1)]
+    # The high-water mark still keeps 10:00 from running again.
+    assert await materialize(behind, runs, schedules, at(2026, 1, 1, 10, 0, 59), worker="w3") == 0
+    assert len(runs.calls) == 2
+
+
 async def test_a_run_created_concurrently_after_a_claim_takeover_is_reused():
     clock = ControlledClock(at(2026, 1, 1, 9))
     driver = local_storage_driver(clock=clock)

@@ -20,9 +20,10 @@ the middle part and the pure timing rules in front of it:
   A claimed occurrence has one ``SCHEDULE_OCCURRENCES_CLAIMED`` entry, partition ``(env,)`` and
   sort ``(claim_expires_at, occurrence_id)``; a completed occurrence has none. Each schedule keeps
   its latest completed occurrence (the latest record points at it); completing a later one deletes
-  the one it supersedes, so a recurring schedule keeps one or two occurrence records, not one per
-  fire time. The latest record is also the schedule's high-water mark: a fire time at or before it
-  is never claimed again (a materializer whose clock is behind, or a changed definition, would
+  the one it supersedes, and an occurrence that completes once a later one is the latest is deleted
+  as it completes, so a recurring schedule keeps one or two occurrence records, not one per fire
+  time. The latest record is also the schedule's high-water mark: a fire time at or before it is
+  never claimed again (a materializer whose clock is behind, or a changed definition, would
   otherwise reach a superseded fire time whose run may have been pruned). The rotation record says
   which schedule the next pass starts with, when a pass stopped at its limit (advisory: the last
   writer wins).
@@ -684,8 +685,10 @@ class ScheduleOccurrences:
 
         Raises ``storage_conflict`` (``schedule_occurrence``) when the occurrence is missing, another
         claim took it over, or it was completed with other runs. Completing again with the same token
-        and run ids returns the completed occurrence (a retried call after an uncertain commit).
-        An expired claim that nobody took over can still complete.
+        and run ids returns the completed occurrence (a retried call after an uncertain commit),
+        except for an occurrence older than its schedule's latest: its record is deleted as it
+        completes, so a retried call finds none. An expired claim that nobody took over can still
+        complete.
         """
         if not isinstance(claim_token, str) or not claim_token:
             raise _invalid("A schedule occurrence claim token must be a non-empty string.", field="claim_token")
@@ -717,23 +720,33 @@ class ScheduleOccurrences:
                     "completed_at": now,
                 }
             )
+            if supersede is None:
+                # Older than the schedule's latest: that high-water mark keeps its fire time from being
+                # claimed again, and nothing would ever delete its record.
+                tx.delete(record)
+                return completed
             tx.replace(record, self._record(completed))
             supersede()
             return completed
 
         return await self.driver.with_transaction(body)
 
-    async def _superseding(self, tx: StorageTransaction, occurrence: ScheduleOccurrence) -> Callable[[], None]:
+    async def _superseding(
+        self, tx: StorageTransaction, occurrence: ScheduleOccurrence
+    ) -> Callable[[], None] | None:
         """Read what completing ``occurrence`` supersedes; the returned function stages the writes
         (after the transaction's reads): ``occurrence`` becomes its schedule's latest, and the completed
-        occurrence it replaces as the latest is deleted. An occurrence older than the latest (its
-        materializer's clock is behind) changes nothing."""
+        occurrence it replaces as the latest is deleted. ``None`` for an occurrence older than the latest
+        (its materializer's clock was behind, or its pass straddled a fire time while another one
+        completed the next): it supersedes nothing, and its own record is not kept."""
         key = _latest_key(self.env_key, occurrence.schedule_id)
         (record,) = await tx.get([key])
         previous: StorageRecord | None = None
         if record is not None:
             previous_id, previous_fire_at = self._decode_latest(record)
-            if previous_fire_at >= occurrence.fire_at:
+            if previous_fire_at > occurrence.fire_at:
+                return None
+            if previous_fire_at == occurrence.fire_at:
                 return lambda: None
             (previous,) = await tx.get([self._key(previous_id)])
             if previous is not None:
