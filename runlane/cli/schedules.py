@@ -155,9 +155,11 @@ async def _schedules(runtime: Any, params: SchedulesParams) -> list[ScheduleOver
 def schedules(ctx: typer.Context) -> None:
     """List the registered schedules with their next and latest fire times.
 
-    The next fire time is the first one after now (none when the schedule is disabled or will not fire
-    again); the latest is the last one a maintenance pass (runlane tick, runlane dev) handled in this
+    The next fire time is the first one after now (none when the schedule is disabled or has none
+    ahead); the latest is the last one a maintenance pass (runlane tick, runlane dev) handled in this
     environment: it created a run (--json: latest_fire_run_id), or shows "(skipped)" when an active run
-    held the task's singleton key then, so that fire time has no run.
+    held the task's singleton key then, so that fire time has no run. A fire time already due that no
+    pass has handled yet (maintenance is not running, or a run_at schedule waits for its task's
+    singleton key) shows as neither: a pass creates its run.
     """
     run_operation(ctx, "schedules")
