@@ -554,6 +554,7 @@ async def test_a_corrupt_latest_occurrence_record_is_reported_not_skipped():
         await claim_digest(table, at(2026, 1, 1, 9), "tok", "w1")
     assert error.value.code is ErrorCode.INVARIANT_VIOLATION
     assert "latest schedule occurrence" in error.value.message
+    assert "Malformed storage date 'yesterday'. This is durable corruption" in error.value.message
     assert await table.get(schedule_occurrence_id(ENV, "digest", at(2026, 1, 1, 9))) is None  # nothing written
 
 

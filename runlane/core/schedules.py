@@ -774,7 +774,7 @@ class ScheduleOccurrences:
                 raise ValueError("no occurrence id")
             fire = decode_iso_date(fire_at)
         except (KeyError, TypeError, ValueError, RunlaneError) as error:
-            problem = error.message if isinstance(error, RunlaneError) else describe_problem(error)
+            problem = error.message.rstrip(".") if isinstance(error, RunlaneError) else describe_problem(error)
             raise corrupt_record("latest schedule occurrence", record.key, problem, error) from None
         return occurrence_id, fire
 
