@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from runlane import ErrorCode, RunlaneError, RunStatus, TaskContext, TriggerOutcomeType, WorkerMode, task
+from runlane import ErrorCode, RunlaneError, RunStatus, TaskContext, TriggerOutcomeType, WorkerMode, queue, task
 
-from runtime_support import make_runtime
+from runtime_support import DEFAULT_QUEUE, make_runtime
 
 
 @task("sync.echo")
@@ -350,3 +350,32 @@ def test_a_forked_child_exits_without_warnings_about_the_parents_tasks(tmp_path)
     done = run_sqlite_script(tmp_path, FORKED_CHILD_EXITS)
     assert done.returncode == 0, done.stderr
     assert "Task was destroyed" not in done.stderr, done.stderr
+
+
+def test_a_def_handler_stopping_its_own_sync_worker_is_refused_instead_of_waiting_for_itself():
+    """The stop waits for the worker's attempts, the handler's own included: it was never answered, and the
+    worker and runlane.sync.close() waited for ever. It is refused as close() is; another worker stops."""
+    handles: dict[str, object] = {}
+    refused: list[RunlaneError] = []
+
+    @task("sync.stops.its.worker")
+    def stops(payload: dict) -> str:
+        handles["other"].stop()  # type: ignore[attr-defined]
+        try:
+            handles["own"].stop()  # type: ignore[attr-defined]
+        except RunlaneError as error:
+            refused.append(error)
+        return "returned"
+
+    runtime, _ = make_runtime(stops, queues=[DEFAULT_QUEUE, queue("other")])
+    sync = runtime.sync
+    handles["other"] = sync.worker(queues=["other"])
+    run = sync.trigger(stops, {}).run
+    handles["own"] = sync.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms")
+    assert sync.runs.wait(run.id, timeout="10s").output == "returned"
+    (error,) = refused
+    assert error.code is ErrorCode.CONFIGURATION_INVALID
+    assert error.message.startswith(f"worker.stop() was called by the handler of run {run.id}")
+    assert handles["other"].closed.done()  # type: ignore[attr-defined]
+    handles["own"].stop()  # type: ignore[attr-defined]
+    sync.close()

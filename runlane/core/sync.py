@@ -392,9 +392,11 @@ class SyncWorkerHandle:
 
     def stop(self) -> None:
         """Stop the worker and block until its active attempts finish (nothing to do once it has closed,
-        after ``runlane.sync.close()`` say)."""
+        after ``runlane.sync.close()`` say). Refused in a ``def`` handler of this worker, which it would wait
+        for: checked here, in the calling thread, as the stop itself runs in a task of the facade loop."""
         if self._closed.done():
             return
+        refuse_waiting_for_itself(self._facade._runtime, "worker.stop()", self._handle._stop.signal)
         self._facade.call(self._handle.stop)
 
 
