@@ -379,3 +379,18 @@ def test_a_def_handler_stopping_its_own_sync_worker_is_refused_instead_of_waitin
     assert handles["other"].closed.done()  # type: ignore[attr-defined]
     handles["own"].stop()  # type: ignore[attr-defined]
     sync.close()
+
+
+def test_a_call_after_close_is_refused_without_starting_a_facade_loop_that_would_outlive_it():
+    """A runtime called again after close() started a new facade loop thread, which ran until the process exited."""
+    before = {thread.ident for thread in threading.enumerate()}
+    runtime, _ = make_runtime(echo)
+    runtime.sync.trigger(echo, {})
+    runtime.sync.close()
+    for call in (lambda: runtime.sync.trigger(echo, {}), runtime.sync.runs.list):
+        with pytest.raises(RunlaneError) as raised:
+            call()
+        assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+        assert raised.value.message.startswith("This Runlane runtime is closed")
+    assert [thread.name for thread in threading.enumerate() if thread.ident not in before] == []
+    runtime.sync.close()  # closing again does nothing

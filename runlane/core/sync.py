@@ -167,6 +167,10 @@ class SyncRunlane:
         loop = self._loop
         if loop is not None:
             return loop
+        if self._runtime.closed:
+            # Refused before a loop is started for it: one started now would run until the process exits, a
+            # thread and its selector for every closed runtime a program calls again.
+            self._runtime._check_open()
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
