@@ -32,6 +32,7 @@ from runlane import (
     TaskContext,
     TimeRange,
     TriggerOutcomeType,
+    WorkerMode,
     contract_defaults,
     create_lane,
     create_runlane,
@@ -1885,6 +1886,57 @@ def test_the_sync_facade_waits_for_a_run_from_plain_code():
         executed.start()
         assert runtime.sync.runs.wait(run.id, timeout="10s").output == "rendered"
         executed.join(5)
+    finally:
+        runtime.sync.close()
+
+
+def test_a_handler_waiting_for_its_own_run_is_refused_instead_of_waiting_for_ever():
+    """The run cannot finish before its handler returns: runs.wait() of it from that handler (awaited, through
+    runlane.sync from a def handler, on a worker of the facade loop or of another loop) never returned and
+    held its worker slot; it is refused. A task the handler starts may wait for the run to end."""
+    import threading
+
+    @task("reports.waits.for.itself")
+    async def waits(payload: dict, ctx: TaskContext) -> str:
+        try:
+            await runtime.runs.wait(ctx.run_id, timeout="1h")
+        except RunlaneError as error:
+            refused.append(error)
+        background.append(asyncio.create_task(runtime.runs.wait(ctx.run_id)))  # ends once the run has
+        return "done"
+
+    @task("reports.waits.for.itself.sync")
+    def waits_sync(payload: dict, ctx: TaskContext) -> str:
+        try:
+            runtime.sync.runs.wait(ctx.run_id, timeout="1h")
+        except RunlaneError as error:
+            refused.append(error)
+        return "done"
+
+    refused: list[RunlaneError] = []
+    background: list[asyncio.Task[Any]] = []
+    runtime = create_runlane(lane=local_lane(), queues=[DEFAULT], tasks=[waits, waits_sync])
+    try:
+        for definition in (waits, waits_sync):
+            run = runtime.sync.trigger(definition, {}).run
+            worker = runtime.sync.worker(mode=WorkerMode.DRAIN)
+            worker.wait(10)
+            assert runtime.sync.runs.get(run.id).output == "done"
+        assert runtime.sync.call(lambda: asyncio.wait_for(background[0], 5)).output == "done"
+
+        async def on_a_loop_of_its_own() -> str:  # the def handler's worker on another loop than the facade's
+            run = (await runtime.trigger(waits_sync, {})).run
+            return (await asyncio.wait_for(runtime.execute_next(), 10)).output
+
+        outcome: list[str] = []
+        thread = threading.Thread(target=lambda: outcome.append(asyncio.run(on_a_loop_of_its_own())))
+        thread.start()
+        thread.join(10)
+        assert outcome == ["done"]
+        assert [error.code for error in refused] == [ErrorCode.CONFIGURATION_INVALID] * 3
+        assert "was called by the handler of run" in refused[0].message
+        assert refused[0].message.startswith("runs.wait()")
+        assert refused[1].message.startswith("runlane.sync.runs.wait()")
     finally:
         runtime.sync.close()
 

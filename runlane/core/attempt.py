@@ -2164,6 +2164,22 @@ def refuse_waiting_for_itself(runtime: Runlane, what: str, worker_signal: object
     )
 
 
+def refuse_waiting_for_its_own_run(runtime: Runlane, run_id: str, what: str) -> None:
+    """Refuse ``what`` (``runs.wait()``) of run ``run_id`` called by that run's own handler: the run cannot
+    finish before its handler returns, so the wait would last for ever (until its timeout)."""
+    attempt = _current_attempt.get()
+    if attempt is None or attempt.run_id != run_id or attempt.runtime.environment != runtime.environment:
+        return
+    if not attempt.handler_is_caller():
+        return
+    raise RunlaneError(
+        ErrorCode.CONFIGURATION_INVALID,
+        f"{what} was called by the handler of run {run_id} for that same run, which cannot finish before its "
+        "handler returns; wait for another run (ctx.wait_for_run() releases this one meanwhile).",
+        meta={"run_id": run_id},
+    )
+
+
 def current_task_context() -> TaskContext | None:
     """The ``TaskContext`` of the attempt whose handler is running here: in the handler itself, in the
     thread of a ``def`` handler, and in asyncio tasks the handler started; ``None`` anywhere else. For

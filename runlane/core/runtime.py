@@ -128,6 +128,7 @@ from .attempt import (
     execute_claimed_run,
     failure_outcome_events,
     log_timed_out_attempt,
+    refuse_waiting_for_its_own_run,
     refuse_waiting_for_itself,
     timed_out_failure,
 )
@@ -2633,6 +2634,7 @@ class RunsApi:
         runtime._check_open()
         self._operator_reads()
         checked = validate_id(run_id, "run id", code=ErrorCode.VALIDATION_FAILED)
+        refuse_waiting_for_its_own_run(runtime, checked, "runs.wait()")
         loop = asyncio.get_running_loop()
         deadline: float | None = None
         if timeout is not None:

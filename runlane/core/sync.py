@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ..errors import ErrorCode, RunlaneError
 from ..models import Environment, Page, RunAttemptSummary, RunEventRecord, RunRecord, RunStepRecord, RunSummary
-from .attempt import refuse_waiting_for_itself
+from .attempt import refuse_waiting_for_its_own_run, refuse_waiting_for_itself
 from .runtime import ObservationsApi, RunsApi, Runlane, SignalsApi
 
 if TYPE_CHECKING:
@@ -416,7 +416,9 @@ class SyncRuns:
 
     @_options_of(RunsApi.wait)
     def wait(self, run_id: str, **options: Any) -> RunRecord:
-        """Block until the run has finished and return it; mirrors ``await runlane.runs.wait(...)``."""
+        """Block until the run has finished and return it; mirrors ``await runlane.runs.wait(...)``. Refused in
+        the run's own ``def`` handler (checked in its thread: the wait runs in a task of the facade loop)."""
+        refuse_waiting_for_its_own_run(self._facade._runtime, run_id, "runlane.sync.runs.wait()")
         return self._facade.call(self._facade._runtime.runs.wait, run_id, **options)
 
     @_options_of(RunsApi.list)
