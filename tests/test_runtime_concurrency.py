@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 
 import pytest
 
@@ -26,7 +27,7 @@ from runlane import (
     task,
 )
 from runlane.storage import StorageLimits
-from runlane_local import local_storage_driver
+from runlane_local import LocalStorageDriver, LocalStorageStore, local_storage_driver
 
 from runtime_support import DEFAULT_QUEUE, make_runtime, shared_runtimes
 
@@ -159,6 +160,58 @@ async def test_threads_triggering_through_the_sync_facade_while_workers_drain():
     await worker.stop()
     await runtime.close()
     assert len(calls) == 60 and set(calls.values()) == {1}
+
+
+class HeldStart(LocalStorageDriver):
+    """The in-memory driver, whose start waits until the test lets it through."""
+
+    def __init__(self) -> None:
+        super().__init__(store=LocalStorageStore())
+        self.entered = threading.Event()
+        self.go = threading.Event()
+        self.starts = 0
+
+    async def start(self) -> None:
+        self.starts += 1
+        self.entered.set()
+        await asyncio.to_thread(self.go.wait, 10)
+        await super().start()
+
+
+def test_threads_first_using_a_runtime_at_once_from_their_own_event_loops_start_it_once():
+    """An application loop, threads' asyncio.run() and the sync facade using a runtime not started yet, at
+    once: the start lock, an asyncio lock, belonged to the first loop waiting on it, so callers on the other
+    loops failed ('bound to a different event loop') or waited for ever. They wait for the one start."""
+    storage = HeldStart()
+    lane = create_lane(storage=storage, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING))
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[work])
+    outcomes: list[object] = []
+
+    def trigger(through_the_facade: bool) -> None:
+        try:
+            if through_the_facade:
+                result = runtime.sync.trigger(work, {})
+            else:
+                result = asyncio.run(runtime.trigger(work, {}))
+            outcomes.append(result.outcome)
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            outcomes.append(error)
+
+    threads = [threading.Thread(target=trigger, args=(n % 2 == 0,), daemon=True) for n in range(6)]
+    try:
+        for thread in threads:
+            thread.start()
+        assert storage.entered.wait(10)
+        time.sleep(0.005)  # the other callers reach the start in progress
+        storage.go.set()
+        for thread in threads:
+            thread.join(10)
+        assert not any(thread.is_alive() for thread in threads), "a caller waited for ever"
+        assert outcomes == [TriggerOutcomeType.CREATED] * 6
+        assert storage.starts == 1
+    finally:
+        storage.go.set()
+        runtime.sync.close()
 
 
 async def test_a_bounded_queue_is_refused_a_concurrency_limit_its_capacity_record_could_never_hold():

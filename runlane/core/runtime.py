@@ -605,7 +605,8 @@ class Runlane:
         self._observer_failures: dict[int, tuple[float, int]] = {}
         # Per queue and failure code of wakeups not published: when last logged, and how many since.
         self._publish_failures: dict[tuple[str, str], tuple[datetime, int]] = {}
-        self._start_lock: asyncio.Lock | None = None
+        # The start in progress, for the callers that come meanwhile, from any thread and event loop.
+        self._starting: concurrent.futures.Future[None] | None = None
         self._workers: set[WorkerHandle] = set()
         self._claiming: set[str] = set()
         # Candidate run id -> claims that found it missing or finished (see ``_note_claim``).
@@ -699,18 +700,29 @@ class Runlane:
     async def start(self) -> None:
         """Start the lane (storage, then transport). Calling it again is a no-op."""
         self._check_open()
-        if self._started:
-            return
-        if self._start_lock is None:
-            self._start_lock = asyncio.Lock()
-        async with self._start_lock:
-            if self._started:
-                return
-            self._check_open()
-            await self._lane.start()
-            self._started = True
-            self._started_on = asyncio.get_running_loop()
-            _STARTED_RUNTIMES.add(self)
+        # One start at a time, whatever the threads and event loops calling (an application's loop, the
+        # runlane.sync facade's, a thread's asyncio.run()): an asyncio lock would be bound to the first loop
+        # waiting on it and refuse the others.
+        while not self._started:
+            with self._state_lock:
+                starting = self._starting
+                first = starting is None
+                if starting is None:
+                    starting = self._starting = concurrent.futures.Future()
+                    starting.set_running_or_notify_cancel()  # a waiter given up on cannot cancel it
+            if not first:
+                await asyncio.wrap_future(starting)
+                continue  # started, or that start failed: this caller tries it again
+            try:
+                self._check_open()
+                await self._lane.start()
+                self._started = True
+                self._started_on = asyncio.get_running_loop()
+                _STARTED_RUNTIMES.add(self)
+            finally:
+                with self._state_lock:
+                    self._starting = None
+                starting.set_result(None)
 
     async def close(self) -> None:
         """Stop this runtime's workers and running attempts, wait for them, then close the lane. Later
