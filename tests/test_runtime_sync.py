@@ -394,3 +394,63 @@ def test_a_call_after_close_is_refused_without_starting_a_facade_loop_that_would
         assert raised.value.message.startswith("This Runlane runtime is closed")
     assert [thread.name for thread in threading.enumerate() if thread.ident not in before] == []
     runtime.sync.close()  # closing again does nothing
+
+
+INTERRUPTED_WAITS = """
+import signal, threading, time
+
+run_id = runlane.sync.trigger(noop, {}).run.id  # no worker: it stays queued
+for _ in range(3):  # Ctrl-C, three times, in a shell that goes on (python -i, a Django shell)
+    threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        runlane.sync.runs.wait(run_id)
+    except KeyboardInterrupt:
+        pass
+
+
+async def calls_left() -> list[str]:
+    await asyncio.sleep(0.05)  # what was cancelled has ended
+    return [task.get_coro().__qualname__ for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+
+
+print(runlane.sync.call(calls_left), flush=True)
+runlane.sync.close()
+"""
+
+
+INTERRUPTED_RUN_NOW = """
+import signal, threading
+
+
+@task("cooperative")
+async def cooperative(payload: dict, ctx) -> None:
+    await ctx.signal.wait()
+    ctx.signal.raise_if_aborted()
+
+
+runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[cooperative])
+threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+runlane.sync.run_now(cooperative, {}, run_id="run_interrupted")  # Ctrl-C ends the script here
+"""
+
+
+def test_a_wait_interrupted_by_ctrl_c_stops_instead_of_going_on_for_nobody(tmp_path) -> None:
+    """runs.wait() interrupted went on polling storage on the facade loop until the runtime closed. An
+    interrupted run_now() goes on, for the close at exit to stop its attempt and hand its run back."""
+    done = run_sqlite_script(tmp_path, INTERRUPTED_WAITS)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+    done = run_sqlite_script(tmp_path, INTERRUPTED_RUN_NOW)
+    assert "KeyboardInterrupt" in done.stderr, done.stderr
+
+    async def stored() -> tuple[RunStatus, str | None]:
+        from runlane import create_runlane, queue
+        from runlane_local import sqlite_lane
+
+        lane = sqlite_lane(tmp_path / "runlane.db")
+        async with create_runlane(lane=lane, queues=[queue("default", default=True)]) as reader:
+            run = await reader.runs.get("run_interrupted")
+            return run.status, (await reader.runs.attempts(run.id))[-1].release_reason  # type: ignore[union-attr]
+
+    assert asyncio.run(stored()) == (RunStatus.RELEASED, "worker_stopped")

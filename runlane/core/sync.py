@@ -8,10 +8,11 @@ thread-safe signals, so the facade can be used while an application loop serves 
 Do not call the facade from ``async`` code (a thread running an event loop): it would block that
 loop, and deadlock when the call waits on it; it raises instead. ``close()`` waits a few seconds for
 calls still running on the facade loop (they fail once the lane is closed), then cancels the rest:
-a caller never waits on a loop that has stopped. A process that exits without ``close()`` closes the
-runtime the facade started (its workers and attempts, then the lane) on the way out: its workers stop
-when the main module returns, before the interpreter waits for its threads; the runtime closes in an
-``atexit`` hook. A facade first used by an ``atexit`` hook closes its runtime at the end of each call.
+a caller never waits on a loop that has stopped. A ``runs.wait()`` whose caller is interrupted (Ctrl-C)
+stops waiting. A process that exits without ``close()`` closes the runtime the facade started (its
+workers and attempts, then the lane) on the way out: its workers stop when the main module returns,
+before the interpreter waits for its threads; the runtime closes in an ``atexit`` hook. A facade first
+used by an ``atexit`` hook closes its runtime at the end of each call.
 """
 
 from __future__ import annotations
@@ -195,6 +196,13 @@ class SyncRunlane:
 
     def call(self, function: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run ``function(*args, **kwargs)`` on the facade loop and block until it returns."""
+        return self._call(function, args, kwargs, interruptible=False)
+
+    def _call(self, function: Callable[..., Awaitable[T]], args: Any, kwargs: Any, *, interruptible: bool) -> T:
+        """``call()``; ``interruptible``: a caller interrupted meanwhile (Ctrl-C) cancels it, as ``asyncio.run()``
+        cancels its main task. Only for a call that does nothing but wait (``runs.wait()``, which would read
+        storage until the runtime closed, for nobody): an attempt (``run_now()``) goes on, and is stopped by
+        the close at exit as a worker's are, its run handed back."""
         if threading.current_thread() is self._thread:
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
@@ -206,14 +214,19 @@ class SyncRunlane:
         async def invoke() -> T:
             return await function(*args, **kwargs)
 
+        future = asyncio.run_coroutine_threadsafe(invoke(), loop)
         try:
-            return asyncio.run_coroutine_threadsafe(invoke(), loop).result()
+            return future.result()
         except concurrent.futures.CancelledError:
             raise RunlaneError(
                 ErrorCode.OPERATION_CANCELLED,
                 "runlane.sync was closed while this call was still running; nothing more was done for it.",
                 retryable=False,
             ) from None
+        except BaseException:
+            if interruptible:
+                future.cancel()  # the wait was interrupted (KeyboardInterrupt); a call that has ended stays as it is
+            raise
         finally:
             if _exit_hook_done and self in _RUNNING_FACADES:
                 # Used while the process exits, after the exit hook ran or when it could no longer be
@@ -419,7 +432,7 @@ class SyncRuns:
         """Block until the run has finished and return it; mirrors ``await runlane.runs.wait(...)``. Refused in
         the run's own ``def`` handler (checked in its thread: the wait runs in a task of the facade loop)."""
         refuse_waiting_for_its_own_run(self._facade._runtime, run_id, "runlane.sync.runs.wait()")
-        return self._facade.call(self._facade._runtime.runs.wait, run_id, **options)
+        return self._facade._call(self._facade._runtime.runs.wait, (run_id,), options, interruptible=True)
 
     @_options_of(RunsApi.list)
     def list(self, **options: Any) -> Page[RunSummary]:
