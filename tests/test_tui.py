@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -809,6 +811,106 @@ def test_runlane_tui_without_a_terminal_refuses_instead_of_drawing_into_a_pipe(t
     result = cli(root, "tui", timeout=30)  # stdin, stdout and stderr are pipes
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith("error[configuration_invalid]: The dashboard needs a terminal")
+
+
+OBSERVED_TASKS = """
+from runlane import create_runlane, queue, task
+from runlane_local import sqlite_lane
+
+default = queue("default", default=True)
+
+
+@task("emails.send")
+def send(payload: dict) -> None:
+    return None
+
+
+def broken_observer(observation) -> None:
+    raise ValueError("the metrics backend is down")
+
+
+runlane = create_runlane(lane=sqlite_lane("runlane.db"), queues=[default], tasks=[send], observers=[broken_observer])
+"""
+
+
+class Terminal:
+    """``runlane ARGS`` on a pseudo-terminal of 120 x 30, read as it draws (escape sequences removed in ``text``)."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        from cli_support import RUNLANE, cli_env
+
+        assert RUNLANE is not None
+        self.raw = b""
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: runlane itself
+            try:
+                os.chdir(cwd)
+                os.execve(RUNLANE, [RUNLANE, *args], {**cli_env(), "TERM": "xterm-256color"})
+            finally:
+                os._exit(127)  # never back into the tests
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+
+    @property
+    def text(self) -> str:
+        return re.sub(r"\x1b\[[0-9;?<>=]*[A-Za-z~]", " ", self.raw.decode("utf-8", "replace"))
+
+    def until(self, shown: str, timeout: float = 30) -> None:
+        import select
+
+        deadline = time.monotonic() + timeout
+        while shown not in self.text:
+            left = deadline - time.monotonic()
+            assert left > 0, f"never shown: {shown!r}"
+            ready, _, _ = select.select([self.fd], [], [], min(left, 0.1))
+            if ready:
+                try:
+                    self.raw += os.read(self.fd, 65536)
+                except OSError:  # the program exited
+                    raise AssertionError(f"runlane exited before showing {shown!r}") from None
+
+    def press(self, keys: bytes) -> None:
+        os.write(self.fd, keys)
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, 9)
+        os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_what_the_runtime_logs_under_the_dashboard_is_a_notification_not_lines_across_its_screen(
+    tmp_path: Path,
+) -> None:
+    """An observer that raised on a cancel made from the dashboard: its warning and traceback were printed on
+    the terminal the dashboard draws on, over its screen. They are a notification now."""
+    from cli_support import cli, write
+
+    root = tmp_path / "proj"
+    write(root / "app" / "__init__.py", "")
+    write(root / "app" / "tasks.py", OBSERVED_TASKS)
+    write(root / "runlane.toml", '[runlane]\nruntime = "app.tasks:runlane"\n')
+    assert cli(root, "trigger", "emails.send", "{}").returncode == 0
+    terminal = Terminal(root, "tui", "--refresh", "off")
+    try:
+        terminal.until("the newest 1 run")
+        terminal.press(b"\r")
+        terminal.until("event sequence")
+        terminal.press(b"c")
+        terminal.until("Keep (n)")
+        terminal.press(b"y")
+        terminal.until("Cancel recorded")
+        terminal.until("warning (runlane.observers)")
+        terminal.until("broken_observer")
+        assert "Traceback" not in terminal.text and "the metrics backend is down" not in terminal.text
+        terminal.press(b"q")
+    finally:
+        terminal.close()
 
 
 def test_runlane_tui_refuses_a_refresh_interval_it_cannot_keep(dev_project: Any) -> None:

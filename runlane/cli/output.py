@@ -465,6 +465,8 @@ class Output:
         # markup=False: ids, reasons and outputs are shown as they are, brackets included ("[/]" is data).
         # Set by a long-running command: what to do when the reader of stdout goes away.
         self.on_stdout_closed: Callable[[], None] | None = None
+        # Set while something else draws on the terminal (the dashboard): where log records go instead.
+        self._logs_to: Callable[[logging.LogRecord], None] | None = None
 
         def console(file: Any) -> Console:
             return _Console(
@@ -480,6 +482,16 @@ class Output:
 
         self.stdout = console(self._out)
         self.stderr = console(self._err)
+
+    @contextmanager
+    def logs_to(self, show: Callable[[logging.LogRecord], None]) -> Iterator[None]:
+        """Hand the log records to ``show`` while the block runs, instead of printing them: a full-screen
+        program (the dashboard) owns the terminal then, and a line written on it would break its screen."""
+        previous, self._logs_to = self._logs_to, show
+        try:
+            yield
+        finally:
+            self._logs_to = previous
 
     def give_stdout_away(self) -> None:
         """Print everything on stderr from now on: something else (a console exporter's records) owns
@@ -533,7 +545,11 @@ class Output:
 
     def log(self, record: logging.LogRecord) -> None:
         """One log record of the runtime (a failed attempt, a storage outage): stderr, as a timestamped
-        line with its traceback below, or one JSON object with ``--json``."""
+        line with its traceback below, or one JSON object with ``--json``; handed to the function of ``logs_to()``
+        instead while one is set."""
+        if self._logs_to is not None:
+            self._logs_to(record)
+            return
         at = iso(datetime.fromtimestamp(record.created, UTC)) or ""
         message = record.getMessage()
         if self.json:

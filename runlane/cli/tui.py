@@ -96,7 +96,7 @@ def tui(
                 if error.code is not ErrorCode.STORAGE_UNAVAILABLE:
                     raise
             else:
-                await _run(app_type(client, refresh_interval=interval))
+                await _run(app_type(client, refresh_interval=interval), ctx)
                 return
         async with open_runtime(ctx) as runtime:
             if runtime.lane.capabilities.process_local:
@@ -105,16 +105,19 @@ def tui(
                     f"The {runtime.lane.name!r} lane keeps its runs in the `runlane dev` process; start "
                     "`runlane dev` for this config, then open the dashboard again.",
                 )
-            await _run(app_type(client_type.local(runtime), refresh_interval=interval))
+            await _run(app_type(client_type.local(runtime), refresh_interval=interval), ctx)
 
     invoke(ctx, main)
 
 
-async def _run(app: Any) -> None:
+async def _run(app: Any, ctx: typer.Context) -> None:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             "The dashboard needs a terminal for its input and output; from a script, read the same with "
             "`runlane queues` and `runlane runs list --json`.",
         )
-    await app.run_async()
+    # What the runtime logs meanwhile (an observer that raised on a cancel) is shown as a notification: the
+    # dashboard owns the terminal, and a line printed on it would break the screen.
+    with state_of(ctx).output.logs_to(app.show_log):
+        await app.run_async()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 from textual.app import App
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 
 from .client import RUNS_PAGE, DashboardClient
 from .format import printable
@@ -53,6 +55,20 @@ class RunlaneDashboard(App[None]):
         """The title's environment, lane and where the data comes from (a new runlane dev process after a
         restart)."""
         self.sub_title = printable(f"{self.client.environment} · lane {self.client.lane} · via {self.client.where}")
+
+    def show_log(self, record: logging.LogRecord) -> None:
+        """A log record of the runtime the dashboard reads (an observer that raised, a wakeup not published),
+        as a notification; from any thread."""
+        severity: SeverityLevel = "information"
+        if record.levelno >= logging.WARNING:
+            severity = "error" if record.levelno >= logging.ERROR else "warning"
+        self.notify(
+            printable(record.getMessage()),
+            title=f"{record.levelname.lower()} ({record.name})",
+            severity=severity,
+            timeout=10,
+            markup=False,
+        )
 
     def action_refresh(self) -> None:
         reload = getattr(self.screen, "reload", None)
