@@ -19,9 +19,11 @@ from runlane_local import sqlite_lane
 EXIT_CLOSE_S = 10.0
 
 # A worker runs a def handler that checks ctx.signal until it is aborted (for 30 s at most), then the
-# process ends: its main module returns, or Ctrl-C interrupts the worker.wait() it blocks in.
+# process ends: its main module returns, or Ctrl-C interrupts the worker.wait() it blocks in. Or run_now()
+# runs the handler: Ctrl-C interrupts it in the main thread, or the main module returns while a thread of
+# its own waits in it.
 COOPERATIVE_DEF_HANDLER = """
-import pathlib, sys, time
+import pathlib, sys, threading, time
 from runlane import TaskContext, create_runlane, queue, task
 from runlane_local import sqlite_lane
 
@@ -40,10 +42,17 @@ def poll(payload: dict, ctx: TaskContext) -> str:
 
 
 runlane = create_runlane(lane=sqlite_lane(sys.argv[1]), queues=[default], tasks=[poll])
-print(runlane.sync.trigger(poll, {}).run.id, flush=True)
-worker = runlane.sync.worker()
-if sys.argv[3] == "wait":
-    worker.wait()
+if sys.argv[3] == "run_now":
+    print("run_by_run_now", flush=True)
+    runlane.sync.run_now(poll, {}, run_id="run_by_run_now")
+elif sys.argv[3] == "run_now_in_a_thread":
+    print("run_by_run_now", flush=True)
+    threading.Thread(target=runlane.sync.run_now, args=(poll, {}), kwargs={"run_id": "run_by_run_now"}).start()
+else:
+    print(runlane.sync.trigger(poll, {}).run.id, flush=True)
+    worker = runlane.sync.worker()
+    if sys.argv[3] == "wait":
+        worker.wait()
 deadline = time.monotonic() + 20
 while not running.exists() and time.monotonic() < deadline:
     time.sleep(0.005)
@@ -64,11 +73,12 @@ def stored_attempt(path: Path, run_id: str) -> tuple[RunStatus, str | None]:
     return asyncio.run(read())
 
 
-@pytest.mark.parametrize("ending", ["return", "wait"])
+@pytest.mark.parametrize("ending", ["return", "wait", "run_now", "run_now_in_a_thread"])
 def test_a_process_exiting_while_a_cooperative_def_handler_runs_hands_its_run_back(tmp_path, ending) -> None:
     # Def handlers run in a thread pool the interpreter joins at exit before any atexit hook: the facade
     # must abort ctx.signal before that join, as it does for an async handler, or the exit waits for the
-    # handler as long as it runs.
+    # handler as long as it runs. A run_now() handler's too: it was aborted only by the runtime's close, after
+    # that join, so the exit waited for ever for a handler waiting for its signal.
     path, running = tmp_path / "runlane.db", tmp_path / "running"
     process = subprocess.Popen(
         [sys.executable, "-c", COOPERATIVE_DEF_HANDLER, str(path), str(running), ending],
@@ -80,7 +90,7 @@ def test_a_process_exiting_while_a_cooperative_def_handler_runs_hands_its_run_ba
             assert process.poll() is None and time.monotonic() < deadline, "the handler never started"
             time.sleep(0.005)
         started_exit = time.monotonic()
-        if ending == "wait":
+        if ending in ("wait", "run_now"):
             process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=60)
         exited_in = time.monotonic() - started_exit
@@ -89,7 +99,7 @@ def test_a_process_exiting_while_a_cooperative_def_handler_runs_hands_its_run_ba
             process.kill()
             process.communicate()
     assert exited_in < EXIT_CLOSE_S / 2, f"the exit waited {exited_in:.1f} s for the handler: {stderr}"
-    if ending == "return":
+    if ending in ("return", "run_now_in_a_thread"):
         assert process.returncode == 0, stderr
     assert "storage_unavailable" not in stderr, stderr
     assert stored_attempt(path, stdout.strip()) == (RunStatus.RELEASED, "worker_stopped")

@@ -322,6 +322,15 @@ class CancellationRegistry:
             else:  # a claim is being written: its attempt begins (stopped at once) or no run was claimed
                 await asyncio.sleep(_STOP_CLAIM_S)
 
+    def stop_on(self, loop: asyncio.AbstractEventLoop, reason: str) -> None:
+        """Abort, with ``reason``, the signal of every attempt in flight on ``loop``, without waiting for them
+        and with no effect on attempts that begin later (the ``runlane.sync`` facade's loop, as the process
+        exits: the threads of ``def`` handlers are joined next, before the runtime closes)."""
+        with self._lock:
+            attempts = [attempt for attempt in self._in_flight if attempt.loop is loop]
+        for attempt in attempts:
+            attempt.stop(reason)
+
     def signal_waiting_deadlines(self) -> list[datetime]:
         """The attempt deadlines of attempts in flight whose handler waits for its signal and nothing else
         can end it: on a clock moved by hand (``run_until_idle``) only moving it there does."""

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ..errors import ErrorCode, RunlaneError
 from ..models import Environment, Page, RunAttemptSummary, RunEventRecord, RunRecord, RunStepRecord, RunSummary
-from .attempt import refuse_waiting_for_its_own_run, refuse_waiting_for_itself
+from .attempt import REASON_WORKER_STOPPED, refuse_waiting_for_its_own_run, refuse_waiting_for_itself
 from .runtime import ObservationsApi, RunsApi, Runlane, SignalsApi
 
 if TYPE_CHECKING:
@@ -236,13 +236,17 @@ class SyncRunlane:
     def _stop_workers_at_exit(self, timeout: float) -> None:
         """Stop the workers on the facade loop, waiting ``timeout`` seconds at most for the attempts they
         run: as a worker stop does, their handlers see ``ctx.signal`` aborted (``worker_stopped``), and one
-        that stops for it hands its run back. The runtime stays open for threads still using it."""
+        that stops for it hands its run back. So do the handlers of the facade's ``run_now()``,
+        ``execute_next()`` and ``execute_delivery()`` calls still running: the interpreter waits for a ``def``
+        handler's thread before the runtime closes, and one waiting for its signal would hold the exit up
+        for ever. The runtime stays open for threads still using it."""
         loop = self._loop
         if loop is None:
             return
         runtime = self._runtime
 
         async def stop() -> None:
+            runtime.registry.stop_on(loop, REASON_WORKER_STOPPED)
             workers = [worker for worker in list(runtime._workers) if worker.closed.get_loop() is loop]
             await asyncio.gather(*(worker.stop() for worker in workers), return_exceptions=True)
 
