@@ -102,8 +102,9 @@ def test_calling_the_facade_from_its_own_loop_is_refused():
 
 async def test_calling_the_facade_from_async_code_is_refused_instead_of_blocking_the_loop():
     runtime, _ = make_runtime(echo)
+    worker = await asyncio.to_thread(runtime.sync.worker)
     async with runtime:
-        for call in (lambda: runtime.sync.trigger(echo, {}), runtime.sync.close):
+        for call in (lambda: runtime.sync.trigger(echo, {}), runtime.sync.close, lambda: worker.wait(0.5)):
             with pytest.raises(RunlaneError) as raised:
                 call()
             assert raised.value.code is ErrorCode.CONFIGURATION_INVALID

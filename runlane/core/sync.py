@@ -408,7 +408,9 @@ class SyncWorkerHandle:
         return self._handle.executed
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until the worker exits (raises its failure)."""
+        """Block until the worker exits (raises its failure). Refused in ``async`` code, as every facade call is:
+        it would block that event loop until the worker exits."""
+        _refuse_in_event_loop()
         self._closed.result(timeout)
 
     def stop(self) -> None:
