@@ -803,8 +803,11 @@ def _import_module(source: ConfigSource, name: str, key: str, *, plugin: str | N
             )
         else:
             hint = ""
+        # A SyntaxError's own text names only the file's base name (tasks.py), which one module importing
+        # another of that name makes the wrong file: its message is given with the file's path instead.
+        text = error.msg if isinstance(error, SyntaxError) and location else str(error)
         raise _invalid(
-            f"{whose}: {type(error).__name__}: {error}"
+            f"{whose}: {type(error).__name__}: {text}"
             + (f" ({location[0]}, line {location[1]})" if location else "")
             + (_EXITS_ON_IMPORT if isinstance(error, SystemExit) else "")
             + hint,
@@ -831,11 +834,14 @@ def _application_frame(error: BaseException) -> tuple[str, int] | None:
     """The innermost frame of the application's own code in ``error``'s traceback: the line to fix.
 
     Import machinery, the standard library, installed packages and Runlane are skipped, so a
-    ``task(...)`` call with a bad argument points at the call, not at the check that refused it. A
-    ``SyntaxError`` already names its file and line in its message.
+    ``task(...)`` call with a bad argument points at the call, not at the check that refused it. For a
+    ``SyntaxError`` (an ``IndentationError``, a ``TabError``) it is the file and line that could not be
+    compiled.
     """
     if isinstance(error, SyntaxError):
-        return None
+        if error.filename is None or error.lineno is None or error.filename.startswith("<"):
+            return None
+        return _display_path(error.filename), error.lineno
     roots = _library_roots()
     found: tuple[str, int] | None = None
     for frame, line in traceback.walk_tb(error.__traceback__):

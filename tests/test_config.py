@@ -725,6 +725,22 @@ def test_module_with_syntax_error_is_invalid(tmp_path: Path) -> None:
     assert "SyntaxError" in error.message
 
 
+def test_a_syntax_error_in_a_module_the_task_module_imports_names_that_file_by_its_path(tmp_path: Path) -> None:
+    # Python's own text names only the base name: "(tasks.py, line 2)" read as the task module itself.
+    package, other = unique("syntax_app"), unique("syntax_billing")
+    write(tmp_path / package / "__init__.py", "")
+    write(tmp_path / package / "tasks.py", f"from {other} import tasks\n")
+    write(tmp_path / other / "__init__.py", "")
+    broken = write(tmp_path / other / "tasks.py", "x = 1\ny = (\n")
+    loaded = load(tmp_path, f'[runlane]\ntasks = ["{package}.tasks"]\n[lane]\nuse = "local"\n')
+    with pytest.raises(RunlaneError) as caught:
+        load_runtime(loaded, lane_factory=RecordingLaneFactory())
+    message = caught.value.message
+    assert f"cannot import module '{package}.tasks': SyntaxError: '(' was never closed ({broken}, line 2)" in message
+    assert "(tasks.py, line" not in message
+    assert caught.value.meta["file"] == str(broken) and caught.value.meta["line"] == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # Building the runtime from [runlane] runtime
 
