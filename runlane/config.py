@@ -606,7 +606,18 @@ def _from_validation_error(source: ConfigSource, error: ValidationError) -> Runl
         location = _describe_location(source, table_loc)
         keys.append(_dotted(loc))
         message = pydantic_message(detail)
-        if detail["type"] == "missing" and key_parts:
+        if detail["type"] == "model_type" and not key_parts:
+            # pydantic's text names the model class (LaneConfig); the user wrote a TOML value, not a table.
+            problems.append(
+                f"{location} must be a table, not {_toml_kind(detail['input'])}: write {location.split(' ')[0]} "
+                "on a line of its own, its keys below it"
+            )
+        elif detail["type"] == "list_type" and table_loc == ["exporters"]:
+            problems.append(
+                f"{location} must be an array of tables, not {_toml_kind(detail['input'])}: give each exporter "
+                f"its own {location} header line (two brackets), its keys below it"
+            )
+        elif detail["type"] == "missing" and key_parts:
             problems.append(f"{location} missing key {_dotted(key_parts)!r}")
         elif detail["type"] == "extra_forbidden" and key_parts:
             problems.append(f"{location} unknown key {_dotted(key_parts)!r}")
@@ -615,6 +626,15 @@ def _from_validation_error(source: ConfigSource, error: ValidationError) -> Runl
         else:
             problems.append(f"{location}: {message}")
     return _invalid(f"{where}: {'; '.join(problems)}.", path=str(source.path), keys=keys)
+
+
+def _toml_kind(value: Any) -> str:
+    """What a TOML value is, as the TOML specification names it: ``a string``, ``a table``, ..."""
+    kinds: tuple[tuple[type, str], ...] = (
+        (bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (dict, "a table"),
+        (list, "an array"),
+    )  # fmt: skip
+    return next((name for type_, name in kinds if isinstance(value, type_)), "a date or time")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -434,6 +434,24 @@ def test_wrong_types_name_table_and_key(tmp_path: Path) -> None:
     assert "[runlane] key 'environment'" in error.message
 
 
+def test_a_table_written_as_a_value_says_to_write_it_as_a_table(tmp_path: Path) -> None:
+    # pydantic's own text named a class of runlane's ("a valid dictionary or instance of LaneConfig").
+    error = invalid(tmp_path, 'lane = "sqlite"\n')
+    assert error.message == (
+        "runlane.toml: [lane] must be a table, not a string: write [lane] on a line of its own, its keys below it."
+    )
+    error = invalid(tmp_path, 'dev = 5\n[lane]\nuse = "local"\n')
+    assert "[dev] must be a table, not an integer" in error.message
+    error = invalid(tmp_path, 'exporters = ["console"]\n[lane]\nuse = "local"\n')
+    assert "[[exporters]] #1 must be a table, not a string" in error.message
+    assert "instance of" not in error.message
+
+    # [exporters] with one pair of brackets is one table, not the array of tables each entry belongs to.
+    error = invalid(tmp_path, '[lane]\nuse = "local"\n[exporters]\nuse = "console"\nconsumer = "c"\n')
+    assert "[[exporters]] must be an array of tables, not a table" in error.message
+    assert "its own [[exporters]] header line (two brackets)" in error.message
+
+
 def test_bad_tick_interval_is_invalid(tmp_path: Path) -> None:
     error = invalid(tmp_path, '[lane]\nuse = "local"\n[dev]\ntick_interval = "soon"\n')
     assert "[dev] key 'tick_interval'" in error.message and "'30s'" in error.message
