@@ -504,6 +504,46 @@ def test_a_plugin_command_that_raises_is_reported_naming_command_and_plugin() ->
         assert CliRunner().invoke(app, ["exploding-tools", "leave"]).exit_code == 3
 
 
+def test_a_plugin_command_on_a_process_local_lane_says_it_reads_an_empty_lane_of_its_own(tmp_path: Path) -> None:
+    # with_runtime, the helper docs/plugin-hooks.md gives plugin commands, builds the command's own local
+    # lane: without a word, "0 queued" read as the state of the runs a runlane dev holds.
+    from runlane.cli.main import build_app, with_runtime
+
+    class Backlog:
+        @hookimpl
+        def register_commands(self, app):
+            @app.command("queued-count")
+            def backlog(ctx: typer.Context) -> None:
+                async def body(runtime: Any) -> None:
+                    page = await runtime.runs.list(statuses=["queued"], limit=100)
+                    typer.echo(f"{len(page.data)} queued")
+
+                with_runtime(ctx, body)
+
+    module = f"backlog_tasks_{tmp_path.name}"
+    write(tmp_path / f"{module}.py", 'from runlane import queue\n\ndefault = queue("default", default=True)\n')
+    tasks = f'[runlane]\ntasks = ["{module}"]\n'
+    local = write(tmp_path / "local.toml", f'{tasks}[lane]\nuse = "local"\n')
+    shared = write(tmp_path / "sqlite.toml", f'{tasks}[lane]\nuse = "sqlite"\npath = "r.db"\n')
+    with registered_on_pm({"backlog-plugin": Backlog()}):
+        app = build_app()
+        plain = CliRunner().invoke(app, ["-c", str(local), "queued-count"])
+        assert plain.exit_code == 0, plain.output
+        assert "0 queued" in plain.stdout
+        assert (
+            "warning: the 'local' lane keeps runs in one process, so command 'queued-count' of plugin 'backlog-plugin' "
+            "runs on an empty lane of its own" in plain.stderr
+        )
+        as_json = CliRunner().invoke(app, ["-c", str(local), "--json", "queued-count"])
+        warning = json.loads(as_json.stderr.strip().splitlines()[-1])["warning"]
+        assert warning["code"] == "process_local_lane" and "`runlane dev`" in warning["message"]
+        quiet = CliRunner().invoke(app, ["-c", str(shared), "queued-count"])
+        assert quiet.exit_code == 0 and quiet.stdout == "0 queued\n" and "warning" not in quiet.stderr
+        # runlane's own plugins' commands say what the lane means for them themselves.
+        consume = CliRunner().invoke(app, ["-c", str(local), "sqs", "consume"])
+        assert consume.exit_code == 1 and "warning" not in consume.stderr, consume.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # A name one plugin registers twice
 

@@ -449,9 +449,24 @@ def with_runtime(
                     meta={"path": str(health_file)},
                 )
         async with open_runtime(ctx, wait_for_storage=wait_for_storage) as runtime, touching(health_file):
+            plugin = _plugin_command_owners.get(ctx.find_root().invoked_subcommand or "")
+            if plugin is not None and not is_first_party(plugin) and runtime.lane.capabilities.process_local:
+                # runlane's own commands (its plugins' too) say what a process-local lane means for each of
+                # them; another plugin's would report an empty store as if it were the lane's state.
+                state_of(ctx).output.warning(
+                    "process_local_lane", _plugin_command_alone(runtime, ctx.find_root().invoked_subcommand, plugin)
+                )
             return await body(runtime)
 
     return invoke(ctx, main)
+
+
+def _plugin_command_alone(runtime: Runlane, command: str | None, plugin: str) -> str:
+    return (
+        f"the {runtime.lane.name!r} lane keeps runs in one process, so command {command!r} of plugin {plugin!r} "
+        "runs on an empty lane of its own that is gone when it exits, and does not reach the runs of a "
+        "`runlane dev`; use the sqlite lane to share runs between processes."
+    )
 
 
 HEALTH_FILE_INTERVAL_S = 2.0
