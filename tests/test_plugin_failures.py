@@ -383,13 +383,58 @@ def test_a_failure_whose_message_spans_lines_is_still_one_notice_naming_the_plug
         "skipped plugin 'settings' from runlane-settings: Plugin 'settings' failed in register_exporters: "
         "ValueError: 2 problems endpoint: required port: not a number",
         "skipped plugin 'tools' from runlane-tools: register_commands raised RuntimeError: first line second line; "
-        "its commands are not added.",
+        "the plugin is left out whole, its lanes and other hooks too.",
     ]
     plain = cli(project, "plugins", "list", env=env)
     assert plain.returncode == 0, plain.stderr
     lines = plain.stderr.splitlines()  # the notices, then the command's own list of failures
     assert sum(line.startswith("runlane: skipped plugin ") for line in lines) == 2, lines
     assert all("skipped plugin " in line for line in lines), lines
+
+
+def test_a_lane_of_a_plugin_skipped_for_its_commands_is_unknown_naming_the_skipped_plugin(site: Path) -> None:
+    # The plugin is unregistered whole when register_commands fails: its lane goes with its commands, and
+    # the unknown lane listed only the installed ones, as if the plugin providing it had never been there.
+    install(
+        site,
+        "runlane-lanes",
+        {"lanes": "runlane_lanes"},
+        {
+            "runlane_lanes": """
+                from pydantic import BaseModel, ConfigDict
+
+                from runlane.plugins import hookimpl
+                from runlane.plugins.registries import LaneProvider
+
+
+                class NoOptions(BaseModel):
+                    model_config = ConfigDict(extra="forbid")
+
+
+                @hookimpl
+                def register_lanes(register):
+                    register(LaneProvider("lanes-lane", NoOptions, lambda options, context: None))
+
+
+                @hookimpl
+                def register_commands(app):
+                    raise RuntimeError("command hook broke")
+            """
+        },
+    )
+    project = site.parent / "project"
+    write(project / "runlane.toml", '[lane]\nuse = "lanes-lane"\n')
+    result = cli(project, "runs", "list", env={"PYTHONPATH": str(site)})
+    assert result.returncode == 1
+    notice, error = result.stderr.splitlines()
+    assert notice == (
+        "runlane: skipped plugin 'lanes' from runlane-lanes: register_commands raised RuntimeError: command hook "
+        "broke; the plugin is left out whole, its lanes and other hooks too."
+    )
+    assert error.startswith("error[configuration_invalid]: runlane.toml: Unknown lane 'lanes-lane'; installed lanes: ")
+    assert error.endswith(
+        "Plugin 'lanes' was skipped, and it may be the one that provides it: `runlane plugins list` says why."
+    )
 
 
 def test_an_observer_that_raises_while_a_command_runs_is_one_log_record_of_it(site: Path) -> None:

@@ -934,7 +934,7 @@ def _register_plugin_commands(root: typer.Typer) -> None:
                 problem = f"its commands cannot be built ({describe_exception(error)})"
         if problem is not None:
             del root.registered_commands[commands:], root.registered_groups[groups:]
-            skip_plugin(hook.plugin_name, f"{problem}; its commands are not added.")
+            skip_plugin(hook.plugin_name, f"{problem}; the plugin is left out whole, its lanes and other hooks too.")
             continue
         for name in dict.fromkeys(added):
             added_by.setdefault(name, []).append(hook.plugin_name)

@@ -168,6 +168,20 @@ def _left_out_hint() -> str:
     )
 
 
+def _skipped_hint() -> str:
+    """For a name no loaded plugin registered: the installed plugins that were skipped, one of which may be
+    the one that provides it (a plugin is skipped whole when any of its hooks fails)."""
+    from .manager import get_plugin_failures
+
+    skipped = list(dict.fromkeys(failure.name for failure in get_plugin_failures()))
+    if not skipped:
+        return ""
+    why = "`runlane plugins list` says why"
+    if len(skipped) == 1:
+        return f" Plugin {skipped[0]!r} was skipped, and it may be the one that provides it: {why}."
+    return f" Plugins {', '.join(map(repr, skipped))} were skipped, and one of them may provide it: {why}."
+
+
 P = TypeVar("P", bound=_Provider)
 
 
@@ -242,7 +256,7 @@ class ProviderRegistry(Generic[P]):
             return provider
         installed = ", ".join(f"{n} (plugin {p.plugin})" for n, p in sorted(self._providers.items())) or "none"
         hint = _FIRST_PARTY_HINTS.get((self.kind, name))
-        install = _missing_hint(hint) if hint else _left_out_hint()
+        install = _missing_hint(hint) if hint else _left_out_hint() + _skipped_hint()
         raise _invalid(
             f"Unknown {self.kind} {name!r}; installed {self.kind}s: {installed}.{install}",
             kind=self.kind,
