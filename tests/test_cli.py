@@ -98,11 +98,19 @@ def test_init_config_for_a_third_party_lane_lists_the_options_its_plugin_takes(t
     write(
         site / "runlane_acme.py",
         """
+        import enum
+        from pathlib import Path
+
         from pydantic import BaseModel, ConfigDict, Field
 
         from runlane import ErrorCode, RunlaneError
         from runlane.plugins import hookimpl
         from runlane.plugins.registries import LaneProvider
+
+
+        class Mode(enum.Enum):
+            FAST = "fast"
+            SAFE = "safe"
 
 
         class AcmeOptions(BaseModel):
@@ -113,6 +121,9 @@ def test_init_config_for_a_third_party_lane_lists_the_options_its_plugin_takes(t
             verify: bool = True
             tags: list[str] = Field(default_factory=lambda: ["a", "b"])
             region: str | None = None
+            mode: Mode = Mode.SAFE
+            folder: Path = Path("spool")
+            template: str = "${run_id}.log"
 
 
         def create(options, context):
@@ -134,6 +145,9 @@ def test_init_config_for_a_third_party_lane_lists_the_options_its_plugin_takes(t
     assert "# The options of 'acme' (plugin 'acme'); uncomment and set the required ones.\n" in text
     assert "# url =   # required: Where the Acme server listens.\n" in text
     assert "# timeout_seconds = 5.0\n# verify = true\n# tags = [\"a\", \"b\"]\n# region =\n" in text
+    # An enum's or a path's default is written as the value that reads back as it (they were left blank), and
+    # a $ as $$, so that ${VAR} expansion gives the default back.
+    assert '# mode = "safe"\n# folder = "spool"\n# template = "$${run_id}.log"\n' in text
     # As written, the config names the required key; once it is set, the plugin gets the options.
     listed = cli(tmp_path, "runs", "list", env=env)
     assert listed.returncode == 1 and "'url'" in listed.stderr and "Traceback" not in listed.stderr
@@ -142,6 +156,11 @@ def test_init_config_for_a_third_party_lane_lists_the_options_its_plugin_takes(t
     listed = cli(tmp_path, "runs", "list", env=env)
     assert listed.returncode == 1
     assert 'acme options: {"url":"http://127.0.0.1:1","timeout_seconds":5.0,"verify":false' in listed.stderr
+    for key in ("mode", "folder", "template"):
+        filled = filled.replace(f"# {key} =", f"{key} =")
+    (tmp_path / "runlane.toml").write_text(filled)
+    listed = cli(tmp_path, "runs", "list", env=env)
+    assert '"mode":"safe","folder":"spool","template":"${run_id}.log"}' in listed.stderr, listed.stderr
 
 
 def test_init_config_then_trigger_then_dev_once_executes_the_run(tmp_path: Path) -> None:

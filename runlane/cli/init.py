@@ -7,12 +7,13 @@ An existing file is left alone unless ``--overwrite`` is passed.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import stat
 import tempfile
 import tomllib
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated
 
 import typer
@@ -116,11 +117,16 @@ def _plugin_lane_options(lane: str) -> list[str]:
 
 
 def _toml_value(value: object) -> str | None:
-    """``value`` as a TOML value, when it is a string, a number, a boolean or a list of them."""
+    """``value`` as a TOML value the options model reads back as ``value``, when it is a string (an enum
+    member's or a path's too), a number, a boolean or a list of them."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, PurePath):
+        value = str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return _toml_string(value)
+        return _toml_string(value.replace("$", "$$"))  # the config expands ${VAR}; $$ is a literal $
     if isinstance(value, int | float) and value == value and value not in (float("inf"), float("-inf")):
         return repr(value)
     if isinstance(value, list | tuple):
