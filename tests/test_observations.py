@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -603,6 +604,27 @@ async def test_failed_sink_leaves_the_checkpoint_untouched(driver):
     assert isinstance(tick.error, RunlaneError) and tick.error.code is ErrorCode.OBSERVATION_EXPORT_FAILED
     assert await get_observation_checkpoint(driver, ENV, "otel") is None
     assert exporter.stats.failures == 1
+
+
+async def test_a_sink_that_calls_sys_exit_fails_its_exporter_for_good_instead_of_ending_the_process(driver):
+    # Escaping, the SystemExit ended the event loop of the process (runlane dev's worker with it) with the
+    # sink's exit status, and from a task (an export with a signal) as a 'never retrieved' traceback.
+    await append(driver, values_for("run_1", 2))
+
+    class Exiting:
+        def export(self, records):
+            sys.exit(3)
+
+    exporter = ObservationExporter(driver, ENV, "otel", Exiting())
+    for signal in (None, CancellationController().signal):
+        tick = await exporter.export_once(signal=signal)
+        assert tick.status is Tick.FAILED and isinstance(tick.error, RunlaneError)
+        assert tick.error.code is ErrorCode.OBSERVATION_EXPORT_FAILED and not tick.error.retryable
+        assert tick.error.message == "The sink called sys.exit(3); a sink reports a failure by raising."
+    assert await get_observation_checkpoint(driver, ENV, "otel") is None
+    with pytest.raises(RunlaneError) as stopped:
+        await asyncio.wait_for(exporter.run(signal=CancellationController().signal), 5)
+    assert stopped.value.code is ErrorCode.OBSERVATION_EXPORT_FAILED
 
 
 async def test_stale_checkpoint_fails_the_tick_after_delivery(driver):

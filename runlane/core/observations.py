@@ -1156,9 +1156,19 @@ def _check_signal(signal: object) -> None:
 
 
 async def _call_sink(sink: ObservationSink, records: tuple[RunlaneObservationRecord, ...]) -> None:
-    result = sink.export(records)
-    if inspect.isawaitable(result):
-        await result
+    try:
+        result = sink.export(records)
+        if inspect.isawaitable(result):
+            await result
+    except SystemExit as error:
+        # Left to escape, it would end the event loop of whatever hosts the exporter (runlane dev's worker
+        # included) with the sink's exit status; it is this exporter's failure for good instead.
+        raise RunlaneError(
+            ErrorCode.OBSERVATION_EXPORT_FAILED,
+            f"The sink called sys.exit({error.code!r}); a sink reports a failure by raising.",
+            retryable=False,
+            cause=error,
+        ) from error
 
 
 async def _unless_aborted(work: Awaitable[T], signal: CancellationSignal | None) -> T:
