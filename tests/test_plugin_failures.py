@@ -298,8 +298,16 @@ def test_a_provider_whose_create_exits_is_a_configuration_error_naming_its_plugi
         assert "The lane 'exiting-lane' of plugin 'exiting-create' failed to start: SystemExit: " in result.output
 
 
+@pytest.mark.parametrize(
+    ("failure", "described"),
+    [
+        (OSError("cannot reach the service"), "OSError: cannot reach the service"),
+        # sys.exit() in the lane's start ended the command silently with the plugin's status, as if it had run.
+        (SystemExit(3), "SystemExit: 3"),
+    ],
+)
 def test_a_third_party_lane_that_fails_to_start_is_a_configuration_error_naming_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException, described: str
 ) -> None:
     from runlane.cli.main import build_app
     from runlane_local import local_lane
@@ -308,7 +316,7 @@ def test_a_third_party_lane_that_fails_to_start_is_a_configuration_error_naming_
         lane = local_lane(name="unreachable")
 
         async def start() -> None:
-            raise OSError("cannot reach the service")
+            raise failure
 
         object.__setattr__(lane.storage, "start", start)
         return lane
@@ -328,7 +336,7 @@ def test_a_third_party_lane_that_fails_to_start_is_a_configuration_error_naming_
     assert plain.exit_code == 1 and "Traceback" not in plain.output, plain.output
     assert (
         "error[configuration_invalid]: The lane 'unreachable' of plugin 'unreachable-plugin' failed to start: "
-        "OSError: cannot reach the service." in plain.output
+        f"{described}." in plain.output
     )
     assert as_json.exit_code == 1
     error = json.loads(as_json.output.strip().splitlines()[-1])["error"]

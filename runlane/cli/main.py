@@ -275,9 +275,10 @@ async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) ->
                     await runtime.start()
             except RunlaneError:
                 raise
-            except Exception as error:
-                # A third-party lane's own failure names the lane and its plugin, as one in its create()
-                # does; one of runlane's lanes keeps its traceback (runlane's bug to report).
+            except (Exception, SystemExit) as error:
+                # A third-party lane's own failure (sys.exit() in it too, which would end the command as if it
+                # had run) names the lane and its plugin, as one in its create() does; one of runlane's lanes
+                # keeps its traceback (runlane's bug to report).
                 provider = state_of(ctx).lane_provider
                 if provider is None or is_first_party(provider.plugin):
                     raise
