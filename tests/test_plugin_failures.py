@@ -344,6 +344,59 @@ def test_a_third_party_lane_that_fails_to_start_is_a_configuration_error_naming_
     assert error["meta"] == {"provider": "unreachable", "plugin": "unreachable-plugin"}
 
 
+def test_a_stop_signal_while_a_third_party_lane_waits_for_its_storage_ends_the_command_as_for_any_lane(
+    site: Path,
+) -> None:
+    # The stop's typer.Exit(0) was taken for the lane's own failure: "failed to start: Exit: 0", status 1.
+    install(
+        site,
+        "runlane-later",
+        {"later": "runlane_later"},
+        {
+            "runlane_later": """
+                import asyncio
+                import os
+                import signal
+
+                from pydantic import BaseModel, ConfigDict
+                from runlane_local import local_lane
+
+                from runlane import ErrorCode, RunlaneError
+                from runlane.plugins import hookimpl
+                from runlane.plugins.registries import LaneProvider
+
+
+                class NoOptions(BaseModel):
+                    model_config = ConfigDict(extra="forbid")
+
+
+                def create(options, context):
+                    lane = local_lane(name="later")
+
+                    async def start():
+                        # Stopped (as by Ctrl-C) once the command waits for the storage to answer.
+                        asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGTERM)
+                        raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "not up yet", retryable=True)
+
+                    object.__setattr__(lane.storage, "start", start)
+                    return lane
+
+
+                @hookimpl
+                def register_lanes(register):
+                    register(LaneProvider("later", NoOptions, create))
+            """
+        },
+    )
+    project = site.parent / "project"
+    write(project / "later_app.py", 'from runlane import queue\n\ndefault = queue("default", default=True)\n')
+    write(project / "runlane.toml", '[runlane]\ntasks = ["later_app"]\n[lane]\nuse = "later"\n')
+    result = cli(project, "--json", "work", env={"PYTHONPATH": str(site)}, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["type"] for line in result.stdout.splitlines()] == ["storage_waiting", "stopped"]
+    assert "error" not in result.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # Failures whose message spans lines, and an observer failing while a command runs
 

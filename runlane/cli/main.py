@@ -273,7 +273,7 @@ async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) ->
                     await _start_when_storage_answers(runtime, output)
                 else:
                     await runtime.start()
-            except RunlaneError:
+            except (RunlaneError, typer.Exit):  # typer.Exit: stopped while waiting for storage, not a failure
                 raise
             except (Exception, SystemExit) as error:
                 # A third-party lane's own failure (sys.exit() in it too, which would end the command as if it
