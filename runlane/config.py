@@ -164,7 +164,8 @@ def _display(path: Path, base: Path) -> str:
 def _read_toml(path: Path, base: Path) -> dict[str, Any]:
     display = _display(path, base)
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: a byte order mark some Windows editors write first is not TOML's to refuse at "line 1, column 1"
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as error:
         raise _invalid(f"{display}: cannot read the file: {error}", path=str(path), cause=error) from error
     try:

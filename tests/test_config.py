@@ -196,6 +196,17 @@ def test_toml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     assert error.meta["path"] == str((tmp_path / "runlane.toml").resolve())
 
 
+def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    # Some Windows editors write one first; it was refused as "invalid TOML ... (at line 1, column 1)".
+    for name, prefix in (("runlane.toml", ""), ("pyproject.toml", "tool.runlane.")):
+        folder = tmp_path / name.split(".")[0]
+        text = f'[{prefix}runlane]\nenvironment = "bom"\n[{prefix}lane]\nuse = "local"\n'
+        folder.mkdir()
+        (folder / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+        loaded = load_config(cwd=folder, environ={})
+        assert loaded is not None and loaded.environment == "bom"
+
+
 def test_pyproject_syntax_error_is_invalid(tmp_path: Path) -> None:
     write(tmp_path / "pyproject.toml", "[tool.runlane\n")
     with pytest.raises(RunlaneError, match=r"pyproject.toml: invalid TOML.*line 1"):

@@ -280,8 +280,7 @@ def _configured_pyproject(path: Path) -> Path | None:
         return None
     pyproject = path.parent / "pyproject.toml"
     try:
-        with pyproject.open("rb") as handle:
-            document = tomllib.load(handle)
+        document = tomllib.loads(pyproject.read_text(encoding="utf-8-sig"))  # as the config loader reads it
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         return None
     tool = document.get("tool")
