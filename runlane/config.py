@@ -907,6 +907,7 @@ def _collect_definitions(
     seen_tasks: set[int] = set()
     queues: list[QueueDefinition] = []
     task_modules: dict[str, str] = {}  # task id -> the module that defines it
+    task_names: dict[str, str] = {}  # task id -> the module attribute that holds it
     queue_modules: dict[str, tuple[QueueDefinition, str]] = {}  # queue name -> its first definition and module
     where = source.display or str(source.path)
 
@@ -919,9 +920,14 @@ def _collect_definitions(
         # a conflict, named with both modules.
         first = queue_modules.setdefault(candidate.name, (candidate, module))
         if first[0] != candidate:
+            places = (
+                f"twice, differently, in {described(module)}"
+                if first[1] == module
+                else f"differently in {described(first[1])} and in {described(module)}"
+            )
             raise _invalid(
-                f"{where}: queue {candidate.name!r} is defined differently in {described(first[1])} and in "
-                f"{described(module)}; define it once and import it where it is used.",
+                f"{where}: queue {candidate.name!r} is defined {places}; define it once and import it where it "
+                "is used.",
                 path=str(source.path),
                 queue=candidate.name,
             )
@@ -930,16 +936,21 @@ def _collect_definitions(
 
     for name in module_names:
         module = _import_module(source, name, "tasks", plugin=(owners or {}).get(name))
-        for value in list(vars(module).values()):
+        for attribute, value in list(vars(module).items()):
             if isinstance(value, TaskDefinition) and id(value) not in seen_tasks:
                 if value.id in task_modules:  # another definition (the same one is seen once) has the id
+                    places = (
+                        f"twice in {described(name)}, as {task_names[value.id]} and as {attribute}"
+                        if task_modules[value.id] == name
+                        else f"by {described(task_modules[value.id])} and again by {described(name)}"
+                    )
                     raise _invalid(
-                        f"{where}: task id {value.id!r} is defined by {described(task_modules[value.id])} and "
-                        f"again by {described(name)}; task ids must be unique.",
+                        f"{where}: task id {value.id!r} is defined {places}; task ids must be unique.",
                         path=str(source.path),
                         task_id=value.id,
                     )
                 task_modules[value.id] = name
+                task_names[value.id] = attribute
                 seen_tasks.add(id(value))
                 tasks.append(value)
             elif isinstance(value, QueueDefinition):

@@ -607,6 +607,32 @@ def test_a_task_id_or_queue_defined_twice_names_both_modules(tmp_path: Path) -> 
     assert f"task id 'emails.welcome' is defined by module {first!r} and again by module {third!r}" in message
 
 
+def test_a_task_id_or_queue_defined_twice_in_one_module_names_the_module_once(tmp_path: Path) -> None:
+    # "defined by module 'm' and again by module 'm'" named neither definition to look for.
+    module = unique("twice")
+    source = """
+        from runlane import queue, task
+
+        default = queue("default", default=True)
+
+        @task("emails.welcome")
+        def welcome(payload: dict) -> None:
+            pass
+
+        @task("emails.welcome")
+        def welcome_copy(payload: dict) -> None:
+            pass
+        """
+    write(tmp_path / f"{module}.py", source)
+    message = runtime_refused(tmp_path, module)
+    assert f"task id 'emails.welcome' is defined twice in module {module!r}, as welcome and as welcome_copy" in message
+
+    queues = 'from runlane import queue\n\na = queue("a")\nb = queue("a", concurrency_limit=2)\n'
+    write(tmp_path / f"{module}_queues.py", queues)
+    message = runtime_refused(tmp_path, f"{module}_queues")
+    assert f"queue 'a' is defined twice, differently, in module '{module}_queues';" in message
+
+
 def test_task_modules_without_a_queue_are_named_with_what_to_add(tmp_path: Path) -> None:
     module = unique("queueless")
     source = 'from runlane import task\n\n@task("hello.greet")\ndef greet(payload: dict) -> None:\n    pass\n'
