@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import shlex
+import stat
 import subprocess
 import sys
 import time
@@ -239,6 +240,18 @@ def test_init_config_never_overwrites_without_the_flag(tmp_path: Path) -> None:
     write(tmp_path / "app" / "tasks.py", "")
     mine = cli(tmp_path, "--json", "init", "config", "--overwrite")
     assert mine.returncode == 0 and mine.stderr == "", mine.stderr
+
+
+def test_init_config_never_replaces_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    # With --overwrite it renamed the new config over whatever was there: a FIFO, a socket or a device such
+    # as /dev/null (run as root) became a regular file holding the config.
+    fifo = tmp_path / "pipe.toml"
+    os.mkfifo(fifo)
+    for args in ((), ("--overwrite",)):
+        refused = cli(tmp_path, "init", "config", "--path", str(fifo), *args)
+        assert refused.returncode == 1
+        assert refused.stderr.startswith(f"error[configuration_invalid]: {fifo} is not a regular file"), refused.stderr
+        assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
 def test_init_config_refuses_to_write_over_pyproject_toml(tmp_path: Path) -> None:

@@ -227,6 +227,14 @@ def init_config(
                 f"{path} is a directory; give --path the file to write, such as {path / 'runlane.toml'}.",
                 meta={"path": str(path)},
             )
+        if path.exists() and not path.is_file():
+            # --overwrite replaces a config file; renamed over a device (/dev/null), a FIFO or a socket, it
+            # would put a regular file in its place.
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"{path} is not a regular file, so it is not a config to replace; give --path the file to write.",
+                meta={"path": str(path)},
+            )
         if path.exists() and not overwrite:
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
