@@ -358,3 +358,43 @@ def test_export_and_dev_close_the_sinks_they_created(tmp_path: Path, monkeypatch
     # Commands that do not export check the entry's options but never build its sink.
     assert events[0] == "create" and events[1].startswith("export "), events
     assert events.count("create") == 2 and events.count("close") == 2 and events[-1] == "close"
+
+
+def test_a_sink_whose_close_calls_sys_exit_is_logged_and_the_command_ends_as_it_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The SystemExit escaped close_sinks: runlane export --once ended with the sink's status 4, saying nothing.
+    from pydantic import BaseModel, ConfigDict
+    from typer.testing import CliRunner
+
+    from runlane.cli.main import app
+    from runlane.plugins import hookimpl
+    from runlane.plugins.manager import pm
+    from runlane.plugins.registries import ExporterProvider
+
+    class Sink:
+        async def export(self, records: Any) -> None:
+            pass
+
+        def close(self) -> None:
+            raise SystemExit(4)
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    class Plugin:
+        @hookimpl
+        def register_exporters(self, register: Any) -> None:
+            register(ExporterProvider("exiting", Options, lambda options, context: Sink()))
+
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    add_exporter(root, '\n[[exporters]]\nuse = "exiting"\nconsumer = "exiting"\n')  # known in this process only
+    monkeypatch.chdir(root)
+    pm.register(Plugin(), name="test-exiting-exporter")
+    try:
+        exported = CliRunner().invoke(app, ["export", "--once"])
+    finally:
+        pm.unregister(name="test-exiting-exporter")
+    assert exported.exit_code == 0, exported.output
+    assert "exported 0 observation(s) exporter=exiting consumer=exiting" in exported.stdout
+    assert "Closing exporter 'exiting' (consumer 'exiting') failed." in caplog.messages

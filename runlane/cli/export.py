@@ -132,7 +132,7 @@ async def close_sinks(exporters: Sequence[ConfiguredExporter]) -> None:
             result = close()
             if inspect.isawaitable(result):
                 await result
-        except Exception:
+        except (Exception, SystemExit):  # sys.exit() in a sink's close must not end the command as it pleases
             _logger.warning(
                 "Closing exporter %r (consumer %r) failed.", configured.use, configured.consumer, exc_info=True
             )
