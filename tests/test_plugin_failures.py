@@ -12,6 +12,7 @@ import contextlib
 import importlib.metadata
 import json
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,17 @@ def test_plugins_list_shows_a_plugin_made_for_other_runlane_releases(site: Path)
     table = cli(site, "plugins", "list", env=env)
     assert table.returncode == 0, table.stderr
     assert "plugin 'new' declares it works with runlane>=99, not with the runlane installed" in table.stderr
+
+
+def test_what_a_plugin_prints_as_it_is_imported_stays_out_of_the_json_on_stdout(site: Path) -> None:
+    # It went to stdout before the command's JSON: runlane --json plugins list | jq failed on it.
+    module = 'print("runlane-chatty 0.1 loaded")\n' + textwrap.dedent(lane_module("chatty-lane"))
+    install(site, "runlane-chatty", {"chatty": "runlane_chatty"}, {"runlane_chatty": module})
+    listed = cli(site, "--json", "plugins", "list", env={"PYTHONPATH": str(site)})
+    assert listed.returncode == 0, listed.stderr
+    assert "chatty" in [plugin["name"] for plugin in json.loads(listed.stdout)["plugins"]]
+    notices = [json.loads(line)["warning"] for line in listed.stderr.splitlines()]
+    assert notices == [{"code": "plugin", "message": "runlane-chatty 0.1 loaded"}]
 
 
 # ---------------------------------------------------------------------------------------------

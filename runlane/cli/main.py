@@ -1032,19 +1032,22 @@ def _ascii_locale_warning(arguments: list[str]) -> str | None:
 @contextlib.contextmanager
 def _stderr_lines_as_json_warnings(code: str) -> Iterator[None]:
     """Each line written to stderr in the block becomes an ``Output.warning`` of ``code``, JSON on the real
-    stderr (the ``runlane: `` prefix of plugin notices dropped)."""
-    real = sys.stderr
+    stderr (the ``runlane: `` prefix of plugin notices dropped). So does each line written to stdout (a
+    plugin that prints as it is imported), which carries the command's JSON alone."""
+    real, real_stdout = sys.stderr, sys.stdout
     output = Output(json_mode=True, stderr=real)
 
     def emit(line: str) -> None:
         output.warning(code, line.removeprefix("runlane: "))
 
     sys.stderr = lines = LineStream(emit, real)
+    sys.stdout = printed = LineStream(emit, real)
     try:
         yield
     finally:
-        sys.stderr = real
+        sys.stderr, sys.stdout = real, real_stdout
         lines.finish()
+        printed.finish()
 
 
 def _output_failed(message: str, reason: str) -> NoReturn:
