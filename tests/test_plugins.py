@@ -616,10 +616,17 @@ def test_plugin_commands_that_break_or_shadow_runlane_commands_are_skipped_and_t
         def register_commands(self, app):
             app.command("hello")(lambda: print("hi"))
 
+    class Rooting:  # app.callback() on the root replaced runlane's: -c, --json and --version were gone
+        @hookimpl
+        def register_commands(self, app):
+            app.callback()(lambda verbose=False: None)
+            app.command("extra-from-rooting")(lambda: None)
+
     plugins = {
         "raising": Raising(),
         "broken-elsewhere": BrokenElsewhere(),
         "shadowing": Shadowing(),
+        "rooting": Rooting(),
         "healthy": Healthy(),
     }
     for name, plugin in plugins.items():
@@ -634,6 +641,10 @@ def test_plugin_commands_that_break_or_shadow_runlane_commands_are_skipped_and_t
         assert "register_commands raised RuntimeError: command hook exploded" in err
         assert "skipped plugin 'broken-elsewhere'" in err and "lane hook exploded" in err
         assert "skipped plugin 'shadowing'" in err and "its commands runs are already runlane commands" in err
+        assert "skipped plugin 'rooting'" in err and "set the callback of the runlane command itself" in err
+        assert "extra-from-rooting" not in commands
+        root_options = {option for param in typer.main.get_group(app).params for option in param.opts}
+        assert {"-c", "--json", "--version"} <= root_options
         assert [name for name in plugins if pm.has_plugin(name)] == ["healthy"]
     finally:
         for name in plugins:

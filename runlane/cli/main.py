@@ -920,14 +920,23 @@ def _register_plugin_commands(root: typer.Typer) -> None:
     entries: list[tuple[list[Any], list[Any]]] = []  # per plugin: its commands and groups
     for hook in reversed(pm.hook.register_commands.get_hookimpls()):  # pluggy calls the last registered first
         commands, groups = len(root.registered_commands), len(root.registered_groups)
+        callback = root.registered_callback
         try:
             hook.function(*(root for _ in hook.argnames))  # an implementation may take fewer arguments (none)
             new_commands, new_groups = root.registered_commands[commands:], root.registered_groups[groups:]
             added = command_names(new_commands, new_groups)
             clashes = sorted(set(added) & builtin)
             problem = f"its commands {', '.join(clashes)} are already runlane commands" if clashes else None
+            if root.registered_callback is not callback:
+                # @app.callback() on the root replaces runlane's own, and with it -c, --json and --version
+                # for every command.
+                problem = (
+                    "its register_commands set the callback of the runlane command itself (app.callback()); "
+                    "give a sub-app of its own the callback and add that with app.add_typer(...)"
+                )
         except (Exception, SystemExit) as error:  # a broken plugin must never take the CLI down
             problem = f"register_commands raised {describe_exception(error)}"
+        root.registered_callback = callback
         if problem is None:
             try:
                 _build(new_commands, new_groups)
