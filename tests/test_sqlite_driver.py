@@ -871,6 +871,38 @@ async def test_a_truncated_file_is_an_invariant_violation_saying_what_to_do(data
     assert "is corrupt" in error.message and "restore it from a backup" in error.message
 
 
+async def test_a_file_deleted_under_another_process_says_to_stop_the_processes_using_it(database: Path) -> None:
+    """A process that keeps the deleted file open keeps its -wal and -shm files under the path, so a
+    new file there is read with that log, which names pages the new file does not have: the error
+    says so, instead of being hidden by the COMMIT of a read transaction the failure had ended."""
+    await _start_and_close(sqlite_storage(database))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys\n"
+            "connection = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "connection.execute('PRAGMA wal_autocheckpoint = 0')\n"
+            "connection.execute('CREATE TABLE filler (x BLOB)')\n"  # the schema page, in the -wal file
+            "connection.execute('INSERT INTO filler VALUES (zeroblob(100000))')\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.read()\n",
+            str(database),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        database.unlink()
+        error = await expect_error(sqlite_storage(database).start(), ErrorCode.STORAGE_UNAVAILABLE)
+    finally:
+        holder.communicate(timeout=WAIT)
+    assert error.meta["sqlite_error"] == "SQLITE_IOERR_SHORT_READ", error
+    assert "deleted or replaced" in error.message and "stop every process using it" in error.message
+
+
 async def test_an_unknown_schema_version_is_refused(database: Path) -> None:
     await _start_and_close(sqlite_storage(database))
     with sqlite3.connect(database) as connection:

@@ -291,13 +291,21 @@ _DELETE_EVENT = f"DELETE FROM {_OPERATOR_EVENTS} WHERE environment = ? AND run_i
 _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_NOMEM, _SQLITE_READONLY = 3, 5, 6, 7, 8
 _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_PROTOCOL = 10, 11, 13, 14, 15
 _SQLITE_CONSTRAINT, _SQLITE_AUTH, _SQLITE_NOTADB = 19, 23, 26
-# What to do about a retryable failure, after its text (workers try again by themselves).
+_SQLITE_IOERR_SHORT_READ = _SQLITE_IOERR | 2 << 8  # an extended code
+# What to do about a retryable failure, after its text (workers try again by themselves); by extended
+# code first, then by primary code.
 _REMEDIES = {
     _SQLITE_BUSY: (
         ": another connection held the file's write lock for longer than the lane's busy_timeout; try again, "
         "raise busy_timeout, or shorten the other process's write transactions"
     ),
     _SQLITE_FULL: "; the disk holding the file is full: free space there, and workers go on by themselves",
+    # The pages the -wal and -shm files name are not in the file: another file than theirs is at the path.
+    _SQLITE_IOERR_SHORT_READ: (
+        "; the file is shorter than its -wal and -shm files say, as when it was deleted or replaced while "
+        "other processes had it open: stop every process using it, then start them again (what they wrote "
+        "after the file was deleted or replaced is lost)"
+    ),
 }
 
 
@@ -966,7 +974,10 @@ class SqliteStorageDriver(ClientClock):
             counter = connection.execute("SELECT last FROM runlane_version_counter WHERE id = 1").fetchone()
             return row is not None and row[0] == str(SCHEMA_VERSION) and counter is not None
         finally:
-            connection.execute("COMMIT")
+            # A read that failed may have ended the transaction itself (an I/O error does): a COMMIT
+            # then would fail too and hide that failure.
+            if connection.in_transaction:
+                connection.execute("COMMIT")
 
     def _close_opened(self, opening: concurrent.futures.Future[sqlite3.Connection]) -> None:
         """Close the connection ``opening`` opened, if it did (a failed ``start()``)."""
@@ -1028,9 +1039,10 @@ class SqliteStorageDriver(ClientClock):
                 cause=error,
             )
         if code in (_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_NOMEM, _SQLITE_PROTOCOL):
+            remedy = _REMEDIES.get(error.sqlite_errorcode, _REMEDIES.get(code, "; try again"))
             return RunlaneError(
                 ErrorCode.STORAGE_UNAVAILABLE,
-                f"{where} is unavailable: {error}{_REMEDIES.get(code, '; try again')}.",
+                f"{where} is unavailable: {error}{remedy}.",
                 retryable=True,
                 meta=meta,
                 cause=error,
