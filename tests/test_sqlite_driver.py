@@ -935,6 +935,32 @@ async def test_an_incomplete_schema_is_an_invariant_violation(database: Path) ->
     assert "runlane_index_rows" in error.message and "restore it from a backup" in error.message
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        "ALTER TABLE runlane_records RENAME COLUMN byte_size TO size",
+        "ALTER TABLE runlane_index_rows RENAME COLUMN sort TO position",
+        "UPDATE runlane_version_counter SET last = 'x'",
+    ],
+)
+async def test_a_schema_changed_by_something_else_is_an_invariant_violation_saying_what_to_do(
+    database: Path, change: str
+) -> None:
+    await _start_and_close(sqlite_storage(database))
+    with sqlite3.connect(database) as connection:
+        connection.execute(change)
+    driver = sqlite_storage(database)
+    try:
+        await driver.start()  # the tables it checks are all there
+        error = await expect_error(
+            create(driver, record(StorageRecordKey("items", "a"), {"n": 1}, "1")), ErrorCode.INVARIANT_VIOLATION
+        )
+    finally:
+        await driver.close()
+    assert "something other than Runlane changed the file" in error.message, error
+    assert "restore it from a backup" in error.message and error.retryable is False
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 async def test_a_forked_process_cannot_use_the_parents_driver(database: Path) -> None:
     driver = sqlite_storage(database)

@@ -288,7 +288,7 @@ _DELETE_RUN = f"DELETE FROM {_OPERATOR_RUNS} WHERE environment = ? AND run_id = 
 _DELETE_EVENT = f"DELETE FROM {_OPERATOR_EVENTS} WHERE environment = ? AND run_id = ? AND sequence = ?"
 
 # SQLite primary result codes (the low byte of an extended code).
-_SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_NOMEM, _SQLITE_READONLY = 3, 5, 6, 7, 8
+_SQLITE_ERROR, _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_NOMEM, _SQLITE_READONLY = 1, 3, 5, 6, 7, 8
 _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_PROTOCOL = 10, 11, 13, 14, 15
 _SQLITE_CONSTRAINT, _SQLITE_AUTH, _SQLITE_NOTADB = 19, 23, 26
 _SQLITE_IOERR_SHORT_READ = _SQLITE_IOERR | 2 << 8  # an extended code
@@ -307,6 +307,10 @@ _REMEDIES = {
         "after the file was deleted or replaced is lost)"
     ),
 }
+
+
+# SQLite's words for a statement naming a table, column or index the file does not have.
+_SCHEMA_CHANGED = ("no such table", "no such column", "has no column named", "no such index")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1029,6 +1033,18 @@ class SqliteStorageDriver(ClientClock):
             return RunlaneError(
                 ErrorCode.INVARIANT_VIOLATION, f"{where} violates its own constraints: {error}", meta=meta, cause=error
             )
+        if code == _SQLITE_ERROR:  # SQLite refused a statement of this driver's
+            if any(text in str(error) for text in _SCHEMA_CHANGED):
+                return RunlaneError(
+                    ErrorCode.INVARIANT_VIOLATION,
+                    f"{where} does not have the Runlane schema this release reads ({error}): something other than "
+                    "Runlane changed the file; restore it from a backup, or give Runlane a new file.",
+                    meta=meta,
+                    cause=error,
+                )
+            return RunlaneError(
+                ErrorCode.INTERNAL_ERROR, f"{where} refused a statement: {error}", meta=meta, cause=error
+            )
         if code in (_SQLITE_CANTOPEN, _SQLITE_PERM, _SQLITE_READONLY, _SQLITE_AUTH):
             kind = ErrorCode.CONFIGURATION_INVALID if opening else ErrorCode.STORAGE_UNAVAILABLE
             return RunlaneError(
@@ -1239,7 +1255,10 @@ class SqliteStorageDriver(ClientClock):
         counter = connection.execute("SELECT last FROM runlane_version_counter WHERE id = 1").fetchone()
         if counter is None or type(counter[0]) is not int:
             raise RunlaneError(
-                ErrorCode.INVARIANT_VIOLATION, f"SQLite storage {str(self.path)!r} lost its version counter."
+                ErrorCode.INVARIANT_VIOLATION,
+                f"SQLite storage {str(self.path)!r} lost its version counter: something other than Runlane changed "
+                "the file; restore it from a backup, or give Runlane a new file.",
+                meta={"path": str(self.path)},
             )
         version = counter[0]
         outcomes: list[bool | RunlaneError] = []
