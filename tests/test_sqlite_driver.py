@@ -840,6 +840,18 @@ async def test_a_path_no_database_file_can_have_is_configuration_invalid(tmp_pat
     assert "SQLite storage" in error.message and error.retryable is False
 
 
+async def test_a_loop_of_symbolic_links_is_configuration_invalid_and_a_dangling_link_is_created(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a.db").symlink_to(tmp_path / "b.db")
+    (tmp_path / "b.db").symlink_to(tmp_path / "a.db")
+    error = await expect_error(sqlite_storage(tmp_path / "a.db").start(), ErrorCode.CONFIGURATION_INVALID)
+    assert "symbolic links" in error.message and "let this user write" not in error.message, error
+    (tmp_path / "link.db").symlink_to(tmp_path / "target.db")
+    await _start_and_close(sqlite_storage(tmp_path / "link.db"))
+    assert (tmp_path / "target.db").is_file()
+
+
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
 async def test_unwritable_directory_is_configuration_invalid(tmp_path: Path) -> None:
     locked = tmp_path / "locked"

@@ -847,6 +847,9 @@ class SqliteStorageDriver(ClientClock):
                 raise refuse("it is a directory, not a database file.")
             if path.exists() and not path.is_file():
                 raise refuse("it is not a regular file (a device, a pipe or a socket), so not a database file.")
+            if path.is_symlink() and not path.exists():  # exists() is False for a loop of links too
+                with contextlib.suppress(FileNotFoundError):  # a link to a file yet to be created is fine
+                    os.stat(path)
         except OSError as error:
             raise refuse(f"{error.strerror or error}.") from None
         # WAL mode creates ``<file>-wal`` and ``<file>-shm`` beside the database, so the directory
