@@ -545,6 +545,28 @@ def test_unknown_task_is_reported_with_its_code(project: Path) -> None:
     assert json.loads(result.stderr.splitlines()[-1])["error"]["code"] == "task_not_found"
 
 
+def test_a_task_with_no_queue_to_run_on_names_the_option_that_gives_it_one(tmp_path: Path) -> None:
+    tasks = """
+    from runlane import queue, task
+
+    reports = queue("reports")
+
+
+    @task("reports.build")
+    def build(payload: dict) -> None:
+        return None
+    """
+    project = make_project(tmp_path, tasks)
+    result = cli(project, "trigger", "reports.build", "{}")
+    assert result.returncode == 1
+    assert "error[configuration_invalid]: Task 'reports.build' has no queue" in result.stderr
+    assert "(--queue on the command line)" in result.stderr
+    assert "Traceback" not in result.stderr
+    given = cli(project, "--json", "trigger", "reports.build", "{}", "--queue", "reports")
+    assert given.returncode == 0, given.stderr
+    assert json.loads(given.stdout)["run"]["queue"] == "reports"
+
+
 def test_missing_config_is_an_error_not_a_traceback(tmp_path: Path) -> None:
     result = cli(tmp_path, "tick")
     assert result.returncode == 1

@@ -1245,7 +1245,7 @@ class Runlane:
         else:
             raise _invalid(
                 f"Task {definition.id!r} has no queue and no registered queue is marked default; pass queue= "
-                "to this call (or to the task), or mark one queue default=True.",
+                "to this call (--queue on the command line) or to the task, or mark one queue default=True.",
                 field="queue",
                 task_id=definition.id,
             )
