@@ -1925,7 +1925,7 @@ def test_a_handler_waiting_for_its_own_run_is_refused_instead_of_waiting_for_eve
         assert runtime.sync.call(lambda: asyncio.wait_for(background[0], 5)).output == "done"
 
         async def on_a_loop_of_its_own() -> str:  # the def handler's worker on another loop than the facade's
-            run = (await runtime.trigger(waits_sync, {})).run
+            await runtime.trigger(waits_sync, {})
             return (await asyncio.wait_for(runtime.execute_next(), 10)).output
 
         outcome: list[str] = []

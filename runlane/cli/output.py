@@ -944,16 +944,8 @@ def json_import_logs(output: Output) -> Iterator[None]:
     if not output.json:
         yield
         return
-    real = sys.stdout
-    lines = LineStream(_printed_line_records(output), sys.stderr)
-    sys.stdout = lines
-    try:
-        with _import_log_records(output):
-            yield
-    finally:
-        if sys.stdout is lines:
-            sys.stdout = real
-        lines.finish()
+    with _stdout_as_records(LineStream(_printed_line_records(output), sys.stderr)), _import_log_records(output):
+        yield
 
 
 @contextmanager
@@ -1128,8 +1120,15 @@ def prints_as_json_logs(output: Output) -> Iterator[None]:
     if not output.json:
         yield
         return
+    with _stdout_as_records(_HandlerPrints(_printed_line_records(output), sys.stderr, sys.stdout)):
+        yield
+
+
+@contextmanager
+def _stdout_as_records(lines: LineStream) -> Iterator[None]:
+    """``lines`` as ``sys.stdout`` while the block runs (unless something replaced it meanwhile), finished
+    after it."""
     real = sys.stdout
-    lines = _HandlerPrints(_printed_line_records(output), sys.stderr, real)
     sys.stdout = lines
     try:
         yield
