@@ -504,3 +504,25 @@ def test_an_exporter_refused_for_good_stops_alone_and_the_others_and_dev_go_on(t
             assert exporter.process.poll() is None  # the traces exporter goes on
             assert exporter.stop() == 1
     assert receiver.logs == []
+
+
+@pytest.mark.parametrize("status", [301, 308])
+async def test_a_redirect_is_not_taken_for_an_accepted_batch(status: int) -> None:
+    """OpenTelemetry's exporter follows no redirect yet counts a 3xx as accepted: the exporter stops naming
+    the URL to use, with the checkpoint where it was, instead of checkpointing records nobody received."""
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        sink = otlp_sink(endpoint=receiver.logs_endpoint, timeout=2)
+        async with runtime:
+            await runtime.trigger(send, {})
+            receiver.fail_next(1, status=status, location="https://user:pw@collector.example/v1/logs?key=s3cret")
+            with pytest.raises(RunlaneError) as raised:
+                await runtime.observation_exporter("logs", sink).run(retry_delay="10ms", idle_delay="10ms")
+            error = raised.value
+            assert error.code is ErrorCode.OBSERVATION_EXPORT_FAILED and not error.retryable
+            assert error.meta["http_status"] == status
+            assert error.meta["location"] == "https://***@collector.example/v1/logs?key=***"
+            assert f"with HTTP {status}" in error.message and "Set the endpoint to the URL" in error.message
+            assert "s3cret" not in error.message and "pw" not in error.message
+            assert await runtime.observations.checkpoint("logs") is None
+            assert receiver.logs == [] and receiver.requests == 1

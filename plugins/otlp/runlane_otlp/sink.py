@@ -10,7 +10,8 @@ The exporter runs in a worker thread, so the event loop never waits on the netwo
 OTLP/HTTP exporters retry throttling and 5xx answers themselves within ``timeout``. A batch the
 endpoint did not accept raises ``observation_export_failed``: the exporter loop keeps its checkpoint
 and sends the batch again later. It is not retryable when the endpoint refused the request for good
-(a 4xx other than 408 and 429, or 501: a wrong path, a missing API key, a batch too large), or when
+(a 4xx other than 408 and 429, or 501: a wrong path, a missing API key, a batch too large), when it
+redirected the request (a 3xx, which OpenTelemetry counts as accepted but does not follow), or when
 the request could not even be built (a header value HTTP cannot carry), so that the loop stops instead
 of sending it forever. The mapping's memory of open attempts and trace
 contexts is rolled back with a batch that was not accepted. Log records carry the record's stable
@@ -91,6 +92,7 @@ class _Answers:
         self.reason: str | None = None
         self.error: BaseException | None = None
         self.retry_after: float | None = None  # seconds a 429 or 503 asked the client to wait
+        self.location: str | None = None  # where a redirect pointed
         client: Any = getattr(exporter, "_client", None)
         headers = getattr(client, "_headers", None)
         self.headers: Mapping[Any, Any] = headers if isinstance(headers, Mapping) else {}
@@ -120,9 +122,11 @@ class _Answers:
             result = submit(*args, **kwargs)
             try:
                 value = result.headers().get("retry-after")
+                location = result.headers().get("location")
             except Exception:  # noqa: BLE001 - an answer without readable headers asks for nothing
-                value = None
+                value = location = None
             self.retry_after = _retry_after(value)
+            self.location = location if isinstance(location, str) and location else None
             return result
 
         client._submit = submitted
@@ -169,13 +173,17 @@ class OtlpObservationSink:
         except BaseException:
             self.mapping.rollback()
             raise
-        if getattr(result, "name", None) != "SUCCESS":  # SpanExportResult / LogRecordExportResult
+        status = self._answers.status
+        if getattr(result, "name", None) != "SUCCESS" or (status is not None and 300 <= status < 400):
+            # OpenTelemetry counts any answer below 400 as accepted, but it follows no redirect: the records
+            # of a 3xx reached nobody, and a checkpoint past them would lose them.
             self.mapping.rollback()  # the batch is sent again: its records must map as they did
             raise self._refused(len(items))
         self.exported += len(items)
 
     def _export(self, items: list[Any]) -> Any:
-        self._answers.status = self._answers.reason = self._answers.error = self._answers.retry_after = None
+        answers = self._answers
+        answers.status = answers.reason = answers.error = answers.retry_after = answers.location = None
         _exporting.active = True
         try:
             return self.exporter.export(items)
@@ -212,6 +220,19 @@ class OtlpObservationSink:
             )
         meta["http_status"] = status
         answer = f"HTTP {status}" + (f" {reason}" if reason else "")
+        if 300 <= status < 400:
+            location = self._answers.location
+            target = "another URL"
+            if location is not None:
+                meta["location"] = target = redact_endpoint(location)
+            return RunlaneError(
+                ErrorCode.OBSERVATION_EXPORT_FAILED,
+                f"{self.endpoint} answered {count} {self.what} with {answer}, a redirect to {target}: the OTLP "
+                "exporter does not follow redirects, so nothing was delivered and sending them again cannot help. "
+                "Set the endpoint to the URL the redirect names (often https:// in place of http://).",
+                retryable=False,
+                meta=meta,
+            )
         if status in _PERMANENT:
             return RunlaneError(
                 ErrorCode.OBSERVATION_EXPORT_FAILED,

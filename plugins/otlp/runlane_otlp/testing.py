@@ -85,7 +85,7 @@ class OtlpTestReceiver:
         self.logs: list[ReceivedLogRecord] = []
         self.spans: list[ReceivedSpan] = []
         self.requests = 0
-        self._failures: list[tuple[int, str | None]] = []
+        self._failures: list[tuple[int, dict[str, str]]] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -124,11 +124,14 @@ class OtlpTestReceiver:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
-    def fail_next(self, count: int = 1, status: int = 503, *, retry_after: str | None = None) -> None:
-        """Answer the next ``count`` requests with ``status`` (and a ``Retry-After`` header when given) and
-        keep nothing from them."""
+    def fail_next(
+        self, count: int = 1, status: int = 503, *, retry_after: str | None = None, location: str | None = None
+    ) -> None:
+        """Answer the next ``count`` requests with ``status`` (and a ``Retry-After`` or, for a redirect, a
+        ``Location`` header when given) and keep nothing from them."""
+        headers = {"Retry-After": retry_after, "Location": location}
         with self._lock:
-            self._failures.extend([(status, retry_after)] * count)
+            self._failures.extend([(status, {k: v for k, v in headers.items() if v is not None})] * count)
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
         length = int(request.headers.get("Content-Length") or 0)
@@ -141,10 +144,10 @@ class OtlpTestReceiver:
             self.requests += 1
             failure = self._failures.pop(0) if self._failures else None
         if failure is not None:
-            status, retry_after = failure
+            status, headers = failure
             request.send_response(status)
-            if retry_after is not None:
-                request.send_header("Retry-After", retry_after)
+            for name, value in headers.items():
+                request.send_header(name, value)
             request.send_header("Content-Length", "0")
             request.end_headers()
             return
