@@ -526,3 +526,29 @@ async def test_a_redirect_is_not_taken_for_an_accepted_batch(status: int) -> Non
             assert "s3cret" not in error.message and "pw" not in error.message
             assert await runtime.observations.checkpoint("logs") is None
             assert receiver.logs == [] and receiver.requests == 1
+
+
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+async def test_compressed_exports_reach_the_test_receiver(monkeypatch: pytest.MonkeyPatch, compression: str) -> None:
+    """OTEL_EXPORTER_OTLP_COMPRESSION, which OpenTelemetry's exporter reads, compresses the requests: the
+    test receiver decodes them as a Collector does."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", compression)
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        async with runtime:
+            await runtime.trigger(send, {})
+            sink = otlp_sink(endpoint=receiver.logs_endpoint, timeout=2)
+            assert await drain_exporter(runtime.observation_exporter("logs", sink)) == [Tick.EXPORTED, Tick.IDLE]
+    assert [log.body for log in receiver.logs] == ["run.created", "run.delivery_requested"]
+
+
+def test_the_test_receiver_answers_a_body_that_is_not_an_export_request_with_400() -> None:
+    import urllib.error
+    import urllib.request
+
+    with OtlpTestReceiver() as receiver:
+        request = urllib.request.Request(receiver.logs_endpoint, data=b"\xff\xff not protobuf", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(request, timeout=5)
+        assert raised.value.code == 400
+    assert receiver.logs == []

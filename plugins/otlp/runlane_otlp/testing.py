@@ -1,9 +1,10 @@
 """``OtlpTestReceiver``: an OTLP/HTTP logs and traces endpoint on a loopback port, for tests.
 
 It accepts ``POST /v1/logs`` and ``POST /v1/traces`` with the protobuf ``ExportLogsServiceRequest`` /
-``ExportTraceServiceRequest`` OpenTelemetry's OTLP/HTTP exporters send, decodes them with
-OpenTelemetry's own protobuf classes and keeps the log records and spans. ``fail_next(count,
-status=503)`` answers the next requests with an error status, as an overloaded collector would::
+``ExportTraceServiceRequest`` OpenTelemetry's OTLP/HTTP exporters send (gzip- or deflate-compressed too),
+decodes them with OpenTelemetry's own protobuf classes and keeps the log records and spans; a body that
+does not decode is answered with HTTP 400, as a Collector answers it. ``fail_next(count, status=503)``
+answers the next requests with an error status, as an overloaded collector would::
 
     with OtlpTestReceiver() as receiver:
         sink = otlp_sink(endpoint=receiver.logs_endpoint)
@@ -13,7 +14,9 @@ status=503)`` answers the next requests with an error status, as an overloaded c
 
 from __future__ import annotations
 
+import gzip
 import threading
+import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
@@ -75,6 +78,17 @@ def _value(any_value: Any) -> Any:
 
 def _attributes(pairs: Any) -> dict[str, Any]:
     return {pair.key: _value(pair.value) for pair in pairs}
+
+
+def _decompressed(body: bytes, encoding: str | None) -> bytes:
+    """``body`` as sent before the ``Content-Encoding`` the exporter applied (``OTEL_EXPORTER_OTLP_COMPRESSION``)."""
+    match (encoding or "").strip().lower():
+        case "gzip":
+            return gzip.decompress(body)
+        case "deflate":
+            return zlib.decompress(body)
+        case _:
+            return body
 
 
 class OtlpTestReceiver:
@@ -151,7 +165,11 @@ class OtlpTestReceiver:
             request.send_header("Content-Length", "0")
             request.end_headers()
             return
-        answer = decode(body)
+        try:
+            answer = decode(_decompressed(body, request.headers.get("Content-Encoding")))
+        except Exception:  # noqa: BLE001 - gzip's, zlib's or protobuf's refusal of the body: the sender's error
+            request.send_error(400, "the body is not a protobuf OTLP export request")  # as a Collector answers
+            return
         request.send_response(200)
         request.send_header("Content-Type", "application/x-protobuf")
         request.send_header("Content-Length", str(len(answer)))
