@@ -465,6 +465,9 @@ def test_the_wakeup_body_round_trips_and_is_canonical() -> None:
         ("InvalidParameterValue", "https://sqs.example/1/q.fifo", "deduplication='outbox'", "Grant"),
         ("InvalidParameterValue", "https://sqs.example/1/q", "Check the queue's settings", "deduplication"),
         ("KmsAccessDenied", "https://sqs.example/1/q.fifo", "Grant this process's AWS identity", "deduplication"),
+        ("InvalidClientTokenId", "https://sqs.example/1/q", "refused this process's credentials", "permissions"),
+        ("ExpiredToken", "https://sqs.example/1/q.fifo", "configure valid ones", "deduplication"),
+        ("SignatureDoesNotMatch", "https://sqs.example/1/q", "AWS_SESSION_TOKEN", "Grant"),
     ],
 )
 def test_a_refusal_says_what_to_check_for_its_cause_only(

@@ -58,6 +58,19 @@ _CONNECTION_ERRORS = frozenset(
     }
 )
 _SETUP_ERRORS = frozenset({"NoCredentialsError", "NoRegionError", "PartialCredentialsError"})
+# AWS refusing the credentials themselves, not what they are allowed to do.
+_CREDENTIAL_CODES = frozenset(
+    {
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "IncompleteSignature",
+        "InvalidAccessKeyId",
+        "InvalidClientTokenId",
+        "MissingAuthenticationToken",
+        "SignatureDoesNotMatch",
+        "UnrecognizedClientException",
+    }
+)
 
 
 def is_retryable_provider_code(code: str | None, status: int | None = None) -> bool:
@@ -148,6 +161,11 @@ def _refusal_hint(code: str | None, queue_url: str | None) -> str:
         return (
             "For a FIFO queue without content-based deduplication, bind it with deduplication='outbox' (or "
             "enable content-based deduplication on the queue)."
+        )
+    if code in _CREDENTIAL_CODES:
+        return (
+            "AWS refused this process's credentials themselves (wrong or expired): configure valid ones "
+            "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY with AWS_SESSION_TOKEN, a profile or a role)."
         )
     if code is not None and ("AccessDenied" in code or "Authorization" in code or code.endswith("Forbidden")):
         return "Grant this process's AWS identity the SQS permissions the operation needs."
