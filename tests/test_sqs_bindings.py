@@ -207,7 +207,10 @@ GOOD = {
         (json.dumps({**GOOD, "version": 2}), "its version is 2; this Runlane reads version 1"),
         (json.dumps({**GOOD, "version": True}), "its version is True"),
         (json.dumps({**GOOD, "payload": {}}), "unknown key 'payload'"),
-        (json.dumps({**GOOD, "message": {**GOOD["message"], "run_id": ""}}), "message.run_id"),
+        (
+            json.dumps({**GOOD, "message": {**GOOD["message"], "run_id": ""}}),
+            "message.run_id: Invalid run id: it must not be empty. Runlane queues",
+        ),
         (json.dumps({**GOOD, "message": {**GOOD["message"], "requested_at": "yesterday"}}), "message.requested_at"),
         (json.dumps({k: v for k, v in GOOD.items() if k != "message"}), "message: Input should be"),
         (b"\xff\xfe", "not UTF-8"),

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from runlane.errors import ErrorCode, RunlaneError
+from runlane.errors import ErrorCode, RunlaneError, pydantic_message
 from runlane.json_values import canonical_json
 from runlane.models import DeliveryMessage
 
@@ -90,4 +90,4 @@ def parse_sqs_wakeup_body(body: object) -> DeliveryMessage:
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(["message", *(str(part) for part in first["loc"])])
-        raise _not_a_wakeup(f"{where}: {first['msg']}") from None
+        raise _not_a_wakeup(f"{where}: {pydantic_message(first)}") from None
