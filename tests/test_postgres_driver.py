@@ -1344,6 +1344,39 @@ async def test_a_server_that_stops_answering_fails_calls_in_time_instead_of_hold
         await driver.close()
 
 
+@pytest.mark.parametrize("read", ["list_runs", "list_run_events", "get_run", "explain"])
+async def test_operator_reads_of_a_server_that_stops_answering_fail_in_time(
+    schemas: Schemas, shared_schema: str, read: str
+) -> None:
+    # runs list, runs events and runs get (the operator reads) run through psycopg's cursors rather than
+    # the driver's own statement calls: they give up on a frozen server in time as well.
+    postmaster = _managed_postmaster()
+    driver = postgres_storage(
+        schemas.url, schema=shared_schema, min_size=1, max_size=2, statement_timeout=0.5, connect_timeout=1
+    )
+    await driver.start()
+    environment = Environment(name="default")
+    calls = {
+        "list_runs": lambda: driver.list_runs(RunFilter(environment=environment), PaginationParams()),
+        "list_run_events": lambda: driver.list_run_events(
+            RunEventFilter(environment=environment, run_id="run_1"), PaginationParams()
+        ),
+        "get_run": lambda: driver.get_run(environment, "run_1"),
+        "explain": lambda: driver.explain(RunFilter(environment=environment), PaginationParams()),
+    }
+    try:
+        await calls[read]()
+        with _frozen(_server_processes(postmaster)):
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            error = await expect_error(asyncio.wait_for(calls[read](), 40), ErrorCode.STORAGE_UNAVAILABLE)
+            assert error.retryable
+            assert loop.time() - started < 15, "the read waited for the server instead of giving up"
+        await calls[read]()  # a fresh connection serves the next one
+    finally:
+        await driver.close()
+
+
 async def test_stalled_connections_are_left_behind_in_time_when_the_server_still_takes_new_ones(
     schemas: Schemas, shared_schema: str
 ) -> None:

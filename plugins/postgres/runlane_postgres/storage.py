@@ -77,6 +77,7 @@ import math
 import os
 import re
 import select
+import socket
 import threading
 import time
 import weakref
@@ -1025,6 +1026,35 @@ async def _call(conn: psycopg.AsyncConnection[Any], statement: _Statement, param
         prepared.add(statement.name)
     pgconn.send_query_prepared(statement.name, params)
     return _result(await _exchange(pgconn, within=within))
+
+
+async def _answered(conn: psycopg.AsyncConnection[Any], operation: Awaitable[T]) -> T:
+    """``operation`` (statements on ``conn``, psycopg's cursors included) under the connection's answer
+    deadline (``_ANSWER_WITHIN``, see ``_ready``): past it the connection's socket is shut down, which ends
+    psycopg's wait for the answer, and ``_NoAnswer`` is raised."""
+    within = _ANSWER_WITHIN.get(conn)
+    if within is None:
+        return await operation
+    expired = False
+
+    def give_up() -> None:
+        nonlocal expired
+        expired = True
+        with contextlib.suppress(OSError, psycopg.Error):
+            # Through a duplicate of its descriptor: the socket itself is shut down, and the wait on the
+            # connection's own descriptor wakes to the end of the stream.
+            with socket.socket(fileno=os.dup(conn.pgconn.socket)) as duplicate:
+                duplicate.shutdown(socket.SHUT_RDWR)
+
+    timer = asyncio.get_running_loop().call_later(within, give_up)
+    try:
+        return await operation
+    except psycopg.Error as error:
+        if expired:
+            raise _NoAnswer("the server did not answer in time; the connection was closed") from error
+        raise
+    finally:
+        timer.cancel()
 
 
 _SYNC = psycopg.pq.ExecStatus.PIPELINE_SYNC
@@ -2255,12 +2285,13 @@ class PostgresStorageDriver(ClientClock):
             await conn.close()
 
     async def _run(self, doing: str, body: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
-        """Run a read outside transactions on a pooled connection, retrying once on a lost connection."""
+        """Run a read outside transactions on a pooled connection, under its answer deadline, retrying
+        once on a lost connection."""
         for attempt in range(2):
             conn = await self._acquire()
             broken = False
             try:
-                return await body(conn)
+                return await _answered(conn, body(conn))
             except psycopg.Error as error:
                 broken = _is_disconnect(error)
                 if not broken or attempt > 0:
