@@ -446,6 +446,21 @@ async def test_start_fails_fast_on_an_unmigrated_schema(schemas: Schemas) -> Non
         await expect_error(driver.get([StorageRecordKey("c", "k")]), ErrorCode.STORAGE_UNAVAILABLE)
 
 
+async def test_start_waits_for_a_locked_schema_no_longer_than_statement_timeout(schemas: Schemas) -> None:
+    # A migration holding the schema's ledger (a long index build in one transaction, say): the start-up
+    # probe gives up as a statement of a pooled connection would, instead of waiting for as long as it takes.
+    schema = await schemas.migrated()
+    driver = postgres_storage(schemas.url, schema=schema, statement_timeout=0.5)
+    async with await psycopg.AsyncConnection.connect(schemas.url) as holder:
+        await holder.execute(sql.SQL("LOCK TABLE {}.runlane_schema_migrations").format(sql.Identifier(schema)))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        error = await expect_error(asyncio.wait_for(driver.start(), 30), ErrorCode.STORAGE_UNAVAILABLE)
+        assert error.retryable and loop.time() - started < 10
+    await driver.start()
+    await driver.close()
+
+
 async def test_a_version_1_schema_fails_fast_and_migrate_drops_rows_of_entries_restating_their_key(
     schemas: Schemas,
 ) -> None:

@@ -1813,7 +1813,7 @@ class PostgresStorageDriver(ClientClock):
             # The server ends a statement at statement_timeout; one it does not answer at all by a while
             # after that never will (see ``_ready``).
             _ANSWER_WITHIN[conn] = self.statement_timeout + _ANSWER_MARGIN_S
-        await conn.execute("; ".join(settings).encode("ascii"))
+        await _answered(conn, conn.execute("; ".join(settings).encode("ascii")))
 
     async def start(self) -> None:
         """Open the pool after probing that the database is reachable and migrated (no auto-migration)."""
@@ -1892,36 +1892,43 @@ class PostgresStorageDriver(ClientClock):
             raise map_postgres_error(error, doing) from error
         try:
             async with conn:
-                cursor = await conn.execute("SHOW server_encoding")
-                (encoding,) = await cursor.fetchone()  # type: ignore[misc]
-                if str(encoding).upper() not in ("UTF8", "UTF-8"):
-                    raise _invalid(f"The Postgres database must use UTF8 encoding (it uses {encoding}).")
-                cursor = await conn.execute(
-                    "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
-                    (self._sql.migrations, self._sql.records),
-                )
-                migrated, has_records = await cursor.fetchone()  # type: ignore[misc]
-                if not (migrated and has_records):
-                    raise _invalid(
-                        f"The Runlane schema {self.schema!r} is not migrated in {self._target.display}; "
-                        f"{MIGRATE_HINT} the lane.",
-                        schema=self.schema,
-                    )
-                cursor = await conn.execute(ledger_query(self._sql.migrations))
-                (version, needs) = await cursor.fetchone()  # type: ignore[misc]
-                if needs > SCHEMA_VERSION:
-                    raise newer_schema_error(self.schema, self._target.display, int(version), migrating=False)
-                if version < SCHEMA_VERSION:
-                    raise _invalid(
-                        f"The Runlane schema {self.schema!r} is at version {version}, this driver needs "
-                        f"{SCHEMA_VERSION}; {MIGRATE_HINT} the lane.",
-                        schema=self.schema,
-                    )
-                await self._compare_clocks(conn)
+                # The settings of a pooled connection: the probe waits for a lock, or for a server that
+                # stopped answering, no longer than any other statement would.
+                await self._configure(conn)
+                await _answered(conn, self._check_schema(conn))
         except RunlaneError:
             raise
         except Exception as error:  # noqa: BLE001 - mapped
             raise map_postgres_error(error, f"probe the Runlane schema {self.schema!r}") from error
+
+    async def _check_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The probe's checks: a UTF8 database, the schema migrated to this driver's version, the clocks."""
+        cursor = await conn.execute("SHOW server_encoding")
+        (encoding,) = await cursor.fetchone()  # type: ignore[misc]
+        if str(encoding).upper() not in ("UTF8", "UTF-8"):
+            raise _invalid(f"The Postgres database must use UTF8 encoding (it uses {encoding}).")
+        cursor = await conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+            (self._sql.migrations, self._sql.records),
+        )
+        migrated, has_records = await cursor.fetchone()  # type: ignore[misc]
+        if not (migrated and has_records):
+            raise _invalid(
+                f"The Runlane schema {self.schema!r} is not migrated in {self._target.display}; "
+                f"{MIGRATE_HINT} the lane.",
+                schema=self.schema,
+            )
+        cursor = await conn.execute(ledger_query(self._sql.migrations))
+        (version, needs) = await cursor.fetchone()  # type: ignore[misc]
+        if needs > SCHEMA_VERSION:
+            raise newer_schema_error(self.schema, self._target.display, int(version), migrating=False)
+        if version < SCHEMA_VERSION:
+            raise _invalid(
+                f"The Runlane schema {self.schema!r} is at version {version}, this driver needs "
+                f"{SCHEMA_VERSION}; {MIGRATE_HINT} the lane.",
+                schema=self.schema,
+            )
+        await self._compare_clocks(conn)
 
     async def _compare_clocks(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Warn when this process's clock is off the server's by ``CLOCK_SKEW_WARNING_S`` or more. Every
