@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -364,6 +365,33 @@ async def test_a_process_whose_clock_is_off_the_servers_is_warned_at_start(
             assert f"This process's clock is {words} the Postgres server's" in record.getMessage()
             assert "synchronize this machine's clock (NTP)" in record.getMessage()
             assert abs(record.clock_offset_seconds - seconds) < 1
+
+
+@pytest.mark.parametrize("date_style", ["SQL,DMY", "German", "Postgres,MDY"])
+async def test_a_database_with_another_date_style_is_served_and_its_clock_compared(
+    schemas: Schemas, caplog: pytest.LogCaptureFixture, date_style: str
+) -> None:
+    # A database or role that sets DateStyle (as ALTER DATABASE ... SET DateStyle does): psycopg reads the
+    # server's clock only in the ISO style, so start() failed with internal_error before.
+    schema = await schemas.migrated()
+    options = "options=" + quote(f"-c DateStyle={date_style} -c TimeZone=Asia/Kathmandu", safe="")
+    url = schemas.url + ("&" if "?" in schemas.url else "?") + options
+    caplog.set_level(logging.WARNING, logger="runlane.clock")
+    default = queue("default", default=True)
+
+    @task("echo", queue=default)
+    async def echo(payload: dict[str, Any]) -> dict[str, Any]:
+        return payload
+
+    runtime = create_runlane(
+        lane=postgres_polling_lane(url, schema=schema), queues=[default], tasks=[echo], clock=_Skewed(30)
+    )
+    async with runtime:
+        await runtime.trigger(echo, {"n": 1})
+        done = await runtime.execute_next()
+        assert done is not None and done.status.value == "succeeded"
+    [record] = [record for record in caplog.records if record.name == "runlane.clock"]
+    assert abs(record.clock_offset_seconds - 30) < 1
 
 
 SKEWED_RUNTIME = """

@@ -1806,8 +1806,13 @@ class PostgresStorageDriver(ClientClock):
         for type_name in ("json", "jsonb"):
             conn.adapters.register_loader(type_name, TextLoader)
             conn.adapters.register_loader(type_name, TextBinaryLoader)
-        # Statements run through libpq directly (``_call``) send and read UTF-8 text.
-        settings = ["SET client_encoding = 'UTF8'", "SET idle_in_transaction_session_timeout = '60s'"]
+        # Statements run through libpq directly (``_call``) send and read UTF-8 text, and psycopg reads a
+        # timestamp (the server's clock, at start) only in the ISO date style, whatever the database sets.
+        settings = [
+            "SET client_encoding = 'UTF8'",
+            "SET DateStyle = 'ISO'",
+            "SET idle_in_transaction_session_timeout = '60s'",
+        ]
         if self.statement_timeout is not None:
             settings.append(f"SET statement_timeout = '{round(self.statement_timeout * 1000)}ms'")
             # The server ends a statement at statement_timeout; one it does not answer at all by a while
