@@ -955,6 +955,56 @@ def test_postgres_errors_map_to_runlane_errors(error: Exception, code: ErrorCode
         assert "runlane postgres migrate" in mapped.message
 
 
+async def test_a_migration_that_times_out_on_a_lock_says_how_to_apply_it_with_a_longer_timeout(
+    schemas: Schemas,
+) -> None:
+    # The migration runs under the statement_timeout the role, the database or the URL sets, not the lane's.
+    schema = await schemas.migrated()
+    url = schemas.url + ("&" if "?" in schemas.url else "?") + "options=-c%20statement_timeout%3D300"
+    async with await psycopg.AsyncConnection.connect(schemas.url) as holder:
+        await holder.execute(sql.SQL("LOCK TABLE {}.runlane_schema_migrations").format(sql.Identifier(schema)))
+        error = await expect_error(
+            asyncio.wait_for(apply_postgres_migrations(url, schema), 30), ErrorCode.STORAGE_UNAVAILABLE
+        )
+    assert error.retryable and "ran past statement_timeout" in error.message, error.message
+    assert "options=-c%20statement_timeout%3D0" in error.message, error.message
+    assert "the lane's statement_timeout" not in error.message, error.message
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [({"statement_timeout": 0.3}, "raise the lane's statement_timeout"), ({}, "raise the lock_timeout")],
+    ids=["statement_timeout", "lock_timeout"],
+)
+async def test_a_statement_that_times_out_on_a_lock_says_so_and_what_to_do(
+    schemas: Schemas, shared_schema: str, options: dict[str, Any], says: str
+) -> None:
+    # A session holding a lock on Runlane's tables (a migration, a long transaction): the trigger's commit
+    # waits for it until statement_timeout, or the lock_timeout a role, database or URL sets, ends it.
+    url = schemas.url + ("" if options else ("&" if "?" in schemas.url else "?") + "options=-c%20lock_timeout%3D300")
+    default = queue("default", default=True)
+
+    @task("noop", queue=default)
+    async def noop(payload: dict[str, Any]) -> None:
+        return None
+
+    runtime = create_runlane(
+        lane=postgres_polling_lane(url, schema=shared_schema, **options), queues=[default], tasks=[noop]
+    )
+    async with runtime:
+        async with await psycopg.AsyncConnection.connect(schemas.url) as holder:
+            await holder.execute(
+                sql.SQL("LOCK TABLE {}.runlane_records IN EXCLUSIVE MODE").format(sql.Identifier(shared_schema))
+            )
+            error = await expect_error(
+                asyncio.wait_for(runtime.trigger(noop, {}), 30), ErrorCode.STORAGE_UNAVAILABLE
+            )
+        assert error.retryable
+        assert "unavailable" not in error.message and "retry the operation" in error.message, error.message
+        assert "pg_stat_activity" in error.message and says in error.message, error.message
+        await runtime.trigger(noop, {})  # once the lock is released
+
+
 async def test_writes_to_a_read_only_server_say_to_connect_to_the_primary(schemas: Schemas, shared_schema: str) -> None:
     # What a standby, or a role with default_transaction_read_only (as after a failover), answers to a write.
     separator = "&" if "?" in schemas.url else "?"

@@ -668,6 +668,32 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             "database sets default_transaction_read_only; connect to the primary (after a failover, the new one).",
             retryable=True,
         )
+    if state == "57014" and "statement timeout" in detail:
+        # The migration's connection keeps the statement_timeout of the role, the database or the URL's options.
+        longer = (
+            "apply it with a longer statement_timeout (options=-c%20statement_timeout%3D0 in the URL lifts it)"
+            if migrating
+            else "raise the lane's statement_timeout"
+        )
+        return mapped(
+            unavailable,
+            f"the statement ran past statement_timeout [{state}] ({detail}); retry the operation. When this "
+            "recurs, look in pg_stat_activity for a session that holds locks for long (a long transaction, a "
+            f"migration) or for an overloaded server, or {longer}.",
+            retryable=True,
+        )
+    if state == "55P03":
+        return mapped(
+            unavailable,
+            f"the wait for a lock another session holds ran past lock_timeout [{state}] ({detail}); retry the "
+            "operation. When this recurs, look in pg_stat_activity for the session holding it (a long transaction, "
+            "a migration), or raise the lock_timeout that the role, the database or the connection string sets.",
+            retryable=True,
+        )
+    if state == "57014":
+        return mapped(
+            unavailable, f"Postgres cancelled the statement [{state}] ({detail}); retry the operation.", retryable=True
+        )
     if state is not None and (state.startswith("08") or state in _UNAVAILABLE_STATES):
         return mapped(unavailable, f"Postgres is unavailable [{state}] ({detail}).", retryable=True)
     if state is not None and state in _CONFLICT_STATES:
