@@ -971,6 +971,49 @@ async def test_a_migration_that_times_out_on_a_lock_says_how_to_apply_it_with_a_
     assert "the lane's statement_timeout" not in error.message, error.message
 
 
+async def test_a_call_that_finds_every_pooled_connection_busy_says_what_to_change(
+    schemas: Schemas, shared_schema: str
+) -> None:
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=1, max_size=1, pool_timeout=0.2)
+    await driver.start()
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(tx: Any) -> None:
+        await tx.get([StorageRecordKey("busy", "pool")])  # takes the pool's only connection
+        holding.set()
+        await release.wait()
+
+    holder = asyncio.create_task(driver.with_transaction(hold))
+    try:
+        await asyncio.wait_for(holding.wait(), 10)
+        error = await expect_error(
+            asyncio.wait_for(driver.get([StorageRecordKey("busy", "other")]), 10), ErrorCode.STORAGE_UNAVAILABLE
+        )
+        assert error.retryable
+        assert "retry the operation" in error.message, error.message
+        assert "max_size" in error.message and "pool_timeout" in error.message, error.message
+    finally:
+        release.set()
+        await asyncio.wait_for(holder, 10)
+        await driver.close()
+
+
+async def test_a_pool_that_cannot_open_min_size_connections_at_start_says_what_to_change(schemas: Schemas) -> None:
+    schema = await schemas.migrated()
+    with schemas.login_role() as (role, url):
+        for statement in (
+            "GRANT USAGE ON SCHEMA {schema} TO {role}",
+            "GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}",
+            "ALTER ROLE {role} CONNECTION LIMIT 2",
+        ):
+            schemas.execute(sql.SQL(statement).format(schema=sql.Identifier(schema), role=sql.Identifier(role)))
+        driver = postgres_storage(url, schema=schema, min_size=4, max_size=4, connect_timeout=1)
+        error = await expect_error(asyncio.wait_for(driver.start(), 30), ErrorCode.STORAGE_UNAVAILABLE)
+        assert error.retryable
+        assert "min_size of 4 connections did not all open" in error.message, error.message
+        assert "lower min_size" in error.message and "max_connections" in error.message, error.message
+
+
 @pytest.mark.parametrize(
     ("options", "says"),
     [({"statement_timeout": 0.3}, "raise the lane's statement_timeout"), ({}, "raise the lock_timeout")],

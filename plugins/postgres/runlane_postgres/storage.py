@@ -647,7 +647,14 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
     unavailable = ErrorCode.STORAGE_UNAVAILABLE
     invalid = ErrorCode.CONFIGURATION_INVALID
     if isinstance(error, PoolTimeout):
-        return mapped(unavailable, f"no Postgres connection became available in time ({detail}).", retryable=True)
+        return mapped(
+            unavailable,
+            f"no Postgres connection became available in time ({detail}): every connection of the pool was in use "
+            "and it could open no other (it holds the lane's max_size, or connecting failed); retry the operation, "
+            "and when this recurs raise the lane's max_size (within the server's max_connections) or pool_timeout, "
+            "or make fewer calls at once.",
+            retryable=True,
+        )
     if state is None and isinstance(error, psycopg.OperationalError):
         for refusal, problem in _LIBPQ_REFUSALS:
             if refusal.search(detail):
@@ -1858,7 +1865,18 @@ class PostgresStorageDriver(ClientClock):
                 await pool.open(wait=self.min_size > 0, timeout=self.connect_timeout)
             except Exception as error:  # noqa: BLE001 - mapped
                 await pool.close()
-                raise map_postgres_error(error, f"open the connection pool of {self._target.display}") from error
+                doing = f"open the connection pool of {self._target.display}"
+                if not isinstance(error, PoolTimeout):
+                    raise map_postgres_error(error, doing) from error
+                raise RunlaneError(
+                    ErrorCode.STORAGE_UNAVAILABLE,
+                    f"Could not {doing}: its min_size of {self.min_size} connections did not all open within "
+                    f"connect_timeout ({error}); the server may have no connection slot left or be slow to accept "
+                    "connections. Retry, and when this recurs lower min_size, or raise connect_timeout or the "
+                    "server's max_connections.",
+                    retryable=True,
+                    cause=error,
+                ) from error
             loop = asyncio.get_running_loop()
             with self._loops_lock:
                 self._loops[loop] = _LoopState(loop, pool)
