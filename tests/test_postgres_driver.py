@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -1076,6 +1077,27 @@ def test_a_full_server_is_named_as_such_at_connect(message: str) -> None:
     assert mapped.code is ErrorCode.STORAGE_UNAVAILABLE and mapped.retryable
     assert mapped.meta["sqlstate"] == "53300" and "no connection slot left" in mapped.message
     assert "max_connections" in mapped.message
+
+
+@pytest.mark.parametrize("kind", ["role", "database"])
+async def test_a_role_or_database_at_its_connection_limit_is_named_as_such_at_connect(
+    schemas: Schemas, shared_schema: str, kind: str
+) -> None:
+    with schemas.login_role() as (role, url):
+        name = role if kind == "role" else f"{role}_db"
+        if kind == "database":
+            schemas.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(role)))
+            url = urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+        schemas.execute(sql.SQL(f"ALTER {kind.upper()} {{}} CONNECTION LIMIT 0").format(sql.Identifier(name)))
+        try:
+            driver = postgres_storage(url, schema=shared_schema, connect_timeout=2)
+            error = await expect_error(asyncio.wait_for(driver.start(), 30), ErrorCode.STORAGE_UNAVAILABLE)
+        finally:
+            if kind == "database":
+                schemas.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+    assert error.retryable and error.meta["sqlstate"] == "53300"
+    assert "no connection slot left" in error.message, error.message
+    assert f"raise the {kind}'s CONNECTION LIMIT" in error.message, error.message
 
 
 _FAILED_AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '

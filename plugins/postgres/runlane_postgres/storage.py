@@ -550,8 +550,15 @@ _CONNECT_FAILURES = (
     (re.compile(r"FATAL:\s+\S+ authentication failed"), "28P01"),
     (re.compile(r"FATAL:\s+no pg_hba\.conf entry"), "28000"),
     (re.compile(r"FATAL:\s+permission denied for database"), "42501"),
-    # The server is full (max_connections; the last slots are kept for superusers, PG 15 and 16 wording).
-    (re.compile(r"FATAL:\s+((sorry, )?too many clients|remaining connection slots are reserved)"), "53300"),
+    # The server is full (max_connections; the last slots are kept for superusers, PG 15 and 16 wording), or
+    # the role or database has all the connections its CONNECTION LIMIT allows.
+    (
+        re.compile(
+            r"FATAL:\s+((sorry, )?too many clients|remaining connection slots are reserved"
+            r'|too many connections for (role|database) ")'
+        ),
+        "53300",
+    ),
     (re.compile(r"FATAL:\s+the database system is (starting up|shutting down|in recovery mode)"), "57P03"),
     # A setting in the connection string's ``options`` the server refuses, on every connect.
     (re.compile(r"FATAL:\s+(invalid value for parameter|unrecognized configuration parameter)"), "22023"),
@@ -662,10 +669,16 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
     if state is None and isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)):
         return mapped(unavailable, f"Postgres is unreachable ({detail}).", retryable=True)
     if state == "53300":
+        limit = re.search(r'too many connections for (role|database) "', detail)
+        raise_limit = (
+            "the server's max_connections"
+            if limit is None
+            else f"the {limit.group(1)}'s CONNECTION LIMIT (ALTER {limit.group(1).upper()} ... CONNECTION LIMIT)"
+        )
         return mapped(
             unavailable,
             f"Postgres has no connection slot left [{state}] ({detail}); lower the pools' max_size or the number "
-            "of processes, or raise the server's max_connections.",
+            f"of processes, or raise {raise_limit}.",
             retryable=True,
         )
     if state == "25006":
