@@ -437,6 +437,27 @@ async def test_migration_against_an_unreachable_server_is_storage_unavailable() 
 # Start-up probe and lifecycle
 
 
+@pytest.mark.parametrize("encoding", ["LATIN1", "SQL_ASCII"])
+async def test_a_database_that_is_not_utf8_is_refused_by_migrate_and_by_start(schemas: Schemas, encoding: str) -> None:
+    # migrate refuses it before creating anything, instead of succeeding for workers that then refuse to start.
+    name = f"runlane_driver_{encoding.lower()}_{uuid.uuid4().hex[:8]}"
+    schemas.execute(
+        sql.SQL("CREATE DATABASE {} ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
+            sql.Identifier(name), sql.Literal(encoding)
+        )
+    )
+    url = urlunsplit(urlsplit(schemas.url)._replace(path=f"/{name}"))
+    try:
+        for attempt in (apply_postgres_migrations(url, "runlane"), postgres_storage(url, schema="runlane").start()):
+            error = await expect_error(attempt, ErrorCode.CONFIGURATION_INVALID)
+            assert f"uses the {encoding} encoding" in error.message, error.message
+            assert "CREATE DATABASE ... ENCODING 'UTF8'" in error.message, error.message
+        with psycopg.connect(url, autocommit=True) as connection:
+            assert connection.execute("SELECT to_regnamespace('runlane')").fetchone() == (None,)
+    finally:
+        schemas.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
 async def test_start_fails_fast_on_an_unmigrated_schema(schemas: Schemas) -> None:
     schema = schemas.name()
     schemas.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))

@@ -131,6 +131,21 @@ def newer_schema_error(schema: str, database: str, version: int, *, migrating: b
     )
 
 
+def encoding_error(encoding: object, database: str) -> RunlaneError | None:
+    """``configuration_invalid`` for a database whose ``server_encoding`` is not UTF8, else ``None``:
+    Runlane stores documents, ids and keys as UTF-8 text."""
+    # A SQL_ASCII connection's text comes back as bytes.
+    name = encoding.decode("ascii", "replace") if isinstance(encoding, bytes) else str(encoding)
+    if name.upper() in ("UTF8", "UTF-8"):
+        return None
+    return RunlaneError(
+        ErrorCode.CONFIGURATION_INVALID,
+        f"The Postgres database {database} uses the {name} encoding; Runlane needs a UTF8 database. Create "
+        "one for it (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0) and point the lane at that.",
+        meta={"encoding": name},
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PostgresMigrationResult:
     """What ``apply_postgres_migrations`` did: the schema, the database (without credentials), the
@@ -182,6 +197,11 @@ async def apply_postgres_migrations(
         raise map_postgres_error(error, f"connect to Postgres at {target.display}", migrating=True) from error
     try:
         async with connection:
+            cursor = await connection.execute("SHOW server_encoding")
+            (encoding,) = await cursor.fetchone()  # type: ignore[misc]
+            refused = encoding_error(encoding, target.display)
+            if refused is not None:
+                raise refused  # before anything is created: the driver would refuse the schema at every start
             async with connection.transaction():
                 # Before reading the version: a concurrent migrate that got in first is then seen as done.
                 await connection.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))

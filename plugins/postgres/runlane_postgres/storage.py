@@ -153,6 +153,7 @@ from runlane.vocabulary import SortDirection
 from .migration import (
     DEFAULT_SCHEMA,
     SCHEMA_VERSION,
+    encoding_error,
     ledger_query,
     newer_schema_error,
     quote_schema,
@@ -1967,8 +1968,9 @@ class PostgresStorageDriver(ClientClock):
         """The probe's checks: a UTF8 database, the schema migrated to this driver's version, the clocks."""
         cursor = await conn.execute("SHOW server_encoding")
         (encoding,) = await cursor.fetchone()  # type: ignore[misc]
-        if str(encoding).upper() not in ("UTF8", "UTF-8"):
-            raise _invalid(f"The Postgres database must use UTF8 encoding (it uses {encoding}).")
+        refused = encoding_error(encoding, self._target.display)
+        if refused is not None:
+            raise refused
         cursor = await conn.execute(
             "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
             (self._sql.migrations, self._sql.records),
