@@ -993,6 +993,39 @@ async def test_a_migration_that_times_out_on_a_lock_says_how_to_apply_it_with_a_
     assert "the lane's statement_timeout" not in error.message, error.message
 
 
+async def test_a_trigger_whose_commit_lost_its_connection_says_how_to_repeat_it_safely(
+    schemas: Schemas, shared_schema: str
+) -> None:
+    default = queue("default", default=True)
+
+    @task("noop", queue=default)
+    async def noop(payload: dict[str, Any]) -> None:
+        return None
+
+    lane = postgres_polling_lane(schemas.url, schema=shared_schema)
+    runtime = create_runlane(lane=lane, queues=[default], tasks=[noop])
+    key = uuid.uuid4().hex
+    waiting = sql.SQL(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE {}"
+    ).format(sql.Literal(f"%{shared_schema}%runlane_commit%"))
+    async with runtime:
+        async with await psycopg.AsyncConnection.connect(schemas.url) as holder:
+            await holder.execute(
+                sql.SQL("LOCK TABLE {}.runlane_records IN EXCLUSIVE MODE").format(sql.Identifier(shared_schema))
+            )
+            triggering = asyncio.ensure_future(runtime.trigger(noop, {}, idempotency_key=key))
+            for _ in range(500):  # the commit waits for the lock: end its session then
+                if schemas.execute(waiting) or triggering.done():
+                    break
+                await asyncio.sleep(0.01)
+            error = await expect_error(asyncio.wait_for(triggering, 30), ErrorCode.STORAGE_UNAVAILABLE)
+        assert error.retryable and "outcome is unknown" in error.message, error.message
+        assert "check before repeating" in error.message and "idempotency key" in error.message, error.message
+        first = await runtime.trigger(noop, {}, idempotency_key=key)
+        again = await runtime.trigger(noop, {}, idempotency_key=key)
+        assert again.run.id == first.run.id
+
+
 async def test_a_call_that_finds_every_pooled_connection_busy_says_what_to_change(
     schemas: Schemas, shared_schema: str
 ) -> None:

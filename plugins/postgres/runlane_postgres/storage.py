@@ -1366,7 +1366,9 @@ class _PostgresAttempt(StorageAttempt):
                 detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 return RunlaneError(
                     ErrorCode.STORAGE_UNAVAILABLE,
-                    f"Lost the Postgres connection while committing; the transaction's outcome is unknown ({detail}).",
+                    f"Lost the Postgres connection while committing; the transaction's outcome is unknown ({detail}): "
+                    "it may have been committed, so check before repeating what must not happen twice (a trigger "
+                    "with an idempotency key can simply be repeated).",
                     retryable=True,
                     meta={"sqlstate": _sqlstate(error)} if _sqlstate(error) else {},
                     cause=error,
