@@ -1624,6 +1624,50 @@ async def test_wake_hints_reach_subscribers_of_other_instances(schemas: Schemas,
     publisher.publish_wake_hint("after-close")  # a closed driver drops hints silently
 
 
+async def test_a_cancellation_requested_while_the_listener_reconnects_reaches_the_attempt_at_once(
+    schemas: Schemas, shared_schema: str
+) -> None:
+    # The worker process's listening connection is lost (a restart, an idle_session_timeout, a network cut)
+    # just before another process cancels its run: the hint sent meanwhile is lost, and the attempt used to
+    # observe the request only at its next heartbeat, half a lease later.
+    name = f"runlane_listener_{uuid.uuid4().hex[:8]}"
+    worker_url = schemas.url + ("&" if "?" in schemas.url else "?") + f"application_name={name}"
+    default = queue("default", default=True)
+    started, observed = asyncio.Event(), asyncio.Event()
+
+    @task("waits_for_cancellation", queue=default)
+    async def waits_for_cancellation(payload: dict[str, Any], ctx: Any) -> None:
+        started.set()
+        for _ in range(3000):
+            if ctx.signal.aborted:
+                observed.set()
+                return
+            await asyncio.sleep(0.01)
+
+    def runtime(url: str) -> Any:
+        lane = postgres_polling_lane(url, schema=shared_schema)
+        return create_runlane(lane=lane, queues=[default], tasks=[waits_for_cancellation])
+
+    listening = sql.SQL("SELECT pid FROM pg_stat_activity WHERE application_name = {} AND query LIKE 'LISTEN%'").format(
+        sql.Literal(name)
+    )
+    async with runtime(worker_url) as working, runtime(schemas.url) as cancelling:
+        worker = working.worker(mode=WorkerMode.POLL, lease_duration="60s")
+        try:
+            triggered = await cancelling.trigger(waits_for_cancellation, {})
+            await asyncio.wait_for(started.wait(), 30)
+            for _ in range(1000):
+                if pids := schemas.execute(listening):
+                    break
+                await asyncio.sleep(0.01)
+            schemas.execute(sql.SQL("SELECT pg_terminate_backend({})").format(sql.Literal(pids[0][0])))
+            await cancelling.runs.cancel(triggered.run.id)
+            await asyncio.wait_for(observed.wait(), 10)
+        finally:
+            worker.request_stop()
+            await asyncio.wait_for(worker.wait_closed(), 30)
+
+
 async def test_hint_senders_and_listeners_of_a_loop_that_stopped_are_replaced(
     schemas: Schemas, shared_schema: str
 ) -> None:

@@ -52,7 +52,8 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   comes within another interval, one ``NOTIFY`` on the schema's channel from a connection of its own
   (outside the pool) sends everything held back.
   ``subscribe_wake_hints`` keeps one extra connection ``LISTEN``-ing while anyone is subscribed, so a
-  trigger in one process wakes idle poll workers in the others before their poll delay ends.
+  trigger in one process wakes idle poll workers in the others before their poll delay ends. When that
+  connection is lost, the one that replaces it hands subscribers ``"*"`` for the hints sent meanwhile.
 * **Client clock**: ``now()`` samples the injected clock once per attempt (``use_clock`` like
   ``memory.py``). Clock skew between processes can cause early duplicate execution or brief capacity
   oversubscription; version and ownership fences still protect every write.
@@ -211,6 +212,9 @@ class PostgresConnectionTarget:
         }
         return {name: value for name, value in defaults.items() if name not in self.parameters}
 
+
+#: The hint subscribers get for hints that may have been lost: any queue, any run's cancellation.
+_ANY_HINT = "*"
 
 _TCP_USER_TIMEOUT_MS = 30_000
 # How much longer than statement_timeout a call waits for the server's answer before it gives the
@@ -2157,7 +2161,8 @@ class PostgresStorageDriver(ClientClock):
         """Call ``callback(queue)`` for every hint any process publishes on this schema's channel.
 
         One extra connection (outside the pool) listens while anyone is subscribed, and reconnects
-        after failures; hints sent meanwhile are lost (workers still poll). Returns an unsubscribe.
+        after failures; hints sent meanwhile are lost, so once it listens again every subscriber gets
+        ``"*"`` (any queue) in their place. Returns an unsubscribe.
         """
         token = object()
         try:
@@ -2179,18 +2184,27 @@ class PostgresStorageDriver(ClientClock):
 
         return unsubscribe
 
+    def _hint_subscribers(self, hint: str) -> None:
+        for callback in list(self._subscribers.values()):
+            with contextlib.suppress(Exception):
+                callback(hint)
+
     async def _listen(self) -> None:
         delay = 0.1
+        listened = False  # a connection of this task listened before: hints sent since it was lost are lost
         while self._subscribers and self._pool is not None:
             try:
                 conn = await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
                 try:
                     await conn.execute(f'LISTEN "{self._channel}"'.encode("ascii"))
                     delay = 0.1
+                    if listened:
+                        # Listening again: "*" (any queue, as the SQLite driver says it) stands for the hints
+                        # lost meanwhile, so idle workers scan and running attempts look for cancellations.
+                        self._hint_subscribers(_ANY_HINT)
+                    listened = True
                     async for notice in conn.notifies():
-                        for callback in list(self._subscribers.values()):
-                            with contextlib.suppress(Exception):
-                                callback(notice.payload)
+                        self._hint_subscribers(notice.payload)
                 finally:
                     with contextlib.suppress(Exception):
                         await conn.close()
