@@ -1668,6 +1668,54 @@ async def test_a_cancellation_requested_while_the_listener_reconnects_reaches_th
             await asyncio.wait_for(worker.wait_closed(), 30)
 
 
+async def test_a_cancellation_hint_after_the_server_closed_the_hints_connection_still_arrives_at_once(
+    schemas: Schemas, shared_schema: str
+) -> None:
+    # The cancelling process keeps one connection for the hints it sends; the server closed it while it sat
+    # idle (a restart, an idle_session_timeout). The next cancellation's hint used to be lost on it, and the
+    # attempt observed the request only at its next heartbeat, half a lease later.
+    name = f"runlane_hints_{uuid.uuid4().hex[:8]}"
+    cancelling_url = schemas.url + ("&" if "?" in schemas.url else "?") + f"application_name={name}"
+    default = queue("default", default=True)
+    started: dict[int, asyncio.Event] = {0: asyncio.Event(), 1: asyncio.Event()}
+    observed: dict[int, asyncio.Event] = {0: asyncio.Event(), 1: asyncio.Event()}
+
+    @task("waits_for_cancellation", queue=default)
+    async def waits_for_cancellation(payload: dict[str, Any], ctx: Any) -> None:
+        started[payload["n"]].set()
+        for _ in range(3000):
+            if ctx.signal.aborted:
+                observed[payload["n"]].set()
+                return
+            await asyncio.sleep(0.01)
+
+    def runtime(url: str) -> Any:
+        lane = postgres_polling_lane(url, schema=shared_schema)
+        return create_runlane(lane=lane, queues=[default], tasks=[waits_for_cancellation])
+
+    hints_connection = sql.SQL(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = {} AND query LIKE '%pg_notify%'"
+    ).format(sql.Literal(name))
+    async with runtime(schemas.url) as working, runtime(cancelling_url) as cancelling:
+        worker = working.worker(mode=WorkerMode.POLL, concurrency=2, lease_duration="60s")
+        try:
+            for n in (0, 1):
+                triggered = await cancelling.trigger(waits_for_cancellation, {"n": n})
+                await asyncio.wait_for(started[n].wait(), 30)
+                if n == 1:  # the first cancellation's hint opened the connection: the server closes it now
+                    schemas.execute(sql.SQL("SELECT pg_terminate_backend({})").format(sql.Literal(pids[0][0])))
+                    await asyncio.sleep(0.1)
+                await cancelling.runs.cancel(triggered.run.id)
+                await asyncio.wait_for(observed[n].wait(), 10)
+                for _ in range(1000):
+                    if pids := schemas.execute(hints_connection):
+                        break
+                    await asyncio.sleep(0.01)
+        finally:
+            worker.request_stop()
+            await asyncio.wait_for(worker.wait_closed(), 30)
+
+
 async def test_hint_senders_and_listeners_of_a_loop_that_stopped_are_replaced(
     schemas: Schemas, shared_schema: str
 ) -> None:

@@ -2141,21 +2141,37 @@ class PostgresStorageDriver(ClientClock):
             queues = sorted(self._hints_pending)
             self._hints_pending.clear()
             self._hinted(queues)
+            if not await self._notify((self._channel.encode("ascii"), _text_array(queues))):
+                return  # hints may be lost: workers still poll and heartbeat; the next hint reconnects
+            await asyncio.sleep(self.wake_hint_interval)
+
+    async def _notify(self, params: Sequence[bytes]) -> bool:
+        """One ``NOTIFY`` statement on the hints connection. The connection kept from an earlier hint is
+        replaced when the server closed it meanwhile (a restart, an idle timeout), or when the statement
+        fails on it; ``False`` when a fresh connection fails too."""
+        for _ in range(2):
             conn = self._hints_conn
+            kept = conn is not None and not conn.closed and _alive(conn)
             try:
-                if conn is None or conn.closed:
+                if conn is None or not kept:
+                    if conn is not None:
+                        self._hints_conn = None
+                        with contextlib.suppress(Exception):
+                            await conn.close()
                     conn = self._hints_conn = await psycopg.AsyncConnection.connect(
                         self._target.conninfo, **self._connect_kwargs()
                     )
                     await self._configure(conn)
-                await _call(conn, _NOTIFY, (self._channel.encode("ascii"), _text_array(queues)))
-            except Exception:  # noqa: BLE001 - hints may be lost; the next one reconnects
+                await _call(conn, _NOTIFY, params)
+                return True
+            except Exception:  # noqa: BLE001 - a kept connection is tried once more on a fresh one
                 self._hints_conn = None
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
-                return
-            await asyncio.sleep(self.wake_hint_interval)
+                if not kept:
+                    return False
+        return False  # pragma: no cover - the second pass always uses a fresh connection
 
     def subscribe_wake_hints(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback(queue)`` for every hint any process publishes on this schema's channel.
