@@ -1624,6 +1624,56 @@ async def test_wake_hints_reach_subscribers_of_other_instances(schemas: Schemas,
     publisher.publish_wake_hint("after-close")  # a closed driver drops hints silently
 
 
+class _CancellationWaiters:
+    """Runtimes over the shared schema with one task, ``waits_for_cancellation``: its run with payload
+    ``{"n": n}`` sets ``started[n]`` as it starts, then ``observed[n]`` once its attempt sees a cancellation."""
+
+    def __init__(self, shared_schema: str) -> None:
+        self.started: dict[int, asyncio.Event] = {}
+        self.observed: dict[int, asyncio.Event] = {}
+        self.queue = queue("default", default=True)
+
+        @task("waits_for_cancellation", queue=self.queue)
+        async def waits_for_cancellation(payload: dict[str, Any], ctx: Any) -> None:
+            self.started[payload["n"]].set()
+            for _ in range(3000):
+                if ctx.signal.aborted:
+                    self.observed[payload["n"]].set()
+                    return
+                await asyncio.sleep(0.01)
+
+        self.task = waits_for_cancellation
+        self.schema = shared_schema
+
+    def runtime(self, url: str) -> Any:
+        return create_runlane(lane=postgres_polling_lane(url, schema=self.schema), queues=[self.queue], tasks=[self.task])
+
+    async def trigger(self, runtime: Any, n: int) -> str:
+        """Trigger run ``n`` and wait until its attempt has started; its run id."""
+        self.started[n], self.observed[n] = asyncio.Event(), asyncio.Event()
+        triggered = await runtime.trigger(self.task, {"n": n})
+        await asyncio.wait_for(self.started[n].wait(), 30)
+        return str(triggered.run.id)
+
+
+def _named(url: str, application_name: str) -> str:
+    return url + ("&" if "?" in url else "?") + f"application_name={application_name}"
+
+
+async def _terminate_backend(schemas: Schemas, application_name: str, query_like: str) -> None:
+    """Terminate the server session of ``application_name`` whose last query is like ``query_like``, once
+    it exists (waiting for it up to 10 s)."""
+    find = sql.SQL("SELECT pid FROM pg_stat_activity WHERE application_name = {} AND query LIKE {}").format(
+        sql.Literal(application_name), sql.Literal(query_like)
+    )
+    for _ in range(1000):
+        if rows := schemas.execute(find):
+            schemas.execute(sql.SQL("SELECT pg_terminate_backend({})").format(sql.Literal(rows[0][0])))
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no session of {application_name} ran a query like {query_like!r}")
+
+
 async def test_a_cancellation_requested_while_the_listener_reconnects_reaches_the_attempt_at_once(
     schemas: Schemas, shared_schema: str
 ) -> None:
@@ -1631,38 +1681,14 @@ async def test_a_cancellation_requested_while_the_listener_reconnects_reaches_th
     # just before another process cancels its run: the hint sent meanwhile is lost, and the attempt used to
     # observe the request only at its next heartbeat, half a lease later.
     name = f"runlane_listener_{uuid.uuid4().hex[:8]}"
-    worker_url = schemas.url + ("&" if "?" in schemas.url else "?") + f"application_name={name}"
-    default = queue("default", default=True)
-    started, observed = asyncio.Event(), asyncio.Event()
-
-    @task("waits_for_cancellation", queue=default)
-    async def waits_for_cancellation(payload: dict[str, Any], ctx: Any) -> None:
-        started.set()
-        for _ in range(3000):
-            if ctx.signal.aborted:
-                observed.set()
-                return
-            await asyncio.sleep(0.01)
-
-    def runtime(url: str) -> Any:
-        lane = postgres_polling_lane(url, schema=shared_schema)
-        return create_runlane(lane=lane, queues=[default], tasks=[waits_for_cancellation])
-
-    listening = sql.SQL("SELECT pid FROM pg_stat_activity WHERE application_name = {} AND query LIKE 'LISTEN%'").format(
-        sql.Literal(name)
-    )
-    async with runtime(worker_url) as working, runtime(schemas.url) as cancelling:
+    waiters = _CancellationWaiters(shared_schema)
+    async with waiters.runtime(_named(schemas.url, name)) as working, waiters.runtime(schemas.url) as cancelling:
         worker = working.worker(mode=WorkerMode.POLL, lease_duration="60s")
         try:
-            triggered = await cancelling.trigger(waits_for_cancellation, {})
-            await asyncio.wait_for(started.wait(), 30)
-            for _ in range(1000):
-                if pids := schemas.execute(listening):
-                    break
-                await asyncio.sleep(0.01)
-            schemas.execute(sql.SQL("SELECT pg_terminate_backend({})").format(sql.Literal(pids[0][0])))
-            await cancelling.runs.cancel(triggered.run.id)
-            await asyncio.wait_for(observed.wait(), 10)
+            run_id = await waiters.trigger(cancelling, 0)
+            await _terminate_backend(schemas, name, "LISTEN%")
+            await cancelling.runs.cancel(run_id)
+            await asyncio.wait_for(waiters.observed[0].wait(), 10)
         finally:
             worker.request_stop()
             await asyncio.wait_for(worker.wait_closed(), 30)
@@ -1675,42 +1701,18 @@ async def test_a_cancellation_hint_after_the_server_closed_the_hints_connection_
     # idle (a restart, an idle_session_timeout). The next cancellation's hint used to be lost on it, and the
     # attempt observed the request only at its next heartbeat, half a lease later.
     name = f"runlane_hints_{uuid.uuid4().hex[:8]}"
-    cancelling_url = schemas.url + ("&" if "?" in schemas.url else "?") + f"application_name={name}"
-    default = queue("default", default=True)
-    started: dict[int, asyncio.Event] = {0: asyncio.Event(), 1: asyncio.Event()}
-    observed: dict[int, asyncio.Event] = {0: asyncio.Event(), 1: asyncio.Event()}
-
-    @task("waits_for_cancellation", queue=default)
-    async def waits_for_cancellation(payload: dict[str, Any], ctx: Any) -> None:
-        started[payload["n"]].set()
-        for _ in range(3000):
-            if ctx.signal.aborted:
-                observed[payload["n"]].set()
-                return
-            await asyncio.sleep(0.01)
-
-    def runtime(url: str) -> Any:
-        lane = postgres_polling_lane(url, schema=shared_schema)
-        return create_runlane(lane=lane, queues=[default], tasks=[waits_for_cancellation])
-
-    hints_connection = sql.SQL(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = {} AND query LIKE '%pg_notify%'"
-    ).format(sql.Literal(name))
-    async with runtime(schemas.url) as working, runtime(cancelling_url) as cancelling:
+    waiters = _CancellationWaiters(shared_schema)
+    async with waiters.runtime(schemas.url) as working, waiters.runtime(_named(schemas.url, name)) as cancelling:
         worker = working.worker(mode=WorkerMode.POLL, concurrency=2, lease_duration="60s")
         try:
-            for n in (0, 1):
-                triggered = await cancelling.trigger(waits_for_cancellation, {"n": n})
-                await asyncio.wait_for(started[n].wait(), 30)
-                if n == 1:  # the first cancellation's hint opened the connection: the server closes it now
-                    schemas.execute(sql.SQL("SELECT pg_terminate_backend({})").format(sql.Literal(pids[0][0])))
-                    await asyncio.sleep(0.1)
-                await cancelling.runs.cancel(triggered.run.id)
-                await asyncio.wait_for(observed[n].wait(), 10)
-                for _ in range(1000):
-                    if pids := schemas.execute(hints_connection):
-                        break
-                    await asyncio.sleep(0.01)
+            first = await waiters.trigger(cancelling, 0)
+            await cancelling.runs.cancel(first)  # its hint opens the connection hints are sent on
+            await asyncio.wait_for(waiters.observed[0].wait(), 10)
+            second = await waiters.trigger(cancelling, 1)
+            await _terminate_backend(schemas, name, "%pg_notify%")
+            await asyncio.sleep(0.1)
+            await cancelling.runs.cancel(second)
+            await asyncio.wait_for(waiters.observed[1].wait(), 10)
         finally:
             worker.request_stop()
             await asyncio.wait_for(worker.wait_closed(), 30)
