@@ -547,6 +547,8 @@ class _Replay(Exception):
     or a connection lost during the read phase."""
 
 
+# A role's or database's CONNECTION LIMIT reached (its kind in group 1).
+_CONNECTION_LIMIT = re.compile(r'too many connections for (role|database) "')
 # libpq reports a refused connection without an SQLSTATE; these server messages (English, the
 # server's default) name the ones a user must fix rather than wait out.
 _CONNECT_FAILURES = (
@@ -559,8 +561,9 @@ _CONNECT_FAILURES = (
     # the role or database has all the connections its CONNECTION LIMIT allows.
     (
         re.compile(
-            r"FATAL:\s+((sorry, )?too many clients|remaining connection slots are reserved"
-            r'|too many connections for (role|database) ")'
+            r"FATAL:\s+((sorry, )?too many clients|remaining connection slots are reserved|"
+            + _CONNECTION_LIMIT.pattern
+            + ")"
         ),
         "53300",
     ),
@@ -674,7 +677,7 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
     if state is None and isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError)):
         return mapped(unavailable, f"Postgres is unreachable ({detail}).", retryable=True)
     if state == "53300":
-        limit = re.search(r'too many connections for (role|database) "', detail)
+        limit = _CONNECTION_LIMIT.search(detail)
         raise_limit = (
             "the server's max_connections"
             if limit is None
@@ -2149,29 +2152,28 @@ class PostgresStorageDriver(ClientClock):
         """One ``NOTIFY`` statement on the hints connection. The connection kept from an earlier hint is
         replaced when the server closed it meanwhile (a restart, an idle timeout), or when the statement
         fails on it; ``False`` when a fresh connection fails too."""
-        for _ in range(2):
-            conn = self._hints_conn
-            kept = conn is not None and not conn.closed and _alive(conn)
-            try:
-                if conn is None or not kept:
-                    if conn is not None:
-                        self._hints_conn = None
-                        with contextlib.suppress(Exception):
-                            await conn.close()
-                    conn = self._hints_conn = await psycopg.AsyncConnection.connect(
-                        self._target.conninfo, **self._connect_kwargs()
-                    )
-                    await self._configure(conn)
+        conn = self._hints_conn
+        if conn is not None and not conn.closed and _alive(conn):
+            with contextlib.suppress(Exception):  # tried once more on a fresh connection
                 await _call(conn, _NOTIFY, params)
                 return True
-            except Exception:  # noqa: BLE001 - a kept connection is tried once more on a fresh one
-                self._hints_conn = None
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-                if not kept:
-                    return False
-        return False  # pragma: no cover - the second pass always uses a fresh connection
+        await self._drop_hints_conn()
+        try:
+            conn = self._hints_conn = await psycopg.AsyncConnection.connect(
+                self._target.conninfo, **self._connect_kwargs()
+            )
+            await self._configure(conn)
+            await _call(conn, _NOTIFY, params)
+            return True
+        except Exception:  # noqa: BLE001 - hints may be lost; the next one reconnects
+            await self._drop_hints_conn()
+            return False
+
+    async def _drop_hints_conn(self) -> None:
+        conn, self._hints_conn = self._hints_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
 
     def subscribe_wake_hints(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback(queue)`` for every hint any process publishes on this schema's channel.
