@@ -50,7 +50,7 @@ from .runtime import CandidatePool
 if TYPE_CHECKING:
     from .runtime import Runlane
 
-__all__ = ["REASON_WORKER_STOPPED", "WorkerHandle"]
+__all__ = ["REASON_WORKER_STOPPED", "WorkerHandle", "backoff_delay"]
 
 # A drain slot whose due work is all capacity-blocked re-checks at least this often (seconds).
 _BLOCKED_RECHECK = 0.05
@@ -201,8 +201,7 @@ class WorkerHandle:
 
     def _backoff(self) -> float:
         """Seconds before the next try: doubling from 50 ms, capped at 2 s, with jitter."""
-        base = min(_BACKOFF_MAX, _BACKOFF_START * 2 ** min(self._failures - 1, 16))
-        return base * (0.5 + random.random() / 2)
+        return backoff_delay(self._failures, _BACKOFF_START, _BACKOFF_MAX)
 
     # -- loops -----------------------------------------------------------------------------------
 
@@ -296,7 +295,13 @@ class WorkerHandle:
 
 def _lost_backoff(streak: int) -> float:
     """Seconds a slot waits after ``streak`` lost steps beyond its free retries, with jitter."""
-    base = min(_LOST_BACKOFF_MAX, _LOST_BACKOFF_START * 2 ** min(streak - 1, 16))
+    return backoff_delay(streak, _LOST_BACKOFF_START, _LOST_BACKOFF_MAX)
+
+
+def backoff_delay(streak: int, start: float, maximum: float) -> float:
+    """Seconds to wait after the ``streak``-th failure in a row: ``start`` doubling up to ``maximum``,
+    with jitter (between half and all of it), so callers failing together do not retry together."""
+    base = min(maximum, start * 2 ** min(streak - 1, 16))
     return base * (0.5 + random.random() / 2)
 
 

@@ -31,13 +31,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from runlane.core.cancellation import CancellationSignal, link_signals
-from runlane.core.worker import REASON_WORKER_STOPPED
+from runlane.core.worker import REASON_WORKER_STOPPED, backoff_delay
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import DeliveryMessage
 from runlane.vocabulary import RunStatus
@@ -240,8 +239,7 @@ class SqsDeliveryConsumer:
             "backoff, receiving no more until storage answers.", self.queue_url, len(held),
         )  # fmt: skip
         while held:
-            delay = min(_HOLD_BACKOFF_MAX_S, _HOLD_BACKOFF_START_S * 2 ** min(failures - 1, 16))
-            delay *= 0.5 + random.random() / 2
+            delay = backoff_delay(failures, _HOLD_BACKOFF_START_S, _HOLD_BACKOFF_MAX_S)
             await self._release(held, visibility_timeout=int(delay) + _HOLD_VISIBILITY_MARGIN_S)
             try:
                 await asyncio.wait_for(signal.wait(), timeout=delay)
