@@ -460,6 +460,35 @@ async def test_a_run_created_before_a_lost_completion_is_recovered_without_a_dup
         assert executions == [run_id]
 
 
+async def test_a_lost_completion_found_only_after_the_next_fire_time_leaves_no_claimed_occurrence_behind():
+    from runlane.core.schedules import ScheduleOccurrences
+
+    @task("hourly.task", schedule=schedule("hourly.every", every="1h", payload={}))
+    async def hourly(payload: dict) -> None:
+        return None
+
+    clock = ControlledClock(T0 + timedelta(minutes=10))
+    driver = CompletionCrashDriver(local_storage_driver(clock=clock))
+    lane = create_lane(storage=driver, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING))
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[hourly], clock=clock)
+    occurrences = ScheduleOccurrences(driver, runtime.environment)
+    midnight = schedule_occurrence_id(runtime.environment, "hourly.every", T0)
+    async with runtime:
+        driver.crashes_left = 1
+        with pytest.raises(_Crash):
+            await runtime.tick()  # 00:00: its run is created, the completion is lost
+        clock.advance("1h")  # the claim expired long ago, and 01:00 is the latest due fire time now
+        assert (await runtime.tick()).materialized == 1
+        assert await run_ids(runtime) == {
+            expected_run_id(runtime, "hourly.every", T0),
+            expected_run_id(runtime, "hourly.every", T0 + timedelta(hours=1)),
+        }
+        # No pass looks at 00:00 again: its claim is settled, not left claimed for ever.
+        assert await occurrences.get(midnight) is None
+        assert await occurrences.expired_claims(clock.now() + timedelta(days=1), 100) == []
+        assert (await runtime.tick()).materialized == 0
+
+
 async def test_a_fire_time_that_ran_never_runs_again_after_its_run_is_pruned_and_the_schedule_changes():
     # Hourly runs at 00:00 and 01:00; the 00:00 run is pruned; the schedule is redeployed every 2 hours,
     # whose latest due fire time is 00:00 again. That fire time already ran: nothing is created.

@@ -840,6 +840,40 @@ async def test_crash_between_create_and_complete_is_recovered_after_claim_expiry
     assert is_storage_conflict(stale.value, StorageConflictKind.SCHEDULE_OCCURRENCE)
 
 
+async def test_a_claim_that_died_before_its_run_is_settled_without_a_run_once_a_later_fire_time_is_due():
+    clock = ControlledClock(at(2026, 1, 1, 9, 0, 30))
+    driver = local_storage_driver(clock=clock)
+    digest = make_task("digests.send", schedule("digest", every="1m"))
+    paused = make_task("reports.send", schedule("report", every="1m", enabled=False))
+    table = ScheduleOccurrences(driver, ENV)
+    nine, nine_one, nine_two = (schedule_occurrence_id(ENV, "digest", at(2026, 1, 1, 9, minute)) for minute in range(3))
+    # Processes died holding claims: on 09:00 of the digest, on 09:00 of the paused report schedule, and,
+    # with a clock two minutes ahead, on 09:02 of the digest. None of them created its run.
+    dead = (("digest", at(2026, 1, 1, 9)), ("report", at(2026, 1, 1, 9)), ("digest", at(2026, 1, 1, 9, 2)))
+    for schedule_id, fire_at in dead:
+        assert await table.claim(
+            schedule_id, "t", fire_at, claim_token=f"dead-{schedule_id}-{fire_at.minute}", worker_id="w0",
+            claim_duration_ms=CLAIM_MS,
+        )  # fmt: skip
+
+    clock.advance("61s")  # 09:01:31: the claims on 09:00 expired, 09:01 is due
+    runs = FakeRuns(driver)
+    survivor = ScheduleMaterializer(driver, ENV)
+    assert await materialize(survivor, runs, pairs(digest, paused), clock.now()) == 1
+    assert [call[2] for call in runs.calls] == [nine_one]  # 09:00 is a missed fire time: no run
+    assert await table.get(nine) is None  # completed behind the latest, so deleted
+    assert await table.latest_fire_times(["digest"]) == [at(2026, 1, 1, 9, 1)]
+    # The paused schedule's claim waits for it to be enabled again; 09:02 is not due on this clock.
+    report = await table.get(schedule_occurrence_id(ENV, "report", at(2026, 1, 1, 9)))
+    assert report is not None and report.status is ScheduleOccurrenceStatus.CLAIMED
+    ahead = await table.get(nine_two)
+    assert ahead is not None and ahead.status is ScheduleOccurrenceStatus.CLAIMED
+    # Once 09:02 is due, the pass takes its expired claim over and creates its run.
+    clock.advance("60s")
+    assert await materialize(survivor, runs, pairs(digest, paused), clock.now()) == 1
+    assert [call[2] for call in runs.calls] == [nine_one, nine_two]
+
+
 async def test_a_fire_time_completed_after_a_later_one_leaves_no_occurrence_record_behind():
     # A pass whose clock is behind (or that straddles a fire time) claims 10:00; while it creates that
     # run, a pass whose clock is ahead materializes 10:01. 10:00 then completes behind the latest.

@@ -26,7 +26,9 @@ the middle part and the pure timing rules in front of it:
   never claimed again (a materializer whose clock is behind, or a changed definition, would
   otherwise reach a superseded fire time whose run may have been pruned). The rotation record says
   which schedule the next pass starts with, when a pass stopped at its limit (advisory: the last
-  writer wins).
+  writer wins). A claim that expired on a fire time before its schedule's latest due one (its
+  materializer died, and no pass looks at that fire time again) is settled by the pass: completed with
+  the run it may have created, or with none.
 
 * ``ScheduleMaterializer`` - claim, create or recover the scheduled run, complete. It takes the run
   creation and lookup as callables so it does not depend on the runtime.
@@ -84,11 +86,14 @@ from ..storage import (
     StorageDriver,
     StorageIndexEntry,
     StorageIndexName,
+    StorageQuery,
+    StorageRange,
     StorageRecord,
     StorageRecordKey,
     StorageTransaction,
     decode_iso_date,
     encode_iso_date,
+    encode_storage_tuple,
 )
 from ..storage.tables import corrupt_record, describe_problem, describe_record_key
 from ..vocabulary import ScheduleOccurrenceStatus, ScheduleType
@@ -540,6 +545,16 @@ class ScheduleOccurrences:
             found.extend(None if record is None else self._try_latest(record) for record in await self.driver.get(keys))
         return found
 
+    async def expired_claims(self, now: datetime, limit: int) -> list[ScheduleOccurrence | RunlaneError]:
+        """Claimed occurrences whose claim expired before ``now``, at most ``limit``, the longest expired
+        first; the ``invariant_violation`` of one that does not decode (its neighbours are still read)."""
+        upper = encode_storage_tuple((encode_iso_date(now),))
+        size = min(limit, self.driver.profile.limits.max_query_results)
+        index = StorageIndexName.SCHEDULE_OCCURRENCES_CLAIMED
+        page = await self.driver.query(StorageQuery(index, (self.env_key,), StorageRange(lt=upper), limit=size))
+        found = await self.get_many([item.key.parts[-1] for item in page.items])
+        return [occurrence for occurrence in found if occurrence is not None]  # None: deleted since the query
+
     def _try_latest(self, record: StorageRecord) -> tuple[str, datetime] | RunlaneError:
         try:
             return self._decode_latest(record)
@@ -906,7 +921,57 @@ class ScheduleMaterializer:
                     break
             if materialized >= limit:
                 break
+        await self._settle_stale_claims(schedules, now, limit, get_run, worker_id, claim_duration_ms)
         return materialized
+
+    async def _settle_stale_claims(
+        self,
+        schedules: Sequence[tuple[ScheduleDefinition, TaskDefinition]],
+        now: datetime,
+        limit: int,
+        get_run: GetRun,
+        worker_id: str,
+        claim_duration_ms: int,
+    ) -> None:
+        """Complete the expired claims of fire times before the latest due one, at most ``limit`` of them.
+
+        A materializer that died holding a claim leaves it to the next pass, which takes it over while its
+        fire time is still the schedule's latest due one. Once a later fire time is due, no pass looks at
+        the earlier one again (missed fire times are not backfilled), and its record would stay claimed
+        for ever. It is taken over here and completed with the run it may have created, or with none: a
+        run that was not created is a missed fire time. Only enabled schedules of this runtime are
+        settled: another runtime's schedules, sharing the store, are its own, and a disabled schedule's
+        claim waits for it to be enabled again.
+        """
+        registered = {item.id: (item, task) for item, task in schedules if item.enabled}
+        for occurrence in await self.occurrences.expired_claims(now, limit):
+            if isinstance(occurrence, RunlaneError):
+                raise occurrence
+            if (pair := registered.get(occurrence.schedule_id)) is None:
+                continue
+            item, task = pair
+            due = self._due(item, task, now).fire_at
+            if due is None or occurrence.fire_at >= due:
+                continue  # still due (the pass takes it over and creates its run), or due on a clock ahead of ours
+            token = self._new_claim_token()
+            taken = await self.occurrences.claim(
+                item.id,
+                occurrence.task_id,
+                occurrence.fire_at,
+                claim_token=token,
+                worker_id=worker_id,
+                claim_duration_ms=claim_duration_ms,
+            )
+            if taken is None:
+                continue
+            run = await get_run(scheduled_run_id(taken.id))
+            _schedule_log.info(
+                "Schedule %s: the claim on its fire time %s expired after a later fire time was due; %s",
+                item.id, encode_iso_date(taken.fire_at),
+                "its run was created and stands." if run is not None else "it was missed, and no run is created.",
+                extra={"schedule_id": item.id, "task_id": taken.task_id},
+            )  # fmt: skip
+            await self._complete(taken.id, token, [] if run is None else [run.id])
 
     def _due(self, item: ScheduleDefinition, task: TaskDefinition, now: datetime) -> _Due:
         # Errors are kept and raised when the schedule's turn comes, after earlier schedules materialized.
