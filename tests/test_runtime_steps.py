@@ -424,6 +424,26 @@ async def test_an_output_schema_that_changes_its_own_output_is_refused_before_an
         assert await runtime.store.get_step(run.id, "count") is None
 
 
+@pytest.mark.parametrize("output", ["Submission", list["Submission"]])
+async def test_an_output_schema_naming_a_type_it_cannot_resolve_fails_before_fn_runs(output, caplog):
+    """pydantic resolves a string (forward reference) only on first use, which came after ``fn``'s side
+    effect and failed as a retryable task_failed, so every retry repeated the side effect."""
+    calls: list[str] = []
+
+    @task("steps.unresolved", retry=Retry(3, backoff="1s"))
+    async def unresolved(payload: dict, ctx: TaskContext) -> None:
+        await ctx.step.run("submit", lambda token: calls.append(token) or {"job_id": "j1"}, output=output)
+
+    runtime, _ = make_runtime(unresolved)
+    async with runtime:
+        run = (await runtime.trigger(unresolved, {})).run
+        done = await runtime.execute_next()
+        assert done.status is RunStatus.FAILED and done.failure.code is ErrorCode.CONFIGURATION_INVALID
+        assert done.failure.meta == {"field": "output"}
+        assert calls == [] and await runtime.store.get_step(run.id, "submit") is None
+    assert "name 'Submission' is not defined" in caplog.text
+
+
 @pytest.mark.parametrize("lossy", ["secret", "excluded"])
 async def test_an_output_schema_that_leaves_a_value_out_of_what_it_stores_is_refused(lossy):
     from pydantic import Field, SecretStr

@@ -774,10 +774,15 @@ def _output_adapter(output: Any) -> TypeAdapter[Any] | None:
         return cached
     try:
         adapter: TypeAdapter[Any] = TypeAdapter(output)
+        # A string or forward reference is only resolved on first use, after fn has run: resolve it now, so
+        # a schema that cannot be used fails before fn's side effect (and is not retried), as a payload's does.
+        if not getattr(adapter, "pydantic_complete", True):
+            adapter.rebuild(raise_errors=True)
     except Exception as error:
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
-            f"step output schema {output!r} is not a type pydantic can validate ({error}); "
+            f"step output schema {output!r} is not a type pydantic can validate ({detail}); "
             "pass a pydantic model class or a type pydantic.TypeAdapter accepts.",
             meta={"field": "output"},
         ) from None
