@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from runlane import RunContextFilter, TaskContext, current_task_context, task
+from runlane import RunContextFilter, TaskContext, current_task_context, queue, task
 
-from runtime_support import make_runtime
+from runtime_support import DEFAULT_QUEUE, make_runtime
 
 
 class _Collect(logging.Handler):
@@ -101,3 +101,34 @@ def test_the_filter_keeps_fields_a_record_already_has_and_never_drops_one() -> N
     record.run_id = "run_given"
     assert RunContextFilter().filter(record) is True
     assert record.run_id == "run_given" and record.task_id is None  # type: ignore[attr-defined]
+
+
+
+async def test_a_record_naming_another_run_gets_none_of_the_running_attempts_fields() -> None:
+    collect = _Collect()
+    observers_log = logging.getLogger("runlane.observers")
+    observers_log.addHandler(collect)
+    children = queue("context.children")
+
+    def on_child(observation: Any) -> None:
+        if observation.task_id == "context.child":
+            raise RuntimeError("metrics backend down")
+
+    @task("context.child", queue=children)
+    async def child(payload: dict) -> None:
+        return None
+
+    @task("context.parent")
+    async def parent(payload: dict, ctx: TaskContext) -> None:
+        await ctx.trigger(child, {})  # the child's run.created is observed while this attempt runs
+
+    runtime, _ = make_runtime(parent, child, queues=[DEFAULT_QUEUE, children], observers=[on_child])
+    try:
+        async with runtime:
+            await runtime.trigger(parent, {})
+            await runtime.execute_next(queues=[DEFAULT_QUEUE.name])
+            [child_run] = (await runtime.runs.list(task_ids=["context.child"])).data
+    finally:
+        observers_log.removeHandler(collect)
+    # The observer's failure names the child run: the parent attempt's number and queue are not the child's.
+    assert [_fields(record)[1:] for record in collect.records] == [(child_run.id, "context.child", None, None)]

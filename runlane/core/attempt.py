@@ -2213,13 +2213,15 @@ class RunContextFilter(logging.Filter):
         handler.setFormatter(logging.Formatter("%(levelname)s run=%(run_id)s %(name)s: %(message)s"))
 
     It never drops a record, and it leaves fields a record already carries (Runlane's own log records
-    name their run) as they are."""
+    name their run) as they are. A record naming another run than the attempt's (an observer that failed
+    on the run a handler triggered) gets none of the attempt's fields: they would describe another run."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         attempt = _current_attempt.get()
+        named = record.__dict__.get("run_id", attempt.run_id if attempt is not None else None)
         fields = (
             (None, None, None, None)
-            if attempt is None
+            if attempt is None or named != attempt.run_id
             else (attempt.run_id, attempt.run.task_id, attempt.attempt_number, attempt.run.queue)
         )
         for name, value in zip(_RUN_CONTEXT_FIELDS, fields):
