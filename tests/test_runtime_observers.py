@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -211,3 +212,41 @@ async def test_cancellation_and_maintenance_events_are_observed():
         await runtime.runs.cancel(run.id)
     types = [o.event_type.value for o in seen]
     assert types[-3:] == ["run.released", "run.delivery_requested", "run.cancelled"]
+
+
+async def test_an_observer_letting_a_cancellation_escape_is_its_failure_not_the_callers():
+    """An observer awaiting something that was cancelled (a telemetry task stopped meanwhile) raises
+    ``CancelledError`` though nobody cancelled the trigger: the trigger committed and says so."""
+
+    async def awaiting_a_cancelled_send(observation: RunlaneObservation) -> None:
+        send = asyncio.get_running_loop().create_future()
+        send.cancel()
+        await send
+
+    reported: list[BaseException] = []
+    runtime, _ = make_runtime(
+        observed, observers=[awaiting_a_cancelled_send], on_observer_error=lambda error, _: reported.append(error)
+    )
+    async with runtime:
+        created = await runtime.trigger(observed, {})
+        assert created.run.status is RunStatus.QUEUED
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED  # created ... succeeded: 5 events
+    assert len(reported) == 5 and all(isinstance(error, asyncio.CancelledError) for error in reported)
+
+
+async def test_cancelling_the_caller_while_an_observer_runs_still_cancels_it():
+    entered = asyncio.Event()
+
+    async def slow(observation: RunlaneObservation) -> None:
+        entered.set()
+        await asyncio.sleep(3600)
+
+    reported: list[BaseException] = []
+    runtime, _ = make_runtime(observed, observers=[slow], on_observer_error=lambda error, _: reported.append(error))
+    async with runtime:
+        trigger = asyncio.ensure_future(runtime.trigger(observed, {}))
+        await asyncio.wait_for(entered.wait(), 5)
+        trigger.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await trigger
+    assert reported == []
