@@ -606,6 +606,36 @@ async def test_failed_sink_leaves_the_checkpoint_untouched(driver):
     assert exporter.stats.failures == 1
 
 
+async def test_a_sink_letting_a_cancellation_escape_fails_the_tick_and_the_loop_retries_it(driver):
+    # The CancelledError of something the sink awaited (a send another task cancelled) escaped
+    # export_once() and ended run() as if the exporter itself had been cancelled: runlane export's
+    # exporter stopped without a word, though nobody stopped it.
+    await append(driver, values_for("run_1", 2))
+    controller = CancellationController()
+    cancelled_sends = [1]
+
+    class CancelledOnce(RecordingSink):
+        async def export(self, records):
+            if cancelled_sends:
+                cancelled_sends.pop()
+                send = asyncio.get_running_loop().create_future()
+                send.cancel()
+                await send
+            await super().export(records)
+            controller.abort("exported")
+
+    sink = CancelledOnce()
+    tick = await ObservationExporter(driver, ENV, "otel", sink).export_once()
+    assert tick.status is Tick.FAILED and isinstance(tick.error, asyncio.CancelledError)
+    assert await get_observation_checkpoint(driver, ENV, "otel") is None
+    cancelled_sends.append(1)
+    await asyncio.wait_for(
+        ObservationExporter(driver, ENV, "otel", sink).run(signal=controller.signal, retry_delay="1ms"), 5
+    )
+    assert len(sink.ids) == 2
+    assert await get_observation_checkpoint(driver, ENV, "otel") == observation_cursor(ENV, "2")
+
+
 async def test_a_sink_that_calls_sys_exit_fails_its_exporter_for_good_instead_of_ending_the_process(driver):
     # Escaping, the SystemExit ended the event loop of the process (runlane dev's worker with it) with the
     # sink's exit status, and from a task (an export with a signal) as a 'never retrieved' traceback.

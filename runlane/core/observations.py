@@ -1054,6 +1054,13 @@ class ObservationExporter:
             return self._tick(status.ABORTED, cursor=checkpoint)
         except Exception as error:
             return self._tick(status.FAILED, error=error, cursor=checkpoint)
+        except asyncio.CancelledError as error:
+            current = asyncio.current_task()
+            if current is None or current.cancelling():
+                raise  # the exporter's own task is being cancelled
+            # A sink that let the cancellation of something it awaited escape failed this batch, as any
+            # untyped failure does: the loop retries it instead of ending as if it had been cancelled.
+            return self._tick(status.FAILED, error=error, cursor=checkpoint)
         return self._tick(status.EXPORTED, exported=len(records), cursor=cursor)
 
     async def _advance(self, checkpoint: str | None, cursor: str) -> None:
