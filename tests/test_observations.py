@@ -890,6 +890,22 @@ async def test_console_sink_writes_one_json_object_per_line(driver):
     assert parsed[0].observation.event_type is RunEventType.CREATED
 
 
+async def test_console_sink_on_a_stream_that_cannot_encode_a_name_writes_it_escaped(driver):
+    # Written raw, a name the stream's encoding lacks (PYTHONIOENCODING=ascii, a Latin-1 locale) raised
+    # UnicodeEncodeError for every batch: runlane export retried it for ever, --once failed.
+    run = make_run(task_id="émail.wélcome")
+    await append(driver, event_observation_values(run, events_for(run, 2)))
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii")
+    tick = await ObservationExporter(driver, ENV, "local_console", ConsoleObservationSink(stream)).export_once()
+    assert tick.status is Tick.EXPORTED, tick.error
+    lines = raw.getvalue().decode("ascii").splitlines()
+    assert len(lines) == 2 and "\\u00e9mail" in lines[0]
+    records, _ = await scan_all(driver)
+    assert [RunlaneObservationRecord.model_validate(json.loads(line)) for line in lines] == records
+    assert records[0].observation.task_id == "émail.wélcome"
+
+
 async def test_console_sink_whose_reader_went_away_stops_the_exporter_and_keeps_the_batch(driver):
     class ClosedPipe(io.StringIO):
         def write(self, text: str) -> int:

@@ -17,6 +17,7 @@ checkpoint before the sink has accepted the batch.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import functools
 import hashlib
 import inspect
@@ -904,8 +905,14 @@ class ConsoleObservationSink:
 
     async def export(self, records: Sequence[RunlaneObservationRecord]) -> None:
         stream = self._stream if self._stream is not None else sys.stdout
+        # A stream that cannot encode every character (PYTHONIOENCODING=ascii, a Latin-1 locale) gets the
+        # same JSON with \u escapes: written raw, a task id or environment name it cannot encode failed
+        # every batch for ever.
+        ascii_only = not _encodes_unicode(stream)
         lines = "".join(
-            terminal_safe_json(json.dumps(record.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+            terminal_safe_json(
+                json.dumps(record.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=ascii_only)
+            )
             + "\n"
             for record in records
         )
@@ -928,6 +935,17 @@ class ConsoleObservationSink:
     @staticmethod
     def _stream_name(stream: object) -> str:
         return "stdout" if stream is sys.stdout else "stderr" if stream is sys.stderr else "stream"
+
+
+def _encodes_unicode(stream: object) -> bool:
+    """Whether ``stream`` can write any character: a UTF encoding, or no encoding at all (``io.StringIO``)."""
+    encoding = getattr(stream, "encoding", None)
+    if not isinstance(encoding, str):
+        return True
+    try:
+        return codecs.lookup(encoding).name.startswith("utf")
+    except LookupError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
