@@ -307,6 +307,31 @@ async def test_an_exporter_configured_by_hand_sends_the_same_log_records() -> No
     assert receiver.logs[0].resource["deployment.environment"] == "test"
 
 
+
+async def test_without_a_service_name_the_service_is_named_as_otel_service_name_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # service_name defaulted to "runlane" and always won, so the OTEL_SERVICE_NAME of a deployment was ignored.
+    from runlane_otlp.plugin import OtlpExporterOptions, create_otlp_exporter
+
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        unnamed = otlp_sink(endpoint=receiver.logs_endpoint)
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "billing-workers")
+        from_environment = otlp_sink(endpoint=receiver.logs_endpoint)
+        options = OtlpExporterOptions(endpoint=receiver.logs_endpoint)  # runlane.toml without service_name
+        configured = create_otlp_exporter(options, None)  # type: ignore[arg-type]
+        named = otlp_sink(endpoint=receiver.logs_endpoint, service_name="explicit")
+        async with runtime:
+            await runtime.trigger(send, {})
+            sinks = {"unnamed": unnamed, "env": from_environment, "toml": configured, "named": named}
+            for consumer, sink in sinks.items():
+                assert await drain_exporter(runtime.observation_exporter(consumer, sink)) == [Tick.EXPORTED, Tick.IDLE]
+    names = [record.resource["service.name"] for record in receiver.logs if record.body == "run.created"]
+    assert names == ["runlane", "billing-workers", "billing-workers", "explicit"]
+
 def test_bad_sink_options_are_refused() -> None:
     for make in (otlp_sink, otlp_trace_sink):
         with pytest.raises(RunlaneError) as raised:

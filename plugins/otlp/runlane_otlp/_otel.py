@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from runlane import __version__
 
-__all__ = ["ABSENT", "SCOPE", "nanos", "observation_resource", "parent_context", "restore"]
+__all__ = ["ABSENT", "DEFAULT_SERVICE_NAME", "SCOPE", "nanos", "observation_resource", "parent_context", "restore"]
 
 SCOPE = InstrumentationScope("runlane", __version__)
 
@@ -33,10 +33,23 @@ def restore(table: MutableMapping[_K, _V], before: Mapping[_K, Any]) -> None:
             table[key] = value
 
 
-def observation_resource(service_name: str = "runlane", attributes: Mapping[str, str] | None = None) -> Resource:
+DEFAULT_SERVICE_NAME = "runlane"
+
+
+def observation_resource(service_name: str | None = None, attributes: Mapping[str, str] | None = None) -> Resource:
     """The resource telemetry is sent under: ``service.name`` plus ``attributes`` (and, as in every
-    OpenTelemetry SDK, what ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` add)."""
-    return Resource.create({"service.name": service_name, **dict(attributes or {})})
+    OpenTelemetry SDK, what ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` add). Without a
+    ``service_name`` (nor one in ``attributes``), the service is named as ``OTEL_SERVICE_NAME`` or
+    ``OTEL_RESOURCE_ATTRIBUTES`` say, else ``runlane``."""
+    explicit = dict(attributes or {})
+    if service_name is not None:
+        explicit = {"service.name": service_name, **explicit}
+    resource = Resource.create(explicit)
+    named = str(resource.attributes.get("service.name", ""))
+    if "service.name" not in explicit and named.startswith("unknown_service"):
+        # The SDK's own fallback (no name anywhere): name it after Runlane instead.
+        resource = Resource.create({**explicit, "service.name": DEFAULT_SERVICE_NAME})
+    return resource
 
 
 def nanos(value: datetime) -> int:

@@ -139,7 +139,7 @@ def timeout_seconds(timeout: object) -> float:
 
 
 def check_resource(service_name: object, attributes: object) -> None:
-    if not isinstance(service_name, str) or not service_name:
+    if service_name is not None and (not isinstance(service_name, str) or not service_name):
         raise _invalid("service_name must be a non-empty string.", "service_name")
     if attributes is not None and (
         not isinstance(attributes, Mapping)

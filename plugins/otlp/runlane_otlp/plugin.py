@@ -5,7 +5,7 @@
     consumer = "otel_logs"
     endpoint = "${OTEL_EXPORTER_OTLP_LOGS_ENDPOINT:-http://localhost:4318/v1/logs}"
     # headers = { "x-api-key" = "${TELEMETRY_API_KEY}" }
-    # service_name = "billing-workers"
+    # service_name = "billing-workers"   # without it: OTEL_SERVICE_NAME, else "runlane"
     # resource_attributes = { "service.namespace" = "jobs" }
     # timeout = "10s"
 
@@ -45,7 +45,7 @@ class OtlpExporterOptions(BaseModel):
     endpoint: str = DEFAULT_LOGS_ENDPOINT
     headers: dict[str, str] = Field(default_factory=dict)
     timeout: float = 10.0  # seconds; runlane.toml may say "10s"
-    service_name: str = Field(default="runlane", min_length=1)
+    service_name: str | None = Field(default=None, min_length=1)  # None: OTEL_SERVICE_NAME, else "runlane"
     resource_attributes: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("endpoint")

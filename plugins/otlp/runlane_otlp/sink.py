@@ -274,7 +274,7 @@ def otlp_sink(
     endpoint: str = DEFAULT_LOGS_ENDPOINT,
     headers: Mapping[str, str] | None = None,
     timeout: float | str | timedelta = 10.0,
-    service_name: str = "runlane",
+    service_name: str | None = None,
     resource_attributes: Mapping[str, str] | None = None,
 ) -> OtlpObservationSink:
     """A sink sending every observation record as a log record to ``endpoint`` (OTLP/HTTP, protobuf).
@@ -282,7 +282,8 @@ def otlp_sink(
     ``endpoint`` is the full logs URL (``http://collector:4318/v1/logs``); ``headers`` go with every
     request (an API key, say); ``timeout`` (a duration such as ``"10s"``, or seconds) bounds one export,
     retries included; ``service_name`` and
-    ``resource_attributes`` describe the resource the records come from.
+    ``resource_attributes`` describe the resource the records come from (without ``service_name``, the
+    service is named as ``OTEL_SERVICE_NAME`` says, else ``runlane``).
     """
     checked, seconds = _check(endpoint, DEFAULT_LOGS_ENDPOINT, headers, timeout, service_name, resource_attributes)
     exporter = OTLPLogExporter(endpoint=endpoint, headers=checked, timeout=seconds)
@@ -292,7 +293,7 @@ def otlp_sink(
 def opentelemetry_sink(
     *,
     exporter: Any,
-    service_name: str = "runlane",
+    service_name: str | None = None,
     resource_attributes: Mapping[str, str] | None = None,
 ) -> OtlpObservationSink:
     """A sink sending every observation record as a log record through ``exporter``, an OpenTelemetry
@@ -310,7 +311,7 @@ def opentelemetry_sink(
 
 
 def _log_sink(
-    exporter: Any, endpoint: str, service_name: str, attributes: Mapping[str, str] | None
+    exporter: Any, endpoint: str, service_name: str | None, attributes: Mapping[str, str] | None
 ) -> OtlpObservationSink:
     mapping = ObservationLogs(resource=observation_resource(service_name, attributes))
     return OtlpObservationSink(mapping=mapping, exporter=exporter, endpoint=endpoint, what="log records")
@@ -321,7 +322,7 @@ def otlp_trace_sink(
     endpoint: str = DEFAULT_TRACES_ENDPOINT,
     headers: Mapping[str, str] | None = None,
     timeout: float | str | timedelta = 10.0,
-    service_name: str = "runlane",
+    service_name: str | None = None,
     resource_attributes: Mapping[str, str] | None = None,
 ) -> OtlpObservationSink:
     """A sink sending each finished attempt as a span to ``endpoint`` (OTLP/HTTP, protobuf), under the
