@@ -95,7 +95,7 @@ from .authoring import (
     summarize_errors,
     validation_errors,
 )
-from .cancellation import CancellationController, CancellationSignal, link_signals
+from .cancellation import CancellationController, CancellationSignal, being_cancelled, link_signals
 from .store import AppendResult, CompletionRequest, StepCompletion
 
 if TYPE_CHECKING:
@@ -1699,8 +1699,7 @@ class _Attempt:
                 if inspect.isawaitable(result):
                     result = await result
         except asyncio.CancelledError as error:
-            current = asyncio.current_task()
-            if current is None or current.cancelling():
+            if being_cancelled():
                 raise  # this attempt's task is being cancelled: not the handler's outcome to record
             if self._handler_cancelled:  # cancelled here, past its deadline: the timeout is the outcome
                 return _Outcome(_FAILURE, failure=timed_out_failure())

@@ -17,9 +17,16 @@ from collections.abc import Callable
 
 from ..errors import ErrorCode, RunlaneError
 
-__all__ = ["CancellationController", "CancellationSignal", "link_signals"]
+__all__ = ["CancellationController", "CancellationSignal", "being_cancelled", "link_signals"]
 
 _logger = logging.getLogger("runlane")
+
+
+def being_cancelled() -> bool:
+    """Whether the running task is being cancelled, so a ``CancelledError`` it meets is its own, as opposed
+    to code it called (a handler, an observer, a sink) letting the cancellation of something else escape."""
+    current = asyncio.current_task()
+    return current is None or current.cancelling() > 0
 
 
 class CancellationSignal:

@@ -90,7 +90,7 @@ from ..vocabulary import (
     RunlaneObservationType,
     RunStatus,
 )
-from .cancellation import CancellationSignal
+from .cancellation import CancellationSignal, being_cancelled
 
 __all__ = [
     "HEAD_NOT_READ",
@@ -1073,8 +1073,7 @@ class ObservationExporter:
         except Exception as error:
             return self._tick(status.FAILED, error=error, cursor=checkpoint)
         except asyncio.CancelledError as error:
-            current = asyncio.current_task()
-            if current is None or current.cancelling():
+            if being_cancelled():
                 raise  # the exporter's own task is being cancelled
             # A sink that let the cancellation of something it awaited escape failed this batch, as any
             # untyped failure does: the loop retries it instead of ending as if it had been cancelled.

@@ -143,7 +143,7 @@ from .authoring import (
 )
 from ..storage.batching import Batcher
 from ..storage.tables import describe_record_key, run_key
-from .cancellation import CancellationSignal
+from .cancellation import CancellationSignal, being_cancelled
 from .lanes import Lane
 from .observations import (
     ObservationExporter,
@@ -378,13 +378,6 @@ _waiter_log = logging.getLogger("runlane.runtime")
 _WAITER_RESUME_RETRY_S = 30.0
 _transport_log = logging.getLogger("runlane.transport")
 _worker_log = logging.getLogger("runlane.worker")
-
-
-def _being_cancelled() -> bool:
-    """Whether the running task is being cancelled (a ``CancelledError`` it meets is its own), as opposed
-    to code it called letting the cancellation of something else it awaited escape."""
-    current = asyncio.current_task()
-    return current is None or current.cancelling() > 0
 
 # Threads for ``def`` handlers are started on demand, one per handler running at that moment; the cap only
 # guards against a runaway caller (worker slots and direct calls bound the attempts in flight).
@@ -895,7 +888,7 @@ class Runlane:
             except (Exception, SystemExit) as error:  # sys.exit() in an observer must not end the worker
                 await self._report_observer_error(observer, error, observation)
             except asyncio.CancelledError as error:
-                if _being_cancelled():
+                if being_cancelled():
                     raise  # the caller's task is being cancelled: not the observer's failure
                 # The observer let a cancellation of something it awaited escape: its failure, not the
                 # caller's (a trigger() that committed must not look as if it had failed).
@@ -932,7 +925,7 @@ class Runlane:
             if inspect.isawaitable(result):
                 await result
         except (Exception, SystemExit, asyncio.CancelledError) as handler_error:
-            if isinstance(handler_error, asyncio.CancelledError) and _being_cancelled():
+            if isinstance(handler_error, asyncio.CancelledError) and being_cancelled():
                 raise
             _observer_log.error(
                 "on_observer_error raised while handling the failure of observer %r on %s of run %s "
