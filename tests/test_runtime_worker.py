@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -283,6 +284,29 @@ async def test_a_failing_callback_fails_the_worker_through_closed():
             await asyncio.wait_for(worker.closed, 2)
         with pytest.raises(ValueError):
             await worker.stop()
+
+
+@pytest.mark.parametrize("stop_how", ["worker.stop()", "runlane.close()"])
+async def test_stopping_from_the_workers_own_callback_is_refused_instead_of_hanging(stop_how):
+    runtime, _ = make_runtime(count)
+    async with runtime:
+        await runtime.trigger(count, {"n": 1})
+        worker: Any = None
+
+        async def stop_after_one(run):
+            await (worker.stop() if stop_how == "worker.stop()" else runtime.close())
+
+        worker = runtime.worker(on_run_executed=stop_after_one)
+        with pytest.raises(RunlaneError, match=re.escape(f"{stop_how} was called by the")):
+            await asyncio.wait_for(worker.closed, 2)
+        assert worker.executed == 1
+
+        # Started in a task of its own, the stop goes on once the callback has returned.
+        stops: list[asyncio.Task[None]] = []
+        second = runtime.worker(on_run_executed=lambda run: stops.append(asyncio.create_task(second.stop())))
+        await runtime.trigger(count, {"n": 2})
+        await asyncio.wait_for(second.closed, 2)
+        await asyncio.wait_for(stops[0], 2)
 
 
 async def test_closing_the_runtime_stops_its_workers():

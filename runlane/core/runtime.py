@@ -734,6 +734,8 @@ class Runlane:
         if self._closed:
             return
         refuse_waiting_for_itself(self, "runlane.close()")
+        for worker in self._workers:
+            worker.refuse_in_own_slot("runlane.close()")
         self._closed = True
         self._wake_finish_waiters()  # a pending runs.wait() ends now, saying the runtime is closed
         workers = list(self._workers)

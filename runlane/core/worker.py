@@ -110,6 +110,7 @@ class WorkerHandle:
         self._last_error: RunlaneError | None = None
         self._error: BaseException | None = None
         self._loop = loop
+        self._slots: list[asyncio.Task[None]] = []
         self._closed: asyncio.Future[None] = loop.create_future()
         # Failures are reported through ``closed`` / ``stop()``; this only marks the exception as seen
         # so an unobserved failed worker does not log "exception was never retrieved".
@@ -161,8 +162,20 @@ class WorkerHandle:
     async def stop(self) -> None:
         """Stop the worker, wait for active attempts to finish, and return ``closed``'s result."""
         refuse_waiting_for_itself(self._runtime, "worker.stop()", self._stop.signal)
+        self.refuse_in_own_slot("worker.stop()")
         self.request_stop()
         await self.wait_closed()
+
+    def refuse_in_own_slot(self, what: str) -> None:
+        """Refuse ``what`` (``stop()``, ``runlane.close()``) called by this worker's ``on_run_executed``
+        callback: the callback runs in one of the worker's slots, so waiting for the worker to close would
+        wait for that callback to return, for ever."""
+        if asyncio.current_task() in self._slots:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"{what} was called by the worker's on_run_executed callback and would wait for that callback to "
+                "return; use asyncio.create_task(...) of it, which goes on once the callback returns.",
+            )
 
     async def wait_closed(self) -> None:
         if asyncio.get_running_loop() is self._loop:
@@ -209,7 +222,7 @@ class WorkerHandle:
         loop = self._loop
         # Idle poll slots also wake on other processes' hints when storage offers them.
         unsubscribe = self._runtime.subscribe_wake_hints() if self._mode is WorkerMode.POLL else None
-        slots = [loop.create_task(self._slot()) for _ in range(self._concurrency)]
+        slots = self._slots = [loop.create_task(self._slot()) for _ in range(self._concurrency)]
         try:
             pending = set(slots)
             while pending:
