@@ -271,6 +271,29 @@ async def test_stopping_with_the_worker_signal():
         await asyncio.wait_for(stopped.closed, 2)
 
 
+async def test_a_run_whose_handler_raises_on_the_worker_signal_is_handed_back_as_on_stop():
+    reasons: list[str | None] = []
+
+    @task("waits.for.stop")
+    async def waits(payload: dict, ctx: TaskContext) -> None:
+        await ctx.signal.wait()
+        reasons.append(ctx.signal.reason)
+        ctx.signal.raise_if_aborted()
+
+    runtime, _ = make_runtime(waits)
+    async with runtime:
+        run = (await runtime.trigger(waits, {})).run
+        controller = CancellationController()
+        worker = runtime.worker(signal=controller.signal)
+        await wait_for_run_status(runtime, run.id, RunStatus.RUNNING, timeout="10s", interval="1ms")
+        controller.abort("deploy")  # a process's shutdown wired to the worker's signal
+        await asyncio.wait_for(worker.closed, 2)
+        stored = await runtime.runs.get(run.id)
+        # Not failed (its one attempt spent): released to run again at once, as worker.stop() has it.
+        assert (stored.status, stored.failure, stored.counters.failures) == (RunStatus.RELEASED, None, 0)
+        assert reasons == ["worker_stopped"]
+
+
 async def test_a_failing_callback_fails_the_worker_through_closed():
     runtime, _ = make_runtime(count)
     async with runtime:

@@ -44,7 +44,7 @@ from ..errors import ErrorCode, RunlaneError
 from ..models import RunRecord
 from ..vocabulary import WorkerMode
 from .attempt import REASON_WORKER_STOPPED, ExecutionOptions, OutageClock, refuse_waiting_for_itself
-from .cancellation import CancellationController, link_signals
+from .cancellation import CancellationController
 from .runtime import CandidatePool
 
 if TYPE_CHECKING:
@@ -92,9 +92,13 @@ class WorkerHandle:
         self._delay = empty_poll_delay
         self._max_runs = max_runs
         self._on_run_executed = on_run_executed
-        self._stop: CancellationController = (
-            link_signals(options.signal) if options.signal is not None else CancellationController()
-        )
+        self._stop = CancellationController()
+        # The worker's own signal stops it as stop() does, whatever reason it was aborted with: a handler
+        # that raises on it hands its run back (``worker_stopped``) instead of failing it.
+        stop = self._stop
+        self._unlink_signal: Callable[[], None] | None = None
+        if options.signal is not None:
+            self._unlink_signal = options.signal.add_callback(lambda: stop.abort(REASON_WORKER_STOPPED))
         # Storage unavailable since when (loop time), as found by the slots' scans and claims, and, in a
         # drain, by its attempts' heartbeats and outcome writes: one outage, one limit.
         self._outage = OutageClock()
@@ -242,7 +246,8 @@ class WorkerHandle:
             if unsubscribe is not None:
                 unsubscribe()
             self._runtime.unregister_worker(self)
-            self._stop.unlink()
+            if self._unlink_signal is not None:
+                self._unlink_signal()
         if self._closed.done():
             return
         if self._error is not None:
