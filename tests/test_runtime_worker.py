@@ -332,6 +332,32 @@ async def test_stopping_from_the_workers_own_callback_is_refused_instead_of_hang
         await asyncio.wait_for(stops[0], 2)
 
 
+async def test_a_wait_for_closed_that_times_out_leaves_the_worker_running_and_stoppable():
+    entered = asyncio.Event()
+
+    @task("slow.once")
+    async def slow_once(payload: dict) -> str:
+        entered.set()
+        await asyncio.sleep(0.05)
+        return "done"
+
+    runtime, _ = make_runtime(slow_once)
+    await runtime.start()
+    run = (await runtime.trigger(slow_once, {})).run
+    worker = runtime.worker()
+    closed = worker.closed
+    assert worker.closed is closed  # the same future on every read
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(worker.closed, 0.001)  # cancels the future it waited for
+    await asyncio.wait_for(entered.wait(), 2)
+    assert "running" in repr(worker) and not worker.closed.done()
+    # stop() still waits for the attempt, and closing the runtime neither raises nor leaves the lane open.
+    await asyncio.wait_for(worker.stop(), 2)
+    assert (await runtime.runs.get(run.id)).status is RunStatus.SUCCEEDED
+    assert worker.closed.done() and worker.closed.exception() is None
+    await asyncio.wait_for(runtime.close(), 2)
+
+
 async def test_closing_the_runtime_stops_its_workers():
     runtime, _ = make_runtime(count)
     await runtime.start()

@@ -119,6 +119,7 @@ class WorkerHandle:
         # Failures are reported through ``closed`` / ``stop()``; this only marks the exception as seen
         # so an unobserved failed worker does not log "exception was never retrieved".
         self._closed.add_done_callback(_mark_retrieved)
+        self._public_closed = self._follow_closed()  # the ``closed`` handed out (see there)
         runtime.register_worker(self)
         self._task = loop.create_task(self._run(), name=f"runlane-worker-{options.worker_id}")
 
@@ -130,8 +131,25 @@ class WorkerHandle:
 
     @property
     def closed(self) -> asyncio.Future[None]:
-        """The terminal future: settles when every slot has exited (raises the loop's failure)."""
-        return self._closed
+        """The terminal future: settles when every slot has exited (raises the loop's failure).
+
+        The same future every time, unless its reader cancelled it (``asyncio.wait_for(worker.closed, t)``
+        timing out does): that cancels only the future handed out, never the worker's own, so the worker
+        goes on, ``stop()`` still waits for it, and the next read gets a fresh future."""
+        public = self._public_closed
+        if public.cancelled() and not self._closed.cancelled():
+            public = self._public_closed = self._follow_closed()
+        return public
+
+    def _follow_closed(self) -> asyncio.Future[None]:
+        """A new future that settles as the worker's own terminal future does."""
+        public: asyncio.Future[None] = self._loop.create_future()
+        public.add_done_callback(_mark_retrieved)
+        if self._closed.done():
+            _settle(public, self._closed)
+        else:
+            self._closed.add_done_callback(lambda closed: _settle(public, closed))
+        return public
 
     @property
     def executed(self) -> int:
@@ -254,6 +272,7 @@ class WorkerHandle:
             self._closed.set_exception(self._error)
         else:
             self._closed.set_result(None)
+        _settle(self._public_closed, self._closed)  # now, not a loop turn later: settled once stop() returns
 
     async def _slot(self) -> None:
         runtime = self._runtime
@@ -327,6 +346,18 @@ def _is_transient(error: RunlaneError) -> bool:
     # A worker's scan and claim are safe to repeat (storage fences every claim), so an outage is
     # worth waiting out whatever the error's own retryable flag says about the failed call.
     return error.code in _TRANSIENT_CODES
+
+
+def _settle(target: asyncio.Future[None], source: asyncio.Future[None]) -> None:
+    """Settle ``target`` as ``source`` settled (unless a reader has cancelled ``target`` meanwhile)."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(None)
 
 
 def _mark_retrieved(future: asyncio.Future[None]) -> None:
