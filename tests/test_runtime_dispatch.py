@@ -165,6 +165,39 @@ async def test_dispatch_reservation_limit_bounds_one_tick():
         assert (await runtime.tick()).dispatch_reserved == 1
 
 
+async def test_one_bounded_queues_backlog_does_not_take_every_reservation_of_a_pass():
+    # Every busy run has its own partition, so its backlog can always use the whole limit of a pass.
+    busy = queue("busy", concurrency_limit=1)
+    quiet = queue("quiet", concurrency_limit=1)
+
+    @task("dispatch.busy", queue=busy, concurrency_key=lambda p: f"key{p['n']}")
+    async def busy_work(payload: dict) -> None:
+        return None
+
+    @task("dispatch.quiet", queue=quiet)
+    async def quiet_work(payload: dict) -> None:
+        return None
+
+    (runtime,), clock = shared_runtimes([busy_work, quiet_work], queues=[DEFAULT_QUEUE, busy, quiet])
+    async with runtime:
+        busy_ids = [(await runtime.trigger(busy_work, {"n": n})).run.id for n in range(12)]
+        waiting = (await runtime.trigger(quiet_work, {})).run
+        # The quiet queue gets its run reserved; the share it leaves goes to the busy queue.
+        assert (await runtime.tick(dispatch_reservation_limit=4)).dispatch_reserved == 4
+        assert (await runtime.runs.get(waiting.id)).dispatch_expires_at is not None
+        assert len(_reserved(await runtime.store.get_runs(busy_ids), clock.now())) == 3
+        # A limit smaller than the number of bounded queues serves them in turns.
+        second = (await runtime.trigger(quiet_work, {"n": 2})).run
+        await runtime.execute_next(queues=[quiet])  # frees the quiet queue's slot
+        served = []
+        for _ in range(2):
+            before = (await runtime.runs.get(second.id)).dispatch_expires_at
+            assert (await runtime.tick(dispatch_reservation_limit=1)).dispatch_reserved == 1
+            after = (await runtime.runs.get(second.id)).dispatch_expires_at
+            served.append("busy" if after == before else "quiet")
+        assert sorted(served) == ["busy", "quiet"]
+
+
 async def test_signal_resume_on_a_bounded_queue_waits_for_dispatch():
     limited = queue("limited", concurrency_limit=1)
 

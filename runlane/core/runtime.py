@@ -592,6 +592,7 @@ class Runlane:
             (item, definition) for definition in self._tasks_by_id.values() for item in definition.schedules
         )
         self._materializer = ScheduleMaterializer(lane.storage, environment)
+        self._dispatch_turn = 0  # the bounded queue whose turn it is to be served first (see _dispatch_bounded)
         self._loop_states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._last: tuple[asyncio.AbstractEventLoop, _LoopState] | None = None
         self._state_lock = threading.Lock()
@@ -2033,25 +2034,47 @@ class Runlane:
 
         Each reservation appends ``run.delivery_requested`` with ``dispatch_expires_at`` in the same
         commit that takes the capacity slot; a full partition skips its runs until a slot frees.
+
+        The pass's ``limit`` is shared by the bounded queues: each is first offered an equal share (in
+        turns starting with a different queue each pass, when the limit is smaller than their number),
+        and what some leave unused goes to those that took all of theirs. A queue with a backlog longer
+        than the limit would otherwise take the whole of every pass, and the runs of the queues after it
+        would never be reserved: on a transport lane they get no wakeup without a reservation.
         """
+        bounded = [queue for queue in self._queues.values() if queue.concurrency_limit is not None]
+        if not bounded:
+            return 0
+        turn = self._dispatch_turn % len(bounded)
+        self._dispatch_turn = turn + 1
+        waiting = bounded[turn:] + bounded[:turn]
         count = 0
-        for queue in self._queues.values():
-            if queue.concurrency_limit is None or count >= limit:
-                continue
-            timeout_ms = _dispatch_timeout_ms(queue)
-            rows = await self._store.open_candidates(
-                StorageIndexName.RUNS_NEEDING_DISPATCH, queue.name, now, limit - count
-            )
-            if not rows and self._store.outbox:
-                # Nothing to reserve where this release indexes dispatch candidates; on a transport lane,
-                # queued runs an earlier release wrote while the queue had no limit are indexed only as
-                # runnable, and their wakeups went out then (a consumer refuses one while the queue is
-                # full): reserved from there, they get a new wakeup, as a run triggered now would.
-                rows = await self._store.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue.name, now, limit - count)
-            run_ids = [run_id for _, run_id in rows]
-            if run_ids:
-                count += await self._reserve([ReserveRequest(run_id, timeout_ms) for run_id in run_ids])
+        while waiting and count < limit:
+            share = max(1, (limit - count) // len(waiting))
+            took_all: list[QueueDefinition] = []
+            for queue in waiting:
+                wanted = min(share, limit - count)
+                if wanted < 1:
+                    break
+                reserved = await self._dispatch_queue(queue, now, wanted)
+                count += reserved
+                if reserved == wanted:
+                    took_all.append(queue)  # it may have more
+            waiting = took_all
         return count
+
+    async def _dispatch_queue(self, queue: QueueDefinition, now: datetime, limit: int) -> int:
+        """Reserve capacity for at most ``limit`` due runs of bounded ``queue``; returns how many."""
+        rows = await self._store.open_candidates(StorageIndexName.RUNS_NEEDING_DISPATCH, queue.name, now, limit)
+        if not rows and self._store.outbox:
+            # Nothing to reserve where this release indexes dispatch candidates; on a transport lane,
+            # queued runs an earlier release wrote while the queue had no limit are indexed only as
+            # runnable, and their wakeups went out then (a consumer refuses one while the queue is
+            # full): reserved from there, they get a new wakeup, as a run triggered now would.
+            rows = await self._store.open_candidates(StorageIndexName.RUNS_RUNNABLE, queue.name, now, limit)
+        if not rows:
+            return 0
+        timeout_ms = _dispatch_timeout_ms(queue)
+        return await self._reserve([ReserveRequest(run_id, timeout_ms) for _, run_id in rows])
 
     # -- outbox publishing -----------------------------------------------------------------------
 
