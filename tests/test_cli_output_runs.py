@@ -157,6 +157,35 @@ async def test_runs_get_of_a_running_run_names_its_lease_holder_and_attempt_dead
     assert any("run.lease_claimed" in line and f"attempt_deadline_at={_at(start, 600)}" in line for line in lines)
 
 
+async def test_runs_get_of_a_queued_bounded_run_says_whether_it_holds_a_dispatch_reservation() -> None:
+    """Two queued runs of a full bounded queue printed the same card: not that one holds a slot (tick()
+    reserved it, and it waits for a worker) until a time, while the other waits for tick() to reserve one."""
+    single = queue("single", concurrency_limit=1, dispatch_timeout="2m")
+
+    @task("bounded.dispatch", queue=single)
+    async def bounded_dispatch(payload: dict) -> None:
+        return None
+
+    clock = ControlledClock()
+    start = clock.now()
+    runtime = create_runlane(lane=local_lane(), queues=[default, single], tasks=[bounded_dispatch], clock=clock)
+    cards = []
+    async with runtime:
+        first = (await runtime.trigger(bounded_dispatch, {"n": 1})).run
+        second = (await runtime.trigger(bounded_dispatch, {"n": 2})).run
+        clock.advance("1s")
+        assert (await runtime.tick()).dispatch_reserved == 1
+        for run_id in (first.id, second.id):
+            buffer = io.StringIO()
+            Output(stdout=buffer, stderr=io.StringIO(), width=300).run_detail(
+                await runtime.runs.get(run_id), await runtime.runs.events(run_id)
+            )
+            cards.append([line.split() for line in buffer.getvalue().splitlines()])
+    reserved, waiting = cards
+    assert ["dispatched", _at(start, 1)] in reserved and ["dispatch", "expires", _at(start, 121)] in reserved
+    assert not any(line[:1] == ["dispatched"] or line[:2] == ["dispatch", "expires"] for line in waiting)
+
+
 def _at(start: datetime, seconds: int) -> str:
     return (start + timedelta(seconds=seconds)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

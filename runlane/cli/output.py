@@ -286,6 +286,10 @@ def run_rows(run: Any, *, full: bool = True) -> list[tuple[str, Any]]:
         # Who holds a running run, and until when: past that time the worker is gone and tick() recovers it.
         ("lease", None if run.lease is None else f"{run.lease.worker_id} until {iso(run.lease.expires_at)}"),
         ("attempt deadline", run.attempt_deadline_at),
+        # A bounded queue's dispatch reservation: the run holds a slot of its partition until then, waiting
+        # for a worker; a queued run without one waits for tick() to reserve a slot.
+        ("dispatched", run.dispatched_at),
+        ("dispatch expires", run.dispatch_expires_at),
         ("started", run.started_at),
         ("finished", run.finished_at),
         ("attempts", run.counters.attempts),
