@@ -515,6 +515,30 @@ async def test_a_refused_action_shows_its_error_and_changes_nothing() -> None:
         assert len(page.data) == 5
 
 
+async def test_an_action_whose_answer_was_lost_is_not_called_refused() -> None:
+    """Storage that stops answering may have recorded the action first: the rerun below was created. Saying
+    it was refused would have the operator rerun again, creating a second new run."""
+    async with dashboard() as (app, pilot, runtime):
+        client = app.client
+        rerun = client.rerun
+
+        async def answer_lost(run_id: str) -> Any:
+            await rerun(run_id)
+            raise RunlaneError(ErrorCode.STORAGE_UNAVAILABLE, "The connection to Postgres was lost.", retryable=True)
+
+        client.rerun = answer_lost
+        await open_run(pilot, "run_email_ada")
+        await pilot.press("n", "y")
+        await settle(pilot)
+        (notification,) = app._notifications
+        assert notification.severity == "error"
+        assert notification.title == "rerun not confirmed: storage_unavailable"
+        assert notification.message.startswith("The connection to Postgres was lost. It may have been recorded")
+        assert "check the run (r refreshes) before trying again" in notification.message
+        children = (await runtime.runs.list(source_run_id="run_email_ada")).data
+        assert len(children) == 1
+
+
 @pytest.mark.parametrize(
     ("run_id", "offered"),
     [

@@ -3,8 +3,11 @@
 ``c`` cancels the run, ``t`` retries a failed run and ``n`` reruns a finished one (each a new run
 with the same payload); each asks first, and the footer shows the ones the run's status rules out
 as disabled. A retry or rerun opens the new run. The runtime decides what is allowed: a refused
-action is shown with its error code and message. An action runs on the app, not on this screen:
-leaving the screen while it is in flight neither cancels it nor loses its outcome.
+action is shown with its error code and message. One that storage (or the ``runlane dev`` process) did
+not answer is not called refused: it may have been recorded before the connection failed, so the
+notification says to check the run before trying again (a second rerun would be a second new run). An
+action runs on the app, not on this screen: leaving the screen while it is in flight neither cancels
+it nor loses its outcome.
 
 A refresh reads the run alone first and its attempts and events only when its event sequence or
 status moved: a long history is read again only when it grew. The tables change only the rows that
@@ -23,7 +26,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Label
 
 from ...cli.output import attempt_details, display_value, event_detail
-from ...errors import RunlaneError
+from ...errors import ErrorCode, RunlaneError
 from ...models import RunRecord
 from ...vocabulary import RunStatus
 from ..client import RunDetail
@@ -51,6 +54,10 @@ _ACTIONS = {
     "retry": ("Retry failed run {run_id}? This creates a new run with its payload.", "Retry"),
     "rerun": ("Rerun run {run_id}? This creates a new run with its payload, whatever its outcome.", "Rerun"),
 }
+
+# Errors that leave an action's outcome unknown: the request may have been recorded before the answer was lost.
+_OUTCOME_UNKNOWN = frozenset({ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.TRANSPORT_UNAVAILABLE})
+_CHECK_FIRST = " It may have been recorded before the answer was lost: check the run (r refreshes) before trying again."
 
 
 class RunDetailScreen(LiveScreen):
@@ -186,9 +193,10 @@ class RunDetailScreen(LiveScreen):
         try:
             run = await getattr(client, kind)(self.run_id)
         except RunlaneError as error:
+            unknown = error.code in _OUTCOME_UNKNOWN
             app.notify(
-                printable(error.message),
-                title=f"{kind} refused: {error.code.value}",
+                printable(error.message + (_CHECK_FIRST if unknown else "")),
+                title=f"{kind} {'not confirmed' if unknown else 'refused'}: {error.code.value}",
                 severity="error",
                 timeout=8,
                 markup=False,
