@@ -698,6 +698,7 @@ async def test_the_runs_screen_says_how_long_it_has_waited_for_storage_that_stop
             reads.held.clear()
             reads.pending[1].set()
             await until(lambda: "run_email_cy" in run_ids(app), "the new run")
+            await until(lambda: "refreshed 08:00:14" in status_line(app), "the queue overview read after the page")
             assert status_line(app) == "the newest 6 runs  ·  refreshed 08:00:14 UTC"
 
 
@@ -1190,6 +1191,26 @@ async def test_brackets_pressed_before_the_page_arrives_move_one_page_at_a_time(
             await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page again")
             await settle(pilot)
             assert status_line(app) == "the newest 2 runs  (] older)" + REFRESHED
+
+
+async def test_a_page_is_shown_without_waiting_for_the_queue_overview() -> None:
+    """The queue overview counts every queue's runs, far slower than one page on a large store: a page or
+    filter key used to show its rows only once the overview had been counted again too."""
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        reads = HeldReads(runtime)
+        app = await paged_dashboard(runtime, reads)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page")
+            reads.held.add("queues")  # counting the queues is slow from now on
+            await pilot.press("right_square_bracket")
+            await until(lambda: run_ids(app) == ["run_import_q3", "run_email_bob"], "page 2, before the queues")
+            assert status_line(app) == "2 runs on page 2  (] older, [ newer)" + REFRESHED
+            assert len(reads.pending) == 1  # the overview is still being counted
+            let_through(reads)
+            await settle(pilot)
+            assert rows(app, "queues") and run_ids(app) == ["run_import_q3", "run_email_bob"]
 
 
 async def test_a_page_read_for_a_listing_no_longer_asked_for_is_dropped() -> None:

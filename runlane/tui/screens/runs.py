@@ -98,24 +98,27 @@ class RunsScreen(LiveScreen):
         statuses = STATUS_FILTERS[self.status_index][1]
         queue_filter = [self.queue_filter] if self.queue_filter else []
         cursor = self.page_cursors[-1]
+        # The page first, then the queue overview: counting every queue's runs takes far longer than one
+        # page on a large store, and a key that pages or filters should show its rows without waiting for it.
         try:
-            queues = await client.queues()
             page = await client.runs(
                 statuses=statuses, queues=queue_filter, cursor=cursor, limit=self.dashboard.page_size
             )
+            if listing != self.listing:
+                return  # a page of a listing no longer on screen
+            self.runs, self.next_cursor = page.runs, page.next_cursor
+            self.pending = False
+            self._render_tables()
+            table = self.query_one("#runs", RunsTable)
+            if self._cursor_run is not None and self._cursor_run in table.rows:
+                table.move_cursor(row=table.get_row_index(self._cursor_run))
+            self._cursor_run = None
+            self.queues = await client.queues()
         except RunlaneError as error:
             if listing == self.listing:
                 self.status_line.failed(error)
             return
-        if listing != self.listing:
-            return  # a page of a listing no longer on screen
-        self.queues, self.runs, self.next_cursor = queues, page.runs, page.next_cursor
-        self.pending = False
-        self._render_tables()
-        table = self.query_one("#runs", RunsTable)
-        if self._cursor_run is not None and self._cursor_run in table.rows:
-            table.move_cursor(row=table.get_row_index(self._cursor_run))
-        self._cursor_run = None
+        self.query_one("#queues", QueueTable).show(self.queues, self.queue_filter)
         self.status_line.refreshed(self.dashboard.now())
 
     def _render_tables(self) -> None:
