@@ -415,3 +415,29 @@ async def test_values_nested_past_the_limit_are_refused_where_they_enter_and_nev
             300: (RunStatus.FAILED, ErrorCode.TASK_OUTPUT_INVALID),
             2: (RunStatus.SUCCEEDED, None),
         }
+
+
+async def test_a_lane_whose_record_limit_holds_no_run_says_so_instead_of_blaming_the_payload():
+    """A driver advertising a max_record_bytes below the room a run keeps free can store no run at all:
+    the refusal names the lane's limit as the cause, not the (tiny) payload."""
+    from runlane import LaneDelivery, LaneDeliveryMode, create_lane
+    from runlane.storage import StorageLimits
+    from runlane_local import local_storage_driver
+
+    @task("tiny.lane")
+    async def tiny(payload: dict) -> None:
+        return None
+
+    limits = StorageLimits(max_record_bytes=2048, max_transaction_bytes=8192)
+    storage = local_storage_driver(limits=limits)
+    lane = create_lane(storage=storage, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING))
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[tiny])
+    async with runtime:
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.trigger(tiny, {"a": 1})
+        assert caught.value.code is ErrorCode.VALIDATION_FAILED
+        message = caught.value.message
+        assert "cannot be stored on this lane whatever its payload" in message
+        assert "max_record_bytes of 2,048 bytes" in message and "larger max_record_bytes" in message
+        assert "pass a reference" not in message
+        assert await all_runs(runtime) == []

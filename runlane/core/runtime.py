@@ -2558,6 +2558,17 @@ def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimit
     do instead."""
     sizes = {"payload": len(canonical_json(spec.payload)), "meta": len(canonical_json(spec.meta or {}))}
     largest = max(sizes, key=sizes.__getitem__)
+    if error.reserved and error.actual - sum(sizes.values()) > error.allowed:
+        # Not even an empty payload and meta would fit: the lane's record limit is too small for any run.
+        limit = error.allowed + error.reserved
+        message = (
+            f"Run of task '{spec.definition.id}' cannot be stored on this lane whatever its payload: the lane's "
+            f"{error.limit} of {limit:,} bytes, less the {error.reserved:,} bytes a run keeps free for what it "
+            f"records as it runs, leaves {max(error.allowed, 0):,} bytes, and the run needs {error.actual:,} of "
+            f"which its payload and meta take {sum(sizes.values()):,}. Nothing was written; the lane's storage "
+            f"driver must advertise a larger {error.limit} (the bundled lanes have 400 KiB)."
+        )
+        return StorageLimitError(error.limit, error.allowed, error.actual, message, reserved=error.reserved)
     if spec.source is not None and spec.source.type in (RunSourceType.RERUN, RunSourceType.MANUAL_RETRY):
         # The payload is its source's, which fitted: what this call adds is what does not.
         advice = (
