@@ -672,6 +672,11 @@ def test_plugin_commands_typer_cannot_build_skip_their_plugin_and_a_name_two_plu
         def register_commands(self, app):
             app.add_typer(click.Group("clicky"), name="clicky")
 
+    class ClickCommand:
+        @hookimpl
+        def register_commands(self, app):
+            app.command("clicked")(click.Command("clicked", callback=lambda: None))
+
     def tools(word: str):
         class Tools:
             @hookimpl
@@ -690,6 +695,7 @@ def test_plugin_commands_typer_cannot_build_skip_their_plugin_and_a_name_two_plu
     plugins = {
         "unresolvable": Unresolvable(),
         "click-group": ClickGroup(),
+        "click-command": ClickCommand(),
         "alpha": tools("alpha"),
         "beta": tools("beta"),
     }
@@ -703,7 +709,16 @@ def test_plugin_commands_typer_cannot_build_skip_their_plugin_and_a_name_two_plu
         assert "greet" not in commands and {"alpha-greets-too", "beta-greets-too"} <= set(commands)
         err = capsys.readouterr().err
         assert "skipped plugin 'unresolvable'" in err and "NotImported" in err
-        assert "skipped plugin 'click-group'" in err
+        assert "skipped plugin 'click-group'" in err and "clicked" not in commands
+        # Said as the mistake it is, not as the AttributeError or NameError Typer fails with.
+        assert (
+            "its register_commands passed click.core.Group to app.add_typer(...), which takes a typer.Typer "
+            "(never a Click object)" in err
+        )
+        assert (
+            "skipped plugin 'click-command': its register_commands passed click.core.Command to app.command(), "
+            "which takes a function (never a Click object)" in err
+        )
         assert "the command 'tools' is added by plugins 'alpha' and 'beta'; it is added by neither" in err
         assert pm.has_plugin("alpha") and pm.has_plugin("beta")  # their other commands and providers stay
     finally:

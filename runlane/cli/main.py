@@ -924,9 +924,11 @@ def _register_plugin_commands(root: typer.Typer) -> None:
         try:
             hook.function(*(root for _ in hook.argnames))  # an implementation may take fewer arguments (none)
             new_commands, new_groups = root.registered_commands[commands:], root.registered_groups[groups:]
-            added = command_names(new_commands, new_groups)
+            problem = _not_typer(new_commands, new_groups)
+            added = [] if problem else command_names(new_commands, new_groups)
             clashes = sorted(set(added) & builtin)
-            problem = f"its commands {', '.join(clashes)} are already runlane commands" if clashes else None
+            if clashes:
+                problem = f"its commands {', '.join(clashes)} are already runlane commands"
             if root.registered_callback is not callback:
                 # @app.callback() on the root replaces runlane's own, and with it -c, --json and --version
                 # for every command.
@@ -960,6 +962,30 @@ def _register_plugin_commands(root: typer.Typer) -> None:
     for plugin_commands, plugin_groups in entries if shared else ():
         _drop_names(root.registered_commands, plugin_commands, root.registered_groups, plugin_groups, shared.keys())
     _plugin_command_owners.update({name: plugins[0] for name, plugins in added_by.items() if name not in shared})
+
+
+def _not_typer(commands: Sequence[Any], groups: Sequence[Any]) -> str | None:
+    """What is wrong with a Click object given to ``app.command()(...)`` or a sub-app of ``app.add_typer(...)``
+    that is not a Typer (Typer stores both without complaint, then fails to build them with an error that
+    does not say why), or ``None``."""
+    import click
+
+    def named(value: object) -> str:
+        return f"{type(value).__module__}.{type(value).__qualname__}"
+
+    for command in commands:
+        if isinstance(command.callback, click.Command):
+            return (
+                f"its register_commands passed {named(command.callback)} to app.command(), which takes a "
+                "function (never a Click object)"
+            )
+    for group in groups:
+        if not isinstance(group.typer_instance, typer.Typer):
+            return (
+                f"its register_commands passed {named(group.typer_instance)} to app.add_typer(...), which takes "
+                "a typer.Typer (never a Click object)"
+            )
+    return None
 
 
 def _drop_names(
