@@ -912,3 +912,33 @@ def test_a_plugin_importing_the_cli_helpers_at_module_top_loads_without_hanging(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["['backlog']", "Usage: runlane backlog [OPTIONS]"], result.stdout
+
+
+def test_plugins_list_shows_the_commands_of_every_register_commands_a_plugin_implements():
+    """A plugin may implement a hook twice (pluggy's ``specname``); the listing used to show only the commands
+    of the implementation it read last."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from runlane.cli.main import build_app
+
+    class Twice:
+        @hookimpl
+        def register_commands(self, app):
+            app.command("twice-first")(lambda: None)
+
+        @hookimpl(specname="register_commands")
+        def register_more_commands(self, app):
+            app.command("twice-second")(lambda: None)
+
+    pm.register(Twice(), name="twice")
+    try:
+        result = CliRunner().invoke(build_app(), ["--json", "plugins", "list"])
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.stdout)
+        (listed,) = [plugin for plugin in document["plugins"] if plugin["name"] == "twice"]
+        assert listed["provides"]["commands"] == ["twice-first", "twice-second"]
+    finally:
+        if pm.has_plugin("twice"):
+            pm.unregister(name="twice")

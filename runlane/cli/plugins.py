@@ -48,7 +48,8 @@ def _commands_by_plugin() -> dict[str, list[str]]:
             names = command_names(scratch.registered_commands, scratch.registered_groups)
         except Exception:  # noqa: BLE001 - a malformed registration: the real one reports it
             continue
-        found[impl.plugin_name] = sorted(set(names))
+        # A plugin may implement the hook more than once (pluggy's ``specname``): its commands are all of them.
+        found[impl.plugin_name] = sorted({*found.get(impl.plugin_name, ()), *names})
     return found
 
 
