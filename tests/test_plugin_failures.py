@@ -356,6 +356,71 @@ def test_a_third_party_lane_that_fails_to_start_is_a_configuration_error_naming_
     assert error["meta"] == {"provider": "unreachable", "plugin": "unreachable-plugin"}
 
 
+def test_what_a_third_party_storage_driver_raises_while_a_command_runs_names_its_lane_and_plugin(
+    site: Path, tmp_path: Path
+) -> None:
+    """A driver of another distribution that lets its own exception out (an outage it does not report as
+    storage_unavailable) fails the command with one error naming the lane and its plugin, not a traceback."""
+    from runlane.cli.main import build_app
+
+    write(
+        site / "flaky_driver.py",
+        """
+        from runlane_local import local_storage_driver
+
+
+        class FlakyDriver:
+            def __init__(self):
+                self._inner = local_storage_driver()
+                self.name, self.profile = "flaky", self._inner.profile
+
+            async def start(self):
+                await self._inner.start()
+
+            async def close(self):
+                await self._inner.close()
+
+            async def get(self, keys):
+                raise ConnectionResetError("the flaky server hung up")
+
+            async def query(self, query):
+                raise ConnectionResetError("the flaky server hung up")
+
+            async def with_transaction(self, callback):
+                raise ConnectionResetError("the flaky server hung up")
+        """,
+    )
+    from flaky_driver import FlakyDriver  # type: ignore[import-not-found]
+
+    from runlane import LaneDelivery, LaneDeliveryMode, create_lane
+
+    def create(options, context):
+        delivery = LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING)
+        return create_lane(storage=FlakyDriver(), delivery=delivery, name="flaky", operator_reads=False)
+
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("flaky", NoOptions, create))
+
+    write(site / "flaky_app.py", 'from runlane import queue, task\n\nq = queue("default", default=True)\n'
+          '\n@task("flaky.noop")\ndef noop(payload: dict) -> None:\n    pass\n')
+    config = write(tmp_path / "runlane.toml", '[runlane]\ntasks = ["flaky_app"]\n\n[lane]\nuse = "flaky"\n')
+    with registered_on_pm({"flaky-plugin": Plugin()}):
+        app = build_app()
+        plain = CliRunner().invoke(app, ["-c", str(config), "trigger", "flaky.noop", "{}"])
+        as_json = CliRunner().invoke(app, ["-c", str(config), "--json", "trigger", "flaky.noop", "{}"])
+    assert plain.exit_code == 1 and "Traceback" not in plain.output, plain.output
+    assert (
+        "error[internal_error]: The lane 'flaky' of plugin 'flaky-plugin' failed: ConnectionResetError: the flaky "
+        "server hung up. Report it to the plugin's authors" in plain.output
+    )
+    assert as_json.exit_code == 1
+    error = json.loads(as_json.output.strip().splitlines()[-1])["error"]
+    assert error["code"] == "internal_error"
+    assert error["meta"] == {"provider": "flaky", "plugin": "flaky-plugin", "exception": "ConnectionResetError"}
+
+
 def test_a_stop_signal_while_a_third_party_lane_waits_for_its_storage_ends_the_command_as_for_any_lane(
     site: Path,
 ) -> None:

@@ -283,9 +283,48 @@ async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) ->
                 if provider is None or is_first_party(provider.plugin):
                     raise
                 raise _provider_failed(provider, describe_exception(error), error) from error
-            yield runtime
+            try:
+                yield runtime
+            except (RunlaneError, typer.Exit):
+                raise
+            except Exception as error:
+                # What a third-party lane's own code raised while the command ran (its storage driver's
+                # outage or bug) names the lane and its plugin; anything else keeps its traceback.
+                provider = state_of(ctx).lane_provider
+                if provider is None or is_first_party(provider.plugin) or not _raised_by(error, runtime.lane):
+                    raise
+                raise _lane_failed(provider, error) from error
         finally:
             await runtime.close()
+
+
+def _raised_by(error: BaseException, lane: Any) -> bool:
+    """Whether a frame of ``error``'s traceback is code of the package of ``lane``'s storage driver or transport,
+    when that is not one of runlane's own (a third-party lane may compose runlane-local's driver)."""
+    from ..plugins.manager import _FIRST_PARTY_DISTRIBUTIONS
+
+    packages = {
+        type(adapter).__module__.partition(".")[0]
+        for adapter in (lane.storage, lane.delivery.transport)
+        if adapter is not None
+    } - {distribution.replace("-", "_") for distribution in _FIRST_PARTY_DISTRIBUTIONS}
+    tb = error.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).partition(".")[0] in packages:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _lane_failed(provider: Any, error: BaseException) -> RunlaneError:
+    return RunlaneError(
+        ErrorCode.INTERNAL_ERROR,
+        f"The {provider.kind} {provider.name!r} of plugin {provider.plugin!r} failed: {describe_exception(error)}. "
+        "Report it to the plugin's authors (a storage outage should be a retryable storage_unavailable error), "
+        "or leave the plugin out with RUNLANE_LOAD_PLUGINS.",
+        meta={"provider": provider.name, "plugin": provider.plugin, "exception": type(error).__name__},
+        cause=error,
+    )
 
 
 _FIRST_RETRY_S = 0.5
