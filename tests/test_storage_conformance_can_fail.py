@@ -340,6 +340,15 @@ class WriteSetOnlyDriver(MiniDriver):
         return all(self._version(key) == expected for key, (_, expected, _) in tx.writes.items())
 
 
+class NoReplayDriver(MiniDriver):
+    """Detects a conflict but fails the transaction at once instead of replaying the attempt."""
+
+    def _commit(self, tx: MiniTransaction) -> bool:
+        if not super()._commit(tx):
+            raise create_storage_conflict_error(StorageConflictKind.TRANSACTION)
+        return True
+
+
 class AdvisoryExclusiveDriver(MiniDriver):
     """Advertises exclusive candidates but never skips held records."""
 
@@ -618,6 +627,14 @@ EXPECTED_FAILURES: dict[type[Any], list[str]] = {
     WriteSetOnlyDriver: [
         "test_absent_read_dependency_is_validated_at_commit",
         "test_read_only_dependency_is_validated_at_commit",
+    ],
+    NoReplayDriver: [
+        "test_present_read_conflict_replays_and_only_the_committed_result_escapes",
+        "test_absent_read_dependency_is_validated_at_commit",
+        "test_read_only_dependency_is_validated_at_commit",
+        "test_blind_create_conflict_is_detected",
+        "test_delete_and_recreate_between_read_and_commit_is_a_conflict",
+        "test_conflicts_are_detected_across_instances",
     ],
     AdvisoryExclusiveDriver: [
         "test_exclusive_selections_are_disjoint_across_instances",

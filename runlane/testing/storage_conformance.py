@@ -615,6 +615,14 @@ def _batch(name: str, count: int) -> list[dict[str, Any]]:
 _BLOCKED_GRACE_S = 5.0
 
 
+# A transaction that lost a race failed instead of replaying its attempt.
+_NOT_REPLAYED = (
+    "transaction A failed with {error!r} after {other} while A's first attempt was open: a driver must roll "
+    "such an attempt back and replay it with fresh reads, and fail with a retryable storage_conflict only once "
+    "its attempt budget is spent"
+)
+
+
 class StorageDriverConformance:
     """Subclass as ``Test...`` and override the ``driver`` fixture (a fresh, unstarted driver per test).
 
@@ -730,11 +738,15 @@ class StorageDriverConformance:
 
         try:
             a_result = await a_driver.with_transaction(attempt)
-        except BaseException:
+        except BaseException as error:
+            b_committed = b_task.done() and not b_task.cancelled() and b_task.exception() is None
             if not b_task.done():
                 b_task.cancel()
             with contextlib.suppress(BaseException):
                 await b_task
+            if b_committed and isinstance(error, Exception) and not isinstance(error, AssertionError):
+                # The driver's own error alone would not say which rule it broke.
+                raise AssertionError(_NOT_REPLAYED.format(error=error, other="transaction B committed")) from error
             raise
         assert paused.is_set(), "transaction A never reached its pause point"
         b_result = await b_task
@@ -1644,7 +1656,13 @@ class StorageDriverConformance:
                 recycled.set()
 
             recycler = asyncio.create_task(recycle())
-            generation = await driver.with_transaction(attempt)
+            try:
+                generation = await driver.with_transaction(attempt)
+            except Exception as error:
+                if not recycled.is_set() or isinstance(error, AssertionError):
+                    raise
+                recreated = _NOT_REPLAYED.format(error=error, other="the key was deleted and recreated")
+                raise AssertionError(recreated) from error
             await recycler
             final = await _value_of(driver, key)
             if recycled_first:
