@@ -51,6 +51,8 @@ def _run(script: str, arguments: list[str]) -> str:
         cwd=BENCHMARKS.parent,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    # Nothing on stderr: a log record per run (a deliberate failure, say) would bury the figures.
+    assert result.stderr == "", result.stderr[-2000:]
     return result.stdout
 
 
