@@ -4,7 +4,7 @@ past their attempt. Each is a ``RunlaneError`` with the spec's code, and nothing
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -441,3 +441,27 @@ async def test_a_lane_whose_record_limit_holds_no_run_says_so_instead_of_blaming
         assert "max_record_bytes of 2,048 bytes" in message and "larger max_record_bytes" in message
         assert "pass a reference" not in message
         assert await all_runs(runtime) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Times that leave the datetime range in UTC
+
+# Aware times datetime can hold whose UTC reading it cannot: after 9999-12-31 or before 0001-01-01.
+_PAST_THE_END = datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))
+_BEFORE_THE_START = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5)))
+
+
+@pytest.mark.parametrize("when", [_PAST_THE_END, _BEFORE_THE_START])
+async def test_a_time_out_of_range_in_utc_is_refused_not_an_overflow(when: datetime) -> None:
+    runtime, _ = make_runtime(child)
+    async with runtime:
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.trigger(child, {}, run_at=when)
+        assert caught.value.code is ErrorCode.CONFIGURATION_INVALID and caught.value.meta == {"field": "run_at"}
+        assert "out of range in UTC" in caught.value.message
+        for call in (runtime.runs.prune, runtime.observations.trim):
+            with pytest.raises(RunlaneError) as caught:
+                await call(older_than=when)
+            assert caught.value.code is ErrorCode.VALIDATION_FAILED and caught.value.meta == {"field": "older_than"}
+            assert "out of range in UTC" in caught.value.message
+        assert await all_runs(runtime) == []  # nothing written

@@ -353,7 +353,12 @@ def _check_child(kind: _ChildKind, record: StorageRecord, env: str, run_id: str)
 def _aware(value: object, what: str) -> datetime:
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise _invalid(f"{what} must be a timezone-aware datetime, got {value!r}.", field=what)
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # datetime(1, 1, 1, tzinfo=+05:00) is before the year 1 in UTC
+        raise _invalid(
+            f"{what} {value!r} is out of range in UTC (years 1 to 9999); pass a time within it.", field=what
+        ) from None
 
 
 def _statuses(statuses: object) -> frozenset[RunStatus]:

@@ -1334,7 +1334,13 @@ class Runlane:
                 field="run_at",
             )
         else:
-            start = run_at.astimezone(UTC)
+            try:
+                start = run_at.astimezone(UTC)
+            except OverflowError:  # datetime(9999, 12, 31, 23, tzinfo=-05:00) is past the year 9999 in UTC
+                raise _invalid(
+                    f"run_at {run_at!r} is out of range in UTC (years 1 to 9999); pass a time within it.",
+                    field="run_at",
+                ) from None
         return start if start > now else None
 
     def _created_event(self, spec: _CreateInput, now: datetime) -> RunCreatedEvent:
