@@ -404,6 +404,29 @@ async def test_a_transforming_output_schema_returns_the_same_parsed_value_on_eve
     assert seen == [(1, expected), (2, expected)]
 
 
+class Receipt(BaseModel):
+    lines: Any
+
+
+async def test_an_output_model_with_a_tuple_under_an_untyped_field_gives_every_attempt_the_stored_array():
+    seen: list[tuple[int, Receipt]] = []
+
+    @task("steps.receipt", retry=Retry(max_attempts=2, backoff="1s"))
+    async def receipt(payload: dict, ctx: TaskContext) -> None:
+        seen.append((ctx.attempt, await ctx.step.run("print", lambda token: Receipt(lines=(1, 2)), output=Receipt)))
+        if ctx.attempt == 1:
+            raise RuntimeError("poll again")
+
+    runtime, clock = make_runtime(receipt)
+    async with runtime:
+        run = (await runtime.trigger(receipt, {})).run
+        assert (await runtime.execute_next()).status is RunStatus.RETRYING
+        clock.advance("1s")
+        assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        assert (await runtime.store.get_step(run.id, "print")).output == {"lines": [1, 2]}
+    assert seen == [(1, Receipt(lines=[1, 2])), (2, Receipt(lines=[1, 2]))]
+
+
 async def test_an_output_schema_that_changes_its_own_output_is_refused_before_anything_is_stored():
     from typing import Annotated
 

@@ -9,6 +9,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, field_validator, model_validator
@@ -692,6 +693,30 @@ async def test_an_untyped_payload_takes_json_arrays_as_tuples_and_refuses_values
             assert caught.value.code is ErrorCode.VALIDATION_FAILED
             assert "does not survive storage" in caught.value.message
         assert len(await all_runs(runtime)) == 1
+
+
+class Batch(BaseModel):
+    ids: Any
+    extra: dict[str, Any] = {}
+
+
+async def test_a_tuple_under_an_untyped_field_of_a_model_is_stored_as_an_array_as_in_an_untyped_payload():
+    received: list[Batch] = []
+
+    @task("payloads.batch", queue=emails)
+    async def batch(payload: Batch) -> None:
+        received.append(payload)
+
+    runtime, _ = make_runtime(batch, queues=[emails])
+    async with runtime:
+        for payload in (Batch(ids=(1, 2)), {"ids": [("a", (3,))], "extra": {"pair": (4, 5)}}):
+            await runtime.trigger(batch, payload)
+            assert (await runtime.execute_next()).status is RunStatus.SUCCEEDED
+        assert received == [Batch(ids=[1, 2]), Batch(ids=[["a", [3]]], extra={"pair": [4, 5]})]
+        with pytest.raises(RunlaneError) as caught:  # a value JSON reads back as another one still is refused
+            await runtime.trigger(batch, {"ids": (datetime(2024, 3, 1, tzinfo=UTC),)})
+        assert "does not survive storage" in caught.value.message
+        assert len(await all_runs(runtime)) == 2
 
 
 async def test_a_payload_typed_with_integer_keys_is_stored_with_string_keys_and_read_back_as_integers():

@@ -85,13 +85,14 @@ from ..storage.types import StorageLimitError
 from ..vocabulary import ActorType, RunSourceType, RunStatus, RunWaitConditionType
 from .authoring import (
     MAX_REPORTED_ERRORS,
+    NOT_GIVEN_BACK,
     RetryPolicy,
     TaskDefinition,
     TaskRelease,
     build_run_wait,
     build_signal_wait,
     build_time_release,
-    gives_back,
+    read_back,
     summarize_errors,
     validation_errors,
 )
@@ -842,7 +843,8 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
             meta={"step_key": step_key},
         )
     # Later attempts parse the stored output again, and must get what this attempt got.
-    if not gives_back(adapter, parsed, stored):
+    again = read_back(adapter, parsed, stored)
+    if again is NOT_GIVEN_BACK:
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             f"The output schema of step {step_key!r} does not give back its own output: parsing the stored "
@@ -850,7 +852,7 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
             "did. Make the schema's transforms idempotent, or apply a one-way transform after step.run().",
             meta={"step_key": step_key},
         )
-    return parsed, stored
+    return again, stored
 
 
 class _StepOutputDrift(RunlaneError):

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any, ClassVar, Literal, TypeAlias, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import PydanticUserError, TypeAdapter, ValidationError
+from pydantic import BaseModel, PydanticUserError, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, core_schema
 
 from ..defaults import contract_defaults
@@ -693,18 +693,50 @@ def gives_back(adapter: TypeAdapter[Any], validated: Any, stored: Any, *, plain:
     back, so the dump need only equal what was validated."""
     if plain:  # a tuple under Any is stored as a JSON array, as json.dumps writes one: a list is no surprise
         return bool(stored == validated) or stored == _tuples_as_lists(validated)
+    return read_back(adapter, validated, stored) is not NOT_GIVEN_BACK
+
+
+NOT_GIVEN_BACK: Any = object()
+
+
+def read_back(adapter: TypeAdapter[Any], validated: Any, stored: Any) -> Any:
+    """What validating ``stored``, the JSON dump of ``validated``, gives when that is ``validated`` again (see
+    ``gives_back``): ``validated`` itself, or the value read when it holds lists where ``validated`` holds
+    tuples (under an untyped field, stored as JSON arrays); ``NOT_GIVEN_BACK`` when it is another value."""
     try:
         again = adapter.validate_json(canonical_json(stored))
         if adapter.dump_python(again, mode="json", by_alias=True) != stored:
-            return False
+            return NOT_GIVEN_BACK
     except Exception:  # a validation error, or a validator's own exception on the stored form
-        return False
+        return NOT_GIVEN_BACK
     if type(validated).__eq__ is object.__eq__:  # a value that cannot be compared: its JSON matched
-        return True
+        return validated
     try:
-        return bool(again == validated)
+        if again == validated:
+            return validated
     except Exception:  # a comparison that fails says nothing either
-        return True
+        return validated
+    try:
+        return again if _equal_but_for_tuples(again, validated) else NOT_GIVEN_BACK
+    except Exception:
+        return NOT_GIVEN_BACK
+
+
+def _equal_but_for_tuples(read: Any, given: Any) -> bool:
+    """``read == given``, except that a list and a tuple of equal items are equal: a tuple under an untyped
+    field of a model (``Any``, ``dict``) is stored as a JSON array and read back as a list, as a tuple in an
+    untyped payload is."""
+    if isinstance(read, (list, tuple)) and isinstance(given, (list, tuple)):
+        return len(read) == len(given) and all(map(_equal_but_for_tuples, read, given))
+    if isinstance(read, dict) and isinstance(given, dict):
+        return read.keys() == given.keys() and all(_equal_but_for_tuples(read[key], given[key]) for key in read)
+    if isinstance(read, BaseModel) and type(read) is type(given):
+        return (
+            _equal_but_for_tuples(read.__dict__, given.__dict__)
+            and _equal_but_for_tuples(read.__pydantic_extra__ or {}, given.__pydantic_extra__ or {})
+            and read.__pydantic_private__ == given.__pydantic_private__
+        )
+    return bool(read == given)
 
 
 def validation_errors(error: ValidationError) -> tuple[list[dict[str, Any]], str]:
