@@ -702,9 +702,15 @@ def broken(payload: dict) -> None:
     raise RuntimeError("smtp down")
 
 
+@task("emails.digest", queue=emails)
+def digest(payload: list[str]) -> None:
+    return None
+
+
 def make_runtime():
     lane = sqlite_lane(DATABASE)
-    return create_runlane(lane=lane, queues=[emails, other], tasks=[send_welcome, broken], environment="test")
+    tasks = [send_welcome, broken, digest]
+    return create_runlane(lane=lane, queues=[emails, other], tasks=tasks, environment="test")
 """
 
 
@@ -927,6 +933,10 @@ def test_trigger_without_a_payload_says_how_to_pass_one(shared: Shared) -> None:
         "The payload was null: pass it as JSON after the task id, as in: "
         "runlane trigger emails.welcome '{\"key\": \"value\"}'."
     )
+    # The example has the JSON type the schema asks for.
+    listed = shared("trigger", "emails.digest")
+    assert listed.exit_code == 1
+    assert listed.stderr.rstrip().endswith("as in: runlane trigger emails.digest '[\"value\"]'.")
     # A payload that was given but is wrong keeps the plain message.
     wrong = shared("trigger", "emails.welcome", '{"user": 1}')
     assert wrong.exit_code == 1 and "The payload was null" not in wrong.stderr

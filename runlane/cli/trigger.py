@@ -32,6 +32,21 @@ app = typer.Typer()
 
 _SEND_MATCHING = " Send a payload that matches the task's schema."
 
+# An example payload of the JSON type the schema asked for, by the type of pydantic's error about the null.
+_EXAMPLES = {
+    **dict.fromkeys(("list_type", "tuple_type", "set_type", "frozen_set_type"), '["value"]'),
+    "string_type": '"text"',
+    **dict.fromkeys(("int_type", "float_type", "decimal_type"), "1"),
+    "bool_type": "true",
+}
+_OBJECT_EXAMPLE = '{"key": "value"}'
+
+
+def _example_payload(errors: Any) -> str:
+    """An example of the payload the schema wants, from the validation errors of a null payload."""
+    first = errors[0] if isinstance(errors, list) and len(errors) == 1 and isinstance(errors[0], dict) else {}
+    return _OBJECT_EXAMPLE if first.get("loc") else _EXAMPLES.get(str(first.get("type")), _OBJECT_EXAMPLE)
+
 
 class TriggerParams(OperationParams):
     task_id: str
@@ -63,7 +78,7 @@ async def _trigger(runtime: Any, params: TriggerParams) -> Any:
             raise RunlaneError(
                 error.code,
                 f"{error.message.removesuffix(_SEND_MATCHING)} The payload was null: pass it as JSON after the task id, "
-                f"as in: runlane trigger {params.task_id} '{{\"key\": \"value\"}}'.",
+                f"as in: runlane trigger {params.task_id} '{_example_payload(error.meta['errors'])}'.",
                 retryable=error.retryable,
                 meta=error.meta,
             ) from None
