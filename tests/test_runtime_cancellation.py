@@ -192,9 +192,9 @@ async def test_a_cancellation_too_large_to_store_says_what_to_shorten_and_change
         with pytest.raises(RunlaneError) as raised:
             await runtime.runs.cancel(run.id, reason="r" * 10, meta={"note": "m" * 500_000})
         assert raised.value.code is ErrorCode.VALIDATION_FAILED
-        expected = f"The cancellation of run {run.id} with its reason and meta is too large"
+        expected = f"The cancellation of run {run.id} with its reason, meta and actor id is too large"
         assert raised.value.message.startswith(expected)
-        assert "cancel with a shorter reason and smaller meta" in raised.value.message
+        assert "cancel with a shorter reason and actor id and smaller meta" in raised.value.message
         assert (await runtime.runs.get(run.id)).status is RunStatus.QUEUED
         assert await event_types(runtime, run.id) == ["run.created", "run.delivery_requested"]
         assert (await runtime.runs.cancel(run.id, reason="operator")).status is RunStatus.CANCELLED

@@ -13,6 +13,8 @@ import pytest
 from pydantic import BaseModel, field_validator
 
 from runlane import (
+    Actor,
+    ActorType,
     CancellationController,
     DeliveryMessage,
     Environment,
@@ -446,6 +448,11 @@ async def test_trigger_with_a_payload_too_large_for_the_lane_writes_nothing():
         with pytest.raises(RunlaneError) as raised:
             await runtime.trigger(echo, {"blob": "small"}, meta={"note": _over_the_record_limit(runtime)})
         assert "its meta takes" in raised.value.message and "in the meta instead" in raised.value.message
+        # And when the actor's id does, the message names it rather than a meta of 2 bytes.
+        with pytest.raises(RunlaneError) as raised:
+            operator = Actor(type=ActorType.OPERATOR, id=_over_the_record_limit(runtime))
+            await runtime.trigger(echo, {}, actor=operator)
+        assert "its actor id takes" in raised.value.message and "with a short id" in raised.value.message
         assert (await runtime.runs.list()).data == []
 
 

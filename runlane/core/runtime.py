@@ -2562,7 +2562,11 @@ if hasattr(os, "register_at_fork"):
 def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimitError:
     """``error`` of a run creation that does not fit the lane, saying so, what takes the room and what to
     do instead."""
-    sizes = {"payload": len(canonical_json(spec.payload)), "meta": len(canonical_json(spec.meta or {}))}
+    sizes = {
+        "payload": len(canonical_json(spec.payload)),
+        "meta": len(canonical_json(spec.meta or {})),
+        "actor id": len(spec.actor.id or ""),
+    }
     largest = max(sizes, key=sizes.__getitem__)
     if error.reserved and error.actual - sum(sizes.values()) > error.allowed:
         # Not even an empty payload and meta would fit: the lane's record limit is too small for any run.
@@ -2581,6 +2585,8 @@ def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimit
             f"a rerun or retry repeats its source's payload and meta, so give it a shorter run_id or actor id, "
             f"or less meta (its {largest} takes {sizes[largest]:,} bytes)."
         )
+    elif largest == "actor id":
+        advice = f"its actor id takes {sizes[largest]:,} bytes: name the actor with a short id, such as a user id."
     else:
         advice = (
             f"its {largest} takes {sizes[largest]:,} bytes: pass a reference to large data (an id or a URL) in "
@@ -3078,8 +3084,8 @@ class RunsApi:
                 result.allowed,
                 result.actual,
                 result.too_large(
-                    f"The cancellation of run {checked} with its reason and meta",
-                    " Nothing was written; cancel with a shorter reason and smaller meta.",
+                    f"The cancellation of run {checked} with its reason, meta and actor id",
+                    " Nothing was written; cancel with a shorter reason and actor id and smaller meta.",
                 ),
                 reserved=result.reserved,
             )
