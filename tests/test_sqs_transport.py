@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -454,6 +455,15 @@ def test_the_wakeup_body_round_trips_and_is_canonical() -> None:
     assert parse_sqs_wakeup_body(body) == message
     assert parse_sqs_wakeup_body(body.encode()) == message
     assert body == json.dumps(json.loads(body), sort_keys=True, separators=(",", ":"))
+
+
+def test_a_wakeup_body_holds_only_characters_sqs_accepts() -> None:
+    # SQS refuses (or replaces with U+FFFD) what XML cannot hold; ids and trace carriers may hold U+FFFE/U+FFFF.
+    message = wakeup("run_\uffff\u00e9", trace={"\ufffe": "v\uffff\x01"})
+    body = encode_sqs_wakeup_body(message)
+    allowed = re.compile("[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
+    assert allowed.fullmatch(body) and "run_\\uffff\u00e9" in body  # other text is kept as it is
+    assert parse_sqs_wakeup_body(body) == message
 
 
 

@@ -15,12 +15,13 @@ batch failures, FIFO deduplication and Runlane leases all work on the same unit,
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from runlane.errors import ErrorCode, RunlaneError, pydantic_message
-from runlane.json_values import canonical_json
+from runlane.json_values import canonical_json, json_escape_char
 from runlane.models import DeliveryMessage
 
 __all__ = ["WAKEUP_TYPE", "WAKEUP_VERSION", "encode_sqs_wakeup_body", "parse_sqs_wakeup_body"]
@@ -31,6 +32,11 @@ WAKEUP_VERSION = 1
 # Far beyond any real wakeup (a few hundred bytes), far below SQS's 256 KiB body limit.
 _MAX_BODY_CHARS = 64 * 1024
 
+# SQS takes only #x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD | #x10000-#x10FFFF in a body, and refuses
+# (or replaces with U+FFFD) the rest. JSON escapes control characters, and ids hold no lone surrogates: the
+# noncharacters U+FFFE and U+FFFF, which an id or a trace carrier may hold, are written as \u escapes.
+_NOT_SQS_TEXT = re.compile("[\ufffe\uffff]")
+
 
 def encode_sqs_wakeup_body(message: DeliveryMessage) -> str:
     """The ``MessageBody`` that carries ``message`` (canonical JSON: sorted keys, no whitespace)."""
@@ -39,7 +45,8 @@ def encode_sqs_wakeup_body(message: DeliveryMessage) -> str:
             ErrorCode.ADAPTER_CONTRACT_VIOLATION,
             f"A wakeup body wraps a DeliveryMessage, got {type(message).__name__}.",
         )
-    return canonical_json({"type": WAKEUP_TYPE, "version": WAKEUP_VERSION, "message": message.to_json()})
+    body = canonical_json({"type": WAKEUP_TYPE, "version": WAKEUP_VERSION, "message": message.to_json()})
+    return _NOT_SQS_TEXT.sub(json_escape_char, body)
 
 
 def _not_a_wakeup(reason: str) -> RunlaneError:
