@@ -88,9 +88,20 @@ class RunlaneError(Exception):
     def __repr__(self) -> str:
         return f"RunlaneError(code={self.code.value!r}, message={self.message!r}, retryable={self.retryable})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (a ``multiprocessing`` or ``ProcessPoolExecutor`` child sends its exception to the parent,
+        ``copy.copy()``) as its attributes, not by calling ``__init__`` again: an exception is rebuilt from
+        its ``args``, which hold the message alone, and that is no error code (nor a subclass's arguments)."""
+        return (_rebuild_error, (type(self), self.args), self.__dict__)
+
     def to_json(self) -> dict[str, Any]:
         """The JSON-safe public shape (no ``cause``: that is server-side detail only)."""
         return {"code": self.code.value, "message": self.message, "retryable": self.retryable, "meta": dict(self.meta)}
+
+
+def _rebuild_error(cls: type[RunlaneError], args: tuple[Any, ...]) -> RunlaneError:
+    """An unpickled ``RunlaneError`` (of class ``cls``), before pickle restores its attributes."""
+    return cls.__new__(cls, *args)
 
 
 def _default_message(code: ErrorCode) -> str:

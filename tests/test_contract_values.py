@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import enum
 import json
 import math
+import pickle
 from datetime import UTC, datetime, timedelta, timezone
 
 import pydantic
@@ -61,6 +63,7 @@ from runlane import (
 )
 from runlane.ids import MAX_ID_LENGTH, validate_optional_id
 from runlane.json_values import non_finite_float_path
+from runlane.storage import StorageLimitError
 from runlane.testing.clock import ControlledClock
 
 PROPERTY = settings(max_examples=300, deadline=None)
@@ -369,6 +372,21 @@ def test_runlane_error_json_shape_keeps_cause_server_side():
     assert error.__cause__ is cause
     assert error.to_json() == {"code": "storage_unavailable", "message": "Storage is unavailable.", "retryable": True, "meta": {"provider_code": "x"}}
     assert "hunter2" not in json.dumps(error.to_json())
+
+
+def test_runlane_errors_survive_pickling_as_a_process_pool_sends_them_to_the_parent():
+    # A multiprocessing pool child sends the exception it raised to the parent pickled; rebuilt from its
+    # message alone, the parent's result thread died on it ("... is not a valid ErrorCode") and map() hung.
+    error = RunlaneError(ErrorCode.CONFIGURATION_INVALID, "Forked.", retryable=True, meta={"parent_pid": 7})
+    for copied in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
+        assert type(copied) is RunlaneError
+        assert (copied.code, copied.message, copied.retryable) == (error.code, "Forked.", True)
+        assert copied.meta == {"parent_pid": 7}
+        assert str(copied) == "Forked."
+    limit = pickle.loads(pickle.dumps(StorageLimitError("max_payload_bytes", 10, 20, reserved=2)))
+    assert type(limit) is StorageLimitError
+    assert (limit.limit, limit.allowed, limit.actual, limit.reserved) == ("max_payload_bytes", 10, 20, 2)
+    assert limit.code is ErrorCode.VALIDATION_FAILED and limit.meta["storage_limit"] == "max_payload_bytes"
 
 
 def test_storage_conflict_errors():
