@@ -187,6 +187,42 @@ def test_a_process_forked_after_the_runtime_started_is_refused_and_the_parent_ke
         runtime.sync.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_process_forked_after_a_failed_first_call_starts_a_runtime_of_its_own(tmp_path):
+    # The master's first facade call failed before the lane started (a typo, storage down at start-up),
+    # so the runtime is not started but the facade loop's thread is: the child's calls used to be sent
+    # to that loop, which no thread runs after the fork, and waited for ever.
+    from runlane import create_runlane, queue
+    from runlane_local import sqlite_lane
+
+    default = queue("default", default=True)
+    runtime = create_runlane(lane=sqlite_lane(tmp_path / "fork.db"), queues=[default], tasks=[echo])
+    with pytest.raises(RunlaneError) as refused:
+        runtime.sync.trigger("sync.no_such_task", {})
+    assert refused.value.code is ErrorCode.TASK_NOT_FOUND
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what its call did, never run pytest's own teardown
+            outcome = "failed"
+            try:
+                with contextlib.suppress(BaseException):
+                    signal.alarm(5)  # a hang must not outlive the test (it kills the child: nothing is written)
+                    outcome = runtime.sync.trigger(echo, {"n": 1}).outcome.value
+                    outcome += " " + runtime.sync.execute_next().status.value
+                    runtime.sync.close()
+            finally:
+                os.write(write, outcome.encode())
+                os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as reader:
+            assert reader.read() == "created succeeded"
+        assert runtime.sync.trigger(echo, {"n": 2}).outcome is TriggerOutcomeType.CREATED
+    finally:
+        runtime.sync.close()
+
+
 EXIT_WITHOUT_CLOSE = """
 import sys, time
 from runlane import create_runlane, queue, task

@@ -23,6 +23,7 @@ import functools
 import builtins
 import concurrent.futures
 import importlib
+import os
 import threading
 import time
 import weakref
@@ -105,6 +106,19 @@ def _close_all_at_exit() -> None:
 # registers after importing runlane (the usual order) run before it, so they can use the facade, as many
 # calls as they make, and threads still running when the main module returns can use it until they end.
 atexit.register(_close_all_at_exit)
+
+
+def _forget_loops_after_fork() -> None:
+    """In a forked child, forget the loop of every facade that had one: its thread stayed with the parent,
+    so a call sent to it would wait for ever. A facade whose runtime was started is refused with it (see
+    ``Runlane._forked``); one whose runtime was not (its first call failed, storage down say) starts a
+    loop and the runtime of its own on its next call, as one first used after the fork does."""
+    for facade in list(_RUNNING_FACADES):
+        facade.forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_loops_after_fork)
 
 
 @functools.cache
@@ -257,7 +271,7 @@ class SyncRunlane:
 
     def forked(self) -> None:
         """In a forked child: the facade loop's thread stayed with the parent; forget that loop (the
-        runtime refuses every call)."""
+        runtime refuses every call if it was started, else the next call starts a loop of its own)."""
         loop = self._loop
         if loop is not None:
             # Its tasks (a connection pool's workers, say) never run again here; collected at exit, each
