@@ -223,6 +223,56 @@ def test_a_process_forked_after_a_failed_first_call_starts_a_runtime_of_its_own(
         runtime.sync.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_process_forked_while_another_thread_starts_the_runtime_is_refused_instead_of_waiting(tmp_path, monkeypatch):
+    # The start runs on the parent's facade loop and never ends in the child: a call there used to wait
+    # for it for ever, then found a lane half started on a loop the child does not run.
+    from runlane import create_runlane, queue
+    from runlane_local import sqlite_lane
+
+    lane = sqlite_lane(tmp_path / "fork.db")
+    real_start = lane.storage.start
+    entered, release = threading.Event(), threading.Event()
+
+    async def slow_start() -> None:
+        entered.set()
+        await asyncio.to_thread(release.wait, 5)
+        await real_start()
+
+    monkeypatch.setattr(lane.storage, "start", slow_start)
+    runtime = create_runlane(lane=lane, queues=[queue("default", default=True)], tasks=[echo])
+    starter = threading.Thread(target=runtime.sync.start)
+    starter.start()
+    try:
+        assert entered.wait(5)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what its call did, never run pytest's own teardown
+            outcome = "no error"
+            try:
+                with contextlib.suppress(BaseException):
+                    signal.alarm(5)  # a hang must not outlive the test (it kills the child: nothing is written)
+                    try:
+                        runtime.sync.trigger(echo, {"n": 1})
+                    except RunlaneError as error:
+                        outcome = f"{error.code.value}: {error.message}"
+            finally:
+                os.write(write, outcome.encode())
+                os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as reader:
+            outcome = reader.read()
+        assert outcome.startswith("configuration_invalid: ") and "forked" in outcome
+        release.set()
+        starter.join(5)
+        assert runtime.sync.trigger(echo, {"n": 2}).outcome is TriggerOutcomeType.CREATED
+    finally:
+        release.set()
+        starter.join(5)
+        runtime.sync.close()
+
+
 EXIT_WITHOUT_CLOSE = """
 import sys, time
 from runlane import create_runlane, queue, task

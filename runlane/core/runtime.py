@@ -716,10 +716,10 @@ class Runlane:
                 continue  # started, or that start failed: this caller tries it again
             try:
                 self._check_open()
+                _STARTED_RUNTIMES.add(self)  # from now on: a child forked during the start gets half of it
                 await self._lane.start()
                 self._started = True
                 self._started_on = asyncio.get_running_loop()
-                _STARTED_RUNTIMES.add(self)
             finally:
                 with self._state_lock:
                     self._starting = None
@@ -781,8 +781,8 @@ class Runlane:
             )
 
     def _forked(self, parent: int) -> None:
-        """In a child process forked after the lane started: every call is refused, and ``close()``
-        leaves the parent's connections alone."""
+        """In a child process forked after the lane started (or while it was starting): every call is
+        refused, and ``close()`` leaves the parent's connections alone."""
         self._forked_from = parent
         self._closed = True
         self._started = False
@@ -2537,7 +2537,8 @@ def resolve_execution_options(
     )
 
 
-# Runtimes whose lane is started: a child forked from this process must not use them (see ``_forked``).
+# Runtimes whose lane is started, or starting: a child forked from this process must not use them (see
+# ``_forked``). One whose start failed stays here, neither started nor starting.
 _STARTED_RUNTIMES: weakref.WeakSet[Runlane] = weakref.WeakSet()
 
 
@@ -2550,7 +2551,9 @@ def runtimes_started_on(loop: asyncio.AbstractEventLoop) -> list[Runlane]:
 def _after_fork_in_child() -> None:
     parent = os.getppid()
     for runtime in list(_STARTED_RUNTIMES):
-        if runtime._started:
+        # A start in progress, in another thread of the parent, never ends here: its lane is half started
+        # on a loop the child does not run, and a call would wait for that start for ever.
+        if runtime._started or runtime._starting is not None:
             runtime._forked(parent)
     _STARTED_RUNTIMES.clear()
 
