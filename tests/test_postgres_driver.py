@@ -468,6 +468,35 @@ async def test_start_fails_fast_on_an_unmigrated_schema(schemas: Schemas) -> Non
         await expect_error(driver.get([StorageRecordKey("c", "k")]), ErrorCode.STORAGE_UNAVAILABLE)
 
 
+async def test_a_call_waiting_for_a_connection_when_the_driver_closes_says_so_not_that_postgres_is_down(
+    schemas: Schemas,
+) -> None:
+    # A runtime closed while calls of other threads still run: the call waiting for a pooled connection
+    # was told "Postgres is unreachable", retryable, with the server up and the lane closed for good.
+    driver = postgres_storage(schemas.url, schema=await schemas.migrated(), min_size=1, max_size=1)
+    await driver.start()
+    key = StorageRecordKey("c", "k")
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(tx: Any) -> None:
+        await tx.get([key])  # takes the pool's only connection
+        holding.set()
+        await release.wait()
+
+    holder = asyncio.create_task(driver.with_transaction(hold))
+    await holding.wait()
+    waiting = asyncio.create_task(driver.get([key]))
+    await asyncio.sleep(0.01)  # waiting for the connection
+    closing = asyncio.create_task(driver.close())
+    try:
+        error = await expect_error(asyncio.wait_for(waiting, 10), ErrorCode.STORAGE_UNAVAILABLE)
+        assert "the lane was closed meanwhile" in error.message and "unreachable" not in error.message, error.message
+        assert error.retryable is False
+    finally:
+        release.set()
+        await asyncio.wait_for(asyncio.gather(holder, closing, return_exceptions=True), 10)
+
+
 async def test_start_waits_for_a_locked_schema_no_longer_than_statement_timeout(schemas: Schemas) -> None:
     # A migration holding the schema's ledger (a long index build in one transaction, say): the start-up
     # probe gives up as a statement of a pooled connection would, instead of waiting for as long as it takes.

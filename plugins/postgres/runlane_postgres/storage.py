@@ -92,7 +92,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg.types.string import TextBinaryLoader, TextLoader
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from runlane.errors import ErrorCode, RunlaneError, StorageConflictKind, create_storage_conflict_error
 from runlane.models import Environment, Page, RunEventRecord, RunRecord, RunSummary, environment_key
@@ -670,6 +670,10 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             "or make fewer calls at once.",
             retryable=True,
         )
+    if isinstance(error, PoolClosed):
+        # The lane closed while the call waited for a connection (a runtime closed with calls still running):
+        # the server is fine, and the call cannot succeed by being retried on this lane.
+        return mapped(unavailable, f"the lane was closed meanwhile ({detail}); nothing was done.")
     if state is None and isinstance(error, psycopg.OperationalError):
         for refusal, problem in _LIBPQ_REFUSALS:
             if refusal.search(detail):
