@@ -166,6 +166,33 @@ def test_an_atexit_hook_uses_the_facade_for_every_call_it_makes_and_the_runtime_
     assert "ulimit" not in done.stderr, done.stderr
 
 
+# ``early``, registered before runlane was imported, runs after the facade's exit hook closed the runtime
+# that the main module used.
+USED_BY_AN_EARLIER_ATEXIT_HOOK = """
+import atexit
+
+
+def early() -> None:
+    try:
+        runlane.sync.trigger(echo, {"n": 2})
+    except Exception as error:
+        print(type(error).__name__, error, flush=True)
+
+
+atexit.register(early)
+""" + ECHO_RUNTIME + """
+print(runlane.sync.trigger(echo, {"n": 1}).outcome.value, flush=True)
+"""
+
+
+def test_a_call_from_an_atexit_hook_registered_before_runlane_says_why_the_runtime_is_closed(tmp_path) -> None:
+    # It was told "This Runlane runtime is closed; create a new runtime", by a process that never closed it.
+    done = run_script(USED_BY_AN_EARLIER_ATEXIT_HOOK, tmp_path)
+    created, refusal = done.stdout.splitlines()
+    assert created == "created" and refusal.startswith("RunlaneError "), done.stdout
+    assert "closed as the process exits" in refusal and "after importing runlane" in refusal, refusal
+
+
 # A thread still running when the main module returns goes on using the facade: the runtime closes once
 # the interpreter has waited for it, not when the workers stop.
 THREAD_OUTLIVES_MAIN = ECHO_RUNTIME + """

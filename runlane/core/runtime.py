@@ -600,6 +600,7 @@ class Runlane:
         self._finish_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._started = False
         self._closed = False
+        self._closed_at_exit = False  # closed by the runlane.sync exit hook, not by the application
         self._forked_from: int | None = None  # in a child forked after the lane started: the parent's pid
         self._started_on: asyncio.AbstractEventLoop | None = None  # the loop the lane was started on
         # Per observer without on_observer_error: when its failure was last logged, and how many since.
@@ -773,6 +774,14 @@ class Runlane:
                 "fine, and each process then starts its own after the fork, on first use (or in a lifespan or "
                 "post_fork hook).",
                 meta={"parent_pid": self._forked_from},
+            )
+        if self._closed_at_exit:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                "This Runlane runtime was closed as the process exits: runlane.sync closes it in the atexit hook "
+                "it registers when runlane is imported, and this call came after that (from an atexit hook "
+                "registered before runlane was imported, say: hooks run in reverse order of registration). "
+                "Register that hook after importing runlane to make calls from it.",
             )
         if self._closed:
             raise RunlaneError(

@@ -153,6 +153,7 @@ def _close_at_exit(facade_ref: weakref.ref[SyncRunlane]) -> None:
     if loop is None or not runtime._started or (started_on is not loop and not orphaned):
         facade.shutdown_loop()
         return
+    runtime._closed_at_exit = True
     try:
         asyncio.run_coroutine_threadsafe(runtime.close(), loop).result(timeout=_EXIT_CLOSE_S)
     except Exception:  # noqa: BLE001 - the process is exiting; there is nobody left to report to
