@@ -1284,7 +1284,7 @@ async def test_concurrent_commits_share_batches_and_fail_alone(
         call, held = storage_module._call, asyncio.Event()
 
         async def first_commit_waits(conn: Any, statement: Any, params: Any) -> Any:
-            if statement.name == b"runlane_commit" and not held.is_set():
+            if statement is driver._sql.commit_prepared and not held.is_set():
                 held.set()
                 await asyncio.sleep(0.2)
             return await call(conn, statement, params)
@@ -1348,11 +1348,42 @@ async def test_transactions_holding_exclusive_candidates_keep_the_prepared_state
             names = {row[0] for row in await cursor.fetchall()}
         finally:
             await driver._return(conn)
-        assert "runlane_get" in names and all(name.startswith("runlane_") for name in names), names
+        assert any(name.startswith("runlane_get_") for name in names), names
+        assert all(name.startswith("runlane_") for name in names), names
         (again,) = await driver.get([StorageRecordKey("held-run", token)])
         assert again is not None and again.document.value == {"n": 1}
     finally:
         await driver.close()
+
+
+async def test_a_prepared_statement_name_stands_for_one_text_whatever_the_schema(schemas: Schemas) -> None:
+    """A pooler in transaction mode hands a client a server session another client prepared on. Had the
+    lanes of two schemas prepared their statements under the same names, one lane's commit would run
+    the other's statement there and write into the other schema; with names that identify their text
+    such a session refuses the name instead."""
+    first, second = await schemas.migrated(), await schemas.migrated()
+    prepared: dict[str, set[str]] = {}
+    for schema in (first, second):
+        driver = postgres_storage(schemas.url, schema=schema, min_size=0, max_size=1)
+        await driver.start()
+        try:
+            token = uuid.uuid4().hex
+            entry = StorageIndexEntry(StorageIndexName.RUNS_RUNNABLE, ("named", token), ("2026",))
+            await create(driver, record(StorageRecordKey("named-run", token), {"n": 1}, entry))
+            query = StorageQuery(StorageIndexName.RUNS_RUNNABLE, ("named", token), StorageRange(), limit=1)
+            assert len((await driver.query(query)).items) == 1
+            conn = await driver._acquire()
+            try:
+                cursor = await conn.execute("SELECT name, statement FROM pg_prepared_statements")
+                rows = await cursor.fetchall()
+            finally:
+                await driver._return(conn)
+        finally:
+            await driver.close()
+        for name, text in rows:
+            prepared.setdefault(name, set()).add(text)
+    assert any(".runlane_commit($1" in text for texts in prepared.values() for text in texts), prepared
+    assert all(len(texts) == 1 for texts in prepared.values()), prepared
 
 
 async def flush_statistics(driver: Any) -> None:

@@ -915,6 +915,14 @@ class _Statement:
     text: bytes
 
 
+def _statement(prefix: bytes, text: bytes) -> _Statement:
+    """``text`` prepared under ``prefix`` and a hash of the text: a name never stands for two texts, so
+    a connection that already holds the name (a pooler in transaction mode hands out a session another
+    client prepared on, one whose lane uses another schema, say) never runs another statement under it;
+    such a connection refuses to prepare or run the name instead."""
+    return _Statement(prefix + b"_" + hashlib.blake2b(text, digest_size=8).hexdigest().encode("ascii"), text)
+
+
 @dataclass(frozen=True, slots=True)
 class _Sql:
     records: str
@@ -940,21 +948,21 @@ class _Sql:
             operator_events=f"{s}.runlane_operator_events",
             migrations=f"{s}.runlane_schema_migrations",
             get_run=f"SELECT key, document FROM {records} WHERE key = ANY(%b::text[])",
-            get=_Statement(
+            get=_statement(
                 b"runlane_get",
                 f"SELECT key, version, document, indexes FROM {records} WHERE key = ANY($1::text[])".encode(),
             ),
-            validate=_Statement(
+            validate=_statement(
                 b"runlane_validate",
                 (
                     "SELECT count(*) FROM unnest($1::text[], $2::bigint[]) AS d(key, version) "
                     f"LEFT JOIN {records} AS r ON r.key = d.key WHERE r.version IS DISTINCT FROM d.version"
                 ).encode(),
             ),
-            commit_prepared=_Statement(
+            commit_prepared=_statement(
                 b"runlane_commit", f"SELECT commit_status, commit_detail FROM {s}.runlane_commit($1::jsonb)".encode()
             ),
-            commit_batch=_Statement(
+            commit_batch=_statement(
                 b"runlane_commit_batch",
                 (
                     "SELECT commit_status, commit_state, commit_message, commit_detail "
@@ -966,7 +974,7 @@ class _Sql:
 
 _MAX_REMEMBERED_HINTS = 1024
 _HINT_FLUSH_TIMEOUT_S = 1.0
-_NOTIFY = _Statement(b"runlane_notify", b"SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q")
+_NOTIFY = _statement(b"runlane_notify", b"SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q")
 
 
 def _key_array(keys: Iterable[str]) -> bytes:
@@ -1241,7 +1249,7 @@ def _query_statement(index_rows: str, shape: tuple[bool, ...]) -> _Statement:
     """``_query_sql`` with numbered placeholders, as a statement prepared per connection."""
     numbers = iter(range(1, 64))
     text = re.sub("%s", lambda _: f"${next(numbers)}", _query_sql(index_rows, shape)).encode("utf-8")
-    return _Statement(b"runlane_query_" + hashlib.blake2b(text, digest_size=8).hexdigest().encode("ascii"), text)
+    return _statement(b"runlane_query", text)
 
 
 def _encode_params(values: Iterable[Any]) -> list[bytes]:
