@@ -16,6 +16,7 @@ and its watchdog stops it if the test process dies outright.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -190,3 +191,68 @@ def configured_lane(directory: Path, lane_toml: str) -> Any:
     loaded = load_config(directory / "runlane.toml", environ={})
     assert loaded is not None and loaded.lane is not None
     return _lane_factory(loaded, get_registries())(loaded.lane.use, loaded.lane.options)
+
+
+@contextmanager
+def pgbouncer(url: str, pool_mode: str) -> Iterator[str]:
+    """A PgBouncer in ``pool_mode`` (``session`` or ``transaction``) on a free loopback port in front of
+    the database of ``url``, and the URL that connects through it; skips the test without a ``pgbouncer``
+    program. As root it runs as ``postgres`` (else ``nobody``), since PgBouncer refuses to run as root."""
+    import os
+    import pwd
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+    import time
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    import pytest
+
+    program = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None)
+    if program is None:
+        pytest.skip("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
+    parts = urlsplit(url)
+    database = parts.path.lstrip("/")
+    target = f"host={parts.hostname} port={parts.port or 5432} dbname={database} user={unquote(parts.username or '')}"
+    if parts.password:
+        target += f" password={unquote(parts.password)}"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    directory = tempfile.mkdtemp(prefix="runlane_pgbouncer_", dir="/tmp")
+    os.chmod(directory, 0o755)
+    config = os.path.join(directory, "pgbouncer.ini")
+    with open(config, "w", encoding="utf-8") as file:
+        file.write(
+            f"[databases]\n{database} = {target}\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n"
+            f"unix_socket_dir =\nauth_type = any\npool_mode = {pool_mode}\ndefault_pool_size = 20\n"
+        )
+    os.chmod(config, 0o644)
+    user = None
+    if os.geteuid() == 0:
+        for name in ("postgres", "nobody"):
+            with contextlib.suppress(KeyError):
+                user = pwd.getpwnam(name).pw_name
+                break
+    log = open(os.path.join(directory, "pgbouncer.log"), "wb")  # noqa: SIM115 - closed below
+    process = subprocess.Popen([program, config], stdout=log, stderr=log, user=user, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with socket.socket() as client:
+                if client.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"pgbouncer did not start: {open(log.name, encoding='utf-8').read()[-2000:]}")
+            time.sleep(0.02)
+        yield urlunsplit(parts._replace(netloc=f"{parts.username or 'runlane'}@127.0.0.1:{port}"))
+    finally:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+        log.close()
+        shutil.rmtree(directory, ignore_errors=True)

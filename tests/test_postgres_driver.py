@@ -26,7 +26,7 @@ import psycopg
 import pytest
 import runlane_postgres.storage as pg_storage
 from cli_support import cli, write
-from postgres_support import Schemas, assert_refused_without_quoting
+from postgres_support import Schemas, assert_refused_without_quoting, pgbouncer
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
@@ -1384,6 +1384,51 @@ async def test_a_prepared_statement_name_stands_for_one_text_whatever_the_schema
             prepared.setdefault(name, set()).add(text)
     assert any(".runlane_commit($1" in text for texts in prepared.values() for text in texts), prepared
     assert all(len(texts) == 1 for texts in prepared.values()), prepared
+
+
+async def test_a_pooler_in_transaction_mode_is_refused_at_start_and_one_in_session_mode_serves(
+    schemas: Schemas, shared_schema: str
+) -> None:
+    # Clients of a transaction-mode pool take turns on server sessions: the driver's prepared statements,
+    # settings and LISTEN would land in sessions other clients then use.
+    with pgbouncer(schemas.url, "transaction") as url:
+        driver = postgres_storage(url, schema=shared_schema, connect_timeout=5)
+        error = await expect_error(asyncio.wait_for(driver.start(), 30), ErrorCode.CONFIGURATION_INVALID)
+        assert "shares server sessions between clients" in error.message, error.message
+        assert "pool_mode = session" in error.message, error.message
+    with pgbouncer(schemas.url, "session") as url:
+        driver = postgres_storage(url, schema=shared_schema, connect_timeout=5)
+        await asyncio.wait_for(driver.start(), 30)
+        try:
+            key = StorageRecordKey("pooled", uuid.uuid4().hex)
+            await create(driver, record(key, {"n": 1}))
+            (read,) = await driver.get([key])
+            assert read is not None and read.document.value == {"n": 1}
+        finally:
+            await driver.close()
+
+
+async def test_a_prepared_statement_gone_from_the_session_is_a_configuration_error_naming_poolers(
+    schemas: Schemas, shared_schema: str
+) -> None:
+    # What a pooler sharing sessions does when the check at start could not tell (another client took
+    # the server session meanwhile): the statement the connection prepared is not in the session it gets.
+    driver = postgres_storage(schemas.url, schema=shared_schema, min_size=0, max_size=1)
+    await driver.start()
+    try:
+        key = StorageRecordKey("deallocated", uuid.uuid4().hex)
+        assert await driver.get([key]) == [None]
+        conn = await driver._acquire()
+        try:
+            await conn.execute("DEALLOCATE ALL")
+        finally:
+            await driver._return(conn)
+        error = await expect_error(driver.get([key]), ErrorCode.CONFIGURATION_INVALID)
+        assert error.meta["sqlstate"] == "26000" and not error.retryable
+        assert "transaction or statement pooling" in error.message, error.message
+        assert "pool_mode = session" in error.message, error.message
+    finally:
+        await driver.close()
 
 
 async def flush_statistics(driver: Any) -> None:

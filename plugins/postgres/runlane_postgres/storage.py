@@ -63,7 +63,9 @@ Errors: lost connections, SQLSTATE class ``08``, ``57P01``-``57P03``, ``53300``,
 ``40P01`` past the replay budget to ``storage_conflict``; a missing schema, table or function to
 ``configuration_invalid`` telling the user to run ``runlane postgres migrate``, and so do bad
 credentials (``28xxx``) and a missing database (``3D000``); a reserved name (``42939``, a ``pg_`` schema)
-is ``configuration_invalid`` too; anything else maps to ``internal_error``. Every mapped error keeps the
+is ``configuration_invalid`` too, and so is a prepared statement missing from the session or taken in it
+(``26000`` / ``42P05``: a pooler sharing sessions between clients, which ``start()`` refuses when it sees
+one); anything else maps to ``internal_error``. Every mapped error keeps the
 psycopg failure as its ``cause``.
 """
 
@@ -178,6 +180,12 @@ __all__ = [
 T = TypeVar("T")
 
 MIGRATE_HINT = "run `runlane postgres migrate` (or apply postgres_migration_sql()) before starting"
+# What to do about a pooler that shares server sessions between clients (transaction or statement pooling).
+SESSION_POOLING_HINT = (
+    "Runlane keeps state in each connection's server session (prepared statements, its statement_timeout, "
+    "LISTEN for wake hints), so connect the lane to a pool in session mode (PgBouncer: pool_mode = session) "
+    "or to the server itself"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -540,6 +548,9 @@ def check_seconds(option: str, seconds: object) -> None:
 _UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "57014", "25006", "55P03"})
 _CONFLICT_STATES = frozenset({"40001", "40P01", "23505"})
 _MIGRATION_STATES = frozenset({"3F000", "42P01", "42883", "42703", "42704"})
+# A statement the connection prepared is gone (26000), or its name is taken already (42P05): the connection's
+# server session is not its own, which a pooler in transaction or statement mode does.
+_POOLED_STATES = frozenset({"26000", "42P05"})
 
 
 class _Replay(Exception):
@@ -760,6 +771,13 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
         else:
             advice = "grant the Runlane role access to its schema (see the privileges in docs/lanes.md)"
         return mapped(invalid, f"permission denied ({detail}); {advice}.")
+    if state in _POOLED_STATES:
+        return mapped(
+            invalid,
+            f"a statement this connection prepared is missing from its server session, or another one holds its "
+            f"name [{state}] ({detail}): the connection goes through a pooler that shares server sessions between "
+            f"clients (transaction or statement pooling). {SESSION_POOLING_HINT}.",
+        )
     if state == "42939":
         return mapped(
             invalid,
@@ -1986,7 +2004,9 @@ class PostgresStorageDriver(ClientClock):
             raise map_postgres_error(error, f"probe the Runlane schema {self.schema!r}") from error
 
     async def _check_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """The probe's checks: a UTF8 database, the schema migrated to this driver's version, the clocks."""
+        """The probe's checks: no pooler sharing sessions, a UTF8 database, the schema migrated to this driver's
+        version, the clocks."""
+        await self._refuse_shared_sessions(conn)
         cursor = await conn.execute("SHOW server_encoding")
         (encoding,) = await cursor.fetchone()  # type: ignore[misc]
         refused = encoding_error(encoding, self._target.display)
@@ -2014,6 +2034,32 @@ class PostgresStorageDriver(ClientClock):
                 schema=self.schema,
             )
         await self._compare_clocks(conn)
+
+    async def _refuse_shared_sessions(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Refuse a pooler in transaction or statement mode (``configuration_invalid``), whose clients take
+        turns on server sessions. A connection whose server process is not the one it connected to goes
+        through a pooler; then a second connection opens a transaction: handed the server process the first
+        connection used (still connected, so in session mode no other client could have it), the pooler
+        shares sessions. Otherwise (session mode, or a pooler that handed it another process) it starts."""
+        cursor = await conn.execute("SELECT pg_backend_pid()")
+        (backend,) = await cursor.fetchone()  # type: ignore[misc]
+        if backend == conn.pgconn.backend_pid:
+            return  # connected to the server itself
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                other = await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
+                async with other, other.transaction():
+                    cursor = await other.execute("SELECT pg_backend_pid()")
+                    (shared,) = await cursor.fetchone()  # type: ignore[misc]
+        except (TimeoutError, psycopg.Error):
+            return  # no second session in time: the pool's own connections will tell
+        if shared == backend:
+            raise _invalid(
+                f"The connection to {self._target.display} goes through a pooler that shares server sessions "
+                f"between clients (transaction or statement pooling): two connections of this process ran on "
+                f"one server process ({backend}). {SESSION_POOLING_HINT}.",
+                backend_pid=backend,
+            )
 
     async def _compare_clocks(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Warn when this process's clock is off the server's by ``CLOCK_SKEW_WARNING_S`` or more. Every
