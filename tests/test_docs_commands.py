@@ -29,7 +29,7 @@ _INLINE = re.compile(r"`(runlane [^`]+)`")
 def _command_lines(text: str) -> list[str]:
     lines = []
     for block in _BLOCK.finditer(text):
-        if block.group(1) in ("python", "toml", "json", "text"):
+        if block.group(1) in ("python", "toml", "json", "text", "sql"):
             continue
         for line in block.group(2).splitlines():
             line = line.replace('", "', " ").replace('["', " ").replace('"]', " ")  # a container's args list

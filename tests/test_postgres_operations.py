@@ -32,7 +32,7 @@ from runlane_postgres import (
 )
 from runlane_postgres.migration import SCHEMA_VERSION, validate_schema_name
 
-from runlane import TaskContext, create_runlane, queue, task
+from runlane import TaskContext, WorkerMode, create_runlane, queue, task
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.plugins.manager import get_registries
 from runlane.plugins.registries import ProviderContext, validate_options
@@ -233,6 +233,53 @@ async def test_a_migration_refused_by_the_server_keeps_its_error(schemas: Schema
         driver = postgres_storage(url, schema=migrated, min_size=0)
         error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
         assert isinstance(error.__cause__, pg_errors.InsufficientPrivilege)
+
+async def test_the_documented_privileges_run_an_application_and_refuse_it_the_migration(schemas: Schemas) -> None:
+    # docs/lanes.md ("Privileges"): a migrator owns the schema, the application role gets what it needs
+    # through default privileges set before the first migration.
+    schema = schemas.name()
+    with schemas.login_role() as (migrator, migrator_url), schemas.login_role() as (app, app_url):
+        for statement in (
+            "CREATE SCHEMA {schema} AUTHORIZATION {migrator}",
+            "GRANT USAGE ON SCHEMA {schema} TO {app}",
+            "ALTER DEFAULT PRIVILEGES FOR ROLE {migrator} IN SCHEMA {schema} "
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {app}",
+            "ALTER DEFAULT PRIVILEGES FOR ROLE {migrator} IN SCHEMA {schema} GRANT USAGE ON SEQUENCES TO {app}",
+            "ALTER DEFAULT PRIVILEGES FOR ROLE {migrator} IN SCHEMA {schema} GRANT EXECUTE ON FUNCTIONS TO {app}",
+            # A database that does not let every role run new functions (a common hardening).
+            "ALTER DEFAULT PRIVILEGES FOR ROLE {migrator} REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC",
+        ):
+            names = {"schema": schema, "migrator": migrator, "app": app}
+            schemas.execute(sql.SQL(statement).format(**{key: sql.Identifier(value) for key, value in names.items()}))
+        assert (await apply_postgres_migrations(migrator_url, schema)).changed
+        error = await expect_error(apply_postgres_migrations(app_url, schema), ErrorCode.CONFIGURATION_INVALID)
+        assert "permission denied" in error.message, error.message
+
+        work = queue("privileged", default=True, concurrency_limit=2)
+
+        @task("privileged.echo", queue=work, idempotency_key=lambda payload: payload["key"])
+        async def echo(payload: dict[str, str], ctx: TaskContext) -> str:
+            return await ctx.step.run("echo", lambda token: payload["key"])
+
+        clock = ControlledClock(datetime.now(UTC))
+        runtime = create_runlane(
+            lane=postgres_polling_lane(app_url, schema=schema), queues=[work], tasks=[echo], clock=clock
+        )
+        async with runtime:
+            first = await runtime.trigger(echo, {"key": "a"})
+            done = await runtime.execute_next()
+            assert done is not None and done.id == first.run.id and done.output == "a"
+            await runtime.tick()
+            second = await runtime.trigger(echo, {"key": "b"})
+            assert (await runtime.runs.cancel(second.run.id)).status == "cancelled"
+            rerun = await runtime.runs.rerun(first.run.id)
+            await runtime.worker(mode=WorkerMode.DRAIN).closed
+            assert (await runtime.runs.get(rerun.id)).status == "succeeded"  # type: ignore[union-attr]
+            await runtime.idempotency_keys.reset(echo, key="a")
+            clock.advance("1h")
+            assert (await runtime.runs.prune(older_than="1m")).pruned == 3
+            assert (await runtime.runs.list()).data == []
+
 
 # ---------------------------------------------------------------------------------------------
 # Schema names Postgres reserves
