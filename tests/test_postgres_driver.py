@@ -1162,6 +1162,21 @@ def test_a_full_server_is_named_as_such_at_connect(message: str) -> None:
     assert "max_connections" in mapped.message
 
 
+@pytest.mark.parametrize(
+    ("message", "says"),
+    [  # PgBouncer's words at login: the same on every connect, so not an outage to wait out
+        ("FATAL:  unsupported startup parameter: options", "ignore_startup_parameters"),
+        ("FATAL:  no such database: app_staging", "check the connection string's user, password and database"),
+    ],
+    ids=["startup-parameter", "database"],
+)
+def test_a_pooler_refusing_the_connection_string_is_a_configuration_error(message: str, says: str) -> None:
+    failed = 'connection failed: connection to server at "127.0.0.1", port 6432 failed: ' + message
+    mapped = map_postgres_error(psycopg.OperationalError(failed), "connect to Postgres")
+    assert mapped.code is ErrorCode.CONFIGURATION_INVALID and not mapped.retryable, mapped.message
+    assert message in mapped.message and says in mapped.message, mapped.message
+
+
 @pytest.mark.parametrize("kind", ["role", "database"])
 async def test_a_role_or_database_at_its_connection_limit_is_named_as_such_at_connect(
     schemas: Schemas, shared_schema: str, kind: str

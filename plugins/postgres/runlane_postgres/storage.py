@@ -564,6 +564,8 @@ _CONNECTION_LIMIT = re.compile(r'too many connections for (role|database) "')
 # server's default) name the ones a user must fix rather than wait out.
 _CONNECT_FAILURES = (
     (re.compile(r'FATAL:\s+database ".*" does not exist'), "3D000"),
+    # PgBouncer's words for a database its [databases] section does not list.
+    (re.compile(r"FATAL:\s+no such database: "), "3D000"),
     (re.compile(r'FATAL:\s+role ".*" does not exist'), "28000"),
     (re.compile(r"FATAL:\s+\S+ authentication failed"), "28P01"),
     (re.compile(r"FATAL:\s+no pg_hba\.conf entry"), "28000"),
@@ -598,8 +600,18 @@ _TLS_REFUSED = re.compile(
 # read there): the same on every connect too.
 _SERVICE_REFUSED = re.compile(r'(definition of service|service file) "[^"]*" not found|in service file "')
 
+# A pooler's refusal of a startup parameter it does not pass on (PgBouncer refuses `options`, for one):
+# the same on every connect as well.
+_POOLER_PARAMETER_REFUSED = re.compile(r"FATAL:\s+unsupported startup parameter")
+
 # What the connection string must change for each of those refusals ({detail}: libpq's message).
 _LIBPQ_REFUSALS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        _POOLER_PARAMETER_REFUSED,
+        "the connection pooler in front of the server refuses a parameter of the connection string ({detail}); "
+        "remove it from the connection string, or have the pooler ignore it (PgBouncer: "
+        "ignore_startup_parameters).",
+    ),
     (
         _SSL_REFUSED,
         "the server does not accept SSL connections ({detail}); enable SSL on the server, or connect without SSL "
