@@ -1220,6 +1220,14 @@ def test_tls_settings_libpq_refuses_on_every_connect_are_a_configuration_error(m
     assert message in mapped.message and "sslrootcert" in mapped.message and "unreachable" not in mapped.message
 
 
+def test_a_connection_string_without_the_password_the_server_asks_for_is_a_configuration_error() -> None:
+    # DATABASE_URL without its password (and none in PGPASSWORD or the passfile): every connect fails alike.
+    failed = _FAILED_AT + "fe_sendauth: no password supplied"
+    mapped = map_postgres_error(psycopg.OperationalError(failed), "connect to Postgres")
+    assert mapped.code is ErrorCode.CONFIGURATION_INVALID and not mapped.retryable, mapped.message
+    assert "check the connection string's user, password and database" in mapped.message, mapped.message
+
+
 async def refused_at_start(schemas: Schemas, parameter: str) -> RunlaneError:
     """The ``configuration_invalid`` that ``start()`` raises for the test server's URL with ``parameter`` added."""
     separator = "&" if "?" in schemas.url else "?"

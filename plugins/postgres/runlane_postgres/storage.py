@@ -568,6 +568,8 @@ _CONNECT_FAILURES = (
     (re.compile(r"FATAL:\s+no such database: "), "3D000"),
     (re.compile(r'FATAL:\s+role ".*" does not exist'), "28000"),
     (re.compile(r"FATAL:\s+\S+ authentication failed"), "28P01"),
+    # libpq's own: the server asks for a password and neither the URL, PGPASSWORD nor the passfile has one.
+    (re.compile(r"fe_sendauth: no password supplied"), "28P01"),
     (re.compile(r"FATAL:\s+no pg_hba\.conf entry"), "28000"),
     (re.compile(r"FATAL:\s+permission denied for database"), "42501"),
     # The server is full (max_connections; the last slots are kept for superusers, PG 15 and 16 wording), or
