@@ -1449,7 +1449,7 @@ async def test_a_prepared_statement_gone_from_the_session_is_a_configuration_err
         error = await expect_error(driver.get([key]), ErrorCode.CONFIGURATION_INVALID)
         assert error.meta["sqlstate"] == "26000" and not error.retryable
         assert "transaction or statement pooling" in error.message, error.message
-        assert "pool_mode = session" in error.message, error.message
+        assert "pool_mode = session" in error.message and "server_reset_query" in error.message, error.message
     finally:
         await driver.close()
 

@@ -183,8 +183,9 @@ MIGRATE_HINT = "run `runlane postgres migrate` (or apply postgres_migration_sql(
 # What to do about a pooler that shares server sessions between clients (transaction or statement pooling).
 SESSION_POOLING_HINT = (
     "Runlane keeps state in each connection's server session (prepared statements, its statement_timeout, "
-    "LISTEN for wake hints), so connect the lane to a pool in session mode (PgBouncer: pool_mode = session) "
-    "or to the server itself"
+    "LISTEN for wake hints), so connect the lane to a pool in session mode that resets each session before "
+    "another client gets it (PgBouncer: pool_mode = session, server_reset_query = DISCARD ALL, its default) or "
+    "to the server itself"
 )
 
 
@@ -790,7 +791,8 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             invalid,
             f"a statement this connection prepared is missing from its server session, or another one holds its "
             f"name [{state}] ({detail}): the connection goes through a pooler that shares server sessions between "
-            f"clients (transaction or statement pooling). {SESSION_POOLING_HINT}.",
+            f"clients (transaction or statement pooling) or hands a session to the next client without resetting "
+            f"it. {SESSION_POOLING_HINT}.",
         )
     if state == "42939":
         return mapped(
