@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -152,6 +153,30 @@ def test_a_sync_worker_stopped_after_close_does_nothing():
     worker.stop()  # shutdown code often stops what it started after closing the runtime
 
 
+def in_forked_child(call: Callable[[], str], *, alarm: int = 5) -> str:
+    """What ``call()`` returns in a child forked now, or the code and message of the ``RunlaneError`` it
+    raises ("failed" when it raises anything else). The child never runs pytest's teardown, and ``alarm``
+    seconds end a call that hangs (killed, it reports nothing: the result is empty)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        outcome = "failed"
+        try:
+            with contextlib.suppress(BaseException):
+                signal.alarm(alarm)
+                try:
+                    outcome = call()
+                except RunlaneError as error:
+                    outcome = f"{error.code.value}: {error.message}"
+        finally:
+            os.write(write, outcome.encode())
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as reader:
+        return reader.read()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_process_forked_after_the_runtime_started_is_refused_and_the_parent_keeps_working(tmp_path):
     from runlane import create_runlane, queue
@@ -160,26 +185,16 @@ def test_a_process_forked_after_the_runtime_started_is_refused_and_the_parent_ke
     default = queue("default", default=True)
     runtime = create_runlane(lane=sqlite_lane(tmp_path / "fork.db"), queues=[default], tasks=[echo])
     runtime.sync.start()  # as an application does at start-up, before its server forks workers
+
+    def first_call() -> str:
+        try:
+            runtime.sync.trigger(echo, {"n": 1})
+            return "no error"
+        finally:
+            runtime.sync.close()  # leaves the parent's connections alone
+
     try:
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report what its first call did, never run pytest's own teardown
-            outcome = "no error"
-            try:
-                with contextlib.suppress(BaseException):
-                    signal.alarm(20)  # a hang must not outlive the test
-                    try:
-                        runtime.sync.trigger(echo, {"n": 1})
-                    except RunlaneError as error:
-                        outcome = f"{error.code.value}: {error.message}"
-                    runtime.sync.close()  # leaves the parent's connections alone
-            finally:
-                os.write(write, outcome.encode())
-                os._exit(0)
-        os.close(write)
-        os.waitpid(pid, 0)
-        with os.fdopen(read) as reader:
-            outcome = reader.read()
+        outcome = in_forked_child(first_call, alarm=20)
         assert outcome.startswith("configuration_invalid: ") and "forked" in outcome and "after the fork" in outcome
         assert runtime.sync.trigger(echo, {"n": 2}).outcome is TriggerOutcomeType.CREATED
         assert runtime.sync.execute_next().status is RunStatus.SUCCEEDED
@@ -200,24 +215,15 @@ def test_a_process_forked_after_a_failed_first_call_starts_a_runtime_of_its_own(
     with pytest.raises(RunlaneError) as refused:
         runtime.sync.trigger("sync.no_such_task", {})
     assert refused.value.code is ErrorCode.TASK_NOT_FOUND
+
+    def trigger_and_execute() -> str:
+        outcome = runtime.sync.trigger(echo, {"n": 1}).outcome.value
+        outcome += " " + runtime.sync.execute_next().status.value
+        runtime.sync.close()
+        return outcome
+
     try:
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report what its call did, never run pytest's own teardown
-            outcome = "failed"
-            try:
-                with contextlib.suppress(BaseException):
-                    signal.alarm(5)  # a hang must not outlive the test (it kills the child: nothing is written)
-                    outcome = runtime.sync.trigger(echo, {"n": 1}).outcome.value
-                    outcome += " " + runtime.sync.execute_next().status.value
-                    runtime.sync.close()
-            finally:
-                os.write(write, outcome.encode())
-                os._exit(0)
-        os.close(write)
-        os.waitpid(pid, 0)
-        with os.fdopen(read) as reader:
-            assert reader.read() == "created succeeded"
+        assert in_forked_child(trigger_and_execute) == "created succeeded"
         assert runtime.sync.trigger(echo, {"n": 2}).outcome is TriggerOutcomeType.CREATED
     finally:
         runtime.sync.close()
@@ -245,24 +251,7 @@ def test_a_process_forked_while_another_thread_starts_the_runtime_is_refused_ins
     starter.start()
     try:
         assert entered.wait(5)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report what its call did, never run pytest's own teardown
-            outcome = "no error"
-            try:
-                with contextlib.suppress(BaseException):
-                    signal.alarm(5)  # a hang must not outlive the test (it kills the child: nothing is written)
-                    try:
-                        runtime.sync.trigger(echo, {"n": 1})
-                    except RunlaneError as error:
-                        outcome = f"{error.code.value}: {error.message}"
-            finally:
-                os.write(write, outcome.encode())
-                os._exit(0)
-        os.close(write)
-        os.waitpid(pid, 0)
-        with os.fdopen(read) as reader:
-            outcome = reader.read()
+        outcome = in_forked_child(lambda: runtime.sync.trigger(echo, {"n": 1}) and "no error")
         assert outcome.startswith("configuration_invalid: ") and "forked" in outcome
         release.set()
         starter.join(5)
