@@ -155,3 +155,47 @@ def test_dev_reload_refuses_once(tmp_path: Path) -> None:
     result = cli(root, "dev", "--reload", "--once")
     assert result.returncode == 2
     assert result.stderr.endswith("Error: --reload applies only without --once.\n")
+
+
+RUNTIME = """
+from runlane import create_runlane, queue, task
+from runlane_local import local_lane
+
+default = queue("default", default=True)
+
+
+@task("noop")
+def noop(payload: dict) -> None:
+    return None
+
+
+def create_app_runlane():
+    return create_runlane(lane=local_lane(), tasks=[noop], queues=[default])
+"""
+
+
+def test_dev_reload_warns_that_a_runtime_factory_on_an_in_memory_lane_loses_its_runs(tmp_path: Path) -> None:
+    root = tmp_path / "project"
+    write(root / "app" / "__init__.py", "")
+    write(root / "app" / "runtime.py", RUNTIME)
+    assert cli(root, "init", "config", "--runtime", "app.runtime:create_app_runlane").returncode == 0
+    with supervising(root) as dev:
+        dev.wait_for_record("worker_started")
+        # runlane.toml names no lane: only the runtime it built knows that its runs live in this process.
+        warnings = [r["warning"] for r in dev.records() if "warning" in r]
+        assert [w["code"] for w in warnings] == ["process_local_lane"], warnings
+        assert "each restart of --reload starts with none" in warnings[0]["message"]
+        edit(root / "app" / "runtime.py", lambda text: text + "\n")
+        dev.wait_for_record("worker_started", count=2)
+        assert len([r for r in dev.records() if "warning" in r]) == 2  # said again at each restart
+        dev.process.send_signal(signal.SIGTERM)
+        assert dev.process.wait(timeout=30) == 0
+
+
+def test_dev_reload_on_a_durable_lane_does_not_warn(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
+    with supervising(root) as dev:
+        dev.wait_for_record("worker_started")
+        assert not [r for r in dev.records() if "warning" in r]
+        dev.process.send_signal(signal.SIGTERM)
+        assert dev.process.wait(timeout=30) == 0

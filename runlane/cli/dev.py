@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from typing import Annotated, Any
 
 import typer
@@ -48,7 +49,7 @@ from .options import (
     max_runs_option,
 )
 from .export import close_sinks, export_pending, start_exporter, stop_exporters
-from .reload import Reloader, child_command
+from .reload import RELOAD_CHILD_ENV, Reloader, child_command
 from .tick import tick_until_stopped
 from .work import StopOnSignals, interrupted_status, run_worker
 
@@ -138,6 +139,14 @@ def dev(
             environment=runtime.environment.name,
             process_local=lane.capabilities.process_local,
         )
+        if lane.capabilities.process_local and os.environ.get(RELOAD_CHILD_ENV):
+            # Said here, where the lane is known: a runtime factory or another plugin's lane can keep runs
+            # in memory too, not only `use = "local"`.
+            output.warning(
+                "process_local_lane",
+                f"The {lane.name!r} lane keeps runs in memory: each restart of --reload starts with none. "
+                "Use the sqlite lane to keep them.",
+            )
         bridge: Any = None
         forced_exit = contextlib.ExitStack()
         if lane.capabilities.process_local:
@@ -199,11 +208,6 @@ def _reload(ctx: typer.Context, once: bool) -> None:
         ctx.fail("--reload applies only without --once.")
     config = guard(ctx, lambda: load_cli_config(ctx))
     output = state_of(ctx).output
-    if config.config.lane is not None and config.config.lane.use == "local":
-        output.warning(
-            "process_local_lane",
-            "The local lane keeps runs in memory: each restart starts with none. Use the sqlite lane to keep them.",
-        )
     command = child_command(ctx.find_root().meta.get(COMMAND_LINE, ["dev"]))
     raise typer.Exit(Reloader(output, command, config.base_dir, config.path).run())
 

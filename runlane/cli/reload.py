@@ -33,7 +33,11 @@ from types import FrameType
 from .main import STOP_SIGNALS
 from .output import Output
 
-__all__ = ["Reloader", "watched_files"]
+__all__ = ["RELOAD_CHILD_ENV", "Reloader", "watched_files"]
+
+RELOAD_CHILD_ENV = "RUNLANE_DEV_RELOAD_CHILD"
+"""Set (to ``1``) in the environment of the ``runlane dev`` a supervisor runs: that process, which loads the
+runtime, then knows that each change restarts it, and says so when its lane keeps runs in memory."""
 
 _SKIPPED_DIRECTORIES = frozenset({"__pycache__", "node_modules", "site-packages"})
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -145,7 +149,12 @@ class Reloader:
     def _start(self) -> None:
         # Its own process group, so a terminal's Ctrl-C reaches it once, through _on_signal; and it is
         # stopped if this process dies without being able to stop it (kill -9).
-        self._child = subprocess.Popen(self.command, process_group=0, preexec_fn=_stop_with_parent)
+        self._child = subprocess.Popen(
+            self.command,
+            env={**os.environ, RELOAD_CHILD_ENV: "1"},
+            process_group=0,
+            preexec_fn=_stop_with_parent,
+        )
         if self._stop_signals:  # a signal that came while it was starting was not forwarded
             self._child.send_signal(signal.SIGTERM)
 
