@@ -279,6 +279,23 @@ def test_dev_prints_each_command_it_runs_for_another_terminal(project: Project) 
     assert commands[1]["error"]["code"] == "run_not_found"
 
 
+def test_a_task_added_after_dev_started_is_unknown_there_and_the_error_says_to_restart_it(
+    project: Project, dev: subprocess.Popen[str]
+) -> None:
+    tasks = project.root / "app" / "tasks.py"
+    added = '\n\n@task("emails.goodbye", queue=emails)\ndef goodbye(payload: dict) -> None:\n    return None\n'
+    tasks.write_text(tasks.read_text() + added)
+    result = project.cli("trigger", "emails.goodbye", "{}")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error[task_not_found]: No task 'emails.goodbye' is registered in this runtime;")
+    assert f"runlane dev (pid {dev.pid}) ran this command with the task modules it imported when it started" in (
+        " ".join(result.stderr.split())
+    )
+    error = json.loads(project.cli("--json", "trigger", "emails.goodbye", "{}").stderr)["error"]
+    assert error["code"] == "task_not_found" and error["meta"] == {"task_id": "emails.goodbye"}
+    assert "restart it if you have added or renamed the task since" in error["message"]
+
+
 def test_dashboard_reads_are_not_printed_by_dev(project: Project, dev: subprocess.Popen[str]) -> None:
     from runlane.cli.main import OPERATIONS, parse_params
     from runlane.cli.output import Output

@@ -680,7 +680,20 @@ async def proxy(
         return None
     if lane is not None and not serves(session, lane, output):
         return None
-    rendered = await exchange(session, op, params, output)
+    try:
+        rendered = await exchange(session, op, params, output)
+    except RunlaneError as error:
+        if error.code is not ErrorCode.TASK_NOT_FOUND:
+            raise
+        # The task catalog is the one the dev process imported when it started, not the files as they are.
+        raise RunlaneError(
+            error.code,
+            f"{error.message} runlane dev (pid {session.pid}) ran this command with the task modules it "
+            "imported when it started: restart it if you have added or renamed the task since "
+            "(runlane dev --reload restarts on every change).",
+            retryable=error.retryable,
+            meta=error.meta,
+        ) from None
     if rendered is None:
         return None
     output.write_rendered(rendered.stdout, rendered.stderr)
