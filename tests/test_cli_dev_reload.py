@@ -199,3 +199,38 @@ def test_dev_reload_on_a_durable_lane_does_not_warn(tmp_path: Path) -> None:
         assert not [r for r in dev.records() if "warning" in r]
         dev.process.send_signal(signal.SIGTERM)
         assert dev.process.wait(timeout=30) == 0
+
+
+SLOW_TASKS = """
+import time
+
+from runlane import queue, task
+
+default = queue("default", default=True)
+
+
+@task("slow")
+def slow(payload: dict) -> dict:
+    print("slow started", flush=True)
+    time.sleep(1.5)
+    return {"finished": True}
+"""
+
+
+def test_ctrl_c_during_a_restart_lets_the_runs_in_progress_finish(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "project", tasks=SLOW_TASKS, lane="sqlite")
+    with supervising(root) as dev:
+        dev.wait_for_record("worker_started")
+        run_id = cli_json(root, "trigger", "slow", "{}")["run"]["id"]
+        dev.wait_for_record("log", message="slow started")
+        edit(root / "app" / "tasks.py", lambda text: text + "\n")
+        dev.wait_for_record("reloading")
+        # The child is already stopping after its current run: one Ctrl-C must not turn that into an
+        # exit at once, which would leave the run `running` until its lease expires.
+        dev.process.send_signal(signal.SIGINT)
+        assert dev.process.wait(timeout=30) == 0
+        assert dev.wait_for_record("run")["run"]["id"] == run_id
+        assert [r["type"] for r in dev.records() if r.get("type") in ("stopping", "exit")] == ["stopping"] * 2
+        assert len([r for r in dev.records() if r.get("type") == "worker_started"]) == 1  # not restarted
+    run = cli_json(root, "runs", "get", run_id)["run"]
+    assert run["status"] == "succeeded" and run["counters"]["attempts"] == 1, run

@@ -15,7 +15,9 @@ the next change, so fixing the file is enough.
 
 The child runs in its own process group: Ctrl-C in a terminal reaches only this process, which
 forwards it, so the child sees one signal per keypress (a first one stops it gracefully, a second at
-once) just as without ``--reload``.
+once) just as without ``--reload``. While a restart is stopping the child, that child is already
+stopping gracefully: a first Ctrl-C then only cancels the restart (and lifts the ``stop_timeout``), and a
+second is forwarded to exit it at once.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class Reloader:
         self.stop_timeout = stop_timeout
         self._child: subprocess.Popen[bytes] | None = None
         self._stop_signals = 0
+        self._restarting = False  # the child is being stopped for a restart (with SIGTERM, gracefully)
 
     def run(self) -> int:
         """Until SIGINT/SIGTERM: the child's exit status then (0 when no child was running)."""
@@ -143,8 +146,16 @@ class Reloader:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop_signals += 1
         child = self._child
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)  # the child reports it and stops (or, on a second one, exits at once)
+        if child is None or child.poll() is not None:
+            return
+        if self._restarting and self._stop_signals == 1:
+            # It already stops gracefully; forwarded, this would be its second signal and end its runs.
+            name = signal.Signals(signum).name
+            self.output.record(
+                "stopping", f"received {name}; stopping after current runs (send again to exit now)", signal=name
+            )
+            return
+        child.send_signal(signum)  # the child reports it and stops (or, on a second one, exits at once)
 
     def _start(self) -> None:
         # Its own process group, so a terminal's Ctrl-C reaches it once, through _on_signal; and it is
@@ -162,7 +173,11 @@ class Reloader:
         names = [self._display(path) for path in changed]
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         self.output.record("reloading", f"{shown} changed; restarting runlane dev", changed=names)
-        self._stop_child()
+        self._restarting = True
+        try:
+            self._stop_child()
+        finally:
+            self._restarting = False
         if not self._stop_signals:
             self._start()
 
@@ -182,6 +197,8 @@ class Reloader:
             return
         except subprocess.TimeoutExpired:
             pass
+        if self._stop_signals:  # asked to stop meanwhile: wait for its runs as without --reload (run() does)
+            return
         self.output.record(
             "reload_forced",
             f"runlane dev did not stop within {self.stop_timeout:g}s; stopping it at once "
