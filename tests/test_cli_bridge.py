@@ -569,3 +569,18 @@ def test_through_dev_a_payload_json_cannot_hold_or_one_too_large_is_refused_and_
     assert error["meta"]["max_bytes"] == MAX_REQUEST_BYTES
 
     assert project.json("runs", "list")["data"] == []
+
+
+def test_dev_once_says_it_cannot_reach_the_runs_of_a_running_dev(project: Project, dev: subprocess.Popen[str]) -> None:
+    project.json("trigger", "emails.welcome", '{"user_id": "u1"}', "--delay", "1h")
+    result = project.cli("--json", "dev", "--once")
+    assert result.returncode == 0, result.stderr
+    warnings = [json.loads(line)["warning"] for line in result.stderr.splitlines() if '"warning"' in line]
+    assert [w["code"] for w in warnings] == ["process_local_lane"], result.stderr
+    assert f"live in `runlane dev` (pid {dev.pid})" in warnings[0]["message"]
+    assert "`runlane dev --once` cannot reach them" in warnings[0]["message"]
+
+
+def test_dev_once_alone_on_a_process_local_lane_does_not_warn(project: Project) -> None:
+    result = project.cli("--json", "dev", "--once")
+    assert result.returncode == 0 and '"warning"' not in result.stderr, result.stderr

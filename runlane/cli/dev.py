@@ -125,6 +125,15 @@ def dev(
             await close_sinks(exporters)
 
     async def _once(runtime: Any, stop: StopOnSignals, limits: TickLimits, **worker_options: Any) -> None:
+        config_path = load_cli_config(ctx).path
+        serving = _serving_dev(config_path) if runtime.lane.capabilities.process_local else None
+        if serving is not None:
+            output.warning(
+                "process_local_lane",
+                f"the {runtime.lane.name!r} lane keeps runs in one process: those of {config_path.name} live in "
+                f"`runlane dev` (pid {serving}), which runs them; `runlane dev --once` cannot reach them and runs "
+                "on an empty lane of its own.",
+            )
         output.tick_record(await runtime.tick(**limits))
         await run_worker(runtime, output, stop, mode=WorkerMode.DRAIN, **worker_options)
         for configured in exporters:
@@ -192,6 +201,14 @@ def dev(
     status = with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
     if status:
         raise typer.Exit(status)
+
+
+def _serving_dev(config_path: Any) -> int | None:
+    """The pid of a live ``runlane dev`` serving ``config_path`` over its bridge, if there is one."""
+    from .bridge import pid_alive, read_session
+
+    session = read_session(config_path)
+    return session.pid if session is not None and pid_alive(session.pid) else None
 
 
 def _check_worker_options(runtime: Any, *, queues: list[str] | None, concurrency: int, worker_id: str | None) -> None:
