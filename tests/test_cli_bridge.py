@@ -584,3 +584,45 @@ def test_dev_once_says_it_cannot_reach_the_runs_of_a_running_dev(project: Projec
 def test_dev_once_alone_on_a_process_local_lane_does_not_warn(project: Project) -> None:
     result = project.cli("--json", "dev", "--once")
     assert result.returncode == 0 and '"warning"' not in result.stderr, result.stderr
+
+
+HOLDING_TASKS = TASKS + """
+
+import os
+import time
+
+
+@task("hold", queue=emails)
+def hold(payload: dict) -> None:
+    while not os.path.exists("release"):  # the test creates it to let the run finish
+        time.sleep(0.01)
+"""
+
+
+def test_a_stopping_dev_creates_no_run_that_would_end_with_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+    project = Project(make_project(tmp_path / "proj", HOLDING_TASKS), tmpdir)
+    with running_dev(project, "--tick-interval", "1h") as process:
+        done = project.json("trigger", "emails.welcome", '{"user_id": "u1"}')["run"]["id"]
+        wait_for(lambda: project.json("runs", "get", done)["run"]["status"] == "succeeded", what="the first run")
+        held = project.json("trigger", "hold", "{}")["run"]["id"]
+        wait_for(lambda: project.json("runs", "get", held)["run"]["status"] == "running", what="the held run")
+        process.send_signal(signal.SIGINT)  # it stops once the held run finishes
+        log = project.tmpdir / "dev.log"
+        wait_for(lambda: '"type":"stopping"' in log.read_text(), what="the stopping record")
+
+        created = project.cli("--json", "trigger", "emails.welcome", '{"user_id": "late"}')
+        assert created.returncode == 1 and created.stdout == ""
+        error = json.loads(created.stderr)["error"]
+        assert error["code"] == "storage_unavailable" and error["retryable"] is True
+        assert f"runlane dev (pid {process.pid}) is stopping" in error["message"]
+        rerun = project.cli("--json", "rerun", done)
+        assert rerun.returncode == 1 and json.loads(rerun.stderr)["error"]["code"] == "storage_unavailable"
+        # It still answers what does not create a run.
+        listed = project.json("runs", "list")["data"]
+        assert [run["id"] for run in listed] == [held, done]
+
+        (project.root / "release").write_text("")
+        assert process.wait(timeout=20) == 0

@@ -75,6 +75,7 @@ class ChildRunParams(OperationParams):
     ChildRunParams,
     lambda output, params, run: output.run_result(run, verb="created retry"),
     summary=lambda params, run: f"✓ created retry {run.id} of {params.source_run_id}",
+    creates_runs=True,
 )
 async def _retry(runtime: Any, params: ChildRunParams) -> Any:
     return await runtime.runs.retry(
@@ -87,6 +88,7 @@ async def _retry(runtime: Any, params: ChildRunParams) -> Any:
     ChildRunParams,
     lambda output, params, run: output.run_result(run, verb="created rerun"),
     summary=lambda params, run: f"✓ created rerun {run.id} of {params.source_run_id}",
+    creates_runs=True,
 )
 async def _rerun(runtime: Any, params: ChildRunParams) -> Any:
     return await runtime.runs.rerun(

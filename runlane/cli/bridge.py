@@ -306,11 +306,20 @@ class BridgeServer:
     """The loopback control server of one ``runlane dev`` process over its started runtime."""
 
     def __init__(
-        self, runtime: Any, config_path: Path | str, *, output: Output | None = None, lane: str | None = None
+        self,
+        runtime: Any,
+        config_path: Path | str,
+        *,
+        output: Output | None = None,
+        lane: str | None = None,
+        stopping: asyncio.Event | None = None,
     ) -> None:
         self.runtime = runtime
         self.config_path = config_path
         self.lane = lane
+        # Set once the dev process is stopping: it still answers (a runs list, a cancel of a run that
+        # holds the stop up), but creates no run, as one created then would end with it, unrun.
+        self.stopping = stopping
         self.token = secrets.token_urlsafe(32)
         self.output = output
         self.session: Session | None = None
@@ -493,6 +502,13 @@ class BridgeServer:
             json_mode=shape["json"], stdout=stdout, stderr=stderr, width=shape["width"], color=shape["color"] or None
         )
         try:
+            if op.creates_runs and self.stopping is not None and self.stopping.is_set():
+                raise RunlaneError(
+                    ErrorCode.STORAGE_UNAVAILABLE,
+                    f"runlane dev (pid {os.getpid()}) is stopping, and the runs of its in-memory lane end with it: "
+                    f"the {op.name} command was not run. Run it again once runlane dev runs again.",
+                    retryable=True,
+                )
             result = await op.call(self.runtime, params)
         except RunlaneError as error:
             if log is not None:

@@ -162,7 +162,9 @@ def dev(
             from .bridge import BridgeServer, lane_signature
 
             config = load_cli_config(ctx)
-            bridge = BridgeServer(runtime, config.path, output=output, lane=lane_signature(config))
+            bridge = BridgeServer(
+                runtime, config.path, output=output, lane=lane_signature(config), stopping=stop.stopping
+            )
             session = await bridge.start()
             forced_exit.enter_context(on_forced_exit(bridge.hand_back))  # a second Ctrl-C leaves no session file
             output.record(

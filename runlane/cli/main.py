@@ -616,7 +616,8 @@ class Operation:
     ``runlane dev`` process prints for each command it runs for another terminal. ``exit_status`` is the
     status a result exits with (0 unless the command documents others); ``answer_within``, for a command
     that may take long, how long it may take to answer when proxied into ``runlane dev``, in seconds, from
-    its params (``None``: as long as it takes); without it the bridge's own limit applies.
+    its params (``None``: as long as it takes); without it the bridge's own limit applies. ``creates_runs``
+    marks a command that creates runs, which a stopping ``runlane dev`` refuses: they would end with it, unrun.
     """
 
     name: str
@@ -626,6 +627,7 @@ class Operation:
     summary: Callable[[Any, Any], str]
     exit_status: Callable[[Any, Any], int] = lambda params, result: 0
     answer_within: Callable[[Any], float | None] | None = None
+    creates_runs: bool = False
 
 
 OPERATIONS: dict[str, Operation] = {}
@@ -640,11 +642,20 @@ def operation(
     summary: Callable[[Any, Any], str],
     exit_status: Callable[[Any, Any], int] | None = None,
     answer_within: Callable[[Any], float | None] | None = None,
+    creates_runs: bool = False,
 ) -> Callable[[Callable[[Runlane, Any], Awaitable[Any]]], Callable[[Runlane, Any], Awaitable[Any]]]:
     """Register ``call`` as the stateful command ``name`` (see ``Operation`` for the other arguments)."""
 
     def register(call: Callable[[Runlane, Any], Awaitable[Any]]) -> Callable[[Runlane, Any], Awaitable[Any]]:
-        op = Operation(name=name, params=params, call=call, render=render, summary=summary, answer_within=answer_within)
+        op = Operation(
+            name=name,
+            params=params,
+            call=call,
+            render=render,
+            summary=summary,
+            answer_within=answer_within,
+            creates_runs=creates_runs,
+        )
         OPERATIONS[name] = op if exit_status is None else replace(op, exit_status=exit_status)
         return call
 

@@ -68,6 +68,7 @@ class TriggerParams(OperationParams):
     TriggerParams,
     lambda output, params, result: output.trigger_result(result),
     summary=lambda params, result: trigger_summary(result),
+    creates_runs=True,
 )
 async def _trigger(runtime: Any, params: TriggerParams) -> Any:
     try:
