@@ -25,7 +25,7 @@ from runlane_sqs import (
     sqs_queue,
     sqs_transport,
 )
-from runlane_sqs.testing import SqsTestServer
+from runlane_sqs.testing import TEST_CREDENTIALS, SqsTestServer
 
 from runlane import ErrorCode, LaneDelivery, LaneDeliveryMode, RunlaneError, create_lane, create_runlane, queue
 from runlane.plugins.manager import get_registries
@@ -377,6 +377,25 @@ def test_lane_sqs_options_bound_the_client_and_a_missing_profile_is_named() -> N
         sqs_client(SqsTransportOptions(queues=queues, region="us-east-1", profile="no-such-profile-here"))
     assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
     assert "no-such-profile-here" in raised.value.message and "check endpoint_url and profile" in raised.value.message
+
+
+
+def test_a_call_of_the_lane_sqs_client_is_tried_three_times_in_all(
+    monkeypatch: pytest.MonkeyPatch, sqs_refusing: Any
+) -> None:
+    # The docs and the read_timeout bound promise at most three tries of a call (so a trigger waits at most
+    # three read timeouts for a hanging endpoint); botocore's ``max_attempts`` counts retries, not tries.
+    from botocore.exceptions import ClientError
+
+    from runlane_sqs.plugin import SqsTransportOptions, sqs_client
+
+    for name, value in TEST_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    endpoint = sqs_refusing(500, "InternalError")
+    options = SqsTransportOptions(queues={"default": {"queue_url": URL}}, region="us-east-1", endpoint_url=endpoint)
+    with pytest.raises(ClientError):
+        sqs_client(options).send_message(QueueUrl=f"{endpoint}/123456789012/runlane-default", MessageBody="{}")
+    assert sqs_refusing.calls == ["AmazonSQS.SendMessage"] * 3
 
 
 @pytest.mark.parametrize(

@@ -169,7 +169,7 @@ def sqs_client(options: SqsTransportOptions) -> Any:
     config = Config(
         connect_timeout=options.connect_timeout,
         read_timeout=options.read_timeout,
-        retries={"max_attempts": 3, "mode": "standard"},
+        retries={"total_max_attempts": 3, "mode": "standard"},  # three tries in all (max_attempts counts retries)
     )
     try:
         session = boto3.session.Session(profile_name=options.profile) if options.profile else boto3.session.Session()
