@@ -604,25 +604,42 @@ async def test_stopping_the_consumer_aborts_the_signal_the_task_sees(sqs_server,
         # The handler returned once its signal aborted; its outcome is persisted and the message deleted.
         run = await runtime.runs.get(run_id)
         assert run.status is RunStatus.SUCCEEDED
-        # A stop says what a worker's stop says (``worker_stopped``), so a handler checks one reason.
-        assert run.output == ("worker_stopped" if stopped_by == "stop()" else "shutting down")
+        # Every stop says what a worker's stop says (``worker_stopped``, whatever reason the signal was
+        # aborted with), so a handler checks one reason.
+        assert run.output == "worker_stopped"
         assert not consumer.running
         assert consumer.counts.deleted == 1
         assert await _depth(client, url) == 0
         del _STARTED[key]
 
 
-async def test_a_run_handed_back_on_the_consumers_stop_keeps_its_wakeup_for_the_next_consumer(sqs_server, consumers):
+@pytest.mark.parametrize("stopped_by", ["stop()", "the consumer signal", "the delivery_options signal"])
+async def test_a_run_handed_back_on_the_consumers_stop_keeps_its_wakeup_for_the_next_consumer(
+    sqs_server, consumers, stopped_by
+):
     """A rolling deploy: the handler stops with its consumer and the run is released (``worker_stopped``).
     Its wakeup is made visible again instead of deleted, so the next consumer runs it at once, without
-    waiting for a ``tick()`` to publish a new one."""
+    waiting for a ``tick()`` to publish a new one. A process's shutdown wired to the consumer's signal
+    (with a reason of its own) is such a stop too, not a failure of the run."""
     client = sqs_server.client()
     url = sqs_server.create_queue(_queue_name())
     async with _runtime(client, url) as runtime:
         run_id, key = await _trigger_watched(runtime, handed_back)
-        first = await _start(consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery)
+        controller = CancellationController()
+        options: dict[str, Any] = {}
+        if stopped_by == "the consumer signal":
+            options["signal"] = controller.signal
+        elif stopped_by == "the delivery_options signal":
+            options["delivery_options"] = {"signal": controller.signal}
+        first = await _start(
+            consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery, **options
+        )
         await asyncio.wait_for(_STARTED[key].wait(), timeout=WAIT)
-        await asyncio.wait_for(first.stop(), timeout=WAIT)
+        if stopped_by == "stop()":
+            await asyncio.wait_for(first.stop(), timeout=WAIT)
+        else:
+            controller.abort("deploy")
+            await asyncio.wait_for(first.closed, timeout=WAIT)
         stopped = await runtime.runs.get(run_id)
         assert stopped.status is RunStatus.RELEASED and stopped.counters.failures == 0
         assert (first.counts.delivered, first.counts.deleted) == (1, 0)
