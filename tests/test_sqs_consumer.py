@@ -546,6 +546,39 @@ async def test_a_receive_that_fails_as_a_whole_ends_the_loop_with_transport_unav
     await consumer.stop()  # stopping a consumer that already ended is harmless
 
 
+@pytest.mark.parametrize(
+    ("status", "shape", "query_code"),
+    [
+        pytest.param(403, "OverLimit", "OverLimit", id="too-many-messages-in-flight"),
+        pytest.param(400, "KmsThrottled", "KMS.ThrottlingException", id="kms-throttled"),
+    ],
+)
+async def test_a_receive_sqs_holds_back_for_a_while_ends_the_loop_as_retryable(sqs_refusing, status, shape, query_code):
+    # OverLimit: the queue holds the most in-flight messages SQS allows until some are deleted or come back;
+    # a consumer started again later receives again, so `runlane sqs consume` must restart it, not exit.
+    endpoint = sqs_refusing(status, shape, query_code)
+    client = boto3.client(
+        "sqs",
+        endpoint_url=endpoint,
+        region_name=TEST_REGION,
+        aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        config=Config(retries={"total_max_attempts": 1}),
+    )
+    consumer = create_sqs_delivery_consumer(
+        client=client,
+        queue_url=f"{endpoint}/123456789012/{_queue_name()}",
+        execute_delivery=_noop,
+        wait_time_seconds=1,
+    )
+    await consumer.start()
+
+    with pytest.raises(RunlaneError) as ended:
+        await asyncio.wait_for(consumer.closed, timeout=WAIT)
+    assert ended.value.code is ErrorCode.TRANSPORT_UNAVAILABLE and ended.value.retryable is True
+    assert ended.value.meta["provider_code"] == query_code
+
+
 async def test_an_on_delivery_failure_that_raises_ends_the_loop_with_that_error(sqs_server, consumers):
     client = sqs_server.client()
     url = sqs_server.create_queue(_queue_name())

@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import boto3
 import pytest
+from botocore.config import Config
 from runlane_local import local_storage_driver
 from runlane_sqs import (
     SqsFifoDeduplication,
@@ -318,6 +320,37 @@ async def test_an_unreachable_endpoint_is_a_retryable_transport_outage() -> None
     assert raised.value.code is ErrorCode.TRANSPORT_UNAVAILABLE
     assert raised.value.retryable is True
     assert raised.value.meta["queue_url"] == url
+
+
+@pytest.mark.parametrize(
+    ("status", "shape", "query_code"),
+    [
+        pytest.param(400, "KmsThrottled", "KMS.ThrottlingException", id="kms-throttled-as-sqs-writes-it"),
+        pytest.param(400, "KmsThrottled", None, id="kms-throttled-json-only"),
+        pytest.param(403, "RequestThrottled", "RequestThrottled", id="request-throttled"),
+    ],
+)
+async def test_a_throttled_publish_is_a_retryable_outage_not_a_refusal(
+    sqs_refusing: Any, status: int, shape: str, query_code: str | None
+) -> None:
+    # Real SQS names its errors by their query code (x-amzn-query-error), which botocore reports: KMS
+    # throttling of an encrypted queue is KMS.ThrottlingException. A refusal would dead-letter the wakeups.
+    endpoint = sqs_refusing(status, shape, query_code)
+    client = boto3.client(
+        "sqs",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=Config(retries={"total_max_attempts": 1}),
+    )
+    transport = sqs_transport(client=client, queues=[sqs_queue("default", queue_url=f"{endpoint}/123456789012/q")])
+
+    with pytest.raises(RunlaneError) as raised:
+        await transport.publish_wakeups(command(wakeup("run_1")))
+
+    assert raised.value.code is ErrorCode.TRANSPORT_UNAVAILABLE and raised.value.retryable is True
+    assert raised.value.meta["provider_code"] == (query_code or shape)
 
 
 async def test_a_wakeup_for_a_queue_without_a_binding_fails_alone(sqs_server: SqsTestServer) -> None:

@@ -4,7 +4,8 @@ A client is a boto3 SQS client (``boto3.client("sqs")``), whose calls block and 
 thread, or any object with the same methods; methods defined ``async def`` (aiobotocore) are awaited
 directly. Errors are classified by what the caller can do about them:
 
-- a throttle, a 5xx answer or a network failure is ``retryable``: the provider may answer later;
+- a throttle (KMS's too), a queue holding the most in-flight messages it may, a 5xx answer or a network
+  failure is ``retryable``: the provider may answer later;
 - a queue that does not exist, missing credentials or region: ``configuration_invalid``;
 - any other refusal (access denied, an invalid parameter): not retryable.
 
@@ -30,12 +31,16 @@ __all__ = [
     "is_retryable_provider_code",
 ]
 
+# Real SQS names an error by its query code (the x-amzn-query-error header), which botocore reports as the
+# error's code: its KmsThrottled is KMS.ThrottlingException. Compatible servers may send the shape name only.
 _RETRYABLE_CODES = frozenset(
     {
         "AWS.SimpleQueueService.RequestThrottled",
         "InternalError",
         "InternalFailure",
+        "KMS.ThrottlingException",
         "KmsThrottled",
+        "OverLimit",  # ReceiveMessage while the queue holds the most in-flight messages SQS allows
         "RequestThrottled",
         "RequestTimeout",
         "ServiceUnavailable",
