@@ -380,6 +380,22 @@ def test_lane_sqs_options_bound_the_client_and_a_missing_profile_is_named() -> N
 
 
 
+def test_a_lane_sqs_client_without_a_region_names_the_variable_boto3_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # AWS_REGION (what Lambda, ECS and the other AWS SDKs use) is not read by boto3: a message telling to set
+    # it sends the operator round in circles.
+    from runlane_sqs.plugin import SqsTransportOptions, sqs_client
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/runlane-test-aws-config")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(RunlaneError) as raised:
+        sqs_client(SqsTransportOptions(queues={"default": {"queue_url": URL}}))
+    assert raised.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "AWS_DEFAULT_REGION" in raised.value.message
+    assert 'region = "${AWS_REGION}"' in raised.value.message
+
+
 def test_a_call_of_the_lane_sqs_client_is_tried_three_times_in_all(
     monkeypatch: pytest.MonkeyPatch, sqs_refusing: Any
 ) -> None:

@@ -225,7 +225,8 @@ def classify_provider_error(
         return RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             f"SQS {operation}{where}: the client has no {'region' if kind == 'NoRegionError' else 'credentials'}. "
-            "Configure them the AWS way (AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or a role).",
+            "Configure them the AWS way (AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or a "
+            "role).",
             meta=meta,
             cause=error,
         )

@@ -11,7 +11,7 @@ Loaded through the ``runlane`` entry-point group (``sqs = "runlane_sqs.plugin"``
     statement_timeout = "30s"               # optional, like connect_timeout ("10s") and pool_timeout ("30s")
 
     [lane.sqs]
-    region = "${AWS_REGION:-us-east-1}"     # optional: else the AWS environment / profile
+    region = "${AWS_REGION:-us-east-1}"     # optional: else AWS_DEFAULT_REGION / the profile
     # endpoint_url = "http://localhost:4566" # an SQS-compatible server (LocalStack, ElasticMQ, moto)
 
     [lane.sqs.queues.default]               # one table per Runlane queue
@@ -178,7 +178,8 @@ def sqs_client(options: SqsTransportOptions) -> Any:
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             f"Cannot create the SQS client: {type(error).__name__}: {str(error).rstrip('.')}. Set [lane.sqs] region "
-            "(or AWS_REGION) and check endpoint_url and profile.",
+            "(region = \"${AWS_REGION}\" for AWS_REGION, which boto3 does not read) or AWS_DEFAULT_REGION, and check "
+            "endpoint_url and profile.",
             meta={"table": "lane.sqs"},
         ) from None
 
