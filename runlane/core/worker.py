@@ -44,13 +44,13 @@ from ..errors import ErrorCode, RunlaneError
 from ..models import RunRecord
 from ..vocabulary import WorkerMode
 from .attempt import REASON_WORKER_STOPPED, ExecutionOptions, OutageClock, refuse_waiting_for_itself
-from .cancellation import CancellationController
+from .cancellation import CancellationController, CancellationSignal
 from .runtime import CandidatePool
 
 if TYPE_CHECKING:
     from .runtime import Runlane
 
-__all__ = ["REASON_WORKER_STOPPED", "WorkerHandle", "backoff_delay"]
+__all__ = ["REASON_WORKER_STOPPED", "WorkerHandle", "backoff_delay", "stopped_by"]
 
 # A drain slot whose due work is all capacity-blocked re-checks at least this often (seconds).
 _BLOCKED_RECHECK = 0.05
@@ -92,13 +92,7 @@ class WorkerHandle:
         self._delay = empty_poll_delay
         self._max_runs = max_runs
         self._on_run_executed = on_run_executed
-        self._stop = CancellationController()
-        # The worker's own signal stops it as stop() does, whatever reason it was aborted with: a handler
-        # that raises on it hands its run back (``worker_stopped``) instead of failing it.
-        stop = self._stop
-        self._unlink_signal: Callable[[], None] | None = None
-        if options.signal is not None:
-            self._unlink_signal = options.signal.add_callback(lambda: stop.abort(REASON_WORKER_STOPPED))
+        self._stop, self._unlink_signal = stopped_by(options.signal)
         # Storage unavailable since when (loop time), as found by the slots' scans and claims, and, in a
         # drain, by its attempts' heartbeats and outcome writes: one outage, one limit.
         self._outage = OutageClock()
@@ -264,8 +258,7 @@ class WorkerHandle:
             if unsubscribe is not None:
                 unsubscribe()
             self._runtime.unregister_worker(self)
-            if self._unlink_signal is not None:
-                self._unlink_signal()
+            self._unlink_signal()
         if self._closed.done():
             return
         if self._error is not None:
@@ -346,6 +339,23 @@ def _is_transient(error: RunlaneError) -> bool:
     # A worker's scan and claim are safe to repeat (storage fences every claim), so an outage is
     # worth waiting out whatever the error's own retryable flag says about the failed call.
     return error.code in _TRANSIENT_CODES
+
+
+def stopped_by(*signals: CancellationSignal | None) -> tuple[CancellationController, Callable[[], None]]:
+    """The stop controller of a worker or consumer given ``signals`` (``None`` for one not given), and the
+    function that stops following them. Any of them aborted stops it as ``stop()`` does, whatever reason it
+    was aborted with: a handler that raises on ``ctx.signal`` hands its run back (``worker_stopped``) instead
+    of failing it, and the run goes on at once elsewhere without spending its retry budget."""
+    controller = CancellationController()
+    unlinks = [
+        signal.add_callback(lambda: controller.abort(REASON_WORKER_STOPPED)) for signal in signals if signal is not None
+    ]
+
+    def unlink() -> None:
+        for each in unlinks:
+            each()
+
+    return controller, unlink
 
 
 def _settle(target: asyncio.Future[None], source: asyncio.Future[None]) -> None:

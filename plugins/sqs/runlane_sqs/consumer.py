@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runlane.core.cancellation import CancellationController, CancellationSignal
-from runlane.core.worker import REASON_WORKER_STOPPED, backoff_delay
+from runlane.core.cancellation import CancellationSignal
+from runlane.core.worker import REASON_WORKER_STOPPED, backoff_delay, stopped_by
 from runlane.errors import ErrorCode, RunlaneError
 from runlane.models import DeliveryMessage
 from runlane.vocabulary import RunStatus
@@ -121,18 +121,8 @@ class SqsDeliveryConsumer:
         # The consumer's signal and the deliveries' one stop it as stop() does, whatever reason they were
         # aborted with (as a worker's signal stops the worker): a handler that raises on it hands its run
         # back (``worker_stopped``) and keeps its wakeup, instead of failing the run and deleting the wakeup.
-        self._controller = controller = CancellationController()
-        unlinks = [
-            parent.add_callback(lambda: controller.abort(REASON_WORKER_STOPPED))
-            for parent in (signal, delivery_options.get("signal"))
-            if parent is not None
-        ]
-
-        def unlink_parents() -> None:  # once the consumer stops, however it stops
-            for unlink in unlinks:
-                unlink()
-
-        controller.signal.add_callback(unlink_parents)
+        self._controller, unlink_parents = stopped_by(signal, delivery_options.get("signal"))
+        self._controller.signal.add_callback(unlink_parents)  # once the consumer stops, however it stops
         self._delivery_options = {**delivery_options, "signal": self._controller.signal}
         self._task: asyncio.Task[None] | None = None
         # Settles once the thread of the latest receive call has returned and, when the call was
