@@ -1566,3 +1566,25 @@ def test_a_worker_whose_reader_goes_away_stops_as_on_sigterm_and_leaves_no_run_r
     statuses = {run["status"] for run in json.loads(cli(root, "--json", "runs", "list").stdout)["data"]}
     # No attempt cut short: one claimed as the worker stopped is handed back (released) without starting.
     assert statuses <= {"succeeded", "queued", "released"} and "succeeded" in statuses, statuses
+
+
+def test_a_json_worker_whose_reader_went_away_still_stops_on_sigterm(tmp_path: Path) -> None:
+    # `timeout 60 runlane --json work | head -1`: nothing to print until SIGTERM, whose `stopping` record
+    # then finds the pipe closed; the worker must still stop (it hung, the error lost in the signal handler).
+    from cli_support import RUNLANE, cli_env, make_project
+
+    root = make_project(tmp_path / "proj", tasks=SLOW_TASKS, lane="sqlite")
+    process = subprocess.Popen(
+        [RUNLANE, "--json", "work"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env()
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        assert json.loads(process.stdout.readline())["type"] == "worker_started"
+        process.stdout.close()  # the reader goes away
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 141
+        assert b"Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)

@@ -506,7 +506,12 @@ class Output:
     # -- primitives ----------------------------------------------------------------------------
 
     def emit_json(self, value: Any) -> None:
-        self._json_line(self._out, value)
+        try:
+            self._json_line(self._out, value)
+        except BrokenPipeError:
+            # The reader went away, as for a line Rich prints: a long-running command stops as on SIGTERM
+            # (this may run in its signal handler, which must then still stop it), any other one ends.
+            self.stdout.on_broken_pipe()
 
     def _json_line(self, stream: Any, value: Any) -> None:
         # Escaped when the stream's encoding cannot hold every character: still the same JSON document.
