@@ -485,6 +485,35 @@ def test_a_wait_through_dev_is_told_when_dev_stops_first(project: Project, dev: 
     assert "Traceback" not in (project.tmpdir / "dev.log").read_text()
 
 
+def _served_connections(port: int) -> int:
+    """Connections the server on 127.0.0.1:``port`` holds open: established, or closed by the client only."""
+    local = f"0100007F:{port:04X}"
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return sum(1 for row in rows if row[1] == local and row[3] in ("01", "08"))  # ESTABLISHED, CLOSE_WAIT
+
+
+def test_a_wait_through_dev_whose_caller_went_away_is_stopped(project: Project, dev: subprocess.Popen[str]) -> None:
+    # `timeout 60 runlane runs wait RUN` (or Ctrl-C) ends the caller: dev stops the wait it ran for it too,
+    # instead of polling the run until it finishes for an answer nobody reads.
+    parked = project.json("trigger", "slow.report", "{}")["run"]["id"]  # dev does not poll this queue
+    session = read_session(project.config)
+    assert session is not None
+    body = command("runs wait", {"run_id": parked})
+    caller = socket.create_connection(("127.0.0.1", session.port), timeout=10)
+    head = (
+        f"POST {COMMAND_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {session.token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    caller.sendall(head.encode() + body)
+    wait_for(lambda: _served_connections(session.port), what="the wait's connection")
+    time.sleep(0.3)  # its request read and its wait started
+    caller.close()
+    wait_for(lambda: _served_connections(session.port) == 0, what="dev to let go of the abandoned wait")
+    project.json("cancel", parked)  # the run ends: no answer to write for the wait, and no traceback
+    assert project.cli("runs", "wait", parked).returncode == 3
+    assert "Traceback" not in (project.tmpdir / "dev.log").read_text()
+
+
 def _planted_session(project: Project, folder_mode: int) -> socket.socket:
     """A session file for the project's config in a session folder left open (``folder_mode``), naming a
     port that listens but is never served: what another local user could plant to receive commands."""

@@ -302,6 +302,17 @@ class _Reject(Exception):
         self.message = message
 
 
+class _CallerGone(Exception):
+    """The caller of a command closed its connection before the answer: there is no one to answer."""
+
+
+async def _caller_gone(reader: asyncio.StreamReader) -> None:
+    """Return once the caller has closed its connection (a caller sends nothing after its request)."""
+    with contextlib.suppress(ConnectionError, OSError):
+        while await reader.read(1024):
+            pass
+
+
 class BridgeServer:
     """The loopback control server of one ``runlane dev`` process over its started runtime."""
 
@@ -375,11 +386,13 @@ class BridgeServer:
         try:
             try:
                 request = await asyncio.wait_for(self._read_unless_closing(reader), timeout=READ_TIMEOUT_S)
-                status, body = 200, await self._execute_unless_closing(request)
+                status, body = 200, await self._execute_unless_closing(request, reader)
             except _Reject as reject:
                 status, body = reject.status, {"error": {"code": reject.code.value, "message": reject.message}}
             except TimeoutError:
                 status, body = 408, _error_body(ErrorCode.CONFIGURATION_INVALID, "The request was not received in time.")
+            except _CallerGone:
+                return
             except Exception as error:  # noqa: BLE001 - one broken request must not end the dev process
                 status, body = 500, _error_body(ErrorCode.INTERNAL_ERROR, f"{type(error).__name__}: {error}")
             payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -416,19 +429,30 @@ class BridgeServer:
             return reading.result()
         raise _Reject(503, ErrorCode.STORAGE_UNAVAILABLE, "runlane dev is stopping; the request was not run.")
 
-    async def _execute_unless_closing(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``_execute``, or, when the dev process stops first, an answer that says so."""
+    async def _execute_unless_closing(self, request: dict[str, Any], reader: asyncio.StreamReader) -> dict[str, Any]:
+        """``_execute``, or, when the dev process stops first, an answer that says so.
+
+        A command that may take long by design (``runs wait``) is also stopped when its caller goes away
+        (interrupted, or its own ``timeout`` ran out), as it would stop in the caller's own process: it is
+        not left waiting in this one for an answer nobody reads."""
         task = asyncio.ensure_future(self._execute(request))
         closing = asyncio.ensure_future(self._closing.wait())
+        watched = {task, closing}
+        if OPERATIONS[request["command"]].answer_within is not None:
+            watched.add(asyncio.ensure_future(_caller_gone(reader)))
         try:
-            await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            stopping = closing.done()
         finally:
-            closing.cancel()
+            for waiter in watched - {task}:
+                waiter.cancel()
         if task.done():
             return task.result()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+        if not stopping:
+            raise _CallerGone
         return _error_body(
             ErrorCode.TRANSPORT_UNAVAILABLE,
             f"runlane dev (pid {os.getpid()}) stopped before the {request.get('command')} command finished.",
