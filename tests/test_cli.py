@@ -1205,6 +1205,7 @@ def report(payload: dict) -> None:
     print("no newline at the end", end="")
     print()
     subprocess.run([sys.executable, "-c", "print('from a child process')"], stdout=sys.stdout, check=True)
+    subprocess.run([sys.executable, "-c", "print('from a child that inherits stdout')"], check=True)
     helper = threading.Thread(target=print, args=("from a thread of its own",))  # no run context
     helper.start()
     helper.join()
@@ -1231,9 +1232,11 @@ def test_what_handlers_print_under_json_is_a_json_log_line_on_stderr_and_stdout_
         ("stdout", "info", "from a thread of its own", None),
     ]
     assert "from a child process" in errors  # a child given sys.stdout writes beside the JSON, on stderr
+    assert "from a child that inherits stdout" in errors  # so does one that inherits descriptor 1
     cli(project, "trigger", "report.print", '{"customer": "c2"}')
     human = cli(project, *command)
     assert "report for c2" in human.stdout.splitlines()  # without --json prints stay where print() puts them
+    assert "from a child that inherits stdout" in human.stdout.splitlines()
 
 
 def test_a_stop_signal_delivered_again_at_once_leaves_a_clean_stop_with_status_0(tmp_path: Path) -> None:

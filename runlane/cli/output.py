@@ -15,6 +15,7 @@ the others a terminal acts on (``terminal_safe_json``).
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import enum
 import errno
@@ -502,6 +503,37 @@ class Output:
         stdout, and a line of ours there would corrupt what reads it."""
         self._out = self._err
         self.stdout = self.stderr
+
+    @contextmanager
+    def inherited_stdout_to_stderr(self) -> Iterator[Any]:
+        """While the block runs, file descriptor 1 is stderr, and this output's stdout (and what the main
+        thread writes to ``sys.stdout``: a console exporter's records) goes to the real stdout through a
+        descriptor of its own, the stream yielded. A child process a handler starts inherits descriptor 1
+        (``subprocess.run(["git", ...])``, ``os.system``), as does C code writing to it: what they print
+        lands on stderr, not as bare lines among the command's JSON lines."""
+        stream: Any = sys.stdout
+        guarded = self._out
+        try:
+            descriptor = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file (a captured stream): nothing inherits it
+            descriptor = None
+        if descriptor != 1 or not isinstance(guarded, _GuardedStream) or guarded._stream is not stream:
+            yield stream  # stdout given away (to stderr), or not the process's: left as it is
+            return
+        stream.flush()
+        own = os.fdopen(os.dup(1), "w", encoding=sys.stdout.encoding, errors=sys.stdout.errors, buffering=1)
+        os.dup2(2, 1)
+        self._out = _GuardedStream(own)
+        self.stdout.file = self._out  # type: ignore[assignment]
+        try:
+            yield own
+        finally:
+            with contextlib.suppress(OSError):
+                own.flush()
+            os.dup2(own.fileno(), 1)  # the real stdout again (or /dev/null, once its reader went away)
+            own.close()
+            self._out = guarded
+            self.stdout.file = guarded  # type: ignore[assignment]
 
     # -- primitives ----------------------------------------------------------------------------
 
@@ -1129,8 +1161,9 @@ def prints_as_json_logs(output: Output) -> Iterator[None]:
     if not output.json:
         yield
         return
-    with _stdout_as_records(_HandlerPrints(_printed_line_records(output), sys.stderr, sys.stdout)):
-        yield
+    with output.inherited_stdout_to_stderr() as real:
+        with _stdout_as_records(_HandlerPrints(_printed_line_records(output), sys.stderr, real)):
+            yield
 
 
 @contextmanager
