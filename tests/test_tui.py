@@ -830,12 +830,18 @@ def test_runlane_tui_refuses_a_process_local_lane_without_runlane_dev(dev_projec
 
 
 def test_runlane_tui_without_a_terminal_refuses_instead_of_drawing_into_a_pipe(tmp_path: Path) -> None:
-    from cli_support import cli, make_project
+    from cli_support import RUNLANE, cli, cli_env, make_project
 
     root = make_project(tmp_path / "proj", lane="sqlite")
     result = cli(root, "tui", timeout=30)  # stdin, stdout and stderr are pipes
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith("error[configuration_invalid]: The dashboard needs a terminal")
+    closed = subprocess.run(  # started with stdin closed (runlane tui <&-): the same refusal, no traceback
+        ["bash", "-c", 'exec "$0" tui <&-', RUNLANE], cwd=root, capture_output=True, text=True, timeout=30,
+        env=cli_env(),
+    )  # fmt: skip
+    assert closed.returncode == 1, closed.stderr
+    assert closed.stderr.startswith("error[configuration_invalid]: The dashboard needs a terminal")
 
 
 OBSERVED_TASKS = """

@@ -111,7 +111,7 @@ def tui(
 
 
 async def _run(app: Any, ctx: typer.Context) -> None:
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not (sys.stdin is not None and sys.stdin.isatty() and sys.stdout.isatty()):  # stdin None: started closed
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             "The dashboard needs a terminal for its input and output; from a script, read the same with "
