@@ -1118,8 +1118,17 @@ async def test_the_queue_overview_shows_a_queue_this_program_does_not_register()
 # Filters and pages changed faster than storage answers
 
 
-async def paged_dashboard(runtime: Any, reads: HeldReads) -> Any:
-    return RunlaneDashboard(reads.client, refresh_interval=0, page_size=2, now=runtime.clock.now)
+@asynccontextmanager
+async def paged_dashboard() -> AsyncIterator[tuple[Any, Any, HeldReads]]:
+    """The seeded dashboard, two runs a page, on the newest page, over a client whose reads the test can hold."""
+    runtime = make_runtime()
+    async with runtime:
+        await seed(runtime)
+        reads = HeldReads(runtime)
+        app = RunlaneDashboard(reads.client, refresh_interval=0, page_size=2, now=runtime.clock.now)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page")
+            yield app, pilot, reads
 
 
 def filter_label(app: Any) -> str:
@@ -1143,80 +1152,62 @@ async def choose_queue(pilot: Any, name: str) -> None:
 async def test_older_pressed_before_a_new_filters_first_page_arrives_waits_for_it(change: str) -> None:
     """``]`` right after a filter change used to send the previous filter's cursor, which storage refuses:
     the error stayed, over the old filter's rows, until ``[`` or ``esc``."""
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        reads = HeldReads(runtime)
-        app = await paged_dashboard(runtime, reads)
-        async with app.run_test(size=SIZE) as pilot:
-            await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page")
-            assert app.screen.next_cursor is not None
-            reads.held.add("runs list")  # storage is slow to answer from now on
-            if change == "status":
-                await pilot.press("s", "s")  # status: failed
-            else:
-                await choose_queue(pilot, "default")
-            await pilot.press("right_square_bracket")
-            # The old listing is gone at once: no rows, no next page to go to.
-            assert app.screen.page_cursors == [None] and app.screen.next_cursor is None
-            assert run_ids(app) == []
-            assert status_line(app) == "reading the newest runs…" + REFRESHED
-            let_through(reads)
-            expected = ["run_import_q3"] if change == "status" else ["run_approval_po7", "run_import_q3"]
-            await until(lambda: run_ids(app) == expected, "the new filter's first page")
-            await settle(pilot)
-            assert ("status: failed" if change == "status" else "queue: default") in filter_label(app)
-            assert status_line(app).startswith("the newest ") and "validation_failed" not in status_line(app)
-            await pilot.press("r")
-            await settle(pilot)
-            assert run_ids(app) == expected and "validation_failed" not in status_line(app)
+    async with paged_dashboard() as (app, pilot, reads):
+        assert app.screen.next_cursor is not None
+        reads.held.add("runs list")  # storage is slow to answer from now on
+        if change == "status":
+            await pilot.press("s", "s")  # status: failed
+        else:
+            await choose_queue(pilot, "default")
+        await pilot.press("right_square_bracket")
+        # The old listing is gone at once: no rows, no next page to go to.
+        assert app.screen.page_cursors == [None] and app.screen.next_cursor is None
+        assert run_ids(app) == []
+        assert status_line(app) == "reading the newest runs…" + REFRESHED
+        let_through(reads)
+        expected = ["run_import_q3"] if change == "status" else ["run_approval_po7", "run_import_q3"]
+        await until(lambda: run_ids(app) == expected, "the new filter's first page")
+        await settle(pilot)
+        assert ("status: failed" if change == "status" else "queue: default") in filter_label(app)
+        assert status_line(app).startswith("the newest ") and "validation_failed" not in status_line(app)
+        await pilot.press("r")
+        await settle(pilot)
+        assert run_ids(app) == expected and "validation_failed" not in status_line(app)
 
 
 async def test_brackets_pressed_before_the_page_arrives_move_one_page_at_a_time() -> None:
     """``]]`` pressed quickly used to say "page 3" over page 2's rows."""
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        reads = HeldReads(runtime)
-        app = await paged_dashboard(runtime, reads)
-        async with app.run_test(size=SIZE) as pilot:
-            await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page")
-            reads.held.add("runs list")
-            await pilot.press("right_square_bracket", "right_square_bracket")
-            assert len(app.screen.page_cursors) == 2
-            assert status_line(app) == "reading page 2…  ([ newer)" + REFRESHED
-            let_through(reads)
-            await until(lambda: run_ids(app) == ["run_import_q3", "run_email_bob"], "page 2")
-            await settle(pilot)
-            assert status_line(app) == "2 runs on page 2  (] older, [ newer)" + REFRESHED
+    async with paged_dashboard() as (app, pilot, reads):
+        reads.held.add("runs list")
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        assert len(app.screen.page_cursors) == 2
+        assert status_line(app) == "reading page 2…  ([ newer)" + REFRESHED
+        let_through(reads)
+        await until(lambda: run_ids(app) == ["run_import_q3", "run_email_bob"], "page 2")
+        await settle(pilot)
+        assert status_line(app) == "2 runs on page 2  (] older, [ newer)" + REFRESHED
 
-            reads.held.add("runs list")
-            await pilot.press("right_square_bracket", "left_square_bracket", "left_square_bracket")
-            assert app.screen.page_cursors == [None]
-            let_through(reads)
-            await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page again")
-            await settle(pilot)
-            assert status_line(app) == "the newest 2 runs  (] older)" + REFRESHED
+        reads.held.add("runs list")
+        await pilot.press("right_square_bracket", "left_square_bracket", "left_square_bracket")
+        assert app.screen.page_cursors == [None]
+        let_through(reads)
+        await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page again")
+        await settle(pilot)
+        assert status_line(app) == "the newest 2 runs  (] older)" + REFRESHED
 
 
 async def test_a_page_is_shown_without_waiting_for_the_queue_overview() -> None:
     """The queue overview counts every queue's runs, far slower than one page on a large store: a page or
     filter key used to show its rows only once the overview had been counted again too."""
-    runtime = make_runtime()
-    async with runtime:
-        await seed(runtime)
-        reads = HeldReads(runtime)
-        app = await paged_dashboard(runtime, reads)
-        async with app.run_test(size=SIZE) as pilot:
-            await until(lambda: run_ids(app) == ["run_report_nov", "run_approval_po7"], "the newest page")
-            reads.held.add("queues")  # counting the queues is slow from now on
-            await pilot.press("right_square_bracket")
-            await until(lambda: run_ids(app) == ["run_import_q3", "run_email_bob"], "page 2, before the queues")
-            assert status_line(app) == "2 runs on page 2  (] older, [ newer)" + REFRESHED
-            assert len(reads.pending) == 1  # the overview is still being counted
-            let_through(reads)
-            await settle(pilot)
-            assert rows(app, "queues") and run_ids(app) == ["run_import_q3", "run_email_bob"]
+    async with paged_dashboard() as (app, pilot, reads):
+        reads.held.add("queues")  # counting the queues is slow from now on
+        await pilot.press("right_square_bracket")
+        await until(lambda: run_ids(app) == ["run_import_q3", "run_email_bob"], "page 2, before the queues")
+        assert status_line(app) == "2 runs on page 2  (] older, [ newer)" + REFRESHED
+        assert len(reads.pending) == 1  # the overview is still being counted
+        let_through(reads)
+        await settle(pilot)
+        assert rows(app, "queues") and run_ids(app) == ["run_import_q3", "run_email_bob"]
 
 
 async def test_a_page_read_for_a_listing_no_longer_asked_for_is_dropped() -> None:
