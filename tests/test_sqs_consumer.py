@@ -551,11 +551,13 @@ async def test_a_receive_that_fails_as_a_whole_ends_the_loop_with_transport_unav
     [
         pytest.param(403, "OverLimit", "OverLimit", id="too-many-messages-in-flight"),
         pytest.param(400, "KmsThrottled", "KMS.ThrottlingException", id="kms-throttled"),
+        pytest.param(403, "ExpiredTokenException", "ExpiredToken", id="expired-session-token"),
     ],
 )
 async def test_a_receive_sqs_holds_back_for_a_while_ends_the_loop_as_retryable(sqs_refusing, status, shape, query_code):
     # OverLimit: the queue holds the most in-flight messages SQS allows until some are deleted or come back;
-    # a consumer started again later receives again, so `runlane sqs consume` must restart it, not exit.
+    # a consumer started again later receives again, so `runlane sqs consume` must restart it, not exit. So
+    # must an expired session token: the role's next one is valid.
     endpoint = sqs_refusing(status, shape, query_code)
     client = boto3.client(
         "sqs",

@@ -328,13 +328,16 @@ async def test_an_unreachable_endpoint_is_a_retryable_transport_outage() -> None
         pytest.param(400, "KmsThrottled", "KMS.ThrottlingException", id="kms-throttled-as-sqs-writes-it"),
         pytest.param(400, "KmsThrottled", None, id="kms-throttled-json-only"),
         pytest.param(403, "RequestThrottled", "RequestThrottled", id="request-throttled"),
+        pytest.param(403, "ExpiredTokenException", "ExpiredToken", id="expired-session-token"),
+        pytest.param(403, "InvalidClientTokenId", None, id="rotated-access-key"),
     ],
 )
-async def test_a_throttled_publish_is_a_retryable_outage_not_a_refusal(
+async def test_a_throttled_or_credential_refused_publish_is_a_retryable_outage_not_a_refusal(
     sqs_refusing: Any, status: int, shape: str, query_code: str | None
 ) -> None:
     # Real SQS names its errors by their query code (x-amzn-query-error), which botocore reports: KMS
-    # throttling of an encrypted queue is KMS.ThrottlingException. A refusal would dead-letter the wakeups.
+    # throttling of an encrypted queue is KMS.ThrottlingException. A refusal would dead-letter the wakeups,
+    # and so it did for every wakeup published while the process's credentials had expired.
     endpoint = sqs_refusing(status, shape, query_code)
     client = boto3.client(
         "sqs",
@@ -508,9 +511,6 @@ def test_a_wakeup_body_holds_only_characters_sqs_accepts() -> None:
         ("InvalidParameterValue", "https://sqs.example/1/q.fifo", "deduplication='outbox'", "Grant"),
         ("InvalidParameterValue", "https://sqs.example/1/q", "Check the queue's settings", "deduplication"),
         ("KmsAccessDenied", "https://sqs.example/1/q.fifo", "Grant this process's AWS identity", "deduplication"),
-        ("InvalidClientTokenId", "https://sqs.example/1/q", "refused this process's credentials", "permissions"),
-        ("ExpiredToken", "https://sqs.example/1/q.fifo", "configure valid ones", "deduplication"),
-        ("SignatureDoesNotMatch", "https://sqs.example/1/q", "AWS_SESSION_TOKEN", "Grant"),
     ],
 )
 def test_a_refusal_says_what_to_check_for_its_cause_only(
@@ -526,4 +526,30 @@ def test_a_refusal_says_what_to_check_for_its_cause_only(
     error = classify_provider_error(refusal, operation="SendMessageBatch", queue_url=queue_url)
     assert error.code is ErrorCode.TRANSPORT_PUBLISH_FAILED and error.retryable is False
     assert hint in error.message and not_hinted not in error.message
+    assert error.meta["provider_code"] == code
+
+
+@pytest.mark.parametrize(
+    ("code", "hint", "not_hinted"),
+    [
+        ("InvalidClientTokenId", "refused this process's credentials", "permissions"),
+        ("ExpiredToken", "configure valid ones", "deduplication"),
+        ("SignatureDoesNotMatch", "AWS_SESSION_TOKEN", "Grant"),
+    ],
+)
+def test_credentials_aws_refuses_are_an_outage_to_retry_not_a_refusal_for_good(
+    code: str, hint: str, not_hinted: str
+) -> None:
+    # Refused for good, every wakeup published while a session token had expired was dead-lettered, and its
+    # run stayed queued with no wakeup until an operator cancelled and reran it.
+    from botocore.exceptions import ClientError
+
+    from runlane_sqs.aws import classify_provider_error
+
+    refusal = ClientError(
+        {"Error": {"Code": code, "Message": "no"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "SendMessageBatch"
+    )
+    error = classify_provider_error(refusal, operation="SendMessageBatch", queue_url="https://sqs.example/1/q.fifo")
+    assert error.code is ErrorCode.TRANSPORT_UNAVAILABLE and error.retryable is True
+    assert hint in error.message and not_hinted not in error.message and "nothing is lost" in error.message
     assert error.meta["provider_code"] == code

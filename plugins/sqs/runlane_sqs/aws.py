@@ -4,8 +4,9 @@ A client is a boto3 SQS client (``boto3.client("sqs")``), whose calls block and 
 thread, or any object with the same methods; methods defined ``async def`` (aiobotocore) are awaited
 directly. Errors are classified by what the caller can do about them:
 
-- a throttle (KMS's too), a queue holding the most in-flight messages it may, a 5xx answer or a network
-  failure is ``retryable``: the provider may answer later;
+- a throttle (KMS's too), a queue holding the most in-flight messages it may, a 5xx answer, a network
+  failure or credentials AWS refuses (expired, rotated, wrong) is ``retryable``: the provider may answer
+  later, or once the credentials are mended;
 - a queue that does not exist, missing credentials or region: ``configuration_invalid``;
 - any other refusal (access denied, an invalid parameter): not retryable.
 
@@ -202,6 +203,18 @@ def classify_provider_error(
                 ErrorCode.CONFIGURATION_INVALID,
                 f"SQS {operation}{where}: the queue does not exist. Check the queue URL or name of the binding "
                 "(and the region and account it is resolved in).",
+                meta=meta,
+                cause=error,
+            )
+        if code in _CREDENTIAL_CODES:
+            # Credentials that expired (a session token past its hour), were rotated or are wrong: an outage of
+            # this process's access, which the operator mends without touching a run. Retried, not refused for
+            # good: refused, every wakeup published meanwhile would be dead-lettered and its run left queued.
+            return RunlaneError(
+                unavailable,
+                f"SQS {operation}{where} failed with {code}. {_refusal_hint(code, queue_url)} Until then it is tried "
+                "again, and nothing is lost.",
+                retryable=True,
                 meta=meta,
                 cause=error,
             )
