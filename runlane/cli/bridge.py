@@ -46,6 +46,7 @@ __all__ = [
     "Rendered",
     "Session",
     "exchange",
+    "live_dev_pid",
     "proxy",
     "render_operation",
     "read_session",
@@ -275,6 +276,12 @@ def discard_session(session: Session) -> None:
         return
     with contextlib.suppress(OSError):
         session.file.unlink()
+
+
+def live_dev_pid(config_path: Path | str) -> int | None:
+    """The pid of the live ``runlane dev`` whose session serves ``config_path``, if there is one."""
+    session = read_session(config_path)
+    return session.pid if session is not None and pid_alive(session.pid) else None
 
 
 def pid_alive(pid: int) -> bool:

@@ -126,7 +126,9 @@ def dev(
 
     async def _once(runtime: Any, stop: StopOnSignals, limits: TickLimits, **worker_options: Any) -> None:
         config_path = load_cli_config(ctx).path
-        serving = _serving_dev(config_path) if runtime.lane.capabilities.process_local else None
+        from .bridge import live_dev_pid
+
+        serving = live_dev_pid(config_path) if runtime.lane.capabilities.process_local else None
         if serving is not None:
             output.warning(
                 "process_local_lane",
@@ -203,14 +205,6 @@ def dev(
     status = with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
     if status:
         raise typer.Exit(status)
-
-
-def _serving_dev(config_path: Any) -> int | None:
-    """The pid of a live ``runlane dev`` serving ``config_path`` over its bridge, if there is one."""
-    from .bridge import pid_alive, read_session
-
-    session = read_session(config_path)
-    return session.pid if session is not None and pid_alive(session.pid) else None
 
 
 def _check_worker_options(runtime: Any, *, queues: list[str] | None, concurrency: int, worker_id: str | None) -> None:

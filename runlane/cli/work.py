@@ -81,14 +81,14 @@ class StopOnSignals:
 
 def _alone_with(runtime: Any, config_path: Any) -> str:
     """What a worker on a process-local lane should know: it sees only runs created in its own process."""
-    from .bridge import pid_alive, read_session
+    from .bridge import live_dev_pid
 
     lane = runtime.lane.name
-    session = read_session(config_path)
-    if session is not None and pid_alive(session.pid):
+    serving = live_dev_pid(config_path)
+    if serving is not None:
         return (
             f"the {lane!r} lane keeps runs in one process: those of {config_path.name} live in `runlane dev` "
-            f"(pid {session.pid}), which this worker cannot reach. Give that dev more slots "
+            f"(pid {serving}), which this worker cannot reach. Give that dev more slots "
             "(`runlane dev --concurrency N`) instead, or use the sqlite lane to share runs between processes."
         )
     return (
