@@ -21,6 +21,7 @@ import signal
 import stat
 import sys
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -301,19 +302,17 @@ async def open_runtime(ctx: typer.Context, *, wait_for_storage: bool = False) ->
 def _raised_by(error: BaseException, lane: Any) -> bool:
     """Whether a frame of ``error``'s traceback is code of the package of ``lane``'s storage driver or transport,
     when that is not one of runlane's own (a third-party lane may compose runlane-local's driver)."""
-    from ..plugins.manager import _FIRST_PARTY_DISTRIBUTIONS
+    from ..plugins.manager import FIRST_PARTY_PACKAGES
 
     packages = {
         type(adapter).__module__.partition(".")[0]
         for adapter in (lane.storage, lane.delivery.transport)
         if adapter is not None
-    } - {distribution.replace("-", "_") for distribution in _FIRST_PARTY_DISTRIBUTIONS}
-    tb = error.__traceback__
-    while tb is not None:
-        if str(tb.tb_frame.f_globals.get("__name__", "")).partition(".")[0] in packages:
-            return True
-        tb = tb.tb_next
-    return False
+    } - FIRST_PARTY_PACKAGES
+    return any(
+        str(frame.f_globals.get("__name__", "")).partition(".")[0] in packages
+        for frame, _ in traceback.walk_tb(error.__traceback__)
+    )
 
 
 def _lane_failed(provider: Any, error: BaseException) -> RunlaneError:

@@ -31,6 +31,7 @@ from .registries import Registries, collect_registries
 __all__ = [
     "DEFAULT_PLUGINS",
     "ENTRY_POINT_GROUP",
+    "FIRST_PARTY_PACKAGES",
     "HOOK_NAMES",
     "LOAD_PLUGINS_ENV",
     "PluginInfo",
@@ -357,6 +358,8 @@ def load_plugins() -> None:
 
 # runlane's own distributions: what their plugins' code raises is runlane's to report (with a traceback).
 _FIRST_PARTY_DISTRIBUTIONS = frozenset({"runlane", "runlane-local", "runlane-postgres", "runlane-sqs", "runlane-otlp"})
+#: The top-level import packages of those distributions.
+FIRST_PARTY_PACKAGES = frozenset(distribution.replace("-", "_") for distribution in _FIRST_PARTY_DISTRIBUTIONS)
 
 
 def is_first_party(name: str | None) -> bool:
