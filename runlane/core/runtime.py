@@ -765,6 +765,8 @@ class Runlane:
         await self.close()
 
     def _check_open(self) -> None:
+        if not self._closed:  # a forked child's runtime, and one closed at exit, are closed too
+            return
         if self._forked_from is not None:
             raise RunlaneError(
                 ErrorCode.CONFIGURATION_INVALID,
@@ -783,11 +785,10 @@ class Runlane:
                 "registered before runlane was imported, say: hooks run in reverse order of registration). "
                 "Register that hook after importing runlane to make calls from it.",
             )
-        if self._closed:
-            raise RunlaneError(
-                ErrorCode.CONFIGURATION_INVALID,
-                "This Runlane runtime is closed; create a new runtime with create_runlane() to keep working.",
-            )
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            "This Runlane runtime is closed; create a new runtime with create_runlane() to keep working.",
+        )
 
     def _forked(self, parent: int) -> None:
         """In a child process forked after the lane started (or while it was starting): every call is
