@@ -1016,14 +1016,19 @@ def _register_plugin_commands(root: typer.Typer) -> None:
 def _not_typer(commands: Sequence[Any], groups: Sequence[Any]) -> str | None:
     """What is wrong with a Click object given to ``app.command()(...)`` or a sub-app of ``app.add_typer(...)``
     that is not a Typer (Typer stores both without complaint, then fails to build them with an error that
-    does not say why), or ``None``."""
-    import click
+    does not say why), or ``None``.
+
+    A Click command is told by what it does, not by its class: the plugin may have built it with Click
+    itself or with the copy of Click that Typer carries, and Click need not be installed at all."""
 
     def named(value: object) -> str:
         return f"{type(value).__module__}.{type(value).__qualname__}"
 
+    def click_command(value: object) -> bool:
+        return callable(getattr(value, "make_context", None)) and callable(getattr(value, "invoke", None))
+
     for command in commands:
-        if isinstance(command.callback, click.Command):
+        if click_command(command.callback):
             return (
                 f"its register_commands passed {named(command.callback)} to app.command(), which takes a "
                 "function (never a Click object)"

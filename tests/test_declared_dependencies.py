@@ -1,0 +1,129 @@
+"""The installed distributions work with only what they declare: a user's ``pip install`` brings the
+requirements of ``runlane[tui]`` and the plugin distributions, not this repository's test tools.
+
+The development environment also holds the test extra and what the test servers need (pytest, moto,
+Flask, and with them Click, which Typer no longer requires). Each check here runs the ``runlane``
+command in a fresh interpreter where every top-level module that only such undeclared distributions
+provide cannot be imported, as in a fresh install, so a leaked import fails here instead of there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import PackageNotFoundError, packages_distributions, requires
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+from cli_support import cli_env, make_project
+
+# What a user installs: every lane, the dashboard and the exporters (README, "In a project of your own").
+INSTALLED = (
+    ("runlane", ("tui",)),
+    ("runlane-local", ()),
+    ("runlane-postgres", ()),
+    ("runlane-sqs", ()),
+    ("runlane-otlp", ()),
+)
+
+
+def _name(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def declared_closure() -> set[str]:
+    """The normalized names of the distributions ``INSTALLED`` brings, requirements of requirements too."""
+    seen: set[str] = set()
+    pending = [(name, extras) for name, extras in INSTALLED]
+    while pending:
+        name, extras = pending.pop()
+        key = _name(name)
+        if key in seen and not extras:
+            continue
+        seen.add(key)
+        try:
+            requirements = requires(name) or []
+        except PackageNotFoundError:
+            continue  # an optional requirement this environment lacks: nothing of it can leak
+        for text in requirements:
+            requirement = Requirement(text)
+            marker = requirement.marker
+            if marker is None or any(marker.evaluate({"extra": extra}) for extra in (*extras, "")):
+                pending.append((requirement.name, tuple(requirement.extras)))
+    return seen
+
+
+def undeclared_modules() -> list[str]:
+    """Top-level modules that only distributions outside ``declared_closure()`` provide."""
+    declared = declared_closure()
+    stdlib = set(sys.stdlib_module_names)
+    return sorted(
+        module
+        for module, distributions in packages_distributions().items()
+        if module.isidentifier()
+        and module not in stdlib
+        and not module.startswith(("runlane", "_runlane"))
+        and not any(_name(distribution) in declared for distribution in distributions)
+    )
+
+
+def run_with_declared_only(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``runlane ARGS`` in ``cwd`` with every undeclared module unimportable (``ModuleNotFoundError``)."""
+    script = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+
+        BLOCKED = frozenset({undeclared_modules()!r})
+
+        class NotInstalled(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] in BLOCKED:
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+                return None
+
+        sys.meta_path.insert(0, NotInstalled())
+        sys.argv = ["runlane", *{list(args)!r}]
+        from _runlane_entry import run
+        run()
+        """
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=cwd, capture_output=True, text=True, timeout=120, env=cli_env()
+    )
+
+
+def test_the_check_blocks_what_only_the_test_tools_bring():
+    blocked = undeclared_modules()
+    assert {"pytest", "moto"} <= set(blocked)
+    assert not {"typer", "pydantic", "psycopg", "boto3", "textual", "opentelemetry"} & set(blocked)
+
+
+def test_every_plugin_and_its_commands_load_with_only_the_declared_dependencies(tmp_path: Path):
+    listed = run_with_declared_only(tmp_path, "--json", "plugins", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "skipped plugin" not in listed.stderr
+    provided = {plugin["name"]: plugin["provides"] for plugin in json.loads(listed.stdout)["plugins"]}
+    assert provided["postgres"]["commands"] == ["postgres"]
+    assert provided["sqs"]["commands"] == ["sqs"]
+    assert {"local", "postgres", "sqs", "otlp"} <= set(provided)
+
+    sql = run_with_declared_only(tmp_path, "postgres", "sql", "--schema", "app")
+    assert sql.returncode == 0, sql.stderr
+    assert "CREATE TABLE" in sql.stdout
+
+
+def test_a_project_on_a_sqlite_file_runs_with_only_the_declared_dependencies(tmp_path: Path):
+    project = make_project(tmp_path, lane="sqlite")
+    for args in (
+        ("trigger", "emails.welcome", '{"user_id": "user_1"}'),
+        ("dev", "--once"),
+    ):
+        completed = run_with_declared_only(project, *args)
+        assert completed.returncode == 0, completed.stderr
+    listed = run_with_declared_only(project, "--json", "runs", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert {run["status"] for run in json.loads(listed.stdout)["data"]} == {"succeeded"}
