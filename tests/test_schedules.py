@@ -281,6 +281,21 @@ def test_validate_cron_rejects_bad_expressions_with_configuration_invalid(expres
     assert caught.value.meta.get("field") == "cron"
 
 
+@pytest.mark.parametrize(
+    "expression", ["0 0 1 1 MON#1", "0 0 1-7 * MON#1", "0 0 15 * MON#1", "0 0 L * 0#1", "0 0 */2 * MON#1"]
+)
+def test_a_day_of_month_with_an_nth_weekday_is_refused_at_definition_not_fired_on_the_wrong_days(expression: str):
+    # Cron fires on a day matching either day field; croniter skips days of the month for such a pair
+    # ("0 0 1 1 MON#1" would not fire on 1 January 2027) or finds no date at all ("0 0 15 * MON#1").
+    with pytest.raises(RunlaneError) as caught:
+        schedule("monthly", cron=expression)
+    assert caught.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert caught.value.meta == {"field": "cron", "schedule_id": "monthly"}
+    assert "nth weekday" in caught.value.message and "second schedule" in caught.value.message
+    assert schedule("monthly", cron="0 0 ? * MON#1").cron == "0 0 ? * MON#1"
+    assert next_fire_time(schedule("first.monday", cron="0 0 * * MON#1"), at(2026, 12, 1)) == at(2026, 12, 7)
+
+
 def test_validate_cron_accepts_and_normalizes_standard_expressions():
     assert validate_cron("0  9 * * *") == "0 9 * * *"
     assert validate_cron("30 8 * * MON-FRI") == "30 8 * * MON-FRI"

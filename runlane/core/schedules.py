@@ -167,7 +167,8 @@ def validate_cron(expression: object, *, schedule_id: str | None = None) -> str:
 
     Accepts five fields (minute hour day-of-month month day-of-week, with ranges, steps, lists, month
     and weekday names, ``L`` and ``#``) or one of the ``@yearly``..``@hourly`` macros. An expression
-    that can never match (``0 0 30 2 *``) is rejected too.
+    that can never match (``0 0 30 2 *``) is rejected too, and so is an nth weekday (``MON#1``) beside a
+    day of month other than ``*`` or ``?``.
     """
     owner = "Cron expression" if schedule_id is None else f"Schedule {schedule_id!r}: cron expression"
     if not isinstance(expression, str) or not expression.strip():
@@ -202,6 +203,13 @@ def _checked_cron(normalized: str) -> tuple[str, str | None]:
         return "", (
             "uses a random (R) or hashed (H) field; every process must compute the same fire times, so write "
             "explicit values instead."
+        )
+    if "#" in fields[4] and fields[2] not in ("*", "?"):
+        # Cron fires on a day matching either day field when both are set; croniter gets that wrong for an
+        # nth weekday (it skips days of the month, or finds no date at all), so the pair is refused.
+        return "", (
+            f"sets both a day of month ({fields[2]!r}) and an nth weekday ({fields[4]!r}), which is not supported; "
+            "write '*' as the day of month, and use a second schedule for the days of the month."
         )
     try:
         iterator = croniter(normalized, datetime(2000, 1, 1), ret_type=datetime)
