@@ -390,6 +390,32 @@ def test_schedules_with_none_registered_says_so(tmp_path: Path) -> None:
     assert json.loads(machine.stdout) == {"data": []}
 
 
+GAP_ONLY_TASKS = """
+from runlane import queue, schedule, task
+
+default = queue("default", default=True)
+
+
+# The fifth Sunday of March is the last one, when Berlin's clocks skip from 02:00 to 03:00: since 1980
+# this cron's wall time has never shown, and never will.
+@task("clocks.change", schedule=schedule("clocks.change", cron="30 2 * 3 SUN#5", time_zone="Europe/Berlin"))
+def clocks_change() -> None:
+    return None
+"""
+
+
+def test_a_cron_whose_every_later_match_falls_in_a_daylight_saving_gap_has_no_next_fire_time(tmp_path: Path) -> None:
+    project = make_project(tmp_path, GAP_ONLY_TASKS, lane="sqlite")
+    machine = cli(project, "--json", "schedules")
+    assert machine.returncode == 0, machine.stderr
+    assert "Traceback" not in machine.stderr
+    (listed,) = json.loads(machine.stdout)["data"]
+    assert listed["id"] == "clocks.change" and listed["next_fire_at"] is None
+    human = cli(project, "schedules")
+    assert human.returncode == 0, human.stderr
+    assert "clocks.change" in human.stdout
+
+
 def test_schedules_reads_the_dev_process_lane_through_its_bridge(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -296,6 +296,14 @@ def test_a_day_of_month_with_an_nth_weekday_is_refused_at_definition_not_fired_o
     assert next_fire_time(schedule("first.monday", cron="0 0 * * MON#1"), at(2026, 12, 1)) == at(2026, 12, 7)
 
 
+def test_a_cron_search_that_runs_off_the_calendar_finds_no_fire_time():
+    # croniter raises ValueError past the year 9999 (or before the year 1) instead of its own error.
+    assert next_fire_time(schedule("yearly", cron="0 0 1 1 *"), at(9999, 6, 1)) is None
+    assert latest_due_fire_time(schedule("new.year", cron="0 0 31 12 *"), at(1, 6, 1)) is None
+    berlin_gap = schedule("clocks.change", cron="30 2 * 3 SUN#5", time_zone="Europe/Berlin")
+    assert next_fire_time(berlin_gap, at(2026, 12, 3)) is None
+
+
 def test_validate_cron_accepts_and_normalizes_standard_expressions():
     assert validate_cron("0  9 * * *") == "0 9 * * *"
     assert validate_cron("30 8 * * MON-FRI") == "30 8 * * MON-FRI"

@@ -145,6 +145,10 @@ _NONDETERMINISTIC_FIELD: Final = re.compile(r"(?<![A-Za-z])[HR](?![A-Za-z])", re
 # wall times past ``now`` during a fall-back repeat. A day-long gap of a once-a-minute cron is 1440.
 _MAX_CRON_CANDIDATES: Final = 50_000
 _ONE_MINUTE: Final = timedelta(minutes=1)
+# What croniter raises when a search runs out: its search window, or the calendar's first or last year
+# (``ValueError: year 10000 is out of range``, for a cron whose later matches all fall in daylight-saving
+# gaps, or a clock near the year 9999).
+_CRON_SEARCH_ENDS: Final = (CroniterBadDateError, ValueError, OverflowError)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,8 +372,8 @@ def _latest_cron_fire_in_minute(expression: str, zone: tzinfo, now: datetime) ->
     for _ in range(_MAX_CRON_CANDIDATES):
         try:
             candidate: datetime = iterator.get_prev(datetime)
-        except CroniterBadDateError:
-            return first_pass  # nothing (else) matched within croniter's search window
+        except _CRON_SEARCH_ENDS:
+            return first_pass  # nothing (else) matched within croniter's search window or after the year 1
         instant = candidate.replace(tzinfo=zone, fold=0).astimezone(UTC)
         if instant.astimezone(zone).replace(tzinfo=None) != candidate:
             continue  # skipped by a spring-forward transition: this wall time never happened
@@ -409,8 +413,8 @@ def _next_cron_fire(expression: str, zone: tzinfo, after: datetime) -> datetime 
     for _ in range(_MAX_CRON_CANDIDATES):
         try:
             candidate: datetime = iterator.get_next(datetime)
-        except CroniterBadDateError:
-            return best  # nothing (else) matches within croniter's search window
+        except _CRON_SEARCH_ENDS:
+            return best  # nothing (else) matches within croniter's search window or before the year 9999 ends
         instant = candidate.replace(tzinfo=zone, fold=0).astimezone(UTC)
         if instant.astimezone(zone).replace(tzinfo=None) != candidate:
             continue  # skipped by a spring-forward transition: this wall time never happens
