@@ -1237,6 +1237,28 @@ async def test_rerun_and_retry_reject_active_sources_without_creating_children()
         await rejects(ErrorCode.RUN_NOT_FOUND, runtime.runs.rerun("run_missing"))
 
 
+async def test_rerun_and_retry_of_an_active_run_say_how_to_get_a_finished_one():
+    # A manual retry of a run that is still retrying must not point at rerun, which refuses it as well.
+    runtime, _ = make()
+    async with runtime:
+        retrying = await runtime.run_now(work, {"mode": "retry"})
+        assert retrying.status is RunStatus.RETRYING
+        error = await rejects(ErrorCode.VALIDATION_FAILED, runtime.runs.retry(retrying.id))
+        assert error.message == (
+            f"Run {retrying.id} is still retrying; manual retry needs a failed run. Wait for it to finish "
+            f"(runs.wait(), or runlane runs wait {retrying.id}): retry it if it failed, rerun it otherwise."
+        )
+        assert error.meta == {"run_id": retrying.id, "status": "retrying"}
+        queued = (await runtime.trigger(work, {"mode": "ok"})).run
+        error = await rejects(ErrorCode.VALIDATION_FAILED, runtime.runs.rerun(queued.id))
+        assert error.message == (
+            f"Run {queued.id} is still queued; only a finished run (succeeded, failed or cancelled) can be rerun. "
+            f"Wait for it to finish (runs.wait(), or runlane runs wait {queued.id}), or cancel it and rerun it "
+            "once it is cancelled."
+        )
+        assert await ids(runtime, source_run_id=retrying.id) == [] and await ids(runtime, source_run_id=queued.id) == []
+
+
 async def test_retry_accepts_only_failed_sources():
     runtime, _ = make()
     async with runtime:

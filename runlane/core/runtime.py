@@ -3007,16 +3007,26 @@ class RunsApi:
         source = await runtime._store.get_visible_run(checked)
         if source is None:
             raise run_not_found(checked, runtime._environment)
+        if source.status not in _TERMINAL:
+            # An active run goes on through its own lifecycle (its own retries included) and neither action
+            # may overlap it: say how to get to a finished run, whichever action was asked for.
+            wait = f"Wait for it to finish (runs.wait(), or runlane runs wait {checked})"
+            if kind is RunSourceType.RERUN:
+                advice = (
+                    f"only a finished run (succeeded, failed or cancelled) can be rerun. {wait}, or cancel it and "
+                    "rerun it once it is cancelled."
+                )
+            else:
+                advice = f"manual retry needs a failed run. {wait}: retry it if it failed, rerun it otherwise."
+            raise RunlaneError(
+                ErrorCode.VALIDATION_FAILED,
+                f"Run {checked} is still {source.status.value}; {advice}",
+                meta={"run_id": checked, "status": source.status.value},
+            )
         if kind is RunSourceType.MANUAL_RETRY and source.status is not RunStatus.FAILED:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
                 f"Run {checked} is {source.status.value}; manual retry needs a failed run (use rerun for other terminal runs).",
-                meta={"run_id": checked, "status": source.status.value},
-            )
-        if source.status not in _TERMINAL:
-            raise RunlaneError(
-                ErrorCode.VALIDATION_FAILED,
-                f"Run {checked} is still {source.status.value}; only terminal runs can be rerun.",
                 meta={"run_id": checked, "status": source.status.value},
             )
         # The source's keys protect the same resource as before: a child must not overlap active work
