@@ -1365,6 +1365,23 @@ async def test_rerun_and_retry_use_an_explicit_child_run_id_and_report_duplicate
             await runtime.runs.rerun(failed.id, run_id="bad:id")
 
 
+async def test_a_rerun_too_large_for_the_lane_names_what_the_call_adds_not_the_sources_payload():
+    runtime, _ = make()
+    async with runtime:
+        source = await runtime.run_now(work, {"mode": "ok", "pad": "p" * 400_000}, meta={"big": "m" * 3000})
+        assert source.status is RunStatus.SUCCEEDED
+        # The source's meta stays with the source: the rerun fits without it.
+        assert (await runtime.runs.rerun(source.id)).meta is None
+        error = await rejects(ErrorCode.VALIDATION_FAILED, runtime.runs.rerun(source.id, meta={"note": "z" * 6000}))
+        payload_bytes = len('{"mode":"ok","pad":""}') + 400_000
+        meta_bytes = len('{"note":""}') + 6000
+        assert (
+            f"a rerun or retry repeats its source's payload ({payload_bytes:,} bytes), so give it a shorter run_id "
+            f"or actor id, or less meta (its meta takes {meta_bytes:,} bytes)."
+        ) in error.message
+        assert len(await ids(runtime, source_run_id=source.id)) == 1  # the refused rerun wrote nothing
+
+
 async def test_rerun_revalidates_the_persisted_payload_against_the_registered_task():
     class V1(BaseModel):
         user_id: str

@@ -2593,10 +2593,17 @@ def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimit
         )
         return StorageLimitError(error.limit, error.allowed, error.actual, message, reserved=error.reserved)
     if spec.source is not None and spec.source.type in (RunSourceType.RERUN, RunSourceType.MANUAL_RETRY):
-        # The payload is its source's, which fitted: what this call adds is what does not.
+        # The payload is its source's, which fitted and the operator cannot change: name the largest part
+        # of what this call adds (the meta and actor are the call's own, not copied from the source).
+        added = {
+            "meta": len(canonical_json(spec.meta).encode()) if spec.meta is not None else 0,
+            "actor id": len((spec.actor.id or "").encode()),
+            "run_id": 0 if spec.generated_run_id else len(spec.run_id.encode()),
+        }
+        part = max(added, key=added.__getitem__)
         advice = (
-            f"a rerun or retry repeats its source's payload and meta, so give it a shorter run_id or actor id, "
-            f"or less meta (its {largest} takes {sizes[largest]:,} bytes)."
+            f"a rerun or retry repeats its source's payload ({sizes['payload']:,} bytes), so give it a shorter "
+            f"run_id or actor id, or less meta (its {part} takes {added[part]:,} bytes)."
         )
     elif largest == "actor id":
         advice = f"its actor id takes {sizes[largest]:,} bytes: name the actor with a short id, such as a user id."
