@@ -258,3 +258,29 @@ async def test_a_task_group_stopped_by_a_callers_signal_follows_the_retry_policy
         assert run.status is RunStatus.RETRYING and run.counters.retries == 1
         assert run.failure.code is ErrorCode.OPERATION_CANCELLED and run.failure.retryable is True
         assert run.failure.meta == {"reason": "caller_gone"}
+
+
+async def test_an_attempt_past_its_deadline_is_retried_by_the_budget_whatever_its_handler_raised():
+    # At the deadline the timeout ended the attempt: retry_on / no_retry_on and a non-retryable error
+    # raised afterwards judge nothing, as for a timeout tick() records for a handler that never returned.
+    started = asyncio.Event()
+
+    @task("timeout.raises", retry=Retry(2, backoff="1m", no_retry_on=TimeoutError), max_attempt_duration="1m")
+    async def raises(payload: dict, ctx: TaskContext) -> None:
+        started.set()
+        await ctx.signal.wait()
+        if payload["raise"] == "timeout":
+            raise TimeoutError("the provider call gave up too")
+        raise RunlaneError(ErrorCode.TASK_FAILED, "stopped", retryable=False)
+
+    runtime, clock = make_runtime(raises)
+    async with runtime:
+        for kind in ("timeout", "runlane_error"):
+            started.clear()
+            run = (await runtime.trigger(raises, {"raise": kind})).run
+            pending = asyncio.ensure_future(runtime.execute_next())
+            await asyncio.wait_for(started.wait(), 2)
+            clock.advance("1m")
+            done = await asyncio.wait_for(pending, 5)
+            assert done.id == run.id and done.status is RunStatus.RETRYING
+            assert (done.failure.code, done.failure.retryable) == (ErrorCode.TASK_TIMED_OUT, True)
