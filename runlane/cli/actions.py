@@ -23,7 +23,6 @@ from .options import (
     ActorIdOption,
     CursorOption,
     MultiValueCommand,
-    QueueOption,
     RunIdOption,
     limit_option,
     older_than_option,
@@ -40,6 +39,13 @@ _SEVERAL = (
 )
 SourceRunsArgument = Annotated[
     list[str], typer.Argument(help=f"The source run id{_SEVERAL}.", metavar="RUN_ID...", show_default=False)
+]
+
+
+# A linked child's queue defaults to its source's (not to the task's), so its option says so.
+ChildQueueOption = Annotated[
+    str | None,
+    typer.Option("--queue", help="The new run's queue, a registered one (default: the source run's).", metavar="Q"),
 ]
 
 
@@ -172,7 +178,7 @@ def _linked(
 def retry(
     ctx: typer.Context,
     source_run_ids: SourceRunsArgument,
-    queue: QueueOption = None,
+    queue: ChildQueueOption = None,
     run_id: RunIdOption = None,
     actor_id: ActorIdOption = None,
 ) -> None:
@@ -184,7 +190,7 @@ def retry(
 def rerun(
     ctx: typer.Context,
     source_run_ids: SourceRunsArgument,
-    queue: QueueOption = None,
+    queue: ChildQueueOption = None,
     run_id: RunIdOption = None,
     actor_id: ActorIdOption = None,
 ) -> None:
