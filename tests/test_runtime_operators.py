@@ -1382,6 +1382,35 @@ async def test_a_rerun_too_large_for_the_lane_names_what_the_call_adds_not_the_s
         assert len(await ids(runtime, source_run_id=source.id)) == 1  # the refused rerun wrote nothing
 
 
+async def test_a_rerun_whose_payload_grew_under_the_current_schema_says_the_payload_is_too_large():
+    class Small(BaseModel):
+        pad: str
+
+    class Grown(BaseModel):
+        pad: str
+        note: str = "n" * 3000  # a field added since, with a large default
+
+    @task("ops.grows", schema=Small)
+    async def small(payload) -> None:
+        return None
+
+    @task("ops.grows", schema=Grown)
+    async def grown(payload) -> None:
+        return None
+
+    (before, after), _ = shared_store_runtimes([small], [grown])
+    async with before, after:
+        source = (await before.trigger(small, {"pad": "p" * 403_000})).run
+        await before.runs.cancel(source.id)
+        error = await rejects(ErrorCode.VALIDATION_FAILED, after.runs.rerun(source.id))
+        # Nothing the call added is to blame (it added no meta, actor id or run id).
+        assert "takes 0 bytes" not in error.message
+        payload_bytes = len('{"note":"","pad":""}') + 3000 + 403_000
+        assert f"its payload, the source's ({payload_bytes:,} bytes as the task's schema reads it now)" in error.message
+        assert "leaves no room for a new run on this lane: trigger one with a smaller payload" in error.message
+        assert await ids(before, source_run_id=source.id) == []
+
+
 async def test_rerun_revalidates_the_persisted_payload_against_the_registered_task():
     class V1(BaseModel):
         user_id: str

@@ -2601,10 +2601,19 @@ def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimit
             "run_id": 0 if spec.generated_run_id else len(spec.run_id.encode()),
         }
         part = max(added, key=added.__getitem__)
-        advice = (
-            f"a rerun or retry repeats its source's payload ({sizes['payload']:,} bytes), so give it a shorter "
-            f"run_id or actor id, or less meta (its {part} takes {added[part]:,} bytes)."
-        )
+        if error.actual - sum(added.values()) > error.allowed:
+            # Even without them it would not fit: its payload, read back under the task's schema as
+            # registered now, grew past what the source held (defaults of fields added since).
+            advice = (
+                f"its payload, the source's ({sizes['payload']:,} bytes as the task's schema reads it now), leaves "
+                "no room for a new run on this lane: trigger one with a smaller payload (a reference to large data, "
+                "such as an id or a URL) instead."
+            )
+        else:
+            advice = (
+                f"a rerun or retry repeats its source's payload ({sizes['payload']:,} bytes), so give it a shorter "
+                f"run_id or actor id, or less meta (its {part} takes {added[part]:,} bytes)."
+            )
     elif largest == "actor id":
         advice = f"its actor id takes {sizes[largest]:,} bytes: name the actor with a short id, such as a user id."
     else:
