@@ -485,8 +485,41 @@ async def test_a_lost_completion_found_only_after_the_next_fire_time_leaves_no_c
         }
         # No pass looks at 00:00 again: its claim is settled, not left claimed for ever.
         assert await occurrences.get(midnight) is None
-        assert await occurrences.expired_claims(clock.now() + timedelta(days=1), 100) == []
+        assert await occurrences.expired_claims(clock.now() + timedelta(days=1), 100) == ([], None)
         assert (await runtime.tick()).materialized == 0
+
+
+async def test_expired_claims_a_pass_leaves_alone_do_not_hide_the_ones_after_them():
+    from runlane.core.schedules import ScheduleOccurrences
+
+    @task("hourly.task", schedule=schedule("hourly.every", every="1h", payload={}))
+    async def hourly(payload: dict) -> None:
+        return None
+
+    clock = ControlledClock(T0 + timedelta(minutes=10))
+    driver = CompletionCrashDriver(local_storage_driver(clock=clock))
+    lane = create_lane(storage=driver, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING))
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[hourly], clock=clock)
+    occurrences = ScheduleOccurrences(driver, runtime.environment)
+    midnight = schedule_occurrence_id(runtime.environment, "hourly.every", T0)
+    async with runtime:
+        # Claims that materializers of schedules since removed died holding: they expire first, and no pass
+        # of this runtime may settle them (the schedules could be another runtime's).
+        for n in range(5):
+            await occurrences.claim(
+                f"removed.{n}", "hourly.task", T0, claim_token=f"token_{n}", worker_id="gone", claim_duration_ms=1_000
+            )
+        driver.crashes_left = 1
+        with pytest.raises(_Crash):
+            await runtime.tick()  # 00:00: its run is created, the completion is lost
+        clock.advance("1h")
+        for _ in range(4):  # two claims read per pass: the passes read on past the ones they leave
+            await runtime.tick(schedule_materialization_limit=2)
+        assert await occurrences.get(midnight) is None
+        remaining, _ = await occurrences.expired_claims(clock.now(), 100)
+        assert sorted(item.schedule_id for item in remaining if not isinstance(item, RunlaneError)) == [
+            f"removed.{n}" for n in range(5)
+        ]
 
 
 async def test_a_fire_time_that_ran_never_runs_again_after_its_run_is_pruned_and_the_schedule_changes():

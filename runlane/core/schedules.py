@@ -557,15 +557,21 @@ class ScheduleOccurrences:
             found.extend(None if record is None else self._try_latest(record) for record in await self.driver.get(keys))
         return found
 
-    async def expired_claims(self, now: datetime, limit: int) -> list[ScheduleOccurrence | RunlaneError]:
+    async def expired_claims(
+        self, now: datetime, limit: int, *, after: str | None = None
+    ) -> tuple[list[ScheduleOccurrence | RunlaneError], str | None]:
         """Claimed occurrences whose claim expired before ``now``, at most ``limit``, the longest expired
-        first; the ``invariant_violation`` of one that does not decode (its neighbours are still read)."""
+        first (after the ``after`` position when given); the ``invariant_violation`` of one that does not
+        decode (its neighbours are still read). Also the position to read on from when there may be more
+        (``None`` when this page ended them)."""
         upper = encode_storage_tuple((encode_iso_date(now),))
         size = min(limit, self.driver.profile.limits.max_query_results)
         index = StorageIndexName.SCHEDULE_OCCURRENCES_CLAIMED
-        page = await self.driver.query(StorageQuery(index, (self.env_key,), StorageRange(lt=upper), limit=size))
+        scanned = StorageRange(lt=upper) if after is None else StorageRange(gt=after, lt=upper)
+        page = await self.driver.query(StorageQuery(index, (self.env_key,), scanned, limit=size))
         found = await self.get_many([item.key.parts[-1] for item in page.items])
-        return [occurrence for occurrence in found if occurrence is not None]  # None: deleted since the query
+        following = encode_storage_tuple(page.items[-1].sort) if len(page.items) == size else None
+        return [occurrence for occurrence in found if occurrence is not None], following  # None: deleted since
 
     def _try_latest(self, record: StorageRecord) -> tuple[str, datetime] | RunlaneError:
         try:
@@ -840,6 +846,10 @@ class ScheduleMaterializer:
         self.occurrences = ScheduleOccurrences(driver, environment)
         self.environment = environment
         self._new_claim_token = new_claim_token
+        # Where the next pass reads on among the expired claims (``_settle_stale_claims``): claims it must
+        # leave alone (another runtime's, a disabled schedule's) sort first for ever, and a pass that always
+        # read from the start would never get past them.
+        self._stale_claims_after: str | None = None
 
     def __repr__(self) -> str:
         return f"ScheduleMaterializer({self.occurrences!r})"
@@ -953,10 +963,15 @@ class ScheduleMaterializer:
         for ever. It is taken over here and completed with the run it may have created, or with none: a
         run that was not created is a missed fire time. Only enabled schedules of this runtime are
         settled: another runtime's schedules, sharing the store, are its own, and a disabled schedule's
-        claim waits for it to be enabled again.
+        claim waits for it to be enabled again. Each pass reads ``limit`` expired claims on from where the
+        last pass of this materializer stopped, and from the longest expired again once they ran out, so
+        the claims left alone never hide the ones after them.
         """
         registered = {item.id: (item, task) for item, task in schedules if item.enabled}
-        for occurrence in await self.occurrences.expired_claims(now, limit):
+        expired, self._stale_claims_after = await self.occurrences.expired_claims(
+            now, limit, after=self._stale_claims_after
+        )
+        for occurrence in expired:
             if isinstance(occurrence, RunlaneError):
                 raise occurrence
             if (pair := registered.get(occurrence.schedule_id)) is None:
