@@ -292,6 +292,34 @@ async def test_a_handler_waiting_for_its_signal_past_max_advance_fails_the_test_
         assert clock.now() == START  # not moved past max_advance
 
 
+@task("idle.waits_for_its_signal_without_a_deadline")
+async def waits_without_a_deadline(payload: dict, ctx: TaskContext) -> str:
+    await ctx.signal.wait()
+    return "stopped"
+
+
+@task("idle.waits_for_its_signal_without_a_deadline_in_a_thread")
+def waits_without_a_deadline_in_a_thread(payload: dict, ctx: TaskContext) -> str:
+    ctx.signal.wait_sync()
+    return "stopped"
+
+
+@pytest.mark.parametrize("waiting", [waits_without_a_deadline, waits_without_a_deadline_in_a_thread])
+async def test_a_handler_waiting_for_its_signal_without_a_deadline_fails_the_test_instead_of_hanging_it(waiting):
+    """Its task sets no max_attempt_duration, so nothing can end it: the call hung for ever."""
+    import asyncio
+
+    runlane, clock = make_runtime(waiting)
+    async with runlane:
+        run = (await runlane.trigger(waiting, {})).run
+        with pytest.raises(RuntimeError, match=r"waits for its signal alone") as raised:
+            await asyncio.wait_for(run_until_idle(runlane, clock), 10)
+        message = str(raised.value)
+        assert run.id in message and waiting.id in message
+        assert "sets no max_attempt_duration" in message
+        assert clock.now() == START
+
+
 async def test_without_tick_a_run_whose_worker_died_is_claimed_again_when_its_lease_expires():
     runlane, clock = make_runtime(timed)
     async with runlane:

@@ -332,17 +332,17 @@ class CancellationRegistry:
         for attempt in attempts:
             attempt.stop(reason)
 
-    def signal_waiting_deadlines(self) -> list[datetime]:
+    def signal_waiting_deadlines(self) -> list[datetime | None]:
         """The attempt deadlines of attempts in flight whose handler waits for its signal and nothing else
-        can end it: on a clock moved by hand (``run_until_idle``) only moving it there does."""
+        can end it: on a clock moved by hand (``run_until_idle``) only moving it there does. ``None`` stands
+        for such an attempt without a deadline (no ``max_attempt_duration``), which nothing in the process
+        will end."""
         with self._lock:
             attempts = list(self._in_flight)
         return [
-            deadline
+            attempt.run.attempt_deadline_at
             for attempt in attempts
-            if (deadline := attempt.run.attempt_deadline_at) is not None
-            and not attempt.controller.signal.aborted
-            and attempt.controller.signal._waited_on()
+            if not attempt.controller.signal.aborted and attempt.controller.signal._waited_on()
         ]
 
     def register(self, attempt: _Attempt) -> None:

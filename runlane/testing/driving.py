@@ -111,7 +111,8 @@ async def run_until_idle(
     expiring). A run waiting for a signal or another run without a timeout is not due: it stays
     released. An attempt whose handler waits for its signal alone (``await ctx.signal.wait()``) can only
     end at its ``max_attempt_duration`` deadline: the clock moves there while it waits, and a deadline
-    past ``max_advance`` raises ``RuntimeError`` naming the run instead of waiting for ever.
+    past ``max_advance``, or none (a task without ``max_attempt_duration``), raises ``RuntimeError`` naming
+    the run instead of waiting for ever.
 
     It returns when nothing is left to become due, or when the next due time lies more than
     ``max_advance`` after the clock's time at the call; the clock is then left at the last due time it
@@ -158,8 +159,8 @@ async def _execute_due(
 async def _execute_next(runlane: Runlane, clock: ControlledClock, horizon: datetime) -> RunRecord | None:
     """``runlane.execute_next()``; while its handler waits for its signal alone (``await ctx.signal.wait()``),
     only its ``max_attempt_duration`` deadline can end it, so the clock moves there, as far as ``horizon``;
-    a handler that keeps waiting with its deadline past ``horizon`` raises ``RuntimeError``, as nothing
-    will end it."""
+    a handler that keeps waiting with its deadline past ``horizon``, or without a deadline, raises
+    ``RuntimeError``, as nothing will end it."""
     executing = asyncio.ensure_future(runlane.execute_next())
     stuck_since: float | None = None
     try:
@@ -168,7 +169,7 @@ async def _execute_next(runlane: Runlane, clock: ControlledClock, horizon: datet
             if done:
                 return executing.result()
             waiting = runlane.registry.signal_waiting_deadlines()
-            deadlines = [at for at in waiting if at <= horizon]
+            deadlines = [at for at in waiting if at is not None and at <= horizon]
             if deadlines and min(deadlines) > clock.now():
                 clock.set(min(deadlines))
             if deadlines or not waiting:
@@ -176,7 +177,8 @@ async def _execute_next(runlane: Runlane, clock: ControlledClock, horizon: datet
             elif stuck_since is None:
                 stuck_since = time.monotonic()
             elif time.monotonic() - stuck_since >= _STUCK_S:
-                raise RuntimeError(await _stuck_message(runlane, min(waiting), horizon))
+                beyond = [at for at in waiting if at is not None]
+                raise RuntimeError(await _stuck_message(runlane, min(beyond, default=None), horizon))
     finally:
         if not executing.done():
             executing.cancel()
@@ -284,9 +286,15 @@ def _utc(at: datetime) -> str:
     return at.isoformat().replace("+00:00", "Z")
 
 
-async def _stuck_message(runlane: Runlane, deadline: datetime, horizon: datetime) -> str:
+async def _stuck_message(runlane: Runlane, deadline: datetime | None, horizon: datetime) -> str:
     page = await runlane.runs.list(limit=_SHOWN_ACTIVE, statuses=list(_HELD))
     shown = "; ".join(_describe(run) for run in page.data) or "none listed"
+    if deadline is None:
+        return (
+            f"run_until_idle() is executing a run whose handler waits for its signal alone ({shown}), and its "
+            "task sets no max_attempt_duration: nothing will end the attempt. Set max_attempt_duration= on the "
+            "task, or have the handler return (a release, say) instead of waiting for ctx.signal."
+        )
     return (
         f"run_until_idle() is executing a run whose handler waits for its signal alone ({shown}): only its "
         f"max_attempt_duration deadline, {_utc(deadline)}, can end it, and that lies past max_advance (the "
