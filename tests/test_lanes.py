@@ -416,6 +416,39 @@ class TestRecordingTransportLaneComposition(LaneCompositionConformance):
         )
 
 
+class _BoundTransport(RecordingWakeups):
+    """A transport that lists its provider bindings, as a third-party one bound to its own queues does."""
+
+    def __init__(self, *queues: object) -> None:
+        super().__init__(name="bound")
+        self.queues = queues
+
+
+class TestTransportBoundToSeveralQueuesLaneComposition(LaneCompositionConformance):
+    """A lane whose transport binds more queues than queue_name passes: the suite's runtime registers them all
+    (it raised configuration_invalid: the transport binds a queue that is not registered)."""
+
+    queue_name = "emails"
+
+    @pytest.fixture
+    def lane(self) -> Lane:
+        from runlane import queue
+
+        transport = _BoundTransport("emails", queue("reports", concurrency_limit=2))
+        return create_lane(
+            storage=local_storage_driver(), delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=transport)
+        )
+
+
+def test_lane_composition_conformance_says_when_queue_name_is_not_bound() -> None:
+    lane = create_lane(
+        storage=local_storage_driver(),
+        delivery=LaneDelivery(mode=LaneDeliveryMode.TRANSPORT, transport=_BoundTransport("emails", "reports")),
+    )
+    with pytest.raises(AssertionError, match=r"binds 'emails', 'reports', not queue_name 'conformance.default'"):
+        LaneCompositionConformance().test_a_triggered_run_is_woken_by_the_lane_delivery_mode_and_executes(lane)
+
+
 class _Dishonest(LaneCompositionConformance):
     """A lane whose capabilities do not expose its storage profile: the suite must catch it."""
 

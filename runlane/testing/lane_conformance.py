@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from ..core.authoring import queue, task
+from ..core.authoring import QueueDefinition, queue, task
 from ..core.lanes import Lane, LaneCapabilities, LaneDelivery, TransportAdapter
 from ..core.runtime import create_runlane
 from ..storage import StorageDurability, StorageProfile, supports_operator_reads
@@ -57,7 +57,8 @@ async def _noop(payload: dict[str, Any]) -> dict[str, Any]:
 class LaneCompositionConformance:
     """Subclass as ``Test...`` and override the ``lane`` fixture (a fresh, unstarted ``Lane`` per test)."""
 
-    #: The queue the suite's runs go to; a transport lane's transport must be bound to it.
+    #: The queue the suite's runs go to; a transport lane's transport must be bound to it (the suite's runtime
+    #: registers every other queue the transport lists in ``queues`` too).
     queue_name: str = "conformance.default"
     #: Hard limit for one test's body; nothing in the suite may hang.
     timeout_seconds: float = 60.0
@@ -77,11 +78,30 @@ class LaneCompositionConformance:
     def runtime(self, lane: Lane) -> Any:
         return create_runlane(
             lane=lane,
-            queues=[queue(self.queue_name, default=True)],
+            queues=self._queues(lane),
             tasks=[_noop],
             environment=f"lane-conformance-{uuid.uuid4().hex[:12]}",
             dispatch=TriggerDispatchMode.DEFERRED,  # wakeups wait for tick(), which reports what it published
         )
+
+    def _queues(self, lane: Lane) -> list[QueueDefinition]:
+        """``queue_name``, and every other queue the lane's transport lists in ``queues``: a runtime must
+        register exactly the queues its transport binds, so a transport bound to several passes as it is."""
+        transport = lane.delivery.transport if isinstance(lane.delivery, LaneDelivery) else None
+        bound = getattr(transport, "queues", None) or ()
+        found: dict[str, QueueDefinition] = {}
+        for binding in bound:
+            if isinstance(binding, QueueDefinition):
+                found[binding.name] = binding
+            elif isinstance(binding, str) and binding:
+                found.setdefault(binding, queue(binding))
+        if bound and self.queue_name not in found:
+            raise AssertionError(
+                f"the lane's transport binds {', '.join(repr(name) for name in found) or 'no queue'}, not "
+                f"queue_name {self.queue_name!r}; set queue_name to one of its queues"
+            )
+        found.setdefault(self.queue_name, queue(self.queue_name))
+        return list(found.values())
 
     # =============================================================================================
     # Shape and capabilities
@@ -139,7 +159,7 @@ class LaneCompositionConformance:
         async def body() -> None:
             runtime = self.runtime(lane)
             async with runtime:
-                created = await runtime.trigger(_noop, {"n": 7})
+                created = await runtime.trigger(_noop, {"n": 7}, queue=self.queue_name)
                 assert created.run.status is RunStatus.QUEUED
                 first = await runtime.tick()
                 assert (first.outbox_failed, first.outbox_dead_lettered) == (0, 0), (
