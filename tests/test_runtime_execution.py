@@ -499,6 +499,38 @@ async def test_task_context_describes_the_attempt():
         assert (await runtime.runs.get(run.id)).meta == {"tenant": "t1"}
 
 
+async def test_a_handler_reads_the_runtime_clock_from_its_context_to_give_up_on_stale_work():
+    """ctx.now() is the runtime's clock, so a test's ControlledClock drives a handler's own time decision
+    (datetime.now() there reads the real time, months past a ControlledClock's start)."""
+    from datetime import timedelta
+
+    @task("ctx.stale", retry=Retry(5, backoff="1h"))
+    async def stale(payload: dict, ctx: TaskContext) -> str:
+        if ctx.now() - ctx.created_at > timedelta(hours=2):
+            raise RunlaneError(ErrorCode.TASK_FAILED, "Too late.", retryable=False, meta={"at": ctx.now().isoformat()})
+        raise ConnectionError("provider down")
+
+    @task("ctx.now_in_a_thread")
+    def now_in_a_thread(payload: dict, ctx: TaskContext) -> str:
+        return ctx.now().isoformat()
+
+    runtime, clock = make_runtime(stale, now_in_a_thread)
+    async with runtime:
+        run = (await runtime.trigger(stale, {})).run
+        outcomes = []
+        while (record := await runtime.execute_next()) is not None or clock.now() < run.created_at + timedelta(hours=4):
+            if record is not None:
+                outcomes.append(record.status)
+            clock.advance("1h")
+        assert outcomes == ["retrying", "retrying", "retrying", "failed"]
+        failed = await runtime.runs.get(run.id)
+        assert failed.failure.meta == {"at": "2026-01-01T03:00:00+00:00"}
+
+        threaded = (await runtime.trigger(now_in_a_thread, {})).run
+        assert (await runtime.execute_next()).output == clock.now().isoformat()
+        assert threaded.created_at == clock.now()
+
+
 async def test_a_def_handler_that_gets_no_thread_never_runs_and_its_run_is_released(monkeypatch, caplog):
     # At a limit on threads (a container's pids limit, ulimit -u), ThreadPoolExecutor.submit queues the call
     # and then fails to start a thread for it. The attempt must not be recorded as failed while the queued

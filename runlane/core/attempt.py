@@ -1045,8 +1045,14 @@ class TaskContext:
     @property
     def created_at(self) -> datetime:
         """When the run was created: how long it has waited and retried, for a task that gives up on work
-        that has gone stale (compare with ``datetime.now(UTC)``, or the runtime's clock in tests)."""
+        that has gone stale (compare with ``ctx.now()``)."""
         return self._attempt.run.created_at
+
+    def now(self) -> datetime:
+        """The time by the runtime's clock (``create_runlane(clock=...)``, else the system clock), in UTC:
+        the time core decides with, so a test's ``ControlledClock`` moves the handler's own time decisions
+        too, where ``datetime.now()`` would read the real time."""
+        return self._attempt.runtime.now()
 
     @property
     def source(self) -> RunSource | None:
