@@ -320,6 +320,40 @@ async def test_a_handler_waiting_for_its_signal_without_a_deadline_fails_the_tes
         assert clock.now() == START
 
 
+@task("idle.sleeps_unless_stopped")
+async def sleeps_unless_stopped(payload: dict, ctx: TaskContext) -> int:
+    import asyncio
+
+    for _ in range(40):  # a pause between batches that a stop cuts short: not a wait for the signal alone
+        try:
+            await asyncio.wait_for(ctx.signal.wait(), 0.005)
+        except TimeoutError:
+            pass
+    return 40
+
+
+@task("idle.sleeps_unless_stopped_in_a_thread")
+def sleeps_unless_stopped_in_a_thread(payload: dict, ctx: TaskContext) -> int:
+    for _ in range(40):
+        ctx.signal.wait_sync(0.005)
+    return 40
+
+
+@pytest.mark.parametrize("sleeping", [sleeps_unless_stopped, sleeps_unless_stopped_in_a_thread])
+async def test_a_handler_pausing_on_its_signal_again_and_again_is_waited_for(sleeping, monkeypatch):
+    """Each pause ends by itself and another begins: the handler makes progress, so it is not taken for one
+    that nothing will end, however long its pauses add up to."""
+    import runlane.testing.driving as driving
+
+    monkeypatch.setattr(driving, "_STUCK_S", 0.05)  # well under the 40 pauses of 5 ms
+    runlane, clock = make_runtime(sleeping)
+    async with runlane:
+        await runlane.trigger(sleeping, {})
+        executed = await run_until_idle(runlane, clock)
+    assert [(record.status, record.output) for record in executed] == [(RunStatus.SUCCEEDED, 40)]
+    assert clock.now() == START
+
+
 async def test_without_tick_a_run_whose_worker_died_is_claimed_again_when_its_lease_expires():
     runlane, clock = make_runtime(timed)
     async with runlane:

@@ -332,18 +332,21 @@ class CancellationRegistry:
         for attempt in attempts:
             attempt.stop(reason)
 
-    def signal_waiting_deadlines(self) -> list[datetime | None]:
-        """The attempt deadlines of attempts in flight whose handler waits for its signal and nothing else
-        can end it: on a clock moved by hand (``run_until_idle``) only moving it there does. ``None`` stands
-        for such an attempt without a deadline (no ``max_attempt_duration``), which nothing in the process
-        will end."""
+    def signal_waits(self) -> dict[tuple[int, int], datetime | None]:
+        """The attempts in flight whose handler waits for its signal, where nothing else may end the wait:
+        on a clock moved by hand (``run_until_idle``) only moving it to the attempt's deadline does. Keyed
+        by the wait (the attempt, and the count of waits its handler began: a handler that waits again and
+        again, a short while each time, shows new keys), each with the attempt's deadline, or ``None``
+        without one (no ``max_attempt_duration``: nothing in the process will end the wait)."""
         with self._lock:
             attempts = list(self._in_flight)
-        return [
-            attempt.run.attempt_deadline_at
-            for attempt in attempts
-            if not attempt.controller.signal.aborted and attempt.controller.signal._waited_on()
-        ]
+        waits: dict[tuple[int, int], datetime | None] = {}
+        for attempt in attempts:
+            signal = attempt.controller.signal
+            serial = None if signal.aborted else signal._waited_on()
+            if serial is not None:
+                waits[(id(attempt), serial)] = attempt.run.attempt_deadline_at
+        return waits
 
     def register(self, attempt: _Attempt) -> None:
         with self._lock:

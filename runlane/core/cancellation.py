@@ -40,7 +40,7 @@ class CancellationSignal:
     signals are never waited on), and a signal holds no reference back to its controller.
     """
 
-    __slots__ = ("_aborted", "_callbacks", "_event", "_lock", "_reason", "_sync_waiters", "_waiters")
+    __slots__ = ("_aborted", "_callbacks", "_event", "_lock", "_reason", "_sync_waiters", "_waiters", "_waits")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -51,6 +51,7 @@ class CancellationSignal:
         self._callbacks: dict[object, Callable[[], object]] | None = None
         self._waiters: dict[asyncio.Future[None], asyncio.AbstractEventLoop] | None = None
         self._sync_waiters = 0  # threads in ``wait_sync()``
+        self._waits = 0  # ``wait()`` and ``wait_sync()`` calls that began waiting
 
     def __repr__(self) -> str:
         state = f"aborted, reason={self._reason!r}" if self.aborted else "active"
@@ -88,6 +89,7 @@ class CancellationSignal:
             if self._waiters is None:
                 self._waiters = {}
             self._waiters[future] = loop
+            self._waits += 1
         try:
             await future
         finally:
@@ -104,17 +106,19 @@ class CancellationSignal:
             if event is None:
                 event = self._event = threading.Event()
             self._sync_waiters += 1
+            self._waits += 1
         try:
             return event.wait(timeout)
         finally:
             with self._lock:
                 self._sync_waiters -= 1
 
-    def _waited_on(self) -> bool:
-        """Whether a coroutine (``wait()``) or a thread (``wait_sync()``) waits for this signal right now:
+    def _waited_on(self) -> int | None:
+        """Whether a coroutine (``wait()``) or a thread (``wait_sync()``) waits for this signal right now, as
+        the number of waits begun so far (which changes when a wait ends and another begins), else ``None``:
         for ``runlane.testing.run_until_idle``, which moves the clock to end an attempt waiting for it."""
         with self._lock:
-            return bool(self._waiters) or self._sync_waiters > 0
+            return self._waits if self._waiters or self._sync_waiters > 0 else None
 
     def add_callback(self, callback: Callable[[], object]) -> Callable[[], None]:
         """Call ``callback()`` once when the signal aborts; returns a function that removes it.

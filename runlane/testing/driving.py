@@ -162,22 +162,23 @@ async def _execute_next(runlane: Runlane, clock: ControlledClock, horizon: datet
     a handler that keeps waiting with its deadline past ``horizon``, or without a deadline, raises
     ``RuntimeError``, as nothing will end it."""
     executing = asyncio.ensure_future(runlane.execute_next())
-    stuck_since: float | None = None
+    # The waits seen, and since when (real time) the same ones have lasted with no deadline in reach.
+    stuck: tuple[set[tuple[int, int]], float] | None = None
     try:
         while True:
             done, _ = await asyncio.wait({executing}, timeout=_BLOCKED_CHECK_S)
             if done:
                 return executing.result()
-            waiting = runlane.registry.signal_waiting_deadlines()
-            deadlines = [at for at in waiting if at is not None and at <= horizon]
+            waits = runlane.registry.signal_waits()
+            deadlines = [at for at in waits.values() if at is not None and at <= horizon]
             if deadlines and min(deadlines) > clock.now():
                 clock.set(min(deadlines))
-            if deadlines or not waiting:
-                stuck_since = None
-            elif stuck_since is None:
-                stuck_since = time.monotonic()
-            elif time.monotonic() - stuck_since >= _STUCK_S:
-                beyond = [at for at in waiting if at is not None]
+            if deadlines or not waits:
+                stuck = None
+            elif stuck is None or stuck[0] != set(waits):
+                stuck = (set(waits), time.monotonic())  # a wait that ended for another is progress
+            elif time.monotonic() - stuck[1] >= _STUCK_S:
+                beyond = [at for at in waits.values() if at is not None]
                 raise RuntimeError(await _stuck_message(runlane, min(beyond, default=None), horizon))
     finally:
         if not executing.done():
