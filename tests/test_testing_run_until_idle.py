@@ -339,10 +339,18 @@ def sleeps_unless_stopped_in_a_thread(payload: dict, ctx: TaskContext) -> int:
     return 40
 
 
-@pytest.mark.parametrize("sleeping", [sleeps_unless_stopped, sleeps_unless_stopped_in_a_thread])
+@task("idle.sleeps_unless_stopped_with_a_deadline", max_attempt_duration="1m")
+async def sleeps_unless_stopped_with_a_deadline(payload: dict, ctx: TaskContext) -> int:
+    return await sleeps_unless_stopped.handler(payload, ctx)
+
+
+@pytest.mark.parametrize(
+    "sleeping", [sleeps_unless_stopped, sleeps_unless_stopped_in_a_thread, sleeps_unless_stopped_with_a_deadline]
+)
 async def test_a_handler_pausing_on_its_signal_again_and_again_is_waited_for(sleeping, monkeypatch):
     """Each pause ends by itself and another begins: the handler makes progress, so it is not taken for one
-    that nothing will end, however long its pauses add up to."""
+    that nothing will end, however long its pauses add up to (it failed the test), nor timed out by the clock
+    moved to its deadline (it failed with task_timed_out)."""
     import runlane.testing.driving as driving
 
     monkeypatch.setattr(driving, "_STUCK_S", 0.05)  # well under the 40 pauses of 5 ms

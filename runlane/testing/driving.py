@@ -112,7 +112,8 @@ async def run_until_idle(
     released. An attempt whose handler waits for its signal alone (``await ctx.signal.wait()``) can only
     end at its ``max_attempt_duration`` deadline: the clock moves there while it waits, and a deadline
     past ``max_advance``, or none (a task without ``max_attempt_duration``), raises ``RuntimeError`` naming
-    the run instead of waiting for ever.
+    the run instead of waiting for ever. Short waits that end by themselves, one after another (pauses
+    between batches of work), are progress and move nothing.
 
     It returns when nothing is left to become due, or when the next due time lies more than
     ``max_advance`` after the clock's time at the call; the clock is then left at the last due time it
@@ -162,7 +163,8 @@ async def _execute_next(runlane: Runlane, clock: ControlledClock, horizon: datet
     a handler that keeps waiting with its deadline past ``horizon``, or without a deadline, raises
     ``RuntimeError``, as nothing will end it."""
     executing = asyncio.ensure_future(runlane.execute_next())
-    # The waits seen, and since when (real time) the same ones have lasted with no deadline in reach.
+    seen: dict[tuple[int, int], datetime | None] = {}
+    # The lasting waits, and since when (real time) the same ones have lasted with no deadline in reach.
     stuck: tuple[set[tuple[int, int]], float] | None = None
     try:
         while True:
@@ -170,15 +172,19 @@ async def _execute_next(runlane: Runlane, clock: ControlledClock, horizon: datet
             if done:
                 return executing.result()
             waits = runlane.registry.signal_waits()
-            deadlines = [at for at in waits.values() if at is not None and at <= horizon]
+            # A wait seen at two checks in a row: one that ended and another began (a pause between batches
+            # that a stop would cut short) is a handler making progress, which moving the clock would time out.
+            lasting = {key: at for key, at in waits.items() if key in seen}
+            seen = waits
+            deadlines = [at for at in lasting.values() if at is not None and at <= horizon]
             if deadlines and min(deadlines) > clock.now():
                 clock.set(min(deadlines))
-            if deadlines or not waits:
+            if deadlines or not lasting:
                 stuck = None
-            elif stuck is None or stuck[0] != set(waits):
-                stuck = (set(waits), time.monotonic())  # a wait that ended for another is progress
+            elif stuck is None or stuck[0] != set(lasting):
+                stuck = (set(lasting), time.monotonic())
             elif time.monotonic() - stuck[1] >= _STUCK_S:
-                beyond = [at for at in waits.values() if at is not None]
+                beyond = [at for at in lasting.values() if at is not None]
                 raise RuntimeError(await _stuck_message(runlane, min(beyond, default=None), horizon))
     finally:
         if not executing.done():
