@@ -414,6 +414,25 @@ async def test_a_process_whose_clock_is_off_the_servers_is_warned_at_start(
             assert abs(record.clock_offset_seconds - seconds) < 1
 
 
+async def test_a_runtime_on_a_controlled_clock_is_not_told_to_synchronize_the_machines_clock(
+    schemas: Schemas, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A test's ControlledClock is months off the server's on purpose: the start warned with advice to
+    # synchronize this machine's clock (NTP), which is in sync.
+    from runlane.testing import ControlledClock
+
+    schema = await schemas.migrated()
+    caplog.set_level(logging.WARNING, logger="runlane.clock")
+    runtime = create_runlane(
+        lane=postgres_polling_lane(schemas.url, schema=schema),
+        queues=[queue("default", default=True)],
+        clock=ControlledClock(datetime(2020, 1, 1, tzinfo=UTC)),
+    )
+    async with runtime:
+        pass
+    assert [record.getMessage() for record in caplog.records if record.name == "runlane.clock"] == []
+
+
 @pytest.mark.parametrize("date_style", ["SQL,DMY", "German", "Postgres,MDY"])
 async def test_a_database_with_another_date_style_is_served_and_its_clock_compared(
     schemas: Schemas, caplog: pytest.LogCaptureFixture, date_style: str
