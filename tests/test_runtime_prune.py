@@ -158,6 +158,32 @@ async def test_each_prune_call_deletes_the_records_of_every_run_it_pruned():
         assert [run_id for run_id in run_ids if await runtime.store.get_run(run_id) is not None] == []
 
 
+async def test_after_an_interrupted_prune_following_the_cursors_deletes_every_record_left():
+    # A call that dies after tombstoning (here: while deleting the first child record) leaves its runs
+    # hidden with all their records. When they are more than one call cleans besides its own runs, the
+    # calls that find nothing left to prune still return a cursor until every record is deleted.
+    runtime, clock, probe = make()
+    async with runtime:
+        run_ids = [await finish(runtime, ok, {"key": f"k{i}"}) for i in range(300)]  # 1,200 events
+        clock.advance("2d")
+        probe.crash_on_delete = True
+        with pytest.raises(_Crash):
+            await runtime.runs.prune(older_than="1d", limit=300)
+        probe.crash_on_delete = False
+        assert await visible(runtime) == set()
+
+        result = await runtime.runs.prune(older_than="1d", limit=300)
+        calls = 1
+        while result.next_cursor is not None:
+            assert calls < 10
+            result = await runtime.runs.prune(older_than="1d", limit=300, cursor=result.next_cursor)
+            assert result.pruned == 0
+            calls += 1
+        assert [run_id for run_id in run_ids if await runtime.store.get_run(run_id) is not None] == []
+        # Nothing is left to clean: the next call is done at once.
+        assert await runtime.runs.prune(older_than="1d") == PruneResult(pruned=0, next_cursor=None)
+
+
 @task("work.waits")
 async def waits(payload: dict, ctx: TaskContext) -> str:
     if ctx.attempt == 1:

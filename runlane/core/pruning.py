@@ -18,7 +18,10 @@ Pruning runs in two phases over the generic ``StorageDriver`` contract:
    counter drops in the same commit. Counters, not index pages, decide completion: when all reach
    zero the run record and the tombstone are deleted together. A counter that would go negative, a
    child that does not belong to the run, or a child that remains once the counters say none do is
-   ``invariant_violation``; nothing is ever orphaned.
+   ``invariant_violation``; nothing is ever orphaned. A ``prune()`` call cleans what it tombstoned
+   plus a budget of older backlog (such as the tombstones of a call that died before its cleanup);
+   while that budget runs out it returns a cursor even when no candidate is left, so a caller that
+   follows cursors leaves no record behind.
 
 Corrupt data is reported, never skipped silently, and one bad record never stops pruning: a
 candidate run whose document does not decode (or whose child counts are not whole numbers >= 0) is
@@ -119,8 +122,9 @@ DEFAULT_CLEANUP_BUDGET: Final = 1000
 
 @dataclass(frozen=True, slots=True)
 class PruneResult:
-    """``pruned``: runs tombstoned by this call. ``next_cursor``: set while more candidates may remain;
-    pass it back with the same environment, cutoff and statuses."""
+    """``pruned``: runs tombstoned by this call. ``next_cursor``: set while more candidates may remain,
+    or records of pruned runs this call had no budget left to delete; pass it back with the same
+    environment, cutoff and statuses."""
 
     pruned: int
     next_cursor: str | None = None
@@ -130,12 +134,15 @@ class PruneResult:
 class CleanupResult:
     """``deleted``: child records removed. ``finished``: tombstones whose run and tombstone records
     were removed. ``pending``: tombstones visited that still have children left. ``corrupt``: those of
-    the pending ones left because a record is corrupt (each logged on ``runlane.prune``)."""
+    the pending ones left because a record is corrupt (each logged on ``runlane.prune``). ``more``:
+    this call deleted records, and it stopped at its budget or left a tombstone it visited unfinished
+    for a reason other than corruption, so another call may clean more."""
 
     deleted: int = 0
     finished: int = 0
     pending: int = 0
     corrupt: int = 0
+    more: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,6 +579,12 @@ _PRUNE_SCAN_FACTOR: Final = 10
 _PRUNE_SCAN_MIN: Final = 1_000
 
 
+def _scanned(cutoff: datetime) -> tuple[str, str]:
+    """The cursor position after every candidate: it sorts after each ``(finished_at, run_id)`` before
+    ``cutoff``, so a continuation from it scans nothing and only cleans up."""
+    return (encode_iso_date(cutoff), "")
+
+
 class RunPruner:
     """Tombstones old terminal runs of one environment and cleans their records up in bounded steps.
 
@@ -687,13 +700,16 @@ class RunPruner:
         env = self.env_key
         examined = pruned = 0
         more = False
+        # A position at the cutoff (see ``_scanned``) continues a prune whose candidates are all
+        # tombstoned: only cleanup is left.
+        scanned = last is not None and encode_storage_tuple(last) >= upper
         tombstoned_children: list[int] = []  # per tombstoned run, its child records still to delete
         reports = _Reports()
         # The scan reads every terminal status in finish order and skips the runs the filter leaves
         # out, so ``limit`` counts pruned runs and the rows read are bounded separately: a call with a
         # status filter still prunes what it can behind older runs of other statuses.
         budget = max(wanted * _PRUNE_SCAN_FACTOR, _PRUNE_SCAN_MIN)
-        while pruned < wanted and examined < budget:
+        while not scanned and pruned < wanted and examined < budget:
             bounds = StorageRange(gt=None if last is None else encode_storage_tuple(last), lt=upper)
             size = min(wanted - pruned, budget - examined, self._limits.max_query_results)
             page = await self.driver.query(
@@ -725,15 +741,21 @@ class RunPruner:
             if not more:
                 break
 
+        backlog = False
         if self.cleanup_budget:
             # At least what this call tombstoned, so cleanup keeps pace with pruning (a caller paging
             # through every cursor leaves no backlog behind), plus the budget for an older backlog.
             # Corruption met there is logged, not raised: the tombstones of this call have committed, and a
             # record only an operator can repair must not fail every later prune.
-            await self._cleanup(self.cleanup_budget + sum(tombstoned_children), reports)
-        next_cursor = (
-            encode_operator_cursor(PaginationCursorKind.RUN_PRUNE, scope, last) if more and last is not None else None
-        )
+            backlog = (await self._cleanup(self.cleanup_budget + sum(tombstoned_children), reports)).more
+        if more and last is not None:
+            next_cursor: str | None = encode_operator_cursor(PaginationCursorKind.RUN_PRUNE, scope, last)
+        elif backlog:
+            # Every candidate is tombstoned, but a backlog of pruned runs' records (one an interrupted call
+            # left, say) outlasted the budget: a caller following cursors goes on until it is deleted.
+            next_cursor = encode_operator_cursor(PaginationCursorKind.RUN_PRUNE, scope, _scanned(cutoff))
+        else:
+            next_cursor = None
         return PruneResult(pruned=pruned, next_cursor=next_cursor)
 
     async def _tombstone(
@@ -836,16 +858,20 @@ class RunPruner:
     async def _cleanup(self, allowed: int, reports: _Reports) -> CleanupResult:
         env = self.env_key
         deleted = finished = pending = corrupt = visited = 0
+        removed_here = 0  # tombstones this call removed (not found removed by another cleaner)
         after: str | None = None
         # Every tombstone left counts at least one event (each run has one), so visiting at most
         # ``allowed`` tombstones keeps a call bounded even when many are pending or corrupt.
+        exhausted = False  # every tombstone of the environment was visited
         while deleted < allowed and visited < allowed:
             size = min(allowed - visited, self._limits.max_query_results)
             page = await self.driver.query(
                 StorageQuery(StorageIndexName.RUN_TOMBSTONES, (env,), StorageRange(gt=after), limit=size)
             )
+            cut = False  # the budget ran out before the end of this page
             for ref in page.items:
                 if deleted >= allowed:
+                    cut = True
                     break
                 visited += 1
                 key = ref.key
@@ -860,26 +886,29 @@ class RunPruner:
                     reports.warn(run_id, f"Pruned run {run_id} is not cleaned up: {error.message}", error)
                     removed, state = 0, "corrupt"
                 deleted += removed
-                if state == "finished":
+                if state == "finished" or state == "gone":
                     finished += 1
+                    removed_here += state == "finished"
                 else:
                     pending += 1
                     corrupt += state == "corrupt"
             if len(page.items) < size or not page.items:
+                exhausted = not cut
                 break
             # Pending and corrupt tombstones stay indexed: go on after the last one visited.
             after = encode_storage_tuple(page.items[-1].sort)
-        return CleanupResult(deleted=deleted, finished=finished, pending=pending, corrupt=corrupt)
+        more = bool(deleted or removed_here) and (not exhausted or pending > corrupt)
+        return CleanupResult(deleted=deleted, finished=finished, pending=pending, corrupt=corrupt, more=more)
 
     async def _clean_run(
         self, run_id: str, budget: int, reports: _Reports
-    ) -> tuple[int, Literal["finished", "pending", "corrupt"]]:
-        """Clean one tombstone: ``(children deleted, state)``."""
+    ) -> tuple[int, Literal["finished", "gone", "pending", "corrupt"]]:
+        """Clean one tombstone: ``(children deleted, state)``; ``gone`` when another cleaner removed it."""
         env = self.env_key
         tombstone_key = run_tombstone_key(env, run_id)
         (record,) = await self.driver.get([tombstone_key])
         if record is None:
-            return 0, "finished"
+            return 0, "gone"
         children = decode_run_tombstone(record).children
         if children.links:
             reports.warn(
@@ -904,7 +933,7 @@ class RunPruner:
                     # (re-read, so a concurrent cleaner's progress is seen) can never reach zero.
                     (record,) = await self.driver.get([tombstone_key])
                     if record is None:
-                        return deleted, "finished"
+                        return deleted, "gone"
                     children = decode_run_tombstone(record).children
                     left = getattr(children, kind.counter)
                     if left == 0:
@@ -927,7 +956,7 @@ class RunPruner:
                 try:
                     progress = await self._split([ref.key for ref in page.items], run_batch)
                 except _Gone:
-                    return deleted, "finished"
+                    return deleted, "gone"
                 if outcomes:
                     children = outcomes[-1]
                 deleted += progress
@@ -935,7 +964,7 @@ class RunPruner:
                     # Every candidate was already gone (another cleaner); re-read before going on.
                     (record,) = await self.driver.get([tombstone_key])
                     if record is None:
-                        return deleted, "finished"
+                        return deleted, "gone"
                     fresh = decode_run_tombstone(record).children
                     stalled = fresh == children
                     children = fresh
