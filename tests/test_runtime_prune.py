@@ -281,6 +281,24 @@ async def test_requests_are_validated_before_storage_is_touched():
         assert probe.calls == before
 
 
+async def test_an_actor_id_too_large_for_the_tombstone_says_so():
+    # The tombstone records who pruned the run: an actor id past the lane's record limit is the
+    # caller's mistake to correct, not work to split.
+    runtime, clock, _ = make()
+    async with runtime:
+        run_id = await finish(runtime, ok, {"key": "a"})
+        clock.advance("2d")
+        huge = Actor(type=ActorType.OPERATOR, id="x" * 500_000)
+        with pytest.raises(RunlaneError) as caught:
+            await runtime.runs.prune(older_than="1d", actor=huge)
+        assert caught.value.code is ErrorCode.VALIDATION_FAILED
+        message = caught.value.message
+        assert "max_record_bytes" in message and "actor id" in message and "500,000 bytes" in message
+        assert "split the work" not in message
+        assert (await runtime.runs.get(run_id)).status is RunStatus.SUCCEEDED  # not pruned
+        assert (await runtime.runs.prune(older_than="1d", actor=OPERATOR)).pruned == 1
+
+
 async def test_continuations_keep_their_frozen_scope():
     runtime, clock, _ = make()
     async with runtime:

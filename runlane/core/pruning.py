@@ -579,6 +579,16 @@ _PRUNE_SCAN_FACTOR: Final = 10
 _PRUNE_SCAN_MIN: Final = 1_000
 
 
+def _tombstone_too_large(error: StorageLimitError, actor: Actor) -> StorageLimitError:
+    """The limit error of tombstoning one run alone: what varies in a tombstone is who pruned it."""
+    size = len((actor.id or "").encode("utf-8"))
+    message = error.too_large(
+        "The tombstone of a run, which records the actor of the prune,",
+        f" That run is not pruned; prune with a shorter actor id (this one takes {size:,} bytes).",
+    )
+    return StorageLimitError(error.limit, error.allowed, error.actual, message, reserved=error.reserved)
+
+
 def _scanned(cutoff: datetime) -> tuple[str, str]:
     """The cursor position after every candidate: it sorts after each ``(finished_at, run_id)`` before
     ``cutoff``, so a continuation from it scans nothing and only cleans up."""
@@ -728,13 +738,16 @@ class RunPruner:
             batch = self._tombstone_batch_size()
             for start in range(0, len(run_ids), batch):
                 chunk = run_ids[start : start + batch]
-                pruned += await self._split(
-                    chunk,
-                    lambda items: self._tombstone(
-                        items, cutoff, chosen, actor, pruned_at, tombstoned_children, reports
-                    ),
-                    lambda run_id, error: reports.warn(run_id, f"Run {run_id} is not pruned: {error.message}"),
-                )
+                try:
+                    pruned += await self._split(
+                        chunk,
+                        lambda items: self._tombstone(
+                            items, cutoff, chosen, actor, pruned_at, tombstoned_children, reports
+                        ),
+                        lambda run_id, error: reports.warn(run_id, f"Run {run_id} is not pruned: {error.message}"),
+                    )
+                except StorageLimitError as error:
+                    raise _tombstone_too_large(error, actor) from None
             examined += len(page.items)
             last = page.items[-1].sort
             more = page.next_cursor is not None
