@@ -817,6 +817,14 @@ async def test_missing_directory_is_configuration_invalid(tmp_path: Path) -> Non
     assert "does not exist" in error.message
 
 
+async def test_a_file_where_the_path_needs_a_directory_is_not_said_to_be_missing(tmp_path: Path) -> None:
+    (tmp_path / "app.db").write_bytes(b"")
+    driver = sqlite_storage(tmp_path / "app.db" / "runlane.db")
+    error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+    assert f"{str((tmp_path / 'app.db').resolve())!r} is a file, not a directory" in error.message, error.message
+    assert "does not exist" not in error.message
+
+
 async def test_a_directory_is_not_a_database(tmp_path: Path) -> None:
     await expect_error(sqlite_storage(tmp_path).start(), ErrorCode.CONFIGURATION_INVALID)
 

@@ -842,6 +842,8 @@ class SqliteStorageDriver(ClientClock):
 
         try:  # a name too long for the file system, a loop of links: no file can be there
             if not directory.is_dir():
+                if directory.exists():  # a file where the path needs a directory ("app.db/runlane.db")
+                    raise refuse(f"{str(directory)!r} is a file, not a directory, so no database file can be in it.")
                 raise refuse(f"the directory {str(directory)!r} does not exist.")
             if path.is_dir():
                 raise refuse("it is a directory, not a database file.")
