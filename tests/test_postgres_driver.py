@@ -2244,6 +2244,27 @@ def test_cli_migrate_needs_a_postgres_lane_or_a_url(tmp_path: Path) -> None:
     assert local.returncode == 1 and "--url" in local.stderr
 
 
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        ("min_size = 5\nmax_size = 2", "min_size must not exceed max_size"),
+        ('url = "mysql://db/app"', "must start with postgres:// or postgresql://"),
+        ('url = "postgresql://127.0.0.1/app?schema=bad-name"', "Invalid Postgres schema 'bad-name'"),
+    ],
+)
+def test_cli_migrate_and_sql_refuse_lane_settings_every_command_refuses(
+    tmp_path: Path, options: str, refusal: str
+) -> None:
+    # migrate applied, and sql printed, the schema of a lane whose settings its workers then refused at
+    # start; and the URL's mistakes were not said to be the config file's.
+    url = "" if options.startswith("url") else 'url = "postgresql://127.0.0.1:1/app"\n'
+    write(tmp_path / "runlane.toml", f'[runlane]\ntasks = []\n\n[lane]\nuse = "postgres-polling"\n{url}{options}\n')
+    for command in (("postgres", "migrate"), ("postgres", "sql")):
+        done = cli(tmp_path, *command)
+        assert done.returncode == 1, done.stdout
+        assert "error[configuration_invalid]: runlane.toml: " in done.stderr and refusal in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and done.stdout == ""
+
 
 def test_a_sync_producer_that_exits_without_close_closes_its_connections_quietly(
     tmp_path: Path, schemas: Schemas

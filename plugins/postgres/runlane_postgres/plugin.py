@@ -118,7 +118,7 @@ def create_postgres_polling_lane(options: PostgresPollingLaneOptions, context: P
     )
 
 
-def create_postgres_storage(options: PostgresStorageOptions, context: ProviderContext) -> PostgresStorageDriver:
+def create_postgres_storage(options: PostgresStorageOptions, context: ProviderContext | None) -> PostgresStorageDriver:
     from .storage import postgres_storage
 
     return postgres_storage(
@@ -228,9 +228,12 @@ def _postgres_of(config: Any) -> tuple[str, str | None] | None:
     with in_config_file(config):
         provider = get_registries().lanes.get(lane.use)
         options = validate_options(provider, lane.options, table=f"[{config.source.table_name('lane')}]")
-    postgres = options if isinstance(options, PostgresStorageOptions) else getattr(options, "postgres", None)
-    if not isinstance(postgres, PostgresStorageOptions):
-        return None
+        postgres = options if isinstance(options, PostgresStorageOptions) else getattr(options, "postgres", None)
+        if not isinstance(postgres, PostgresStorageOptions):
+            return None
+        # What the driver checks beyond the options' model (the URL, the schema, min_size against max_size),
+        # as when a command creates the lane: the driver connects nowhere until it starts.
+        create_postgres_storage(postgres, None)
     return postgres.connection_string, postgres.schema
 
 
