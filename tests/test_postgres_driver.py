@@ -468,6 +468,65 @@ async def test_start_fails_fast_on_an_unmigrated_schema(schemas: Schemas) -> Non
         await expect_error(driver.get([StorageRecordKey("c", "k")]), ErrorCode.STORAGE_UNAVAILABLE)
 
 
+async def test_start_on_a_schema_with_another_case_or_spelling_names_the_migrated_one(schemas: Schemas) -> None:
+    # A lane whose schema differs from the migrated one was only told to migrate, which creates an empty
+    # schema beside the one holding the runs.
+    migrated = await schemas.migrated()
+    for meant in (migrated.upper(), migrated[:-1] + ("x" if migrated[-1] != "x" else "y")):
+        driver = postgres_storage(schemas.url, schema=meant)
+        error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+        assert f"The Runlane schema {meant!r} is not migrated" in error.message, error.message
+        assert f"which holds the Runlane schema {migrated!r}" in error.message or (
+            f"which holds the Runlane schemas {migrated!r}," in error.message
+        ), error.message
+        assert "set the lane's schema" in error.message and "runlane postgres migrate" in error.message
+        assert migrated in error.meta["runlane_schemas"]
+        assert schemas.execute("SELECT to_regnamespace(%s)", (f'"{meant}"',)) == [(None,)]  # nothing created
+
+
+@pytest.mark.parametrize(
+    ("dropped", "named", "rows_lost"),
+    [
+        ("DROP TABLE {}.runlane_index_rows", "runlane_index_rows", True),
+        ("DROP TABLE {}.runlane_operator_runs", "runlane_operator_runs", True),
+        ("DROP TABLE {}.runlane_operator_events", "runlane_operator_events", True),
+        ("DROP SEQUENCE {}.runlane_record_versions CASCADE", "runlane_record_versions", False),
+        ("DROP FUNCTION {}.runlane_commit_batch(jsonb, jsonb)", "runlane_commit_batch(jsonb,jsonb)", False),
+        ("DROP FUNCTION {}.runlane_commit(jsonb) CASCADE", "runlane_commit(jsonb)", False),
+    ],
+)
+async def test_start_fails_fast_on_a_schema_missing_part_of_the_migration(
+    schemas: Schemas, dropped: str, named: str, rows_lost: bool
+) -> None:
+    # start() probed the ledger and the records table only: a worker started on a schema with a table or a
+    # function dropped by hand, and every trigger or claim failed later (a dropped runlane_commit_batch only
+    # when commits came together).
+    schema = await schemas.migrated()
+    schemas.execute(sql.SQL(dropped).format(sql.Identifier(schema)))
+    driver = postgres_storage(schemas.url, schema=schema)
+    error = await expect_error(driver.start(), ErrorCode.CONFIGURATION_INVALID)
+    assert f"lacks {named}" in error.message and "runlane postgres migrate" in error.message, error.message
+    assert ("restore them from a backup" in error.message) is rows_lost, error.message
+    assert named in error.meta["missing"]
+    await expect_error(driver.get([StorageRecordKey("c", "k")]), ErrorCode.STORAGE_UNAVAILABLE)
+    result = await apply_postgres_migrations(schemas.url, schema)  # creates what is missing
+    assert result.previous_version == SCHEMA_VERSION
+    await driver.start()
+    try:
+        await create(driver, record(StorageRecordKey("c", "k"), {"v": 1}))
+        assert (await driver.get([StorageRecordKey("c", "k")]))[0] is not None
+    finally:
+        await driver.close()
+
+
+async def test_start_on_a_schema_whose_migration_did_not_finish_says_so(schemas: Schemas) -> None:
+    schema = await schemas.migrated()
+    schemas.execute(sql.SQL("DELETE FROM {}.runlane_schema_migrations").format(sql.Identifier(schema)))
+    error = await expect_error(postgres_storage(schemas.url, schema=schema).start(), ErrorCode.CONFIGURATION_INVALID)
+    assert "records no applied version (a migration that did not finish)" in error.message, error.message
+    assert "runlane postgres migrate" in error.message
+
+
 async def test_a_call_waiting_for_a_connection_when_the_driver_closes_says_so_not_that_postgres_is_down(
     schemas: Schemas,
 ) -> None:

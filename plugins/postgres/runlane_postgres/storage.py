@@ -61,7 +61,9 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
 Errors: lost connections, SQLSTATE class ``08``, ``57P01``-``57P03``, ``53300``, timeouts (``57014``,
 ``55P03``) and a read-only server (``25006``) map to ``storage_unavailable`` (retryable); ``40001`` /
 ``40P01`` past the replay budget to ``storage_conflict``; a missing schema, table or function to
-``configuration_invalid`` telling the user to run ``runlane postgres migrate``, and so do bad
+``configuration_invalid`` telling the user to run ``runlane postgres migrate`` (``start()`` checks every
+table, the sequence and the functions, and names the database's other Runlane schemas when the lane's is
+missing), and so do bad
 credentials (``28xxx``) and a missing database (``3D000``); a reserved name (``42939``, a ``pg_`` schema)
 is ``configuration_invalid`` too, and so is a prepared statement missing from the session or taken in it
 (``26000`` / ``42P05``: a pooler sharing sessions between clients, which ``start()`` refuses when it sees
@@ -73,6 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import functools
 import hashlib
 import logging
@@ -965,11 +968,20 @@ class _Sql:
     operator_events: str
     migrations: str
     get_run: str
+    schema: str
     # The hot statements, prepared per connection (see ``_call``).
     get: _Statement
     validate: _Statement
     commit_prepared: _Statement
     commit_batch: _Statement
+
+    def schema_objects(self) -> tuple[list[str], list[str]]:
+        """The qualified names of the migration's tables and sequence, and the signatures of its functions: what
+        ``start()`` checks is there."""
+        relations = [self.migrations, self.records, self.index_rows, self.operator_runs, self.operator_events]
+        relations.append(f"{self.schema}.runlane_record_versions")
+        functions = [f"{self.schema}.runlane_commit(jsonb)", f"{self.schema}.runlane_commit_batch(jsonb,jsonb)"]
+        return relations, functions
 
     @classmethod
     def for_schema(cls, schema: str) -> _Sql:
@@ -981,6 +993,7 @@ class _Sql:
             operator_runs=f"{s}.runlane_operator_runs",
             operator_events=f"{s}.runlane_operator_events",
             migrations=f"{s}.runlane_schema_migrations",
+            schema=s,
             get_run=f"SELECT key, document FROM {records} WHERE key = ANY(%b::text[])",
             get=_statement(
                 b"runlane_get",
@@ -2028,28 +2041,73 @@ class PostgresStorageDriver(ClientClock):
         refused = encoding_error(encoding, self._target.display)
         if refused is not None:
             raise refused
+        objects = self._sql.schema_objects()
         cursor = await conn.execute(
-            "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
-            (self._sql.migrations, self._sql.records),
+            "SELECT array(SELECT o FROM unnest(%s::text[]) AS o WHERE to_regclass(o) IS NULL), "
+            "array(SELECT f FROM unnest(%s::text[]) AS f WHERE to_regprocedure(f) IS NULL)",
+            objects,
         )
-        migrated, has_records = await cursor.fetchone()  # type: ignore[misc]
-        if not (migrated and has_records):
-            raise _invalid(
-                f"The Runlane schema {self.schema!r} is not migrated in {self._target.display}; "
-                f"{MIGRATE_HINT} the lane.",
-                schema=self.schema,
-            )
+        missing_relations, missing_functions = await cursor.fetchone()  # type: ignore[misc]
+        if self._sql.migrations in missing_relations or self._sql.records in missing_relations:
+            raise await self._unmigrated(conn)
         cursor = await conn.execute(ledger_query(self._sql.migrations))
         (version, needs) = await cursor.fetchone()  # type: ignore[misc]
         if needs > SCHEMA_VERSION:
             raise newer_schema_error(self.schema, self._target.display, int(version), migrating=False)
         if version < SCHEMA_VERSION:
+            found = (
+                "records no applied version (a migration that did not finish)"
+                if version == 0
+                else f"is at version {version}"
+            )
             raise _invalid(
-                f"The Runlane schema {self.schema!r} is at version {version}, this driver needs "
+                f"The Runlane schema {self.schema!r} in {self._target.display} {found}, this driver needs "
                 f"{SCHEMA_VERSION}; {MIGRATE_HINT} the lane.",
                 schema=self.schema,
             )
+        missing = [name.rsplit(".", 1)[1] for name in [*missing_relations, *missing_functions]]
+        if missing:
+            # Dropped by hand (or by a tool other than Runlane): every commit would fail on them.
+            lost = (
+                "; the rows of a dropped table are not brought back: restore them from a backup when it held any"
+                if any(not name.endswith(".runlane_record_versions") for name in missing_relations)
+                else ""
+            )
+            raise _invalid(
+                f"The Runlane schema {self.schema!r} in {self._target.display} is at version {version} but lacks "
+                f"{', '.join(missing)}: something other than Runlane dropped {'it' if len(missing) == 1 else 'them'}. "
+                f"Run `runlane postgres migrate` (or apply postgres_migration_sql()) to create what is missing before "
+                f"starting the lane{lost}.",
+                schema=self.schema,
+                missing=missing,
+            )
         await self._compare_clocks(conn)
+
+    async def _unmigrated(self, conn: psycopg.AsyncConnection[Any]) -> RunlaneError:
+        """``configuration_invalid`` for a schema without Runlane's tables, naming the schemas of the database
+        that have them: a lane whose schema is misspelt, or not set, should not be told to migrate an empty one."""
+        cursor = await conn.execute(
+            "SELECT coalesce(array_agg(n.nspname::text ORDER BY n.nspname), '{}') FROM pg_catalog.pg_class AS c "
+            "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+            "WHERE c.relname = 'runlane_schema_migrations' AND c.relkind IN ('r', 'p') AND n.nspname <> %s",
+            (self.schema,),
+        )
+        (others,) = await cursor.fetchone()  # type: ignore[misc]
+        where = f"The Runlane schema {self.schema!r} is not migrated in {self._target.display}"
+        if not others:
+            return _invalid(f"{where}; {MIGRATE_HINT} the lane.", schema=self.schema)
+        # The likeliest meant first: the same name in another case, a misspelling, then the rest.
+        wanted = self.schema.lower()
+        likeliest = sorted(others, key=lambda name: -difflib.SequenceMatcher(None, name.lower(), wanted).ratio())
+        shown = ", ".join(repr(name) for name in likeliest[:5]) + (", ..." if len(others) > 5 else "")
+        holds = f"the Runlane schema {shown}" if len(others) == 1 else f"the Runlane schemas {shown}"
+        return _invalid(
+            f"{where}, which holds {holds}: when the lane should use "
+            f"{'it' if len(others) == 1 else 'one of them'}, set the lane's schema (its schema option, or "
+            f"?schema= in its connection string; the name keeps its case); otherwise {MIGRATE_HINT} the lane.",
+            schema=self.schema,
+            runlane_schemas=likeliest[:5],
+        )
 
     async def _refuse_shared_sessions(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Refuse a pooler in transaction or statement mode (``configuration_invalid``), whose clients take
