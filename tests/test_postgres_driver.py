@@ -426,6 +426,32 @@ async def test_a_role_that_owns_its_schema_migrates_it_without_create_on_the_dat
         error = await expect_error(apply_postgres_migrations(url, used), ErrorCode.CONFIGURATION_INVALID)
         assert "make the migrating role the schema's owner, or grant it CREATE on the schema" in error.message
 
+async def test_a_schema_owner_whose_tables_another_role_created_is_told_to_own_them(schemas: Schemas) -> None:
+    # Migrated first as a superuser, then given to a migrator role as docs/lanes.md says: the migrator was told
+    # to become the schema's owner, which it already was.
+    schema = await schemas.migrated()
+    with schemas.login_role() as (role, url):
+        try:
+            schemas.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(sql.Identifier(schema), sql.Identifier(role)))
+            error = await expect_error(apply_postgres_migrations(url, schema), ErrorCode.CONFIGURATION_INVALID)
+            assert "belong to another role" in error.message and "OWNER TO" in error.message, error.message
+            assert "make the migrating role the schema's owner" not in error.message
+            owned = schemas.execute(
+                "SELECT format('ALTER %%s %%I.%%I OWNER TO %%I', CASE c.relkind WHEN 'S' THEN 'SEQUENCE' "
+                "ELSE 'TABLE' END, n.nspname, c.relname, %s::text) FROM pg_class AS c "
+                "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s::text AND c.relkind IN ('r', 'S') "
+                "UNION ALL SELECT format('ALTER FUNCTION %%s OWNER TO %%I', p.oid::regprocedure, %s::text) "
+                "FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace WHERE n.nspname = %s",
+                (role, schema, role, schema),
+            )
+            for (statement,) in owned:  # what the message says to do
+                schemas.execute(statement)
+            assert (await apply_postgres_migrations(url, schema)).version == SCHEMA_VERSION
+        finally:
+            schemas.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
 async def test_migration_against_an_unreachable_server_is_storage_unavailable() -> None:
     error = await expect_error(
         apply_postgres_migrations(f"postgresql://postgres@127.0.0.1:{closed_port()}/db"), ErrorCode.STORAGE_UNAVAILABLE

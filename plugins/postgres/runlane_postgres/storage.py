@@ -551,6 +551,8 @@ def check_seconds(option: str, seconds: object) -> None:
 
 _UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "57014", "25006", "55P03"})
 _CONFLICT_STATES = frozenset({"40001", "40P01", "23505"})
+# A migration refused on one of the schema's objects (not on the schema or the database): another role owns it.
+_OBJECT_PERMISSION = re.compile(r"permission denied for (table|sequence|function|relation) ")
 _MIGRATION_STATES = frozenset({"3F000", "42P01", "42883", "42703", "42704"})
 # A statement the connection prepared is gone (26000), or its name is taken already (42P05): the connection's
 # server session is not its own, which a pooler in transaction or statement mode does.
@@ -784,6 +786,13 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
     if state == "42501":
         if "for database" in detail:
             advice = "grant the role CREATE on the database, or create the schema beforehand with the role as its owner"
+        elif migrating and ("must be owner of" in detail or _OBJECT_PERMISSION.search(detail)):
+            # Owning the schema is not enough when an earlier migration, run by another role, created its tables.
+            advice = (
+                "the schema's Runlane tables, sequence and functions belong to another role (the one that migrated "
+                "it before): migrate as that role, or make this one their owner (ALTER TABLE / SEQUENCE / FUNCTION "
+                "... OWNER TO, for each runlane_ object of the schema)"
+            )
         elif migrating:
             advice = "make the migrating role the schema's owner, or grant it CREATE on the schema"
         else:
