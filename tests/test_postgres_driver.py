@@ -2174,6 +2174,7 @@ def test_cli_migrate_with_url_and_with_the_configured_lane(tmp_path: Path, schem
         "previous_version": SCHEMA_VERSION,
         "version": SCHEMA_VERSION,
         "changed": False,
+        "other_schemas": [],
     }
     # Applied again, it puts back what was dropped by hand, and says it did not just look.
     schemas.execute(sql.SQL("DROP FUNCTION {}.runlane_commit(jsonb)").format(sql.Identifier(schema)))
@@ -2319,6 +2320,29 @@ def test_runs_wait_waits_out_a_server_restart_quietly(tmp_path: Path) -> None:
         server.start_server()
     assert waiting.returncode == 0, stderr
     assert stderr == "" and run_id in stdout and "succeeded" in stdout
+
+
+def test_cli_migrate_warns_when_it_creates_a_schema_named_like_one_the_database_holds(
+    tmp_path: Path, schemas: Schemas
+) -> None:
+    # A lane's schema misspelt or in another case: migrate created an empty schema beside the one holding the
+    # runs, and the workers then started on it.
+    migrated = asyncio.run(schemas.migrated())
+    for meant in (migrated.upper(), migrated[:-1] + ("x" if migrated[-1] != "x" else "y")):
+        schemas.created.append(meant)
+        done = cli(tmp_path, "postgres", "migrate", "--url", schemas.url, "--schema", meant)
+        assert done.returncode == 0, done.stderr
+        assert f"migrated schema {meant!r}" in done.stdout
+        assert f"warning: created the Runlane schema {meant!r}" in done.stderr, done.stderr
+        assert repr(migrated) in done.stderr and f'DROP SCHEMA "{meant}" CASCADE' in done.stderr
+        again = cli(tmp_path, "postgres", "migrate", "--url", schemas.url, "--schema", meant, "--json")
+        assert again.returncode == 0 and "warning" not in again.stderr, again.stderr  # only when it creates it
+        assert json.loads(again.stdout)["other_schemas"] == []
+    unlike = "unlike_" + uuid.uuid4().hex[:8]
+    schemas.created.append(unlike)
+    done = cli(tmp_path, "postgres", "migrate", "--url", schemas.url, "--schema", unlike, "--json")
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr  # another environment's schema, say
+    assert json.loads(done.stdout)["changed"] is True
 
 
 def test_cli_migrate_needs_a_postgres_lane_or_a_url(tmp_path: Path) -> None:

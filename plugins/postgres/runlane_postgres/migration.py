@@ -37,8 +37,10 @@ returns status 1; a failure after the first write raises, which rolls the statem
 
 from __future__ import annotations
 
+import difflib
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 
 from runlane.errors import ErrorCode, RunlaneError
@@ -62,6 +64,9 @@ MIGRATION_FILE = "migrations/0001_initial.sql"
 # (deploys racing) run one after the other; the shipped file names the same key.
 MIGRATION_LOCK_KEY = 7318952210413375533
 
+# How alike two schema names are (difflib's ratio, case aside) for one to look like a misspelling of the other:
+# "runlane" / "runlnae" is 0.86, "staging" / "production" 0.35.
+_CLOSE_SPELLING = 0.75
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 # The shipped file is the migration for the default schema; every schema reference in it is this
 # quoted identifier (no other text in the file contains it), so other schemas are one replacement.
@@ -116,6 +121,32 @@ def ledger_query(migrations: str) -> str:
     )
 
 
+# The schemas of the database that hold a Runlane ledger, but the one named by the parameter.
+OTHER_SCHEMAS_QUERY = (
+    "SELECT coalesce(array_agg(n.nspname::text ORDER BY n.nspname), '{}') FROM pg_catalog.pg_class AS c "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE c.relname = 'runlane_schema_migrations' AND c.relkind IN ('r', 'p') AND n.nspname <> %s"
+)
+
+
+def _likeness(name: str, schema: str) -> float:
+    return difflib.SequenceMatcher(None, name.lower(), schema.lower()).ratio()
+
+
+def likeliest_schemas(others: Sequence[str], schema: str, *, shown: int = 5) -> list[str]:
+    """The first ``shown`` of ``others`` in the order a lane meaning one of them for ``schema`` most likely
+    does: the same name in another case, a misspelling, then the rest by name."""
+    return sorted(others, key=lambda name: -_likeness(name, schema))[:shown]
+
+
+def mistaken_for(others: Sequence[str], schema: str) -> list[str]:
+    """Those of ``others`` that a lane naming ``schema`` more likely meant than a schema of its own: the same
+    name in another case or a close spelling, or any of them when ``schema`` is the default (none was set)."""
+    if schema == DEFAULT_SCHEMA:
+        return list(others)
+    return [name for name in others if _likeness(name, schema) >= _CLOSE_SPELLING]
+
+
 def newer_schema_error(schema: str, database: str, version: int, *, migrating: bool) -> RunlaneError:
     """``configuration_invalid`` for a schema a newer release migrated (``version`` > ``SCHEMA_VERSION``)."""
     advice = (
@@ -149,12 +180,15 @@ def encoding_error(encoding: object, database: str) -> RunlaneError | None:
 @dataclass(frozen=True, slots=True)
 class PostgresMigrationResult:
     """What ``apply_postgres_migrations`` did: the schema, the database (without credentials), the
-    schema version found before (0: none) and the version after."""
+    schema version found before (0: none) and the version after. When it created the schema's tables,
+    ``other_schemas`` names the database's Runlane schemas beside it (at most five, the likeliest meant
+    first): the lane's schema may be misspelt, in another case, or not set."""
 
     schema: str
     database: str
     previous_version: int
     version: int
+    other_schemas: tuple[str, ...] = field(default=())
 
     @property
     def changed(self) -> bool:
@@ -167,6 +201,7 @@ class PostgresMigrationResult:
             "previous_version": self.previous_version,
             "version": self.version,
             "changed": self.changed,
+            "other_schemas": list(self.other_schemas),
         }
 
 
@@ -179,7 +214,8 @@ async def apply_postgres_migrations(
     ``?schema=`` in the URL, else ``public``. Applying it again changes nothing. Connection and
     permission problems raise ``RunlaneError`` (``storage_unavailable`` or ``configuration_invalid``);
     so does a schema that needs a newer release (``configuration_invalid``, and nothing is changed). A
-    newer schema this release may still use is left as it is (the result says nothing changed).
+    newer schema this release may still use is left as it is (the result says nothing changed). When it
+    creates the schema's tables, the result names the database's other Runlane schemas (``other_schemas``).
     """
     import psycopg
 
@@ -218,8 +254,18 @@ async def apply_postgres_migrations(
                     # Several statements: the simple protocol. A newer schema this driver may use is left
                     # as it is: this SQL would only put older functions in place of its own.
                     await connection.execute(sql.encode("utf-8"))
+                others: list[str] = []
+                if not exists:
+                    cursor = await connection.execute(OTHER_SCHEMAS_QUERY, (target.schema,))
+                    (others,) = await cursor.fetchone()  # type: ignore[misc]
     except RunlaneError:
         raise
     except Exception as error:  # noqa: BLE001 - mapped to a RunlaneError
         raise map_postgres_error(error, f"apply the Runlane migration to {target.display}", migrating=True) from error
-    return PostgresMigrationResult(target.schema, target.display, int(previous), max(int(previous), SCHEMA_VERSION))
+    return PostgresMigrationResult(
+        target.schema,
+        target.display,
+        int(previous),
+        max(int(previous), SCHEMA_VERSION),
+        tuple(likeliest_schemas(others, target.schema)),
+    )

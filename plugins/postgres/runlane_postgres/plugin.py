@@ -259,7 +259,7 @@ def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = No
     It creates the schema, or upgrades one an earlier version created. Safe to repeat."""
     from runlane.cli.main import guard, invoke, state_of
 
-    from .migration import SCHEMA_VERSION, apply_postgres_migrations
+    from .migration import SCHEMA_VERSION, apply_postgres_migrations, mistaken_for
     from .storage import resolve_postgres_connection
 
     output = state_of(ctx).output
@@ -274,6 +274,18 @@ def migrate(ctx: typer.Context, url: UrlOption = None, schema: SchemaOption = No
         return await apply_postgres_migrations(connection_string, schema if schema is not None else configured_schema)
 
     result = invoke(ctx, main)
+    # A misspelt schema (or one in another case, or none set) is created, empty, beside the one holding the runs.
+    mistaken = mistaken_for(result.other_schemas, result.schema)
+    if mistaken:
+        names = ", ".join(repr(name) for name in mistaken)
+        output.warning(
+            "other_runlane_schemas",
+            f"created the Runlane schema {result.schema!r} in {result.database}, which also holds "
+            f"{'the Runlane schema' if len(mistaken) == 1 else 'the Runlane schemas'} {names}: when the lane "
+            f"should use {'that' if len(mistaken) == 1 else 'one of those'}, set its schema (the schema option, "
+            "or ?schema= in the connection string; the name keeps its case) and drop this new, empty one "
+            f"(DROP SCHEMA \"{result.schema}\" CASCADE).",
+        )
     if output.json:
         output.emit_json(result.to_json())
         return

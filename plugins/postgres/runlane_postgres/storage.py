@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import functools
 import hashlib
 import logging
@@ -158,9 +157,11 @@ from runlane.vocabulary import SortDirection
 
 from .migration import (
     DEFAULT_SCHEMA,
+    OTHER_SCHEMAS_QUERY,
     SCHEMA_VERSION,
     encoding_error,
     ledger_query,
+    likeliest_schemas,
     newer_schema_error,
     quote_schema,
     validate_schema_name,
@@ -2095,27 +2096,20 @@ class PostgresStorageDriver(ClientClock):
     async def _unmigrated(self, conn: psycopg.AsyncConnection[Any]) -> RunlaneError:
         """``configuration_invalid`` for a schema without Runlane's tables, naming the schemas of the database
         that have them: a lane whose schema is misspelt, or not set, should not be told to migrate an empty one."""
-        cursor = await conn.execute(
-            "SELECT coalesce(array_agg(n.nspname::text ORDER BY n.nspname), '{}') FROM pg_catalog.pg_class AS c "
-            "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
-            "WHERE c.relname = 'runlane_schema_migrations' AND c.relkind IN ('r', 'p') AND n.nspname <> %s",
-            (self.schema,),
-        )
+        cursor = await conn.execute(OTHER_SCHEMAS_QUERY, (self.schema,))
         (others,) = await cursor.fetchone()  # type: ignore[misc]
         where = f"The Runlane schema {self.schema!r} is not migrated in {self._target.display}"
         if not others:
             return _invalid(f"{where}; {MIGRATE_HINT} the lane.", schema=self.schema)
-        # The likeliest meant first: the same name in another case, a misspelling, then the rest.
-        wanted = self.schema.lower()
-        likeliest = sorted(others, key=lambda name: -difflib.SequenceMatcher(None, name.lower(), wanted).ratio())
-        shown = ", ".join(repr(name) for name in likeliest[:5]) + (", ..." if len(others) > 5 else "")
+        likeliest = likeliest_schemas(others, self.schema)
+        shown = ", ".join(repr(name) for name in likeliest) + (", ..." if len(others) > len(likeliest) else "")
         holds = f"the Runlane schema {shown}" if len(others) == 1 else f"the Runlane schemas {shown}"
         return _invalid(
             f"{where}, which holds {holds}: when the lane should use "
             f"{'it' if len(others) == 1 else 'one of them'}, set the lane's schema (its schema option, or "
             f"?schema= in its connection string; the name keeps its case); otherwise {MIGRATE_HINT} the lane.",
             schema=self.schema,
-            runlane_schemas=likeliest[:5],
+            runlane_schemas=likeliest,
         )
 
     async def _refuse_shared_sessions(self, conn: psycopg.AsyncConnection[Any]) -> None:
