@@ -848,6 +848,28 @@ async def test_a_path_no_database_file_can_have_is_configuration_invalid(tmp_pat
     assert "SQLite storage" in error.message and error.retryable is False
 
 
+@pytest.mark.parametrize(
+    ("path", "scheme"),
+    [("sqlite:///runlane.db", "sqlite"), ("postgresql://app:s3cret@db.internal/app", "postgresql")],
+)
+def test_a_url_for_a_path_is_refused_as_one_without_repeating_it(tmp_path: Path, path: str, scheme: str) -> None:
+    # A SQLAlchemy-style URL, or the Postgres URL of another lane, was taken for a relative path: the lane
+    # looked for a directory named "sqlite:" (and would have created a file in one that existed), and the
+    # message repeated the URL with its password.
+    for create in (lambda: sqlite_storage(path), lambda: sqlite_lane(path)):
+        with pytest.raises(RunlaneError) as info:
+            create()
+        error = info.value
+        assert error.code is ErrorCode.CONFIGURATION_INVALID
+        assert f"must be a file path, got a {scheme}:// URL" in error.message, error.message
+        assert "s3cret" not in error.message and "s3cret" not in str(error.meta)
+    write(tmp_path / "runlane.toml", f'[runlane]\ntasks = []\n\n[lane]\nuse = "sqlite"\npath = "{path}"\n')
+    done = cli(tmp_path, "runs", "list")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"runlane.toml: The SQLite storage path must be a file path, got a {scheme}:// URL" in done.stderr
+    assert "s3cret" not in done.stderr
+
+
 async def test_a_loop_of_symbolic_links_is_configuration_invalid_and_a_dangling_link_is_created(
     tmp_path: Path,
 ) -> None:

@@ -80,6 +80,7 @@ import logging
 import os
 import queue
 import random
+import re
 import select
 import socket
 import sqlite3
@@ -1720,6 +1721,10 @@ def _seconds(value: float | str | timedelta, what: str) -> float:
     return float(value)
 
 
+# A URL rather than a path (two characters at least before "://", so no Windows drive letter).
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")
+
+
 def expand_database_path(raw: str) -> Path:
     """``raw`` as a path with ``~`` expanded; a path no file can have, or one SQLite would take for an
     in-memory or URI database, is ``configuration_invalid``."""
@@ -1729,6 +1734,16 @@ def expand_database_path(raw: str) -> Path:
             f"The SQLite storage path must name a database file, got {raw!r}; use the local lane for "
             "in-memory storage.",
             meta={"path": raw},
+        )
+    url = _URL.match(raw)
+    if url is not None:  # a SQLAlchemy-style sqlite:///app.db, or a server's URL: its text may hold a password
+        scheme = url.group(1)
+        other = " (the postgres-polling lane keeps runs in Postgres)" if scheme.lower().startswith("postgres") else ""
+        raise RunlaneError(
+            ErrorCode.CONFIGURATION_INVALID,
+            f"The SQLite storage path must be a file path, got a {scheme}:// URL: write the database file's path, "
+            f"such as 'runlane.db' (relative to the config file) or '/var/lib/app/runlane.db'{other}.",
+            meta={"field": "path"},
         )
     if "\0" in raw:
         raise RunlaneError(
