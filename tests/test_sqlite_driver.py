@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -1513,3 +1514,106 @@ async def test_the_wal_file_gives_its_space_back_once_a_checkpoint_has_caught_up
         assert wal.stat().st_size <= 1024 * 1024, (grown, wal.stat().st_size)
     finally:
         await driver.close()
+
+
+DISK_FULL_CHILD = """
+import asyncio, errno, json, os, sqlite3, subprocess, sys
+from runlane import RunlaneError, create_runlane, queue, task
+from runlane_local import sqlite_lane
+
+disk = sys.argv[1]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", disk], check=True)
+database = os.path.join(disk, "runlane.db")
+filler = os.path.join(disk, "filler")
+report = {}
+
+
+DEFAULT = queue("default", default=True)
+
+
+@task("fill.noop")
+def noop(payload: dict) -> None:
+    return None
+
+
+def runtime():
+    return create_runlane(lane=sqlite_lane(database), queues=[DEFAULT], tasks=[noop])
+
+
+def fill() -> None:
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        while True:
+            os.write(descriptor, bytes(4096))
+    except OSError as error:
+        assert error.errno == errno.ENOSPC, error
+    finally:
+        os.close(descriptor)
+
+
+def failure(error: RunlaneError) -> dict:
+    return {"code": error.code.value, "retryable": error.retryable, "message": error.message}
+
+
+async def main() -> None:
+    async with runtime() as rt:
+        await rt.trigger(noop, {})
+    fill()  # the -wal and -shm files went with the last connection: none can be created now
+    try:
+        async with runtime() as rt:
+            await rt.runs.list()
+    except RunlaneError as error:
+        report["open"] = failure(error)
+    os.remove(filler)
+    async with runtime() as rt:
+        fill()  # the -shm file exists now; the commits fill the -wal file
+        try:
+            for _ in range(1000):
+                await rt.trigger(noop, {"pad": "x" * 4000})
+        except RunlaneError as error:
+            report["commit"] = failure(error)
+        os.remove(filler)
+        await rt.trigger(noop, {})
+        while await rt.execute_next() is not None:
+            pass
+        statuses = set()
+        cursor = None
+        while True:
+            page = await rt.runs.list(limit=100, cursor=cursor)
+            statuses.update(run.status.value for run in page.data)
+            if (cursor := page.next_cursor) is None:
+                break
+        report["statuses"] = sorted(statuses)
+    with sqlite3.connect(database) as connection:
+        report["integrity"] = connection.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+asyncio.run(main())
+print(json.dumps(report))
+"""
+
+
+def test_a_full_disk_is_a_retryable_error_that_says_so_and_work_resumes_once_space_is_freed(tmp_path: Path) -> None:
+    """On a small file system of its own (a tmpfs in a private mount namespace): a disk too full to
+    create the -shm file, and a disk that fills while commits append to the -wal file, both fail with
+    a retryable storage_unavailable naming the full disk, leave nothing half-written, and the runs
+    go on once space is freed."""
+    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
+        pytest.skip("needs Linux and unshare(1) to mount a small file system")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(DISK_FULL_CHILD)
+    isolated = ["unshare", "--user", "--map-root-user", "--mount"]
+    if subprocess.run([*isolated, "true"], capture_output=True, timeout=WAIT).returncode != 0:
+        pytest.skip("cannot create a private mount namespace here")
+    result = subprocess.run(
+        [*isolated, sys.executable, str(script), str(disk)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for failure in (report["open"], report["commit"]):
+        assert failure["code"] == "storage_unavailable" and failure["retryable"], failure
+        assert "disk holding the file is full: free space there" in failure["message"], failure
+    assert report["statuses"] == ["succeeded"]
+    assert report["integrity"] == "ok"

@@ -292,7 +292,8 @@ _DELETE_EVENT = f"DELETE FROM {_OPERATOR_EVENTS} WHERE environment = ? AND run_i
 _SQLITE_ERROR, _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_NOMEM, _SQLITE_READONLY = 1, 3, 5, 6, 7, 8
 _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_PROTOCOL = 10, 11, 13, 14, 15
 _SQLITE_CONSTRAINT, _SQLITE_AUTH, _SQLITE_NOTADB = 19, 23, 26
-_SQLITE_IOERR_SHORT_READ = _SQLITE_IOERR | 2 << 8  # an extended code
+_SQLITE_IOERR_SHORT_READ = _SQLITE_IOERR | 2 << 8  # extended codes
+_SQLITE_IOERR_SHMSIZE = _SQLITE_IOERR | 19 << 8
 # What to do about a retryable failure, after its text (workers try again by themselves); by extended
 # code first, then by primary code.
 _REMEDIES = {
@@ -301,6 +302,11 @@ _REMEDIES = {
         "raise busy_timeout, or shorten the other process's write transactions"
     ),
     _SQLITE_FULL: "; the disk holding the file is full: free space there, and workers go on by themselves",
+    # The -shm file beside the database could not be extended: SQLite reports a full disk so.
+    _SQLITE_IOERR_SHMSIZE: (
+        ": its -shm file could not be extended, as when the disk holding the file is full: free space there, "
+        "and workers go on by themselves"
+    ),
     # The pages the -wal and -shm files name are not in the file: another file than theirs is at the path.
     _SQLITE_IOERR_SHORT_READ: (
         "; the file is shorter than its -wal and -shm files say, as when it was deleted or replaced while "
