@@ -1572,6 +1572,13 @@ async def main() -> None:
                 await rt.trigger(noop, {"pad": "x" * 4000})
         except RunlaneError as error:
             report["commit"] = failure(error)
+        # Concurrent triggers share a write transaction too large for SQLite's page cache, which
+        # spills to the -wal file before the COMMIT: the disk fills in the middle of the batch.
+        outcomes = await asyncio.gather(
+            *(rt.trigger(noop, {"pad": "y" * 100_000}) for _ in range(32)), return_exceptions=True
+        )
+        report["batch"] = [failure(error) for error in outcomes if isinstance(error, RunlaneError)]
+        report["batch_others"] = [repr(error) for error in outcomes if isinstance(error, BaseException)]
         os.remove(filler)
         await rt.trigger(noop, {})
         while await rt.execute_next() is not None:
@@ -1595,9 +1602,9 @@ print(json.dumps(report))
 
 def test_a_full_disk_is_a_retryable_error_that_says_so_and_work_resumes_once_space_is_freed(tmp_path: Path) -> None:
     """On a small file system of its own (a tmpfs in a private mount namespace): a disk too full to
-    create the -shm file, and a disk that fills while commits append to the -wal file, both fail with
-    a retryable storage_unavailable naming the full disk, leave nothing half-written, and the runs
-    go on once space is freed."""
+    create the -shm file, and a disk that fills while commits append to the -wal file (a lone commit,
+    or a group commit in the middle of its transaction), fail with a retryable storage_unavailable
+    naming the full disk, leave nothing half-written, and the runs go on once space is freed."""
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
         pytest.skip("needs Linux and unshare(1) to mount a small file system")
     disk = tmp_path / "disk"
@@ -1612,7 +1619,8 @@ def test_a_full_disk_is_a_retryable_error_that_says_so_and_work_resumes_once_spa
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    for failure in (report["open"], report["commit"]):
+    assert len(report["batch"]) == 32 and len(report["batch_others"]) == 32, report["batch_others"]
+    for failure in (report["open"], report["commit"], *report["batch"]):
         assert failure["code"] == "storage_unavailable" and failure["retryable"], failure
         assert "disk holding the file is full: free space there" in failure["message"], failure
     assert report["statuses"] == ["succeeded"]

@@ -27,7 +27,8 @@ Mechanics:
 * **Group commit.** Attempts of one event loop that reach their commit while a commit is in flight
   share the next write transaction (``runlane.storage.batching``): one ``BEGIN IMMEDIATE`` and one
   log sync for all of them, each applied in order after a savepoint of its own, so a later attempt
-  sees the earlier ones' writes and an attempt that conflicts or fails is rolled back alone.
+  sees the earlier ones' writes and an attempt that conflicts or fails is rolled back alone; an
+  error that makes SQLite roll back the whole transaction (a full disk, an I/O error) fails them all.
 * **Non-repeating versions.** A one-row counter in the file issues versions inside the commit, so
   versions never repeat across the file, even for a key deleted and created again.
 * **Ordered append.** The stream head is read and advanced inside the commit's write transaction,
@@ -1260,7 +1261,8 @@ class SqliteStorageDriver(ClientClock):
         later attempt sees the earlier ones' writes. Per attempt: ``True`` (committed), ``False`` (a
         read or expected version changed: replay it) or the error it raised. In a batch of several,
         an attempt that conflicts or fails is rolled back alone, to a savepoint; a lone attempt's
-        error is raised (``_guarded`` rolls back)."""
+        error, and one after which SQLite rolled back the whole transaction, is raised (``_guarded``
+        rolls back)."""
         projections = [_projection_changes(writes) for _, writes, _, _ in attempts]  # decoded before the lock
         alone = len(attempts) == 1
         connection.execute("BEGIN IMMEDIATE")
@@ -1283,6 +1285,11 @@ class SqliteStorageDriver(ClientClock):
                 try:
                     applied = self._apply(connection, *attempt, projection, version)
                 except (RunlaneError, sqlite3.Error) as error:
+                    if not connection.in_transaction:
+                        # SQLite rolled the whole transaction back itself (a full disk, an I/O error,
+                        # no memory): the attempts applied before are undone too, so the batch fails
+                        # as one with that error.
+                        raise
                     applied = self._error(error) if isinstance(error, sqlite3.Error) else error
                 if not isinstance(applied, int):
                     connection.execute("ROLLBACK TO runlane_attempt")
