@@ -1575,7 +1575,7 @@ async def main() -> None:
         # Concurrent triggers share a write transaction too large for SQLite's page cache, which
         # spills to the -wal file before the COMMIT: the disk fills in the middle of the batch.
         outcomes = await asyncio.gather(
-            *(rt.trigger(noop, {"pad": "y" * 100_000}) for _ in range(32)), return_exceptions=True
+            *(rt.trigger(noop, {"pad": "y" * 150_000}) for _ in range(32)), return_exceptions=True
         )
         report["batch"] = [failure(error) for error in outcomes if isinstance(error, RunlaneError)]
         report["batch_others"] = [repr(error) for error in outcomes if isinstance(error, BaseException)]
