@@ -1625,3 +1625,34 @@ def test_a_full_disk_is_a_retryable_error_that_says_so_and_work_resumes_once_spa
         assert "disk holding the file is full: free space there" in failure["message"], failure
     assert report["statuses"] == ["succeeded"]
     assert report["integrity"] == "ok"
+
+
+async def test_the_documented_backups_of_a_file_in_use_hold_every_commit_and_open_as_a_lane(tmp_path: Path) -> None:
+    """docs/lanes.md ("Backups"): VACUUM INTO and Python's Connection.backup() copy a file while a
+    runtime writes to it, with the commits still in its -wal file, and the copy opens as a lane."""
+    from runlane import create_runlane, queue, task
+
+    default = queue("default", default=True)
+
+    @task("backup.noop")
+    def noop(payload: dict) -> None:
+        return None
+
+    database = tmp_path / "runlane.db"
+    runtime = create_runlane(lane=sqlite_lane(database), queues=[default], tasks=[noop])
+    async with runtime:
+        created = {(await runtime.trigger(noop, {"n": n})).run.id for n in range(5)}
+        assert Path(f"{database}-wal").stat().st_size > 0  # the commits are (also) in the -wal file
+        source, target = sqlite3.connect(database), sqlite3.connect(tmp_path / "copied.db")
+        try:
+            source.execute("VACUUM INTO ?", (str(tmp_path / "vacuumed.db"),))
+            source.backup(target)
+        finally:
+            source.close()
+            target.close()
+        await runtime.trigger(noop, {"n": 5})  # after the copies
+    for copy in ("vacuumed.db", "copied.db"):
+        restored = create_runlane(lane=sqlite_lane(tmp_path / copy), queues=[default], tasks=[noop])
+        async with restored:
+            assert {run.id for run in (await restored.runs.list()).data} == created, copy
+            assert await restored.execute_next() is not None
