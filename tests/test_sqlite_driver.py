@@ -1612,8 +1612,9 @@ def test_a_full_disk_is_a_retryable_error_that_says_so_and_work_resumes_once_spa
     script = tmp_path / "child.py"
     script.write_text(DISK_FULL_CHILD)
     isolated = ["unshare", "--user", "--map-root-user", "--mount"]
-    if subprocess.run([*isolated, "true"], capture_output=True, timeout=WAIT).returncode != 0:
-        pytest.skip("cannot create a private mount namespace here")
+    probe = [*isolated, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]
+    if subprocess.run(probe, capture_output=True, timeout=WAIT).returncode != 0:
+        pytest.skip("cannot mount a file system in a private mount namespace here")
     result = subprocess.run(
         [*isolated, sys.executable, str(script), str(disk)], capture_output=True, text=True, timeout=120
     )
