@@ -57,7 +57,8 @@ def _check_arguments(runlane: object, clock: object, tick: object, limit: object
     if isinstance(runlane, SyncRunlane):
         raise _invalid(
             "run_until_idle() is a coroutine over the asynchronous runtime; pass the Runlane itself, not "
-            "runlane.sync, and await the call.",
+            "runlane.sync, and await the call (in a synchronous test: runlane.sync.call(run_until_idle, "
+            "runlane, clock)).",
             "runlane",
         )
     if not isinstance(runlane, Runlane):
