@@ -867,7 +867,7 @@ runlane = create_runlane(lane=sqlite_lane("runlane.db"), queues=[default], tasks
 class Terminal:
     """``runlane ARGS`` on a pseudo-terminal of 120 x 30, read as it draws (escape sequences removed in ``text``)."""
 
-    def __init__(self, cwd: Path, *args: str) -> None:
+    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
         import fcntl
         import pty
         import struct
@@ -881,7 +881,7 @@ class Terminal:
         if self.pid == 0:  # the child: runlane itself
             try:
                 os.chdir(cwd)
-                os.execve(RUNLANE, [RUNLANE, *args], {**cli_env(), "TERM": "xterm-256color"})
+                os.execve(RUNLANE, [RUNLANE, *args], {**(env or cli_env()), "TERM": "xterm-256color"})
             finally:
                 os._exit(127)  # never back into the tests
         fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
@@ -942,6 +942,24 @@ def test_what_the_runtime_logs_under_the_dashboard_is_a_notification_not_lines_a
         terminal.press(b"q")
     finally:
         terminal.close()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_over_runlane_dev_the_dashboard_names_the_lane_by_its_name(dev_project: Any) -> None:
+    """docs/lanes.md: a lane's ``name`` is the label the dashboard shows. Over the bridge it showed the lane's
+    ``use`` instead, unlike the runlane dev process it reads and the dashboard on a shared lane."""
+    from cli_support import running_dev
+
+    config = dev_project.config
+    config.write_text(config.read_text().replace('use = "local"', 'use = "local"\nname = "scratch"'))
+    with running_dev(dev_project, "--queue", "default"):
+        terminal = Terminal(dev_project.root, "tui", "--refresh", "off", env=dev_project.env())
+        try:
+            terminal.until("the newest 0 runs")
+            terminal.until("lane scratch · via runlane dev (pid")
+            terminal.press(b"q")
+        finally:
+            terminal.close()
 
 
 def test_runlane_tui_refuses_a_refresh_interval_it_cannot_keep(dev_project: Any) -> None:

@@ -94,6 +94,7 @@ class Session:
     started_at: str
     file: Path
     lane: str | None = None  # ``lane_signature`` of the configuration it was started with
+    lane_name: str | None = None  # the name of the lane it serves (``runtime.lane.name``), for display
 
 
 def session_dir() -> Path:
@@ -162,7 +163,9 @@ def lane_signature(config: Any) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:32]
 
 
-def write_session(config_path: Path | str, *, port: int, token: str, lane: str | None = None) -> Session:
+def write_session(
+    config_path: Path | str, *, port: int, token: str, lane: str | None = None, lane_name: str | None = None
+) -> Session:
     """Atomically (re)write the session file for ``config_path`` with mode 0600."""
     session = Session(
         config_path=_resolved(config_path),
@@ -172,6 +175,7 @@ def write_session(config_path: Path | str, *, port: int, token: str, lane: str |
         started_at=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         file=session_path(config_path),
         lane=lane,
+        lane_name=lane_name,
     )
     _store_session(session)
     return session
@@ -197,6 +201,7 @@ def _store_session(session: Session) -> None:
         "pid": session.pid,
         "started_at": session.started_at,
         "lane": session.lane,
+        "lane_name": session.lane_name,
     }
     fd, temporary = tempfile.mkstemp(prefix=".session-", suffix=".tmp", dir=directory)  # created 0600
     try:
@@ -259,6 +264,7 @@ def read_session(config_path: Path | str) -> Session | None:
             started_at=str(document["started_at"]),
             file=target,
             lane=document.get("lane") if isinstance(document.get("lane"), str) else None,
+            lane_name=document.get("lane_name") if isinstance(document.get("lane_name"), str) else None,
         )
     except (ValueError, KeyError, TypeError):
         with contextlib.suppress(OSError):
@@ -358,7 +364,9 @@ class BridgeServer:
         previous = read_session(self.config_path)
         if previous is not None and previous.pid != os.getpid() and pid_alive(previous.pid):
             self.superseded = previous  # the latest dev wins; that one serves again once this one stops
-        self.session = write_session(self.config_path, port=self.port, token=self.token, lane=self.lane)
+        self.session = write_session(
+            self.config_path, port=self.port, token=self.token, lane=self.lane, lane_name=self.runtime.lane.name
+        )
         return self.session
 
     def hand_back(self) -> None:

@@ -77,7 +77,9 @@ def tui(
             and pid_alive(session.pid)
             and serves(session, lane_signature(config), state_of(ctx).output)
         ):
-            lane = config.lane.use if config.lane is not None else "runtime"
+            # The name of the lane the dev process serves, as it prints it (a dev process of a version that does
+            # not record it: the lane's kind, or "runtime" for a runtime factory).
+            lane = session.lane_name or (config.lane.use if config.lane is not None else "runtime")
             signature = lane_signature(config)
 
             def find_session() -> Any:
