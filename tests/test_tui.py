@@ -962,6 +962,30 @@ def test_over_runlane_dev_the_dashboard_names_the_lane_by_its_name(dev_project: 
             terminal.close()
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_runlane_tui_opened_while_postgres_is_down_waits_for_it_and_then_shows_the_runs(tmp_path: Path) -> None:
+    """The dashboard is what an operator opens during an outage: it said storage_unavailable and ended. It
+    waits for the database now, as the long-running commands do, and opens once it answers."""
+    from cli_support import make_project, write
+    from postgres_support import restartable_postgres_server
+
+    server, schema = restartable_postgres_server("tui_wait")
+    root = make_project(tmp_path / "proj", BRIDGE_TASKS, lane="sqlite")
+    write(root / "runlane.toml", '[runlane]\ntasks = ["app.tasks"]\n\n[lane]\nuse = "postgres-polling"\n'
+                                 f'connection_string = "{server.url}?schema={schema}"\n')  # fmt: skip
+    server.stop_server(mode="fast")
+    terminal = Terminal(root, "tui", "--refresh", "off")
+    try:
+        terminal.until("waiting for storage")
+        server.start_server()
+        terminal.until("the newest 0 runs", timeout=60)
+        terminal.press(b"q")
+    finally:
+        terminal.close()
+        if not server.running:
+            server.start_server()
+
+
 def test_runlane_tui_refuses_a_refresh_interval_it_cannot_keep(dev_project: Any) -> None:
     result = dev_project.cli("tui", "--refresh", "10ms")
     assert result.returncode == 2

@@ -100,7 +100,9 @@ def tui(
             else:
                 await _run(app_type(client, refresh_interval=interval), ctx)
                 return
-        async with open_runtime(ctx) as runtime:
+        # On a terminal the dashboard is opened to watch, an outage included: a database not up yet is waited
+        # for, as the long-running commands do, instead of ending the command (with none, it fails fast).
+        async with open_runtime(ctx, wait_for_storage=_on_a_terminal()) as runtime:
             if runtime.lane.capabilities.process_local:
                 raise RunlaneError(
                     ErrorCode.CONFIGURATION_INVALID,
@@ -112,8 +114,12 @@ def tui(
     invoke(ctx, main)
 
 
+def _on_a_terminal() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty() and sys.stdout.isatty()  # stdin None: started closed
+
+
 async def _run(app: Any, ctx: typer.Context) -> None:
-    if not (sys.stdin is not None and sys.stdin.isatty() and sys.stdout.isatty()):  # stdin None: started closed
+    if not _on_a_terminal():
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
             "The dashboard needs a terminal for its input and output; from a script, read the same with "
