@@ -421,6 +421,64 @@ async def test_an_attempt_made_due_without_a_delivery_request_has_no_queue_wait(
     assert "runlane.queue_wait_ms" not in second.attributes  # not the time since attempt 1 was requested
 
 
+@task("reports.crashing")
+async def crashing(payload: dict[str, Any], ctx: TaskContext) -> None:
+    crashed.append(ctx.attempt)
+    if ctx.attempt == 1:
+        await asyncio.sleep(3600)  # stands in for an attempt that takes its worker process down
+
+
+crashed: list[int] = []
+
+
+async def _crash_next_attempt(runtime: Any, clock: ControlledClock) -> None:
+    """Run the next attempt until its handler starts, then drop it as a killed worker would (no outcome,
+    no heartbeat), and let its lease expire."""
+    started = len(crashed)
+    attempt = asyncio.ensure_future(runtime.execute_next(lease_duration="30s", heartbeat_interval="20s"))
+    for _ in range(1000):
+        if len(crashed) > started or attempt.done():
+            break
+        await asyncio.sleep(0.005)
+    assert len(crashed) == started + 1, "the attempt never started"
+    attempt.cancel()
+    await asyncio.gather(attempt, return_exceptions=True)
+    clock.advance(timedelta(seconds=31))
+
+
+async def test_an_attempt_that_ended_with_no_outcome_is_an_abandoned_span() -> None:
+    clock = ControlledClock(T0)
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[crashing], clock=clock)
+    with OtlpTestReceiver() as receiver:
+        sink = otlp_trace_sink(endpoint=receiver.traces_endpoint)
+        async with runtime:
+            retried = (await runtime.trigger(crashing, {}, trace_carrier={"traceparent": TRACEPARENT})).run
+            await _crash_next_attempt(runtime, clock)
+            assert (await runtime.tick()).delivery_requested == 1  # the lease expired: the run is due again
+            assert (await runtime.execute_next()).status.value == "succeeded"  # attempt 2
+            cancelled = (await runtime.trigger(crashing, {})).run
+            crashed.clear()
+            await _crash_next_attempt(runtime, clock)
+            await runtime.tick()
+            await runtime.runs.cancel(cancelled.id)  # queued again after the crash: no attempt is cancelled
+            assert await drain_exporter(runtime.observation_exporter("tracing", sink)) == [Tick.EXPORTED, Tick.IDLE]
+            attempts = {run.id: await runtime.runs.attempts(run.id) for run in (retried, cancelled)}
+    spans = {(s.attributes["runlane.run_id"], s.attributes["runlane.attempt"]): s for s in receiver.spans}
+    # Every attempt runs.attempts() counts is one span, the crashed ones included.
+    assert sorted(spans) == sorted((run_id, a.attempt) for run_id, items in attempts.items() for a in items)
+    for run in (retried, cancelled):
+        lost = spans[(run.id, 1)]
+        assert lost.attributes["runlane.outcome"] == "abandoned"
+        assert lost.attributes["runlane.end_unknown"] is True and "runlane.start_unknown" not in lost.attributes
+        assert lost.status_code == 2  # STATUS_CODE_ERROR
+        assert lost.start_time == int(attempts[run.id][0].started_at.timestamp() * 1e9)
+        assert lost.end_time > lost.start_time  # ended when the expired lease was found
+        assert lost.attributes["runlane.queue_wait_ms"] == 0  # started as soon as it was triggered
+    assert spans[(retried.id, 1)].parent_span_id == PARENT_SPAN_ID
+    assert spans[(retried.id, 2)].attributes["runlane.outcome"] == "succeeded"
+    assert len({s.span_id for s in receiver.spans}) == len(receiver.spans)
+
+
 async def test_a_refused_export_is_reported_by_runlane_alone(caplog: pytest.LogCaptureFixture) -> None:
     runtime, _ = runtime_and_clock()
     caplog.set_level(logging.WARNING)

@@ -15,6 +15,11 @@ the start and steps of open attempts; ``rollback()`` undoes what the last ``feed
 was not accepted and comes again). An exporter that restarts while an attempt is open still emits its
 span, starting at its end (``runlane.start_unknown`` is set) and without the steps it missed.
 
+An attempt that ends with no outcome (its worker crashed, was killed or lost the lease) records no event
+of its own: its span (``runlane.outcome`` ``abandoned``, an error) ends at the ``run.delivery_requested`` or
+``run.lease_claimed`` that made the run due or claimed it again, the moment Runlane knew it had ended
+(``runlane.end_unknown`` is set), as ``runs.attempts()`` counts it.
+
 ``runlane.queue_wait_ms`` is how long an attempt waited between the ``run.delivery_requested`` that
 made it due and its start, when the exporter saw both. An attempt made due without one (a polling
 worker claiming a due retry) has none: the previous request's time would count the attempt before it.
@@ -50,7 +55,13 @@ ATTEMPT_ENDS: dict[RunEventType, str] = {
 }
 """The events that end an attempt, and the ``runlane.outcome`` each gives its span."""
 
-_ERROR_OUTCOMES = frozenset({"failed", "retry_scheduled"})
+ABANDONED = "abandoned"
+"""The ``runlane.outcome`` of an attempt that ended with no outcome: its worker crashed, was killed or lost
+the lease, and the run was made due again (``run.delivery_requested``) or claimed anew (``run.lease_claimed``)."""
+
+_ERROR_OUTCOMES = frozenset({"failed", "retry_scheduled", ABANDONED})
+# The events that end, with no outcome, an attempt still open: the run is due or claimed again.
+_TAKEN_OVER = frozenset({RunEventType.DELIVERY_REQUESTED, RunEventType.LEASE_CLAIMED})
 
 
 @dataclass(slots=True)
@@ -90,11 +101,9 @@ class AttemptSpans:
     def feed(self, records: Iterable[RunlaneObservationRecord]) -> list[ReadableSpan]:
         """The spans of the attempts ``records`` end (records that end nothing only update the state)."""
         self._before = {}
-        spans = []
+        spans: list[ReadableSpan] = []
         for record in records:
-            span = self._one(record)
-            if span is not None:
-                spans.append(span)
+            spans.extend(self._one(record))
         return spans
 
     def rollback(self) -> None:
@@ -116,41 +125,60 @@ class AttemptSpans:
             self._runs.move_to_end(key)
         return run
 
-    def _one(self, record: RunlaneObservationRecord) -> ReadableSpan | None:
+    def _one(self, record: RunlaneObservationRecord) -> list[ReadableSpan]:
         observation = record.observation
         run = self._run(observation)
         if observation.type is RunlaneObservationType.RUN_STEP:
             attempt = run.open_attempts.get(observation.attempt or 0)
             if attempt is not None and observation.step_key is not None:
                 attempt.steps.append((observation.step_key, observation.occurred_at))
-            return None
+            return []
         if observation.trace_carrier and run.parent is None:
             run.parent = parent_context(observation.trace_carrier)
+        ended: list[ReadableSpan] = []
+        if observation.event_type in _TAKEN_OVER and run.open_attempts:
+            # The run is due or claimed again while an attempt is open: that attempt ended with no outcome
+            # (its worker crashed or lost the lease), as ``runs.attempts()`` counts it, and nothing the run
+            # records later (a cancellation of the run queued again) is an outcome of it.
+            for open_number in sorted(run.open_attempts):
+                attempt = run.open_attempts.pop(open_number)
+                ended.append(self._span(record, run, open_number, attempt, ABANDONED, end_unknown=True))
         if observation.event_type is RunEventType.DELIVERY_REQUESTED:
             run.requested_at = observation.occurred_at
-            return None
+            return ended
         if observation.event_type is RunEventType.STARTED and observation.attempt is not None:
             run.open_attempts[observation.attempt] = _Attempt(observation.occurred_at, run.requested_at)
             run.requested_at = None  # the next attempt waits from the next request, if there is one
-            return None
+            return ended
         outcome = ATTEMPT_ENDS.get(observation.event_type) if observation.event_type is not None else None
         if outcome is None:
-            return None
+            return ended
         number = observation.attempt
         if number is None:  # a cancellation finalized by maintenance: the attempt still open, if any
             if not run.open_attempts:
-                return None
+                return ended
             number = max(run.open_attempts)
-        return self._span(record, run, number, run.open_attempts.pop(number, None), outcome)
+        return [*ended, self._span(record, run, number, run.open_attempts.pop(number, None), outcome)]
 
     def _span(
-        self, record: RunlaneObservationRecord, run: _Run, number: int, attempt: _Attempt | None, outcome: str
+        self,
+        record: RunlaneObservationRecord,
+        run: _Run,
+        number: int,
+        attempt: _Attempt | None,
+        outcome: str,
+        *,
+        end_unknown: bool = False,
     ) -> ReadableSpan:
+        """The span of attempt ``number``, ended by ``record`` (with ``end_unknown``: found ended by it)."""
         observation = record.observation
         environment = observation.environment.name
         trace_id = run.parent.trace_id if run.parent is not None else _derived(16, environment, observation.run_id)
+        # One record can end several attempts with no outcome (an exporter that missed their ends): each
+        # gets its own span id, still derived from the record, so a batch sent again yields the same spans.
+        parts = (environment, record.id, str(number)) if end_unknown else (environment, record.id)
         context = SpanContext(
-            trace_id, _derived(8, environment, record.id), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+            trace_id, _derived(8, *parts), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)
         )
         attributes: dict[str, Any] = {
             "runlane.environment": environment,
@@ -165,6 +193,8 @@ class AttemptSpans:
         }
         if observation.failure_code is not None:
             attributes["runlane.failure_code"] = observation.failure_code.value
+        if end_unknown:
+            attributes["runlane.end_unknown"] = True
         if attempt is None:
             attributes["runlane.start_unknown"] = True
         elif attempt.requested_at is not None:
