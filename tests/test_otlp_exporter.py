@@ -16,6 +16,7 @@ import pytest
 from runlane_local import local_lane
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from runlane_otlp import opentelemetry_sink, otlp_sink, otlp_trace_sink
+from runlane_otlp.sink import DEFAULT_LOGS_ENDPOINT, DEFAULT_TRACES_ENDPOINT
 from runlane_otlp.testing import OtlpTestReceiver
 
 from runlane import CancellationController, ErrorCode, Retry, RunlaneError, TaskContext, create_runlane, queue, task
@@ -331,6 +332,52 @@ async def test_without_a_service_name_the_service_is_named_as_otel_service_name_
                 assert await drain_exporter(runtime.observation_exporter(consumer, sink)) == [Tick.EXPORTED, Tick.IDLE]
     names = [record.resource["service.name"] for record in receiver.logs if record.body == "run.created"]
     assert names == ["runlane", "billing-workers", "billing-workers", "explicit"]
+
+async def test_without_an_endpoint_the_exporters_read_it_from_the_otel_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The endpoint defaulted to localhost, so a deployment's OTEL_EXPORTER_OTLP_ENDPOINT was ignored and every
+    # batch went to a Collector that was not there, retried for ever.
+    from runlane_otlp.plugin import OtlpExporterOptions, OtlpTracesExporterOptions, create_otlp_exporter
+
+    for name in ("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    runtime, _ = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        base = receiver.logs_endpoint.removesuffix("/v1/logs")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", base + "/")
+        sinks = {
+            "logs": otlp_sink(),
+            "traces": otlp_trace_sink(),
+            "toml_logs": create_otlp_exporter(OtlpExporterOptions(), None),  # type: ignore[arg-type]
+            "toml_traces": create_otlp_exporter(OtlpTracesExporterOptions(), None),  # type: ignore[arg-type]
+        }
+        assert [sink.endpoint for sink in sinks.values()] == [receiver.logs_endpoint, receiver.traces_endpoint] * 2
+        async with runtime:
+            await runtime.trigger(send, {})
+            await runtime.execute_next()
+            for consumer, sink in sinks.items():
+                assert await drain_exporter(runtime.observation_exporter(consumer, sink)) == [Tick.EXPORTED, Tick.IDLE]
+    assert len(receiver.spans) == 2 and len(receiver.logs) == 2 * 5  # each sink got the whole run
+    # A signal's own variable wins, as it is; an endpoint that is set wins over both.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "http://logs.example:4318/custom")
+    assert otlp_sink().endpoint == "http://logs.example:4318/custom"
+    assert otlp_trace_sink().endpoint == base + "/v1/traces"
+    assert otlp_sink(endpoint="http://set.example/v1/logs").endpoint == "http://set.example/v1/logs"
+    assert OtlpExporterOptions(endpoint="http://set.example/v1/logs").endpoint == "http://set.example/v1/logs"
+    # A variable the exporter cannot send to is refused with the options, naming it.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")
+    with pytest.raises(RunlaneError) as refused:
+        otlp_trace_sink()
+    assert refused.value.code is ErrorCode.CONFIGURATION_INVALID
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in refused.value.message
+    with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_ENDPOINT"):
+        OtlpTracesExporterOptions()
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")
+    assert (otlp_sink().endpoint, otlp_trace_sink().endpoint) == (DEFAULT_LOGS_ENDPOINT, DEFAULT_TRACES_ENDPOINT)
+
+
 
 def test_bad_sink_options_are_refused() -> None:
     for make in (otlp_sink, otlp_trace_sink):

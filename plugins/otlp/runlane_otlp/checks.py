@@ -3,9 +3,11 @@ import, so loading the plugin stays cheap)."""
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.parse
 from collections.abc import Mapping
+from typing import Literal
 
 from runlane.durations import duration_seconds
 from runlane.errors import ErrorCode, RunlaneError
@@ -18,11 +20,15 @@ __all__ = [
     "check_resource",
     "header_problem",
     "redact_endpoint",
+    "resolve_endpoint",
     "timeout_seconds",
 ]
 
 DEFAULT_LOGS_ENDPOINT = "http://localhost:4318/v1/logs"
 DEFAULT_TRACES_ENDPOINT = "http://localhost:4318/v1/traces"
+
+Signal = Literal["logs", "traces"]
+_DEFAULTS: dict[Signal, str] = {"logs": DEFAULT_LOGS_ENDPOINT, "traces": DEFAULT_TRACES_ENDPOINT}
 
 
 def _invalid(message: str, field: str) -> RunlaneError:
@@ -51,6 +57,26 @@ def check_endpoint(endpoint: object, default: str) -> str:
         got = repr(redact_endpoint(endpoint))
         raise _invalid(f"endpoint {got} {problem}; give an http(s) URL such as {default}.", "endpoint")
     return endpoint
+
+
+def resolve_endpoint(endpoint: object, signal: Signal) -> str:
+    """``endpoint`` checked, or without one (``None``) the endpoint OpenTelemetry's SDKs read from the
+    environment: ``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`` (``..._TRACES_...``) as it is, else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` with ``/v1/logs`` (``/v1/traces``) appended, else the local Collector's."""
+    default = _DEFAULTS[signal]
+    if endpoint is not None:
+        return check_endpoint(endpoint, default)
+    for name, path in ((f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", ""), ("OTEL_EXPORTER_OTLP_ENDPOINT", signal)):
+        value = os.environ.get(name, "").strip()
+        if not value:
+            continue
+        resolved = f"{value.removesuffix('/')}/v1/{path}" if path else value
+        try:
+            return check_endpoint(resolved, default)
+        except RunlaneError as error:
+            message = f"No endpoint is set, so it is read from {name}: {error.message} Fix {name}, or set endpoint."
+            raise _invalid(message, "endpoint") from None
+    return default
 
 
 # An HTTP field name is a token (RFC 9110, section 5.1).

@@ -14,14 +14,16 @@
     consumer = "otel_traces"
     endpoint = "${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-http://localhost:4318/v1/traces}"
 
-``runlane export`` then sends them. Loading the plugin does not import OpenTelemetry; creating an
+Without ``endpoint``, it is read from the environment as OpenTelemetry's SDKs read it:
+``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`` (``..._TRACES_...``), else ``OTEL_EXPORTER_OTLP_ENDPOINT`` with
+``/v1/logs`` (``/v1/traces``) appended, else ``http://localhost:4318``'s. ``runlane export`` then sends them. Loading the plugin does not import OpenTelemetry; creating an
 exporter does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -29,7 +31,7 @@ from runlane.errors import RunlaneError
 from runlane.plugins import hookimpl
 from runlane.plugins.registries import ExporterProvider, ProviderContext
 
-from .checks import DEFAULT_LOGS_ENDPOINT, DEFAULT_TRACES_ENDPOINT, check_endpoint, header_problem, timeout_seconds
+from .checks import Signal, header_problem, resolve_endpoint, timeout_seconds
 
 if TYPE_CHECKING:
     from .sink import OtlpObservationSink
@@ -42,18 +44,20 @@ class OtlpExporterOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    endpoint: str = DEFAULT_LOGS_ENDPOINT
+    signal: ClassVar[Signal] = "logs"
+
+    # Without one: OTEL_EXPORTER_OTLP_LOGS_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/logs, else localhost.
+    endpoint: str | None = Field(default=None, validate_default=True)
     headers: dict[str, str] = Field(default_factory=dict)
     timeout: float = 10.0  # seconds; runlane.toml may say "10s"
     service_name: str | None = Field(default=None, min_length=1)  # None: OTEL_SERVICE_NAME, else "runlane"
     resource_attributes: dict[str, str] = Field(default_factory=dict)
 
-    @field_validator("endpoint")
+    @field_validator("endpoint", mode="before")
     @classmethod
-    def _endpoint(cls, value: str) -> str:
-        default = cls.model_fields["endpoint"].default
+    def _endpoint(cls, value: object) -> str:
         try:
-            return check_endpoint(value, default)
+            return resolve_endpoint(value, cls.signal)
         except RunlaneError as error:
             raise ValueError(error.message) from None
 
@@ -80,7 +84,7 @@ class OtlpExporterOptions(BaseModel):
 class OtlpTracesExporterOptions(OtlpExporterOptions):
     """Options of ``[[exporters]] use = "otlp-traces"`` (attempt spans)."""
 
-    endpoint: str = DEFAULT_TRACES_ENDPOINT
+    signal: ClassVar[Signal] = "traces"
 
 
 def create_otlp_exporter(options: OtlpExporterOptions, context: ProviderContext) -> OtlpObservationSink:

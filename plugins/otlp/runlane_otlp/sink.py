@@ -40,11 +40,12 @@ from ._otel import observation_resource
 from .checks import (
     DEFAULT_LOGS_ENDPOINT,
     DEFAULT_TRACES_ENDPOINT,
-    check_endpoint,
     check_headers,
+    Signal,
     check_resource,
     header_problem,
     redact_endpoint,
+    resolve_endpoint,
     timeout_seconds,
 )
 from .logs import ObservationLogs
@@ -259,19 +260,20 @@ class OtlpObservationSink:
 
 
 def _check(
-    endpoint: object, default: str, headers: object, timeout: object, service_name: object, attributes: object
-) -> tuple[dict[str, str], float]:
-    """Checks the options of an OTLP/HTTP sink; returns the headers and the timeout in seconds."""
-    check_endpoint(endpoint, default)
+    endpoint: object, signal: Signal, headers: object, timeout: object, service_name: object, attributes: object
+) -> tuple[str, dict[str, str], float]:
+    """Checks the options of an OTLP/HTTP sink; returns the endpoint (from the environment without one),
+    the headers and the timeout in seconds."""
+    resolved = resolve_endpoint(endpoint, signal)
     checked = check_headers(headers)
     seconds = timeout_seconds(timeout)
     check_resource(service_name, attributes)
-    return checked, seconds
+    return resolved, checked, seconds
 
 
 def otlp_sink(
     *,
-    endpoint: str = DEFAULT_LOGS_ENDPOINT,
+    endpoint: str | None = None,
     headers: Mapping[str, str] | None = None,
     timeout: float | str | timedelta = 10.0,
     service_name: str | None = None,
@@ -279,15 +281,17 @@ def otlp_sink(
 ) -> OtlpObservationSink:
     """A sink sending every observation record as a log record to ``endpoint`` (OTLP/HTTP, protobuf).
 
-    ``endpoint`` is the full logs URL (``http://collector:4318/v1/logs``); ``headers`` go with every
+    ``endpoint`` is the full logs URL (``http://collector:4318/v1/logs``); without one it is read from the
+    environment as OpenTelemetry's SDKs read it (``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT``, else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` with ``/v1/logs``), else ``DEFAULT_LOGS_ENDPOINT``; ``headers`` go with every
     request (an API key, say); ``timeout`` (a duration such as ``"10s"``, or seconds) bounds one export,
     retries included; ``service_name`` and
     ``resource_attributes`` describe the resource the records come from (without ``service_name``, the
     service is named as ``OTEL_SERVICE_NAME`` says, else ``runlane``).
     """
-    checked, seconds = _check(endpoint, DEFAULT_LOGS_ENDPOINT, headers, timeout, service_name, resource_attributes)
-    exporter = OTLPLogExporter(endpoint=endpoint, headers=checked, timeout=seconds)
-    return _log_sink(exporter, endpoint, service_name, resource_attributes)
+    url, checked, seconds = _check(endpoint, "logs", headers, timeout, service_name, resource_attributes)
+    exporter = OTLPLogExporter(endpoint=url, headers=checked, timeout=seconds)
+    return _log_sink(exporter, url, service_name, resource_attributes)
 
 
 def opentelemetry_sink(
@@ -319,7 +323,7 @@ def _log_sink(
 
 def otlp_trace_sink(
     *,
-    endpoint: str = DEFAULT_TRACES_ENDPOINT,
+    endpoint: str | None = None,
     headers: Mapping[str, str] | None = None,
     timeout: float | str | timedelta = 10.0,
     service_name: str | None = None,
@@ -327,8 +331,9 @@ def otlp_trace_sink(
 ) -> OtlpObservationSink:
     """A sink sending each finished attempt as a span to ``endpoint`` (OTLP/HTTP, protobuf), under the
     trace that triggered its run. Options as for ``otlp_sink()``, with the traces URL
-    (``http://collector:4318/v1/traces``)."""
-    checked, seconds = _check(endpoint, DEFAULT_TRACES_ENDPOINT, headers, timeout, service_name, resource_attributes)
-    exporter = OTLPSpanExporter(endpoint=endpoint, headers=checked, timeout=seconds)
+    (``http://collector:4318/v1/traces``; without one ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` with ``/v1/traces``, else ``DEFAULT_TRACES_ENDPOINT``)."""
+    url, checked, seconds = _check(endpoint, "traces", headers, timeout, service_name, resource_attributes)
+    exporter = OTLPSpanExporter(endpoint=url, headers=checked, timeout=seconds)
     mapping = AttemptSpans(resource=observation_resource(service_name, resource_attributes))
-    return OtlpObservationSink(mapping=mapping, exporter=exporter, endpoint=endpoint, what="spans")
+    return OtlpObservationSink(mapping=mapping, exporter=exporter, endpoint=url, what="spans")
