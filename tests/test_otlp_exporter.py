@@ -188,6 +188,33 @@ async def test_an_endpoint_asking_to_retry_later_is_retried_no_sooner() -> None:
 SECRET = "card 4111-1111-1111-1111"
 
 
+async def test_a_batch_delivered_again_after_it_was_accepted_yields_the_same_spans() -> None:
+    # A checkpoint advance that fails after the endpoint accepted a batch (a storage outage at that moment)
+    # delivers the batch again: its spans went out again under the same ids without their start and steps,
+    # as attempts that had started before the exporter was watching.
+    runtime, clock = runtime_and_clock()
+    with OtlpTestReceiver() as receiver:
+        sink = otlp_trace_sink(endpoint=receiver.traces_endpoint)
+        async with runtime:
+            await runtime.trigger(build, {}, trace_carrier={"traceparent": TRACEPARENT})
+            clock.advance(timedelta(seconds=1))
+            await runtime.execute_next()  # attempt 1 fails, a retry is scheduled
+            clock.advance(timedelta(minutes=5))
+            await runtime.tick()
+            await runtime.execute_next()  # attempt 2 succeeds
+            records = (await runtime.observations.scan()).records
+        middle = next(i for i, r in enumerate(records) if r.observation.event_type == "run.retry_scheduled")
+        first, second = records[: middle - 1], records[middle - 1 :]  # attempt 1's step is in the second batch
+        for batch in (first, second, second):
+            await sink.export(batch)
+        sink.close()
+    assert len(receiver.spans) == 2  # the batch was accepted the first time: it is not sent twice
+    for span in receiver.spans:
+        assert "runlane.start_unknown" not in span.attributes
+    attempt_1 = next(span for span in receiver.spans if span.attributes["runlane.attempt"] == 1)
+    assert [name for name, _, _ in attempt_1.events] == ["runlane.step"]
+
+
 async def test_every_observation_record_is_a_log_record_in_the_trace_that_triggered_the_run() -> None:
     runtime, clock = runtime_and_clock()
     with OtlpTestReceiver() as receiver:

@@ -161,13 +161,19 @@ class OtlpObservationSink:
         self.what = what
         self.exported = 0
         self._answers = _Answers(exporter)
+        self._accepted: frozenset[str] = frozenset()  # the record ids of the last batch the endpoint accepted
 
     def __repr__(self) -> str:
         return f"OtlpObservationSink({self.what}, endpoint={self.endpoint!r}, exported={self.exported})"
 
     async def export(self, records: Sequence[RunlaneObservationRecord]) -> None:
-        items = self.mapping.feed(records)
+        # A batch comes again after the endpoint accepted it when the checkpoint could not be advanced (a
+        # storage outage at that moment): its records are not mapped twice. Mapped again, an attempt's span
+        # went out a second time under the same id without its start and steps, which the mapping had let go.
+        accepted = self._accepted
+        items = self.mapping.feed([record for record in records if record.id not in accepted])
         if not items:
+            self._accepted = frozenset(record.id for record in records)
             return
         try:
             result = await asyncio.to_thread(self._export, items)
@@ -180,6 +186,7 @@ class OtlpObservationSink:
             # of a 3xx reached nobody, and a checkpoint past them would lose them.
             self.mapping.rollback()  # the batch is sent again: its records must map as they did
             raise self._refused(len(items))
+        self._accepted = frozenset(record.id for record in records)
         self.exported += len(items)
 
     def _export(self, items: list[Any]) -> Any:
