@@ -367,6 +367,8 @@ async def test_without_an_endpoint_the_exporters_read_it_from_the_otel_environme
     # batch went to a Collector that was not there, retried for ever.
     from runlane_otlp.plugin import OtlpExporterOptions, OtlpTracesExporterOptions, create_otlp_exporter
 
+    for signal in ("", "LOGS_", "TRACES_"):
+        monkeypatch.delenv(f"OTEL_EXPORTER_OTLP_{signal}PROTOCOL", raising=False)
     for name in ("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
     runtime, _ = runtime_and_clock()
@@ -400,6 +402,16 @@ async def test_without_an_endpoint_the_exporters_read_it_from_the_otel_environme
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" in refused.value.message
     with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_ENDPOINT"):
         OtlpTracesExporterOptions()
+    # An endpoint of the environment meant for gRPC is refused, not sent HTTP requests it never answers.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    with pytest.raises(RunlaneError, match="OTEL_EXPORTER_OTLP_PROTOCOL is 'grpc'"):
+        otlp_trace_sink()
+    assert otlp_trace_sink(endpoint="http://collector:4318/v1/traces").endpoint.endswith(":4318/v1/traces")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")  # the signal's own wins
+    assert otlp_trace_sink().endpoint == "http://collector:4317/v1/traces"
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")
     assert (otlp_sink().endpoint, otlp_trace_sink().endpoint) == (DEFAULT_LOGS_ENDPOINT, DEFAULT_TRACES_ENDPOINT)

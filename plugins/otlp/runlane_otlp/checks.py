@@ -62,10 +62,24 @@ def check_endpoint(endpoint: object, default: str) -> str:
 def resolve_endpoint(endpoint: object, signal: Signal) -> str:
     """``endpoint`` checked, or without one (``None``) the endpoint OpenTelemetry's SDKs read from the
     environment: ``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`` (``..._TRACES_...``) as it is, else
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` with ``/v1/logs`` (``/v1/traces``) appended, else the local Collector's."""
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` with ``/v1/logs`` (``/v1/traces``) appended, else the local Collector's.
+    That endpoint is refused when ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or the signal's) names another protocol
+    than ``http/protobuf``: it would be a gRPC endpoint, which an HTTP request never reaches."""
     default = _DEFAULTS[signal]
     if endpoint is not None:
         return check_endpoint(endpoint, default)
+    for name in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = os.environ.get(name, "").strip()
+        if not protocol:
+            continue
+        if protocol != "http/protobuf":
+            # The endpoint of the environment is then that of another protocol (gRPC's port 4317, say).
+            raise _invalid(
+                f"No endpoint is set and {name} is {protocol!r}, but this exporter sends OTLP/HTTP with protobuf "
+                f"(http/protobuf): set endpoint to the Collector's OTLP/HTTP URL, such as {default}.",
+                "endpoint",
+            )
+        break
     for name, path in ((f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", ""), ("OTEL_EXPORTER_OTLP_ENDPOINT", signal)):
         value = os.environ.get(name, "").strip()
         if not value:
