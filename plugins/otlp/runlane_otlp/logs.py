@@ -3,7 +3,7 @@
 Each record of the durable stream becomes one log record carrying the sanitized observation (never a
 payload, output or failure detail) as ``runlane.*`` attributes:
 
-* ``timestamp`` is when the fact occurred, ``observed_timestamp`` when it was recorded;
+* ``timestamp`` is when the fact occurred, ``observed_timestamp`` the record's ``recorded_at`` (the same time);
 * ``event_name`` is ``runlane.`` plus the event type (``runlane.run.succeeded``), or
   ``runlane.step.completed`` for a durable step; the body is the event type, or ``step.completed``;
 * severity is ``ERROR`` for ``run.failed``, ``WARN`` for ``run.retry_scheduled``, ``INFO`` otherwise;
