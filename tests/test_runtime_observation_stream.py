@@ -400,3 +400,35 @@ async def test_observation_records_count_against_transaction_limits_and_batches_
         records = await stream(runtime)
         check_stream_matches(records, await histories(runtime), runtime.environment)
         assert sum(1 for r in records if r.source_kind is RunlaneObservationSourceKind.RUN_STEP) == 12
+
+
+class RecordingSink:
+    def __init__(self, delivered: list[str]) -> None:
+        self.delivered = delivered
+
+    async def export(self, records: Any) -> None:
+        self.delivered.extend(record.id for record in records)
+
+
+async def test_two_exporters_of_one_consumer_deliver_a_batch_twice_and_the_loser_says_why():
+    @task("noop")
+    async def noop(payload: dict) -> None:
+        return None
+
+    runtime, _, _, _ = make("native_append", noop)
+    delivered: list[str] = []
+    async with runtime:
+        await runtime.trigger(noop, {})
+        winner = runtime.observation_exporter("otel", RecordingSink(delivered))
+
+        class Racing(RecordingSink):
+            async def export(self, records: Any) -> None:
+                await super().export(records)
+                assert (await winner.export_once()).status is RunlaneObservationExporterTickStatus.EXPORTED
+
+        tick = await runtime.observation_exporter("otel", Racing(delivered)).export_once()
+        records = await stream(runtime)
+    assert tick.status is RunlaneObservationExporterTickStatus.FAILED and tick.error.retryable
+    assert sorted(delivered) == sorted([record.id for record in records] * 2)  # at least once: both sent it
+    # The operator is told what to do, not to "read it again and retry".
+    assert "Another exporter" in tick.error.message and "one exporter per consumer" in tick.error.message

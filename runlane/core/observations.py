@@ -1083,6 +1083,8 @@ class ObservationExporter:
     async def _advance(self, checkpoint: str | None, cursor: str) -> None:
         """Advance the checkpoint past a batch the sink accepted.
 
+        A checkpoint that moved since this tick read it was moved by another exporter of the same consumer,
+        which delivered the batch too: the retryable conflict says so, since the operator is to stop one.
         The batch was scanned after ``checkpoint``, so the advance can only be refused for good because
         its last record no longer exists: retention (``observations.trim`` without this consumer) deleted
         it while the sink sent the batch. That is a race, not a broken exporter: the next tick scans again
@@ -1094,8 +1096,18 @@ class ObservationExporter:
                 self.driver, self.environment, self.consumer, expected_cursor=checkpoint, cursor=cursor
             )
         except RunlaneError as error:
-            if error.retryable or get_storage_conflict_kind(error) is not StorageConflictKind.OBSERVATION_CHECKPOINT:
+            if get_storage_conflict_kind(error) is not StorageConflictKind.OBSERVATION_CHECKPOINT:
                 raise
+            if error.retryable:
+                # The checkpoint moved since this tick read it: only another exporter of this consumer moves it.
+                raise create_storage_conflict_error(
+                    StorageConflictKind.OBSERVATION_CHECKPOINT,
+                    f"Another exporter advanced the checkpoint of consumer {self.consumer!r} while this one sent "
+                    "the batch, so both delivered it; run one exporter per consumer (give each sink a consumer "
+                    "of its own).",
+                    meta=error.meta,
+                    cause=error,
+                ) from None
             raise create_storage_conflict_error(
                 StorageConflictKind.OBSERVATION_CHECKPOINT,
                 f"Observation records consumer {self.consumer!r} was exporting were deleted (observations.trim) "
