@@ -3,7 +3,7 @@
     [[exporters]]
     use = "otlp"                      # every observation record as a log record
     consumer = "otel_logs"
-    endpoint = "${OTEL_EXPORTER_OTLP_LOGS_ENDPOINT:-http://localhost:4318/v1/logs}"
+    # endpoint = "http://collector:4318/v1/logs"   # without it: as OTEL_EXPORTER_OTLP_ENDPOINT says
     # headers = { "x-api-key" = "${TELEMETRY_API_KEY}" }
     # service_name = "billing-workers"   # without it: OTEL_SERVICE_NAME, else "runlane"
     # resource_attributes = { "service.namespace" = "jobs" }
@@ -12,12 +12,12 @@
     [[exporters]]
     use = "otlp-traces"               # every finished attempt as a span
     consumer = "otel_traces"
-    endpoint = "${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-http://localhost:4318/v1/traces}"
+    # endpoint = "http://collector:4318/v1/traces"
 
 Without ``endpoint``, it is read from the environment as OpenTelemetry's SDKs read it:
 ``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`` (``..._TRACES_...``), else ``OTEL_EXPORTER_OTLP_ENDPOINT`` with
-``/v1/logs`` (``/v1/traces``) appended, else ``http://localhost:4318``'s. ``runlane export`` then sends them. Loading the plugin does not import OpenTelemetry; creating an
-exporter does.
+``/v1/logs`` (``/v1/traces``) appended, else ``http://localhost:4318``'s. ``runlane export`` then sends
+them. Loading the plugin does not import OpenTelemetry; creating an exporter does.
 """
 
 from __future__ import annotations
