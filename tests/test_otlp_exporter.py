@@ -492,6 +492,48 @@ def test_runlane_export_sends_log_records_and_spans_to_the_configured_endpoints(
     assert any(plugin.get("distribution") == "runlane-otlp" for plugin in plugins["plugins"])
 
 
+def test_export_once_stops_at_a_second_signal_while_the_endpoint_does_not_answer(tmp_path: Path) -> None:
+    # `runlane export --once` took no stop signal while a batch waited for an endpoint: Ctrl-C ended it only
+    # once the export's timeout had passed, without a word, and a second one made it report the batch failed.
+    import signal
+    import socket
+    import subprocess
+
+    from cli_support import RUNLANE, cli, cli_env, make_project, wait_for, write
+
+    root = make_project(tmp_path / "proj", PING_TASKS, lane="sqlite")
+    log = tmp_path / "export.log"
+    with socket.socket() as silent, log.open("w") as out:  # an endpoint that takes the request, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(30)
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}/v1/logs"
+        config = (root / "runlane.toml").read_text().replace(
+            '# [[exporters]]\n# use = "console"\n# consumer = "local_console"',
+            f'[[exporters]]\nuse = "otlp"\nconsumer = "otel_logs"\nendpoint = "{endpoint}"\ntimeout = "60s"\n',
+        )
+        write(root / "runlane.toml", config)
+        assert cli(root, "trigger", "ping", "{}").returncode == 0
+        assert RUNLANE is not None
+        process = subprocess.Popen(
+            [RUNLANE, "export", "--once"], cwd=root, stdout=out, stderr=subprocess.STDOUT, text=True, env=cli_env()
+        )
+        try:
+            connection, _ = silent.accept()  # the batch is on its way
+            with connection:
+                process.send_signal(signal.SIGINT)
+                wait_for(lambda: "stopping after the current batch" in log.read_text(), timeout=10, what="stopping")
+                process.send_signal(signal.SIGTERM)  # the second stop signal: at once
+                status = process.wait(timeout=10)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+    text = log.read_text()
+    assert status == 128 + signal.SIGTERM, text
+    assert "received SIGTERM again; exiting now" in text and "Traceback" not in text
+
+
 async def test_an_attempt_made_due_without_a_delivery_request_has_no_queue_wait() -> None:
     runtime, clock = runtime_and_clock()
     with OtlpTestReceiver() as receiver:

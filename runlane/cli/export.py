@@ -30,7 +30,7 @@ from .main import (
 )
 from .options import HealthFileOption
 from .output import Output, forward_runtime_logs
-from .work import StopOnSignals
+from .work import StopOnSignals, interrupted_status
 
 __all__ = ["app", "close_sinks", "export_pending", "start_exporter", "stop_exporters"]
 
@@ -65,7 +65,7 @@ def export(
     if any(getattr(item.sink, "writes_to_stdout", False) for item in exporters):
         output.give_stdout_away()  # stdout carries one JSON record per line, for whatever reads it
 
-    async def body(runtime: Any) -> None:
+    async def body(runtime: Any) -> int:
         require_shared_lane(
             runtime,
             separately="a separate exporter would read an empty store",
@@ -73,32 +73,37 @@ def export(
             command="runlane export",
         )
         try:
-            await run_exporters(runtime)
+            return await run_exporters(runtime)
         finally:
             await close_sinks(exporters)
 
-    async def run_exporters(runtime: Any) -> None:
+    async def run_exporters(runtime: Any) -> int:
         if once:
             # Every exporter gets its turn: each has its own checkpoint, so one failing does not hold the
-            # others back. The first failure is raised once all have run (exit status 1).
+            # others back. The first failure is raised once all have run (exit status 1). A first SIGINT or
+            # SIGTERM stops after the current batch, a second at once: a batch may take the endpoint's whole
+            # timeout, which Ctrl-C had to wait for, silently, before the command ended.
             failures: list[RunlaneError] = []
-            for item in exporters:
-                try:
-                    await export_pending(runtime, output, item)
-                except RunlaneError as error:
-                    failures.append(error)
-                    if len(exporters) > 1:
-                        _record(
-                            output,
-                            "exporter_failed",
-                            item,
-                            "exporter failed",
-                            f" ({error.code.value}): {error.message}",
-                            error_code=error.code.value,
-                        )
+            with StopOnSignals(output, finishing="the current batch") as stop:
+                for item in exporters:
+                    if stop.stopping.is_set():
+                        break
+                    try:
+                        await export_pending(runtime, output, item, stopping=stop.stopping)
+                    except RunlaneError as error:
+                        failures.append(error)
+                        if len(exporters) > 1:
+                            _record(
+                                output,
+                                "exporter_failed",
+                                item,
+                                "exporter failed",
+                                f" ({error.code.value}): {error.message}",
+                                error_code=error.code.value,
+                            )
             if failures:
                 raise failures[0]
-            return
+            return interrupted_status(stop)
         controller = CancellationController()
         loops = [(item, runtime.observation_exporter(item.consumer, item.sink)) for item in exporters]
         with StopOnSignals(output, finishing="the current batch") as stop, forward_runtime_logs(output):
@@ -115,8 +120,11 @@ def export(
                 stopping.cancel()
                 controller.abort("runlane export is stopping")
                 await stop_exporters(tasks)
+        return 0
 
-    with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
+    status = with_runtime(ctx, body, wait_for_storage=not once, health_file=health_file)
+    if status:
+        raise typer.Exit(status)
 
 
 async def close_sinks(exporters: Sequence[ConfiguredExporter]) -> None:
@@ -146,11 +154,14 @@ def _record(
     output.record(kind, line, exporter=configured.use, consumer=configured.consumer, **fields)
 
 
-async def export_pending(runtime: Any, output: Output, configured: ConfiguredExporter) -> None:
-    """Export batches until none is pending, then one lifecycle line reports the count."""
+async def export_pending(
+    runtime: Any, output: Output, configured: ConfiguredExporter, *, stopping: asyncio.Event | None = None
+) -> None:
+    """Export batches until none is pending (or ``stopping`` is set, between two batches), then one
+    lifecycle line reports the count."""
     exporter = runtime.observation_exporter(configured.consumer, configured.sink)
     exported = 0
-    while True:
+    while stopping is None or not stopping.is_set():
         tick = await exporter.export_once()
         if tick.status is RunlaneObservationExporterTickStatus.FAILED:
             error = tick.error
