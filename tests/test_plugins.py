@@ -287,6 +287,29 @@ def test_unknown_first_party_lane_says_what_to_install():
     assert raised.value.meta["installed"] == ["local"]
 
 
+def test_every_name_a_first_party_plugin_registers_says_what_to_install_without_it():
+    """A config naming any lane, storage driver, transport or exporter of runlane's own plugins, in an
+    environment without that plugin's distribution, is told which distribution to install."""
+    empty = collect_registries(new_manager())  # as with only runlane installed
+    kinds = {
+        "lanes": empty.lanes,
+        "storage_drivers": empty.storage_drivers,
+        "transports": empty.transports,
+        "exporters": empty.exporters,
+    }
+    checked = []
+    for plugin in get_plugins():
+        if plugin.distribution in (None, "runlane") or not plugin.distribution.startswith("runlane-"):
+            continue
+        for kind, names in plugin.provides.items():
+            for name in names if kind in kinds else ():
+                with pytest.raises(RunlaneError) as raised:
+                    kinds[kind].get(name)
+                assert raised.value.message.endswith(f"Install {plugin.distribution} to get it."), (kind, name)
+                checked.append(name)
+    assert {"local", "sqlite", "postgres-polling", "postgres-sqs", "sqs", "otlp", "otlp-traces"} <= set(checked)
+
+
 def test_an_installed_plugin_the_allowlist_leaves_out_is_named_as_such(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("RUNLANE_LOAD_PLUGINS", "local")
     fresh = new_manager()

@@ -125,6 +125,7 @@ _FIRST_PARTY_HINTS: dict[tuple[str, str], str] = {
     ("lane", "postgres-sqs"): "runlane-sqs",
     ("transport", "sqs"): "runlane-sqs",
     ("exporter", "otlp"): "runlane-otlp",
+    ("exporter", "otlp-traces"): "runlane-otlp",
     ("storage driver", "postgres"): "runlane-postgres",
 }
 
