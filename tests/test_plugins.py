@@ -511,6 +511,26 @@ def test_registration_hooks_run_once_while_the_registered_plugins_stay_the_same(
     assert "counted-lane" not in get_registries().lanes
 
 
+def test_a_command_of_a_first_party_plugin_that_is_not_loaded_says_what_to_do(tmp_path: Path):
+    env = {**os.environ, "RUNLANE_LOAD_PLUGINS": "local"}
+    for args in (["postgres", "migrate"], ["--json", "sqs", "consume"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "runlane", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 2, result.stderr  # a usage error, as for any unknown command
+        distribution = f"runlane-{args[-2]}"
+        assert (
+            f"No such command {args[-2]!r}. {distribution} is installed, but RUNLANE_LOAD_PLUGINS='local' does not "
+            f"load it; add {distribution} there."
+        ) in " ".join(result.stderr.split()), result.stderr
+        assert "Traceback" not in result.stderr
+    unknown = subprocess.run(
+        [sys.executable, "-m", "runlane", "postgress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert unknown.returncode == 2 and "No such command 'postgress'." in unknown.stderr
+    assert "install" not in unknown.stderr.lower()
+
+
 def test_a_cli_command_runs_an_installed_plugins_registration_hooks_once(tmp_path: Path):
     site = tmp_path / "site"
     info = site / "runlane_counted-0.1.dist-info"

@@ -37,7 +37,7 @@ from ..config import LoadedConfig, build_runtime, load_config
 from ..core.runtime import Runlane
 from ..errors import ErrorCode, RunlaneError, describe_exception
 from ..plugins.manager import get_registries, is_first_party, load_plugins, pm, skip_plugin
-from ..plugins.registries import LaneProvider, ProviderContext, Registries, validate_options
+from ..plugins.registries import LaneProvider, ProviderContext, Registries, first_party_hint, validate_options
 from .output import LineStream, Output, forward_runtime_logs, json_import_logs, quiet_connection_pool
 
 __all__ = [
@@ -851,6 +851,15 @@ class _RootGroup(TyperGroup):
         if "--json" in args[1:end]:
             args = ["--json", *[arg for arg in args[:end] if arg != "--json"], *args[end:]]
         return super().parse_args(ctx, args)
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:  # type: ignore[override]
+        # A command of runlane's own plugins (`runlane postgres`) where that plugin is not installed or
+        # did not load: say which distribution brings it, not only that there is no such command.
+        if args and not ctx.resilient_parsing and self.get_command(ctx, args[0]) is None:
+            hint = first_party_hint("command", args[0])
+            if hint:
+                ctx.fail(f"No such command {args[0]!r}.{hint}")
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         try:

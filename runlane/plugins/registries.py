@@ -36,6 +36,7 @@ __all__ = [
     "StorageDriverProvider",
     "TransportProvider",
     "collect_registries",
+    "first_party_hint",
     "registered_by",
     "validate_options",
 ]
@@ -127,7 +128,17 @@ _FIRST_PARTY_HINTS: dict[tuple[str, str], str] = {
     ("exporter", "otlp"): "runlane-otlp",
     ("exporter", "otlp-traces"): "runlane-otlp",
     ("storage driver", "postgres"): "runlane-postgres",
+    ("command", "postgres"): "runlane-postgres",
+    ("command", "sqs"): "runlane-sqs",
 }
+
+
+def first_party_hint(kind: str, name: str) -> str:
+    """For a ``kind`` (``"lane"``, ``"command"``, ...) named ``name`` that nothing registered: what to
+    do when one of runlane's own distributions provides it (install it, or why its plugin did not load),
+    with a leading space; ``""`` for any other name."""
+    distribution = _FIRST_PARTY_HINTS.get((kind, name))
+    return _missing_hint(distribution) if distribution else ""
 
 
 def _missing_hint(distribution: str) -> str:
@@ -256,8 +267,7 @@ class ProviderRegistry(Generic[P]):
         if provider is not None:
             return provider
         installed = ", ".join(f"{n} (plugin {p.plugin})" for n, p in sorted(self._providers.items())) or "none"
-        hint = _FIRST_PARTY_HINTS.get((self.kind, name))
-        install = _missing_hint(hint) if hint else _left_out_hint() + _skipped_hint()
+        install = first_party_hint(self.kind, name) or _left_out_hint() + _skipped_hint()
         raise _invalid(
             f"Unknown {self.kind} {name!r}; installed {self.kind}s: {installed}.{install}",
             kind=self.kind,
