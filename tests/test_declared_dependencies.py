@@ -14,10 +14,12 @@ import re
 import subprocess
 import sys
 import textwrap
+import tomllib
 from importlib.metadata import PackageNotFoundError, packages_distributions, requires
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 from cli_support import cli_env, make_project
 
@@ -127,3 +129,23 @@ def test_a_project_on_a_sqlite_file_runs_with_only_the_declared_dependencies(tmp
     listed = run_with_declared_only(project, "--json", "runs", "list")
     assert listed.returncode == 0, listed.stderr
     assert {run["status"] for run in json.loads(listed.stdout)["data"]} == {"succeeded"}
+
+
+# The oldest release of each requirement that runlane's code was run against and works with: an older one
+# that a declared lower bound lets pip pick breaks a fresh install that resolves to it (a constraints file,
+# an older lock file, a Linux distribution's package). What each older release lacks is noted.
+VERIFIED_MINIMUMS = {
+    "pydantic": "2.9",  # 2.7 and 2.8 fail to serialize some run events (run.failed) to JSON
+    "croniter": "6",  # the first release to export CroniterError, which runlane.core.schedules imports
+    "typer": "0.16",  # 0.12 refuses `Path | None` options; 0.15 an enum option's default
+}
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_declared_lower_bounds_are_releases_runlane_works_with():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    declared = {_name(req.name): req for req in map(Requirement, project["dependencies"])}
+    for name, minimum in VERIFIED_MINIMUMS.items():
+        lower = [Version(spec.version) for spec in declared[name].specifier if spec.operator in (">=", "==", "~=")]
+        assert lower, f"{name} is declared without a lower bound"
+        assert max(lower) >= Version(minimum), f"{name}{declared[name].specifier} allows releases older than {minimum}"
