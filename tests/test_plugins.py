@@ -524,9 +524,8 @@ def test_a_command_of_a_first_party_plugin_that_is_not_loaded_says_what_to_do(tm
             f"load it; add {distribution} there."
         ) in " ".join(result.stderr.split()), result.stderr
         assert "Traceback" not in result.stderr
-    unknown = subprocess.run(
-        [sys.executable, "-m", "runlane", "postgress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
-    )
+    command = [sys.executable, "-m", "runlane", "postgress"]
+    unknown = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert unknown.returncode == 2 and "No such command 'postgress'." in unknown.stderr
     assert "install" not in unknown.stderr.lower()
 
