@@ -135,17 +135,25 @@ def test_a_project_on_a_sqlite_file_runs_with_only_the_declared_dependencies(tmp
 # that a declared lower bound lets pip pick breaks a fresh install that resolves to it (a constraints file,
 # an older lock file, a Linux distribution's package). What each older release lacks is noted.
 VERIFIED_MINIMUMS = {
-    "pydantic": "2.9",  # 2.7 and 2.8 fail to serialize some run events (run.failed) to JSON
-    "croniter": "6",  # the first release to export CroniterError, which runlane.core.schedules imports
-    "typer": "0.16",  # 0.12 refuses `Path | None` options; 0.15 an enum option's default
+    ".": {
+        "pydantic": "2.9",  # 2.7 and 2.8 fail to serialize some run events (run.failed) to JSON
+        "croniter": "6",  # the first release to export CroniterError, which runlane.core.schedules imports
+        "typer": "0.16",  # 0.12 refuses `Path | None` options; 0.15 an enum option's default
+    },
+    "plugins/postgres": {
+        "psycopg": "3.3",  # 3.2's libpq wrapper refuses a tuple of statement parameters
+    },
 }
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_the_declared_lower_bounds_are_releases_runlane_works_with():
-    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    declared = {_name(req.name): req for req in map(Requirement, project["dependencies"])}
-    for name, minimum in VERIFIED_MINIMUMS.items():
-        lower = [Version(spec.version) for spec in declared[name].specifier if spec.operator in (">=", "==", "~=")]
-        assert lower, f"{name} is declared without a lower bound"
-        assert max(lower) >= Version(minimum), f"{name}{declared[name].specifier} allows releases older than {minimum}"
+    for directory, minimums in VERIFIED_MINIMUMS.items():
+        project = tomllib.loads((REPO / directory / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+        declared = {_name(req.name): req for req in map(Requirement, project["dependencies"])}
+        for name, minimum in minimums.items():
+            specifier = declared[name].specifier
+            lower = [Version(spec.version) for spec in specifier if spec.operator in (">=", "==", "~=")]
+            assert lower, f"{project['name']}: {name} is declared without a lower bound"
+            too_old = f"{project['name']}: {name}{specifier} allows releases before {minimum}"
+            assert max(lower) >= Version(minimum), too_old
