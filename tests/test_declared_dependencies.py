@@ -136,9 +136,13 @@ def test_a_project_on_a_sqlite_file_runs_with_only_the_declared_dependencies(tmp
 # an older lock file, a Linux distribution's package). What each older release lacks is noted.
 VERIFIED_MINIMUMS = {
     ".": {
-        "pydantic": "2.9",  # 2.7 and 2.8 fail to serialize some run events (run.failed) to JSON
+        # Before 2.12 an option named `schema` left out is BaseModel.schema, not its default (the Postgres
+        # lanes' option); before 2.9 some run events (run.failed) fail to serialize to JSON.
+        "pydantic": "2.12",
         "croniter": "6",  # the first release to export CroniterError, which runlane.core.schedules imports
-        "typer": "0.16",  # 0.12 refuses `Path | None` options; 0.15 an enum option's default
+        # The first with typer.TyperException (runlane.cli.main); 0.12 refuses `Path | None` options and 0.15
+        # an enum option's default.
+        "typer": "0.28",
     },
     "plugins/postgres": {
         "psycopg": "3.3",  # 3.2's libpq wrapper refuses a tuple of statement parameters
