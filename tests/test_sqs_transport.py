@@ -553,3 +553,19 @@ def test_credentials_aws_refuses_are_an_outage_to_retry_not_a_refusal_for_good(
     assert error.code is ErrorCode.TRANSPORT_UNAVAILABLE and error.retryable is True
     assert hint in error.message and not_hinted not in error.message and "nothing is lost" in error.message
     assert error.meta["provider_code"] == code
+
+
+def test_the_test_server_without_the_testing_extra_says_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: None if name == "moto" else find_spec(name, *args)
+    )
+    server = SqsTestServer()
+    try:
+        with pytest.raises(RuntimeError, match=r"needs moto: install .*pip install 'runlane-sqs\[testing\]'"):
+            server.start()
+        assert not server.running
+    finally:
+        server.stop()

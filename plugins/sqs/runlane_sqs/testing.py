@@ -15,6 +15,7 @@ wait is bounded. Credentials are dummies; traffic never leaves the loopback inte
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -70,6 +71,12 @@ class SqsTestServer:
         """Start the server and wait until it answers SQS calls (at most ``startup_timeout`` seconds)."""
         if self.running:
             return self
+        missing = [name for name in ("moto", "flask", "flask_cors") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise RuntimeError(
+                f"The SQS test server runs moto's server mode, which needs {', '.join(missing)}: install the "
+                "plugin's testing extra (pip install 'runlane-sqs[testing]')."
+            )
         with self._log.open("ab") as log:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
