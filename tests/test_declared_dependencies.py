@@ -4,11 +4,15 @@ requirements of ``runlane[tui]`` and the plugin distributions, not this reposito
 The development environment also holds the test extra and what the test servers need (pytest, moto,
 Flask, and with them Click, which Typer no longer requires). Each check here runs the ``runlane``
 command in a fresh interpreter where every top-level module that only such undeclared distributions
-provide cannot be imported, as in a fresh install, so a leaked import fails here instead of there.
+provide cannot be imported, as in a fresh install, so a leaked import fails here instead of there. The
+source of each distribution is also read for imports its own requirements do not bring (on paths no command
+here runs, or from a sibling plugin's requirements), and the declared lower bounds are kept at releases
+runlane works with.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -37,10 +41,10 @@ def _name(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
-def declared_closure() -> set[str]:
-    """The normalized names of the distributions ``INSTALLED`` brings, requirements of requirements too."""
+def declared_closure(installed: tuple[tuple[str, tuple[str, ...]], ...] = INSTALLED) -> set[str]:
+    """The normalized names of the distributions ``installed`` brings, requirements of requirements too."""
     seen: set[str] = set()
-    pending = [(name, extras) for name, extras in INSTALLED]
+    pending = [(name, extras) for name, extras in installed]
     while pending:
         name, extras = pending.pop()
         key = _name(name)
@@ -161,3 +165,52 @@ def test_the_declared_lower_bounds_are_releases_runlane_works_with():
             assert lower, f"{project['name']}: {name} is declared without a lower bound"
             too_old = f"{project['name']}: {name}{specifier} allows releases before {minimum}"
             assert max(lower) >= Version(minimum), too_old
+
+
+# Each distribution's code, and what it may import beyond what its own requirements bring, with why.
+SOURCES = {
+    "runlane": ("runlane", "_runlane_entry.py"),
+    "runlane-local": ("plugins/local/runlane_local",),
+    "runlane-postgres": ("plugins/postgres/runlane_postgres",),
+    "runlane-sqs": ("plugins/sqs/runlane_sqs",),
+    "runlane-otlp": ("plugins/otlp/runlane_otlp",),
+}
+ALSO_ALLOWED = {
+    "runlane/tui/": {"textual"},  # the dashboard: the tui extra
+    "runlane/testing/": {"pytest"},  # the conformance suites are pytest classes, for a plugin's own tests
+    "runlane/config.py": {"tomli"},  # only on Python 3.10 and older, where the requirement's marker holds
+}
+
+
+def _python_files(source: Path) -> list[Path]:
+    return [source] if source.suffix == ".py" else sorted(source.rglob("*.py"))
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names
+
+
+def test_each_distribution_imports_only_what_its_own_requirements_bring():
+    """Checked on the source, every module and function, so an import on a path no command above runs (the
+    dashboard, the SQS consumer, an exporter) counts too, and a plugin installed without its siblings (say
+    runlane-local alone) does not import what only another plugin's requirements bring."""
+    providers = packages_distributions()
+    stdlib = set(sys.stdlib_module_names)
+    leaks = []
+    for distribution, sources in SOURCES.items():
+        brought = declared_closure(((distribution, ()),))
+        for path in (path for source in sources for path in _python_files(REPO / source)):
+            relative = path.relative_to(REPO).as_posix()
+            allowed = set().union(*(names for prefix, names in ALSO_ALLOWED.items() if relative.startswith(prefix)))
+            for module in sorted(_top_level_imports(path) - stdlib - allowed):
+                if _name(module) in brought:
+                    continue
+                if not any(_name(provider) in brought for provider in providers.get(module, ())):
+                    leaks.append(f"{relative} imports {module}, which {distribution}'s requirements do not bring")
+    assert not leaks, "\n".join(leaks)
