@@ -20,6 +20,7 @@ __all__ = [
     "is_json_value",
     "is_unicode_text",
     "json_value_problem",
+    "nested_too_deeply",
     "non_finite_float_path",
     "json_escape_char",
     "shown_path",
@@ -65,6 +66,19 @@ def _writable(value: int) -> bool:
 # a few levels of its own, and the encoders stop at 255 levels: refused here, a deeper value is the
 # caller's error, instead of a failure of the write that stores it.
 MAX_JSON_DEPTH = 200
+
+
+def nested_too_deeply(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether parsed JSON (lists and dicts in one another) nests more than ``limit`` levels deep, found
+    without recursion: how deep a parser itself gets before it gives up varies with the Python release."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def _check(value: Any, path: str, active: set[int], depth: int = 0) -> None:

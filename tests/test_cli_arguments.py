@@ -127,6 +127,8 @@ MALFORMED = [
     (("trigger", "mail.send", ""), "PAYLOAD_JSON", "an empty string: JSON needs a value"),
     (("trigger", "mail.send", "{}", "--meta", " "), "--meta", "an empty string: JSON needs a value"),
     (("trigger", "mail.send", "[" * 3000 + "]" * 3000), "PAYLOAD_JSON", "nested too deeply"),
+    # Deeper than a payload may nest, though every Python release's parser reads it.
+    (("trigger", "mail.send", '{"a": ' + "[" * 250 + "]" * 250 + "}"), "PAYLOAD_JSON", "at most 200 levels"),
     (("trigger", "mail.send", '{"n": ' + "1" * 5000 + "}"), "PAYLOAD_JSON", "a number too long to read"),
     (("runs", "list", "--created-from", "0001-01-01T00:00:00+01:00"), "--created-from", "is not a valid date"),
     (("runs", "list", "--updated-to", "9999-12-31T23:59:59-01:00"), "--updated-to", "is not a valid date"),

@@ -28,6 +28,7 @@ from ..core.runtime import MAX_WORKER_CONCURRENCY
 from ..defaults import contract_defaults
 from ..durations import duration_ms, parse_duration
 from ..errors import ErrorCode, RunlaneError
+from ..json_values import MAX_JSON_DEPTH, nested_too_deeply
 
 if TYPE_CHECKING:
     # The context Typer's commands are given: its vendored Click's, not ``typer.Context``.
@@ -386,11 +387,19 @@ def parse_json(text: str | None, what: str, *, require_object: bool = False) -> 
             argument=what,
         ) from None
     except RecursionError:
-        raise _invalid(f"{what} is nested too deeply to be read as JSON.", argument=what) from None
+        value = None
+        nested = True
     except ValueError:  # a number of more than 4,300 digits, which Python refuses to convert
         raise _invalid(
             f"{what} has a number too long to read; JSON numbers here have at most 4,300 digits.", argument=what
         ) from None
+    else:
+        # The parser's own limit differs between Python releases (3.13 reads 3,000 levels): one rule for all.
+        nested = nested_too_deeply(value)
+    if nested:
+        raise _invalid(
+            f"{what} is nested too deeply to be read as JSON (at most {MAX_JSON_DEPTH} levels).", argument=what
+        )
     if require_object and not isinstance(value, dict):
         raise _invalid(f"{what} must be a JSON object, such as '{{\"key\": \"value\"}}'.", argument=what)
     return value
