@@ -214,3 +214,12 @@ def test_each_distribution_imports_only_what_its_own_requirements_bring():
                 if not any(_name(provider) in brought for provider in providers.get(module, ())):
                     leaks.append(f"{relative} imports {module}, which {distribution}'s requirements do not bring")
     assert not leaks, "\n".join(leaks)
+
+
+def test_every_distribution_ships_the_license_text_its_metadata_names():
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("MIT License")
+    for project in (root, *(path.parent for path in sorted(root.glob("plugins/*/pyproject.toml")))):
+        assert 'license = "MIT"' in (project / "pyproject.toml").read_text(encoding="utf-8"), project
+        assert (project / "LICENSE").read_text(encoding="utf-8") == text, f"{project}/LICENSE differs"
