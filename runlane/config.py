@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .core.authoring import QueueDefinition, TaskDefinition
 from .core.lanes import Lane
-from .core.runtime import Runlane, create_runlane
+from .core.runtime import Runlane, create_runlane, environment_name_problem
 from .defaults import contract_defaults
 from .durations import duration_ms
 from .errors import ErrorCode, RunlaneError, pydantic_message
@@ -293,9 +293,18 @@ class _Strict(BaseModel):
 class RunlaneSection(_Strict):
     """``[runlane]``: the durable environment and where the runtime comes from."""
 
-    environment: str = Field(default=contract_defaults.environment, min_length=1, max_length=200)
+    environment: str = Field(default=contract_defaults.environment, min_length=1)
     tasks: list[str] = Field(default_factory=list)
     runtime: str | None = None
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _environment_name(cls, value: Any) -> Any:
+        # Before pydantic's own string check, which calls a lone surrogate "raw data" it cannot parse.
+        problem = environment_name_problem(value) if isinstance(value, str) and value else None
+        if problem is not None:
+            raise ValueError(f"{problem}; name it with plain text, such as 'production'")
+        return value
 
     @field_validator("tasks")
     @classmethod

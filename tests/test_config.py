@@ -898,6 +898,31 @@ def test_runtime_environment_mismatch_is_invalid(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("prod\udcff", "it has a lone surrogate (bytes that are not UTF-8"),  # a variable holding Latin-1 bytes
+        ("\u00e9" * 101, "longer than 200 bytes of UTF-8"),  # 101 characters, 202 bytes
+        ("a\x00b", "it contains NUL"),
+    ],
+)
+def test_an_environment_no_lane_can_store_is_refused_at_its_key(tmp_path: Path, value: str, problem: str) -> None:
+    """The file's environment is checked like create_runlane's, and the error names the key it came from."""
+    error = invalid(
+        tmp_path,
+        """
+        [runlane]
+        environment = "${RUNLANE_ENVIRONMENT}"
+        tasks = []
+        [lane]
+        use = "local"
+        """,
+        {"RUNLANE_ENVIRONMENT": value},
+    )
+    assert "[runlane] key 'environment'" in error.message and problem in error.message
+    assert "such as 'production'" in error.message
+
+
+@pytest.mark.parametrize(
     ("attribute", "expected"),
     [
         ("returns_wrong_thing", "returned dict, not a Runlane"),

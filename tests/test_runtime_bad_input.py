@@ -330,9 +330,9 @@ async def test_a_cancel_reason_or_actor_id_that_is_not_valid_unicode_is_refused_
     [
         ("", "at least 1 character"),
         ("a\x00b", "it contains NUL"),
-        ("prod\udcff", "unicode string"),
+        ("prod\udcff", "lone surrogate (bytes that are not UTF-8"),
         ("\U0001f600" * 51, "longer than 200 bytes of UTF-8"),  # 51 characters, 204 bytes
-        ("x" * 201, "at most 200 characters"),
+        ("x" * 201, "longer than 200 bytes of UTF-8"),
     ],
 )
 def test_an_environment_name_no_lane_can_store_is_refused_by_create_runlane(name: str, problem: str):

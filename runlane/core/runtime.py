@@ -3341,16 +3341,21 @@ def _shown(name: str) -> str:
     return repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)} characters)"
 
 
-def _check_environment_name(name: str) -> None:
-    """Refuse an environment name some lane cannot store: NUL (Postgres text refuses it), a lone surrogate
-    (no storage encodes it), or more than ``_MAX_ENVIRONMENT_BYTES`` of UTF-8."""
-    problem = None
+def environment_name_problem(name: str) -> str | None:
+    """What keeps a non-empty ``name`` from naming an environment every lane can store, or ``None``: NUL
+    (Postgres text refuses it), a lone surrogate (no storage encodes it; it is what bytes that are not
+    UTF-8 become in an environment variable), or more than ``_MAX_ENVIRONMENT_BYTES`` of UTF-8."""
     if "\x00" in name:
-        problem = "it contains NUL"
-    elif not is_unicode_text(name):
-        problem = "it is not valid Unicode text (it has a lone surrogate)"
-    elif len(name.encode("utf-8")) > _MAX_ENVIRONMENT_BYTES:
-        problem = f"it is longer than {_MAX_ENVIRONMENT_BYTES} bytes of UTF-8"
+        return "it contains NUL"
+    if not is_unicode_text(name):
+        return "it has a lone surrogate (bytes that are not UTF-8, as in a variable or a command line)"
+    if len(name.encode("utf-8")) > _MAX_ENVIRONMENT_BYTES:
+        return f"it is longer than {_MAX_ENVIRONMENT_BYTES} bytes of UTF-8"
+    return None
+
+
+def _check_environment_name(name: str) -> None:
+    problem = environment_name_problem(name)
     if problem is not None:
         raise _invalid(
             f"Invalid environment {_shown(name)}: {problem}; name it with plain text, such as 'production'.",
@@ -3462,6 +3467,7 @@ def create_runlane(
                 )
 
     if isinstance(environment, str):
+        _check_environment_name(environment)
         try:
             env = Environment.model_validate({"name": environment})
         except ValidationError as error:
