@@ -1696,6 +1696,36 @@ async def test_operator_reads_and_actions_are_scoped_to_the_runtime_environment(
         assert await id_set(production) == {failed.id, done.id, queued.id}
 
 
+async def test_a_list_or_events_cursor_of_another_environment_is_refused_as_one():
+    clock = ControlledClock()
+    store = LocalStorageStore()
+
+    def runtime_for(environment: str):
+        lane = create_lane(
+            storage=local_storage_driver(store=store, clock=clock),
+            delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING),
+            name=f"lane-{environment}",
+        )
+        return create_runlane(lane=lane, queues=QUEUES, tasks=ALL_TASKS, clock=clock, environment=environment)
+
+    production, staging = runtime_for("production"), runtime_for("staging")
+    async with production, staging:
+        for runtime in (production, staging):  # the same run ids in both
+            for number in range(2):
+                await runtime.trigger(work, {"mode": "ok"}, run_id=f"run_{number}")
+        listing = (await production.runs.list(limit=1)).next_cursor
+        events = (await production.runs.events("run_0", limit=1)).next_cursor
+        assert listing is not None and events is not None
+        other = "This cursor belongs to another environment; restart the listing without a cursor."
+        for call in (staging.runs.list(limit=1, cursor=listing), staging.runs.events("run_0", limit=1, cursor=events)):
+            assert (await rejects(ErrorCode.VALIDATION_FAILED, call)).message == other
+        # Within one environment, another filter is still told apart from another environment.
+        filtered = production.runs.list(limit=1, cursor=listing, statuses=["queued"])
+        refused = await rejects(ErrorCode.VALIDATION_FAILED, filtered)
+        assert "belongs to a different filter or sort" in refused.message
+        assert len((await production.runs.list(limit=1, cursor=listing)).data) == 1
+
+
 async def test_list_cursor_continues_by_key_when_runs_are_created_between_pages():
     runtime, clock = make()
     async with runtime:

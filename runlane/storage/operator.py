@@ -200,10 +200,14 @@ def decode_operator_cursor(cursor: str | None, kind: PaginationCursorKind, filte
         or not isinstance(payload.get("last"), list)
     ):
         raise RunlaneError(ErrorCode.VALIDATION_FAILED, "Malformed cursor: pass back the whole next_cursor value unchanged.", meta={"field": "cursor"})
-    if payload.get("scope") != _scope(kind, filter):
+    scope = _scope(kind, filter)
+    if payload.get("scope") != scope:
+        other = _environment_of(payload.get("scope"))
+        moved = other is not None and other != _environment_of(scope)
+        belongs_to = "another environment" if moved else "a different filter or sort"
         raise RunlaneError(
             ErrorCode.VALIDATION_FAILED,
-            "This cursor belongs to a different filter or sort; restart the listing without a cursor.",
+            f"This cursor belongs to {belongs_to}; restart the listing without a cursor.",
             meta={"field": "cursor"},
         )
     last = payload["last"]
@@ -214,6 +218,16 @@ def decode_operator_cursor(cursor: str | None, kind: PaginationCursorKind, filte
     ):
         raise RunlaneError(ErrorCode.VALIDATION_FAILED, "Malformed cursor position.", meta={"field": "cursor"})
     return tuple(last)
+
+
+def _environment_of(scope: object) -> object:
+    """The environment a cursor scope's filter names (``None`` when it names none or is not a scope)."""
+    try:
+        data = json.loads(scope) if isinstance(scope, str) else None
+    except ValueError:
+        return None
+    found = data.get("filter") if isinstance(data, dict) else None
+    return found.get("environment") if isinstance(found, dict) else None
 
 
 def _fits(last: list[str], filter: RunlaneModel | dict[str, Any]) -> bool:
