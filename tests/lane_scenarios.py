@@ -705,6 +705,88 @@ class LaneScenarios:
 
         self.run(body)
 
+    def test_two_environments_over_one_store_keep_runs_keys_capacity_signals_waits_and_streams_apart(
+        self, lanes: LaneFactory
+    ) -> None:
+        """Two runtimes over the same storage, in environments whose names are a prefix of each other and
+        hold characters that matter in keys: the same run ids and keys, a full bounded queue, a signal, a
+        completion wait, a schedule, the observation stream, trim and prune of one never reach the other."""
+        hold = asyncio.Event()
+
+        @task("env.limited", queue=LIMITED)
+        async def limited(payload: dict, ctx: TaskContext) -> str:
+            if payload.get("hold"):
+                await asyncio.wait_for(hold.wait(), 30)
+            return ctx.environment.name
+
+        @task("env.waits")
+        async def waits(payload: dict, ctx: TaskContext) -> Any:
+            if ctx.attempt == 1:
+                return ctx.wait_for_signal("approved") if payload["on"] == "signal" else ctx.wait_for_run("source")
+            return "resumed"
+
+        @task("env.plain", schedule=schedule("env.minutely", every="1m"))
+        async def plain(payload: Any = None) -> str:
+            return "plain"
+
+        async def body() -> None:
+            clock = ControlledClock()
+            tasks = (limited, waits, plain)
+            a, _ = self.runtime(lanes.new(), *tasks, clock=clock, environment="t:1 /%")
+            b, _ = self.runtime(lanes.peer(), *tasks, clock=clock, environment="t:1 /%2")
+            async with a, b:
+                keys = {"idempotency_key": "k", "singleton_key": "s"}
+                for runtime in (a, b):
+                    created = await runtime.trigger(limited, {"hold": runtime is a}, run_id="run", **keys)
+                    assert created.outcome is TriggerOutcomeType.CREATED
+                # a holds its one slot of the bounded queue; b's run of the same id still runs at once.
+                holding = asyncio.ensure_future(a.execute_next())
+                for _ in range(2000):
+                    if (await a.runs.get("run")).status is RunStatus.RUNNING:
+                        break
+                    await asyncio.sleep(0.001)
+                assert (await a.runs.get("run")).status is RunStatus.RUNNING
+                done = await b.execute_next()
+                assert done is not None and done.environment.name == "t:1 /%2" and done.output == "t:1 /%2"
+                assert (await b.trigger(limited, {}, idempotency_key="k")).run.id == "run"
+                await b.idempotency_keys.reset(limited, key="k")
+                again = await a.trigger(limited, {}, idempotency_key="k")
+                assert again.outcome is TriggerOutcomeType.RETURNED_EXISTING  # b's reset left a's owner
+                hold.set()
+                assert (await holding).output == "t:1 /%"
+
+                for runtime in (a, b):
+                    await runtime.trigger(waits, {"on": "signal"}, run_id="signal")
+                    await runtime.trigger(waits, {"on": "run"}, run_id="completion")
+                    assert (await runtime.execute_next()).status is RunStatus.RELEASED
+                    assert (await runtime.execute_next()).status is RunStatus.RELEASED
+                assert [run.environment.name for run in await b.signals.send("approved")] == ["t:1 /%2"]
+                await b.trigger(limited, {}, run_id="source")
+                assert (await b.execute_next()).id == "source"
+                resumed = [await b.execute_next(), await b.execute_next()]  # completion: by b's own source run
+                assert {(run.id, run.output) for run in resumed} == {("signal", "resumed"), ("completion", "resumed")}
+                assert await a.execute_next() is None  # neither the signal nor b's source run resumed a's
+                for run_id in ("signal", "completion"):
+                    assert (await a.runs.get(run_id)).status is RunStatus.RELEASED
+
+                assert (await b.tick()).materialized == 1
+                assert (await a.runs.list(task_ids=["env.plain"])).data == []
+                assert (await a.tick()).materialized == 1  # the same schedule id fires in each environment
+
+                a_records = (await a.observations.scan(limit=500)).records
+                b_records = (await b.observations.scan(limit=500)).records
+                assert {record.observation.environment.name for record in a_records} == {"t:1 /%"}
+                assert {record.observation.environment.name for record in b_records} == {"t:1 /%2"}
+                clock.advance("2d")
+                assert (await b.observations.trim(older_than="1d")).deleted == len(b_records)
+                assert (await a.observations.scan(limit=500)).records == a_records
+                a_runs = {summary.id for summary in (await a.runs.list(limit=100)).data}
+                assert (await b.runs.prune(older_than="1d")).pruned == 4  # run, source, signal, completion
+                assert {summary.id for summary in (await a.runs.list(limit=100)).data} == a_runs
+                assert {"run", "signal", "completion"} <= a_runs
+
+        self.run(body)
+
     def test_a_run_of_the_longest_environment_name_waits_for_the_longest_signal_key(self, lanes: LaneFactory) -> None:
         """With an environment name of 200 bytes, a run with an id as long as its trigger takes on the lane
         (400 characters) waits for a signal key of 512 characters: on Postgres a key past 256 bytes took the
