@@ -75,9 +75,9 @@ def test_two_terminal_flow_sees_the_dev_process_state(project: Project, dev: sub
     mode = stat.S_IMODE(session.file.stat().st_mode)
     assert mode == 0o600
     recorded = json.loads(session.file.read_text())
-    assert set(recorded) == {"config_path", "port", "token", "pid", "started_at", "lane", "lane_name"}
-    assert recorded["lane_name"] == "local"
+    assert set(recorded) == {"config_path", "port", "token", "pid", "started_at", "lane", "environment", "lane_name"}
     assert recorded["config_path"] == str(project.config.resolve())
+    assert (recorded["environment"], recorded["lane_name"]) == ("default", "local")
 
     triggered = project.json("trigger", "emails.welcome", '{"user_id": "u1"}')
     run_id = triggered["run"]["id"]

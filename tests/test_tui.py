@@ -821,6 +821,43 @@ async def test_the_dashboard_follows_runlane_dev_to_the_process_a_restart_starte
     assert "start runlane dev again and the dashboard reconnects" in raised.value.message
 
 
+def test_through_runlane_dev_the_dashboard_names_the_environment_and_lane_its_runtime_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``runtime = "module:attribute"`` only the runtime names its environment and lane: the title
+    said ``default · lane runtime``, another environment than the one whose runs it showed."""
+    from typer.testing import CliRunner
+
+    import runlane.cli.tui as tui_command
+    from cli_support import Project, running_dev, write
+    from runlane.cli.main import build_app
+
+    root, tmpdir = tmp_path / "proj", tmp_path / "tmp"
+    tmpdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))  # this process computes the same session paths
+    write(root / "app" / "__init__.py", "")
+    write(
+        root / "app" / "runtime.py",
+        BRIDGE_TASKS + "\n\nfrom runlane import create_runlane\nfrom runlane_local import local_lane\n\n"
+        'runlane = create_runlane(lane=local_lane(name="memory"), queues=[default, parked], tasks=[ping, later], '
+        'environment="prod")\n',
+    )
+    write(root / "runlane.toml", '[runlane]\nruntime = "app.runtime:runlane"\n')
+    opened: list[Any] = []
+
+    async def open_dashboard(app: Any, ctx: Any) -> None:  # in place of running it in a terminal
+        opened.append(app)
+
+    monkeypatch.setattr(tui_command, "_run", open_dashboard)
+    monkeypatch.chdir(root)
+    with running_dev(Project(root, tmpdir), "--queue", "default") as dev:
+        result = CliRunner().invoke(build_app(), ["tui"])
+        assert result.exit_code == 0, result.output
+    (app,) = opened
+    assert (app.client.environment, app.client.lane) == ("prod", "memory")
+    assert app.client.where == f"runlane dev (pid {dev.pid})"
+
+
 def test_runlane_tui_refuses_a_process_local_lane_without_runlane_dev(dev_project: Any) -> None:
     result = dev_project.cli("tui")
     assert result.returncode == 1

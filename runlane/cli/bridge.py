@@ -94,7 +94,10 @@ class Session:
     started_at: str
     file: Path
     lane: str | None = None  # ``lane_signature`` of the configuration it was started with
-    lane_name: str | None = None  # the name of the lane it serves (``runtime.lane.name``), for display
+    # What its runtime serves: the environment and lane names (``None`` in a file of an earlier release).
+    # With ``runtime = "module:attribute"`` only the runtime knows them, not the configuration file.
+    environment: str | None = None
+    lane_name: str | None = None
 
 
 def session_dir() -> Path:
@@ -164,7 +167,13 @@ def lane_signature(config: Any) -> str:
 
 
 def write_session(
-    config_path: Path | str, *, port: int, token: str, lane: str | None = None, lane_name: str | None = None
+    config_path: Path | str,
+    *,
+    port: int,
+    token: str,
+    lane: str | None = None,
+    environment: str | None = None,
+    lane_name: str | None = None,
 ) -> Session:
     """Atomically (re)write the session file for ``config_path`` with mode 0600."""
     session = Session(
@@ -175,6 +184,7 @@ def write_session(
         started_at=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         file=session_path(config_path),
         lane=lane,
+        environment=environment,
         lane_name=lane_name,
     )
     _store_session(session)
@@ -201,6 +211,7 @@ def _store_session(session: Session) -> None:
         "pid": session.pid,
         "started_at": session.started_at,
         "lane": session.lane,
+        "environment": session.environment,
         "lane_name": session.lane_name,
     }
     fd, temporary = tempfile.mkstemp(prefix=".session-", suffix=".tmp", dir=directory)  # created 0600
@@ -263,8 +274,9 @@ def read_session(config_path: Path | str) -> Session | None:
             pid=int(document["pid"]),
             started_at=str(document["started_at"]),
             file=target,
-            lane=document.get("lane") if isinstance(document.get("lane"), str) else None,
-            lane_name=document.get("lane_name") if isinstance(document.get("lane_name"), str) else None,
+            lane=_text_or_none(document.get("lane")),
+            environment=_text_or_none(document.get("environment")),
+            lane_name=_text_or_none(document.get("lane_name")),
         )
     except (ValueError, KeyError, TypeError):
         with contextlib.suppress(OSError):
@@ -273,6 +285,10 @@ def read_session(config_path: Path | str) -> Session | None:
     if session.config_path != _resolved(config_path) or not 0 < session.port < 65536:
         return None
     return session
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def discard_session(session: Session) -> None:
@@ -365,7 +381,12 @@ class BridgeServer:
         if previous is not None and previous.pid != os.getpid() and pid_alive(previous.pid):
             self.superseded = previous  # the latest dev wins; that one serves again once this one stops
         self.session = write_session(
-            self.config_path, port=self.port, token=self.token, lane=self.lane, lane_name=self.runtime.lane.name
+            self.config_path,
+            port=self.port,
+            token=self.token,
+            lane=self.lane,
+            environment=self.runtime.environment.name,
+            lane_name=self.runtime.lane.name,
         )
         return self.session
 

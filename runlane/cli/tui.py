@@ -77,9 +77,6 @@ def tui(
             and pid_alive(session.pid)
             and serves(session, lane_signature(config), state_of(ctx).output)
         ):
-            # The name of the lane the dev process serves, as it prints it (a dev process of a version that does
-            # not record it: the lane's kind, or "runtime" for a runtime factory).
-            lane = session.lane_name or (config.lane.use if config.lane is not None else "runtime")
             signature = lane_signature(config)
 
             def find_session() -> Any:
@@ -89,8 +86,13 @@ def tui(
                     return None
                 return found
 
+            # The names the dev process's runtime serves (a runtime = "module:attribute" names its own),
+            # else, from a dev of an earlier release, what the file says.
             client = client_type.bridged(
-                session, lane=lane, environment=config.environment, find_session=find_session
+                session,
+                lane=session.lane_name or (config.lane.use if config.lane is not None else "runtime"),
+                environment=session.environment or config.environment,
+                find_session=find_session,
             )
             try:
                 await client.queues()  # a session that no longer answers is discarded here

@@ -123,6 +123,7 @@ class DashboardClient:
                 if found is not None and found != current:
                     current = found
                     client.where = _dev_where(found)
+                    client.environment = found.environment or client.environment
                     client.lane = found.lane_name or client.lane
                     rendered = await exchange(current, op, parsed, Output(json_mode=True), quiet=quiet)
             if rendered is None:
