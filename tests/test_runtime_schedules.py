@@ -700,6 +700,28 @@ async def test_a_tick_in_a_new_process_each_time_still_gives_every_schedule_its_
     assert sum(fired.values()) == 9
 
 
+async def test_two_applications_with_other_schedules_in_one_environment_each_give_every_schedule_its_turn():
+    # Each application's pass stops at its limit and saves where the next starts: a schedule id the other
+    # application does not have, so each started every pass with its first schedule and never reached
+    # its later ones.
+    @task("billing.sync", schedule=[schedule(f"billing.s{n}", every="1m", payload={"n": n}) for n in range(3)])
+    async def billing(payload: dict) -> None:
+        return None
+
+    @task("mail.sync", schedule=[schedule(f"mail.s{n}", every="1m", payload={"n": n}) for n in range(3)])
+    async def mail(payload: dict) -> None:
+        return None
+
+    (first, second, reader), clock = shared_runtimes([billing], [mail], [billing, mail], clock=ControlledClock(T0))
+    async with first, second, reader:
+        for _ in range(3):
+            clock.advance("1m")  # every schedule is due again at each pass: the limit decides who fires
+            assert (await first.tick(schedule_materialization_limit=1)).materialized == 1
+            assert (await second.tick(schedule_materialization_limit=1)).materialized == 1
+        fired = {run.source.schedule_id for run in (await reader.runs.list(limit=100)).data}
+    assert fired == {f"{app}.s{n}" for app in ("billing", "mail") for n in range(3)}
+
+
 # ---------------------------------------------------------------------------------------------
 # Schedules that cannot fire, and fire times competing for one singleton key
 

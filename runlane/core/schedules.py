@@ -15,7 +15,7 @@ the middle part and the pure timing rules in front of it:
 
   | ``schedule_latest_occurrences`` | env, schedule_id | ``{occurrence_id, fire_at}`` |
 
-  | ``schedule_rotation`` | env | ``{next_schedule_id}`` |
+  | ``schedule_rotation`` | env | ``{next: {schedule set digest: next_schedule_id}}`` |
 
   A claimed occurrence has one ``SCHEDULE_OCCURRENCES_CLAIMED`` entry, partition ``(env,)`` and
   sort ``(claim_expires_at, occurrence_id)``; a completed occurrence has none. Each schedule keeps
@@ -26,7 +26,9 @@ the middle part and the pure timing rules in front of it:
   never claimed again (a materializer whose clock is behind, or a changed definition, would
   otherwise reach a superseded fire time whose run may have been pruned). The rotation record says
   which schedule the next pass starts with, when a pass stopped at its limit (advisory: the last
-  writer wins). A claim that expired on a fire time before its schedule's latest due one (its
+  writer wins), per set of schedules: two applications with different schedules in one environment
+  would otherwise keep handing each other a schedule id the other does not have, and each start
+  every pass with its first schedules. A claim that expired on a fire time before its schedule's latest due one (its
   materializer died, and no pass looks at that fire time again) is settled by the pass: completed with
   the run it may have created, or with none.
 
@@ -482,6 +484,24 @@ def _occurrence_conflict(occurrence_id: str, why: str) -> RunlaneError:
     )
 
 
+# How many schedule sets the rotation record keeps a position for: the applications sharing an
+# environment, and the sets earlier releases registered, which age out.
+_MAX_ROTATION_SETS: Final = 8
+
+
+def schedule_set_digest(schedule_ids: Sequence[str]) -> str:
+    """Names a set of schedule ids in the rotation record (the same for every replica of a release)."""
+    joined = "\n".join(sorted(set(schedule_ids))).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(joined).hexdigest()[:32]
+
+
+def _rotation_positions(value: dict[str, Any]) -> dict[str, str]:
+    positions = value.get("next")
+    if not isinstance(positions, dict):
+        return {}
+    return {digest: item for digest, item in positions.items() if isinstance(digest, str) and isinstance(item, str)}
+
+
 class ScheduleOccurrences:
     """The durable occurrence claims of one environment over a ``StorageDriver``.
 
@@ -590,10 +610,11 @@ class ScheduleOccurrences:
     def _rotation_key(self) -> StorageRecordKey:
         return StorageRecordKey(SCHEDULE_ROTATION_COLLECTION, self.env_key)
 
-    async def rotation_start(self) -> str | None:
-        """The id of the schedule the next pass starts with, saved by a pass that stopped at its limit.
-        Advisory: a record without one reads as none (the next pass that stops at its limit rewrites it),
-        and so does one the driver cannot read at all (logged once: delete it to save the rotation again)."""
+    async def rotation_start(self, schedule_set: str = "") -> str | None:
+        """The id of the schedule the next pass over ``schedule_set`` (``schedule_set_digest``) starts
+        with, saved by a pass over that set that stopped at its limit. Advisory: a record without one
+        reads as none (the next pass that stops at its limit rewrites it), and so does one the driver
+        cannot read at all (logged once: delete it to save the rotation again)."""
         key = self._rotation_key()
         try:
             (record,) = await self.driver.get([key])
@@ -610,15 +631,22 @@ class ScheduleOccurrences:
             )  # fmt: skip
             return None
         value = None if record is None else record.document.value
-        schedule_id = value.get("next_schedule_id") if isinstance(value, dict) else None
+        if not isinstance(value, dict):
+            return None
+        schedule_id = _rotation_positions(value).get(schedule_set, value.get("next_schedule_id"))
         return schedule_id if isinstance(schedule_id, str) else None
 
-    async def save_rotation_start(self, schedule_id: str) -> None:
+    async def save_rotation_start(self, schedule_id: str, schedule_set: str = "") -> None:
         key = self._rotation_key()
-        document = StorageDocument.encode({"next_schedule_id": schedule_id})
 
         async def body(tx: StorageTransaction) -> None:
             (record,) = await tx.get([key])
+            value = None if record is None else record.document.value
+            positions = _rotation_positions(value) if isinstance(value, dict) else {}
+            positions.pop(schedule_set, None)
+            positions[schedule_set] = schedule_id  # the latest last: the oldest sets are dropped first
+            kept = dict(list(positions.items())[-_MAX_ROTATION_SETS:])
+            document = StorageDocument.encode({"next": kept})
             if record is None:
                 tx.create(NewStorageRecord(key, document))
             else:
@@ -899,8 +927,9 @@ class ScheduleMaterializer:
             return 0
         ordered = [(item, task) for item, task in schedules if item.enabled]
         first = 0
+        schedule_set = schedule_set_digest([item.id for item, _ in ordered])
         if len(ordered) > limit:  # only then can a pass stop before the last schedule
-            starting = await self.occurrences.rotation_start()
+            starting = await self.occurrences.rotation_start(schedule_set)
             first = next((index for index, (item, _) in enumerate(ordered) if item.id == starting), 0)
         # One-off fire times first: one that met a singleton conflict is tried again when its claim
         # expires, and a recurring schedule of the same task, handled first, would take the key anew
@@ -934,7 +963,7 @@ class ScheduleMaterializer:
                 if materialized >= limit:
                     following = ordered[(position[due.schedule.id] + 1) % len(ordered)][0]
                     try:
-                        await self.occurrences.save_rotation_start(following.id)
+                        await self.occurrences.save_rotation_start(following.id, schedule_set)
                     except RunlaneError as error:
                         # Another pass saved its own (either will do), or the record cannot be read
                         # (``rotation_start`` logged it): advisory either way.
