@@ -395,7 +395,7 @@ async def test_reaching_the_limit_with_nothing_left_to_do_is_not_an_error():
 @pytest.mark.parametrize(
     ("arguments", "options", "message"),
     [
-        ("sync", {}, r"not runlane.sync, and await the call \(in a synchronous test: runlane.sync.call\(run_until_idle"),
+        ("sync", {}, r"not runlane.sync, and await the call \(in a synchronous test: runlane.sync.call\("),
         ("lane", {}, "takes the runtime from create_runlane"),
         ("no clock", {}, "moves a ControlledClock, got NoneType"),
         ("other clock", {}, "a ControlledClock the runtime does not use"),

@@ -3042,7 +3042,8 @@ class RunsApi:
         if kind is RunSourceType.MANUAL_RETRY and source.status is not RunStatus.FAILED:
             raise RunlaneError(
                 ErrorCode.VALIDATION_FAILED,
-                f"Run {checked} is {source.status.value}; manual retry needs a failed run (use rerun for other terminal runs).",
+                f"Run {checked} is {source.status.value}; manual retry needs a failed run "
+                "(use rerun for other terminal runs).",
                 meta={"run_id": checked, "status": source.status.value},
             )
         # The source's keys protect the same resource as before: a child must not overlap active work
