@@ -1659,7 +1659,8 @@ async def test_repeated_cancel_of_a_cancellation_requested_run_adds_no_event():
 # Scoping and keyset continuation
 
 
-async def test_operator_reads_and_actions_are_scoped_to_the_runtime_environment():
+def production_and_staging() -> tuple[Any, Any]:
+    """Runtimes of the environments ``production`` and ``staging`` over one store, on one clock."""
     clock = ControlledClock()
     store = LocalStorageStore()
 
@@ -1671,7 +1672,11 @@ async def test_operator_reads_and_actions_are_scoped_to_the_runtime_environment(
         )
         return create_runlane(lane=lane, queues=QUEUES, tasks=ALL_TASKS, clock=clock, environment=environment)
 
-    production, staging = runtime_for("production"), runtime_for("staging")
+    return runtime_for("production"), runtime_for("staging")
+
+
+async def test_operator_reads_and_actions_are_scoped_to_the_runtime_environment():
+    production, staging = production_and_staging()
     async with production, staging:
         failed = await production.run_now(keyed, {"order": 1, "account": "a", "fail": True})
         done = await production.run_now(keyed, {"order": 2, "account": "b"})
@@ -1697,18 +1702,7 @@ async def test_operator_reads_and_actions_are_scoped_to_the_runtime_environment(
 
 
 async def test_a_list_or_events_cursor_of_another_environment_is_refused_as_one():
-    clock = ControlledClock()
-    store = LocalStorageStore()
-
-    def runtime_for(environment: str):
-        lane = create_lane(
-            storage=local_storage_driver(store=store, clock=clock),
-            delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING),
-            name=f"lane-{environment}",
-        )
-        return create_runlane(lane=lane, queues=QUEUES, tasks=ALL_TASKS, clock=clock, environment=environment)
-
-    production, staging = runtime_for("production"), runtime_for("staging")
+    production, staging = production_and_staging()
     async with production, staging:
         for runtime in (production, staging):  # the same run ids in both
             for number in range(2):

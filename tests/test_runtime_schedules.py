@@ -460,7 +460,9 @@ async def test_a_run_created_before_a_lost_completion_is_recovered_without_a_dup
         assert executions == [run_id]
 
 
-async def test_a_lost_completion_found_only_after_the_next_fire_time_leaves_no_claimed_occurrence_behind():
+def hourly_with_lost_completions() -> tuple[Any, CompletionCrashDriver, Any, ControlledClock, str]:
+    """A runtime with one hourly schedule over a driver that can lose completions, at 00:10: the runtime,
+    the driver, its occurrences, the clock and the 00:00 occurrence's id."""
     from runlane.core.schedules import ScheduleOccurrences
 
     @task("hourly.task", schedule=schedule("hourly.every", every="1h", payload={}))
@@ -472,7 +474,11 @@ async def test_a_lost_completion_found_only_after_the_next_fire_time_leaves_no_c
     lane = create_lane(storage=driver, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING))
     runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[hourly], clock=clock)
     occurrences = ScheduleOccurrences(driver, runtime.environment)
-    midnight = schedule_occurrence_id(runtime.environment, "hourly.every", T0)
+    return runtime, driver, occurrences, clock, schedule_occurrence_id(runtime.environment, "hourly.every", T0)
+
+
+async def test_a_lost_completion_found_only_after_the_next_fire_time_leaves_no_claimed_occurrence_behind():
+    runtime, driver, occurrences, clock, midnight = hourly_with_lost_completions()
     async with runtime:
         driver.crashes_left = 1
         with pytest.raises(_Crash):
@@ -490,18 +496,7 @@ async def test_a_lost_completion_found_only_after_the_next_fire_time_leaves_no_c
 
 
 async def test_expired_claims_a_pass_leaves_alone_do_not_hide_the_ones_after_them():
-    from runlane.core.schedules import ScheduleOccurrences
-
-    @task("hourly.task", schedule=schedule("hourly.every", every="1h", payload={}))
-    async def hourly(payload: dict) -> None:
-        return None
-
-    clock = ControlledClock(T0 + timedelta(minutes=10))
-    driver = CompletionCrashDriver(local_storage_driver(clock=clock))
-    lane = create_lane(storage=driver, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING))
-    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[hourly], clock=clock)
-    occurrences = ScheduleOccurrences(driver, runtime.environment)
-    midnight = schedule_occurrence_id(runtime.environment, "hourly.every", T0)
+    runtime, driver, occurrences, clock, midnight = hourly_with_lost_completions()
     async with runtime:
         # Claims that materializers of schedules since removed died holding: they expire first, and no pass
         # of this runtime may settle them (the schedules could be another runtime's).
