@@ -1670,12 +1670,7 @@ class _Attempt:
         except RunlaneError as error:
             return _Outcome(
                 _FAILURE,
-                failure=RunFailure(
-                    code=ErrorCode.VALIDATION_FAILED,
-                    message="Task payload no longer matches the task schema.",
-                    retryable=False,
-                    meta=json.loads(canonical_json(error.meta)) if is_json_value(error.meta) else {},
-                ),
+                failure=_payload_drift_failure(definition, error),
                 error=error.__cause__,  # a validator's own exception, for the log
             )
         if definition.takes_context:
@@ -2117,6 +2112,32 @@ _CHILD_TRIGGER_OPTIONS = frozenset(
 )
 
 
+def _payload_drift_failure(definition: TaskDefinition, error: RunlaneError) -> RunFailure:
+    """``validation_failed``: the run's stored payload no longer matches its task's schema (a deploy changed
+    the schema after the run was triggered). The message names the fields from the persistable errors (the
+    validation's own summary may quote the stored value) and says how to get the run going again."""
+    meta = json.loads(canonical_json(error.meta)) if is_json_value(error.meta) else {}
+    errors = meta.get("errors")
+    if isinstance(errors, list) and errors:
+        summary = summarize_errors(errors)
+    elif isinstance(meta.get("error_type"), str):
+        summary = f"its validation raised {meta['error_type']}"
+    elif not definition.takes_payload:
+        summary = "the task takes no payload now"
+    else:
+        summary = "it does not validate"
+    return RunFailure(
+        code=ErrorCode.VALIDATION_FAILED,
+        message=(
+            f"Task payload no longer matches the schema of task {definition.id!r}: {summary}. It was stored under an "
+            "earlier schema: deploy a schema that still reads what queued runs hold (new fields optional or with "
+            "defaults, old types still accepted) and retry this run, or trigger a new run with a payload that matches."
+        ),
+        retryable=False,
+        meta=meta,
+    )
+
+
 def abandoned_attempts(run: RunRecord) -> int:
     """How many of the run's attempts before the current one ended with no outcome: their worker
     crashed, was killed or lost the lease (every other attempt ended in a failure or a release)."""
@@ -2131,7 +2152,11 @@ def _not_run_failure(run: RunRecord, definition: TaskDefinition | None) -> RunFa
     if definition is None:
         return RunFailure(
             code=ErrorCode.TASK_NOT_FOUND,
-            message=_task_facing_message(ErrorCode.TASK_NOT_FOUND),
+            message=(
+                f"Task {run.task_id!r} is not registered in the runtime of the worker that claimed this run: run its "
+                f"queue {run.queue!r} only on workers that register the task (deploy them before triggering it, keep "
+                "it until its runs finish), then retry this run."
+            ),
             retryable=False,
             meta={"task_id": run.task_id},
         )

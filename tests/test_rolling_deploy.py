@@ -1,0 +1,99 @@
+"""Two releases of an application's tasks over one store, as during a rolling deploy: what an operator sees
+when a worker of one release meets a run the other one queued, and how the run gets going again."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from runlane import ErrorCode, RunStatus, TaskContext, task
+
+from runtime_support import shared_runtimes
+
+
+class OrderV1(BaseModel):
+    order_id: int
+    note: str = ""
+
+
+class OrderV2(BaseModel):  # renamed note to comment, and made it required
+    order_id: int
+    comment: str
+
+
+class OrderV3(BaseModel):  # the fix: the new field has a default again
+    order_id: int
+    comment: str = ""
+
+
+@task("orders.ship")
+async def ship_v1(payload: OrderV1) -> dict:
+    return {"release": 1}
+
+
+@task("orders.ship")
+async def ship_v2(payload: OrderV2) -> dict:
+    return {"release": 2}
+
+
+@task("orders.ship")
+async def ship_v3(payload: OrderV3) -> dict:
+    return {"release": 3}
+
+
+async def test_a_run_whose_payload_no_longer_validates_fails_naming_the_fields_and_the_way_back() -> None:
+    (v1, v2, v3), _ = shared_runtimes([ship_v1], [ship_v2], [ship_v3])
+    async with v1, v2, v3:
+        queued = (await v1.trigger(ship_v1, {"order_id": 7, "note": "fragile-secret"})).run
+        failed = await v2.execute_next()
+        assert failed is not None and failed.id == queued.id and failed.status is RunStatus.FAILED
+        failure = failed.failure
+        assert failure is not None and failure.code is ErrorCode.VALIDATION_FAILED and not failure.retryable
+        # The task, the field and what to do; never the stored values.
+        assert failure.message.startswith(
+            "Task payload no longer matches the schema of task 'orders.ship': comment: Field required. "
+        )
+        assert "retry this run" in failure.message and "fragile-secret" not in failure.message
+        assert failure.meta["errors"] == [{"type": "missing", "loc": ["comment"], "msg": "Field required"}]
+        # Once a release reads the stored payload again, a retry of the run runs it.
+        retried = await v3.runs.retry(failed.id)
+        done = await v3.execute_next()
+        assert done is not None and done.id == retried.id and done.status is RunStatus.SUCCEEDED
+        assert done.output == {"release": 3}
+
+
+async def test_a_run_of_a_task_the_worker_lacks_fails_naming_the_task_and_runs_again_by_retry() -> None:
+    submitted: list[str] = []
+    released: set[str] = set()
+
+    @task("reports.build")
+    def build(payload: dict, ctx: TaskContext) -> dict:
+        job = ctx.step.run("submit", lambda token: submitted.append(token) or {"job": len(submitted)})
+        if ctx.run_id not in released:
+            released.add(ctx.run_id)
+            return ctx.release("1ms")
+        return job
+
+    @task("reports.other")
+    async def other(payload: dict) -> None:
+        return None
+
+    (v1, v2), clock = shared_runtimes([build, other], [other])
+    async with v1, v2:
+        run = (await v1.trigger(build, {})).run
+        assert (await v1.execute_next()).status is RunStatus.RELEASED
+        clock.advance("1s")
+        failed = await v2.execute_next()  # a worker of the release that removed the task
+        assert failed is not None and failed.id == run.id and failed.status is RunStatus.FAILED
+        failure = failed.failure
+        assert failure is not None and failure.code is ErrorCode.TASK_NOT_FOUND and not failure.retryable
+        assert failure.message.startswith("Task 'reports.build' is not registered in the runtime of the worker")
+        assert "queue 'default'" in failure.message and "retry this run" in failure.message
+        assert failure.meta == {"task_id": "reports.build"}
+        # The release that has the task retries it: a new run, which calls its steps again.
+        retried = await v1.runs.retry(failed.id)
+        done = await v1.execute_next()
+        assert done is not None and done.id == retried.id and done.status is RunStatus.RELEASED
+        clock.advance("1s")
+        done = await v1.execute_next()
+        assert done is not None and done.status is RunStatus.SUCCEEDED and done.output == {"job": 2}
+        assert len(submitted) == 2
