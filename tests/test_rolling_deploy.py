@@ -3,9 +3,13 @@ when a worker of one release meets a run the other one queued, and how the run g
 
 from __future__ import annotations
 
+import io
+import json
+
 from pydantic import BaseModel
 
 from runlane import ErrorCode, RunStatus, TaskContext, task
+from runlane.cli.output import Output
 
 from runtime_support import shared_runtimes
 
@@ -97,3 +101,34 @@ async def test_a_run_of_a_task_the_worker_lacks_fails_naming_the_task_and_runs_a
         done = await v1.execute_next()
         assert done is not None and done.status is RunStatus.SUCCEEDED and done.output == {"job": 2}
         assert len(submitted) == 2
+
+
+async def test_runs_get_shows_a_drifted_step_output_once_and_calls_it_output() -> None:
+    class Submission(BaseModel):
+        job_id: int
+
+    @task("reports.print")
+    def print_v1(payload: dict, ctx: TaskContext) -> dict:
+        ctx.step.run("submit", lambda token: {"job_id": "print_1"})
+        return ctx.release("1ms")
+
+    @task("reports.print")
+    def print_v2(payload: dict, ctx: TaskContext) -> dict:
+        return ctx.step.run("submit", lambda token: {"job_id": 2}, output=Submission).model_dump()
+
+    (v1, v2), clock = shared_runtimes([print_v1], [print_v2])
+    buffer = io.StringIO()
+    output = Output(stdout=buffer, stderr=io.StringIO(), width=400)
+    async with v1, v2:
+        await v1.trigger(print_v1, {})
+        assert (await v1.execute_next()).status is RunStatus.RELEASED
+        clock.advance("1s")
+        failed = await v2.execute_next()
+        assert failed is not None and failed.status is RunStatus.FAILED
+        assert failed.failure is not None and failed.failure.meta["step_key"] == "submit"
+        output.run_detail(failed, await v2.runs.events(failed.id))
+    text = buffer.getvalue()
+    summary = "job_id: Input should be a valid integer, unable to parse string as an integer"
+    assert f"The stored output of step 'submit' no longer matches its output schema: {summary}." in text
+    assert f"({summary})" not in text and "(payload:" not in text
+    assert json.dumps(failed.failure.meta)  # the errors stay in meta, as --json shows them

@@ -1264,13 +1264,18 @@ def _camel(name: str) -> str:
 
 def failure_text(failure: Any) -> str:
     """``code: message``, and where validation failed (``meta.errors``, as ``--json`` shows in full): the
-    stored message is the same for every payload, so without this only ``--json`` says which field."""
+    stored message may be the same for every payload, so without this only ``--json`` says which field.
+    A message that names them already (a payload or step output that drifted from its schema) is left as it is."""
     text = f"{display_value(failure.code)}: {failure.message}"
     errors = failure.meta.get("errors") if isinstance(failure.meta, dict) else None
     if isinstance(errors, list) and errors and all(isinstance(item, dict) for item in errors):
-        shown = "; ".join(f"{error_location(item.get('loc') or ())}: {item.get('msg', '?')}" for item in errors[:3])
+        whole = "output" if "step_key" in failure.meta else "payload"  # a step's stored output, or the payload
+        shown = "; ".join(
+            f"{error_location(item.get('loc') or (), whole)}: {item.get('msg', '?')}" for item in errors[:3]
+        )
         more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
-        text += f" ({shown}{more})"
+        if shown not in failure.message:
+            text += f" ({shown}{more})"
     reason = failure.meta.get("reason") if isinstance(failure.meta, dict) else None
     if display_value(failure.code) == "operation_cancelled" and isinstance(reason, str) and reason:
         text += f" (reason: {reason})"  # worker_stopped: nobody cancelled the run, its worker was stopping
