@@ -132,3 +132,41 @@ async def test_runs_get_shows_a_drifted_step_output_once_and_calls_it_output() -
     assert f"The stored output of step 'submit' no longer matches its output schema: {summary}." in text
     assert f"({summary})" not in text and "(payload:" not in text
     assert json.dumps(failed.failure.meta)  # the errors stay in meta, as --json shows them
+
+
+async def test_a_renamed_schedule_fires_under_both_ids_while_both_releases_tick() -> None:
+    # What operations.md says of schedules during a rollout: the first tick of the new id catches up the
+    # fire time the old id ran, and each later fire time runs under both ids; starts_at= avoids both.
+    from datetime import UTC, datetime, timedelta
+
+    from runlane import schedule
+    from runlane.testing import ControlledClock
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    @task("reports.digest", schedule=schedule("reports.digest", every="10m", payload={}))
+    async def digest_v1(payload: dict) -> None:
+        return None
+
+    @task("reports.digest", schedule=schedule("reports.digest.v2", every="10m", payload={}))
+    async def digest_v2(payload: dict) -> None:
+        return None
+
+    next_fire_time = t0 + timedelta(minutes=10)
+
+    @task("reports.digest", schedule=schedule("reports.digest.v2", every="10m", payload={}, starts_at=next_fire_time))
+    async def digest_v2_from_next_fire_time(payload: dict) -> None:
+        return None
+
+    for renamed, expected in ((digest_v2, [1, 1, 1, 1]), (digest_v2_from_next_fire_time, [1, 0, 1])):
+        (v1, v2), clock = shared_runtimes([digest_v1], [renamed], clock=ControlledClock(t0 + timedelta(minutes=5)))
+        async with v1, v2:
+            counts = [(await v1.tick()).materialized]  # 00:00 under the old id
+            clock.advance("3m")
+            counts.append((await v2.tick()).materialized)  # the new id's first tick, at 00:08
+            clock.advance("5m")
+            if renamed is digest_v2:
+                counts.append((await v1.tick()).materialized)  # 00:10 under the old id
+            # else the earlier release's maintenance stopped before 00:10
+            counts.append((await v2.tick()).materialized)  # and under the new one
+            assert counts == expected, renamed.schedules
