@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -170,3 +171,58 @@ async def test_a_renamed_schedule_fires_under_both_ids_while_both_releases_tick(
             # else the earlier release's maintenance stopped before 00:10
             counts.append((await v2.tick()).materialized)  # and under the new one
             assert counts == expected, renamed.schedules
+
+
+
+async def test_a_concurrency_limit_changed_by_a_release_counts_only_the_slots_runs_hold() -> None:
+    # What operations.md says of a queue whose limit a release changed, on a polling lane: runs the earlier
+    # release started keep their slots (none, under no limit), and the new release's workers start runs
+    # up to its own limit beside them.
+    import asyncio
+
+    from runlane import LaneDelivery, LaneDeliveryMode, create_lane, create_runlane, queue
+    from runlane.testing import ControlledClock, wait_for_condition
+    from runlane_local import LocalStorageStore, local_storage_driver
+
+    from runtime_support import DEFAULT_QUEUE
+
+    gates: list[asyncio.Event] = []
+
+    def release(store: LocalStorageStore, clock: ControlledClock, limit: int | None, name: str) -> Any:
+        work = queue("work", concurrency_limit=limit)
+
+        @task("batch.import", queue=work)
+        async def batch_import(payload: dict) -> None:
+            gate = asyncio.Event()
+            gates.append(gate)
+            await gate.wait()
+
+        lane = create_lane(
+            storage=local_storage_driver(store=store, clock=clock),
+            delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING),
+            name=name,
+        )
+        return create_runlane(lane=lane, queues=[DEFAULT_QUEUE, work], tasks=[batch_import], clock=clock)
+
+    async def claim(runtime: Any) -> asyncio.Task:
+        started = len(gates)
+        claimed = asyncio.create_task(runtime.execute_next())
+        await wait_for_condition(lambda: claimed.done() or len(gates) > started, timeout="5s")
+        return claimed
+
+    for earlier, later, running in ((1, 3, 3), (3, 1, 3), (None, 1, 4), (1, None, 4)):
+        gates.clear()
+        store, clock = LocalStorageStore(), ControlledClock()
+        v1, v2 = release(store, clock, earlier, "v1"), release(store, clock, later, "v2")
+        async with v1, v2:
+            for _ in range(6):
+                await v1.trigger("batch.import", {})
+            claims: list[asyncio.Task] = []
+            try:
+                claims += [await claim(v1) for _ in range(3)]
+                claims += [await claim(v2) for _ in range(3)]
+                assert len(gates) == running, (earlier, later)
+            finally:  # closing the runtimes waits for their handlers
+                for gate in gates:
+                    gate.set()
+                await asyncio.wait_for(asyncio.gather(*claims), 5)
