@@ -226,3 +226,28 @@ async def test_a_concurrency_limit_changed_by_a_release_counts_only_the_slots_ru
                 for gate in gates:
                     gate.set()
                 await asyncio.wait_for(asyncio.gather(*claims), 5)
+
+
+def test_a_worker_of_a_release_without_the_queue_it_is_told_to_serve_says_what_to_do(tmp_path) -> None:
+    # The earlier release's command line (runlane work --queue imports) kept by the process manager for
+    # a release that renamed the queue: the worker refuses to start, naming what it has and what to do.
+    from cli_support import cli, make_project
+
+    tasks = """
+from runlane import queue, task
+
+default = queue("default", default=True)
+bulk = queue("bulk-imports")
+
+
+@task("imports.run", queue=bulk)
+def run_import(payload: dict) -> None:
+    return None
+"""
+    root = make_project(tmp_path, tasks, lane="sqlite")
+    result = cli(root, "work", "--drain", "--queue", "imports")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error[configuration_invalid]: Queue 'imports' is not registered in this runtime;")
+    assert "registered queues: ['bulk-imports', 'default']. Name one of those, or register queue('imports')" in (
+        result.stderr
+    )

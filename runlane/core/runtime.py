@@ -1162,7 +1162,9 @@ class Runlane:
             registered = self._queues._items.get(value)
             if registered is None:
                 raise _invalid(
-                    f"Queue {value!r} is not registered in this runtime; registered queues: {sorted(self._queues)}.",
+                    f"Queue {value!r} is not registered in this runtime; registered queues: {sorted(self._queues)}. "
+                    f"Name one of those, or register queue({value!r}) (in create_runlane(queues=...), or in a module "
+                    "that runlane.toml's tasks names) for as long as runs wait in it.",
                     field=what,
                     queue=value,
                 )
