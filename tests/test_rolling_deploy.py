@@ -251,3 +251,32 @@ def run_import(payload: dict) -> None:
     assert "registered queues: ['bulk-imports', 'default']. Name one of those, or register queue('imports')" in (
         result.stderr
     )
+
+
+async def test_a_schedule_changed_by_a_release_fires_each_fire_time_once_with_the_payload_of_the_first_tick() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from runlane import schedule
+    from runlane.testing import ControlledClock
+
+    from runtime_support import all_runs
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    @task("reports.digest", schedule=schedule("reports.digest", every="10m", payload={"release": 1}))
+    async def digest_v1(payload: dict) -> None:
+        return None
+
+    @task("reports.digest", schedule=schedule("reports.digest", cron="*/15 * * * *", payload={"release": 2}))
+    async def digest_v2(payload: dict) -> None:
+        return None
+
+    (v1, v2), clock = shared_runtimes([digest_v1], [digest_v2], clock=ControlledClock(t0 + timedelta(minutes=21)))
+    async with v1, v2:
+        assert (await v1.tick()).materialized == 1  # 00:20
+        assert (await v2.tick()).materialized == 0  # 00:15 is older than 00:20: skipped
+        clock.advance("10m")
+        assert (await v2.tick()).materialized == 1  # 00:30, a fire time of both
+        assert (await v1.tick()).materialized == 0  # already taken
+        runs = [await v1.runs.get(summary.id) for summary in await all_runs(v1)]
+        assert sorted(run.payload["release"] for run in runs) == [1, 2]
