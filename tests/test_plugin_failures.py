@@ -779,11 +779,20 @@ def test_every_first_party_hint_names_what_its_installed_distribution_registers(
     by_kind = {registry.kind: registry for registry in (
         registries.lanes, registries.storage_drivers, registries.transports, registries.exporters
     )}  # fmt: skip
-    origins = {info.name: info.distribution for info in get_plugins()}
+    plugins = get_plugins()
+    origins = {info.name: info.distribution for info in plugins}
     for (kind, name), distribution in _FIRST_PARTY_HINTS.items():
         try:
             importlib.metadata.distribution(distribution)
         except importlib.metadata.PackageNotFoundError:
+            continue
+        if kind == "command":  # commands are the CLI's, not a registry's: as `runlane plugins list` finds them
+            from runlane.cli.plugins import _commands_by_plugin
+
+            commands = _commands_by_plugin()
+            assert any(
+                info.distribution == distribution and name in commands.get(info.name, ()) for info in plugins
+            ), f"{distribution} registers no command {name!r}"
             continue
         assert name in by_kind[kind], f"{distribution} registers no {kind} {name!r}"
         assert origins[by_kind[kind].get(name).plugin] == distribution
