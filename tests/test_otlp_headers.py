@@ -110,3 +110,45 @@ async def test_a_header_refused_at_send_time_stops_the_exporter_naming_the_heade
         sink.close()
     assert receiver.requests == 0
     assert not [record for record in caplog.records if SECRET in record.getMessage()]
+
+
+@pytest.mark.parametrize(
+    "variable, value, says",
+    [
+        ("OTEL_EXPORTER_OTLP_HEADERS", f"authorization: Bearer {SECRET}", "part 1 is not a header written as name=value"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", f"x-tenant=a,x-api-key={SECRET};v2", "part 2 is not a header"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", f"x-api-key=%E2%82%AC{SECRET}", "header 'x-api-key' has a character"),
+        ("OTEL_EXPORTER_OTLP_{SIGNAL}_HEADERS", f'x-api-key="{SECRET}"', "part 1 is not a header"),
+    ],
+)
+def test_a_malformed_environment_header_is_refused_without_quoting_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, variable: str, value: str, says: str
+) -> None:
+    # OpenTelemetry's exporter would drop the part and log a warning quoting it, the key with it.
+    caplog.set_level(logging.DEBUG)
+    for make, signal in ((otlp_sink, "LOGS"), (otlp_trace_sink, "TRACES")):
+        name = variable.replace("{SIGNAL}", signal)
+        monkeypatch.setenv(name, value)
+        with pytest.raises(RunlaneError) as raised:
+            make(endpoint="http://127.0.0.1:1/v1/x")
+        error = raised.value
+        assert error.code is ErrorCode.CONFIGURATION_INVALID and error.meta == {"field": "headers"}
+        assert error.message.startswith(f"{name}: ") and says in error.message, error.message
+        assert SECRET not in error.message + repr(error)
+        monkeypatch.delenv(name)
+    assert not [record for record in caplog.records if SECRET in record.getMessage()]
+    # What the exporter reads as it is meant to: URL-encoded values, spaces (read liberally), empty parts.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"authorization=Bearer%20{SECRET},,x-tenant = a b")
+    otlp_sink(endpoint="http://127.0.0.1:1/v1/logs").close()
+
+
+def test_a_malformed_environment_header_is_refused_by_every_command(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "proj", PING_TASKS, lane="sqlite")
+    config = (root / "runlane.toml").read_text()
+    write(root / "runlane.toml", config + '\n[[exporters]]\nuse = "otlp-traces"\nconsumer = "otel_traces"\n')
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": f"authorization: Bearer {SECRET}"}
+    for command in (("trigger", "ping", "{}"), ("export", "--once")):
+        result = cli(root, *command, env=env)
+        assert result.returncode == 1 and "error[configuration_invalid]" in result.stderr, result.stderr
+        assert "OTEL_EXPORTER_OTLP_HEADERS: part 1 is not a header written as name=value" in result.stderr
+        assert SECRET not in result.stdout + result.stderr and "Traceback" not in result.stderr

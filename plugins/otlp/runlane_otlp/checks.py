@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_LOGS_ENDPOINT",
     "DEFAULT_TRACES_ENDPOINT",
     "check_endpoint",
+    "check_environment_headers",
     "check_headers",
     "check_resource",
     "header_problem",
@@ -140,6 +141,44 @@ def check_headers(headers: object) -> dict[str, str]:
         if problem is not None:
             raise _invalid(f"headers: {problem}.", "headers")
     return dict(headers)
+
+
+# How OpenTelemetry's exporters read OTEL_EXPORTER_OTLP_HEADERS (``opentelemetry.util.re``, liberal mode):
+# comma-separated ``name=value`` parts, a value URL-encoded (or, liberally, any printable ASCII with spaces).
+_ENV_DELIMITER = re.compile(r"[ \t]*,[ \t]*")
+_ENV_NAME = r"[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+"
+_ENV_STRICT = re.compile(rf"[ \t]*({_ENV_NAME})[ \t]*=[ \t]*([\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*)[ \t]*")
+_ENV_LIBERAL = re.compile(rf"[ \t]*({_ENV_NAME})[ \t]*=[ \t]*([\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*)[ \t]*")
+
+
+def check_environment_headers(signal: Signal) -> None:
+    """Refuse the headers of ``OTEL_EXPORTER_OTLP_LOGS_HEADERS`` (``..._TRACES_...``), else of
+    ``OTEL_EXPORTER_OTLP_HEADERS``, the variable OpenTelemetry's exporter reads, when a part of it is no
+    header the exporter can send. The exporter itself would drop such a part and log a warning quoting
+    it, API key and all; this names the variable and the part's place (and its header name, once it has
+    one) but never its text."""
+    name = f"OTEL_EXPORTER_OTLP_{signal.upper()}_HEADERS"
+    text = os.environ.get(name)
+    if not text:
+        name, text = "OTEL_EXPORTER_OTLP_HEADERS", os.environ.get("OTEL_EXPORTER_OTLP_HEADERS", "")
+    for number, part in enumerate(_ENV_DELIMITER.split(text), start=1):
+        if not part:
+            continue
+        strict = _ENV_STRICT.fullmatch(part.strip())
+        match = strict or _ENV_LIBERAL.fullmatch(part.strip())
+        if match is None:
+            raise _invalid(
+                f"{name}: part {number} is not a header written as name=value (the value URL-encoded, parts "
+                "separated by commas, such as x-api-key=KEY,authorization=Bearer%20TOKEN); OpenTelemetry's "
+                "exporter would leave it out. Its text is not shown, as it may hold a key.",
+                "headers",
+            )
+        header, value = match.group(1), match.group(2)
+        if strict is not None:
+            header, value = urllib.parse.unquote(header), urllib.parse.unquote(value)
+        problem = header_problem(header.strip().lower(), value.strip())
+        if problem is not None:
+            raise _invalid(f"{name}: {problem}.", "headers")
 
 
 def redact_endpoint(endpoint: str) -> str:

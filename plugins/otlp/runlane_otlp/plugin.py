@@ -25,13 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runlane.errors import RunlaneError
 from runlane.plugins import hookimpl
 from runlane.plugins.registries import ExporterProvider, ProviderContext
 
-from .checks import Signal, header_problem, resolve_endpoint, timeout_seconds
+from .checks import Signal, check_environment_headers, header_problem, resolve_endpoint, timeout_seconds
 
 if TYPE_CHECKING:
     from .sink import OtlpObservationSink
@@ -71,6 +71,16 @@ class OtlpExporterOptions(BaseModel):
             if problem is not None:
                 raise ValueError(problem)
         return value
+
+    @model_validator(mode="after")
+    def _environment_headers(self) -> OtlpExporterOptions:
+        # The headers the exporter adds from OTEL_EXPORTER_OTLP_HEADERS: refused here, by every command, as
+        # the exporter would leave a malformed one out and log it, key and all.
+        try:
+            check_environment_headers(self.signal)
+        except RunlaneError as error:
+            raise ValueError(error.message) from None
+        return self
 
     @field_validator("timeout", mode="before")
     @classmethod

@@ -40,6 +40,7 @@ from ._otel import observation_resource
 from .checks import (
     DEFAULT_LOGS_ENDPOINT,
     DEFAULT_TRACES_ENDPOINT,
+    check_environment_headers,
     check_headers,
     Signal,
     check_resource,
@@ -273,6 +274,7 @@ def _check(
     the headers and the timeout in seconds."""
     resolved = resolve_endpoint(endpoint, signal)
     checked = check_headers(headers)
+    check_environment_headers(signal)
     seconds = timeout_seconds(timeout)
     check_resource(service_name, attributes)
     return resolved, checked, seconds
