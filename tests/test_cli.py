@@ -801,6 +801,17 @@ def test_runs_wait_shows_the_finished_run_with_an_exit_status_that_says_how_it_e
     assert bad.exit_code == 2 and "--timeout" in bad.stderr
 
 
+def test_trigger_at_dash_reads_a_file_named_dash_and_says_how_to_read_standard_input(tmp_path: Path) -> None:
+    # curl spells standard input @-; here @PATH is always a path, and - alone is standard input.
+    root = make_project(tmp_path / "proj", lane="sqlite")
+    missing = cli(root, "trigger", "emails.welcome", "@-")
+    assert missing.returncode == 2 and "could not read '-' (No such file or directory)" in missing.stderr
+    assert "To read standard input, pass - alone (without the @)." in missing.stderr, missing.stderr
+    (root / "-").write_text('{"user_id": "dash"}', encoding="utf-8")
+    from_file = cli(root, "--json", "trigger", "emails.welcome", "@-")
+    assert json.loads(from_file.stdout)["run"]["payload"] == {"user_id": "dash"}, from_file.stderr
+
+
 def test_trigger_reads_its_payload_and_meta_from_standard_input_or_a_file(tmp_path: Path) -> None:
     # A payload larger than one command-line argument may be (128 KiB on Linux), or one a program wrote.
     from cli_support import RUNLANE, cli_env

@@ -176,7 +176,10 @@ def read_json_text(ctx: Any, value: str, name: str) -> str:
             raise _invalid(f"{name} could not read {source}: it is not UTF-8 text.", argument=name) from None
         except (OSError, ValueError) as error:  # ValueError: a NUL in the name, one the locale cannot encode
             problem = error.strerror if isinstance(error, OSError) and error.strerror else error
-            raise _invalid(f"{name} could not read {source} ({problem}).", argument=name) from None
+            hint = ""
+            if value == "@-" and isinstance(error, FileNotFoundError):  # curl's spelling of standard input
+                hint = " To read standard input, pass - alone (without the @)."
+            raise _invalid(f"{name} could not read {source} ({problem}).{hint}", argument=name) from None
     else:
         return value
     if not text.strip():  # said here, where the source is known (``parse_json`` would call it an empty string)
