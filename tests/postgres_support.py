@@ -132,12 +132,12 @@ class Schemas:
 
         role = f"{self.prefix}_role_{uuid.uuid4().hex[:8]}"
         try:
-            self.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+            self.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(role)))
         except psycopg.Error:
             pytest.skip("the test database does not let this role create roles")
         parts = urlsplit(self.url)
         try:
-            yield role, urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+            yield role, urlunsplit(parts._replace(netloc=f"{role}:{role}@{parts.hostname}:{parts.port}"))
         finally:
             self.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             self.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

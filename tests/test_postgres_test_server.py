@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -65,7 +66,7 @@ def test_session_database_commits_as_production_does_but_skips_the_disk_flush(po
 
 @needs_harness
 def test_session_server_listens_only_on_loopback(postgres_url):
-    assert postgres_url.startswith("postgresql://postgres@127.0.0.1:")
+    assert postgres_url.startswith("postgresql://postgres:") and "@127.0.0.1:" in postgres_url
     assert postgres_url.endswith("/runlane_test")
     listen, max_connections, shared_buffers, logging_collector = show(
         postgres_url, "listen_addresses", "max_connections", "shared_buffers", "logging_collector"
@@ -74,6 +75,20 @@ def test_session_server_listens_only_on_loopback(postgres_url):
     assert (max_connections, shared_buffers, logging_collector) == ("200", "128MB", "off")
     with psycopg.connect(postgres_url) as connection:
         assert connection.execute("SELECT current_database()").fetchone()[0] == "runlane_test"
+
+
+@needs_harness
+def test_session_server_asks_for_a_password_over_tcp(postgres_url):
+    # Any local user can reach the port: without the password nobody gets in as superuser (who could run
+    # commands as the server's user with COPY ... FROM PROGRAM), nor as any other role.
+    if postgres_server() is None:
+        pytest.skip("an external database decides its own authentication")
+    parts = urlsplit(postgres_url)
+    for user, password in (("postgres", None), ("postgres", "wrong"), ("nobody_in_particular", None)):
+        netloc = user + (f":{password}" if password else "") + f"@{parts.hostname}:{parts.port}"
+        with pytest.raises(psycopg.OperationalError) as refused:
+            psycopg.connect(urlunsplit(parts._replace(netloc=netloc)), connect_timeout=5)
+        assert "password" in str(refused.value), refused.value
 
 
 @needs_harness
@@ -118,7 +133,7 @@ def test_own_server_settings_databases_user_and_cleanup():
             assert postmaster_uid == os.geteuid()
 
         isolated = server.create_database("isolated_module")
-        assert isolated == f"postgresql://postgres@127.0.0.1:{server.port}/isolated_module"
+        assert isolated == f"postgresql://postgres:{server.password}@127.0.0.1:{server.port}/isolated_module"
         with psycopg.connect(server.url, autocommit=True) as connection:
             connection.execute("CREATE TABLE only_in_runlane_test (id int)")
         with psycopg.connect(isolated) as connection:

@@ -5,7 +5,7 @@
 log file all inside that temporary directory. Everything is removed again by ``stop()``::
 
     with PostgresTestServer() as server:
-        connect(server.url)          # postgresql://postgres@127.0.0.1:PORT/runlane_test
+        connect(server.url)          # postgresql://postgres:PASSWORD@127.0.0.1:PORT/runlane_test
         server.restart()             # same data directory and port
         url = server.create_database("isolated")
 
@@ -32,6 +32,7 @@ import errno
 import os
 import pwd
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -315,12 +316,14 @@ shutil.rmtree(base, ignore_errors=True)
 class PostgresTestServer:
     """A private, throwaway PostgreSQL (15+) server; a sync context manager.
 
-    ``start()`` creates a temporary directory, runs ``initdb`` (trust authentication, UTF8, C
+    ``start()`` creates a temporary directory, runs ``initdb`` (UTF8, C
     locale, ``--no-sync`` since the cluster is disposable) and starts ``postgres`` listening only on
     ``127.0.0.1`` at a free ephemeral port, with its unix socket in the temporary directory and its
     log in ``log_path``. It waits (at most ``startup_timeout`` seconds) until the server accepts
     connections and then creates the database ``runlane_test``. ``url`` and ``admin_url`` (the
-    ``postgres`` database) connect as the superuser ``user`` without a password.
+    ``postgres`` database) connect as the superuser ``user`` with ``password``, a random one: the server
+    trusts connections on its unix socket (in the private temporary directory) and asks for a password
+    (SCRAM) over TCP, where every local user can connect.
 
     ``stop_server()`` / ``start_server()`` stop and start the same cluster on the same port (to keep
     the database down for a while); ``restart()`` does both. ``stop()`` stops the server and
@@ -361,6 +364,9 @@ class PostgresTestServer:
                 raise ValueError(f"not a plain SQL identifier: {name!r}")
         self.settings = {str(key): str(value) for key, value in (settings or {}).items()}
         self.user = user
+        # The superuser's password over TCP: a local user who finds the port is not let in as superuser
+        # (who could run commands as the server's user with COPY ... FROM PROGRAM).
+        self.password = secrets.token_urlsafe(24)
         self.database = database
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
@@ -449,7 +455,7 @@ class PostgresTestServer:
 
     @property
     def url(self) -> str:
-        """``postgresql://USER@127.0.0.1:PORT/runlane_test``."""
+        """``postgresql://USER:PASSWORD@127.0.0.1:PORT/runlane_test``."""
         return self.url_for(self.database)
 
     @property
@@ -458,7 +464,7 @@ class PostgresTestServer:
         return self.url_for("postgres")
 
     def url_for(self, database: str) -> str:
-        return f"postgresql://{self.user}@{HOST}:{self.port}/{database}"
+        return f"postgresql://{self.user}:{self.password}@{HOST}:{self.port}/{database}"
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -612,11 +618,17 @@ class PostgresTestServer:
         return options
 
     def _initdb(self, binaries: PostgresBinaries) -> None:
+        # Trust on the unix socket, in the private temporary directory; a password over TCP, where any local
+        # user can connect.
+        with open(self._open_server_file("pwfile", create=True), "w", encoding="utf-8") as pwfile:
+            pwfile.write(self.password + "\n")
         command = [
             str(binaries.initdb),
             f"--pgdata={self.data_dir}",
             f"--username={self.user}",
-            "--auth=trust",
+            f"--pwfile={self.base_dir / 'pwfile'}",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
             "--encoding=UTF8",
             "--locale=C",
             "--no-sync",
@@ -627,6 +639,13 @@ class PostgresTestServer:
             )
         except subprocess.TimeoutExpired as error:
             raise RuntimeError(f"initdb did not finish within {self.initdb_timeout:g}s") from error
+        finally:
+            directory = self._open_server_directory("")
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink("pwfile", dir_fd=directory)
+            finally:
+                os.close(directory)
         if completed.returncode != 0:
             output = (completed.stdout + completed.stderr).decode("utf-8", errors="replace").strip()
             raise RuntimeError(f"initdb failed (exit {completed.returncode}) as {self.os_user!r}:\n{output}")
