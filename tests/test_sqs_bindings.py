@@ -435,3 +435,25 @@ def test_postgres_migrate_refuses_a_postgres_sqs_lane_its_postgres_table_is_wron
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("error[configuration_invalid]: runlane.toml: Invalid options in [lane]")
     assert says in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "endpoint, shown",
+    [
+        ("http://key:Sqs5ecret@local host:4566", "Invalid endpoint: http://***@local host:4566"),
+        ("http://key:Sqs5ecret@local host:4566/?token=Sqs5ecret", "Invalid endpoint: http://***@local host:4566/?token=***"),
+    ],
+)
+def test_an_endpoint_url_botocore_refuses_is_shown_without_its_credentials(
+    tmp_path: Path, endpoint: str, shown: str
+) -> None:
+    (tmp_path / "tasks.py").write_text('from runlane import queue\n\ndefault = queue("default", default=True)\n')
+    (tmp_path / "runlane.toml").write_text(
+        '[runlane]\ntasks = ["tasks"]\n\n[lane]\nuse = "postgres-sqs"\n\n[lane.postgres]\n'
+        'connection_string = "postgresql://nobody@127.0.0.1:1/app"\n\n[lane.sqs]\nregion = "us-east-1"\n'
+        f'endpoint_url = "{endpoint}"\n\n[lane.sqs.queues.default]\nqueue_url = "{URL}"\n'
+    )
+    result = cli(tmp_path, "runs", "list")
+    assert result.returncode == 1 and "error[configuration_invalid]: " in result.stderr, result.stderr
+    assert f"Cannot create the SQS client: ValueError: {shown}. " in result.stderr, result.stderr
+    assert "Sqs5ecret" not in result.stdout + result.stderr and "Traceback" not in result.stderr

@@ -27,6 +27,7 @@ for any boto3 client. Loading the plugin imports neither boto3 nor psycopg.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -156,6 +157,17 @@ class PostgresSqsLaneOptions(BaseModel):
     name: str = Field(default="postgres-sqs", min_length=1)
 
 
+# A URL's user information (``http://user:password@host``) and query (``?token=...``), as botocore quotes an
+# endpoint_url (or AWS_ENDPOINT_URL_SQS) it refuses: masked wherever a URL appears in its message.
+_URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")
+_URL_QUERY = re.compile(r"([?&][^=\s&#?]+=)[^\s&#]*")
+
+
+def _without_credentials(text: str) -> str:
+    """``text`` with the credentials and query values of the URLs in it masked (``http://***@host/?a=***``)."""
+    return _URL_QUERY.sub(r"\1***", _URL_CREDENTIALS.sub(r"\1***@", text))
+
+
 def sqs_client(options: SqsTransportOptions) -> Any:
     """A boto3 SQS client for ``options`` (the AWS environment supplies what they leave out)."""
     try:
@@ -177,7 +189,8 @@ def sqs_client(options: SqsTransportOptions) -> Any:
     except Exception as error:
         raise RunlaneError(
             ErrorCode.CONFIGURATION_INVALID,
-            f"Cannot create the SQS client: {type(error).__name__}: {str(error).rstrip('.')}. Set [lane.sqs] region "
+            f"Cannot create the SQS client: {type(error).__name__}: {_without_credentials(str(error)).rstrip('.')}. "
+            "Set [lane.sqs] region "
             "(region = \"${AWS_REGION}\" for AWS_REGION, which boto3 does not read) or AWS_DEFAULT_REGION, and check "
             "endpoint_url and profile.",
             meta={"table": "lane.sqs"},
