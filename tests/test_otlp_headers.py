@@ -115,7 +115,7 @@ async def test_a_header_refused_at_send_time_stops_the_exporter_naming_the_heade
 @pytest.mark.parametrize(
     "variable, value, says",
     [
-        ("OTEL_EXPORTER_OTLP_HEADERS", f"authorization: Bearer {SECRET}", "part 1 is not a header written as name=value"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", f"authorization: Bearer {SECRET}", "part 1 is not a header written as"),
         ("OTEL_EXPORTER_OTLP_HEADERS", f"x-tenant=a,x-api-key={SECRET};v2", "part 2 is not a header"),
         ("OTEL_EXPORTER_OTLP_HEADERS", f"x-api-key=%E2%82%AC{SECRET}", "header 'x-api-key' has a character"),
         ("OTEL_EXPORTER_OTLP_{SIGNAL}_HEADERS", f'x-api-key="{SECRET}"', "part 1 is not a header"),

@@ -441,7 +441,10 @@ def test_postgres_migrate_refuses_a_postgres_sqs_lane_its_postgres_table_is_wron
     "endpoint, shown",
     [
         ("http://key:Sqs5ecret@local host:4566", "Invalid endpoint: http://***@local host:4566"),
-        ("http://key:Sqs5ecret@local host:4566/?token=Sqs5ecret", "Invalid endpoint: http://***@local host:4566/?token=***"),
+        (
+            "http://key:Sqs5ecret@local host:4566/?token=Sqs5ecret",
+            "Invalid endpoint: http://***@local host:4566/?token=***",
+        ),
     ],
 )
 def test_an_endpoint_url_botocore_refuses_is_shown_without_its_credentials(
