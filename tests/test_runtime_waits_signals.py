@@ -99,6 +99,73 @@ async def test_signal_send_limit_bounds_one_call():
             await runtime.signals.send("ok", limit=0)
 
 
+async def test_a_send_whose_write_storage_gave_up_on_resumes_the_runs_on_a_later_try(monkeypatch):
+    # The driver retries a transaction that lost validation (a busy bounded queue's capacity row, other
+    # senders) and then gives up with a retryable storage_conflict. The runs of that write are still
+    # waiting: the send tries them again instead of counting them as taken by another sender.
+    from runlane.errors import StorageConflictKind, create_storage_conflict_error
+    from runlane.storage import StorageIndexName
+
+    runtime, _ = make_runtime(wait_for_report)
+    async with runtime:
+        waiting = [(await runtime.trigger(wait_for_report, {"report": "busy", "ready_after": 2})).run for _ in range(3)]
+        while await runtime.execute_next() is not None:
+            pass
+        storage = runtime.lane.storage
+        query, transact = storage.query, storage.with_transaction
+        armed = {"resume_write": False, "lost": 0}
+
+        async def watching(command, *args, **kwargs):
+            if command.index is StorageIndexName.RUNS_WAITING_FOR_SIGNAL and not armed["lost"]:
+                armed["resume_write"] = True  # the next transaction is the first resume write
+            return await query(command, *args, **kwargs)
+
+        async def losing(callback, *args, **kwargs):
+            if armed["resume_write"]:
+                armed["resume_write"] = False
+                armed["lost"] += 1
+                raise create_storage_conflict_error(StorageConflictKind.TRANSACTION, "lost validation 16 times")
+            return await transact(callback, *args, **kwargs)
+
+        monkeypatch.setattr(storage, "query", watching)
+        monkeypatch.setattr(storage, "with_transaction", losing)
+        resumed = await runtime.signals.send("report_ready_busy")
+        assert armed["lost"] == 1
+        assert sorted(run.id for run in resumed) == sorted(run.id for run in waiting)
+        assert [(await runtime.runs.get(run.id)).status for run in waiting] == [RunStatus.QUEUED] * 3
+
+
+async def test_a_send_storage_keeps_refusing_raises_its_conflict_for_the_caller_to_send_again(monkeypatch):
+    from runlane.errors import StorageConflictKind, create_storage_conflict_error
+    from runlane.storage import StorageIndexName
+
+    runtime, _ = make_runtime(wait_for_report)
+    async with runtime:
+        run = (await runtime.trigger(wait_for_report, {"report": "jammed", "ready_after": 2})).run
+        await runtime.execute_next()
+        storage = runtime.lane.storage
+        query, transact = storage.query, storage.with_transaction
+        armed = {"on": False}
+
+        async def watching(command, *args, **kwargs):
+            if command.index is StorageIndexName.RUNS_WAITING_FOR_SIGNAL:
+                armed["on"] = True
+            return await query(command, *args, **kwargs)
+
+        async def losing(callback, *args, **kwargs):
+            if armed["on"]:
+                raise create_storage_conflict_error(StorageConflictKind.TRANSACTION, "lost validation 16 times")
+            return await transact(callback, *args, **kwargs)
+
+        monkeypatch.setattr(storage, "query", watching)
+        monkeypatch.setattr(storage, "with_transaction", losing)
+        with pytest.raises(RunlaneError) as raised:
+            await runtime.signals.send("report_ready_jammed")
+        assert raised.value.code is ErrorCode.STORAGE_CONFLICT and raised.value.retryable
+        monkeypatch.setattr(storage, "with_transaction", transact)
+        assert [r.id for r in await runtime.signals.send("report_ready_jammed")] == [run.id]
+
+
 async def test_a_long_signal_key_resumes_runs_an_earlier_release_indexed_by_the_key_itself():
     """A signal key past 256 bytes is indexed by its digest; a run released before that (its wait indexed
     by the key itself, then the run id) still resumes when the key is sent."""

@@ -3183,6 +3183,10 @@ class RunsApi:
         )
 
 
+# How many more times ``signals.send`` tries a run whose resume write storage gave up on.
+_SEND_CONFLICT_RETRIES = 2
+
+
 class SignalsApi:
     """``runlane.signals.send(signal_key)``: resume runs released until a signal."""
 
@@ -3202,6 +3206,11 @@ class SignalsApi:
         # Runs another sender resumed first (or that stopped waiting meanwhile) leave the index with
         # that commit: the next page skips them, so a racing sender still resumes up to its limit.
         seen: set[str] = set()
+        # A write the driver gave up on (storage_conflict once its own retries are spent: a busy bounded
+        # queue's capacity row, other senders) resumed none of its runs. Those still waiting are in the
+        # index: they are tried again, and when storage keeps refusing, the conflict is raised so that
+        # the caller sends again; skipping them would leave them waiting while the send looks complete.
+        conflicts: dict[str, int] = {}
         # A key past 256 bytes is indexed by its digest; runs an earlier release left waiting on such a
         # key are indexed by the key itself, so that partition is read too.
         for partition in dict.fromkeys((signal_wait_partition(key), key)):
@@ -3218,13 +3227,20 @@ class SignalsApi:
                 seen.update(run_ids)
                 results = await runtime.append_many([CompletionRequest(run_id, build) for run_id in run_ids])
                 await runtime.publish_resumed(results)
-                for result in results:
+                again = False
+                for run_id, result in zip(run_ids, results):
                     if isinstance(result, AppendResult):
                         if result.events:
                             resumed.append(result.run)
-                    elif not (is_storage_conflict(result) or result.code is ErrorCode.RUN_NOT_FOUND):
+                    elif is_storage_conflict(result):
+                        conflicts[run_id] = conflicts.get(run_id, 0) + 1
+                        if conflicts[run_id] > _SEND_CONFLICT_RETRIES:
+                            raise result
+                        seen.discard(run_id)
+                        again = True
+                    elif result.code is not ErrorCode.RUN_NOT_FOUND:
                         raise result
-                if len(found) < requested and len(unseen) == len(run_ids):
+                if not again and len(found) < requested and len(unseen) == len(run_ids):
                     break  # the index had no more rows than this page, and each was tried
         return resumed
 
