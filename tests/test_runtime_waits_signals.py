@@ -297,6 +297,35 @@ async def test_a_storage_blip_after_the_source_finishes_does_not_strand_its_wait
         assert (await runtime.runs.get(stranded.id)).status is RunStatus.RELEASED
 
 
+async def test_waiters_past_a_page_that_stopped_waiting_meanwhile_are_still_resumed(monkeypatch):
+    # 150 runs wait for one source; the first page of them (100) is cancelled between the scan that
+    # read it and the resume: those appends do nothing, and the 50 on the next page must still resume.
+    from runlane.storage import StorageIndexName
+
+    runtime, _ = make_runtime(quick, late_waiter)
+    async with runtime:
+        waiters = [(await runtime.trigger(late_waiter, {"source": "the-source"})).run for _ in range(150)]
+        while await runtime.execute_next() is not None:
+            pass
+        storage = runtime.lane.storage
+        query = storage.query
+        cancelled: list[str] = []
+
+        async def cancelling_first_page(command, *args, **kwargs):
+            page = await query(command, *args, **kwargs)
+            if command.index is StorageIndexName.RUNS_WAITING_FOR_COMPLETION and not cancelled:
+                for ref in page.items:
+                    cancelled.append((await runtime.runs.cancel(ref.key.parts[-1])).id)
+            return page
+
+        monkeypatch.setattr(storage, "query", cancelling_first_page)
+        await runtime.trigger(quick, run_id="the-source")
+        assert (await runtime.execute_next()).id == "the-source"
+        assert len(cancelled) == 100
+        statuses = {run.id: (await runtime.runs.get(run.id)).status for run in waiters}
+        assert sorted(statuses.values()) == sorted([RunStatus.CANCELLED] * 100 + [RunStatus.QUEUED] * 50)
+
+
 async def test_a_storage_blip_on_the_resume_write_itself_is_retried_too(monkeypatch):
     from runlane.storage import StorageIndexName
 

@@ -1088,25 +1088,29 @@ class Runlane:
         resumed: list[RunRecord] = []
         failure: RunlaneError | None = None  # the first resume that could not be written, raised at the end
         limit = self._store.driver.profile.limits.max_query_results
+        # Each waiter is tried once per scan. One that stopped waiting meanwhile (cancelled, resumed by
+        # its timeout) makes its append a no-op and leaves the index, so a page of only such waiters
+        # does not end the scan: the next page holds the waiters past it.
+        tried: set[str] = set()
         while True:
-            run_ids = await self._store.query_index(
+            found = await self._store.query_index(
                 StorageIndexName.RUNS_WAITING_FOR_COMPLETION, (source_run_id,), limit=limit
             )
+            run_ids = [run_id for run_id in found if run_id not in tried]
             if not run_ids:
                 break
+            tried.update(run_ids)
             build = _resume_build(
                 lambda wait: wait.type is RunWaitConditionType.RUN_COMPLETION and wait.run_id == source_run_id
             )
             results = await self.append_many([CompletionRequest(run_id, build) for run_id in run_ids])
             await self.publish_resumed(results)
-            progressed = False
             for result in results:
                 if isinstance(result, AppendResult) and result.events:
                     resumed.append(result.run)
-                    progressed = True
                 elif isinstance(result, RunlaneError) and failure is None:
                     failure = result
-            if len(run_ids) < limit or not progressed:
+            if len(found) < limit:
                 break
         if failure is not None:
             raise failure  # the waiters left are still in the index: a retry resumes exactly them
