@@ -221,6 +221,42 @@ async def test_a_handler_that_blocks_the_event_loop_is_reported(caplog):
         assert [item for item in caplog.records if item.name == "runlane.worker"] == []
 
 
+async def test_one_blocked_loop_is_reported_once_naming_the_async_handlers_running_not_per_attempt(caplog):
+    started = threading.Semaphore(0)
+    released = threading.Event()
+
+    @task("blocks.loop")
+    async def blocks(payload: dict) -> None:
+        for _ in range(2):  # the other two attempts are running (and heartbeating) before the loop is held
+            assert started.acquire(timeout=5)
+        time.sleep(0.15)  # a blocking call in an async handler: every heartbeat due meanwhile is delayed
+        released.set()
+
+    @task("awaits")
+    async def awaits(payload: dict) -> None:
+        started.release()
+        await asyncio.wait_for(asyncio.to_thread(released.wait, 5), 10)
+
+    @task("sync.waits")
+    def sync_waits(payload: dict) -> None:  # runs on a thread: it cannot block the loop
+        started.release()
+        released.wait(5)
+
+    runtime, _ = make_runtime(blocks, awaits, sync_waits)
+    caplog.set_level(logging.WARNING, logger="runlane")
+    async with runtime:
+        for handler in (awaits, sync_waits, blocks):
+            await runtime.trigger(handler, {})
+        worker = runtime.worker(mode=WorkerMode.DRAIN, concurrency=3, heartbeat_interval="60ms")
+        await asyncio.wait_for(worker.closed, 10)
+        assert [run.status for run in (await runtime.runs.list()).data] == [RunStatus.SUCCEEDED] * 3
+    [record] = [item for item in caplog.records if item.name == "runlane.worker"]
+    message = record.getMessage()
+    assert message.startswith("The event loop was blocked for about ") and "logged once for all of them" in message
+    running = message.split("The async def handlers running in this process then: ")[1].split(";")[0]
+    assert re.fullmatch(r"awaits \(run \w+\), blocks\.loop \(run \w+\)", running)  # not sync.waits
+
+
 async def test_poll_worker_is_woken_by_a_trigger_in_this_process():
     runtime, _ = make_runtime(count)
     async with runtime:

@@ -41,6 +41,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -127,6 +128,9 @@ _worker_log = logging.getLogger("runlane.worker")
 # jitter) means something blocked the loop.
 _BLOCKED_LOOP_WARNING_S = 1.0
 _LOOP_JITTER_S = 0.05
+# Per event loop, the loop time a blocked loop was last reported at (see ``_warn_if_the_loop_was_blocked``).
+_blocks_reported: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, float] = weakref.WeakKeyDictionary()
+_BLOCKING_CANDIDATES_SHOWN = 5
 
 # Abort reasons the runtime gives ``TaskContext.signal``.
 REASON_CANCELLATION_REQUESTED = "cancellation_requested"
@@ -285,6 +289,16 @@ class CancellationRegistry:
         self._claimed(_claim_in_flight.get())  # the claim's attempt has begun: it is waited for as such
         if reason is not None:  # claimed while the runtime was closing
             attempt.stop(reason)
+
+    def async_handlers_on(self, loop: asyncio.AbstractEventLoop) -> list[_Attempt]:
+        """The attempts in flight on ``loop`` whose handler is an ``async def``: the ones that can block it."""
+        with self._lock:
+            attempts = list(self._in_flight)
+        return [
+            attempt
+            for attempt in attempts
+            if attempt.loop is loop and attempt.definition is not None and attempt.definition.is_async
+        ]
 
     def end(self, attempt: _Attempt) -> None:
         with self._lock:
@@ -1563,16 +1577,38 @@ class _Attempt:
         self._heartbeat_task = self.loop.create_task(self._heartbeat())
 
     def _warn_if_the_loop_was_blocked(self) -> None:
-        """Log when the heartbeat timer is overdue by a second (or half its interval): something held the loop."""
-        late = self.loop.time() - self._heartbeat_due_at
-        if late < min(_BLOCKED_LOOP_WARNING_S, max(_LOOP_JITTER_S, self.options.heartbeat_ms / 2000)):
+        """Log when the heartbeat timer is overdue by a second (or half its interval): something held the loop.
+        Once for a block, whatever the number of attempts whose heartbeats it delayed (each of them finds it
+        when the loop runs again), naming the ``async def`` handlers that were running: one of them held it."""
+        loop = self.loop
+        now = loop.time()
+        late = now - self._heartbeat_due_at
+        threshold = min(_BLOCKED_LOOP_WARNING_S, max(_LOOP_JITTER_S, self.options.heartbeat_ms / 2000))
+        if late < threshold:
             return
+        reported = _blocks_reported.get(loop)
+        if reported is not None and self._heartbeat_due_at < reported and now - reported < threshold:
+            return  # due during the block just reported, and found right after that report: the same block
+        _blocks_reported[loop] = now
         run = self.run
+        runs_by_task: dict[str, set[str]] = {}
+        for attempt in self.runtime.registry.async_handlers_on(loop):
+            runs_by_task.setdefault(attempt.run.task_id, set()).add(attempt.run_id)
+        running = [
+            f"{task_id} (run {next(iter(runs))})" if len(runs) == 1 else f"{task_id} ({len(runs)} runs)"
+            for task_id, runs in sorted(runs_by_task.items())
+        ]
+        shown = ", ".join(running[:_BLOCKING_CANDIDATES_SHOWN]) + (
+            f" and {len(running) - _BLOCKING_CANDIDATES_SHOWN} more tasks"
+            if len(running) > _BLOCKING_CANDIDATES_SHOWN
+            else ""
+        )
         _worker_log.warning(
             "The event loop was blocked for about %.1f s: the heartbeat of run %s (task %s) was due that long "
-            "ago, and its lease lasts %s. A blocking call in an async def handler stops every attempt of the "
-            "process; run it with asyncio.to_thread() or write the handler as a def.",
-            late, run.id, run.task_id, format_duration(self.options.lease_ms),
+            "ago, and its lease lasts %s. The async def handlers running in this process then: %s; a blocking "
+            "call in one of them stops every attempt of the process (this is logged once for all of them): run "
+            "it with asyncio.to_thread() or write the handler as a def.",
+            late, run.id, run.task_id, format_duration(self.options.lease_ms), shown or "none",
             extra=_log_fields(run) | {"blocked_seconds": round(late, 3)},
         )  # fmt: skip
 
