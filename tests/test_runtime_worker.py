@@ -257,6 +257,28 @@ async def test_one_blocked_loop_is_reported_once_naming_the_async_handlers_runni
     assert re.fullmatch(r"awaits \(run \w+\), blocks\.loop \(run \w+\)", running)  # not sync.waits
 
 
+async def test_a_loop_blocked_by_other_code_than_a_handler_is_not_blamed_on_a_handler(caplog):
+    started = threading.Event()
+    released = threading.Event()
+
+    @task("sync.waits")
+    def sync_waits(payload: dict) -> None:  # runs on a thread: it cannot block the loop
+        started.set()
+        released.wait(5)
+
+    runtime, _ = make_runtime(sync_waits)
+    caplog.set_level(logging.WARNING, logger="runlane")
+    async with runtime:
+        await runtime.trigger(sync_waits, {})
+        attempt = asyncio.ensure_future(runtime.execute_next(heartbeat_interval="60ms"))
+        assert await asyncio.to_thread(started.wait, 5)
+        time.sleep(0.15)  # the application's own blocking call on the loop
+        released.set()
+        assert (await asyncio.wait_for(attempt, 10)).status is RunStatus.SUCCEEDED
+    [record] = [item for item in caplog.records if item.name == "runlane.worker"]
+    assert "No async def handler was running: other code on the loop blocked it" in record.getMessage()
+
+
 async def test_poll_worker_is_woken_by_a_trigger_in_this_process():
     runtime, _ = make_runtime(count)
     async with runtime:

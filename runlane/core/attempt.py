@@ -1603,12 +1603,18 @@ class _Attempt:
             if len(running) > _BLOCKING_CANDIDATES_SHOWN
             else ""
         )
+        culprits = (
+            f"The async def handlers running in this process then: {shown}; a blocking call in one of them stops "
+            "every attempt of the process (this is logged once for all of them): run it with asyncio.to_thread() "
+            "or write the handler as a def."
+            if shown
+            else "No async def handler was running: other code on the loop blocked it (an observer, a hook, the "
+            "application's own), which stops every attempt of the process (this is logged once for all of them)."
+        )
         _worker_log.warning(
             "The event loop was blocked for about %.1f s: the heartbeat of run %s (task %s) was due that long "
-            "ago, and its lease lasts %s. The async def handlers running in this process then: %s; a blocking "
-            "call in one of them stops every attempt of the process (this is logged once for all of them): run "
-            "it with asyncio.to_thread() or write the handler as a def.",
-            late, run.id, run.task_id, format_duration(self.options.lease_ms), shown or "none",
+            "ago, and its lease lasts %s. %s",
+            late, run.id, run.task_id, format_duration(self.options.lease_ms), culprits,
             extra=_log_fields(run) | {"blocked_seconds": round(late, 3)},
         )  # fmt: skip
 
