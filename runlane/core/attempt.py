@@ -1609,7 +1609,8 @@ class _Attempt:
             "or write the handler as a def."
             if shown
             else "No async def handler was running: other code on the loop blocked it (an observer, a hook, the "
-            "application's own), which stops every attempt of the process (this is logged once for all of them)."
+            "application's own), or the whole process was paused (SIGSTOP, a suspended machine); either stops every "
+            "attempt of the process (this is logged once for all of them)."
         )
         _worker_log.warning(
             "The event loop was blocked for about %.1f s: the heartbeat of run %s (task %s) was due that long "
