@@ -120,24 +120,27 @@ class Schemas:
             return cursor.fetchall() if cursor.description else []
 
     @contextmanager
-    def login_role(self) -> Iterator[tuple[str, str]]:
-        """A fresh login role without privileges and the URL that connects as it; the role and what it
-        owns are dropped afterwards. Skips the test when the database's user may not create roles."""
+    def login_role(self, password: str | None = None) -> Iterator[tuple[str, str]]:
+        """A fresh login role without privileges and the URL that connects as it (its password is its name
+        unless ``password`` is given, which the URL then carries percent-encoded); the role and what it owns
+        are dropped afterwards. Skips the test when the database's user may not create roles."""
         import uuid
-        from urllib.parse import urlsplit, urlunsplit
+        from urllib.parse import quote, urlsplit, urlunsplit
 
         import psycopg
         import pytest
         from psycopg import sql
 
         role = f"{self.prefix}_role_{uuid.uuid4().hex[:8]}"
+        secret = role if password is None else password
         try:
-            self.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(role)))
+            self.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(secret)))
         except psycopg.Error:
             pytest.skip("the test database does not let this role create roles")
         parts = urlsplit(self.url)
+        netloc = f"{role}:{quote(secret, safe='')}@{parts.hostname}:{parts.port}"
         try:
-            yield role, urlunsplit(parts._replace(netloc=f"{role}:{role}@{parts.hostname}:{parts.port}"))
+            yield role, urlunsplit(parts._replace(netloc=netloc))
         finally:
             self.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             self.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
