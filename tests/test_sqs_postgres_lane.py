@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from runlane import ErrorCode, RunlaneError, RunStatus, create_runlane, queue, task
+from runlane import ErrorCode, Retry, RunlaneError, RunStatus, TaskContext, create_runlane, queue, task
 from runlane.testing import LaneCompositionConformance
 from runlane.testing.clock import ControlledClock
 from runlane.vocabulary import ExecuteDeliveryStatus, LaneDeliveryMode, OutboxMessageStatus
@@ -358,6 +358,127 @@ async def test_a_consumer_holds_its_wakeups_while_the_database_is_down_and_runs_
             assert consumer.counts.received == 3 and len(failures) == 3
         finally:
             await asyncio.wait_for(consumer.stop(), timeout=20.0)
+
+
+@task("sqs.parent", queue=DEFAULT)
+async def parent(payload: dict, ctx: TaskContext) -> Any:
+    if ctx.attempt == 1:
+        return ctx.wait_for_signal("sqs.approved")
+    if ctx.attempt == 2:
+        spawned = await ctx.trigger(echo, {"value": "child"})
+        return ctx.wait_for_run(spawned.run.id)
+    return "parent-done"
+
+
+@task("sqs.later", queue=DEFAULT, retry=Retry(2, backoff="1ms"))
+async def later(payload: dict, ctx: TaskContext) -> Any:
+    if ctx.attempt == 1:
+        if payload["how"] == "release":
+            return ctx.release("1ms")
+        if payload["how"] == "wait":
+            return ctx.wait_for_signal("sqs.never", timeout="1ms")
+        raise RuntimeError("the first attempt fails")
+    return payload["how"]
+
+
+def take_wakeups(client: Any, queue_url: str) -> list[Any]:
+    """Receive and delete every visible message of ``queue_url``; their wakeups, in no particular order."""
+    wakeups = []
+    while True:
+        response = client.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+        messages = response.get("Messages", [])
+        if not messages:
+            return wakeups
+        for message in messages:
+            wakeups.append(parse_sqs_wakeup_body(message["Body"]))
+            client.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+
+async def test_a_signal_and_a_finished_run_publish_their_waiters_wakeups_once_at_once(
+    postgres_url: str, schema: str, sqs_server: Any
+) -> None:
+    client = sqs_server.client()
+    url = sqs_server.create_queue(unique_queue_name())
+    lane = lane_for(postgres_url, schema, client, [sqs_queue(DEFAULT, queue_url=url)])
+    async with create_runlane(lane=lane, queues=[DEFAULT], tasks=[parent, echo]) as runtime:
+        run = (await runtime.trigger(parent, {})).run
+        (wakeup,) = take_wakeups(client, url)
+        assert (await runtime.execute_delivery(wakeup)).run.status is RunStatus.RELEASED
+        assert take_wakeups(client, url) == []
+
+        assert [resumed.id for resumed in await runtime.signals.send("sqs.approved")] == [run.id]
+        (wakeup,) = take_wakeups(client, url)
+        assert wakeup.run_id == run.id
+        assert (await runtime.execute_delivery(wakeup)).run.status is RunStatus.RELEASED  # waits for its child
+        (child_wakeup,) = take_wakeups(client, url)
+        assert (await runtime.execute_delivery(child_wakeup)).run.status is RunStatus.SUCCEEDED
+
+        (wakeup,) = take_wakeups(client, url)  # the child's end resumed its parent
+        assert wakeup.run_id == run.id
+        finished = (await runtime.execute_delivery(wakeup)).run
+        assert finished.status is RunStatus.SUCCEEDED and finished.output == "parent-done"
+        result = await runtime.tick()
+        assert result.outbox_published == 0 and result.delivery_requested == 0
+        assert take_wakeups(client, url) == []
+        rows = await runtime.store.list_run_outbox(run.id)
+        assert [row.status for row in rows] == [OutboxMessageStatus.PUBLISHED] * 3
+
+
+@pytest.mark.parametrize("how", ["release", "wait", "retry"])
+async def test_a_due_release_wait_timeout_or_retry_gets_one_wakeup_from_tick(
+    postgres_url: str, schema: str, sqs_server: Any, how: str
+) -> None:
+    client = sqs_server.client()
+    url = sqs_server.create_queue(unique_queue_name())
+    lane = lane_for(postgres_url, schema, client, [sqs_queue(DEFAULT, queue_url=url)])
+    async with create_runlane(lane=lane, queues=[DEFAULT], tasks=[later]) as runtime:
+        run = (await runtime.trigger(later, {"how": how})).run
+        (wakeup,) = take_wakeups(client, url)
+        waiting = (await runtime.execute_delivery(wakeup)).run
+        assert waiting.status is (RunStatus.RETRYING if how == "retry" else RunStatus.RELEASED)
+        assert take_wakeups(client, url) == []  # not due when it was recorded: tick() wakes it
+        deadline = time.monotonic() + 20.0
+        while (result := await runtime.tick()).delivery_requested == 0:
+            assert time.monotonic() < deadline, "tick() never found the run due"
+            await asyncio.sleep(0.005)
+        assert result.outbox_published == 1
+        (wakeup,) = take_wakeups(client, url)
+        assert wakeup.run_id == run.id
+        finished = (await runtime.execute_delivery(wakeup)).run
+        assert finished.status is RunStatus.SUCCEEDED and finished.output == how
+        assert (await runtime.tick()).outbox_published == 0 and take_wakeups(client, url) == []
+
+
+async def test_a_consumer_without_the_task_fails_its_run_task_not_found_and_deletes_the_wakeup(
+    postgres_url: str, schema: str, sqs_server: Any
+) -> None:
+    """A rolling deploy: a consumer of an older release meets a run of a task it does not register."""
+    client = sqs_server.client()
+    url = sqs_server.create_queue(unique_queue_name(), VisibilityTimeout="1")
+    bindings = [sqs_queue(DEFAULT, queue_url=url)]
+    producer = create_runlane(lane=lane_for(postgres_url, schema, client, bindings), queues=[DEFAULT], tasks=[later])
+    older = create_runlane(lane=lane_for(postgres_url, schema, client, bindings), queues=[DEFAULT], tasks=[echo])
+    async with producer, older:
+        run = (await producer.trigger(later, {"how": "new"})).run
+        failures: list[Any] = []
+        consumer = create_sqs_delivery_consumer(
+            client=client,
+            queue_url=url,
+            execute_delivery=older.execute_delivery,
+            wait_time_seconds=1,
+            on_delivery_failure=failures.append,
+        )
+        await consumer.start()
+        try:
+            await eventually(lambda: consumer.counts.deleted >= 1, what="the wakeup's deletion")
+        finally:
+            await consumer.stop()
+        await consumer.closed
+        failed = await producer.runs.get(run.id)
+        assert failed is not None and failed.status is RunStatus.FAILED
+        assert failed.failure is not None and failed.failure.code is ErrorCode.TASK_NOT_FOUND
+        assert failures == [] and consumer.counts.received == 1
+        assert visible_messages(client, url) == 0 and in_flight_messages(client, url) == 0
 
 
 class TestPostgresSqsLaneComposition(LaneCompositionConformance):
