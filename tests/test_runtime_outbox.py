@@ -144,6 +144,35 @@ async def test_every_wakeup_of_a_run_carries_the_trace_it_was_triggered_with():
         assert transport.published[-1].run_id == untraced.id and transport.published[-1].trace_carrier is None
 
 
+@task("outbox.limited_wait", queue=LIMITED)
+async def limited_wait(payload: dict, ctx: TaskContext):
+    if payload.get("wait") and ctx.attempt == 1:
+        return ctx.wait_for_signal("limited-go")
+    return None
+
+
+async def test_a_run_resumed_on_a_full_bounded_queue_is_woken_once_through_a_reservation():
+    # A resume on a bounded queue leaves the run to the capacity-reserving dispatch: a wakeup published at
+    # once would find the queue full (acknowledged as claim_lost), and dispatch would publish a second one.
+    runtime, transport, clock = transport_runtime(tasks=(limited_wait,))
+    async with runtime:
+        waiting = (await runtime.trigger(limited_wait, {"wait": True})).run
+        assert (await runtime.tick()).dispatch_reserved == 1
+        assert (await runtime.execute_delivery(transport.published[-1])).run.status is RunStatus.RELEASED
+        blocker = (await runtime.trigger(limited_wait, {})).run
+        assert (await runtime.tick()).dispatch_reserved == 1  # the blocker holds the only slot
+        before = len(transport.published)
+        assert [run.id for run in await runtime.signals.send("limited-go")] == [waiting.id]
+        assert len(transport.published) == before  # no wakeup without a slot
+        assert (await runtime.tick()).dispatch_reserved == 0
+        assert (await runtime.execute_delivery(transport.published[-1])).run.id == blocker.id
+        result = await runtime.tick()
+        assert (result.dispatch_reserved, result.outbox_published) == (1, 1)
+        assert [message.run_id for message in transport.published[before:]] == [waiting.id]
+        assert (await runtime.execute_delivery(transport.published[-1])).run.status is RunStatus.SUCCEEDED
+        assert await outbox_count(runtime, waiting.id) == 2  # its trigger's reservation and its resume's
+
+
 async def test_retryable_failure_is_retried_after_a_delay():
     runtime, transport, clock = transport_runtime()
     async with runtime:

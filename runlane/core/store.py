@@ -1279,15 +1279,22 @@ class _Attempt:
         return AppendResult(new, rows, waiters, observations, outbox)
 
     def _outbox_rows(self, rows: Sequence[RunEventRecord], run: RunRecord) -> tuple[OutboxMessage, ...]:
-        """One outbox row per ``run.delivery_requested`` in ``rows`` on a transport lane (none otherwise)."""
+        """One outbox row per ``run.delivery_requested`` in ``rows`` on a transport lane (none otherwise).
+
+        On a bounded queue only a dispatch reservation's request is published: a plain one (a signal or a
+        finished run resuming a waiter) leaves the run queued for the capacity-reserving dispatch of
+        ``tick()``, which publishes its wakeup with a slot; published at once, it would wake a consumer
+        that cannot claim the run while the queue is full, and dispatch would publish a second one."""
         if not self.store.outbox:
             return ()
         trace = run.trace_carrier
+        bounded = run.queue in self.store.queue_limits
         return tuple(
             [
                 _new_outbox_message(row, event, self.now, trace)
                 for row in rows
                 if isinstance(event := row.event, RunDeliveryRequestedEvent)
+                and (not bounded or event.delivery.dispatch_expires_at is not None)
             ]
         )
 
