@@ -1240,6 +1240,44 @@ async def test_writes_to_a_read_only_server_say_to_connect_to_the_primary(schema
         await driver.close()
 
 
+async def test_a_full_disk_is_a_retryable_outage_that_says_the_disk_is_full(schemas: Schemas) -> None:
+    # What the server answers when it cannot extend a table's file (53100): the trigger writes nothing, says
+    # what to free, and is taken once there is room again.
+    schema = await schemas.migrated()
+    table = sql.Identifier(schema, "runlane_records")
+    schemas.execute(
+        sql.SQL(
+            "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
+            "'could not extend file \"base/16384/16397\": No space left on device' USING ERRCODE = 'disk_full'; "
+            "END $$"
+        ).format(fn=sql.Identifier(schema, "full_disk"))
+    )
+    schemas.execute(
+        sql.SQL("CREATE TRIGGER full_disk BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()").format(
+            table=table, fn=sql.Identifier(schema, "full_disk")
+        )
+    )
+    default = queue("default", default=True)
+
+    @task("noop", queue=default)
+    async def noop(payload: dict[str, Any]) -> None:
+        return None
+
+    runtime = create_runlane(lane=postgres_polling_lane(schemas.url, schema=schema), queues=[default], tasks=[noop])
+    async with runtime:
+        error = await expect_error(
+            asyncio.wait_for(runtime.trigger(noop, {}, idempotency_key="k"), 30), ErrorCode.STORAGE_UNAVAILABLE
+        )
+        assert error.retryable and error.meta["sqlstate"] == "53100"
+        assert "disk is full" in error.message and "nothing was written" in error.message, error.message
+        assert "Free space" in error.message and "retry the operation" in error.message, error.message
+        assert (await runtime.runs.list()).data == []
+        schemas.execute(sql.SQL("DROP TRIGGER full_disk ON {table}").format(table=table))
+        created = await runtime.trigger(noop, {}, idempotency_key="k")
+        assert created.run.status is RunStatus.QUEUED
+        assert [run.id for run in (await runtime.runs.list()).data] == [created.run.id]
+
+
 @pytest.mark.parametrize(
     "message",
     [

@@ -59,7 +59,7 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   oversubscription; version and ownership fences still protect every write.
 
 Errors: lost connections, SQLSTATE class ``08``, ``57P01``-``57P03``, ``53300``, timeouts (``57014``,
-``55P03``) and a read-only server (``25006``) map to ``storage_unavailable`` (retryable); ``40001`` /
+``55P03``), a full disk (``53100``) and a read-only server (``25006``) map to ``storage_unavailable`` (retryable); ``40001`` /
 ``40P01`` past the replay budget to ``storage_conflict``; a missing schema, table or function to
 ``configuration_invalid`` telling the user to run ``runlane postgres migrate`` (``start()`` checks every
 table, the sequence and the functions, and names the database's other Runlane schemas when the lane's is
@@ -550,7 +550,7 @@ def check_seconds(option: str, seconds: object) -> None:
 # Errors
 
 
-_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "57014", "25006", "55P03"})
+_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53100", "53300", "57014", "25006", "55P03"})
 _CONFLICT_STATES = frozenset({"40001", "40P01", "23505"})
 # A migration refused on one of the schema's objects (not on the schema or the database): another role owns it.
 _OBJECT_PERMISSION = re.compile(r"permission denied for (table|sequence|function|relation) ")
@@ -723,6 +723,13 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
             unavailable,
             f"Postgres has no connection slot left [{state}] ({detail}); lower the pools' max_size or the number "
             f"of processes, or raise {raise_limit}.",
+            retryable=True,
+        )
+    if state == "53100":
+        return mapped(
+            unavailable,
+            f"the database's disk is full [{state}] ({detail}); nothing was written. Free space on the database "
+            "server's disk (its data directory, tablespaces and pg_wal) or enlarge it, then retry the operation.",
             retryable=True,
         )
     if state == "25006":
