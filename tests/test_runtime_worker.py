@@ -18,6 +18,7 @@ from runlane import (
     CancellationController,
     ErrorCode,
     RunlaneError,
+    RunEventType,
     RunStatus,
     TaskContext,
     TaskDefinition,
@@ -1008,3 +1009,66 @@ async def test_a_child_trigger_and_a_run_read_ride_out_a_short_outage():
         assert done.status is RunStatus.SUCCEEDED and done.counters.attempts == 1
         children = (await runtime.runs.list(task_ids=["orders.child"])).data
         assert [summary.id for summary in children] == [done.output]
+
+
+class _CommitThenLoseDriver:
+    """Wraps a storage driver: once armed, its next transaction commits and then fails with a retryable
+    ``storage_unavailable``, as a connection lost while its commit was under way reports a commit whose
+    outcome is unknown."""
+
+    def __init__(self, storage):
+        self._storage = storage
+        self.armed = False
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
+
+    async def with_transaction(self, callback, *args, **kwargs):
+        result = await self._storage.with_transaction(callback, *args, **kwargs)
+        if self.armed:
+            self.armed = False
+            raise RunlaneError(
+                ErrorCode.STORAGE_UNAVAILABLE,
+                "Lost the connection while committing; the transaction's outcome is unknown.",
+                retryable=True,
+            )
+        return result
+
+
+async def test_an_outcome_whose_commit_was_reported_unknown_but_landed_is_reported_as_written(caplog):
+    # The outcome's commit went through but the driver could not tell (the connection died under it). The
+    # retry finds the run finished by this very attempt: its outcome is recorded, once, and the worker says
+    # so, rather than that the attempt lost its lease and its outcome is not recorded.
+    from runlane import create_lane, create_runlane
+    from runlane.core.lanes import LaneDelivery
+    from runlane.vocabulary import LaneDeliveryMode
+    from runlane_local import local_storage_driver
+
+    driver = _CommitThenLoseDriver(local_storage_driver())
+    calls: list[int] = []
+
+    @task("lands.unknowingly")
+    async def lands(payload: dict) -> str:
+        calls.append(1)
+        driver.armed = True  # the next commit is this attempt's outcome
+        return "done"
+
+    lane = create_lane(storage=driver, delivery=LaneDelivery(mode=LaneDeliveryMode.STORAGE_POLLING), name="unknown")
+    runtime = create_runlane(lane=lane, queues=[DEFAULT_QUEUE], tasks=[lands])
+    async with runtime:
+        run = (await runtime.trigger(lands, {})).run
+        with caplog.at_level("WARNING", logger="runlane"):
+            worker = runtime.worker(mode=WorkerMode.POLL, empty_poll_delay="10ms")
+            done = await wait_for_run_status(runtime, run.id, RunStatus.SUCCEEDED, timeout="10s")
+            for _ in range(500):
+                if worker.executed:
+                    break
+                await asyncio.sleep(0.01)
+            await worker.stop()
+        assert done.output == "done" and done.counters.attempts == 1 and calls == [1]
+        events = await runtime.runs.events(run.id)
+        assert [item.event.type for item in events.data].count(RunEventType.SUCCEEDED) == 1
+        assert worker.executed == 1
+        messages = [record.getMessage() for record in caplog.records]
+        assert not any("lost its lease" in m for m in messages), messages
+        assert any("the outcome of attempt 1 was written" in m for m in messages), messages

@@ -83,7 +83,7 @@ from ..models import (
 from ..storage.batching import Batcher
 from ..storage.codecs import encode_iso_date
 from ..storage.types import StorageLimitError
-from ..vocabulary import ActorType, RunSourceType, RunStatus, RunWaitConditionType
+from ..vocabulary import ActorType, RunEventType, RunSourceType, RunStatus, RunWaitConditionType, run_status_values
 from .authoring import (
     MAX_REPORTED_ERRORS,
     NOT_GIVEN_BACK,
@@ -121,6 +121,16 @@ __all__ = [
 
 _CANCELLATION_REQUESTED = RunStatus.CANCELLATION_REQUESTED
 _ATTEMPT_OWNERS = frozenset({RunStatus.RUNNING, RunStatus.CANCELLATION_REQUESTED})
+# The events an attempt's outcome writes (``outcome_build``).
+_OUTCOME_EVENT_TYPES = frozenset(
+    {
+        RunEventType.SUCCEEDED,
+        RunEventType.FAILED,
+        RunEventType.RETRY_SCHEDULED,
+        RunEventType.RELEASED,
+        RunEventType.CANCELLED,
+    }
+)
 
 _task_log = logging.getLogger("runlane.task")
 _worker_log = logging.getLogger("runlane.worker")
@@ -1898,6 +1908,13 @@ class _Attempt:
             if stored is not None and self._timeout_recorded(stored):
                 self._log_late()
                 return AttemptResult(stored)  # the outcome an attempt past its deadline has
+            if stored is not None and await self._outcome_landed(stored):
+                # An earlier write of this outcome was reported as failed (a connection lost during its
+                # commit: storage_unavailable, its outcome unknown) but was committed: it is recorded, once.
+                self._storage_recovered("outcome")
+                if run_status_values.is_terminal(stored.status):
+                    runtime._wake_finish_waiters(stored.id)
+                return AttemptResult(stored)
             return self.abandon(error)
         assert isinstance(result, AppendResult)
         await runtime.after_append(result)
@@ -1936,6 +1953,32 @@ class _Attempt:
     async def _submit_outcome(self, request: CompletionRequest) -> Any:
         self._storage_retry_s = 0.0  # a heartbeat's retries are over: the timers have stopped
         return await self.riding_out(lambda: self.runtime.loop_state().completions.submit(request), "outcome")
+
+    async def _outcome_landed(self, stored: RunRecord) -> bool:
+        """Whether the run's history holds an outcome of this attempt written by this worker: only the
+        holder of the attempt's lease writes one, so it is this attempt's own, from a commit whose outcome
+        the driver could not report."""
+        if stored.lease is not None or stored.counters.attempts != self.attempt_number:
+            return False
+        actor = worker_actor(self.worker_id)
+        after = self.run.event_sequence
+        while after < stored.event_sequence:
+            try:
+                events = await self.runtime.store.list_events(self.run_id, after_sequence=after)
+            except RunlaneError:
+                return False  # storage is away again: report the lost lease, as before
+            if not events:
+                return False
+            for item in events:
+                event = item.event
+                if (
+                    event.type in _OUTCOME_EVENT_TYPES
+                    and getattr(event, "attempt", None) == self.attempt_number
+                    and event.actor == actor
+                ):
+                    return True
+            after = events[-1].sequence
+        return False
 
     def _past_deadline(self) -> bool:
         deadline = self.run.attempt_deadline_at
