@@ -1240,6 +1240,37 @@ async def test_writes_to_a_read_only_server_say_to_connect_to_the_primary(schema
         await driver.close()
 
 
+async def test_a_connection_that_found_the_server_read_only_is_not_reused(schemas: Schemas) -> None:
+    # A session keeps the default_transaction_read_only it started with (a role set read-only, a standby
+    # reached through a stale address during a failover): once writes are accepted again, the next try
+    # must get a new session instead of failing on the pooled read-only one until it is recycled.
+    schema = await schemas.migrated()
+    default = queue("default", default=True)
+
+    @task("noop", queue=default)
+    async def noop(payload: dict[str, Any]) -> None:
+        return None
+
+    with schemas.login_role() as (role, url):
+        for statement in (
+            "GRANT USAGE ON SCHEMA {schema} TO {role}",
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}",
+            "GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}",
+            "ALTER ROLE {role} SET default_transaction_read_only = on",
+        ):
+            schemas.execute(sql.SQL(statement).format(schema=sql.Identifier(schema), role=sql.Identifier(role)))
+        lane = postgres_polling_lane(url, schema=schema, min_size=1, max_size=1)
+        runtime = create_runlane(lane=lane, queues=[default], tasks=[noop])
+        async with runtime:
+            error = await expect_error(
+                asyncio.wait_for(runtime.trigger(noop, {}, idempotency_key="k"), 30), ErrorCode.STORAGE_UNAVAILABLE
+            )
+            assert error.retryable and error.meta["sqlstate"] == "25006"
+            schemas.execute(sql.SQL("ALTER ROLE {} RESET default_transaction_read_only").format(sql.Identifier(role)))
+            created = await asyncio.wait_for(runtime.trigger(noop, {}, idempotency_key="k"), 30)
+            assert created.run.status is RunStatus.QUEUED
+
+
 async def test_a_full_disk_is_a_retryable_outage_that_says_the_disk_is_full(schemas: Schemas) -> None:
     # What the server answers when it cannot extend a table's file (53100): the trigger writes nothing, says
     # what to free, and is taken once there is room again.

@@ -1462,6 +1462,11 @@ class _PostgresAttempt(StorageAttempt):
         if _is_conflict(error):
             self._replay = True
             return _Replay()
+        if _sqlstate(error) == "25006":
+            # The session refuses writes (it began read-only: a standby, or default_transaction_read_only of
+            # the role or database), and keeps refusing them: drop it, so a retry opens a new session, which
+            # reaches a primary or a role that writes again.
+            self._broken = True
         return map_postgres_error(error, doing)
 
     # -- reads -----------------------------------------------------------------------------------
