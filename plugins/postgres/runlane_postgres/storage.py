@@ -59,11 +59,11 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   oversubscription; version and ownership fences still protect every write.
 
 Errors: lost connections, SQLSTATE class ``08``, ``57P01``-``57P03``, ``53300``, timeouts (``57014``,
-``55P03``), a full disk (``53100``) and a read-only server (``25006``) map to ``storage_unavailable`` (retryable); ``40001`` /
-``40P01`` past the replay budget to ``storage_conflict``; a missing schema, table or function to
-``configuration_invalid`` telling the user to run ``runlane postgres migrate`` (``start()`` checks every
-table, the sequence and the functions, and names the database's other Runlane schemas when the lane's is
-missing), and so do bad
+``55P03``), a full disk (``53100``) and a read-only server (``25006``) map to ``storage_unavailable``
+(retryable); ``40001`` / ``40P01`` past the replay budget to ``storage_conflict``; a missing schema, table
+or function to ``configuration_invalid`` telling the user to run ``runlane postgres migrate`` (``start()``
+checks every table, the sequence and the functions, and names the database's other Runlane schemas when
+the lane's is missing), and so do bad
 credentials (``28xxx``) and a missing database (``3D000``); a reserved name (``42939``, a ``pg_`` schema)
 is ``configuration_invalid`` too, and so is a prepared statement missing from the session or taken in it
 (``26000`` / ``42P05``: a pooler sharing sessions between clients, which ``start()`` refuses when it sees
