@@ -2581,10 +2581,10 @@ if hasattr(os, "register_at_fork"):
 def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimitError:
     """``error`` of a run creation that does not fit the lane, saying so, what takes the room and what to
     do instead."""
-    sizes = {
-        "payload": len(canonical_json(spec.payload)),
-        "meta": len(canonical_json(spec.meta or {})),
-        "actor id": len(spec.actor.id or ""),
+    sizes = {  # in bytes, as the lane's limit counts them
+        "payload": len(canonical_json(spec.payload).encode()),
+        "meta": len(canonical_json(spec.meta or {}).encode()),
+        "actor id": len((spec.actor.id or "").encode()),
     }
     largest = max(sizes, key=sizes.__getitem__)
     if error.reserved and error.actual - sum(sizes.values()) > error.allowed:
@@ -2602,8 +2602,8 @@ def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimit
         # The payload is its source's, which fitted and the operator cannot change: name the largest part
         # of what this call adds (the meta and actor are the call's own, not copied from the source).
         added = {
-            "meta": len(canonical_json(spec.meta).encode()) if spec.meta is not None else 0,
-            "actor id": len((spec.actor.id or "").encode()),
+            "meta": sizes["meta"] if spec.meta is not None else 0,
+            "actor id": sizes["actor id"],
             "run_id": 0 if spec.generated_run_id else len(spec.run_id.encode()),
         }
         part = max(added, key=added.__getitem__)
@@ -3497,10 +3497,10 @@ def create_runlane(
             reason = error.errors()[0]["msg"].lower()
             raise _invalid(f"Invalid environment {_shown(environment)}: {reason}.", field="environment") from None
     elif isinstance(environment, Environment):
+        _check_environment_name(environment.name)
         env = environment
     else:
         raise _invalid(f"environment must be a name or an Environment, got {environment!r}.", field="environment")
-    _check_environment_name(env.name)
 
     try:
         dispatch_mode = TriggerDispatchMode(dispatch)
