@@ -98,6 +98,7 @@ from ..storage import (
     encode_operator_cursor,
     supports_wake_hints,
 )
+from ..storage.clock import SystemClock
 from ..vocabulary import (
     ActorType,
     ExecuteDeliveryIgnoredReason,
@@ -327,11 +328,6 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self._kind}: {sorted(self._items)})"
-
-
-class _SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
 
 
 def _clock_reading_in_utc(clock: Clock, value: object) -> datetime:
@@ -3508,7 +3504,7 @@ def create_runlane(
         raise _invalid(f"Unknown dispatch mode {dispatch!r}; use TriggerDispatchMode.EAGER or DEFERRED.", field="dispatch") from None
 
     if clock is None:
-        runtime_clock: Any = _SystemClock()
+        runtime_clock: Any = SystemClock()
     elif callable(getattr(clock, "now", None)):
         # Read once now, so a clock that cannot tell the time fails here rather than in the first call
         # that needs it (storage samples the same clock, and would report it only at its first write).
