@@ -1303,3 +1303,55 @@ class LaneScenarios:
                 assert done.counters.attempts == 2
 
         self.run(body)
+
+    def test_waiters_of_a_run_whose_process_died_once_it_finished_are_resumed_by_tick(
+        self, lanes: LaneFactory
+    ) -> None:
+        @task("awaited")
+        async def awaited(payload: dict) -> str:
+            return "source-done"
+
+        @task("awaiting")
+        async def awaiting(payload: dict, ctx: TaskContext) -> Any:
+            if ctx.attempt == 1:
+                return ctx.wait_for_run(payload["source"])
+            return "resumed"
+
+        gone = asyncio.Event()
+
+        async def stalls_on_the_finished_source(observation: Any) -> None:
+            # Its commit stands; the process goes away before it resumes the waiters (the next step).
+            if observation.task_id == "awaited" and observation.status is RunStatus.SUCCEEDED:
+                gone.set()
+                await asyncio.sleep(3600)
+
+        async def body() -> None:
+            clock = ControlledClock()
+            crashed, _ = self.runtime(
+                lanes.new(), awaited, awaiting, clock=clock, observers=[stalls_on_the_finished_source]
+            )
+            survivor, _ = self.runtime(lanes.peer(), awaited, awaiting, clock=clock)
+            async with survivor:
+                await crashed.__aenter__()
+                source = (await survivor.trigger(awaited, {})).run
+                waiters = [(await survivor.run_now(awaiting, {"source": source.id})) for _ in range(3)]
+                assert all(waiter.status is RunStatus.RELEASED for waiter in waiters)
+                finishing = asyncio.ensure_future(crashed.execute_next())
+                await asyncio.wait_for(gone.wait(), 10)
+                finishing.cancel()
+                await asyncio.gather(finishing, return_exceptions=True)
+                assert (await survivor.runs.get(source.id)).status is RunStatus.SUCCEEDED
+                for waiter in waiters:
+                    assert (await survivor.runs.get(waiter.id)).status is RunStatus.RELEASED
+
+                clock.advance("59s")
+                assert (await survivor.tick()).delivery_requested == 0  # its process may still be at it
+                clock.advance("1s")
+                assert (await survivor.tick()).delivery_requested == 3
+                done = [await survivor.execute_next() for _ in waiters]
+                assert sorted(run.id for run in done) == sorted(waiter.id for waiter in waiters)
+                assert {run.output for run in done} == {"resumed"}
+                clock.advance("1h")
+                assert (await survivor.tick()).delivery_requested == 0
+
+        self.run(body)

@@ -10,7 +10,7 @@ import pytest
 
 from runlane import ErrorCode, RunlaneError, RunStatus, RunWaitConditionType, TaskContext, task
 
-from runtime_support import event_types, make_runtime
+from runtime_support import DEFAULT_QUEUE, event_types, make_runtime
 
 
 @task("reports.wait")
@@ -264,7 +264,7 @@ async def test_a_storage_blip_after_the_source_finishes_does_not_strand_its_wait
     import runlane.core.runtime as runtime_module
     from runlane.storage import StorageIndexName
 
-    runtime, _ = make_runtime(quick, late_waiter)
+    runtime, clock = make_runtime(quick, late_waiter)
     async with runtime:
         storage = runtime.lane.storage
         query = storage.query
@@ -294,7 +294,37 @@ async def test_a_storage_blip_after_the_source_finishes_does_not_strand_its_wait
         assert f"Run {second.id} finished, but the runs waiting for it (wait_for_run) could not be resumed" in (
             caplog.text
         )
+        assert "tick() resumes them from 1m after it finished" in caplog.text
         assert (await runtime.runs.get(stranded.id)).status is RunStatus.RELEASED
+
+        # The outage ends: tick() takes over once the source has been finished a minute, and only then.
+        failures["left"] = 0
+        assert (await runtime.tick()).delivery_requested == 0
+        assert (await runtime.runs.get(stranded.id)).status is RunStatus.RELEASED
+        clock.advance("1m")
+        assert (await runtime.tick()).delivery_requested == 1
+        assert (await runtime.execute_next()).output == "resumed"
+        assert await event_types(runtime, stranded.id) == [
+            "run.created", "run.lease_claimed", "run.started", "run.released", "run.delivery_requested",
+            "run.lease_claimed", "run.started", "run.succeeded",
+        ]  # fmt: skip
+        # Done with: later passes find nothing more to do for that source.
+        clock.advance("1h")
+        assert (await runtime.tick()).delivery_requested == 0
+
+
+async def test_tick_has_nothing_to_take_over_once_the_finishing_process_resumed_the_waiters():
+    runtime, clock = make_runtime(quick, late_waiter)
+    async with runtime:
+        source = (await runtime.trigger(quick)).run
+        waiter = await runtime.run_now(late_waiter, {"source": source.id})
+        assert waiter.status is RunStatus.RELEASED
+        await runtime.execute_next()
+        assert (await runtime.runs.get(waiter.id)).status is RunStatus.QUEUED
+        clock.advance("1h")
+        assert (await runtime.tick()).delivery_requested == 0
+        assert (await runtime.execute_next()).output == "resumed"
+        assert (await event_types(runtime, waiter.id)).count("run.delivery_requested") == 1
 
 
 async def test_waiters_past_a_page_that_stopped_waiting_meanwhile_are_still_resumed(monkeypatch):
@@ -463,3 +493,73 @@ async def test_wait_for_run_timeout_and_cancelled_sources():
         assert other.status is RunStatus.RELEASED
         await runtime.runs.cancel(source.id)
         assert (await runtime.runs.get(other.id)).status is RunStatus.QUEUED
+
+
+_DIES_AFTER_THE_SOURCE = """
+import asyncio, os, sys
+
+from runlane import RunStatus, TaskContext, create_runlane, queue, task
+from runlane_local import sqlite_lane
+
+DEFAULT = queue("default", default=True)
+
+
+@task("quick")
+async def quick() -> str:
+    return "ok"
+
+
+@task("late.waiter")
+async def late_waiter(payload: dict, ctx: TaskContext):
+    return ctx.wait_for_run(payload["source"])
+
+
+def die_once_the_source_is_finished(observation) -> None:
+    if observation.run_id == sys.argv[2] and observation.status is RunStatus.SUCCEEDED:
+        os._exit(17)  # the source's outcome is committed; resuming its waiter was to come next
+
+
+async def main() -> None:
+    runtime = create_runlane(
+        lane=sqlite_lane(sys.argv[1]),
+        queues=[DEFAULT],
+        tasks=[quick, late_waiter],
+        observers=[die_once_the_source_is_finished],
+    )
+    async with runtime:
+        await runtime.execute_next()
+
+
+asyncio.run(main())
+"""
+
+
+async def test_a_process_that_dies_between_finishing_a_source_and_resuming_its_waiters_strands_none(tmp_path):
+    import subprocess
+    import sys
+    from datetime import UTC, datetime
+
+    from runlane import create_runlane
+    from runlane.testing import ControlledClock
+    from runlane_local import sqlite_lane
+
+    database = tmp_path / "runlane.db"
+    clock = ControlledClock(datetime.now(UTC))
+    runtime = create_runlane(lane=sqlite_lane(database), queues=[DEFAULT_QUEUE], tasks=[quick, late_waiter], clock=clock)
+    async with runtime:
+        source = (await runtime.trigger(quick)).run
+        waiter = await runtime.run_now(late_waiter, {"source": source.id})
+        assert waiter.status is RunStatus.RELEASED and waiter.wait.run_id == source.id
+        script = tmp_path / "dies_after_the_source.py"
+        script.write_text(_DIES_AFTER_THE_SOURCE)
+        finished = subprocess.run(
+            [sys.executable, str(script), str(database), source.id], capture_output=True, text=True, timeout=60
+        )
+        assert finished.returncode == 17, finished.stderr
+        assert (await runtime.runs.get(source.id)).status is RunStatus.SUCCEEDED
+        assert (await runtime.runs.get(waiter.id)).status is RunStatus.RELEASED  # nobody resumed it
+
+        clock.set(datetime.now(UTC) + timedelta(minutes=1, seconds=1))
+        assert (await runtime.tick()).delivery_requested == 1
+        assert (await runtime.runs.get(waiter.id)).status is RunStatus.QUEUED
+        assert (await runtime.execute_next()).output == "resumed"

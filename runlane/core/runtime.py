@@ -160,6 +160,8 @@ from .pruning import PruneResult, RunPruner, older_than_ms, resolve_older_than, 
 from .schedules import ScheduleMaterializer, schedule_occurrence_id, scheduled_run_id
 from .transport import PublishWakeupsCommand, WakeupPublishAttempt, parse_publish_wakeups_result
 from .store import (
+    COMPLETION_RESUME_GRACE_MS,
+    RUN_COMPLETION_WAITS_COLLECTION,
     AppendResult,
     ClaimRequest,
     ClaimResult,
@@ -371,7 +373,8 @@ def _clock_failed(clock: Clock, error: Exception) -> RunlaneError:
 _observer_log = logging.getLogger("runlane.observers")
 _waiter_log = logging.getLogger("runlane.runtime")
 # How long resuming the waiters of a finished run is retried through a storage outage (seconds).
-_WAITER_RESUME_RETRY_S = 30.0
+_WAITER_RESUME_RETRY_S = 30.0  # well within COMPLETION_RESUME_GRACE_MS, after which tick() takes over
+_RESUME_GRACE = format_duration(COMPLETION_RESUME_GRACE_MS)
 _transport_log = logging.getLogger("runlane.transport")
 _worker_log = logging.getLogger("runlane.worker")
 
@@ -609,6 +612,8 @@ class Runlane:
         self._claiming: set[str] = set()
         # Candidate run id -> claims that found it missing or finished (see ``_note_claim``).
         self._unclaimable: dict[str, int] = {}
+        # Finished source runs whose waiters tick() could not resume (see ``_resume_overdue_waiters``).
+        self._stuck_resumes: set[str] = set()
         self.work_signal = _WorkSignal()
         # Cross-process wake-up hints when the storage driver offers them (see ``wake``).
         self._wake_hints: StorageWakeHints | None = lane.storage if supports_wake_hints(lane.storage) else None
@@ -1030,14 +1035,14 @@ class Runlane:
         while True:
             try:
                 await self.resume_completion_waiters(source_run_id)
+                await self._store.completion_resumed(source_run_id)
                 return
             except RunlaneError as error:
                 if not error.retryable or loop.time() + delay > deadline:
                     _waiter_log.error(
                         "Run %s finished, but the runs waiting for it (wait_for_run) could not be resumed: "
-                        "%s: %s. They stay released until their wait timeout, if they have one; cancel and "
-                        "rerun them otherwise.",
-                        source_run_id, error.code.value, error.message,
+                        "%s: %s. tick() resumes them from %s after it finished.",
+                        source_run_id, error.code.value, error.message, _RESUME_GRACE,
                         extra={"run_id": source_run_id, "error_code": error.code.value},
                     )  # fmt: skip
                     return
@@ -2433,6 +2438,36 @@ class Runlane:
             appended=lambda result: log_timed_out_attempt(result.run),
         )
 
+    async def _resume_overdue_waiters(self, now: datetime, limit: int) -> int:
+        """Resume the runs still waiting for sources that finished at least ``COMPLETION_RESUME_GRACE_MS``
+        before ``now``, at most ``limit`` sources: the process that finished each source resumes its waiters
+        at once, and this takes over when it died first, or gave up through a long outage. The number of
+        runs resumed. A source whose waiters cannot be resumed for another reason than unavailable storage
+        is logged and passed over by this process's later passes (a waiter's corrupt record, say)."""
+        count = 0
+        passed_over = self._stuck_resumes
+        found = await self._store.query_index(
+            StorageIndexName.RUNS_NEEDING_DELIVERY,
+            (RUN_COMPLETION_WAITS_COLLECTION,),
+            until=now,
+            limit=limit + len(passed_over),
+        )
+        for source_run_id in [source for source in found if source not in passed_over][:limit]:
+            try:
+                count += len(await self.resume_completion_waiters(source_run_id))
+                await self._store.completion_resumed(source_run_id)
+            except RunlaneError as error:
+                if error.retryable:
+                    raise
+                passed_over.add(source_run_id)
+                _waiter_log.error(
+                    "The runs waiting for run %s (wait_for_run), which has finished, could not all be resumed: "
+                    "%s: %s. This process passes over them until it restarts.",
+                    source_run_id, error.code.value, error.message,
+                    extra={"run_id": source_run_id, "error_code": error.code.value},
+                )  # fmt: skip
+        return count
+
     async def _recover_deliveries(self, now: datetime, limit: int) -> int:
         bounded: dict[str, QueueDefinition] = {}  # run id -> its bounded queue
 
@@ -2455,7 +2490,8 @@ class Runlane:
 
             return build
 
-        count = await self._scan_and_append(StorageIndexName.RUNS_NEEDING_DELIVERY, now, limit, build_for)
+        count = await self._resume_overdue_waiters(now, limit)
+        count += await self._scan_and_append(StorageIndexName.RUNS_NEEDING_DELIVERY, now, limit - count, build_for)
         if bounded:
             count += await self._reserve(
                 [ReserveRequest(run_id, _dispatch_timeout_ms(queue)) for run_id, queue in bounded.items()]

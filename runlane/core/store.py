@@ -14,7 +14,8 @@ persists what the reducer projects.
 | ``singleton_owners``     | env, key                               | ``{run_id}``                                  |
 | ``queue_capacity``       | env, queue, concurrency key or ``""``  | ``{occupants: {run_id: lease_expiry}}``       |
 | ``run_steps``            | env, run_id, step_key                  | ``RunStepRecord``                             |
-| ``run_completion_waits`` | env, source_run_id                     | ``{}`` (presence marker; never deleted)       |
+| ``run_completion_waits`` | env, source_run_id                     | ``{}`` (presence marker; never deleted), with |
+|                          |                                        | ``resume_due`` while its waiters are resumed  |
 
 Every write path is one ``driver.with_transaction`` call whose callback point-reads what it needs,
 seals the read set with ``now()``, projects with the reducer and stages all writes. Callbacks do no
@@ -147,6 +148,7 @@ __all__ = [
     "IDEMPOTENCY_OWNERS_COLLECTION",
     "OUTBOX_MESSAGES_COLLECTION",
     "QUEUE_CAPACITY_COLLECTION",
+    "COMPLETION_RESUME_GRACE_MS",
     "RUN_COMPLETION_WAITS_COLLECTION",
     "RUN_STEPS_COLLECTION",
     "SINGLETON_OWNERS_COLLECTION",
@@ -165,6 +167,7 @@ __all__ = [
     "ReserveResult",
     "RunnableRef",
     "StepCompletion",
+    "completion_resume_partition",
     "completion_wait_key",
     "encode_run_document_fast",
     "idempotency_owner_key",
@@ -184,6 +187,9 @@ SINGLETON_OWNERS_COLLECTION: Final = "singleton_owners"
 QUEUE_CAPACITY_COLLECTION: Final = "queue_capacity"
 RUN_COMPLETION_WAITS_COLLECTION: Final = "run_completion_waits"
 OUTBOX_MESSAGES_COLLECTION: Final = "outbox_messages"
+# How long after a source run finishes tick() takes over resuming the runs waiting for it, should the
+# process that finished it not have done so: longer than that process keeps trying through an outage.
+COMPLETION_RESUME_GRACE_MS: Final = 60_000
 
 _TERMINAL: Final = run_status_values.terminal
 _RUNNABLE: Final = run_status_values.runnable_candidates
@@ -767,6 +773,23 @@ def _idempotency_owner_record(key: StorageRecordKey, value: dict[str, Any]) -> N
     return NewStorageRecord(key, StorageDocument.encode(value), indexes)
 
 
+def _completion_wait_marker_record(key: StorageRecordKey, value: dict[str, Any]) -> NewStorageRecord:
+    # A marker whose source has finished while runs waited for it carries the time from which tick()
+    # resumes them, should the process that finished the source not get to it (see ``_Attempt.apply``).
+    due = value.get("resume_due")
+    indexes: tuple[StorageIndexEntry, ...] = ()
+    if isinstance(due, str):
+        partition = completion_resume_partition(key.parts[0])
+        indexes = (StorageIndexEntry(StorageIndexName.RUNS_NEEDING_DELIVERY, partition, (due,)),)
+    return NewStorageRecord(key, StorageDocument.encode(value), indexes)
+
+
+def completion_resume_partition(env: str) -> tuple[str, str]:
+    """The ``RUNS_NEEDING_DELIVERY`` partition of the completion-wait markers whose source has finished and
+    whose waiters may not all be resumed yet (their record keys name the sources; the sort is the due time)."""
+    return (env, RUN_COMPLETION_WAITS_COLLECTION)
+
+
 def _step_record(env: str, step: RunStepRecord) -> NewStorageRecord:
     key = run_step_key(env, step.run_id, step.step_key)
     return NewStorageRecord(
@@ -1275,7 +1298,14 @@ class _Attempt:
         slot.changed = True
         waiters = False
         if new.status in _TERMINAL and old.status not in _TERMINAL:
-            waiters = self.owner(self.marker_key(new.id)) is not None
+            marker = self.marker_key(new.id)
+            waiters = self.owner(marker) is not None
+            if waiters:
+                # Resuming the waiters is the caller's next write (``completion_waiters``). Should the process
+                # die first, or storage stay away longer than it keeps trying, tick() finds the source by this
+                # due time and resumes them; the caller clears it once every waiter is resumed.
+                due = encode_iso_date(later(self.now, COMPLETION_RESUME_GRACE_MS))
+                self.set_owner(marker, {"resume_due": due})
         return AppendResult(new, rows, waiters, observations, outbox)
 
     def _outbox_rows(self, rows: Sequence[RunEventRecord], run: RunRecord) -> tuple[OutboxMessage, ...]:
@@ -1432,6 +1462,8 @@ class _Attempt:
                 continue
             if key.collection == IDEMPOTENCY_OWNERS_COLLECTION:
                 new_record = _idempotency_owner_record(key, value)
+            elif key.collection == RUN_COMPLETION_WAITS_COLLECTION:
+                new_record = _completion_wait_marker_record(key, value)
             else:
                 new_record = NewStorageRecord(key, StorageDocument.encode(value))
             if current is None:
@@ -1791,6 +1823,22 @@ class CoreStore:
     async def has_completion_wait_marker(self, source_run_id: str) -> bool:
         (record,) = await self.driver.get([completion_wait_key(self.env_key, source_run_id)])
         return record is not None
+
+    async def completion_resumed(self, source_run_id: str) -> None:
+        """Clear the resume due time ``source_run_id``'s terminal commit left on its completion-wait marker,
+        once every run that waited for it has been resumed (see ``_Attempt.apply``)."""
+        key = completion_wait_key(self.env_key, source_run_id)
+
+        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> None:
+            attempt = _Attempt(self, tx)
+            await attempt.read([key, *extra])
+            await attempt.seal()
+            marker = attempt.owner(key)
+            if marker is not None and "resume_due" in marker:
+                attempt.set_owner(key, {})
+                attempt.stage()
+
+        await self._transact(body)
 
     async def find_idempotent_run(self, task_id: str, key: str) -> RunRecord | None:
         """The run owning ``(task_id, key)`` while the owner is live (an expired owner reads as absent)."""

@@ -21,6 +21,9 @@ class StorageIndexName(enum.StrEnum):
     RUNS_NEEDING_DISPATCH = "runs_needing_dispatch"
     # Delivery recovery: due scheduled/released/retrying runs and expired-lease running runs.
     #   partition (environment,)                   sort (recovery_available_at, run_id)
+    # and the completion-wait markers of finished runs whose waiters may not all be resumed yet (the
+    # record key, the source run id, orders ties).
+    #   partition (environment, "run_completion_waits")   sort (resume_due,)
     RUNS_NEEDING_DELIVERY = "runs_needing_delivery"
     # Cancellation finalization: cancellation_requested runs by current lease expiry.
     #   partition (environment,)                   sort (lease_expires_at, run_id)
