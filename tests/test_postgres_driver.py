@@ -2485,3 +2485,38 @@ def test_a_sync_producer_that_exits_without_close_closes_its_connections_quietly
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "created"
     assert done.stderr == ""
+
+
+async def test_a_server_out_of_shared_memory_is_a_retryable_outage_that_says_what_ran_out(schemas: Schemas) -> None:
+    # What the server answers when its lock table is full (53200, "out of shared memory"): a worker rides it
+    # out like any other shortage instead of failing its calls for good, and the trigger is taken afterwards.
+    schema = await schemas.migrated()
+    table = sql.Identifier(schema, "runlane_records")
+    schemas.execute(
+        sql.SQL(
+            "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
+            "'out of shared memory' USING ERRCODE = 'out_of_memory', "
+            "HINT = 'You might need to increase max_locks_per_transaction.'; END $$"
+        ).format(fn=sql.Identifier(schema, "no_memory"))
+    )
+    schemas.execute(
+        sql.SQL("CREATE TRIGGER no_memory BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()").format(
+            table=table, fn=sql.Identifier(schema, "no_memory")
+        )
+    )
+    default = queue("default", default=True)
+
+    @task("noop", queue=default)
+    async def noop(payload: dict[str, Any]) -> None:
+        return None
+
+    runtime = create_runlane(lane=postgres_polling_lane(schemas.url, schema=schema), queues=[default], tasks=[noop])
+    async with runtime:
+        error = await expect_error(asyncio.wait_for(runtime.trigger(noop, {}), 30), ErrorCode.STORAGE_UNAVAILABLE)
+        assert error.retryable and error.meta["sqlstate"] == "53200"
+        assert "ran short of a resource" in error.message and "out of shared memory" in error.message, error.message
+        assert "max_locks_per_transaction" in error.message and "retry the operation" in error.message
+        assert (await runtime.runs.list()).data == []
+        schemas.execute(sql.SQL("DROP TRIGGER no_memory ON {table}").format(table=table))
+        created = await runtime.trigger(noop, {})
+        assert created.run.status is RunStatus.QUEUED

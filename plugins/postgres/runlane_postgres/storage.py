@@ -58,9 +58,9 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   ``memory.py``). Clock skew between processes can cause early duplicate execution or brief capacity
   oversubscription; version and ownership fences still protect every write.
 
-Errors: lost connections, SQLSTATE class ``08``, ``57P01``-``57P03``, ``53300``, timeouts (``57014``,
-``55P03``), a full disk (``53100``) and a read-only server (``25006``) map to ``storage_unavailable``
-(retryable); ``40001`` / ``40P01`` past the replay budget to ``storage_conflict``; a missing schema, table
+Errors: lost connections, SQLSTATE class ``08``, ``57P01``-``57P03``, timeouts (``57014``, ``55P03``),
+class ``53`` (a full disk, no connection slot, out of memory) and a read-only server (``25006``) map to
+``storage_unavailable`` (retryable); ``40001`` / ``40P01`` past the replay budget to ``storage_conflict``; a missing schema, table
 or function to ``configuration_invalid`` telling the user to run ``runlane postgres migrate`` (``start()``
 checks every table, the sequence and the functions, and names the database's other Runlane schemas when
 the lane's is missing), and so do bad
@@ -764,6 +764,16 @@ def map_postgres_error(error: BaseException, doing: str, *, migrating: bool = Fa
     if state == "57014":
         return mapped(
             unavailable, f"Postgres cancelled the statement [{state}] ({detail}); retry the operation.", retryable=True
+        )
+    if state is not None and state.startswith("53"):
+        # The rest of class 53 (insufficient resources): out of memory or of shared memory (53200: the lock
+        # table, say), a configured limit reached (53400). The server stays up and the call may pass later.
+        return mapped(
+            unavailable,
+            f"Postgres ran short of a resource [{state}] ({detail}); retry the operation. When this recurs, look "
+            "in the server's log for what ran out (memory: work_mem and other sessions' use of it; shared memory: "
+            "max_locks_per_transaction) and raise it, or make fewer calls at once.",
+            retryable=True,
         )
     if state is not None and (state.startswith("08") or state in _UNAVAILABLE_STATES):
         return mapped(unavailable, f"Postgres is unavailable [{state}] ({detail}).", retryable=True)
