@@ -860,6 +860,10 @@ def test_trigger_reads_its_payload_and_meta_from_standard_input_or_a_file(tmp_pa
     (root / "empty.json").write_text("", encoding="utf-8")
     empty = trigger("@empty.json")
     assert empty.returncode == 2 and "read nothing from 'empty.json': the file is empty" in empty.stderr
+    # An endless source (a device, a log of gigabytes named by mistake) is not read whole into memory.
+    endless = trigger("@/dev/zero")
+    assert endless.returncode == 2 and "read more than 64 MiB from '/dev/zero'" in endless.stderr, endless.stderr
+    assert "pass the JSON value itself" in endless.stderr
     assert len(json.loads(cli(root, "--json", "runs", "list").stdout)["data"]) == 4  # nothing else was created
 
 

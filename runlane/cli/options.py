@@ -150,6 +150,8 @@ def checked(
 
 
 _STDIN_READ_BY = "runlane.stdin_read_by"
+# The most a JSON argument read from standard input or a file may hold (characters, or bytes of a file).
+_MAX_JSON_INPUT = 64 * 2**20
 
 
 def read_json_text(ctx: Any, value: str, name: str) -> str:
@@ -163,7 +165,7 @@ def read_json_text(ctx: Any, value: str, name: str) -> str:
         meta[_STDIN_READ_BY] = name
         source, empty = "standard input", "pipe the JSON value into the command, or pass it as the argument itself"
         try:
-            text = _stdin_text().read()
+            text = _stdin_text().read(_MAX_JSON_INPUT + 1)
         except (OSError, UnicodeDecodeError) as error:
             raise _invalid(f"{name} could not read standard input ({error}).", argument=name) from None
     elif value.startswith("@"):
@@ -171,7 +173,9 @@ def read_json_text(ctx: Any, value: str, name: str) -> str:
         # Quoted as Python writes a string: a file name may hold a newline or a terminal escape sequence.
         source, empty = repr(str(path)), "the file is empty; write the JSON value to it"
         try:
-            text = path.read_text(encoding="utf-8-sig")  # a byte order mark some editors write is no JSON
+            with path.open("rb") as file:  # not read whole: it may be a log of gigabytes, or /dev/zero
+                data = file.read(_MAX_JSON_INPUT + 1)
+            text = data.decode("utf-8-sig")  # a byte order mark some editors write is no JSON
         except UnicodeDecodeError:
             raise _invalid(f"{name} could not read {source}: it is not UTF-8 text.", argument=name) from None
         except (OSError, ValueError) as error:  # ValueError: a NUL in the name, one the locale cannot encode
@@ -182,6 +186,12 @@ def read_json_text(ctx: Any, value: str, name: str) -> str:
             raise _invalid(f"{name} could not read {source} ({problem}).{hint}", argument=name) from None
     else:
         return value
+    if len(text) > _MAX_JSON_INPUT:
+        raise _invalid(
+            f"{name} read more than {_MAX_JSON_INPUT // 2**20} MiB from {source}, far more than any run holds (a "
+            "lane's records are 400 KiB at most by default); pass the JSON value itself.",
+            argument=name,
+        )
     if not text.strip():  # said here, where the source is known (``parse_json`` would call it an empty string)
         raise _invalid(f"{name} read nothing from {source}: {empty}.", argument=name)
     return text
