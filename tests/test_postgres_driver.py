@@ -1271,21 +1271,40 @@ async def test_a_connection_that_found_the_server_read_only_is_not_reused(schema
             assert created.run.status is RunStatus.QUEUED
 
 
-async def test_a_full_disk_is_a_retryable_outage_that_says_the_disk_is_full(schemas: Schemas) -> None:
-    # What the server answers when it cannot extend a table's file (53100): the trigger writes nothing, says
-    # what to free, and is taken once there is room again.
+@pytest.mark.parametrize(
+    ("raised", "state", "said"),
+    [
+        # It cannot extend a table's file.
+        (
+            "'could not extend file \"base/16384/16397\": No space left on device' USING ERRCODE = 'disk_full'",
+            "53100",
+            ("disk is full", "nothing was written", "Free space", "retry the operation"),
+        ),
+        # Its lock table is full.
+        (
+            "'out of shared memory' USING ERRCODE = 'out_of_memory', "
+            "HINT = 'You might need to increase max_locks_per_transaction.'",
+            "53200",
+            ("ran short of a resource", "out of shared memory", "max_locks_per_transaction", "retry the operation"),
+        ),
+    ],
+    ids=["full-disk", "out-of-shared-memory"],
+)
+async def test_a_server_short_of_a_resource_is_a_retryable_outage_that_says_what_ran_out(
+    schemas: Schemas, raised: str, state: str, said: tuple[str, ...]
+) -> None:
+    # What the server answers when it runs short of a resource (SQLSTATE class 53): the trigger writes
+    # nothing, says what to free or raise, workers ride it out, and the trigger is taken once it passes.
     schema = await schemas.migrated()
     table = sql.Identifier(schema, "runlane_records")
     schemas.execute(
         sql.SQL(
-            "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
-            "'could not extend file \"base/16384/16397\": No space left on device' USING ERRCODE = 'disk_full'; "
-            "END $$"
-        ).format(fn=sql.Identifier(schema, "full_disk"))
+            "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION {raised}; END $$"
+        ).format(fn=sql.Identifier(schema, "short"), raised=sql.SQL(raised))
     )
     schemas.execute(
-        sql.SQL("CREATE TRIGGER full_disk BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()").format(
-            table=table, fn=sql.Identifier(schema, "full_disk")
+        sql.SQL("CREATE TRIGGER short BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()").format(
+            table=table, fn=sql.Identifier(schema, "short")
         )
     )
     default = queue("default", default=True)
@@ -1299,11 +1318,11 @@ async def test_a_full_disk_is_a_retryable_outage_that_says_the_disk_is_full(sche
         error = await expect_error(
             asyncio.wait_for(runtime.trigger(noop, {}, idempotency_key="k"), 30), ErrorCode.STORAGE_UNAVAILABLE
         )
-        assert error.retryable and error.meta["sqlstate"] == "53100"
-        assert "disk is full" in error.message and "nothing was written" in error.message, error.message
-        assert "Free space" in error.message and "retry the operation" in error.message, error.message
+        assert error.retryable and error.meta["sqlstate"] == state
+        for words in said:
+            assert words in error.message, error.message
         assert (await runtime.runs.list()).data == []
-        schemas.execute(sql.SQL("DROP TRIGGER full_disk ON {table}").format(table=table))
+        schemas.execute(sql.SQL("DROP TRIGGER short ON {table}").format(table=table))
         created = await runtime.trigger(noop, {}, idempotency_key="k")
         assert created.run.status is RunStatus.QUEUED
         assert [run.id for run in (await runtime.runs.list()).data] == [created.run.id]
@@ -2485,38 +2504,3 @@ def test_a_sync_producer_that_exits_without_close_closes_its_connections_quietly
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "created"
     assert done.stderr == ""
-
-
-async def test_a_server_out_of_shared_memory_is_a_retryable_outage_that_says_what_ran_out(schemas: Schemas) -> None:
-    # What the server answers when its lock table is full (53200, "out of shared memory"): a worker rides it
-    # out like any other shortage instead of failing its calls for good, and the trigger is taken afterwards.
-    schema = await schemas.migrated()
-    table = sql.Identifier(schema, "runlane_records")
-    schemas.execute(
-        sql.SQL(
-            "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
-            "'out of shared memory' USING ERRCODE = 'out_of_memory', "
-            "HINT = 'You might need to increase max_locks_per_transaction.'; END $$"
-        ).format(fn=sql.Identifier(schema, "no_memory"))
-    )
-    schemas.execute(
-        sql.SQL("CREATE TRIGGER no_memory BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()").format(
-            table=table, fn=sql.Identifier(schema, "no_memory")
-        )
-    )
-    default = queue("default", default=True)
-
-    @task("noop", queue=default)
-    async def noop(payload: dict[str, Any]) -> None:
-        return None
-
-    runtime = create_runlane(lane=postgres_polling_lane(schemas.url, schema=schema), queues=[default], tasks=[noop])
-    async with runtime:
-        error = await expect_error(asyncio.wait_for(runtime.trigger(noop, {}), 30), ErrorCode.STORAGE_UNAVAILABLE)
-        assert error.retryable and error.meta["sqlstate"] == "53200"
-        assert "ran short of a resource" in error.message and "out of shared memory" in error.message, error.message
-        assert "max_locks_per_transaction" in error.message and "retry the operation" in error.message
-        assert (await runtime.runs.list()).data == []
-        schemas.execute(sql.SQL("DROP TRIGGER no_memory ON {table}").format(table=table))
-        created = await runtime.trigger(noop, {})
-        assert created.run.status is RunStatus.QUEUED
