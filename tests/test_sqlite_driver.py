@@ -894,11 +894,24 @@ async def test_unwritable_directory_is_configuration_invalid(tmp_path: Path) -> 
         locked.chmod(0o700)
 
 
-async def test_a_file_that_is_not_a_database_is_refused(database: Path) -> None:
-    database.write_bytes(b"this is a plain text file, not a database at all\n" * 100)
+@pytest.mark.parametrize("content", [b"this is a plain text file, not a database at all\n" * 100, b"x", b"\n"])
+async def test_a_file_that_is_not_a_database_is_refused_and_left_as_it_is(database: Path, content: bytes) -> None:
+    # SQLite itself would take a file of a byte for an empty database and write over it.
+    database.write_bytes(content)
     error = await expect_error(sqlite_storage(database).start(), ErrorCode.CONFIGURATION_INVALID)
     assert "not a SQLite database" in error.message
-    assert database.read_bytes().startswith(b"this is a plain text file")
+    assert database.read_bytes() == content
+
+
+async def test_an_empty_file_becomes_the_database(database: Path) -> None:
+    database.write_bytes(b"")
+    driver = sqlite_storage(database)
+    await driver.start()
+    try:
+        await create(driver, record(StorageRecordKey("items", "k"), {"text": "x"}))
+    finally:
+        await driver.close()
+    assert database.read_bytes().startswith(b"SQLite format 3\x00")
 
 
 async def test_a_truncated_file_is_an_invariant_violation_saying_what_to_do(database: Path) -> None:

@@ -715,6 +715,9 @@ class _DriverThread:
         self._fork_lock = threading.RLock()
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
 class SqliteStorageDriver(ClientClock):
     """Durable ``StorageDriver`` and ``OperatorReadDriver`` over one SQLite file (see the module docstring)."""
 
@@ -860,8 +863,21 @@ class SqliteStorageDriver(ClientClock):
             if path.is_symlink() and not path.exists():  # exists() is False for a loop of links too
                 with contextlib.suppress(FileNotFoundError):  # a link to a file yet to be created is fine
                     os.stat(path)
+            header = b""
+            with contextlib.suppress(FileNotFoundError, PermissionError):  # no file yet; access is checked below
+                with open(path, "rb") as file:
+                    header = file.read(len(_SQLITE_HEADER))
         except OSError as error:
             raise refuse(f"{error.strerror or error}.") from None
+        # SQLite takes a file of a byte or so for an empty database and overwrites it; any other file that is
+        # not a database it refuses. (An empty file is a database whose pages are all in its write-ahead log.)
+        if header and header != _SQLITE_HEADER:
+            raise RunlaneError(
+                ErrorCode.CONFIGURATION_INVALID,
+                f"SQLite storage {str(path)!r} is not a SQLite database (it does not start with SQLite's header): "
+                "point the lane at its Runlane database, or at a path where no file exists yet to create one.",
+                meta={"path": str(path)},
+            )
         # WAL mode creates ``<file>-wal`` and ``<file>-shm`` beside the database, so the directory
         # must be writable even when the file exists.
         if not os.access(directory, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
