@@ -183,6 +183,18 @@ async def test_text_status_and_queue_filters_narrow_the_runs() -> None:
         assert len(run_ids(app)) == 5
 
 
+async def test_a_delayed_run_says_when_it_runs_and_a_due_one_says_nothing() -> None:
+    """A delayed trigger is queued with a later ``run_at``: without it the row reads as work that should be
+    running already (``runlane runs list`` shows it in its run at column)."""
+    async with dashboard() as (app, pilot, runtime):
+        await runtime.trigger(send, {"to": "cy"}, run_id="run_email_cy", delay="1h")
+        await pilot.press("r")
+        await settle(pilot)
+        details = {row[0]: (row[1], row[6]) for row in rows(app, "runs")}
+        assert details["run_email_cy"] == ("queued", "runs at 2026-11-30 09:00:04 UTC")
+        assert details["run_report_nov"] == ("queued", "")  # due when it was created
+
+
 async def test_brackets_page_through_older_and_newer_runs() -> None:
     runtime = make_runtime()
     async with runtime:

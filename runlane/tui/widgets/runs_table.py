@@ -59,6 +59,11 @@ def _detail(run: RunSummary) -> Text:
         if kind == "run_completion":
             return printable_text(f"waiting for run {getattr(wait, 'run_id', '')}", "magenta")
         return Text(f"resumes {short_time(getattr(wait, 'resume_at', None))} UTC", style="magenta")
-    if run.status.value in ("scheduled", "retrying") and run.run_at is not None:
+    if run.run_at is None:
+        return Text("")
+    # A delayed trigger stays queued with a later run_at (a worker claims it once due): said, so that it is
+    # not taken for work that should be running already.
+    delayed = run.status.value == "queued" and run.run_at > run.updated_at
+    if run.status.value in ("scheduled", "retrying") or delayed:
         return Text(f"runs at {short_time(run.run_at)} UTC", style="dim")
     return Text("")
