@@ -183,6 +183,55 @@ async def test_text_status_and_queue_filters_narrow_the_runs() -> None:
         assert len(run_ids(app)) == 5
 
 
+async def test_the_status_filter_offers_every_active_status_the_queue_overview_counts() -> None:
+    """The queue overview counts scheduled and cancelling runs: the status filter lists each of them alone,
+    so that runs stuck being cancelled are not lost among the thousands already cancelled."""
+    may_finish = asyncio.Event()
+
+    @task("exports.hold")
+    async def hold(payload: dict[str, Any]) -> None:
+        await may_finish.wait()
+
+    runtime = create_runlane(lane=local_lane(), queues=[default], tasks=[send, hold], clock=ControlledClock(T0))
+    async with runtime:
+        await runtime.trigger(send, {"to": "ada"}, run_id="run_email_ada")
+        await runtime.runs.cancel("run_email_ada")
+        await runtime.trigger(hold, {}, run_id="run_hold")
+        running = asyncio.ensure_future(runtime.execute_next())
+        try:
+            for _ in range(500):
+                if (await runtime.runs.get("run_hold")).status is RunStatus.RUNNING:
+                    break
+                await asyncio.sleep(0.01)
+            await runtime.runs.cancel("run_hold")  # a cancellation requested of a running attempt
+            local = DashboardClient.local(runtime)
+            asked: list[Any] = []
+
+            async def call(name: str, params: dict[str, Any]) -> str:
+                if name == "runs list":
+                    asked.append(params["status"])
+                return await local._call(name, params)
+
+            client = DashboardClient(call, lane=local.lane, environment=local.environment, where=local.where)
+            app = RunlaneDashboard(client, refresh_interval=0, now=runtime.clock.now)
+            async with app.run_test(size=SIZE) as pilot:
+                await settle(pilot)
+                listed: dict[str, list[str]] = {}
+                for _ in range(20):
+                    await pilot.press("s")
+                    await settle(pilot)
+                    name = filter_label(app).removeprefix("status: ")
+                    if name == "all":
+                        break
+                    listed[name] = run_ids(app)
+                assert {"scheduled", "cancelling"} <= set(listed)
+                assert listed["cancelling"] == ["run_hold"]
+                assert ["scheduled"] in asked and ["cancellation_requested"] in asked
+        finally:
+            may_finish.set()
+            await asyncio.wait_for(running, timeout=5)
+
+
 async def test_a_delayed_run_says_when_it_runs_and_a_due_one_says_nothing() -> None:
     """A delayed trigger is queued with a later ``run_at``: without it the row reads as work that should be
     running already (``runlane runs list`` shows it in its run at column)."""

@@ -39,11 +39,15 @@ STATUS_FILTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("failed", ("failed",)),
     ("running", ("running",)),
     ("queued", ("queued",)),
+    ("scheduled", ("scheduled",)),
     ("waiting", ("released",)),
     ("retrying", ("retrying",)),
+    ("cancelling", ("cancellation_requested",)),
     ("succeeded", ("succeeded",)),
     ("cancelled", ("cancellation_requested", "cancelled")),
 )
+"""The statuses ``s`` cycles through, each asked of storage: every active one the queue overview counts has
+a filter of its own (``cancelling`` is ``cancellation_requested``, as in the overview's heading)."""
 
 
 class RunsScreen(LiveScreen):
