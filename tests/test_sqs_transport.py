@@ -12,6 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -569,3 +573,51 @@ def test_the_test_server_without_the_testing_extra_says_to_install_it(monkeypatc
         assert not server.running
     finally:
         server.stop()
+
+
+_OWNER = """
+import sys, time
+from runlane_sqs.testing import SqsTestServer
+server = SqsTestServer().start()
+print(server.port, flush=True)
+if sys.argv[1] == "linger":
+    time.sleep(60)
+"""
+
+
+def _serving(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _closes_within(port: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _serving(port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("ending", ["exit", "sigkill"])
+def test_a_test_server_never_outlives_the_process_that_started_it(ending: str) -> None:
+    """A server left running when its owner exits without stop(), or is killed outright, does not stay
+    behind holding its port (it runs in a session of its own, so nothing else would stop it)."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, "exit" if ending == "exit" else "linger"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert owner.stdout is not None
+        port = int(owner.stdout.readline())
+        if ending == "sigkill":
+            assert _serving(port)
+            owner.kill()
+        owner.wait(timeout=30)
+        assert _closes_within(port, 15), f"the SQS test server on port {port} outlived its owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(timeout=10)

@@ -8,12 +8,15 @@ Needs the ``testing`` extra (``pip install 'runlane-sqs[testing]'``: moto, flask
         ...
 
 The server runs as a child process in its own session, answers the real SQS wire protocol (boto3
-talks HTTP to it), keeps everything in memory and is stopped, and killed if need be, on exit. Every
-wait is bounded. Credentials are dummies; traffic never leaves the loopback interface.
+talks HTTP to it) and keeps everything in memory. ``stop()`` (or leaving the ``with`` block) stops it,
+and kills it if need be; so does interpreter exit. No server outlives the process that started it: the
+server watches a pipe from that process and exits once it is gone, however it went (``SIGKILL``, a
+crash). Every wait is bounded. Credentials are dummies; traffic never leaves the loopback interface.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import os
@@ -34,6 +37,23 @@ TEST_CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": TEST_REGION,
 }
+
+
+# The server's process: moto's server mode, plus a thread that ends the process once its standard input, a
+# pipe from the process that started it, reaches end of file: when stop() closes it, or when that process
+# is gone and the system closed it (a SIGKILL, a crash), so no server is left behind holding its port.
+_LAUNCHER = r"""
+import os, sys, threading
+def watch():
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    finally:
+        os._exit(0)
+threading.Thread(target=watch, daemon=True).start()
+from moto.server import main
+main(sys.argv[1:])
+"""
 
 
 def _free_port(host: str) -> int:
@@ -79,12 +99,13 @@ class SqsTestServer:
             )
         with self._log.open("ab") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
+                [sys.executable, "-c", _LAUNCHER, "-H", self.host, "-p", str(self.port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 start_new_session=True,
             )
+        atexit.register(self.stop)
         deadline = time.monotonic() + self.startup_timeout
         client = self.client()
         while True:
@@ -107,6 +128,10 @@ class SqsTestServer:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``timeout`` seconds) and remove its log."""
         process, self._process = self._process, None
+        atexit.unregister(self.stop)
+        if process is not None and process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()  # the server ends itself on end of file
         if process is None or process.poll() is not None:
             self._log.unlink(missing_ok=True)
             return
