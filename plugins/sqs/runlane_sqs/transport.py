@@ -17,7 +17,8 @@ the attempts by SQS queue, sends ``SendMessageBatch`` chunks of at most ``batch_
   rows are published again once their claim expires);
 - a bound ``queue_url`` that does not exist fails the attempts of that queue only, with a retryable
   ``transport_publish_failed``: the other queues' wakeups go out, and the rows are retried with
-  backoff (a queue created meanwhile gets them) until the outbox dead-letters them;
+  backoff (up to 5 minutes apart) for as long as the queue is missing, never given up: a queue
+  created meanwhile gets them;
 - an answer whose entry ids do not match the request raises: its outcomes are not trustworthy.
 
 SQS delay is never used: storage decides when work is due. The transport owns no durable state and
