@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cli_support import background, cli, make_project, write
+from cli_support import background, cli, make_project, wait_for, write
 
 TASKS = """
 from runlane import queue, task
@@ -135,6 +135,38 @@ def test_a_stopping_sqs_consume_hands_back_the_wakeup_its_last_long_poll_receive
     names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
     attributes = project.sqs_server.client().get_queue_attributes(QueueUrl=project.queue_url, AttributeNames=names)
     assert [attributes["Attributes"][name] for name in names] == ["1", "0"]
+
+
+BATCH_TASK = """
+
+batch = queue("batch", concurrency_limit=1)
+
+
+@task("batch.run", queue=batch)
+def batch_run(payload: dict) -> dict:
+    return {}
+"""
+
+
+def test_tick_every_reports_a_queue_name_that_does_not_resolve_and_goes_on(project: SqsProject, tmp_path: Path) -> None:
+    # One queue whose wakeups SQS cannot take must not stop the maintenance of every other queue.
+    missing = f"runlane-missing-{uuid.uuid4().hex[:12]}"
+    write(project.root / "app_tasks.py", TASKS + BATCH_TASK)
+    project.configure(extra_sqs=f'\n[lane.sqs.queues.batch]\nqueue_name = "{missing}"\n')
+    triggered = cli(project.root, "trigger", "batch.run", "{}")  # bounded: tick() reserves it and publishes
+    assert triggered.returncode == 0, triggered.stderr
+
+    with background(project.root, "tick", "--every", "100ms", log=tmp_path / "tick.log") as maintenance:
+        failed = maintenance.wait_for("tick_failed")
+        assert failed["error_code"] == "configuration_invalid" and missing in failed["error_message"]
+
+        def passes_after_the_failure() -> int:
+            kinds = [record["type"] for record in maintenance.records()]
+            return kinds[kinds.index("tick_failed") :].count("tick")
+
+        wait_for(passes_after_the_failure, what="a maintenance pass after the refused publish")
+        assert maintenance.stop() == 0
+    assert maintenance.records()[-1]["type"] == "tick_loop_stopped"
 
 
 def test_sqs_consume_on_a_polling_lane_points_at_runlane_work(tmp_path: Path) -> None:

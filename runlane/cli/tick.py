@@ -2,9 +2,11 @@
 
 ``--every`` is the maintenance process of a deployment on a shared lane: it ticks until SIGINT/SIGTERM
 (the pass in progress finishes first), prints one lifecycle line per pass, and rides out storage
-outages (a retryable failure is reported and the next pass goes on) and corrupt stored records (an
+outages (a retryable failure is reported and the next pass goes on), corrupt stored records (an
 ``invariant_violation`` is reported and the next passes go on: ``tick()`` runs its other phases anyway,
-and a restart would not repair the record). ``runlane dev`` runs the same loop next to its worker.
+and a restart would not repair the record) and a queue whose wakeups the transport refuses (an SQS
+``queue_name`` that does not resolve: the other queues' wakeups still go out). ``runlane dev`` runs the
+same loop next to its worker.
 """
 
 from __future__ import annotations
@@ -68,13 +70,14 @@ async def tick_until_stopped(
     """Tick every ``interval_s`` until ``stopping`` is set or one of ``alongside`` finishes; returns the
     passes that completed.
 
-    A retryable failure (a storage outage), an ``invariant_violation`` (a corrupt stored record) or a
+    A retryable failure (a storage outage), an ``invariant_violation`` (a corrupt stored record), a
     failure of one schedule (``meta["schedule_id"]``: a definition that cannot fire, such as a payload
-    too large for the lane) is reported, the next passes go on, and the pass that works again says so
-    (as a worker does): ``tick()`` raises the last two once its other phases have run, and one of them
-    must not stop recovery, retries and publishing for the whole lane. A failure is reported when it
-    first occurs and again only when the error changes (for an outage, its code), not on every pass.
-    Any other failure raises.
+    too large for the lane) or the transport refusing one queue's wakeups (``meta["queue"]``: an SQS
+    ``queue_name`` that does not resolve) is reported, the next passes go on, and the pass that works
+    again says so (as a worker does): ``tick()`` raises the last three once its other phases have run,
+    and one of them must not stop recovery, retries and publishing for the whole lane. A failure is
+    reported when it first occurs and again only when the error changes (for an outage, its code), not
+    on every pass. Any other failure raises.
     """
     others = set(alongside)
     passes = failed = 0
@@ -83,8 +86,8 @@ async def tick_until_stopped(
         try:
             result = await runtime.tick(**limits)
         except RunlaneError as error:
-            one_schedule = "schedule_id" in error.meta
-            if not error.retryable and error.code is not ErrorCode.INVARIANT_VIOLATION and not one_schedule:
+            one_part = "schedule_id" in error.meta or "queue" in error.meta
+            if not error.retryable and error.code is not ErrorCode.INVARIANT_VIOLATION and not one_part:
                 raise
             # One outage is one report however its messages vary from pass to pass (the connection
             # lost mid-pass, then refused); a corrupt record is reported again when another one is met.

@@ -2138,9 +2138,9 @@ class Runlane:
         )
         marks: list[OutboxMark] = []
         refused: BaseException | None = None
-        for answer in answers:
+        for queue, answer in zip(by_queue, answers):
             if isinstance(answer, BaseException):
-                refused = refused or answer
+                refused = refused or _refused_for_queue(answer, queue)
             else:
                 marks.extend(answer)
         try:
@@ -2665,6 +2665,16 @@ def _run_too_large(error: StorageLimitError, spec: _CreateInput) -> StorageLimit
         error.actual,
         error.too_large(f"Run of task '{spec.definition.id}'", f" Nothing was written; {advice}"),
         reserved=error.reserved,
+    )
+
+
+def _refused_for_queue(error: BaseException, queue: str) -> BaseException:
+    """``error`` a transport raised publishing the wakeups of ``queue``, naming the queue in ``meta``
+    (``queue``): it holds back that queue's wakeups only, so a maintenance loop reports it and goes on."""
+    if not isinstance(error, RunlaneError) or "queue" in error.meta:
+        return error
+    return RunlaneError(
+        error.code, error.message, retryable=error.retryable, meta={**error.meta, "queue": queue}, cause=error
     )
 
 
