@@ -215,7 +215,7 @@ GOOD = {
         (json.dumps({k: v for k, v in GOOD.items() if k != "message"}), "message: Input should be"),
         (b"\xff\xfe", "not UTF-8"),
         (None, "the body is NoneType"),
-        ("x" * 70_000, "more than any wakeup"),
+        ("x" * 300_000, "more than any wakeup"),
     ],
 )
 def test_a_body_that_is_not_a_wakeup_is_refused_with_the_reason(body: Any, says: str) -> None:

@@ -729,3 +729,27 @@ async def test_invalid_consumer_options_are_refused_when_the_consumer_is_created
         create_sqs_delivery_consumer(**arguments)
     assert refused.value.code is ErrorCode.CONFIGURATION_INVALID
     assert refused.value.meta.get("field") == field
+
+
+async def test_a_run_whose_trace_carrier_is_as_long_as_a_trigger_allows_is_executed(sqs_server, consumers):
+    # Control characters are written as \u escapes of six characters each: the largest carrier trigger()
+    # accepts makes a wakeup body many times its size, which a consumer must still take as a wakeup.
+    import itertools
+
+    from runlane.core.runtime import MAX_TRACE_CARRIER_BYTES
+
+    controls = [chr(code) for code in range(1, 32)]
+    keys = ("".join(letters) for letters in itertools.product(controls, repeat=3))
+    carrier = {key: "" for key in itertools.islice(keys, MAX_TRACE_CARRIER_BYTES // 3)}
+    client = sqs_server.client()
+    url = sqs_server.create_queue(_queue_name())
+    async with _runtime(client, url) as runtime:
+        run_id = (await runtime.trigger(echo, {"a": 1}, trace_carrier=carrier)).run.id
+        failures: list[SqsDeliveryFailure] = []
+        consumer = await _start(
+            consumers, client=client, queue_url=url, execute_delivery=runtime.execute_delivery,
+            on_delivery_failure=failures.append,
+        )  # fmt: skip
+        await _eventually(lambda: consumer.counts.deleted == 1 or failures, "the wakeup to be handled")
+        assert failures == []
+        assert await _status(runtime, run_id) is RunStatus.SUCCEEDED

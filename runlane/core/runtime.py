@@ -3681,7 +3681,8 @@ def _copy_json_object(value: object, what: str) -> dict[str, Any]:
 #: The most a trace carrier may hold, in UTF-8 bytes of its keys and values. A carrier is trace headers
 #: (``traceparent``, ``tracestate``, W3C ``baggage`` of at most 8 KiB) or request correlation, and it
 #: rides in every wakeup of its run: one far larger would make wakeups that transports and consumers
-#: refuse (SQS consumers read at most 64 KiB), leaving the run queued with nothing to wake it.
+#: refuse (SQS consumers read at most 256 KiB, JSON escapes included), leaving the run queued with nothing
+#: to wake it.
 MAX_TRACE_CARRIER_BYTES = 16 * 1024
 
 

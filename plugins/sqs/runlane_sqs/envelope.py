@@ -29,8 +29,10 @@ __all__ = ["WAKEUP_TYPE", "WAKEUP_VERSION", "encode_sqs_wakeup_body", "parse_sqs
 WAKEUP_TYPE = "runlane.wakeup"
 WAKEUP_VERSION = 1
 
-# Far beyond any real wakeup (a few hundred bytes), far below SQS's 256 KiB body limit.
-_MAX_BODY_CHARS = 64 * 1024
+# Longer than any wakeup Runlane writes, no longer than the 256 KiB body SQS has long allowed. A real
+# wakeup takes a few hundred characters, but a trace carrier may hold 16 KiB, and JSON writes a control
+# character as a six-character \u escape: the largest carrier trigger() accepts takes about 135,000.
+_MAX_BODY_CHARS = 256 * 1024
 
 # SQS takes only #x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD | #x10000-#x10FFFF in a body, and refuses
 # (or replaces with U+FFFD) the rest. JSON escapes control characters, and ids hold no lone surrogates: the
