@@ -14,7 +14,9 @@ from collections.abc import Callable
 
 import pytest
 
-from runlane import ErrorCode, RunlaneError, RunStatus, TaskContext, TriggerOutcomeType, WorkerMode, queue, task
+from runlane import (
+    ErrorCode, RunlaneError, RunRecord, RunStatus, TaskContext, TriggerOutcomeType, WorkerMode, queue, task,
+)
 
 from runtime_support import DEFAULT_QUEUE, make_runtime
 
@@ -530,3 +532,40 @@ def test_a_wait_interrupted_by_ctrl_c_stops_instead_of_going_on_for_nobody(tmp_p
             return run.status, (await reader.runs.attempts(run.id))[-1].release_reason  # type: ignore[union-attr]
 
     assert asyncio.run(stored()) == (RunStatus.RELEASED, "worker_stopped")
+
+
+def in_a_thread(call: Callable[[], object], timeout: float = 10.0) -> object:
+    """``call()``'s result (or what it raised) from a daemon thread, so a call that never returns fails the test."""
+    answers: list[object] = []
+
+    def answer() -> None:
+        try:
+            answers.append(call())
+        except BaseException as error:  # noqa: BLE001 - SystemExit included: it is what is checked
+            answers.append(error)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert answers, f"the call had not returned after {timeout} s"
+    return answers[0]
+
+
+def test_an_async_def_handler_calling_sys_exit_on_the_facade_loop_fails_its_attempt():
+    """On the facade loop's thread sys.exit() ends only that thread, as it does a def handler's: it stopped the
+    loop instead, so run_now() waited for ever and every later call found the loop closed."""
+
+    @task("sync.async.exits")
+    async def exits(payload: dict) -> None:
+        sys.exit(3)
+
+    runtime, _ = make_runtime(exits, echo)
+    sync = runtime.sync
+    try:
+        run = in_a_thread(lambda: sync.run_now(exits, {}))
+        assert isinstance(run, RunRecord), run
+        assert run.status is RunStatus.FAILED and run.failure.code is ErrorCode.TASK_FAILED  # type: ignore[union-attr]
+        assert sync.run_now(echo, {"n": 1}).output == {"n": 1}
+    finally:
+        in_a_thread(sync.close)
+

@@ -646,8 +646,9 @@ def _outcome_for_result(result: Any) -> _Outcome:
 
 
 class HandlerExit(Exception):
-    """A ``def`` handler called ``sys.exit()``: on a handler thread that ends only the call, so it fails
-    the attempt like any other exception instead of stopping the worker's event loop."""
+    """A handler called ``sys.exit()`` off the main thread (a ``def`` handler's thread, or an ``async def``
+    handler on the loop of ``runlane.sync``): there it ends only that thread, so it fails the attempt like
+    any other exception instead of stopping the worker's event loop."""
 
 
 class _ThreadGate:
@@ -692,11 +693,17 @@ def _interpreter_exiting(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and ("interpreter shutdown" in message or "atexit after shutdown" in message)
 
 
+def _handler_exit(error: SystemExit) -> HandlerExit:
+    exit_error = HandlerExit(f"The handler called sys.exit({error.code!r}).")
+    exit_error.__cause__ = error
+    return exit_error
+
+
 def _call_in_thread(handler: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     try:
         return handler(*args)
     except SystemExit as error:
-        raise HandlerExit(f"The handler called sys.exit({error.code!r}).") from error
+        raise _handler_exit(error) from error
 
 
 _STORE_LARGE_DATA_ELSEWHERE = " Store large data elsewhere and return a reference to it."
@@ -1767,10 +1774,14 @@ class _Attempt:
             return _Outcome(_FAILURE, failure=failure_from_exception(error), error=error)
         except BaseException as error:
             # Any exception task code raises, however exotic (a BaseException of a library), is this
-            # attempt's failure: it must not stop the worker and strand the run. A SystemExit of the
-            # worker's own loop still stops it (a def handler's sys.exit() arrives as HandlerExit).
+            # attempt's failure: it must not stop the worker and strand the run. A SystemExit on the main
+            # thread still stops it (it may come from the process's own signal handler); on any other
+            # thread (runlane.sync's loop, a def handler's) sys.exit() ends only that thread, so there it
+            # is the handler's failure, as a def handler's arrives (HandlerExit).
             if isinstance(error, SystemExit):
-                raise
+                if threading.current_thread() is threading.main_thread():
+                    raise
+                error = _handler_exit(error)
             failure = failure_from_exception(error)
             stopped = _signal_abort_failure(error)
             if (
