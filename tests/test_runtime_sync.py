@@ -569,3 +569,21 @@ def test_an_async_def_handler_calling_sys_exit_on_the_facade_loop_fails_its_atte
     finally:
         in_a_thread(sync.close)
 
+
+def test_sys_exit_in_a_sync_workers_callback_reaches_its_wait_and_the_facade_serves_on():
+    """A SystemExit raised by code on the facade loop (a worker's on_run_executed) stopped the loop and ended
+    its thread: the worker's wait() never answered, and every later call failed with 'Event loop is closed'."""
+
+    def exits(run: RunRecord) -> None:
+        sys.exit(4)
+
+    runtime, _ = make_runtime(echo)
+    sync = runtime.sync
+    try:
+        worker = sync.worker(empty_poll_delay="5ms", on_run_executed=exits)
+        sync.trigger(echo, {"n": 1})
+        raised = in_a_thread(lambda: worker.wait(timeout=5))
+        assert isinstance(raised, SystemExit) and raised.code == 4, raised
+        assert sync.run_now(echo, {"n": 2}).output == {"n": 2}
+    finally:
+        in_a_thread(sync.close)

@@ -196,7 +196,16 @@ class SyncRunlane:
                     asyncio.set_event_loop(loop)
                     loop.call_soon(ready.set)
                     try:
-                        loop.run_forever()
+                        while True:
+                            try:
+                                loop.run_forever()
+                            except (SystemExit, KeyboardInterrupt):
+                                # Raised by code run on the loop (sys.exit() in a worker's callback): asyncio
+                                # lets it stop the loop, which on this thread would end only the thread and
+                                # leave every call for ever waiting on it. The task that raised it keeps it
+                                # for whoever waits on that task; the loop serves on.
+                                continue
+                            break
                     finally:
                         loop.close()
 
