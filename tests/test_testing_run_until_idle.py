@@ -320,6 +320,31 @@ async def test_a_handler_waiting_for_its_signal_without_a_deadline_fails_the_tes
         assert clock.now() == START
 
 
+def test_a_def_handler_given_up_on_is_told_to_stop_so_its_thread_ends():
+    """The call failed the test, but the handler's thread went on waiting for a signal nothing would abort,
+    and held up the exit of the test process for ever (concurrent.futures joins its threads at exit)."""
+    import threading
+
+    told: list[str | None] = []
+    returned = threading.Event()
+
+    @task("idle.told_to_stop_in_a_thread")
+    def waits(payload: dict, ctx: TaskContext) -> None:
+        ctx.signal.wait_sync()
+        told.append(ctx.signal.reason)
+        returned.set()
+
+    runlane, clock = make_runtime(waits)
+    try:
+        runlane.sync.trigger(waits, {})
+        with pytest.raises(RuntimeError, match=r"waits for its signal alone"):
+            runlane.sync.call(run_until_idle, runlane, clock)
+        assert returned.wait(5), "the handler's thread is still waiting"
+        assert told == ["worker_stopped"]
+    finally:
+        runlane.sync.close()
+
+
 @task("idle.sleeps_unless_stopped")
 async def sleeps_unless_stopped(payload: dict, ctx: TaskContext) -> int:
     import asyncio

@@ -14,7 +14,9 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 
+from ..core.attempt import REASON_WORKER_STOPPED
 from ..core.authoring import ScheduleDefinition
+from ..core.cancellation import CancellationController
 from ..core.runtime import Runlane
 from ..core.schedules import next_fire_time, schedule_occurrence_id
 from ..core.sync import SyncRunlane
@@ -113,7 +115,8 @@ async def run_until_idle(
     released. An attempt whose handler waits for its signal alone (``await ctx.signal.wait()``) can only
     end at its ``max_attempt_duration`` deadline: the clock moves there while it waits, and a deadline
     past ``max_advance``, or none (a task without ``max_attempt_duration``), raises ``RuntimeError`` naming
-    the run instead of waiting for ever. Short waits that end by themselves, one after another (pauses
+    the run instead of waiting for ever (and aborts the handler's signal, ``worker_stopped``, so a ``def``
+    handler's thread ends too). Short waits that end by themselves, one after another (pauses
     between batches of work), are progress and move nothing.
 
     It returns when nothing is left to become due, or when the next due time lies more than
@@ -163,7 +166,10 @@ async def _execute_next(runlane: Runlane, clock: ControlledClock, horizon: datet
     only its ``max_attempt_duration`` deadline can end it, so the clock moves there, as far as ``horizon``;
     a handler that keeps waiting with its deadline past ``horizon``, or without a deadline, raises
     ``RuntimeError``, as nothing will end it."""
-    executing = asyncio.ensure_future(runlane.execute_next())
+    # Aborted when the call gives up on the attempt: cancelling execute_next() ends an async def handler, but a
+    # def handler's thread runs on, and one waiting for its signal alone would hold up the test process's exit.
+    giving_up = CancellationController()
+    executing = asyncio.ensure_future(runlane.execute_next(signal=giving_up.signal))
     seen: dict[tuple[int, int], datetime | None] = {}
     # The lasting waits, and since when (real time) the same ones have lasted with no deadline in reach.
     stuck: tuple[set[tuple[int, int]], float] | None = None
@@ -189,6 +195,7 @@ async def _execute_next(runlane: Runlane, clock: ControlledClock, horizon: datet
                 raise RuntimeError(await _stuck_message(runlane, min(beyond, default=None), horizon))
     finally:
         if not executing.done():
+            giving_up.abort(REASON_WORKER_STOPPED)
             executing.cancel()
 
 
