@@ -1254,6 +1254,45 @@ def test_what_handlers_print_under_json_is_a_json_log_line_on_stderr_and_stdout_
     assert "from a child that inherits stdout" in human.stdout.splitlines()
 
 
+FAILING_THREAD_TASKS = """
+import threading
+
+from runlane import queue, task
+
+default = queue("default", default=True)
+
+
+def fails() -> None:
+    raise ValueError("the cache is gone")
+
+
+@task("report.thread")
+def report(payload: dict) -> str:
+    helper = threading.Thread(target=fails, name="cache-refresh")
+    helper.start()
+    helper.join()
+    return "done"
+"""
+
+
+@pytest.mark.parametrize("command", [["work", "--drain"], ["dev", "--once"]], ids=["work", "dev"])
+def test_an_exception_ending_a_thread_a_handler_started_is_a_json_log_line_under_json(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Python printed its traceback as bare lines among the JSON ones on stderr."""
+    project = make_project(tmp_path, FAILING_THREAD_TASKS, lane="sqlite")
+    cli(project, "trigger", "report.thread", "{}")
+    drained = cli(project, "--json", *command)
+    assert drained.returncode == 0, drained.stderr
+    records = [json.loads(line) for line in drained.stderr.splitlines()]  # every line JSON
+    (failed,) = [record for record in records if record.get("logger") == "threading"]
+    assert failed["level"] == "error" and failed["message"] == "Exception in thread cache-refresh"
+    assert "ValueError: the cache is gone" in failed["exception"]
+    cli(project, "trigger", "report.thread", "{}")
+    human = cli(project, *command)
+    assert "ValueError: the cache is gone" in human.stderr  # without --json Python prints it as ever
+
+
 def test_a_stop_signal_delivered_again_at_once_leaves_a_clean_stop_with_status_0(tmp_path: Path) -> None:
     # coreutils `timeout` (like a process manager) signals the process and then its group: the same stop
     # arrives twice, the second maybe once the worker has given back its signal handlers and is closing.

@@ -1042,14 +1042,35 @@ def forward_runtime_logs(output: Output) -> Iterator[None]:
         logger.propagate = False
         root.addHandler(application)
         logging.captureWarnings(True)  # warnings.warn() too, instead of bare lines among the JSON ones
+        # With --json, an exception that ends a thread (one a handler started) too: Python prints its traceback
+        # as bare lines on stderr, which holds JSON lines only.
+        thread_hook = threading.excepthook
+        if output.json:
+            threading.excepthook = _log_thread_exception
         try:
             yield
         finally:
+            if threading.excepthook is _log_thread_exception:
+                threading.excepthook = thread_hook
             logging.captureWarnings(False)
             logger.removeHandler(handler)
             root.removeHandler(application)
             logger.setLevel(level)
             logger.propagate = propagate
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    """What ``threading.excepthook`` prints, as an error record of logger ``threading``; a ``SystemExit`` ends
+    its thread silently, as Python has it."""
+    if issubclass(args.exc_type, SystemExit):
+        return
+    name = args.thread.name if args.thread is not None else threading.get_ident()
+    if args.exc_value is None:
+        logging.getLogger("threading").error("Exception in thread %s: %s", name, args.exc_type.__name__)
+        return
+    logging.getLogger("threading").error(
+        "Exception in thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback)
+    )
 
 
 class LineStream(io.TextIOBase):
