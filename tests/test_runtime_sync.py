@@ -587,3 +587,95 @@ def test_sys_exit_in_a_sync_workers_callback_reaches_its_wait_and_the_facade_ser
         assert sync.run_now(echo, {"n": 2}).output == {"n": 2}
     finally:
         in_a_thread(sync.close)
+
+
+def test_a_call_that_found_the_facade_loop_just_before_close_stopped_it_is_refused_as_closed(monkeypatch):
+    """A call in one thread that found the facade loop as close() in another stopped it was sent to the
+    closed loop: it failed with RuntimeError('Event loop is closed') and a 'never awaited' warning, or, sent
+    between the loop's stop and its close, waited for ever. It is refused as a call after close is."""
+    runtime, _ = make_runtime(echo)
+    sync = runtime.sync
+    sync.trigger(echo, {})
+    found, closed = threading.Event(), threading.Event()
+    send = asyncio.run_coroutine_threadsafe
+
+    def late(coroutine, loop):  # the call has found the loop, and goes on only once close() has run
+        if threading.current_thread().name == "late-call":
+            found.set()
+            closed.wait(10)
+        return send(coroutine, loop)
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", late)
+    answers: list[object] = []
+
+    def call() -> None:
+        try:
+            answers.append(sync.runs.get("run_missing"))
+        except BaseException as error:  # noqa: BLE001 - what the call raised is what is checked
+            answers.append(error)
+
+    thread = threading.Thread(target=call, name="late-call", daemon=True)
+    thread.start()
+    assert found.wait(10)
+    sync.close()
+    closed.set()
+    thread.join(10)
+    (answer,) = answers
+    assert isinstance(answer, RunlaneError) and answer.code is ErrorCode.CONFIGURATION_INVALID, answer
+    assert answer.message.startswith("This Runlane runtime is closed")
+
+
+def test_a_call_sent_as_close_stops_the_facade_loop_is_answered_instead_of_waiting_for_ever(monkeypatch):
+    import runlane.core.sync
+
+    monkeypatch.setattr(runlane.core.sync, "_LOOP_CHECK_S", 0.01)  # how soon the caller sees the loop closed
+    runtime, _ = make_runtime(echo)
+    sync = runtime.sync
+    stopped, sent = threading.Event(), threading.Event()
+    make_loop = asyncio.new_event_loop
+
+    def closing_slowly() -> asyncio.AbstractEventLoop:  # a call arrives between the loop's stop and its close
+        loop = make_loop()
+        close = loop.close
+
+        def close_after_the_call() -> None:
+            stopped.set()
+            sent.wait(10)
+            close()
+
+        loop.close = close_after_the_call  # type: ignore[method-assign]
+        return loop
+
+    monkeypatch.setattr(asyncio, "new_event_loop", closing_slowly)
+    sync.trigger(echo, {})
+    send = asyncio.run_coroutine_threadsafe
+
+    found = threading.Event()
+
+    def when_stopped(coroutine, loop):  # the call has found the loop, and goes on once the loop has stopped
+        if threading.current_thread().name == "late-call":
+            found.set()
+            stopped.wait(10)
+            try:
+                return send(coroutine, loop)
+            finally:
+                sent.set()
+        return send(coroutine, loop)
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", when_stopped)
+    answers: list[object] = []
+
+    def call() -> None:
+        try:
+            answers.append(sync.runs.get("run_missing"))
+        except BaseException as error:  # noqa: BLE001 - what the call raised is what is checked
+            answers.append(error)
+
+    thread = threading.Thread(target=call, name="late-call", daemon=True)
+    thread.start()
+    assert found.wait(10)
+    sync.close()
+    thread.join(10)
+    assert answers, "the call waited on a loop that had stopped"
+    (answer,) = answers
+    assert isinstance(answer, RunlaneError) and answer.code is ErrorCode.CONFIGURATION_INVALID, answer

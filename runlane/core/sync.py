@@ -23,6 +23,7 @@ import functools
 import builtins
 import concurrent.futures
 import importlib
+import inspect
 import os
 import threading
 import time
@@ -161,6 +162,33 @@ def _close_at_exit(facade_ref: weakref.ref[SyncRunlane]) -> None:
     facade.shutdown_loop()
 
 
+# How often a caller waiting on the facade loop checks that the loop is still there to answer it.
+_LOOP_CHECK_S = 1.0
+
+
+class _NeverRan(Exception):
+    """The facade loop closed before it started a call sent to it."""
+
+
+def _result_of(future: concurrent.futures.Future[T], loop: asyncio.AbstractEventLoop, coroutine: Any) -> T:
+    """``future.result()``, without waiting for ever on a loop that has closed: a call sent just as
+    ``close()`` (in another thread) stopped the loop is never run. One that never started raises
+    ``_NeverRan``, to be asked again; one that had started is cancelled."""
+    while True:
+        try:
+            return future.result(timeout=_LOOP_CHECK_S)
+        except TimeoutError:
+            if future.done() or not loop.is_closed():
+                if future.done():
+                    raise  # what the call itself raised
+                continue
+            started = inspect.getcoroutinestate(coroutine) != inspect.CORO_CREATED
+            coroutine.close()
+            future.cancel()
+            if not started:
+                raise _NeverRan() from None
+
+
 class SyncRunlane:
     """Blocking versions of the runtime's methods: ``runlane.sync.trigger(task, payload)``."""
 
@@ -238,9 +266,20 @@ class SyncRunlane:
         async def invoke() -> T:
             return await function(*args, **kwargs)
 
-        future = asyncio.run_coroutine_threadsafe(invoke(), loop)
+        coroutine = invoke()
         try:
-            return future.result()
+            future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        except RuntimeError:
+            coroutine.close()
+            if not loop.is_closed() or self._loop is loop:
+                raise
+            # The loop was closed after this call found it (close() in another thread): ask again, which
+            # refuses a closed runtime as any later call is refused.
+            return self._call(function, args, kwargs, interruptible=interruptible)
+        try:
+            return _result_of(future, loop, coroutine)
+        except _NeverRan:
+            return self._call(function, args, kwargs, interruptible=interruptible)
         except concurrent.futures.CancelledError:
             raise RunlaneError(
                 ErrorCode.OPERATION_CANCELLED,
