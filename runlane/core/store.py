@@ -1011,6 +1011,25 @@ class _Gone:
 _GONE: Final = _Gone()
 
 
+class _Refused:
+    """What an attempt returns instead of raising ``error``, an inconsistency between records it read
+    (an owner naming a run it does not find holding the key): two reads are two snapshots, so another
+    process's commit between them (the run finishing and pruned) looks the same. Returned, the attempt
+    ends with the driver validating its reads: stale ones replay it, and only reads that still hold at
+    commit, durable corruption indeed, raise ``error`` (``_unless_refused``)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: RunlaneError) -> None:
+        self.error = error
+
+
+def _unless_refused(result: T | _Refused) -> T:
+    if isinstance(result, _Refused):
+        raise result.error
+    return result
+
+
 class _NeedKeys(Exception):
     """An attempt found it needs records it did not read; the write path restarts reading them too."""
 
@@ -1844,7 +1863,7 @@ class CoreStore:
         """The run owning ``(task_id, key)`` while the owner is live (an expired owner reads as absent)."""
         owner_key = idempotency_owner_key(self.env_key, task_id, key)
 
-        async def body(tx: StorageTransaction) -> RunRecord | None:
+        async def body(tx: StorageTransaction) -> RunRecord | _Refused | None:
             (record,) = await tx.get([owner_key])
             if record is None:
                 return None
@@ -1859,24 +1878,30 @@ class CoreStore:
                 return None
             run = None if run_record is None else self._decode_run(run_record)[0]
             if run is None or (run.task_id, run.idempotency_key) != (task_id, key):
-                raise _foreign_owner(owner_key, run_id, run, "idempotency key")  # as a trigger with the key would
+                return _Refused(_foreign_owner(owner_key, run_id, run, "idempotency key"))  # as a trigger's would
             return run
 
-        return await self.driver.with_transaction(body)
+        return _unless_refused(await self.driver.with_transaction(body))
 
     async def find_singleton_run(self, key: str) -> RunRecord | None:
-        """The active run holding singleton ``key``, if any."""
+        """The active run holding singleton ``key``, if any (the owner and its run read in one transaction)."""
         owner_key = singleton_owner_key(self.env_key, key)
-        (record,) = await self.driver.get([owner_key])
-        if record is None:
-            return None
-        run_id = record.document.value.get("run_id")
-        if not isinstance(run_id, str):
-            raise corrupt_record("singleton owner", owner_key, "it names no run")
-        run = await self.get_run(run_id)
-        if run is None or run.singleton_key != key:
-            raise _foreign_owner(owner_key, run_id, run, "singleton key")  # as a trigger with the key would
-        return run if run.status not in _TERMINAL else None
+
+        async def body(tx: StorageTransaction) -> RunRecord | _Refused | None:
+            (record,) = await tx.get([owner_key])
+            if record is None:
+                return None
+            run_id = record.document.value.get("run_id")
+            if not isinstance(run_id, str):
+                raise corrupt_record("singleton owner", owner_key, "it names no run")
+            (run_record,) = await tx.get([_run_key(self.env_key, run_id)])
+            await tx.now()
+            run = None if run_record is None else self._decode_run(run_record)[0]
+            if run is None or run.singleton_key != key:
+                return _Refused(_foreign_owner(owner_key, run_id, run, "singleton key"))  # as a trigger's would
+            return run if run.status not in _TERMINAL else None
+
+        return _unless_refused(await self.driver.with_transaction(body))
 
     async def reset_idempotency_key(self, task_id: str, key: str) -> RunRecord | None:
         """Delete the owner of ``(task_id, key)`` so the next trigger creates a new run, unless its run is
@@ -2112,7 +2137,7 @@ class CoreStore:
         # and every replay takes the reading path, which reports an existing run exactly as before.
         blind = plan.generated_run_id and idempotency is None and singleton is None
 
-        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> CreateRunResult:
+        async def body(tx: StorageTransaction, extra: tuple[StorageRecordKey, ...]) -> CreateRunResult | _Refused:
             nonlocal blind
             create_blind, blind = blind, False
             ids.restart()
@@ -2140,7 +2165,7 @@ class CoreStore:
                             created.task_id,
                             created.idempotency_key,
                         ):
-                            raise _foreign_owner(idempotency, owner_run_id, held, "idempotency key")
+                            return _Refused(_foreign_owner(idempotency, owner_run_id, held, "idempotency key"))
                         return CreateRunResult(held, TriggerOutcomeType.RETURNED_EXISTING)
             current = None if create_blind else attempt.slot(created.run_id)
             if current is not None:
@@ -2167,7 +2192,7 @@ class CoreStore:
                     holder = attempt.slot(holder_id)
                     if holder is None or holder.run.singleton_key != created.singleton_key:
                         held = None if holder is None else holder.run
-                        raise _foreign_owner(singleton, holder_id, held, "singleton key")
+                        return _Refused(_foreign_owner(singleton, holder_id, held, "singleton key"))
                     if holder.run.status not in _TERMINAL:
                         raise create_storage_conflict_error(
                             StorageConflictKind.SINGLETON_KEY,
@@ -2199,7 +2224,7 @@ class CoreStore:
             hinted = bool(carry(plan.wake_hint)) if carry is not None else False
             return CreateRunResult(run, TriggerOutcomeType.CREATED, records, observations, outbox, hinted)
 
-        return await self._transact(body)
+        return _unless_refused(await self._transact(body))
 
     # -- claims ----------------------------------------------------------------------------------
 
