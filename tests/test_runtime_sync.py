@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -606,6 +607,18 @@ def test_a_call_that_found_the_facade_loop_just_before_close_stopped_it_is_refus
         return send(coroutine, loop)
 
     monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", late)
+    thread, answers = _late_call(sync)
+    assert found.wait(10)
+    sync.close()
+    closed.set()
+    thread.join(10)
+    (answer,) = answers
+    assert isinstance(answer, RunlaneError) and answer.code is ErrorCode.CONFIGURATION_INVALID, answer
+    assert answer.message.startswith("This Runlane runtime is closed")
+
+
+def _late_call(sync: Any) -> tuple[threading.Thread, list[object]]:
+    """A ``runs.get`` on a thread named ``late-call``, started: its answer (or error) lands in the list."""
     answers: list[object] = []
 
     def call() -> None:
@@ -616,13 +629,7 @@ def test_a_call_that_found_the_facade_loop_just_before_close_stopped_it_is_refus
 
     thread = threading.Thread(target=call, name="late-call", daemon=True)
     thread.start()
-    assert found.wait(10)
-    sync.close()
-    closed.set()
-    thread.join(10)
-    (answer,) = answers
-    assert isinstance(answer, RunlaneError) and answer.code is ErrorCode.CONFIGURATION_INVALID, answer
-    assert answer.message.startswith("This Runlane runtime is closed")
+    return thread, answers
 
 
 def test_a_call_sent_as_close_stops_the_facade_loop_is_answered_instead_of_waiting_for_ever(monkeypatch):
@@ -663,16 +670,7 @@ def test_a_call_sent_as_close_stops_the_facade_loop_is_answered_instead_of_waiti
         return send(coroutine, loop)
 
     monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", when_stopped)
-    answers: list[object] = []
-
-    def call() -> None:
-        try:
-            answers.append(sync.runs.get("run_missing"))
-        except BaseException as error:  # noqa: BLE001 - what the call raised is what is checked
-            answers.append(error)
-
-    thread = threading.Thread(target=call, name="late-call", daemon=True)
-    thread.start()
+    thread, answers = _late_call(sync)
     assert found.wait(10)
     sync.close()
     thread.join(10)

@@ -545,7 +545,9 @@ async def test_a_process_that_dies_between_finishing_a_source_and_resuming_its_w
 
     database = tmp_path / "runlane.db"
     clock = ControlledClock(datetime.now(UTC))
-    runtime = create_runlane(lane=sqlite_lane(database), queues=[DEFAULT_QUEUE], tasks=[quick, late_waiter], clock=clock)
+    runtime = create_runlane(
+        lane=sqlite_lane(database), queues=[DEFAULT_QUEUE], tasks=[quick, late_waiter], clock=clock
+    )
     async with runtime:
         source = (await runtime.trigger(quick)).run
         waiter = await runtime.run_now(late_waiter, {"source": source.id})

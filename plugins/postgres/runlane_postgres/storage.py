@@ -58,17 +58,16 @@ Mechanics (``migration.py`` holds the schema and the ``runlane_commit`` function
   ``memory.py``). Clock skew between processes can cause early duplicate execution or brief capacity
   oversubscription; version and ownership fences still protect every write.
 
-Errors: lost connections, SQLSTATE class ``08``, ``57P01``-``57P03``, timeouts (``57014``, ``55P03``),
-class ``53`` (a full disk, no connection slot, out of memory) and a read-only server (``25006``) map to
-``storage_unavailable`` (retryable); ``40001`` / ``40P01`` past the replay budget to ``storage_conflict``; a missing schema, table
-or function to ``configuration_invalid`` telling the user to run ``runlane postgres migrate`` (``start()``
-checks every table, the sequence and the functions, and names the database's other Runlane schemas when
-the lane's is missing), and so do bad
-credentials (``28xxx``) and a missing database (``3D000``); a reserved name (``42939``, a ``pg_`` schema)
-is ``configuration_invalid`` too, and so is a prepared statement missing from the session or taken in it
-(``26000`` / ``42P05``: a pooler sharing sessions between clients, which ``start()`` refuses when it sees
-one); anything else maps to ``internal_error``. Every mapped error keeps the
-psycopg failure as its ``cause``.
+Errors: lost connections, SQLSTATE class ``08``, ``57P01``-``57P03``, timeouts (``57014``, ``55P03``), class
+``53`` (a full disk, no connection slot, out of memory) and a read-only server (``25006``) map to
+``storage_unavailable`` (retryable); ``40001`` / ``40P01`` past the replay budget to ``storage_conflict``; a
+missing schema, table or function to ``configuration_invalid`` telling the user to run ``runlane postgres
+migrate`` (``start()`` checks every table, the sequence and the functions, and names the database's other
+Runlane schemas when the lane's is missing), and so do bad credentials (``28xxx``) and a missing database
+(``3D000``); a reserved name (``42939``, a ``pg_`` schema) is ``configuration_invalid`` too, and so is a
+prepared statement missing from the session or taken in it (``26000`` / ``42P05``: a pooler sharing sessions
+between clients, which ``start()`` refuses when it sees one); anything else maps to ``internal_error``. Every
+mapped error keeps the psycopg failure as its ``cause``.
 """
 
 from __future__ import annotations
