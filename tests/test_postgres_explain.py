@@ -1,8 +1,8 @@
 """Query plans of the Postgres driver on a schema holding 50,000 runs.
 
 A few varied runs are made through the public runtime in four queues (succeeded, failed, queued,
-retrying, released, running under a lease, and queued with a failed outbox row on a transport
-lane), then multiplied in SQL into 50,000 distinct runs: fresh run and outbox ids everywhere, and
+retrying, released, running under a lease, queued with a failed outbox row on a transport lane,
+and succeeded with a waiter its process did not resume), then multiplied in SQL into 50,000 distinct runs: fresh run and outbox ids everywhere, and
 every time in the index rows and both operator projections shifted back by a different number of
 seconds (documents keep their template's times). Observation stream records are not multiplied:
 no read below touches them.
@@ -72,10 +72,25 @@ async def _busy(payload: dict) -> None:
     await _gate.wait()
 
 
-_TASKS = [_echo, _doomed, _flaky, _later, _busy]
+@task("explain.awaiting")
+async def _awaiting(payload: dict, ctx: TaskContext) -> Any:
+    return ctx.wait_for_run(payload["source"])
 
-# Share of the 50,000 runs made from each kind of template run (one template per queue and kind).
-_MIX = {"succeeded": 62, "failed": 6, "queued": 14, "retrying": 5, "released": 4, "running": 4, "outbox": 5}
+
+_TASKS = [_echo, _doomed, _flaky, _later, _busy, _awaiting]
+
+# Share of the 50,000 runs made from each kind of template run (one template per queue and kind). A
+# "stranded" run succeeded while a run waited for it, and its process did not get to resume the waiter.
+_MIX = {
+    "succeeded": 60,
+    "failed": 6,
+    "queued": 14,
+    "retrying": 5,
+    "released": 4,
+    "running": 4,
+    "outbox": 5,
+    "stranded": 2,
+}
 
 # Index names whose sort does not start with a time (a run's events and steps); every other one does.
 _UNTIMED_INDEXES = [StorageIndexName.RUN_EVENTS_BY_RUN.value, StorageIndexName.RUN_STEPS_BY_RUN.value]
@@ -129,12 +144,29 @@ async def _templates(
             assert executed.status.value == kind, (kind, executed)
             kinds[run.id] = kind
         clock.advance("1s")
+        source = (await polling.trigger(_echo, {"kind": "stranded"}, queue=name, delay="1s")).run
+        waiter = (await polling.trigger(_awaiting, {"source": source.id}, queue=name)).run
+        assert (await polling.execute_next(queues=[name])).status is RunStatus.RELEASED
+        kinds[waiter.id] = "released"  # for good: it waits for the stranded run
+        clock.advance("1s")
+
+        async def gone(source_run_id: str) -> None:
+            return None  # the process went away before resuming the waiter: tick() is to do it
+
+        polling._resume_waiters_riding_out = gone
+        try:
+            assert (await polling.execute_next(queues=[name])).id == source.id
+        finally:
+            del polling._resume_waiters_riding_out
+        kinds[source.id] = "stranded"
+        clock.advance("1s")
         kinds[(await polling.trigger(_echo, {"kind": "queued"}, queue=name)).run.id] = "queued"
         transport.fail_next(1)  # the wakeup stays in the outbox, due again after a backoff
         kinds[(await publishing.trigger(_echo, {"kind": "outbox"}, queue=name)).run.id] = "outbox"
     for run_id, kind in kinds.items():
         run = await polling.runs.get(run_id)
-        assert run is not None and run.status.value == ("queued" if kind == "outbox" else kind), (kind, run)
+        expected = {"outbox": "queued", "stranded": "succeeded"}.get(kind, kind)
+        assert run is not None and run.status.value == expected, (kind, run)
     return kinds
 
 
