@@ -1,11 +1,11 @@
 """Query plans of the Postgres driver on a schema holding 50,000 runs.
 
 A few varied runs are made through the public runtime in four queues (succeeded, failed, queued,
-retrying, released, running under a lease, queued with a failed outbox row on a transport lane,
-and succeeded with a waiter its process did not resume), then multiplied in SQL into 50,000 distinct runs: fresh run and outbox ids everywhere, and
-every time in the index rows and both operator projections shifted back by a different number of
-seconds (documents keep their template's times). Observation stream records are not multiplied:
-no read below touches them.
+retrying, released, running under a lease, queued with a failed outbox row on a transport lane, and
+succeeded with a waiter its process did not resume), then multiplied in SQL into 50,000 distinct
+runs: fresh run and outbox ids everywhere, and every time in the index rows and both operator
+projections shifted back by a different number of seconds (documents keep their template's times).
+Observation stream records are not multiplied: no read below touches them.
 
 The index queries explained are the ones core itself issues: a worker's runnable scan
 (``execute_next``) and a maintenance pass (``tick``) run against the populated schema with
