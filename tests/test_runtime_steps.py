@@ -377,6 +377,50 @@ async def test_a_step_output_json_cannot_hold_is_task_output_invalid_naming_the_
         assert problem in error.message
 
 
+class Placement(BaseModel):
+    job_id: int
+    region: str
+
+
+async def test_a_step_output_its_schema_refuses_names_the_fields_in_the_message_and_meta():
+    """The message and ``meta`` say where and why the output does not fit (as for a payload), not only
+    pydantic's "2 validation errors for Placement"; ``meta`` keeps no value and is stored with the failure."""
+    caught: list[RunlaneError] = []
+
+    @task("steps.misfit")
+    async def misfit(payload: dict, ctx: TaskContext) -> None:
+        schema: Any = Placement if payload["model"] else int
+        returned: Any = {"job_id": "secret-123"} if payload["model"] else "secret-456"
+        try:
+            await ctx.step.run("place", lambda token: returned, output=schema)
+        except RunlaneError as error:
+            caught.append(error)
+            raise
+
+    runtime, _ = make_runtime(misfit)
+    async with runtime:
+        run = await runtime.run_now(misfit, {"model": True})
+        whole = await runtime.run_now(misfit, {"model": False})
+        assert await runtime.runs.step(run.id, "place") is None
+    assert run.failure is not None and run.failure.code is ErrorCode.TASK_OUTPUT_INVALID
+    assert run.failure.meta == {
+        "step_key": "place",
+        "error_count": 2,
+        "errors": [
+            {
+                "type": "int_parsing",
+                "loc": ["job_id"],
+                "msg": "Input should be a valid integer, unable to parse string as an integer",
+            },
+            {"type": "missing", "loc": ["region"], "msg": "Field required"},
+        ],
+    }
+    error, whole_error = caught
+    assert "job_id: Input should be a valid integer" in error.message and "region: Field required" in error.message
+    assert "output: Input should be a valid integer" in whole_error.message
+    assert "secret" not in json.dumps(run.failure.meta) + json.dumps(whole.failure.meta if whole.failure else None)
+
+
 async def test_a_transforming_output_schema_returns_the_same_parsed_value_on_every_attempt():
     from datetime import UTC, datetime
     from typing import Annotated

@@ -856,11 +856,21 @@ def _parse_step_output(step_key: str, value: Any, adapter: TypeAdapter[Any] | No
                 meta={"step_key": step_key, "path": path},
             )
         stored = adapter.dump_python(parsed, mode="json", by_alias=True)  # by alias: what the schema reads back
+    except ValidationError as error:
+        # Where and what, as for a payload ("job_id: Input should be a valid integer"): pydantic's first line
+        # ("2 validation errors for Submission") names neither. The errors in meta keep no value.
+        errors, summary = validation_errors(error, whole="output")
+        raise RunlaneError(
+            ErrorCode.TASK_OUTPUT_INVALID,
+            f"Step {step_key!r} returned output that does not match its output schema: {summary}.",
+            retryable=True,
+            meta={"step_key": step_key, "error_count": len(errors), "errors": errors[:MAX_REPORTED_ERRORS]},
+        ) from None
     except (ValueError, RecursionError, PydanticSerializationError) as error:
         # Besides validation: bytes that are not UTF-8, or pydantic's "Maximum serialization depth exceeded".
         problem = (
             "does not match its output schema"
-            if isinstance(error, (ValidationError, PydanticSerializationError))
+            if isinstance(error, PydanticSerializationError)
             else "cannot be stored as JSON"
         )
         raise RunlaneError(

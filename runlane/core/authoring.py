@@ -731,9 +731,9 @@ def _equal_but_for_tuples(read: Any, given: Any) -> bool:
     return bool(read == given)
 
 
-def validation_errors(error: ValidationError) -> tuple[list[dict[str, Any]], str]:
+def validation_errors(error: ValidationError, whole: str = "payload") -> tuple[list[dict[str, Any]], str]:
     """The errors of ``error`` for ``meta`` (where each is, its type and pydantic's message), and a one-line
-    summary of the first few for the message.
+    summary of the first few for the message (``whole`` names an error of the whole value).
 
     ``meta`` can be persisted with a failed run, and payloads may carry personal data, so the errors keep
     neither the input nor the ``ctx`` values, and the message of a validator of the schema's own
@@ -741,7 +741,7 @@ def validation_errors(error: ValidationError) -> tuple[list[dict[str, Any]], str
     kind. The summary, which only the caller sees (persisted failure messages are normalized), keeps it.
     """
     errors = json.loads(error.json(include_url=False, include_input=False))
-    return [_persistable(item) for item in errors], summarize_errors(errors)
+    return [_persistable(item) for item in errors], summarize_errors(errors, whole)
 
 
 def summarize_errors(errors: Sequence[Mapping[str, Any]], whole: str = "payload") -> str:
