@@ -21,7 +21,7 @@ import pluggy
 import pytest
 import typer
 from cli_support import cli, write
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 from typer.testing import CliRunner
 
 from runlane import ErrorCode, RunlaneError
@@ -308,6 +308,45 @@ def test_a_provider_whose_create_exits_is_a_configuration_error_naming_its_plugi
         assert result.exit_code == 1, result.output
         assert result.output.startswith(f"error[configuration_invalid]: {config}: ")  # named by the file first
         assert "The lane 'exiting-lane' of plugin 'exiting-create' failed to start: SystemExit: " in result.output
+
+
+class _StrictOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    region: str
+
+    @field_validator("region")
+    @classmethod
+    def _known_region(cls, value: str) -> str:
+        if value == "exit":
+            sys.exit(2)
+        return {"eu": "eu-west-1"}[value]  # a KeyError, which pydantic passes on instead of reporting
+
+
+@pytest.mark.parametrize(("region", "described"), [("mars", "KeyError: 'mars'"), ("exit", "SystemExit: 2")])
+def test_an_options_model_whose_validator_raises_is_a_configuration_error_naming_its_plugin(
+    tmp_path: Path, region: str, described: str
+) -> None:
+    # pydantic turns only a validator's ValueError or AssertionError into a ValidationError: anything else
+    # came out of `runlane runs list` as a traceback (or sys.exit() as a silent exit).
+    from runlane.cli.main import build_app
+    from runlane_local import local_lane
+
+    class Plugin:
+        @hookimpl
+        def register_lanes(self, register):
+            register(LaneProvider("regional", _StrictOptions, lambda options, context: local_lane(name="regional")))
+
+    config = write(tmp_path / "runlane.toml", f'[lane]\nuse = "regional"\nregion = "{region}"\n')
+    with registered_on_pm({"regional-plugin": Plugin()}):
+        result = CliRunner().invoke(build_app(), ["-c", str(config), "runs", "list"])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.output == (
+        f"error[configuration_invalid]: {config}: Invalid options in [lane] for lane 'regional' (plugin "
+        f"'regional-plugin'): its options model _StrictOptions raised {described}. Check the options, or report "
+        "it to the plugin's authors.\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -507,7 +507,9 @@ def validate_options(provider: _Provider, options: Mapping[str, Any], *, table: 
     """Validate ``options`` (the table's keys without ``use``) with the provider's options model.
 
     Any pydantic error becomes ``configuration_invalid`` naming each offending key, the table
-    (``table`` or the provider kind's default, such as ``[lane]``) and the plugin.
+    (``table`` or the provider kind's default, such as ``[lane]``) and the plugin. So does any other
+    exception a validator of the plugin's model raises (pydantic passes on all but ``ValueError`` and
+    ``AssertionError``), and ``sys.exit()`` in one: a plugin's mistake, never a traceback.
     """
     where = table or provider.table
     try:
@@ -534,3 +536,14 @@ def validate_options(provider: _Provider, options: Mapping[str, Any], *, table: 
             provider=provider.name,
             plugin=provider.plugin,
         ) from None
+    except RunlaneError:
+        raise
+    except (Exception, SystemExit) as error:
+        raise _invalid(
+            f"Invalid options in {where} for {provider.kind} {provider.name!r} (plugin {provider.plugin!r}): "
+            f"its options model {provider.options_model.__name__} raised {describe_exception(error)}. "
+            "Check the options, or report it to the plugin's authors.",
+            table=where,
+            provider=provider.name,
+            plugin=provider.plugin,
+        ) from error
