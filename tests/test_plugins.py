@@ -375,6 +375,20 @@ def test_wrong_provider_type_is_rejected():
     assert "LaneProvider" in raised.value.message
 
 
+def test_a_wrong_provider_type_is_named_with_its_article():
+    class Plugin:
+        @hookimpl
+        def register_exporters(self, register):
+            register({"name": "file"})
+
+    with pytest.raises(RunlaneError) as raised:
+        collect_registries(registered(Plugin(), "dict-plugin"))
+    assert raised.value.message == (
+        "Plugin 'dict-plugin' registered {'name': 'file'} as an exporter; "
+        "pass an ExporterProvider(name, options_model, create)."
+    )
+
+
 def test_failing_register_hook_names_the_plugin():
     class Plugin:
         @hookimpl
@@ -682,7 +696,7 @@ def test_plugin_commands_that_break_or_shadow_runlane_commands_are_skipped_and_t
         assert "skipped plugin 'raising'" in err
         assert "register_commands raised RuntimeError: command hook exploded" in err
         assert "skipped plugin 'broken-elsewhere'" in err and "lane hook exploded" in err
-        assert "skipped plugin 'shadowing'" in err and "its commands runs are already runlane commands" in err
+        assert "skipped plugin 'shadowing'" in err and "its command 'runs' is already a runlane command" in err
         assert "skipped plugin 'rooting'" in err and "set the callback of the runlane command itself" in err
         assert "extra-from-rooting" not in commands
         root_options = {option for param in typer.main.get_group(app).params for option in param.opts}

@@ -986,7 +986,11 @@ def _register_plugin_commands(root: typer.Typer) -> None:
             added = [] if problem else command_names(new_commands, new_groups)
             clashes = sorted(set(added) & builtin)
             if clashes:
-                problem = f"its commands {', '.join(clashes)} are already runlane commands"
+                problem = (
+                    f"its command {clashes[0]!r} is already a runlane command"
+                    if len(clashes) == 1
+                    else f"its commands {', '.join(map(repr, clashes))} are already runlane commands"
+                )
             if root.registered_callback is not callback:
                 # @app.callback() on the root replaces runlane's own, and with it -c, --json and --version
                 # for every command.

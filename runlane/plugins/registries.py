@@ -216,8 +216,8 @@ class ProviderRegistry(Generic[P]):
         """Store ``provider`` under its name for ``plugin``; reject wrong types, bad models and collisions."""
         if not isinstance(provider, self.provider_type):
             raise _invalid(
-                f"Plugin {plugin!r} registered {provider!r} as a {self.kind}; "
-                f"pass a {self.provider_type.__name__}(name, options_model, create).",
+                f"Plugin {plugin!r} registered {provider!r} as {_a(self.kind)}; "
+                f"pass {_a(self.provider_type.__name__)}(name, options_model, create).",
                 plugin=plugin,
             )
         if not isinstance(provider.name, str) or not provider.name:
@@ -292,6 +292,11 @@ class ProviderRegistry(Generic[P]):
 
     def __len__(self) -> int:
         return len(self._providers)
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article: "a lane", "an exporter", "an ExporterProvider"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def registered_by(plugins: Sequence[str]) -> str:
