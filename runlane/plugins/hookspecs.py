@@ -95,7 +95,8 @@ def register_task_modules(register: Callable[[str], None]) -> None:
     """Contribute modules whose ``TaskDefinition`` and ``QueueDefinition`` objects are registered.
 
     Called once per plugin whenever core collects its registries; the modules are imported exactly
-    like ``[runlane] tasks`` entries when a runtime is built from configuration. Nothing is returned.
+    like ``[runlane] tasks`` entries when a runtime is built from ``[runlane] tasks`` and ``[lane]`` (a
+    ``[runlane] runtime`` factory's runtime is used as it is built). Nothing is returned.
 
     :param register: takes a dotted module name such as ``"package.module"``; the module is not
         imported at registration time.
