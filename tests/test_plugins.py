@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -968,6 +969,61 @@ def test_a_plugin_importing_the_cli_helpers_at_module_top_loads_without_hanging(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["['backlog']", "Usage: runlane backlog [OPTIONS]"], result.stdout
+
+
+_GRABBING_PLUGINS = {
+    # Adds a command to runlane's app at import, while the other plugins are still loading.
+    "grabber": "from runlane.cli.main import app\n\n\n@app.command('grabbed')\ndef grabbed() -> None:\n    pass\n",
+    # Reaches for runlane's app from its hook instead of using the app the hook receives.
+    "hooked": (
+        "from runlane.plugins import hookimpl\n\n\n@hookimpl\ndef register_commands() -> None:\n"
+        "    from runlane.cli.main import app\n\n    app.command('hooked')(lambda: None)\n"
+    ),
+}
+
+
+def test_a_plugin_reaching_for_the_cli_app_while_plugins_load_is_skipped_saying_what_to_do(tmp_path: Path) -> None:
+    # The app was built then from the plugins loaded so far: the command line of `runlane` lost the grabbed
+    # command silently (the build under way replaced that app), a program's `runlane.cli.main.app` lacked the
+    # commands of every plugin loaded later (runlane-postgres's: "Install runlane-postgres to get it"), and a
+    # hook that reached for it built the app again from itself until a RecursionError.
+    for name, source in _GRABBING_PLUGINS.items():
+        (tmp_path / f"runlane_{name}.py").write_text(source)
+        info = tmp_path / f"runlane_{name}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: runlane-{name}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[runlane]\n{name} = runlane_{name}\n")
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    environment.pop("RUNLANE_LOAD_PLUGINS", None)
+    script = (
+        "import json, sys, typer\n"
+        "from runlane.plugins.manager import get_plugins\n"
+        "if sys.argv[1] == 'program':\n"
+        "    get_plugins()\n"
+        "    from runlane.cli.main import app\n"
+        "    print(json.dumps(sorted(typer.main.get_group(app).commands)))\n"
+        "else:\n"
+        "    from runlane.cli.main import run\n"
+        "    sys.argv[1:] = ['grabbed']\n"
+        "    run()\n"
+    )
+    expected = "RuntimeError: runlane.cli.main.app is not built until every plugin has loaded and added its commands; "
+    for how in ("program", "command line"):
+        result = subprocess.run(
+            [sys.executable, "-c", script, how],
+            env=environment, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        skipped = [line for line in result.stderr.splitlines() if line.startswith("runlane: skipped plugin")]
+        assert len(skipped) == 2 and all(expected in line for line in skipped), result.stderr
+        assert "RecursionError" not in result.stderr
+        if how == "program":
+            assert result.returncode == 0, result.stderr
+            commands = json.loads(result.stdout)
+            assert "grabbed" not in commands and "hooked" not in commands and "plugins" in commands
+            if "postgres" in {info.name for info in get_plugins()}:
+                assert "postgres" in commands  # a plugin loaded after the grabber
+        else:
+            assert result.returncode == 2 and "No such command 'grabbed'" in result.stderr
 
 
 def test_plugins_list_shows_the_commands_of_every_register_commands_a_plugin_implements():

@@ -20,6 +20,7 @@ import os
 import signal
 import stat
 import sys
+import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -36,7 +37,7 @@ from .. import __version__
 from ..config import LoadedConfig, build_runtime, load_config
 from ..core.runtime import Runlane
 from ..errors import ErrorCode, RunlaneError, describe_exception
-from ..plugins.manager import get_registries, is_first_party, load_plugins, pm, skip_plugin
+from ..plugins.manager import get_registries, is_first_party, load_plugins, loading_plugins, pm, skip_plugin
 from ..plugins.registries import LaneProvider, ProviderContext, Registries, first_party_hint, validate_options
 from .output import LineStream, Output, forward_runtime_logs, json_import_logs, quiet_connection_pool
 
@@ -1091,10 +1092,34 @@ def _build(commands: list[Any], groups: list[Any]) -> None:
 app: typer.Typer  # built on first use (``__getattr__``), not on import
 
 
+# Held while ``app`` is built; another thread waits for that build, and this thread gets here again only
+# from a plugin (``_APP_NOT_YET``).
+_app_lock = threading.RLock()
+_app_building = False
+
+_APP_NOT_YET = (
+    "runlane.cli.main.app is not built until every plugin has loaded and added its commands; add commands in "
+    "a register_commands(app) hook instead (see docs/plugin-hooks.md)"
+)
+
+
 def _app() -> typer.Typer:
+    global _app_building
     built: typer.Typer | None = globals().get("app")
-    if built is None:
-        built = globals()["app"] = build_app()
+    if built is not None:
+        return built
+    with _app_lock:
+        built = globals().get("app")
+        if built is None:
+            # Built now, it would hold only the plugins loaded so far (and be replaced, with the commands a
+            # plugin added to it, by the build under way), or build itself again from register_commands.
+            if _app_building or loading_plugins():
+                raise RuntimeError(_APP_NOT_YET)
+            _app_building = True
+            try:
+                built = globals()["app"] = build_app()
+            finally:
+                _app_building = False
     return built
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "get_registries",
     "load_entry_point_plugins",
     "load_plugins",
+    "loading_plugins",
     "normalize_plugin_name",
     "plugin_allowlist",
     "pm",
@@ -348,12 +349,26 @@ def left_out_plugins() -> list[str]:
 
 def load_plugins() -> None:
     """Load the ``runlane`` entry-point group into ``pm`` once per process; later calls do nothing."""
-    global _loaded
+    global _loaded, _loading_in
     with _lock:
         if _loaded:
             return
         _loaded = True
-        load_entry_point_plugins(pm, runlane_entry_points(), allowlist=plugin_allowlist(), left_out=_left_out)
+        _loading_in = threading.get_ident()
+        try:
+            load_entry_point_plugins(pm, runlane_entry_points(), allowlist=plugin_allowlist(), left_out=_left_out)
+        finally:
+            _loading_in = None
+
+
+# The thread importing the entry-point plugins, while it does (``loading_plugins()``).
+_loading_in: int | None = None
+
+
+def loading_plugins() -> bool:
+    """Whether this thread is importing the entry-point plugins: a plugin's module is being imported, and
+    what depends on every plugin (the ``runlane`` command line) cannot be built yet."""
+    return _loading_in == threading.get_ident()
 
 
 # runlane's own distributions: what their plugins' code raises is runlane's to report (with a traceback).
