@@ -178,6 +178,31 @@ def test_a_misspelt_or_unknown_hook_is_reported_and_not_listed_and_the_valid_one
     assert info.hooks == ("register_lanes",)
 
 
+def test_a_plugin_implementing_no_hook_is_reported_saying_why(
+    site: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Such a plugin loaded without a word, and its lane was only "Unknown lane" where the config selected it.
+    source = lane_module("quiet-lane") + """
+        def register_exporters(register):
+            raise AssertionError("never called")
+    """
+    unmarked = source.replace("@hookimpl\n        ", "")
+    entry_points = [
+        *install(site, "runlane-unmarked", {"unmarked": "runlane_unmarked"}, {"runlane_unmarked": unmarked}),
+        *install(
+            site, "runlane-function", {"function": "runlane_function:register_lanes"}, {"runlane_function": source}
+        ),
+    ]
+    assert load_entry_point_plugins(new_manager(), entry_points) == ["unmarked", "function"]
+    assert capsys.readouterr().err.splitlines() == [
+        "runlane: plugin 'unmarked' from runlane-unmarked implements no runlane hook, so it provides nothing: "
+        "mark register_exporters, register_lanes with @hookimpl from runlane.plugins.",
+        "runlane: plugin 'function' from runlane-function implements no runlane hook, so it provides nothing: "
+        "its entry point (runlane_function:register_lanes) names the function 'register_lanes'; name the module "
+        "that holds its hook functions instead.",
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # The runlane releases a plugin declares it works with
 

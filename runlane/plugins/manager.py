@@ -274,6 +274,7 @@ def load_entry_point_plugins(
         _origins[name] = origin
         registered.append(name)
         _report_unknown_hooks(manager, plugin, name, origin, stream)
+        _report_no_hooks(manager, plugin, name, origin, entry_point.value, stream)
         _report_incompatible(name, origin, stream)
     for unknown in sorted((allowlist or frozenset()) - known):
         print(
@@ -325,6 +326,30 @@ def _report_unknown_hooks(
             f"never called.{meant} The hooks are listed in docs/plugin-hooks.md.",
             file=stream,
         )
+
+
+def _report_no_hooks(
+    manager: pluggy.PluginManager, plugin: object, name: str, origin: _Origin, value: str, stream: IO[str]
+) -> None:
+    """Say so when a loaded plugin implements no hook at all (its entry point names a function, or its hooks
+    lack ``@hookimpl``): it provides nothing, and what it was meant to provide is otherwise only unknown
+    where it is used."""
+    if manager.get_hookcallers(plugin):
+        return
+    from_dist = f" from {origin.distribution}" if origin.distribution else ""
+    unmarked = [hook for hook in HOOK_NAMES if callable(getattr(plugin, hook, None))]
+    if inspect.isroutine(plugin):
+        fix = (
+            f"its entry point ({value}) names the function {getattr(plugin, '__name__', plugin)!r}; name the module "
+            "that holds its hook functions instead"
+        )
+    elif unmarked:
+        fix = f"mark {', '.join(unmarked)} with @hookimpl from runlane.plugins"
+    else:
+        fix = "mark its hook functions with @hookimpl from runlane.plugins (docs/plugin-hooks.md lists the hooks)"
+    print(
+        f"runlane: plugin {name!r}{from_dist} implements no runlane hook, so it provides nothing: {fix}.", file=stream
+    )
 
 
 def _report_incompatible(name: str, origin: _Origin, stream: IO[str]) -> None:
