@@ -150,6 +150,21 @@ def test_dev_reload_child_stops_when_the_supervisor_is_killed(tmp_path: Path) ->
         dev.wait_for_record("worker_stopped")
 
 
+def test_dev_reload_runs_runlane_beside_a_project_module_named_runlane(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
+    write(root / "runlane.py", 'print("the project\'s own runlane.py ran")\n')  # a scratch file of that name
+    with supervising(root) as dev:
+        first = wait_for(
+            lambda: next((r for r in dev.records() if r.get("type") in ("worker_started", "dev_exited")), None),
+            timeout=30,
+            what=f"runlane dev to start or exit in {dev.log.read_text()}",
+        )
+        assert first["type"] == "worker_started", dev.log.read_text()
+        assert dev.executed_version(1) == 1
+        dev.process.send_signal(signal.SIGTERM)
+        assert dev.process.wait(timeout=30) == 0
+
+
 def test_dev_reload_refuses_once(tmp_path: Path) -> None:
     root = make_project(tmp_path / "project", tasks=TASKS, lane="sqlite")
     result = cli(root, "dev", "--reload", "--once")

@@ -237,5 +237,9 @@ def _stop_with_parent() -> None:
 
 
 def child_command(args: Sequence[str]) -> list[str]:
-    """``runlane ARGS`` without ``--reload``, run by this interpreter."""
-    return [sys.executable, "-m", "runlane", *(arg for arg in args if arg != "--reload")]
+    """``runlane ARGS`` without ``--reload``, run by this interpreter.
+
+    ``-P`` keeps the working directory off the front of ``sys.path``, as it is for the ``runlane`` script:
+    else a ``runlane.py`` (or ``runlane/``) of the project would be run in place of Runlane.
+    """
+    return [sys.executable, "-P", "-m", "runlane", *(arg for arg in args if arg != "--reload")]
