@@ -395,9 +395,11 @@ class DevConfig(_Strict):
 
     tick_interval: str = DEFAULT_TICK_INTERVAL
 
-    @field_validator("tick_interval")
+    @field_validator("tick_interval", mode="before")
     @classmethod
-    def _duration(cls, value: str) -> str:
+    def _duration(cls, value: Any) -> Any:
+        if not isinstance(value, str):  # `tick_interval = 5`: say what to write, not "a valid string"
+            raise ValueError(f"Invalid tick_interval {value!r}: write a duration string such as \"5s\" or \"500ms\".")
         try:
             duration_ms(value, "tick_interval")
         except RunlaneError as error:

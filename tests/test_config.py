@@ -467,6 +467,11 @@ def test_bad_tick_interval_is_invalid(tmp_path: Path) -> None:
     error = invalid(tmp_path, '[lane]\nuse = "local"\n[dev]\ntick_interval = "soon"\n')
     assert "[dev] key 'tick_interval'" in error.message and "'30s'" in error.message
 
+    # A bare number has no unit: the message says what to write instead of "Input should be a valid string".
+    error = invalid(tmp_path, '[lane]\nuse = "local"\n[dev]\ntick_interval = 5\n')
+    assert "[dev] key 'tick_interval'" in error.message and 'a duration string such as "5s"' in error.message
+    assert "valid string" not in error.message
+
 
 def test_bad_module_names_are_invalid(tmp_path: Path) -> None:
     error = invalid(tmp_path, '[runlane]\ntasks = ["app/tasks.py"]\n[lane]\nuse = "local"\n')
