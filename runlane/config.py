@@ -17,6 +17,7 @@ import asyncio
 import difflib
 import importlib
 import inspect
+import json
 import os
 import re
 import sys
@@ -304,6 +305,13 @@ class RunlaneSection(_Strict):
         problem = environment_name_problem(value) if isinstance(value, str) and value else None
         if problem is not None:
             raise ValueError(f"{problem}; name it with plain text, such as 'production'")
+        return value
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _module_list(cls, value: Any) -> Any:
+        if isinstance(value, str):  # `tasks = "app.tasks"`: say how to write it, not "a valid list"
+            raise ValueError(f"write a list of module names, even for one: tasks = [{json.dumps(value)}]")
         return value
 
     @field_validator("tasks")

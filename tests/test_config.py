@@ -477,6 +477,10 @@ def test_bad_module_names_are_invalid(tmp_path: Path) -> None:
     error = invalid(tmp_path, '[runlane]\ntasks = ["app/tasks.py"]\n[lane]\nuse = "local"\n')
     assert "[runlane] key 'tasks'" in error.message and "not a module name" in error.message
 
+    error = invalid(tmp_path, '[runlane]\ntasks = "app.tasks"\n[lane]\nuse = "local"\n')
+    assert "[runlane] key 'tasks'" in error.message and 'tasks = ["app.tasks"]' in error.message
+    assert "valid list" not in error.message
+
     error = invalid(tmp_path, '[runlane]\nruntime = "app.runtime"\n')
     assert "'module:attribute'" in error.message
 
