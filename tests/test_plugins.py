@@ -545,13 +545,22 @@ def test_a_command_of_a_first_party_plugin_that_is_not_loaded_says_what_to_do(tm
     assert "install" not in unknown.stderr.lower()
 
 
+def _installed_plugin(site: Path, name: str, source: str) -> None:
+    """An installed distribution ``runlane-NAME`` whose ``runlane`` entry point ``NAME`` is module
+    ``runlane_NAME`` (with ``source``), in ``site`` (put it on PYTHONPATH)."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / f"runlane_{name}.py").write_text(source)
+    info = site / f"runlane_{name}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: runlane-{name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[runlane]\n{name} = runlane_{name}\n")
+
+
 def test_a_cli_command_runs_an_installed_plugins_registration_hooks_once(tmp_path: Path):
     site = tmp_path / "site"
-    info = site / "runlane_counted-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runlane-counted\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[runlane]\ncounted = runlane_counted\n")
-    (site / "runlane_counted.py").write_text(
+    _installed_plugin(
+        site,
+        "counted",
         "import os\n"
         "from runlane.plugins import hookimpl\n\n\n"
         "@hookimpl\n"
@@ -949,11 +958,7 @@ def register_commands(app: typer.Typer) -> None:
 
 def test_a_plugin_importing_the_cli_helpers_at_module_top_loads_without_hanging(tmp_path: Path) -> None:
     # An installed distribution whose entry point imports runlane.cli.main while plugins load.
-    (tmp_path / "runlane_backlog.py").write_text(_COMMAND_PLUGIN)
-    info = tmp_path / "runlane_backlog-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runlane-backlog\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[runlane]\nbacklog = runlane_backlog\n")
+    _installed_plugin(tmp_path, "backlog", _COMMAND_PLUGIN)
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     environment.pop("RUNLANE_LOAD_PLUGINS", None)
     script = (
@@ -988,11 +993,7 @@ def test_a_plugin_reaching_for_the_cli_app_while_plugins_load_is_skipped_saying_
     # commands of every plugin loaded later (runlane-postgres's: "Install runlane-postgres to get it"), and a
     # hook that reached for it built the app again from itself until a RecursionError.
     for name, source in _GRABBING_PLUGINS.items():
-        (tmp_path / f"runlane_{name}.py").write_text(source)
-        info = tmp_path / f"runlane_{name}-0.1.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: runlane-{name}\nVersion: 0.1\n")
-        (info / "entry_points.txt").write_text(f"[runlane]\n{name} = runlane_{name}\n")
+        _installed_plugin(tmp_path, name, source)
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     environment.pop("RUNLANE_LOAD_PLUGINS", None)
     script = (
