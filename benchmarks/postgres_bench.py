@@ -552,7 +552,7 @@ def latency(url: str, meter: Meter, samples: int, pauses: list[float], log: Path
         handlers = [starts[index][1] for index in indexes]
         commits, delivery, claims = latency_parts([returned[index] for index in indexes], handlers, hints)
         for part, values in (
-            ("trigger() (read + commit)", commits),
+            ("trigger() (one round trip: its commit)", commits),
             ("wake hint received, after trigger() returned (negative: before it)", delivery),
             ("hint received to handler start (scan + claim)", claims),
         ):
