@@ -106,6 +106,33 @@ async def test_steps_refuses_a_cursor_of_another_run_and_malformed_cursors():
             assert raised.value.meta == {"field": "cursor"}
 
 
+async def test_a_cursor_of_another_listing_or_run_is_refused_naming_which_not_another_environment():
+    """A ``runs.list`` cursor given to ``runs.steps`` (or a steps cursor to ``runs.list``) was refused as
+    belonging to "another environment", though both came from this one: the steps scope holds the
+    environment by its key, the other listings as an object, and the two were compared as they were."""
+    runtime, clock = make_runtime(flaky)
+    async with runtime:
+        first = await _retried_run(runtime, clock)
+        second = await _retried_run(runtime, clock)
+        listing = (await runtime.runs.list(limit=1)).next_cursor
+        events = (await runtime.runs.events(first, limit=1)).next_cursor
+        steps = (await runtime.runs.steps(first, limit=1)).next_cursor
+        assert listing is not None and events is not None and steps is not None
+        calls = [
+            (runtime.runs.steps(first, cursor=listing), "another listing (a run list)"),
+            (runtime.runs.steps(first, cursor=events), "another listing (a run's events)"),
+            (runtime.runs.list(cursor=steps), "another listing (a run's steps)"),
+            (runtime.runs.events(first, cursor=listing), "another listing (a run list)"),
+            (runtime.runs.events(second, cursor=events), "another run"),
+            (runtime.runs.steps(second, cursor=steps), "another run"),
+        ]
+        for call, belongs_to in calls:
+            with pytest.raises(RunlaneError) as raised:
+                await call
+            assert raised.value.code is ErrorCode.VALIDATION_FAILED and raised.value.meta == {"field": "cursor"}
+            assert f"This cursor belongs to {belongs_to}; restart the listing" in raised.value.message
+
+
 @pytest.mark.parametrize("limit", [0, -1, True, "2", 1.5])
 async def test_steps_rejects_a_limit_that_is_not_a_positive_whole_number(limit):
     runtime, clock = make_runtime(flaky)

@@ -202,9 +202,16 @@ def decode_operator_cursor(cursor: str | None, kind: PaginationCursorKind, filte
         raise RunlaneError(ErrorCode.VALIDATION_FAILED, "Malformed cursor: pass back the whole next_cursor value unchanged.", meta={"field": "cursor"})
     scope = _scope(kind, filter)
     if payload.get("scope") != scope:
-        other = _environment_of(payload.get("scope"))
-        moved = other is not None and other != _environment_of(scope)
-        belongs_to = "another environment" if moved else "a different filter or sort"
+        other_kind, other, other_filter = _scope_parts(payload.get("scope"))
+        _, environment, this_filter = _scope_parts(scope)
+        if other is not None and other != environment:
+            belongs_to = "another environment"
+        elif other_kind is not None and other_kind != PaginationCursorKind(kind).value:
+            belongs_to = f"another listing ({_LISTINGS.get(str(other_kind), other_kind)})"
+        elif _other_run(other_filter, this_filter):
+            belongs_to = "another run"
+        else:
+            belongs_to = "a different filter or sort"
         raise RunlaneError(
             ErrorCode.VALIDATION_FAILED,
             f"This cursor belongs to {belongs_to}; restart the listing without a cursor.",
@@ -220,14 +227,37 @@ def decode_operator_cursor(cursor: str | None, kind: PaginationCursorKind, filte
     return tuple(last)
 
 
-def _environment_of(scope: object) -> object:
-    """The environment a cursor scope's filter names (``None`` when it names none or is not a scope)."""
+# What each cursor kind continues, as a refusal names it.
+_LISTINGS = {
+    PaginationCursorKind.RUN_LIST.value: "a run list",
+    PaginationCursorKind.RUN_EVENT_LIST.value: "a run's events",
+    PaginationCursorKind.RUN_STEP_LIST.value: "a run's steps",
+    PaginationCursorKind.RUN_PRUNE.value: "a prune",
+}
+
+
+def _scope_parts(scope: object) -> tuple[object, object, object]:
+    """The kind of a cursor scope, the name of the environment its filter names and the filter (each
+    ``None`` when it has none or this is not a scope). A run or event filter holds the environment as an
+    object, the steps scope as its key: both are its name."""
     try:
         data = json.loads(scope) if isinstance(scope, str) else None
     except ValueError:
-        return None
-    found = data.get("filter") if isinstance(data, dict) else None
-    return found.get("environment") if isinstance(found, dict) else None
+        return None, None, None
+    if not isinstance(data, dict):
+        return None, None, None
+    found = data.get("filter")
+    environment = found.get("environment") if isinstance(found, dict) else None
+    if isinstance(environment, dict):
+        environment = environment.get("name")
+    return data.get("kind"), environment, found
+
+
+def _other_run(other: object, this: object) -> bool:
+    """Whether two filters of a run's listing (its events, its steps) differ in the run alone."""
+    if not isinstance(other, dict) or not isinstance(this, dict) or other.get("run_id") == this.get("run_id"):
+        return False
+    return {**other, "run_id": None} == {**this, "run_id": None}
 
 
 def _fits(last: list[str], filter: RunlaneModel | dict[str, Any]) -> bool:
