@@ -323,3 +323,30 @@ async def test_the_steps_table_cuts_only_the_output_on_a_narrow_terminal():
     empty = io.StringIO()
     Output(stdout=empty, stderr=io.StringIO(), width=100).steps_table("run_1", Page[RunStepRecord](data=[]))
     assert empty.getvalue() == "run_1 has no completed steps\n"
+
+
+@task("steps.long_key")
+async def long_key(payload: dict, ctx: TaskContext) -> None:
+    await ctx.step.run("k" * 300, lambda token: {"note": "x" * 300})
+    await ctx.step.run("short", lambda token: {"note": "y" * 300})
+
+
+@pytest.mark.parametrize("width", [80, 120, 400])
+async def test_the_steps_table_cuts_a_long_step_key_and_keeps_each_steps_attempt_and_time(width: int) -> None:
+    """A step key longer than the line squeezed the attempt column to nothing, cut the completion time and
+    dropped the output column, even piped (400 columns): only the output gave way, and once it had, Rich
+    shrank every column alike. The key and the output now give way, cut with an ellipsis."""
+    runtime, _ = make_runtime(long_key)
+    async with runtime:
+        run = await runtime.run_now(long_key, {})
+        page = await runtime.runs.steps(run.id)
+    buffer = io.StringIO()
+    Output(stdout=buffer, stderr=io.StringIO(), width=width).steps_table(run.id, page)
+    header, *rows = buffer.getvalue().splitlines()
+    assert header.split() == ["step", "attempt", "completed", "output"]
+    assert len(rows) == 2 and all(len(line.rstrip()) <= width for line in [header, *rows])
+    for row, step in zip(rows, page.data):
+        key, attempt, completed, output = row.split()
+        assert attempt == "1" and completed == step.completed_at.isoformat(timespec="milliseconds")[:-6] + "Z"
+        assert key.endswith("…") if len(step.step_key) > width // 2 else key == step.step_key
+        assert output.startswith('{"note":"') and output.endswith("…")

@@ -817,17 +817,20 @@ class Output:
             self.line(printable_text(f"{run_id} has no completed steps{more}", "dim"))
         else:
             table = _table()
-            table.add_column("step", no_wrap=True)
+            # The step key and the output give way when the line is too long, the longer one first; their
+            # text is cut, never wrapped, and the attempt and the time stay whole.
+            table.add_column("step", min_width=len("step"))
             table.add_column("attempt", justify="right", no_wrap=True)
             table.add_column("completed", no_wrap=True)
-            # The only column that gives way when the line is too long; its text is cut, never wrapped.
-            table.add_column("output")
+            table.add_column("output", min_width=len("output"))
             for step in page.data:
                 output = _compact(step.output)
                 if len(output) > _CELL_CHARS:  # no line shows more; a big output is not measured whole
                     output = output[: _CELL_CHARS - 1] + "…"
-                cell = Text(printable(output), no_wrap=True, overflow="ellipsis")
-                table.add_row(step.step_key, str(step.attempt), iso(step.completed_at) or "", cell)
+                key = step.step_key if len(step.step_key) <= _CELL_CHARS else step.step_key[: _CELL_CHARS - 1] + "…"
+                cells = (Text(printable(text), no_wrap=True, overflow="ellipsis") for text in (key, output))
+                step_key, cell = cells
+                table.add_row(step_key, str(step.attempt), iso(step.completed_at) or "", cell)
             self.stdout.print(table)
         if page.next_cursor:
             self.line()
