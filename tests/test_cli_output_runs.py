@@ -519,3 +519,25 @@ async def test_json_output_escapes_what_a_terminal_acts_on_that_json_leaves_as_i
     assert lines.getvalue() and re.search(r"[\x7f-\x9f\u202e]", lines.getvalue()) is None
     record = json.loads(lines.getvalue().splitlines()[0])
     assert record["observation"]["trace_carrier"] == {"tracestate": "vendor=\x9b2J\u202e"}
+
+
+@pytest.mark.parametrize("width", [100, 130])
+async def test_the_queues_table_cuts_a_long_queue_name_and_keeps_every_count(width: int) -> None:
+    """A queue name longer than the line left no room for the counts: the name's column was the only one
+    that could not shrink, so every count column was squeezed to nothing and `runlane queues` showed names
+    only, even piped. The name is cut with an ellipsis instead."""
+    from runlane.cli.queues import queue_overview
+
+    long_queue = queue("q" * 200)
+    runtime = create_runlane(lane=local_lane(), queues=[default, long_queue], tasks=[fails])
+    buffer = io.StringIO()
+    async with runtime:
+        await runtime.trigger(fails, {}, queue=long_queue)
+        Output(stdout=buffer, stderr=io.StringIO(), width=width).queues_table(await queue_overview(runtime))
+    lines = buffer.getvalue().splitlines()
+    assert all(len(line.rstrip()) <= width for line in lines)
+    *_, default_row, long_row = lines
+    assert default_row.split()[:4] == ["default", "(default)", "-", "0"]
+    name, limit, *counts = long_row.split()
+    assert name.startswith("qqq") and name.endswith("…") and limit == "-"
+    assert counts == ["0", "1", "0", "0", "0", "0"]  # scheduled, queued (the run), running, ...

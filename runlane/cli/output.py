@@ -729,7 +729,8 @@ class Output:
             self.emit_json({"queues": [queue.to_json() for queue in queues]})
             return
         table = _table()
-        table.add_column("queue", no_wrap=True)
+        # A long name gives way (cut with an ellipsis) before the counts do.
+        table.add_column("queue", min_width=len("queue"))
         table.add_column("limit", justify="right")
         statuses = list(queues[0].to_json()["counts"]) if queues else []
         for status in statuses:
@@ -739,6 +740,7 @@ class Output:
             capped = set(document["capped"])
             registered = document["registered"]
             name = queue_label(document["name"], default=document["default"], registered=registered)
+            name.no_wrap, name.overflow = True, "ellipsis"
             cells = [
                 f"{count}{'+' if status in capped else ''}" if count else Text("0", style="dim")
                 for status, count in document["counts"].items()
